@@ -1,0 +1,29 @@
+"""aot: an ahead-of-time compiler from small Python models to standalone WebGPU packages.
+
+Public surface only (API.md); the stages live in their own modules.
+"""
+
+from . import init, lr, nn, ops, optim
+from .errors import AotError, CodegenError, IRError, ShapeError, TraceError
+from .ir import Tensor
+from .module import Module
+from .program import Infer, Program, Train, capture, f32, i32
+
+__all__ = [
+    "AotError", "CodegenError", "IRError", "Infer", "Module", "Program", "ShapeError", "Tensor",
+    "TraceError", "Train", "capture", "f32", "i32", "init", "lr", "nn", "ops", "optim",
+]
+
+
+def build(program, outdir="generated"):
+    """Build `program` into outdir/<name> (a pip-installable project); returns that path."""
+    from .build import build as _build
+
+    return _build(program, outdir)
+
+
+def compile(program):  # noqa: A001 - the API name
+    """Build into a temporary folder and import the package in-process; returns a Model."""
+    from .build import compile_program
+
+    return compile_program(program)

@@ -1,0 +1,150 @@
+"""Program -> graphs: trace the model and each entry point, then append gradients and the update.
+
+Produces one Graph per entry point and symbolic-dim variant (`train`, `predict[B=1]`, ...)
+and the parameter table they share. Every graph gets its own fresh model tree (the
+factory is called once per trace); parameter names and shapes must agree across them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from . import optim as _optim
+from .errors import ShapeError, TraceError
+from .grad import append_grads
+from .ir import Graph, Tensor
+from .module import Module
+from .program import Program
+from .trace import at_site, emit, tracing
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    name: str
+    shape: tuple[int, ...]
+    init: tuple  # spec tuple evaluated by runtime/rng.py
+    decay: bool
+    offset: int  # element offset in the flat parameter vector (layout order)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class Traced:
+    program: Program
+    params: list[ParamEntry]  # declaration order
+    graphs: dict[str, Graph]  # "train", "predict" or "predict[B=1]" ...
+    variants: dict[str, dict]  # entry point -> {graph key: {dim: size}}
+
+
+def _variants(program: Program, inputs) -> list[dict[str, int]]:
+    used = sorted({d for spec in inputs.values() for d in spec.dims if isinstance(d, str)})
+    return [dict(zip(used, combo)) for combo in itertools.product(*(program.dims[d] for d in used))]
+
+
+def _key(entry: str, sizes: dict[str, int]) -> str:
+    return entry if not sizes else entry + "[" + ",".join(f"{k}={v}" for k, v in sizes.items()) + "]"
+
+
+def _trace_model(program: Program, g: Graph):
+    model = program.model()
+    if not isinstance(model, Module):
+        raise TraceError(f"Program {program.name!r}: model= must return an aot.Module, got {type(model).__name__}")
+    named = model.named_params()
+    seen = {}
+    for name, info in named:
+        if id(info.tensor) in seen:
+            raise TraceError(f"parameter {name!r} is also reachable as {seen[id(info.tensor)]!r}", info.site)
+        seen[id(info.tensor)] = name
+        info.tensor.node.attrs["name"] = name
+    for n in g.nodes:
+        if n.op == "param" and not n.attrs["name"]:
+            raise TraceError("a parameter was declared on a module that is not an attribute of the model", n.site)
+    return model, named
+
+
+def _layout(named) -> list[ParamEntry]:
+    """Decayed params first (so AdamW/SGD decay covers one leading range), declaration order within."""
+    order = [x for x in named if x[1].decay] + [x for x in named if not x[1].decay]
+    offsets, off = {}, 0
+    for name, info in order:
+        offsets[name] = off
+        off += info.tensor.size
+    return [
+        ParamEntry(name, info.tensor.shape, info.init.spec(info.tensor.shape), info.decay, offsets[name])
+        for name, info in named
+    ]
+
+
+def _trace_entry(program: Program, key: str, kind: str, spec, sizes):
+    g = Graph(f"{program.name}.{key}", meta={"kind": kind, "sizes": sizes})
+    with tracing(g):
+        model, named = _trace_model(program, g)
+        with at_site(None):
+            inputs = {
+                name: emit("input", (), name=name, shape=ispec.resolve(sizes), dtype=ispec.dtype)
+                for name, ispec in spec.inputs.items()
+            }
+        out = spec.fn(model, **inputs)
+    return g, named, out
+
+
+def trace_program(program: Program) -> Traced:
+    graphs: dict[str, Graph] = {}
+    variants: dict[str, dict] = {}
+    params: list[ParamEntry] | None = None
+
+    def check_params(named, key):
+        nonlocal params
+        table = _layout(named)
+        if params is None:
+            params = table
+        elif [(p.name, p.shape) for p in table] != [(p.name, p.shape) for p in params]:
+            raise TraceError(f"{program.name}.{key}: the model factory built different parameters than for the first entry point")
+        return {n: info.tensor for n, info in named}
+
+    if program.train is not None:
+        tr = program.train
+        if tr.optimizer is not None:
+            _optim.check(tr.optimizer)
+        variants["train"] = {}
+        for sizes in _variants(program, tr.inputs):
+            key = _key("train", sizes)
+            g, named, loss = _trace_entry(program, key, "train", tr, sizes)
+            if not isinstance(loss, Tensor) or loss.shape != () or loss.dtype != "f32":
+                got = loss.type_str() if isinstance(loss, Tensor) else type(loss).__name__
+                raise ShapeError(
+                    f"{program.name}: the loss function must return a 0-d f32 Tensor, got {got}",
+                    hint="reduce it, e.g. ops.mean(...)",
+                )
+            tensors = check_params(named, key)
+            g.outputs["loss"] = loss
+            order = sorted(params, key=lambda p: p.offset)
+            wrt = [tensors[p.name] for p in order]
+            grads = append_grads(g, loss, wrt)
+            g.grads = {p.name: gt for p, gt in zip(order, grads)}
+            if tr.optimizer is not None:
+                n_decay = sum(1 for p in order if p.decay)
+                _optim.append_update(g, tr.optimizer, wrt, grads, n_decay)
+            graphs[key] = g
+            variants["train"][key] = sizes
+    for entry, inf in program.infer.items():
+        if entry in ("train", "step") or not entry.isidentifier() or entry.startswith("_"):
+            raise TraceError(f"Infer entry point name {entry!r} is reserved or not an identifier")
+        variants[entry] = {}
+        for sizes in _variants(program, inf.inputs):
+            key = _key(entry, sizes)
+            g, named, out = _trace_entry(program, key, "infer", inf, sizes)
+            if not isinstance(out, Tensor):
+                raise TraceError(f"{program.name}.{entry}: the forward function must return a Tensor, got {type(out).__name__}")
+            check_params(named, key)
+            g.outputs["out"] = out
+            graphs[key] = g
+            variants[entry][key] = sizes
+    return Traced(program, params or [], graphs, variants)

@@ -1,0 +1,48 @@
+"""Reverse-mode autodiff appended into the same graph.
+
+Walks the nodes that lie between the parameters and the loss in reverse order, calls each
+op's VJP rule and sums cotangents of tensors with several uses. Backward nodes carry the
+call site of the forward node they differentiate. A parameter that cannot reach the loss
+gets an explicit zero gradient.
+"""
+
+from __future__ import annotations
+
+from .ir import Graph, Tensor
+from .ops import add, broadcast_to
+from .ops.registry import lookup
+from .trace import at_site, emit, tracing
+
+
+def append_grads(g: Graph, loss: Tensor, wrt: list[Tensor]) -> list[Tensor]:
+    """Append d(loss)/d(w) for each w in `wrt` to `g`; returns the gradient tensors in order."""
+    needs: set[int] = {id(t) for t in wrt}
+    for n in g.nodes:
+        if not lookup(n.op).nondiff and any(id(t) in needs for t in n.inputs):
+            needs.add(id(n.out))
+    ct: dict[int, Tensor] = {}
+    with tracing(g), at_site(None):
+        ct[id(loss)] = emit("const", (), value=1.0, dtype="f32")
+        forward = list(g.nodes)
+        for n in reversed(forward):
+            c = ct.get(id(n.out))
+            if c is None or id(n.out) not in needs:
+                continue
+            op = lookup(n.op)
+            if op.nondiff:
+                continue
+            with at_site(n.site):
+                cts = op.vjp(c, n)
+                for t, c_in in zip(n.inputs, cts):
+                    if c_in is None or id(t) not in needs or t.dtype != "f32":
+                        continue
+                    if c_in.shape != t.shape:
+                        raise AssertionError(f"vjp of {n.op} gave {c_in.type_str()} for {t.type_str()}")
+                    ct[id(t)] = add(ct[id(t)], c_in) if id(t) in ct else c_in
+        out = []
+        for w in wrt:
+            if id(w) in ct:
+                out.append(ct[id(w)])
+            else:
+                out.append(broadcast_to(emit("const", (), value=0.0, dtype="f32"), w.shape))
+    return out

@@ -1,0 +1,37 @@
+"""`aot.lr`: learning-rate schedules (API.md §1). Each is plain data, so it is baked into
+the generated package and evaluated there by the same code (aot/runtime/schedules.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .runtime.schedules import lr_at, normalize
+
+
+@dataclass(frozen=True)
+class Schedule:
+    spec: tuple
+
+    def __call__(self, t: int) -> float:
+        """Learning rate of update t = 1, 2, ..."""
+        return lr_at(self.spec, t)
+
+
+def linear(peak: float, final: float, steps: int) -> Schedule:
+    return Schedule(normalize(("linear", peak, final, steps)))
+
+
+def cosine(peak: float, final: float, steps: int) -> Schedule:
+    return Schedule(normalize(("cosine", peak, final, steps)))
+
+
+def warmup(peak: float, steps: int, after) -> Schedule:
+    return Schedule(normalize(("warmup", peak, steps, after)))
+
+
+def step(peak: float, every: int, gamma: float) -> Schedule:
+    return Schedule(normalize(("step", peak, every, gamma)))
+
+
+def multistep(peak: float, milestones, gamma: float) -> Schedule:
+    return Schedule(normalize(("multistep", peak, tuple(milestones), gamma)))

@@ -1,0 +1,331 @@
+"""Matmul kernel generator: MatmulSpec -> (WGSL source, workgroup grid).
+
+One kernel computes, for every batch entry bi,
+    C[bi, m, n] = epilogue(sum_k A[bi, m, k] * B[bi, k, n])      (or C += epilogue(...))
+with A and B read through arbitrary element strides (transposes are swapped strides) and C
+written contiguously. Every size is a build-time constant, so the tile shape is chosen per
+matmul here and all guards a shape does not need are left out of its kernel.
+
+The kernel is register-blocked: a workgroup owns a BM x BN tile of C and walks K in slabs;
+each thread keeps TM x TN accumulators in scalar `var`s, fully unrolled by the template
+(`var acc: array<f32, 64>` spills to memory and runs 30-70x slower; DESIGN.md). Summation
+order is fixed (k ascending within a split, splits added in index order): no atomics, so
+results are bit-for-bit reproducible run to run.
+
+This module never reads or writes buffers; it only renders text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aot.errors import CodegenError
+from aot.templates import render
+
+# WebGPU's guaranteed minimums (the defaults wgpu asks for).
+MAX_INVOCATIONS = 256
+MAX_WORKGROUP_BYTES = 16384
+MAX_GROUPS_PER_DIM = 65535
+U32_MAX = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How to read one matrix operand from a storage buffer (element units, f32)."""
+
+    buf: str  # WGSL name of the storage binding holding it (array<f32>)
+    offset: int  # element offset of batch 0, element [0, 0]
+    batch_stride: int  # elements between consecutive batch entries (0 = shared by all batches)
+    row_stride: int  # elements between rows (A: along M, B: along K)
+    col_stride: int  # elements between cols (A: along K, B: along N)
+
+
+@dataclass(frozen=True)
+class MatmulSpec:
+    batch: int
+    M: int
+    N: int
+    K: int
+    a: Operand
+    b: Operand
+    out_buf: str
+    out_offset: int  # C[bi, m, n] lives at out_offset + bi*M*N + m*N + n
+    # WGSL f32 expression of `acc` (f32 dot product) and the u32 locals `bi`, `row`, `col`
+    epilogue: str = "acc"
+    accumulate: bool = False  # C = C + epilogue(acc)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One register-blocking shape.
+
+    A workgroup computes BM x BN outputs with (BM/TM) x (BN/TN) x S threads; each thread holds
+    TM x TN accumulators. S > 1 splits every K slab of S*BK between S thread groups inside
+    the workgroup (each sums its own BK rows), and their partial sums are added in split
+    order at the end: more parallelism for small-output, long-K products (weight gradients).
+    `occupancy` is how many workgroups of this shape an SM runs at once (register bound),
+    `efficiency` the fraction of FMA peak one fully occupied SM reaches (measured, H200).
+    """
+
+    name: str
+    BM: int
+    BN: int
+    BK: int
+    TM: int
+    TN: int
+    S: int = 1
+    occupancy: int = 2
+    efficiency: float = 0.3
+
+    @property
+    def threads(self) -> int:
+        return (self.BM // self.TM) * (self.BN // self.TN) * self.S
+
+
+# The tile table. Big products want the 128x128, 8x8-per-thread tile (8 shared loads feed 64
+# FMAs; 22.9 TFLOP/s at 4096^3 in DESIGN.md). A tile is only worth it if the grid fills the
+# GPU, so smaller outputs step down to 64x64 / 32x32 tiles (more workgroups), and small
+# outputs with a long K use the in-workgroup split-K tiles (S=4), which cut the number of
+# sequential K steps 4x. `efficiency`/`occupancy` feed `_estimate` below; they come from
+# scripts/bench_matmul.py --sweep on an H200.
+TILES: tuple[Tile, ...] = (
+    Tile("128x128_8x8", 128, 128, 8, 8, 8, occupancy=2, efficiency=0.38),
+    Tile("128x64_8x4", 128, 64, 8, 8, 4, occupancy=3, efficiency=0.30),
+    Tile("64x64_4x4", 64, 64, 8, 4, 4, occupancy=5, efficiency=0.22),
+    Tile("32x32_4x4_s4", 32, 32, 8, 4, 4, S=4, occupancy=4, efficiency=0.18),
+    Tile("32x32_2x2", 32, 32, 16, 2, 2, occupancy=6, efficiency=0.10),
+    Tile("16x16_2x2_s4", 16, 16, 16, 2, 2, S=4, occupancy=6, efficiency=0.08),
+    Tile("16x16_1x1", 16, 16, 16, 1, 1, occupancy=8, efficiency=0.05),
+)
+TILES_BY_NAME = {t.name: t for t in TILES}
+
+# Cost model constants (H100/H200 class; on smaller GPUs the ranking stays sensible).
+_SMS = 132
+_FMA_PER_SM_US = 128 * 1980  # FMAs per microsecond per SM at boost clock
+_STEP_US = 0.6  # floor of one K step: global load latency + two barriers
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _estimate(spec: MatmulSpec, t: Tile) -> float:
+    """Rough time in microseconds: waves of workgroups x K steps x max(latency, FMA work)."""
+    groups = spec.batch * _cdiv(spec.M, t.BM) * _cdiv(spec.N, t.BN)
+    per_sm = min(t.occupancy, _cdiv(groups, _SMS))
+    waves = _cdiv(groups, _SMS * per_sm)
+    steps = _cdiv(spec.K, t.BK * t.S)
+    work = per_sm * t.BM * t.BN * t.BK * t.S / (_FMA_PER_SM_US * t.efficiency)
+    reduce = (t.S - 1) * 0.2
+    return waves * (steps * max(_STEP_US, work) + reduce)
+
+
+def choose_tile(spec: MatmulSpec) -> Tile:
+    """The table entry with the lowest estimated time (first one wins ties)."""
+    return min(TILES, key=lambda t: _estimate(spec, t))
+
+
+def _check(spec: MatmulSpec) -> None:
+    for name in ("batch", "M", "N", "K"):
+        if getattr(spec, name) < 1:
+            raise CodegenError(f"matmul: {name} must be >= 1, got {getattr(spec, name)}")
+    for label, op, rows, cols in (("a", spec.a, spec.M, spec.K), ("b", spec.b, spec.K, spec.N)):
+        fields = (op.offset, op.batch_stride, op.row_stride, op.col_stride)
+        if min(fields) < 0:
+            raise CodegenError(f"matmul: operand {label} has a negative offset or stride: {op}")
+        last = (
+            op.offset
+            + (spec.batch - 1) * op.batch_stride
+            + (rows - 1) * op.row_stride
+            + (cols - 1) * op.col_stride
+        )
+        if last > U32_MAX:
+            raise CodegenError(f"matmul: operand {label} reaches element {last}, past u32 indexing")
+    if spec.out_offset < 0 or spec.out_offset + spec.batch * spec.M * spec.N - 1 > U32_MAX:
+        raise CodegenError("matmul: output region does not fit u32 indexing")
+
+
+def _check_tile(t: Tile) -> None:
+    ok = (
+        t.BM % t.TM == 0
+        and t.BN % t.TN == 0
+        and t.threads <= MAX_INVOCATIONS
+        and _shared_bytes(t, pad_a=True, pad_b=True) <= MAX_WORKGROUP_BYTES
+    )
+    if not ok:
+        raise CodegenError(f"matmul tile {t} breaks a WebGPU limit")
+
+
+def _vec_width(n: int) -> int:
+    """Width of the shared-memory vector loads feeding n registers (4, 2 or 1)."""
+    return 4 if n % 4 == 0 else 2 if n % 2 == 0 else 1
+
+
+def _shared_bytes(t: Tile, pad_a: bool, pad_b: bool) -> int:
+    slab = t.BK * t.S
+    words = slab * (t.BM + 4 * pad_a) + slab * (t.BN + 4 * pad_b)
+    if t.S > 1:
+        words += t.BM * t.BN
+    return 4 * words
+
+
+def _loader(
+    op: Operand, p_size: int, p_len: int, p_tile: str, p_first: bool, k_len: int, t: Tile, prefix: str
+):
+    """How the workgroup's threads copy one operand's slab into shared memory.
+
+    The slab is k_len (K) x p_size (M for A, N for B) elements, stored [k][p] with a row
+    length of p_size + pad. Consecutive threads take consecutive elements along whichever
+    dimension is contiguous in memory, so global reads coalesce for plain and transposed
+    operands alike. Thread `tid` handles elements (p = p_thr + dp, k = k_thr + dk) for each
+    (dp, dk) in `loads`.
+    """
+    threads = t.threads
+    p_stride, k_stride = (op.row_stride, op.col_stride) if p_first else (op.col_stride, op.row_stride)
+    k_inner = k_stride <= p_stride  # k is the contiguous dimension: consecutive threads walk k
+    inner_len, outer_len = (k_len, p_size) if k_inner else (p_size, k_len)
+    total = inner_len * outer_len
+    if total % threads:
+        raise CodegenError(f"matmul tile {t.name}: {total}-element slab does not split over {threads} threads")
+    if threads % inner_len == 0:
+        inner_expr, outer_expr = f"tid % {inner_len}u", f"tid / {inner_len}u"
+        offsets = [(0, q * threads // inner_len) for q in range(total // threads)]
+    elif inner_len % threads == 0:
+        inner_expr, outer_expr = "tid", "0u"
+        offsets = [divmod(q * threads, inner_len)[::-1] for q in range(total // threads)]
+    else:
+        raise CodegenError(f"matmul tile {t.name}: {inner_len} and {threads} threads do not nest")
+    if k_inner:
+        k_expr, p_expr = inner_expr, outer_expr
+        loads = [(outer, inner) for inner, outer in offsets]  # (dp, dk)
+    else:
+        p_expr, k_expr = inner_expr, outer_expr
+        loads = list(offsets)  # (dp, dk)
+    # A [k][p] layout with k contiguous in memory means threads of one warp store down a
+    # column; 4 words of padding per row spread those stores over all 32 banks.
+    pad = 4 if k_inner else 0
+    width = _vec_width(t.TM if prefix == "a" else t.TN)
+    row_len = p_size + pad
+    sources = sorted({dp for dp, _ in loads})
+    items = []
+    for dp, dk in loads:
+        st = dk * row_len + dp
+        if st % width:
+            raise CodegenError(f"matmul tile {t.name}: shared store offset {st} not vector aligned")
+        items.append({"src": sources.index(dp), "dk": dk, "st": st // width})
+    return {
+        "buf": op.buf,
+        "p_expr": p_expr,
+        "k_expr": k_expr,
+        "p_tile": p_tile,
+        "p_guard": p_len % p_size != 0,
+        "p_last": p_len - 1,
+        "p_stride": p_stride,
+        "k_stride": k_stride,
+        "sources": sources,
+        "loads": items,
+        "pad": pad,
+        "row_len": row_len,
+        "width": width,
+        "words": k_len * row_len,
+    }
+
+
+def _grid(spec: MatmulSpec, t: Tile, max_groups: int):
+    tiles_n, tiles_m = _cdiv(spec.N, t.BN), _cdiv(spec.M, t.BM)
+    if max(tiles_n, tiles_m, spec.batch) <= max_groups:
+        return {"folded": False, "tiles_n": tiles_n, "tiles_m": tiles_m}, (tiles_n, tiles_m, spec.batch)
+    # Too many tiles for one grid dimension: number the workgroups linearly over x, y, z
+    # (x fastest) and let the surplus of the last row of the grid return at once.
+    total = tiles_n * tiles_m * spec.batch
+    gx = min(total, max_groups)
+    gy = min(_cdiv(total, gx), max_groups)
+    gz = _cdiv(total, gx * gy)
+    if gz > max_groups:
+        raise CodegenError(f"matmul: {total} workgroups exceed the WebGPU grid")
+    info = {"folded": True, "tiles_n": tiles_n, "tiles_m": tiles_m, "total": total, "gx": gx, "gxy": gx * gy}
+    return info, (gx, gy, gz)
+
+
+def render_matmul(
+    spec: MatmulSpec,
+    name: str,
+    header_comment: str,
+    bindings: str,
+    tile: Tile | str | None = None,
+    prefetch: bool = True,
+    max_groups: int = MAX_GROUPS_PER_DIM,
+) -> tuple[str, tuple[int, int, int]]:
+    """Returns (wgsl_source, workgroup_count_xyz).
+
+    `bindings` is the WGSL text of the @group(0) @binding(..) declarations, used verbatim (it
+    declares out_buf, a.buf, b.buf and whatever the epilogue reads). `header_comment` is `//`
+    lines put at the top. The entry point is `main`. The epilogue sees `acc: f32` and the u32
+    values `bi`, `row`, `col`. Module-scope names the kernel itself declares: `tile_a`,
+    `tile_b`, `partial`, `epilogue`, `store_c`.
+
+    `tile` (a Tile or a TILES name), `prefetch` and `max_groups` override the build-time
+    choices; they exist for benchmarks and tests.
+    """
+    _check(spec)
+    if tile is None:
+        tile = choose_tile(spec)
+    elif isinstance(tile, str):
+        tile = TILES_BY_NAME[tile]
+    _check_tile(tile)
+    t = tile
+    slab = t.BK * t.S
+    a = _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a")
+    b = _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b")
+    grid_info, grid = _grid(spec, t, max_groups)
+    wx, wy = t.BN // t.TN, t.BM // t.TM
+    ctx = dict(
+        name=name,
+        header_comment=header_comment.rstrip("\n"),
+        bindings=bindings.strip("\n"),
+        spec=spec,
+        t=t,
+        wx=wx,
+        wy=wy,
+        slab=slab,
+        a=a,
+        b=b,
+        a_batch=_batch_expr(spec.a, spec.batch),
+        b_batch=_batch_expr(spec.b, spec.batch),
+        out_index=_out_index(spec),
+        k_guard=spec.K % slab != 0,
+        out_guard=spec.M % t.BM != 0 or spec.N % t.BN != 0,
+        grid=grid_info,
+        prefetch=prefetch and spec.K > slab,
+        comps=["x", "y", "z", "w"],
+        shared_bytes=4 * (a["words"] + b["words"] + (t.BM * t.BN if t.S > 1 else 0)),
+    )
+    if ctx["shared_bytes"] > MAX_WORKGROUP_BYTES:
+        raise CodegenError(f"matmul tile {t.name}: {ctx['shared_bytes']} bytes of workgroup memory")
+    return render("wgsl/matmul.wgsl.j2", **ctx), grid
+
+
+def _batch_expr(op: Operand, batch: int) -> str:
+    """The start of batch entry `bi` of an operand, as a prefix of an index sum ('' for 0)."""
+    terms = [f"{op.offset}u"] if op.offset else []
+    if batch > 1 and op.batch_stride:
+        terms.append(f"bi * {op.batch_stride}u")
+    return "".join(term + " + " for term in terms)
+
+
+def _out_index(spec: MatmulSpec) -> str:
+    """out_offset + (bi * M + row) * N + col, without the terms that are always zero."""
+    terms = [f"{spec.out_offset}u"] if spec.out_offset else []
+    rows = f"bi * {spec.M}u + row" if spec.batch > 1 else "row"
+    if spec.N == 1:
+        terms.append(rows)
+    else:
+        terms.append(f"({rows}) * {spec.N}u + col" if spec.batch > 1 else f"row * {spec.N}u + col")
+    return " + ".join(terms)
+
+
+def flops(spec: MatmulSpec) -> int:
+    return 2 * spec.batch * spec.M * spec.N * spec.K
+
+
+__all__ = ["Operand", "MatmulSpec", "Tile", "TILES", "choose_tile", "render_matmul", "flops"]

@@ -1,0 +1,87 @@
+"""`aot.Module`: parameters and child modules, named by their dotted attribute path.
+
+`param()` emits a `param` leaf into the graph being traced; the names are filled in once
+the factory has returned the whole tree (only then is each attribute path known).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import init as _init
+from .errors import TraceError, capture_site
+from .ir import Tensor
+from .trace import current, emit
+
+
+@dataclass
+class ParamInfo:
+    tensor: Tensor
+    init: _init.Init
+    decay: bool
+    site: object
+
+
+class Module:
+    def __init__(self):
+        object.__setattr__(self, "_params", {})
+        object.__setattr__(self, "_children", {})
+
+    def __setattr__(self, name, value):
+        if "_params" not in self.__dict__:
+            raise TraceError(
+                f"{type(self).__name__}.__init__ must call super().__init__() before setting attributes",
+                capture_site(),
+            )
+        if isinstance(value, (Module, list, tuple, dict)):
+            self._children[name] = value
+        elif isinstance(value, Tensor) and any(p.tensor is value for p in self._params.values()):
+            pass
+        object.__setattr__(self, name, value)
+
+    def param(self, shape, init: _init.Init | None = None, decay: bool | None = None) -> Tensor:
+        """Declare a parameter f32[shape]; `decay` defaults to the init's (False for zeros/ones)."""
+        init = init or _init.randn()
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        if not isinstance(init, _init.Init):
+            raise TraceError(f"init must be an aot.init spec, got {init!r}", capture_site())
+        lit_shape = getattr(init, "_shape", None)
+        if lit_shape is not None and tuple(lit_shape) != shape:
+            raise TraceError(f"init.literal has shape {list(lit_shape)} but the param is {list(shape)}", capture_site())
+        current()  # only inside tracing
+        t = emit("param", (), name="", shape=shape, dtype="f32")
+        self._params[id(t)] = ParamInfo(t, init, init.default_decay if decay is None else bool(decay), capture_site())
+        return t
+
+    def named_params(self, prefix: str = "") -> list[tuple[str, ParamInfo]]:
+        """(dotted name, info) in declaration order; children after the module's own attributes."""
+        out = []
+        attr_of = {id(v): k for k, v in self.__dict__.items() if isinstance(v, Tensor)}
+        for key, info in self._params.items():
+            name = attr_of.get(key)
+            if name is None:
+                raise TraceError(
+                    f"a parameter of {type(self).__name__} is not stored on an attribute, so it has no name",
+                    info.site,
+                    hint="assign it: self.w = self.param(...)",
+                )
+            out.append((prefix + name, info))
+        for name, child in self._children.items():
+            out += _walk(child, prefix + name + ".")
+        return out
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+
+def _walk(value, prefix: str):
+    if isinstance(value, Module):
+        return value.named_params(prefix)
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _walk(v, f"{prefix}{i}.")]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _walk(v, f"{prefix}{k}.")]
+    return []

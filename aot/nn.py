@@ -1,0 +1,90 @@
+"""`aot.nn`: layers with tensorgrad's parameter names and layouts (API.md §2)."""
+
+from __future__ import annotations
+
+from . import init as _init
+from . import ops
+from .module import Module
+
+
+class Linear(Module):
+    """y = x @ W + b with W f32[in, out] (PyTorch's weight.T) and b f32[out]."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, init=None, decay=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        # tensorgrad's default (randn 0.02), not PyTorch's uniform: keeps the ported samples comparable
+        self.W = self.param((in_features, out_features), init=init, decay=decay)
+        self.b = self.param((out_features,), init=_init.zeros()) if bias else None
+
+    def forward(self, x):
+        y = ops.matmul(x, self.W)
+        return y + self.b if self.b is not None else y
+
+
+class LayerNorm(Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.g = self.param((dim,), init=_init.ones())
+        self.b = self.param((dim,), init=_init.zeros())
+
+    def forward(self, x):
+        mu = ops.mean(x, -1, keepdims=True)
+        d = x - mu
+        var = ops.mean(d * d, -1, keepdims=True)
+        return d * ops.rsqrt(var + self.eps) * self.g + self.b
+
+
+class RMSNorm(Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.g = self.param((dim,), init=_init.ones())
+
+    def forward(self, x):
+        return x * ops.rsqrt(ops.mean(x * x, -1, keepdims=True) + self.eps) * self.g
+
+
+class Embedding(Module):
+    def __init__(self, vocab: int, dim: int, init=None, decay=None):
+        super().__init__()
+        self.W = self.param((vocab, dim), init=init, decay=decay)
+
+    def forward(self, idx):
+        return ops.embedding(self.W, idx)
+
+
+class Conv2d(Module):
+    """NCHW convolution; W f32[out, in/groups, k, k] (PyTorch's layout), b f32[out]."""
+
+    def __init__(self, in_ch: int, out_ch: int, k, stride=1, padding=0, groups: int = 1, bias: bool = True, init=None, decay=None):
+        super().__init__()
+        self.stride, self.padding, self.groups = stride, padding, groups
+        kh, kw = (k, k) if isinstance(k, int) else k
+        self.W = self.param((out_ch, in_ch // groups, kh, kw), init=init, decay=decay)
+        self.b = self.param((out_ch,), init=_init.zeros()) if bias else None
+
+    def forward(self, x):
+        y = ops.conv2d(x, self.W, self.stride, self.padding, self.groups)
+        return y + ops.reshape(self.b, (-1, 1, 1)) if self.b is not None else y
+
+
+def split_heads(x, n: int):
+    """[..., T, D] -> [..., n, T, D/n]."""
+    *lead, t, d = x.shape
+    if d % n:
+        from .trace import fail
+
+        fail("split_heads", f"last dim {d} of {x.type_str()} is not divisible by {n} heads")
+    y = ops.reshape(x, (*lead, t, n, d // n))
+    r = len(lead)
+    return ops.transpose(y, tuple(range(r)) + (r + 1, r, r + 2))
+
+
+def merge_heads(x):
+    """[..., n, T, Dh] -> [..., T, n*Dh] (split_heads' inverse)."""
+    *lead, n, t, dh = x.shape
+    r = len(lead)
+    y = ops.transpose(x, tuple(range(r)) + (r + 1, r, r + 2))
+    return ops.reshape(y, (*lead, t, n * dh))

@@ -1,0 +1,211 @@
+"""Elementwise primitives: unary math, binary arithmetic, comparisons, where, cast, const.
+
+Binary primitives see operands of equal shape: the public functions in `aot.ops` insert
+`broadcast_to` first, so every rule here is one line and unbroadcasting lives in
+broadcast_to's VJP alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .registry import Bad, OpDef, register
+from .. import ops as F
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _f32_only(name):
+    def rule(*ins, **attrs):
+        for shape, dtype in ins:
+            if dtype != "f32":
+                raise Bad(
+                    f"expects f32 operands, got {dtype}",
+                    "i32 tensors are indices; use ops.cast(x, 'f32') to compute with them",
+                )
+        shapes = {s for s, _ in ins}
+        if len(shapes) > 1:
+            raise Bad("operand shapes differ (the IR expects broadcasting to be explicit)")
+        return ins[0][0], "f32"
+
+    return rule
+
+
+def _same_shape_any_dtype(out_dtype=None):
+    def rule(*ins, **attrs):
+        if len({s for s, _ in ins}) > 1:
+            raise Bad("operand shapes differ (the IR expects broadcasting to be explicit)")
+        if len({d for _, d in ins}) > 1:
+            raise Bad("operand dtypes differ; cast one of them with ops.cast")
+        return ins[0][0], out_dtype or ins[0][1]
+
+    return rule
+
+
+def _unary(name, ref, vjp, expr):
+    register(OpDef(name, _f32_only(name), ref, vjp, "elementwise", expr=expr))
+
+
+# Unary math. VJPs are written with public ops so they trace like user code.
+_unary("neg", lambda x: -x, lambda ct, n: (F.neg(ct),), "-{0}")
+# sign(0) = 0, so d|x|/dx at 0 is 0 (PyTorch's choice).
+_unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
+register(OpDef("sign", _f32_only("sign"), np.sign, None, "elementwise", expr="sign({0})", nondiff=True))
+_unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})")
+_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "inverseSqrt({0})")
+_unary("exp", np.exp, lambda ct, n: (ct * n.out,), "exp({0})")
+_unary("log", np.log, lambda ct, n: (ct / n.inputs[0],), "log({0})")
+_unary("sin", np.sin, lambda ct, n: (ct * F.cos(n.inputs[0]),), "sin({0})")
+_unary("cos", np.cos, lambda ct, n: (F.neg(ct * F.sin(n.inputs[0])),), "cos({0})")
+_unary("tanh", np.tanh, lambda ct, n: (ct * (1.0 - F.square(n.out)),), "tanh_f32({0})")
+_unary(
+    "sigmoid",
+    lambda x: (1.0 / (1.0 + np.exp(-x))).astype(x.dtype),
+    lambda ct, n: (ct * n.out * (1.0 - n.out),),
+    "sigmoid_f32({0})",
+)
+# relu'(0) = 0, as in PyTorch.
+_unary("relu", lambda x: np.maximum(x, 0).astype(x.dtype), lambda ct, n: (ct * F.greater(n.inputs[0], 0.0),), "max({0}, 0.0)")
+_unary(
+    "erf",
+    lambda x: _erf(x).astype(x.dtype),
+    lambda ct, n: (ct * (2.0 / math.sqrt(math.pi)) * F.exp(F.neg(F.square(n.inputs[0]))),),
+    "erf_f32({0})",
+)
+_unary("square", np.square, lambda ct, n: (ct * 2.0 * n.inputs[0],), "{0} * {0}")
+
+
+def _power_expr(attrs):
+    p = attrs["p"]
+    if float(p).is_integer() and 1 <= p <= 4:
+        return " * ".join(["{0}"] * int(p))
+    # WGSL pow is undefined for negative bases; NumPy gives NaN there too for fractional p
+    return "pow({0}, %s)" % _lit(p)
+
+
+def _lit(v):
+    from ..templates import wgsl_f32
+
+    return wgsl_f32(v)
+
+
+register(
+    OpDef(
+        "power",
+        _f32_only("power"),
+        lambda x, p: np.power(x, x.dtype.type(p)),
+        lambda ct, n: (ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
+        "elementwise",
+        expr=_power_expr,
+    )
+)
+
+# stop_gradient is the identity in every kernel; grad.py sees nondiff and sends nothing back.
+register(OpDef("stop_gradient", lambda x: x, lambda x: x.copy(), None, "elementwise", expr="{0}", nondiff=True))
+
+
+def _binary(name, ref, vjp, expr):
+    register(OpDef(name, _f32_only(name), ref, vjp, "elementwise", expr=expr))
+
+
+_binary("add", lambda a, b: a + b, lambda ct, n: (ct, ct), "{0} + {1}")
+_binary("sub", lambda a, b: a - b, lambda ct, n: (ct, F.neg(ct)), "{0} - {1}")
+_binary("mul", lambda a, b: a * b, lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]), "{0} * {1}")
+_binary(
+    "div",
+    lambda a, b: a / b,
+    lambda ct, n: (ct / n.inputs[1], F.neg(ct * n.out / n.inputs[1])),
+    "{0} / {1}",
+)
+
+
+def _minmax_vjp(pick_first):
+    # Ties split the gradient evenly between the operands, as torch.maximum does.
+    def vjp(ct, n):
+        a, b = n.inputs
+        first = pick_first(a, b)
+        tie = F.equal(a, b)
+        wa = first + 0.5 * tie
+        return ct * wa, ct * (1.0 - wa)
+
+    return vjp
+
+
+_binary("maximum", np.maximum, _minmax_vjp(lambda a, b: F.greater(a, b)), "max({0}, {1})")
+_binary("minimum", np.minimum, _minmax_vjp(lambda a, b: F.less(a, b)), "min({0}, {1})")
+
+
+def _cmp(name, ref, op):
+    register(
+        OpDef(
+            name,
+            _same_shape_any_dtype("f32"),
+            lambda a, b: ref(a, b).astype(np.float32 if a.dtype != np.float64 else np.float64),
+            None,
+            "elementwise",
+            expr="select(0.0, 1.0, {0} %s {1})" % op,
+            nondiff=True,
+        )
+    )
+
+
+_cmp("less", np.less, "<")
+_cmp("greater", np.greater, ">")
+_cmp("equal", np.equal, "==")
+
+
+def _where_shape(c, a, b):
+    if c[1] != "f32":
+        raise Bad(f"condition must be an f32 mask (as returned by less/greater), got {c[1]}")
+    if not (c[0] == a[0] == b[0]):
+        raise Bad("operand shapes differ (the IR expects broadcasting to be explicit)")
+    if a[1] != b[1]:
+        raise Bad(f"branches have different dtypes {a[1]} and {b[1]}")
+    return a[0], a[1]
+
+
+register(
+    OpDef(
+        "where",
+        _where_shape,
+        lambda c, a, b: np.where(c != 0, a, b),
+        lambda ct, n: (None, F.where(n.inputs[0], ct, 0.0), F.where(n.inputs[0], 0.0, ct)),
+        "elementwise",
+        expr="select({2}, {1}, {0} != 0.0)",
+    )
+)
+
+
+def _cast_shape(x, dtype):
+    if dtype not in ("f32", "i32"):
+        raise Bad(f"unknown dtype {dtype!r}; use 'f32' or 'i32'")
+    return x[0], dtype
+
+
+def _cast_ref(x, dtype):
+    if dtype == "i32":
+        return np.trunc(x).astype(np.int32) if x.dtype.kind == "f" else x.astype(np.int32)
+    return x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+
+
+def _cast_vjp(ct, n):
+    # Only f32 -> f32 passes a gradient; casting to or from integers stops it.
+    if n.inputs[0].dtype == "f32" and n.out.dtype == "f32":
+        return (ct,)
+    return (None,)
+
+
+register(OpDef("cast", _cast_shape, _cast_ref, _cast_vjp, "elementwise", expr=lambda a: "%s({0})" % a["dtype"]))
+
+
+def _const_shape(value, dtype):
+    return (), dtype
+
+
+def _const_ref(value, dtype):
+    return np.array(value, dtype=np.float32 if dtype == "f32" else np.int32)
+
+
+register(OpDef("const", _const_shape, _const_ref, None, "leaf", nondiff=True))

@@ -1,0 +1,140 @@
+"""Index primitives: arange, one_hot, gather (embedding rows), take_along_axis, rand.
+
+Out-of-range indices never touch memory outside a tensor: gather and take_along_axis
+clamp to [0, n-1] and one_hot gives an all-zero row (the runtime also rejects such
+inputs before dispatching, API.md §5). Gradients are expressed with one_hot and matmul,
+so they are deterministic (no scatter, no atomics).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import Bad, OpDef, register
+from .. import ops as F
+
+
+def _arange_shape(n, dtype):
+    if n < 0:
+        raise Bad(f"length must be non-negative, got {n}")
+    if dtype not in ("f32", "i32"):
+        raise Bad(f"unknown dtype {dtype!r}")
+    return (n,), dtype
+
+
+register(
+    OpDef(
+        "arange",
+        _arange_shape,
+        lambda n, dtype: np.arange(n, dtype=np.int32 if dtype == "i32" else np.float32),
+        None,
+        "leaf",
+        nondiff=True,
+    )
+)
+
+
+def _need_index(x, what):
+    if x[1] != "i32":
+        raise Bad(f"{what} must be i32, got {x[1]}", "cast float indices with ops.cast(idx, 'i32')")
+
+
+def _one_hot_shape(idx, depth):
+    _need_index(idx, "indices")
+    if depth <= 0:
+        raise Bad(f"depth must be positive, got {depth}")
+    return tuple(idx[0]) + (depth,), "f32"
+
+
+def _one_hot_ref(idx, depth):
+    return (idx[..., None] == np.arange(depth, dtype=np.int32)).astype(np.float32)
+
+
+register(OpDef("one_hot", _one_hot_shape, _one_hot_ref, None, "elementwise", nondiff=True))
+
+
+def _gather_shape(table, idx):
+    _need_index(idx, "indices")
+    if len(table[0]) < 1:
+        raise Bad("the table needs at least one dim")
+    return tuple(idx[0]) + tuple(table[0][1:]), table[1]
+
+
+def _gather_ref(table, idx):
+    return table[np.clip(idx, 0, table.shape[0] - 1)]
+
+
+def _gather_vjp(ct, n):
+    table, idx = n.inputs
+    rows = table.shape[0]
+    rest = table.shape[1:]
+    width = int(np.prod(rest)) if rest else 1
+    oh = F.reshape(F.one_hot(idx, rows), (-1, rows))
+    dt = F.matmul(F.transpose(oh, (1, 0)), F.reshape(ct, (-1, width)))
+    return F.reshape(dt, table.shape), None
+
+
+register(OpDef("gather", _gather_shape, _gather_ref, _gather_vjp, "elementwise"))
+
+
+def _tala_shape(x, idx, axis):
+    _need_index(idx, "indices")
+    if x[1] != "f32":
+        raise Bad(f"expects f32 values, got {x[1]}")
+    if len(idx[0]) != len(x[0]):
+        raise Bad(f"indices need the same rank as x ({len(x[0])}), got {len(idx[0])}")
+    if not 0 <= axis < len(x[0]):
+        raise Bad(f"axis {axis} is out of range for rank {len(x[0])}")
+    if any(a != b for i, (a, b) in enumerate(zip(x[0], idx[0])) if i != axis):
+        raise Bad(f"indices must match x's shape except on axis {axis}")
+    return tuple(idx[0]), "f32"
+
+
+def _tala_ref(x, idx, axis):
+    return np.take_along_axis(x, np.clip(idx, 0, x.shape[axis] - 1), axis=axis)
+
+
+def _tala_vjp(ct, n):
+    # dx[..., i] = sum_j ct[..., j] * (idx[..., j] == i): a batched [1, J] @ [J, n] matmul.
+    x, idx = n.inputs
+    axis = n.attrs["axis"]
+    last = x.ndim - 1
+    perm = tuple([i for i in range(x.ndim) if i != axis] + [axis])
+    inv = tuple(int(i) for i in np.argsort(perm))
+    ct_t = F.transpose(ct, perm) if axis != last else ct
+    idx_t = F.transpose(idx, perm) if axis != last else idx
+    j, size = ct_t.shape[-1], x.shape[axis]
+    lhs = F.reshape(ct_t, ct_t.shape[:-1] + (1, j))
+    dx = F.matmul(lhs, F.one_hot(idx_t, size))
+    dx = F.reshape(dx, ct_t.shape[:-1] + (size,))
+    return (F.transpose(dx, inv) if axis != last else dx), None
+
+
+register(OpDef("take_along_axis", _tala_shape, _tala_ref, _tala_vjp, "elementwise"))
+
+
+# Counter-based uniform random numbers: u = hash(index + hash(seed ^ hash(salt))), 24 bits.
+# The same uint32 arithmetic runs in WGSL (rand_u01 in the elementwise template) and here.
+def hash_u32(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        h = x * np.uint32(747796405) + np.uint32(2891336453)
+        h = ((h >> ((h >> np.uint32(28)) + np.uint32(4))) ^ h) * np.uint32(277803737)
+        return (h >> np.uint32(22)) ^ h
+
+
+def _rand_shape(seed, shape, salt):
+    if seed[0] != () or seed[1] != "i32":
+        raise Bad("seed must be an i32 scalar")
+    return tuple(shape), "f32"
+
+
+def _rand_ref(seed, shape, salt):
+    with np.errstate(over="ignore"):
+        key = hash_u32(np.uint32(seed.astype(np.int64) & 0xFFFFFFFF) ^ hash_u32(np.uint32(salt)))
+        idx = np.arange(int(np.prod(shape)), dtype=np.uint32)
+        u = hash_u32(idx + key)
+    return ((u >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / 16777216.0)).reshape(shape)
+
+
+register(OpDef("rand", _rand_shape, _rand_ref, None, "elementwise", nondiff=True))

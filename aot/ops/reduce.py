@@ -1,0 +1,78 @@
+"""Reductions: sum, max, argmax over normalized (sorted, non-negative) axes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import Bad, OpDef, register
+from .. import ops as F
+
+
+def _reduced_shape(shape, axes, keepdims):
+    for a in axes:
+        if not 0 <= a < len(shape):
+            raise Bad(f"axis {a} is out of range for rank {len(shape)}")
+    if len(set(axes)) != len(axes):
+        raise Bad(f"repeated axis in {axes}")
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _reduce_shape(x, axes, keepdims):
+    if x[1] != "f32":
+        raise Bad(f"expects an f32 operand, got {x[1]}", "use ops.cast(x, 'f32') first")
+    for a in axes:
+        if x[0] and x[0][a] == 0:
+            raise Bad("cannot reduce over an empty axis")
+    return _reduced_shape(x[0], axes, keepdims), "f32"
+
+
+def _expand_back(ct, n):
+    """Cotangent of a reduction, reshaped with kept dims and broadcast back to the input."""
+    x = n.inputs[0]
+    kept = _reduced_shape(x.shape, n.attrs["axes"], True)
+    return F.broadcast_to(F.reshape(ct, kept), x.shape)
+
+
+def _max_vjp(ct, n):
+    # Ties share the gradient evenly (torch.amax's rule); the max itself is not differentiated twice.
+    x = n.inputs[0]
+    kept = _reduced_shape(x.shape, n.attrs["axes"], True)
+    hit = F.equal(x, F.broadcast_to(F.reshape(n.out, kept), x.shape))
+    count = F.sum(hit, axis=n.attrs["axes"], keepdims=True)
+    return (_expand_back(ct, n) * hit / F.broadcast_to(count, x.shape),)
+
+
+register(
+    OpDef(
+        "sum",
+        _reduce_shape,
+        lambda x, axes, keepdims: np.sum(x, axis=tuple(axes), keepdims=keepdims, dtype=x.dtype),
+        lambda ct, n: (_expand_back(ct, n),),
+        "reduce",
+    )
+)
+register(
+    OpDef(
+        "max",
+        _reduce_shape,
+        lambda x, axes, keepdims: np.max(x, axis=tuple(axes), keepdims=keepdims),
+        _max_vjp,
+        "reduce",
+    )
+)
+
+
+def _argmax_shape(x, axis, keepdims):
+    if x[1] != "f32":
+        raise Bad(f"expects an f32 operand, got {x[1]}")
+    return _reduced_shape(x[0], (axis,), keepdims), "i32"
+
+
+def _argmax_ref(x, axis, keepdims):
+    r = np.argmax(x, axis=axis).astype(np.int32)
+    return np.expand_dims(r, axis) if keepdims else r
+
+
+register(OpDef("argmax", _argmax_shape, _argmax_ref, None, "reduce", nondiff=True))

@@ -1,0 +1,123 @@
+"""Optimizers appended into the training graph (update rules of torch.optim's namesakes).
+
+The update works on flat vectors: all parameters concatenated in layout order (decayed
+parameters first, so weight decay applies to one leading range), the gradients in the
+same order, and optimizer state (m, v or momentum) as flat `state` leaves. The memory
+planner places each gradient directly in its slot of the flat vector, so the concat
+costs nothing, and the whole update fuses into one kernel. Per-step scalars (lr, bias
+corrections) are inputs computed on the host (runtime/schedules.py), so a new lr or
+schedule never needs a recompile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ops
+from .ir import Graph, Tensor
+from .runtime.schedules import normalize
+from .trace import at_site, emit, tracing
+
+
+@dataclass(frozen=True)
+class Adam:
+    lr: object = 1e-3
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    clip_grad_norm: float | None = None
+
+    kind = "adam"
+    weight_decay = 0.0
+
+    def spec(self) -> tuple:
+        return (self.kind, float(self.betas[0]), float(self.betas[1]), float(self.eps), float(self.weight_decay), _clip(self))
+
+    def state_names(self) -> tuple[str, ...]:
+        return ("adam.m", "adam.v")
+
+
+@dataclass(frozen=True)
+class AdamW(Adam):
+    weight_decay: float = 0.01
+
+    kind = "adamw"
+
+
+@dataclass(frozen=True)
+class SGD:
+    lr: object = 1e-2
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    clip_grad_norm: float | None = None
+
+    kind = "sgd"
+
+    def spec(self) -> tuple:
+        return ("sgd", float(self.momentum), bool(self.nesterov), float(self.weight_decay), _clip(self))
+
+    def state_names(self) -> tuple[str, ...]:
+        return ("sgd.momentum",) if self.momentum else ()
+
+
+def _clip(o):
+    return None if o.clip_grad_norm is None else float(o.clip_grad_norm)
+
+
+def check(opt) -> None:
+    if not isinstance(opt, (Adam, SGD)):
+        raise TypeError(f"optimizer must be aot.optim.Adam, AdamW or SGD, got {opt!r}")
+    normalize(opt.lr)
+    if isinstance(opt, SGD) and opt.nesterov and opt.momentum <= 0:
+        raise ValueError("SGD(nesterov=True) needs momentum > 0 (as in torch.optim.SGD)")
+
+
+def _scalar(name: str) -> Tensor:
+    return emit("input", (), name=name, shape=(), dtype="f32")
+
+
+def flat(ts: list[Tensor]) -> Tensor:
+    return ops.concat([ops.reshape(t, (-1,)) for t in ts], 0)
+
+
+def append_update(g: Graph, opt, params: list[Tensor], grads: list[Tensor], n_decay: int) -> None:
+    """Append the update; `params`/`grads` are in layout order with the first `n_decay` decayed."""
+    with tracing(g), at_site(None):
+        p = flat(params)
+        gr = flat(grads)
+        total = p.shape[0]
+        n_dec = sum(t.size for t in params[:n_decay])
+        if opt.clip_grad_norm is not None:
+            # torch.nn.utils.clip_grad_norm_: scale = min(1, max_norm / (||g|| + 1e-6))
+            norm = ops.sqrt(ops.sum(ops.square(gr)))
+            gr = gr * ops.minimum(float(opt.clip_grad_norm) / (norm + 1e-6), 1.0)
+
+        def on_decayed(x, other):
+            """x on the decayed leading range [0, n_dec), `other` elsewhere."""
+            if n_dec == total:
+                return x
+            return ops.where(ops.less(ops.arange(total), n_dec), x, other)
+
+        if isinstance(opt, Adam):
+            b1, b2 = opt.betas
+            m = emit("state", (), name="adam.m", shape=(total,), dtype="f32")
+            v = emit("state", (), name="adam.v", shape=(total,), dtype="f32")
+            m2 = m * b1 + gr * (1.0 - b1)
+            v2 = v * b2 + gr * gr * (1.0 - b2)
+            step_size, bc2_sqrt = _scalar("_step_size"), _scalar("_bc2_sqrt")
+            if opt.kind == "adamw" and opt.weight_decay:
+                if n_dec:  # decoupled decay: p *= 1 - lr * wd
+                    p = on_decayed(p * _scalar("_decay"), p)
+            denom = ops.sqrt(v2) / bc2_sqrt + opt.eps
+            p2 = p - step_size * (m2 / denom)
+            g.updates.update({"adam.m": m2, "adam.v": v2})
+        else:
+            if opt.weight_decay and n_dec:  # L2 term added to the gradient
+                gr = gr + on_decayed(p * float(opt.weight_decay), 0.0)
+            if opt.momentum:
+                buf = emit("state", (), name="sgd.momentum", shape=(total,), dtype="f32")
+                buf2 = buf * float(opt.momentum) + gr
+                g.updates["sgd.momentum"] = buf2
+                gr = gr + buf2 * float(opt.momentum) if opt.nesterov else buf2
+            p2 = p - _scalar("_lr") * gr
+        g.updates["params"] = p2

@@ -1,0 +1,57 @@
+"""Seeded parameter initialization, identical on every machine.
+
+Generator: each parameter gets its own stream, keyed by (seed, parameter index). A
+SplitMix64 counter (pure uint64 integer arithmetic, so it is the same everywhere) gives
+53-bit uniforms; Box-Muller in float64 turns pairs of them into normals, which are
+scaled in float64 and rounded once to float32. The only non-integer steps are IEEE
+float64 log/sqrt/cos/sin/multiply, so machines agree bit for bit after the f32 rounding.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def standard_normal(seed: int, stream: int, n: int) -> np.ndarray:
+    """n float64 standard normals from stream `stream` of `seed`."""
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
+        key = _splitmix64(np.array([key ^ np.uint64(stream)], dtype=np.uint64))[0]
+        pairs = (n + 1) // 2
+        counters = key + np.arange(2 * pairs, dtype=np.uint64) * _GOLDEN
+    u = (_splitmix64(counters) >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    u1 = 1.0 - u[0::2]  # (0, 1]: log stays finite
+    u2 = u[1::2]
+    r = np.sqrt(-2.0 * np.log(u1))
+    z = np.empty(2 * pairs, dtype=np.float64)
+    z[0::2] = r * np.cos(2.0 * np.pi * u2)
+    z[1::2] = r * np.sin(2.0 * np.pi * u2)
+    return z[:n]
+
+
+def init_param(spec: tuple, shape: tuple[int, ...], seed: int, stream: int) -> np.ndarray:
+    """Materialize one parameter from its init spec: ("randn", std) | ("zeros",) | ("ones",) | ("literal", b64)."""
+    n = int(np.prod(shape)) if shape else 1
+    kind = spec[0]
+    if kind == "randn":
+        return (standard_normal(seed, stream, n) * float(spec[1])).astype(np.float32).reshape(shape)
+    if kind == "zeros":
+        return np.zeros(shape, dtype=np.float32)
+    if kind == "ones":
+        return np.ones(shape, dtype=np.float32)
+    if kind == "literal":
+        data = np.frombuffer(base64.b64decode(spec[1]), dtype="<f4")
+        return data.astype(np.float32).reshape(shape).copy()
+    raise ValueError(f"unknown init spec {spec!r}")

@@ -1,0 +1,65 @@
+"""The one jinja2 environment used for every generated file (WGSL kernels and package files).
+
+StrictUndefined turns a missing template variable into an error instead of empty text;
+keep_trailing_newline keeps files ending in a newline (jinja strips one by default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "codegen_templates"
+
+
+def wgsl_f32(x: float) -> str:
+    """Shortest decimal that round-trips the float32 value, always with '.' or 'e' (a WGSL f32 literal)."""
+    v = np.float32(x)
+    if np.isnan(v) or np.isinf(v):
+        raise ValueError(f"cannot write {x!r} as a WGSL f32 literal")
+    s = np.format_float_positional(v, unique=True, trim="0")
+    if len(s) > 16:
+        s = np.format_float_scientific(v, unique=True, trim="0")
+    if "." not in s and "e" not in s:
+        s += ".0"
+    if s.endswith("."):
+        s += "0"
+    return s
+
+
+def wgsl_i32(x: int) -> str:
+    x = int(x)
+    if not -(2**31) <= x < 2**31:
+        raise ValueError(f"{x} does not fit in i32")
+    # -2147483648 cannot be written as a literal; WGSL parses the negation of an i32 literal
+    return f"{x}i" if x != -(2**31) else "i32(-2147483647 - 1)"
+
+
+def _strip_trailing_ws(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.split("\n"))
+
+
+_ENV: jinja2.Environment | None = None
+
+
+def env() -> jinja2.Environment:
+    global _ENV
+    if _ENV is None:
+        _ENV = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+            autoescape=False,
+        )
+        _ENV.filters["wgsl_f32"] = wgsl_f32
+        _ENV.filters["wgsl_i32"] = wgsl_i32
+    return _ENV
+
+
+def render(template: str, **ctx) -> str:
+    """Render codegen_templates/<template>; trailing spaces are stripped once at the end."""
+    return _strip_trailing_ws(env().get_template(template).render(**ctx))
