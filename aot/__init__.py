@@ -24,6 +24,6 @@ def build(program, outdir="generated"):
 
 def compile(program):  # noqa: A001 - the API name
     """Build into a temporary folder and import the package in-process; returns a Model."""
-    from .build import compile_program
+    from .build import compile_model
 
-    return compile_program(program)
+    return compile_model(program)

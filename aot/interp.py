@@ -11,7 +11,7 @@ import numpy as np
 from .frontend import Traced
 from .ir import Graph
 from .ops.registry import lookup
-from .runtime.rng import init_param
+from .runtime.rng import init_param, step_seed
 from .runtime.schedules import lr_at, normalize, optimizer_scalars
 
 
@@ -73,7 +73,7 @@ class Reference:
         if self.opt is not None:
             lr = lr_at(self.lr_spec, t)
             leaves.update(optimizer_scalars(self.opt.spec(), lr, t))
-        leaves["_rng"] = np.int32(self.seed * 1000003 + t)
+        leaves["_rng"] = np.int32(step_seed(self.seed, t))
         leaves = {k: np.asarray(v, dtype=self.dtype) if np.asarray(v).dtype.kind == "f" else np.asarray(v) for k, v in leaves.items()}
         env = run(g, leaves, self.dtype)
         self.last_grads = {k: env[id(t_)] for k, t_ in g.grads.items()}

@@ -134,6 +134,8 @@ class Graph:
     captures: dict[str, Tensor] = field(default_factory=dict)
     updates: dict[str, Tensor] = field(default_factory=dict)
     grads: dict[str, Tensor] = field(default_factory=dict)
+    # tensors that must land in a persistent buffer (e.g. "grads": the flat gradient vector)
+    persist: dict[str, Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def leaves(self, op: str) -> dict[str, Tensor]:
@@ -154,7 +156,7 @@ class Graph:
     def roots(self) -> list[Tensor]:
         """Tensors the graph must compute: outputs, captures, grads and writebacks."""
         seen: dict[int, Tensor] = {}
-        for group in (self.outputs, self.captures, self.grads, self.updates):
+        for group in (self.outputs, self.captures, self.grads, self.updates, self.persist):
             for t in group.values():
                 seen.setdefault(id(t), t)
         return list(seen.values())
@@ -203,7 +205,8 @@ def format_graph(g: Graph) -> str:
     names = tensor_names(g)
     lines = [f"graph {g.name}:"]
     lines += ["  " + format_node(n, names) for n in g.nodes]
-    for title, group in (("outputs", g.outputs), ("captures", g.captures), ("grads", g.grads), ("updates", g.updates)):
+    groups = (("outputs", g.outputs), ("captures", g.captures), ("grads", g.grads), ("persist", g.persist), ("updates", g.updates))
+    for title, group in groups:
         if group:
             lines.append(f"  {title}: " + ", ".join(f"{k}={names.get(id(t), '?')}" for k, t in group.items()))
     return "\n".join(lines) + "\n"

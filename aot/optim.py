@@ -80,11 +80,12 @@ def flat(ts: list[Tensor]) -> Tensor:
     return ops.concat([ops.reshape(t, (-1,)) for t in ts], 0)
 
 
-def append_update(g: Graph, opt, params: list[Tensor], grads: list[Tensor], n_decay: int) -> None:
-    """Append the update; `params`/`grads` are in layout order with the first `n_decay` decayed."""
+def append_update(g: Graph, opt, params: list[Tensor], flat_grads: Tensor, n_decay: int) -> None:
+    """Append the update; `params` are in layout order with the first `n_decay` decayed, and
+    `flat_grads` is their gradients concatenated in the same order."""
     with tracing(g), at_site(None):
         p = flat(params)
-        gr = flat(grads)
+        gr = flat_grads
         total = p.shape[0]
         n_dec = sum(t.size for t in params[:n_decay])
         if opt.clip_grad_norm is not None:

@@ -14,8 +14,7 @@ def dce(g: Graph) -> Graph:
         if id(n.out) in live or n.op in ("input", "param", "state"):
             keep.append(n)
             live.update(id(t) for t in n.inputs)
-    out = Graph(g.name, list(reversed(keep)), dict(g.outputs), dict(g.captures), dict(g.updates), dict(g.grads), dict(g.meta))
-    return out
+    return _rebuild(g, list(reversed(keep)), lambda t: t)
 
 
 def cse_consts(g: Graph) -> Graph:
@@ -34,10 +33,14 @@ def cse_consts(g: Graph) -> Graph:
             canon[key] = n.out
         nodes.append(n)
 
-    def m(d):
-        return {k: remap.get(id(t), t) for k, t in d.items()}
+    return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
 
-    return Graph(g.name, nodes, m(g.outputs), m(g.captures), m(g.updates), m(g.grads), dict(g.meta))
+
+def _rebuild(g: Graph, nodes, f) -> Graph:
+    def m(d):
+        return {k: f(t) for k, t in d.items()}
+
+    return Graph(g.name, nodes, m(g.outputs), m(g.captures), m(g.updates), m(g.grads), m(g.persist), dict(g.meta))
 
 
 PIPELINE = [dce, cse_consts]

@@ -77,9 +77,10 @@ equal = _binary("equal")
 
 def where(cond, a, b):
     """`a` where `cond` is nonzero, else `b` (cond is an f32 0/1 mask, e.g. from less/greater)."""
-    c, x, y = _lift("where", (cond, a, b)) if _is_tensor(cond) else (None, None, None)
-    if c is None:
+    if not _is_tensor(cond):
         fail("where", "the condition must be a Tensor")
+    # branches first: a Python number takes the dtype of the tensor branch, not the mask's
+    x, y, c = _lift("where", (a, b, cond))
     return emit("where", (c, x, y))
 
 
@@ -125,6 +126,7 @@ def power(x, p):
 
 def gelu(x, approximate: str = "none"):
     """GELU: exact erf form by default, `approximate="tanh"` for the tanh form (PyTorch's two)."""
+    _check_f32("gelu", x)
     if approximate == "tanh":
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
         return 0.5 * x * (1.0 + tanh(inner))
@@ -134,6 +136,7 @@ def gelu(x, approximate: str = "none"):
 
 
 def silu(x):
+    _check_f32("silu", x)
     return x * sigmoid(x)
 
 
@@ -159,6 +162,13 @@ def _check_tensor(op, x):
         fail(op, f"expects a Tensor, got {type(x).__name__}")
 
 
+def _check_f32(op, x):
+    # composites check here so the error names the op the user called, not an inner primitive
+    _check_tensor(op, x)
+    if x.dtype != "f32":
+        fail(op, f"expects an f32 operand, got {x.type_str()}", "use ops.cast(x, 'f32') first")
+
+
 def sum(x, axis=None, keepdims: bool = False):  # noqa: A001 - the API name
     _check_tensor("sum", x)
     axes = normalize_axes("sum", x, axis)
@@ -168,7 +178,7 @@ def sum(x, axis=None, keepdims: bool = False):  # noqa: A001 - the API name
 
 
 def mean(x, axis=None, keepdims: bool = False):
-    _check_tensor("mean", x)
+    _check_f32("mean", x)
     axes = normalize_axes("mean", x, axis)
     count = 1
     for a in axes:
@@ -332,6 +342,9 @@ def embedding(table, idx):
     """Rows of `table` [V, D] picked by i32 `idx` [...] -> [..., D]."""
     if not (_is_tensor(table) and _is_tensor(idx)):
         fail("embedding", "expects (table, idx) Tensors")
+    if idx.dtype != "i32" or table.ndim < 1:
+        fail("embedding", f"expects table [V, ...] and i32 indices, got {table.type_str()} and {idx.type_str()}",
+             "cast float indices with ops.cast(idx, 'i32')")
     return emit("gather", (table, idx))
 
 
@@ -347,14 +360,16 @@ def take_along_axis(x, idx, axis: int):
 
 def softmax(x, axis: int = -1):
     # subtracting the (gradient-free) max keeps exp in range; softmax is shift-invariant
-    _check_tensor("softmax", x)
+    _check_f32("softmax", x)
+    normalize_axes("softmax", x, axis)
     m = stop_gradient(max(x, axis, keepdims=True))
     e = exp(x - m)
     return e / sum(e, axis, keepdims=True)
 
 
 def log_softmax(x, axis: int = -1):
-    _check_tensor("log_softmax", x)
+    _check_f32("log_softmax", x)
+    normalize_axes("log_softmax", x, axis)
     m = stop_gradient(max(x, axis, keepdims=True))
     z = x - m
     return z - log(sum(exp(z), axis, keepdims=True))
@@ -369,7 +384,7 @@ def causal_mask(t: int):
 
 def softmax_causal(scores):
     """Softmax over the last axis of scores [..., T, T], masking keys after each query."""
-    _check_tensor("softmax_causal", scores)
+    _check_f32("softmax_causal", scores)
     if scores.ndim < 2 or scores.shape[-1] != scores.shape[-2]:
         fail("softmax_causal", f"expects scores [..., T, T], got {scores.type_str()}")
     masked = where(broadcast_to(causal_mask(scores.shape[-1]), scores.shape), -1e30, scores)
@@ -380,6 +395,7 @@ def cross_entropy(logits, targets, reduction: str = "mean"):
     """Cross-entropy of logits [..., C] against i32 class indices [...]."""
     if not (_is_tensor(logits) and _is_tensor(targets)):
         fail("cross_entropy", "expects (logits, targets) Tensors")
+    _check_f32("cross_entropy", logits)
     if targets.dtype != "i32":
         fail("cross_entropy", f"targets must be i32 class indices, got {targets.type_str()}")
     if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
@@ -423,6 +439,14 @@ def _pair(v, name, op):
     fail(op, f"{name} must be an int or a pair of ints, got {v!r}")
 
 
+def _check_window(op, x, k, stride, padding):
+    _check_f32(op, x)
+    if _b.min(stride) < 1 or _b.min(padding) < 0:
+        fail(op, f"stride must be >= 1 and padding >= 0, got stride={stride}, padding={padding}")
+    if _b.any(x.shape[2 + a] + 2 * padding[a] < k[a] for a in range(2)):
+        fail(op, f"kernel {list(k)} does not fit the input {x.type_str()} padded by {list(padding)}")
+
+
 def unfold(x, k, stride, padding, value: float = 0.0):
     return emit("unfold", (x,), k=tuple(k), stride=tuple(stride), padding=tuple(padding), value=float(value))
 
@@ -435,6 +459,8 @@ def conv2d(x, w, stride=1, padding=0, groups: int = 1):
     """NCHW convolution: x[N, C, H, W], w[O, C/groups, kh, kw] (PyTorch's layout) -> [N, O, OH, OW]."""
     if not (_is_tensor(x) and _is_tensor(w)):
         fail("conv2d", "expects (x, w) Tensors")
+    _check_f32("conv2d", x)
+    _check_f32("conv2d", w)
     if x.ndim != 4 or w.ndim != 4:
         fail("conv2d", f"expects x[N,C,H,W] and w[O,C/groups,kh,kw], got {x.type_str()} and {w.type_str()}")
     s, p = _pair(stride, "stride", "conv2d"), _pair(padding, "padding", "conv2d")
@@ -443,6 +469,7 @@ def conv2d(x, w, stride=1, padding=0, groups: int = 1):
     if groups < 1 or c % groups or o % groups or cg != c // groups:
         fail("conv2d", f"w {w.type_str()} does not fit x {x.type_str()} with groups={groups}",
              "w must be [out, in/groups, kh, kw] and groups must divide in and out")
+    _check_window("conv2d", x, (kh, kw), s, p)
     cols = unfold(x, (kh, kw), s, p)  # [N, C, kh, kw, OH, OW]
     oh, ow = cols.shape[4], cols.shape[5]
     og = o // groups
@@ -463,6 +490,7 @@ def max_pool2d(x, k, stride=None, padding=0):
     kk = _pair(k, "k", "max_pool2d")
     s = kk if stride is None else _pair(stride, "stride", "max_pool2d")
     p = _pair(padding, "padding", "max_pool2d")
+    _check_window("max_pool2d", x, kk, s, p)
     cols = unfold(x, kk, s, p, value=-3.0e38)
     return max(cols, (2, 3))
 

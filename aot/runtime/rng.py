@@ -55,3 +55,9 @@ def init_param(spec: tuple, shape: tuple[int, ...], seed: int, stream: int) -> n
         data = np.frombuffer(base64.b64decode(spec[1]), dtype="<f4")
         return data.astype(np.float32).reshape(shape).copy()
     raise ValueError(f"unknown init spec {spec!r}")
+
+
+def step_seed(seed: int, t: int) -> int:
+    """The i32 seed of step t's random numbers (dropout), from the model seed."""
+    key = _splitmix64(np.array([(seed & 0xFFFFFFFF) << 32 | (t & 0xFFFFFFFF)], dtype=np.uint64))[0]
+    return int(key & np.uint64(0x7FFFFFFF))

@@ -1,0 +1,165 @@
+"""Stage composition: the only module that knows the pipeline order.
+
+trace (frontend) -> passes -> schedule (fusion) -> plan (buffers) -> codegen (WGSL) -> emit (package)
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import codegen, emit, ir, passes
+from .frontend import Traced, trace_program
+from .plan import ARENAS, Plan, plan
+from .program import Program
+from .runtime.schedules import normalize
+from .schedule import VIEW_OPS, ParamArena, Schedule, schedule
+
+
+@dataclass
+class Compiled:
+    traced: Traced
+    graphs: dict[str, ir.Graph]
+    schedules: dict[str, Schedule]
+    plans: dict[str, Plan]
+    kernels: dict[str, list[codegen.KernelCode]]
+    program: dict = field(default_factory=dict)  # the literal tables the package gets
+
+
+def index_bounds(g: ir.Graph) -> dict[str, int]:
+    """i32 inputs used as indices -> exclusive upper bound, so the runtime can reject bad data."""
+    users = g.users()
+    out: dict[str, int] = {}
+    for name, t in g.inputs.items():
+        if t.dtype != "i32":
+            continue
+        stack, bound = [t], None
+        while stack:
+            x = stack.pop()
+            for u in users.get(id(x), []):
+                b = None
+                if u.op in VIEW_OPS or u.op in ("concat", "stop_gradient") or (u.op == "cast" and u.out.dtype == "i32"):
+                    stack.append(u.out)
+                elif u.op == "gather" and u.inputs[1] is x:
+                    b = u.inputs[0].shape[0]
+                elif u.op == "one_hot":
+                    b = u.attrs["depth"]
+                elif u.op == "take_along_axis" and u.inputs[1] is x:
+                    b = u.inputs[0].shape[u.attrs["axis"]]
+                if b is not None:
+                    bound = b if bound is None else min(bound, b)
+        if bound is not None:
+            out[name] = bound
+    return out
+
+
+def compile_program(program_or_traced, verify: bool = False, log=None) -> Compiled:
+    log = log or (lambda msg: None)
+    t0 = time.perf_counter()
+    traced = program_or_traced if isinstance(program_or_traced, Traced) else trace_program(program_or_traced)
+    prog = traced.program
+    n_nodes = sum(len(g.nodes) for g in traced.graphs.values())
+    log(f"traced {len(traced.graphs)} graph(s), {n_nodes} nodes, {len(traced.params)} params ({time.perf_counter() - t0:.2f}s)")
+    total = sum(p.size for p in traced.params)
+    arena = ParamArena({p.name: p.offset for p in traced.params}, total)
+    opt = prog.train.optimizer if prog.train is not None else None
+    state_names = opt.state_names() if opt is not None else ()
+    state_offsets = {n: i * total for i, n in enumerate(state_names)}
+    graphs, scheds, plans, kernels = {}, {}, {}, {}
+    k_index = 0
+    for key, g in traced.graphs.items():
+        if verify:
+            ir.verify(g, after="trace")
+        g = passes.run_pipeline(g, verify=verify)
+        s = schedule(g, arena)
+        p = plan(s, state_offsets, total)
+        ks = codegen.generate(s, p, k_index)
+        k_index += len(ks)
+        graphs[key], scheds[key], plans[key], kernels[key] = g, s, p, ks
+    log(f"scheduled and generated {k_index} kernels ({time.perf_counter() - t0:.2f}s)")
+    c = Compiled(traced, graphs, scheds, plans, kernels)
+    c.program = _tables(c, opt, state_names)
+    return c
+
+
+def _tables(c: Compiled, opt, state_names) -> dict:
+    prog = c.traced.program
+    arenas = dict.fromkeys(ARENAS, 0)
+    entries, kernel_table, wgsl = {}, {}, {}
+    for key, g in c.graphs.items():
+        p, s = c.plans[key], c.schedules[key]
+        for a, n in p.sizes.items():
+            arenas[a] = max(arenas[a], n)
+
+        def where(t):
+            loc, _ = p.read_loc(s, t)
+            return loc.arena, loc.offset
+
+        entries[key] = {
+            "inputs": [(n, dt, tuple(shape), loc.arena, loc.offset) for n, dt, shape, loc in p.inputs],
+            "input_sizes": {"inputs": p.sizes["inputs"], "inputs_i32": p.sizes["inputs_i32"]},
+            "outputs": [(n, t.dtype, t.shape) + where(t) for n, t in g.outputs.items()],
+            "captures": [(n, t.dtype, t.shape) + where(t) for n, t in g.captures.items()],
+            "dispatches": [(k.name, k.grid) for k in c.kernels[key]],
+            "copies": [(src.arena, src.offset, dst.arena, dst.offset, n) for src, dst, n in p.copies],
+            "index_bounds": index_bounds(g),
+        }
+        for k in c.kernels[key]:
+            kernel_table[k.name] = (tuple(k.bindings), k.site)
+            wgsl[k.name] = k.wgsl
+    signatures, variants = {}, {}
+    specs = ([("train", prog.train)] if prog.train is not None else []) + list(prog.infer.items())
+    for entry, spec in specs:
+        signatures[entry] = {n: (s.dtype, tuple(s.dims)) for n, s in spec.inputs.items()}
+        variants[entry] = {tuple(sorted(sizes.items())): key for key, sizes in c.traced.variants[entry].items()}
+    return {
+        "name": prog.name,
+        "seed": int(prog.seed),
+        "params": [(p.name, p.shape, p.init, p.decay, p.offset) for p in c.traced.params],
+        "optimizer": opt.spec() if opt is not None else None,
+        "lr": normalize(opt.lr) if opt is not None else None,
+        "state": list(state_names),
+        "dims": {k: tuple(v) for k, v in prog.dims.items()},
+        "signatures": signatures,
+        "variants": variants,
+        "arenas": arenas,
+        "kernels": kernel_table,
+        "entries": entries,
+        "_wgsl": wgsl,
+    }
+
+
+def build(program: Program, outdir="generated", verify: bool = False, log=None, source_name: str | None = None) -> Path:
+    """Build `program` into outdir/<name>/ (pyproject.toml + package); returns that folder."""
+    c = compile_program(program, verify=verify, log=log)
+    src = source_name or _source_name(program)
+    path = emit.write_package(c, Path(outdir), src)
+    if log:
+        log(f"wrote {path}")
+    return path
+
+
+def _source_name(program: Program) -> str:
+    mod = sys.modules.get(getattr(program.model, "__module__", "") or "")
+    f = getattr(mod, "__file__", None)
+    return os.path.basename(f) if f else "<python>"
+
+
+def compile_model(program: Program, seed=None):
+    """aot.compile: build into a temporary folder, import the package, return a Model."""
+    tmp = tempfile.mkdtemp(prefix="aot-")
+    path = build(program, tmp)
+    sys.path.insert(0, str(path))
+    try:
+        name = program.name
+        for k in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[k]
+        mod = importlib.import_module(name)
+    finally:
+        sys.path.remove(str(path))
+    return mod.Model(seed=seed)

@@ -1,0 +1,222 @@
+"""Schedule -> BufferPlan: every storage owner gets (buffer, element offset).
+
+Buffers ("arenas") are fixed per package, so every kernel binds at most seven of them
+(under WebGPU's default limit of 8 storage buffers per stage) whatever the graph:
+  params      all parameters, flat in layout order (shared by every entry point)
+  grads       the flat gradient vector of the last step
+  state       optimizer state (adam.m, adam.v | sgd.momentum), flat, each as long as params
+  inputs      f32 inputs and per-step scalars, packed; inputs_i32 the i32 inputs
+  work        intermediates, reused by liveness; work_i32 the i32 ones
+Updated params and state are written in place when the writing kernel is the last reader of
+the old value and reads it only at the element it writes; otherwise a copy follows the pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import CodegenError
+from .ir import Tensor
+from .schedule import LEAVES, POINTWISE, Kernel, Schedule
+
+ALIGN = 64  # elements: 256-byte aligned tensors keep reads coalesced and offsets tidy
+ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32")
+
+
+@dataclass(frozen=True)
+class Loc:
+    arena: str
+    offset: int
+
+
+@dataclass
+class Plan:
+    loc: dict[int, Loc]
+    sizes: dict[str, int]  # elements each arena needs for this graph
+    inputs: list[tuple[str, str, tuple, Loc]]  # (name, dtype, shape, location)
+    copies: list[tuple[Loc, Loc, int]] = field(default_factory=list)  # after the pass: src, dst, elements
+    work_unpooled: int = 0  # elements the work arena would need with one slot per tensor
+
+    def read_loc(self, s: Schedule, t: Tensor) -> tuple[Loc, tuple[int, ...]]:
+        v = s.views[id(t)]
+        base = self.loc[id(v.base)]
+        return Loc(base.arena, base.offset + v.offset), v.strides
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def plan(s: Schedule, state_offsets: dict[str, int], param_total: int) -> Plan:
+    g = s.graph
+    loc: dict[int, Loc] = {}
+    sizes = dict.fromkeys(ARENAS, 0)
+    sizes["params"] = param_total
+    owners = {id(t): t for t in s.owners}
+    for t in s.owners:
+        if t.node.op == "param":  # the params arena sentinel
+            loc[id(t)] = Loc("params", 0)
+
+    # inputs: packed in declaration order, f32 and i32 separately
+    inputs = []
+    for n in g.nodes:
+        if n.op == "input":
+            arena = "inputs" if n.out.dtype == "f32" else "inputs_i32"
+            loc[id(n.out)] = Loc(arena, sizes[arena])
+            inputs.append((n.attrs["name"], n.out.dtype, n.out.shape, loc[id(n.out)]))
+            sizes[arena] += max(n.out.size, 1)
+        elif n.op == "state":
+            loc[id(n.out)] = Loc("state", state_offsets[n.attrs["name"]])
+            sizes["state"] = max(sizes["state"], state_offsets[n.attrs["name"]] + n.out.size)
+
+    index = {id(k.out): i for i, k in enumerate(s.kernels)}
+    readers: dict[int, list[int]] = {}
+    for i, k in enumerate(s.kernels):
+        for r in k.reads:
+            readers.setdefault(id(r), []).append(i)
+
+    # the flat gradient vector lives in the persistent grads arena
+    if "grads" in g.persist:
+        v = s.views.get(id(g.persist["grads"]))
+        if v is None or v.offset != 0 or not v.is_contiguous(g.persist["grads"].shape) or v.base.size != param_total:
+            raise CodegenError(f"{g.name}: the flat gradient vector is not a contiguous buffer")
+        if id(v.base) not in loc:
+            loc[id(v.base)] = Loc("grads", 0)
+            sizes["grads"] = param_total
+
+    # writebacks: in place when safe, else a copy after the pass
+    copies = []
+    for name, t in g.updates.items():
+        dst = Loc("params", 0) if name == "params" else loc[id(_state_leaf(g, name))]
+        target_base = _target_base(s, g, name)
+        v = s.views.get(id(t))
+        src_owner = v.base if v is not None else None
+        if (
+            src_owner is not None
+            and v.offset == 0
+            and v.is_contiguous(t.shape)
+            and id(src_owner) not in loc
+            and id(src_owner) not in s.placed
+            and src_owner.node.op not in LEAVES
+            and _in_place_ok(s, index, readers, src_owner, target_base)
+        ):
+            loc[id(src_owner)] = dst
+        else:
+            copies.append((t, dst))
+
+    # placed owners follow their concat; everything else goes to work by liveness
+    def root(t: Tensor) -> Tensor:
+        while id(t) in s.placed:
+            t = s.placed[id(t)][0]
+        return t
+
+    persistent_roots = {id(x) for grp in (g.outputs, g.captures, g.persist) for x in grp.values()}
+    intervals: dict[int, list] = {}
+    end_of_step = len(s.kernels)
+    for t in s.owners:
+        if id(t) in loc or t.node.op in LEAVES:
+            continue
+        r = root(t)
+        if id(r) in loc:
+            continue
+        start = index.get(id(t), 0)
+        end = max(readers.get(id(t), [start]))
+        if any(id(x) in persistent_roots or s.views.get(id(x), None) and s.views[id(x)].base is t for x in [t]):
+            pass
+        iv = intervals.setdefault(id(r), [r, start, end])
+        iv[1], iv[2] = min(iv[1], start), max(iv[2], end)
+    # outputs, captures and copied writebacks are read after the pass
+    late = [s.views[id(x)].base for grp in (g.outputs, g.captures) for x in grp.values()] + [
+        s.views[id(t)].base for t, _ in copies if id(t) in s.views
+    ]
+    for b in late:
+        r = root(b)
+        if id(r) in intervals:
+            intervals[id(r)][2] = end_of_step
+    for arena, dtype in (("work", "f32"), ("work_i32", "i32")):
+        items = [iv for iv in intervals.values() if iv[0].dtype == dtype]
+        sizes[arena] = _pack(items, loc, arena)
+    for t in s.owners:
+        if id(t) not in loc and id(t) in s.placed:
+            r, off = t, 0
+            while id(r) in s.placed:
+                r, o = s.placed[id(r)]
+                off += o
+            base = loc[id(r)]
+            loc[id(t)] = Loc(base.arena, base.offset + off)
+    missing = [t for t in s.owners if id(t) not in loc]
+    if missing:
+        raise CodegenError(f"{g.name}: no storage planned for {len(missing)} tensors")
+
+    copy_list = []
+    for t, dst in copies:
+        v = s.views.get(id(t))
+        if v is None or not v.is_contiguous(t.shape):
+            raise CodegenError(f"{g.name}: writeback source is not contiguous")
+        src = loc[id(v.base)]
+        copy_list.append((Loc(src.arena, src.offset + v.offset), dst, t.size))
+    unpooled = sum(_align(iv[0].size) for iv in intervals.values())
+    return Plan(loc, sizes, inputs, copy_list, unpooled)
+
+
+def _state_leaf(g, name):
+    for n in g.nodes:
+        if n.op == "state" and n.attrs["name"] == name:
+            return n.out
+    raise CodegenError(f"{g.name}: update of unknown state {name!r}")
+
+
+def _target_base(s: Schedule, g, name) -> Tensor:
+    if name == "params":
+        return next(t for t in s.owners if t.node.op == "param")
+    return _state_leaf(g, name)
+
+
+def _in_place_ok(s: Schedule, index, readers, owner: Tensor, target: Tensor) -> bool:
+    """The writer must be the last kernel to read the target, and read it only elementwise."""
+    w = index.get(id(owner))
+    if w is None:
+        return False
+    if any(i > w for i in readers.get(id(target), [])):
+        return False
+    k = s.kernels[w]
+    if k.kind != "elementwise" or owner.ndim != 1:
+        return False
+    return _identity_reads(s, k, target)
+
+
+def _identity_reads(s: Schedule, k: Kernel, target: Tensor) -> bool:
+    size = k.out.size
+    stack = [(k.out, True, True)]
+    while stack:
+        t, ident, top = stack.pop()
+        v = s.views.get(id(t))
+        if v is not None and not top:
+            if v.base is target and not (ident and v.offset == 0 and v.is_contiguous(t.shape) and t.size == size):
+                return False
+            continue
+        n = t.node
+        for x in n.inputs:
+            same = ident and (
+                (n.op in POINTWISE and x.shape == t.shape) or (n.op == "reshape" and x.size == t.size)
+            )
+            stack.append((x, same, False))
+    return True
+
+
+def _pack(items, loc, arena) -> int:
+    """Greedy by size: largest first, at the lowest offset free over its whole lifetime."""
+    placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
+    top = 0
+    for t, start, end in sorted(items, key=lambda iv: (-iv[0].size, iv[1], iv[2])):
+        size = _align(max(t.size, 1))
+        busy = sorted((o, sz) for o, sz, s0, e0 in placed if not (e0 < start or end < s0))
+        off = 0
+        for o, sz in busy:
+            if off + size <= o:
+                break
+            off = max(off, o + sz)
+        placed.append((off, size, start, end))
+        loc[id(t)] = Loc(arena, off)
+        top = max(top, off + size)
+    return top

@@ -1,0 +1,253 @@
+"""Benchmark the generated WGSL matmul kernels on the local GPU (wgpu), against torch/cuBLAS.
+
+    python scripts/bench_matmul.py --out bench_matmul.json           # the tiles the compiler picks
+    python scripts/bench_matmul.py --sweep --out sweep.json          # every tile, prefetch on/off
+
+Cases: 4096^3 and the model shapes (M, K, N), each also as its two backward products
+(dA = dC @ B^T with B read transposed, dB = A^T @ dC with A read transposed). Each timing is
+`iters` dispatches inside one compute pass and one submit, synchronised by
+on_submitted_work_done; the figure is the median of --reps repetitions. torch.matmul runs the
+same products on CUDA with TF32 off (skipped when torch or CUDA is missing). Every kernel's
+result is checked against torch (float64) or NumPy before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import wgpu  # noqa: E402
+
+from aot.matmul_codegen import TILES, MatmulSpec, Operand, choose_tile, flops, render_matmul  # noqa: E402
+
+MODEL_SHAPES = [  # (M, K, N)
+    (256, 1, 64),
+    (256, 64, 64),
+    (256, 64, 1),
+    (1024, 64, 64),
+    (1024, 64, 256),
+    (1024, 256, 64),
+    (8192, 512, 512),
+    (8192, 512, 2048),
+    (8192, 2048, 512),
+]
+TARGET_S = 0.03  # wall time of one timed repetition
+
+
+def cases(quick: bool):
+    """(label, M, K, N, A transposed, B transposed) for every product measured."""
+    out = [("4096^3", 4096, 4096, 4096, False, False)]
+    for M, K, N in MODEL_SHAPES[: 4 if quick else None]:
+        out.append((f"{M}x{K}x{N} fwd", M, K, N, False, False))
+        out.append((f"{M}x{K}x{N} dA", M, N, K, False, True))  # dC[M,N] @ B[K,N]^T
+        out.append((f"{M}x{K}x{N} dB", K, M, N, True, False))  # A[M,K]^T @ dC[M,N]
+    return out
+
+
+def operand(name: str, rows: int, cols: int, transposed: bool) -> Operand:
+    # transposed: the [rows, cols] operand is a view of a stored [cols, rows] matrix
+    return Operand(name, 0, 0, 1, rows) if transposed else Operand(name, 0, 0, cols, 1)
+
+
+class Wgpu:
+    def __init__(self):
+        self.adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        lim = self.adapter.limits
+        self.device = self.adapter.request_device_sync(
+            required_limits={
+                "max-storage-buffer-binding-size": lim["max-storage-buffer-binding-size"],
+                "max-buffer-size": lim["max-buffer-size"],
+            }
+        )
+        self.bindings = "\n".join(
+            [
+                "@group(0) @binding(0) var<storage, read> A: array<f32>;",
+                "@group(0) @binding(1) var<storage, read> B: array<f32>;",
+                "@group(0) @binding(2) var<storage, read_write> C: array<f32>;",
+            ]
+        )
+
+    def buffers(self, a: np.ndarray, b: np.ndarray, c_len: int):
+        U = wgpu.BufferUsage
+        self.bufs = [
+            self.device.create_buffer_with_data(data=a, usage=U.STORAGE),
+            self.device.create_buffer_with_data(data=b, usage=U.STORAGE),
+            self.device.create_buffer(size=4 * c_len, usage=U.STORAGE | U.COPY_SRC),
+        ]
+
+    def prepare(self, spec: MatmulSpec, tile, prefetch: bool):
+        src, grid = render_matmul(spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch)
+        t0 = time.perf_counter()
+        module = self.device.create_shader_module(code=src)
+        pipe = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        bg = self.device.create_bind_group(
+            layout=pipe.get_bind_group_layout(0),
+            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(self.bufs)],
+        )
+        return pipe, bg, grid, time.perf_counter() - t0
+
+    def run(self, pipe, bg, grid, iters: int) -> float:
+        enc = self.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        for _ in range(iters):
+            cp.dispatch_workgroups(*grid)
+        cp.end()
+        t0 = time.perf_counter()
+        self.device.queue.submit([enc.finish()])
+        self.device.queue.on_submitted_work_done_sync()
+        return time.perf_counter() - t0
+
+    def result(self, shape) -> np.ndarray:
+        return np.frombuffer(self.device.queue.read_buffer(self.bufs[2]), dtype=np.float32).reshape(shape)
+
+    def time(self, pipe, bg, grid, reps: int) -> float:
+        one = self.run(pipe, bg, grid, 1)
+        iters = int(min(4000, max(2, TARGET_S / max(one, 1e-6))))
+        self.run(pipe, bg, grid, iters)  # warm-up with the timed count (clocks up, caches filled)
+        return float(np.median([self.run(pipe, bg, grid, iters) / iters for _ in range(reps)]))
+
+
+def torch_setup():
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        return torch
+    except Exception:
+        return None
+
+
+def torch_time(torch, a, b, reps: int) -> float:
+    out = torch.empty((a.shape[0], b.shape[1]), device="cuda", dtype=torch.float32)
+    torch.matmul(a, b, out=out)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.matmul(a, b, out=out)
+    torch.cuda.synchronize()
+    one = time.perf_counter() - t0
+    iters = int(min(4000, max(2, TARGET_S / max(one, 1e-6))))
+    times = []
+    for _ in range(reps + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            torch.matmul(a, b, out=out)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / iters)
+    return float(np.median(times[1:]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench_matmul.json")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--sweep", action="store_true", help="time every tile of the table, prefetch on and off")
+    ap.add_argument("--quick", action="store_true", help="4096^3 and the first model shapes only")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this long")
+    args = ap.parse_args()
+
+    g = Wgpu()
+    torch = torch_setup()
+    info = dict(g.adapter.info)
+    report = {
+        "adapter": {k: str(v) for k, v in info.items()},
+        "python": platform.python_version(),
+        "wgpu": wgpu.__version__,
+        "torch": None if torch is None else torch.__version__,
+        "cuda_device": None if torch is None else torch.cuda.get_device_name(0),
+        "method": "median of reps; each rep = N dispatches in one compute pass, one submit, "
+        "on_submitted_work_done; torch: N torch.matmul(out=) between CUDA events, TF32 off",
+        "results": [],
+    }
+    print(f"adapter: {info.get('device')} ({info.get('backend_type')}); torch: {report['cuda_device']}")
+    started = time.perf_counter()
+    rng = np.random.default_rng(0)
+    header = f"{'case':<22} {'M':>5} {'K':>5} {'N':>5}  {'tile':<14} {'pf':>2} {'wgsl TF/s':>9} {'torch TF/s':>10} {'ratio':>6}"
+    print(header)
+    for label, M, K, N, ta, tb in cases(args.quick):
+        if time.perf_counter() - started > args.budget_s:
+            print(f"budget spent; skipping {label} and later")
+            break
+        spec = MatmulSpec(1, M, N, K, operand("A", M, K, ta), operand("B", K, N, tb), "C", 0)
+        a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+        g.buffers(a, b, M * N)
+        ref = None
+        row = {"case": label, "M": M, "K": K, "N": N, "a_transposed": ta, "b_transposed": tb}
+        if torch is not None:
+            ta_t, tb_t = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+            ta_v, tb_v = (ta_t.t() if ta else ta_t), (tb_t.t() if tb else tb_t)
+            ref = (ta_v.double() @ tb_v.double()).cpu().numpy()
+            row["torch_s"] = torch_time(torch, ta_v, tb_v, args.reps)
+            row["torch_tflops"] = flops(spec) / row["torch_s"] / 1e12
+        elif M * N * K <= 2**30:
+            ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+        chosen = choose_tile(spec)
+        configs = [(t, pf) for t in TILES for pf in (True, False)] if args.sweep else [(chosen, True)]
+        runs = []
+        for tile, pf in configs:
+            entry = {"tile": tile.name, "prefetch": pf, "chosen": tile == chosen and pf}
+            try:
+                pipe, bg, grid, entry["compile_s"] = g.prepare(spec, tile, pf)
+                g.run(pipe, bg, grid, 1)
+                if ref is not None:
+                    got = g.result((M, N))
+                    bound = np.abs(ref).max() + 1.0
+                    entry["max_err"] = float(np.abs(got - ref).max() / bound)
+                    entry["correct"] = entry["max_err"] < 1e-4
+                entry["s"] = g.time(pipe, bg, grid, args.reps)
+                entry["tflops"] = flops(spec) / entry["s"] / 1e12
+            except Exception as e:  # keep going: one bad config must not lose the run
+                entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            runs.append(entry)
+            ok = "" if entry.get("correct", True) else "  WRONG"
+            torch_tf = row.get("torch_tflops")
+            ratio = entry.get("tflops", 0) / torch_tf if torch_tf else None
+            print(
+                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name:<14} {int(pf):>2} "
+                f"{entry.get('tflops', float('nan')):>9.3f} "
+                f"{torch_tf if torch_tf else float('nan'):>10.3f} "
+                f"{ratio if ratio else float('nan'):>6.2f}{ok}{'  ' + entry['error'] if 'error' in entry else ''}",
+                flush=True,
+            )
+        row["runs"] = runs
+        timed = [r for r in runs if "tflops" in r]
+        if timed:
+            best = max(timed, key=lambda r: r["tflops"])
+            row["best"] = {"tile": best["tile"], "prefetch": best["prefetch"], "tflops": best["tflops"]}
+            pick = next((r for r in timed if r["chosen"]), None)
+            if pick is not None:
+                row["chosen"] = {"tile": pick["tile"], "tflops": pick["tflops"]}
+                if "torch_tflops" in row:
+                    row["chosen"]["ratio_to_torch"] = pick["tflops"] / row["torch_tflops"]
+        report["results"].append(row)
+        with open(args.out, "w") as f:  # rewritten after every case: a killed run keeps its results
+            json.dump(report, f, indent=1)
+    if args.sweep:
+        print("\nbest per case:")
+        for row in report["results"]:
+            if "best" in row:
+                ch = row.get("chosen", {})
+                print(
+                    f"{row['case']:<22} best {row['best']['tile']:<14} pf={int(row['best']['prefetch'])} "
+                    f"{row['best']['tflops']:8.3f}   chosen {ch.get('tile', '-'):<14} {ch.get('tflops', float('nan')):8.3f}"
+                )
+    print(f"wrote {args.out} ({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
