@@ -422,15 +422,16 @@ def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
     opa, opb = _operand(plan, s, a, kc), _operand(plan, s, b, kc)
     out_loc = plan.loc[id(k.out)]
     kc.use(out_loc.arena, write=True)
+    batch, M, N, K = _size(mm.shape[:-2]), mm.shape[-2], mm.shape[-1], a.shape[-1]
+    if batch > 1 and opb.batch_stride == 0 and opa.batch_stride == M * opa.row_stride:
+        # weights shared over the batch and rows of A evenly spaced across it: one [batch*M, K] @ [K, N]
+        batch, M = 1, batch * M
     epi = "acc"
     if k.mm is not None:
         body = Body(kc, "", inline=True)
-        shape = k.out.shape
-        bdims = shape[:-2]
-        bc = Index(bdims, flat="bi").get_coords(body) if bdims else []
-        epi = body.value(k.out, Index(shape, bc + ["row", "col"]))
-    batch = _size(mm.shape[:-2])
-    spec = MatmulSpec(batch, mm.shape[-2], mm.shape[-1], a.shape[-1], opa, opb, out_loc.arena, out_loc.offset, epilogue=epi)
+        flat = f"(bi * {M * N}u + row * {N}u + col)" if batch > 1 else f"(row * {N}u + col)"
+        epi = body.value(k.out, Index(k.out.shape, flat=flat))
+    spec = MatmulSpec(batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi)
     helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "")
     wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)

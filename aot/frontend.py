@@ -48,6 +48,13 @@ def _variants(program: Program, inputs) -> list[dict[str, int]]:
     return [dict(zip(used, combo)) for combo in itertools.product(*(program.dims[d] for d in used))]
 
 
+def _fn_site(fn):
+    from .errors import Site
+
+    code = getattr(fn, "__code__", None)
+    return Site(code.co_filename, code.co_firstlineno, code.co_name) if code else None
+
+
 def _key(entry: str, sizes: dict[str, int]) -> str:
     return entry if not sizes else entry + "[" + ",".join(f"{k}={v}" for k, v in sizes.items()) + "]"
 
@@ -119,8 +126,10 @@ def trace_program(program: Program) -> Traced:
             g, named, loss = _trace_entry(program, key, "train", tr, sizes)
             if not isinstance(loss, Tensor) or loss.shape != () or loss.dtype != "f32":
                 got = loss.type_str() if isinstance(loss, Tensor) else type(loss).__name__
+                site = loss.node.site if isinstance(loss, Tensor) else None
                 raise ShapeError(
                     f"{program.name}: the loss function must return a 0-d f32 Tensor, got {got}",
+                    site or _fn_site(tr.fn),
                     hint="reduce it, e.g. ops.mean(...)",
                 )
             tensors = check_params(named, key)

@@ -96,6 +96,10 @@ class Tensor:
         from . import ops
         return ops.power(self, o)
 
+    def __rpow__(self, o):
+        from . import ops
+        return ops.power(o, self)
+
     def __neg__(self):
         from . import ops
         return ops.neg(self)
@@ -191,7 +195,8 @@ def tensor_names(g: Graph) -> dict[int, str]:
 
 
 def format_node(n: Node, names: dict[int, str]) -> str:
-    attrs = {k: v for k, v in n.attrs.items() if not (n.op in ("input", "param", "state") and k == "name")}
+    # a leaf's name, shape and dtype are already on the binder
+    attrs = {k: v for k, v in n.attrs.items() if not (n.op in ("input", "param", "state") and k in ("name", "shape", "dtype"))}
     a = "[" + ",".join(f"{k}={_fmt_attr(attrs[k])}" for k in sorted(attrs)) + "]" if attrs else ""
     args = ", ".join(names.get(id(t), "?") for t in n.inputs)
     text = f"{names[id(n.out)]}: {n.out.type_str()} = {n.op}{a}{(' ' + args) if args else ''}"

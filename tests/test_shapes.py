@@ -211,7 +211,6 @@ def test_loss_that_is_not_0d_raises_shape_error():
     assert "vec_loss" in msg and "0-d" in msg and "f32[5]" in msg
 
 
-@pytest.mark.xfail(strict=True, reason="frontend.trace_program raises the 0-d loss error without a call site")
 def test_loss_that_is_not_0d_points_at_the_loss_code():
     with pytest.raises(aot.ShapeError) as ei:
         trace_program(_vector_loss_program())

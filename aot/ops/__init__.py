@@ -14,7 +14,9 @@ from typing import Sequence
 from ..ir import Tensor
 from ..trace import current, emit, fail
 
-Scalar = (int, float)
+import numbers
+
+Scalar = (numbers.Real,)  # Python and NumPy real scalars
 
 
 def _is_tensor(x) -> bool:
@@ -48,7 +50,7 @@ def _lift(op: str, xs) -> list[Tensor]:
         if _is_tensor(x):
             out.append(x)
         elif isinstance(x, Scalar) and not isinstance(x, bool):
-            out.append(_const(x, dtype))
+            out.append(_const(float(x) if dtype == "f32" else int(x), dtype))
         else:
             fail(op, f"operand of type {type(x).__name__} is neither a Tensor nor a Python number")
     shape = broadcast_shapes(op, *[t.shape for t in out])

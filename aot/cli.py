@@ -1,0 +1,106 @@
+"""`python -m aot build model.py [-o DIR] [--program NAME]` and `python -m aot inspect model.py`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import time
+
+from .errors import AotError
+from .program import Program
+
+
+def load_programs(path: str) -> dict[str, Program]:
+    """Run a model file and return its module-level aot.Program objects by name."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"aot: no such model file: {path}")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        ns = runpy.run_path(path, run_name="__aot_model__")
+    finally:
+        sys.path.pop(0)
+    progs = {}
+    for v in ns.values():
+        if isinstance(v, Program):
+            progs.setdefault(v.name, v)
+    if not progs:
+        raise SystemExit(
+            f"aot: {path} defines no aot.Program at module level\n"
+            "  hint: add e.g.  program = aot.Program('my_model', model=..., train=aot.Train(...))"
+        )
+    return progs
+
+
+def _select(progs: dict[str, Program], name: str | None, path: str) -> list[Program]:
+    if name is None:
+        return list(progs.values())
+    if name not in progs:
+        raise SystemExit(f"aot: unknown program {name!r}; {os.path.basename(path)} defines: {', '.join(progs)}")
+    return [progs[name]]
+
+
+def _log(msg: str) -> None:
+    print(f"  {msg}", flush=True)
+
+
+def cmd_build(args) -> int:
+    from .build import build
+
+    progs = _select(load_programs(args.model), args.program, args.model)
+    for p in progs:
+        t0 = time.perf_counter()
+        print(f"aot: building {p.name} from {args.model}", flush=True)
+        path = build(p, args.outdir, verify=args.verify, log=_log, source_name=os.path.basename(args.model))
+        print(f"aot: {p.name} -> {path} ({time.perf_counter() - t0:.2f}s); install with: pip install {path}", flush=True)
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from .build import compile_program
+    from .ir import format_graph
+
+    for p in _select(load_programs(args.model), args.program, args.model):
+        c = compile_program(p, verify=True)
+        for key, g in c.graphs.items():
+            if args.entry and key != args.entry and not key.startswith(args.entry + "["):
+                continue
+            print(format_graph(g))
+            plan = c.plans[key]
+            print(f"kernels ({len(c.kernels[key])}):")
+            for k in c.kernels[key]:
+                print(f"  {k.name:<40} grid={k.grid}  {k.site}")
+            print("buffers (elements): " + ", ".join(f"{a}={n}" for a, n in plan.sizes.items() if n))
+            if args.wgsl:
+                for k in c.kernels[key]:
+                    print(k.wgsl)
+            print()
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m aot", description="Ahead-of-time compiler from Python models to WebGPU packages.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build one package per aot.Program in a model file")
+    b.add_argument("model", help="path to model.py")
+    b.add_argument("-o", "--outdir", default="generated", help="output folder (default: generated/)")
+    b.add_argument("--program", help="build only the Program with this name")
+    b.add_argument("--verify", action="store_true", help="check IR invariants after every pass")
+    b.set_defaults(fn=cmd_build)
+    i = sub.add_parser("inspect", help="print the IR, kernels and buffer table")
+    i.add_argument("model")
+    i.add_argument("--program")
+    i.add_argument("--entry", help="only this entry point (train, predict, ...)")
+    i.add_argument("--wgsl", action="store_true", help="also print every kernel's WGSL")
+    i.set_defaults(fn=cmd_inspect)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except AotError as e:
+        print(f"aot: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
