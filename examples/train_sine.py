@@ -1,0 +1,58 @@
+"""Train and use the generated sine_mlp package (needs only the installed wheel: wgpu + numpy).
+
+    python examples/train_sine.py --steps 1000
+"""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import sine_mlp
+
+
+def progress(i, n, loss, t0, width=30):
+    done = int(width * i / n)
+    rate = i / max(time.perf_counter() - t0, 1e-9)
+    sys.stdout.write(f"\r[{'#' * done}{'.' * (width - done)}] {i:5d}/{n}  loss {loss:.5f}  {rate:6.0f} steps/s")
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--checkpoint", default="sine_mlp.npz")
+    args = ap.parse_args()
+
+    model = sine_mlp.Model(seed=0)
+    rng = np.random.default_rng(0)
+    print(f"sine_mlp: {len(model.param_names)} params on {model._engine.adapter_info.get('device', '?')}")
+    t0 = time.perf_counter()
+    history = []
+    for i in range(1, args.steps + 1):
+        x = rng.uniform(-np.pi, np.pi, (256, 1)).astype(np.float32)
+        loss = model.step(x=x, y=np.sin(x))
+        history.append(loss)
+        if i % 10 == 0 or i == args.steps:
+            progress(i, args.steps, loss, t0)
+    print()
+    for i in (1, 10, 100, args.steps):
+        if i <= len(history):
+            print(f"  step {i:5d}: loss {history[i - 1]:.5f}")
+
+    model.save(args.checkpoint)
+    print(f"saved {args.checkpoint} at step {model.step_count}")
+
+    xs = np.linspace(-np.pi, np.pi, 9, dtype=np.float32).reshape(-1, 1)
+    ys = np.concatenate([model.predict(x=xs[i : i + 1]) for i in range(len(xs))])
+    print("      x    predict    sin(x)")
+    for x, y in zip(xs[:, 0], ys[:, 0]):
+        print(f"  {x:6.3f}  {y:8.4f}  {np.sin(x):8.4f}")
+    err = float(np.max(np.abs(ys[:, 0] - np.sin(xs[:, 0]))))
+    print(f"max |predict - sin| on the grid: {err:.4f}")
+    model.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up everything aot needs on a fresh Debian machine: Mesa's software Vulkan (so WebGPU
+# has an adapter without a GPU) and a virtual environment in .venv with aot, its test
+# dependencies and the CPU build of PyTorch (the parity oracle).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! ldconfig -p 2>/dev/null | grep -q libvulkan_lvp; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 python3-venv >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+# test-only oracle; a wheel of this version is on the build machines already
+.venv/bin/python -m pip install -q "torch==2.13.0" || echo "setup: torch not installed; PyTorch parity tests will be skipped"
+echo "setup: ready (.venv)"
