@@ -36,6 +36,7 @@ class Plan:
     inputs: list[tuple[str, str, tuple, Loc]]  # (name, dtype, shape, location)
     copies: list[tuple[Loc, Loc, int]] = field(default_factory=list)  # after the pass: src, dst, elements
     work_unpooled: int = 0  # elements the work arena would need with one slot per tensor
+    work_peak_live: int = 0  # largest sum of intermediates alive at once: the bound for any packing
 
     def read_loc(self, s: Schedule, t: Tensor) -> tuple[Loc, tuple[int, ...]]:
         v = s.views[id(t)]
@@ -156,7 +157,11 @@ def plan(s: Schedule, state_offsets: dict[str, int], param_total: int) -> Plan:
         src = loc[id(v.base)]
         copy_list.append((Loc(src.arena, src.offset + v.offset), dst, t.size))
     unpooled = sum(_align(iv[0].size) for iv in intervals.values())
-    return Plan(loc, sizes, inputs, copy_list, unpooled)
+    live = [0] * (end_of_step + 1)
+    for t, start, end in intervals.values():
+        for i in range(start, end + 1):
+            live[i] += t.size
+    return Plan(loc, sizes, inputs, copy_list, unpooled, max(live, default=0))
 
 
 def _state_leaf(g, name):

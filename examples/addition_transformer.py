@@ -18,33 +18,34 @@ PLUS, EQUALS = 10, 11
 
 
 class Block(aot.Module):
-    def __init__(self):
+    def __init__(self, d=D, heads=HEADS, mlp=MLP_DIM):
         super().__init__()
-        self.ln1 = nn.LayerNorm(D)
-        self.q = nn.Linear(D, D, bias=False)
-        self.k = nn.Linear(D, D, bias=False)
-        self.v = nn.Linear(D, D, bias=False)
-        self.o = nn.Linear(D, D, bias=False)
-        self.ln2 = nn.LayerNorm(D)
-        self.fc1 = nn.Linear(D, MLP_DIM)
-        self.fc2 = nn.Linear(MLP_DIM, D)
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, d, bias=False)
+        self.v = nn.Linear(d, d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, mlp)
+        self.fc2 = nn.Linear(mlp, d)
 
     def forward(self, x):
         h = self.ln1(x)
-        q, k, v = (nn.split_heads(f(h), HEADS) for f in (self.q, self.k, self.v))
-        scores = (q @ ops.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(D // HEADS))
+        q, k, v = (nn.split_heads(f(h), self.heads) for f in (self.q, self.k, self.v))
+        scores = (q @ ops.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
         att = ops.softmax_causal(scores) @ v
         x = x + self.o(nn.merge_heads(att))
         return x + self.fc2(ops.relu(self.fc1(self.ln2(x))))
 
 
 class Transformer(aot.Module):
-    def __init__(self):
+    def __init__(self, vocab=VOCAB, d=D, layers=LAYERS, heads=HEADS, mlp=MLP_DIM, t=T):
         super().__init__()
-        self.tok_emb = nn.Embedding(VOCAB, D)
-        self.pos_emb = self.param((T + 1, D))
-        self.blocks = [Block() for _ in range(LAYERS)]
-        self.ln_f = nn.LayerNorm(D)
+        self.tok_emb = nn.Embedding(vocab, d)
+        self.pos_emb = self.param((t + 1, d))
+        self.blocks = [Block(d, heads, mlp) for _ in range(layers)]
+        self.ln_f = nn.LayerNorm(d)
 
     def forward(self, tokens):
         t = tokens.shape[-1]
@@ -61,21 +62,27 @@ def logits(m, tokens):
 
 def loss(m, tokens, targets, mask):
     ce = ops.cross_entropy(m(tokens), targets, reduction="none")
-    return ops.sum(ce * mask) * (1.0 / (B * 3))
+    # mean over the 3 result digits of each sequence (tensorgrad: sum(CE * mask) / (B * 3))
+    return ops.sum(ce * mask) * (1.0 / (tokens.shape[0] * 3))
 
 
-program = aot.Program(
-    "addition_transformer",
-    model=Transformer,
-    train=aot.Train(
-        loss,
-        inputs={"tokens": aot.i32(B, T), "targets": aot.i32(B, T), "mask": aot.f32(B, T)},
-        optimizer=aot.optim.AdamW(lr=aot.lr.linear(5e-3, 5e-4, 1500), weight_decay=0.01, clip_grad_norm=1.0),
-    ),
-    infer={"predict": aot.Infer(logits, inputs={"tokens": aot.i32("N", T)})},
-    dims={"N": (1, B)},
-    seed=0,
-)
+def make_program(name="addition_transformer", vocab=VOCAB, d=D, layers=LAYERS, heads=HEADS, mlp=MLP_DIM, t=T, b=B):
+    """The sample's program; other sizes give the larger benchmark configuration."""
+    return aot.Program(
+        name,
+        model=lambda: Transformer(vocab, d, layers, heads, mlp, t),
+        train=aot.Train(
+            loss,
+            inputs={"tokens": aot.i32(b, t), "targets": aot.i32(b, t), "mask": aot.f32(b, t)},
+            optimizer=aot.optim.AdamW(lr=aot.lr.linear(5e-3, 5e-4, 1500), weight_decay=0.01, clip_grad_norm=1.0),
+        ),
+        infer={"predict": aot.Infer(logits, inputs={"tokens": aot.i32("N", t)})},
+        dims={"N": (1, b)},
+        seed=0,
+    )
+
+
+program = make_program()
 
 
 # ---- data (plain NumPy; used by the training script, tests and benchmarks) ----
