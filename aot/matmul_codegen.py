@@ -82,37 +82,56 @@ class Tile:
         return (self.BM // self.TM) * (self.BN // self.TN) * self.S
 
 
-# The tile table. Big products want the 128x128, 8x8-per-thread tile (8 shared loads feed 64
-# FMAs; 22.9 TFLOP/s at 4096^3 in DESIGN.md). A tile is only worth it if the grid fills the
-# GPU, so smaller outputs step down to 64x64 / 32x32 tiles (more workgroups), and small
-# outputs with a long K use the in-workgroup split-K tiles (S=4), which cut the number of
-# sequential K steps 4x. `efficiency`/`occupancy` feed `_estimate` below; they come from
-# scripts/bench_matmul.py --sweep on an H200.
+# The tile table. Big products want the 128x128 tile, 8x8 outputs per thread (two vec4 reads
+# of shared memory feed 16 FMAs). A tile only pays if the grid fills the GPU, so smaller
+# outputs step down to 64x64 / 32x32 tiles (more workgroups), and small outputs with a long
+# K (weight gradients) use the in-workgroup split-K tiles (S=4), which cut the number of
+# sequential K steps 4x. `choose_tile` ranks them with the cost model `_estimate`.
+#
+# Measured on one H200 (scripts/bench_matmul.py, wgpu 0.32 on Vulkan) against torch.matmul
+# (cuBLAS f32, TF32 off), TFLOP/s, with the tile the model picks:
+#   4096^3                          128x128_8x8    31.0 vs 51.4   (--sweep best: the same)
+#   8192x512x2048 fwd / dA          128x128_8x8    30.9 / 30.0 vs 48.5 / 48.7
+#   2048x8192x512 (a weight grad)   128x64_8x4     26.5 vs 51.4   (best 64x64_8x8, 27.3)
+#   512x8192x512  (a weight grad)   32x32_4x4_s4   23.5 vs 46.6   (128x128: 3.1)
+#   1024x64x256                     32x32_4x4_s4    5.7 vs 9.1
+#   64x1024x64    (a weight grad)   16x16_2x2_s4    0.75 vs 1.34  (128x128: 0.10)
+#   256x64x1                        16x16_2x2_s4    4.0 us vs 1.8 us (dispatch-bound)
+# Over the 28 products of the benchmark the picked tile reaches 98.7% of the best tile's
+# speed on average (worst 84%, on a 3.5 us product).
+# `efficiency` is the measured fraction of the H200's 67 TFLOP/s FMA peak at full occupancy.
 TILES: tuple[Tile, ...] = (
-    Tile("128x128_8x8", 128, 128, 8, 8, 8, occupancy=2, efficiency=0.38),
-    Tile("128x64_8x4", 128, 64, 8, 8, 4, occupancy=3, efficiency=0.30),
-    Tile("64x64_4x4", 64, 64, 8, 4, 4, occupancy=5, efficiency=0.22),
-    Tile("32x32_4x4_s4", 32, 32, 8, 4, 4, S=4, occupancy=4, efficiency=0.18),
-    Tile("32x32_2x2", 32, 32, 16, 2, 2, occupancy=6, efficiency=0.10),
-    Tile("16x16_2x2_s4", 16, 16, 16, 2, 2, S=4, occupancy=6, efficiency=0.08),
-    Tile("16x16_1x1", 16, 16, 16, 1, 1, occupancy=8, efficiency=0.05),
+    Tile("128x128_8x8", 128, 128, 8, 8, 8, occupancy=2, efficiency=0.46),
+    Tile("128x64_8x4", 128, 64, 8, 8, 4, occupancy=3, efficiency=0.45),
+    Tile("64x64_8x8", 64, 64, 8, 8, 8, occupancy=6, efficiency=0.45),
+    Tile("64x64_4x4", 64, 64, 8, 4, 4, occupancy=5, efficiency=0.40),
+    Tile("32x32_4x4_s4", 32, 32, 8, 4, 4, S=4, occupancy=4, efficiency=0.35),
+    Tile("32x32_2x2", 32, 32, 16, 2, 2, occupancy=6, efficiency=0.22),
+    Tile("16x16_2x2_s4", 16, 16, 16, 2, 2, S=4, occupancy=6, efficiency=0.18),
+    Tile("16x16_1x1", 16, 16, 16, 1, 1, occupancy=8, efficiency=0.087),
 )
 TILES_BY_NAME = {t.name: t for t in TILES}
 
 # Cost model constants (H100/H200 class; on smaller GPUs the ranking stays sensible).
 _SMS = 132
 _FMA_PER_SM_US = 128 * 1980  # FMAs per microsecond per SM at boost clock
-_STEP_US = 0.6  # floor of one K step: global load latency + two barriers
+_STEP_US = 0.4  # floor of one K step: global load latency + two barriers (measured 0.3-0.47)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _resident(spec: MatmulSpec, t: Tile) -> int:
+    """Workgroups of this tile one SM runs at once for this product."""
+    groups = spec.batch * _cdiv(spec.M, t.BM) * _cdiv(spec.N, t.BN)
+    return min(t.occupancy, _cdiv(groups, _SMS))
+
+
 def _estimate(spec: MatmulSpec, t: Tile) -> float:
     """Rough time in microseconds: waves of workgroups x K steps x max(latency, FMA work)."""
     groups = spec.batch * _cdiv(spec.M, t.BM) * _cdiv(spec.N, t.BN)
-    per_sm = min(t.occupancy, _cdiv(groups, _SMS))
+    per_sm = _resident(spec, t)
     waves = _cdiv(groups, _SMS * per_sm)
     steps = _cdiv(spec.K, t.BK * t.S)
     work = per_sm * t.BM * t.BN * t.BK * t.S / (_FMA_PER_SM_US * t.efficiency)
@@ -121,8 +140,21 @@ def _estimate(spec: MatmulSpec, t: Tile) -> float:
 
 
 def choose_tile(spec: MatmulSpec) -> Tile:
-    """The table entry with the lowest estimated time (first one wins ties)."""
-    return min(TILES, key=lambda t: _estimate(spec, t))
+    """The table entry with the lowest estimated time; near-ties (tiny products, where every
+    tile sits on the latency floor) go to the tile with less work per thread."""
+    return min(TILES, key=lambda t: _estimate(spec, t) * (1 + 5e-5 * t.BK * t.TM * t.TN))
+
+
+def choose_prefetch(spec: MatmulSpec, t: Tile) -> bool:
+    """Whether to hold the next slab in registers while multiplying the current one.
+
+    Prefetch hides global-load latency when an SM has few warps to switch between (64x64_8x8
+    on a 2048x8192x512 weight gradient: 27.3 vs 16.0 TFLOP/s), but its extra registers cost
+    the 64-accumulator tiles 3-7% once 8 or more warps per SM are resident (4096^3 on
+    128x128_8x8: 31.2 without, 29.4 with). Measured on an H200.
+    """
+    warps = _resident(spec, t) * t.threads // 32
+    return not (t.TM * t.TN >= 64 and warps >= 8)
 
 
 def _check(spec: MatmulSpec) -> None:
@@ -186,7 +218,9 @@ def _loader(
     inner_len, outer_len = (k_len, p_size) if k_inner else (p_size, k_len)
     total = inner_len * outer_len
     if total % threads:
-        raise CodegenError(f"matmul tile {t.name}: {total}-element slab does not split over {threads} threads")
+        raise CodegenError(
+            f"matmul tile {t.name}: {total}-element slab does not split over {threads} threads"
+        )
     if threads % inner_len == 0:
         inner_expr, outer_expr = f"tid % {inner_len}u", f"tid / {inner_len}u"
         offsets = [(0, q * threads // inner_len) for q in range(total // threads)]
@@ -253,7 +287,7 @@ def render_matmul(
     header_comment: str,
     bindings: str,
     tile: Tile | str | None = None,
-    prefetch: bool = True,
+    prefetch: bool | None = None,
     max_groups: int = MAX_GROUPS_PER_DIM,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz).
@@ -265,7 +299,8 @@ def render_matmul(
     `tile_b`, `partial`, `epilogue`, `store_c`.
 
     `tile` (a Tile or a TILES name), `prefetch` and `max_groups` override the build-time
-    choices; they exist for benchmarks and tests.
+    choices (`choose_tile`, `choose_prefetch`, WebGPU's grid limit); they exist for
+    benchmarks and tests.
     """
     _check(spec)
     if tile is None:
@@ -274,6 +309,8 @@ def render_matmul(
         tile = TILES_BY_NAME[tile]
     _check_tile(tile)
     t = tile
+    if prefetch is None:
+        prefetch = choose_prefetch(spec, t)
     slab = t.BK * t.S
     a = _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a")
     b = _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b")
@@ -328,4 +365,13 @@ def flops(spec: MatmulSpec) -> int:
     return 2 * spec.batch * spec.M * spec.N * spec.K
 
 
-__all__ = ["Operand", "MatmulSpec", "Tile", "TILES", "choose_tile", "render_matmul", "flops"]
+__all__ = [
+    "Operand",
+    "MatmulSpec",
+    "Tile",
+    "TILES",
+    "choose_tile",
+    "choose_prefetch",
+    "render_matmul",
+    "flops",
+]

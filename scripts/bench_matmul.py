@@ -5,10 +5,12 @@
 
 Cases: 4096^3 and the model shapes (M, K, N), each also as its two backward products
 (dA = dC @ B^T with B read transposed, dB = A^T @ dC with A read transposed). Each timing is
-`iters` dispatches inside one compute pass and one submit, synchronised by a 4-byte
-readback (about 0.35 ms, amortised over >= 30 ms of work where the kernel allows); the figure is the median of --reps repetitions. torch.matmul runs the
-same products on CUDA with TF32 off (skipped when torch or CUDA is missing). Every kernel's
-result is checked against torch (float64) or NumPy before it is timed.
+N dispatches inside one compute pass and one submit, synchronised by a 4-byte readback
+(about 0.35 ms, amortised: N grows until a repetition takes about 30 ms); the figure is the
+median of --reps repetitions. torch.matmul runs the same products on CUDA with TF32 off,
+eager and from a CUDA graph, and the faster of the two is compared against (skipped when
+torch or CUDA is missing). Every kernel's result is checked against torch (float64) or
+NumPy before it is timed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import wgpu  # noqa: E402
 
-from aot.matmul_codegen import TILES, MatmulSpec, Operand, choose_tile, flops, render_matmul  # noqa: E402
+from aot.matmul_codegen import (  # noqa: E402
+    TILES,
+    MatmulSpec,
+    Operand,
+    choose_prefetch,
+    choose_tile,
+    flops,
+    render_matmul,
+)
 
 MODEL_SHAPES = [  # (M, K, N)
     (256, 1, 64),
@@ -40,12 +50,14 @@ MODEL_SHAPES = [  # (M, K, N)
     (8192, 2048, 512),
 ]
 TARGET_S = 0.03  # wall time of one timed repetition
+MAX_ITERS = 20000
 
 
 def cases(quick: bool):
     """(label, M, K, N, A transposed, B transposed) for every product measured."""
     out = [("4096^3", 4096, 4096, 4096, False, False)]
-    for M, K, N in MODEL_SHAPES[: 4 if quick else None]:
+    # the big products first: a run cut short by --budget-s keeps the figures that matter most
+    for M, K, N in reversed(MODEL_SHAPES[: 4 if quick else None]):
         out.append((f"{M}x{K}x{N} fwd", M, K, N, False, False))
         out.append((f"{M}x{K}x{N} dA", M, N, K, False, True))  # dC[M,N] @ B[K,N]^T
         out.append((f"{M}x{K}x{N} dB", K, M, N, True, False))  # A[M,K]^T @ dC[M,N]
@@ -84,10 +96,14 @@ class Wgpu:
         ]
 
     def prepare(self, spec: MatmulSpec, tile, prefetch: bool):
-        src, grid = render_matmul(spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch)
+        src, grid = render_matmul(
+            spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch
+        )
         t0 = time.perf_counter()
         module = self.device.create_shader_module(code=src)
-        pipe = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        pipe = self.device.create_compute_pipeline(
+            layout="auto", compute={"module": module, "entry_point": "main"}
+        )
         bg = self.device.create_bind_group(
             layout=pipe.get_bind_group_layout(0),
             entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(self.bufs)],
@@ -113,10 +129,21 @@ class Wgpu:
         return np.frombuffer(self.device.queue.read_buffer(self.bufs[2]), dtype=np.float32).reshape(shape)
 
     def time(self, pipe, bg, grid, reps: int) -> float:
-        one = self.run(pipe, bg, grid, 1)
-        iters = int(min(4000, max(2, TARGET_S / max(one, 1e-6))))
-        self.run(pipe, bg, grid, iters)  # warm-up with the timed count (clocks up, caches filled)
-        return float(np.median([self.run(pipe, bg, grid, iters) / iters for _ in range(reps)]))
+        return timed(lambda n: self.run(pipe, bg, grid, n), reps)
+
+
+def timed(run, reps: int) -> float:
+    """Seconds per call: run(n) times n back-to-back calls; n grows until a repetition lasts
+    about TARGET_S, so the sync at the end of each repetition is amortised."""
+    n = 1
+    while True:
+        t = run(n)
+        if t > TARGET_S / 3 or n >= MAX_ITERS:
+            break
+        n = min(MAX_ITERS, n * 4)
+    n = int(min(MAX_ITERS, max(2, n * TARGET_S / max(t, 1e-9))))
+    run(n)  # warm-up at the timed count: clocks up, caches filled
+    return float(np.median([run(n) / n for _ in range(reps)]))
 
 
 def torch_setup():
@@ -132,25 +159,39 @@ def torch_setup():
         return None
 
 
-def torch_time(torch, a, b, reps: int) -> float:
+def torch_time(torch, a, b, reps: int) -> dict:
+    """torch.matmul(a, b, out=) per call: eager (launch overhead included, between CUDA events)
+    and replayed from a CUDA graph of 16 calls (the cuBLAS kernels alone)."""
     out = torch.empty((a.shape[0], b.shape[1]), device="cuda", dtype=torch.float32)
-    torch.matmul(a, b, out=out)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    torch.matmul(a, b, out=out)
-    torch.cuda.synchronize()
-    one = time.perf_counter() - t0
-    iters = int(min(4000, max(2, TARGET_S / max(one, 1e-6))))
-    times = []
-    for _ in range(reps + 1):
+
+    def events(fn, n: int) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(iters):
-            torch.matmul(a, b, out=out)
+        for _ in range(n):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / iters)
-    return float(np.median(times[1:]))
+        return start.elapsed_time(end) / 1e3
+
+    def call():
+        torch.matmul(a, b, out=out)
+
+    result = {"eager_s": timed(lambda n: events(call, n), reps)}
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(16):
+                call()
+        result["graph_s"] = timed(lambda n: events(graph.replay, n), reps) / 16
+    except Exception as e:
+        result["graph_error"] = str(e)[:200]
+    return result
 
 
 def main() -> None:
@@ -173,13 +214,14 @@ def main() -> None:
         "torch": None if torch is None else torch.__version__,
         "cuda_device": None if torch is None else torch.cuda.get_device_name(0),
         "method": "median of reps; each rep = N dispatches in one compute pass, one submit, "
-        "4-byte readback as sync; torch: N torch.matmul(out=) between CUDA events, TF32 off",
+        "4-byte readback as sync; torch: N torch.matmul(out=) between CUDA events, eager "
+        "and CUDA-graph replay, TF32 off; ratio against the faster",
         "results": [],
     }
     print(f"adapter: {info.get('device')} ({info.get('backend_type')}); torch: {report['cuda_device']}")
     started = time.perf_counter()
     rng = np.random.default_rng(0)
-    header = f"{'case':<22} {'M':>5} {'K':>5} {'N':>5}  {'tile':<14} {'pf':>2} {'wgsl TF/s':>9} {'torch TF/s':>10} {'ratio':>6}"
+    header = f"{'case':<22} {'M':>5} {'K':>5} {'N':>5}  {'tile':<14} {'pf':>2} {'us':>9} {'wgsl TF/s':>9} {'torch TF/s':>10} {'ratio':>6}"
     print(header)
     only = [s for s in args.only.split(",") if s]
     for label, M, K, N, ta, tb in cases(args.quick):
@@ -194,19 +236,30 @@ def main() -> None:
         g.buffers(a, b, M * N)
         ref = None
         row = {"case": label, "M": M, "K": K, "N": N, "a_transposed": ta, "b_transposed": tb}
-        if torch is not None:
+        try:
+            if torch is None:
+                raise RuntimeError("no torch with CUDA")
             ta_t, tb_t = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
             ta_v, tb_v = (ta_t.t() if ta else ta_t), (tb_t.t() if tb else tb_t)
             ref = (ta_v.double() @ tb_v.double()).cpu().numpy()
-            row["torch_s"] = torch_time(torch, ta_v, tb_v, args.reps)
+            row.update({"torch_" + k: v for k, v in torch_time(torch, ta_v, tb_v, args.reps).items()})
+            # the faster of eager and graph-replayed cuBLAS is the figure compared against
+            row["torch_s"] = min(row["torch_eager_s"], row.get("torch_graph_s", np.inf))
             row["torch_tflops"] = flops(spec) / row["torch_s"] / 1e12
-        elif M * N * K <= 2**30:
+        except Exception as e:
+            if torch is not None:
+                row["torch_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        if ref is None and M * N * K <= 2**30:
             ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
         chosen = choose_tile(spec)
-        configs = [(t, pf) for t in TILES for pf in (True, False)] if args.sweep else [(chosen, True)]
+        # prefetch off is only worth a look on the big tiles (long K loops, few threads)
+        sweep = [(t, pf) for t in TILES for pf in (True, False) if pf or t.TM * t.TN >= 32]
+        configs = sweep if args.sweep else [(chosen, choose_prefetch(spec, chosen))]
         runs = []
         for tile, pf in configs:
-            entry = {"tile": tile.name, "prefetch": pf, "chosen": tile == chosen and pf}
+            # prefetch makes no difference to the kernel when K fits in one slab
+            same_pf = pf == choose_prefetch(spec, chosen) or K <= chosen.BK * chosen.S
+            entry = {"tile": tile.name, "prefetch": pf, "chosen": tile == chosen and same_pf}
             try:
                 pipe, bg, grid, entry["compile_s"] = g.prepare(spec, tile, pf)
                 g.run(pipe, bg, grid, 1)
@@ -225,7 +278,7 @@ def main() -> None:
             ratio = entry.get("tflops", 0) / torch_tf if torch_tf else None
             print(
                 f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name:<14} {int(pf):>2} "
-                f"{entry.get('tflops', float('nan')):>9.3f} "
+                f"{entry.get('s', float('nan')) * 1e6:>9.1f} {entry.get('tflops', float('nan')):>9.3f} "
                 f"{torch_tf if torch_tf else float('nan'):>10.3f} "
                 f"{ratio if ratio else float('nan'):>6.2f}{ok}{'  ' + entry['error'] if 'error' in entry else ''}",
                 flush=True,

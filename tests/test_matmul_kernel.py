@@ -16,6 +16,7 @@ from aot.matmul_codegen import (
     TILES,
     MatmulSpec,
     Operand,
+    choose_prefetch,
     choose_tile,
     render_matmul,
 )
@@ -53,7 +54,9 @@ def run_kernel(device, wgsl: str, grid, buffers: dict[str, np.ndarray], writable
         for name, arr in buffers.items()
     }
     module = device.create_shader_module(code=wgsl)
-    pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    pipeline = device.create_compute_pipeline(
+        layout="auto", compute={"module": module, "entry_point": "main"}
+    )
     layout = pipeline.get_bind_group_layout(0)
     bind_group = device.create_bind_group(
         layout=layout,
@@ -72,7 +75,15 @@ def run_kernel(device, wgsl: str, grid, buffers: dict[str, np.ndarray], writable
     }
 
 
-def dense(name: str, batch: int, rows: int, cols: int, offset: int = 0, transposed: bool = False, shared: bool = False):
+def dense(
+    name: str,
+    batch: int,
+    rows: int,
+    cols: int,
+    offset: int = 0,
+    transposed: bool = False,
+    shared: bool = False,
+):
     """Operand for a contiguous [batch, rows, cols] array (stored [batch, cols, rows] if transposed)."""
     rs, cs = (1, rows) if transposed else (cols, 1)
     return Operand(name, offset, 0 if shared else rows * cols, rs, cs)
@@ -100,7 +111,13 @@ def check_matmul(
     B, M, N, K = spec.batch, spec.M, spec.N, spec.K
 
     def extent(op: Operand, rows: int, cols: int) -> int:
-        return op.offset + (B - 1) * op.batch_stride + (rows - 1) * op.row_stride + (cols - 1) * op.col_stride + 1
+        return (
+            op.offset
+            + (B - 1) * op.batch_stride
+            + (rows - 1) * op.row_stride
+            + (cols - 1) * op.col_stride
+            + 1
+        )
 
     c_len = out_size or spec.out_offset + B * M * N
     sizes: dict[str, int] = {spec.out_buf: c_len}
@@ -116,7 +133,9 @@ def check_matmul(
         buffers[spec.out_buf] = c_init
     buffers.update(extra or {})
 
-    wgsl, grid = render_matmul(spec, "k000_matmul", HEADER, bindings_for(buffers, {spec.out_buf}), **render_kw)
+    wgsl, grid = render_matmul(
+        spec, "k000_matmul", HEADER, bindings_for(buffers, {spec.out_buf}), **render_kw
+    )
     assert max(grid) <= MAX_GROUPS_PER_DIM
     out = run_kernel(device, wgsl, grid, buffers, {spec.out_buf})[spec.out_buf]
 
@@ -205,7 +224,11 @@ def test_bias_relu_epilogue(device):
     act = rng.standard_normal(200).astype(np.float32)
     spec = plain(1, M, K, N, epilogue="max(acc + act[40 + col], 0.0)")
     check_matmul(
-        device, spec, rng, extra={"act": act}, ref_epilogue=lambda r: np.maximum(r + act[40 : 40 + N].astype(np.float64), 0.0)
+        device,
+        spec,
+        rng,
+        extra={"act": act},
+        ref_epilogue=lambda r: np.maximum(r + act[40 : 40 + N].astype(np.float64), 0.0),
     )
 
 
@@ -245,11 +268,15 @@ def test_deterministic(device):
     np.testing.assert_array_equal(first, second)
 
 
-@pytest.mark.parametrize("shape", [(1, 4096, 4096, 4096), (1, 512, 8192, 512), (1, 64, 1024, 64), (65536 * 2, 4, 4, 4)])
+@pytest.mark.parametrize(
+    "shape", [(1, 4096, 4096, 4096), (1, 512, 8192, 512), (1, 64, 1024, 64), (65536 * 2, 4, 4, 4)]
+)
 def test_limits_and_tidiness(shape):
     """Static checks (no GPU): WebGPU limits and the shape of the generated text."""
     spec = plain(*shape)
-    wgsl, grid = render_matmul(spec, "k000_matmul", HEADER, "@group(0) @binding(0) var<storage, read> A: array<f32>;")
+    wgsl, grid = render_matmul(
+        spec, "k000_matmul", HEADER, "@group(0) @binding(0) var<storage, read> A: array<f32>;"
+    )
     assert max(grid) <= MAX_GROUPS_PER_DIM
     size = int(re.search(r"@workgroup_size\((\d+)\)", wgsl).group(1))
     assert size <= MAX_INVOCATIONS
@@ -265,3 +292,13 @@ def test_limits_and_tidiness(shape):
         assert line.count(";") <= 1 or line.lstrip().startswith("//") or line.lstrip().startswith("for (")
     tile = choose_tile(spec)
     assert f"Tile {tile.name}" in wgsl
+
+
+def test_tile_choice():
+    """The cost model's picks for the shapes the table comment quotes (measured on an H200)."""
+    assert choose_tile(plain(1, 4096, 4096, 4096)).name == "128x128_8x8"
+    assert choose_tile(plain(1, 512, 8192, 512)).name == "32x32_4x4_s4"  # few outputs, long K
+    assert choose_tile(plain(1, 64, 1024, 64)).name == "16x16_2x2_s4"
+    big = choose_tile(plain(1, 4096, 4096, 4096))
+    assert not choose_prefetch(plain(1, 4096, 4096, 4096), big)  # 16 warps per SM hide latency
+    assert choose_prefetch(plain(1, 2048, 8192, 512), TILES[2])  # 64x64_8x8, 4 warps per SM

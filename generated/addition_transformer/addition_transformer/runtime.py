@@ -14,6 +14,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,7 @@ class Engine:
 
     def run(self, key: str, packed: dict, want_captures: bool):
         """One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures)."""
+        t0 = time.perf_counter()
         e = self.entries[key]
         for arena, data in packed.items():
             if data.size:
@@ -137,9 +139,11 @@ class Engine:
             enc.copy_buffer_to_buffer(self.buffers[arena], 4 * off, rb, 4 * pos, 4 * n)
             pos += n
         self.device.queue.submit([enc.finish()])
+        t1 = time.perf_counter()
         out = {}
         if pos:
             rb.map_sync(wgpu.MapMode.READ, 0, 4 * pos)
+            t2 = time.perf_counter()
             raw = rb.read_mapped(0, 4 * pos, copy=True)
             rb.unmap()
             pos = 0
@@ -147,6 +151,10 @@ class Engine:
                 n = _size(shape)
                 out[name] = np.frombuffer(raw, dtype=_NP[dtype], count=n, offset=4 * pos).reshape(shape).copy()
                 pos += n
+        else:
+            t2 = time.perf_counter()
+        # host time (upload, encoding, submit, unpacking) and time spent waiting for the GPU
+        self.last_timing = (t1 - t0 + time.perf_counter() - t2, t2 - t1)
         return out
 
 

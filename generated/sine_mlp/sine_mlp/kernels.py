@@ -10,17 +10,17 @@ K000_MATMUL_ADD = """\
 //   A[bi, m, k] = inputs[0 + bi * 0 + m * 1 + k * 1]
 //   B[bi, k, n] = params[0 + bi * 0 + k * 64 + n * 1]
 //   work[0 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
-// Tile 64x64_4x4: each workgroup computes a 64x64 block of C for one batch entry;
-// 16x16 threads each accumulate 4x4 outputs in registers while the
-// workgroup walks K 8 rows at a time through shared memory.
+// Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
+// 16x16 threads each accumulate 1x1 outputs in registers while the
+// workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read> inputs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 68 and 64 floats (4224 bytes in all).
-var<workgroup> tile_a: array<vec4<f32>, 136>;
-var<workgroup> tile_b: array<vec4<f32>, 128>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+var<workgroup> tile_a: array<f32, 320>;
+var<workgroup> tile_b: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (acc + (params[4224u + ((row * 64u + col) % 64u)]));
@@ -33,226 +33,91 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let n0 = wg.x * 64u;
-    let m0 = wg.y * 64u;
+    let n0 = wg.x * 16u;
+    let m0 = wg.y * 16u;
     let bi = wg.z;
     let tx = tid % 16u;
     let ty = tid / 16u;
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 8u;
-    let a_k = tid % 8u;
+    let a_p = tid / 16u;
+    let a_k = tid % 16u;
     let a_src0 = m0 + a_p;
-    let a_src1 = m0 + a_p + 32u;
-    let a_st = (a_k * 68u + a_p) / 4u;
-    let a_lane = a_p % 4u;
-    let b_p = tid % 64u;
-    let b_k = tid / 64u;
+    let a_st = a_k * 20u + a_p;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = n0 + b_p;
-    let b_st = (b_k * 64u + b_p) / 4u;
-    let b_lane = b_p % 4u;
+    let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
-    var a_ld1 = 0.0;
     var b_ld0 = 0.0;
-    var b_ld1 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = ty;
     let b_rd = tx;
 
     var c0_0 = 0.0;
-    var c0_1 = 0.0;
-    var c0_2 = 0.0;
-    var c0_3 = 0.0;
-    var c1_0 = 0.0;
-    var c1_1 = 0.0;
-    var c1_2 = 0.0;
-    var c1_3 = 0.0;
-    var c2_0 = 0.0;
-    var c2_1 = 0.0;
-    var c2_2 = 0.0;
-    var c2_3 = 0.0;
-    var c3_0 = 0.0;
-    var c3_1 = 0.0;
-    var c3_2 = 0.0;
-    var c3_3 = 0.0;
 
-    for (var k0 = 0u; k0 < 1u; k0 += 8u) {
+    for (var k0 = 0u; k0 < 1u; k0 += 16u) {
         a_ld0 = select(0.0, inputs[a_src0 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
-        a_ld1 = select(0.0, inputs[a_src1 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
         b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 0u) * 64u], k0 + b_k < 1u);
-        b_ld1 = select(0.0, params[b_src0 + min(k0 + b_k + 4u, 0u) * 64u], k0 + b_k + 4u < 1u);
-        tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 8u][a_lane] = a_ld1;
-        tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 64u][b_lane] = b_ld1;
+        tile_a[a_st] = a_ld0;
+        tile_b[b_st] = b_ld0;
         workgroupBarrier();
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
-        c0_0 = fma(a0_0.x, b0_0.x, c0_0);
-        c0_1 = fma(a0_0.x, b0_0.y, c0_1);
-        c0_2 = fma(a0_0.x, b0_0.z, c0_2);
-        c0_3 = fma(a0_0.x, b0_0.w, c0_3);
-        c1_0 = fma(a0_0.y, b0_0.x, c1_0);
-        c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        c1_2 = fma(a0_0.y, b0_0.z, c1_2);
-        c1_3 = fma(a0_0.y, b0_0.w, c1_3);
-        c2_0 = fma(a0_0.z, b0_0.x, c2_0);
-        c2_1 = fma(a0_0.z, b0_0.y, c2_1);
-        c2_2 = fma(a0_0.z, b0_0.z, c2_2);
-        c2_3 = fma(a0_0.z, b0_0.w, c2_3);
-        c3_0 = fma(a0_0.w, b0_0.x, c3_0);
-        c3_1 = fma(a0_0.w, b0_0.y, c3_1);
-        c3_2 = fma(a0_0.w, b0_0.z, c3_2);
-        c3_3 = fma(a0_0.w, b0_0.w, c3_3);
-        let a1_0 = tile_a[a_rd + 17u];
+        c0_0 = fma(a0_0, b0_0, c0_0);
+        let a1_0 = tile_a[a_rd + 20u];
         let b1_0 = tile_b[b_rd + 16u];
-        c0_0 = fma(a1_0.x, b1_0.x, c0_0);
-        c0_1 = fma(a1_0.x, b1_0.y, c0_1);
-        c0_2 = fma(a1_0.x, b1_0.z, c0_2);
-        c0_3 = fma(a1_0.x, b1_0.w, c0_3);
-        c1_0 = fma(a1_0.y, b1_0.x, c1_0);
-        c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        c1_2 = fma(a1_0.y, b1_0.z, c1_2);
-        c1_3 = fma(a1_0.y, b1_0.w, c1_3);
-        c2_0 = fma(a1_0.z, b1_0.x, c2_0);
-        c2_1 = fma(a1_0.z, b1_0.y, c2_1);
-        c2_2 = fma(a1_0.z, b1_0.z, c2_2);
-        c2_3 = fma(a1_0.z, b1_0.w, c2_3);
-        c3_0 = fma(a1_0.w, b1_0.x, c3_0);
-        c3_1 = fma(a1_0.w, b1_0.y, c3_1);
-        c3_2 = fma(a1_0.w, b1_0.z, c3_2);
-        c3_3 = fma(a1_0.w, b1_0.w, c3_3);
-        let a2_0 = tile_a[a_rd + 34u];
+        c0_0 = fma(a1_0, b1_0, c0_0);
+        let a2_0 = tile_a[a_rd + 40u];
         let b2_0 = tile_b[b_rd + 32u];
-        c0_0 = fma(a2_0.x, b2_0.x, c0_0);
-        c0_1 = fma(a2_0.x, b2_0.y, c0_1);
-        c0_2 = fma(a2_0.x, b2_0.z, c0_2);
-        c0_3 = fma(a2_0.x, b2_0.w, c0_3);
-        c1_0 = fma(a2_0.y, b2_0.x, c1_0);
-        c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        c1_2 = fma(a2_0.y, b2_0.z, c1_2);
-        c1_3 = fma(a2_0.y, b2_0.w, c1_3);
-        c2_0 = fma(a2_0.z, b2_0.x, c2_0);
-        c2_1 = fma(a2_0.z, b2_0.y, c2_1);
-        c2_2 = fma(a2_0.z, b2_0.z, c2_2);
-        c2_3 = fma(a2_0.z, b2_0.w, c2_3);
-        c3_0 = fma(a2_0.w, b2_0.x, c3_0);
-        c3_1 = fma(a2_0.w, b2_0.y, c3_1);
-        c3_2 = fma(a2_0.w, b2_0.z, c3_2);
-        c3_3 = fma(a2_0.w, b2_0.w, c3_3);
-        let a3_0 = tile_a[a_rd + 51u];
+        c0_0 = fma(a2_0, b2_0, c0_0);
+        let a3_0 = tile_a[a_rd + 60u];
         let b3_0 = tile_b[b_rd + 48u];
-        c0_0 = fma(a3_0.x, b3_0.x, c0_0);
-        c0_1 = fma(a3_0.x, b3_0.y, c0_1);
-        c0_2 = fma(a3_0.x, b3_0.z, c0_2);
-        c0_3 = fma(a3_0.x, b3_0.w, c0_3);
-        c1_0 = fma(a3_0.y, b3_0.x, c1_0);
-        c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        c1_2 = fma(a3_0.y, b3_0.z, c1_2);
-        c1_3 = fma(a3_0.y, b3_0.w, c1_3);
-        c2_0 = fma(a3_0.z, b3_0.x, c2_0);
-        c2_1 = fma(a3_0.z, b3_0.y, c2_1);
-        c2_2 = fma(a3_0.z, b3_0.z, c2_2);
-        c2_3 = fma(a3_0.z, b3_0.w, c2_3);
-        c3_0 = fma(a3_0.w, b3_0.x, c3_0);
-        c3_1 = fma(a3_0.w, b3_0.y, c3_1);
-        c3_2 = fma(a3_0.w, b3_0.z, c3_2);
-        c3_3 = fma(a3_0.w, b3_0.w, c3_3);
-        let a4_0 = tile_a[a_rd + 68u];
+        c0_0 = fma(a3_0, b3_0, c0_0);
+        let a4_0 = tile_a[a_rd + 80u];
         let b4_0 = tile_b[b_rd + 64u];
-        c0_0 = fma(a4_0.x, b4_0.x, c0_0);
-        c0_1 = fma(a4_0.x, b4_0.y, c0_1);
-        c0_2 = fma(a4_0.x, b4_0.z, c0_2);
-        c0_3 = fma(a4_0.x, b4_0.w, c0_3);
-        c1_0 = fma(a4_0.y, b4_0.x, c1_0);
-        c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        c1_2 = fma(a4_0.y, b4_0.z, c1_2);
-        c1_3 = fma(a4_0.y, b4_0.w, c1_3);
-        c2_0 = fma(a4_0.z, b4_0.x, c2_0);
-        c2_1 = fma(a4_0.z, b4_0.y, c2_1);
-        c2_2 = fma(a4_0.z, b4_0.z, c2_2);
-        c2_3 = fma(a4_0.z, b4_0.w, c2_3);
-        c3_0 = fma(a4_0.w, b4_0.x, c3_0);
-        c3_1 = fma(a4_0.w, b4_0.y, c3_1);
-        c3_2 = fma(a4_0.w, b4_0.z, c3_2);
-        c3_3 = fma(a4_0.w, b4_0.w, c3_3);
-        let a5_0 = tile_a[a_rd + 85u];
+        c0_0 = fma(a4_0, b4_0, c0_0);
+        let a5_0 = tile_a[a_rd + 100u];
         let b5_0 = tile_b[b_rd + 80u];
-        c0_0 = fma(a5_0.x, b5_0.x, c0_0);
-        c0_1 = fma(a5_0.x, b5_0.y, c0_1);
-        c0_2 = fma(a5_0.x, b5_0.z, c0_2);
-        c0_3 = fma(a5_0.x, b5_0.w, c0_3);
-        c1_0 = fma(a5_0.y, b5_0.x, c1_0);
-        c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        c1_2 = fma(a5_0.y, b5_0.z, c1_2);
-        c1_3 = fma(a5_0.y, b5_0.w, c1_3);
-        c2_0 = fma(a5_0.z, b5_0.x, c2_0);
-        c2_1 = fma(a5_0.z, b5_0.y, c2_1);
-        c2_2 = fma(a5_0.z, b5_0.z, c2_2);
-        c2_3 = fma(a5_0.z, b5_0.w, c2_3);
-        c3_0 = fma(a5_0.w, b5_0.x, c3_0);
-        c3_1 = fma(a5_0.w, b5_0.y, c3_1);
-        c3_2 = fma(a5_0.w, b5_0.z, c3_2);
-        c3_3 = fma(a5_0.w, b5_0.w, c3_3);
-        let a6_0 = tile_a[a_rd + 102u];
+        c0_0 = fma(a5_0, b5_0, c0_0);
+        let a6_0 = tile_a[a_rd + 120u];
         let b6_0 = tile_b[b_rd + 96u];
-        c0_0 = fma(a6_0.x, b6_0.x, c0_0);
-        c0_1 = fma(a6_0.x, b6_0.y, c0_1);
-        c0_2 = fma(a6_0.x, b6_0.z, c0_2);
-        c0_3 = fma(a6_0.x, b6_0.w, c0_3);
-        c1_0 = fma(a6_0.y, b6_0.x, c1_0);
-        c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        c1_2 = fma(a6_0.y, b6_0.z, c1_2);
-        c1_3 = fma(a6_0.y, b6_0.w, c1_3);
-        c2_0 = fma(a6_0.z, b6_0.x, c2_0);
-        c2_1 = fma(a6_0.z, b6_0.y, c2_1);
-        c2_2 = fma(a6_0.z, b6_0.z, c2_2);
-        c2_3 = fma(a6_0.z, b6_0.w, c2_3);
-        c3_0 = fma(a6_0.w, b6_0.x, c3_0);
-        c3_1 = fma(a6_0.w, b6_0.y, c3_1);
-        c3_2 = fma(a6_0.w, b6_0.z, c3_2);
-        c3_3 = fma(a6_0.w, b6_0.w, c3_3);
-        let a7_0 = tile_a[a_rd + 119u];
+        c0_0 = fma(a6_0, b6_0, c0_0);
+        let a7_0 = tile_a[a_rd + 140u];
         let b7_0 = tile_b[b_rd + 112u];
-        c0_0 = fma(a7_0.x, b7_0.x, c0_0);
-        c0_1 = fma(a7_0.x, b7_0.y, c0_1);
-        c0_2 = fma(a7_0.x, b7_0.z, c0_2);
-        c0_3 = fma(a7_0.x, b7_0.w, c0_3);
-        c1_0 = fma(a7_0.y, b7_0.x, c1_0);
-        c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        c1_2 = fma(a7_0.y, b7_0.z, c1_2);
-        c1_3 = fma(a7_0.y, b7_0.w, c1_3);
-        c2_0 = fma(a7_0.z, b7_0.x, c2_0);
-        c2_1 = fma(a7_0.z, b7_0.y, c2_1);
-        c2_2 = fma(a7_0.z, b7_0.z, c2_2);
-        c2_3 = fma(a7_0.z, b7_0.w, c2_3);
-        c3_0 = fma(a7_0.w, b7_0.x, c3_0);
-        c3_1 = fma(a7_0.w, b7_0.y, c3_1);
-        c3_2 = fma(a7_0.w, b7_0.z, c3_2);
-        c3_3 = fma(a7_0.w, b7_0.w, c3_3);
+        c0_0 = fma(a7_0, b7_0, c0_0);
+        let a8_0 = tile_a[a_rd + 160u];
+        let b8_0 = tile_b[b_rd + 128u];
+        c0_0 = fma(a8_0, b8_0, c0_0);
+        let a9_0 = tile_a[a_rd + 180u];
+        let b9_0 = tile_b[b_rd + 144u];
+        c0_0 = fma(a9_0, b9_0, c0_0);
+        let a10_0 = tile_a[a_rd + 200u];
+        let b10_0 = tile_b[b_rd + 160u];
+        c0_0 = fma(a10_0, b10_0, c0_0);
+        let a11_0 = tile_a[a_rd + 220u];
+        let b11_0 = tile_b[b_rd + 176u];
+        c0_0 = fma(a11_0, b11_0, c0_0);
+        let a12_0 = tile_a[a_rd + 240u];
+        let b12_0 = tile_b[b_rd + 192u];
+        c0_0 = fma(a12_0, b12_0, c0_0);
+        let a13_0 = tile_a[a_rd + 260u];
+        let b13_0 = tile_b[b_rd + 208u];
+        c0_0 = fma(a13_0, b13_0, c0_0);
+        let a14_0 = tile_a[a_rd + 280u];
+        let b14_0 = tile_b[b_rd + 224u];
+        c0_0 = fma(a14_0, b14_0, c0_0);
+        let a15_0 = tile_a[a_rd + 300u];
+        let b15_0 = tile_b[b_rd + 240u];
+        c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
 
-    let row0 = m0 + ty * 4u;
-    let col0 = n0 + tx * 4u;
+    let row0 = m0 + ty;
+    let col0 = n0 + tx;
     store_c(c0_0, bi, row0, col0);
-    store_c(c0_1, bi, row0, col0 + 1u);
-    store_c(c0_2, bi, row0, col0 + 2u);
-    store_c(c0_3, bi, row0, col0 + 3u);
-    store_c(c1_0, bi, row0 + 1u, col0);
-    store_c(c1_1, bi, row0 + 1u, col0 + 1u);
-    store_c(c1_2, bi, row0 + 1u, col0 + 2u);
-    store_c(c1_3, bi, row0 + 1u, col0 + 3u);
-    store_c(c2_0, bi, row0 + 2u, col0);
-    store_c(c2_1, bi, row0 + 2u, col0 + 1u);
-    store_c(c2_2, bi, row0 + 2u, col0 + 2u);
-    store_c(c2_3, bi, row0 + 2u, col0 + 3u);
-    store_c(c3_0, bi, row0 + 3u, col0);
-    store_c(c3_1, bi, row0 + 3u, col0 + 1u);
-    store_c(c3_2, bi, row0 + 3u, col0 + 2u);
-    store_c(c3_3, bi, row0 + 3u, col0 + 3u);
 }
 """
 
@@ -468,42 +333,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -739,42 +604,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -1110,42 +975,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -1172,16 +1037,16 @@ K010_MATMUL_GREATER_MUL = """\
 //   A[bi, m, k] = work[65792 + bi * 0 + m * 1 + k * 1]
 //   B[bi, k, n] = params[4160 + bi * 0 + k * 1 + n * 1]
 //   work[49152 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
-// Tile 64x64_4x4: each workgroup computes a 64x64 block of C for one batch entry;
-// 16x16 threads each accumulate 4x4 outputs in registers while the
-// workgroup walks K 8 rows at a time through shared memory.
+// Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
+// 16x16 threads each accumulate 1x1 outputs in registers while the
+// workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 68 and 68 floats (4352 bytes in all).
-var<workgroup> tile_a: array<vec4<f32>, 136>;
-var<workgroup> tile_b: array<vec4<f32>, 136>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
+var<workgroup> tile_a: array<f32, 320>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (acc * (select(0.0, 1.0, (work[32768u + (row * 64u + col)]) > 0.0)));
@@ -1194,227 +1059,91 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let n0 = wg.x * 64u;
-    let m0 = wg.y * 64u;
+    let n0 = wg.x * 16u;
+    let m0 = wg.y * 16u;
     let bi = wg.z;
     let tx = tid % 16u;
     let ty = tid / 16u;
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 8u;
-    let a_k = tid % 8u;
+    let a_p = tid / 16u;
+    let a_k = tid % 16u;
     let a_src0 = 65792u + m0 + a_p;
-    let a_src1 = 65792u + m0 + a_p + 32u;
-    let a_st = (a_k * 68u + a_p) / 4u;
-    let a_lane = a_p % 4u;
-    let b_p = tid / 8u;
-    let b_k = tid % 8u;
+    let a_st = a_k * 20u + a_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
     let b_src0 = 4160u + n0 + b_p;
-    let b_src1 = 4160u + n0 + b_p + 32u;
-    let b_st = (b_k * 68u + b_p) / 4u;
-    let b_lane = b_p % 4u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
-    var a_ld1 = 0.0;
     var b_ld0 = 0.0;
-    var b_ld1 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = ty;
     let b_rd = tx;
 
     var c0_0 = 0.0;
-    var c0_1 = 0.0;
-    var c0_2 = 0.0;
-    var c0_3 = 0.0;
-    var c1_0 = 0.0;
-    var c1_1 = 0.0;
-    var c1_2 = 0.0;
-    var c1_3 = 0.0;
-    var c2_0 = 0.0;
-    var c2_1 = 0.0;
-    var c2_2 = 0.0;
-    var c2_3 = 0.0;
-    var c3_0 = 0.0;
-    var c3_1 = 0.0;
-    var c3_2 = 0.0;
-    var c3_3 = 0.0;
 
-    for (var k0 = 0u; k0 < 1u; k0 += 8u) {
+    for (var k0 = 0u; k0 < 1u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
-        a_ld1 = select(0.0, work[a_src1 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
         b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 0u)], k0 + b_k < 1u);
-        b_ld1 = select(0.0, params[b_src1 + min(k0 + b_k, 0u)], k0 + b_k < 1u);
-        tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 8u][a_lane] = a_ld1;
-        tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 8u][b_lane] = b_ld1;
+        tile_a[a_st] = a_ld0;
+        tile_b[b_st] = b_ld0;
         workgroupBarrier();
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
-        c0_0 = fma(a0_0.x, b0_0.x, c0_0);
-        c0_1 = fma(a0_0.x, b0_0.y, c0_1);
-        c0_2 = fma(a0_0.x, b0_0.z, c0_2);
-        c0_3 = fma(a0_0.x, b0_0.w, c0_3);
-        c1_0 = fma(a0_0.y, b0_0.x, c1_0);
-        c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        c1_2 = fma(a0_0.y, b0_0.z, c1_2);
-        c1_3 = fma(a0_0.y, b0_0.w, c1_3);
-        c2_0 = fma(a0_0.z, b0_0.x, c2_0);
-        c2_1 = fma(a0_0.z, b0_0.y, c2_1);
-        c2_2 = fma(a0_0.z, b0_0.z, c2_2);
-        c2_3 = fma(a0_0.z, b0_0.w, c2_3);
-        c3_0 = fma(a0_0.w, b0_0.x, c3_0);
-        c3_1 = fma(a0_0.w, b0_0.y, c3_1);
-        c3_2 = fma(a0_0.w, b0_0.z, c3_2);
-        c3_3 = fma(a0_0.w, b0_0.w, c3_3);
-        let a1_0 = tile_a[a_rd + 17u];
-        let b1_0 = tile_b[b_rd + 17u];
-        c0_0 = fma(a1_0.x, b1_0.x, c0_0);
-        c0_1 = fma(a1_0.x, b1_0.y, c0_1);
-        c0_2 = fma(a1_0.x, b1_0.z, c0_2);
-        c0_3 = fma(a1_0.x, b1_0.w, c0_3);
-        c1_0 = fma(a1_0.y, b1_0.x, c1_0);
-        c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        c1_2 = fma(a1_0.y, b1_0.z, c1_2);
-        c1_3 = fma(a1_0.y, b1_0.w, c1_3);
-        c2_0 = fma(a1_0.z, b1_0.x, c2_0);
-        c2_1 = fma(a1_0.z, b1_0.y, c2_1);
-        c2_2 = fma(a1_0.z, b1_0.z, c2_2);
-        c2_3 = fma(a1_0.z, b1_0.w, c2_3);
-        c3_0 = fma(a1_0.w, b1_0.x, c3_0);
-        c3_1 = fma(a1_0.w, b1_0.y, c3_1);
-        c3_2 = fma(a1_0.w, b1_0.z, c3_2);
-        c3_3 = fma(a1_0.w, b1_0.w, c3_3);
-        let a2_0 = tile_a[a_rd + 34u];
-        let b2_0 = tile_b[b_rd + 34u];
-        c0_0 = fma(a2_0.x, b2_0.x, c0_0);
-        c0_1 = fma(a2_0.x, b2_0.y, c0_1);
-        c0_2 = fma(a2_0.x, b2_0.z, c0_2);
-        c0_3 = fma(a2_0.x, b2_0.w, c0_3);
-        c1_0 = fma(a2_0.y, b2_0.x, c1_0);
-        c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        c1_2 = fma(a2_0.y, b2_0.z, c1_2);
-        c1_3 = fma(a2_0.y, b2_0.w, c1_3);
-        c2_0 = fma(a2_0.z, b2_0.x, c2_0);
-        c2_1 = fma(a2_0.z, b2_0.y, c2_1);
-        c2_2 = fma(a2_0.z, b2_0.z, c2_2);
-        c2_3 = fma(a2_0.z, b2_0.w, c2_3);
-        c3_0 = fma(a2_0.w, b2_0.x, c3_0);
-        c3_1 = fma(a2_0.w, b2_0.y, c3_1);
-        c3_2 = fma(a2_0.w, b2_0.z, c3_2);
-        c3_3 = fma(a2_0.w, b2_0.w, c3_3);
-        let a3_0 = tile_a[a_rd + 51u];
-        let b3_0 = tile_b[b_rd + 51u];
-        c0_0 = fma(a3_0.x, b3_0.x, c0_0);
-        c0_1 = fma(a3_0.x, b3_0.y, c0_1);
-        c0_2 = fma(a3_0.x, b3_0.z, c0_2);
-        c0_3 = fma(a3_0.x, b3_0.w, c0_3);
-        c1_0 = fma(a3_0.y, b3_0.x, c1_0);
-        c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        c1_2 = fma(a3_0.y, b3_0.z, c1_2);
-        c1_3 = fma(a3_0.y, b3_0.w, c1_3);
-        c2_0 = fma(a3_0.z, b3_0.x, c2_0);
-        c2_1 = fma(a3_0.z, b3_0.y, c2_1);
-        c2_2 = fma(a3_0.z, b3_0.z, c2_2);
-        c2_3 = fma(a3_0.z, b3_0.w, c2_3);
-        c3_0 = fma(a3_0.w, b3_0.x, c3_0);
-        c3_1 = fma(a3_0.w, b3_0.y, c3_1);
-        c3_2 = fma(a3_0.w, b3_0.z, c3_2);
-        c3_3 = fma(a3_0.w, b3_0.w, c3_3);
-        let a4_0 = tile_a[a_rd + 68u];
-        let b4_0 = tile_b[b_rd + 68u];
-        c0_0 = fma(a4_0.x, b4_0.x, c0_0);
-        c0_1 = fma(a4_0.x, b4_0.y, c0_1);
-        c0_2 = fma(a4_0.x, b4_0.z, c0_2);
-        c0_3 = fma(a4_0.x, b4_0.w, c0_3);
-        c1_0 = fma(a4_0.y, b4_0.x, c1_0);
-        c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        c1_2 = fma(a4_0.y, b4_0.z, c1_2);
-        c1_3 = fma(a4_0.y, b4_0.w, c1_3);
-        c2_0 = fma(a4_0.z, b4_0.x, c2_0);
-        c2_1 = fma(a4_0.z, b4_0.y, c2_1);
-        c2_2 = fma(a4_0.z, b4_0.z, c2_2);
-        c2_3 = fma(a4_0.z, b4_0.w, c2_3);
-        c3_0 = fma(a4_0.w, b4_0.x, c3_0);
-        c3_1 = fma(a4_0.w, b4_0.y, c3_1);
-        c3_2 = fma(a4_0.w, b4_0.z, c3_2);
-        c3_3 = fma(a4_0.w, b4_0.w, c3_3);
-        let a5_0 = tile_a[a_rd + 85u];
-        let b5_0 = tile_b[b_rd + 85u];
-        c0_0 = fma(a5_0.x, b5_0.x, c0_0);
-        c0_1 = fma(a5_0.x, b5_0.y, c0_1);
-        c0_2 = fma(a5_0.x, b5_0.z, c0_2);
-        c0_3 = fma(a5_0.x, b5_0.w, c0_3);
-        c1_0 = fma(a5_0.y, b5_0.x, c1_0);
-        c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        c1_2 = fma(a5_0.y, b5_0.z, c1_2);
-        c1_3 = fma(a5_0.y, b5_0.w, c1_3);
-        c2_0 = fma(a5_0.z, b5_0.x, c2_0);
-        c2_1 = fma(a5_0.z, b5_0.y, c2_1);
-        c2_2 = fma(a5_0.z, b5_0.z, c2_2);
-        c2_3 = fma(a5_0.z, b5_0.w, c2_3);
-        c3_0 = fma(a5_0.w, b5_0.x, c3_0);
-        c3_1 = fma(a5_0.w, b5_0.y, c3_1);
-        c3_2 = fma(a5_0.w, b5_0.z, c3_2);
-        c3_3 = fma(a5_0.w, b5_0.w, c3_3);
-        let a6_0 = tile_a[a_rd + 102u];
-        let b6_0 = tile_b[b_rd + 102u];
-        c0_0 = fma(a6_0.x, b6_0.x, c0_0);
-        c0_1 = fma(a6_0.x, b6_0.y, c0_1);
-        c0_2 = fma(a6_0.x, b6_0.z, c0_2);
-        c0_3 = fma(a6_0.x, b6_0.w, c0_3);
-        c1_0 = fma(a6_0.y, b6_0.x, c1_0);
-        c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        c1_2 = fma(a6_0.y, b6_0.z, c1_2);
-        c1_3 = fma(a6_0.y, b6_0.w, c1_3);
-        c2_0 = fma(a6_0.z, b6_0.x, c2_0);
-        c2_1 = fma(a6_0.z, b6_0.y, c2_1);
-        c2_2 = fma(a6_0.z, b6_0.z, c2_2);
-        c2_3 = fma(a6_0.z, b6_0.w, c2_3);
-        c3_0 = fma(a6_0.w, b6_0.x, c3_0);
-        c3_1 = fma(a6_0.w, b6_0.y, c3_1);
-        c3_2 = fma(a6_0.w, b6_0.z, c3_2);
-        c3_3 = fma(a6_0.w, b6_0.w, c3_3);
-        let a7_0 = tile_a[a_rd + 119u];
-        let b7_0 = tile_b[b_rd + 119u];
-        c0_0 = fma(a7_0.x, b7_0.x, c0_0);
-        c0_1 = fma(a7_0.x, b7_0.y, c0_1);
-        c0_2 = fma(a7_0.x, b7_0.z, c0_2);
-        c0_3 = fma(a7_0.x, b7_0.w, c0_3);
-        c1_0 = fma(a7_0.y, b7_0.x, c1_0);
-        c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        c1_2 = fma(a7_0.y, b7_0.z, c1_2);
-        c1_3 = fma(a7_0.y, b7_0.w, c1_3);
-        c2_0 = fma(a7_0.z, b7_0.x, c2_0);
-        c2_1 = fma(a7_0.z, b7_0.y, c2_1);
-        c2_2 = fma(a7_0.z, b7_0.z, c2_2);
-        c2_3 = fma(a7_0.z, b7_0.w, c2_3);
-        c3_0 = fma(a7_0.w, b7_0.x, c3_0);
-        c3_1 = fma(a7_0.w, b7_0.y, c3_1);
-        c3_2 = fma(a7_0.w, b7_0.z, c3_2);
-        c3_3 = fma(a7_0.w, b7_0.w, c3_3);
+        c0_0 = fma(a0_0, b0_0, c0_0);
+        let a1_0 = tile_a[a_rd + 20u];
+        let b1_0 = tile_b[b_rd + 20u];
+        c0_0 = fma(a1_0, b1_0, c0_0);
+        let a2_0 = tile_a[a_rd + 40u];
+        let b2_0 = tile_b[b_rd + 40u];
+        c0_0 = fma(a2_0, b2_0, c0_0);
+        let a3_0 = tile_a[a_rd + 60u];
+        let b3_0 = tile_b[b_rd + 60u];
+        c0_0 = fma(a3_0, b3_0, c0_0);
+        let a4_0 = tile_a[a_rd + 80u];
+        let b4_0 = tile_b[b_rd + 80u];
+        c0_0 = fma(a4_0, b4_0, c0_0);
+        let a5_0 = tile_a[a_rd + 100u];
+        let b5_0 = tile_b[b_rd + 100u];
+        c0_0 = fma(a5_0, b5_0, c0_0);
+        let a6_0 = tile_a[a_rd + 120u];
+        let b6_0 = tile_b[b_rd + 120u];
+        c0_0 = fma(a6_0, b6_0, c0_0);
+        let a7_0 = tile_a[a_rd + 140u];
+        let b7_0 = tile_b[b_rd + 140u];
+        c0_0 = fma(a7_0, b7_0, c0_0);
+        let a8_0 = tile_a[a_rd + 160u];
+        let b8_0 = tile_b[b_rd + 160u];
+        c0_0 = fma(a8_0, b8_0, c0_0);
+        let a9_0 = tile_a[a_rd + 180u];
+        let b9_0 = tile_b[b_rd + 180u];
+        c0_0 = fma(a9_0, b9_0, c0_0);
+        let a10_0 = tile_a[a_rd + 200u];
+        let b10_0 = tile_b[b_rd + 200u];
+        c0_0 = fma(a10_0, b10_0, c0_0);
+        let a11_0 = tile_a[a_rd + 220u];
+        let b11_0 = tile_b[b_rd + 220u];
+        c0_0 = fma(a11_0, b11_0, c0_0);
+        let a12_0 = tile_a[a_rd + 240u];
+        let b12_0 = tile_b[b_rd + 240u];
+        c0_0 = fma(a12_0, b12_0, c0_0);
+        let a13_0 = tile_a[a_rd + 260u];
+        let b13_0 = tile_b[b_rd + 260u];
+        c0_0 = fma(a13_0, b13_0, c0_0);
+        let a14_0 = tile_a[a_rd + 280u];
+        let b14_0 = tile_b[b_rd + 280u];
+        c0_0 = fma(a14_0, b14_0, c0_0);
+        let a15_0 = tile_a[a_rd + 300u];
+        let b15_0 = tile_b[b_rd + 300u];
+        c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
 
-    let row0 = m0 + ty * 4u;
-    let col0 = n0 + tx * 4u;
+    let row0 = m0 + ty;
+    let col0 = n0 + tx;
     store_c(c0_0, bi, row0, col0);
-    store_c(c0_1, bi, row0, col0 + 1u);
-    store_c(c0_2, bi, row0, col0 + 2u);
-    store_c(c0_3, bi, row0, col0 + 3u);
-    store_c(c1_0, bi, row0 + 1u, col0);
-    store_c(c1_1, bi, row0 + 1u, col0 + 1u);
-    store_c(c1_2, bi, row0 + 1u, col0 + 2u);
-    store_c(c1_3, bi, row0 + 1u, col0 + 3u);
-    store_c(c2_0, bi, row0 + 2u, col0);
-    store_c(c2_1, bi, row0 + 2u, col0 + 1u);
-    store_c(c2_2, bi, row0 + 2u, col0 + 2u);
-    store_c(c2_3, bi, row0 + 2u, col0 + 3u);
-    store_c(c3_0, bi, row0 + 3u, col0);
-    store_c(c3_1, bi, row0 + 3u, col0 + 1u);
-    store_c(c3_2, bi, row0 + 3u, col0 + 2u);
-    store_c(c3_3, bi, row0 + 3u, col0 + 3u);
 }
 """
 
@@ -1655,42 +1384,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -1904,42 +1633,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -2200,42 +1929,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -2339,17 +2068,17 @@ K019_MATMUL_ADD_RELU = """\
 //   A[bi, m, k] = inputs[0 + bi * 0 + m * 1 + k * 1]
 //   B[bi, k, n] = params[0 + bi * 0 + k * 64 + n * 1]
 //   work[0 + (bi * 1 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
-// Tile 64x64_4x4: each workgroup computes a 64x64 block of C for one batch entry;
-// 16x16 threads each accumulate 4x4 outputs in registers while the
-// workgroup walks K 8 rows at a time through shared memory.
+// Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
+// 16x16 threads each accumulate 1x1 outputs in registers while the
+// workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read> inputs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 68 and 64 floats (4224 bytes in all).
-var<workgroup> tile_a: array<vec4<f32>, 136>;
-var<workgroup> tile_b: array<vec4<f32>, 128>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+var<workgroup> tile_a: array<f32, 320>;
+var<workgroup> tile_b: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (max((acc + (params[4224u + (row * 64u + col)])), 0.0));
@@ -2364,226 +2093,91 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let n0 = wg.x * 64u;
-    let m0 = wg.y * 64u;
+    let n0 = wg.x * 16u;
+    let m0 = wg.y * 16u;
     let bi = wg.z;
     let tx = tid % 16u;
     let ty = tid / 16u;
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 8u;
-    let a_k = tid % 8u;
+    let a_p = tid / 16u;
+    let a_k = tid % 16u;
     let a_src0 = min(m0 + a_p, 0u);
-    let a_src1 = min(m0 + a_p + 32u, 0u);
-    let a_st = (a_k * 68u + a_p) / 4u;
-    let a_lane = a_p % 4u;
-    let b_p = tid % 64u;
-    let b_k = tid / 64u;
+    let a_st = a_k * 20u + a_p;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = n0 + b_p;
-    let b_st = (b_k * 64u + b_p) / 4u;
-    let b_lane = b_p % 4u;
+    let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
-    var a_ld1 = 0.0;
     var b_ld0 = 0.0;
-    var b_ld1 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = ty;
     let b_rd = tx;
 
     var c0_0 = 0.0;
-    var c0_1 = 0.0;
-    var c0_2 = 0.0;
-    var c0_3 = 0.0;
-    var c1_0 = 0.0;
-    var c1_1 = 0.0;
-    var c1_2 = 0.0;
-    var c1_3 = 0.0;
-    var c2_0 = 0.0;
-    var c2_1 = 0.0;
-    var c2_2 = 0.0;
-    var c2_3 = 0.0;
-    var c3_0 = 0.0;
-    var c3_1 = 0.0;
-    var c3_2 = 0.0;
-    var c3_3 = 0.0;
 
-    for (var k0 = 0u; k0 < 1u; k0 += 8u) {
+    for (var k0 = 0u; k0 < 1u; k0 += 16u) {
         a_ld0 = select(0.0, inputs[a_src0 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
-        a_ld1 = select(0.0, inputs[a_src1 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
         b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 0u) * 64u], k0 + b_k < 1u);
-        b_ld1 = select(0.0, params[b_src0 + min(k0 + b_k + 4u, 0u) * 64u], k0 + b_k + 4u < 1u);
-        tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 8u][a_lane] = a_ld1;
-        tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 64u][b_lane] = b_ld1;
+        tile_a[a_st] = a_ld0;
+        tile_b[b_st] = b_ld0;
         workgroupBarrier();
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
-        c0_0 = fma(a0_0.x, b0_0.x, c0_0);
-        c0_1 = fma(a0_0.x, b0_0.y, c0_1);
-        c0_2 = fma(a0_0.x, b0_0.z, c0_2);
-        c0_3 = fma(a0_0.x, b0_0.w, c0_3);
-        c1_0 = fma(a0_0.y, b0_0.x, c1_0);
-        c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        c1_2 = fma(a0_0.y, b0_0.z, c1_2);
-        c1_3 = fma(a0_0.y, b0_0.w, c1_3);
-        c2_0 = fma(a0_0.z, b0_0.x, c2_0);
-        c2_1 = fma(a0_0.z, b0_0.y, c2_1);
-        c2_2 = fma(a0_0.z, b0_0.z, c2_2);
-        c2_3 = fma(a0_0.z, b0_0.w, c2_3);
-        c3_0 = fma(a0_0.w, b0_0.x, c3_0);
-        c3_1 = fma(a0_0.w, b0_0.y, c3_1);
-        c3_2 = fma(a0_0.w, b0_0.z, c3_2);
-        c3_3 = fma(a0_0.w, b0_0.w, c3_3);
-        let a1_0 = tile_a[a_rd + 17u];
+        c0_0 = fma(a0_0, b0_0, c0_0);
+        let a1_0 = tile_a[a_rd + 20u];
         let b1_0 = tile_b[b_rd + 16u];
-        c0_0 = fma(a1_0.x, b1_0.x, c0_0);
-        c0_1 = fma(a1_0.x, b1_0.y, c0_1);
-        c0_2 = fma(a1_0.x, b1_0.z, c0_2);
-        c0_3 = fma(a1_0.x, b1_0.w, c0_3);
-        c1_0 = fma(a1_0.y, b1_0.x, c1_0);
-        c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        c1_2 = fma(a1_0.y, b1_0.z, c1_2);
-        c1_3 = fma(a1_0.y, b1_0.w, c1_3);
-        c2_0 = fma(a1_0.z, b1_0.x, c2_0);
-        c2_1 = fma(a1_0.z, b1_0.y, c2_1);
-        c2_2 = fma(a1_0.z, b1_0.z, c2_2);
-        c2_3 = fma(a1_0.z, b1_0.w, c2_3);
-        c3_0 = fma(a1_0.w, b1_0.x, c3_0);
-        c3_1 = fma(a1_0.w, b1_0.y, c3_1);
-        c3_2 = fma(a1_0.w, b1_0.z, c3_2);
-        c3_3 = fma(a1_0.w, b1_0.w, c3_3);
-        let a2_0 = tile_a[a_rd + 34u];
+        c0_0 = fma(a1_0, b1_0, c0_0);
+        let a2_0 = tile_a[a_rd + 40u];
         let b2_0 = tile_b[b_rd + 32u];
-        c0_0 = fma(a2_0.x, b2_0.x, c0_0);
-        c0_1 = fma(a2_0.x, b2_0.y, c0_1);
-        c0_2 = fma(a2_0.x, b2_0.z, c0_2);
-        c0_3 = fma(a2_0.x, b2_0.w, c0_3);
-        c1_0 = fma(a2_0.y, b2_0.x, c1_0);
-        c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        c1_2 = fma(a2_0.y, b2_0.z, c1_2);
-        c1_3 = fma(a2_0.y, b2_0.w, c1_3);
-        c2_0 = fma(a2_0.z, b2_0.x, c2_0);
-        c2_1 = fma(a2_0.z, b2_0.y, c2_1);
-        c2_2 = fma(a2_0.z, b2_0.z, c2_2);
-        c2_3 = fma(a2_0.z, b2_0.w, c2_3);
-        c3_0 = fma(a2_0.w, b2_0.x, c3_0);
-        c3_1 = fma(a2_0.w, b2_0.y, c3_1);
-        c3_2 = fma(a2_0.w, b2_0.z, c3_2);
-        c3_3 = fma(a2_0.w, b2_0.w, c3_3);
-        let a3_0 = tile_a[a_rd + 51u];
+        c0_0 = fma(a2_0, b2_0, c0_0);
+        let a3_0 = tile_a[a_rd + 60u];
         let b3_0 = tile_b[b_rd + 48u];
-        c0_0 = fma(a3_0.x, b3_0.x, c0_0);
-        c0_1 = fma(a3_0.x, b3_0.y, c0_1);
-        c0_2 = fma(a3_0.x, b3_0.z, c0_2);
-        c0_3 = fma(a3_0.x, b3_0.w, c0_3);
-        c1_0 = fma(a3_0.y, b3_0.x, c1_0);
-        c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        c1_2 = fma(a3_0.y, b3_0.z, c1_2);
-        c1_3 = fma(a3_0.y, b3_0.w, c1_3);
-        c2_0 = fma(a3_0.z, b3_0.x, c2_0);
-        c2_1 = fma(a3_0.z, b3_0.y, c2_1);
-        c2_2 = fma(a3_0.z, b3_0.z, c2_2);
-        c2_3 = fma(a3_0.z, b3_0.w, c2_3);
-        c3_0 = fma(a3_0.w, b3_0.x, c3_0);
-        c3_1 = fma(a3_0.w, b3_0.y, c3_1);
-        c3_2 = fma(a3_0.w, b3_0.z, c3_2);
-        c3_3 = fma(a3_0.w, b3_0.w, c3_3);
-        let a4_0 = tile_a[a_rd + 68u];
+        c0_0 = fma(a3_0, b3_0, c0_0);
+        let a4_0 = tile_a[a_rd + 80u];
         let b4_0 = tile_b[b_rd + 64u];
-        c0_0 = fma(a4_0.x, b4_0.x, c0_0);
-        c0_1 = fma(a4_0.x, b4_0.y, c0_1);
-        c0_2 = fma(a4_0.x, b4_0.z, c0_2);
-        c0_3 = fma(a4_0.x, b4_0.w, c0_3);
-        c1_0 = fma(a4_0.y, b4_0.x, c1_0);
-        c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        c1_2 = fma(a4_0.y, b4_0.z, c1_2);
-        c1_3 = fma(a4_0.y, b4_0.w, c1_3);
-        c2_0 = fma(a4_0.z, b4_0.x, c2_0);
-        c2_1 = fma(a4_0.z, b4_0.y, c2_1);
-        c2_2 = fma(a4_0.z, b4_0.z, c2_2);
-        c2_3 = fma(a4_0.z, b4_0.w, c2_3);
-        c3_0 = fma(a4_0.w, b4_0.x, c3_0);
-        c3_1 = fma(a4_0.w, b4_0.y, c3_1);
-        c3_2 = fma(a4_0.w, b4_0.z, c3_2);
-        c3_3 = fma(a4_0.w, b4_0.w, c3_3);
-        let a5_0 = tile_a[a_rd + 85u];
+        c0_0 = fma(a4_0, b4_0, c0_0);
+        let a5_0 = tile_a[a_rd + 100u];
         let b5_0 = tile_b[b_rd + 80u];
-        c0_0 = fma(a5_0.x, b5_0.x, c0_0);
-        c0_1 = fma(a5_0.x, b5_0.y, c0_1);
-        c0_2 = fma(a5_0.x, b5_0.z, c0_2);
-        c0_3 = fma(a5_0.x, b5_0.w, c0_3);
-        c1_0 = fma(a5_0.y, b5_0.x, c1_0);
-        c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        c1_2 = fma(a5_0.y, b5_0.z, c1_2);
-        c1_3 = fma(a5_0.y, b5_0.w, c1_3);
-        c2_0 = fma(a5_0.z, b5_0.x, c2_0);
-        c2_1 = fma(a5_0.z, b5_0.y, c2_1);
-        c2_2 = fma(a5_0.z, b5_0.z, c2_2);
-        c2_3 = fma(a5_0.z, b5_0.w, c2_3);
-        c3_0 = fma(a5_0.w, b5_0.x, c3_0);
-        c3_1 = fma(a5_0.w, b5_0.y, c3_1);
-        c3_2 = fma(a5_0.w, b5_0.z, c3_2);
-        c3_3 = fma(a5_0.w, b5_0.w, c3_3);
-        let a6_0 = tile_a[a_rd + 102u];
+        c0_0 = fma(a5_0, b5_0, c0_0);
+        let a6_0 = tile_a[a_rd + 120u];
         let b6_0 = tile_b[b_rd + 96u];
-        c0_0 = fma(a6_0.x, b6_0.x, c0_0);
-        c0_1 = fma(a6_0.x, b6_0.y, c0_1);
-        c0_2 = fma(a6_0.x, b6_0.z, c0_2);
-        c0_3 = fma(a6_0.x, b6_0.w, c0_3);
-        c1_0 = fma(a6_0.y, b6_0.x, c1_0);
-        c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        c1_2 = fma(a6_0.y, b6_0.z, c1_2);
-        c1_3 = fma(a6_0.y, b6_0.w, c1_3);
-        c2_0 = fma(a6_0.z, b6_0.x, c2_0);
-        c2_1 = fma(a6_0.z, b6_0.y, c2_1);
-        c2_2 = fma(a6_0.z, b6_0.z, c2_2);
-        c2_3 = fma(a6_0.z, b6_0.w, c2_3);
-        c3_0 = fma(a6_0.w, b6_0.x, c3_0);
-        c3_1 = fma(a6_0.w, b6_0.y, c3_1);
-        c3_2 = fma(a6_0.w, b6_0.z, c3_2);
-        c3_3 = fma(a6_0.w, b6_0.w, c3_3);
-        let a7_0 = tile_a[a_rd + 119u];
+        c0_0 = fma(a6_0, b6_0, c0_0);
+        let a7_0 = tile_a[a_rd + 140u];
         let b7_0 = tile_b[b_rd + 112u];
-        c0_0 = fma(a7_0.x, b7_0.x, c0_0);
-        c0_1 = fma(a7_0.x, b7_0.y, c0_1);
-        c0_2 = fma(a7_0.x, b7_0.z, c0_2);
-        c0_3 = fma(a7_0.x, b7_0.w, c0_3);
-        c1_0 = fma(a7_0.y, b7_0.x, c1_0);
-        c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        c1_2 = fma(a7_0.y, b7_0.z, c1_2);
-        c1_3 = fma(a7_0.y, b7_0.w, c1_3);
-        c2_0 = fma(a7_0.z, b7_0.x, c2_0);
-        c2_1 = fma(a7_0.z, b7_0.y, c2_1);
-        c2_2 = fma(a7_0.z, b7_0.z, c2_2);
-        c2_3 = fma(a7_0.z, b7_0.w, c2_3);
-        c3_0 = fma(a7_0.w, b7_0.x, c3_0);
-        c3_1 = fma(a7_0.w, b7_0.y, c3_1);
-        c3_2 = fma(a7_0.w, b7_0.z, c3_2);
-        c3_3 = fma(a7_0.w, b7_0.w, c3_3);
+        c0_0 = fma(a7_0, b7_0, c0_0);
+        let a8_0 = tile_a[a_rd + 160u];
+        let b8_0 = tile_b[b_rd + 128u];
+        c0_0 = fma(a8_0, b8_0, c0_0);
+        let a9_0 = tile_a[a_rd + 180u];
+        let b9_0 = tile_b[b_rd + 144u];
+        c0_0 = fma(a9_0, b9_0, c0_0);
+        let a10_0 = tile_a[a_rd + 200u];
+        let b10_0 = tile_b[b_rd + 160u];
+        c0_0 = fma(a10_0, b10_0, c0_0);
+        let a11_0 = tile_a[a_rd + 220u];
+        let b11_0 = tile_b[b_rd + 176u];
+        c0_0 = fma(a11_0, b11_0, c0_0);
+        let a12_0 = tile_a[a_rd + 240u];
+        let b12_0 = tile_b[b_rd + 192u];
+        c0_0 = fma(a12_0, b12_0, c0_0);
+        let a13_0 = tile_a[a_rd + 260u];
+        let b13_0 = tile_b[b_rd + 208u];
+        c0_0 = fma(a13_0, b13_0, c0_0);
+        let a14_0 = tile_a[a_rd + 280u];
+        let b14_0 = tile_b[b_rd + 224u];
+        c0_0 = fma(a14_0, b14_0, c0_0);
+        let a15_0 = tile_a[a_rd + 300u];
+        let b15_0 = tile_b[b_rd + 240u];
+        c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
 
-    let row0 = m0 + ty * 4u;
-    let col0 = n0 + tx * 4u;
+    let row0 = m0 + ty;
+    let col0 = n0 + tx;
     store_c(c0_0, bi, row0, col0);
-    store_c(c0_1, bi, row0, col0 + 1u);
-    store_c(c0_2, bi, row0, col0 + 2u);
-    store_c(c0_3, bi, row0, col0 + 3u);
-    store_c(c1_0, bi, row0 + 1u, col0);
-    store_c(c1_1, bi, row0 + 1u, col0 + 1u);
-    store_c(c1_2, bi, row0 + 1u, col0 + 2u);
-    store_c(c1_3, bi, row0 + 1u, col0 + 3u);
-    store_c(c2_0, bi, row0 + 2u, col0);
-    store_c(c2_1, bi, row0 + 2u, col0 + 1u);
-    store_c(c2_2, bi, row0 + 2u, col0 + 2u);
-    store_c(c2_3, bi, row0 + 2u, col0 + 3u);
-    store_c(c3_0, bi, row0 + 3u, col0);
-    store_c(c3_1, bi, row0 + 3u, col0 + 1u);
-    store_c(c3_2, bi, row0 + 3u, col0 + 2u);
-    store_c(c3_3, bi, row0 + 3u, col0 + 3u);
 }
 """
 
@@ -2782,42 +2376,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -3033,42 +2627,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -3095,17 +2689,17 @@ K022_MATMUL_ADD_RELU = """\
 //   A[bi, m, k] = inputs[0 + bi * 0 + m * 1 + k * 1]
 //   B[bi, k, n] = params[0 + bi * 0 + k * 64 + n * 1]
 //   work[0 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
-// Tile 64x64_4x4: each workgroup computes a 64x64 block of C for one batch entry;
-// 16x16 threads each accumulate 4x4 outputs in registers while the
-// workgroup walks K 8 rows at a time through shared memory.
+// Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
+// 16x16 threads each accumulate 1x1 outputs in registers while the
+// workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read> inputs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 68 and 64 floats (4224 bytes in all).
-var<workgroup> tile_a: array<vec4<f32>, 136>;
-var<workgroup> tile_b: array<vec4<f32>, 128>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+var<workgroup> tile_a: array<f32, 320>;
+var<workgroup> tile_b: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (max((acc + (params[4224u + ((row * 64u + col) % 64u)])), 0.0));
@@ -3118,226 +2712,91 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let n0 = wg.x * 64u;
-    let m0 = wg.y * 64u;
+    let n0 = wg.x * 16u;
+    let m0 = wg.y * 16u;
     let bi = wg.z;
     let tx = tid % 16u;
     let ty = tid / 16u;
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 8u;
-    let a_k = tid % 8u;
+    let a_p = tid / 16u;
+    let a_k = tid % 16u;
     let a_src0 = m0 + a_p;
-    let a_src1 = m0 + a_p + 32u;
-    let a_st = (a_k * 68u + a_p) / 4u;
-    let a_lane = a_p % 4u;
-    let b_p = tid % 64u;
-    let b_k = tid / 64u;
+    let a_st = a_k * 20u + a_p;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = n0 + b_p;
-    let b_st = (b_k * 64u + b_p) / 4u;
-    let b_lane = b_p % 4u;
+    let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
-    var a_ld1 = 0.0;
     var b_ld0 = 0.0;
-    var b_ld1 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = ty;
     let b_rd = tx;
 
     var c0_0 = 0.0;
-    var c0_1 = 0.0;
-    var c0_2 = 0.0;
-    var c0_3 = 0.0;
-    var c1_0 = 0.0;
-    var c1_1 = 0.0;
-    var c1_2 = 0.0;
-    var c1_3 = 0.0;
-    var c2_0 = 0.0;
-    var c2_1 = 0.0;
-    var c2_2 = 0.0;
-    var c2_3 = 0.0;
-    var c3_0 = 0.0;
-    var c3_1 = 0.0;
-    var c3_2 = 0.0;
-    var c3_3 = 0.0;
 
-    for (var k0 = 0u; k0 < 1u; k0 += 8u) {
+    for (var k0 = 0u; k0 < 1u; k0 += 16u) {
         a_ld0 = select(0.0, inputs[a_src0 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
-        a_ld1 = select(0.0, inputs[a_src1 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
         b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 0u) * 64u], k0 + b_k < 1u);
-        b_ld1 = select(0.0, params[b_src0 + min(k0 + b_k + 4u, 0u) * 64u], k0 + b_k + 4u < 1u);
-        tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 8u][a_lane] = a_ld1;
-        tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 64u][b_lane] = b_ld1;
+        tile_a[a_st] = a_ld0;
+        tile_b[b_st] = b_ld0;
         workgroupBarrier();
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
-        c0_0 = fma(a0_0.x, b0_0.x, c0_0);
-        c0_1 = fma(a0_0.x, b0_0.y, c0_1);
-        c0_2 = fma(a0_0.x, b0_0.z, c0_2);
-        c0_3 = fma(a0_0.x, b0_0.w, c0_3);
-        c1_0 = fma(a0_0.y, b0_0.x, c1_0);
-        c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        c1_2 = fma(a0_0.y, b0_0.z, c1_2);
-        c1_3 = fma(a0_0.y, b0_0.w, c1_3);
-        c2_0 = fma(a0_0.z, b0_0.x, c2_0);
-        c2_1 = fma(a0_0.z, b0_0.y, c2_1);
-        c2_2 = fma(a0_0.z, b0_0.z, c2_2);
-        c2_3 = fma(a0_0.z, b0_0.w, c2_3);
-        c3_0 = fma(a0_0.w, b0_0.x, c3_0);
-        c3_1 = fma(a0_0.w, b0_0.y, c3_1);
-        c3_2 = fma(a0_0.w, b0_0.z, c3_2);
-        c3_3 = fma(a0_0.w, b0_0.w, c3_3);
-        let a1_0 = tile_a[a_rd + 17u];
+        c0_0 = fma(a0_0, b0_0, c0_0);
+        let a1_0 = tile_a[a_rd + 20u];
         let b1_0 = tile_b[b_rd + 16u];
-        c0_0 = fma(a1_0.x, b1_0.x, c0_0);
-        c0_1 = fma(a1_0.x, b1_0.y, c0_1);
-        c0_2 = fma(a1_0.x, b1_0.z, c0_2);
-        c0_3 = fma(a1_0.x, b1_0.w, c0_3);
-        c1_0 = fma(a1_0.y, b1_0.x, c1_0);
-        c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        c1_2 = fma(a1_0.y, b1_0.z, c1_2);
-        c1_3 = fma(a1_0.y, b1_0.w, c1_3);
-        c2_0 = fma(a1_0.z, b1_0.x, c2_0);
-        c2_1 = fma(a1_0.z, b1_0.y, c2_1);
-        c2_2 = fma(a1_0.z, b1_0.z, c2_2);
-        c2_3 = fma(a1_0.z, b1_0.w, c2_3);
-        c3_0 = fma(a1_0.w, b1_0.x, c3_0);
-        c3_1 = fma(a1_0.w, b1_0.y, c3_1);
-        c3_2 = fma(a1_0.w, b1_0.z, c3_2);
-        c3_3 = fma(a1_0.w, b1_0.w, c3_3);
-        let a2_0 = tile_a[a_rd + 34u];
+        c0_0 = fma(a1_0, b1_0, c0_0);
+        let a2_0 = tile_a[a_rd + 40u];
         let b2_0 = tile_b[b_rd + 32u];
-        c0_0 = fma(a2_0.x, b2_0.x, c0_0);
-        c0_1 = fma(a2_0.x, b2_0.y, c0_1);
-        c0_2 = fma(a2_0.x, b2_0.z, c0_2);
-        c0_3 = fma(a2_0.x, b2_0.w, c0_3);
-        c1_0 = fma(a2_0.y, b2_0.x, c1_0);
-        c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        c1_2 = fma(a2_0.y, b2_0.z, c1_2);
-        c1_3 = fma(a2_0.y, b2_0.w, c1_3);
-        c2_0 = fma(a2_0.z, b2_0.x, c2_0);
-        c2_1 = fma(a2_0.z, b2_0.y, c2_1);
-        c2_2 = fma(a2_0.z, b2_0.z, c2_2);
-        c2_3 = fma(a2_0.z, b2_0.w, c2_3);
-        c3_0 = fma(a2_0.w, b2_0.x, c3_0);
-        c3_1 = fma(a2_0.w, b2_0.y, c3_1);
-        c3_2 = fma(a2_0.w, b2_0.z, c3_2);
-        c3_3 = fma(a2_0.w, b2_0.w, c3_3);
-        let a3_0 = tile_a[a_rd + 51u];
+        c0_0 = fma(a2_0, b2_0, c0_0);
+        let a3_0 = tile_a[a_rd + 60u];
         let b3_0 = tile_b[b_rd + 48u];
-        c0_0 = fma(a3_0.x, b3_0.x, c0_0);
-        c0_1 = fma(a3_0.x, b3_0.y, c0_1);
-        c0_2 = fma(a3_0.x, b3_0.z, c0_2);
-        c0_3 = fma(a3_0.x, b3_0.w, c0_3);
-        c1_0 = fma(a3_0.y, b3_0.x, c1_0);
-        c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        c1_2 = fma(a3_0.y, b3_0.z, c1_2);
-        c1_3 = fma(a3_0.y, b3_0.w, c1_3);
-        c2_0 = fma(a3_0.z, b3_0.x, c2_0);
-        c2_1 = fma(a3_0.z, b3_0.y, c2_1);
-        c2_2 = fma(a3_0.z, b3_0.z, c2_2);
-        c2_3 = fma(a3_0.z, b3_0.w, c2_3);
-        c3_0 = fma(a3_0.w, b3_0.x, c3_0);
-        c3_1 = fma(a3_0.w, b3_0.y, c3_1);
-        c3_2 = fma(a3_0.w, b3_0.z, c3_2);
-        c3_3 = fma(a3_0.w, b3_0.w, c3_3);
-        let a4_0 = tile_a[a_rd + 68u];
+        c0_0 = fma(a3_0, b3_0, c0_0);
+        let a4_0 = tile_a[a_rd + 80u];
         let b4_0 = tile_b[b_rd + 64u];
-        c0_0 = fma(a4_0.x, b4_0.x, c0_0);
-        c0_1 = fma(a4_0.x, b4_0.y, c0_1);
-        c0_2 = fma(a4_0.x, b4_0.z, c0_2);
-        c0_3 = fma(a4_0.x, b4_0.w, c0_3);
-        c1_0 = fma(a4_0.y, b4_0.x, c1_0);
-        c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        c1_2 = fma(a4_0.y, b4_0.z, c1_2);
-        c1_3 = fma(a4_0.y, b4_0.w, c1_3);
-        c2_0 = fma(a4_0.z, b4_0.x, c2_0);
-        c2_1 = fma(a4_0.z, b4_0.y, c2_1);
-        c2_2 = fma(a4_0.z, b4_0.z, c2_2);
-        c2_3 = fma(a4_0.z, b4_0.w, c2_3);
-        c3_0 = fma(a4_0.w, b4_0.x, c3_0);
-        c3_1 = fma(a4_0.w, b4_0.y, c3_1);
-        c3_2 = fma(a4_0.w, b4_0.z, c3_2);
-        c3_3 = fma(a4_0.w, b4_0.w, c3_3);
-        let a5_0 = tile_a[a_rd + 85u];
+        c0_0 = fma(a4_0, b4_0, c0_0);
+        let a5_0 = tile_a[a_rd + 100u];
         let b5_0 = tile_b[b_rd + 80u];
-        c0_0 = fma(a5_0.x, b5_0.x, c0_0);
-        c0_1 = fma(a5_0.x, b5_0.y, c0_1);
-        c0_2 = fma(a5_0.x, b5_0.z, c0_2);
-        c0_3 = fma(a5_0.x, b5_0.w, c0_3);
-        c1_0 = fma(a5_0.y, b5_0.x, c1_0);
-        c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        c1_2 = fma(a5_0.y, b5_0.z, c1_2);
-        c1_3 = fma(a5_0.y, b5_0.w, c1_3);
-        c2_0 = fma(a5_0.z, b5_0.x, c2_0);
-        c2_1 = fma(a5_0.z, b5_0.y, c2_1);
-        c2_2 = fma(a5_0.z, b5_0.z, c2_2);
-        c2_3 = fma(a5_0.z, b5_0.w, c2_3);
-        c3_0 = fma(a5_0.w, b5_0.x, c3_0);
-        c3_1 = fma(a5_0.w, b5_0.y, c3_1);
-        c3_2 = fma(a5_0.w, b5_0.z, c3_2);
-        c3_3 = fma(a5_0.w, b5_0.w, c3_3);
-        let a6_0 = tile_a[a_rd + 102u];
+        c0_0 = fma(a5_0, b5_0, c0_0);
+        let a6_0 = tile_a[a_rd + 120u];
         let b6_0 = tile_b[b_rd + 96u];
-        c0_0 = fma(a6_0.x, b6_0.x, c0_0);
-        c0_1 = fma(a6_0.x, b6_0.y, c0_1);
-        c0_2 = fma(a6_0.x, b6_0.z, c0_2);
-        c0_3 = fma(a6_0.x, b6_0.w, c0_3);
-        c1_0 = fma(a6_0.y, b6_0.x, c1_0);
-        c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        c1_2 = fma(a6_0.y, b6_0.z, c1_2);
-        c1_3 = fma(a6_0.y, b6_0.w, c1_3);
-        c2_0 = fma(a6_0.z, b6_0.x, c2_0);
-        c2_1 = fma(a6_0.z, b6_0.y, c2_1);
-        c2_2 = fma(a6_0.z, b6_0.z, c2_2);
-        c2_3 = fma(a6_0.z, b6_0.w, c2_3);
-        c3_0 = fma(a6_0.w, b6_0.x, c3_0);
-        c3_1 = fma(a6_0.w, b6_0.y, c3_1);
-        c3_2 = fma(a6_0.w, b6_0.z, c3_2);
-        c3_3 = fma(a6_0.w, b6_0.w, c3_3);
-        let a7_0 = tile_a[a_rd + 119u];
+        c0_0 = fma(a6_0, b6_0, c0_0);
+        let a7_0 = tile_a[a_rd + 140u];
         let b7_0 = tile_b[b_rd + 112u];
-        c0_0 = fma(a7_0.x, b7_0.x, c0_0);
-        c0_1 = fma(a7_0.x, b7_0.y, c0_1);
-        c0_2 = fma(a7_0.x, b7_0.z, c0_2);
-        c0_3 = fma(a7_0.x, b7_0.w, c0_3);
-        c1_0 = fma(a7_0.y, b7_0.x, c1_0);
-        c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        c1_2 = fma(a7_0.y, b7_0.z, c1_2);
-        c1_3 = fma(a7_0.y, b7_0.w, c1_3);
-        c2_0 = fma(a7_0.z, b7_0.x, c2_0);
-        c2_1 = fma(a7_0.z, b7_0.y, c2_1);
-        c2_2 = fma(a7_0.z, b7_0.z, c2_2);
-        c2_3 = fma(a7_0.z, b7_0.w, c2_3);
-        c3_0 = fma(a7_0.w, b7_0.x, c3_0);
-        c3_1 = fma(a7_0.w, b7_0.y, c3_1);
-        c3_2 = fma(a7_0.w, b7_0.z, c3_2);
-        c3_3 = fma(a7_0.w, b7_0.w, c3_3);
+        c0_0 = fma(a7_0, b7_0, c0_0);
+        let a8_0 = tile_a[a_rd + 160u];
+        let b8_0 = tile_b[b_rd + 128u];
+        c0_0 = fma(a8_0, b8_0, c0_0);
+        let a9_0 = tile_a[a_rd + 180u];
+        let b9_0 = tile_b[b_rd + 144u];
+        c0_0 = fma(a9_0, b9_0, c0_0);
+        let a10_0 = tile_a[a_rd + 200u];
+        let b10_0 = tile_b[b_rd + 160u];
+        c0_0 = fma(a10_0, b10_0, c0_0);
+        let a11_0 = tile_a[a_rd + 220u];
+        let b11_0 = tile_b[b_rd + 176u];
+        c0_0 = fma(a11_0, b11_0, c0_0);
+        let a12_0 = tile_a[a_rd + 240u];
+        let b12_0 = tile_b[b_rd + 192u];
+        c0_0 = fma(a12_0, b12_0, c0_0);
+        let a13_0 = tile_a[a_rd + 260u];
+        let b13_0 = tile_b[b_rd + 208u];
+        c0_0 = fma(a13_0, b13_0, c0_0);
+        let a14_0 = tile_a[a_rd + 280u];
+        let b14_0 = tile_b[b_rd + 224u];
+        c0_0 = fma(a14_0, b14_0, c0_0);
+        let a15_0 = tile_a[a_rd + 300u];
+        let b15_0 = tile_b[b_rd + 240u];
+        c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
 
-    let row0 = m0 + ty * 4u;
-    let col0 = n0 + tx * 4u;
+    let row0 = m0 + ty;
+    let col0 = n0 + tx;
     store_c(c0_0, bi, row0, col0);
-    store_c(c0_1, bi, row0, col0 + 1u);
-    store_c(c0_2, bi, row0, col0 + 2u);
-    store_c(c0_3, bi, row0, col0 + 3u);
-    store_c(c1_0, bi, row0 + 1u, col0);
-    store_c(c1_1, bi, row0 + 1u, col0 + 1u);
-    store_c(c1_2, bi, row0 + 1u, col0 + 2u);
-    store_c(c1_3, bi, row0 + 1u, col0 + 3u);
-    store_c(c2_0, bi, row0 + 2u, col0);
-    store_c(c2_1, bi, row0 + 2u, col0 + 1u);
-    store_c(c2_2, bi, row0 + 2u, col0 + 2u);
-    store_c(c2_3, bi, row0 + 2u, col0 + 3u);
-    store_c(c3_0, bi, row0 + 3u, col0);
-    store_c(c3_1, bi, row0 + 3u, col0 + 1u);
-    store_c(c3_2, bi, row0 + 3u, col0 + 2u);
-    store_c(c3_3, bi, row0 + 3u, col0 + 3u);
 }
 """
 
@@ -3534,42 +2993,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
@@ -3785,42 +3244,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Split-K reduction in fixed order: group 0 adds the partial sums of groups 1, 2, ...
     let red = tid % 64u;
     if (s == 1u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 2u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];
     }
     workgroupBarrier();
     if (s == 3u) {
-        partial[red + 0u] = c0_0;
+        partial[red] = c0_0;
         partial[red + 64u] = c0_1;
         partial[red + 128u] = c1_0;
         partial[red + 192u] = c1_1;
     }
     workgroupBarrier();
     if (s == 0u) {
-        c0_0 += partial[red + 0u];
+        c0_0 += partial[red];
         c0_1 += partial[red + 64u];
         c1_0 += partial[red + 128u];
         c1_1 += partial[red + 192u];

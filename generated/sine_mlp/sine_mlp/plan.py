@@ -120,7 +120,7 @@ PROGRAM = {
             "outputs": [("loss", "f32", (), "work", 66048)],
             "captures": [],
             "dispatches": [
-                ("k000_matmul_add", (1, 4, 1)),
+                ("k000_matmul_add", (4, 16, 1)),
                 ("k001_relu", (64, 1, 1)),
                 ("k002_matmul_add", (4, 16, 1)),
                 ("k003_relu", (64, 1, 1)),
@@ -130,7 +130,7 @@ PROGRAM = {
                 ("k007_fused_mul_add", (1, 1, 1)),
                 ("k008_sum", (1, 1, 1)),
                 ("k009_matmul", (1, 4, 1)),
-                ("k010_matmul_greater_mul", (1, 4, 1)),
+                ("k010_matmul_greater_mul", (4, 16, 1)),
                 ("k011_sum", (64, 1, 1)),
                 ("k012_matmul", (4, 4, 1)),
                 ("k013_matmul_greater_mul", (4, 16, 1)),
@@ -149,7 +149,7 @@ PROGRAM = {
             "outputs": [("out", "f32", (1, 1), "work", 0)],
             "captures": [],
             "dispatches": [
-                ("k019_matmul_add_relu", (1, 1, 1)),
+                ("k019_matmul_add_relu", (4, 1, 1)),
                 ("k020_matmul_add_relu", (4, 1, 1)),
                 ("k021_matmul_add", (1, 1, 1)),
             ],
@@ -162,7 +162,7 @@ PROGRAM = {
             "outputs": [("out", "f32", (256, 1), "work", 0)],
             "captures": [],
             "dispatches": [
-                ("k022_matmul_add_relu", (1, 4, 1)),
+                ("k022_matmul_add_relu", (4, 16, 1)),
                 ("k023_matmul_add_relu", (4, 16, 1)),
                 ("k024_matmul_add", (1, 16, 1)),
             ],
