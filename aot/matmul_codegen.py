@@ -38,6 +38,18 @@ class Operand:
     batch_stride: int  # elements between consecutive batch entries (0 = shared by all batches)
     row_stride: int  # elements between rows (A: along M, B: along K)
     col_stride: int  # elements between cols (A: along K, B: along N)
+    # Layouts plain strides cannot express (a head split/merge folded into the read): an
+    # index split row-major into sub-dims ((size, stride), ...) that replace the stride above.
+    batch_dims: tuple = ()
+    row_dims: tuple = ()
+    col_dims: tuple = ()
+
+    def dims(self, which: str, length: int) -> tuple:
+        """((size, stride), ...) of the batch, row or col index, outermost first."""
+        given = {"batch": self.batch_dims, "row": self.row_dims, "col": self.col_dims}[which]
+        if given:
+            return tuple((int(n), int(st)) for n, st in given)
+        return ((length, {"batch": self.batch_stride, "row": self.row_stride, "col": self.col_stride}[which]),)
 
 
 @dataclass(frozen=True)
@@ -162,15 +174,16 @@ def _check(spec: MatmulSpec) -> None:
         if getattr(spec, name) < 1:
             raise CodegenError(f"matmul: {name} must be >= 1, got {getattr(spec, name)}")
     for label, op, rows, cols in (("a", spec.a, spec.M, spec.K), ("b", spec.b, spec.K, spec.N)):
-        fields = (op.offset, op.batch_stride, op.row_stride, op.col_stride)
-        if min(fields) < 0:
+        dims = op.dims("batch", spec.batch) + op.dims("row", rows) + op.dims("col", cols)
+        if min([op.offset] + [st for _, st in dims]) < 0:
             raise CodegenError(f"matmul: operand {label} has a negative offset or stride: {op}")
-        last = (
-            op.offset
-            + (spec.batch - 1) * op.batch_stride
-            + (rows - 1) * op.row_stride
-            + (cols - 1) * op.col_stride
-        )
+        for which, n in (("batch", spec.batch), ("row", rows), ("col", cols)):
+            got = 1
+            for size, _ in op.dims(which, n):
+                got *= size
+            if got != n:
+                raise CodegenError(f"matmul: operand {label} {which} sub-dims cover {got} indices, not {n}")
+        last = op.offset + sum((size - 1) * st for size, st in dims)
         if last > U32_MAX:
             raise CodegenError(f"matmul: operand {label} reaches element {last}, past u32 indexing")
     if spec.out_offset < 0 or spec.out_offset + spec.batch * spec.M * spec.N - 1 > U32_MAX:
@@ -202,7 +215,7 @@ def _shared_bytes(t: Tile, pad_a: bool, pad_b: bool) -> int:
 
 
 def _loader(
-    op: Operand, p_size: int, p_len: int, p_tile: str, p_first: bool, k_len: int, t: Tile, prefix: str
+    op: Operand, p_size: int, p_len: int, p_tile: str, p_first: bool, k_len: int, t: Tile, prefix: str, K: int = 0
 ):
     """How the workgroup's threads copy one operand's slab into shared memory.
 
@@ -213,7 +226,9 @@ def _loader(
     (dp, dk) in `loads`.
     """
     threads = t.threads
-    p_stride, k_stride = (op.row_stride, op.col_stride) if p_first else (op.col_stride, op.row_stride)
+    rows, cols = (p_len, K) if p_first else (K, p_len)
+    p_dims, k_dims = (op.dims("row", rows), op.dims("col", cols)) if p_first else (op.dims("col", cols), op.dims("row", rows))
+    p_stride, k_stride = p_dims[-1][1], k_dims[-1][1]
     k_inner = k_stride <= p_stride  # k is the contiguous dimension: consecutive threads walk k
     inner_len, outer_len = (k_len, p_size) if k_inner else (p_size, k_len)
     total = inner_len * outer_len
@@ -254,8 +269,8 @@ def _loader(
         "p_tile": p_tile,
         "p_guard": p_len % p_size != 0,
         "p_last": p_len - 1,
-        "p_stride": p_stride,
-        "k_stride": k_stride,
+        "p_dims": p_dims,
+        "k_dims": k_dims,
         "sources": sources,
         "loads": items,
         "pad": pad,
@@ -312,8 +327,8 @@ def render_matmul(
     if prefetch is None:
         prefetch = choose_prefetch(spec, t)
     slab = t.BK * t.S
-    a = _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a")
-    b = _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b")
+    a = _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a", spec.K)
+    b = _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b", spec.K)
     grid_info, grid = _grid(spec, t, max_groups)
     wx, wy = t.BN // t.TN, t.BM // t.TM
     ctx = dict(
@@ -335,6 +350,9 @@ def render_matmul(
         grid=grid_info,
         prefetch=prefetch and spec.K > slab,
         comps=["x", "y", "z", "w"],
+        split_index=split_index,
+        a_addr=_describe(spec.a, spec.batch, spec.M, spec.K, "m", "k"),
+        b_addr=_describe(spec.b, spec.batch, spec.K, spec.N, "k", "n"),
         shared_bytes=4 * (a["words"] + b["words"] + (t.BM * t.BN if t.S > 1 else 0)),
     )
     if ctx["shared_bytes"] > MAX_WORKGROUP_BYTES:
@@ -345,9 +363,29 @@ def render_matmul(
 def _batch_expr(op: Operand, batch: int) -> str:
     """The start of batch entry `bi` of an operand, as a prefix of an index sum ('' for 0)."""
     terms = [f"{op.offset}u"] if op.offset else []
-    if batch > 1 and op.batch_stride:
-        terms.append(f"bi * {op.batch_stride}u")
+    if batch > 1:
+        terms += split_index("bi", op.dims("batch", batch))
     return "".join(term + " + " for term in terms)
+
+
+def _describe(op: Operand, batch: int, rows: int, cols: int, r: str, c: str) -> str:
+    """The operand's element address as a formula, for the kernel's header comment."""
+    terms = ([f"{op.offset}"] if op.offset else []) + (split_index("bi", op.dims("batch", batch)) if batch > 1 else [])
+    terms += split_index(r, op.dims("row", rows)) + split_index(c, op.dims("col", cols))
+    return f"{op.buf}[{' + '.join(terms) or '0'}]".replace("u ", " ").replace("u]", "]").replace("u)", ")")
+
+
+def split_index(expr: str, dims) -> list[str]:
+    """Address terms of index `expr` split row-major over sub-dims ((size, stride), ...)."""
+    terms, inner = [], 1
+    for i, (size, stride) in reversed(list(enumerate(dims))):
+        if stride and size > 1:
+            part = expr if inner == 1 else f"{expr} / {inner}u"
+            if i > 0:
+                part = f"({part}) % {size}u" if inner != 1 else f"{part} % {size}u"
+            terms.append(part if stride == 1 else f"({part}) * {stride}u" if (" " in part) else f"{part} * {stride}u")
+        inner *= size
+    return list(reversed(terms))
 
 
 def _out_index(spec: MatmulSpec) -> str:

@@ -206,8 +206,8 @@ K007_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k007_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1703936 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[1344 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1703936 + m * 64 + k]
+//   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -475,8 +475,8 @@ K009_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k009_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1703936 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[5440 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1703936 + m * 64 + k]
+//   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -721,8 +721,8 @@ K010_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k010_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1703936 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[9536 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1703936 + m * 64 + k]
+//   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -1012,8 +1012,8 @@ K013_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k013_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[1769472 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[1900544 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[1769472 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[1900544 + bi * 128 + k * 8 + n]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -1232,8 +1232,8 @@ K018_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k018_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3833856 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[1835008 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[3833856 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1835008 + bi * 128 + k * 16 + n]
 //   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -1374,8 +1374,8 @@ K020_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k020_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1966080 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[13632 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1966080 + m * 64 + k]
+//   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -1790,8 +1790,8 @@ K027_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k027_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[2162688 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[17728 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[2162688 + m * 64 + k]
+//   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -2211,8 +2211,8 @@ K029_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k029_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[262144 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[34112 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[262144 + m * 256 + k]
+//   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[589824 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -2639,8 +2639,8 @@ K036_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k036_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2359296 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[50496 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[2359296 + m * 64 + k]
+//   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -2908,8 +2908,8 @@ K038_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k038_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2359296 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[54592 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[2359296 + m * 64 + k]
+//   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -3154,8 +3154,8 @@ K039_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k039_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2359296 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[58688 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[2359296 + m * 64 + k]
+//   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[655360 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -3445,8 +3445,8 @@ K042_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k042_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[2424832 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[2555904 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[2424832 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[2555904 + bi * 128 + k * 8 + n]
 //   work[524288 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -3665,8 +3665,8 @@ K047_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k047_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3899392 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[2490368 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[3899392 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[2490368 + bi * 128 + k * 16 + n]
 //   work[524288 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -3807,8 +3807,8 @@ K049_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k049_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2621440 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[62784 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[2621440 + m * 64 + k]
+//   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -4223,8 +4223,8 @@ K056_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k056_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[2818048 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[66880 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[2818048 + m * 64 + k]
+//   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[524288 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -4644,8 +4644,8 @@ K058_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k058_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[786432 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[83264 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[786432 + m * 256 + k]
+//   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[1114112 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -5072,8 +5072,8 @@ K065_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k065_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3014656 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[99648 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[3014656 + m * 64 + k]
+//   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -5341,8 +5341,8 @@ K067_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k067_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3014656 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[103744 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[3014656 + m * 64 + k]
+//   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -5587,8 +5587,8 @@ K068_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k068_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3014656 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[107840 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[3014656 + m * 64 + k]
+//   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[1179648 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -5878,8 +5878,8 @@ K071_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k071_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[3080192 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[3211264 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[3080192 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[3211264 + bi * 128 + k * 8 + n]
 //   work[1048576 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -6098,8 +6098,8 @@ K076_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k076_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3964928 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[3145728 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[3964928 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[3145728 + bi * 128 + k * 16 + n]
 //   work[1048576 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -6240,8 +6240,8 @@ K078_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k078_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3276800 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[111936 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[3276800 + m * 64 + k]
+//   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[3342336 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -6656,8 +6656,8 @@ K085_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k085_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[3538944 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[116032 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[3538944 + m * 64 + k]
+//   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[1048576 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -7077,8 +7077,8 @@ K087_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k087_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[1310720 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[132416 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1310720 + m * 256 + k]
+//   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[3604480 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -7505,8 +7505,8 @@ K094_MATMUL = """\
 // from addition_transformer.py:56
 //
 // k094_matmul: batched matmul, 1 x [1024x64] @ [64x12]
-//   A[bi, m, k] = work[3670016 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[576 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[3670016 + m * 64 + k]
+//   B[bi, k, n] = params[576 + k + n * 64]
 //   work[3735552 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -8044,8 +8044,8 @@ K106_MATMUL = """\
 // from addition_transformer.py:56
 //
 // k106_matmul: batched matmul, 1 x [1024x12] @ [12x64]
-//   A[bi, m, k] = work[3997696 + bi * 96 + m * 12 + k * 1]
-//   B[bi, k, n] = params[576 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[3997696 + m * 12 + k]
+//   B[bi, k, n] = params[576 + k * 64 + n]
 //   work[3735552 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -8163,8 +8163,8 @@ K107_MATMUL = """\
 // from addition_transformer.py:56
 //
 // k107_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
-//   A[bi, m, k] = work[3670016 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[3997696 + bi * 0 + k * 12 + n * 1]
+//   A[bi, m, k] = work[3670016 + m + k * 64]
+//   B[bi, k, n] = work[3997696 + k * 12 + n]
 //   work[4029440 + (bi * 64 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -8691,8 +8691,8 @@ K116_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k116_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
-//   A[bi, m, k] = work[1310720 + bi * 0 + m * 1 + k * 256]
-//   B[bi, k, n] = work[3342336 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1310720 + m + k * 256]
+//   B[bi, k, n] = work[3342336 + k * 64 + n]
 //   grads[132416 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -8946,8 +8946,8 @@ K117_MATMUL_GREATER_MUL = """\
 // from addition_transformer.py:39
 //
 // k117_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[3342336 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[132416 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[3342336 + m * 64 + k]
+//   B[bi, k, n] = params[132416 + k + n * 64]
 //   work[1310720 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -9388,8 +9388,8 @@ K119_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k119_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[1310720 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[116032 + bi * 0 + k * 1 + n * 256]
+//   A[bi, m, k] = work[1310720 + m * 256 + k]
+//   B[bi, k, n] = params[116032 + k + n * 256]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -9649,8 +9649,8 @@ K120_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k120_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[3538944 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[1310720 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[3538944 + m + k * 64]
+//   B[bi, k, n] = work[1310720 + k * 256 + n]
 //   grads[116032 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -10141,8 +10141,8 @@ K128_MATMUL = """\
 // from addition_transformer.py:38
 //
 // k128_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1114112 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[111936 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[1114112 + m * 64 + k]
+//   B[bi, k, n] = params[111936 + k + n * 64]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -10411,8 +10411,8 @@ K130_MATMUL = """\
 // from addition_transformer.py:38
 //
 // k130_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1179648 + bi * 0 + m * 1024 + k * 1]
-//   B[bi, k, n] = work[1114112 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1179648 + m * 1024 + k]
+//   B[bi, k, n] = work[1114112 + k * 64 + n]
 //   grads[111936 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -10715,8 +10715,8 @@ K133_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k133_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[1179648 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[1048576 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[1179648 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[1048576 + bi * 128 + k * 8 + n]
 //   work[1245184 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -10835,8 +10835,8 @@ K134_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k134_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3964928 + bi * 64 + m * 1 + k * 8]
-//   B[bi, k, n] = work[1179648 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[3964928 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[1179648 + bi * 128 + k * 16 + n]
 //   work[1048576 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -11041,8 +11041,8 @@ K138_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k138_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[1376256 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[1179648 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[1376256 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1179648 + bi * 128 + k * 16 + n]
 //   work[1245184 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -11184,8 +11184,8 @@ K140_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k140_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[1179648 + bi * 128 + m * 8 + k * 1]
-//   B[bi, k, n] = work[1376256 + bi * 64 + k * 8 + n * 1]
+//   A[bi, m, k] = work[1179648 + bi * 128 + m * 8 + k]
+//   B[bi, k, n] = work[1376256 + bi * 64 + k * 8 + n]
 //   work[1310720 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -11326,8 +11326,8 @@ K142_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k142_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1179648 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[107840 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[1179648 + m * 64 + k]
+//   B[bi, k, n] = params[107840 + k + n * 64]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -11575,8 +11575,8 @@ K143_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k143_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[3014656 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[1179648 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[3014656 + m + k * 64]
+//   B[bi, k, n] = work[1179648 + k * 64 + n]
 //   grads[107840 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -11852,8 +11852,8 @@ K145_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k145_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1179648 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[103744 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[1179648 + m * 64 + k]
+//   B[bi, k, n] = params[103744 + k + n * 64]
 //   work[1310720 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -12101,8 +12101,8 @@ K146_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k146_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[3014656 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[1179648 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[3014656 + m + k * 64]
+//   B[bi, k, n] = work[1179648 + k * 64 + n]
 //   grads[103744 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -12378,8 +12378,8 @@ K148_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k148_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[3014656 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[1179648 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[3014656 + m + k * 64]
+//   B[bi, k, n] = work[1179648 + k * 64 + n]
 //   grads[99648 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -12633,8 +12633,8 @@ K149_MATMUL_ADD = """\
 // from addition_transformer.py:35
 //
 // k149_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1179648 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[99648 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[1179648 + m * 64 + k]
+//   B[bi, k, n] = params[99648 + k + n * 64]
 //   work[1245184 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -13156,8 +13156,8 @@ K158_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k158_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
-//   A[bi, m, k] = work[786432 + bi * 0 + m * 1 + k * 256]
-//   B[bi, k, n] = work[1048576 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[786432 + m + k * 256]
+//   B[bi, k, n] = work[1048576 + k * 64 + n]
 //   grads[83264 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -13411,8 +13411,8 @@ K159_MATMUL_GREATER_MUL = """\
 // from addition_transformer.py:39
 //
 // k159_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[1048576 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[83264 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[1048576 + m * 64 + k]
+//   B[bi, k, n] = params[83264 + k + n * 64]
 //   work[786432 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -13853,8 +13853,8 @@ K161_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k161_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[786432 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[66880 + bi * 0 + k * 1 + n * 256]
+//   A[bi, m, k] = work[786432 + m * 256 + k]
+//   B[bi, k, n] = params[66880 + k + n * 256]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -14114,8 +14114,8 @@ K162_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k162_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[2818048 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[786432 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[2818048 + m + k * 64]
+//   B[bi, k, n] = work[786432 + k * 256 + n]
 //   grads[66880 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -14606,8 +14606,8 @@ K170_MATMUL = """\
 // from addition_transformer.py:38
 //
 // k170_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[589824 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[62784 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[589824 + m * 64 + k]
+//   B[bi, k, n] = params[62784 + k + n * 64]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -14876,8 +14876,8 @@ K172_MATMUL = """\
 // from addition_transformer.py:38
 //
 // k172_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[655360 + bi * 0 + m * 1024 + k * 1]
-//   B[bi, k, n] = work[589824 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[655360 + m * 1024 + k]
+//   B[bi, k, n] = work[589824 + k * 64 + n]
 //   grads[62784 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -15180,8 +15180,8 @@ K175_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k175_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[655360 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[524288 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[655360 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[524288 + bi * 128 + k * 8 + n]
 //   work[720896 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -15300,8 +15300,8 @@ K176_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k176_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3899392 + bi * 64 + m * 1 + k * 8]
-//   B[bi, k, n] = work[655360 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[3899392 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[655360 + bi * 128 + k * 16 + n]
 //   work[524288 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -15506,8 +15506,8 @@ K180_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k180_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[851968 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[655360 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[851968 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[655360 + bi * 128 + k * 16 + n]
 //   work[720896 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -15649,8 +15649,8 @@ K182_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k182_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[655360 + bi * 128 + m * 8 + k * 1]
-//   B[bi, k, n] = work[851968 + bi * 64 + k * 8 + n * 1]
+//   A[bi, m, k] = work[655360 + bi * 128 + m * 8 + k]
+//   B[bi, k, n] = work[851968 + bi * 64 + k * 8 + n]
 //   work[786432 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -15791,8 +15791,8 @@ K184_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k184_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[655360 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[58688 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[655360 + m * 64 + k]
+//   B[bi, k, n] = params[58688 + k + n * 64]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16040,8 +16040,8 @@ K185_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k185_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2359296 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[655360 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[2359296 + m + k * 64]
+//   B[bi, k, n] = work[655360 + k * 64 + n]
 //   grads[58688 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16317,8 +16317,8 @@ K187_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k187_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[655360 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[54592 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[655360 + m * 64 + k]
+//   B[bi, k, n] = params[54592 + k + n * 64]
 //   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16566,8 +16566,8 @@ K188_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k188_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2359296 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[655360 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[2359296 + m + k * 64]
+//   B[bi, k, n] = work[655360 + k * 64 + n]
 //   grads[54592 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16843,8 +16843,8 @@ K190_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k190_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2359296 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[655360 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[2359296 + m + k * 64]
+//   B[bi, k, n] = work[655360 + k * 64 + n]
 //   grads[50496 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -17098,8 +17098,8 @@ K191_MATMUL_ADD = """\
 // from addition_transformer.py:35
 //
 // k191_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[655360 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[50496 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[655360 + m * 64 + k]
+//   B[bi, k, n] = params[50496 + k + n * 64]
 //   work[720896 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -17621,8 +17621,8 @@ K200_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k200_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
-//   A[bi, m, k] = work[262144 + bi * 0 + m * 1 + k * 256]
-//   B[bi, k, n] = work[524288 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[262144 + m + k * 256]
+//   B[bi, k, n] = work[524288 + k * 64 + n]
 //   grads[34112 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -17876,8 +17876,8 @@ K201_MATMUL_GREATER_MUL = """\
 // from addition_transformer.py:39
 //
 // k201_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[524288 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[34112 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[524288 + m * 64 + k]
+//   B[bi, k, n] = params[34112 + k + n * 64]
 //   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -18318,8 +18318,8 @@ K203_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k203_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[262144 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[17728 + bi * 0 + k * 1 + n * 256]
+//   A[bi, m, k] = work[262144 + m * 256 + k]
+//   B[bi, k, n] = params[17728 + k + n * 256]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -18579,8 +18579,8 @@ K204_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k204_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[2162688 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[262144 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[2162688 + m + k * 64]
+//   B[bi, k, n] = work[262144 + k * 256 + n]
 //   grads[17728 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -19071,8 +19071,8 @@ K212_MATMUL = """\
 // from addition_transformer.py:38
 //
 // k212_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[13632 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[13632 + k + n * 64]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -19341,8 +19341,8 @@ K214_MATMUL = """\
 // from addition_transformer.py:38
 //
 // k214_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[131072 + bi * 0 + m * 1024 + k * 1]
-//   B[bi, k, n] = work[65536 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[131072 + m * 1024 + k]
+//   B[bi, k, n] = work[65536 + k * 64 + n]
 //   grads[13632 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -19645,8 +19645,8 @@ K217_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k217_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[0 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[bi * 128 + k * 8 + n]
 //   work[196608 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -19765,8 +19765,8 @@ K218_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k218_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3833856 + bi * 64 + m * 1 + k * 8]
-//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[3833856 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -19971,8 +19971,8 @@ K222_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k222_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[327680 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[327680 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n]
 //   work[196608 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -20114,8 +20114,8 @@ K224_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k224_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[131072 + bi * 128 + m * 8 + k * 1]
-//   B[bi, k, n] = work[327680 + bi * 64 + k * 8 + n * 1]
+//   A[bi, m, k] = work[131072 + bi * 128 + m * 8 + k]
+//   B[bi, k, n] = work[327680 + bi * 64 + k * 8 + n]
 //   work[262144 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -20256,8 +20256,8 @@ K226_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k226_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[9536 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[131072 + m * 64 + k]
+//   B[bi, k, n] = params[9536 + k + n * 64]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -20505,8 +20505,8 @@ K227_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k227_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1703936 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[131072 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1703936 + m + k * 64]
+//   B[bi, k, n] = work[131072 + k * 64 + n]
 //   grads[9536 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -20782,8 +20782,8 @@ K229_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k229_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[5440 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[131072 + m * 64 + k]
+//   B[bi, k, n] = params[5440 + k + n * 64]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -21031,8 +21031,8 @@ K230_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k230_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1703936 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[131072 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1703936 + m + k * 64]
+//   B[bi, k, n] = work[131072 + k * 64 + n]
 //   grads[5440 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -21308,8 +21308,8 @@ K232_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k232_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1703936 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[131072 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1703936 + m + k * 64]
+//   B[bi, k, n] = work[131072 + k * 64 + n]
 //   grads[1344 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -21563,8 +21563,8 @@ K233_MATMUL_ADD = """\
 // from addition_transformer.py:35
 //
 // k233_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[1344 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[131072 + m * 64 + k]
+//   B[bi, k, n] = params[1344 + k + n * 64]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -22135,8 +22135,8 @@ K244_MATMUL_ADD = """\
 // from addition_transformer.py:52
 //
 // k244_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
-//   A[bi, m, k] = work[65536 + bi * 0 + m * 1024 + k * 1]
-//   B[bi, k, n] = work[0 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 1024 + k]
+//   B[bi, k, n] = work[k * 64 + n]
 //   grads[576 + (bi * 12 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -22689,8 +22689,8 @@ K255_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k255_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[1024 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[1344 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1024 + m * 64 + k]
+//   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[512 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -22937,8 +22937,8 @@ K256_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k256_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[1024 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[5440 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1024 + m * 64 + k]
+//   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -23185,8 +23185,8 @@ K257_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k257_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[1024 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[9536 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1024 + m * 64 + k]
+//   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -23433,8 +23433,8 @@ K258_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k258_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[512 + bi * 16 + m * 64 + k * 1]
-//   B[bi, k, n] = work[1536 + bi * 16 + k * 1 + n * 64]
+//   A[bi, m, k] = work[512 + bi * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1536 + bi * 16 + k + n * 64]
 //   work[1024 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -23649,8 +23649,8 @@ K263_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k263_matmul: batched matmul, 4 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[1024 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[2048 + bi * 16 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1024 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[2048 + bi * 16 + k * 64 + n]
 //   work[512 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -23790,8 +23790,8 @@ K265_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k265_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[1024 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[13632 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[1024 + m * 64 + k]
+//   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -24162,8 +24162,8 @@ K270_MATMUL_ADD_RELU = """\
 // from addition_transformer.py:39
 //
 // k270_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
-//   A[bi, m, k] = work[2560 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[17728 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[2560 + m * 64 + k]
+//   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -24410,8 +24410,8 @@ K271_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k271_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
-//   A[bi, m, k] = work[0 + bi * 0 + m * 256 + k * 1]
-//   B[bi, k, n] = params[34112 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[m * 256 + k]
+//   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -24794,8 +24794,8 @@ K276_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k276_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[50496 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -25042,8 +25042,8 @@ K277_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k277_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[54592 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -25290,8 +25290,8 @@ K278_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k278_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[58688 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -25538,8 +25538,8 @@ K279_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k279_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[0 + bi * 16 + m * 64 + k * 1]
-//   B[bi, k, n] = work[1024 + bi * 16 + k * 1 + n * 64]
+//   A[bi, m, k] = work[bi * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -25754,8 +25754,8 @@ K284_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k284_matmul: batched matmul, 4 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -25895,8 +25895,8 @@ K286_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k286_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[62784 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -26267,8 +26267,8 @@ K291_MATMUL_ADD_RELU = """\
 // from addition_transformer.py:39
 //
 // k291_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
-//   A[bi, m, k] = work[2560 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[66880 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[2560 + m * 64 + k]
+//   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -26515,8 +26515,8 @@ K292_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k292_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
-//   A[bi, m, k] = work[0 + bi * 0 + m * 256 + k * 1]
-//   B[bi, k, n] = params[83264 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[m * 256 + k]
+//   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -26899,8 +26899,8 @@ K297_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k297_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[99648 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -27147,8 +27147,8 @@ K298_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k298_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[103744 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -27395,8 +27395,8 @@ K299_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k299_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[107840 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -27643,8 +27643,8 @@ K300_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k300_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[0 + bi * 16 + m * 64 + k * 1]
-//   B[bi, k, n] = work[1024 + bi * 16 + k * 1 + n * 64]
+//   A[bi, m, k] = work[bi * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -27859,8 +27859,8 @@ K305_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k305_matmul: batched matmul, 4 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -28000,8 +28000,8 @@ K307_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k307_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[111936 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -28372,8 +28372,8 @@ K312_MATMUL_ADD_RELU = """\
 // from addition_transformer.py:39
 //
 // k312_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
-//   A[bi, m, k] = work[2560 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[116032 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[2560 + m * 64 + k]
+//   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -28620,8 +28620,8 @@ K313_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k313_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
-//   A[bi, m, k] = work[0 + bi * 0 + m * 256 + k * 1]
-//   B[bi, k, n] = params[132416 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[m * 256 + k]
+//   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -29004,8 +29004,8 @@ K318_MATMUL = """\
 // from addition_transformer.py:56
 //
 // k318_matmul: batched matmul, 1 x [8x64] @ [64x12]
-//   A[bi, m, k] = work[512 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[576 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[512 + m * 64 + k]
+//   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 8 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -29414,8 +29414,8 @@ K324_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k324_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[1344 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[131072 + m * 64 + k]
+//   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -29683,8 +29683,8 @@ K326_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k326_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[5440 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[131072 + m * 64 + k]
+//   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -29929,8 +29929,8 @@ K327_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k327_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[9536 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[131072 + m * 64 + k]
+//   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -30220,8 +30220,8 @@ K330_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k330_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[196608 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[262144 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[196608 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[262144 + bi * 128 + k * 8 + n]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -30440,8 +30440,8 @@ K335_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k335_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[196608 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[196608 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n]
 //   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -30582,8 +30582,8 @@ K337_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k337_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[13632 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[131072 + m * 64 + k]
+//   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -30958,8 +30958,8 @@ K342_MATMUL_ADD_RELU = """\
 // from addition_transformer.py:39
 //
 // k342_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[327680 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[17728 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[327680 + m * 64 + k]
+//   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -31360,8 +31360,8 @@ K343_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k343_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[0 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[34112 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[m * 256 + k]
+//   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -31748,8 +31748,8 @@ K348_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k348_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[50496 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -32017,8 +32017,8 @@ K350_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k350_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[54592 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -32263,8 +32263,8 @@ K351_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k351_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[58688 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -32554,8 +32554,8 @@ K354_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k354_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[196608 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[196608 + bi * 128 + k * 8 + n]
 //   work[0 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -32774,8 +32774,8 @@ K359_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k359_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[65536 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[65536 + bi * 128 + k * 16 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -32916,8 +32916,8 @@ K361_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k361_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[62784 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -33292,8 +33292,8 @@ K366_MATMUL_ADD_RELU = """\
 // from addition_transformer.py:39
 //
 // k366_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[327680 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[66880 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[327680 + m * 64 + k]
+//   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -33694,8 +33694,8 @@ K367_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k367_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[0 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[83264 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[m * 256 + k]
+//   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -34082,8 +34082,8 @@ K372_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k372_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[99648 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -34351,8 +34351,8 @@ K374_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k374_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[103744 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -34597,8 +34597,8 @@ K375_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k375_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[107840 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -34888,8 +34888,8 @@ K378_MATMUL_MUL_GREATER_WHERE = """\
 // from addition_transformer.py:36
 //
 // k378_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k * 1]
-//   B[bi, k, n] = work[196608 + bi * 128 + k * 8 + n * 1]
+//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k]
+//   B[bi, k, n] = work[196608 + bi * 128 + k * 8 + n]
 //   work[0 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -35108,8 +35108,8 @@ K383_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k383_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k * 1]
-//   B[bi, k, n] = work[65536 + bi * 128 + k * 16 + n * 1]
+//   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[65536 + bi * 128 + k * 16 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -35250,8 +35250,8 @@ K385_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k385_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[111936 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -35626,8 +35626,8 @@ K390_MATMUL_ADD_RELU = """\
 // from addition_transformer.py:39
 //
 // k390_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[327680 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[116032 + bi * 0 + k * 256 + n * 1]
+//   A[bi, m, k] = work[327680 + m * 64 + k]
+//   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
@@ -36028,8 +36028,8 @@ K391_MATMUL_ADD = """\
 // from addition_transformer.py:39
 //
 // k391_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[0 + bi * 2048 + m * 256 + k * 1]
-//   B[bi, k, n] = params[132416 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[m * 256 + k]
+//   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -36416,8 +36416,8 @@ K396_MATMUL = """\
 // from addition_transformer.py:56
 //
 // k396_matmul: batched matmul, 1 x [1024x64] @ [64x12]
-//   A[bi, m, k] = work[65536 + bi * 512 + m * 64 + k * 1]
-//   B[bi, k, n] = params[576 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
+//   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the

@@ -7,8 +7,8 @@ K000_MATMUL_ADD = """\
 // from sine_mlp.py:15
 //
 // k000_matmul_add: batched matmul, 1 x [256x1] @ [1x64]
-//   A[bi, m, k] = inputs[0 + bi * 0 + m * 1 + k * 1]
-//   B[bi, k, n] = params[0 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = inputs[m]
+//   B[bi, k, n] = params[n]
 //   work[0 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -146,8 +146,8 @@ K002_MATMUL_ADD = """\
 // from sine_mlp.py:15
 //
 // k002_matmul_add: batched matmul, 1 x [256x64] @ [64x64]
-//   A[bi, m, k] = work[16384 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[64 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[16384 + m * 64 + k]
+//   B[bi, k, n] = params[64 + k * 64 + n]
 //   work[32768 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -411,8 +411,8 @@ K004_MATMUL_ADD_SUB = """\
 // from sine_mlp.py:15
 //
 // k004_matmul_add_sub: batched matmul, 1 x [256x64] @ [64x1]
-//   A[bi, m, k] = work[49152 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[4160 + bi * 0 + k * 1 + n * 1]
+//   A[bi, m, k] = work[49152 + m * 64 + k]
+//   B[bi, k, n] = params[4160 + k]
 //   work[65536 + (bi * 256 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -774,8 +774,8 @@ K009_MATMUL = """\
 // from sine_mlp.py:15
 //
 // k009_matmul: batched matmul, 1 x [64x256] @ [256x1]
-//   A[bi, m, k] = work[49152 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[65792 + bi * 0 + k * 1 + n * 1]
+//   A[bi, m, k] = work[49152 + m + k * 64]
+//   B[bi, k, n] = work[65792 + k]
 //   grads[4160 + (bi * 64 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -1034,8 +1034,8 @@ K010_MATMUL_GREATER_MUL = """\
 // from sine_mlp.py:15
 //
 // k010_matmul_greater_mul: batched matmul, 1 x [256x1] @ [1x64]
-//   A[bi, m, k] = work[65792 + bi * 0 + m * 1 + k * 1]
-//   B[bi, k, n] = params[4160 + bi * 0 + k * 1 + n * 1]
+//   A[bi, m, k] = work[65792 + m]
+//   B[bi, k, n] = params[4160 + n]
 //   work[49152 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -1188,8 +1188,8 @@ K012_MATMUL = """\
 // from sine_mlp.py:15
 //
 // k012_matmul: batched matmul, 1 x [64x256] @ [256x64]
-//   A[bi, m, k] = work[16384 + bi * 0 + m * 1 + k * 64]
-//   B[bi, k, n] = work[49152 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[16384 + m + k * 64]
+//   B[bi, k, n] = work[49152 + k * 64 + n]
 //   grads[64 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -1443,8 +1443,8 @@ K013_MATMUL_GREATER_MUL = """\
 // from sine_mlp.py:15
 //
 // k013_matmul_greater_mul: batched matmul, 1 x [256x64] @ [64x64]
-//   A[bi, m, k] = work[49152 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[64 + bi * 0 + k * 1 + n * 64]
+//   A[bi, m, k] = work[49152 + m * 64 + k]
+//   B[bi, k, n] = params[64 + k + n * 64]
 //   work[16384 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -1727,8 +1727,8 @@ K015_MATMUL = """\
 // from sine_mlp.py:15
 //
 // k015_matmul: batched matmul, 1 x [1x256] @ [256x64]
-//   A[bi, m, k] = inputs[0 + bi * 0 + m * 1 + k * 1]
-//   B[bi, k, n] = work[16384 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = inputs[k]
+//   B[bi, k, n] = work[16384 + k * 64 + n]
 //   grads[0 + (bi * 1 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -2065,8 +2065,8 @@ K019_MATMUL_ADD_RELU = """\
 // from sine_mlp.py:15
 //
 // k019_matmul_add_relu: batched matmul, 1 x [1x1] @ [1x64]
-//   A[bi, m, k] = inputs[0 + bi * 0 + m * 1 + k * 1]
-//   B[bi, k, n] = params[0 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = inputs[0]
+//   B[bi, k, n] = params[n]
 //   work[0 + (bi * 1 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -2187,8 +2187,8 @@ K020_MATMUL_ADD_RELU = """\
 // from sine_mlp.py:15
 //
 // k020_matmul_add_relu: batched matmul, 1 x [1x64] @ [64x64]
-//   A[bi, m, k] = work[0 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[64 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[k]
+//   B[bi, k, n] = params[64 + k * 64 + n]
 //   work[64 + (bi * 1 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -2435,8 +2435,8 @@ K021_MATMUL_ADD = """\
 // from sine_mlp.py:15
 //
 // k021_matmul_add: batched matmul, 1 x [1x64] @ [64x1]
-//   A[bi, m, k] = work[64 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[4160 + bi * 0 + k * 1 + n * 1]
+//   A[bi, m, k] = work[64 + k]
+//   B[bi, k, n] = params[4160 + k]
 //   work[0 + (bi * 1 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -2686,8 +2686,8 @@ K022_MATMUL_ADD_RELU = """\
 // from sine_mlp.py:15
 //
 // k022_matmul_add_relu: batched matmul, 1 x [256x1] @ [1x64]
-//   A[bi, m, k] = inputs[0 + bi * 0 + m * 1 + k * 1]
-//   B[bi, k, n] = params[0 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = inputs[m]
+//   B[bi, k, n] = params[n]
 //   work[0 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -2806,8 +2806,8 @@ K023_MATMUL_ADD_RELU = """\
 // from sine_mlp.py:15
 //
 // k023_matmul_add_relu: batched matmul, 1 x [256x64] @ [64x64]
-//   A[bi, m, k] = work[0 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[64 + bi * 0 + k * 64 + n * 1]
+//   A[bi, m, k] = work[m * 64 + k]
+//   B[bi, k, n] = params[64 + k * 64 + n]
 //   work[16384 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -3052,8 +3052,8 @@ K024_MATMUL_ADD = """\
 // from sine_mlp.py:15
 //
 // k024_matmul_add: batched matmul, 1 x [256x64] @ [64x1]
-//   A[bi, m, k] = work[16384 + bi * 0 + m * 64 + k * 1]
-//   B[bi, k, n] = params[4160 + bi * 0 + k * 1 + n * 1]
+//   A[bi, m, k] = work[16384 + m * 64 + k]
+//   B[bi, k, n] = params[4160 + k]
 //   work[0 + (bi * 256 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
