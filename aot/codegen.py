@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .errors import CodegenError
 from .ir import Tensor, tensor_names
-from .matmul_codegen import MatmulSpec, Operand, render_matmul
+from .matmul_codegen import MatmulSpec, Operand, render_matmul, split_index
 from .ops.registry import lookup
 from .plan import Plan
 from .schedule import Kernel, Schedule, contiguous_strides
@@ -204,14 +204,14 @@ class Body:
 
     def read(self, t: Tensor, idx: Index) -> str:
         kc = self.kc
-        loc, strides = kc.plan.read_loc(kc.s, t)
+        loc, dims = kc.plan.read_loc(kc.s, t)
         kc.use(loc.arena, write=False)
         v = kc.s.views[id(t)]
-        if v.is_contiguous(t.shape):
+        if v.is_contiguous():
             lin = idx.get_flat(self) if t.size > 1 else "0u"
         else:
             c = idx.get_coords(self)
-            terms = [f"{ci} * {st}u" if st != 1 else ci for ci, st, d in zip(c, strides, t.shape) if st != 0 and d != 1]
+            terms = [term for ci, axis in zip(c, dims) for term in split_index(ci, axis)]
             lin = " + ".join(terms) if terms else "0u"
         addr = f"{loc.offset}u + {lin}" if loc.offset else lin
         key = ("read", loc.arena, addr)
@@ -403,15 +403,30 @@ def _reduce(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
     return KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
 
 
-def _operand(plan: Plan, s: Schedule, t: Tensor, kc: KernelContext) -> Operand:
-    loc, strides = plan.read_loc(s, t)
+def _merge(subdims) -> tuple:
+    """Drop size-1 sub-dims and merge neighbours that are contiguous with each other."""
+    out: list[tuple[int, int]] = []
+    for size, st in subdims:
+        if size == 1:
+            continue
+        if out and out[-1][1] == st * size:
+            out[-1] = (out[-1][0] * size, st)
+        else:
+            out.append((size, st))
+    return tuple(out) or ((1, 0),)
+
+
+def _operand(plan: Plan, s: Schedule, t: Tensor, kc: KernelContext, fold_batch: bool) -> Operand:
+    """t [..., rows, cols] as a matmul operand; with fold_batch the batch dims join the rows."""
+    loc, dims = plan.read_loc(s, t)
     kc.use(loc.arena, write=False)
-    batch_stride = 0
-    for d, st in zip(reversed(t.shape[:-2]), reversed(strides[:-2])):
-        if d != 1:
-            batch_stride = st
-            break
-    return Operand(loc.arena, loc.offset, batch_stride, strides[-2], strides[-1])
+    batch = _merge([sd for axis in dims[:-2] for sd in axis])
+    rows = _merge(([sd for axis in dims[:-2] for sd in axis] if fold_batch else []) + list(dims[-2]))
+    cols = _merge(dims[-1])
+    single = len(rows) == 1 and len(cols) == 1 and (fold_batch or len(batch) == 1)
+    if single:
+        return Operand(loc.arena, loc.offset, 0 if fold_batch else batch[0][1], rows[0][1], cols[0][1])
+    return Operand(loc.arena, loc.offset, 0, 0, 0, batch_dims=() if fold_batch else batch, row_dims=rows, col_dims=cols)
 
 
 def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> KernelCode:
@@ -419,13 +434,14 @@ def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
     a, b = mm.node.inputs
     kc = KernelContext(s, plan, k.out if k.mm is not None else None)
     kc.acc_tensor = mm
-    opa, opb = _operand(plan, s, a, kc), _operand(plan, s, b, kc)
+    batch, M, N, K = _size(mm.shape[:-2]), mm.shape[-2], mm.shape[-1], a.shape[-1]
+    # weights shared over the batch ([..., M, K] @ [K, N]): one [batch*M, K] @ [K, N]
+    fold = b.ndim == 2
+    opa, opb = _operand(plan, s, a, kc, fold), _operand(plan, s, b, kc, False)
+    if fold:
+        batch, M = 1, batch * M
     out_loc = plan.loc[id(k.out)]
     kc.use(out_loc.arena, write=True)
-    batch, M, N, K = _size(mm.shape[:-2]), mm.shape[-2], mm.shape[-1], a.shape[-1]
-    if batch > 1 and opb.batch_stride == 0 and opa.batch_stride == M * opa.row_stride:
-        # weights shared over the batch and rows of A evenly spaced across it: one [batch*M, K] @ [K, N]
-        batch, M = 1, batch * M
     epi = "acc"
     if k.mm is not None:
         body = Body(kc, "", inline=True)

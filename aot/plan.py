@@ -38,10 +38,11 @@ class Plan:
     work_unpooled: int = 0  # elements the work arena would need with one slot per tensor
     work_peak_live: int = 0  # largest sum of intermediates alive at once: the bound for any packing
 
-    def read_loc(self, s: Schedule, t: Tensor) -> tuple[Loc, tuple[int, ...]]:
+    def read_loc(self, s: Schedule, t: Tensor) -> tuple[Loc, tuple]:
+        """Where element (0, ...) of t lives, and t's per-axis sub-dims."""
         v = s.views[id(t)]
         base = self.loc[id(v.base)]
-        return Loc(base.arena, base.offset + v.offset), v.strides
+        return Loc(base.arena, base.offset + v.offset), v.dims
 
 
 def _align(n: int) -> int:

@@ -43,14 +43,70 @@ def contiguous_strides(shape) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class View:
-    """Reading tensor element (c0, c1, ...) means reading base storage at offset + sum(ci * strides[i])."""
+    """How a tensor sits in its base's storage. Each axis is a row-major list of sub-dims
+    ((size, stride), ...): element (c0, c1, ...) lives at offset + sum over axes of c_i split
+    over its sub-dims. One sub-dim per axis is an ordinary strided view; several come from a
+    reshape of a permuted view (heads split or merged), which therefore needs no copy."""
 
     base: Tensor
     offset: int
-    strides: tuple[int, ...]
+    dims: tuple  # per axis: ((size, stride), ...)
 
-    def is_contiguous(self, shape) -> bool:
-        return all(st == cs for st, cs, d in zip(self.strides, contiguous_strides(shape), shape) if d != 1)
+    @staticmethod
+    def contiguous(base: Tensor, offset: int = 0, shape=None) -> "View":
+        shape = base.shape if shape is None else shape
+        return View(base, offset, tuple(((d, st),) for d, st in zip(shape, contiguous_strides(shape))))
+
+    def flat_dims(self) -> list[tuple[int, int]]:
+        """All sub-dims outermost first, size-1 dropped and contiguous neighbours merged."""
+        out: list[tuple[int, int]] = []
+        for axis in self.dims:
+            for size, st in axis:
+                if size == 1:
+                    continue
+                if out and out[-1][1] == st * size:
+                    out[-1] = (out[-1][0] * size, st)
+                else:
+                    out.append((size, st))
+        return out
+
+    def is_contiguous(self, shape=None) -> bool:
+        fd = self.flat_dims()
+        return not fd or (len(fd) == 1 and fd[0][1] == 1)
+
+    def strides(self) -> tuple[int, ...] | None:
+        """Plain per-axis strides, or None when an axis has several sub-dims."""
+        out = []
+        for axis in self.dims:
+            real = [(n, st) for n, st in axis if n != 1]
+            if len(real) > 1:
+                return None
+            out.append(real[0][1] if real else 0)
+        return tuple(out)
+
+
+def _regroup(subdims: list[tuple[int, int]], shape) -> tuple | None:
+    """Split a row-major sub-dim sequence into the axes of `shape` (a reshape); None if impossible."""
+    seq = [sd for sd in subdims if sd[0] != 1]
+    out = []
+    for d in shape:
+        axis, need = [], d
+        while need > 1:
+            if not seq:
+                return None
+            size, st = seq[0]
+            if need % size == 0:
+                axis.append((size, st))
+                seq.pop(0)
+                need //= size
+            elif size % need == 0:
+                axis.append((need, st * (size // need)))
+                seq[0] = (size // need, st)
+                need = 1
+            else:
+                return None
+        out.append(tuple(axis) if axis else ((1, 0),))
+    return tuple(out) if not seq else None
 
 
 @dataclass(eq=False)
@@ -78,29 +134,33 @@ def _derive_view(n: Node, v: View) -> View | None:
     t, src = n.out, n.inputs[0]
     a = n.attrs
     if n.op == "reshape":
-        return View(v.base, v.offset, contiguous_strides(t.shape)) if v.is_contiguous(src.shape) else None
+        dims = _regroup([sd for axis in v.dims for sd in axis], t.shape)
+        return View(v.base, v.offset, dims) if dims is not None else None
     if n.op == "transpose":
-        return View(v.base, v.offset, tuple(v.strides[p] for p in a["perm"]))
+        return View(v.base, v.offset, tuple(v.dims[p] for p in a["perm"]))
     if n.op == "narrow":
-        return View(v.base, v.offset + a["start"] * v.strides[a["axis"]], v.strides)
+        axis = [sd for sd in v.dims[a["axis"]] if sd[0] != 1] or [(1, 0)]
+        inner = 1
+        for size, _ in axis[1:]:
+            inner *= size
+        if a["start"] % inner or a["length"] % inner:
+            return None  # cuts through an inner sub-dim
+        (size, st), rest = axis[0], axis[1:]
+        dims = list(v.dims)
+        dims[a["axis"]] = ((a["length"] // inner, st),) + tuple(rest)
+        return View(v.base, v.offset + (a["start"] // inner) * st, tuple(dims))
     if n.op == "broadcast_to":
         lead = t.ndim - src.ndim
-        st = [0] * lead + [0 if (d == 1 and t.shape[lead + i] != 1) else v.strides[i] for i, d in enumerate(src.shape)]
-        return View(v.base, v.offset, tuple(st))
+        dims = [((d, 0),) for d in t.shape[:lead]]
+        for i, d in enumerate(src.shape):
+            dims.append(((t.shape[lead + i], 0),) if d == 1 and t.shape[lead + i] != 1 else v.dims[i])
+        return View(v.base, v.offset, tuple(dims))
     return None
 
 
 def matmul_operand_ok(t: Tensor, v: View | None, shared_rhs: bool) -> bool:
-    """Batch dims must collapse to one stride (or be absent) so the kernel can index them."""
-    if v is None:
-        return False
-    if shared_rhs or t.ndim == 2:
-        return True
-    dims, strides = t.shape[:-2], v.strides[:-2]
-    for i in range(len(dims) - 1):
-        if dims[i + 1] != 1 and dims[i] != 1 and strides[i] != strides[i + 1] * dims[i + 1]:
-            return False
-    return True
+    """Any view works: the matmul kernel splits batch, row and col indices over sub-dims."""
+    return v is not None
 
 
 def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
@@ -109,10 +169,10 @@ def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
     for n in g.nodes:
         t = n.out
         if n.op == "param" and params is not None:
-            views[id(t)] = View(params.tensor, params.offsets[n.attrs["name"]], contiguous_strides(t.shape))
+            views[id(t)] = View.contiguous(params.tensor, params.offsets[n.attrs["name"]], t.shape)
             continue
         if n.op in LEAVES or n.op in KERNEL_OPS:
-            views[id(t)] = View(t, 0, contiguous_strides(t.shape))
+            views[id(t)] = View.contiguous(t)
             owners.append(t)
             continue
         v = None
@@ -123,7 +183,7 @@ def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
         if v is not None and (id(t) not in stored or v.is_contiguous(t.shape)):
             views[id(t)] = v
         elif id(t) in stored:
-            views[id(t)] = View(t, 0, contiguous_strides(t.shape))
+            views[id(t)] = View.contiguous(t)
             owners.append(t)
     return views, owners
 
@@ -179,9 +239,9 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
 
     kernels: list[Kernel] = []
     for n in g.nodes:
+        t = n.out
         if n.op == "concat" and id(t) in views and views[id(t)].base is not t:
             continue
-        t = n.out
         if id(t) not in owner_ids or n.op in LEAVES:
             continue
         if n.op == "concat" and all(id(_strip_reshapes(x)) in placed for x in n.inputs):
@@ -212,7 +272,7 @@ def _concat_view(n: Node, views) -> View | None:
         if v.base is not vs[0].base or v.offset != off:
             return None
         off += x.size
-    return View(vs[0].base, vs[0].offset, contiguous_strides(t.shape))
+    return View.contiguous(vs[0].base, vs[0].offset, t.shape)
 
 
 def _place_concat(n, views, stored, placed, roots) -> bool:
@@ -229,6 +289,9 @@ def _place_concat(n, views, stored, placed, roots) -> bool:
         o += x.size
     if id(t) in views and views[id(t)].base is not t:
         return False  # already a view of adjacent slices
+    ys = [id(_strip_reshapes(x)) for x in n.inputs]
+    if len(set(ys)) != len(ys):
+        return False  # one tensor in two slices (x + x, shared gradients) has one home: copy instead
     changed = False
     for x in n.inputs:
         y = _strip_reshapes(x)

@@ -79,9 +79,14 @@ _unary("square", np.square, lambda ct, n: (ct * 2.0 * n.inputs[0],), "{0} * {0}"
 
 def _power_expr(attrs):
     p = attrs["p"]
-    if float(p).is_integer() and 1 <= p <= 4:
-        return " * ".join(["{0}"] * int(p))
-    # WGSL pow is undefined for negative bases; NumPy gives NaN there too for fractional p
+    if float(p).is_integer() and 1 <= abs(p) <= 4:
+        prod = " * ".join(["{0}"] * int(abs(p)))
+        return prod if p > 0 else f"1.0 / ({prod})"
+    if float(p).is_integer():
+        # WGSL pow() is undefined for negative bases: take |x| and restore the sign for odd p
+        mag = "pow(abs({0}), %s)" % _lit(p)
+        return "sign({0}) * " + mag if int(p) % 2 else mag
+    # fractional powers of negative bases are NaN, as in NumPy
     return "pow({0}, %s)" % _lit(p)
 
 

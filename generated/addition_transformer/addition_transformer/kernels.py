@@ -208,7 +208,7 @@ K007_MATMUL = """\
 // k007_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[1703936 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
-//   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1769472 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -227,7 +227,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = 1769472u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -446,38 +446,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K008_TRANSPOSE = """\
-// k008_transpose: transpose
-// writes t26: f32[128,4,8,16]   reads: t24
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[65536u + v4];
-    work[1769472u + i] = v5;
-}
-"""
-
-K009_MATMUL = """\
-// k009_matmul: matmul
+K008_MATMUL = """\
+// k008_matmul: matmul
 // writes t27: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k009_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k008_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[1703936 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
-//   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1835008 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -496,7 +473,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = 1835008u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -715,15 +692,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K010_MATMUL = """\
-// k010_matmul: matmul
+K009_MATMUL = """\
+// k009_matmul: matmul
 // writes t30: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k010_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k009_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[1703936 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
-//   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1900544 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -742,7 +719,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 131072u + row * 64u + col;
+    let i = 1900544u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -961,59 +938,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K011_TRANSPOSE = """\
-// k011_transpose: transpose
-// writes t32: f32[128,4,8,16]   reads: t30
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[131072u + v4];
-    work[1835008u + i] = v5;
-}
-"""
-
-K012_TRANSPOSE = """\
-// k012_transpose: transpose
-// writes t33: f32[128,4,16,8]   reads: t27
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: f32 = work[65536u + v0 * 512u + v1 * 16u + v3 * 64u + v2];
-    work[1900544u + i] = v4;
-}
-"""
-
-K013_MATMUL_MUL_GREATER_WHERE = """\
-// k013_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t47: f32[128,4,8,8]   reads: t26, t33
+K010_MATMUL_MUL_GREATER_WHERE = """\
+// k010_matmul_mul_greater_where: matmul -> mul -> greater -> where
+// writes t47: f32[128,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k013_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[1769472 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[1900544 + bi * 128 + k * 8 + n]
+// k010_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -1021,9 +953,9 @@ K013_MATMUL_MUL_GREATER_WHERE = """\
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
@@ -1048,12 +980,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 1769472u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 1900544u + bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -1065,7 +997,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -1073,49 +1005,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -1126,8 +1058,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K014_MAX = """\
-// k014_max: max
+K011_MAX = """\
+// k011_max: max
 // writes t48: f32[128,4,8,1]   reads: t47
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1151,8 +1083,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K015_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k015_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K012_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k012_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t52: f32[128,4,8,8]   reads: t47, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1177,8 +1109,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K016_SUM = """\
-// k016_sum: sum
+K013_SUM = """\
+// k013_sum: sum
 // writes t53: f32[128,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1202,8 +1134,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K017_DIV = """\
-// k017_div: div
+K014_DIV = """\
+// k014_div: div
 // writes t55: f32[128,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1226,15 +1158,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K018_MATMUL = """\
-// k018_matmul: matmul
-// writes t56: f32[128,4,8,16]   reads: t32, t55
+K015_MATMUL = """\
+// k015_matmul: matmul
+// writes t56: f32[128,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k018_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k015_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[3833856 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[1835008 + bi * 128 + k * 16 + n]
-//   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[1900544 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[1966080 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -1251,7 +1183,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 65536u + (bi * 8u + row) * 16u + col;
+        let i = 1966080u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -1272,7 +1204,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1835008u + bi * 128u + n0 + b_p;
+    let b_src0 = 1900544u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -1285,7 +1217,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -1346,35 +1278,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K019_FUSED_ = """\
-// k019_fused_: reshape
-// writes t58: f32[128,8,64]   reads: t56
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[65536u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[1966080u + i] = v4;
-}
-"""
-
-K020_MATMUL_ADD = """\
-// k020_matmul_add: matmul -> add
-// writes t60: f32[128,8,64]   reads: params, t3, t58
+K016_MATMUL_ADD = """\
+// k016_matmul_add: matmul -> add
+// writes t60: f32[128,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k020_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1966080 + m * 64 + k]
+// k016_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1966080 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -1412,10 +1322,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1966080u + (m0 + a_p) * 64u;
-    let a_src1 = 1966080u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1966080u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1966080u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1966080u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 1966080u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 1966080u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 1966080u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -1442,10 +1352,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -1614,8 +1524,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K021_SUM = """\
-// k021_sum: sum
+K017_SUM = """\
+// k017_sum: sum
 // writes t61: f32[128,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1650,8 +1560,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K022_FUSED_MUL_SUB = """\
-// k022_fused_mul_sub: mul -> sub
+K018_FUSED_MUL_SUB = """\
+// k018_fused_mul_sub: mul -> sub
 // writes t65: f32[128,8,64]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1675,8 +1585,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K023_FUSED_MUL_SUM = """\
-// k023_fused_mul_sum: mul -> sum
+K019_FUSED_MUL_SUM = """\
+// k019_fused_mul_sum: mul -> sum
 // writes t67: f32[128,8,1]   reads: t65
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1712,8 +1622,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K024_FUSED_MUL_ADD_RSQRT = """\
-// k024_fused_mul_add_rsqrt: mul -> add -> rsqrt
+K020_FUSED_MUL_ADD_RSQRT = """\
+// k020_fused_mul_add_rsqrt: mul -> add -> rsqrt
 // writes t72: f32[128,8,1]   reads: t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1735,8 +1645,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K025_MUL = """\
-// k025_mul: mul
+K021_MUL = """\
+// k021_mul: mul
 // writes t74: f32[128,8,64]   reads: t65, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1758,8 +1668,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K026_FUSED_MUL_ADD = """\
-// k026_fused_mul_add: mul -> add
+K022_FUSED_MUL_ADD = """\
+// k022_fused_mul_add: mul -> add
 // writes t78: f32[128,8,64]   reads: params, t74
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -1784,12 +1694,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K027_MATMUL_ADD = """\
-// k027_matmul_add: matmul -> add
+K023_MATMUL_ADD = """\
+// k023_matmul_add: matmul -> add
 // writes t81: f32[128,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k027_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
+// k023_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[2162688 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -2186,8 +2096,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K028_RELU = """\
-// k028_relu: relu
+K024_RELU = """\
+// k024_relu: relu
 // writes t82: f32[128,8,256]   reads: t81
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -2205,12 +2115,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K029_MATMUL_ADD = """\
-// k029_matmul_add: matmul -> add -> add
+K025_MATMUL_ADD = """\
+// k025_matmul_add: matmul -> add -> add
 // writes t86: f32[128,8,64]   reads: params, t60, t82
 // from addition_transformer.py:39
 //
-// k029_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k025_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[262144 + m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[589824 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -2463,8 +2373,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K030_SUM = """\
-// k030_sum: sum
+K026_SUM = """\
+// k026_sum: sum
 // writes t87: f32[128,8,1]   reads: t86
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -2499,8 +2409,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K031_FUSED_MUL_SUB = """\
-// k031_fused_mul_sub: mul -> sub
+K027_FUSED_MUL_SUB = """\
+// k027_fused_mul_sub: mul -> sub
 // writes t91: f32[128,8,64]   reads: t86, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -2524,8 +2434,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K032_FUSED_MUL_SUM = """\
-// k032_fused_mul_sum: mul -> sum
+K028_FUSED_MUL_SUM = """\
+// k028_fused_mul_sum: mul -> sum
 // writes t93: f32[128,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -2561,8 +2471,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K033_FUSED_MUL_ADD_RSQRT = """\
-// k033_fused_mul_add_rsqrt: mul -> add -> rsqrt
+K029_FUSED_MUL_ADD_RSQRT = """\
+// k029_fused_mul_add_rsqrt: mul -> add -> rsqrt
 // writes t98: f32[128,8,1]   reads: t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -2584,8 +2494,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K034_MUL = """\
-// k034_mul: mul
+K030_MUL = """\
+// k030_mul: mul
 // writes t100: f32[128,8,64]   reads: t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -2607,8 +2517,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K035_FUSED_MUL_ADD = """\
-// k035_fused_mul_add: mul -> add
+K031_FUSED_MUL_ADD = """\
+// k031_fused_mul_add: mul -> add
 // writes t104: f32[128,8,64]   reads: params, t100
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -2633,15 +2543,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K036_MATMUL = """\
-// k036_matmul: matmul
+K032_MATMUL = """\
+// k032_matmul: matmul
 // writes t105: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k036_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k032_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[2359296 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
-//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2424832 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2660,7 +2570,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 64u + col;
+    let i = 2424832u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -2879,38 +2789,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K037_TRANSPOSE = """\
-// k037_transpose: transpose
-// writes t107: f32[128,4,8,16]   reads: t105
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[524288u + v4];
-    work[2424832u + i] = v5;
-}
-"""
-
-K038_MATMUL = """\
-// k038_matmul: matmul
+K033_MATMUL = """\
+// k033_matmul: matmul
 // writes t108: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k038_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k033_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[2359296 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
-//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2490368 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2929,7 +2816,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 64u + col;
+    let i = 2490368u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -3148,15 +3035,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K039_MATMUL = """\
-// k039_matmul: matmul
+K034_MATMUL = """\
+// k034_matmul: matmul
 // writes t111: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k039_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k034_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[2359296 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
-//   work[655360 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2555904 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -3175,7 +3062,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 655360u + row * 64u + col;
+    let i = 2555904u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -3394,59 +3281,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K040_TRANSPOSE = """\
-// k040_transpose: transpose
-// writes t113: f32[128,4,8,16]   reads: t111
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[655360u + v4];
-    work[2490368u + i] = v5;
-}
-"""
-
-K041_TRANSPOSE = """\
-// k041_transpose: transpose
-// writes t114: f32[128,4,16,8]   reads: t108
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: f32 = work[524288u + v0 * 512u + v1 * 16u + v3 * 64u + v2];
-    work[2555904u + i] = v4;
-}
-"""
-
-K042_MATMUL_MUL_GREATER_WHERE = """\
-// k042_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t125: f32[128,4,8,8]   reads: t107, t114
+K035_MATMUL_MUL_GREATER_WHERE = """\
+// k035_matmul_mul_greater_where: matmul -> mul -> greater -> where
+// writes t125: f32[128,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k042_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[2424832 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[2555904 + bi * 128 + k * 8 + n]
+// k035_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[2424832 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[2490368 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[524288 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -3454,9 +3296,9 @@ K042_MATMUL_MUL_GREATER_WHERE = """\
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
@@ -3481,12 +3323,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 2424832u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = 2424832u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 2555904u + bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 2490368u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -3498,7 +3340,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -3506,49 +3348,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -3559,8 +3401,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K043_MAX = """\
-// k043_max: max
+K036_MAX = """\
+// k036_max: max
 // writes t126: f32[128,4,8,1]   reads: t125
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -3584,8 +3426,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K044_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k044_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K037_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k037_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t130: f32[128,4,8,8]   reads: t125, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -3610,8 +3452,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K045_SUM = """\
-// k045_sum: sum
+K038_SUM = """\
+// k038_sum: sum
 // writes t131: f32[128,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -3635,8 +3477,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K046_DIV = """\
-// k046_div: div
+K039_DIV = """\
+// k039_div: div
 // writes t133: f32[128,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -3659,15 +3501,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K047_MATMUL = """\
-// k047_matmul: matmul
-// writes t134: f32[128,4,8,16]   reads: t113, t133
+K040_MATMUL = """\
+// k040_matmul: matmul
+// writes t134: f32[128,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k047_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k040_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[3899392 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[2490368 + bi * 128 + k * 16 + n]
-//   work[524288 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[2555904 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[2621440 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -3684,7 +3526,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 524288u + (bi * 8u + row) * 16u + col;
+        let i = 2621440u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -3705,7 +3547,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 2490368u + bi * 128u + n0 + b_p;
+    let b_src0 = 2555904u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -3718,7 +3560,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -3779,35 +3621,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K048_FUSED_ = """\
-// k048_fused_: reshape
-// writes t136: f32[128,8,64]   reads: t134
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[524288u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[2621440u + i] = v4;
-}
-"""
-
-K049_MATMUL_ADD = """\
-// k049_matmul_add: matmul -> add
-// writes t138: f32[128,8,64]   reads: params, t136, t86
+K041_MATMUL_ADD = """\
+// k041_matmul_add: matmul -> add
+// writes t138: f32[128,8,64]   reads: params, t134, t86
 // from addition_transformer.py:38
 //
-// k049_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2621440 + m * 64 + k]
+// k041_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2621440 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -3845,10 +3665,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2621440u + (m0 + a_p) * 64u;
-    let a_src1 = 2621440u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2621440u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2621440u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2621440u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 2621440u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 2621440u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 2621440u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -3875,10 +3695,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -4047,8 +3867,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K050_SUM = """\
-// k050_sum: sum
+K042_SUM = """\
+// k042_sum: sum
 // writes t139: f32[128,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4083,8 +3903,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K051_FUSED_MUL_SUB = """\
-// k051_fused_mul_sub: mul -> sub
+K043_FUSED_MUL_SUB = """\
+// k043_fused_mul_sub: mul -> sub
 // writes t143: f32[128,8,64]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4108,8 +3928,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K052_FUSED_MUL_SUM = """\
-// k052_fused_mul_sum: mul -> sum
+K044_FUSED_MUL_SUM = """\
+// k044_fused_mul_sum: mul -> sum
 // writes t145: f32[128,8,1]   reads: t143
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4145,8 +3965,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K053_FUSED_MUL_ADD_RSQRT = """\
-// k053_fused_mul_add_rsqrt: mul -> add -> rsqrt
+K045_FUSED_MUL_ADD_RSQRT = """\
+// k045_fused_mul_add_rsqrt: mul -> add -> rsqrt
 // writes t150: f32[128,8,1]   reads: t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4168,8 +3988,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K054_MUL = """\
-// k054_mul: mul
+K046_MUL = """\
+// k046_mul: mul
 // writes t152: f32[128,8,64]   reads: t143, t150
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4191,8 +4011,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K055_FUSED_MUL_ADD = """\
-// k055_fused_mul_add: mul -> add
+K047_FUSED_MUL_ADD = """\
+// k047_fused_mul_add: mul -> add
 // writes t156: f32[128,8,64]   reads: params, t152
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -4217,12 +4037,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K056_MATMUL_ADD = """\
-// k056_matmul_add: matmul -> add
+K048_MATMUL_ADD = """\
+// k048_matmul_add: matmul -> add
 // writes t159: f32[128,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k056_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
+// k048_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[2818048 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[524288 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -4619,8 +4439,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K057_RELU = """\
-// k057_relu: relu
+K049_RELU = """\
+// k049_relu: relu
 // writes t160: f32[128,8,256]   reads: t159
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4638,12 +4458,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K058_MATMUL_ADD = """\
-// k058_matmul_add: matmul -> add -> add
+K050_MATMUL_ADD = """\
+// k050_matmul_add: matmul -> add -> add
 // writes t164: f32[128,8,64]   reads: params, t138, t160
 // from addition_transformer.py:39
 //
-// k058_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k050_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[786432 + m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[1114112 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -4896,8 +4716,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K059_SUM = """\
-// k059_sum: sum
+K051_SUM = """\
+// k051_sum: sum
 // writes t165: f32[128,8,1]   reads: t164
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4932,8 +4752,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K060_FUSED_MUL_SUB = """\
-// k060_fused_mul_sub: mul -> sub
+K052_FUSED_MUL_SUB = """\
+// k052_fused_mul_sub: mul -> sub
 // writes t169: f32[128,8,64]   reads: t164, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4957,8 +4777,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K061_FUSED_MUL_SUM = """\
-// k061_fused_mul_sum: mul -> sum
+K053_FUSED_MUL_SUM = """\
+// k053_fused_mul_sum: mul -> sum
 // writes t171: f32[128,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4994,8 +4814,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K062_FUSED_MUL_ADD_RSQRT = """\
-// k062_fused_mul_add_rsqrt: mul -> add -> rsqrt
+K054_FUSED_MUL_ADD_RSQRT = """\
+// k054_fused_mul_add_rsqrt: mul -> add -> rsqrt
 // writes t176: f32[128,8,1]   reads: t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -5017,8 +4837,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K063_MUL = """\
-// k063_mul: mul
+K055_MUL = """\
+// k055_mul: mul
 // writes t178: f32[128,8,64]   reads: t169, t176
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -5040,8 +4860,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K064_FUSED_MUL_ADD = """\
-// k064_fused_mul_add: mul -> add
+K056_FUSED_MUL_ADD = """\
+// k056_fused_mul_add: mul -> add
 // writes t182: f32[128,8,64]   reads: params, t178
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -5066,15 +4886,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K065_MATMUL = """\
-// k065_matmul: matmul
+K057_MATMUL = """\
+// k057_matmul: matmul
 // writes t183: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k065_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k057_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[3014656 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
-//   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[3080192 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -5093,7 +4913,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 64u + col;
+    let i = 3080192u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -5312,38 +5132,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K066_TRANSPOSE = """\
-// k066_transpose: transpose
-// writes t185: f32[128,4,8,16]   reads: t183
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[1048576u + v4];
-    work[3080192u + i] = v5;
-}
-"""
-
-K067_MATMUL = """\
-// k067_matmul: matmul
+K058_MATMUL = """\
+// k058_matmul: matmul
 // writes t186: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k067_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k058_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[3014656 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
-//   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[3145728 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -5362,7 +5159,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 64u + col;
+    let i = 3145728u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -5581,15 +5378,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K068_MATMUL = """\
-// k068_matmul: matmul
+K059_MATMUL = """\
+// k059_matmul: matmul
 // writes t189: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k068_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k059_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[3014656 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
-//   work[1179648 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[3211264 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -5608,7 +5405,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1179648u + row * 64u + col;
+    let i = 3211264u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -5827,59 +5624,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K069_TRANSPOSE = """\
-// k069_transpose: transpose
-// writes t191: f32[128,4,8,16]   reads: t189
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[1179648u + v4];
-    work[3145728u + i] = v5;
-}
-"""
-
-K070_TRANSPOSE = """\
-// k070_transpose: transpose
-// writes t192: f32[128,4,16,8]   reads: t186
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: f32 = work[1048576u + v0 * 512u + v1 * 16u + v3 * 64u + v2];
-    work[3211264u + i] = v4;
-}
-"""
-
-K071_MATMUL_MUL_GREATER_WHERE = """\
-// k071_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t203: f32[128,4,8,8]   reads: t185, t192
+K060_MATMUL_MUL_GREATER_WHERE = """\
+// k060_matmul_mul_greater_where: matmul -> mul -> greater -> where
+// writes t203: f32[128,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k071_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[3080192 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[3211264 + bi * 128 + k * 8 + n]
+// k060_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[3080192 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[3145728 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[1048576 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -5887,9 +5639,9 @@ K071_MATMUL_MUL_GREATER_WHERE = """\
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
@@ -5914,12 +5666,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3080192u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = 3080192u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 3211264u + bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 3145728u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -5931,7 +5683,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -5939,49 +5691,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -5992,8 +5744,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K072_MAX = """\
-// k072_max: max
+K061_MAX = """\
+// k061_max: max
 // writes t204: f32[128,4,8,1]   reads: t203
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6017,8 +5769,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K073_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k073_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K062_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k062_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t208: f32[128,4,8,8]   reads: t203, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6043,8 +5795,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K074_SUM = """\
-// k074_sum: sum
+K063_SUM = """\
+// k063_sum: sum
 // writes t209: f32[128,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6068,8 +5820,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K075_DIV = """\
-// k075_div: div
+K064_DIV = """\
+// k064_div: div
 // writes t211: f32[128,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6092,15 +5844,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K076_MATMUL = """\
-// k076_matmul: matmul
-// writes t212: f32[128,4,8,16]   reads: t191, t211
+K065_MATMUL = """\
+// k065_matmul: matmul
+// writes t212: f32[128,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k076_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k065_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[3964928 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[3145728 + bi * 128 + k * 16 + n]
-//   work[1048576 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[3211264 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[3276800 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -6117,7 +5869,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 1048576u + (bi * 8u + row) * 16u + col;
+        let i = 3276800u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -6138,7 +5890,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 3145728u + bi * 128u + n0 + b_p;
+    let b_src0 = 3211264u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -6151,7 +5903,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -6212,35 +5964,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K077_FUSED_ = """\
-// k077_fused_: reshape
-// writes t214: f32[128,8,64]   reads: t212
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[1048576u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[3276800u + i] = v4;
-}
-"""
-
-K078_MATMUL_ADD = """\
-// k078_matmul_add: matmul -> add
-// writes t216: f32[128,8,64]   reads: params, t164, t214
+K066_MATMUL_ADD = """\
+// k066_matmul_add: matmul -> add
+// writes t216: f32[128,8,64]   reads: params, t164, t212
 // from addition_transformer.py:38
 //
-// k078_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3276800 + m * 64 + k]
+// k066_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[3276800 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[3342336 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -6278,10 +6008,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 3276800u + (m0 + a_p) * 64u;
-    let a_src1 = 3276800u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 3276800u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 3276800u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 3276800u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 3276800u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 3276800u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 3276800u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -6308,10 +6038,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -6480,8 +6210,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K079_SUM = """\
-// k079_sum: sum
+K067_SUM = """\
+// k067_sum: sum
 // writes t217: f32[128,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6516,8 +6246,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K080_FUSED_MUL_SUB = """\
-// k080_fused_mul_sub: mul -> sub
+K068_FUSED_MUL_SUB = """\
+// k068_fused_mul_sub: mul -> sub
 // writes t221: f32[128,8,64]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6541,8 +6271,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K081_FUSED_MUL_SUM = """\
-// k081_fused_mul_sum: mul -> sum
+K069_FUSED_MUL_SUM = """\
+// k069_fused_mul_sum: mul -> sum
 // writes t223: f32[128,8,1]   reads: t221
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6578,8 +6308,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K082_FUSED_MUL_ADD_RSQRT = """\
-// k082_fused_mul_add_rsqrt: mul -> add -> rsqrt
+K070_FUSED_MUL_ADD_RSQRT = """\
+// k070_fused_mul_add_rsqrt: mul -> add -> rsqrt
 // writes t228: f32[128,8,1]   reads: t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6601,8 +6331,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K083_MUL = """\
-// k083_mul: mul
+K071_MUL = """\
+// k071_mul: mul
 // writes t230: f32[128,8,64]   reads: t221, t228
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6624,8 +6354,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K084_FUSED_MUL_ADD = """\
-// k084_fused_mul_add: mul -> add
+K072_FUSED_MUL_ADD = """\
+// k072_fused_mul_add: mul -> add
 // writes t234: f32[128,8,64]   reads: params, t230
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -6650,12 +6380,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K085_MATMUL_ADD = """\
-// k085_matmul_add: matmul -> add
+K073_MATMUL_ADD = """\
+// k073_matmul_add: matmul -> add
 // writes t237: f32[128,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k085_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
+// k073_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[3538944 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[1048576 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -7052,8 +6782,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K086_RELU = """\
-// k086_relu: relu
+K074_RELU = """\
+// k074_relu: relu
 // writes t238: f32[128,8,256]   reads: t237
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7071,12 +6801,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K087_MATMUL_ADD = """\
-// k087_matmul_add: matmul -> add -> add
+K075_MATMUL_ADD = """\
+// k075_matmul_add: matmul -> add -> add
 // writes t242: f32[128,8,64]   reads: params, t216, t238
 // from addition_transformer.py:39
 //
-// k087_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k075_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[1310720 + m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[3604480 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -7329,8 +7059,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K088_SUM = """\
-// k088_sum: sum
+K076_SUM = """\
+// k076_sum: sum
 // writes t243: f32[128,8,1]   reads: t242
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7365,8 +7095,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K089_FUSED_MUL_SUB = """\
-// k089_fused_mul_sub: mul -> sub
+K077_FUSED_MUL_SUB = """\
+// k077_fused_mul_sub: mul -> sub
 // writes t247: f32[128,8,64]   reads: t242, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7390,8 +7120,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K090_FUSED_MUL_SUM = """\
-// k090_fused_mul_sum: mul -> sum
+K078_FUSED_MUL_SUM = """\
+// k078_fused_mul_sum: mul -> sum
 // writes t249: f32[128,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7427,8 +7157,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K091_FUSED_MUL_ADD_RSQRT = """\
-// k091_fused_mul_add_rsqrt: mul -> add -> rsqrt
+K079_FUSED_MUL_ADD_RSQRT = """\
+// k079_fused_mul_add_rsqrt: mul -> add -> rsqrt
 // writes t254: f32[128,8,1]   reads: t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7450,8 +7180,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K092_MUL = """\
-// k092_mul: mul
+K080_MUL = """\
+// k080_mul: mul
 // writes t256: f32[128,8,64]   reads: t247, t254
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7473,8 +7203,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K093_FUSED_MUL_ADD = """\
-// k093_fused_mul_add: mul -> add
+K081_FUSED_MUL_ADD = """\
+// k081_fused_mul_add: mul -> add
 // writes t260: f32[128,8,64]   reads: params, t256
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -7499,12 +7229,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K094_MATMUL = """\
-// k094_matmul: matmul
+K082_MATMUL = """\
+// k082_matmul: matmul
 // writes t262: f32[128,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k094_matmul: batched matmul, 1 x [1024x64] @ [64x12]
+// k082_matmul: batched matmul, 1 x [1024x64] @ [64x12]
 //   A[bi, m, k] = work[3670016 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[3735552 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -7750,8 +7480,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K095_MAX = """\
-// k095_max: max
+K083_MAX = """\
+// k083_max: max
 // writes t263: f32[128,8,1]   reads: t262
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7774,8 +7504,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K096_FUSED_STOP_GRADIENT_SUB = """\
-// k096_fused_stop_gradient_sub: stop_gradient -> sub
+K084_FUSED_STOP_GRADIENT_SUB = """\
+// k084_fused_stop_gradient_sub: stop_gradient -> sub
 // writes t266: f32[128,8,12]   reads: t262, t263
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7798,8 +7528,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K097_EXP = """\
-// k097_exp: exp
+K085_EXP = """\
+// k085_exp: exp
 // writes t267: f32[128,8,12]   reads: t266
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7817,8 +7547,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K098_SUM = """\
-// k098_sum: sum
+K086_SUM = """\
+// k086_sum: sum
 // writes t268: f32[128,8,1]   reads: t267
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7841,8 +7571,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K099_ONE_HOT = """\
-// k099_one_hot: one_hot
+K087_ONE_HOT = """\
+// k087_one_hot: one_hot
 // writes t272: f32[128,8,12]   reads: targets
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
@@ -7865,8 +7595,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K100_FUSED_LOG_SUB_MUL = """\
-// k100_fused_log_sub_mul: log -> sub -> mul -> sum
+K088_FUSED_LOG_SUB_MUL = """\
+// k088_fused_log_sub_mul: log -> sub -> mul -> sum
 // writes t274: f32[128,8]   reads: t266, t268, t272
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7895,8 +7625,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K101_FUSED_NEG_MUL_SUM = """\
-// k101_fused_neg_mul_sum: neg -> mul -> sum
+K089_FUSED_NEG_MUL_SUM = """\
+// k089_fused_neg_mul_sum: neg -> mul -> sum
 // writes t277: f32[]   reads: mask, t274
 // from addition_transformer.py:66
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
@@ -7935,8 +7665,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K102_MUL = """\
-// k102_mul: mul
+K090_MUL = """\
+// k090_mul: mul
 // writes t279: f32[]   reads: t277
 // from addition_transformer.py:66
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7954,8 +7684,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K103_FUSED_MUL_NEG = """\
-// k103_fused_mul_neg: mul -> mul -> neg -> mul
+K091_FUSED_MUL_NEG = """\
+// k091_fused_mul_neg: mul -> mul -> neg -> mul
 // writes t288: f32[128,8,12]   reads: mask, t272
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
@@ -7985,8 +7715,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K104_FUSED_NEG_SUM = """\
-// k104_fused_neg_sum: neg -> sum
+K092_FUSED_NEG_SUM = """\
+// k092_fused_neg_sum: neg -> sum
 // writes t290: f32[128,8]   reads: t288
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8010,8 +7740,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K105_FUSED_DIV_MUL_ADD = """\
-// k105_fused_div_mul_add: div -> mul -> add
+K093_FUSED_DIV_MUL_ADD = """\
+// k093_fused_div_mul_add: div -> mul -> add
 // writes t295: f32[128,8,12]   reads: t267, t268, t288, t290
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8038,12 +7768,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K106_MATMUL = """\
-// k106_matmul: matmul
+K094_MATMUL = """\
+// k094_matmul: matmul
 // writes t297: f32[128,8,64]   reads: params, t295
 // from addition_transformer.py:56
 //
-// k106_matmul: batched matmul, 1 x [1024x12] @ [12x64]
+// k094_matmul: batched matmul, 1 x [1024x12] @ [12x64]
 //   A[bi, m, k] = work[3997696 + m * 12 + k]
 //   B[bi, k, n] = params[576 + k * 64 + n]
 //   work[3735552 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -8157,12 +7887,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K107_MATMUL = """\
-// k107_matmul: matmul
+K095_MATMUL = """\
+// k095_matmul: matmul
 // writes t301: f32[64,12]   reads: t260, t295
 // from addition_transformer.py:56
 //
-// k107_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
+// k095_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
 //   A[bi, m, k] = work[3670016 + m + k * 64]
 //   B[bi, k, n] = work[3997696 + k * 12 + n]
 //   work[4029440 + (bi * 64 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -8413,8 +8143,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K108_SUM = """\
-// k108_sum: sum
+K096_SUM = """\
+// k096_sum: sum
 // writes t303: f32[64]   reads: t297
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -8450,8 +8180,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K109_MUL = """\
-// k109_mul: mul
+K097_MUL = """\
+// k097_mul: mul
 // writes t304: f32[128,8,64]   reads: params, t297
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -8474,8 +8204,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K110_FUSED_MUL_SUM = """\
-// k110_fused_mul_sum: mul -> sum
+K098_FUSED_MUL_SUM = """\
+// k098_fused_mul_sum: mul -> sum
 // writes t306: f32[64]   reads: t256, t297
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -8513,8 +8243,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K111_FUSED_MUL_SUM = """\
-// k111_fused_mul_sum: mul -> sum
+K099_FUSED_MUL_SUM = """\
+// k099_fused_mul_sum: mul -> sum
 // writes t309: f32[128,8]   reads: t247, t304
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8551,8 +8281,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K112_FUSED_MUL_ADD = """\
-// k112_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K100_FUSED_MUL_ADD = """\
+// k100_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t322: f32[128,8,64]   reads: t247, t254, t304, t309
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8586,8 +8316,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K113_FUSED_NEG_SUM = """\
-// k113_fused_neg_sum: neg -> sum
+K101_FUSED_NEG_SUM = """\
+// k101_fused_neg_sum: neg -> sum
 // writes t324: f32[128,8]   reads: t322
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8623,8 +8353,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K114_FUSED_MUL_ADD = """\
-// k114_fused_mul_add: mul -> add
+K102_FUSED_MUL_ADD = """\
+// k102_fused_mul_add: mul -> add
 // writes t328: f32[128,8,64]   reads: t322, t324
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8648,8 +8378,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K115_SUM = """\
-// k115_sum: sum
+K103_SUM = """\
+// k103_sum: sum
 // writes t329: f32[64]   reads: t328
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -8685,12 +8415,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K116_MATMUL = """\
-// k116_matmul: matmul
+K104_MATMUL = """\
+// k104_matmul: matmul
 // writes t335: f32[256,64]   reads: t238, t328
 // from addition_transformer.py:39
 //
-// k116_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+// k104_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
 //   A[bi, m, k] = work[1310720 + m + k * 256]
 //   B[bi, k, n] = work[3342336 + k * 64 + n]
 //   grads[132416 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -8940,12 +8670,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K117_MATMUL_GREATER_MUL = """\
-// k117_matmul_greater_mul: matmul -> greater -> mul
+K105_MATMUL_GREATER_MUL = """\
+// k105_matmul_greater_mul: matmul -> greater -> mul
 // writes t339: f32[128,8,256]   reads: params, t237, t328
 // from addition_transformer.py:39
 //
-// k117_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+// k105_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[3342336 + m * 64 + k]
 //   B[bi, k, n] = params[132416 + k + n * 64]
 //   work[1310720 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -9345,8 +9075,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K118_SUM = """\
-// k118_sum: sum
+K106_SUM = """\
+// k106_sum: sum
 // writes t340: f32[256]   reads: t339
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -9382,12 +9112,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K119_MATMUL = """\
-// k119_matmul: matmul
+K107_MATMUL = """\
+// k107_matmul: matmul
 // writes t342: f32[128,8,64]   reads: params, t339
 // from addition_transformer.py:39
 //
-// k119_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k107_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[1310720 + m * 256 + k]
 //   B[bi, k, n] = params[116032 + k + n * 256]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -9643,12 +9373,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K120_MATMUL = """\
-// k120_matmul: matmul
+K108_MATMUL = """\
+// k108_matmul: matmul
 // writes t346: f32[64,256]   reads: t234, t339
 // from addition_transformer.py:39
 //
-// k120_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+// k108_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
 //   A[bi, m, k] = work[3538944 + m + k * 64]
 //   B[bi, k, n] = work[1310720 + k * 256 + n]
 //   grads[116032 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -9898,8 +9628,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K121_SUM = """\
-// k121_sum: sum
+K109_SUM = """\
+// k109_sum: sum
 // writes t347: f32[64]   reads: t342
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -9935,8 +9665,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K122_MUL = """\
-// k122_mul: mul
+K110_MUL = """\
+// k110_mul: mul
 // writes t348: f32[128,8,64]   reads: params, t342
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -9959,8 +9689,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K123_FUSED_MUL_SUM = """\
-// k123_fused_mul_sum: mul -> sum
+K111_FUSED_MUL_SUM = """\
+// k111_fused_mul_sum: mul -> sum
 // writes t350: f32[64]   reads: t230, t342
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -9998,8 +9728,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K124_FUSED_MUL_SUM = """\
-// k124_fused_mul_sum: mul -> sum
+K112_FUSED_MUL_SUM = """\
+// k112_fused_mul_sum: mul -> sum
 // writes t353: f32[128,8]   reads: t221, t348
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10036,8 +9766,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K125_FUSED_MUL_ADD = """\
-// k125_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K113_FUSED_MUL_ADD = """\
+// k113_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t365: f32[128,8,64]   reads: t221, t228, t348, t353
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10071,8 +9801,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K126_FUSED_NEG_SUM = """\
-// k126_fused_neg_sum: neg -> sum
+K114_FUSED_NEG_SUM = """\
+// k114_fused_neg_sum: neg -> sum
 // writes t368: f32[128,8]   reads: t365
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10108,8 +9838,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K127_FUSED_ADD_MUL = """\
-// k127_fused_add_mul: add -> mul -> add
+K115_FUSED_ADD_MUL = """\
+// k115_fused_add_mul: add -> mul -> add
 // writes t372: f32[128,8,64]   reads: t328, t365, t368
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10135,12 +9865,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K128_MATMUL = """\
-// k128_matmul: matmul
+K116_MATMUL = """\
+// k116_matmul: matmul
 // writes t374: f32[128,8,64]   reads: params, t372
 // from addition_transformer.py:38
 //
-// k128_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k116_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[1114112 + m * 64 + k]
 //   B[bi, k, n] = params[111936 + k + n * 64]
 //   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -10384,34 +10114,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K129_TRANSPOSE = """\
-// k129_transpose: transpose
-// writes t377: f32[64,1024]   reads: t214
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 1024u;
-    let v1: u32 = i % 1024u;
-    let v2: u32 = v1 * 64u + v0;
-    let v3: f32 = work[3276800u + v2];
-    work[1179648u + i] = v3;
-}
-"""
-
-K130_MATMUL = """\
-// k130_matmul: matmul
-// writes t378: f32[64,64]   reads: t372, t377
+K117_MATMUL = """\
+// k117_matmul: matmul
+// writes t378: f32[64,64]   reads: t212, t372
 // from addition_transformer.py:38
 //
-// k130_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1179648 + m * 1024 + k]
+// k117_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[3276800 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
 //   B[bi, k, n] = work[1114112 + k * 64 + n]
 //   grads[111936 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -10421,8 +10130,8 @@ K130_MATMUL = """\
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
@@ -10447,13 +10156,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = 1179648u + (m0 + a_p) * 1024u;
-    let a_src1 = 1179648u + (m0 + a_p + 4u) * 1024u;
-    let a_src2 = 1179648u + (m0 + a_p + 8u) * 1024u;
-    let a_src3 = 1179648u + (m0 + a_p + 12u) * 1024u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 3276800u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -10470,7 +10176,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
@@ -10479,10 +10185,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     // Registers hold the next slab while the current one is multiplied.
-    a_ld0 = work[a_src0 + a_k];
-    a_ld1 = work[a_src1 + a_k];
-    a_ld2 = work[a_src2 + a_k];
-    a_ld3 = work[a_src3 + a_k];
+    a_ld0 = work[a_src0 + ((a_k) / 8u) * 512u + ((a_k) % 8u) * 16u];
+    a_ld1 = work[a_src0 + ((a_k + 16u) / 8u) * 512u + ((a_k + 16u) % 8u) * 16u];
+    a_ld2 = work[a_src0 + ((a_k + 32u) / 8u) * 512u + ((a_k + 32u) % 8u) * 16u];
+    a_ld3 = work[a_src0 + ((a_k + 48u) / 8u) * 512u + ((a_k + 48u) % 8u) * 16u];
     b_ld0 = work[b_src0 + (b_k) * 64u];
     b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
     b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
@@ -10490,19 +10196,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 128u][b_lane] = b_ld1;
         tile_b[b_st + 256u][b_lane] = b_ld2;
         tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
-            a_ld0 = work[a_src0 + k0 + 64u + a_k];
-            a_ld1 = work[a_src1 + k0 + 64u + a_k];
-            a_ld2 = work[a_src2 + k0 + 64u + a_k];
-            a_ld3 = work[a_src3 + k0 + 64u + a_k];
+            a_ld0 = work[a_src0 + ((k0 + 64u + a_k) / 8u) * 512u + ((k0 + 64u + a_k) % 8u) * 16u];
+            a_ld1 = work[a_src0 + ((k0 + 64u + a_k + 16u) / 8u) * 512u + ((k0 + 64u + a_k + 16u) % 8u) * 16u];
+            a_ld2 = work[a_src0 + ((k0 + 64u + a_k + 32u) / 8u) * 512u + ((k0 + 64u + a_k + 32u) % 8u) * 16u];
+            a_ld3 = work[a_src0 + ((k0 + 64u + a_k + 48u) / 8u) * 512u + ((k0 + 64u + a_k + 48u) % 8u) * 16u];
             b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
             b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
             b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
@@ -10514,91 +10220,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -10663,60 +10369,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K131_TRANSPOSE = """\
-// k131_transpose: transpose
-// writes t380: f32[128,4,8,16]   reads: t374
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[1048576u + v4];
-    work[1179648u + i] = v5;
-}
-"""
-
-K132_TRANSPOSE = """\
-// k132_transpose: transpose
-// writes t381: f32[128,4,16,8]   reads: t191
-// from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 16u + v2;
-    let v5: f32 = work[3145728u + v4];
-    work[1048576u + i] = v5;
-}
-"""
-
-K133_MATMUL = """\
-// k133_matmul: matmul
-// writes t382: f32[128,4,8,8]   reads: t380, t381
+K118_MATMUL = """\
+// k118_matmul: matmul
+// writes t382: f32[128,4,8,8]   reads: t189, t374
 // from addition_transformer.py:37
 //
-// k133_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[1179648 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[1048576 + bi * 128 + k * 8 + n]
+// k118_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[1048576 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[3211264 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[1245184 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -10724,9 +10384,9 @@ K133_MATMUL = """\
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return acc;
@@ -10751,12 +10411,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 1179648u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = 1048576u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 1048576u + bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 3211264u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -10768,7 +10428,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -10776,49 +10436,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -10829,15 +10489,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K134_MATMUL = """\
-// k134_matmul: matmul
-// writes t384: f32[128,4,8,16]   reads: t211, t380
+K119_MATMUL = """\
+// k119_matmul: matmul
+// writes t384: f32[128,4,8,16]   reads: t211, t374
 // from addition_transformer.py:37
 //
-// k134_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k119_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[3964928 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[1179648 + bi * 128 + k * 16 + n]
-//   work[1048576 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[1048576 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[1179648 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10854,7 +10514,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 1048576u + (bi * 8u + row) * 16u + col;
+        let i = 1179648u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10875,7 +10535,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1179648u + bi * 128u + n0 + b_p;
+    let b_src0 = 1048576u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10888,7 +10548,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u) * 8u], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -10949,8 +10609,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K135_FUSED_MUL_DIV_NEG = """\
-// k135_fused_mul_div_neg: mul -> div -> neg -> sum
+K120_FUSED_MUL_DIV_NEG = """\
+// k120_fused_mul_div_neg: mul -> div -> neg -> sum
 // writes t389: f32[128,4,8]   reads: t209, t211, t382
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10975,12 +10635,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v9: f32 = -v8;
         acc = acc + v9;
     }
-    work[1179648u + o] = acc;
+    work[1048576u + o] = acc;
 }
 """
 
-K136_FUSED_GREATER_DIV_ADD = """\
-// k136_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
+K121_FUSED_GREATER_DIV_ADD = """\
+// k121_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
 // writes t396: f32[128,4,8,8]   reads: t208, t209, t382, t389
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -11002,48 +10662,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[1245184u + i];
     let v8: f32 = work[4018176u + v0 * 32u + v1 * 8u + v2];
     let v9: f32 = v7 / v8;
-    let v10: f32 = work[1179648u + v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = work[1048576u + v0 * 32u + v1 * 8u + v2];
     let v11: f32 = v9 + v10;
     let v12: f32 = work[3932160u + i];
     let v13: f32 = v11 * v12;
     let v14: f32 = select(v13, 0.0, v6 != 0.0);
     let v15: f32 = v14 * 0.25;
-    work[1376256u + i] = v15;
+    work[1310720u + i] = v15;
 }
 """
 
-K137_TRANSPOSE = """\
-// k137_transpose: transpose
-// writes t397: f32[128,4,8,16]   reads: t192
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 8u + v2;
-    let v5: f32 = work[3211264u + v4];
-    work[1179648u + i] = v5;
-}
-"""
-
-K138_MATMUL = """\
-// k138_matmul: matmul
-// writes t398: f32[128,4,8,16]   reads: t396, t397
+K122_MATMUL = """\
+// k122_matmul: matmul
+// writes t398: f32[128,4,8,16]   reads: t186, t396
 // from addition_transformer.py:36
 //
-// k138_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[1376256 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[1179648 + bi * 128 + k * 16 + n]
-//   work[1245184 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k122_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[1310720 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[3145728 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[1048576 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -11060,7 +10697,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 1245184u + (bi * 8u + row) * 16u + col;
+        let i = 1048576u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -11077,11 +10714,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 1376256u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 1310720u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1179648u + bi * 128u + n0 + b_p;
+    let b_src0 = 3145728u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -11094,7 +10731,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -11155,46 +10792,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K139_TRANSPOSE = """\
-// k139_transpose: transpose
-// writes t399: f32[128,4,16,8]   reads: t185
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 16u + v2;
-    let v5: f32 = work[3080192u + v4];
-    work[1179648u + i] = v5;
-}
-"""
-
-K140_MATMUL = """\
-// k140_matmul: matmul
-// writes t400: f32[128,4,16,8]   reads: t396, t399
+K123_MATMUL = """\
+// k123_matmul: matmul
+// writes t400: f32[128,4,16,8]   reads: t183, t396
 // from addition_transformer.py:36
 //
-// k140_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[1179648 + bi * 128 + m * 8 + k]
-//   B[bi, k, n] = work[1376256 + bi * 64 + k * 8 + n]
-//   work[1310720 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k123_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[3080192 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+//   B[bi, k, n] = work[1310720 + bi * 64 + k * 8 + n]
+//   work[1245184 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
-var<workgroup> tile_a: array<f32, 320>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
+var<workgroup> tile_a: array<f32, 256>;
 var<workgroup> tile_b: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
@@ -11203,7 +10817,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 16u && col < 8u) {
-        let i = 1310720u + (bi * 16u + row) * 8u + col;
+        let i = 1245184u + (bi * 16u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -11218,13 +10832,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 16u;
-    let a_k = tid % 16u;
-    let a_src0 = 1179648u + bi * 128u + (m0 + a_p) * 8u;
-    let a_st = a_k * 20u + a_p;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 3080192u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1376256u + bi * 64u + min(n0 + b_p, 7u);
+    let b_src0 = 1310720u + bi * 64u + min(n0 + b_p, 7u);
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -11236,7 +10850,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c0_0 = 0.0;
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
-        a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
+        a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u) * 64u], k0 + a_k < 8u);
         b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 8u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
@@ -11244,49 +10858,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
-        let a1_0 = tile_a[a_rd + 20u];
+        let a1_0 = tile_a[a_rd + 16u];
         let b1_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a1_0, b1_0, c0_0);
-        let a2_0 = tile_a[a_rd + 40u];
+        let a2_0 = tile_a[a_rd + 32u];
         let b2_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a2_0, b2_0, c0_0);
-        let a3_0 = tile_a[a_rd + 60u];
+        let a3_0 = tile_a[a_rd + 48u];
         let b3_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a3_0, b3_0, c0_0);
-        let a4_0 = tile_a[a_rd + 80u];
+        let a4_0 = tile_a[a_rd + 64u];
         let b4_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a4_0, b4_0, c0_0);
-        let a5_0 = tile_a[a_rd + 100u];
+        let a5_0 = tile_a[a_rd + 80u];
         let b5_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a5_0, b5_0, c0_0);
-        let a6_0 = tile_a[a_rd + 120u];
+        let a6_0 = tile_a[a_rd + 96u];
         let b6_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a6_0, b6_0, c0_0);
-        let a7_0 = tile_a[a_rd + 140u];
+        let a7_0 = tile_a[a_rd + 112u];
         let b7_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a7_0, b7_0, c0_0);
-        let a8_0 = tile_a[a_rd + 160u];
+        let a8_0 = tile_a[a_rd + 128u];
         let b8_0 = tile_b[b_rd + 128u];
         c0_0 = fma(a8_0, b8_0, c0_0);
-        let a9_0 = tile_a[a_rd + 180u];
+        let a9_0 = tile_a[a_rd + 144u];
         let b9_0 = tile_b[b_rd + 144u];
         c0_0 = fma(a9_0, b9_0, c0_0);
-        let a10_0 = tile_a[a_rd + 200u];
+        let a10_0 = tile_a[a_rd + 160u];
         let b10_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a10_0, b10_0, c0_0);
-        let a11_0 = tile_a[a_rd + 220u];
+        let a11_0 = tile_a[a_rd + 176u];
         let b11_0 = tile_b[b_rd + 176u];
         c0_0 = fma(a11_0, b11_0, c0_0);
-        let a12_0 = tile_a[a_rd + 240u];
+        let a12_0 = tile_a[a_rd + 192u];
         let b12_0 = tile_b[b_rd + 192u];
         c0_0 = fma(a12_0, b12_0, c0_0);
-        let a13_0 = tile_a[a_rd + 260u];
+        let a13_0 = tile_a[a_rd + 208u];
         let b13_0 = tile_b[b_rd + 208u];
         c0_0 = fma(a13_0, b13_0, c0_0);
-        let a14_0 = tile_a[a_rd + 280u];
+        let a14_0 = tile_a[a_rd + 224u];
         let b14_0 = tile_b[b_rd + 224u];
         c0_0 = fma(a14_0, b14_0, c0_0);
-        let a15_0 = tile_a[a_rd + 300u];
+        let a15_0 = tile_a[a_rd + 240u];
         let b15_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
@@ -11298,37 +10912,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K141_FUSED_ = """\
-// k141_fused_: reshape
-// writes t403: f32[128,8,64]   reads: t384
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[1048576u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[1179648u + i] = v4;
-}
-"""
-
-K142_MATMUL = """\
-// k142_matmul: matmul
-// writes t405: f32[128,8,64]   reads: params, t403
+K124_MATMUL = """\
+// k124_matmul: matmul
+// writes t405: f32[128,8,64]   reads: params, t384
 // from addition_transformer.py:35
 //
-// k142_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1179648 + m * 64 + k]
+// k124_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1179648 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[107840 + k + n * 64]
-//   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1310720 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -11347,7 +10939,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 64u + col;
+    let i = 1310720u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -11364,10 +10956,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1179648u + (m0 + a_p) * 64u;
-    let a_src1 = 1179648u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1179648u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1179648u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1179648u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 1179648u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 1179648u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 1179648u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -11397,10 +10989,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
@@ -11569,14 +11161,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K143_MATMUL = """\
-// k143_matmul: matmul
-// writes t409: f32[64,64]   reads: t182, t403
+K125_MATMUL = """\
+// k125_matmul: matmul
+// writes t409: f32[64,64]   reads: t182, t384
 // from addition_transformer.py:35
 //
-// k143_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k125_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[3014656 + m + k * 64]
-//   B[bi, k, n] = work[1179648 + k * 64 + n]
+//   B[bi, k, n] = work[1179648 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[107840 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -11618,7 +11210,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1179648u + n0 + b_p;
+    let b_src0 = 1179648u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -11644,10 +11236,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + ((b_k) % 8u) * 16u];
+    b_ld1 = work[b_src0 + ((b_k + 16u) / 8u) * 512u + ((b_k + 16u) % 8u) * 16u];
+    b_ld2 = work[b_src0 + ((b_k + 32u) / 8u) * 512u + ((b_k + 32u) % 8u) * 16u];
+    b_ld3 = work[b_src0 + ((b_k + 48u) / 8u) * 512u + ((b_k + 48u) % 8u) * 16u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -11664,10 +11256,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + ((k0 + 64u + b_k) % 8u) * 16u];
+            b_ld1 = work[b_src0 + ((k0 + 64u + b_k + 16u) / 8u) * 512u + ((k0 + 64u + b_k + 16u) % 8u) * 16u];
+            b_ld2 = work[b_src0 + ((k0 + 64u + b_k + 32u) / 8u) * 512u + ((k0 + 64u + b_k + 32u) % 8u) * 16u];
+            b_ld3 = work[b_src0 + ((k0 + 64u + b_k + 48u) / 8u) * 512u + ((k0 + 64u + b_k + 48u) % 8u) * 16u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -11824,37 +11416,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K144_FUSED_ = """\
-// k144_fused_: reshape
-// writes t411: f32[128,8,64]   reads: t400
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[1310720u + v0 * 512u + v1 + v2 * 128u + v3 * 8u];
-    work[1179648u + i] = v4;
-}
-"""
-
-K145_MATMUL = """\
-// k145_matmul: matmul
-// writes t413: f32[128,8,64]   reads: params, t411
+K126_MATMUL = """\
+// k126_matmul: matmul
+// writes t413: f32[128,8,64]   reads: params, t400
 // from addition_transformer.py:35
 //
-// k145_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1179648 + m * 64 + k]
+// k126_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1245184 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[103744 + k + n * 64]
-//   work[1310720 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1179648 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -11862,8 +11432,8 @@ K145_MATMUL = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 640>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
@@ -11873,7 +11443,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1310720u + row * 64u + col;
+    let i = 1179648u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -11888,13 +11458,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = 1179648u + (m0 + a_p) * 64u;
-    let a_src1 = 1179648u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1179648u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1179648u + (m0 + a_p + 12u) * 64u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 1245184u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
     let b_k = tid % 64u;
@@ -11914,7 +11481,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 160u + tx;
 
     var c0_0 = 0.0;
@@ -11923,18 +11490,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + (k0 + a_k) * 8u];
+        a_ld1 = work[a_src0 + (k0 + a_k + 16u) * 8u];
+        a_ld2 = work[a_src0 + (k0 + a_k + 32u) * 8u];
+        a_ld3 = work[a_src0 + (k0 + a_k + 48u) * 8u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
         b_ld3 = params[b_src3 + k0 + b_k];
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 2u][b_lane] = b_ld1;
         tile_b[b_st + 4u][b_lane] = b_ld2;
@@ -11946,91 +11513,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 10u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 30u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 50u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 70u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 90u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 110u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 130u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 150u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -12095,14 +11662,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K146_MATMUL = """\
-// k146_matmul: matmul
-// writes t417: f32[64,64]   reads: t182, t411
+K127_MATMUL = """\
+// k127_matmul: matmul
+// writes t417: f32[64,64]   reads: t182, t400
 // from addition_transformer.py:35
 //
-// k146_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k127_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[3014656 + m + k * 64]
-//   B[bi, k, n] = work[1179648 + k * 64 + n]
+//   B[bi, k, n] = work[1245184 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[103744 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -12111,9 +11678,9 @@ K146_MATMUL = """\
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
-var<workgroup> tile_b: array<vec2<f32>, 512>;
+var<workgroup> tile_b: array<vec2<f32>, 640>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
 
@@ -12142,10 +11709,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src0 = 3014656u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 1179648u + n0 + b_p;
-    let b_st = (b_k * 16u + b_p) / 2u;
+    let b_p = tid / 64u;
+    let b_k = tid % 64u;
+    let b_src0 = 1245184u + (n0 + b_p) * 8u;
+    let b_src1 = 1245184u + (n0 + b_p + 4u) * 8u;
+    let b_src2 = 1245184u + (n0 + b_p + 8u) * 8u;
+    let b_src3 = 1245184u + (n0 + b_p + 12u) * 8u;
+    let b_st = (b_k * 20u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
     var a_ld1 = 0.0;
@@ -12158,7 +11728,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 128u + ty;
-    let b_rd = s * 128u + tx;
+    let b_rd = s * 160u + tx;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -12170,10 +11740,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld1 = work[b_src1 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld2 = work[b_src2 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld3 = work[b_src3 + ((b_k) / 8u) * 512u + (b_k) % 8u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -12181,19 +11751,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         tile_a[a_st + 256u][a_lane] = a_ld2;
         tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 128u][b_lane] = b_ld1;
-        tile_b[b_st + 256u][b_lane] = b_ld2;
-        tile_b[b_st + 384u][b_lane] = b_ld3;
+        tile_b[b_st + 2u][b_lane] = b_ld1;
+        tile_b[b_st + 4u][b_lane] = b_ld2;
+        tile_b[b_st + 6u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
             a_ld0 = work[a_src0 + (k0 + 64u + a_k) * 64u];
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld1 = work[b_src1 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld2 = work[b_src2 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld3 = work[b_src3 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -12202,91 +11772,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
         let a1_0 = tile_a[a_rd + 8u];
-        let b1_0 = tile_b[b_rd + 8u];
+        let b1_0 = tile_b[b_rd + 10u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
         let a2_0 = tile_a[a_rd + 16u];
-        let b2_0 = tile_b[b_rd + 16u];
+        let b2_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
         let a3_0 = tile_a[a_rd + 24u];
-        let b3_0 = tile_b[b_rd + 24u];
+        let b3_0 = tile_b[b_rd + 30u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
         let a4_0 = tile_a[a_rd + 32u];
-        let b4_0 = tile_b[b_rd + 32u];
+        let b4_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
         let a5_0 = tile_a[a_rd + 40u];
-        let b5_0 = tile_b[b_rd + 40u];
+        let b5_0 = tile_b[b_rd + 50u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
         let a6_0 = tile_a[a_rd + 48u];
-        let b6_0 = tile_b[b_rd + 48u];
+        let b6_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
         let a7_0 = tile_a[a_rd + 56u];
-        let b7_0 = tile_b[b_rd + 56u];
+        let b7_0 = tile_b[b_rd + 70u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
         let a8_0 = tile_a[a_rd + 64u];
-        let b8_0 = tile_b[b_rd + 64u];
+        let b8_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
         let a9_0 = tile_a[a_rd + 72u];
-        let b9_0 = tile_b[b_rd + 72u];
+        let b9_0 = tile_b[b_rd + 90u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
         let a10_0 = tile_a[a_rd + 80u];
-        let b10_0 = tile_b[b_rd + 80u];
+        let b10_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
         let a11_0 = tile_a[a_rd + 88u];
-        let b11_0 = tile_b[b_rd + 88u];
+        let b11_0 = tile_b[b_rd + 110u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
         let a12_0 = tile_a[a_rd + 96u];
-        let b12_0 = tile_b[b_rd + 96u];
+        let b12_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
         let a13_0 = tile_a[a_rd + 104u];
-        let b13_0 = tile_b[b_rd + 104u];
+        let b13_0 = tile_b[b_rd + 130u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
         let a14_0 = tile_a[a_rd + 112u];
-        let b14_0 = tile_b[b_rd + 112u];
+        let b14_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
         let a15_0 = tile_a[a_rd + 120u];
-        let b15_0 = tile_b[b_rd + 120u];
+        let b15_0 = tile_b[b_rd + 150u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
         c1_0 = fma(a15_0.y, b15_0.x, c1_0);
@@ -12350,36 +11920,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K147_FUSED_ = """\
-// k147_fused_: reshape
-// writes t420: f32[128,8,64]   reads: t398
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[1245184u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[1179648u + i] = v4;
-}
-"""
-
-K148_MATMUL = """\
-// k148_matmul: matmul
-// writes t426: f32[64,64]   reads: t182, t420
+K128_MATMUL = """\
+// k128_matmul: matmul
+// writes t426: f32[64,64]   reads: t182, t398
 // from addition_transformer.py:35
 //
-// k148_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k128_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[3014656 + m + k * 64]
-//   B[bi, k, n] = work[1179648 + k * 64 + n]
+//   B[bi, k, n] = work[1048576 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[99648 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -12421,7 +11969,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1179648u + n0 + b_p;
+    let b_src0 = 1048576u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -12447,10 +11995,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + ((b_k) % 8u) * 16u];
+    b_ld1 = work[b_src0 + ((b_k + 16u) / 8u) * 512u + ((b_k + 16u) % 8u) * 16u];
+    b_ld2 = work[b_src0 + ((b_k + 32u) / 8u) * 512u + ((b_k + 32u) % 8u) * 16u];
+    b_ld3 = work[b_src0 + ((b_k + 48u) / 8u) * 512u + ((b_k + 48u) % 8u) * 16u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -12467,10 +12015,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + ((k0 + 64u + b_k) % 8u) * 16u];
+            b_ld1 = work[b_src0 + ((k0 + 64u + b_k + 16u) / 8u) * 512u + ((k0 + 64u + b_k + 16u) % 8u) * 16u];
+            b_ld2 = work[b_src0 + ((k0 + 64u + b_k + 32u) / 8u) * 512u + ((k0 + 64u + b_k + 32u) % 8u) * 16u];
+            b_ld3 = work[b_src0 + ((k0 + 64u + b_k + 48u) / 8u) * 512u + ((k0 + 64u + b_k + 48u) % 8u) * 16u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -12627,13 +12175,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K149_MATMUL_ADD = """\
-// k149_matmul_add: add -> matmul -> add
-// writes t427: f32[128,8,64]   reads: params, t405, t413, t420
+K129_MATMUL_ADD = """\
+// k129_matmul_add: add -> matmul -> add
+// writes t427: f32[128,8,64]   reads: params, t398, t405, t413
 // from addition_transformer.py:35
 //
-// k149_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1179648 + m * 64 + k]
+// k129_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1048576 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[99648 + k + n * 64]
 //   work[1245184 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -12650,7 +12198,7 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[1048576u + (row * 64u + col)]) + (work[1310720u + (row * 64u + col)])) + acc);
+    return (((work[1310720u + (row * 64u + col)]) + (work[1179648u + (row * 64u + col)])) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -12671,10 +12219,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1179648u + (m0 + a_p) * 64u;
-    let a_src1 = 1179648u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1179648u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1179648u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1048576u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 1048576u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 1048576u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 1048576u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -12704,10 +12252,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
@@ -12876,8 +12424,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K150_SUM = """\
-// k150_sum: sum
+K130_SUM = """\
+// k130_sum: sum
 // writes t428: f32[64]   reads: t427
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -12913,8 +12461,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K151_MUL = """\
-// k151_mul: mul
+K131_MUL = """\
+// k131_mul: mul
 // writes t429: f32[128,8,64]   reads: params, t427
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -12937,8 +12485,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K152_FUSED_MUL_SUM = """\
-// k152_fused_mul_sum: mul -> sum
+K132_FUSED_MUL_SUM = """\
+// k132_fused_mul_sum: mul -> sum
 // writes t431: f32[64]   reads: t178, t427
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -12976,8 +12524,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K153_FUSED_MUL_SUM = """\
-// k153_fused_mul_sum: mul -> sum
+K133_FUSED_MUL_SUM = """\
+// k133_fused_mul_sum: mul -> sum
 // writes t434: f32[128,8]   reads: t169, t429
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -13014,8 +12562,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K154_FUSED_MUL_ADD = """\
-// k154_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K134_FUSED_MUL_ADD = """\
+// k134_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t446: f32[128,8,64]   reads: t169, t176, t429, t434
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -13049,8 +12597,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K155_FUSED_NEG_SUM = """\
-// k155_fused_neg_sum: neg -> sum
+K135_FUSED_NEG_SUM = """\
+// k135_fused_neg_sum: neg -> sum
 // writes t449: f32[128,8]   reads: t446
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -13086,8 +12634,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K156_FUSED_ADD_MUL = """\
-// k156_fused_add_mul: add -> mul -> add
+K136_FUSED_ADD_MUL = """\
+// k136_fused_add_mul: add -> mul -> add
 // writes t453: f32[128,8,64]   reads: t372, t446, t449
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -13113,8 +12661,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K157_SUM = """\
-// k157_sum: sum
+K137_SUM = """\
+// k137_sum: sum
 // writes t454: f32[64]   reads: t453
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -13150,12 +12698,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K158_MATMUL = """\
-// k158_matmul: matmul
+K138_MATMUL = """\
+// k138_matmul: matmul
 // writes t460: f32[256,64]   reads: t160, t453
 // from addition_transformer.py:39
 //
-// k158_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+// k138_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
 //   A[bi, m, k] = work[786432 + m + k * 256]
 //   B[bi, k, n] = work[1048576 + k * 64 + n]
 //   grads[83264 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -13405,12 +12953,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K159_MATMUL_GREATER_MUL = """\
-// k159_matmul_greater_mul: matmul -> greater -> mul
+K139_MATMUL_GREATER_MUL = """\
+// k139_matmul_greater_mul: matmul -> greater -> mul
 // writes t463: f32[128,8,256]   reads: params, t159, t453
 // from addition_transformer.py:39
 //
-// k159_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+// k139_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[1048576 + m * 64 + k]
 //   B[bi, k, n] = params[83264 + k + n * 64]
 //   work[786432 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -13810,8 +13358,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K160_SUM = """\
-// k160_sum: sum
+K140_SUM = """\
+// k140_sum: sum
 // writes t464: f32[256]   reads: t463
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -13847,12 +13395,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K161_MATMUL = """\
-// k161_matmul: matmul
+K141_MATMUL = """\
+// k141_matmul: matmul
 // writes t466: f32[128,8,64]   reads: params, t463
 // from addition_transformer.py:39
 //
-// k161_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k141_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[786432 + m * 256 + k]
 //   B[bi, k, n] = params[66880 + k + n * 256]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -14108,12 +13656,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K162_MATMUL = """\
-// k162_matmul: matmul
+K142_MATMUL = """\
+// k142_matmul: matmul
 // writes t470: f32[64,256]   reads: t156, t463
 // from addition_transformer.py:39
 //
-// k162_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+// k142_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
 //   A[bi, m, k] = work[2818048 + m + k * 64]
 //   B[bi, k, n] = work[786432 + k * 256 + n]
 //   grads[66880 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -14363,8 +13911,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K163_SUM = """\
-// k163_sum: sum
+K143_SUM = """\
+// k143_sum: sum
 // writes t471: f32[64]   reads: t466
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -14400,8 +13948,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K164_MUL = """\
-// k164_mul: mul
+K144_MUL = """\
+// k144_mul: mul
 // writes t472: f32[128,8,64]   reads: params, t466
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -14424,8 +13972,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K165_FUSED_MUL_SUM = """\
-// k165_fused_mul_sum: mul -> sum
+K145_FUSED_MUL_SUM = """\
+// k145_fused_mul_sum: mul -> sum
 // writes t474: f32[64]   reads: t152, t466
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -14463,8 +14011,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K166_FUSED_MUL_SUM = """\
-// k166_fused_mul_sum: mul -> sum
+K146_FUSED_MUL_SUM = """\
+// k146_fused_mul_sum: mul -> sum
 // writes t477: f32[128,8]   reads: t143, t472
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14501,8 +14049,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K167_FUSED_MUL_ADD = """\
-// k167_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K147_FUSED_MUL_ADD = """\
+// k147_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t489: f32[128,8,64]   reads: t143, t150, t472, t477
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14536,8 +14084,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K168_FUSED_NEG_SUM = """\
-// k168_fused_neg_sum: neg -> sum
+K148_FUSED_NEG_SUM = """\
+// k148_fused_neg_sum: neg -> sum
 // writes t492: f32[128,8]   reads: t489
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14573,8 +14121,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K169_FUSED_ADD_MUL = """\
-// k169_fused_add_mul: add -> mul -> add
+K149_FUSED_ADD_MUL = """\
+// k149_fused_add_mul: add -> mul -> add
 // writes t496: f32[128,8,64]   reads: t453, t489, t492
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14600,12 +14148,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K170_MATMUL = """\
-// k170_matmul: matmul
+K150_MATMUL = """\
+// k150_matmul: matmul
 // writes t498: f32[128,8,64]   reads: params, t496
 // from addition_transformer.py:38
 //
-// k170_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k150_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[589824 + m * 64 + k]
 //   B[bi, k, n] = params[62784 + k + n * 64]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -14849,34 +14397,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K171_TRANSPOSE = """\
-// k171_transpose: transpose
-// writes t501: f32[64,1024]   reads: t136
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 1024u;
-    let v1: u32 = i % 1024u;
-    let v2: u32 = v1 * 64u + v0;
-    let v3: f32 = work[2621440u + v2];
-    work[655360u + i] = v3;
-}
-"""
-
-K172_MATMUL = """\
-// k172_matmul: matmul
-// writes t502: f32[64,64]   reads: t496, t501
+K151_MATMUL = """\
+// k151_matmul: matmul
+// writes t502: f32[64,64]   reads: t134, t496
 // from addition_transformer.py:38
 //
-// k172_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[655360 + m * 1024 + k]
+// k151_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2621440 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
 //   B[bi, k, n] = work[589824 + k * 64 + n]
 //   grads[62784 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -14886,8 +14413,8 @@ K172_MATMUL = """\
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
@@ -14912,13 +14439,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = 655360u + (m0 + a_p) * 1024u;
-    let a_src1 = 655360u + (m0 + a_p + 4u) * 1024u;
-    let a_src2 = 655360u + (m0 + a_p + 8u) * 1024u;
-    let a_src3 = 655360u + (m0 + a_p + 12u) * 1024u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 2621440u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -14935,7 +14459,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
@@ -14944,10 +14468,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     // Registers hold the next slab while the current one is multiplied.
-    a_ld0 = work[a_src0 + a_k];
-    a_ld1 = work[a_src1 + a_k];
-    a_ld2 = work[a_src2 + a_k];
-    a_ld3 = work[a_src3 + a_k];
+    a_ld0 = work[a_src0 + ((a_k) / 8u) * 512u + ((a_k) % 8u) * 16u];
+    a_ld1 = work[a_src0 + ((a_k + 16u) / 8u) * 512u + ((a_k + 16u) % 8u) * 16u];
+    a_ld2 = work[a_src0 + ((a_k + 32u) / 8u) * 512u + ((a_k + 32u) % 8u) * 16u];
+    a_ld3 = work[a_src0 + ((a_k + 48u) / 8u) * 512u + ((a_k + 48u) % 8u) * 16u];
     b_ld0 = work[b_src0 + (b_k) * 64u];
     b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
     b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
@@ -14955,19 +14479,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 128u][b_lane] = b_ld1;
         tile_b[b_st + 256u][b_lane] = b_ld2;
         tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
-            a_ld0 = work[a_src0 + k0 + 64u + a_k];
-            a_ld1 = work[a_src1 + k0 + 64u + a_k];
-            a_ld2 = work[a_src2 + k0 + 64u + a_k];
-            a_ld3 = work[a_src3 + k0 + 64u + a_k];
+            a_ld0 = work[a_src0 + ((k0 + 64u + a_k) / 8u) * 512u + ((k0 + 64u + a_k) % 8u) * 16u];
+            a_ld1 = work[a_src0 + ((k0 + 64u + a_k + 16u) / 8u) * 512u + ((k0 + 64u + a_k + 16u) % 8u) * 16u];
+            a_ld2 = work[a_src0 + ((k0 + 64u + a_k + 32u) / 8u) * 512u + ((k0 + 64u + a_k + 32u) % 8u) * 16u];
+            a_ld3 = work[a_src0 + ((k0 + 64u + a_k + 48u) / 8u) * 512u + ((k0 + 64u + a_k + 48u) % 8u) * 16u];
             b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
             b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
             b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
@@ -14979,91 +14503,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -15128,60 +14652,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K173_TRANSPOSE = """\
-// k173_transpose: transpose
-// writes t504: f32[128,4,8,16]   reads: t498
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[524288u + v4];
-    work[655360u + i] = v5;
-}
-"""
-
-K174_TRANSPOSE = """\
-// k174_transpose: transpose
-// writes t505: f32[128,4,16,8]   reads: t113
-// from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 16u + v2;
-    let v5: f32 = work[2490368u + v4];
-    work[524288u + i] = v5;
-}
-"""
-
-K175_MATMUL = """\
-// k175_matmul: matmul
-// writes t506: f32[128,4,8,8]   reads: t504, t505
+K152_MATMUL = """\
+// k152_matmul: matmul
+// writes t506: f32[128,4,8,8]   reads: t111, t498
 // from addition_transformer.py:37
 //
-// k175_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[655360 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[524288 + bi * 128 + k * 8 + n]
+// k152_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[524288 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[2555904 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[720896 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -15189,9 +14667,9 @@ K175_MATMUL = """\
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return acc;
@@ -15216,12 +14694,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 655360u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = 524288u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 524288u + bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 2555904u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -15233,7 +14711,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -15241,49 +14719,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -15294,15 +14772,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K176_MATMUL = """\
-// k176_matmul: matmul
-// writes t508: f32[128,4,8,16]   reads: t133, t504
+K153_MATMUL = """\
+// k153_matmul: matmul
+// writes t508: f32[128,4,8,16]   reads: t133, t498
 // from addition_transformer.py:37
 //
-// k176_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k153_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[3899392 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[655360 + bi * 128 + k * 16 + n]
-//   work[524288 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[524288 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[655360 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -15319,7 +14797,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 524288u + (bi * 8u + row) * 16u + col;
+        let i = 655360u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -15340,7 +14818,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 655360u + bi * 128u + n0 + b_p;
+    let b_src0 = 524288u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -15353,7 +14831,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u) * 8u], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -15414,8 +14892,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K177_FUSED_MUL_DIV_NEG = """\
-// k177_fused_mul_div_neg: mul -> div -> neg -> sum
+K154_FUSED_MUL_DIV_NEG = """\
+// k154_fused_mul_div_neg: mul -> div -> neg -> sum
 // writes t513: f32[128,4,8]   reads: t131, t133, t506
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -15440,12 +14918,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v9: f32 = -v8;
         acc = acc + v9;
     }
-    work[655360u + o] = acc;
+    work[524288u + o] = acc;
 }
 """
 
-K178_FUSED_GREATER_DIV_ADD = """\
-// k178_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
+K155_FUSED_GREATER_DIV_ADD = """\
+// k155_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
 // writes t520: f32[128,4,8,8]   reads: t130, t131, t506, t513
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -15467,48 +14945,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[720896u + i];
     let v8: f32 = work[4014080u + v0 * 32u + v1 * 8u + v2];
     let v9: f32 = v7 / v8;
-    let v10: f32 = work[655360u + v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = work[524288u + v0 * 32u + v1 * 8u + v2];
     let v11: f32 = v9 + v10;
     let v12: f32 = work[3866624u + i];
     let v13: f32 = v11 * v12;
     let v14: f32 = select(v13, 0.0, v6 != 0.0);
     let v15: f32 = v14 * 0.25;
-    work[851968u + i] = v15;
+    work[786432u + i] = v15;
 }
 """
 
-K179_TRANSPOSE = """\
-// k179_transpose: transpose
-// writes t521: f32[128,4,8,16]   reads: t114
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 8u + v2;
-    let v5: f32 = work[2555904u + v4];
-    work[655360u + i] = v5;
-}
-"""
-
-K180_MATMUL = """\
-// k180_matmul: matmul
-// writes t522: f32[128,4,8,16]   reads: t520, t521
+K156_MATMUL = """\
+// k156_matmul: matmul
+// writes t522: f32[128,4,8,16]   reads: t108, t520
 // from addition_transformer.py:36
 //
-// k180_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[851968 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[655360 + bi * 128 + k * 16 + n]
-//   work[720896 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k156_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[786432 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[2490368 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[524288 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -15525,7 +14980,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 720896u + (bi * 8u + row) * 16u + col;
+        let i = 524288u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -15542,11 +14997,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 851968u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 786432u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 655360u + bi * 128u + n0 + b_p;
+    let b_src0 = 2490368u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -15559,7 +15014,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -15620,46 +15075,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K181_TRANSPOSE = """\
-// k181_transpose: transpose
-// writes t523: f32[128,4,16,8]   reads: t107
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 16u + v2;
-    let v5: f32 = work[2424832u + v4];
-    work[655360u + i] = v5;
-}
-"""
-
-K182_MATMUL = """\
-// k182_matmul: matmul
-// writes t524: f32[128,4,16,8]   reads: t520, t523
+K157_MATMUL = """\
+// k157_matmul: matmul
+// writes t524: f32[128,4,16,8]   reads: t105, t520
 // from addition_transformer.py:36
 //
-// k182_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[655360 + bi * 128 + m * 8 + k]
-//   B[bi, k, n] = work[851968 + bi * 64 + k * 8 + n]
-//   work[786432 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k157_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[2424832 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+//   B[bi, k, n] = work[786432 + bi * 64 + k * 8 + n]
+//   work[720896 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
-var<workgroup> tile_a: array<f32, 320>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
+var<workgroup> tile_a: array<f32, 256>;
 var<workgroup> tile_b: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
@@ -15668,7 +15100,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 16u && col < 8u) {
-        let i = 786432u + (bi * 16u + row) * 8u + col;
+        let i = 720896u + (bi * 16u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -15683,13 +15115,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 16u;
-    let a_k = tid % 16u;
-    let a_src0 = 655360u + bi * 128u + (m0 + a_p) * 8u;
-    let a_st = a_k * 20u + a_p;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 2424832u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 851968u + bi * 64u + min(n0 + b_p, 7u);
+    let b_src0 = 786432u + bi * 64u + min(n0 + b_p, 7u);
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -15701,7 +15133,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c0_0 = 0.0;
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
-        a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
+        a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u) * 64u], k0 + a_k < 8u);
         b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 8u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
@@ -15709,49 +15141,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
-        let a1_0 = tile_a[a_rd + 20u];
+        let a1_0 = tile_a[a_rd + 16u];
         let b1_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a1_0, b1_0, c0_0);
-        let a2_0 = tile_a[a_rd + 40u];
+        let a2_0 = tile_a[a_rd + 32u];
         let b2_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a2_0, b2_0, c0_0);
-        let a3_0 = tile_a[a_rd + 60u];
+        let a3_0 = tile_a[a_rd + 48u];
         let b3_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a3_0, b3_0, c0_0);
-        let a4_0 = tile_a[a_rd + 80u];
+        let a4_0 = tile_a[a_rd + 64u];
         let b4_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a4_0, b4_0, c0_0);
-        let a5_0 = tile_a[a_rd + 100u];
+        let a5_0 = tile_a[a_rd + 80u];
         let b5_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a5_0, b5_0, c0_0);
-        let a6_0 = tile_a[a_rd + 120u];
+        let a6_0 = tile_a[a_rd + 96u];
         let b6_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a6_0, b6_0, c0_0);
-        let a7_0 = tile_a[a_rd + 140u];
+        let a7_0 = tile_a[a_rd + 112u];
         let b7_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a7_0, b7_0, c0_0);
-        let a8_0 = tile_a[a_rd + 160u];
+        let a8_0 = tile_a[a_rd + 128u];
         let b8_0 = tile_b[b_rd + 128u];
         c0_0 = fma(a8_0, b8_0, c0_0);
-        let a9_0 = tile_a[a_rd + 180u];
+        let a9_0 = tile_a[a_rd + 144u];
         let b9_0 = tile_b[b_rd + 144u];
         c0_0 = fma(a9_0, b9_0, c0_0);
-        let a10_0 = tile_a[a_rd + 200u];
+        let a10_0 = tile_a[a_rd + 160u];
         let b10_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a10_0, b10_0, c0_0);
-        let a11_0 = tile_a[a_rd + 220u];
+        let a11_0 = tile_a[a_rd + 176u];
         let b11_0 = tile_b[b_rd + 176u];
         c0_0 = fma(a11_0, b11_0, c0_0);
-        let a12_0 = tile_a[a_rd + 240u];
+        let a12_0 = tile_a[a_rd + 192u];
         let b12_0 = tile_b[b_rd + 192u];
         c0_0 = fma(a12_0, b12_0, c0_0);
-        let a13_0 = tile_a[a_rd + 260u];
+        let a13_0 = tile_a[a_rd + 208u];
         let b13_0 = tile_b[b_rd + 208u];
         c0_0 = fma(a13_0, b13_0, c0_0);
-        let a14_0 = tile_a[a_rd + 280u];
+        let a14_0 = tile_a[a_rd + 224u];
         let b14_0 = tile_b[b_rd + 224u];
         c0_0 = fma(a14_0, b14_0, c0_0);
-        let a15_0 = tile_a[a_rd + 300u];
+        let a15_0 = tile_a[a_rd + 240u];
         let b15_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
@@ -15763,37 +15195,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K183_FUSED_ = """\
-// k183_fused_: reshape
-// writes t527: f32[128,8,64]   reads: t508
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[524288u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[655360u + i] = v4;
-}
-"""
-
-K184_MATMUL = """\
-// k184_matmul: matmul
-// writes t529: f32[128,8,64]   reads: params, t527
+K158_MATMUL = """\
+// k158_matmul: matmul
+// writes t529: f32[128,8,64]   reads: params, t508
 // from addition_transformer.py:35
 //
-// k184_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[655360 + m * 64 + k]
+// k158_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[655360 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[58688 + k + n * 64]
-//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -15812,7 +15222,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 64u + col;
+    let i = 786432u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -15829,10 +15239,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 655360u + (m0 + a_p) * 64u;
-    let a_src1 = 655360u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 655360u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 655360u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 655360u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 655360u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 655360u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 655360u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -15862,10 +15272,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
@@ -16034,14 +15444,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K185_MATMUL = """\
-// k185_matmul: matmul
-// writes t533: f32[64,64]   reads: t104, t527
+K159_MATMUL = """\
+// k159_matmul: matmul
+// writes t533: f32[64,64]   reads: t104, t508
 // from addition_transformer.py:35
 //
-// k185_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k159_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[2359296 + m + k * 64]
-//   B[bi, k, n] = work[655360 + k * 64 + n]
+//   B[bi, k, n] = work[655360 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[58688 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16083,7 +15493,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 655360u + n0 + b_p;
+    let b_src0 = 655360u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -16109,10 +15519,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + ((b_k) % 8u) * 16u];
+    b_ld1 = work[b_src0 + ((b_k + 16u) / 8u) * 512u + ((b_k + 16u) % 8u) * 16u];
+    b_ld2 = work[b_src0 + ((b_k + 32u) / 8u) * 512u + ((b_k + 32u) % 8u) * 16u];
+    b_ld3 = work[b_src0 + ((b_k + 48u) / 8u) * 512u + ((b_k + 48u) % 8u) * 16u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -16129,10 +15539,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + ((k0 + 64u + b_k) % 8u) * 16u];
+            b_ld1 = work[b_src0 + ((k0 + 64u + b_k + 16u) / 8u) * 512u + ((k0 + 64u + b_k + 16u) % 8u) * 16u];
+            b_ld2 = work[b_src0 + ((k0 + 64u + b_k + 32u) / 8u) * 512u + ((k0 + 64u + b_k + 32u) % 8u) * 16u];
+            b_ld3 = work[b_src0 + ((k0 + 64u + b_k + 48u) / 8u) * 512u + ((k0 + 64u + b_k + 48u) % 8u) * 16u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -16289,37 +15699,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K186_FUSED_ = """\
-// k186_fused_: reshape
-// writes t535: f32[128,8,64]   reads: t524
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[786432u + v0 * 512u + v1 + v2 * 128u + v3 * 8u];
-    work[655360u + i] = v4;
-}
-"""
-
-K187_MATMUL = """\
-// k187_matmul: matmul
-// writes t537: f32[128,8,64]   reads: params, t535
+K160_MATMUL = """\
+// k160_matmul: matmul
+// writes t537: f32[128,8,64]   reads: params, t524
 // from addition_transformer.py:35
 //
-// k187_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[655360 + m * 64 + k]
+// k160_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[720896 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[54592 + k + n * 64]
-//   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[655360 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -16327,8 +15715,8 @@ K187_MATMUL = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 640>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
@@ -16338,7 +15726,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 786432u + row * 64u + col;
+    let i = 655360u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -16353,13 +15741,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = 655360u + (m0 + a_p) * 64u;
-    let a_src1 = 655360u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 655360u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 655360u + (m0 + a_p + 12u) * 64u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 720896u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
     let b_k = tid % 64u;
@@ -16379,7 +15764,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 160u + tx;
 
     var c0_0 = 0.0;
@@ -16388,18 +15773,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + (k0 + a_k) * 8u];
+        a_ld1 = work[a_src0 + (k0 + a_k + 16u) * 8u];
+        a_ld2 = work[a_src0 + (k0 + a_k + 32u) * 8u];
+        a_ld3 = work[a_src0 + (k0 + a_k + 48u) * 8u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
         b_ld3 = params[b_src3 + k0 + b_k];
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 2u][b_lane] = b_ld1;
         tile_b[b_st + 4u][b_lane] = b_ld2;
@@ -16411,91 +15796,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 10u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 30u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 50u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 70u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 90u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 110u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 130u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 150u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -16560,14 +15945,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K188_MATMUL = """\
-// k188_matmul: matmul
-// writes t541: f32[64,64]   reads: t104, t535
+K161_MATMUL = """\
+// k161_matmul: matmul
+// writes t541: f32[64,64]   reads: t104, t524
 // from addition_transformer.py:35
 //
-// k188_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k161_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[2359296 + m + k * 64]
-//   B[bi, k, n] = work[655360 + k * 64 + n]
+//   B[bi, k, n] = work[720896 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[54592 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16576,9 +15961,9 @@ K188_MATMUL = """\
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
-var<workgroup> tile_b: array<vec2<f32>, 512>;
+var<workgroup> tile_b: array<vec2<f32>, 640>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
 
@@ -16607,10 +15992,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src0 = 2359296u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 655360u + n0 + b_p;
-    let b_st = (b_k * 16u + b_p) / 2u;
+    let b_p = tid / 64u;
+    let b_k = tid % 64u;
+    let b_src0 = 720896u + (n0 + b_p) * 8u;
+    let b_src1 = 720896u + (n0 + b_p + 4u) * 8u;
+    let b_src2 = 720896u + (n0 + b_p + 8u) * 8u;
+    let b_src3 = 720896u + (n0 + b_p + 12u) * 8u;
+    let b_st = (b_k * 20u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
     var a_ld1 = 0.0;
@@ -16623,7 +16011,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 128u + ty;
-    let b_rd = s * 128u + tx;
+    let b_rd = s * 160u + tx;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -16635,10 +16023,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld1 = work[b_src1 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld2 = work[b_src2 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld3 = work[b_src3 + ((b_k) / 8u) * 512u + (b_k) % 8u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -16646,19 +16034,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         tile_a[a_st + 256u][a_lane] = a_ld2;
         tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 128u][b_lane] = b_ld1;
-        tile_b[b_st + 256u][b_lane] = b_ld2;
-        tile_b[b_st + 384u][b_lane] = b_ld3;
+        tile_b[b_st + 2u][b_lane] = b_ld1;
+        tile_b[b_st + 4u][b_lane] = b_ld2;
+        tile_b[b_st + 6u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
             a_ld0 = work[a_src0 + (k0 + 64u + a_k) * 64u];
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld1 = work[b_src1 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld2 = work[b_src2 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld3 = work[b_src3 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -16667,91 +16055,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
         let a1_0 = tile_a[a_rd + 8u];
-        let b1_0 = tile_b[b_rd + 8u];
+        let b1_0 = tile_b[b_rd + 10u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
         let a2_0 = tile_a[a_rd + 16u];
-        let b2_0 = tile_b[b_rd + 16u];
+        let b2_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
         let a3_0 = tile_a[a_rd + 24u];
-        let b3_0 = tile_b[b_rd + 24u];
+        let b3_0 = tile_b[b_rd + 30u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
         let a4_0 = tile_a[a_rd + 32u];
-        let b4_0 = tile_b[b_rd + 32u];
+        let b4_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
         let a5_0 = tile_a[a_rd + 40u];
-        let b5_0 = tile_b[b_rd + 40u];
+        let b5_0 = tile_b[b_rd + 50u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
         let a6_0 = tile_a[a_rd + 48u];
-        let b6_0 = tile_b[b_rd + 48u];
+        let b6_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
         let a7_0 = tile_a[a_rd + 56u];
-        let b7_0 = tile_b[b_rd + 56u];
+        let b7_0 = tile_b[b_rd + 70u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
         let a8_0 = tile_a[a_rd + 64u];
-        let b8_0 = tile_b[b_rd + 64u];
+        let b8_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
         let a9_0 = tile_a[a_rd + 72u];
-        let b9_0 = tile_b[b_rd + 72u];
+        let b9_0 = tile_b[b_rd + 90u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
         let a10_0 = tile_a[a_rd + 80u];
-        let b10_0 = tile_b[b_rd + 80u];
+        let b10_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
         let a11_0 = tile_a[a_rd + 88u];
-        let b11_0 = tile_b[b_rd + 88u];
+        let b11_0 = tile_b[b_rd + 110u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
         let a12_0 = tile_a[a_rd + 96u];
-        let b12_0 = tile_b[b_rd + 96u];
+        let b12_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
         let a13_0 = tile_a[a_rd + 104u];
-        let b13_0 = tile_b[b_rd + 104u];
+        let b13_0 = tile_b[b_rd + 130u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
         let a14_0 = tile_a[a_rd + 112u];
-        let b14_0 = tile_b[b_rd + 112u];
+        let b14_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
         let a15_0 = tile_a[a_rd + 120u];
-        let b15_0 = tile_b[b_rd + 120u];
+        let b15_0 = tile_b[b_rd + 150u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
         c1_0 = fma(a15_0.y, b15_0.x, c1_0);
@@ -16815,36 +16203,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K189_FUSED_ = """\
-// k189_fused_: reshape
-// writes t544: f32[128,8,64]   reads: t522
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[720896u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[655360u + i] = v4;
-}
-"""
-
-K190_MATMUL = """\
-// k190_matmul: matmul
-// writes t550: f32[64,64]   reads: t104, t544
+K162_MATMUL = """\
+// k162_matmul: matmul
+// writes t550: f32[64,64]   reads: t104, t522
 // from addition_transformer.py:35
 //
-// k190_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k162_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[2359296 + m + k * 64]
-//   B[bi, k, n] = work[655360 + k * 64 + n]
+//   B[bi, k, n] = work[524288 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[50496 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16886,7 +16252,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 655360u + n0 + b_p;
+    let b_src0 = 524288u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -16912,10 +16278,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + ((b_k) % 8u) * 16u];
+    b_ld1 = work[b_src0 + ((b_k + 16u) / 8u) * 512u + ((b_k + 16u) % 8u) * 16u];
+    b_ld2 = work[b_src0 + ((b_k + 32u) / 8u) * 512u + ((b_k + 32u) % 8u) * 16u];
+    b_ld3 = work[b_src0 + ((b_k + 48u) / 8u) * 512u + ((b_k + 48u) % 8u) * 16u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -16932,10 +16298,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + ((k0 + 64u + b_k) % 8u) * 16u];
+            b_ld1 = work[b_src0 + ((k0 + 64u + b_k + 16u) / 8u) * 512u + ((k0 + 64u + b_k + 16u) % 8u) * 16u];
+            b_ld2 = work[b_src0 + ((k0 + 64u + b_k + 32u) / 8u) * 512u + ((k0 + 64u + b_k + 32u) % 8u) * 16u];
+            b_ld3 = work[b_src0 + ((k0 + 64u + b_k + 48u) / 8u) * 512u + ((k0 + 64u + b_k + 48u) % 8u) * 16u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -17092,13 +16458,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K191_MATMUL_ADD = """\
-// k191_matmul_add: add -> matmul -> add
-// writes t551: f32[128,8,64]   reads: params, t529, t537, t544
+K163_MATMUL_ADD = """\
+// k163_matmul_add: add -> matmul -> add
+// writes t551: f32[128,8,64]   reads: params, t522, t529, t537
 // from addition_transformer.py:35
 //
-// k191_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[655360 + m * 64 + k]
+// k163_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[524288 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[50496 + k + n * 64]
 //   work[720896 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -17115,7 +16481,7 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[524288u + (row * 64u + col)]) + (work[786432u + (row * 64u + col)])) + acc);
+    return (((work[786432u + (row * 64u + col)]) + (work[655360u + (row * 64u + col)])) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -17136,10 +16502,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 655360u + (m0 + a_p) * 64u;
-    let a_src1 = 655360u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 655360u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 655360u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 524288u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 524288u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 524288u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 524288u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -17169,10 +16535,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
@@ -17341,8 +16707,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K192_SUM = """\
-// k192_sum: sum
+K164_SUM = """\
+// k164_sum: sum
 // writes t552: f32[64]   reads: t551
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -17378,8 +16744,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K193_MUL = """\
-// k193_mul: mul
+K165_MUL = """\
+// k165_mul: mul
 // writes t553: f32[128,8,64]   reads: params, t551
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -17402,8 +16768,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K194_FUSED_MUL_SUM = """\
-// k194_fused_mul_sum: mul -> sum
+K166_FUSED_MUL_SUM = """\
+// k166_fused_mul_sum: mul -> sum
 // writes t555: f32[64]   reads: t100, t551
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -17441,8 +16807,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K195_FUSED_MUL_SUM = """\
-// k195_fused_mul_sum: mul -> sum
+K167_FUSED_MUL_SUM = """\
+// k167_fused_mul_sum: mul -> sum
 // writes t558: f32[128,8]   reads: t553, t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -17479,8 +16845,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K196_FUSED_MUL_ADD = """\
-// k196_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K168_FUSED_MUL_ADD = """\
+// k168_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t570: f32[128,8,64]   reads: t553, t558, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -17514,8 +16880,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K197_FUSED_NEG_SUM = """\
-// k197_fused_neg_sum: neg -> sum
+K169_FUSED_NEG_SUM = """\
+// k169_fused_neg_sum: neg -> sum
 // writes t573: f32[128,8]   reads: t570
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -17551,8 +16917,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K198_FUSED_ADD_MUL = """\
-// k198_fused_add_mul: add -> mul -> add
+K170_FUSED_ADD_MUL = """\
+// k170_fused_add_mul: add -> mul -> add
 // writes t577: f32[128,8,64]   reads: t496, t570, t573
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -17578,8 +16944,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K199_SUM = """\
-// k199_sum: sum
+K171_SUM = """\
+// k171_sum: sum
 // writes t578: f32[64]   reads: t577
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -17615,12 +16981,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K200_MATMUL = """\
-// k200_matmul: matmul
+K172_MATMUL = """\
+// k172_matmul: matmul
 // writes t584: f32[256,64]   reads: t577, t82
 // from addition_transformer.py:39
 //
-// k200_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+// k172_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
 //   A[bi, m, k] = work[262144 + m + k * 256]
 //   B[bi, k, n] = work[524288 + k * 64 + n]
 //   grads[34112 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -17870,12 +17236,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K201_MATMUL_GREATER_MUL = """\
-// k201_matmul_greater_mul: matmul -> greater -> mul
+K173_MATMUL_GREATER_MUL = """\
+// k173_matmul_greater_mul: matmul -> greater -> mul
 // writes t587: f32[128,8,256]   reads: params, t577, t81
 // from addition_transformer.py:39
 //
-// k201_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+// k173_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[524288 + m * 64 + k]
 //   B[bi, k, n] = params[34112 + k + n * 64]
 //   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -18275,8 +17641,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K202_SUM = """\
-// k202_sum: sum
+K174_SUM = """\
+// k174_sum: sum
 // writes t588: f32[256]   reads: t587
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -18312,12 +17678,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K203_MATMUL = """\
-// k203_matmul: matmul
+K175_MATMUL = """\
+// k175_matmul: matmul
 // writes t590: f32[128,8,64]   reads: params, t587
 // from addition_transformer.py:39
 //
-// k203_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k175_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[262144 + m * 256 + k]
 //   B[bi, k, n] = params[17728 + k + n * 256]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -18573,12 +17939,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K204_MATMUL = """\
-// k204_matmul: matmul
+K176_MATMUL = """\
+// k176_matmul: matmul
 // writes t594: f32[64,256]   reads: t587, t78
 // from addition_transformer.py:39
 //
-// k204_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+// k176_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
 //   A[bi, m, k] = work[2162688 + m + k * 64]
 //   B[bi, k, n] = work[262144 + k * 256 + n]
 //   grads[17728 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -18828,8 +18194,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K205_SUM = """\
-// k205_sum: sum
+K177_SUM = """\
+// k177_sum: sum
 // writes t595: f32[64]   reads: t590
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -18865,8 +18231,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K206_MUL = """\
-// k206_mul: mul
+K178_MUL = """\
+// k178_mul: mul
 // writes t596: f32[128,8,64]   reads: params, t590
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -18889,8 +18255,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K207_FUSED_MUL_SUM = """\
-// k207_fused_mul_sum: mul -> sum
+K179_FUSED_MUL_SUM = """\
+// k179_fused_mul_sum: mul -> sum
 // writes t598: f32[64]   reads: t590, t74
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -18928,8 +18294,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K208_FUSED_MUL_SUM = """\
-// k208_fused_mul_sum: mul -> sum
+K180_FUSED_MUL_SUM = """\
+// k180_fused_mul_sum: mul -> sum
 // writes t601: f32[128,8]   reads: t596, t65
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -18966,8 +18332,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K209_FUSED_MUL_ADD = """\
-// k209_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K181_FUSED_MUL_ADD = """\
+// k181_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t613: f32[128,8,64]   reads: t596, t601, t65, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -19001,8 +18367,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K210_FUSED_NEG_SUM = """\
-// k210_fused_neg_sum: neg -> sum
+K182_FUSED_NEG_SUM = """\
+// k182_fused_neg_sum: neg -> sum
 // writes t616: f32[128,8]   reads: t613
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -19038,8 +18404,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K211_FUSED_ADD_MUL = """\
-// k211_fused_add_mul: add -> mul -> add
+K183_FUSED_ADD_MUL = """\
+// k183_fused_add_mul: add -> mul -> add
 // writes t620: f32[128,8,64]   reads: t577, t613, t616
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -19065,12 +18431,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K212_MATMUL = """\
-// k212_matmul: matmul
+K184_MATMUL = """\
+// k184_matmul: matmul
 // writes t622: f32[128,8,64]   reads: params, t620
 // from addition_transformer.py:38
 //
-// k212_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k184_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[13632 + k + n * 64]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -19314,34 +18680,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K213_TRANSPOSE = """\
-// k213_transpose: transpose
-// writes t625: f32[64,1024]   reads: t58
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 1024u;
-    let v1: u32 = i % 1024u;
-    let v2: u32 = v1 * 64u + v0;
-    let v3: f32 = work[1966080u + v2];
-    work[131072u + i] = v3;
-}
-"""
-
-K214_MATMUL = """\
-// k214_matmul: matmul
-// writes t626: f32[64,64]   reads: t620, t625
+K185_MATMUL = """\
+// k185_matmul: matmul
+// writes t626: f32[64,64]   reads: t56, t620
 // from addition_transformer.py:38
 //
-// k214_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[131072 + m * 1024 + k]
+// k185_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1966080 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
 //   B[bi, k, n] = work[65536 + k * 64 + n]
 //   grads[13632 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -19351,8 +18696,8 @@ K214_MATMUL = """\
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
@@ -19377,13 +18722,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = 131072u + (m0 + a_p) * 1024u;
-    let a_src1 = 131072u + (m0 + a_p + 4u) * 1024u;
-    let a_src2 = 131072u + (m0 + a_p + 8u) * 1024u;
-    let a_src3 = 131072u + (m0 + a_p + 12u) * 1024u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 1966080u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -19400,7 +18742,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
@@ -19409,10 +18751,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     // Registers hold the next slab while the current one is multiplied.
-    a_ld0 = work[a_src0 + a_k];
-    a_ld1 = work[a_src1 + a_k];
-    a_ld2 = work[a_src2 + a_k];
-    a_ld3 = work[a_src3 + a_k];
+    a_ld0 = work[a_src0 + ((a_k) / 8u) * 512u + ((a_k) % 8u) * 16u];
+    a_ld1 = work[a_src0 + ((a_k + 16u) / 8u) * 512u + ((a_k + 16u) % 8u) * 16u];
+    a_ld2 = work[a_src0 + ((a_k + 32u) / 8u) * 512u + ((a_k + 32u) % 8u) * 16u];
+    a_ld3 = work[a_src0 + ((a_k + 48u) / 8u) * 512u + ((a_k + 48u) % 8u) * 16u];
     b_ld0 = work[b_src0 + (b_k) * 64u];
     b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
     b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
@@ -19420,19 +18762,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 128u][b_lane] = b_ld1;
         tile_b[b_st + 256u][b_lane] = b_ld2;
         tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
-            a_ld0 = work[a_src0 + k0 + 64u + a_k];
-            a_ld1 = work[a_src1 + k0 + 64u + a_k];
-            a_ld2 = work[a_src2 + k0 + 64u + a_k];
-            a_ld3 = work[a_src3 + k0 + 64u + a_k];
+            a_ld0 = work[a_src0 + ((k0 + 64u + a_k) / 8u) * 512u + ((k0 + 64u + a_k) % 8u) * 16u];
+            a_ld1 = work[a_src0 + ((k0 + 64u + a_k + 16u) / 8u) * 512u + ((k0 + 64u + a_k + 16u) % 8u) * 16u];
+            a_ld2 = work[a_src0 + ((k0 + 64u + a_k + 32u) / 8u) * 512u + ((k0 + 64u + a_k + 32u) % 8u) * 16u];
+            a_ld3 = work[a_src0 + ((k0 + 64u + a_k + 48u) / 8u) * 512u + ((k0 + 64u + a_k + 48u) % 8u) * 16u];
             b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
             b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
             b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
@@ -19444,91 +18786,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -19593,60 +18935,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K215_TRANSPOSE = """\
-// k215_transpose: transpose
-// writes t628: f32[128,4,8,16]   reads: t622
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[v4];
-    work[131072u + i] = v5;
-}
-"""
-
-K216_TRANSPOSE = """\
-// k216_transpose: transpose
-// writes t629: f32[128,4,16,8]   reads: t32
-// from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 16u + v2;
-    let v5: f32 = work[1835008u + v4];
-    work[i] = v5;
-}
-"""
-
-K217_MATMUL = """\
-// k217_matmul: matmul
-// writes t630: f32[128,4,8,8]   reads: t628, t629
+K186_MATMUL = """\
+// k186_matmul: matmul
+// writes t630: f32[128,4,8,8]   reads: t30, t622
 // from addition_transformer.py:37
 //
-// k217_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[bi * 128 + k * 8 + n]
+// k186_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1900544 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[196608 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -19654,9 +18950,9 @@ K217_MATMUL = """\
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return acc;
@@ -19681,12 +18977,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 131072u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 1900544u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -19698,7 +18994,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -19706,49 +19002,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -19759,15 +19055,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K218_MATMUL = """\
-// k218_matmul: matmul
-// writes t632: f32[128,4,8,16]   reads: t55, t628
+K187_MATMUL = """\
+// k187_matmul: matmul
+// writes t632: f32[128,4,8,16]   reads: t55, t622
 // from addition_transformer.py:37
 //
-// k218_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k187_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[3833856 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n]
-//   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[(bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[131072 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -19784,7 +19080,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = (bi * 8u + row) * 16u + col;
+        let i = 131072u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -19805,7 +19101,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + bi * 128u + n0 + b_p;
+    let b_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -19818,7 +19114,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u) * 8u], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -19879,8 +19175,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K219_FUSED_MUL_DIV_NEG = """\
-// k219_fused_mul_div_neg: mul -> div -> neg -> sum
+K188_FUSED_MUL_DIV_NEG = """\
+// k188_fused_mul_div_neg: mul -> div -> neg -> sum
 // writes t637: f32[128,4,8]   reads: t53, t55, t630
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -19905,12 +19201,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v9: f32 = -v8;
         acc = acc + v9;
     }
-    work[131072u + o] = acc;
+    work[o] = acc;
 }
 """
 
-K220_FUSED_GREATER_DIV_ADD = """\
-// k220_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
+K189_FUSED_GREATER_DIV_ADD = """\
+// k189_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
 // writes t644: f32[128,4,8,8]   reads: t52, t53, t630, t637
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -19932,48 +19228,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[196608u + i];
     let v8: f32 = work[4009984u + v0 * 32u + v1 * 8u + v2];
     let v9: f32 = v7 / v8;
-    let v10: f32 = work[131072u + v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = work[v0 * 32u + v1 * 8u + v2];
     let v11: f32 = v9 + v10;
     let v12: f32 = work[3801088u + i];
     let v13: f32 = v11 * v12;
     let v14: f32 = select(v13, 0.0, v6 != 0.0);
     let v15: f32 = v14 * 0.25;
-    work[327680u + i] = v15;
+    work[262144u + i] = v15;
 }
 """
 
-K221_TRANSPOSE = """\
-// k221_transpose: transpose
-// writes t645: f32[128,4,8,16]   reads: t33
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 8u + v2;
-    let v5: f32 = work[1900544u + v4];
-    work[131072u + i] = v5;
-}
-"""
-
-K222_MATMUL = """\
-// k222_matmul: matmul
-// writes t646: f32[128,4,8,16]   reads: t644, t645
+K190_MATMUL = """\
+// k190_matmul: matmul
+// writes t646: f32[128,4,8,16]   reads: t27, t644
 // from addition_transformer.py:36
 //
-// k222_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[327680 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n]
-//   work[196608 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k190_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[262144 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -19990,7 +19263,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 196608u + (bi * 8u + row) * 16u + col;
+        let i = (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -20007,11 +19280,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 327680u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 262144u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + bi * 128u + n0 + b_p;
+    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -20024,7 +19297,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -20085,46 +19358,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K223_TRANSPOSE = """\
-// k223_transpose: transpose
-// writes t647: f32[128,4,16,8]   reads: t26
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v0 * 512u + v1 * 128u + v3 * 16u + v2;
-    let v5: f32 = work[1769472u + v4];
-    work[131072u + i] = v5;
-}
-"""
-
-K224_MATMUL = """\
-// k224_matmul: matmul
-// writes t648: f32[128,4,16,8]   reads: t644, t647
+K191_MATMUL = """\
+// k191_matmul: matmul
+// writes t648: f32[128,4,16,8]   reads: t24, t644
 // from addition_transformer.py:36
 //
-// k224_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[131072 + bi * 128 + m * 8 + k]
-//   B[bi, k, n] = work[327680 + bi * 64 + k * 8 + n]
-//   work[262144 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k191_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+//   B[bi, k, n] = work[262144 + bi * 64 + k * 8 + n]
+//   work[196608 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
-var<workgroup> tile_a: array<f32, 320>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
+var<workgroup> tile_a: array<f32, 256>;
 var<workgroup> tile_b: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
@@ -20133,7 +19383,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 16u && col < 8u) {
-        let i = 262144u + (bi * 16u + row) * 8u + col;
+        let i = 196608u + (bi * 16u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -20148,13 +19398,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 16u;
-    let a_k = tid % 16u;
-    let a_src0 = 131072u + bi * 128u + (m0 + a_p) * 8u;
-    let a_st = a_k * 20u + a_p;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 327680u + bi * 64u + min(n0 + b_p, 7u);
+    let b_src0 = 262144u + bi * 64u + min(n0 + b_p, 7u);
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -20166,7 +19416,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c0_0 = 0.0;
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
-        a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
+        a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u) * 64u], k0 + a_k < 8u);
         b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 8u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
@@ -20174,49 +19424,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
-        let a1_0 = tile_a[a_rd + 20u];
+        let a1_0 = tile_a[a_rd + 16u];
         let b1_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a1_0, b1_0, c0_0);
-        let a2_0 = tile_a[a_rd + 40u];
+        let a2_0 = tile_a[a_rd + 32u];
         let b2_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a2_0, b2_0, c0_0);
-        let a3_0 = tile_a[a_rd + 60u];
+        let a3_0 = tile_a[a_rd + 48u];
         let b3_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a3_0, b3_0, c0_0);
-        let a4_0 = tile_a[a_rd + 80u];
+        let a4_0 = tile_a[a_rd + 64u];
         let b4_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a4_0, b4_0, c0_0);
-        let a5_0 = tile_a[a_rd + 100u];
+        let a5_0 = tile_a[a_rd + 80u];
         let b5_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a5_0, b5_0, c0_0);
-        let a6_0 = tile_a[a_rd + 120u];
+        let a6_0 = tile_a[a_rd + 96u];
         let b6_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a6_0, b6_0, c0_0);
-        let a7_0 = tile_a[a_rd + 140u];
+        let a7_0 = tile_a[a_rd + 112u];
         let b7_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a7_0, b7_0, c0_0);
-        let a8_0 = tile_a[a_rd + 160u];
+        let a8_0 = tile_a[a_rd + 128u];
         let b8_0 = tile_b[b_rd + 128u];
         c0_0 = fma(a8_0, b8_0, c0_0);
-        let a9_0 = tile_a[a_rd + 180u];
+        let a9_0 = tile_a[a_rd + 144u];
         let b9_0 = tile_b[b_rd + 144u];
         c0_0 = fma(a9_0, b9_0, c0_0);
-        let a10_0 = tile_a[a_rd + 200u];
+        let a10_0 = tile_a[a_rd + 160u];
         let b10_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a10_0, b10_0, c0_0);
-        let a11_0 = tile_a[a_rd + 220u];
+        let a11_0 = tile_a[a_rd + 176u];
         let b11_0 = tile_b[b_rd + 176u];
         c0_0 = fma(a11_0, b11_0, c0_0);
-        let a12_0 = tile_a[a_rd + 240u];
+        let a12_0 = tile_a[a_rd + 192u];
         let b12_0 = tile_b[b_rd + 192u];
         c0_0 = fma(a12_0, b12_0, c0_0);
-        let a13_0 = tile_a[a_rd + 260u];
+        let a13_0 = tile_a[a_rd + 208u];
         let b13_0 = tile_b[b_rd + 208u];
         c0_0 = fma(a13_0, b13_0, c0_0);
-        let a14_0 = tile_a[a_rd + 280u];
+        let a14_0 = tile_a[a_rd + 224u];
         let b14_0 = tile_b[b_rd + 224u];
         c0_0 = fma(a14_0, b14_0, c0_0);
-        let a15_0 = tile_a[a_rd + 300u];
+        let a15_0 = tile_a[a_rd + 240u];
         let b15_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
@@ -20228,37 +19478,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K225_FUSED_ = """\
-// k225_fused_: reshape
-// writes t651: f32[128,8,64]   reads: t632
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[131072u + i] = v4;
-}
-"""
-
-K226_MATMUL = """\
-// k226_matmul: matmul
-// writes t653: f32[128,8,64]   reads: params, t651
+K192_MATMUL = """\
+// k192_matmul: matmul
+// writes t653: f32[128,8,64]   reads: params, t632
 // from addition_transformer.py:35
 //
-// k226_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + m * 64 + k]
+// k192_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[131072 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[9536 + k + n * 64]
-//   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -20277,7 +19505,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 64u + col;
+    let i = 262144u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -20294,10 +19522,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + (m0 + a_p) * 64u;
-    let a_src1 = 131072u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 131072u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 131072u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 131072u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 131072u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 131072u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 131072u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -20327,10 +19555,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
@@ -20499,14 +19727,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K227_MATMUL = """\
-// k227_matmul: matmul
-// writes t657: f32[64,64]   reads: t23, t651
+K193_MATMUL = """\
+// k193_matmul: matmul
+// writes t657: f32[64,64]   reads: t23, t632
 // from addition_transformer.py:35
 //
-// k227_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k193_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1703936 + m + k * 64]
-//   B[bi, k, n] = work[131072 + k * 64 + n]
+//   B[bi, k, n] = work[131072 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[9536 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -20548,7 +19776,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + n0 + b_p;
+    let b_src0 = 131072u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -20574,10 +19802,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + ((b_k) % 8u) * 16u];
+    b_ld1 = work[b_src0 + ((b_k + 16u) / 8u) * 512u + ((b_k + 16u) % 8u) * 16u];
+    b_ld2 = work[b_src0 + ((b_k + 32u) / 8u) * 512u + ((b_k + 32u) % 8u) * 16u];
+    b_ld3 = work[b_src0 + ((b_k + 48u) / 8u) * 512u + ((b_k + 48u) % 8u) * 16u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -20594,10 +19822,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + ((k0 + 64u + b_k) % 8u) * 16u];
+            b_ld1 = work[b_src0 + ((k0 + 64u + b_k + 16u) / 8u) * 512u + ((k0 + 64u + b_k + 16u) % 8u) * 16u];
+            b_ld2 = work[b_src0 + ((k0 + 64u + b_k + 32u) / 8u) * 512u + ((k0 + 64u + b_k + 32u) % 8u) * 16u];
+            b_ld3 = work[b_src0 + ((k0 + 64u + b_k + 48u) / 8u) * 512u + ((k0 + 64u + b_k + 48u) % 8u) * 16u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -20754,37 +19982,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K228_FUSED_ = """\
-// k228_fused_: reshape
-// writes t659: f32[128,8,64]   reads: t648
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[262144u + v0 * 512u + v1 + v2 * 128u + v3 * 8u];
-    work[131072u + i] = v4;
-}
-"""
-
-K229_MATMUL = """\
-// k229_matmul: matmul
-// writes t661: f32[128,8,64]   reads: params, t659
+K194_MATMUL = """\
+// k194_matmul: matmul
+// writes t661: f32[128,8,64]   reads: params, t648
 // from addition_transformer.py:35
 //
-// k229_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + m * 64 + k]
+// k194_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[196608 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[5440 + k + n * 64]
-//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -20792,8 +19998,8 @@ K229_MATMUL = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 640>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
@@ -20803,7 +20009,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 64u + col;
+    let i = 131072u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -20818,13 +20024,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = 131072u + (m0 + a_p) * 64u;
-    let a_src1 = 131072u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 131072u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 131072u + (m0 + a_p + 12u) * 64u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 196608u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
     let b_k = tid % 64u;
@@ -20844,7 +20047,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 160u + tx;
 
     var c0_0 = 0.0;
@@ -20853,18 +20056,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + (k0 + a_k) * 8u];
+        a_ld1 = work[a_src0 + (k0 + a_k + 16u) * 8u];
+        a_ld2 = work[a_src0 + (k0 + a_k + 32u) * 8u];
+        a_ld3 = work[a_src0 + (k0 + a_k + 48u) * 8u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
         b_ld3 = params[b_src3 + k0 + b_k];
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 2u][b_lane] = b_ld1;
         tile_b[b_st + 4u][b_lane] = b_ld2;
@@ -20876,91 +20079,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 10u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 30u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 50u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 70u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 90u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 110u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 130u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 150u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -21025,14 +20228,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K230_MATMUL = """\
-// k230_matmul: matmul
-// writes t665: f32[64,64]   reads: t23, t659
+K195_MATMUL = """\
+// k195_matmul: matmul
+// writes t665: f32[64,64]   reads: t23, t648
 // from addition_transformer.py:35
 //
-// k230_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k195_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1703936 + m + k * 64]
-//   B[bi, k, n] = work[131072 + k * 64 + n]
+//   B[bi, k, n] = work[196608 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[5440 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -21041,9 +20244,9 @@ K230_MATMUL = """\
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
-var<workgroup> tile_b: array<vec2<f32>, 512>;
+var<workgroup> tile_b: array<vec2<f32>, 640>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
 
@@ -21072,10 +20275,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src0 = 1703936u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 131072u + n0 + b_p;
-    let b_st = (b_k * 16u + b_p) / 2u;
+    let b_p = tid / 64u;
+    let b_k = tid % 64u;
+    let b_src0 = 196608u + (n0 + b_p) * 8u;
+    let b_src1 = 196608u + (n0 + b_p + 4u) * 8u;
+    let b_src2 = 196608u + (n0 + b_p + 8u) * 8u;
+    let b_src3 = 196608u + (n0 + b_p + 12u) * 8u;
+    let b_st = (b_k * 20u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
     var a_ld1 = 0.0;
@@ -21088,7 +20294,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 128u + ty;
-    let b_rd = s * 128u + tx;
+    let b_rd = s * 160u + tx;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -21100,10 +20306,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld1 = work[b_src1 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld2 = work[b_src2 + ((b_k) / 8u) * 512u + (b_k) % 8u];
+    b_ld3 = work[b_src3 + ((b_k) / 8u) * 512u + (b_k) % 8u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -21111,19 +20317,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         tile_a[a_st + 256u][a_lane] = a_ld2;
         tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 128u][b_lane] = b_ld1;
-        tile_b[b_st + 256u][b_lane] = b_ld2;
-        tile_b[b_st + 384u][b_lane] = b_ld3;
+        tile_b[b_st + 2u][b_lane] = b_ld1;
+        tile_b[b_st + 4u][b_lane] = b_ld2;
+        tile_b[b_st + 6u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
             a_ld0 = work[a_src0 + (k0 + 64u + a_k) * 64u];
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld1 = work[b_src1 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld2 = work[b_src2 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
+            b_ld3 = work[b_src3 + ((k0 + 64u + b_k) / 8u) * 512u + (k0 + 64u + b_k) % 8u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -21132,91 +20338,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
         let a1_0 = tile_a[a_rd + 8u];
-        let b1_0 = tile_b[b_rd + 8u];
+        let b1_0 = tile_b[b_rd + 10u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
         let a2_0 = tile_a[a_rd + 16u];
-        let b2_0 = tile_b[b_rd + 16u];
+        let b2_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
         let a3_0 = tile_a[a_rd + 24u];
-        let b3_0 = tile_b[b_rd + 24u];
+        let b3_0 = tile_b[b_rd + 30u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
         let a4_0 = tile_a[a_rd + 32u];
-        let b4_0 = tile_b[b_rd + 32u];
+        let b4_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
         let a5_0 = tile_a[a_rd + 40u];
-        let b5_0 = tile_b[b_rd + 40u];
+        let b5_0 = tile_b[b_rd + 50u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
         let a6_0 = tile_a[a_rd + 48u];
-        let b6_0 = tile_b[b_rd + 48u];
+        let b6_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
         let a7_0 = tile_a[a_rd + 56u];
-        let b7_0 = tile_b[b_rd + 56u];
+        let b7_0 = tile_b[b_rd + 70u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
         let a8_0 = tile_a[a_rd + 64u];
-        let b8_0 = tile_b[b_rd + 64u];
+        let b8_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
         let a9_0 = tile_a[a_rd + 72u];
-        let b9_0 = tile_b[b_rd + 72u];
+        let b9_0 = tile_b[b_rd + 90u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
         let a10_0 = tile_a[a_rd + 80u];
-        let b10_0 = tile_b[b_rd + 80u];
+        let b10_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
         let a11_0 = tile_a[a_rd + 88u];
-        let b11_0 = tile_b[b_rd + 88u];
+        let b11_0 = tile_b[b_rd + 110u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
         let a12_0 = tile_a[a_rd + 96u];
-        let b12_0 = tile_b[b_rd + 96u];
+        let b12_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
         let a13_0 = tile_a[a_rd + 104u];
-        let b13_0 = tile_b[b_rd + 104u];
+        let b13_0 = tile_b[b_rd + 130u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
         let a14_0 = tile_a[a_rd + 112u];
-        let b14_0 = tile_b[b_rd + 112u];
+        let b14_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
         let a15_0 = tile_a[a_rd + 120u];
-        let b15_0 = tile_b[b_rd + 120u];
+        let b15_0 = tile_b[b_rd + 150u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
         c1_0 = fma(a15_0.y, b15_0.x, c1_0);
@@ -21280,36 +20486,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K231_FUSED_ = """\
-// k231_fused_: reshape
-// writes t668: f32[128,8,64]   reads: t646
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[196608u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[131072u + i] = v4;
-}
-"""
-
-K232_MATMUL = """\
-// k232_matmul: matmul
-// writes t674: f32[64,64]   reads: t23, t668
+K196_MATMUL = """\
+// k196_matmul: matmul
+// writes t674: f32[64,64]   reads: t23, t646
 // from addition_transformer.py:35
 //
-// k232_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k196_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1703936 + m + k * 64]
-//   B[bi, k, n] = work[131072 + k * 64 + n]
+//   B[bi, k, n] = work[(k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[1344 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -21351,7 +20535,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + n0 + b_p;
+    let b_src0 = ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -21377,10 +20561,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + ((b_k) / 8u) * 512u + ((b_k) % 8u) * 16u];
+    b_ld1 = work[b_src0 + ((b_k + 16u) / 8u) * 512u + ((b_k + 16u) % 8u) * 16u];
+    b_ld2 = work[b_src0 + ((b_k + 32u) / 8u) * 512u + ((b_k + 32u) % 8u) * 16u];
+    b_ld3 = work[b_src0 + ((b_k + 48u) / 8u) * 512u + ((b_k + 48u) % 8u) * 16u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -21397,10 +20581,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + ((k0 + 64u + b_k) / 8u) * 512u + ((k0 + 64u + b_k) % 8u) * 16u];
+            b_ld1 = work[b_src0 + ((k0 + 64u + b_k + 16u) / 8u) * 512u + ((k0 + 64u + b_k + 16u) % 8u) * 16u];
+            b_ld2 = work[b_src0 + ((k0 + 64u + b_k + 32u) / 8u) * 512u + ((k0 + 64u + b_k + 32u) % 8u) * 16u];
+            b_ld3 = work[b_src0 + ((k0 + 64u + b_k + 48u) / 8u) * 512u + ((k0 + 64u + b_k + 48u) % 8u) * 16u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -21557,13 +20741,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K233_MATMUL_ADD = """\
-// k233_matmul_add: add -> matmul -> add
-// writes t675: f32[128,8,64]   reads: params, t653, t661, t668
+K197_MATMUL_ADD = """\
+// k197_matmul_add: add -> matmul -> add
+// writes t675: f32[128,8,64]   reads: params, t646, t653, t661
 // from addition_transformer.py:35
 //
-// k233_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + m * 64 + k]
+// k197_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[1344 + k + n * 64]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -21580,7 +20764,7 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[(row * 64u + col)]) + (work[262144u + (row * 64u + col)])) + acc);
+    return (((work[262144u + (row * 64u + col)]) + (work[131072u + (row * 64u + col)])) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -21601,10 +20785,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + (m0 + a_p) * 64u;
-    let a_src1 = 131072u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 131072u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 131072u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -21634,10 +20818,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + k0 + b_k];
         b_ld1 = params[b_src1 + k0 + b_k];
         b_ld2 = params[b_src2 + k0 + b_k];
@@ -21806,8 +20990,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K234_SUM = """\
-// k234_sum: sum
+K198_SUM = """\
+// k198_sum: sum
 // writes t676: f32[64]   reads: t675
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -21843,8 +21027,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K235_MUL = """\
-// k235_mul: mul
+K199_MUL = """\
+// k199_mul: mul
 // writes t677: f32[128,8,64]   reads: params, t675
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -21867,8 +21051,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K236_FUSED_MUL_SUM = """\
-// k236_fused_mul_sum: mul -> sum
+K200_FUSED_MUL_SUM = """\
+// k200_fused_mul_sum: mul -> sum
 // writes t679: f32[64]   reads: t19, t675
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -21906,8 +21090,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K237_FUSED_MUL_SUM = """\
-// k237_fused_mul_sum: mul -> sum
+K201_FUSED_MUL_SUM = """\
+// k201_fused_mul_sum: mul -> sum
 // writes t682: f32[128,8]   reads: t677, t9
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -21944,8 +21128,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K238_FUSED_MUL_ADD = """\
-// k238_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K202_FUSED_MUL_ADD = """\
+// k202_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t694: f32[128,8,64]   reads: t17, t677, t682, t9
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -21979,8 +21163,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K239_FUSED_NEG_SUM = """\
-// k239_fused_neg_sum: neg -> sum
+K203_FUSED_NEG_SUM = """\
+// k203_fused_neg_sum: neg -> sum
 // writes t697: f32[128,8]   reads: t694
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22016,8 +21200,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K240_FUSED_ADD_MUL = """\
-// k240_fused_add_mul: add -> mul -> add
+K204_FUSED_ADD_MUL = """\
+// k204_fused_add_mul: add -> mul -> add
 // writes t701: f32[128,8,64]   reads: t620, t694, t697
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22043,8 +21227,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K241_SUM = """\
-// k241_sum: sum
+K205_SUM = """\
+// k205_sum: sum
 // writes t702: f32[8,64]   reads: t701
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22079,8 +21263,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K242_PAD = """\
-// k242_pad: pad
+K206_PAD = """\
+// k206_pad: pad
 // writes t703: f32[9,64]   reads: t702
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -22102,8 +21286,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K243_FUSED_ONE_HOT_TRANSPOSE = """\
-// k243_fused_one_hot_transpose: one_hot -> transpose
+K207_FUSED_ONE_HOT_TRANSPOSE = """\
+// k207_fused_one_hot_transpose: one_hot -> transpose
 // writes t706: f32[12,1024]   reads: tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
@@ -22129,12 +21313,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K244_MATMUL_ADD = """\
-// k244_matmul_add: matmul -> add
+K208_MATMUL_ADD = """\
+// k208_matmul_add: matmul -> add
 // writes t709: f32[12,64]   reads: t301, t701, t706
 // from addition_transformer.py:52
 //
-// k244_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
+// k208_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
 //   A[bi, m, k] = work[65536 + m * 1024 + k]
 //   B[bi, k, n] = work[k * 64 + n]
 //   grads[576 + (bi * 12 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22152,7 +21336,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[4029440u + ((row * 64u + col) / 64u) + ((row * 64u + col) % 64u) * 12u]) + acc);
+    return ((work[4029440u + ((row * 64u + col) / 64u) + (((row * 64u + col) % 64u)) * 12u]) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -22389,8 +21573,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K245_FUSED_SQUARE_SUM = """\
-// k245_fused_square_sum: square -> sum
+K209_FUSED_SQUARE_SUM = """\
+// k209_fused_square_sum: square -> sum
 // writes t753: f32[]   reads: t730
 // from optimizer
 @group(0) @binding(0) var<storage, read> grads: array<f32>;
@@ -22425,8 +21609,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K246_FUSED_SQRT_ADD_DIV = """\
-// k246_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul
+K210_FUSED_SQRT_ADD_DIV = """\
+// k210_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul
 // writes t760: f32[150656]   reads: t730, t753
 // from optimizer
 @group(0) @binding(0) var<storage, read> grads: array<f32>;
@@ -22450,8 +21634,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K247_FUSED_MUL_ADD = """\
-// k247_fused_mul_add: mul -> mul -> add
+K211_FUSED_MUL_ADD = """\
+// k211_fused_mul_add: mul -> mul -> add
 // writes t767: f32[150656]   reads: adam.m, t760
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> state: array<f32>;
@@ -22473,8 +21657,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K248_FUSED_MUL_ADD = """\
-// k248_fused_mul_add: mul -> mul -> mul -> add
+K212_FUSED_MUL_ADD = """\
+// k212_fused_mul_add: mul -> mul -> mul -> add
 // writes t775: f32[150656]   reads: adam.v, t760
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> state: array<f32>;
@@ -22497,8 +21681,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K249_FUSED_MUL_LESS_WHERE = """\
-// k249_fused_mul_less_where: mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
+K213_FUSED_MUL_LESS_WHERE = """\
+// k213_fused_mul_less_where: mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
 // writes t792: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, params, t767, t775
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
@@ -22531,8 +21715,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K250_FUSED_GATHER_ADD = """\
-// k250_fused_gather_add: gather -> add
+K214_FUSED_GATHER_ADD = """\
+// k214_fused_gather_add: gather -> add
 // writes t3: f32[1,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -22559,8 +21743,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K251_SUM = """\
-// k251_sum: sum
+K215_SUM = """\
+// k215_sum: sum
 // writes t4: f32[1,8,1]   reads: t3
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22593,8 +21777,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K252_FUSED_MUL_SUB = """\
-// k252_fused_mul_sub: mul -> sub
+K216_FUSED_MUL_SUB = """\
+// k216_fused_mul_sub: mul -> sub
 // writes t9: f32[1,8,64]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22617,8 +21801,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K253_FUSED_MUL_SUM = """\
-// k253_fused_mul_sum: mul -> sum
+K217_FUSED_MUL_SUM = """\
+// k217_fused_mul_sum: mul -> sum
 // writes t11: f32[1,8,1]   reads: t9
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22652,8 +21836,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K254_FUSED_MUL_ADD_RSQRT = """\
-// k254_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K218_FUSED_MUL_ADD_RSQRT = """\
+// k218_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t23: f32[1,8,64]   reads: params, t11, t9
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -22683,12 +21867,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K255_MATMUL = """\
-// k255_matmul: matmul
+K219_MATMUL = """\
+// k219_matmul: matmul
 // writes t24: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k255_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k219_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[1024 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[512 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22931,12 +22115,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K256_MATMUL = """\
-// k256_matmul: matmul
+K220_MATMUL = """\
+// k220_matmul: matmul
 // writes t27: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k256_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k220_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[1024 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23179,12 +22363,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K257_MATMUL = """\
-// k257_matmul: matmul
+K221_MATMUL = """\
+// k221_matmul: matmul
 // writes t30: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k257_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k221_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[1024 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23427,12 +22611,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K258_MATMUL_MUL_GREATER_WHERE = """\
-// k258_matmul_mul_greater_where: matmul -> mul -> greater -> where
+K222_MATMUL_MUL_GREATER_WHERE = """\
+// k222_matmul_mul_greater_where: matmul -> mul -> greater -> where
 // writes t47: f32[1,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k258_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
+// k222_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[512 + bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k + n * 64]
 //   work[1024 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23547,8 +22731,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K259_MAX = """\
-// k259_max: max
+K223_MAX = """\
+// k223_max: max
 // writes t48: f32[1,4,8,1]   reads: t47
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -23571,8 +22755,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K260_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k260_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K224_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k224_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t52: f32[1,4,8,8]   reads: t47, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -23596,8 +22780,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K261_SUM = """\
-// k261_sum: sum
+K225_SUM = """\
+// k225_sum: sum
 // writes t53: f32[1,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -23620,8 +22804,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K262_DIV = """\
-// k262_div: div
+K226_DIV = """\
+// k226_div: div
 // writes t55: f32[1,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -23643,12 +22827,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K263_MATMUL = """\
-// k263_matmul: matmul
+K227_MATMUL = """\
+// k227_matmul: matmul
 // writes t56: f32[1,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k263_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k227_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[1024 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[2048 + bi * 16 + k * 64 + n]
 //   work[512 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23763,34 +22947,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K264_FUSED_ = """\
-// k264_fused_: reshape
-// writes t58: f32[1,8,64]   reads: t56
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 512u;
-    if (i >= 512u) {
-        return;
-    }
-    let v0: u32 = i / 64u;
-    let v1: u32 = (i / 16u) % 4u;
-    let v2: u32 = i % 16u;
-    let v3: f32 = work[512u + v0 * 16u + v1 * 128u + v2];
-    work[1024u + i] = v3;
-}
-"""
-
-K265_MATMUL_ADD = """\
-// k265_matmul_add: matmul -> add
-// writes t60: f32[1,8,64]   reads: params, t3, t58
+K228_MATMUL_ADD = """\
+// k228_matmul_add: matmul -> add
+// writes t60: f32[1,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k265_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[1024 + m * 64 + k]
+// k228_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+//   A[bi, m, k] = work[512 + m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -23830,10 +22993,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1024u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 1024u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 1024u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 1024u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = 512u + min(m0 + a_p, 7u) * 16u;
+    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 16u;
+    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 16u;
+    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -23860,10 +23023,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -24032,8 +23195,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K266_SUM = """\
-// k266_sum: sum
+K229_SUM = """\
+// k229_sum: sum
 // writes t61: f32[1,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24066,8 +23229,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K267_FUSED_MUL_SUB = """\
-// k267_fused_mul_sub: mul -> sub
+K230_FUSED_MUL_SUB = """\
+// k230_fused_mul_sub: mul -> sub
 // writes t65: f32[1,8,64]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24090,8 +23253,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K268_FUSED_MUL_SUM = """\
-// k268_fused_mul_sum: mul -> sum
+K231_FUSED_MUL_SUM = """\
+// k231_fused_mul_sum: mul -> sum
 // writes t67: f32[1,8,1]   reads: t65
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24125,8 +23288,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K269_FUSED_MUL_ADD_RSQRT = """\
-// k269_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K232_FUSED_MUL_ADD_RSQRT = """\
+// k232_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t78: f32[1,8,64]   reads: params, t65, t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -24156,12 +23319,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K270_MATMUL_ADD_RELU = """\
-// k270_matmul_add_relu: matmul -> add -> relu
+K233_MATMUL_ADD_RELU = """\
+// k233_matmul_add_relu: matmul -> add -> relu
 // writes t82: f32[1,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k270_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k233_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2560 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24404,12 +23567,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K271_MATMUL_ADD = """\
-// k271_matmul_add: matmul -> add -> add
+K234_MATMUL_ADD = """\
+// k234_matmul_add: matmul -> add -> add
 // writes t86: f32[1,8,64]   reads: params, t60, t82
 // from addition_transformer.py:39
 //
-// k271_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
+// k234_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24664,8 +23827,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K272_SUM = """\
-// k272_sum: sum
+K235_SUM = """\
+// k235_sum: sum
 // writes t87: f32[1,8,1]   reads: t86
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24698,8 +23861,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K273_FUSED_MUL_SUB = """\
-// k273_fused_mul_sub: mul -> sub
+K236_FUSED_MUL_SUB = """\
+// k236_fused_mul_sub: mul -> sub
 // writes t91: f32[1,8,64]   reads: t86, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24722,8 +23885,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K274_FUSED_MUL_SUM = """\
-// k274_fused_mul_sum: mul -> sum
+K237_FUSED_MUL_SUM = """\
+// k237_fused_mul_sum: mul -> sum
 // writes t93: f32[1,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24757,8 +23920,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K275_FUSED_MUL_ADD_RSQRT = """\
-// k275_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K238_FUSED_MUL_ADD_RSQRT = """\
+// k238_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[1,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -24788,12 +23951,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K276_MATMUL = """\
-// k276_matmul: matmul
+K239_MATMUL = """\
+// k239_matmul: matmul
 // writes t105: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k276_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k239_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25036,12 +24199,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K277_MATMUL = """\
-// k277_matmul: matmul
+K240_MATMUL = """\
+// k240_matmul: matmul
 // writes t108: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k277_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k240_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25284,12 +24447,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K278_MATMUL = """\
-// k278_matmul: matmul
+K241_MATMUL = """\
+// k241_matmul: matmul
 // writes t111: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k278_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k241_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25532,12 +24695,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K279_MATMUL_MUL_GREATER_WHERE = """\
-// k279_matmul_mul_greater_where: matmul -> mul -> greater -> where
+K242_MATMUL_MUL_GREATER_WHERE = """\
+// k242_matmul_mul_greater_where: matmul -> mul -> greater -> where
 // writes t125: f32[1,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k279_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
+// k242_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25652,8 +24815,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K280_MAX = """\
-// k280_max: max
+K243_MAX = """\
+// k243_max: max
 // writes t126: f32[1,4,8,1]   reads: t125
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -25676,8 +24839,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K281_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k281_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K244_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k244_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t130: f32[1,4,8,8]   reads: t125, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -25701,8 +24864,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K282_SUM = """\
-// k282_sum: sum
+K245_SUM = """\
+// k245_sum: sum
 // writes t131: f32[1,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -25725,8 +24888,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K283_DIV = """\
-// k283_div: div
+K246_DIV = """\
+// k246_div: div
 // writes t133: f32[1,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -25748,12 +24911,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K284_MATMUL = """\
-// k284_matmul: matmul
+K247_MATMUL = """\
+// k247_matmul: matmul
 // writes t134: f32[1,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k284_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k247_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25868,34 +25031,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K285_FUSED_ = """\
-// k285_fused_: reshape
-// writes t136: f32[1,8,64]   reads: t134
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 512u;
-    if (i >= 512u) {
-        return;
-    }
-    let v0: u32 = i / 64u;
-    let v1: u32 = (i / 16u) % 4u;
-    let v2: u32 = i % 16u;
-    let v3: f32 = work[v0 * 16u + v1 * 128u + v2];
-    work[512u + i] = v3;
-}
-"""
-
-K286_MATMUL_ADD = """\
-// k286_matmul_add: matmul -> add
-// writes t138: f32[1,8,64]   reads: params, t136, t86
+K248_MATMUL_ADD = """\
+// k248_matmul_add: matmul -> add
+// writes t138: f32[1,8,64]   reads: params, t134, t86
 // from addition_transformer.py:38
 //
-// k286_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + m * 64 + k]
+// k248_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+//   A[bi, m, k] = work[m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -25935,10 +25077,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = min(m0 + a_p, 7u) * 16u;
+    let a_src1 = min(m0 + a_p + 4u, 7u) * 16u;
+    let a_src2 = min(m0 + a_p + 8u, 7u) * 16u;
+    let a_src3 = min(m0 + a_p + 12u, 7u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -25965,10 +25107,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -26137,8 +25279,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K287_SUM = """\
-// k287_sum: sum
+K249_SUM = """\
+// k249_sum: sum
 // writes t139: f32[1,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26171,8 +25313,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K288_FUSED_MUL_SUB = """\
-// k288_fused_mul_sub: mul -> sub
+K250_FUSED_MUL_SUB = """\
+// k250_fused_mul_sub: mul -> sub
 // writes t143: f32[1,8,64]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26195,8 +25337,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K289_FUSED_MUL_SUM = """\
-// k289_fused_mul_sum: mul -> sum
+K251_FUSED_MUL_SUM = """\
+// k251_fused_mul_sum: mul -> sum
 // writes t145: f32[1,8,1]   reads: t143
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26230,8 +25372,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K290_FUSED_MUL_ADD_RSQRT = """\
-// k290_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K252_FUSED_MUL_ADD_RSQRT = """\
+// k252_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t156: f32[1,8,64]   reads: params, t143, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -26261,12 +25403,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K291_MATMUL_ADD_RELU = """\
-// k291_matmul_add_relu: matmul -> add -> relu
+K253_MATMUL_ADD_RELU = """\
+// k253_matmul_add_relu: matmul -> add -> relu
 // writes t160: f32[1,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k291_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k253_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2560 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26509,12 +25651,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K292_MATMUL_ADD = """\
-// k292_matmul_add: matmul -> add -> add
+K254_MATMUL_ADD = """\
+// k254_matmul_add: matmul -> add -> add
 // writes t164: f32[1,8,64]   reads: params, t138, t160
 // from addition_transformer.py:39
 //
-// k292_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
+// k254_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26769,8 +25911,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K293_SUM = """\
-// k293_sum: sum
+K255_SUM = """\
+// k255_sum: sum
 // writes t165: f32[1,8,1]   reads: t164
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26803,8 +25945,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K294_FUSED_MUL_SUB = """\
-// k294_fused_mul_sub: mul -> sub
+K256_FUSED_MUL_SUB = """\
+// k256_fused_mul_sub: mul -> sub
 // writes t169: f32[1,8,64]   reads: t164, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26827,8 +25969,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K295_FUSED_MUL_SUM = """\
-// k295_fused_mul_sum: mul -> sum
+K257_FUSED_MUL_SUM = """\
+// k257_fused_mul_sum: mul -> sum
 // writes t171: f32[1,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26862,8 +26004,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K296_FUSED_MUL_ADD_RSQRT = """\
-// k296_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K258_FUSED_MUL_ADD_RSQRT = """\
+// k258_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[1,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -26893,12 +26035,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K297_MATMUL = """\
-// k297_matmul: matmul
+K259_MATMUL = """\
+// k259_matmul: matmul
 // writes t183: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k297_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k259_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27141,12 +26283,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K298_MATMUL = """\
-// k298_matmul: matmul
+K260_MATMUL = """\
+// k260_matmul: matmul
 // writes t186: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k298_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k260_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27389,12 +26531,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K299_MATMUL = """\
-// k299_matmul: matmul
+K261_MATMUL = """\
+// k261_matmul: matmul
 // writes t189: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k299_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k261_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27637,12 +26779,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K300_MATMUL_MUL_GREATER_WHERE = """\
-// k300_matmul_mul_greater_where: matmul -> mul -> greater -> where
+K262_MATMUL_MUL_GREATER_WHERE = """\
+// k262_matmul_mul_greater_where: matmul -> mul -> greater -> where
 // writes t203: f32[1,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k300_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
+// k262_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27757,8 +26899,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K301_MAX = """\
-// k301_max: max
+K263_MAX = """\
+// k263_max: max
 // writes t204: f32[1,4,8,1]   reads: t203
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27781,8 +26923,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K302_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k302_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K264_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k264_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t208: f32[1,4,8,8]   reads: t203, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27806,8 +26948,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K303_SUM = """\
-// k303_sum: sum
+K265_SUM = """\
+// k265_sum: sum
 // writes t209: f32[1,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27830,8 +26972,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K304_DIV = """\
-// k304_div: div
+K266_DIV = """\
+// k266_div: div
 // writes t211: f32[1,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27853,12 +26995,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K305_MATMUL = """\
-// k305_matmul: matmul
+K267_MATMUL = """\
+// k267_matmul: matmul
 // writes t212: f32[1,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k305_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k267_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27973,34 +27115,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K306_FUSED_ = """\
-// k306_fused_: reshape
-// writes t214: f32[1,8,64]   reads: t212
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 512u;
-    if (i >= 512u) {
-        return;
-    }
-    let v0: u32 = i / 64u;
-    let v1: u32 = (i / 16u) % 4u;
-    let v2: u32 = i % 16u;
-    let v3: f32 = work[v0 * 16u + v1 * 128u + v2];
-    work[512u + i] = v3;
-}
-"""
-
-K307_MATMUL_ADD = """\
-// k307_matmul_add: matmul -> add
-// writes t216: f32[1,8,64]   reads: params, t164, t214
+K268_MATMUL_ADD = """\
+// k268_matmul_add: matmul -> add
+// writes t216: f32[1,8,64]   reads: params, t164, t212
 // from addition_transformer.py:38
 //
-// k307_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[512 + m * 64 + k]
+// k268_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+//   A[bi, m, k] = work[m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -28040,10 +27161,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = min(m0 + a_p, 7u) * 16u;
+    let a_src1 = min(m0 + a_p + 4u, 7u) * 16u;
+    let a_src2 = min(m0 + a_p + 8u, 7u) * 16u;
+    let a_src3 = min(m0 + a_p + 12u, 7u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -28070,10 +27191,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -28242,8 +27363,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K308_SUM = """\
-// k308_sum: sum
+K269_SUM = """\
+// k269_sum: sum
 // writes t217: f32[1,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28276,8 +27397,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K309_FUSED_MUL_SUB = """\
-// k309_fused_mul_sub: mul -> sub
+K270_FUSED_MUL_SUB = """\
+// k270_fused_mul_sub: mul -> sub
 // writes t221: f32[1,8,64]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28300,8 +27421,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K310_FUSED_MUL_SUM = """\
-// k310_fused_mul_sum: mul -> sum
+K271_FUSED_MUL_SUM = """\
+// k271_fused_mul_sum: mul -> sum
 // writes t223: f32[1,8,1]   reads: t221
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28335,8 +27456,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K311_FUSED_MUL_ADD_RSQRT = """\
-// k311_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K272_FUSED_MUL_ADD_RSQRT = """\
+// k272_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t234: f32[1,8,64]   reads: params, t221, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28366,12 +27487,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K312_MATMUL_ADD_RELU = """\
-// k312_matmul_add_relu: matmul -> add -> relu
+K273_MATMUL_ADD_RELU = """\
+// k273_matmul_add_relu: matmul -> add -> relu
 // writes t238: f32[1,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k312_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k273_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2560 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28614,12 +27735,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K313_MATMUL_ADD = """\
-// k313_matmul_add: matmul -> add -> add
+K274_MATMUL_ADD = """\
+// k274_matmul_add: matmul -> add -> add
 // writes t242: f32[1,8,64]   reads: params, t216, t238
 // from addition_transformer.py:39
 //
-// k313_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
+// k274_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28874,8 +27995,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K314_SUM = """\
-// k314_sum: sum
+K275_SUM = """\
+// k275_sum: sum
 // writes t243: f32[1,8,1]   reads: t242
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28908,8 +28029,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K315_FUSED_MUL_SUB = """\
-// k315_fused_mul_sub: mul -> sub
+K276_FUSED_MUL_SUB = """\
+// k276_fused_mul_sub: mul -> sub
 // writes t247: f32[1,8,64]   reads: t242, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28932,8 +28053,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K316_FUSED_MUL_SUM = """\
-// k316_fused_mul_sum: mul -> sum
+K277_FUSED_MUL_SUM = """\
+// k277_fused_mul_sum: mul -> sum
 // writes t249: f32[1,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28967,8 +28088,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K317_FUSED_MUL_ADD_RSQRT = """\
-// k317_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K278_FUSED_MUL_ADD_RSQRT = """\
+// k278_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[1,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28998,12 +28119,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K318_MATMUL = """\
-// k318_matmul: matmul
+K279_MATMUL = """\
+// k279_matmul: matmul
 // writes t262: f32[1,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k318_matmul: batched matmul, 1 x [8x64] @ [64x12]
+// k279_matmul: batched matmul, 1 x [8x64] @ [64x12]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 8 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29249,8 +28370,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K319_FUSED_GATHER_ADD = """\
-// k319_fused_gather_add: gather -> add
+K280_FUSED_GATHER_ADD = """\
+// k280_fused_gather_add: gather -> add
 // writes t3: f32[128,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -29278,8 +28399,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K320_SUM = """\
-// k320_sum: sum
+K281_SUM = """\
+// k281_sum: sum
 // writes t4: f32[128,8,1]   reads: t3
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29314,8 +28435,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K321_FUSED_MUL_SUB = """\
-// k321_fused_mul_sub: mul -> sub
+K282_FUSED_MUL_SUB = """\
+// k282_fused_mul_sub: mul -> sub
 // writes t9: f32[128,8,64]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29339,8 +28460,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K322_FUSED_MUL_SUM = """\
-// k322_fused_mul_sum: mul -> sum
+K283_FUSED_MUL_SUM = """\
+// k283_fused_mul_sum: mul -> sum
 // writes t11: f32[128,8,1]   reads: t9
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29376,8 +28497,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K323_FUSED_MUL_ADD_RSQRT = """\
-// k323_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K284_FUSED_MUL_ADD_RSQRT = """\
+// k284_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t23: f32[128,8,64]   reads: params, t11, t9
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -29408,12 +28529,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K324_MATMUL = """\
-// k324_matmul: matmul
+K285_MATMUL = """\
+// k285_matmul: matmul
 // writes t24: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k324_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k285_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[131072 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29654,38 +28775,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K325_TRANSPOSE = """\
-// k325_transpose: transpose
-// writes t26: f32[128,4,8,16]   reads: t24
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[65536u + v4];
-    work[196608u + i] = v5;
-}
-"""
-
-K326_MATMUL = """\
-// k326_matmul: matmul
+K286_MATMUL = """\
+// k286_matmul: matmul
 // writes t27: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k326_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k286_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[131072 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
-//   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -29704,7 +28802,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = 196608u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -29923,12 +29021,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K327_MATMUL = """\
-// k327_matmul: matmul
+K287_MATMUL = """\
+// k287_matmul: matmul
 // writes t30: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k327_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k287_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[131072 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30169,69 +29267,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K328_TRANSPOSE = """\
-// k328_transpose: transpose
-// writes t32: f32[128,4,8,16]   reads: t30
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[262144u + v4];
-    work[131072u + i] = v5;
-}
-"""
-
-K329_TRANSPOSE = """\
-// k329_transpose: transpose
-// writes t33: f32[128,4,16,8]   reads: t27
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: f32 = work[65536u + v0 * 512u + v1 * 16u + v3 * 64u + v2];
-    work[262144u + i] = v4;
-}
-"""
-
-K330_MATMUL_MUL_GREATER_WHERE = """\
-// k330_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t47: f32[128,4,8,8]   reads: t26, t33
+K288_MATMUL_MUL_GREATER_WHERE = """\
+// k288_matmul_mul_greater_where: matmul -> mul -> greater -> where
+// writes t47: f32[128,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k330_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[196608 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[262144 + bi * 128 + k * 8 + n]
-//   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k288_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[65536 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[131072 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
@@ -30239,7 +29292,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 65536u + (bi * 8u + row) * 8u + col;
+        let i = 131072u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -30256,12 +29309,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 196608u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = 65536u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 262144u + bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 196608u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -30273,7 +29326,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -30281,49 +29334,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -30334,8 +29387,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K331_MAX = """\
-// k331_max: max
+K289_MAX = """\
+// k289_max: max
 // writes t48: f32[128,4,8,1]   reads: t47
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30352,15 +29405,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[65536u + v3];
+        let v4: f32 = work[131072u + v3];
         acc = max(acc, v4);
     }
-    work[196608u + o] = acc;
+    work[98304u + o] = acc;
 }
 """
 
-K332_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k332_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K290_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k290_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t52: f32[128,4,8,8]   reads: t47, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30372,21 +29425,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
+    let v0: f32 = work[131072u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
     let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[196608u + v5];
+    let v6: f32 = work[98304u + v5];
     let v7: f32 = v0 - v6;
     let v8: f32 = exp(v7);
-    work[98304u + i] = v8;
+    work[65536u + i] = v8;
 }
 """
 
-K333_SUM = """\
-// k333_sum: sum
+K291_SUM = """\
+// k291_sum: sum
 // writes t53: f32[128,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30403,15 +29456,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[98304u + v3];
+        let v4: f32 = work[65536u + v3];
         acc = acc + v4;
     }
-    work[65536u + o] = acc;
+    work[98304u + o] = acc;
 }
 """
 
-K334_DIV = """\
-// k334_div: div
+K292_DIV = """\
+// k292_div: div
 // writes t55: f32[128,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30423,25 +29476,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[98304u + i];
+    let v0: f32 = work[65536u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[65536u + v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[98304u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[196608u + i] = v6;
+    work[131072u + i] = v6;
 }
 """
 
-K335_MATMUL = """\
-// k335_matmul: matmul
-// writes t56: f32[128,4,8,16]   reads: t32, t55
+K293_MATMUL = """\
+// k293_matmul: matmul
+// writes t56: f32[128,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k335_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[196608 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[131072 + bi * 128 + k * 16 + n]
+// k293_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[262144 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -30476,11 +29529,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 196608u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 131072u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + bi * 128u + n0 + b_p;
+    let b_src0 = 262144u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -30493,7 +29546,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -30554,35 +29607,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K336_FUSED_ = """\
-// k336_fused_: reshape
-// writes t58: f32[128,8,64]   reads: t56
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[65536u + v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[131072u + i] = v4;
-}
-"""
-
-K337_MATMUL_ADD = """\
-// k337_matmul_add: matmul -> add
-// writes t60: f32[128,8,64]   reads: params, t3, t58
+K294_MATMUL_ADD = """\
+// k294_matmul_add: matmul -> add
+// writes t60: f32[128,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k337_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + m * 64 + k]
+// k294_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[65536 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -30620,10 +29651,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + (m0 + a_p) * 64u;
-    let a_src1 = 131072u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 131072u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 131072u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 65536u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 65536u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 65536u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 65536u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -30650,10 +29681,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -30822,8 +29853,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K338_SUM = """\
-// k338_sum: sum
+K295_SUM = """\
+// k295_sum: sum
 // writes t61: f32[128,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30858,8 +29889,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K339_FUSED_MUL_SUB = """\
-// k339_fused_mul_sub: mul -> sub
+K296_FUSED_MUL_SUB = """\
+// k296_fused_mul_sub: mul -> sub
 // writes t65: f32[128,8,64]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30883,8 +29914,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K340_FUSED_MUL_SUM = """\
-// k340_fused_mul_sum: mul -> sum
+K297_FUSED_MUL_SUM = """\
+// k297_fused_mul_sum: mul -> sum
 // writes t67: f32[128,8,1]   reads: t65
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30920,8 +29951,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K341_FUSED_MUL_ADD_RSQRT = """\
-// k341_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K298_FUSED_MUL_ADD_RSQRT = """\
+// k298_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t78: f32[128,8,64]   reads: params, t65, t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30952,12 +29983,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K342_MATMUL_ADD_RELU = """\
-// k342_matmul_add_relu: matmul -> add -> relu
+K299_MATMUL_ADD_RELU = """\
+// k299_matmul_add_relu: matmul -> add -> relu
 // writes t82: f32[128,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k342_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k299_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[327680 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31354,12 +30385,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K343_MATMUL_ADD = """\
-// k343_matmul_add: matmul -> add -> add
+K300_MATMUL_ADD = """\
+// k300_matmul_add: matmul -> add -> add
 // writes t86: f32[128,8,64]   reads: params, t60, t82
 // from addition_transformer.py:39
 //
-// k343_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k300_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31612,8 +30643,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K344_SUM = """\
-// k344_sum: sum
+K301_SUM = """\
+// k301_sum: sum
 // writes t87: f32[128,8,1]   reads: t86
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31648,8 +30679,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K345_FUSED_MUL_SUB = """\
-// k345_fused_mul_sub: mul -> sub
+K302_FUSED_MUL_SUB = """\
+// k302_fused_mul_sub: mul -> sub
 // writes t91: f32[128,8,64]   reads: t86, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31673,8 +30704,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K346_FUSED_MUL_SUM = """\
-// k346_fused_mul_sum: mul -> sum
+K303_FUSED_MUL_SUM = """\
+// k303_fused_mul_sum: mul -> sum
 // writes t93: f32[128,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31710,8 +30741,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K347_FUSED_MUL_ADD_RSQRT = """\
-// k347_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K304_FUSED_MUL_ADD_RSQRT = """\
+// k304_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[128,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -31742,12 +30773,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K348_MATMUL = """\
-// k348_matmul: matmul
+K305_MATMUL = """\
+// k305_matmul: matmul
 // writes t105: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k348_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k305_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31988,38 +31019,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K349_TRANSPOSE = """\
-// k349_transpose: transpose
-// writes t107: f32[128,4,8,16]   reads: t105
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[v4];
-    work[131072u + i] = v5;
-}
-"""
-
-K350_MATMUL = """\
-// k350_matmul: matmul
+K306_MATMUL = """\
+// k306_matmul: matmul
 // writes t108: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k350_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k306_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
-//   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -32038,7 +31046,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 64u + col;
+    let i = 131072u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -32257,12 +31265,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K351_MATMUL = """\
-// k351_matmul: matmul
+K307_MATMUL = """\
+// k307_matmul: matmul
 // writes t111: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k351_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k307_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -32503,69 +31511,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K352_TRANSPOSE = """\
-// k352_transpose: transpose
-// writes t113: f32[128,4,8,16]   reads: t111
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[196608u + v4];
-    work[65536u + i] = v5;
-}
-"""
-
-K353_TRANSPOSE = """\
-// k353_transpose: transpose
-// writes t114: f32[128,4,16,8]   reads: t108
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: f32 = work[v0 * 512u + v1 * 16u + v3 * 64u + v2];
-    work[196608u + i] = v4;
-}
-"""
-
-K354_MATMUL_MUL_GREATER_WHERE = """\
-// k354_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t125: f32[128,4,8,8]   reads: t107, t114
+K308_MATMUL_MUL_GREATER_WHERE = """\
+// k308_matmul_mul_greater_where: matmul -> mul -> greater -> where
+// writes t125: f32[128,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k354_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[196608 + bi * 128 + k * 8 + n]
-//   work[0 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k308_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
@@ -32573,7 +31536,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = (bi * 8u + row) * 8u + col;
+        let i = 65536u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -32590,12 +31553,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 131072u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 196608u + bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 131072u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -32607,7 +31570,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -32615,49 +31578,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -32668,8 +31631,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K355_MAX = """\
-// k355_max: max
+K309_MAX = """\
+// k309_max: max
 // writes t126: f32[128,4,8,1]   reads: t125
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -32686,15 +31649,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[v3];
+        let v4: f32 = work[65536u + v3];
         acc = max(acc, v4);
     }
-    work[131072u + o] = acc;
+    work[32768u + o] = acc;
 }
 """
 
-K356_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k356_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K310_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k310_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t130: f32[128,4,8,8]   reads: t125, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -32706,21 +31669,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[65536u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
     let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[131072u + v5];
+    let v6: f32 = work[32768u + v5];
     let v7: f32 = v0 - v6;
     let v8: f32 = exp(v7);
-    work[32768u + i] = v8;
+    work[i] = v8;
 }
 """
 
-K357_SUM = """\
-// k357_sum: sum
+K311_SUM = """\
+// k311_sum: sum
 // writes t131: f32[128,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -32737,15 +31700,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[32768u + v3];
+        let v4: f32 = work[v3];
         acc = acc + v4;
     }
-    work[o] = acc;
+    work[32768u + o] = acc;
 }
 """
 
-K358_DIV = """\
-// k358_div: div
+K312_DIV = """\
+// k312_div: div
 // writes t133: f32[128,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -32757,25 +31720,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[32768u + i];
+    let v0: f32 = work[i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[32768u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[131072u + i] = v6;
+    work[65536u + i] = v6;
 }
 """
 
-K359_MATMUL = """\
-// k359_matmul: matmul
-// writes t134: f32[128,4,8,16]   reads: t113, t133
+K313_MATMUL = """\
+// k313_matmul: matmul
+// writes t134: f32[128,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k359_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[65536 + bi * 128 + k * 16 + n]
+// k313_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[65536 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -32810,11 +31773,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 131072u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 65536u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 65536u + bi * 128u + n0 + b_p;
+    let b_src0 = 196608u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -32827,7 +31790,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -32888,35 +31851,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K360_FUSED_ = """\
-// k360_fused_: reshape
-// writes t136: f32[128,8,64]   reads: t134
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[65536u + i] = v4;
-}
-"""
-
-K361_MATMUL_ADD = """\
-// k361_matmul_add: matmul -> add
-// writes t138: f32[128,8,64]   reads: params, t136, t86
+K314_MATMUL_ADD = """\
+// k314_matmul_add: matmul -> add
+// writes t138: f32[128,8,64]   reads: params, t134, t86
 // from addition_transformer.py:38
 //
-// k361_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + m * 64 + k]
+// k314_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -32954,10 +31895,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 65536u + (m0 + a_p) * 64u;
-    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -32984,10 +31925,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -33156,8 +32097,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K362_SUM = """\
-// k362_sum: sum
+K315_SUM = """\
+// k315_sum: sum
 // writes t139: f32[128,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33192,8 +32133,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K363_FUSED_MUL_SUB = """\
-// k363_fused_mul_sub: mul -> sub
+K316_FUSED_MUL_SUB = """\
+// k316_fused_mul_sub: mul -> sub
 // writes t143: f32[128,8,64]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33217,8 +32158,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K364_FUSED_MUL_SUM = """\
-// k364_fused_mul_sum: mul -> sum
+K317_FUSED_MUL_SUM = """\
+// k317_fused_mul_sum: mul -> sum
 // writes t145: f32[128,8,1]   reads: t143
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33254,8 +32195,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K365_FUSED_MUL_ADD_RSQRT = """\
-// k365_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K318_FUSED_MUL_ADD_RSQRT = """\
+// k318_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t156: f32[128,8,64]   reads: params, t143, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -33286,12 +32227,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K366_MATMUL_ADD_RELU = """\
-// k366_matmul_add_relu: matmul -> add -> relu
+K319_MATMUL_ADD_RELU = """\
+// k319_matmul_add_relu: matmul -> add -> relu
 // writes t160: f32[128,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k366_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k319_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[327680 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33688,12 +32629,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K367_MATMUL_ADD = """\
-// k367_matmul_add: matmul -> add -> add
+K320_MATMUL_ADD = """\
+// k320_matmul_add: matmul -> add -> add
 // writes t164: f32[128,8,64]   reads: params, t138, t160
 // from addition_transformer.py:39
 //
-// k367_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k320_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33946,8 +32887,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K368_SUM = """\
-// k368_sum: sum
+K321_SUM = """\
+// k321_sum: sum
 // writes t165: f32[128,8,1]   reads: t164
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33982,8 +32923,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K369_FUSED_MUL_SUB = """\
-// k369_fused_mul_sub: mul -> sub
+K322_FUSED_MUL_SUB = """\
+// k322_fused_mul_sub: mul -> sub
 // writes t169: f32[128,8,64]   reads: t164, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34007,8 +32948,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K370_FUSED_MUL_SUM = """\
-// k370_fused_mul_sum: mul -> sum
+K323_FUSED_MUL_SUM = """\
+// k323_fused_mul_sum: mul -> sum
 // writes t171: f32[128,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34044,8 +32985,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K371_FUSED_MUL_ADD_RSQRT = """\
-// k371_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K324_FUSED_MUL_ADD_RSQRT = """\
+// k324_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[128,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34076,12 +33017,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K372_MATMUL = """\
-// k372_matmul: matmul
+K325_MATMUL = """\
+// k325_matmul: matmul
 // writes t183: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k372_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k325_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -34322,38 +33263,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K373_TRANSPOSE = """\
-// k373_transpose: transpose
-// writes t185: f32[128,4,8,16]   reads: t183
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[v4];
-    work[131072u + i] = v5;
-}
-"""
-
-K374_MATMUL = """\
-// k374_matmul: matmul
+K326_MATMUL = """\
+// k326_matmul: matmul
 // writes t186: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k374_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k326_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
-//   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -34372,7 +33290,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 64u + col;
+    let i = 131072u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -34591,12 +33509,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K375_MATMUL = """\
-// k375_matmul: matmul
+K327_MATMUL = """\
+// k327_matmul: matmul
 // writes t189: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k375_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k327_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -34837,69 +33755,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K376_TRANSPOSE = """\
-// k376_transpose: transpose
-// writes t191: f32[128,4,8,16]   reads: t189
-// from addition_transformer.py:35
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 16u) % 8u;
-    let v3: u32 = i % 16u;
-    let v4: u32 = v0 * 512u + v2 * 64u + v1 * 16u + v3;
-    let v5: f32 = work[196608u + v4];
-    work[65536u + i] = v5;
-}
-"""
-
-K377_TRANSPOSE = """\
-// k377_transpose: transpose
-// writes t192: f32[128,4,16,8]   reads: t186
-// from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 128u) % 4u;
-    let v2: u32 = (i / 8u) % 16u;
-    let v3: u32 = i % 8u;
-    let v4: f32 = work[v0 * 512u + v1 * 16u + v3 * 64u + v2];
-    work[196608u + i] = v4;
-}
-"""
-
-K378_MATMUL_MUL_GREATER_WHERE = """\
-// k378_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t203: f32[128,4,8,8]   reads: t185, t192
+K328_MATMUL_MUL_GREATER_WHERE = """\
+// k328_matmul_mul_greater_where: matmul -> mul -> greater -> where
+// writes t203: f32[128,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k378_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[131072 + bi * 128 + m * 16 + k]
-//   B[bi, k, n] = work[196608 + bi * 128 + k * 8 + n]
-//   work[0 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k328_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
@@ -34907,7 +33780,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = (bi * 8u + row) * 8u + col;
+        let i = 65536u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -34924,12 +33797,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 131072u + bi * 128u + min(m0 + a_p, 7u) * 16u;
+    let a_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
-    let b_src0 = 196608u + bi * 128u + min(n0 + b_p, 7u);
-    let b_st = b_k * 16u + b_p;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
+    let b_src0 = 131072u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -34941,7 +33814,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 16u; k0 += 16u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        b_ld0 = work[b_src0 + (k0 + b_k) * 8u];
+        b_ld0 = work[b_src0 + k0 + b_k];
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -34949,49 +33822,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -35002,8 +33875,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K379_MAX = """\
-// k379_max: max
+K329_MAX = """\
+// k329_max: max
 // writes t204: f32[128,4,8,1]   reads: t203
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -35020,15 +33893,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[v3];
+        let v4: f32 = work[65536u + v3];
         acc = max(acc, v4);
     }
-    work[131072u + o] = acc;
+    work[32768u + o] = acc;
 }
 """
 
-K380_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k380_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+K330_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k330_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
 // writes t208: f32[128,4,8,8]   reads: t203, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -35040,21 +33913,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[65536u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
     let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[131072u + v5];
+    let v6: f32 = work[32768u + v5];
     let v7: f32 = v0 - v6;
     let v8: f32 = exp(v7);
-    work[32768u + i] = v8;
+    work[i] = v8;
 }
 """
 
-K381_SUM = """\
-// k381_sum: sum
+K331_SUM = """\
+// k331_sum: sum
 // writes t209: f32[128,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -35071,15 +33944,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[32768u + v3];
+        let v4: f32 = work[v3];
         acc = acc + v4;
     }
-    work[o] = acc;
+    work[32768u + o] = acc;
 }
 """
 
-K382_DIV = """\
-// k382_div: div
+K332_DIV = """\
+// k332_div: div
 // writes t211: f32[128,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -35091,25 +33964,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[32768u + i];
+    let v0: f32 = work[i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[32768u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[131072u + i] = v6;
+    work[65536u + i] = v6;
 }
 """
 
-K383_MATMUL = """\
-// k383_matmul: matmul
-// writes t212: f32[128,4,8,16]   reads: t191, t211
+K333_MATMUL = """\
+// k333_matmul: matmul
+// writes t212: f32[128,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k383_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[65536 + bi * 128 + k * 16 + n]
+// k333_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[65536 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -35144,11 +34017,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 131072u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 65536u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 65536u + bi * 128u + n0 + b_p;
+    let b_src0 = 196608u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -35161,7 +34034,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 8u; k0 += 16u) {
         a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 7u)], k0 + a_k < 8u);
-        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 16u], k0 + b_k < 8u);
+        b_ld0 = select(0.0, work[b_src0 + min(k0 + b_k, 7u) * 64u], k0 + b_k < 8u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -35222,35 +34095,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K384_FUSED_ = """\
-// k384_fused_: reshape
-// writes t214: f32[128,8,64]   reads: t212
-// from addition_transformer.py:38
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: u32 = i / 512u;
-    let v1: u32 = (i / 64u) % 8u;
-    let v2: u32 = (i / 16u) % 4u;
-    let v3: u32 = i % 16u;
-    let v4: f32 = work[v0 * 512u + v1 * 16u + v2 * 128u + v3];
-    work[65536u + i] = v4;
-}
-"""
-
-K385_MATMUL_ADD = """\
-// k385_matmul_add: matmul -> add
-// writes t216: f32[128,8,64]   reads: params, t164, t214
+K334_MATMUL_ADD = """\
+// k334_matmul_add: matmul -> add
+// writes t216: f32[128,8,64]   reads: params, t164, t212
 // from addition_transformer.py:38
 //
-// k385_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + m * 64 + k]
+// k334_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -35288,10 +34139,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 65536u + (m0 + a_p) * 64u;
-    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -35318,10 +34169,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
-        a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld0 = work[a_src0 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld1 = work[a_src1 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld2 = work[a_src2 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
+        a_ld3 = work[a_src3 + ((k0 + a_k) / 16u) * 128u + (k0 + a_k) % 16u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
@@ -35490,8 +34341,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K386_SUM = """\
-// k386_sum: sum
+K335_SUM = """\
+// k335_sum: sum
 // writes t217: f32[128,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -35526,8 +34377,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K387_FUSED_MUL_SUB = """\
-// k387_fused_mul_sub: mul -> sub
+K336_FUSED_MUL_SUB = """\
+// k336_fused_mul_sub: mul -> sub
 // writes t221: f32[128,8,64]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -35551,8 +34402,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K388_FUSED_MUL_SUM = """\
-// k388_fused_mul_sum: mul -> sum
+K337_FUSED_MUL_SUM = """\
+// k337_fused_mul_sum: mul -> sum
 // writes t223: f32[128,8,1]   reads: t221
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -35588,8 +34439,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K389_FUSED_MUL_ADD_RSQRT = """\
-// k389_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K338_FUSED_MUL_ADD_RSQRT = """\
+// k338_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t234: f32[128,8,64]   reads: params, t221, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -35620,12 +34471,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K390_MATMUL_ADD_RELU = """\
-// k390_matmul_add_relu: matmul -> add -> relu
+K339_MATMUL_ADD_RELU = """\
+// k339_matmul_add_relu: matmul -> add -> relu
 // writes t238: f32[128,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k390_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k339_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[327680 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -36022,12 +34873,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K391_MATMUL_ADD = """\
-// k391_matmul_add: matmul -> add -> add
+K340_MATMUL_ADD = """\
+// k340_matmul_add: matmul -> add -> add
 // writes t242: f32[128,8,64]   reads: params, t216, t238
 // from addition_transformer.py:39
 //
-// k391_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k340_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -36280,8 +35131,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K392_SUM = """\
-// k392_sum: sum
+K341_SUM = """\
+// k341_sum: sum
 // writes t243: f32[128,8,1]   reads: t242
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -36316,8 +35167,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K393_FUSED_MUL_SUB = """\
-// k393_fused_mul_sub: mul -> sub
+K342_FUSED_MUL_SUB = """\
+// k342_fused_mul_sub: mul -> sub
 // writes t247: f32[128,8,64]   reads: t242, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -36341,8 +35192,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K394_FUSED_MUL_SUM = """\
-// k394_fused_mul_sum: mul -> sum
+K343_FUSED_MUL_SUM = """\
+// k343_fused_mul_sum: mul -> sum
 // writes t249: f32[128,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -36378,8 +35229,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K395_FUSED_MUL_ADD_RSQRT = """\
-// k395_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K344_FUSED_MUL_ADD_RSQRT = """\
+// k344_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[128,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -36410,12 +35261,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K396_MATMUL = """\
-// k396_matmul: matmul
+K345_MATMUL = """\
+// k345_matmul: matmul
 // writes t262: f32[128,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k396_matmul: batched matmul, 1 x [1024x64] @ [64x12]
+// k345_matmul: batched matmul, 1 x [1024x64] @ [64x12]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -36670,393 +35521,342 @@ WGSL = {
     "k005_mul": K005_MUL,
     "k006_fused_mul_add": K006_FUSED_MUL_ADD,
     "k007_matmul": K007_MATMUL,
-    "k008_transpose": K008_TRANSPOSE,
+    "k008_matmul": K008_MATMUL,
     "k009_matmul": K009_MATMUL,
-    "k010_matmul": K010_MATMUL,
-    "k011_transpose": K011_TRANSPOSE,
-    "k012_transpose": K012_TRANSPOSE,
-    "k013_matmul_mul_greater_where": K013_MATMUL_MUL_GREATER_WHERE,
-    "k014_max": K014_MAX,
-    "k015_fused_stop_gradient_sub_exp": K015_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k016_sum": K016_SUM,
-    "k017_div": K017_DIV,
-    "k018_matmul": K018_MATMUL,
-    "k019_fused_": K019_FUSED_,
-    "k020_matmul_add": K020_MATMUL_ADD,
-    "k021_sum": K021_SUM,
-    "k022_fused_mul_sub": K022_FUSED_MUL_SUB,
-    "k023_fused_mul_sum": K023_FUSED_MUL_SUM,
-    "k024_fused_mul_add_rsqrt": K024_FUSED_MUL_ADD_RSQRT,
-    "k025_mul": K025_MUL,
-    "k026_fused_mul_add": K026_FUSED_MUL_ADD,
-    "k027_matmul_add": K027_MATMUL_ADD,
-    "k028_relu": K028_RELU,
-    "k029_matmul_add": K029_MATMUL_ADD,
-    "k030_sum": K030_SUM,
-    "k031_fused_mul_sub": K031_FUSED_MUL_SUB,
-    "k032_fused_mul_sum": K032_FUSED_MUL_SUM,
-    "k033_fused_mul_add_rsqrt": K033_FUSED_MUL_ADD_RSQRT,
-    "k034_mul": K034_MUL,
-    "k035_fused_mul_add": K035_FUSED_MUL_ADD,
-    "k036_matmul": K036_MATMUL,
-    "k037_transpose": K037_TRANSPOSE,
-    "k038_matmul": K038_MATMUL,
-    "k039_matmul": K039_MATMUL,
-    "k040_transpose": K040_TRANSPOSE,
-    "k041_transpose": K041_TRANSPOSE,
-    "k042_matmul_mul_greater_where": K042_MATMUL_MUL_GREATER_WHERE,
-    "k043_max": K043_MAX,
-    "k044_fused_stop_gradient_sub_exp": K044_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k045_sum": K045_SUM,
-    "k046_div": K046_DIV,
-    "k047_matmul": K047_MATMUL,
-    "k048_fused_": K048_FUSED_,
-    "k049_matmul_add": K049_MATMUL_ADD,
-    "k050_sum": K050_SUM,
-    "k051_fused_mul_sub": K051_FUSED_MUL_SUB,
-    "k052_fused_mul_sum": K052_FUSED_MUL_SUM,
-    "k053_fused_mul_add_rsqrt": K053_FUSED_MUL_ADD_RSQRT,
-    "k054_mul": K054_MUL,
-    "k055_fused_mul_add": K055_FUSED_MUL_ADD,
-    "k056_matmul_add": K056_MATMUL_ADD,
-    "k057_relu": K057_RELU,
-    "k058_matmul_add": K058_MATMUL_ADD,
-    "k059_sum": K059_SUM,
-    "k060_fused_mul_sub": K060_FUSED_MUL_SUB,
-    "k061_fused_mul_sum": K061_FUSED_MUL_SUM,
-    "k062_fused_mul_add_rsqrt": K062_FUSED_MUL_ADD_RSQRT,
-    "k063_mul": K063_MUL,
-    "k064_fused_mul_add": K064_FUSED_MUL_ADD,
+    "k010_matmul_mul_greater_where": K010_MATMUL_MUL_GREATER_WHERE,
+    "k011_max": K011_MAX,
+    "k012_fused_stop_gradient_sub_exp": K012_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k013_sum": K013_SUM,
+    "k014_div": K014_DIV,
+    "k015_matmul": K015_MATMUL,
+    "k016_matmul_add": K016_MATMUL_ADD,
+    "k017_sum": K017_SUM,
+    "k018_fused_mul_sub": K018_FUSED_MUL_SUB,
+    "k019_fused_mul_sum": K019_FUSED_MUL_SUM,
+    "k020_fused_mul_add_rsqrt": K020_FUSED_MUL_ADD_RSQRT,
+    "k021_mul": K021_MUL,
+    "k022_fused_mul_add": K022_FUSED_MUL_ADD,
+    "k023_matmul_add": K023_MATMUL_ADD,
+    "k024_relu": K024_RELU,
+    "k025_matmul_add": K025_MATMUL_ADD,
+    "k026_sum": K026_SUM,
+    "k027_fused_mul_sub": K027_FUSED_MUL_SUB,
+    "k028_fused_mul_sum": K028_FUSED_MUL_SUM,
+    "k029_fused_mul_add_rsqrt": K029_FUSED_MUL_ADD_RSQRT,
+    "k030_mul": K030_MUL,
+    "k031_fused_mul_add": K031_FUSED_MUL_ADD,
+    "k032_matmul": K032_MATMUL,
+    "k033_matmul": K033_MATMUL,
+    "k034_matmul": K034_MATMUL,
+    "k035_matmul_mul_greater_where": K035_MATMUL_MUL_GREATER_WHERE,
+    "k036_max": K036_MAX,
+    "k037_fused_stop_gradient_sub_exp": K037_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k038_sum": K038_SUM,
+    "k039_div": K039_DIV,
+    "k040_matmul": K040_MATMUL,
+    "k041_matmul_add": K041_MATMUL_ADD,
+    "k042_sum": K042_SUM,
+    "k043_fused_mul_sub": K043_FUSED_MUL_SUB,
+    "k044_fused_mul_sum": K044_FUSED_MUL_SUM,
+    "k045_fused_mul_add_rsqrt": K045_FUSED_MUL_ADD_RSQRT,
+    "k046_mul": K046_MUL,
+    "k047_fused_mul_add": K047_FUSED_MUL_ADD,
+    "k048_matmul_add": K048_MATMUL_ADD,
+    "k049_relu": K049_RELU,
+    "k050_matmul_add": K050_MATMUL_ADD,
+    "k051_sum": K051_SUM,
+    "k052_fused_mul_sub": K052_FUSED_MUL_SUB,
+    "k053_fused_mul_sum": K053_FUSED_MUL_SUM,
+    "k054_fused_mul_add_rsqrt": K054_FUSED_MUL_ADD_RSQRT,
+    "k055_mul": K055_MUL,
+    "k056_fused_mul_add": K056_FUSED_MUL_ADD,
+    "k057_matmul": K057_MATMUL,
+    "k058_matmul": K058_MATMUL,
+    "k059_matmul": K059_MATMUL,
+    "k060_matmul_mul_greater_where": K060_MATMUL_MUL_GREATER_WHERE,
+    "k061_max": K061_MAX,
+    "k062_fused_stop_gradient_sub_exp": K062_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k063_sum": K063_SUM,
+    "k064_div": K064_DIV,
     "k065_matmul": K065_MATMUL,
-    "k066_transpose": K066_TRANSPOSE,
-    "k067_matmul": K067_MATMUL,
-    "k068_matmul": K068_MATMUL,
-    "k069_transpose": K069_TRANSPOSE,
-    "k070_transpose": K070_TRANSPOSE,
-    "k071_matmul_mul_greater_where": K071_MATMUL_MUL_GREATER_WHERE,
-    "k072_max": K072_MAX,
-    "k073_fused_stop_gradient_sub_exp": K073_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k074_sum": K074_SUM,
-    "k075_div": K075_DIV,
-    "k076_matmul": K076_MATMUL,
-    "k077_fused_": K077_FUSED_,
-    "k078_matmul_add": K078_MATMUL_ADD,
-    "k079_sum": K079_SUM,
-    "k080_fused_mul_sub": K080_FUSED_MUL_SUB,
-    "k081_fused_mul_sum": K081_FUSED_MUL_SUM,
-    "k082_fused_mul_add_rsqrt": K082_FUSED_MUL_ADD_RSQRT,
-    "k083_mul": K083_MUL,
-    "k084_fused_mul_add": K084_FUSED_MUL_ADD,
-    "k085_matmul_add": K085_MATMUL_ADD,
-    "k086_relu": K086_RELU,
-    "k087_matmul_add": K087_MATMUL_ADD,
-    "k088_sum": K088_SUM,
-    "k089_fused_mul_sub": K089_FUSED_MUL_SUB,
-    "k090_fused_mul_sum": K090_FUSED_MUL_SUM,
-    "k091_fused_mul_add_rsqrt": K091_FUSED_MUL_ADD_RSQRT,
-    "k092_mul": K092_MUL,
-    "k093_fused_mul_add": K093_FUSED_MUL_ADD,
+    "k066_matmul_add": K066_MATMUL_ADD,
+    "k067_sum": K067_SUM,
+    "k068_fused_mul_sub": K068_FUSED_MUL_SUB,
+    "k069_fused_mul_sum": K069_FUSED_MUL_SUM,
+    "k070_fused_mul_add_rsqrt": K070_FUSED_MUL_ADD_RSQRT,
+    "k071_mul": K071_MUL,
+    "k072_fused_mul_add": K072_FUSED_MUL_ADD,
+    "k073_matmul_add": K073_MATMUL_ADD,
+    "k074_relu": K074_RELU,
+    "k075_matmul_add": K075_MATMUL_ADD,
+    "k076_sum": K076_SUM,
+    "k077_fused_mul_sub": K077_FUSED_MUL_SUB,
+    "k078_fused_mul_sum": K078_FUSED_MUL_SUM,
+    "k079_fused_mul_add_rsqrt": K079_FUSED_MUL_ADD_RSQRT,
+    "k080_mul": K080_MUL,
+    "k081_fused_mul_add": K081_FUSED_MUL_ADD,
+    "k082_matmul": K082_MATMUL,
+    "k083_max": K083_MAX,
+    "k084_fused_stop_gradient_sub": K084_FUSED_STOP_GRADIENT_SUB,
+    "k085_exp": K085_EXP,
+    "k086_sum": K086_SUM,
+    "k087_one_hot": K087_ONE_HOT,
+    "k088_fused_log_sub_mul": K088_FUSED_LOG_SUB_MUL,
+    "k089_fused_neg_mul_sum": K089_FUSED_NEG_MUL_SUM,
+    "k090_mul": K090_MUL,
+    "k091_fused_mul_neg": K091_FUSED_MUL_NEG,
+    "k092_fused_neg_sum": K092_FUSED_NEG_SUM,
+    "k093_fused_div_mul_add": K093_FUSED_DIV_MUL_ADD,
     "k094_matmul": K094_MATMUL,
-    "k095_max": K095_MAX,
-    "k096_fused_stop_gradient_sub": K096_FUSED_STOP_GRADIENT_SUB,
-    "k097_exp": K097_EXP,
-    "k098_sum": K098_SUM,
-    "k099_one_hot": K099_ONE_HOT,
-    "k100_fused_log_sub_mul": K100_FUSED_LOG_SUB_MUL,
-    "k101_fused_neg_mul_sum": K101_FUSED_NEG_MUL_SUM,
-    "k102_mul": K102_MUL,
-    "k103_fused_mul_neg": K103_FUSED_MUL_NEG,
-    "k104_fused_neg_sum": K104_FUSED_NEG_SUM,
-    "k105_fused_div_mul_add": K105_FUSED_DIV_MUL_ADD,
-    "k106_matmul": K106_MATMUL,
+    "k095_matmul": K095_MATMUL,
+    "k096_sum": K096_SUM,
+    "k097_mul": K097_MUL,
+    "k098_fused_mul_sum": K098_FUSED_MUL_SUM,
+    "k099_fused_mul_sum": K099_FUSED_MUL_SUM,
+    "k100_fused_mul_add": K100_FUSED_MUL_ADD,
+    "k101_fused_neg_sum": K101_FUSED_NEG_SUM,
+    "k102_fused_mul_add": K102_FUSED_MUL_ADD,
+    "k103_sum": K103_SUM,
+    "k104_matmul": K104_MATMUL,
+    "k105_matmul_greater_mul": K105_MATMUL_GREATER_MUL,
+    "k106_sum": K106_SUM,
     "k107_matmul": K107_MATMUL,
-    "k108_sum": K108_SUM,
-    "k109_mul": K109_MUL,
-    "k110_fused_mul_sum": K110_FUSED_MUL_SUM,
+    "k108_matmul": K108_MATMUL,
+    "k109_sum": K109_SUM,
+    "k110_mul": K110_MUL,
     "k111_fused_mul_sum": K111_FUSED_MUL_SUM,
-    "k112_fused_mul_add": K112_FUSED_MUL_ADD,
-    "k113_fused_neg_sum": K113_FUSED_NEG_SUM,
-    "k114_fused_mul_add": K114_FUSED_MUL_ADD,
-    "k115_sum": K115_SUM,
+    "k112_fused_mul_sum": K112_FUSED_MUL_SUM,
+    "k113_fused_mul_add": K113_FUSED_MUL_ADD,
+    "k114_fused_neg_sum": K114_FUSED_NEG_SUM,
+    "k115_fused_add_mul": K115_FUSED_ADD_MUL,
     "k116_matmul": K116_MATMUL,
-    "k117_matmul_greater_mul": K117_MATMUL_GREATER_MUL,
-    "k118_sum": K118_SUM,
+    "k117_matmul": K117_MATMUL,
+    "k118_matmul": K118_MATMUL,
     "k119_matmul": K119_MATMUL,
-    "k120_matmul": K120_MATMUL,
-    "k121_sum": K121_SUM,
-    "k122_mul": K122_MUL,
-    "k123_fused_mul_sum": K123_FUSED_MUL_SUM,
-    "k124_fused_mul_sum": K124_FUSED_MUL_SUM,
-    "k125_fused_mul_add": K125_FUSED_MUL_ADD,
-    "k126_fused_neg_sum": K126_FUSED_NEG_SUM,
-    "k127_fused_add_mul": K127_FUSED_ADD_MUL,
+    "k120_fused_mul_div_neg": K120_FUSED_MUL_DIV_NEG,
+    "k121_fused_greater_div_add": K121_FUSED_GREATER_DIV_ADD,
+    "k122_matmul": K122_MATMUL,
+    "k123_matmul": K123_MATMUL,
+    "k124_matmul": K124_MATMUL,
+    "k125_matmul": K125_MATMUL,
+    "k126_matmul": K126_MATMUL,
+    "k127_matmul": K127_MATMUL,
     "k128_matmul": K128_MATMUL,
-    "k129_transpose": K129_TRANSPOSE,
-    "k130_matmul": K130_MATMUL,
-    "k131_transpose": K131_TRANSPOSE,
-    "k132_transpose": K132_TRANSPOSE,
-    "k133_matmul": K133_MATMUL,
-    "k134_matmul": K134_MATMUL,
-    "k135_fused_mul_div_neg": K135_FUSED_MUL_DIV_NEG,
-    "k136_fused_greater_div_add": K136_FUSED_GREATER_DIV_ADD,
-    "k137_transpose": K137_TRANSPOSE,
+    "k129_matmul_add": K129_MATMUL_ADD,
+    "k130_sum": K130_SUM,
+    "k131_mul": K131_MUL,
+    "k132_fused_mul_sum": K132_FUSED_MUL_SUM,
+    "k133_fused_mul_sum": K133_FUSED_MUL_SUM,
+    "k134_fused_mul_add": K134_FUSED_MUL_ADD,
+    "k135_fused_neg_sum": K135_FUSED_NEG_SUM,
+    "k136_fused_add_mul": K136_FUSED_ADD_MUL,
+    "k137_sum": K137_SUM,
     "k138_matmul": K138_MATMUL,
-    "k139_transpose": K139_TRANSPOSE,
-    "k140_matmul": K140_MATMUL,
-    "k141_fused_": K141_FUSED_,
+    "k139_matmul_greater_mul": K139_MATMUL_GREATER_MUL,
+    "k140_sum": K140_SUM,
+    "k141_matmul": K141_MATMUL,
     "k142_matmul": K142_MATMUL,
-    "k143_matmul": K143_MATMUL,
-    "k144_fused_": K144_FUSED_,
-    "k145_matmul": K145_MATMUL,
-    "k146_matmul": K146_MATMUL,
-    "k147_fused_": K147_FUSED_,
-    "k148_matmul": K148_MATMUL,
-    "k149_matmul_add": K149_MATMUL_ADD,
-    "k150_sum": K150_SUM,
-    "k151_mul": K151_MUL,
-    "k152_fused_mul_sum": K152_FUSED_MUL_SUM,
-    "k153_fused_mul_sum": K153_FUSED_MUL_SUM,
-    "k154_fused_mul_add": K154_FUSED_MUL_ADD,
-    "k155_fused_neg_sum": K155_FUSED_NEG_SUM,
-    "k156_fused_add_mul": K156_FUSED_ADD_MUL,
-    "k157_sum": K157_SUM,
+    "k143_sum": K143_SUM,
+    "k144_mul": K144_MUL,
+    "k145_fused_mul_sum": K145_FUSED_MUL_SUM,
+    "k146_fused_mul_sum": K146_FUSED_MUL_SUM,
+    "k147_fused_mul_add": K147_FUSED_MUL_ADD,
+    "k148_fused_neg_sum": K148_FUSED_NEG_SUM,
+    "k149_fused_add_mul": K149_FUSED_ADD_MUL,
+    "k150_matmul": K150_MATMUL,
+    "k151_matmul": K151_MATMUL,
+    "k152_matmul": K152_MATMUL,
+    "k153_matmul": K153_MATMUL,
+    "k154_fused_mul_div_neg": K154_FUSED_MUL_DIV_NEG,
+    "k155_fused_greater_div_add": K155_FUSED_GREATER_DIV_ADD,
+    "k156_matmul": K156_MATMUL,
+    "k157_matmul": K157_MATMUL,
     "k158_matmul": K158_MATMUL,
-    "k159_matmul_greater_mul": K159_MATMUL_GREATER_MUL,
-    "k160_sum": K160_SUM,
+    "k159_matmul": K159_MATMUL,
+    "k160_matmul": K160_MATMUL,
     "k161_matmul": K161_MATMUL,
     "k162_matmul": K162_MATMUL,
-    "k163_sum": K163_SUM,
-    "k164_mul": K164_MUL,
-    "k165_fused_mul_sum": K165_FUSED_MUL_SUM,
+    "k163_matmul_add": K163_MATMUL_ADD,
+    "k164_sum": K164_SUM,
+    "k165_mul": K165_MUL,
     "k166_fused_mul_sum": K166_FUSED_MUL_SUM,
-    "k167_fused_mul_add": K167_FUSED_MUL_ADD,
-    "k168_fused_neg_sum": K168_FUSED_NEG_SUM,
-    "k169_fused_add_mul": K169_FUSED_ADD_MUL,
-    "k170_matmul": K170_MATMUL,
-    "k171_transpose": K171_TRANSPOSE,
+    "k167_fused_mul_sum": K167_FUSED_MUL_SUM,
+    "k168_fused_mul_add": K168_FUSED_MUL_ADD,
+    "k169_fused_neg_sum": K169_FUSED_NEG_SUM,
+    "k170_fused_add_mul": K170_FUSED_ADD_MUL,
+    "k171_sum": K171_SUM,
     "k172_matmul": K172_MATMUL,
-    "k173_transpose": K173_TRANSPOSE,
-    "k174_transpose": K174_TRANSPOSE,
+    "k173_matmul_greater_mul": K173_MATMUL_GREATER_MUL,
+    "k174_sum": K174_SUM,
     "k175_matmul": K175_MATMUL,
     "k176_matmul": K176_MATMUL,
-    "k177_fused_mul_div_neg": K177_FUSED_MUL_DIV_NEG,
-    "k178_fused_greater_div_add": K178_FUSED_GREATER_DIV_ADD,
-    "k179_transpose": K179_TRANSPOSE,
-    "k180_matmul": K180_MATMUL,
-    "k181_transpose": K181_TRANSPOSE,
-    "k182_matmul": K182_MATMUL,
-    "k183_fused_": K183_FUSED_,
+    "k177_sum": K177_SUM,
+    "k178_mul": K178_MUL,
+    "k179_fused_mul_sum": K179_FUSED_MUL_SUM,
+    "k180_fused_mul_sum": K180_FUSED_MUL_SUM,
+    "k181_fused_mul_add": K181_FUSED_MUL_ADD,
+    "k182_fused_neg_sum": K182_FUSED_NEG_SUM,
+    "k183_fused_add_mul": K183_FUSED_ADD_MUL,
     "k184_matmul": K184_MATMUL,
     "k185_matmul": K185_MATMUL,
-    "k186_fused_": K186_FUSED_,
+    "k186_matmul": K186_MATMUL,
     "k187_matmul": K187_MATMUL,
-    "k188_matmul": K188_MATMUL,
-    "k189_fused_": K189_FUSED_,
+    "k188_fused_mul_div_neg": K188_FUSED_MUL_DIV_NEG,
+    "k189_fused_greater_div_add": K189_FUSED_GREATER_DIV_ADD,
     "k190_matmul": K190_MATMUL,
-    "k191_matmul_add": K191_MATMUL_ADD,
-    "k192_sum": K192_SUM,
-    "k193_mul": K193_MUL,
-    "k194_fused_mul_sum": K194_FUSED_MUL_SUM,
-    "k195_fused_mul_sum": K195_FUSED_MUL_SUM,
-    "k196_fused_mul_add": K196_FUSED_MUL_ADD,
-    "k197_fused_neg_sum": K197_FUSED_NEG_SUM,
-    "k198_fused_add_mul": K198_FUSED_ADD_MUL,
-    "k199_sum": K199_SUM,
-    "k200_matmul": K200_MATMUL,
-    "k201_matmul_greater_mul": K201_MATMUL_GREATER_MUL,
-    "k202_sum": K202_SUM,
-    "k203_matmul": K203_MATMUL,
-    "k204_matmul": K204_MATMUL,
+    "k191_matmul": K191_MATMUL,
+    "k192_matmul": K192_MATMUL,
+    "k193_matmul": K193_MATMUL,
+    "k194_matmul": K194_MATMUL,
+    "k195_matmul": K195_MATMUL,
+    "k196_matmul": K196_MATMUL,
+    "k197_matmul_add": K197_MATMUL_ADD,
+    "k198_sum": K198_SUM,
+    "k199_mul": K199_MUL,
+    "k200_fused_mul_sum": K200_FUSED_MUL_SUM,
+    "k201_fused_mul_sum": K201_FUSED_MUL_SUM,
+    "k202_fused_mul_add": K202_FUSED_MUL_ADD,
+    "k203_fused_neg_sum": K203_FUSED_NEG_SUM,
+    "k204_fused_add_mul": K204_FUSED_ADD_MUL,
     "k205_sum": K205_SUM,
-    "k206_mul": K206_MUL,
-    "k207_fused_mul_sum": K207_FUSED_MUL_SUM,
-    "k208_fused_mul_sum": K208_FUSED_MUL_SUM,
-    "k209_fused_mul_add": K209_FUSED_MUL_ADD,
-    "k210_fused_neg_sum": K210_FUSED_NEG_SUM,
-    "k211_fused_add_mul": K211_FUSED_ADD_MUL,
-    "k212_matmul": K212_MATMUL,
-    "k213_transpose": K213_TRANSPOSE,
-    "k214_matmul": K214_MATMUL,
-    "k215_transpose": K215_TRANSPOSE,
-    "k216_transpose": K216_TRANSPOSE,
-    "k217_matmul": K217_MATMUL,
-    "k218_matmul": K218_MATMUL,
-    "k219_fused_mul_div_neg": K219_FUSED_MUL_DIV_NEG,
-    "k220_fused_greater_div_add": K220_FUSED_GREATER_DIV_ADD,
-    "k221_transpose": K221_TRANSPOSE,
-    "k222_matmul": K222_MATMUL,
-    "k223_transpose": K223_TRANSPOSE,
-    "k224_matmul": K224_MATMUL,
-    "k225_fused_": K225_FUSED_,
-    "k226_matmul": K226_MATMUL,
+    "k206_pad": K206_PAD,
+    "k207_fused_one_hot_transpose": K207_FUSED_ONE_HOT_TRANSPOSE,
+    "k208_matmul_add": K208_MATMUL_ADD,
+    "k209_fused_square_sum": K209_FUSED_SQUARE_SUM,
+    "k210_fused_sqrt_add_div": K210_FUSED_SQRT_ADD_DIV,
+    "k211_fused_mul_add": K211_FUSED_MUL_ADD,
+    "k212_fused_mul_add": K212_FUSED_MUL_ADD,
+    "k213_fused_mul_less_where": K213_FUSED_MUL_LESS_WHERE,
+    "k214_fused_gather_add": K214_FUSED_GATHER_ADD,
+    "k215_sum": K215_SUM,
+    "k216_fused_mul_sub": K216_FUSED_MUL_SUB,
+    "k217_fused_mul_sum": K217_FUSED_MUL_SUM,
+    "k218_fused_mul_add_rsqrt": K218_FUSED_MUL_ADD_RSQRT,
+    "k219_matmul": K219_MATMUL,
+    "k220_matmul": K220_MATMUL,
+    "k221_matmul": K221_MATMUL,
+    "k222_matmul_mul_greater_where": K222_MATMUL_MUL_GREATER_WHERE,
+    "k223_max": K223_MAX,
+    "k224_fused_stop_gradient_sub_exp": K224_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k225_sum": K225_SUM,
+    "k226_div": K226_DIV,
     "k227_matmul": K227_MATMUL,
-    "k228_fused_": K228_FUSED_,
-    "k229_matmul": K229_MATMUL,
-    "k230_matmul": K230_MATMUL,
-    "k231_fused_": K231_FUSED_,
-    "k232_matmul": K232_MATMUL,
-    "k233_matmul_add": K233_MATMUL_ADD,
-    "k234_sum": K234_SUM,
-    "k235_mul": K235_MUL,
-    "k236_fused_mul_sum": K236_FUSED_MUL_SUM,
+    "k228_matmul_add": K228_MATMUL_ADD,
+    "k229_sum": K229_SUM,
+    "k230_fused_mul_sub": K230_FUSED_MUL_SUB,
+    "k231_fused_mul_sum": K231_FUSED_MUL_SUM,
+    "k232_fused_mul_add_rsqrt": K232_FUSED_MUL_ADD_RSQRT,
+    "k233_matmul_add_relu": K233_MATMUL_ADD_RELU,
+    "k234_matmul_add": K234_MATMUL_ADD,
+    "k235_sum": K235_SUM,
+    "k236_fused_mul_sub": K236_FUSED_MUL_SUB,
     "k237_fused_mul_sum": K237_FUSED_MUL_SUM,
-    "k238_fused_mul_add": K238_FUSED_MUL_ADD,
-    "k239_fused_neg_sum": K239_FUSED_NEG_SUM,
-    "k240_fused_add_mul": K240_FUSED_ADD_MUL,
-    "k241_sum": K241_SUM,
-    "k242_pad": K242_PAD,
-    "k243_fused_one_hot_transpose": K243_FUSED_ONE_HOT_TRANSPOSE,
-    "k244_matmul_add": K244_MATMUL_ADD,
-    "k245_fused_square_sum": K245_FUSED_SQUARE_SUM,
-    "k246_fused_sqrt_add_div": K246_FUSED_SQRT_ADD_DIV,
-    "k247_fused_mul_add": K247_FUSED_MUL_ADD,
-    "k248_fused_mul_add": K248_FUSED_MUL_ADD,
-    "k249_fused_mul_less_where": K249_FUSED_MUL_LESS_WHERE,
-    "k250_fused_gather_add": K250_FUSED_GATHER_ADD,
-    "k251_sum": K251_SUM,
-    "k252_fused_mul_sub": K252_FUSED_MUL_SUB,
-    "k253_fused_mul_sum": K253_FUSED_MUL_SUM,
-    "k254_fused_mul_add_rsqrt": K254_FUSED_MUL_ADD_RSQRT,
-    "k255_matmul": K255_MATMUL,
-    "k256_matmul": K256_MATMUL,
-    "k257_matmul": K257_MATMUL,
-    "k258_matmul_mul_greater_where": K258_MATMUL_MUL_GREATER_WHERE,
-    "k259_max": K259_MAX,
-    "k260_fused_stop_gradient_sub_exp": K260_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k261_sum": K261_SUM,
-    "k262_div": K262_DIV,
-    "k263_matmul": K263_MATMUL,
-    "k264_fused_": K264_FUSED_,
-    "k265_matmul_add": K265_MATMUL_ADD,
-    "k266_sum": K266_SUM,
-    "k267_fused_mul_sub": K267_FUSED_MUL_SUB,
-    "k268_fused_mul_sum": K268_FUSED_MUL_SUM,
-    "k269_fused_mul_add_rsqrt": K269_FUSED_MUL_ADD_RSQRT,
-    "k270_matmul_add_relu": K270_MATMUL_ADD_RELU,
-    "k271_matmul_add": K271_MATMUL_ADD,
-    "k272_sum": K272_SUM,
-    "k273_fused_mul_sub": K273_FUSED_MUL_SUB,
-    "k274_fused_mul_sum": K274_FUSED_MUL_SUM,
-    "k275_fused_mul_add_rsqrt": K275_FUSED_MUL_ADD_RSQRT,
-    "k276_matmul": K276_MATMUL,
-    "k277_matmul": K277_MATMUL,
-    "k278_matmul": K278_MATMUL,
-    "k279_matmul_mul_greater_where": K279_MATMUL_MUL_GREATER_WHERE,
-    "k280_max": K280_MAX,
-    "k281_fused_stop_gradient_sub_exp": K281_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k282_sum": K282_SUM,
-    "k283_div": K283_DIV,
-    "k284_matmul": K284_MATMUL,
-    "k285_fused_": K285_FUSED_,
-    "k286_matmul_add": K286_MATMUL_ADD,
-    "k287_sum": K287_SUM,
-    "k288_fused_mul_sub": K288_FUSED_MUL_SUB,
-    "k289_fused_mul_sum": K289_FUSED_MUL_SUM,
-    "k290_fused_mul_add_rsqrt": K290_FUSED_MUL_ADD_RSQRT,
-    "k291_matmul_add_relu": K291_MATMUL_ADD_RELU,
-    "k292_matmul_add": K292_MATMUL_ADD,
-    "k293_sum": K293_SUM,
-    "k294_fused_mul_sub": K294_FUSED_MUL_SUB,
-    "k295_fused_mul_sum": K295_FUSED_MUL_SUM,
-    "k296_fused_mul_add_rsqrt": K296_FUSED_MUL_ADD_RSQRT,
-    "k297_matmul": K297_MATMUL,
-    "k298_matmul": K298_MATMUL,
-    "k299_matmul": K299_MATMUL,
-    "k300_matmul_mul_greater_where": K300_MATMUL_MUL_GREATER_WHERE,
-    "k301_max": K301_MAX,
-    "k302_fused_stop_gradient_sub_exp": K302_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k303_sum": K303_SUM,
-    "k304_div": K304_DIV,
+    "k238_fused_mul_add_rsqrt": K238_FUSED_MUL_ADD_RSQRT,
+    "k239_matmul": K239_MATMUL,
+    "k240_matmul": K240_MATMUL,
+    "k241_matmul": K241_MATMUL,
+    "k242_matmul_mul_greater_where": K242_MATMUL_MUL_GREATER_WHERE,
+    "k243_max": K243_MAX,
+    "k244_fused_stop_gradient_sub_exp": K244_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k245_sum": K245_SUM,
+    "k246_div": K246_DIV,
+    "k247_matmul": K247_MATMUL,
+    "k248_matmul_add": K248_MATMUL_ADD,
+    "k249_sum": K249_SUM,
+    "k250_fused_mul_sub": K250_FUSED_MUL_SUB,
+    "k251_fused_mul_sum": K251_FUSED_MUL_SUM,
+    "k252_fused_mul_add_rsqrt": K252_FUSED_MUL_ADD_RSQRT,
+    "k253_matmul_add_relu": K253_MATMUL_ADD_RELU,
+    "k254_matmul_add": K254_MATMUL_ADD,
+    "k255_sum": K255_SUM,
+    "k256_fused_mul_sub": K256_FUSED_MUL_SUB,
+    "k257_fused_mul_sum": K257_FUSED_MUL_SUM,
+    "k258_fused_mul_add_rsqrt": K258_FUSED_MUL_ADD_RSQRT,
+    "k259_matmul": K259_MATMUL,
+    "k260_matmul": K260_MATMUL,
+    "k261_matmul": K261_MATMUL,
+    "k262_matmul_mul_greater_where": K262_MATMUL_MUL_GREATER_WHERE,
+    "k263_max": K263_MAX,
+    "k264_fused_stop_gradient_sub_exp": K264_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k265_sum": K265_SUM,
+    "k266_div": K266_DIV,
+    "k267_matmul": K267_MATMUL,
+    "k268_matmul_add": K268_MATMUL_ADD,
+    "k269_sum": K269_SUM,
+    "k270_fused_mul_sub": K270_FUSED_MUL_SUB,
+    "k271_fused_mul_sum": K271_FUSED_MUL_SUM,
+    "k272_fused_mul_add_rsqrt": K272_FUSED_MUL_ADD_RSQRT,
+    "k273_matmul_add_relu": K273_MATMUL_ADD_RELU,
+    "k274_matmul_add": K274_MATMUL_ADD,
+    "k275_sum": K275_SUM,
+    "k276_fused_mul_sub": K276_FUSED_MUL_SUB,
+    "k277_fused_mul_sum": K277_FUSED_MUL_SUM,
+    "k278_fused_mul_add_rsqrt": K278_FUSED_MUL_ADD_RSQRT,
+    "k279_matmul": K279_MATMUL,
+    "k280_fused_gather_add": K280_FUSED_GATHER_ADD,
+    "k281_sum": K281_SUM,
+    "k282_fused_mul_sub": K282_FUSED_MUL_SUB,
+    "k283_fused_mul_sum": K283_FUSED_MUL_SUM,
+    "k284_fused_mul_add_rsqrt": K284_FUSED_MUL_ADD_RSQRT,
+    "k285_matmul": K285_MATMUL,
+    "k286_matmul": K286_MATMUL,
+    "k287_matmul": K287_MATMUL,
+    "k288_matmul_mul_greater_where": K288_MATMUL_MUL_GREATER_WHERE,
+    "k289_max": K289_MAX,
+    "k290_fused_stop_gradient_sub_exp": K290_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k291_sum": K291_SUM,
+    "k292_div": K292_DIV,
+    "k293_matmul": K293_MATMUL,
+    "k294_matmul_add": K294_MATMUL_ADD,
+    "k295_sum": K295_SUM,
+    "k296_fused_mul_sub": K296_FUSED_MUL_SUB,
+    "k297_fused_mul_sum": K297_FUSED_MUL_SUM,
+    "k298_fused_mul_add_rsqrt": K298_FUSED_MUL_ADD_RSQRT,
+    "k299_matmul_add_relu": K299_MATMUL_ADD_RELU,
+    "k300_matmul_add": K300_MATMUL_ADD,
+    "k301_sum": K301_SUM,
+    "k302_fused_mul_sub": K302_FUSED_MUL_SUB,
+    "k303_fused_mul_sum": K303_FUSED_MUL_SUM,
+    "k304_fused_mul_add_rsqrt": K304_FUSED_MUL_ADD_RSQRT,
     "k305_matmul": K305_MATMUL,
-    "k306_fused_": K306_FUSED_,
-    "k307_matmul_add": K307_MATMUL_ADD,
-    "k308_sum": K308_SUM,
-    "k309_fused_mul_sub": K309_FUSED_MUL_SUB,
-    "k310_fused_mul_sum": K310_FUSED_MUL_SUM,
-    "k311_fused_mul_add_rsqrt": K311_FUSED_MUL_ADD_RSQRT,
-    "k312_matmul_add_relu": K312_MATMUL_ADD_RELU,
-    "k313_matmul_add": K313_MATMUL_ADD,
-    "k314_sum": K314_SUM,
-    "k315_fused_mul_sub": K315_FUSED_MUL_SUB,
-    "k316_fused_mul_sum": K316_FUSED_MUL_SUM,
-    "k317_fused_mul_add_rsqrt": K317_FUSED_MUL_ADD_RSQRT,
-    "k318_matmul": K318_MATMUL,
-    "k319_fused_gather_add": K319_FUSED_GATHER_ADD,
-    "k320_sum": K320_SUM,
-    "k321_fused_mul_sub": K321_FUSED_MUL_SUB,
-    "k322_fused_mul_sum": K322_FUSED_MUL_SUM,
-    "k323_fused_mul_add_rsqrt": K323_FUSED_MUL_ADD_RSQRT,
-    "k324_matmul": K324_MATMUL,
-    "k325_transpose": K325_TRANSPOSE,
+    "k306_matmul": K306_MATMUL,
+    "k307_matmul": K307_MATMUL,
+    "k308_matmul_mul_greater_where": K308_MATMUL_MUL_GREATER_WHERE,
+    "k309_max": K309_MAX,
+    "k310_fused_stop_gradient_sub_exp": K310_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k311_sum": K311_SUM,
+    "k312_div": K312_DIV,
+    "k313_matmul": K313_MATMUL,
+    "k314_matmul_add": K314_MATMUL_ADD,
+    "k315_sum": K315_SUM,
+    "k316_fused_mul_sub": K316_FUSED_MUL_SUB,
+    "k317_fused_mul_sum": K317_FUSED_MUL_SUM,
+    "k318_fused_mul_add_rsqrt": K318_FUSED_MUL_ADD_RSQRT,
+    "k319_matmul_add_relu": K319_MATMUL_ADD_RELU,
+    "k320_matmul_add": K320_MATMUL_ADD,
+    "k321_sum": K321_SUM,
+    "k322_fused_mul_sub": K322_FUSED_MUL_SUB,
+    "k323_fused_mul_sum": K323_FUSED_MUL_SUM,
+    "k324_fused_mul_add_rsqrt": K324_FUSED_MUL_ADD_RSQRT,
+    "k325_matmul": K325_MATMUL,
     "k326_matmul": K326_MATMUL,
     "k327_matmul": K327_MATMUL,
-    "k328_transpose": K328_TRANSPOSE,
-    "k329_transpose": K329_TRANSPOSE,
-    "k330_matmul_mul_greater_where": K330_MATMUL_MUL_GREATER_WHERE,
-    "k331_max": K331_MAX,
-    "k332_fused_stop_gradient_sub_exp": K332_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k333_sum": K333_SUM,
-    "k334_div": K334_DIV,
-    "k335_matmul": K335_MATMUL,
-    "k336_fused_": K336_FUSED_,
-    "k337_matmul_add": K337_MATMUL_ADD,
-    "k338_sum": K338_SUM,
-    "k339_fused_mul_sub": K339_FUSED_MUL_SUB,
-    "k340_fused_mul_sum": K340_FUSED_MUL_SUM,
-    "k341_fused_mul_add_rsqrt": K341_FUSED_MUL_ADD_RSQRT,
-    "k342_matmul_add_relu": K342_MATMUL_ADD_RELU,
-    "k343_matmul_add": K343_MATMUL_ADD,
-    "k344_sum": K344_SUM,
-    "k345_fused_mul_sub": K345_FUSED_MUL_SUB,
-    "k346_fused_mul_sum": K346_FUSED_MUL_SUM,
-    "k347_fused_mul_add_rsqrt": K347_FUSED_MUL_ADD_RSQRT,
-    "k348_matmul": K348_MATMUL,
-    "k349_transpose": K349_TRANSPOSE,
-    "k350_matmul": K350_MATMUL,
-    "k351_matmul": K351_MATMUL,
-    "k352_transpose": K352_TRANSPOSE,
-    "k353_transpose": K353_TRANSPOSE,
-    "k354_matmul_mul_greater_where": K354_MATMUL_MUL_GREATER_WHERE,
-    "k355_max": K355_MAX,
-    "k356_fused_stop_gradient_sub_exp": K356_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k357_sum": K357_SUM,
-    "k358_div": K358_DIV,
-    "k359_matmul": K359_MATMUL,
-    "k360_fused_": K360_FUSED_,
-    "k361_matmul_add": K361_MATMUL_ADD,
-    "k362_sum": K362_SUM,
-    "k363_fused_mul_sub": K363_FUSED_MUL_SUB,
-    "k364_fused_mul_sum": K364_FUSED_MUL_SUM,
-    "k365_fused_mul_add_rsqrt": K365_FUSED_MUL_ADD_RSQRT,
-    "k366_matmul_add_relu": K366_MATMUL_ADD_RELU,
-    "k367_matmul_add": K367_MATMUL_ADD,
-    "k368_sum": K368_SUM,
-    "k369_fused_mul_sub": K369_FUSED_MUL_SUB,
-    "k370_fused_mul_sum": K370_FUSED_MUL_SUM,
-    "k371_fused_mul_add_rsqrt": K371_FUSED_MUL_ADD_RSQRT,
-    "k372_matmul": K372_MATMUL,
-    "k373_transpose": K373_TRANSPOSE,
-    "k374_matmul": K374_MATMUL,
-    "k375_matmul": K375_MATMUL,
-    "k376_transpose": K376_TRANSPOSE,
-    "k377_transpose": K377_TRANSPOSE,
-    "k378_matmul_mul_greater_where": K378_MATMUL_MUL_GREATER_WHERE,
-    "k379_max": K379_MAX,
-    "k380_fused_stop_gradient_sub_exp": K380_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k381_sum": K381_SUM,
-    "k382_div": K382_DIV,
-    "k383_matmul": K383_MATMUL,
-    "k384_fused_": K384_FUSED_,
-    "k385_matmul_add": K385_MATMUL_ADD,
-    "k386_sum": K386_SUM,
-    "k387_fused_mul_sub": K387_FUSED_MUL_SUB,
-    "k388_fused_mul_sum": K388_FUSED_MUL_SUM,
-    "k389_fused_mul_add_rsqrt": K389_FUSED_MUL_ADD_RSQRT,
-    "k390_matmul_add_relu": K390_MATMUL_ADD_RELU,
-    "k391_matmul_add": K391_MATMUL_ADD,
-    "k392_sum": K392_SUM,
-    "k393_fused_mul_sub": K393_FUSED_MUL_SUB,
-    "k394_fused_mul_sum": K394_FUSED_MUL_SUM,
-    "k395_fused_mul_add_rsqrt": K395_FUSED_MUL_ADD_RSQRT,
-    "k396_matmul": K396_MATMUL,
+    "k328_matmul_mul_greater_where": K328_MATMUL_MUL_GREATER_WHERE,
+    "k329_max": K329_MAX,
+    "k330_fused_stop_gradient_sub_exp": K330_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k331_sum": K331_SUM,
+    "k332_div": K332_DIV,
+    "k333_matmul": K333_MATMUL,
+    "k334_matmul_add": K334_MATMUL_ADD,
+    "k335_sum": K335_SUM,
+    "k336_fused_mul_sub": K336_FUSED_MUL_SUB,
+    "k337_fused_mul_sum": K337_FUSED_MUL_SUM,
+    "k338_fused_mul_add_rsqrt": K338_FUSED_MUL_ADD_RSQRT,
+    "k339_matmul_add_relu": K339_MATMUL_ADD_RELU,
+    "k340_matmul_add": K340_MATMUL_ADD,
+    "k341_sum": K341_SUM,
+    "k342_fused_mul_sub": K342_FUSED_MUL_SUB,
+    "k343_fused_mul_sum": K343_FUSED_MUL_SUM,
+    "k344_fused_mul_add_rsqrt": K344_FUSED_MUL_ADD_RSQRT,
+    "k345_matmul": K345_MATMUL,
 }

@@ -11,6 +11,7 @@ final, steps), ("warmup", peak, steps, after), ("step", peak, every, gamma),
 from __future__ import annotations
 
 import math
+import numbers
 
 KINDS = {"linear": 3, "cosine": 3, "warmup": 3, "step": 3, "multistep": 3}
 
@@ -21,7 +22,8 @@ def normalize(spec):
         spec = spec.spec
     if isinstance(spec, bool):
         raise TypeError(f"learning rate must be a float or a schedule spec, got {spec!r}")
-    if isinstance(spec, (int, float)):
+    if isinstance(spec, numbers.Real):  # also NumPy scalars (np.float32(1e-3), np.int64(0))
+        spec = float(spec)
         if not math.isfinite(spec) or spec < 0:
             raise ValueError(f"learning rate must be a finite non-negative float, got {spec!r}")
         return float(spec)
@@ -43,6 +45,8 @@ def normalize(spec):
             f"bad learning-rate schedule {spec!r}; expected a float or e.g. ('linear', peak, final, steps)"
         )
     kind = spec[0]
+    if kind in ("warmup", "step") and int(spec[2]) <= 0:  # they divide by it
+        raise ValueError(f"{kind} schedule needs {'steps' if kind == 'warmup' else 'every'} > 0, got {spec[2]}")
     if kind == "warmup":
         return (kind, float(spec[1]), int(spec[2]), normalize(spec[3]))
     if kind == "multistep":

@@ -18,9 +18,9 @@ K000_MATMUL_ADD = """\
 @group(0) @binding(1) var<storage, read> inputs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (acc + (params[4224u + ((row * 64u + col) % 64u)]));
@@ -45,10 +45,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_k = tid % 16u;
     let a_src0 = m0 + a_p;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
     let b_src0 = n0 + b_p;
-    let b_st = b_k * 16u + b_p;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -59,8 +59,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c0_0 = 0.0;
 
     for (var k0 = 0u; k0 < 1u; k0 += 16u) {
-        a_ld0 = select(0.0, inputs[a_src0 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
-        b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 0u) * 64u], k0 + b_k < 1u);
+        a_ld0 = select(0.0, inputs[a_src0 + 0u], k0 + a_k < 1u);
+        b_ld0 = select(0.0, params[b_src0 + 0u], k0 + b_k < 1u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -68,49 +68,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -422,9 +422,9 @@ K004_MATMUL_ADD_SUB = """\
 @group(0) @binding(1) var<storage, read> inputs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
-var<workgroup> tile_b: array<vec2<f32>, 640>;
+var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
 
@@ -458,13 +458,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src3 = 49152u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid / 64u;
-    let b_k = tid % 64u;
-    let b_src0 = 4160u + min(n0 + b_p, 0u);
-    let b_src1 = 4160u + min(n0 + b_p + 4u, 0u);
-    let b_src2 = 4160u + min(n0 + b_p + 8u, 0u);
-    let b_src3 = 4160u + min(n0 + b_p + 12u, 0u);
-    let b_st = (b_k * 20u + b_p) / 2u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
+    let b_src0 = 4160u + 0u;
+    let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
     var a_ld1 = 0.0;
@@ -477,7 +474,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 160u + ty;
-    let b_rd = s * 160u + tx;
+    let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -490,17 +487,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         a_ld2 = work[a_src2 + k0 + a_k];
         a_ld3 = work[a_src3 + k0 + a_k];
         b_ld0 = params[b_src0 + k0 + b_k];
-        b_ld1 = params[b_src1 + k0 + b_k];
-        b_ld2 = params[b_src2 + k0 + b_k];
-        b_ld3 = params[b_src3 + k0 + b_k];
+        b_ld1 = params[b_src0 + k0 + b_k + 16u];
+        b_ld2 = params[b_src0 + k0 + b_k + 32u];
+        b_ld3 = params[b_src0 + k0 + b_k + 48u];
         tile_a[a_st][a_lane] = a_ld0;
         tile_a[a_st + 2u][a_lane] = a_ld1;
         tile_a[a_st + 4u][a_lane] = a_ld2;
         tile_a[a_st + 6u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 2u][b_lane] = b_ld1;
-        tile_b[b_st + 4u][b_lane] = b_ld2;
-        tile_b[b_st + 6u][b_lane] = b_ld3;
+        tile_b[b_st + 128u][b_lane] = b_ld1;
+        tile_b[b_st + 256u][b_lane] = b_ld2;
+        tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -509,91 +506,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
         let a1_0 = tile_a[a_rd + 10u];
-        let b1_0 = tile_b[b_rd + 10u];
+        let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
         let a2_0 = tile_a[a_rd + 20u];
-        let b2_0 = tile_b[b_rd + 20u];
+        let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
         let a3_0 = tile_a[a_rd + 30u];
-        let b3_0 = tile_b[b_rd + 30u];
+        let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
         let a4_0 = tile_a[a_rd + 40u];
-        let b4_0 = tile_b[b_rd + 40u];
+        let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
         let a5_0 = tile_a[a_rd + 50u];
-        let b5_0 = tile_b[b_rd + 50u];
+        let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
         let a6_0 = tile_a[a_rd + 60u];
-        let b6_0 = tile_b[b_rd + 60u];
+        let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
         let a7_0 = tile_a[a_rd + 70u];
-        let b7_0 = tile_b[b_rd + 70u];
+        let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
         let a8_0 = tile_a[a_rd + 80u];
-        let b8_0 = tile_b[b_rd + 80u];
+        let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
         let a9_0 = tile_a[a_rd + 90u];
-        let b9_0 = tile_b[b_rd + 90u];
+        let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
         let a10_0 = tile_a[a_rd + 100u];
-        let b10_0 = tile_b[b_rd + 100u];
+        let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
         let a11_0 = tile_a[a_rd + 110u];
-        let b11_0 = tile_b[b_rd + 110u];
+        let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
         let a12_0 = tile_a[a_rd + 120u];
-        let b12_0 = tile_b[b_rd + 120u];
+        let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
         let a13_0 = tile_a[a_rd + 130u];
-        let b13_0 = tile_b[b_rd + 130u];
+        let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
         let a14_0 = tile_a[a_rd + 140u];
-        let b14_0 = tile_b[b_rd + 140u];
+        let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
         let a15_0 = tile_a[a_rd + 150u];
-        let b15_0 = tile_b[b_rd + 150u];
+        let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
         c1_0 = fma(a15_0.y, b15_0.x, c1_0);
@@ -784,9 +781,9 @@ K009_MATMUL = """\
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
-var<workgroup> tile_b: array<vec2<f32>, 640>;
+var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
 
@@ -817,13 +814,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src0 = 49152u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid / 64u;
-    let b_k = tid % 64u;
-    let b_src0 = 65792u + min(n0 + b_p, 0u);
-    let b_src1 = 65792u + min(n0 + b_p + 4u, 0u);
-    let b_src2 = 65792u + min(n0 + b_p + 8u, 0u);
-    let b_src3 = 65792u + min(n0 + b_p + 12u, 0u);
-    let b_st = (b_k * 20u + b_p) / 2u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
+    let b_src0 = 65792u + 0u;
+    let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
     var a_ld1 = 0.0;
@@ -836,7 +830,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 128u + ty;
-    let b_rd = s * 160u + tx;
+    let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -849,9 +843,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
     a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
     b_ld0 = work[b_src0 + b_k];
-    b_ld1 = work[b_src1 + b_k];
-    b_ld2 = work[b_src2 + b_k];
-    b_ld3 = work[b_src3 + b_k];
+    b_ld1 = work[b_src0 + b_k + 16u];
+    b_ld2 = work[b_src0 + b_k + 32u];
+    b_ld3 = work[b_src0 + b_k + 48u];
 
     for (var k0 = 0u; k0 < 256u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -859,9 +853,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         tile_a[a_st + 256u][a_lane] = a_ld2;
         tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 2u][b_lane] = b_ld1;
-        tile_b[b_st + 4u][b_lane] = b_ld2;
-        tile_b[b_st + 6u][b_lane] = b_ld3;
+        tile_b[b_st + 128u][b_lane] = b_ld1;
+        tile_b[b_st + 256u][b_lane] = b_ld2;
+        tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 256u) {
             a_ld0 = work[a_src0 + (k0 + 64u + a_k) * 64u];
@@ -869,9 +863,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
             a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
             b_ld0 = work[b_src0 + k0 + 64u + b_k];
-            b_ld1 = work[b_src1 + k0 + 64u + b_k];
-            b_ld2 = work[b_src2 + k0 + 64u + b_k];
-            b_ld3 = work[b_src3 + k0 + 64u + b_k];
+            b_ld1 = work[b_src0 + k0 + 64u + b_k + 16u];
+            b_ld2 = work[b_src0 + k0 + 64u + b_k + 32u];
+            b_ld3 = work[b_src0 + k0 + 64u + b_k + 48u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -880,91 +874,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
         let a1_0 = tile_a[a_rd + 8u];
-        let b1_0 = tile_b[b_rd + 10u];
+        let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
         let a2_0 = tile_a[a_rd + 16u];
-        let b2_0 = tile_b[b_rd + 20u];
+        let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
         let a3_0 = tile_a[a_rd + 24u];
-        let b3_0 = tile_b[b_rd + 30u];
+        let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
         let a4_0 = tile_a[a_rd + 32u];
-        let b4_0 = tile_b[b_rd + 40u];
+        let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
         let a5_0 = tile_a[a_rd + 40u];
-        let b5_0 = tile_b[b_rd + 50u];
+        let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
         let a6_0 = tile_a[a_rd + 48u];
-        let b6_0 = tile_b[b_rd + 60u];
+        let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
         let a7_0 = tile_a[a_rd + 56u];
-        let b7_0 = tile_b[b_rd + 70u];
+        let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
         let a8_0 = tile_a[a_rd + 64u];
-        let b8_0 = tile_b[b_rd + 80u];
+        let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
         let a9_0 = tile_a[a_rd + 72u];
-        let b9_0 = tile_b[b_rd + 90u];
+        let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
         let a10_0 = tile_a[a_rd + 80u];
-        let b10_0 = tile_b[b_rd + 100u];
+        let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
         let a11_0 = tile_a[a_rd + 88u];
-        let b11_0 = tile_b[b_rd + 110u];
+        let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
         let a12_0 = tile_a[a_rd + 96u];
-        let b12_0 = tile_b[b_rd + 120u];
+        let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
         let a13_0 = tile_a[a_rd + 104u];
-        let b13_0 = tile_b[b_rd + 130u];
+        let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
         let a14_0 = tile_a[a_rd + 112u];
-        let b14_0 = tile_b[b_rd + 140u];
+        let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
         let a15_0 = tile_a[a_rd + 120u];
-        let b15_0 = tile_b[b_rd + 150u];
+        let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
         c1_0 = fma(a15_0.y, b15_0.x, c1_0);
@@ -1085,8 +1079,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c0_0 = 0.0;
 
     for (var k0 = 0u; k0 < 1u; k0 += 16u) {
-        a_ld0 = select(0.0, work[a_src0 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
-        b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 0u)], k0 + b_k < 1u);
+        a_ld0 = select(0.0, work[a_src0 + 0u], k0 + a_k < 1u);
+        b_ld0 = select(0.0, params[b_src0 + 0u], k0 + b_k < 1u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -1738,8 +1732,8 @@ K015_MATMUL = """\
 @group(0) @binding(1) var<storage, read> inputs: array<f32>;
 @group(0) @binding(2) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
@@ -1766,13 +1760,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = min(m0 + a_p, 0u);
-    let a_src1 = min(m0 + a_p + 4u, 0u);
-    let a_src2 = min(m0 + a_p + 8u, 0u);
-    let a_src3 = min(m0 + a_p + 12u, 0u);
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 0u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -1789,7 +1780,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
@@ -1799,9 +1790,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Registers hold the next slab while the current one is multiplied.
     a_ld0 = inputs[a_src0 + a_k];
-    a_ld1 = inputs[a_src1 + a_k];
-    a_ld2 = inputs[a_src2 + a_k];
-    a_ld3 = inputs[a_src3 + a_k];
+    a_ld1 = inputs[a_src0 + a_k + 16u];
+    a_ld2 = inputs[a_src0 + a_k + 32u];
+    a_ld3 = inputs[a_src0 + a_k + 48u];
     b_ld0 = work[b_src0 + (b_k) * 64u];
     b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
     b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
@@ -1809,9 +1800,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 256u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 128u][b_lane] = b_ld1;
         tile_b[b_st + 256u][b_lane] = b_ld2;
@@ -1819,9 +1810,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
         if (k0 + 64u < 256u) {
             a_ld0 = inputs[a_src0 + k0 + 64u + a_k];
-            a_ld1 = inputs[a_src1 + k0 + 64u + a_k];
-            a_ld2 = inputs[a_src2 + k0 + 64u + a_k];
-            a_ld3 = inputs[a_src3 + k0 + 64u + a_k];
+            a_ld1 = inputs[a_src0 + k0 + 64u + a_k + 16u];
+            a_ld2 = inputs[a_src0 + k0 + 64u + a_k + 32u];
+            a_ld3 = inputs[a_src0 + k0 + 64u + a_k + 48u];
             b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
             b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
             b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
@@ -1833,91 +1824,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -2076,9 +2067,9 @@ K019_MATMUL_ADD_RELU = """\
 @group(0) @binding(1) var<storage, read> inputs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (max((acc + (params[4224u + (row * 64u + col)])), 0.0));
@@ -2103,12 +2094,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = min(m0 + a_p, 0u);
+    let a_src0 = 0u;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
     let b_src0 = n0 + b_p;
-    let b_st = b_k * 16u + b_p;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -2119,8 +2110,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c0_0 = 0.0;
 
     for (var k0 = 0u; k0 < 1u; k0 += 16u) {
-        a_ld0 = select(0.0, inputs[a_src0 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
-        b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 0u) * 64u], k0 + b_k < 1u);
+        a_ld0 = select(0.0, inputs[a_src0 + 0u], k0 + a_k < 1u);
+        b_ld0 = select(0.0, params[b_src0 + 0u], k0 + b_k < 1u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -2128,49 +2119,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -2197,8 +2188,8 @@ K020_MATMUL_ADD_RELU = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
@@ -2225,13 +2216,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = min(m0 + a_p, 0u) * 64u;
-    let a_src1 = min(m0 + a_p + 4u, 0u) * 64u;
-    let a_src2 = min(m0 + a_p + 8u, 0u) * 64u;
-    let a_src3 = min(m0 + a_p + 12u, 0u) * 64u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 0u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -2248,7 +2236,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
@@ -2258,17 +2246,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld1 = work[a_src0 + k0 + a_k + 16u];
+        a_ld2 = work[a_src0 + k0 + a_k + 32u];
+        a_ld3 = work[a_src0 + k0 + a_k + 48u];
         b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
         b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
         b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
         b_ld3 = params[b_src0 + (k0 + b_k + 48u) * 64u];
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 128u][b_lane] = b_ld1;
         tile_b[b_st + 256u][b_lane] = b_ld2;
@@ -2280,91 +2268,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -2445,9 +2433,9 @@ K021_MATMUL_ADD = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
-var<workgroup> tile_b: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
+var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
 
@@ -2473,21 +2461,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = 64u + min(m0 + a_p, 0u) * 64u;
-    let a_src1 = 64u + min(m0 + a_p + 4u, 0u) * 64u;
-    let a_src2 = 64u + min(m0 + a_p + 8u, 0u) * 64u;
-    let a_src3 = 64u + min(m0 + a_p + 12u, 0u) * 64u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = 64u + 0u;
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid / 64u;
-    let b_k = tid % 64u;
-    let b_src0 = 4160u + min(n0 + b_p, 0u);
-    let b_src1 = 4160u + min(n0 + b_p + 4u, 0u);
-    let b_src2 = 4160u + min(n0 + b_p + 8u, 0u);
-    let b_src3 = 4160u + min(n0 + b_p + 12u, 0u);
-    let b_st = (b_k * 20u + b_p) / 2u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
+    let b_src0 = 4160u + 0u;
+    let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
     var a_ld1 = 0.0;
@@ -2499,8 +2481,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
-    let b_rd = s * 160u + tx;
+    let a_rd = s * 128u + ty;
+    let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -2509,21 +2491,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 64u; k0 += 64u) {
         a_ld0 = work[a_src0 + k0 + a_k];
-        a_ld1 = work[a_src1 + k0 + a_k];
-        a_ld2 = work[a_src2 + k0 + a_k];
-        a_ld3 = work[a_src3 + k0 + a_k];
+        a_ld1 = work[a_src0 + k0 + a_k + 16u];
+        a_ld2 = work[a_src0 + k0 + a_k + 32u];
+        a_ld3 = work[a_src0 + k0 + a_k + 48u];
         b_ld0 = params[b_src0 + k0 + b_k];
-        b_ld1 = params[b_src1 + k0 + b_k];
-        b_ld2 = params[b_src2 + k0 + b_k];
-        b_ld3 = params[b_src3 + k0 + b_k];
+        b_ld1 = params[b_src0 + k0 + b_k + 16u];
+        b_ld2 = params[b_src0 + k0 + b_k + 32u];
+        b_ld3 = params[b_src0 + k0 + b_k + 48u];
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 2u][b_lane] = b_ld1;
-        tile_b[b_st + 4u][b_lane] = b_ld2;
-        tile_b[b_st + 6u][b_lane] = b_ld3;
+        tile_b[b_st + 128u][b_lane] = b_ld1;
+        tile_b[b_st + 256u][b_lane] = b_ld2;
+        tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -2531,92 +2513,92 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
-        let b1_0 = tile_b[b_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
+        let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
-        let b2_0 = tile_b[b_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
+        let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
-        let b3_0 = tile_b[b_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
+        let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
-        let b4_0 = tile_b[b_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
+        let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
-        let b5_0 = tile_b[b_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
+        let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
-        let b6_0 = tile_b[b_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
+        let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
-        let b7_0 = tile_b[b_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
+        let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
-        let b8_0 = tile_b[b_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
+        let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
-        let b9_0 = tile_b[b_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
+        let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
-        let b10_0 = tile_b[b_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
+        let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
-        let b11_0 = tile_b[b_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
+        let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
-        let b12_0 = tile_b[b_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
+        let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
-        let b13_0 = tile_b[b_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
+        let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
-        let b14_0 = tile_b[b_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
+        let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
-        let b15_0 = tile_b[b_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
+        let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
         c1_0 = fma(a15_0.y, b15_0.x, c1_0);
@@ -2697,9 +2679,9 @@ K022_MATMUL_ADD_RELU = """\
 @group(0) @binding(1) var<storage, read> inputs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
-var<workgroup> tile_b: array<f32, 256>;
+var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return (max((acc + (params[4224u + ((row * 64u + col) % 64u)])), 0.0));
@@ -2724,10 +2706,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_k = tid % 16u;
     let a_src0 = m0 + a_p;
     let a_st = a_k * 20u + a_p;
-    let b_p = tid % 16u;
-    let b_k = tid / 16u;
+    let b_p = tid / 16u;
+    let b_k = tid % 16u;
     let b_src0 = n0 + b_p;
-    let b_st = b_k * 16u + b_p;
+    let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
 
@@ -2738,8 +2720,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c0_0 = 0.0;
 
     for (var k0 = 0u; k0 < 1u; k0 += 16u) {
-        a_ld0 = select(0.0, inputs[a_src0 + min(k0 + a_k, 0u)], k0 + a_k < 1u);
-        b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 0u) * 64u], k0 + b_k < 1u);
+        a_ld0 = select(0.0, inputs[a_src0 + 0u], k0 + a_k < 1u);
+        b_ld0 = select(0.0, params[b_src0 + 0u], k0 + b_k < 1u);
         tile_a[a_st] = a_ld0;
         tile_b[b_st] = b_ld0;
         workgroupBarrier();
@@ -2747,49 +2729,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let b0_0 = tile_b[b_rd];
         c0_0 = fma(a0_0, b0_0, c0_0);
         let a1_0 = tile_a[a_rd + 20u];
-        let b1_0 = tile_b[b_rd + 16u];
+        let b1_0 = tile_b[b_rd + 20u];
         c0_0 = fma(a1_0, b1_0, c0_0);
         let a2_0 = tile_a[a_rd + 40u];
-        let b2_0 = tile_b[b_rd + 32u];
+        let b2_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a2_0, b2_0, c0_0);
         let a3_0 = tile_a[a_rd + 60u];
-        let b3_0 = tile_b[b_rd + 48u];
+        let b3_0 = tile_b[b_rd + 60u];
         c0_0 = fma(a3_0, b3_0, c0_0);
         let a4_0 = tile_a[a_rd + 80u];
-        let b4_0 = tile_b[b_rd + 64u];
+        let b4_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a4_0, b4_0, c0_0);
         let a5_0 = tile_a[a_rd + 100u];
-        let b5_0 = tile_b[b_rd + 80u];
+        let b5_0 = tile_b[b_rd + 100u];
         c0_0 = fma(a5_0, b5_0, c0_0);
         let a6_0 = tile_a[a_rd + 120u];
-        let b6_0 = tile_b[b_rd + 96u];
+        let b6_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a6_0, b6_0, c0_0);
         let a7_0 = tile_a[a_rd + 140u];
-        let b7_0 = tile_b[b_rd + 112u];
+        let b7_0 = tile_b[b_rd + 140u];
         c0_0 = fma(a7_0, b7_0, c0_0);
         let a8_0 = tile_a[a_rd + 160u];
-        let b8_0 = tile_b[b_rd + 128u];
+        let b8_0 = tile_b[b_rd + 160u];
         c0_0 = fma(a8_0, b8_0, c0_0);
         let a9_0 = tile_a[a_rd + 180u];
-        let b9_0 = tile_b[b_rd + 144u];
+        let b9_0 = tile_b[b_rd + 180u];
         c0_0 = fma(a9_0, b9_0, c0_0);
         let a10_0 = tile_a[a_rd + 200u];
-        let b10_0 = tile_b[b_rd + 160u];
+        let b10_0 = tile_b[b_rd + 200u];
         c0_0 = fma(a10_0, b10_0, c0_0);
         let a11_0 = tile_a[a_rd + 220u];
-        let b11_0 = tile_b[b_rd + 176u];
+        let b11_0 = tile_b[b_rd + 220u];
         c0_0 = fma(a11_0, b11_0, c0_0);
         let a12_0 = tile_a[a_rd + 240u];
-        let b12_0 = tile_b[b_rd + 192u];
+        let b12_0 = tile_b[b_rd + 240u];
         c0_0 = fma(a12_0, b12_0, c0_0);
         let a13_0 = tile_a[a_rd + 260u];
-        let b13_0 = tile_b[b_rd + 208u];
+        let b13_0 = tile_b[b_rd + 260u];
         c0_0 = fma(a13_0, b13_0, c0_0);
         let a14_0 = tile_a[a_rd + 280u];
-        let b14_0 = tile_b[b_rd + 224u];
+        let b14_0 = tile_b[b_rd + 280u];
         c0_0 = fma(a14_0, b14_0, c0_0);
         let a15_0 = tile_a[a_rd + 300u];
-        let b15_0 = tile_b[b_rd + 240u];
+        let b15_0 = tile_b[b_rd + 300u];
         c0_0 = fma(a15_0, b15_0, c0_0);
         workgroupBarrier();
     }
@@ -3062,9 +3044,9 @@ K024_MATMUL_ADD = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
-var<workgroup> tile_b: array<vec2<f32>, 640>;
+var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
 
@@ -3098,13 +3080,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src3 = 16384u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid / 64u;
-    let b_k = tid % 64u;
-    let b_src0 = 4160u + min(n0 + b_p, 0u);
-    let b_src1 = 4160u + min(n0 + b_p + 4u, 0u);
-    let b_src2 = 4160u + min(n0 + b_p + 8u, 0u);
-    let b_src3 = 4160u + min(n0 + b_p + 12u, 0u);
-    let b_st = (b_k * 20u + b_p) / 2u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
+    let b_src0 = 4160u + 0u;
+    let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
     var a_ld1 = 0.0;
@@ -3117,7 +3096,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 160u + ty;
-    let b_rd = s * 160u + tx;
+    let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -3130,17 +3109,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         a_ld2 = work[a_src2 + k0 + a_k];
         a_ld3 = work[a_src3 + k0 + a_k];
         b_ld0 = params[b_src0 + k0 + b_k];
-        b_ld1 = params[b_src1 + k0 + b_k];
-        b_ld2 = params[b_src2 + k0 + b_k];
-        b_ld3 = params[b_src3 + k0 + b_k];
+        b_ld1 = params[b_src0 + k0 + b_k + 16u];
+        b_ld2 = params[b_src0 + k0 + b_k + 32u];
+        b_ld3 = params[b_src0 + k0 + b_k + 48u];
         tile_a[a_st][a_lane] = a_ld0;
         tile_a[a_st + 2u][a_lane] = a_ld1;
         tile_a[a_st + 4u][a_lane] = a_ld2;
         tile_a[a_st + 6u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
-        tile_b[b_st + 2u][b_lane] = b_ld1;
-        tile_b[b_st + 4u][b_lane] = b_ld2;
-        tile_b[b_st + 6u][b_lane] = b_ld3;
+        tile_b[b_st + 128u][b_lane] = b_ld1;
+        tile_b[b_st + 256u][b_lane] = b_ld2;
+        tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];
@@ -3149,91 +3128,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
         let a1_0 = tile_a[a_rd + 10u];
-        let b1_0 = tile_b[b_rd + 10u];
+        let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
         let a2_0 = tile_a[a_rd + 20u];
-        let b2_0 = tile_b[b_rd + 20u];
+        let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
         let a3_0 = tile_a[a_rd + 30u];
-        let b3_0 = tile_b[b_rd + 30u];
+        let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
         let a4_0 = tile_a[a_rd + 40u];
-        let b4_0 = tile_b[b_rd + 40u];
+        let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
         let a5_0 = tile_a[a_rd + 50u];
-        let b5_0 = tile_b[b_rd + 50u];
+        let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
         let a6_0 = tile_a[a_rd + 60u];
-        let b6_0 = tile_b[b_rd + 60u];
+        let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
         let a7_0 = tile_a[a_rd + 70u];
-        let b7_0 = tile_b[b_rd + 70u];
+        let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
         let a8_0 = tile_a[a_rd + 80u];
-        let b8_0 = tile_b[b_rd + 80u];
+        let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
         let a9_0 = tile_a[a_rd + 90u];
-        let b9_0 = tile_b[b_rd + 90u];
+        let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
         let a10_0 = tile_a[a_rd + 100u];
-        let b10_0 = tile_b[b_rd + 100u];
+        let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
         let a11_0 = tile_a[a_rd + 110u];
-        let b11_0 = tile_b[b_rd + 110u];
+        let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
         let a12_0 = tile_a[a_rd + 120u];
-        let b12_0 = tile_b[b_rd + 120u];
+        let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
         let a13_0 = tile_a[a_rd + 130u];
-        let b13_0 = tile_b[b_rd + 130u];
+        let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
         let a14_0 = tile_a[a_rd + 140u];
-        let b14_0 = tile_b[b_rd + 140u];
+        let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
         let a15_0 = tile_a[a_rd + 150u];
-        let b15_0 = tile_b[b_rd + 150u];
+        let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
         c1_0 = fma(a15_0.y, b15_0.x, c1_0);

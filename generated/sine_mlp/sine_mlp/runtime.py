@@ -196,7 +196,8 @@ class ModelBase:
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
         self._lr_origin = 0
         self.step_count = 0
-        self._engine.write("grads", 0, np.zeros(max(self._total, 1), dtype=np.float32))
+        # an Infer-only program has no gradient arena (it is 0 long)
+        self._has_grads = p["arenas"].get("grads", 0) >= self._total
         self.reset(params=True, optimizer=True)
 
     # ---- introspection ------------------------------------------------------------------
@@ -227,6 +228,8 @@ class ModelBase:
         """Gradients of the last step (before clipping), zeros before the first step."""
         with self._lock:
             self._check_open()
+            if not self._has_grads:
+                raise RuntimeError(f"{self._program['name']} was built without train=: it has no gradients")
             flat = self._engine.read("grads", 0, self._total)
             return {n: flat[o : o + _size(s)].reshape(s).copy() for n, s, _, _, o in self._params}
 
@@ -270,6 +273,8 @@ class ModelBase:
             if optimizer:
                 if self._program["arenas"].get("state", 0):
                     self._engine.write("state", 0, np.zeros(self._program["arenas"]["state"], dtype=np.float32))
+                if self._has_grads and self._total:  # no last step: grads() reads zeros, as on a new model
+                    self._engine.write("grads", 0, np.zeros(self._total, dtype=np.float32))
                 self.step_count = 0
                 self._lr_origin = 0
 
@@ -277,6 +282,7 @@ class ModelBase:
         """A float, or a schedule spec such as ("linear", 5e-3, 5e-4, 1500) or an aot.lr schedule.
         A schedule starts at its own step 1 on the next step; step_count keeps counting."""
         with self._lock:
+            self._check_open()
             if self._opt is None:
                 raise RuntimeError("this program was built without an optimizer (optimizer=None)")
             self._lr = schedules.normalize(lr)
@@ -318,8 +324,9 @@ class ModelBase:
             for d, got in zip(shape, a.shape):
                 if isinstance(d, str):
                     if got not in dims[d] or sizes.setdefault(d, got) != got:
+                        clash = f" ({d} = {sizes[d]} from an earlier input)" if got in dims[d] else ""
                         raise ValueError(
-                            f"{entry}(): input {name!r} expects {want}{_dims_note(shape, dims)}; got {_describe(a)}"
+                            f"{entry}(): input {name!r} expects {want}{_dims_note(shape, dims)}{clash}; got {_describe(a)}"
                         )
                 elif got != d:
                     raise ValueError(f"{entry}(): input {name!r} expects {want}{_dims_note(shape, dims)}; got {_describe(a)}")
@@ -399,7 +406,8 @@ class ModelBase:
             for n, a in self.params().items():
                 data["param/" + n] = a
             folder = os.path.dirname(os.path.abspath(path))
-            fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=folder)
+            prefix = "." + os.path.basename(path)[:100] + "."
+            fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".partial", dir=folder)
             try:
                 with os.fdopen(fd, "wb") as f:
                     np.savez(f, **data)
@@ -410,6 +418,14 @@ class ModelBase:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 raise
+            # a writer killed outright (SIGKILL, power loss) could not remove its temporary
+            # file: the next successful save of the same checkpoint does
+            for stale in os.listdir(folder):
+                if stale.startswith(prefix) and stale.endswith(".partial"):
+                    try:
+                        os.unlink(os.path.join(folder, stale))
+                    except OSError:
+                        pass
 
     def restore(self, path) -> None:
         """Load a checkpoint written by save(); training continues exactly where it left off."""
