@@ -105,6 +105,8 @@ class Body:
         kc = self.kc
         if kc.acc_tensor is not None and t is kc.acc_tensor:
             return "acc"
+        if id(t) in kc.computed and idx.flat == kc.self_flat:
+            return kc.computed[id(t)]  # an earlier output of this kernel, at the same element
         if t is not kc.computing and id(t) in kc.s.views:
             return self.read(t, idx)
         n = t.node
@@ -258,6 +260,8 @@ class KernelContext:
         self.plan = plan
         self.computing = computing
         self.acc_tensor: Tensor | None = None
+        self.computed: dict[int, str] = {}  # outputs already computed in this kernel, by value
+        self.self_flat = "i"  # the kernel's own flat index: reads there may use `computed`
         self.counter = 0
         self.helpers: set[str] = set()
         self.access: dict[str, str] = {}
@@ -288,13 +292,14 @@ def _grid(n_groups: int) -> tuple[int, int, int]:
 def _fused_ops(k: Kernel, s: Schedule) -> list[str]:
     """Names of the ops a kernel computes (its own node plus everything inlined into it), in graph order."""
     seen, order = set(), []
-    stack = [k.out]
+    stack = list(k.outs)
+    outs = {id(t) for t in k.outs}
     while stack:
         t = stack.pop()
         if id(t) in seen:
             continue
         seen.add(id(t))
-        if t is not k.out and id(t) in s.views and not (k.mm is not None and t is k.mm):
+        if id(t) not in outs and id(t) in s.views and not (k.mm is not None and t is k.mm):
             continue
         if t.node.op in ("const", "arange"):
             continue
@@ -335,7 +340,7 @@ def _header(name: str, k: Kernel, s: Schedule, names) -> tuple[list[str], str, s
     ins = sorted({names.get(id(r), "params") for r in k.reads})
     lines = [
         f"// {name}: {' -> '.join(ops) if ops else k.node.op}",
-        f"// writes {names[id(k.out)]}: {k.out.type_str()}   reads: {', '.join(ins) if ins else '-'}",
+        f"// writes {', '.join(names[id(t)] for t in k.outs)}: {k.out.type_str()}   reads: {', '.join(ins) if ins else '-'}",
         f"// from {site}",
     ]
     return lines, " ".join(ops), site
@@ -345,18 +350,21 @@ def _kernel(name, k: Kernel, s: Schedule, plan: Plan, names) -> KernelCode:
     header, ops, site = _header(name, k, s, names)
     out_loc = plan.loc[id(k.out)]
     if k.kind == "elementwise":
-        kc = KernelContext(s, plan, k.out)
+        kc = KernelContext(s, plan, None)
         body = Body(kc, "    ")
         n = k.out.size
-        val = body.value(k.out, Index(k.out.shape, flat="i"))
-        kc.use(out_loc.arena, write=True)
+        stores = []
+        for t in k.outs:
+            kc.computing = t
+            val = body.value(t, Index(t.shape, flat="i"))
+            kc.computed[id(t)] = val
+            stores.append(_store(kc, plan, t, val, "i"))
         groups = -(-n // WG)
         grid = _grid(groups)
-        addr = f"{out_loc.offset}u + i" if out_loc.offset else "i"
         wgsl = render(
             "wgsl/elementwise.wgsl.j2",
             header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=WG,
-            n=n, row=grid[0] * WG, lines=body.lines, store=f"{out_loc.arena}[{addr}] = {val};",
+            n=n, row=grid[0] * WG, lines=body.lines, stores=stores,
         )
         return KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     if k.kind == "reduce":
@@ -365,42 +373,50 @@ def _kernel(name, k: Kernel, s: Schedule, plan: Plan, names) -> KernelCode:
 
 
 def _reduce(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> KernelCode:
-    n = k.node
-    x = n.inputs[0]
-    axes = (n.attrs["axis"],) if n.op == "argmax" else tuple(n.attrs["axes"])
-    kept = [d for i, d in enumerate(x.shape) if i not in axes]
-    red = [x.shape[i] for i in axes]
-    n_out = _size(kept)
-    n_red = _size(red)
+    members = k.group + [k]
+    n_out, n_red = k.reduce_space()
     kc = KernelContext(s, plan, None)
-    out_loc = plan.loc[id(k.out)]
-    kc.use(out_loc.arena, write=True)
     outer = Body(kc, "    ")
-    out_idx = Index(tuple(kept), flat="o")
-    oc = out_idx.get_coords(outer) if kept else []
     inner = Body(kc, "        ")
-    r_idx = Index(tuple(red), flat="r")
-    rc = r_idx.get_coords(inner)
-    coords, ki, ri = [], 0, 0
-    for i in range(x.ndim):
-        if i in axes:
-            coords.append(rc[ri])
-            ri += 1
-        else:
-            coords.append(oc[ki])
-            ki += 1
-    val = inner.value(x, Index(x.shape, coords))
-    # the expression of the input may read values that depend only on the output index: keep them in the loop
+    accs = []
+    for m in members:
+        n = m.node
+        x = n.inputs[0]
+        axes = (n.attrs["axis"],) if n.op == "argmax" else tuple(n.attrs["axes"])
+        kept = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        oc = Index(kept, flat="o").get_coords(outer) if kept else []
+        rc = Index(tuple(x.shape[i] for i in axes), flat="r").get_coords(inner)
+        it_o, it_r = iter(oc), iter(rc)
+        coords = [next(it_r) if i in axes else next(it_o) for i in range(x.ndim)]
+        accs.append({"op": n.op, "val": inner.value(x, Index(x.shape, coords))})
     per_wg = n_red >= 256 or (n_red >= 64 and n_out < 2048)
+    # the results, then elementwise outputs of them at the same element o (the epilogue)
+    epi = Body(kc, "    ")
+    kc.self_flat = "o"
+    stores = []
+    for j, m in enumerate(members):
+        kc.computed[id(m.out)] = f"res{j}"
+        stores.append(_store(kc, plan, m.out, f"res{j}", "o"))
+    for m in members:
+        for t in m.after:
+            kc.computing = t
+            val = epi.value(t, Index(t.shape, flat="o"))
+            kc.computed[id(t)] = val
+            stores.append(_store(kc, plan, t, val, "o"))
     grid = _grid(n_out if per_wg else -(-n_out // WG))
-    addr = f"{out_loc.offset}u + o" if out_loc.offset else "o"
     wgsl = render(
         "wgsl/reduce.wgsl.j2",
         header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=WG,
-        op=n.op, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else WG),
-        outer=outer.lines, inner=inner.lines, val=val, out=f"{out_loc.arena}[{addr}]",
+        accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else WG),
+        outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
     return KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
+
+
+def _store(kc: KernelContext, plan: Plan, t: Tensor, value: str, index: str) -> str:
+    loc = plan.loc[id(t)]
+    kc.use(loc.arena, write=True)
+    return f"{loc.arena}[{loc.offset}u + {index}] = {value};" if loc.offset else f"{loc.arena}[{index}] = {value};"
 
 
 def _merge(subdims) -> tuple:
@@ -443,11 +459,22 @@ def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
     out_loc = plan.loc[id(k.out)]
     kc.use(out_loc.arena, write=True)
     epi = "acc"
+    body = Body(kc, "", inline=True)
+    flat = f"(bi * {M * N}u + row * {N}u + col)" if batch > 1 else f"(row * {N}u + col)"
     if k.mm is not None:
-        body = Body(kc, "", inline=True)
-        flat = f"(bi * {M * N}u + row * {N}u + col)" if batch > 1 else f"(row * {N}u + col)"
         epi = body.value(k.out, Index(k.out.shape, flat=flat))
-    spec = MatmulSpec(batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi)
+    # outputs merged into the epilogue: computed from C's value v at the same element
+    kc.self_flat = flat
+    kc.computed[id(k.out)] = "v"
+    extra = []
+    for j, t in enumerate(k.after):
+        kc.computing = t
+        expr = body.value(t, Index(t.shape, flat=flat))
+        loc = plan.loc[id(t)]
+        kc.use(loc.arena, write=True)
+        extra.append((f"x{j}", expr, loc.arena, loc.offset))
+        kc.computed[id(t)] = f"x{j}"
+    spec = MatmulSpec(batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi, extra_stores=tuple(extra))
     helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "")
     wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)

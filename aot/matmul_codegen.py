@@ -65,6 +65,9 @@ class MatmulSpec:
     # WGSL f32 expression of `acc` (f32 dot product) and the u32 locals `bi`, `row`, `col`
     epilogue: str = "acc"
     accumulate: bool = False  # C = C + epilogue(acc)
+    # more outputs of C's shape, computed after C's value `v` at the same element:
+    # (name, WGSL f32 expression of v / acc / bi / row / col / earlier names, buffer, element offset)
+    extra_stores: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -345,6 +348,7 @@ def render_matmul(
         a_batch=_batch_expr(spec.a, spec.batch),
         b_batch=_batch_expr(spec.b, spec.batch),
         out_index=_out_index(spec),
+        local_index=_out_index(spec, with_offset=False),
         k_guard=spec.K % slab != 0,
         out_guard=spec.M % t.BM != 0 or spec.N % t.BN != 0,
         grid=grid_info,
@@ -388,9 +392,9 @@ def split_index(expr: str, dims) -> list[str]:
     return list(reversed(terms))
 
 
-def _out_index(spec: MatmulSpec) -> str:
+def _out_index(spec: MatmulSpec, with_offset: bool = True) -> str:
     """out_offset + (bi * M + row) * N + col, without the terms that are always zero."""
-    terms = [f"{spec.out_offset}u"] if spec.out_offset else []
+    terms = [f"{spec.out_offset}u"] if spec.out_offset and with_offset else []
     rows = f"bi * {spec.M}u + row" if spec.batch > 1 else "row"
     if spec.N == 1:
         terms.append(rows)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .errors import CodegenError
 from .ir import Tensor
-from .schedule import LEAVES, POINTWISE, Kernel, Schedule
+from .schedule import LEAVES, Schedule, _identity_reads
 
 ALIGN = 64  # elements: 256-byte aligned tensors keep reads coalesced and offsets tidy
 ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32")
@@ -71,7 +71,7 @@ def plan(s: Schedule, state_offsets: dict[str, int], param_total: int) -> Plan:
             loc[id(n.out)] = Loc("state", state_offsets[n.attrs["name"]])
             sizes["state"] = max(sizes["state"], state_offsets[n.attrs["name"]] + n.out.size)
 
-    index = {id(k.out): i for i, k in enumerate(s.kernels)}
+    index = {id(t): i for i, k in enumerate(s.kernels) for t in k.outs}
     readers: dict[int, list[int]] = {}
     for i, k in enumerate(s.kernels):
         for r in k.reads:
@@ -188,26 +188,7 @@ def _in_place_ok(s: Schedule, index, readers, owner: Tensor, target: Tensor) -> 
     k = s.kernels[w]
     if k.kind != "elementwise" or owner.ndim != 1:
         return False
-    return _identity_reads(s, k, target)
-
-
-def _identity_reads(s: Schedule, k: Kernel, target: Tensor) -> bool:
-    size = k.out.size
-    stack = [(k.out, True, True)]
-    while stack:
-        t, ident, top = stack.pop()
-        v = s.views.get(id(t))
-        if v is not None and not top:
-            if v.base is target and not (ident and v.offset == 0 and v.is_contiguous(t.shape) and t.size == size):
-                return False
-            continue
-        n = t.node
-        for x in n.inputs:
-            same = ident and (
-                (n.op in POINTWISE and x.shape == t.shape) or (n.op == "reshape" and x.size == t.size)
-            )
-            stack.append((x, same, False))
-    return True
+    return all(_identity_reads(s, out, target) for out in k.outs)
 
 
 def _pack(items, loc, arena) -> int:

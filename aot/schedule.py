@@ -13,7 +13,14 @@ Rules (why in brackets):
   straight into its slice, and a concat of adjacent slices of one buffer is a view
   [the flat gradient vector costs nothing];
 - a matmul whose result feeds a chain of single-use pointwise ops computes the chain in
-  its epilogue [bias + activation never touch memory].
+  its epilogue [bias + activation never touch memory];
+- a node with several consumers is still recomputed in each when its inlined expression
+  is cheap (RECOMPUTE_BUDGET) [x - mean in LayerNorm: a kernel and a round trip saved];
+- kernels are merged when the later one consumes the earlier one's outputs element for
+  element over the same index space: elementwise into its elementwise reader [Adam's m, v
+  and p: one kernel], an elementwise reader into a matmul or reduction epilogue [relu after
+  bias, the loss scale], and reductions over the same index space into one loop [LayerNorm's
+  two weight-gradient sums].
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ LEAVES = ("input", "param", "state")
 INDEX_OPS = ("broadcast_to", "reshape", "transpose", "narrow", "const", "arange")
 VIEW_OPS = ("broadcast_to", "reshape", "transpose", "narrow")
 KERNEL_OPS = {"matmul": "matmul", "sum": "reduce", "max": "reduce", "argmax": "reduce"}
+# inlined ops a multi-consumer node may cost and still be recomputed by every consumer
+RECOMPUTE_BUDGET = 3
+COSTLY = ("exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "power", "div", "gather",
+          "take_along_axis", "unfold", "fold", "rand", "concat", "pad")
 # ops whose output element i depends only on element i of each input (same shape)
 POINTWISE = (
     "neg abs sign sqrt rsqrt exp log sin cos tanh sigmoid relu erf square power stop_gradient "
@@ -112,10 +123,28 @@ def _regroup(subdims: list[tuple[int, int]], shape) -> tuple | None:
 @dataclass(eq=False)
 class Kernel:
     kind: str  # "elementwise" | "reduce" | "matmul"
-    out: Tensor  # the tensor the kernel writes
+    out: Tensor  # the tensor the kernel writes (last)
     node: Node  # matmul/reduce node, or out.node
     mm: Tensor | None = None  # the matmul result, read as `acc` by a fused epilogue
     reads: list[Tensor] = field(default_factory=list)  # storage-owning tensors it reads
+    first: list[Tensor] = field(default_factory=list)  # merged elementwise outputs, written before `out`
+    after: list[Tensor] = field(default_factory=list)  # elementwise outputs computed in the epilogue
+    group: list["Kernel"] = field(default_factory=list)  # sibling reductions sharing this loop
+
+    @property
+    def outs(self) -> list[Tensor]:
+        return [t for g in self.group for t in g.outs] + self.first + [self.out] + self.after
+
+    def reduce_space(self) -> tuple[int, int] | None:
+        """(outputs, reduced elements per output) of a reduction kernel."""
+        if self.kind != "reduce":
+            return None
+        n, x = self.node, self.node.inputs[0]
+        axes = (n.attrs["axis"],) if n.op == "argmax" else tuple(n.attrs["axes"])
+        red = 1
+        for a in axes:
+            red *= x.shape[a]
+        return x.size // red, red
 
 
 @dataclass
@@ -156,11 +185,6 @@ def _derive_view(n: Node, v: View) -> View | None:
             dims.append(((t.shape[lead + i], 0),) if d == 1 and t.shape[lead + i] != 1 else v.dims[i])
         return View(v.base, v.offset, tuple(dims))
     return None
-
-
-def matmul_operand_ok(t: Tensor, v: View | None, shared_rhs: bool) -> bool:
-    """Any view works: the matmul kernel splits batch, row and col indices over sub-dims."""
-    return v is not None
 
 
 def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
@@ -207,22 +231,36 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
     users = g.users()
     roots = {id(t) for t in g.roots()}
     stored: set[int] = set()
+    cost: dict[int, int] = {}  # inlined ops a consumer recomputes to get this tensor
     for n in g.nodes:
         t = n.out
         if n.op in LEAVES or n.op in KERNEL_OPS or id(t) in roots:
             stored.add(id(t))
-        elif len(users[id(t)]) > 1 and n.op not in INDEX_OPS:
+            continue
+        own = 0 if n.op in INDEX_OPS else (4 if n.op in COSTLY else 1)
+        cost[id(t)] = own + sum(cost.get(id(x), 0) for x in n.inputs if id(x) not in stored)
+        # a matmul's consumer stays stored so it can become that matmul's epilogue
+        after_mm = any(x.node.op == "matmul" for x in n.inputs)
+        if len(users[id(t)]) > 1 and n.op not in INDEX_OPS and (cost[id(t)] > RECOMPUTE_BUDGET or after_mm):
             stored.add(id(t))
 
     placed: dict[int, tuple[Tensor, int]] = {}
     while True:
         views, owners = _compute_views(g, stored, params)
         changed = False
+        before = set(stored)
         for n in g.nodes:
             if n.op == "matmul":
-                for i, t in enumerate(n.inputs):
-                    if not matmul_operand_ok(t, views.get(id(t)), i == 1 and t.ndim == 2) and id(t) not in stored:
-                        stored.add(id(t))
+                for t in n.inputs:
+                    if id(t) in views:
+                        continue
+                    # store what the view chain starts from; only if that cannot help, t itself
+                    u = t
+                    while u.node.op in VIEW_OPS and id(u) not in before:
+                        u = u.node.inputs[0]
+                    u = u if id(u) not in before else t
+                    if id(u) not in stored:
+                        stored.add(id(u))
                         changed = True
         for n in g.nodes:
             if n.op == "concat" and id(n.out) in stored:
@@ -256,7 +294,97 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
     s = Schedule(g, owners, views, placed, kernels)
     for k in kernels:
         k.reads = kernel_reads(s, k)
+    _merge_elementwise(s)
     return s
+
+
+def _merge_elementwise(s: Schedule) -> None:
+    """Merge kernels until nothing changes (rules in the module docstring). A merge keeps
+    every output stored, so later readers are unaffected; it never moves a computation
+    before a kernel that produces one of its inputs."""
+    changed = True
+    while changed:
+        changed = False
+        for i, k1 in enumerate(s.kernels):
+            if any(id(t) in s.placed for t in k1.outs):
+                continue
+            written = {id(t) for t in k1.outs}
+            j = next((j for j in range(i + 1, len(s.kernels)) if any(id(r) in written for r in s.kernels[j].reads)), None)
+            if _merge_reader(s, i, j) or _merge_sibling(s, i, j):
+                changed = True
+                break
+
+
+def _same_space(s: Schedule, k1: Kernel, k2: Kernel) -> bool:
+    """k2 is elementwise over k1's output elements and reads k1's outputs element for element."""
+    return (
+        k2.kind == "elementwise"
+        and not k2.group
+        and k2.out.size == k1.out.size
+        and all(t.size == k2.out.size for t in k2.outs)
+        and not any(id(t) in s.placed for t in k2.outs)
+        and all(_identity_reads(s, out, t) for out in k2.outs for t in k1.outs)
+    )
+
+
+def _merge_reader(s: Schedule, i: int, j: int | None) -> bool:
+    if j is None:
+        return False
+    k1, k2 = s.kernels[i], s.kernels[j]
+    if not _same_space(s, k1, k2):
+        return False
+    written = {id(t) for t in k1.outs}
+    if k1.kind == "elementwise":
+        k2.first = k1.outs + k2.first
+        k2.reads = [r for r in dict.fromkeys(k1.reads + k2.reads) if id(r) not in written]
+        del s.kernels[i]
+        return True
+    if k1.kind == "reduce" and k1.group:
+        return False
+    # k2 moves up into k1's epilogue: nothing between may produce what k2 reads
+    between = {id(t) for k in s.kernels[i + 1 : j] for t in k.outs}
+    if any(id(r) in between for r in k2.reads) or k1.out.dtype != "f32" and k1.kind == "matmul":
+        return False
+    k1.after += k2.first + [k2.out] + k2.after
+    k1.reads = list(dict.fromkeys(k1.reads + [r for r in k2.reads if id(r) not in written]))
+    del s.kernels[j]
+    return True
+
+
+def _merge_sibling(s: Schedule, i: int, j: int | None) -> bool:
+    """Move reduction k1 into the next reduction k2 with the same index space, if k2 does not
+    need k1's results and nothing before k2 does."""
+    k1 = s.kernels[i]
+    if k1.kind != "reduce" or k1.group:
+        return False
+    written = {id(t) for t in k1.outs}
+    for m in range(i + 1, len(s.kernels) if j is None else j + 1):
+        k2 = s.kernels[m]
+        if k2.kind == "reduce" and k2.reduce_space() == k1.reduce_space() and m != j:
+            if any(id(r) in written for r in k2.reads):
+                return False
+            k2.group = [k1] + k2.group
+            k2.reads = list(dict.fromkeys(k1.reads + k2.reads))
+            del s.kernels[i]
+            return True
+    return False
+
+
+def _identity_reads(s: Schedule, out: Tensor, target: Tensor) -> bool:
+    """Every read of target's storage in out's expression is at out's own flat index."""
+    stack = [(out, True, True)]
+    while stack:
+        t, ident, top = stack.pop()
+        v = s.views.get(id(t))
+        if v is not None and not top:
+            if v.base is target and not (ident and v.offset == 0 and v.is_contiguous() and t.size == out.size):
+                return False
+            continue
+        n = t.node
+        for x in n.inputs:
+            same = ident and ((n.op in POINTWISE and x.shape == t.shape) or (n.op == "reshape" and x.size == t.size))
+            stack.append((x, same, False))
+    return True
 
 
 def _concat_view(n: Node, views) -> View | None:

@@ -300,9 +300,9 @@ def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int):
             "@group(0) @binding(0) var<storage, read> inputs: array<f32>;",
             f"@group(0) @binding(1) var<storage, read_write> {out_arena}: array<{out_type}>;",
         ]),
-        helpers=[], wg=wg, op=op, per_wg=per_wg, n_out=n_out, n_red=n_red,
+        helpers=[], wg=wg, accs=[{"op": op, "val": "v0"}], per_wg=per_wg, n_out=n_out, n_red=n_red,
         row=grid[0] * (1 if per_wg else wg), outer=[], inner=["        let v0: f32 = inputs[o * %du + r];" % n_red],
-        val="v0", out=f"{out_arena}[o]",
+        epilogue=[], stores=[f"{out_arena}[o] = res0;"],
     )
     return wgsl, grid, out_arena
 

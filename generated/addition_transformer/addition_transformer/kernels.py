@@ -26,7 +26,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = params[576u + v6];
     let v8: f32 = params[v1 * 64u + v2];
     let v9: f32 = v7 + v8;
-    work[i] = v9;
+    work[1572864u + i] = v9;
 }
 """
 
@@ -36,7 +36,7 @@ K001_SUM = """\
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -46,116 +46,81 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[v2];
-        acc = acc + v3;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[65536u + o] = part[0];
-    }
-}
-"""
-
-K002_FUSED_MUL_SUB = """\
-// k002_fused_mul_sub: mul -> sub
-// writes t9: f32[128,8,64]   reads: t3, t4
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[1572864u + i] = v7;
-}
-"""
-
-K003_FUSED_MUL_SUM = """\
-// k003_fused_mul_sum: mul -> sum
-// writes t11: f32[128,8,1]   reads: t9
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[1572864u + v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[3563520u + o] = res0;
     }
 }
 """
 
-K004_FUSED_MUL_ADD_RSQRT = """\
-// k004_fused_mul_add_rsqrt: mul -> add -> rsqrt
-// writes t17: f32[128,8,1]   reads: t11
+K002_FUSED_MUL_SUB_SUM = """\
+// k002_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt
+// writes t11, t17: f32[128,8,1]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 1024u;
-    if (i >= 1024u) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
-    let v1: u32 = i / 8u;
-    let v2: u32 = i % 8u;
-    let v3: f32 = v0 * 0.015625;
-    let v4: f32 = v3 + 0.00001;
-    let v5: f32 = inverseSqrt(v4);
-    work[4022272u + i] = v5;
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[1572864u + v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[3563520u + v4];
+        let v6: f32 = v5 * 0.015625;
+        let v7: f32 = v3 - v6;
+        let v8: f32 = v7 * v7;
+        acc0 = acc0 + v8;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        let v9: u32 = o / 8u;
+        let v10: u32 = o % 8u;
+        let v11: f32 = res0 * 0.015625;
+        let v12: f32 = v11 + 0.00001;
+        let v13: f32 = inverseSqrt(v12);
+        work[o] = res0;
+        work[3564544u + o] = v13;
+    }
 }
 """
 
-K005_MUL = """\
-// k005_mul: mul
-// writes t19: f32[128,8,64]   reads: t17, t9
+K003_FUSED_MUL_SUB_ADD = """\
+// k003_fused_mul_sub_add: mul -> sub -> mul -> mul -> add
+// writes t23: f32[128,8,64]   reads: params, t17, t3, t4
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -168,47 +133,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[4022272u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    work[1638400u + i] = v5;
+    let v4: u32 = v1 * 8u + v2;
+    let v5: f32 = work[3563520u + v4];
+    let v6: f32 = v5 * 0.015625;
+    let v7: f32 = v0 - v6;
+    let v8: f32 = work[3564544u + v1 * 8u + v2];
+    let v9: f32 = v7 * v8;
+    let v10: f32 = params[148800u + v3];
+    let v11: f32 = v9 * v10;
+    let v12: f32 = params[148864u + v3];
+    let v13: f32 = v11 + v12;
+    work[1638400u + i] = v13;
 }
 """
 
-K006_FUSED_MUL_ADD = """\
-// k006_fused_mul_add: mul -> add
-// writes t23: f32[128,8,64]   reads: params, t19
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[1638400u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = params[148800u + v3];
-    let v5: f32 = v0 * v4;
-    let v6: f32 = params[148864u + v3];
-    let v7: f32 = v5 + v6;
-    work[1703936u + i] = v7;
-}
-"""
-
-K007_MATMUL = """\
-// k007_matmul: matmul
+K004_MATMUL = """\
+// k004_matmul: matmul
 // writes t24: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k007_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1703936 + m * 64 + k]
+// k004_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1638400 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
-//   work[1769472 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1703936 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -227,7 +174,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1769472u + row * 64u + col;
+    let i = 1703936u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -244,10 +191,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1703936u + (m0 + a_p) * 64u;
-    let a_src1 = 1703936u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1703936u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1703936u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1638400u + (m0 + a_p) * 64u;
+    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -446,15 +393,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K008_MATMUL = """\
-// k008_matmul: matmul
+K005_MATMUL = """\
+// k005_matmul: matmul
 // writes t27: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k008_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1703936 + m * 64 + k]
+// k005_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1638400 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
-//   work[1835008 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1769472 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -473,7 +420,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1835008u + row * 64u + col;
+    let i = 1769472u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -490,10 +437,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1703936u + (m0 + a_p) * 64u;
-    let a_src1 = 1703936u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1703936u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1703936u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1638400u + (m0 + a_p) * 64u;
+    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -692,15 +639,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K009_MATMUL = """\
-// k009_matmul: matmul
+K006_MATMUL = """\
+// k006_matmul: matmul
 // writes t30: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k009_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1703936 + m * 64 + k]
+// k006_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1638400 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
-//   work[1900544 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1835008 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -719,7 +666,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1900544u + row * 64u + col;
+    let i = 1835008u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -736,10 +683,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1703936u + (m0 + a_p) * 64u;
-    let a_src1 = 1703936u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1703936u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1703936u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1638400u + (m0 + a_p) * 64u;
+    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -938,15 +885,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K010_MATMUL_MUL_GREATER_WHERE = """\
-// k010_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t47: f32[128,4,8,8]   reads: t24, t27
+K007_MATMUL = """\
+// k007_matmul: matmul
+// writes t34: f32[128,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k010_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k007_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[1703936 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[0 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -958,12 +905,12 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 65536u + (bi * 8u + row) * 8u + col;
+        let i = (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -980,11 +927,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 1703936u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -1058,9 +1005,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K011_MAX = """\
-// k011_max: max
-// writes t48: f32[128,4,8,1]   reads: t47
+K008_FUSED_MUL_GREATER_WHERE = """\
+// k008_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -1073,19 +1020,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[65536u + v3];
-        acc = max(acc, v4);
+        let v3: u32 = r;
+        let v4: u32 = v2;
+        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v7: f32 = work[v6];
+        let v8: f32 = v7 * 0.25;
+        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
+        acc0 = max(acc0, v9);
     }
-    work[98304u + o] = acc;
+    let res0 = acc0;
+    work[32768u + o] = res0;
 }
 """
 
-K012_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k012_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t52: f32[128,4,8,8]   reads: t47, t48
+K009_FUSED_MUL_GREATER_WHERE = """\
+// k009_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t52: f32[128,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -1096,21 +1049,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
-    let v1: u32 = i / 256u;
-    let v2: u32 = (i / 64u) % 4u;
-    let v3: u32 = (i / 8u) % 8u;
-    let v4: u32 = i % 8u;
-    let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[98304u + v5];
-    let v7: f32 = v0 - v6;
-    let v8: f32 = exp(v7);
-    work[3801088u + i] = v8;
+    let v0: u32 = i / 256u;
+    let v1: u32 = (i / 64u) % 4u;
+    let v2: u32 = (i / 8u) % 8u;
+    let v3: u32 = i % 8u;
+    let v4: u32 = v3;
+    let v5: u32 = v2;
+    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
+    let v7: f32 = work[i];
+    let v8: f32 = v7 * 0.25;
+    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
+    let v10: u32 = v0 * 32u + v1 * 8u + v2;
+    let v11: f32 = work[32768u + v10];
+    let v12: f32 = v9 - v11;
+    let v13: f32 = exp(v12);
+    work[3342336u + i] = v13;
 }
 """
 
-K013_SUM = """\
-// k013_sum: sum
+K010_SUM = """\
+// k010_sum: sum
 // writes t53: f32[128,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1124,18 +1082,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[3801088u + v3];
-        acc = acc + v4;
+        let v4: f32 = work[3342336u + v3];
+        acc0 = acc0 + v4;
     }
-    work[4009984u + o] = acc;
+    let res0 = acc0;
+    work[3551232u + o] = res0;
 }
 """
 
-K014_DIV = """\
-// k014_div: div
+K011_DIV = """\
+// k011_div: div
 // writes t55: f32[128,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1147,26 +1106,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[3801088u + i];
+    let v0: f32 = work[3342336u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[4009984u + v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[3551232u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[3833856u + i] = v6;
+    work[3375104u + i] = v6;
 }
 """
 
-K015_MATMUL = """\
-// k015_matmul: matmul
+K012_MATMUL = """\
+// k012_matmul: matmul
 // writes t56: f32[128,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k015_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3833856 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[1900544 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[1966080 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k012_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[3375104 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[1900544 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -1183,7 +1142,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 1966080u + (bi * 8u + row) * 16u + col;
+        let i = 1900544u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -1200,11 +1159,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3833856u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 3375104u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1900544u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -1278,15 +1237,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K016_MATMUL_ADD = """\
-// k016_matmul_add: matmul -> add
+K013_MATMUL_ADD = """\
+// k013_matmul_add: matmul -> add
 // writes t60: f32[128,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k016_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1966080 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k013_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1900544 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
-//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1966080 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -1301,11 +1260,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[(row * 64u + col)]) + acc);
+    return ((work[1572864u + (row * 64u + col)]) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 64u + col;
+    let i = 1966080u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -1322,10 +1281,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1966080u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 1966080u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 1966080u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 1966080u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 1900544u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 1900544u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 1900544u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 1900544u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -1524,13 +1483,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K017_SUM = """\
-// k017_sum: sum
+K014_SUM = """\
+// k014_sum: sum
 // writes t61: f32[128,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -1540,58 +1499,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[524288u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[1966080u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[o] = part[0];
+        let res0 = part0[0];
+        work[3565568u + o] = res0;
     }
 }
 """
 
-K018_FUSED_MUL_SUB = """\
-// k018_fused_mul_sub: mul -> sub
-// writes t65: f32[128,8,64]   reads: t60, t61
+K015_FUSED_MUL_SUB_SUM = """\
+// k015_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt
+// writes t67, t72: f32[128,8,1]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[524288u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[2031616u + i] = v7;
-}
-"""
-
-K019_FUSED_MUL_SUM = """\
-// k019_fused_mul_sum: mul -> sum
-// writes t67: f32[128,8,1]   reads: t65
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -1601,76 +1536,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2031616u + v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        let v3: f32 = work[1966080u + v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[3565568u + v4];
+        let v6: f32 = v5 * 0.015625;
+        let v7: f32 = v3 - v6;
+        let v8: f32 = v7 * v7;
+        acc0 = acc0 + v8;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[o] = part[0];
+        let res0 = part0[0];
+        let v9: u32 = o / 8u;
+        let v10: u32 = o % 8u;
+        let v11: f32 = res0 * 0.015625;
+        let v12: f32 = v11 + 0.00001;
+        let v13: f32 = inverseSqrt(v12);
+        work[o] = res0;
+        work[3566592u + o] = v13;
     }
 }
 """
 
-K020_FUSED_MUL_ADD_RSQRT = """\
-// k020_fused_mul_add_rsqrt: mul -> add -> rsqrt
-// writes t72: f32[128,8,1]   reads: t67
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 1024u;
-    if (i >= 1024u) {
-        return;
-    }
-    let v0: f32 = work[i];
-    let v1: u32 = i / 8u;
-    let v2: u32 = i % 8u;
-    let v3: f32 = v0 * 0.015625;
-    let v4: f32 = v3 + 0.00001;
-    let v5: f32 = inverseSqrt(v4);
-    work[4023296u + i] = v5;
-}
-"""
-
-K021_MUL = """\
-// k021_mul: mul
-// writes t74: f32[128,8,64]   reads: t65, t72
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[2031616u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4023296u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    work[2097152u + i] = v5;
-}
-"""
-
-K022_FUSED_MUL_ADD = """\
-// k022_fused_mul_add: mul -> add
-// writes t78: f32[128,8,64]   reads: params, t74
+K016_FUSED_MUL_SUB_ADD = """\
+// k016_fused_mul_sub_add: mul -> sub -> mul -> mul -> add
+// writes t78: f32[128,8,64]   reads: params, t60, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -1682,27 +1582,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2097152u + i];
+    let v0: f32 = work[1966080u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = params[148928u + v3];
-    let v5: f32 = v0 * v4;
-    let v6: f32 = params[148992u + v3];
-    let v7: f32 = v5 + v6;
-    work[2162688u + i] = v7;
+    let v4: u32 = v1 * 8u + v2;
+    let v5: f32 = work[3565568u + v4];
+    let v6: f32 = v5 * 0.015625;
+    let v7: f32 = v0 - v6;
+    let v8: f32 = work[3566592u + v1 * 8u + v2];
+    let v9: f32 = v7 * v8;
+    let v10: f32 = params[148928u + v3];
+    let v11: f32 = v9 * v10;
+    let v12: f32 = params[148992u + v3];
+    let v13: f32 = v11 + v12;
+    work[2031616u + i] = v13;
 }
 """
 
-K023_MATMUL_ADD = """\
-// k023_matmul_add: matmul -> add
-// writes t81: f32[128,8,256]   reads: params, t78
+K017_MATMUL_ADD_RELU = """\
+// k017_matmul_add_relu: matmul -> add -> relu
+// writes t81, t82: f32[128,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k023_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[2162688 + m * 64 + k]
+// k017_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[2031616 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
-//   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -1721,8 +1627,12 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 256u + col;
-    work[i] = epilogue(acc, bi, row, col);
+    let i = 262144u + row * 256u + col;
+    let v = epilogue(acc, bi, row, col);
+    work[i] = v;
+    let e = row * 256u + col;
+    let x0 = (max(v, 0.0));
+    work[e] = x0;
 }
 
 @compute @workgroup_size(256)
@@ -1738,10 +1648,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 2162688u + (m0 + a_p) * 64u;
-    let a_src1 = 2162688u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 2162688u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 2162688u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 2031616u + (m0 + a_p) * 64u;
+    let a_src1 = 2031616u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 2031616u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 2031616u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;
@@ -2096,34 +2006,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K024_RELU = """\
-// k024_relu: relu
-// writes t82: f32[128,8,256]   reads: t81
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 262144u;
-    if (i >= 262144u) {
-        return;
-    }
-    let v0: f32 = work[i];
-    let v1: f32 = max(v0, 0.0);
-    work[262144u + i] = v1;
-}
-"""
-
-K025_MATMUL_ADD = """\
-// k025_matmul_add: matmul -> add -> add
-// writes t86: f32[128,8,64]   reads: params, t60, t82
+K018_MATMUL = """\
+// k018_matmul: matmul
+// writes t83: f32[128,8,64]   reads: params, t82
 // from addition_transformer.py:39
 //
-// k025_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[262144 + m * 256 + k]
+// k018_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+//   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
-//   work[589824 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2138,11 +2029,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[524288u + (row * 64u + col)]) + (acc + (params[149312u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 589824u + row * 64u + col;
+    let i = 524288u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -2159,10 +2050,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 262144u + (m0 + a_p) * 256u;
-    let a_src1 = 262144u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 262144u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 262144u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = (m0 + a_p) * 256u;
+    let a_src1 = (m0 + a_p + 4u) * 256u;
+    let a_src2 = (m0 + a_p + 8u) * 256u;
+    let a_src3 = (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -2373,13 +2264,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K026_SUM = """\
-// k026_sum: sum
-// writes t87: f32[128,8,1]   reads: t86
+K019_FUSED_ADD_SUM = """\
+// k019_fused_add_sum: add -> add -> sum
+// writes t87: f32[128,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -2389,137 +2281,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[589824u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[1966080u + v2];
+        let v4: f32 = work[524288u + v2];
+        let v5: f32 = params[149312u + r];
+        let v6: f32 = v4 + v5;
+        let v7: f32 = v3 + v6;
+        acc0 = acc0 + v7;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[524288u + o] = part[0];
+        let res0 = part0[0];
+        work[589824u + o] = res0;
     }
 }
 """
 
-K027_FUSED_MUL_SUB = """\
-// k027_fused_mul_sub: mul -> sub
-// writes t91: f32[128,8,64]   reads: t86, t87
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[589824u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[524288u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[2228224u + i] = v7;
-}
-"""
-
-K028_FUSED_MUL_SUM = """\
-// k028_fused_mul_sum: mul -> sum
-// writes t93: f32[128,8,1]   reads: t91
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2228224u + v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[524288u + o] = part[0];
-    }
-}
-"""
-
-K029_FUSED_MUL_ADD_RSQRT = """\
-// k029_fused_mul_add_rsqrt: mul -> add -> rsqrt
-// writes t98: f32[128,8,1]   reads: t93
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 1024u;
-    if (i >= 1024u) {
-        return;
-    }
-    let v0: f32 = work[524288u + i];
-    let v1: u32 = i / 8u;
-    let v2: u32 = i % 8u;
-    let v3: f32 = v0 * 0.015625;
-    let v4: f32 = v3 + 0.00001;
-    let v5: f32 = inverseSqrt(v4);
-    work[4024320u + i] = v5;
-}
-"""
-
-K030_MUL = """\
-// k030_mul: mul
-// writes t100: f32[128,8,64]   reads: t91, t98
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[2228224u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4024320u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    work[2293760u + i] = v5;
-}
-"""
-
-K031_FUSED_MUL_ADD = """\
-// k031_fused_mul_add: mul -> add
-// writes t104: f32[128,8,64]   reads: params, t100
+K020_FUSED_ADD_MUL_SUB = """\
+// k020_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t91: f32[128,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -2531,27 +2320,103 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2293760u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = params[149376u + v3];
-    let v5: f32 = v0 * v4;
-    let v6: f32 = params[149440u + v3];
-    let v7: f32 = v5 + v6;
-    work[2359296u + i] = v7;
+    let v0: f32 = work[1966080u + i];
+    let v1: f32 = work[524288u + i];
+    let v2: u32 = i / 512u;
+    let v3: u32 = (i / 64u) % 8u;
+    let v4: u32 = i % 64u;
+    let v5: f32 = params[149312u + v4];
+    let v6: f32 = v1 + v5;
+    let v7: f32 = v0 + v6;
+    let v8: u32 = v2 * 8u + v3;
+    let v9: f32 = work[589824u + v8];
+    let v10: f32 = v9 * 0.015625;
+    let v11: f32 = v7 - v10;
+    work[2097152u + i] = v11;
 }
 """
 
-K032_MATMUL = """\
-// k032_matmul: matmul
+K021_FUSED_MUL_SUM_ADD = """\
+// k021_fused_mul_sum_add: mul -> sum -> mul -> add -> rsqrt
+// writes t93, t98: f32[128,8,1]   reads: t91
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[2097152u + v2];
+        let v4: f32 = v3 * v3;
+        acc0 = acc0 + v4;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        let v5: u32 = o / 8u;
+        let v6: u32 = o % 8u;
+        let v7: f32 = res0 * 0.015625;
+        let v8: f32 = v7 + 0.00001;
+        let v9: f32 = inverseSqrt(v8);
+        work[589824u + o] = res0;
+        work[3567616u + o] = v9;
+    }
+}
+"""
+
+K022_FUSED_MUL_ADD = """\
+// k022_fused_mul_add: mul -> mul -> add
+// writes t104: f32[128,8,64]   reads: params, t91, t98
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    // flat output index; grids wider than 65535 workgroups continue on gid.y
+    let i = gid.x + gid.y * 65536u;
+    if (i >= 65536u) {
+        return;
+    }
+    let v0: f32 = work[2097152u + i];
+    let v1: u32 = i / 512u;
+    let v2: u32 = (i / 64u) % 8u;
+    let v3: u32 = i % 64u;
+    let v4: f32 = work[3567616u + v1 * 8u + v2];
+    let v5: f32 = v0 * v4;
+    let v6: f32 = params[149376u + v3];
+    let v7: f32 = v5 * v6;
+    let v8: f32 = params[149440u + v3];
+    let v9: f32 = v7 + v8;
+    work[2162688u + i] = v9;
+}
+"""
+
+K023_MATMUL = """\
+// k023_matmul: matmul
 // writes t105: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k032_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2359296 + m * 64 + k]
+// k023_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2162688 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
-//   work[2424832 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2228224 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2570,7 +2435,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2424832u + row * 64u + col;
+    let i = 2228224u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -2587,10 +2452,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2359296u + (m0 + a_p) * 64u;
-    let a_src1 = 2359296u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2359296u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2359296u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2162688u + (m0 + a_p) * 64u;
+    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -2789,15 +2654,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K033_MATMUL = """\
-// k033_matmul: matmul
+K024_MATMUL = """\
+// k024_matmul: matmul
 // writes t108: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k033_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2359296 + m * 64 + k]
+// k024_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2162688 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
-//   work[2490368 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2293760 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2816,7 +2681,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2490368u + row * 64u + col;
+    let i = 2293760u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -2833,10 +2698,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2359296u + (m0 + a_p) * 64u;
-    let a_src1 = 2359296u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2359296u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2359296u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2162688u + (m0 + a_p) * 64u;
+    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -3035,15 +2900,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K034_MATMUL = """\
-// k034_matmul: matmul
+K025_MATMUL = """\
+// k025_matmul: matmul
 // writes t111: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k034_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2359296 + m * 64 + k]
+// k025_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2162688 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
-//   work[2555904 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2359296 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -3062,7 +2927,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2555904u + row * 64u + col;
+    let i = 2359296u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -3079,10 +2944,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2359296u + (m0 + a_p) * 64u;
-    let a_src1 = 2359296u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2359296u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2359296u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2162688u + (m0 + a_p) * 64u;
+    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -3281,15 +3146,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K035_MATMUL_MUL_GREATER_WHERE = """\
-// k035_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t125: f32[128,4,8,8]   reads: t105, t108
+K026_MATMUL = """\
+// k026_matmul: matmul
+// writes t115: f32[128,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k035_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[2424832 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[2490368 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[524288 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k026_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[2228224 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[2293760 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[589824 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -3301,12 +3166,12 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 524288u + (bi * 8u + row) * 8u + col;
+        let i = 589824u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -3323,11 +3188,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 2424832u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 2228224u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 2490368u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 2293760u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -3401,9 +3266,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K036_MAX = """\
-// k036_max: max
-// writes t126: f32[128,4,8,1]   reads: t125
+K027_FUSED_MUL_GREATER_WHERE = """\
+// k027_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -3416,19 +3281,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[524288u + v3];
-        acc = max(acc, v4);
+        let v3: u32 = r;
+        let v4: u32 = v2;
+        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v7: f32 = work[589824u + v6];
+        let v8: f32 = v7 * 0.25;
+        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
+        acc0 = max(acc0, v9);
     }
-    work[557056u + o] = acc;
+    let res0 = acc0;
+    work[622592u + o] = res0;
 }
 """
 
-K037_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k037_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t130: f32[128,4,8,8]   reads: t125, t126
+K028_FUSED_MUL_GREATER_WHERE = """\
+// k028_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t130: f32[128,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -3439,21 +3310,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[524288u + i];
-    let v1: u32 = i / 256u;
-    let v2: u32 = (i / 64u) % 4u;
-    let v3: u32 = (i / 8u) % 8u;
-    let v4: u32 = i % 8u;
-    let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[557056u + v5];
-    let v7: f32 = v0 - v6;
-    let v8: f32 = exp(v7);
-    work[3866624u + i] = v8;
+    let v0: u32 = i / 256u;
+    let v1: u32 = (i / 64u) % 4u;
+    let v2: u32 = (i / 8u) % 8u;
+    let v3: u32 = i % 8u;
+    let v4: u32 = v3;
+    let v5: u32 = v2;
+    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
+    let v7: f32 = work[589824u + i];
+    let v8: f32 = v7 * 0.25;
+    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
+    let v10: u32 = v0 * 32u + v1 * 8u + v2;
+    let v11: f32 = work[622592u + v10];
+    let v12: f32 = v9 - v11;
+    let v13: f32 = exp(v12);
+    work[3407872u + i] = v13;
 }
 """
 
-K038_SUM = """\
-// k038_sum: sum
+K029_SUM = """\
+// k029_sum: sum
 // writes t131: f32[128,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -3467,18 +3343,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[3866624u + v3];
-        acc = acc + v4;
+        let v4: f32 = work[3407872u + v3];
+        acc0 = acc0 + v4;
     }
-    work[4014080u + o] = acc;
+    let res0 = acc0;
+    work[3555328u + o] = res0;
 }
 """
 
-K039_DIV = """\
-// k039_div: div
+K030_DIV = """\
+// k030_div: div
 // writes t133: f32[128,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -3490,26 +3367,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[3866624u + i];
+    let v0: f32 = work[3407872u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[4014080u + v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[3555328u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[3899392u + i] = v6;
+    work[3440640u + i] = v6;
 }
 """
 
-K040_MATMUL = """\
-// k040_matmul: matmul
+K031_MATMUL = """\
+// k031_matmul: matmul
 // writes t134: f32[128,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k040_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3899392 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[2555904 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[2621440 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k031_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[3440640 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[2359296 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[2424832 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -3526,7 +3403,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 2621440u + (bi * 8u + row) * 16u + col;
+        let i = 2424832u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -3543,11 +3420,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3899392u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 3440640u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 2555904u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 2359296u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -3621,15 +3498,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K041_MATMUL_ADD = """\
-// k041_matmul_add: matmul -> add
-// writes t138: f32[128,8,64]   reads: params, t134, t86
+K032_MATMUL_ADD = """\
+// k032_matmul_add: add -> add -> matmul -> add
+// writes t138: f32[128,8,64]   reads: params, t134, t60, t83
 // from addition_transformer.py:38
 //
-// k041_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2621440 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k032_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2424832 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
-//   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2490368 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -3644,11 +3521,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[589824u + (row * 64u + col)]) + acc);
+    return (((work[1966080u + (row * 64u + col)]) + ((work[524288u + (row * 64u + col)]) + (params[149312u + ((row * 64u + col) % 64u)]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 64u + col;
+    let i = 2490368u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -3665,10 +3542,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2621440u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 2621440u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 2621440u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 2621440u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 2424832u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 2424832u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 2424832u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 2424832u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -3867,13 +3744,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K042_SUM = """\
-// k042_sum: sum
+K033_SUM = """\
+// k033_sum: sum
 // writes t139: f32[128,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -3883,58 +3760,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1048576u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[2490368u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[524288u + o] = part[0];
+        let res0 = part0[0];
+        work[3568640u + o] = res0;
     }
 }
 """
 
-K043_FUSED_MUL_SUB = """\
-// k043_fused_mul_sub: mul -> sub
-// writes t143: f32[128,8,64]   reads: t138, t139
+K034_FUSED_MUL_SUB_SUM = """\
+// k034_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt
+// writes t145, t150: f32[128,8,1]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[1048576u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[524288u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[2686976u + i] = v7;
-}
-"""
-
-K044_FUSED_MUL_SUM = """\
-// k044_fused_mul_sum: mul -> sum
-// writes t145: f32[128,8,1]   reads: t143
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -3944,76 +3797,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2686976u + v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        let v3: f32 = work[2490368u + v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[3568640u + v4];
+        let v6: f32 = v5 * 0.015625;
+        let v7: f32 = v3 - v6;
+        let v8: f32 = v7 * v7;
+        acc0 = acc0 + v8;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[524288u + o] = part[0];
+        let res0 = part0[0];
+        let v9: u32 = o / 8u;
+        let v10: u32 = o % 8u;
+        let v11: f32 = res0 * 0.015625;
+        let v12: f32 = v11 + 0.00001;
+        let v13: f32 = inverseSqrt(v12);
+        work[524288u + o] = res0;
+        work[3569664u + o] = v13;
     }
 }
 """
 
-K045_FUSED_MUL_ADD_RSQRT = """\
-// k045_fused_mul_add_rsqrt: mul -> add -> rsqrt
-// writes t150: f32[128,8,1]   reads: t145
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 1024u;
-    if (i >= 1024u) {
-        return;
-    }
-    let v0: f32 = work[524288u + i];
-    let v1: u32 = i / 8u;
-    let v2: u32 = i % 8u;
-    let v3: f32 = v0 * 0.015625;
-    let v4: f32 = v3 + 0.00001;
-    let v5: f32 = inverseSqrt(v4);
-    work[4025344u + i] = v5;
-}
-"""
-
-K046_MUL = """\
-// k046_mul: mul
-// writes t152: f32[128,8,64]   reads: t143, t150
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[2686976u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4025344u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    work[2752512u + i] = v5;
-}
-"""
-
-K047_FUSED_MUL_ADD = """\
-// k047_fused_mul_add: mul -> add
-// writes t156: f32[128,8,64]   reads: params, t152
+K035_FUSED_MUL_SUB_ADD = """\
+// k035_fused_mul_sub_add: mul -> sub -> mul -> mul -> add
+// writes t156: f32[128,8,64]   reads: params, t138, t139, t150
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -4025,27 +3843,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2752512u + i];
+    let v0: f32 = work[2490368u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = params[149504u + v3];
-    let v5: f32 = v0 * v4;
-    let v6: f32 = params[149568u + v3];
-    let v7: f32 = v5 + v6;
-    work[2818048u + i] = v7;
+    let v4: u32 = v1 * 8u + v2;
+    let v5: f32 = work[3568640u + v4];
+    let v6: f32 = v5 * 0.015625;
+    let v7: f32 = v0 - v6;
+    let v8: f32 = work[3569664u + v1 * 8u + v2];
+    let v9: f32 = v7 * v8;
+    let v10: f32 = params[149504u + v3];
+    let v11: f32 = v9 * v10;
+    let v12: f32 = params[149568u + v3];
+    let v13: f32 = v11 + v12;
+    work[2555904u + i] = v13;
 }
 """
 
-K048_MATMUL_ADD = """\
-// k048_matmul_add: matmul -> add
-// writes t159: f32[128,8,256]   reads: params, t156
+K036_MATMUL_ADD_RELU = """\
+// k036_matmul_add_relu: matmul -> add -> relu
+// writes t159, t160: f32[128,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k048_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[2818048 + m * 64 + k]
+// k036_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[2555904 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
-//   work[524288 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[786432 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -4064,8 +3888,12 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 256u + col;
-    work[i] = epilogue(acc, bi, row, col);
+    let i = 786432u + row * 256u + col;
+    let v = epilogue(acc, bi, row, col);
+    work[i] = v;
+    let e = row * 256u + col;
+    let x0 = (max(v, 0.0));
+    work[524288u + e] = x0;
 }
 
 @compute @workgroup_size(256)
@@ -4081,10 +3909,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 2818048u + (m0 + a_p) * 64u;
-    let a_src1 = 2818048u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 2818048u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 2818048u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 2555904u + (m0 + a_p) * 64u;
+    let a_src1 = 2555904u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 2555904u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 2555904u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;
@@ -4439,34 +4267,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K049_RELU = """\
-// k049_relu: relu
-// writes t160: f32[128,8,256]   reads: t159
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 262144u;
-    if (i >= 262144u) {
-        return;
-    }
-    let v0: f32 = work[524288u + i];
-    let v1: f32 = max(v0, 0.0);
-    work[786432u + i] = v1;
-}
-"""
-
-K050_MATMUL_ADD = """\
-// k050_matmul_add: matmul -> add -> add
-// writes t164: f32[128,8,64]   reads: params, t138, t160
+K037_MATMUL = """\
+// k037_matmul: matmul
+// writes t161: f32[128,8,64]   reads: params, t160
 // from addition_transformer.py:39
 //
-// k050_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[786432 + m * 256 + k]
+// k037_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+//   A[bi, m, k] = work[524288 + m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
-//   work[1114112 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -4481,11 +4290,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[1048576u + (row * 64u + col)]) + (acc + (params[149888u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1114112u + row * 64u + col;
+    let i = 1048576u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -4502,10 +4311,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 786432u + (m0 + a_p) * 256u;
-    let a_src1 = 786432u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 786432u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 786432u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = 524288u + (m0 + a_p) * 256u;
+    let a_src1 = 524288u + (m0 + a_p + 4u) * 256u;
+    let a_src2 = 524288u + (m0 + a_p + 8u) * 256u;
+    let a_src3 = 524288u + (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -4716,13 +4525,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K051_SUM = """\
-// k051_sum: sum
-// writes t165: f32[128,8,1]   reads: t164
+K038_FUSED_ADD_SUM = """\
+// k038_fused_add_sum: add -> add -> sum
+// writes t165: f32[128,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -4732,137 +4542,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1114112u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[2490368u + v2];
+        let v4: f32 = work[1048576u + v2];
+        let v5: f32 = params[149888u + r];
+        let v6: f32 = v4 + v5;
+        let v7: f32 = v3 + v6;
+        acc0 = acc0 + v7;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1048576u + o] = part[0];
+        let res0 = part0[0];
+        work[1114112u + o] = res0;
     }
 }
 """
 
-K052_FUSED_MUL_SUB = """\
-// k052_fused_mul_sub: mul -> sub
-// writes t169: f32[128,8,64]   reads: t164, t165
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[1114112u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[1048576u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[2883584u + i] = v7;
-}
-"""
-
-K053_FUSED_MUL_SUM = """\
-// k053_fused_mul_sum: mul -> sum
-// writes t171: f32[128,8,1]   reads: t169
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2883584u + v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[1048576u + o] = part[0];
-    }
-}
-"""
-
-K054_FUSED_MUL_ADD_RSQRT = """\
-// k054_fused_mul_add_rsqrt: mul -> add -> rsqrt
-// writes t176: f32[128,8,1]   reads: t171
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 1024u;
-    if (i >= 1024u) {
-        return;
-    }
-    let v0: f32 = work[1048576u + i];
-    let v1: u32 = i / 8u;
-    let v2: u32 = i % 8u;
-    let v3: f32 = v0 * 0.015625;
-    let v4: f32 = v3 + 0.00001;
-    let v5: f32 = inverseSqrt(v4);
-    work[4026368u + i] = v5;
-}
-"""
-
-K055_MUL = """\
-// k055_mul: mul
-// writes t178: f32[128,8,64]   reads: t169, t176
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[2883584u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4026368u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    work[2949120u + i] = v5;
-}
-"""
-
-K056_FUSED_MUL_ADD = """\
-// k056_fused_mul_add: mul -> add
-// writes t182: f32[128,8,64]   reads: params, t178
+K039_FUSED_ADD_MUL_SUB = """\
+// k039_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t169: f32[128,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -4874,27 +4581,103 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2949120u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = params[149952u + v3];
-    let v5: f32 = v0 * v4;
-    let v6: f32 = params[150016u + v3];
-    let v7: f32 = v5 + v6;
-    work[3014656u + i] = v7;
+    let v0: f32 = work[2490368u + i];
+    let v1: f32 = work[1048576u + i];
+    let v2: u32 = i / 512u;
+    let v3: u32 = (i / 64u) % 8u;
+    let v4: u32 = i % 64u;
+    let v5: f32 = params[149888u + v4];
+    let v6: f32 = v1 + v5;
+    let v7: f32 = v0 + v6;
+    let v8: u32 = v2 * 8u + v3;
+    let v9: f32 = work[1114112u + v8];
+    let v10: f32 = v9 * 0.015625;
+    let v11: f32 = v7 - v10;
+    work[2621440u + i] = v11;
 }
 """
 
-K057_MATMUL = """\
-// k057_matmul: matmul
+K040_FUSED_MUL_SUM_ADD = """\
+// k040_fused_mul_sum_add: mul -> sum -> mul -> add -> rsqrt
+// writes t171, t176: f32[128,8,1]   reads: t169
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[2621440u + v2];
+        let v4: f32 = v3 * v3;
+        acc0 = acc0 + v4;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        let v5: u32 = o / 8u;
+        let v6: u32 = o % 8u;
+        let v7: f32 = res0 * 0.015625;
+        let v8: f32 = v7 + 0.00001;
+        let v9: f32 = inverseSqrt(v8);
+        work[1114112u + o] = res0;
+        work[3570688u + o] = v9;
+    }
+}
+"""
+
+K041_FUSED_MUL_ADD = """\
+// k041_fused_mul_add: mul -> mul -> add
+// writes t182: f32[128,8,64]   reads: params, t169, t176
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    // flat output index; grids wider than 65535 workgroups continue on gid.y
+    let i = gid.x + gid.y * 65536u;
+    if (i >= 65536u) {
+        return;
+    }
+    let v0: f32 = work[2621440u + i];
+    let v1: u32 = i / 512u;
+    let v2: u32 = (i / 64u) % 8u;
+    let v3: u32 = i % 64u;
+    let v4: f32 = work[3570688u + v1 * 8u + v2];
+    let v5: f32 = v0 * v4;
+    let v6: f32 = params[149952u + v3];
+    let v7: f32 = v5 * v6;
+    let v8: f32 = params[150016u + v3];
+    let v9: f32 = v7 + v8;
+    work[2686976u + i] = v9;
+}
+"""
+
+K042_MATMUL = """\
+// k042_matmul: matmul
 // writes t183: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k057_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3014656 + m * 64 + k]
+// k042_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2686976 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
-//   work[3080192 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2752512 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -4913,7 +4696,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3080192u + row * 64u + col;
+    let i = 2752512u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -4930,10 +4713,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 3014656u + (m0 + a_p) * 64u;
-    let a_src1 = 3014656u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 3014656u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 3014656u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2686976u + (m0 + a_p) * 64u;
+    let a_src1 = 2686976u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2686976u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2686976u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -5132,15 +4915,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K058_MATMUL = """\
-// k058_matmul: matmul
+K043_MATMUL = """\
+// k043_matmul: matmul
 // writes t186: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k058_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3014656 + m * 64 + k]
+// k043_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2686976 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
-//   work[3145728 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2818048 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -5159,7 +4942,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3145728u + row * 64u + col;
+    let i = 2818048u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -5176,10 +4959,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 3014656u + (m0 + a_p) * 64u;
-    let a_src1 = 3014656u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 3014656u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 3014656u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2686976u + (m0 + a_p) * 64u;
+    let a_src1 = 2686976u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2686976u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2686976u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -5378,15 +5161,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K059_MATMUL = """\
-// k059_matmul: matmul
+K044_MATMUL = """\
+// k044_matmul: matmul
 // writes t189: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k059_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3014656 + m * 64 + k]
+// k044_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2686976 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
-//   work[3211264 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2883584 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -5405,7 +5188,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3211264u + row * 64u + col;
+    let i = 2883584u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -5422,10 +5205,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 3014656u + (m0 + a_p) * 64u;
-    let a_src1 = 3014656u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 3014656u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 3014656u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2686976u + (m0 + a_p) * 64u;
+    let a_src1 = 2686976u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2686976u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2686976u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -5624,15 +5407,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K060_MATMUL_MUL_GREATER_WHERE = """\
-// k060_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t203: f32[128,4,8,8]   reads: t183, t186
+K045_MATMUL = """\
+// k045_matmul: matmul
+// writes t193: f32[128,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k060_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[3080192 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[3145728 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[1048576 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k045_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[2752512 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[2818048 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[1114112 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -5644,12 +5427,12 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 1048576u + (bi * 8u + row) * 8u + col;
+        let i = 1114112u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -5666,11 +5449,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3080192u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 2752512u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 3145728u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 2818048u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -5744,9 +5527,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K061_MAX = """\
-// k061_max: max
-// writes t204: f32[128,4,8,1]   reads: t203
+K046_FUSED_MUL_GREATER_WHERE = """\
+// k046_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -5759,19 +5542,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[1048576u + v3];
-        acc = max(acc, v4);
+        let v3: u32 = r;
+        let v4: u32 = v2;
+        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v7: f32 = work[1114112u + v6];
+        let v8: f32 = v7 * 0.25;
+        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
+        acc0 = max(acc0, v9);
     }
-    work[1081344u + o] = acc;
+    let res0 = acc0;
+    work[1146880u + o] = res0;
 }
 """
 
-K062_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k062_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t208: f32[128,4,8,8]   reads: t203, t204
+K047_FUSED_MUL_GREATER_WHERE = """\
+// k047_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t208: f32[128,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -5782,21 +5571,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[1048576u + i];
-    let v1: u32 = i / 256u;
-    let v2: u32 = (i / 64u) % 4u;
-    let v3: u32 = (i / 8u) % 8u;
-    let v4: u32 = i % 8u;
-    let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[1081344u + v5];
-    let v7: f32 = v0 - v6;
-    let v8: f32 = exp(v7);
-    work[3932160u + i] = v8;
+    let v0: u32 = i / 256u;
+    let v1: u32 = (i / 64u) % 4u;
+    let v2: u32 = (i / 8u) % 8u;
+    let v3: u32 = i % 8u;
+    let v4: u32 = v3;
+    let v5: u32 = v2;
+    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
+    let v7: f32 = work[1114112u + i];
+    let v8: f32 = v7 * 0.25;
+    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
+    let v10: u32 = v0 * 32u + v1 * 8u + v2;
+    let v11: f32 = work[1146880u + v10];
+    let v12: f32 = v9 - v11;
+    let v13: f32 = exp(v12);
+    work[3473408u + i] = v13;
 }
 """
 
-K063_SUM = """\
-// k063_sum: sum
+K048_SUM = """\
+// k048_sum: sum
 // writes t209: f32[128,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -5810,18 +5604,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[3932160u + v3];
-        acc = acc + v4;
+        let v4: f32 = work[3473408u + v3];
+        acc0 = acc0 + v4;
     }
-    work[4018176u + o] = acc;
+    let res0 = acc0;
+    work[3559424u + o] = res0;
 }
 """
 
-K064_DIV = """\
-// k064_div: div
+K049_DIV = """\
+// k049_div: div
 // writes t211: f32[128,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -5833,26 +5628,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[3932160u + i];
+    let v0: f32 = work[3473408u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[4018176u + v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[3559424u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[3964928u + i] = v6;
+    work[3506176u + i] = v6;
 }
 """
 
-K065_MATMUL = """\
-// k065_matmul: matmul
+K050_MATMUL = """\
+// k050_matmul: matmul
 // writes t212: f32[128,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k065_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3964928 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[3211264 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[3276800 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k050_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[3506176 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[2883584 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[2949120 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -5869,7 +5664,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 3276800u + (bi * 8u + row) * 16u + col;
+        let i = 2949120u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -5886,11 +5681,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3964928u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 3506176u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 3211264u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 2883584u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -5964,15 +5759,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K066_MATMUL_ADD = """\
-// k066_matmul_add: matmul -> add
-// writes t216: f32[128,8,64]   reads: params, t164, t212
+K051_MATMUL_ADD = """\
+// k051_matmul_add: add -> add -> matmul -> add
+// writes t216: f32[128,8,64]   reads: params, t138, t161, t212
 // from addition_transformer.py:38
 //
-// k066_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[3276800 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k051_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2949120 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
-//   work[3342336 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[3014656 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -5987,11 +5782,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[1114112u + (row * 64u + col)]) + acc);
+    return (((work[2490368u + (row * 64u + col)]) + ((work[1048576u + (row * 64u + col)]) + (params[149888u + ((row * 64u + col) % 64u)]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3342336u + row * 64u + col;
+    let i = 3014656u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -6008,10 +5803,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 3276800u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 3276800u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 3276800u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 3276800u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 2949120u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 2949120u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 2949120u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 2949120u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -6210,13 +6005,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K067_SUM = """\
-// k067_sum: sum
+K052_SUM = """\
+// k052_sum: sum
 // writes t217: f32[128,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -6226,58 +6021,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3342336u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[3014656u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1048576u + o] = part[0];
+        let res0 = part0[0];
+        work[3571712u + o] = res0;
     }
 }
 """
 
-K068_FUSED_MUL_SUB = """\
-// k068_fused_mul_sub: mul -> sub
-// writes t221: f32[128,8,64]   reads: t216, t217
+K053_FUSED_MUL_SUB_SUM = """\
+// k053_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt
+// writes t223, t228: f32[128,8,1]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[3342336u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[1048576u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[3407872u + i] = v7;
-}
-"""
-
-K069_FUSED_MUL_SUM = """\
-// k069_fused_mul_sum: mul -> sum
-// writes t223: f32[128,8,1]   reads: t221
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -6287,76 +6058,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3407872u + v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        let v3: f32 = work[3014656u + v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[3571712u + v4];
+        let v6: f32 = v5 * 0.015625;
+        let v7: f32 = v3 - v6;
+        let v8: f32 = v7 * v7;
+        acc0 = acc0 + v8;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1048576u + o] = part[0];
+        let res0 = part0[0];
+        let v9: u32 = o / 8u;
+        let v10: u32 = o % 8u;
+        let v11: f32 = res0 * 0.015625;
+        let v12: f32 = v11 + 0.00001;
+        let v13: f32 = inverseSqrt(v12);
+        work[1048576u + o] = res0;
+        work[3572736u + o] = v13;
     }
 }
 """
 
-K070_FUSED_MUL_ADD_RSQRT = """\
-// k070_fused_mul_add_rsqrt: mul -> add -> rsqrt
-// writes t228: f32[128,8,1]   reads: t223
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 1024u;
-    if (i >= 1024u) {
-        return;
-    }
-    let v0: f32 = work[1048576u + i];
-    let v1: u32 = i / 8u;
-    let v2: u32 = i % 8u;
-    let v3: f32 = v0 * 0.015625;
-    let v4: f32 = v3 + 0.00001;
-    let v5: f32 = inverseSqrt(v4);
-    work[4027392u + i] = v5;
-}
-"""
-
-K071_MUL = """\
-// k071_mul: mul
-// writes t230: f32[128,8,64]   reads: t221, t228
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[3407872u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4027392u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    work[3473408u + i] = v5;
-}
-"""
-
-K072_FUSED_MUL_ADD = """\
-// k072_fused_mul_add: mul -> add
-// writes t234: f32[128,8,64]   reads: params, t230
+K054_FUSED_MUL_SUB_ADD = """\
+// k054_fused_mul_sub_add: mul -> sub -> mul -> mul -> add
+// writes t234: f32[128,8,64]   reads: params, t216, t217, t228
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -6368,27 +6104,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3473408u + i];
+    let v0: f32 = work[3014656u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = params[150080u + v3];
-    let v5: f32 = v0 * v4;
-    let v6: f32 = params[150144u + v3];
-    let v7: f32 = v5 + v6;
-    work[3538944u + i] = v7;
+    let v4: u32 = v1 * 8u + v2;
+    let v5: f32 = work[3571712u + v4];
+    let v6: f32 = v5 * 0.015625;
+    let v7: f32 = v0 - v6;
+    let v8: f32 = work[3572736u + v1 * 8u + v2];
+    let v9: f32 = v7 * v8;
+    let v10: f32 = params[150080u + v3];
+    let v11: f32 = v9 * v10;
+    let v12: f32 = params[150144u + v3];
+    let v13: f32 = v11 + v12;
+    work[3080192u + i] = v13;
 }
 """
 
-K073_MATMUL_ADD = """\
-// k073_matmul_add: matmul -> add
-// writes t237: f32[128,8,256]   reads: params, t234
+K055_MATMUL_ADD_RELU = """\
+// k055_matmul_add_relu: matmul -> add -> relu
+// writes t237, t238: f32[128,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k073_matmul_add: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[3538944 + m * 64 + k]
+// k055_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[3080192 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
-//   work[1048576 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1310720 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -6407,8 +6149,12 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 256u + col;
-    work[i] = epilogue(acc, bi, row, col);
+    let i = 1310720u + row * 256u + col;
+    let v = epilogue(acc, bi, row, col);
+    work[i] = v;
+    let e = row * 256u + col;
+    let x0 = (max(v, 0.0));
+    work[1048576u + e] = x0;
 }
 
 @compute @workgroup_size(256)
@@ -6424,10 +6170,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 3538944u + (m0 + a_p) * 64u;
-    let a_src1 = 3538944u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 3538944u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 3538944u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 3080192u + (m0 + a_p) * 64u;
+    let a_src1 = 3080192u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 3080192u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 3080192u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;
@@ -6782,34 +6528,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K074_RELU = """\
-// k074_relu: relu
-// writes t238: f32[128,8,256]   reads: t237
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 262144u;
-    if (i >= 262144u) {
-        return;
-    }
-    let v0: f32 = work[1048576u + i];
-    let v1: f32 = max(v0, 0.0);
-    work[1310720u + i] = v1;
-}
-"""
-
-K075_MATMUL_ADD = """\
-// k075_matmul_add: matmul -> add -> add
-// writes t242: f32[128,8,64]   reads: params, t216, t238
+K056_MATMUL = """\
+// k056_matmul: matmul
+// writes t239: f32[128,8,64]   reads: params, t238
 // from addition_transformer.py:39
 //
-// k075_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[1310720 + m * 256 + k]
+// k056_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+//   A[bi, m, k] = work[1048576 + m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
-//   work[3604480 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[3145728 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -6824,11 +6551,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[3342336u + (row * 64u + col)]) + (acc + (params[150464u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3604480u + row * 64u + col;
+    let i = 3145728u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -6845,10 +6572,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1310720u + (m0 + a_p) * 256u;
-    let a_src1 = 1310720u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 1310720u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 1310720u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = 1048576u + (m0 + a_p) * 256u;
+    let a_src1 = 1048576u + (m0 + a_p + 4u) * 256u;
+    let a_src2 = 1048576u + (m0 + a_p + 8u) * 256u;
+    let a_src3 = 1048576u + (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -7059,13 +6786,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K076_SUM = """\
-// k076_sum: sum
-// writes t243: f32[128,8,1]   reads: t242
+K057_FUSED_ADD_SUM = """\
+// k057_fused_add_sum: add -> add -> sum
+// writes t243: f32[128,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -7075,137 +6803,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3604480u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[3014656u + v2];
+        let v4: f32 = work[3145728u + v2];
+        let v5: f32 = params[150464u + r];
+        let v6: f32 = v4 + v5;
+        let v7: f32 = v3 + v6;
+        acc0 = acc0 + v7;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[3670016u + o] = part[0];
+        let res0 = part0[0];
+        work[3276800u + o] = res0;
     }
 }
 """
 
-K077_FUSED_MUL_SUB = """\
-// k077_fused_mul_sub: mul -> sub
-// writes t247: f32[128,8,64]   reads: t242, t243
-// from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[3604480u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3670016u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[3342336u + i] = v7;
-}
-"""
-
-K078_FUSED_MUL_SUM = """\
-// k078_fused_mul_sum: mul -> sum
-// writes t249: f32[128,8,1]   reads: t247
-// from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3342336u + v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[3604480u + o] = part[0];
-    }
-}
-"""
-
-K079_FUSED_MUL_ADD_RSQRT = """\
-// k079_fused_mul_add_rsqrt: mul -> add -> rsqrt
-// writes t254: f32[128,8,1]   reads: t249
-// from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 1024u;
-    if (i >= 1024u) {
-        return;
-    }
-    let v0: f32 = work[3604480u + i];
-    let v1: u32 = i / 8u;
-    let v2: u32 = i % 8u;
-    let v3: f32 = v0 * 0.015625;
-    let v4: f32 = v3 + 0.00001;
-    let v5: f32 = inverseSqrt(v4);
-    work[4028416u + i] = v5;
-}
-"""
-
-K080_MUL = """\
-// k080_mul: mul
-// writes t256: f32[128,8,64]   reads: t247, t254
-// from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[3342336u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4028416u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    work[3604480u + i] = v5;
-}
-"""
-
-K081_FUSED_MUL_ADD = """\
-// k081_fused_mul_add: mul -> add
-// writes t260: f32[128,8,64]   reads: params, t256
+K058_FUSED_ADD_MUL_SUB = """\
+// k058_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t247: f32[128,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -7217,27 +6842,103 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3604480u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = params[150528u + v3];
-    let v5: f32 = v0 * v4;
-    let v6: f32 = params[150592u + v3];
-    let v7: f32 = v5 + v6;
-    work[3670016u + i] = v7;
+    let v0: f32 = work[3014656u + i];
+    let v1: f32 = work[3145728u + i];
+    let v2: u32 = i / 512u;
+    let v3: u32 = (i / 64u) % 8u;
+    let v4: u32 = i % 64u;
+    let v5: f32 = params[150464u + v4];
+    let v6: f32 = v1 + v5;
+    let v7: f32 = v0 + v6;
+    let v8: u32 = v2 * 8u + v3;
+    let v9: f32 = work[3276800u + v8];
+    let v10: f32 = v9 * 0.015625;
+    let v11: f32 = v7 - v10;
+    work[3211264u + i] = v11;
 }
 """
 
-K082_MATMUL = """\
-// k082_matmul: matmul
+K059_FUSED_MUL_SUM_ADD = """\
+// k059_fused_mul_sum_add: mul -> sum -> mul -> add -> rsqrt
+// writes t249, t254: f32[128,8,1]   reads: t247
+// from addition_transformer.py:56
+@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[3211264u + v2];
+        let v4: f32 = v3 * v3;
+        acc0 = acc0 + v4;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        let v5: u32 = o / 8u;
+        let v6: u32 = o % 8u;
+        let v7: f32 = res0 * 0.015625;
+        let v8: f32 = v7 + 0.00001;
+        let v9: f32 = inverseSqrt(v8);
+        work[3145728u + o] = res0;
+        work[3573760u + o] = v9;
+    }
+}
+"""
+
+K060_FUSED_MUL_ADD = """\
+// k060_fused_mul_add: mul -> mul -> add
+// writes t260: f32[128,8,64]   reads: params, t247, t254
+// from addition_transformer.py:56
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    // flat output index; grids wider than 65535 workgroups continue on gid.y
+    let i = gid.x + gid.y * 65536u;
+    if (i >= 65536u) {
+        return;
+    }
+    let v0: f32 = work[3211264u + i];
+    let v1: u32 = i / 512u;
+    let v2: u32 = (i / 64u) % 8u;
+    let v3: u32 = i % 64u;
+    let v4: f32 = work[3573760u + v1 * 8u + v2];
+    let v5: f32 = v0 * v4;
+    let v6: f32 = params[150528u + v3];
+    let v7: f32 = v5 * v6;
+    let v8: f32 = params[150592u + v3];
+    let v9: f32 = v7 + v8;
+    work[3145728u + i] = v9;
+}
+"""
+
+K061_MATMUL = """\
+// k061_matmul: matmul
 // writes t262: f32[128,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k082_matmul: batched matmul, 1 x [1024x64] @ [64x12]
-//   A[bi, m, k] = work[3670016 + m * 64 + k]
+// k061_matmul: batched matmul, 1 x [1024x64] @ [64x12]
+//   A[bi, m, k] = work[3145728 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
-//   work[3735552 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[3276800 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -7257,7 +6958,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 1024u && col < 12u) {
-        let i = 3735552u + row * 12u + col;
+        let i = 3276800u + row * 12u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -7275,10 +6976,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 3670016u + (m0 + a_p) * 64u;
-    let a_src1 = 3670016u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 3670016u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 3670016u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 3145728u + (m0 + a_p) * 64u;
+    let a_src1 = 3145728u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 3145728u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 3145728u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -7480,8 +7181,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K083_MAX = """\
-// k083_max: max
+K062_MAX = """\
+// k062_max: max
 // writes t263: f32[128,8,1]   reads: t262
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7494,19 +7195,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[3735552u + v2];
-        acc = max(acc, v3);
+        let v3: f32 = work[3276800u + v2];
+        acc0 = max(acc0, v3);
     }
-    work[3760128u + o] = acc;
+    let res0 = acc0;
+    work[3313664u + o] = res0;
 }
 """
 
-K084_FUSED_STOP_GRADIENT_SUB = """\
-// k084_fused_stop_gradient_sub: stop_gradient -> sub
-// writes t266: f32[128,8,12]   reads: t262, t263
+K063_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k063_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
+// writes t266, t267: f32[128,8,12]   reads: t262, t263
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7517,38 +7219,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: f32 = work[3735552u + i];
+    let v0: f32 = work[3276800u + i];
     let v1: u32 = i / 96u;
     let v2: u32 = (i / 12u) % 8u;
     let v3: u32 = i % 12u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3760128u + v4];
+    let v5: f32 = work[3313664u + v4];
     let v6: f32 = v0 - v5;
-    work[3747840u + i] = v6;
+    let v7: f32 = exp(v6);
+    work[3289088u + i] = v6;
+    work[3301376u + i] = v7;
 }
 """
 
-K085_EXP = """\
-// k085_exp: exp
-// writes t267: f32[128,8,12]   reads: t266
-// from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 12288u;
-    if (i >= 12288u) {
-        return;
-    }
-    let v0: f32 = work[3747840u + i];
-    let v1: f32 = exp(v0);
-    work[3735552u + i] = v1;
-}
-"""
-
-K086_SUM = """\
-// k086_sum: sum
+K064_SUM = """\
+// k064_sum: sum
 // writes t268: f32[128,8,1]   reads: t267
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7561,45 +7246,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[3735552u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[3301376u + v2];
+        acc0 = acc0 + v3;
     }
-    work[3772416u + o] = acc;
+    let res0 = acc0;
+    work[3313664u + o] = res0;
 }
 """
 
-K087_ONE_HOT = """\
-// k087_one_hot: one_hot
-// writes t272: f32[128,8,12]   reads: targets
+K065_FUSED_LOG_SUB_ONE_HOT = """\
+// k065_fused_log_sub_one_hot: log -> sub -> one_hot -> mul -> sum
+// writes t274: f32[128,8]   reads: t266, t268, targets
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 12288u;
-    if (i >= 12288u) {
-        return;
-    }
-    let v0: u32 = i / 96u;
-    let v1: u32 = (i / 12u) % 8u;
-    let v2: u32 = i % 12u;
-    let v3: u32 = v0 * 8u + v1;
-    let v4: i32 = inputs_i32[1024u + v3];
-    let v5: f32 = select(0.0, 1.0, v4 == i32(v2));
-    work[3760128u + i] = v5;
-}
-"""
-
-K088_FUSED_LOG_SUB_MUL = """\
-// k088_fused_log_sub_mul: log -> sub -> mul -> sum
-// writes t274: f32[128,8]   reads: t266, t268, t272
-// from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7609,30 +7272,32 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[3747840u + v2];
+        let v3: f32 = work[3289088u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[3772416u + v4];
+        let v5: f32 = work[3313664u + v4];
         let v6: f32 = log(v5);
         let v7: f32 = v3 - v6;
-        let v8: f32 = work[3760128u + v2];
-        let v9: f32 = v7 * v8;
-        acc = acc + v9;
+        let v8: i32 = inputs_i32[1024u + v4];
+        let v9: f32 = select(0.0, 1.0, v8 == i32(r));
+        let v10: f32 = v7 * v9;
+        acc0 = acc0 + v10;
     }
-    work[3773440u + o] = acc;
+    let res0 = acc0;
+    work[3276800u + o] = res0;
 }
 """
 
-K089_FUSED_NEG_MUL_SUM = """\
-// k089_fused_neg_mul_sum: neg -> mul -> sum
-// writes t277: f32[]   reads: mask, t274
+K066_FUSED_NEG_MUL_SUM = """\
+// k066_fused_neg_mul_sum: neg -> mul -> sum -> mul
+// writes t277, t279: f32[]   reads: mask, t274
 // from addition_transformer.py:66
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -7640,56 +7305,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 1u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 8u + v1;
-        let v3: f32 = work[3773440u + v2];
+        let v3: f32 = work[3276800u + v2];
         let v4: f32 = -v3;
         let v5: f32 = inputs[v2];
         let v6: f32 = v4 * v5;
-        acc = acc + v6;
+        acc0 = acc0 + v6;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[3747840u + o] = part[0];
+        let res0 = part0[0];
+        let v7: f32 = res0 * 0.0026041667;
+        work[3277824u + o] = res0;
+        work[3575552u + o] = v7;
     }
 }
 """
 
-K090_MUL = """\
-// k090_mul: mul
-// writes t279: f32[]   reads: t277
-// from addition_transformer.py:66
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 256u;
-    if (i >= 1u) {
-        return;
-    }
-    let v0: f32 = work[3747840u + 0u];
-    let v1: f32 = v0 * 0.0026041667;
-    work[4030208u + i] = v1;
-}
-"""
-
-K091_FUSED_MUL_NEG = """\
-// k091_fused_mul_neg: mul -> mul -> neg -> mul
-// writes t288: f32[128,8,12]   reads: mask, t272
+K067_FUSED_ONE_HOT_MUL_NEG = """\
+// k067_fused_one_hot_mul_neg: one_hot -> mul -> mul -> neg -> mul
+// writes t288: f32[128,8,12]   reads: mask, targets
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(1) var<storage, read> inputs_i32: array<i32>;
+@group(0) @binding(2) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7709,14 +7359,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v8: f32 = inputs[v3];
     let v9: f32 = v7 * v8;
     let v10: f32 = -v9;
-    let v11: f32 = work[3760128u + i];
-    let v12: f32 = v10 * v11;
-    work[3747840u + i] = v12;
+    let v11: i32 = inputs_i32[1024u + v3];
+    let v12: f32 = select(0.0, 1.0, v11 == i32(v2));
+    let v13: f32 = v10 * v12;
+    work[3276800u + i] = v13;
 }
 """
 
-K092_FUSED_NEG_SUM = """\
-// k092_fused_neg_sum: neg -> sum
+K068_FUSED_NEG_SUM = """\
+// k068_fused_neg_sum: neg -> sum
 // writes t290: f32[128,8]   reads: t288
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7729,19 +7380,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[3747840u + v2];
+        let v3: f32 = work[3276800u + v2];
         let v4: f32 = -v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    work[3760128u + o] = acc;
+    let res0 = acc0;
+    work[3289088u + o] = res0;
 }
 """
 
-K093_FUSED_DIV_MUL_ADD = """\
-// k093_fused_div_mul_add: div -> mul -> add
+K069_FUSED_DIV_MUL_ADD = """\
+// k069_fused_div_mul_add: div -> mul -> add
 // writes t295: f32[128,8,12]   reads: t267, t268, t288, t290
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7753,30 +7405,30 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: f32 = work[3747840u + i];
+    let v0: f32 = work[3276800u + i];
     let v1: u32 = i / 96u;
     let v2: u32 = (i / 12u) % 8u;
     let v3: u32 = i % 12u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3760128u + v4];
-    let v6: f32 = work[3772416u + v4];
+    let v5: f32 = work[3289088u + v4];
+    let v6: f32 = work[3313664u + v4];
     let v7: f32 = v5 / v6;
-    let v8: f32 = work[3735552u + i];
+    let v8: f32 = work[3301376u + i];
     let v9: f32 = v7 * v8;
     let v10: f32 = v0 + v9;
-    work[3997696u + i] = v10;
+    work[3538944u + i] = v10;
 }
 """
 
-K094_MATMUL = """\
-// k094_matmul: matmul
+K070_MATMUL = """\
+// k070_matmul: matmul
 // writes t297: f32[128,8,64]   reads: params, t295
 // from addition_transformer.py:56
 //
-// k094_matmul: batched matmul, 1 x [1024x12] @ [12x64]
-//   A[bi, m, k] = work[3997696 + m * 12 + k]
+// k070_matmul: batched matmul, 1 x [1024x12] @ [12x64]
+//   A[bi, m, k] = work[3538944 + m * 12 + k]
 //   B[bi, k, n] = params[576 + k * 64 + n]
-//   work[3735552 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[3276800 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -7793,7 +7445,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3735552u + row * 64u + col;
+    let i = 3276800u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -7809,7 +7461,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3997696u + (m0 + a_p) * 12u;
+    let a_src0 = 3538944u + (m0 + a_p) * 12u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -7887,15 +7539,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K095_MATMUL = """\
-// k095_matmul: matmul
+K071_MATMUL = """\
+// k071_matmul: matmul
 // writes t301: f32[64,12]   reads: t260, t295
 // from addition_transformer.py:56
 //
-// k095_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
-//   A[bi, m, k] = work[3670016 + m + k * 64]
-//   B[bi, k, n] = work[3997696 + k * 12 + n]
-//   work[4029440 + (bi * 64 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k071_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
+//   A[bi, m, k] = work[3145728 + m + k * 64]
+//   B[bi, k, n] = work[3538944 + k * 12 + n]
+//   work[3574784 + (bi * 64 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -7914,7 +7566,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 64u && col < 12u) {
-        let i = 4029440u + row * 12u + col;
+        let i = 3574784u + row * 12u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -7932,12 +7584,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3670016u + m0 + a_p;
+    let a_src0 = 3145728u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 3997696u + min(n0 + b_p, 11u);
+    let b_src0 = 3538944u + min(n0 + b_p, 11u);
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -8143,14 +7795,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K096_SUM = """\
-// k096_sum: sum
+K072_SUM = """\
+// k072_sum: sum
 // writes t303: f32[64]   reads: t297
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -8158,30 +7810,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[3735552u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[3276800u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[150592u + o] = part[0];
+        let res0 = part0[0];
+        grads[150592u + o] = res0;
     }
 }
 """
 
-K097_MUL = """\
-// k097_mul: mul
+K073_MUL = """\
+// k073_mul: mul
 // writes t304: f32[128,8,64]   reads: params, t297
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -8194,24 +7847,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3735552u + i];
+    let v0: f32 = work[3276800u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[150528u + v3];
     let v5: f32 = v0 * v4;
-    work[3670016u + i] = v5;
+    work[3145728u + i] = v5;
 }
 """
 
-K098_FUSED_MUL_SUM = """\
-// k098_fused_mul_sum: mul -> sum
-// writes t306: f32[64]   reads: t256, t297
+K074_FUSED_MUL_SUM = """\
+// k074_fused_mul_sum: mul -> mul -> sum
+// writes t306: f32[64]   reads: t247, t254, t297
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -8219,37 +7872,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[3735552u + v2];
-        let v4: f32 = work[3604480u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
+        let v3: f32 = work[3276800u + v2];
+        let v4: f32 = work[3211264u + v2];
+        let v5: f32 = work[3573760u + v0 * 8u + v1];
+        let v6: f32 = v4 * v5;
+        let v7: f32 = v3 * v6;
+        acc0 = acc0 + v7;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[150528u + o] = part[0];
+        let res0 = part0[0];
+        grads[150528u + o] = res0;
     }
 }
 """
 
-K099_FUSED_MUL_SUM = """\
-// k099_fused_mul_sum: mul -> sum
+K075_FUSED_MUL_SUM = """\
+// k075_fused_mul_sum: mul -> sum
 // writes t309: f32[128,8]   reads: t247, t304
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -8259,30 +7915,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3670016u + v2];
-        let v4: f32 = work[3342336u + v2];
+        let v3: f32 = work[3145728u + v2];
+        let v4: f32 = work[3211264u + v2];
         let v5: f32 = v3 * v4;
-        acc = acc + v5;
+        acc0 = acc0 + v5;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[3735552u + o] = part[0];
+        let res0 = part0[0];
+        work[3538944u + o] = res0;
     }
 }
 """
 
-K100_FUSED_MUL_ADD = """\
-// k100_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K076_FUSED_MUL_ADD = """\
+// k076_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t322: f32[128,8,64]   reads: t247, t254, t304, t309
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8294,35 +7951,35 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3670016u + i];
+    let v0: f32 = work[3145728u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[4028416u + v1 * 8u + v2];
+    let v4: f32 = work[3573760u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[3735552u + v6];
+    let v7: f32 = work[3538944u + v6];
     let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[4028416u + v6];
+    let v9: f32 = work[3573760u + v6];
     let v10: f32 = v8 * v9;
     let v11: f32 = v10 * v9;
     let v12: f32 = v11 * v9;
     let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[3342336u + i];
+    let v14: f32 = work[3211264u + i];
     let v15: f32 = v13 * v14;
     let v16: f32 = v5 + v15;
     let v17: f32 = v16 + v15;
-    work[3604480u + i] = v17;
+    work[3276800u + i] = v17;
 }
 """
 
-K101_FUSED_NEG_SUM = """\
-// k101_fused_neg_sum: neg -> sum
+K077_FUSED_NEG_SUM = """\
+// k077_fused_neg_sum: neg -> sum
 // writes t324: f32[128,8]   reads: t322
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -8332,29 +7989,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3604480u + v2];
+        let v3: f32 = work[3276800u + v2];
         let v4: f32 = -v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[3670016u + o] = part[0];
+        let res0 = part0[0];
+        work[3211264u + o] = res0;
     }
 }
 """
 
-K102_FUSED_MUL_ADD = """\
-// k102_fused_mul_add: mul -> add
+K078_FUSED_MUL_ADD = """\
+// k078_fused_mul_add: mul -> add
 // writes t328: f32[128,8,64]   reads: t322, t324
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8366,26 +8024,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3604480u + i];
+    let v0: f32 = work[3276800u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3670016u + v4];
+    let v5: f32 = work[3211264u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 + v6;
-    work[3342336u + i] = v7;
+    work[3145728u + i] = v7;
 }
 """
 
-K103_SUM = """\
-// k103_sum: sum
+K079_SUM = """\
+// k079_sum: sum
 // writes t329: f32[64]   reads: t328
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -8393,36 +8051,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[3342336u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[3145728u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[150464u + o] = part[0];
+        let res0 = part0[0];
+        grads[150464u + o] = res0;
     }
 }
 """
 
-K104_MATMUL = """\
-// k104_matmul: matmul
+K080_MATMUL = """\
+// k080_matmul: matmul
 // writes t335: f32[256,64]   reads: t238, t328
 // from addition_transformer.py:39
 //
-// k104_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
-//   A[bi, m, k] = work[1310720 + m + k * 256]
-//   B[bi, k, n] = work[3342336 + k * 64 + n]
+// k080_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+//   A[bi, m, k] = work[1048576 + m + k * 256]
+//   B[bi, k, n] = work[3145728 + k * 64 + n]
 //   grads[132416 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -8459,12 +8118,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1310720u + m0 + a_p;
+    let a_src0 = 1048576u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 3342336u + n0 + b_p;
+    let b_src0 = 3145728u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -8670,15 +8329,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K105_MATMUL_GREATER_MUL = """\
-// k105_matmul_greater_mul: matmul -> greater -> mul
+K081_MATMUL_GREATER_MUL = """\
+// k081_matmul_greater_mul: matmul -> greater -> mul
 // writes t339: f32[128,8,256]   reads: params, t237, t328
 // from addition_transformer.py:39
 //
-// k105_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[3342336 + m * 64 + k]
+// k081_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[3145728 + m * 64 + k]
 //   B[bi, k, n] = params[132416 + k + n * 64]
-//   work[1310720 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1048576 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -8693,11 +8352,11 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[1048576u + (row * 256u + col)]) > 0.0)));
+    return (acc * (select(0.0, 1.0, (work[1310720u + (row * 256u + col)]) > 0.0)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1310720u + row * 256u + col;
+    let i = 1048576u + row * 256u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -8714,10 +8373,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 3342336u + (m0 + a_p) * 64u;
-    let a_src1 = 3342336u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 3342336u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 3342336u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 3145728u + (m0 + a_p) * 64u;
+    let a_src1 = 3145728u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 3145728u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 3145728u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid / 32u;
@@ -9075,14 +8734,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K106_SUM = """\
-// k106_sum: sum
+K082_SUM = """\
+// k082_sum: sum
 // writes t340: f32[256]   reads: t339
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -9090,37 +8749,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 256u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 2048u + v1 * 256u + o;
-        let v3: f32 = work[1310720u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[1048576u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[150208u + o] = part[0];
+        let res0 = part0[0];
+        grads[150208u + o] = res0;
     }
 }
 """
 
-K107_MATMUL = """\
-// k107_matmul: matmul
+K083_MATMUL = """\
+// k083_matmul: matmul
 // writes t342: f32[128,8,64]   reads: params, t339
 // from addition_transformer.py:39
 //
-// k107_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[1310720 + m * 256 + k]
+// k083_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+//   A[bi, m, k] = work[1048576 + m * 256 + k]
 //   B[bi, k, n] = params[116032 + k + n * 256]
-//   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1310720 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -9139,7 +8799,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 64u + col;
+    let i = 1310720u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -9156,10 +8816,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1310720u + (m0 + a_p) * 256u;
-    let a_src1 = 1310720u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 1310720u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 1310720u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = 1048576u + (m0 + a_p) * 256u;
+    let a_src1 = 1048576u + (m0 + a_p + 4u) * 256u;
+    let a_src2 = 1048576u + (m0 + a_p + 8u) * 256u;
+    let a_src3 = 1048576u + (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -9373,14 +9033,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K108_MATMUL = """\
-// k108_matmul: matmul
+K084_MATMUL = """\
+// k084_matmul: matmul
 // writes t346: f32[64,256]   reads: t234, t339
 // from addition_transformer.py:39
 //
-// k108_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[3538944 + m + k * 64]
-//   B[bi, k, n] = work[1310720 + k * 256 + n]
+// k084_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+//   A[bi, m, k] = work[3080192 + m + k * 64]
+//   B[bi, k, n] = work[1048576 + k * 256 + n]
 //   grads[116032 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -9417,12 +9077,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3538944u + m0 + a_p;
+    let a_src0 = 3080192u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1310720u + n0 + b_p;
+    let b_src0 = 1048576u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -9628,14 +9288,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K109_SUM = """\
-// k109_sum: sum
+K085_SUM = """\
+// k085_sum: sum
 // writes t347: f32[64]   reads: t342
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -9643,30 +9303,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1048576u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[1310720u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[150144u + o] = part[0];
+        let res0 = part0[0];
+        grads[150144u + o] = res0;
     }
 }
 """
 
-K110_MUL = """\
-// k110_mul: mul
+K086_MUL = """\
+// k086_mul: mul
 // writes t348: f32[128,8,64]   reads: params, t342
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -9679,24 +9340,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1048576u + i];
+    let v0: f32 = work[1310720u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[150080u + v3];
     let v5: f32 = v0 * v4;
-    work[1114112u + i] = v5;
+    work[1048576u + i] = v5;
 }
 """
 
-K111_FUSED_MUL_SUM = """\
-// k111_fused_mul_sum: mul -> sum
-// writes t350: f32[64]   reads: t230, t342
+K087_FUSED_MUL_SUB_SUM = """\
+// k087_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t350: f32[64]   reads: t216, t217, t228, t342
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -9704,37 +9365,44 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1048576u + v2];
-        let v4: f32 = work[3473408u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
+        let v3: f32 = work[1310720u + v2];
+        let v4: f32 = work[3014656u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[3571712u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = work[3572736u + v0 * 8u + v1];
+        let v10: f32 = v8 * v9;
+        let v11: f32 = v3 * v10;
+        acc0 = acc0 + v11;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[150080u + o] = part[0];
+        let res0 = part0[0];
+        grads[150080u + o] = res0;
     }
 }
 """
 
-K112_FUSED_MUL_SUM = """\
-// k112_fused_mul_sum: mul -> sum
-// writes t353: f32[128,8]   reads: t221, t348
+K088_FUSED_MUL_SUB_SUM = """\
+// k088_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t353: f32[128,8]   reads: t216, t217, t348
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -9744,31 +9412,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1114112u + v2];
-        let v4: f32 = work[3407872u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
+        let v3: f32 = work[1048576u + v2];
+        let v4: f32 = work[3014656u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[3571712u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = v3 * v8;
+        acc0 = acc0 + v9;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1179648u + o] = part[0];
+        let res0 = part0[0];
+        work[1179648u + o] = res0;
     }
 }
 """
 
-K113_FUSED_MUL_ADD = """\
-// k113_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t365: f32[128,8,64]   reads: t221, t228, t348, t353
+K089_FUSED_MUL_SUB_ADD = """\
+// k089_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t365: f32[128,8,64]   reads: t216, t217, t228, t348, t353
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -9779,35 +9452,38 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1114112u + i];
+    let v0: f32 = work[1048576u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[4027392u + v1 * 8u + v2];
+    let v4: f32 = work[3572736u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: u32 = v1 * 8u + v2;
     let v7: f32 = work[1179648u + v6];
     let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[4027392u + v6];
+    let v9: f32 = work[3572736u + v6];
     let v10: f32 = v8 * v9;
     let v11: f32 = v10 * v9;
     let v12: f32 = v11 * v9;
     let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[3407872u + i];
-    let v15: f32 = v13 * v14;
-    let v16: f32 = v5 + v15;
-    let v17: f32 = v16 + v15;
-    work[1048576u + i] = v17;
+    let v14: f32 = work[3014656u + i];
+    let v15: f32 = work[3571712u + v6];
+    let v16: f32 = v15 * 0.015625;
+    let v17: f32 = v14 - v16;
+    let v18: f32 = v13 * v17;
+    let v19: f32 = v5 + v18;
+    let v20: f32 = v19 + v18;
+    work[1114112u + i] = v20;
 }
 """
 
-K114_FUSED_NEG_SUM = """\
-// k114_fused_neg_sum: neg -> sum
+K090_FUSED_NEG_SUM = """\
+// k090_fused_neg_sum: neg -> sum
 // writes t368: f32[128,8]   reads: t365
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -9817,29 +9493,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1048576u + v2];
+        let v3: f32 = work[1114112u + v2];
         let v4: f32 = -v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1179648u + o] = part[0];
+        let res0 = part0[0];
+        work[1179648u + o] = res0;
     }
 }
 """
 
-K115_FUSED_ADD_MUL = """\
-// k115_fused_add_mul: add -> mul -> add
+K091_FUSED_ADD_MUL = """\
+// k091_fused_add_mul: add -> mul -> add
 // writes t372: f32[128,8,64]   reads: t328, t365, t368
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -9851,8 +9528,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3342336u + i];
-    let v1: f32 = work[1048576u + i];
+    let v0: f32 = work[3145728u + i];
+    let v1: f32 = work[1114112u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -9861,19 +9538,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[1179648u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[1114112u + i] = v9;
+    work[1048576u + i] = v9;
 }
 """
 
-K116_MATMUL = """\
-// k116_matmul: matmul
+K092_MATMUL = """\
+// k092_matmul: matmul
 // writes t374: f32[128,8,64]   reads: params, t372
 // from addition_transformer.py:38
 //
-// k116_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1114112 + m * 64 + k]
+// k092_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1048576 + m * 64 + k]
 //   B[bi, k, n] = params[111936 + k + n * 64]
-//   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1114112 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -9892,7 +9569,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 64u + col;
+    let i = 1114112u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -9909,10 +9586,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1114112u + (m0 + a_p) * 64u;
-    let a_src1 = 1114112u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1114112u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1114112u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1048576u + (m0 + a_p) * 64u;
+    let a_src1 = 1048576u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1048576u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1048576u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -10114,14 +9791,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K117_MATMUL = """\
-// k117_matmul: matmul
+K093_MATMUL = """\
+// k093_matmul: matmul
 // writes t378: f32[64,64]   reads: t212, t372
 // from addition_transformer.py:38
 //
-// k117_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[3276800 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[1114112 + k * 64 + n]
+// k093_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2949120 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
+//   B[bi, k, n] = work[1048576 + k * 64 + n]
 //   grads[111936 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -10158,12 +9835,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3276800u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_src0 = 2949120u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1114112u + n0 + b_p;
+    let b_src0 = 1048576u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -10369,14 +10046,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K118_MATMUL = """\
-// k118_matmul: matmul
+K094_MATMUL = """\
+// k094_matmul: matmul
 // writes t382: f32[128,4,8,8]   reads: t189, t374
 // from addition_transformer.py:37
 //
-// k118_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[1048576 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[3211264 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+// k094_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[1114112 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[2883584 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[1245184 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -10411,11 +10088,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 1048576u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 1114112u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 3211264u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 2883584u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10489,14 +10166,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K119_MATMUL = """\
-// k119_matmul: matmul
+K095_MATMUL = """\
+// k095_matmul: matmul
 // writes t384: f32[128,4,8,16]   reads: t211, t374
 // from addition_transformer.py:37
 //
-// k119_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3964928 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[1048576 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+// k095_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[3506176 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[1114112 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[1179648 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -10531,11 +10208,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3964928u + bi * 64u + min(m0 + a_p, 7u);
+    let a_src0 = 3506176u + bi * 64u + min(m0 + a_p, 7u);
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1048576u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 1114112u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10609,8 +10286,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K120_FUSED_MUL_DIV_NEG = """\
-// k120_fused_mul_div_neg: mul -> div -> neg -> sum
+K096_FUSED_MUL_DIV_NEG = """\
+// k096_fused_mul_div_neg: mul -> div -> neg -> sum
 // writes t389: f32[128,4,8]   reads: t209, t211, t382
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10624,23 +10301,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
         let v4: f32 = work[1245184u + v3];
-        let v5: f32 = work[3964928u + v3];
+        let v5: f32 = work[3506176u + v3];
         let v6: f32 = v4 * v5;
-        let v7: f32 = work[4018176u + v0 * 32u + v1 * 8u + v2];
+        let v7: f32 = work[3559424u + v0 * 32u + v1 * 8u + v2];
         let v8: f32 = v6 / v7;
         let v9: f32 = -v8;
-        acc = acc + v9;
+        acc0 = acc0 + v9;
     }
-    work[1048576u + o] = acc;
+    let res0 = acc0;
+    work[1114112u + o] = res0;
 }
 """
 
-K121_FUSED_GREATER_DIV_ADD = """\
-// k121_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
+K097_FUSED_GREATER_DIV_ADD = """\
+// k097_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
 // writes t396: f32[128,4,8,8]   reads: t208, t209, t382, t389
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10660,11 +10338,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
     let v7: f32 = work[1245184u + i];
-    let v8: f32 = work[4018176u + v0 * 32u + v1 * 8u + v2];
+    let v8: f32 = work[3559424u + v0 * 32u + v1 * 8u + v2];
     let v9: f32 = v7 / v8;
-    let v10: f32 = work[1048576u + v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = work[1114112u + v0 * 32u + v1 * 8u + v2];
     let v11: f32 = v9 + v10;
-    let v12: f32 = work[3932160u + i];
+    let v12: f32 = work[3473408u + i];
     let v13: f32 = v11 * v12;
     let v14: f32 = select(v13, 0.0, v6 != 0.0);
     let v15: f32 = v14 * 0.25;
@@ -10672,15 +10350,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K122_MATMUL = """\
-// k122_matmul: matmul
+K098_MATMUL = """\
+// k098_matmul: matmul
 // writes t398: f32[128,4,8,16]   reads: t186, t396
 // from addition_transformer.py:36
 //
-// k122_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k098_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[1310720 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[3145728 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[1048576 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[2818048 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[1114112 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10697,7 +10375,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 1048576u + (bi * 8u + row) * 16u + col;
+        let i = 1114112u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10718,7 +10396,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 3145728u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 2818048u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10792,13 +10470,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K123_MATMUL = """\
-// k123_matmul: matmul
+K099_MATMUL = """\
+// k099_matmul: matmul
 // writes t400: f32[128,4,16,8]   reads: t183, t396
 // from addition_transformer.py:36
 //
-// k123_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[3080192 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+// k099_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[2752512 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
 //   B[bi, k, n] = work[1310720 + bi * 64 + k * 8 + n]
 //   work[1245184 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
@@ -10834,7 +10512,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3080192u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_src0 = 2752512u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -10912,12 +10590,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K124_MATMUL = """\
-// k124_matmul: matmul
+K100_MATMUL = """\
+// k100_matmul: matmul
 // writes t405: f32[128,8,64]   reads: params, t384
 // from addition_transformer.py:35
 //
-// k124_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k100_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[1179648 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[107840 + k + n * 64]
 //   work[1310720 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -11161,13 +10839,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K125_MATMUL = """\
-// k125_matmul: matmul
+K101_MATMUL = """\
+// k101_matmul: matmul
 // writes t409: f32[64,64]   reads: t182, t384
 // from addition_transformer.py:35
 //
-// k125_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[3014656 + m + k * 64]
+// k101_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2686976 + m + k * 64]
 //   B[bi, k, n] = work[1179648 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[107840 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -11205,7 +10883,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3014656u + m0 + a_p;
+    let a_src0 = 2686976u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -11416,12 +11094,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K126_MATMUL = """\
-// k126_matmul: matmul
+K102_MATMUL = """\
+// k102_matmul: matmul
 // writes t413: f32[128,8,64]   reads: params, t400
 // from addition_transformer.py:35
 //
-// k126_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k102_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[1245184 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[103744 + k + n * 64]
 //   work[1179648 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -11662,13 +11340,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K127_MATMUL = """\
-// k127_matmul: matmul
+K103_MATMUL = """\
+// k103_matmul: matmul
 // writes t417: f32[64,64]   reads: t182, t400
 // from addition_transformer.py:35
 //
-// k127_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[3014656 + m + k * 64]
+// k103_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2686976 + m + k * 64]
 //   B[bi, k, n] = work[1245184 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[103744 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -11706,7 +11384,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3014656u + m0 + a_p;
+    let a_src0 = 2686976u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -11920,14 +11598,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K128_MATMUL = """\
-// k128_matmul: matmul
+K104_MATMUL = """\
+// k104_matmul: matmul
 // writes t426: f32[64,64]   reads: t182, t398
 // from addition_transformer.py:35
 //
-// k128_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[3014656 + m + k * 64]
-//   B[bi, k, n] = work[1048576 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+// k104_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2686976 + m + k * 64]
+//   B[bi, k, n] = work[1114112 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[99648 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -11964,12 +11642,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3014656u + m0 + a_p;
+    let a_src0 = 2686976u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1048576u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 1114112u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -12175,13 +11853,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K129_MATMUL_ADD = """\
-// k129_matmul_add: add -> matmul -> add
+K105_MATMUL_ADD = """\
+// k105_matmul_add: add -> matmul -> add
 // writes t427: f32[128,8,64]   reads: params, t398, t405, t413
 // from addition_transformer.py:35
 //
-// k129_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1048576 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k105_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[1114112 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[99648 + k + n * 64]
 //   work[1245184 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -12219,10 +11897,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1048576u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 1048576u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 1048576u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 1048576u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 1114112u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 1114112u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 1114112u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 1114112u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -12424,14 +12102,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K130_SUM = """\
-// k130_sum: sum
+K106_SUM = """\
+// k106_sum: sum
 // writes t428: f32[64]   reads: t427
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -12439,31 +12117,116 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
         let v3: f32 = work[1245184u + v2];
-        acc = acc + v3;
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[150016u + o] = part[0];
+        let res0 = part0[0];
+        grads[150016u + o] = res0;
     }
 }
 """
 
-K131_MUL = """\
-// k131_mul: mul
-// writes t429: f32[128,8,64]   reads: params, t427
+K107_FUSED_MUL_SUM = """\
+// k107_fused_mul_sum: mul -> mul -> sum
+// writes t431: f32[64]   reads: t169, t176, t427
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(1) var<storage, read> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 64u;
+    if (o >= 64u) {
+        return;
+    }
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
+        let v0: u32 = r / 8u;
+        let v1: u32 = r % 8u;
+        let v2: u32 = v0 * 512u + v1 * 64u + o;
+        let v3: f32 = work[1245184u + v2];
+        let v4: f32 = work[2621440u + v2];
+        let v5: f32 = work[3570688u + v0 * 8u + v1];
+        let v6: f32 = v4 * v5;
+        let v7: f32 = v3 * v6;
+        acc0 = acc0 + v7;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        grads[149952u + o] = res0;
+    }
+}
+"""
+
+K108_FUSED_MUL_SUM = """\
+// k108_fused_mul_sum: mul -> mul -> sum
+// writes t434: f32[128,8]   reads: params, t169, t427
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[1245184u + v2];
+        let v4: f32 = params[149952u + r];
+        let v5: f32 = v3 * v4;
+        let v6: f32 = work[2621440u + v2];
+        let v7: f32 = v5 * v6;
+        acc0 = acc0 + v7;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        work[1179648u + o] = res0;
+    }
+}
+"""
+
+K109_FUSED_MUL_ADD = """\
+// k109_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t446: f32[128,8,64]   reads: params, t169, t176, t427, t434
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -12481,129 +12244,31 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: u32 = i % 64u;
     let v4: f32 = params[149952u + v3];
     let v5: f32 = v0 * v4;
-    work[1048576u + i] = v5;
+    let v6: f32 = work[3570688u + v1 * 8u + v2];
+    let v7: f32 = v5 * v6;
+    let v8: u32 = v1 * 8u + v2;
+    let v9: f32 = work[1179648u + v8];
+    let v10: f32 = v9 * -0.5;
+    let v11: f32 = work[3570688u + v8];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = v12 * v11;
+    let v14: f32 = v13 * v11;
+    let v15: f32 = v14 * 0.015625;
+    let v16: f32 = work[2621440u + i];
+    let v17: f32 = v15 * v16;
+    let v18: f32 = v7 + v17;
+    let v19: f32 = v18 + v17;
+    work[1114112u + i] = v19;
 }
 """
 
-K132_FUSED_MUL_SUM = """\
-// k132_fused_mul_sum: mul -> sum
-// writes t431: f32[64]   reads: t178, t427
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1245184u + v2];
-        let v4: f32 = work[2949120u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        grads[149952u + o] = part[0];
-    }
-}
-"""
-
-K133_FUSED_MUL_SUM = """\
-// k133_fused_mul_sum: mul -> sum
-// writes t434: f32[128,8]   reads: t169, t429
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1048576u + v2];
-        let v4: f32 = work[2883584u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[1245184u + o] = part[0];
-    }
-}
-"""
-
-K134_FUSED_MUL_ADD = """\
-// k134_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t446: f32[128,8,64]   reads: t169, t176, t429, t434
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[1048576u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4026368u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[1245184u + v6];
-    let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[4026368u + v6];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = v10 * v9;
-    let v12: f32 = v11 * v9;
-    let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[2883584u + i];
-    let v15: f32 = v13 * v14;
-    let v16: f32 = v5 + v15;
-    let v17: f32 = v16 + v15;
-    work[1179648u + i] = v17;
-}
-"""
-
-K135_FUSED_NEG_SUM = """\
-// k135_fused_neg_sum: neg -> sum
+K110_FUSED_NEG_SUM = """\
+// k110_fused_neg_sum: neg -> sum
 // writes t449: f32[128,8]   reads: t446
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -12613,29 +12278,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1179648u + v2];
+        let v3: f32 = work[1114112u + v2];
         let v4: f32 = -v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1245184u + o] = part[0];
+        let res0 = part0[0];
+        work[1245184u + o] = res0;
     }
 }
 """
 
-K136_FUSED_ADD_MUL = """\
-// k136_fused_add_mul: add -> mul -> add
+K111_FUSED_ADD_MUL = """\
+// k111_fused_add_mul: add -> mul -> add
 // writes t453: f32[128,8,64]   reads: t372, t446, t449
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -12647,8 +12313,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1114112u + i];
-    let v1: f32 = work[1179648u + i];
+    let v0: f32 = work[1048576u + i];
+    let v1: f32 = work[1114112u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -12657,18 +12323,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[1245184u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[1048576u + i] = v9;
+    work[1179648u + i] = v9;
 }
 """
 
-K137_SUM = """\
-// k137_sum: sum
+K112_SUM = """\
+// k112_sum: sum
 // writes t454: f32[64]   reads: t453
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -12676,36 +12342,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1048576u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[1179648u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[149888u + o] = part[0];
+        let res0 = part0[0];
+        grads[149888u + o] = res0;
     }
 }
 """
 
-K138_MATMUL = """\
-// k138_matmul: matmul
+K113_MATMUL = """\
+// k113_matmul: matmul
 // writes t460: f32[256,64]   reads: t160, t453
 // from addition_transformer.py:39
 //
-// k138_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
-//   A[bi, m, k] = work[786432 + m + k * 256]
-//   B[bi, k, n] = work[1048576 + k * 64 + n]
+// k113_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+//   A[bi, m, k] = work[524288 + m + k * 256]
+//   B[bi, k, n] = work[1179648 + k * 64 + n]
 //   grads[83264 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -12742,12 +12409,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 786432u + m0 + a_p;
+    let a_src0 = 524288u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1048576u + n0 + b_p;
+    let b_src0 = 1179648u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -12953,15 +12620,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K139_MATMUL_GREATER_MUL = """\
-// k139_matmul_greater_mul: matmul -> greater -> mul
+K114_MATMUL_GREATER_MUL = """\
+// k114_matmul_greater_mul: matmul -> greater -> mul
 // writes t463: f32[128,8,256]   reads: params, t159, t453
 // from addition_transformer.py:39
 //
-// k139_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[1048576 + m * 64 + k]
+// k114_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[1179648 + m * 64 + k]
 //   B[bi, k, n] = params[83264 + k + n * 64]
-//   work[786432 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[524288 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -12976,11 +12643,11 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[524288u + (row * 256u + col)]) > 0.0)));
+    return (acc * (select(0.0, 1.0, (work[786432u + (row * 256u + col)]) > 0.0)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 786432u + row * 256u + col;
+    let i = 524288u + row * 256u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -12997,10 +12664,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 1048576u + (m0 + a_p) * 64u;
-    let a_src1 = 1048576u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 1048576u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 1048576u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 1179648u + (m0 + a_p) * 64u;
+    let a_src1 = 1179648u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 1179648u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 1179648u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid / 32u;
@@ -13358,14 +13025,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K140_SUM = """\
-// k140_sum: sum
+K115_SUM = """\
+// k115_sum: sum
 // writes t464: f32[256]   reads: t463
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -13373,37 +13040,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 256u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 2048u + v1 * 256u + o;
-        let v3: f32 = work[786432u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[524288u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[149632u + o] = part[0];
+        let res0 = part0[0];
+        grads[149632u + o] = res0;
     }
 }
 """
 
-K141_MATMUL = """\
-// k141_matmul: matmul
+K116_MATMUL = """\
+// k116_matmul: matmul
 // writes t466: f32[128,8,64]   reads: params, t463
 // from addition_transformer.py:39
 //
-// k141_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[786432 + m * 256 + k]
+// k116_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+//   A[bi, m, k] = work[524288 + m * 256 + k]
 //   B[bi, k, n] = params[66880 + k + n * 256]
-//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -13422,7 +13090,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 64u + col;
+    let i = 786432u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -13439,10 +13107,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 786432u + (m0 + a_p) * 256u;
-    let a_src1 = 786432u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 786432u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 786432u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = 524288u + (m0 + a_p) * 256u;
+    let a_src1 = 524288u + (m0 + a_p + 4u) * 256u;
+    let a_src2 = 524288u + (m0 + a_p + 8u) * 256u;
+    let a_src3 = 524288u + (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -13656,14 +13324,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K142_MATMUL = """\
-// k142_matmul: matmul
+K117_MATMUL = """\
+// k117_matmul: matmul
 // writes t470: f32[64,256]   reads: t156, t463
 // from addition_transformer.py:39
 //
-// k142_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[2818048 + m + k * 64]
-//   B[bi, k, n] = work[786432 + k * 256 + n]
+// k117_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+//   A[bi, m, k] = work[2555904 + m + k * 64]
+//   B[bi, k, n] = work[524288 + k * 256 + n]
 //   grads[66880 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -13700,12 +13368,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2818048u + m0 + a_p;
+    let a_src0 = 2555904u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 786432u + n0 + b_p;
+    let b_src0 = 524288u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -13911,14 +13579,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K143_SUM = """\
-// k143_sum: sum
+K118_SUM = """\
+// k118_sum: sum
 // writes t471: f32[64]   reads: t466
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -13926,30 +13594,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[524288u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[786432u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[149568u + o] = part[0];
+        let res0 = part0[0];
+        grads[149568u + o] = res0;
     }
 }
 """
 
-K144_MUL = """\
-// k144_mul: mul
+K119_MUL = """\
+// k119_mul: mul
 // writes t472: f32[128,8,64]   reads: params, t466
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -13962,24 +13631,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[524288u + i];
+    let v0: f32 = work[786432u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[149504u + v3];
     let v5: f32 = v0 * v4;
-    work[589824u + i] = v5;
+    work[524288u + i] = v5;
 }
 """
 
-K145_FUSED_MUL_SUM = """\
-// k145_fused_mul_sum: mul -> sum
-// writes t474: f32[64]   reads: t152, t466
+K120_FUSED_MUL_SUB_SUM = """\
+// k120_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t474: f32[64]   reads: t138, t139, t150, t466
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -13987,37 +13656,44 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[524288u + v2];
-        let v4: f32 = work[2752512u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
+        let v3: f32 = work[786432u + v2];
+        let v4: f32 = work[2490368u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[3568640u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = work[3569664u + v0 * 8u + v1];
+        let v10: f32 = v8 * v9;
+        let v11: f32 = v3 * v10;
+        acc0 = acc0 + v11;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[149504u + o] = part[0];
+        let res0 = part0[0];
+        grads[149504u + o] = res0;
     }
 }
 """
 
-K146_FUSED_MUL_SUM = """\
-// k146_fused_mul_sum: mul -> sum
-// writes t477: f32[128,8]   reads: t143, t472
+K121_FUSED_MUL_SUB_SUM = """\
+// k121_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t477: f32[128,8]   reads: t138, t139, t472
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -14027,31 +13703,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[589824u + v2];
-        let v4: f32 = work[2686976u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
+        let v3: f32 = work[524288u + v2];
+        let v4: f32 = work[2490368u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[3568640u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = v3 * v8;
+        acc0 = acc0 + v9;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[655360u + o] = part[0];
+        let res0 = part0[0];
+        work[655360u + o] = res0;
     }
 }
 """
 
-K147_FUSED_MUL_ADD = """\
-// k147_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t489: f32[128,8,64]   reads: t143, t150, t472, t477
+K122_FUSED_MUL_SUB_ADD = """\
+// k122_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t489: f32[128,8,64]   reads: t138, t139, t150, t472, t477
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -14062,35 +13743,38 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[589824u + i];
+    let v0: f32 = work[524288u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[4025344u + v1 * 8u + v2];
+    let v4: f32 = work[3569664u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: u32 = v1 * 8u + v2;
     let v7: f32 = work[655360u + v6];
     let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[4025344u + v6];
+    let v9: f32 = work[3569664u + v6];
     let v10: f32 = v8 * v9;
     let v11: f32 = v10 * v9;
     let v12: f32 = v11 * v9;
     let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[2686976u + i];
-    let v15: f32 = v13 * v14;
-    let v16: f32 = v5 + v15;
-    let v17: f32 = v16 + v15;
-    work[524288u + i] = v17;
+    let v14: f32 = work[2490368u + i];
+    let v15: f32 = work[3568640u + v6];
+    let v16: f32 = v15 * 0.015625;
+    let v17: f32 = v14 - v16;
+    let v18: f32 = v13 * v17;
+    let v19: f32 = v5 + v18;
+    let v20: f32 = v19 + v18;
+    work[589824u + i] = v20;
 }
 """
 
-K148_FUSED_NEG_SUM = """\
-// k148_fused_neg_sum: neg -> sum
+K123_FUSED_NEG_SUM = """\
+// k123_fused_neg_sum: neg -> sum
 // writes t492: f32[128,8]   reads: t489
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -14100,29 +13784,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[524288u + v2];
+        let v3: f32 = work[589824u + v2];
         let v4: f32 = -v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[655360u + o] = part[0];
+        let res0 = part0[0];
+        work[655360u + o] = res0;
     }
 }
 """
 
-K149_FUSED_ADD_MUL = """\
-// k149_fused_add_mul: add -> mul -> add
+K124_FUSED_ADD_MUL = """\
+// k124_fused_add_mul: add -> mul -> add
 // writes t496: f32[128,8,64]   reads: t453, t489, t492
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14134,8 +13819,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1048576u + i];
-    let v1: f32 = work[524288u + i];
+    let v0: f32 = work[1179648u + i];
+    let v1: f32 = work[589824u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -14144,19 +13829,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[655360u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[589824u + i] = v9;
+    work[524288u + i] = v9;
 }
 """
 
-K150_MATMUL = """\
-// k150_matmul: matmul
+K125_MATMUL = """\
+// k125_matmul: matmul
 // writes t498: f32[128,8,64]   reads: params, t496
 // from addition_transformer.py:38
 //
-// k150_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[589824 + m * 64 + k]
+// k125_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[524288 + m * 64 + k]
 //   B[bi, k, n] = params[62784 + k + n * 64]
-//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[589824 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -14175,7 +13860,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 64u + col;
+    let i = 589824u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -14192,10 +13877,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 589824u + (m0 + a_p) * 64u;
-    let a_src1 = 589824u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 589824u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 589824u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 524288u + (m0 + a_p) * 64u;
+    let a_src1 = 524288u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 524288u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 524288u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -14397,14 +14082,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K151_MATMUL = """\
-// k151_matmul: matmul
+K126_MATMUL = """\
+// k126_matmul: matmul
 // writes t502: f32[64,64]   reads: t134, t496
 // from addition_transformer.py:38
 //
-// k151_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2621440 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[589824 + k * 64 + n]
+// k126_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2424832 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
+//   B[bi, k, n] = work[524288 + k * 64 + n]
 //   grads[62784 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -14441,12 +14126,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2621440u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_src0 = 2424832u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 589824u + n0 + b_p;
+    let b_src0 = 524288u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -14652,14 +14337,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K152_MATMUL = """\
-// k152_matmul: matmul
+K127_MATMUL = """\
+// k127_matmul: matmul
 // writes t506: f32[128,4,8,8]   reads: t111, t498
 // from addition_transformer.py:37
 //
-// k152_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[524288 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[2555904 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+// k127_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[589824 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[2359296 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[720896 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -14694,11 +14379,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 524288u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 589824u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 2555904u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 2359296u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -14772,14 +14457,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K153_MATMUL = """\
-// k153_matmul: matmul
+K128_MATMUL = """\
+// k128_matmul: matmul
 // writes t508: f32[128,4,8,16]   reads: t133, t498
 // from addition_transformer.py:37
 //
-// k153_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3899392 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[524288 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+// k128_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[3440640 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[589824 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[655360 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -14814,11 +14499,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3899392u + bi * 64u + min(m0 + a_p, 7u);
+    let a_src0 = 3440640u + bi * 64u + min(m0 + a_p, 7u);
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 524288u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 589824u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -14892,8 +14577,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K154_FUSED_MUL_DIV_NEG = """\
-// k154_fused_mul_div_neg: mul -> div -> neg -> sum
+K129_FUSED_MUL_DIV_NEG = """\
+// k129_fused_mul_div_neg: mul -> div -> neg -> sum
 // writes t513: f32[128,4,8]   reads: t131, t133, t506
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14907,23 +14592,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
         let v4: f32 = work[720896u + v3];
-        let v5: f32 = work[3899392u + v3];
+        let v5: f32 = work[3440640u + v3];
         let v6: f32 = v4 * v5;
-        let v7: f32 = work[4014080u + v0 * 32u + v1 * 8u + v2];
+        let v7: f32 = work[3555328u + v0 * 32u + v1 * 8u + v2];
         let v8: f32 = v6 / v7;
         let v9: f32 = -v8;
-        acc = acc + v9;
+        acc0 = acc0 + v9;
     }
-    work[524288u + o] = acc;
+    let res0 = acc0;
+    work[589824u + o] = res0;
 }
 """
 
-K155_FUSED_GREATER_DIV_ADD = """\
-// k155_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
+K130_FUSED_GREATER_DIV_ADD = """\
+// k130_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
 // writes t520: f32[128,4,8,8]   reads: t130, t131, t506, t513
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14943,11 +14629,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
     let v7: f32 = work[720896u + i];
-    let v8: f32 = work[4014080u + v0 * 32u + v1 * 8u + v2];
+    let v8: f32 = work[3555328u + v0 * 32u + v1 * 8u + v2];
     let v9: f32 = v7 / v8;
-    let v10: f32 = work[524288u + v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = work[589824u + v0 * 32u + v1 * 8u + v2];
     let v11: f32 = v9 + v10;
-    let v12: f32 = work[3866624u + i];
+    let v12: f32 = work[3407872u + i];
     let v13: f32 = v11 * v12;
     let v14: f32 = select(v13, 0.0, v6 != 0.0);
     let v15: f32 = v14 * 0.25;
@@ -14955,15 +14641,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K156_MATMUL = """\
-// k156_matmul: matmul
+K131_MATMUL = """\
+// k131_matmul: matmul
 // writes t522: f32[128,4,8,16]   reads: t108, t520
 // from addition_transformer.py:36
 //
-// k156_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k131_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[786432 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[2490368 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[524288 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[2293760 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[589824 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -14980,7 +14666,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 524288u + (bi * 8u + row) * 16u + col;
+        let i = 589824u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -15001,7 +14687,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 2490368u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 2293760u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -15075,13 +14761,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K157_MATMUL = """\
-// k157_matmul: matmul
+K132_MATMUL = """\
+// k132_matmul: matmul
 // writes t524: f32[128,4,16,8]   reads: t105, t520
 // from addition_transformer.py:36
 //
-// k157_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[2424832 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+// k132_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[2228224 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
 //   B[bi, k, n] = work[786432 + bi * 64 + k * 8 + n]
 //   work[720896 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
@@ -15117,7 +14803,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2424832u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_src0 = 2228224u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -15195,12 +14881,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K158_MATMUL = """\
-// k158_matmul: matmul
+K133_MATMUL = """\
+// k133_matmul: matmul
 // writes t529: f32[128,8,64]   reads: params, t508
 // from addition_transformer.py:35
 //
-// k158_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k133_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[655360 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[58688 + k + n * 64]
 //   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -15444,13 +15130,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K159_MATMUL = """\
-// k159_matmul: matmul
+K134_MATMUL = """\
+// k134_matmul: matmul
 // writes t533: f32[64,64]   reads: t104, t508
 // from addition_transformer.py:35
 //
-// k159_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2359296 + m + k * 64]
+// k134_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2162688 + m + k * 64]
 //   B[bi, k, n] = work[655360 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[58688 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -15488,7 +15174,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2359296u + m0 + a_p;
+    let a_src0 = 2162688u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -15699,12 +15385,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K160_MATMUL = """\
-// k160_matmul: matmul
+K135_MATMUL = """\
+// k135_matmul: matmul
 // writes t537: f32[128,8,64]   reads: params, t524
 // from addition_transformer.py:35
 //
-// k160_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k135_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[720896 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[54592 + k + n * 64]
 //   work[655360 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -15945,13 +15631,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K161_MATMUL = """\
-// k161_matmul: matmul
+K136_MATMUL = """\
+// k136_matmul: matmul
 // writes t541: f32[64,64]   reads: t104, t524
 // from addition_transformer.py:35
 //
-// k161_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2359296 + m + k * 64]
+// k136_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2162688 + m + k * 64]
 //   B[bi, k, n] = work[720896 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[54592 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -15989,7 +15675,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2359296u + m0 + a_p;
+    let a_src0 = 2162688u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -16203,14 +15889,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K162_MATMUL = """\
-// k162_matmul: matmul
+K137_MATMUL = """\
+// k137_matmul: matmul
 // writes t550: f32[64,64]   reads: t104, t522
 // from addition_transformer.py:35
 //
-// k162_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2359296 + m + k * 64]
-//   B[bi, k, n] = work[524288 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+// k137_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2162688 + m + k * 64]
+//   B[bi, k, n] = work[589824 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[50496 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16247,12 +15933,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2359296u + m0 + a_p;
+    let a_src0 = 2162688u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 524288u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 589824u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -16458,13 +16144,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K163_MATMUL_ADD = """\
-// k163_matmul_add: add -> matmul -> add
+K138_MATMUL_ADD = """\
+// k138_matmul_add: add -> matmul -> add
 // writes t551: f32[128,8,64]   reads: params, t522, t529, t537
 // from addition_transformer.py:35
 //
-// k163_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[524288 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k138_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[589824 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[50496 + k + n * 64]
 //   work[720896 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -16502,10 +16188,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 524288u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 524288u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 524288u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 524288u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 589824u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 589824u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 589824u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 589824u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -16707,14 +16393,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K164_SUM = """\
-// k164_sum: sum
+K139_SUM = """\
+// k139_sum: sum
 // writes t552: f32[64]   reads: t551
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -16722,31 +16408,116 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
         let v3: f32 = work[720896u + v2];
-        acc = acc + v3;
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[149440u + o] = part[0];
+        let res0 = part0[0];
+        grads[149440u + o] = res0;
     }
 }
 """
 
-K165_MUL = """\
-// k165_mul: mul
-// writes t553: f32[128,8,64]   reads: params, t551
+K140_FUSED_MUL_SUM = """\
+// k140_fused_mul_sum: mul -> mul -> sum
+// writes t555: f32[64]   reads: t551, t91, t98
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(1) var<storage, read> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 64u;
+    if (o >= 64u) {
+        return;
+    }
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
+        let v0: u32 = r / 8u;
+        let v1: u32 = r % 8u;
+        let v2: u32 = v0 * 512u + v1 * 64u + o;
+        let v3: f32 = work[720896u + v2];
+        let v4: f32 = work[2097152u + v2];
+        let v5: f32 = work[3567616u + v0 * 8u + v1];
+        let v6: f32 = v4 * v5;
+        let v7: f32 = v3 * v6;
+        acc0 = acc0 + v7;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        grads[149376u + o] = res0;
+    }
+}
+"""
+
+K141_FUSED_MUL_SUM = """\
+// k141_fused_mul_sum: mul -> mul -> sum
+// writes t558: f32[128,8]   reads: params, t551, t91
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[720896u + v2];
+        let v4: f32 = params[149376u + r];
+        let v5: f32 = v3 * v4;
+        let v6: f32 = work[2097152u + v2];
+        let v7: f32 = v5 * v6;
+        acc0 = acc0 + v7;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        work[655360u + o] = res0;
+    }
+}
+"""
+
+K142_FUSED_MUL_ADD = """\
+// k142_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t570: f32[128,8,64]   reads: params, t551, t558, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -16764,129 +16535,31 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: u32 = i % 64u;
     let v4: f32 = params[149376u + v3];
     let v5: f32 = v0 * v4;
-    work[524288u + i] = v5;
+    let v6: f32 = work[3567616u + v1 * 8u + v2];
+    let v7: f32 = v5 * v6;
+    let v8: u32 = v1 * 8u + v2;
+    let v9: f32 = work[655360u + v8];
+    let v10: f32 = v9 * -0.5;
+    let v11: f32 = work[3567616u + v8];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = v12 * v11;
+    let v14: f32 = v13 * v11;
+    let v15: f32 = v14 * 0.015625;
+    let v16: f32 = work[2097152u + i];
+    let v17: f32 = v15 * v16;
+    let v18: f32 = v7 + v17;
+    let v19: f32 = v18 + v17;
+    work[589824u + i] = v19;
 }
 """
 
-K166_FUSED_MUL_SUM = """\
-// k166_fused_mul_sum: mul -> sum
-// writes t555: f32[64]   reads: t100, t551
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[720896u + v2];
-        let v4: f32 = work[2293760u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        grads[149376u + o] = part[0];
-    }
-}
-"""
-
-K167_FUSED_MUL_SUM = """\
-// k167_fused_mul_sum: mul -> sum
-// writes t558: f32[128,8]   reads: t553, t91
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[524288u + v2];
-        let v4: f32 = work[2228224u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[720896u + o] = part[0];
-    }
-}
-"""
-
-K168_FUSED_MUL_ADD = """\
-// k168_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t570: f32[128,8,64]   reads: t553, t558, t91, t98
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[524288u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4024320u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[720896u + v6];
-    let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[4024320u + v6];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = v10 * v9;
-    let v12: f32 = v11 * v9;
-    let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[2228224u + i];
-    let v15: f32 = v13 * v14;
-    let v16: f32 = v5 + v15;
-    let v17: f32 = v16 + v15;
-    work[655360u + i] = v17;
-}
-"""
-
-K169_FUSED_NEG_SUM = """\
-// k169_fused_neg_sum: neg -> sum
+K143_FUSED_NEG_SUM = """\
+// k143_fused_neg_sum: neg -> sum
 // writes t573: f32[128,8]   reads: t570
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -16896,29 +16569,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[655360u + v2];
+        let v3: f32 = work[589824u + v2];
         let v4: f32 = -v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[720896u + o] = part[0];
+        let res0 = part0[0];
+        work[720896u + o] = res0;
     }
 }
 """
 
-K170_FUSED_ADD_MUL = """\
-// k170_fused_add_mul: add -> mul -> add
+K144_FUSED_ADD_MUL = """\
+// k144_fused_add_mul: add -> mul -> add
 // writes t577: f32[128,8,64]   reads: t496, t570, t573
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -16930,8 +16604,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[589824u + i];
-    let v1: f32 = work[655360u + i];
+    let v0: f32 = work[524288u + i];
+    let v1: f32 = work[589824u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -16940,18 +16614,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[720896u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[524288u + i] = v9;
+    work[655360u + i] = v9;
 }
 """
 
-K171_SUM = """\
-// k171_sum: sum
+K145_SUM = """\
+// k145_sum: sum
 // writes t578: f32[64]   reads: t577
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -16959,36 +16633,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[524288u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[655360u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[149312u + o] = part[0];
+        let res0 = part0[0];
+        grads[149312u + o] = res0;
     }
 }
 """
 
-K172_MATMUL = """\
-// k172_matmul: matmul
+K146_MATMUL = """\
+// k146_matmul: matmul
 // writes t584: f32[256,64]   reads: t577, t82
 // from addition_transformer.py:39
 //
-// k172_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
-//   A[bi, m, k] = work[262144 + m + k * 256]
-//   B[bi, k, n] = work[524288 + k * 64 + n]
+// k146_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+//   A[bi, m, k] = work[m + k * 256]
+//   B[bi, k, n] = work[655360 + k * 64 + n]
 //   grads[34112 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -17025,12 +16700,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 262144u + m0 + a_p;
+    let a_src0 = m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 524288u + n0 + b_p;
+    let b_src0 = 655360u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -17236,15 +16911,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K173_MATMUL_GREATER_MUL = """\
-// k173_matmul_greater_mul: matmul -> greater -> mul
+K147_MATMUL_GREATER_MUL = """\
+// k147_matmul_greater_mul: matmul -> greater -> mul
 // writes t587: f32[128,8,256]   reads: params, t577, t81
 // from addition_transformer.py:39
 //
-// k173_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[524288 + m * 64 + k]
+// k147_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[655360 + m * 64 + k]
 //   B[bi, k, n] = params[34112 + k + n * 64]
-//   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -17259,11 +16934,11 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[(row * 256u + col)]) > 0.0)));
+    return (acc * (select(0.0, 1.0, (work[262144u + (row * 256u + col)]) > 0.0)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 256u + col;
+    let i = row * 256u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -17280,10 +16955,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 524288u + (m0 + a_p) * 64u;
-    let a_src1 = 524288u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 524288u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 524288u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 655360u + (m0 + a_p) * 64u;
+    let a_src1 = 655360u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 655360u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 655360u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid / 32u;
@@ -17641,14 +17316,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K174_SUM = """\
-// k174_sum: sum
+K148_SUM = """\
+// k148_sum: sum
 // writes t588: f32[256]   reads: t587
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -17656,37 +17331,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 256u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 2048u + v1 * 256u + o;
-        let v3: f32 = work[262144u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[149056u + o] = part[0];
+        let res0 = part0[0];
+        grads[149056u + o] = res0;
     }
 }
 """
 
-K175_MATMUL = """\
-// k175_matmul: matmul
+K149_MATMUL = """\
+// k149_matmul: matmul
 // writes t590: f32[128,8,64]   reads: params, t587
 // from addition_transformer.py:39
 //
-// k175_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[262144 + m * 256 + k]
+// k149_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+//   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[17728 + k + n * 256]
-//   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -17705,7 +17381,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 64u + col;
+    let i = 262144u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -17722,10 +17398,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 262144u + (m0 + a_p) * 256u;
-    let a_src1 = 262144u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 262144u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 262144u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = (m0 + a_p) * 256u;
+    let a_src1 = (m0 + a_p + 4u) * 256u;
+    let a_src2 = (m0 + a_p + 8u) * 256u;
+    let a_src3 = (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -17939,14 +17615,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K176_MATMUL = """\
-// k176_matmul: matmul
+K150_MATMUL = """\
+// k150_matmul: matmul
 // writes t594: f32[64,256]   reads: t587, t78
 // from addition_transformer.py:39
 //
-// k176_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[2162688 + m + k * 64]
-//   B[bi, k, n] = work[262144 + k * 256 + n]
+// k150_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+//   A[bi, m, k] = work[2031616 + m + k * 64]
+//   B[bi, k, n] = work[k * 256 + n]
 //   grads[17728 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -17983,12 +17659,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2162688u + m0 + a_p;
+    let a_src0 = 2031616u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 262144u + n0 + b_p;
+    let b_src0 = n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -18194,14 +17870,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K177_SUM = """\
-// k177_sum: sum
+K151_SUM = """\
+// k151_sum: sum
 // writes t595: f32[64]   reads: t590
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -18209,30 +17885,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[v2];
-        acc = acc + v3;
+        let v3: f32 = work[262144u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[148992u + o] = part[0];
+        let res0 = part0[0];
+        grads[148992u + o] = res0;
     }
 }
 """
 
-K178_MUL = """\
-// k178_mul: mul
+K152_MUL = """\
+// k152_mul: mul
 // writes t596: f32[128,8,64]   reads: params, t590
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -18245,24 +17922,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[262144u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[148928u + v3];
     let v5: f32 = v0 * v4;
-    work[65536u + i] = v5;
+    work[i] = v5;
 }
 """
 
-K179_FUSED_MUL_SUM = """\
-// k179_fused_mul_sum: mul -> sum
-// writes t598: f32[64]   reads: t590, t74
+K153_FUSED_MUL_SUB_SUM = """\
+// k153_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t598: f32[64]   reads: t590, t60, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -18270,37 +17947,44 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[v2];
-        let v4: f32 = work[2097152u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
+        let v3: f32 = work[262144u + v2];
+        let v4: f32 = work[1966080u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[3565568u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = work[3566592u + v0 * 8u + v1];
+        let v10: f32 = v8 * v9;
+        let v11: f32 = v3 * v10;
+        acc0 = acc0 + v11;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[148928u + o] = part[0];
+        let res0 = part0[0];
+        grads[148928u + o] = res0;
     }
 }
 """
 
-K180_FUSED_MUL_SUM = """\
-// k180_fused_mul_sum: mul -> sum
-// writes t601: f32[128,8]   reads: t596, t65
+K154_FUSED_MUL_SUB_SUM = """\
+// k154_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t601: f32[128,8]   reads: t596, t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -18310,31 +17994,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[65536u + v2];
-        let v4: f32 = work[2031616u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
+        let v3: f32 = work[v2];
+        let v4: f32 = work[1966080u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[3565568u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = v3 * v8;
+        acc0 = acc0 + v9;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[131072u + o] = part[0];
+        let res0 = part0[0];
+        work[131072u + o] = res0;
     }
 }
 """
 
-K181_FUSED_MUL_ADD = """\
-// k181_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t613: f32[128,8,64]   reads: t596, t601, t65, t72
+K155_FUSED_MUL_SUB_ADD = """\
+// k155_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t613: f32[128,8,64]   reads: t596, t60, t601, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -18345,35 +18034,38 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
+    let v0: f32 = work[i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[4023296u + v1 * 8u + v2];
+    let v4: f32 = work[3566592u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: u32 = v1 * 8u + v2;
     let v7: f32 = work[131072u + v6];
     let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[4023296u + v6];
+    let v9: f32 = work[3566592u + v6];
     let v10: f32 = v8 * v9;
     let v11: f32 = v10 * v9;
     let v12: f32 = v11 * v9;
     let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[2031616u + i];
-    let v15: f32 = v13 * v14;
-    let v16: f32 = v5 + v15;
-    let v17: f32 = v16 + v15;
-    work[i] = v17;
+    let v14: f32 = work[1966080u + i];
+    let v15: f32 = work[3565568u + v6];
+    let v16: f32 = v15 * 0.015625;
+    let v17: f32 = v14 - v16;
+    let v18: f32 = v13 * v17;
+    let v19: f32 = v5 + v18;
+    let v20: f32 = v19 + v18;
+    work[65536u + i] = v20;
 }
 """
 
-K182_FUSED_NEG_SUM = """\
-// k182_fused_neg_sum: neg -> sum
+K156_FUSED_NEG_SUM = """\
+// k156_fused_neg_sum: neg -> sum
 // writes t616: f32[128,8]   reads: t613
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -18383,29 +18075,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[v2];
+        let v3: f32 = work[65536u + v2];
         let v4: f32 = -v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[131072u + o] = part[0];
+        let res0 = part0[0];
+        work[131072u + o] = res0;
     }
 }
 """
 
-K183_FUSED_ADD_MUL = """\
-// k183_fused_add_mul: add -> mul -> add
+K157_FUSED_ADD_MUL = """\
+// k157_fused_add_mul: add -> mul -> add
 // writes t620: f32[128,8,64]   reads: t577, t613, t616
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -18417,8 +18110,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[524288u + i];
-    let v1: f32 = work[i];
+    let v0: f32 = work[655360u + i];
+    let v1: f32 = work[65536u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -18427,19 +18120,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[131072u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[65536u + i] = v9;
+    work[i] = v9;
 }
 """
 
-K184_MATMUL = """\
-// k184_matmul: matmul
+K158_MATMUL = """\
+// k158_matmul: matmul
 // writes t622: f32[128,8,64]   reads: params, t620
 // from addition_transformer.py:38
 //
-// k184_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + m * 64 + k]
+// k158_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[m * 64 + k]
 //   B[bi, k, n] = params[13632 + k + n * 64]
-//   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -18458,7 +18151,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 64u + col;
+    let i = 65536u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -18475,10 +18168,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 65536u + (m0 + a_p) * 64u;
-    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = (m0 + a_p) * 64u;
+    let a_src1 = (m0 + a_p + 4u) * 64u;
+    let a_src2 = (m0 + a_p + 8u) * 64u;
+    let a_src3 = (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -18680,14 +18373,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K185_MATMUL = """\
-// k185_matmul: matmul
+K159_MATMUL = """\
+// k159_matmul: matmul
 // writes t626: f32[64,64]   reads: t56, t620
 // from addition_transformer.py:38
 //
-// k185_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1966080 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[65536 + k * 64 + n]
+// k159_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1900544 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
+//   B[bi, k, n] = work[k * 64 + n]
 //   grads[13632 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -18724,12 +18417,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1966080u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_src0 = 1900544u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 65536u + n0 + b_p;
+    let b_src0 = n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -18935,14 +18628,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K186_MATMUL = """\
-// k186_matmul: matmul
+K160_MATMUL = """\
+// k160_matmul: matmul
 // writes t630: f32[128,4,8,8]   reads: t30, t622
 // from addition_transformer.py:37
 //
-// k186_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[1900544 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+// k160_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[65536 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[196608 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -18977,11 +18670,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 65536u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 1900544u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -19055,14 +18748,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K187_MATMUL = """\
-// k187_matmul: matmul
+K161_MATMUL = """\
+// k161_matmul: matmul
 // writes t632: f32[128,4,8,16]   reads: t55, t622
 // from addition_transformer.py:37
 //
-// k187_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3833856 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[(bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+// k161_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[3375104 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[65536 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[131072 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -19097,11 +18790,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3833856u + bi * 64u + min(m0 + a_p, 7u);
+    let a_src0 = 3375104u + bi * 64u + min(m0 + a_p, 7u);
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 65536u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -19175,8 +18868,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K188_FUSED_MUL_DIV_NEG = """\
-// k188_fused_mul_div_neg: mul -> div -> neg -> sum
+K162_FUSED_MUL_DIV_NEG = """\
+// k162_fused_mul_div_neg: mul -> div -> neg -> sum
 // writes t637: f32[128,4,8]   reads: t53, t55, t630
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -19190,23 +18883,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
         let v4: f32 = work[196608u + v3];
-        let v5: f32 = work[3833856u + v3];
+        let v5: f32 = work[3375104u + v3];
         let v6: f32 = v4 * v5;
-        let v7: f32 = work[4009984u + v0 * 32u + v1 * 8u + v2];
+        let v7: f32 = work[3551232u + v0 * 32u + v1 * 8u + v2];
         let v8: f32 = v6 / v7;
         let v9: f32 = -v8;
-        acc = acc + v9;
+        acc0 = acc0 + v9;
     }
-    work[o] = acc;
+    let res0 = acc0;
+    work[65536u + o] = res0;
 }
 """
 
-K189_FUSED_GREATER_DIV_ADD = """\
-// k189_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
+K163_FUSED_GREATER_DIV_ADD = """\
+// k163_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
 // writes t644: f32[128,4,8,8]   reads: t52, t53, t630, t637
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -19226,11 +18920,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
     let v7: f32 = work[196608u + i];
-    let v8: f32 = work[4009984u + v0 * 32u + v1 * 8u + v2];
+    let v8: f32 = work[3551232u + v0 * 32u + v1 * 8u + v2];
     let v9: f32 = v7 / v8;
-    let v10: f32 = work[v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = work[65536u + v0 * 32u + v1 * 8u + v2];
     let v11: f32 = v9 + v10;
-    let v12: f32 = work[3801088u + i];
+    let v12: f32 = work[3342336u + i];
     let v13: f32 = v11 * v12;
     let v14: f32 = select(v13, 0.0, v6 != 0.0);
     let v15: f32 = v14 * 0.25;
@@ -19238,15 +18932,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K190_MATMUL = """\
-// k190_matmul: matmul
+K164_MATMUL = """\
+// k164_matmul: matmul
 // writes t646: f32[128,4,8,16]   reads: t27, t644
 // from addition_transformer.py:36
 //
-// k190_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k164_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[262144 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -19263,7 +18957,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = (bi * 8u + row) * 16u + col;
+        let i = 65536u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -19284,7 +18978,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -19358,13 +19052,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K191_MATMUL = """\
-// k191_matmul: matmul
+K165_MATMUL = """\
+// k165_matmul: matmul
 // writes t648: f32[128,4,16,8]   reads: t24, t644
 // from addition_transformer.py:36
 //
-// k191_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+// k165_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[1703936 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
 //   B[bi, k, n] = work[262144 + bi * 64 + k * 8 + n]
 //   work[196608 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
@@ -19400,7 +19094,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_src0 = 1703936u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -19478,12 +19172,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K192_MATMUL = """\
-// k192_matmul: matmul
+K166_MATMUL = """\
+// k166_matmul: matmul
 // writes t653: f32[128,8,64]   reads: params, t632
 // from addition_transformer.py:35
 //
-// k192_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k166_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[131072 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[9536 + k + n * 64]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -19727,13 +19421,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K193_MATMUL = """\
-// k193_matmul: matmul
+K167_MATMUL = """\
+// k167_matmul: matmul
 // writes t657: f32[64,64]   reads: t23, t632
 // from addition_transformer.py:35
 //
-// k193_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1703936 + m + k * 64]
+// k167_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1638400 + m + k * 64]
 //   B[bi, k, n] = work[131072 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[9536 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -19771,7 +19465,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1703936u + m0 + a_p;
+    let a_src0 = 1638400u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -19982,12 +19676,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K194_MATMUL = """\
-// k194_matmul: matmul
+K168_MATMUL = """\
+// k168_matmul: matmul
 // writes t661: f32[128,8,64]   reads: params, t648
 // from addition_transformer.py:35
 //
-// k194_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k168_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[196608 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[5440 + k + n * 64]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -20228,13 +19922,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K195_MATMUL = """\
-// k195_matmul: matmul
+K169_MATMUL = """\
+// k169_matmul: matmul
 // writes t665: f32[64,64]   reads: t23, t648
 // from addition_transformer.py:35
 //
-// k195_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1703936 + m + k * 64]
+// k169_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1638400 + m + k * 64]
 //   B[bi, k, n] = work[196608 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[5440 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -20272,7 +19966,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1703936u + m0 + a_p;
+    let a_src0 = 1638400u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -20486,14 +20180,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K196_MATMUL = """\
-// k196_matmul: matmul
+K170_MATMUL = """\
+// k170_matmul: matmul
 // writes t674: f32[64,64]   reads: t23, t646
 // from addition_transformer.py:35
 //
-// k196_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1703936 + m + k * 64]
-//   B[bi, k, n] = work[(k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+// k170_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1638400 + m + k * 64]
+//   B[bi, k, n] = work[65536 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[1344 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -20530,12 +20224,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1703936u + m0 + a_p;
+    let a_src0 = 1638400u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 65536u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -20741,13 +20435,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K197_MATMUL_ADD = """\
-// k197_matmul_add: add -> matmul -> add
+K171_MATMUL_ADD = """\
+// k171_matmul_add: add -> matmul -> add
 // writes t675: f32[128,8,64]   reads: params, t646, t653, t661
 // from addition_transformer.py:35
 //
-// k197_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k171_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[65536 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[1344 + k + n * 64]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -20785,10 +20479,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 65536u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 65536u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 65536u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 65536u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -20990,14 +20684,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K198_SUM = """\
-// k198_sum: sum
+K172_SUM = """\
+// k172_sum: sum
 // writes t676: f32[64]   reads: t675
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -21005,31 +20699,124 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 64u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
         let v3: f32 = work[196608u + v2];
-        acc = acc + v3;
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        grads[148864u + o] = part[0];
+        let res0 = part0[0];
+        grads[148864u + o] = res0;
     }
 }
 """
 
-K199_MUL = """\
-// k199_mul: mul
-// writes t677: f32[128,8,64]   reads: params, t675
+K173_FUSED_MUL_SUB_SUM = """\
+// k173_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t679: f32[64]   reads: t17, t3, t4, t675
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(1) var<storage, read> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 64u;
+    if (o >= 64u) {
+        return;
+    }
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
+        let v0: u32 = r / 8u;
+        let v1: u32 = r % 8u;
+        let v2: u32 = v0 * 512u + v1 * 64u + o;
+        let v3: f32 = work[196608u + v2];
+        let v4: f32 = work[1572864u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[3563520u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = work[3564544u + v0 * 8u + v1];
+        let v10: f32 = v8 * v9;
+        let v11: f32 = v3 * v10;
+        acc0 = acc0 + v11;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        grads[148800u + o] = res0;
+    }
+}
+"""
+
+K174_FUSED_MUL_SUB_SUM = """\
+// k174_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t682: f32[128,8]   reads: params, t3, t4, t675
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[196608u + v2];
+        let v4: f32 = params[148800u + r];
+        let v5: f32 = v3 * v4;
+        let v6: f32 = work[1572864u + v2];
+        let v7: u32 = v0 * 8u + v1;
+        let v8: f32 = work[3563520u + v7];
+        let v9: f32 = v8 * 0.015625;
+        let v10: f32 = v6 - v9;
+        let v11: f32 = v5 * v10;
+        acc0 = acc0 + v11;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        work[131072u + o] = res0;
+    }
+}
+"""
+
+K175_FUSED_MUL_SUB_ADD = """\
+// k175_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t694: f32[128,8,64]   reads: params, t17, t3, t4, t675, t682
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -21047,129 +20834,34 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: u32 = i % 64u;
     let v4: f32 = params[148800u + v3];
     let v5: f32 = v0 * v4;
-    work[i] = v5;
+    let v6: f32 = work[3564544u + v1 * 8u + v2];
+    let v7: f32 = v5 * v6;
+    let v8: u32 = v1 * 8u + v2;
+    let v9: f32 = work[131072u + v8];
+    let v10: f32 = v9 * -0.5;
+    let v11: f32 = work[3564544u + v8];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = v12 * v11;
+    let v14: f32 = v13 * v11;
+    let v15: f32 = v14 * 0.015625;
+    let v16: f32 = work[1572864u + i];
+    let v17: f32 = work[3563520u + v8];
+    let v18: f32 = v17 * 0.015625;
+    let v19: f32 = v16 - v18;
+    let v20: f32 = v15 * v19;
+    let v21: f32 = v7 + v20;
+    let v22: f32 = v21 + v20;
+    work[65536u + i] = v22;
 }
 """
 
-K200_FUSED_MUL_SUM = """\
-// k200_fused_mul_sum: mul -> sum
-// writes t679: f32[64]   reads: t19, t675
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[196608u + v2];
-        let v4: f32 = work[1638400u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        grads[148800u + o] = part[0];
-    }
-}
-"""
-
-K201_FUSED_MUL_SUM = """\
-// k201_fused_mul_sum: mul -> sum
-// writes t682: f32[128,8]   reads: t677, t9
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[v2];
-        let v4: f32 = work[1572864u + v2];
-        let v5: f32 = v3 * v4;
-        acc = acc + v5;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[196608u + o] = part[0];
-    }
-}
-"""
-
-K202_FUSED_MUL_ADD = """\
-// k202_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t694: f32[128,8,64]   reads: t17, t677, t682, t9
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[4022272u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[196608u + v6];
-    let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[4022272u + v6];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = v10 * v9;
-    let v12: f32 = v11 * v9;
-    let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[1572864u + i];
-    let v15: f32 = v13 * v14;
-    let v16: f32 = v5 + v15;
-    let v17: f32 = v16 + v15;
-    work[131072u + i] = v17;
-}
-"""
-
-K203_FUSED_NEG_SUM = """\
-// k203_fused_neg_sum: neg -> sum
+K176_FUSED_NEG_SUM = """\
+// k176_fused_neg_sum: neg -> sum
 // writes t697: f32[128,8]   reads: t694
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -21179,29 +20871,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[131072u + v2];
+        let v3: f32 = work[65536u + v2];
         let v4: f32 = -v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[196608u + o] = part[0];
+        let res0 = part0[0];
+        work[196608u + o] = res0;
     }
 }
 """
 
-K204_FUSED_ADD_MUL = """\
-// k204_fused_add_mul: add -> mul -> add
+K177_FUSED_ADD_MUL = """\
+// k177_fused_add_mul: add -> mul -> add
 // writes t701: f32[128,8,64]   reads: t620, t694, t697
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -21213,8 +20906,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
-    let v1: f32 = work[131072u + i];
+    let v0: f32 = work[i];
+    let v1: f32 = work[65536u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -21223,17 +20916,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[196608u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[i] = v9;
+    work[131072u + i] = v9;
 }
 """
 
-K205_SUM = """\
-// k205_sum: sum
+K178_SUM = """\
+// k178_sum: sum
 // writes t702: f32[8,64]   reads: t701
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -21243,28 +20936,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 64u;
     let v1: u32 = o % 64u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 128u; r = r + 256u) {
         let v2: u32 = r * 512u + v0 * 64u + v1;
-        let v3: f32 = work[v2];
-        acc = acc + v3;
+        let v3: f32 = work[131072u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[o] = res0;
     }
 }
 """
 
-K206_PAD = """\
-// k206_pad: pad
+K179_PAD = """\
+// k179_pad: pad
 // writes t703: f32[9,64]   reads: t702
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -21280,15 +20974,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = i / 64u;
     let v1: u32 = i % 64u;
     let v2: u32 = min(v0, 7u) * 64u + v1;
-    let v3: f32 = work[65536u + v2];
+    let v3: f32 = work[v2];
     let v4: f32 = select(0.0, v3, (v0 >= 0u && v0 < 8u));
     grads[i] = v4;
 }
 """
 
-K207_FUSED_ONE_HOT_TRANSPOSE = """\
-// k207_fused_one_hot_transpose: one_hot -> transpose
-// writes t706: f32[12,1024]   reads: tokens
+K180_ONE_HOT = """\
+// k180_one_hot: one_hot
+// writes t704: f32[128,8,12]   reads: tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -21300,27 +20994,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: u32 = i / 1024u;
-    let v1: u32 = i % 1024u;
-    let v2: u32 = v1 * 12u + v0;
-    let v3: u32 = v2 / 96u;
-    let v4: u32 = (v2 / 12u) % 8u;
-    let v5: u32 = v2 % 12u;
-    let v6: u32 = v3 * 8u + v4;
-    let v7: i32 = inputs_i32[v6];
-    let v8: f32 = select(0.0, 1.0, v7 == i32(v5));
-    work[65536u + i] = v8;
+    let v0: u32 = i / 96u;
+    let v1: u32 = (i / 12u) % 8u;
+    let v2: u32 = i % 12u;
+    let v3: u32 = v0 * 8u + v1;
+    let v4: i32 = inputs_i32[v3];
+    let v5: f32 = select(0.0, 1.0, v4 == i32(v2));
+    work[i] = v5;
 }
 """
 
-K208_MATMUL_ADD = """\
-// k208_matmul_add: matmul -> add
-// writes t709: f32[12,64]   reads: t301, t701, t706
+K181_MATMUL_ADD = """\
+// k181_matmul_add: matmul -> add
+// writes t709: f32[12,64]   reads: t301, t701, t704
 // from addition_transformer.py:52
 //
-// k208_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
-//   A[bi, m, k] = work[65536 + m * 1024 + k]
-//   B[bi, k, n] = work[k * 64 + n]
+// k181_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
+//   A[bi, m, k] = work[m + k * 12]
+//   B[bi, k, n] = work[131072 + k * 64 + n]
 //   grads[576 + (bi * 12 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -21329,14 +21020,14 @@ K208_MATMUL_ADD = """\
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
-// Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
-var<workgroup> tile_a: array<vec2<f32>, 640>;
+// Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
+var<workgroup> tile_a: array<vec2<f32>, 512>;
 var<workgroup> tile_b: array<vec2<f32>, 512>;
 // Partial sums of one split group, handed to group 0 during the final reduction.
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[4029440u + ((row * 64u + col) / 64u) + (((row * 64u + col) % 64u)) * 12u]) + acc);
+    return ((work[3574784u + ((row * 64u + col) / 64u) + (((row * 64u + col) % 64u)) * 12u]) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -21357,17 +21048,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid / 64u;
-    let a_k = tid % 64u;
-    let a_src0 = 65536u + min(m0 + a_p, 11u) * 1024u;
-    let a_src1 = 65536u + min(m0 + a_p + 4u, 11u) * 1024u;
-    let a_src2 = 65536u + min(m0 + a_p + 8u, 11u) * 1024u;
-    let a_src3 = 65536u + min(m0 + a_p + 12u, 11u) * 1024u;
-    let a_st = (a_k * 20u + a_p) / 2u;
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = min(m0 + a_p, 11u);
+    let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = n0 + b_p;
+    let b_src0 = 131072u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -21380,7 +21068,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
-    let a_rd = s * 160u + ty;
+    let a_rd = s * 128u + ty;
     let b_rd = s * 128u + tx;
 
     var c0_0 = 0.0;
@@ -21389,10 +21077,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     // Registers hold the next slab while the current one is multiplied.
-    a_ld0 = work[a_src0 + a_k];
-    a_ld1 = work[a_src1 + a_k];
-    a_ld2 = work[a_src2 + a_k];
-    a_ld3 = work[a_src3 + a_k];
+    a_ld0 = work[a_src0 + (a_k) * 12u];
+    a_ld1 = work[a_src0 + (a_k + 16u) * 12u];
+    a_ld2 = work[a_src0 + (a_k + 32u) * 12u];
+    a_ld3 = work[a_src0 + (a_k + 48u) * 12u];
     b_ld0 = work[b_src0 + (b_k) * 64u];
     b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
     b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
@@ -21400,19 +21088,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
-        tile_a[a_st + 2u][a_lane] = a_ld1;
-        tile_a[a_st + 4u][a_lane] = a_ld2;
-        tile_a[a_st + 6u][a_lane] = a_ld3;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
         tile_b[b_st][b_lane] = b_ld0;
         tile_b[b_st + 128u][b_lane] = b_ld1;
         tile_b[b_st + 256u][b_lane] = b_ld2;
         tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
-            a_ld0 = work[a_src0 + k0 + 64u + a_k];
-            a_ld1 = work[a_src1 + k0 + 64u + a_k];
-            a_ld2 = work[a_src2 + k0 + 64u + a_k];
-            a_ld3 = work[a_src3 + k0 + 64u + a_k];
+            a_ld0 = work[a_src0 + (k0 + 64u + a_k) * 12u];
+            a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 12u];
+            a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 12u];
+            a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 12u];
             b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
             b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
             b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
@@ -21424,91 +21112,91 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c0_1 = fma(a0_0.x, b0_0.y, c0_1);
         c1_0 = fma(a0_0.y, b0_0.x, c1_0);
         c1_1 = fma(a0_0.y, b0_0.y, c1_1);
-        let a1_0 = tile_a[a_rd + 10u];
+        let a1_0 = tile_a[a_rd + 8u];
         let b1_0 = tile_b[b_rd + 8u];
         c0_0 = fma(a1_0.x, b1_0.x, c0_0);
         c0_1 = fma(a1_0.x, b1_0.y, c0_1);
         c1_0 = fma(a1_0.y, b1_0.x, c1_0);
         c1_1 = fma(a1_0.y, b1_0.y, c1_1);
-        let a2_0 = tile_a[a_rd + 20u];
+        let a2_0 = tile_a[a_rd + 16u];
         let b2_0 = tile_b[b_rd + 16u];
         c0_0 = fma(a2_0.x, b2_0.x, c0_0);
         c0_1 = fma(a2_0.x, b2_0.y, c0_1);
         c1_0 = fma(a2_0.y, b2_0.x, c1_0);
         c1_1 = fma(a2_0.y, b2_0.y, c1_1);
-        let a3_0 = tile_a[a_rd + 30u];
+        let a3_0 = tile_a[a_rd + 24u];
         let b3_0 = tile_b[b_rd + 24u];
         c0_0 = fma(a3_0.x, b3_0.x, c0_0);
         c0_1 = fma(a3_0.x, b3_0.y, c0_1);
         c1_0 = fma(a3_0.y, b3_0.x, c1_0);
         c1_1 = fma(a3_0.y, b3_0.y, c1_1);
-        let a4_0 = tile_a[a_rd + 40u];
+        let a4_0 = tile_a[a_rd + 32u];
         let b4_0 = tile_b[b_rd + 32u];
         c0_0 = fma(a4_0.x, b4_0.x, c0_0);
         c0_1 = fma(a4_0.x, b4_0.y, c0_1);
         c1_0 = fma(a4_0.y, b4_0.x, c1_0);
         c1_1 = fma(a4_0.y, b4_0.y, c1_1);
-        let a5_0 = tile_a[a_rd + 50u];
+        let a5_0 = tile_a[a_rd + 40u];
         let b5_0 = tile_b[b_rd + 40u];
         c0_0 = fma(a5_0.x, b5_0.x, c0_0);
         c0_1 = fma(a5_0.x, b5_0.y, c0_1);
         c1_0 = fma(a5_0.y, b5_0.x, c1_0);
         c1_1 = fma(a5_0.y, b5_0.y, c1_1);
-        let a6_0 = tile_a[a_rd + 60u];
+        let a6_0 = tile_a[a_rd + 48u];
         let b6_0 = tile_b[b_rd + 48u];
         c0_0 = fma(a6_0.x, b6_0.x, c0_0);
         c0_1 = fma(a6_0.x, b6_0.y, c0_1);
         c1_0 = fma(a6_0.y, b6_0.x, c1_0);
         c1_1 = fma(a6_0.y, b6_0.y, c1_1);
-        let a7_0 = tile_a[a_rd + 70u];
+        let a7_0 = tile_a[a_rd + 56u];
         let b7_0 = tile_b[b_rd + 56u];
         c0_0 = fma(a7_0.x, b7_0.x, c0_0);
         c0_1 = fma(a7_0.x, b7_0.y, c0_1);
         c1_0 = fma(a7_0.y, b7_0.x, c1_0);
         c1_1 = fma(a7_0.y, b7_0.y, c1_1);
-        let a8_0 = tile_a[a_rd + 80u];
+        let a8_0 = tile_a[a_rd + 64u];
         let b8_0 = tile_b[b_rd + 64u];
         c0_0 = fma(a8_0.x, b8_0.x, c0_0);
         c0_1 = fma(a8_0.x, b8_0.y, c0_1);
         c1_0 = fma(a8_0.y, b8_0.x, c1_0);
         c1_1 = fma(a8_0.y, b8_0.y, c1_1);
-        let a9_0 = tile_a[a_rd + 90u];
+        let a9_0 = tile_a[a_rd + 72u];
         let b9_0 = tile_b[b_rd + 72u];
         c0_0 = fma(a9_0.x, b9_0.x, c0_0);
         c0_1 = fma(a9_0.x, b9_0.y, c0_1);
         c1_0 = fma(a9_0.y, b9_0.x, c1_0);
         c1_1 = fma(a9_0.y, b9_0.y, c1_1);
-        let a10_0 = tile_a[a_rd + 100u];
+        let a10_0 = tile_a[a_rd + 80u];
         let b10_0 = tile_b[b_rd + 80u];
         c0_0 = fma(a10_0.x, b10_0.x, c0_0);
         c0_1 = fma(a10_0.x, b10_0.y, c0_1);
         c1_0 = fma(a10_0.y, b10_0.x, c1_0);
         c1_1 = fma(a10_0.y, b10_0.y, c1_1);
-        let a11_0 = tile_a[a_rd + 110u];
+        let a11_0 = tile_a[a_rd + 88u];
         let b11_0 = tile_b[b_rd + 88u];
         c0_0 = fma(a11_0.x, b11_0.x, c0_0);
         c0_1 = fma(a11_0.x, b11_0.y, c0_1);
         c1_0 = fma(a11_0.y, b11_0.x, c1_0);
         c1_1 = fma(a11_0.y, b11_0.y, c1_1);
-        let a12_0 = tile_a[a_rd + 120u];
+        let a12_0 = tile_a[a_rd + 96u];
         let b12_0 = tile_b[b_rd + 96u];
         c0_0 = fma(a12_0.x, b12_0.x, c0_0);
         c0_1 = fma(a12_0.x, b12_0.y, c0_1);
         c1_0 = fma(a12_0.y, b12_0.x, c1_0);
         c1_1 = fma(a12_0.y, b12_0.y, c1_1);
-        let a13_0 = tile_a[a_rd + 130u];
+        let a13_0 = tile_a[a_rd + 104u];
         let b13_0 = tile_b[b_rd + 104u];
         c0_0 = fma(a13_0.x, b13_0.x, c0_0);
         c0_1 = fma(a13_0.x, b13_0.y, c0_1);
         c1_0 = fma(a13_0.y, b13_0.x, c1_0);
         c1_1 = fma(a13_0.y, b13_0.y, c1_1);
-        let a14_0 = tile_a[a_rd + 140u];
+        let a14_0 = tile_a[a_rd + 112u];
         let b14_0 = tile_b[b_rd + 112u];
         c0_0 = fma(a14_0.x, b14_0.x, c0_0);
         c0_1 = fma(a14_0.x, b14_0.y, c0_1);
         c1_0 = fma(a14_0.y, b14_0.x, c1_0);
         c1_1 = fma(a14_0.y, b14_0.y, c1_1);
-        let a15_0 = tile_a[a_rd + 150u];
+        let a15_0 = tile_a[a_rd + 120u];
         let b15_0 = tile_b[b_rd + 120u];
         c0_0 = fma(a15_0.x, b15_0.x, c0_0);
         c0_1 = fma(a15_0.x, b15_0.y, c0_1);
@@ -21573,14 +21261,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K209_FUSED_SQUARE_SUM = """\
-// k209_fused_square_sum: square -> sum
+K182_FUSED_SQUARE_SUM = """\
+// k182_fused_square_sum: square -> sum
 // writes t753: f32[]   reads: t730
 // from optimizer
 @group(0) @binding(0) var<storage, read> grads: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -21588,33 +21276,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 1u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 150656u; r = r + 256u) {
         let v0: u32 = r;
         let v1: f32 = grads[v0];
         let v2: f32 = v1 * v1;
-        acc = acc + v2;
+        acc0 = acc0 + v2;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[150656u + o] = part[0];
+        let res0 = part0[0];
+        work[150656u + o] = res0;
     }
 }
 """
 
-K210_FUSED_SQRT_ADD_DIV = """\
-// k210_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul
-// writes t760: f32[150656]   reads: t730, t753
+K183_FUSED_SQRT_ADD_DIV = """\
+// k183_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul -> mul -> mul -> add -> mul -> mul -> mul -> add -> mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
+// writes t760, t767, t775, t792: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, adam.m, adam.v, params, t730, t753
 // from optimizer
-@group(0) @binding(0) var<storage, read> grads: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read_write> params: array<f32>;
+@group(0) @binding(1) var<storage, read> grads: array<f32>;
+@group(0) @binding(2) var<storage, read_write> state: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(4) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -21630,93 +21322,37 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: f32 = 1.0 / v3;
     let v5: f32 = min(v4, 1.0);
     let v6: f32 = v0 * v5;
+    let v7: f32 = state[i];
+    let v8: f32 = v7 * 0.9;
+    let v9: f32 = v6 * 0.1;
+    let v10: f32 = v8 + v9;
+    let v11: f32 = state[150656u + i];
+    let v12: f32 = v11 * 0.999;
+    let v13: f32 = v6 * v6;
+    let v14: f32 = v13 * 0.001;
+    let v15: f32 = v12 + v14;
+    let v16: f32 = select(0.0, 1.0, i32(i) < 148800i);
+    let v17: f32 = params[i];
+    let v18: f32 = inputs[1026u + 0u];
+    let v19: f32 = v17 * v18;
+    let v20: f32 = select(v17, v19, v16 != 0.0);
+    let v21: f32 = inputs[1024u + 0u];
+    let v22: f32 = sqrt(v15);
+    let v23: f32 = inputs[1025u + 0u];
+    let v24: f32 = v22 / v23;
+    let v25: f32 = v24 + 0.00000001;
+    let v26: f32 = v10 / v25;
+    let v27: f32 = v21 * v26;
+    let v28: f32 = v20 - v27;
     work[i] = v6;
+    state[i] = v10;
+    state[150656u + i] = v15;
+    params[i] = v28;
 }
 """
 
-K211_FUSED_MUL_ADD = """\
-// k211_fused_mul_add: mul -> mul -> add
-// writes t767: f32[150656]   reads: adam.m, t760
-// from optimizer
-@group(0) @binding(0) var<storage, read_write> state: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 150784u;
-    if (i >= 150656u) {
-        return;
-    }
-    let v0: f32 = state[i];
-    let v1: f32 = v0 * 0.9;
-    let v2: f32 = work[i];
-    let v3: f32 = v2 * 0.1;
-    let v4: f32 = v1 + v3;
-    state[i] = v4;
-}
-"""
-
-K212_FUSED_MUL_ADD = """\
-// k212_fused_mul_add: mul -> mul -> mul -> add
-// writes t775: f32[150656]   reads: adam.v, t760
-// from optimizer
-@group(0) @binding(0) var<storage, read_write> state: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 150784u;
-    if (i >= 150656u) {
-        return;
-    }
-    let v0: f32 = state[150656u + i];
-    let v1: f32 = v0 * 0.999;
-    let v2: f32 = work[i];
-    let v3: f32 = v2 * v2;
-    let v4: f32 = v3 * 0.001;
-    let v5: f32 = v1 + v4;
-    state[150656u + i] = v5;
-}
-"""
-
-K213_FUSED_MUL_LESS_WHERE = """\
-// k213_fused_mul_less_where: mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
-// writes t792: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, params, t767, t775
-// from optimizer
-@group(0) @binding(0) var<storage, read_write> params: array<f32>;
-@group(0) @binding(1) var<storage, read> state: array<f32>;
-@group(0) @binding(2) var<storage, read> inputs: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 150784u;
-    if (i >= 150656u) {
-        return;
-    }
-    let v0: f32 = select(0.0, 1.0, i32(i) < 148800i);
-    let v1: f32 = params[i];
-    let v2: f32 = inputs[1026u + 0u];
-    let v3: f32 = v1 * v2;
-    let v4: f32 = select(v1, v3, v0 != 0.0);
-    let v5: f32 = inputs[1024u + 0u];
-    let v6: f32 = state[i];
-    let v7: f32 = state[150656u + i];
-    let v8: f32 = sqrt(v7);
-    let v9: f32 = inputs[1025u + 0u];
-    let v10: f32 = v8 / v9;
-    let v11: f32 = v10 + 0.00000001;
-    let v12: f32 = v6 / v11;
-    let v13: f32 = v5 * v12;
-    let v14: f32 = v4 - v13;
-    params[i] = v14;
-}
-"""
-
-K214_FUSED_GATHER_ADD = """\
-// k214_fused_gather_add: gather -> add
+K184_FUSED_GATHER_ADD = """\
+// k184_fused_gather_add: gather -> add
 // writes t3: f32[1,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -21743,13 +21379,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K215_SUM = """\
-// k215_sum: sum
+K185_SUM = """\
+// k185_sum: sum
 // writes t4: f32[1,8,1]   reads: t3
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -21757,31 +21393,73 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[v0];
-        acc = acc + v1;
+        acc0 = acc0 + v1;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1024u + o] = part[0];
+        let res0 = part0[0];
+        work[1024u + o] = res0;
     }
 }
 """
 
-K216_FUSED_MUL_SUB = """\
-// k216_fused_mul_sub: mul -> sub
-// writes t9: f32[1,8,64]   reads: t3, t4
+K186_FUSED_MUL_SUB_SUM = """\
+// k186_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t11: f32[1,8,1]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 8u;
+    if (o >= 8u) {
+        return;
+    }
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v0: u32 = o * 64u + r;
+        let v1: f32 = work[v0];
+        let v2: u32 = o;
+        let v3: f32 = work[1024u + v2];
+        let v4: f32 = v3 * 0.015625;
+        let v5: f32 = v1 - v4;
+        let v6: f32 = v5 * v5;
+        acc0 = acc0 + v6;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        work[1088u + o] = res0;
+    }
+}
+"""
+
+K187_FUSED_MUL_SUB_ADD = """\
+// k187_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+// writes t23: f32[1,8,64]   reads: params, t11, t3, t4
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -21797,85 +21475,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: f32 = work[1024u + v3];
     let v5: f32 = v4 * 0.015625;
     let v6: f32 = v0 - v5;
-    work[512u + i] = v6;
+    let v7: f32 = work[1088u + v3];
+    let v8: f32 = v7 * 0.015625;
+    let v9: f32 = v8 + 0.00001;
+    let v10: f32 = inverseSqrt(v9);
+    let v11: f32 = v6 * v10;
+    let v12: f32 = params[148800u + v2];
+    let v13: f32 = v11 * v12;
+    let v14: f32 = params[148864u + v2];
+    let v15: f32 = v13 + v14;
+    work[512u + i] = v15;
 }
 """
 
-K217_FUSED_MUL_SUM = """\
-// k217_fused_mul_sum: mul -> sum
-// writes t11: f32[1,8,1]   reads: t9
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 8u;
-    if (o >= 8u) {
-        return;
-    }
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v0: u32 = o * 64u + r;
-        let v1: f32 = work[512u + v0];
-        let v2: f32 = v1 * v1;
-        acc = acc + v2;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[1536u + o] = part[0];
-    }
-}
-"""
-
-K218_FUSED_MUL_ADD_RSQRT = """\
-// k218_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
-// writes t23: f32[1,8,64]   reads: params, t11, t9
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 512u;
-    if (i >= 512u) {
-        return;
-    }
-    let v0: f32 = work[512u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[1536u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v5 + 0.00001;
-    let v7: f32 = inverseSqrt(v6);
-    let v8: f32 = v0 * v7;
-    let v9: f32 = params[148800u + v2];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = params[148864u + v2];
-    let v12: f32 = v10 + v11;
-    work[1024u + i] = v12;
-}
-"""
-
-K219_MATMUL = """\
-// k219_matmul: matmul
+K188_MATMUL = """\
+// k188_matmul: matmul
 // writes t24: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k219_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[1024 + m * 64 + k]
+// k188_matmul: batched matmul, 1 x [8x64] @ [64x64]
+//   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
-//   work[512 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -21895,7 +21516,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 64u) {
-        let i = 512u + row * 64u + col;
+        let i = 1024u + row * 64u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -21913,10 +21534,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1024u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 1024u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 1024u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 1024u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
+    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -22115,13 +21736,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K220_MATMUL = """\
-// k220_matmul: matmul
+K189_MATMUL = """\
+// k189_matmul: matmul
 // writes t27: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k220_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[1024 + m * 64 + k]
+// k189_matmul: batched matmul, 1 x [8x64] @ [64x64]
+//   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -22161,10 +21782,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1024u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 1024u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 1024u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 1024u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
+    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -22363,13 +21984,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K221_MATMUL = """\
-// k221_matmul: matmul
+K190_MATMUL = """\
+// k190_matmul: matmul
 // writes t30: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k221_matmul: batched matmul, 1 x [8x64] @ [64x64]
-//   A[bi, m, k] = work[1024 + m * 64 + k]
+// k190_matmul: batched matmul, 1 x [8x64] @ [64x64]
+//   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -22409,10 +22030,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1024u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 1024u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 1024u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 1024u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
+    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -22611,15 +22232,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K222_MATMUL_MUL_GREATER_WHERE = """\
-// k222_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t47: f32[1,4,8,8]   reads: t24, t27
+K191_MATMUL = """\
+// k191_matmul: matmul
+// writes t34: f32[1,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k222_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[512 + bi * 16 + m * 64 + k]
+// k191_matmul: batched matmul, 4 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[1024 + bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k + n * 64]
-//   work[1024 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -22631,12 +22252,12 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 1024u + (bi * 8u + row) * 8u + col;
+        let i = 512u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -22653,7 +22274,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 512u + bi * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 1024u + bi * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
@@ -22731,9 +22352,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K223_MAX = """\
-// k223_max: max
-// writes t48: f32[1,4,8,1]   reads: t47
+K192_FUSED_MUL_GREATER_WHERE = """\
+// k192_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t48: f32[1,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -22745,19 +22366,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v2: u32 = v0 * 64u + v1 * 8u + r;
-        let v3: f32 = work[1024u + v2];
-        acc = max(acc, v3);
+        let v2: u32 = r;
+        let v3: u32 = v1;
+        let v4: f32 = select(0.0, 1.0, i32(v2) > i32(v3));
+        let v5: u32 = v0 * 64u + v1 * 8u + r;
+        let v6: f32 = work[512u + v5];
+        let v7: f32 = v6 * 0.25;
+        let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
+        acc0 = max(acc0, v8);
     }
-    work[768u + o] = acc;
+    let res0 = acc0;
+    work[1024u + o] = res0;
 }
 """
 
-K224_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k224_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t52: f32[1,4,8,8]   reads: t47, t48
+K193_FUSED_MUL_GREATER_WHERE = """\
+// k193_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t52: f32[1,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -22768,20 +22395,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 256u) {
         return;
     }
-    let v0: f32 = work[1024u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = (i / 8u) % 8u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[768u + v4];
-    let v6: f32 = v0 - v5;
-    let v7: f32 = exp(v6);
-    work[512u + i] = v7;
+    let v0: u32 = i / 64u;
+    let v1: u32 = (i / 8u) % 8u;
+    let v2: u32 = i % 8u;
+    let v3: u32 = v2;
+    let v4: u32 = v1;
+    let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+    let v6: f32 = work[512u + i];
+    let v7: f32 = v6 * 0.25;
+    let v8: f32 = select(v7, -1.0e+30, v5 != 0.0);
+    let v9: u32 = v0 * 8u + v1;
+    let v10: f32 = work[1024u + v9];
+    let v11: f32 = v8 - v10;
+    let v12: f32 = exp(v11);
+    work[768u + i] = v12;
 }
 """
 
-K225_SUM = """\
-// k225_sum: sum
+K194_SUM = """\
+// k194_sum: sum
 // writes t53: f32[1,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22794,18 +22426,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v2: u32 = v0 * 64u + v1 * 8u + r;
-        let v3: f32 = work[512u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[768u + v2];
+        acc0 = acc0 + v3;
     }
-    work[768u + o] = acc;
+    let res0 = acc0;
+    work[512u + o] = res0;
 }
 """
 
-K226_DIV = """\
-// k226_div: div
+K195_DIV = """\
+// k195_div: div
 // writes t55: f32[1,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22817,22 +22450,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 256u) {
         return;
     }
-    let v0: f32 = work[512u + i];
+    let v0: f32 = work[768u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: f32 = work[768u + v1 * 8u + v2];
+    let v4: f32 = work[512u + v1 * 8u + v2];
     let v5: f32 = v0 / v4;
     work[1024u + i] = v5;
 }
 """
 
-K227_MATMUL = """\
-// k227_matmul: matmul
+K196_MATMUL = """\
+// k196_matmul: matmul
 // writes t56: f32[1,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k227_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k196_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[1024 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[2048 + bi * 16 + k * 64 + n]
 //   work[512 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22947,12 +22580,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K228_MATMUL_ADD = """\
-// k228_matmul_add: matmul -> add
+K197_MATMUL_ADD = """\
+// k197_matmul_add: matmul -> add
 // writes t60: f32[1,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k228_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k197_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23195,13 +22828,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K229_SUM = """\
-// k229_sum: sum
+K198_SUM = """\
+// k198_sum: sum
 // writes t61: f32[1,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -23209,31 +22842,73 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[2048u + v0];
-        acc = acc + v1;
+        acc0 = acc0 + v1;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[512u + o] = part[0];
+        let res0 = part0[0];
+        work[o] = res0;
     }
 }
 """
 
-K230_FUSED_MUL_SUB = """\
-// k230_fused_mul_sub: mul -> sub
-// writes t65: f32[1,8,64]   reads: t60, t61
+K199_FUSED_MUL_SUB_SUM = """\
+// k199_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t67: f32[1,8,1]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 8u;
+    if (o >= 8u) {
+        return;
+    }
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v0: u32 = o * 64u + r;
+        let v1: f32 = work[2048u + v0];
+        let v2: u32 = o;
+        let v3: f32 = work[v2];
+        let v4: f32 = v3 * 0.015625;
+        let v5: f32 = v1 - v4;
+        let v6: f32 = v5 * v5;
+        acc0 = acc0 + v6;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        work[64u + o] = res0;
+    }
+}
+"""
+
+K200_FUSED_MUL_SUB_ADD = """\
+// k200_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+// writes t78: f32[1,8,64]   reads: params, t60, t61, t67
+// from addition_transformer.py:39
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -23246,85 +22921,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
     let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
+    let v4: f32 = work[v3];
     let v5: f32 = v4 * 0.015625;
     let v6: f32 = v0 - v5;
-    work[i] = v6;
+    let v7: f32 = work[64u + v3];
+    let v8: f32 = v7 * 0.015625;
+    let v9: f32 = v8 + 0.00001;
+    let v10: f32 = inverseSqrt(v9);
+    let v11: f32 = v6 * v10;
+    let v12: f32 = params[148928u + v2];
+    let v13: f32 = v11 * v12;
+    let v14: f32 = params[148992u + v2];
+    let v15: f32 = v13 + v14;
+    work[2560u + i] = v15;
 }
 """
 
-K231_FUSED_MUL_SUM = """\
-// k231_fused_mul_sum: mul -> sum
-// writes t67: f32[1,8,1]   reads: t65
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 8u;
-    if (o >= 8u) {
-        return;
-    }
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v0: u32 = o * 64u + r;
-        let v1: f32 = work[v0];
-        let v2: f32 = v1 * v1;
-        acc = acc + v2;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[512u + o] = part[0];
-    }
-}
-"""
-
-K232_FUSED_MUL_ADD_RSQRT = """\
-// k232_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
-// writes t78: f32[1,8,64]   reads: params, t65, t67
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 512u;
-    if (i >= 512u) {
-        return;
-    }
-    let v0: f32 = work[i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v5 + 0.00001;
-    let v7: f32 = inverseSqrt(v6);
-    let v8: f32 = v0 * v7;
-    let v9: f32 = params[148928u + v2];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = params[148992u + v2];
-    let v12: f32 = v10 + v11;
-    work[2560u + i] = v12;
-}
-"""
-
-K233_MATMUL_ADD_RELU = """\
-// k233_matmul_add_relu: matmul -> add -> relu
+K201_MATMUL_ADD_RELU = """\
+// k201_matmul_add_relu: matmul -> add -> relu
 // writes t82: f32[1,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k233_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k201_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2560 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23567,12 +23185,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K234_MATMUL_ADD = """\
-// k234_matmul_add: matmul -> add -> add
-// writes t86: f32[1,8,64]   reads: params, t60, t82
+K202_MATMUL = """\
+// k202_matmul: matmul
+// writes t83: f32[1,8,64]   reads: params, t82
 // from addition_transformer.py:39
 //
-// k234_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
+// k202_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23590,7 +23208,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[2048u + (row * 64u + col)]) + (acc + (params[149312u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -23827,13 +23445,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K235_SUM = """\
-// k235_sum: sum
-// writes t87: f32[1,8,1]   reads: t86
+K203_FUSED_ADD_SUM = """\
+// k203_fused_add_sum: add -> add -> sum
+// writes t87: f32[1,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -23841,31 +23460,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[2560u + v0];
-        acc = acc + v1;
+        let v1: f32 = work[2048u + v0];
+        let v2: f32 = work[2560u + v0];
+        let v3: f32 = params[149312u + r];
+        let v4: f32 = v2 + v3;
+        let v5: f32 = v1 + v4;
+        acc0 = acc0 + v5;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[512u + o] = part[0];
+        let res0 = part0[0];
+        work[512u + o] = res0;
     }
 }
 """
 
-K236_FUSED_MUL_SUB = """\
-// k236_fused_mul_sub: mul -> sub
-// writes t91: f32[1,8,64]   reads: t86, t87
+K204_FUSED_ADD_MUL_SUB = """\
+// k204_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t91: f32[1,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -23874,24 +23499,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[2560u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    work[i] = v6;
+    let v0: f32 = work[2048u + i];
+    let v1: f32 = work[2560u + i];
+    let v2: u32 = i / 64u;
+    let v3: u32 = i % 64u;
+    let v4: f32 = params[149312u + v3];
+    let v5: f32 = v1 + v4;
+    let v6: f32 = v0 + v5;
+    let v7: u32 = v2;
+    let v8: f32 = work[512u + v7];
+    let v9: f32 = v8 * 0.015625;
+    let v10: f32 = v6 - v9;
+    work[i] = v10;
 }
 """
 
-K237_FUSED_MUL_SUM = """\
-// k237_fused_mul_sum: mul -> sum
+K205_FUSED_MUL_SUM = """\
+// k205_fused_mul_sum: mul -> sum
 // writes t93: f32[1,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -23899,29 +23528,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[v0];
         let v2: f32 = v1 * v1;
-        acc = acc + v2;
+        acc0 = acc0 + v2;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1024u + o] = part[0];
+        let res0 = part0[0];
+        work[1024u + o] = res0;
     }
 }
 """
 
-K238_FUSED_MUL_ADD_RSQRT = """\
-// k238_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K206_FUSED_MUL_ADD_RSQRT = """\
+// k206_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[1,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -23951,12 +23581,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K239_MATMUL = """\
-// k239_matmul: matmul
+K207_MATMUL = """\
+// k207_matmul: matmul
 // writes t105: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k239_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k207_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24199,12 +23829,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K240_MATMUL = """\
-// k240_matmul: matmul
+K208_MATMUL = """\
+// k208_matmul: matmul
 // writes t108: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k240_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k208_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24447,12 +24077,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K241_MATMUL = """\
-// k241_matmul: matmul
+K209_MATMUL = """\
+// k209_matmul: matmul
 // writes t111: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k241_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k209_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24695,12 +24325,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K242_MATMUL_MUL_GREATER_WHERE = """\
-// k242_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t125: f32[1,4,8,8]   reads: t105, t108
+K210_MATMUL = """\
+// k210_matmul: matmul
+// writes t115: f32[1,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k242_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
+// k210_matmul: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24715,7 +24345,7 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -24815,9 +24445,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K243_MAX = """\
-// k243_max: max
-// writes t126: f32[1,4,8,1]   reads: t125
+K211_FUSED_MUL_GREATER_WHERE = """\
+// k211_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t126: f32[1,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -24829,19 +24459,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v2: u32 = v0 * 64u + v1 * 8u + r;
-        let v3: f32 = work[512u + v2];
-        acc = max(acc, v3);
+        let v2: u32 = r;
+        let v3: u32 = v1;
+        let v4: f32 = select(0.0, 1.0, i32(v2) > i32(v3));
+        let v5: u32 = v0 * 64u + v1 * 8u + r;
+        let v6: f32 = work[512u + v5];
+        let v7: f32 = v6 * 0.25;
+        let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
+        acc0 = max(acc0, v8);
     }
-    work[256u + o] = acc;
+    let res0 = acc0;
+    work[256u + o] = res0;
 }
 """
 
-K244_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k244_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t130: f32[1,4,8,8]   reads: t125, t126
+K212_FUSED_MUL_GREATER_WHERE = """\
+// k212_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t130: f32[1,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -24852,20 +24488,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 256u) {
         return;
     }
-    let v0: f32 = work[512u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = (i / 8u) % 8u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[256u + v4];
-    let v6: f32 = v0 - v5;
-    let v7: f32 = exp(v6);
-    work[i] = v7;
+    let v0: u32 = i / 64u;
+    let v1: u32 = (i / 8u) % 8u;
+    let v2: u32 = i % 8u;
+    let v3: u32 = v2;
+    let v4: u32 = v1;
+    let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+    let v6: f32 = work[512u + i];
+    let v7: f32 = v6 * 0.25;
+    let v8: f32 = select(v7, -1.0e+30, v5 != 0.0);
+    let v9: u32 = v0 * 8u + v1;
+    let v10: f32 = work[256u + v9];
+    let v11: f32 = v8 - v10;
+    let v12: f32 = exp(v11);
+    work[i] = v12;
 }
 """
 
-K245_SUM = """\
-// k245_sum: sum
+K213_SUM = """\
+// k213_sum: sum
 // writes t131: f32[1,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24878,18 +24519,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v2: u32 = v0 * 64u + v1 * 8u + r;
         let v3: f32 = work[v2];
-        acc = acc + v3;
+        acc0 = acc0 + v3;
     }
-    work[256u + o] = acc;
+    let res0 = acc0;
+    work[256u + o] = res0;
 }
 """
 
-K246_DIV = """\
-// k246_div: div
+K214_DIV = """\
+// k214_div: div
 // writes t133: f32[1,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24911,12 +24553,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K247_MATMUL = """\
-// k247_matmul: matmul
+K215_MATMUL = """\
+// k215_matmul: matmul
 // writes t134: f32[1,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k247_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k215_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25031,15 +24673,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K248_MATMUL_ADD = """\
-// k248_matmul_add: matmul -> add
-// writes t138: f32[1,8,64]   reads: params, t134, t86
+K216_MATMUL_ADD = """\
+// k216_matmul_add: add -> add -> matmul -> add
+// writes t138: f32[1,8,64]   reads: params, t134, t60, t83
 // from addition_transformer.py:38
 //
-// k248_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k216_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
-//   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[3072 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -25054,12 +24696,12 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[2560u + (row * 64u + col)]) + acc);
+    return (((work[2048u + (row * 64u + col)]) + ((work[2560u + (row * 64u + col)]) + (params[149312u + ((row * 64u + col) % 64u)]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 64u) {
-        let i = 2048u + row * 64u + col;
+        let i = 3072u + row * 64u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -25279,13 +24921,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K249_SUM = """\
-// k249_sum: sum
+K217_SUM = """\
+// k217_sum: sum
 // writes t139: f32[1,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -25293,57 +24935,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[2048u + v0];
-        acc = acc + v1;
+        let v1: f32 = work[3072u + v0];
+        acc0 = acc0 + v1;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[512u + o] = part[0];
+        let res0 = part0[0];
+        work[o] = res0;
     }
 }
 """
 
-K250_FUSED_MUL_SUB = """\
-// k250_fused_mul_sub: mul -> sub
-// writes t143: f32[1,8,64]   reads: t138, t139
+K218_FUSED_MUL_SUB_SUM = """\
+// k218_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t145: f32[1,8,1]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 512u;
-    if (i >= 512u) {
-        return;
-    }
-    let v0: f32 = work[2048u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    work[i] = v6;
-}
-"""
-
-K251_FUSED_MUL_SUM = """\
-// k251_fused_mul_sum: mul -> sum
-// writes t145: f32[1,8,1]   reads: t143
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -25351,30 +24970,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[v0];
-        let v2: f32 = v1 * v1;
-        acc = acc + v2;
+        let v1: f32 = work[3072u + v0];
+        let v2: u32 = o;
+        let v3: f32 = work[v2];
+        let v4: f32 = v3 * 0.015625;
+        let v5: f32 = v1 - v4;
+        let v6: f32 = v5 * v5;
+        acc0 = acc0 + v6;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[512u + o] = part[0];
+        let res0 = part0[0];
+        work[64u + o] = res0;
     }
 }
 """
 
-K252_FUSED_MUL_ADD_RSQRT = """\
-// k252_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
-// writes t156: f32[1,8,64]   reads: params, t143, t145
+K219_FUSED_MUL_SUB_ADD = """\
+// k219_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+// writes t156: f32[1,8,64]   reads: params, t138, t139, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -25386,30 +25010,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[3072u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
     let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
+    let v4: f32 = work[v3];
     let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v5 + 0.00001;
-    let v7: f32 = inverseSqrt(v6);
-    let v8: f32 = v0 * v7;
-    let v9: f32 = params[149504u + v2];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = params[149568u + v2];
-    let v12: f32 = v10 + v11;
-    work[2560u + i] = v12;
+    let v6: f32 = v0 - v5;
+    let v7: f32 = work[64u + v3];
+    let v8: f32 = v7 * 0.015625;
+    let v9: f32 = v8 + 0.00001;
+    let v10: f32 = inverseSqrt(v9);
+    let v11: f32 = v6 * v10;
+    let v12: f32 = params[149504u + v2];
+    let v13: f32 = v11 * v12;
+    let v14: f32 = params[149568u + v2];
+    let v15: f32 = v13 + v14;
+    work[2048u + i] = v15;
 }
 """
 
-K253_MATMUL_ADD_RELU = """\
-// k253_matmul_add_relu: matmul -> add -> relu
+K220_MATMUL_ADD_RELU = """\
+// k220_matmul_add_relu: matmul -> add -> relu
 // writes t160: f32[1,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k253_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
-//   A[bi, m, k] = work[2560 + m * 64 + k]
+// k220_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+//   A[bi, m, k] = work[2048 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -25449,10 +25076,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2560u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 2560u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 2560u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 2560u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = 2048u + min(m0 + a_p, 7u) * 64u;
+    let a_src1 = 2048u + min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = 2048u + min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = 2048u + min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -25651,15 +25278,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K254_MATMUL_ADD = """\
-// k254_matmul_add: matmul -> add -> add
-// writes t164: f32[1,8,64]   reads: params, t138, t160
+K221_MATMUL = """\
+// k221_matmul: matmul
+// writes t161: f32[1,8,64]   reads: params, t160
 // from addition_transformer.py:39
 //
-// k254_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
+// k221_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
-//   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -25674,12 +25301,12 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[2048u + (row * 64u + col)]) + (acc + (params[149888u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 64u) {
-        let i = 2560u + row * 64u + col;
+        let i = 2048u + row * 64u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -25911,13 +25538,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K255_SUM = """\
-// k255_sum: sum
-// writes t165: f32[1,8,1]   reads: t164
+K222_FUSED_ADD_SUM = """\
+// k222_fused_add_sum: add -> add -> sum
+// writes t165: f32[1,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -25925,31 +25553,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[2560u + v0];
-        acc = acc + v1;
+        let v1: f32 = work[3072u + v0];
+        let v2: f32 = work[2048u + v0];
+        let v3: f32 = params[149888u + r];
+        let v4: f32 = v2 + v3;
+        let v5: f32 = v1 + v4;
+        acc0 = acc0 + v5;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[512u + o] = part[0];
+        let res0 = part0[0];
+        work[512u + o] = res0;
     }
 }
 """
 
-K256_FUSED_MUL_SUB = """\
-// k256_fused_mul_sub: mul -> sub
-// writes t169: f32[1,8,64]   reads: t164, t165
+K223_FUSED_ADD_MUL_SUB = """\
+// k223_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t169: f32[1,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -25958,24 +25592,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[2560u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    work[i] = v6;
+    let v0: f32 = work[3072u + i];
+    let v1: f32 = work[2048u + i];
+    let v2: u32 = i / 64u;
+    let v3: u32 = i % 64u;
+    let v4: f32 = params[149888u + v3];
+    let v5: f32 = v1 + v4;
+    let v6: f32 = v0 + v5;
+    let v7: u32 = v2;
+    let v8: f32 = work[512u + v7];
+    let v9: f32 = v8 * 0.015625;
+    let v10: f32 = v6 - v9;
+    work[i] = v10;
 }
 """
 
-K257_FUSED_MUL_SUM = """\
-// k257_fused_mul_sum: mul -> sum
+K224_FUSED_MUL_SUM = """\
+// k224_fused_mul_sum: mul -> sum
 // writes t171: f32[1,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -25983,29 +25621,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[v0];
         let v2: f32 = v1 * v1;
-        acc = acc + v2;
+        acc0 = acc0 + v2;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1024u + o] = part[0];
+        let res0 = part0[0];
+        work[1024u + o] = res0;
     }
 }
 """
 
-K258_FUSED_MUL_ADD_RSQRT = """\
-// k258_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K225_FUSED_MUL_ADD_RSQRT = """\
+// k225_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[1,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -26035,12 +25674,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K259_MATMUL = """\
-// k259_matmul: matmul
+K226_MATMUL = """\
+// k226_matmul: matmul
 // writes t183: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k259_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k226_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26283,12 +25922,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K260_MATMUL = """\
-// k260_matmul: matmul
+K227_MATMUL = """\
+// k227_matmul: matmul
 // writes t186: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k260_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k227_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26531,12 +26170,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K261_MATMUL = """\
-// k261_matmul: matmul
+K228_MATMUL = """\
+// k228_matmul: matmul
 // writes t189: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k261_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k228_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26779,12 +26418,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K262_MATMUL_MUL_GREATER_WHERE = """\
-// k262_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t203: f32[1,4,8,8]   reads: t183, t186
+K229_MATMUL = """\
+// k229_matmul: matmul
+// writes t193: f32[1,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k262_matmul_mul_greater_where: batched matmul, 4 x [8x16] @ [16x8]
+// k229_matmul: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26799,7 +26438,7 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -26899,9 +26538,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K263_MAX = """\
-// k263_max: max
-// writes t204: f32[1,4,8,1]   reads: t203
+K230_FUSED_MUL_GREATER_WHERE = """\
+// k230_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t204: f32[1,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -26913,19 +26552,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v2: u32 = v0 * 64u + v1 * 8u + r;
-        let v3: f32 = work[512u + v2];
-        acc = max(acc, v3);
+        let v2: u32 = r;
+        let v3: u32 = v1;
+        let v4: f32 = select(0.0, 1.0, i32(v2) > i32(v3));
+        let v5: u32 = v0 * 64u + v1 * 8u + r;
+        let v6: f32 = work[512u + v5];
+        let v7: f32 = v6 * 0.25;
+        let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
+        acc0 = max(acc0, v8);
     }
-    work[256u + o] = acc;
+    let res0 = acc0;
+    work[256u + o] = res0;
 }
 """
 
-K264_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k264_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t208: f32[1,4,8,8]   reads: t203, t204
+K231_FUSED_MUL_GREATER_WHERE = """\
+// k231_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t208: f32[1,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -26936,20 +26581,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 256u) {
         return;
     }
-    let v0: f32 = work[512u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = (i / 8u) % 8u;
-    let v3: u32 = i % 8u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[256u + v4];
-    let v6: f32 = v0 - v5;
-    let v7: f32 = exp(v6);
-    work[i] = v7;
+    let v0: u32 = i / 64u;
+    let v1: u32 = (i / 8u) % 8u;
+    let v2: u32 = i % 8u;
+    let v3: u32 = v2;
+    let v4: u32 = v1;
+    let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+    let v6: f32 = work[512u + i];
+    let v7: f32 = v6 * 0.25;
+    let v8: f32 = select(v7, -1.0e+30, v5 != 0.0);
+    let v9: u32 = v0 * 8u + v1;
+    let v10: f32 = work[256u + v9];
+    let v11: f32 = v8 - v10;
+    let v12: f32 = exp(v11);
+    work[i] = v12;
 }
 """
 
-K265_SUM = """\
-// k265_sum: sum
+K232_SUM = """\
+// k232_sum: sum
 // writes t209: f32[1,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26962,18 +26612,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v2: u32 = v0 * 64u + v1 * 8u + r;
         let v3: f32 = work[v2];
-        acc = acc + v3;
+        acc0 = acc0 + v3;
     }
-    work[256u + o] = acc;
+    let res0 = acc0;
+    work[256u + o] = res0;
 }
 """
 
-K266_DIV = """\
-// k266_div: div
+K233_DIV = """\
+// k233_div: div
 // writes t211: f32[1,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26995,12 +26646,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K267_MATMUL = """\
-// k267_matmul: matmul
+K234_MATMUL = """\
+// k234_matmul: matmul
 // writes t212: f32[1,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k267_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k234_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27115,15 +26766,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K268_MATMUL_ADD = """\
-// k268_matmul_add: matmul -> add
-// writes t216: f32[1,8,64]   reads: params, t164, t212
+K235_MATMUL_ADD = """\
+// k235_matmul_add: add -> add -> matmul -> add
+// writes t216: f32[1,8,64]   reads: params, t138, t161, t212
 // from addition_transformer.py:38
 //
-// k268_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k235_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
-//   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -27138,12 +26789,12 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[2560u + (row * 64u + col)]) + acc);
+    return (((work[3072u + (row * 64u + col)]) + ((work[2048u + (row * 64u + col)]) + (params[149888u + ((row * 64u + col) % 64u)]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 64u) {
-        let i = 2048u + row * 64u + col;
+        let i = 2560u + row * 64u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -27363,13 +27014,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K269_SUM = """\
-// k269_sum: sum
+K236_SUM = """\
+// k236_sum: sum
 // writes t217: f32[1,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -27377,57 +27028,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[2048u + v0];
-        acc = acc + v1;
+        let v1: f32 = work[2560u + v0];
+        acc0 = acc0 + v1;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[512u + o] = part[0];
+        let res0 = part0[0];
+        work[o] = res0;
     }
 }
 """
 
-K270_FUSED_MUL_SUB = """\
-// k270_fused_mul_sub: mul -> sub
-// writes t221: f32[1,8,64]   reads: t216, t217
+K237_FUSED_MUL_SUB_SUM = """\
+// k237_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t223: f32[1,8,1]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 512u;
-    if (i >= 512u) {
-        return;
-    }
-    let v0: f32 = work[2048u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    work[i] = v6;
-}
-"""
-
-K271_FUSED_MUL_SUM = """\
-// k271_fused_mul_sum: mul -> sum
-// writes t223: f32[1,8,1]   reads: t221
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -27435,30 +27063,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[v0];
-        let v2: f32 = v1 * v1;
-        acc = acc + v2;
+        let v1: f32 = work[2560u + v0];
+        let v2: u32 = o;
+        let v3: f32 = work[v2];
+        let v4: f32 = v3 * 0.015625;
+        let v5: f32 = v1 - v4;
+        let v6: f32 = v5 * v5;
+        acc0 = acc0 + v6;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[512u + o] = part[0];
+        let res0 = part0[0];
+        work[64u + o] = res0;
     }
 }
 """
 
-K272_FUSED_MUL_ADD_RSQRT = """\
-// k272_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
-// writes t234: f32[1,8,64]   reads: params, t221, t223
+K238_FUSED_MUL_SUB_ADD = """\
+// k238_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+// writes t234: f32[1,8,64]   reads: params, t216, t217, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -27470,30 +27103,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[2560u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
     let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
+    let v4: f32 = work[v3];
     let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v5 + 0.00001;
-    let v7: f32 = inverseSqrt(v6);
-    let v8: f32 = v0 * v7;
-    let v9: f32 = params[150080u + v2];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = params[150144u + v2];
-    let v12: f32 = v10 + v11;
-    work[2560u + i] = v12;
+    let v6: f32 = v0 - v5;
+    let v7: f32 = work[64u + v3];
+    let v8: f32 = v7 * 0.015625;
+    let v9: f32 = v8 + 0.00001;
+    let v10: f32 = inverseSqrt(v9);
+    let v11: f32 = v6 * v10;
+    let v12: f32 = params[150080u + v2];
+    let v13: f32 = v11 * v12;
+    let v14: f32 = params[150144u + v2];
+    let v15: f32 = v13 + v14;
+    work[2048u + i] = v15;
 }
 """
 
-K273_MATMUL_ADD_RELU = """\
-// k273_matmul_add_relu: matmul -> add -> relu
+K239_MATMUL_ADD_RELU = """\
+// k239_matmul_add_relu: matmul -> add -> relu
 // writes t238: f32[1,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k273_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
-//   A[bi, m, k] = work[2560 + m * 64 + k]
+// k239_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+//   A[bi, m, k] = work[2048 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -27533,10 +27169,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2560u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 2560u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 2560u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 2560u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = 2048u + min(m0 + a_p, 7u) * 64u;
+    let a_src1 = 2048u + min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = 2048u + min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = 2048u + min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -27735,15 +27371,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K274_MATMUL_ADD = """\
-// k274_matmul_add: matmul -> add -> add
-// writes t242: f32[1,8,64]   reads: params, t216, t238
+K240_MATMUL = """\
+// k240_matmul: matmul
+// writes t239: f32[1,8,64]   reads: params, t238
 // from addition_transformer.py:39
 //
-// k274_matmul_add: batched matmul, 1 x [8x256] @ [256x64]
+// k240_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
-//   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -27758,12 +27394,12 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[2048u + (row * 64u + col)]) + (acc + (params[150464u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 64u) {
-        let i = 2560u + row * 64u + col;
+        let i = 2048u + row * 64u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -27995,13 +27631,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K275_SUM = """\
-// k275_sum: sum
-// writes t243: f32[1,8,1]   reads: t242
+K241_FUSED_ADD_SUM = """\
+// k241_fused_add_sum: add -> add -> sum
+// writes t243: f32[1,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -28009,31 +27646,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[2560u + v0];
-        acc = acc + v1;
+        let v2: f32 = work[2048u + v0];
+        let v3: f32 = params[150464u + r];
+        let v4: f32 = v2 + v3;
+        let v5: f32 = v1 + v4;
+        acc0 = acc0 + v5;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[512u + o] = part[0];
+        let res0 = part0[0];
+        work[512u + o] = res0;
     }
 }
 """
 
-K276_FUSED_MUL_SUB = """\
-// k276_fused_mul_sub: mul -> sub
-// writes t247: f32[1,8,64]   reads: t242, t243
+K242_FUSED_ADD_MUL_SUB = """\
+// k242_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t247: f32[1,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28043,23 +27686,27 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let v0: f32 = work[2560u + i];
-    let v1: u32 = i / 64u;
-    let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[512u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    work[i] = v6;
+    let v1: f32 = work[2048u + i];
+    let v2: u32 = i / 64u;
+    let v3: u32 = i % 64u;
+    let v4: f32 = params[150464u + v3];
+    let v5: f32 = v1 + v4;
+    let v6: f32 = v0 + v5;
+    let v7: u32 = v2;
+    let v8: f32 = work[512u + v7];
+    let v9: f32 = v8 * 0.015625;
+    let v10: f32 = v6 - v9;
+    work[i] = v10;
 }
 """
 
-K277_FUSED_MUL_SUM = """\
-// k277_fused_mul_sum: mul -> sum
+K243_FUSED_MUL_SUM = """\
+// k243_fused_mul_sum: mul -> sum
 // writes t249: f32[1,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -28067,29 +27714,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (o >= 8u) {
         return;
     }
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[v0];
         let v2: f32 = v1 * v1;
-        acc = acc + v2;
+        acc0 = acc0 + v2;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[1024u + o] = part[0];
+        let res0 = part0[0];
+        work[1024u + o] = res0;
     }
 }
 """
 
-K278_FUSED_MUL_ADD_RSQRT = """\
-// k278_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K244_FUSED_MUL_ADD_RSQRT = """\
+// k244_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[1,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28119,12 +27767,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K279_MATMUL = """\
-// k279_matmul: matmul
+K245_MATMUL = """\
+// k245_matmul: matmul
 // writes t262: f32[1,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k279_matmul: batched matmul, 1 x [8x64] @ [64x12]
+// k245_matmul: batched matmul, 1 x [8x64] @ [64x12]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 8 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28370,8 +28018,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K280_FUSED_GATHER_ADD = """\
-// k280_fused_gather_add: gather -> add
+K246_FUSED_GATHER_ADD = """\
+// k246_fused_gather_add: gather -> add
 // writes t3: f32[128,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28399,13 +28047,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K281_SUM = """\
-// k281_sum: sum
+K247_SUM = """\
+// k247_sum: sum
 // writes t4: f32[128,8,1]   reads: t3
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -28415,31 +28063,75 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[v2];
-        acc = acc + v3;
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[131072u + o] = part[0];
+        let res0 = part0[0];
+        work[131072u + o] = res0;
     }
 }
 """
 
-K282_FUSED_MUL_SUB = """\
-// k282_fused_mul_sub: mul -> sub
-// writes t9: f32[128,8,64]   reads: t3, t4
+K248_FUSED_MUL_SUB_SUM = """\
+// k248_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t11: f32[128,8,1]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[131072u + v4];
+        let v6: f32 = v5 * 0.015625;
+        let v7: f32 = v3 - v6;
+        let v8: f32 = v7 * v7;
+        acc0 = acc0 + v8;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        work[132096u + o] = res0;
+    }
+}
+"""
+
+K249_FUSED_MUL_SUB_ADD = """\
+// k249_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+// writes t23: f32[128,8,64]   reads: params, t11, t3, t4
+// from addition_transformer.py:34
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28456,88 +28148,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v5: f32 = work[131072u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    work[65536u + i] = v7;
+    let v8: f32 = work[132096u + v4];
+    let v9: f32 = v8 * 0.015625;
+    let v10: f32 = v9 + 0.00001;
+    let v11: f32 = inverseSqrt(v10);
+    let v12: f32 = v7 * v11;
+    let v13: f32 = params[148800u + v3];
+    let v14: f32 = v12 * v13;
+    let v15: f32 = params[148864u + v3];
+    let v16: f32 = v14 + v15;
+    work[65536u + i] = v16;
 }
 """
 
-K283_FUSED_MUL_SUM = """\
-// k283_fused_mul_sum: mul -> sum
-// writes t11: f32[128,8,1]   reads: t9
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[65536u + v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[196608u + o] = part[0];
-    }
-}
-"""
-
-K284_FUSED_MUL_ADD_RSQRT = """\
-// k284_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
-// writes t23: f32[128,8,64]   reads: params, t11, t9
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[65536u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[196608u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v6 + 0.00001;
-    let v8: f32 = inverseSqrt(v7);
-    let v9: f32 = v0 * v8;
-    let v10: f32 = params[148800u + v3];
-    let v11: f32 = v9 * v10;
-    let v12: f32 = params[148864u + v3];
-    let v13: f32 = v11 + v12;
-    work[131072u + i] = v13;
-}
-"""
-
-K285_MATMUL = """\
-// k285_matmul: matmul
+K250_MATMUL = """\
+// k250_matmul: matmul
 // writes t24: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k285_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + m * 64 + k]
+// k250_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
-//   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -28556,7 +28188,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = 131072u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -28573,10 +28205,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + (m0 + a_p) * 64u;
-    let a_src1 = 131072u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 131072u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 131072u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 65536u + (m0 + a_p) * 64u;
+    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -28775,13 +28407,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K286_MATMUL = """\
-// k286_matmul: matmul
+K251_MATMUL = """\
+// k251_matmul: matmul
 // writes t27: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k286_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + m * 64 + k]
+// k251_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -28819,10 +28451,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + (m0 + a_p) * 64u;
-    let a_src1 = 131072u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 131072u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 131072u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 65536u + (m0 + a_p) * 64u;
+    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -29021,13 +28653,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K287_MATMUL = """\
-// k287_matmul: matmul
+K252_MATMUL = """\
+// k252_matmul: matmul
 // writes t30: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k287_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + m * 64 + k]
+// k252_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -29065,10 +28697,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + (m0 + a_p) * 64u;
-    let a_src1 = 131072u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 131072u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 131072u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 65536u + (m0 + a_p) * 64u;
+    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -29267,15 +28899,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K288_MATMUL_MUL_GREATER_WHERE = """\
-// k288_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t47: f32[128,4,8,8]   reads: t24, t27
+K253_MATMUL = """\
+// k253_matmul: matmul
+// writes t34: f32[128,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k288_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[65536 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+// k253_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[131072 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -29287,12 +28919,12 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 131072u + (bi * 8u + row) * 8u + col;
+        let i = 65536u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -29309,7 +28941,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 65536u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 131072u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
@@ -29387,9 +29019,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K289_MAX = """\
-// k289_max: max
-// writes t48: f32[128,4,8,1]   reads: t47
+K254_FUSED_MUL_GREATER_WHERE = """\
+// k254_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -29402,19 +29034,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[131072u + v3];
-        acc = max(acc, v4);
+        let v3: u32 = r;
+        let v4: u32 = v2;
+        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v7: f32 = work[65536u + v6];
+        let v8: f32 = v7 * 0.25;
+        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
+        acc0 = max(acc0, v9);
     }
-    work[98304u + o] = acc;
+    let res0 = acc0;
+    work[131072u + o] = res0;
 }
 """
 
-K290_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k290_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t52: f32[128,4,8,8]   reads: t47, t48
+K255_FUSED_MUL_GREATER_WHERE = """\
+// k255_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t52: f32[128,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -29425,21 +29063,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[131072u + i];
-    let v1: u32 = i / 256u;
-    let v2: u32 = (i / 64u) % 4u;
-    let v3: u32 = (i / 8u) % 8u;
-    let v4: u32 = i % 8u;
-    let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[98304u + v5];
-    let v7: f32 = v0 - v6;
-    let v8: f32 = exp(v7);
-    work[65536u + i] = v8;
+    let v0: u32 = i / 256u;
+    let v1: u32 = (i / 64u) % 4u;
+    let v2: u32 = (i / 8u) % 8u;
+    let v3: u32 = i % 8u;
+    let v4: u32 = v3;
+    let v5: u32 = v2;
+    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
+    let v7: f32 = work[65536u + i];
+    let v8: f32 = v7 * 0.25;
+    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
+    let v10: u32 = v0 * 32u + v1 * 8u + v2;
+    let v11: f32 = work[131072u + v10];
+    let v12: f32 = v9 - v11;
+    let v13: f32 = exp(v12);
+    work[98304u + i] = v13;
 }
 """
 
-K291_SUM = """\
-// k291_sum: sum
+K256_SUM = """\
+// k256_sum: sum
 // writes t53: f32[128,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29453,18 +29096,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[65536u + v3];
-        acc = acc + v4;
+        let v4: f32 = work[98304u + v3];
+        acc0 = acc0 + v4;
     }
-    work[98304u + o] = acc;
+    let res0 = acc0;
+    work[65536u + o] = res0;
 }
 """
 
-K292_DIV = """\
-// k292_div: div
+K257_DIV = """\
+// k257_div: div
 // writes t55: f32[128,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29476,23 +29120,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
+    let v0: f32 = work[98304u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[98304u + v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[65536u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
     work[131072u + i] = v6;
 }
 """
 
-K293_MATMUL = """\
-// k293_matmul: matmul
+K258_MATMUL = """\
+// k258_matmul: matmul
 // writes t56: f32[128,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k293_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k258_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[262144 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29607,12 +29251,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K294_MATMUL_ADD = """\
-// k294_matmul_add: matmul -> add
+K259_MATMUL_ADD = """\
+// k259_matmul_add: matmul -> add
 // writes t60: f32[128,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k294_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k259_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29853,13 +29497,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K295_SUM = """\
-// k295_sum: sum
+K260_SUM = """\
+// k260_sum: sum
 // writes t61: f32[128,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -29869,31 +29513,75 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[262144u + v2];
-        acc = acc + v3;
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[o] = res0;
     }
 }
 """
 
-K296_FUSED_MUL_SUB = """\
-// k296_fused_mul_sub: mul -> sub
-// writes t65: f32[128,8,64]   reads: t60, t61
+K261_FUSED_MUL_SUB_SUM = """\
+// k261_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t67: f32[128,8,1]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[262144u + v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[v4];
+        let v6: f32 = v5 * 0.015625;
+        let v7: f32 = v3 - v6;
+        let v8: f32 = v7 * v7;
+        acc0 = acc0 + v8;
+    }
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        work[1024u + o] = res0;
+    }
+}
+"""
+
+K262_FUSED_MUL_SUB_ADD = """\
+// k262_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+// writes t78: f32[128,8,64]   reads: params, t60, t61, t67
+// from addition_transformer.py:39
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -29907,88 +29595,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
+    let v5: f32 = work[v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    work[i] = v7;
+    let v8: f32 = work[1024u + v4];
+    let v9: f32 = v8 * 0.015625;
+    let v10: f32 = v9 + 0.00001;
+    let v11: f32 = inverseSqrt(v10);
+    let v12: f32 = v7 * v11;
+    let v13: f32 = params[148928u + v3];
+    let v14: f32 = v12 * v13;
+    let v15: f32 = params[148992u + v3];
+    let v16: f32 = v14 + v15;
+    work[327680u + i] = v16;
 }
 """
 
-K297_FUSED_MUL_SUM = """\
-// k297_fused_mul_sum: mul -> sum
-// writes t67: f32[128,8,1]   reads: t65
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
-    }
-    part[lid.x] = acc;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        work[65536u + o] = part[0];
-    }
-}
-"""
-
-K298_FUSED_MUL_ADD_RSQRT = """\
-// k298_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
-// writes t78: f32[128,8,64]   reads: params, t65, t67
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v6 + 0.00001;
-    let v8: f32 = inverseSqrt(v7);
-    let v9: f32 = v0 * v8;
-    let v10: f32 = params[148928u + v3];
-    let v11: f32 = v9 * v10;
-    let v12: f32 = params[148992u + v3];
-    let v13: f32 = v11 + v12;
-    work[327680u + i] = v13;
-}
-"""
-
-K299_MATMUL_ADD_RELU = """\
-// k299_matmul_add_relu: matmul -> add -> relu
+K263_MATMUL_ADD_RELU = """\
+// k263_matmul_add_relu: matmul -> add -> relu
 // writes t82: f32[128,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k299_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k263_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[327680 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30385,12 +30013,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K300_MATMUL_ADD = """\
-// k300_matmul_add: matmul -> add -> add
-// writes t86: f32[128,8,64]   reads: params, t60, t82
+K264_MATMUL = """\
+// k264_matmul: matmul
+// writes t83: f32[128,8,64]   reads: params, t82
 // from addition_transformer.py:39
 //
-// k300_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k264_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30408,7 +30036,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[262144u + (row * 64u + col)]) + (acc + (params[149312u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -30643,13 +30271,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K301_SUM = """\
-// k301_sum: sum
-// writes t87: f32[128,8,1]   reads: t86
+K265_FUSED_ADD_SUM = """\
+// k265_fused_add_sum: add -> add -> sum
+// writes t87: f32[128,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -30659,31 +30288,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[327680u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[262144u + v2];
+        let v4: f32 = work[327680u + v2];
+        let v5: f32 = params[149312u + r];
+        let v6: f32 = v4 + v5;
+        let v7: f32 = v3 + v6;
+        acc0 = acc0 + v7;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[65536u + o] = res0;
     }
 }
 """
 
-K302_FUSED_MUL_SUB = """\
-// k302_fused_mul_sub: mul -> sub
-// writes t91: f32[128,8,64]   reads: t86, t87
+K266_FUSED_ADD_MUL_SUB = """\
+// k266_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t91: f32[128,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -30692,25 +30327,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[327680u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[i] = v7;
+    let v0: f32 = work[262144u + i];
+    let v1: f32 = work[327680u + i];
+    let v2: u32 = i / 512u;
+    let v3: u32 = (i / 64u) % 8u;
+    let v4: u32 = i % 64u;
+    let v5: f32 = params[149312u + v4];
+    let v6: f32 = v1 + v5;
+    let v7: f32 = v0 + v6;
+    let v8: u32 = v2 * 8u + v3;
+    let v9: f32 = work[65536u + v8];
+    let v10: f32 = v9 * 0.015625;
+    let v11: f32 = v7 - v10;
+    work[i] = v11;
 }
 """
 
-K303_FUSED_MUL_SUM = """\
-// k303_fused_mul_sum: mul -> sum
+K267_FUSED_MUL_SUM = """\
+// k267_fused_mul_sum: mul -> sum
 // writes t93: f32[128,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -30720,29 +30359,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[v2];
         let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[131072u + o] = part[0];
+        let res0 = part0[0];
+        work[131072u + o] = res0;
     }
 }
 """
 
-K304_FUSED_MUL_ADD_RSQRT = """\
-// k304_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K268_FUSED_MUL_ADD_RSQRT = """\
+// k268_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[128,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30773,12 +30413,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K305_MATMUL = """\
-// k305_matmul: matmul
+K269_MATMUL = """\
+// k269_matmul: matmul
 // writes t105: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k305_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k269_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31019,12 +30659,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K306_MATMUL = """\
-// k306_matmul: matmul
+K270_MATMUL = """\
+// k270_matmul: matmul
 // writes t108: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k306_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k270_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31265,12 +30905,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K307_MATMUL = """\
-// k307_matmul: matmul
+K271_MATMUL = """\
+// k271_matmul: matmul
 // writes t111: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k307_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k271_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31511,12 +31151,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K308_MATMUL_MUL_GREATER_WHERE = """\
-// k308_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t125: f32[128,4,8,8]   reads: t105, t108
+K272_MATMUL = """\
+// k272_matmul: matmul
+// writes t115: f32[128,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k308_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
+// k272_matmul: batched matmul, 512 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31531,7 +31171,7 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -31631,9 +31271,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K309_MAX = """\
-// k309_max: max
-// writes t126: f32[128,4,8,1]   reads: t125
+K273_FUSED_MUL_GREATER_WHERE = """\
+// k273_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -31646,19 +31286,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[65536u + v3];
-        acc = max(acc, v4);
+        let v3: u32 = r;
+        let v4: u32 = v2;
+        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v7: f32 = work[65536u + v6];
+        let v8: f32 = v7 * 0.25;
+        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
+        acc0 = max(acc0, v9);
     }
-    work[32768u + o] = acc;
+    let res0 = acc0;
+    work[32768u + o] = res0;
 }
 """
 
-K310_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k310_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t130: f32[128,4,8,8]   reads: t125, t126
+K274_FUSED_MUL_GREATER_WHERE = """\
+// k274_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t130: f32[128,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -31669,21 +31315,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
-    let v1: u32 = i / 256u;
-    let v2: u32 = (i / 64u) % 4u;
-    let v3: u32 = (i / 8u) % 8u;
-    let v4: u32 = i % 8u;
-    let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[32768u + v5];
-    let v7: f32 = v0 - v6;
-    let v8: f32 = exp(v7);
-    work[i] = v8;
+    let v0: u32 = i / 256u;
+    let v1: u32 = (i / 64u) % 4u;
+    let v2: u32 = (i / 8u) % 8u;
+    let v3: u32 = i % 8u;
+    let v4: u32 = v3;
+    let v5: u32 = v2;
+    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
+    let v7: f32 = work[65536u + i];
+    let v8: f32 = v7 * 0.25;
+    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
+    let v10: u32 = v0 * 32u + v1 * 8u + v2;
+    let v11: f32 = work[32768u + v10];
+    let v12: f32 = v9 - v11;
+    let v13: f32 = exp(v12);
+    work[i] = v13;
 }
 """
 
-K311_SUM = """\
-// k311_sum: sum
+K275_SUM = """\
+// k275_sum: sum
 // writes t131: f32[128,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31697,18 +31348,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
         let v4: f32 = work[v3];
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    work[32768u + o] = acc;
+    let res0 = acc0;
+    work[32768u + o] = res0;
 }
 """
 
-K312_DIV = """\
-// k312_div: div
+K276_DIV = """\
+// k276_div: div
 // writes t133: f32[128,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31731,12 +31383,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K313_MATMUL = """\
-// k313_matmul: matmul
+K277_MATMUL = """\
+// k277_matmul: matmul
 // writes t134: f32[128,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k313_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k277_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[65536 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31851,15 +31503,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K314_MATMUL_ADD = """\
-// k314_matmul_add: matmul -> add
-// writes t138: f32[128,8,64]   reads: params, t134, t86
+K278_MATMUL_ADD = """\
+// k278_matmul_add: add -> add -> matmul -> add
+// writes t138: f32[128,8,64]   reads: params, t134, t60, t83
 // from addition_transformer.py:38
 //
-// k314_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k278_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
-//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[393216 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -31874,11 +31526,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[327680u + (row * 64u + col)]) + acc);
+    return (((work[262144u + (row * 64u + col)]) + ((work[327680u + (row * 64u + col)]) + (params[149312u + ((row * 64u + col) % 64u)]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 64u + col;
+    let i = 393216u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -32097,13 +31749,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K315_SUM = """\
-// k315_sum: sum
+K279_SUM = """\
+// k279_sum: sum
 // writes t139: f32[128,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -32113,58 +31765,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[262144u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[393216u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[o] = res0;
     }
 }
 """
 
-K316_FUSED_MUL_SUB = """\
-// k316_fused_mul_sub: mul -> sub
-// writes t143: f32[128,8,64]   reads: t138, t139
+K280_FUSED_MUL_SUB_SUM = """\
+// k280_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t145: f32[128,8,1]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[262144u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[i] = v7;
-}
-"""
-
-K317_FUSED_MUL_SUM = """\
-// k317_fused_mul_sum: mul -> sum
-// writes t145: f32[128,8,1]   reads: t143
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -32174,30 +31802,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        let v3: f32 = work[393216u + v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[v4];
+        let v6: f32 = v5 * 0.015625;
+        let v7: f32 = v3 - v6;
+        let v8: f32 = v7 * v7;
+        acc0 = acc0 + v8;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[1024u + o] = res0;
     }
 }
 """
 
-K318_FUSED_MUL_ADD_RSQRT = """\
-// k318_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
-// writes t156: f32[128,8,64]   reads: params, t143, t145
+K281_FUSED_MUL_SUB_ADD = """\
+// k281_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+// writes t156: f32[128,8,64]   reads: params, t138, t139, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -32209,31 +31842,34 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[393216u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
+    let v5: f32 = work[v4];
     let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v6 + 0.00001;
-    let v8: f32 = inverseSqrt(v7);
-    let v9: f32 = v0 * v8;
-    let v10: f32 = params[149504u + v3];
-    let v11: f32 = v9 * v10;
-    let v12: f32 = params[149568u + v3];
-    let v13: f32 = v11 + v12;
-    work[327680u + i] = v13;
+    let v7: f32 = v0 - v6;
+    let v8: f32 = work[1024u + v4];
+    let v9: f32 = v8 * 0.015625;
+    let v10: f32 = v9 + 0.00001;
+    let v11: f32 = inverseSqrt(v10);
+    let v12: f32 = v7 * v11;
+    let v13: f32 = params[149504u + v3];
+    let v14: f32 = v12 * v13;
+    let v15: f32 = params[149568u + v3];
+    let v16: f32 = v14 + v15;
+    work[262144u + i] = v16;
 }
 """
 
-K319_MATMUL_ADD_RELU = """\
-// k319_matmul_add_relu: matmul -> add -> relu
+K282_MATMUL_ADD_RELU = """\
+// k282_matmul_add_relu: matmul -> add -> relu
 // writes t160: f32[128,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k319_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[327680 + m * 64 + k]
+// k282_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[262144 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
@@ -32271,10 +31907,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 327680u + (m0 + a_p) * 64u;
-    let a_src1 = 327680u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 327680u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 327680u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 262144u + (m0 + a_p) * 64u;
+    let a_src1 = 262144u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 262144u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 262144u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;
@@ -32629,15 +32265,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K320_MATMUL_ADD = """\
-// k320_matmul_add: matmul -> add -> add
-// writes t164: f32[128,8,64]   reads: params, t138, t160
+K283_MATMUL = """\
+// k283_matmul: matmul
+// writes t161: f32[128,8,64]   reads: params, t160
 // from addition_transformer.py:39
 //
-// k320_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k283_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
-//   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -32652,11 +32288,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[262144u + (row * 64u + col)]) + (acc + (params[149888u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 327680u + row * 64u + col;
+    let i = 262144u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -32887,13 +32523,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K321_SUM = """\
-// k321_sum: sum
-// writes t165: f32[128,8,1]   reads: t164
+K284_FUSED_ADD_SUM = """\
+// k284_fused_add_sum: add -> add -> sum
+// writes t165: f32[128,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -32903,31 +32540,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[327680u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[393216u + v2];
+        let v4: f32 = work[262144u + v2];
+        let v5: f32 = params[149888u + r];
+        let v6: f32 = v4 + v5;
+        let v7: f32 = v3 + v6;
+        acc0 = acc0 + v7;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[65536u + o] = res0;
     }
 }
 """
 
-K322_FUSED_MUL_SUB = """\
-// k322_fused_mul_sub: mul -> sub
-// writes t169: f32[128,8,64]   reads: t164, t165
+K285_FUSED_ADD_MUL_SUB = """\
+// k285_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t169: f32[128,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -32936,25 +32579,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[327680u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[i] = v7;
+    let v0: f32 = work[393216u + i];
+    let v1: f32 = work[262144u + i];
+    let v2: u32 = i / 512u;
+    let v3: u32 = (i / 64u) % 8u;
+    let v4: u32 = i % 64u;
+    let v5: f32 = params[149888u + v4];
+    let v6: f32 = v1 + v5;
+    let v7: f32 = v0 + v6;
+    let v8: u32 = v2 * 8u + v3;
+    let v9: f32 = work[65536u + v8];
+    let v10: f32 = v9 * 0.015625;
+    let v11: f32 = v7 - v10;
+    work[i] = v11;
 }
 """
 
-K323_FUSED_MUL_SUM = """\
-// k323_fused_mul_sum: mul -> sum
+K286_FUSED_MUL_SUM = """\
+// k286_fused_mul_sum: mul -> sum
 // writes t171: f32[128,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -32964,29 +32611,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[v2];
         let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[131072u + o] = part[0];
+        let res0 = part0[0];
+        work[131072u + o] = res0;
     }
 }
 """
 
-K324_FUSED_MUL_ADD_RSQRT = """\
-// k324_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K287_FUSED_MUL_ADD_RSQRT = """\
+// k287_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[128,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -33017,12 +32665,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K325_MATMUL = """\
-// k325_matmul: matmul
+K288_MATMUL = """\
+// k288_matmul: matmul
 // writes t183: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k325_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k288_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33263,12 +32911,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K326_MATMUL = """\
-// k326_matmul: matmul
+K289_MATMUL = """\
+// k289_matmul: matmul
 // writes t186: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k326_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k289_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33509,12 +33157,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K327_MATMUL = """\
-// k327_matmul: matmul
+K290_MATMUL = """\
+// k290_matmul: matmul
 // writes t189: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k327_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k290_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33755,12 +33403,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K328_MATMUL_MUL_GREATER_WHERE = """\
-// k328_matmul_mul_greater_where: matmul -> mul -> greater -> where
-// writes t203: f32[128,4,8,8]   reads: t183, t186
+K291_MATMUL = """\
+// k291_matmul: matmul
+// writes t193: f32[128,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k328_matmul_mul_greater_where: batched matmul, 512 x [8x16] @ [16x8]
+// k291_matmul: batched matmul, 512 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33775,7 +33423,7 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select((acc * 0.25), -1.0e+30, (select(0.0, 1.0, i32((((bi * 64u + row * 8u + col) % 8u))) > i32(((((bi * 64u + row * 8u + col) / 8u) % 8u))))) != 0.0));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -33875,9 +33523,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K329_MAX = """\
-// k329_max: max
-// writes t204: f32[128,4,8,1]   reads: t203
+K292_FUSED_MUL_GREATER_WHERE = """\
+// k292_fused_mul_greater_where: mul -> greater -> where -> max
+// writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -33890,19 +33538,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[65536u + v3];
-        acc = max(acc, v4);
+        let v3: u32 = r;
+        let v4: u32 = v2;
+        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
+        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v7: f32 = work[65536u + v6];
+        let v8: f32 = v7 * 0.25;
+        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
+        acc0 = max(acc0, v9);
     }
-    work[32768u + o] = acc;
+    let res0 = acc0;
+    work[32768u + o] = res0;
 }
 """
 
-K330_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k330_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t208: f32[128,4,8,8]   reads: t203, t204
+K293_FUSED_MUL_GREATER_WHERE = """\
+// k293_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+// writes t208: f32[128,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -33913,21 +33567,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
-    let v1: u32 = i / 256u;
-    let v2: u32 = (i / 64u) % 4u;
-    let v3: u32 = (i / 8u) % 8u;
-    let v4: u32 = i % 8u;
-    let v5: u32 = v1 * 32u + v2 * 8u + v3;
-    let v6: f32 = work[32768u + v5];
-    let v7: f32 = v0 - v6;
-    let v8: f32 = exp(v7);
-    work[i] = v8;
+    let v0: u32 = i / 256u;
+    let v1: u32 = (i / 64u) % 4u;
+    let v2: u32 = (i / 8u) % 8u;
+    let v3: u32 = i % 8u;
+    let v4: u32 = v3;
+    let v5: u32 = v2;
+    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
+    let v7: f32 = work[65536u + i];
+    let v8: f32 = v7 * 0.25;
+    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
+    let v10: u32 = v0 * 32u + v1 * 8u + v2;
+    let v11: f32 = work[32768u + v10];
+    let v12: f32 = v9 - v11;
+    let v13: f32 = exp(v12);
+    work[i] = v13;
 }
 """
 
-K331_SUM = """\
-// k331_sum: sum
+K294_SUM = """\
+// k294_sum: sum
 // writes t209: f32[128,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33941,18 +33600,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
         let v4: f32 = work[v3];
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    work[32768u + o] = acc;
+    let res0 = acc0;
+    work[32768u + o] = res0;
 }
 """
 
-K332_DIV = """\
-// k332_div: div
+K295_DIV = """\
+// k295_div: div
 // writes t211: f32[128,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33975,12 +33635,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K333_MATMUL = """\
-// k333_matmul: matmul
+K296_MATMUL = """\
+// k296_matmul: matmul
 // writes t212: f32[128,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k333_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k296_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[65536 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -34095,15 +33755,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K334_MATMUL_ADD = """\
-// k334_matmul_add: matmul -> add
-// writes t216: f32[128,8,64]   reads: params, t164, t212
+K297_MATMUL_ADD = """\
+// k297_matmul_add: add -> add -> matmul -> add
+// writes t216: f32[128,8,64]   reads: params, t138, t161, t212
 // from addition_transformer.py:38
 //
-// k334_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k297_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
-//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -34118,11 +33778,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[327680u + (row * 64u + col)]) + acc);
+    return (((work[393216u + (row * 64u + col)]) + ((work[262144u + (row * 64u + col)]) + (params[149888u + ((row * 64u + col) % 64u)]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 64u + col;
+    let i = 327680u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -34341,13 +34001,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K335_SUM = """\
-// k335_sum: sum
+K298_SUM = """\
+// k298_sum: sum
 // writes t217: f32[128,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -34357,58 +34017,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[262144u + v2];
-        acc = acc + v3;
+        let v3: f32 = work[327680u + v2];
+        acc0 = acc0 + v3;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[o] = res0;
     }
 }
 """
 
-K336_FUSED_MUL_SUB = """\
-// k336_fused_mul_sub: mul -> sub
-// writes t221: f32[128,8,64]   reads: t216, t217
+K299_FUSED_MUL_SUB_SUM = """\
+// k299_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t223: f32[128,8,1]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[262144u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[i] = v7;
-}
-"""
-
-K337_FUSED_MUL_SUM = """\
-// k337_fused_mul_sum: mul -> sum
-// writes t223: f32[128,8,1]   reads: t221
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -34418,30 +34054,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[v2];
-        let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        let v3: f32 = work[327680u + v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[v4];
+        let v6: f32 = v5 * 0.015625;
+        let v7: f32 = v3 - v6;
+        let v8: f32 = v7 * v7;
+        acc0 = acc0 + v8;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[1024u + o] = res0;
     }
 }
 """
 
-K338_FUSED_MUL_ADD_RSQRT = """\
-// k338_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
-// writes t234: f32[128,8,64]   reads: params, t221, t223
+K300_FUSED_MUL_SUB_ADD = """\
+// k300_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+// writes t234: f32[128,8,64]   reads: params, t216, t217, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -34453,31 +34094,34 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[327680u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
+    let v5: f32 = work[v4];
     let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v6 + 0.00001;
-    let v8: f32 = inverseSqrt(v7);
-    let v9: f32 = v0 * v8;
-    let v10: f32 = params[150080u + v3];
-    let v11: f32 = v9 * v10;
-    let v12: f32 = params[150144u + v3];
-    let v13: f32 = v11 + v12;
-    work[327680u + i] = v13;
+    let v7: f32 = v0 - v6;
+    let v8: f32 = work[1024u + v4];
+    let v9: f32 = v8 * 0.015625;
+    let v10: f32 = v9 + 0.00001;
+    let v11: f32 = inverseSqrt(v10);
+    let v12: f32 = v7 * v11;
+    let v13: f32 = params[150080u + v3];
+    let v14: f32 = v12 * v13;
+    let v15: f32 = params[150144u + v3];
+    let v16: f32 = v14 + v15;
+    work[262144u + i] = v16;
 }
 """
 
-K339_MATMUL_ADD_RELU = """\
-// k339_matmul_add_relu: matmul -> add -> relu
+K301_MATMUL_ADD_RELU = """\
+// k301_matmul_add_relu: matmul -> add -> relu
 // writes t238: f32[128,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k339_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[327680 + m * 64 + k]
+// k301_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[262144 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
@@ -34515,10 +34159,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 327680u + (m0 + a_p) * 64u;
-    let a_src1 = 327680u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 327680u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 327680u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 262144u + (m0 + a_p) * 64u;
+    let a_src1 = 262144u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 262144u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 262144u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;
@@ -34873,15 +34517,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K340_MATMUL_ADD = """\
-// k340_matmul_add: matmul -> add -> add
-// writes t242: f32[128,8,64]   reads: params, t216, t238
+K302_MATMUL = """\
+// k302_matmul: matmul
+// writes t239: f32[128,8,64]   reads: params, t238
 // from addition_transformer.py:39
 //
-// k340_matmul_add: batched matmul, 1 x [1024x256] @ [256x64]
+// k302_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
-//   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -34896,11 +34540,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[262144u + (row * 64u + col)]) + (acc + (params[150464u + ((row * 64u + col) % 64u)])));
+    return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 327680u + row * 64u + col;
+    let i = 262144u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -35131,13 +34775,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K341_SUM = """\
-// k341_sum: sum
-// writes t243: f32[128,8,1]   reads: t242
+K303_FUSED_ADD_SUM = """\
+// k303_fused_add_sum: add -> add -> sum
+// writes t243: f32[128,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -35147,31 +34792,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[327680u + v2];
-        acc = acc + v3;
+        let v4: f32 = work[262144u + v2];
+        let v5: f32 = params[150464u + r];
+        let v6: f32 = v4 + v5;
+        let v7: f32 = v3 + v6;
+        acc0 = acc0 + v7;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[65536u + o] = part[0];
+        let res0 = part0[0];
+        work[65536u + o] = res0;
     }
 }
 """
 
-K342_FUSED_MUL_SUB = """\
-// k342_fused_mul_sub: mul -> sub
-// writes t247: f32[128,8,64]   reads: t242, t243
+K304_FUSED_ADD_MUL_SUB = """\
+// k304_fused_add_mul_sub: add -> add -> mul -> sub
+// writes t247: f32[128,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -35181,24 +34832,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let v0: f32 = work[327680u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[65536u + v4];
-    let v6: f32 = v5 * 0.015625;
-    let v7: f32 = v0 - v6;
-    work[i] = v7;
+    let v1: f32 = work[262144u + i];
+    let v2: u32 = i / 512u;
+    let v3: u32 = (i / 64u) % 8u;
+    let v4: u32 = i % 64u;
+    let v5: f32 = params[150464u + v4];
+    let v6: f32 = v1 + v5;
+    let v7: f32 = v0 + v6;
+    let v8: u32 = v2 * 8u + v3;
+    let v9: f32 = work[65536u + v8];
+    let v10: f32 = v9 * 0.015625;
+    let v11: f32 = v7 - v10;
+    work[i] = v11;
 }
 """
 
-K343_FUSED_MUL_SUM = """\
-// k343_fused_mul_sum: mul -> sum
+K305_FUSED_MUL_SUM = """\
+// k305_fused_mul_sum: mul -> sum
 // writes t249: f32[128,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -35208,29 +34863,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc: f32 = 0.0;
+    var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[v2];
         let v4: f32 = v3 * v3;
-        acc = acc + v4;
+        acc0 = acc0 + v4;
     }
-    part[lid.x] = acc;
+    part0[lid.x] = acc0;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
-            part[lid.x] = part[lid.x] + part[lid.x + s];
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        work[131072u + o] = part[0];
+        let res0 = part0[0];
+        work[131072u + o] = res0;
     }
 }
 """
 
-K344_FUSED_MUL_ADD_RSQRT = """\
-// k344_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K306_FUSED_MUL_ADD_RSQRT = """\
+// k306_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[128,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -35261,12 +34917,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K345_MATMUL = """\
-// k345_matmul: matmul
+K307_MATMUL = """\
+// k307_matmul: matmul
 // writes t262: f32[128,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k345_matmul: batched matmul, 1 x [1024x64] @ [64x12]
+// k307_matmul: batched matmul, 1 x [1024x64] @ [64x12]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -35515,348 +35171,310 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 WGSL = {
     "k000_fused_gather_add": K000_FUSED_GATHER_ADD,
     "k001_sum": K001_SUM,
-    "k002_fused_mul_sub": K002_FUSED_MUL_SUB,
-    "k003_fused_mul_sum": K003_FUSED_MUL_SUM,
-    "k004_fused_mul_add_rsqrt": K004_FUSED_MUL_ADD_RSQRT,
-    "k005_mul": K005_MUL,
-    "k006_fused_mul_add": K006_FUSED_MUL_ADD,
+    "k002_fused_mul_sub_sum": K002_FUSED_MUL_SUB_SUM,
+    "k003_fused_mul_sub_add": K003_FUSED_MUL_SUB_ADD,
+    "k004_matmul": K004_MATMUL,
+    "k005_matmul": K005_MATMUL,
+    "k006_matmul": K006_MATMUL,
     "k007_matmul": K007_MATMUL,
-    "k008_matmul": K008_MATMUL,
-    "k009_matmul": K009_MATMUL,
-    "k010_matmul_mul_greater_where": K010_MATMUL_MUL_GREATER_WHERE,
-    "k011_max": K011_MAX,
-    "k012_fused_stop_gradient_sub_exp": K012_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k013_sum": K013_SUM,
-    "k014_div": K014_DIV,
-    "k015_matmul": K015_MATMUL,
-    "k016_matmul_add": K016_MATMUL_ADD,
-    "k017_sum": K017_SUM,
-    "k018_fused_mul_sub": K018_FUSED_MUL_SUB,
-    "k019_fused_mul_sum": K019_FUSED_MUL_SUM,
-    "k020_fused_mul_add_rsqrt": K020_FUSED_MUL_ADD_RSQRT,
-    "k021_mul": K021_MUL,
+    "k008_fused_mul_greater_where": K008_FUSED_MUL_GREATER_WHERE,
+    "k009_fused_mul_greater_where": K009_FUSED_MUL_GREATER_WHERE,
+    "k010_sum": K010_SUM,
+    "k011_div": K011_DIV,
+    "k012_matmul": K012_MATMUL,
+    "k013_matmul_add": K013_MATMUL_ADD,
+    "k014_sum": K014_SUM,
+    "k015_fused_mul_sub_sum": K015_FUSED_MUL_SUB_SUM,
+    "k016_fused_mul_sub_add": K016_FUSED_MUL_SUB_ADD,
+    "k017_matmul_add_relu": K017_MATMUL_ADD_RELU,
+    "k018_matmul": K018_MATMUL,
+    "k019_fused_add_sum": K019_FUSED_ADD_SUM,
+    "k020_fused_add_mul_sub": K020_FUSED_ADD_MUL_SUB,
+    "k021_fused_mul_sum_add": K021_FUSED_MUL_SUM_ADD,
     "k022_fused_mul_add": K022_FUSED_MUL_ADD,
-    "k023_matmul_add": K023_MATMUL_ADD,
-    "k024_relu": K024_RELU,
-    "k025_matmul_add": K025_MATMUL_ADD,
-    "k026_sum": K026_SUM,
-    "k027_fused_mul_sub": K027_FUSED_MUL_SUB,
-    "k028_fused_mul_sum": K028_FUSED_MUL_SUM,
-    "k029_fused_mul_add_rsqrt": K029_FUSED_MUL_ADD_RSQRT,
-    "k030_mul": K030_MUL,
-    "k031_fused_mul_add": K031_FUSED_MUL_ADD,
-    "k032_matmul": K032_MATMUL,
-    "k033_matmul": K033_MATMUL,
-    "k034_matmul": K034_MATMUL,
-    "k035_matmul_mul_greater_where": K035_MATMUL_MUL_GREATER_WHERE,
-    "k036_max": K036_MAX,
-    "k037_fused_stop_gradient_sub_exp": K037_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k038_sum": K038_SUM,
-    "k039_div": K039_DIV,
-    "k040_matmul": K040_MATMUL,
-    "k041_matmul_add": K041_MATMUL_ADD,
-    "k042_sum": K042_SUM,
-    "k043_fused_mul_sub": K043_FUSED_MUL_SUB,
-    "k044_fused_mul_sum": K044_FUSED_MUL_SUM,
-    "k045_fused_mul_add_rsqrt": K045_FUSED_MUL_ADD_RSQRT,
-    "k046_mul": K046_MUL,
-    "k047_fused_mul_add": K047_FUSED_MUL_ADD,
-    "k048_matmul_add": K048_MATMUL_ADD,
-    "k049_relu": K049_RELU,
-    "k050_matmul_add": K050_MATMUL_ADD,
-    "k051_sum": K051_SUM,
-    "k052_fused_mul_sub": K052_FUSED_MUL_SUB,
-    "k053_fused_mul_sum": K053_FUSED_MUL_SUM,
-    "k054_fused_mul_add_rsqrt": K054_FUSED_MUL_ADD_RSQRT,
-    "k055_mul": K055_MUL,
-    "k056_fused_mul_add": K056_FUSED_MUL_ADD,
-    "k057_matmul": K057_MATMUL,
-    "k058_matmul": K058_MATMUL,
-    "k059_matmul": K059_MATMUL,
-    "k060_matmul_mul_greater_where": K060_MATMUL_MUL_GREATER_WHERE,
-    "k061_max": K061_MAX,
-    "k062_fused_stop_gradient_sub_exp": K062_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k063_sum": K063_SUM,
-    "k064_div": K064_DIV,
-    "k065_matmul": K065_MATMUL,
-    "k066_matmul_add": K066_MATMUL_ADD,
-    "k067_sum": K067_SUM,
-    "k068_fused_mul_sub": K068_FUSED_MUL_SUB,
-    "k069_fused_mul_sum": K069_FUSED_MUL_SUM,
-    "k070_fused_mul_add_rsqrt": K070_FUSED_MUL_ADD_RSQRT,
-    "k071_mul": K071_MUL,
-    "k072_fused_mul_add": K072_FUSED_MUL_ADD,
-    "k073_matmul_add": K073_MATMUL_ADD,
-    "k074_relu": K074_RELU,
-    "k075_matmul_add": K075_MATMUL_ADD,
-    "k076_sum": K076_SUM,
-    "k077_fused_mul_sub": K077_FUSED_MUL_SUB,
-    "k078_fused_mul_sum": K078_FUSED_MUL_SUM,
-    "k079_fused_mul_add_rsqrt": K079_FUSED_MUL_ADD_RSQRT,
-    "k080_mul": K080_MUL,
-    "k081_fused_mul_add": K081_FUSED_MUL_ADD,
-    "k082_matmul": K082_MATMUL,
-    "k083_max": K083_MAX,
-    "k084_fused_stop_gradient_sub": K084_FUSED_STOP_GRADIENT_SUB,
-    "k085_exp": K085_EXP,
-    "k086_sum": K086_SUM,
-    "k087_one_hot": K087_ONE_HOT,
-    "k088_fused_log_sub_mul": K088_FUSED_LOG_SUB_MUL,
-    "k089_fused_neg_mul_sum": K089_FUSED_NEG_MUL_SUM,
-    "k090_mul": K090_MUL,
-    "k091_fused_mul_neg": K091_FUSED_MUL_NEG,
-    "k092_fused_neg_sum": K092_FUSED_NEG_SUM,
-    "k093_fused_div_mul_add": K093_FUSED_DIV_MUL_ADD,
+    "k023_matmul": K023_MATMUL,
+    "k024_matmul": K024_MATMUL,
+    "k025_matmul": K025_MATMUL,
+    "k026_matmul": K026_MATMUL,
+    "k027_fused_mul_greater_where": K027_FUSED_MUL_GREATER_WHERE,
+    "k028_fused_mul_greater_where": K028_FUSED_MUL_GREATER_WHERE,
+    "k029_sum": K029_SUM,
+    "k030_div": K030_DIV,
+    "k031_matmul": K031_MATMUL,
+    "k032_matmul_add": K032_MATMUL_ADD,
+    "k033_sum": K033_SUM,
+    "k034_fused_mul_sub_sum": K034_FUSED_MUL_SUB_SUM,
+    "k035_fused_mul_sub_add": K035_FUSED_MUL_SUB_ADD,
+    "k036_matmul_add_relu": K036_MATMUL_ADD_RELU,
+    "k037_matmul": K037_MATMUL,
+    "k038_fused_add_sum": K038_FUSED_ADD_SUM,
+    "k039_fused_add_mul_sub": K039_FUSED_ADD_MUL_SUB,
+    "k040_fused_mul_sum_add": K040_FUSED_MUL_SUM_ADD,
+    "k041_fused_mul_add": K041_FUSED_MUL_ADD,
+    "k042_matmul": K042_MATMUL,
+    "k043_matmul": K043_MATMUL,
+    "k044_matmul": K044_MATMUL,
+    "k045_matmul": K045_MATMUL,
+    "k046_fused_mul_greater_where": K046_FUSED_MUL_GREATER_WHERE,
+    "k047_fused_mul_greater_where": K047_FUSED_MUL_GREATER_WHERE,
+    "k048_sum": K048_SUM,
+    "k049_div": K049_DIV,
+    "k050_matmul": K050_MATMUL,
+    "k051_matmul_add": K051_MATMUL_ADD,
+    "k052_sum": K052_SUM,
+    "k053_fused_mul_sub_sum": K053_FUSED_MUL_SUB_SUM,
+    "k054_fused_mul_sub_add": K054_FUSED_MUL_SUB_ADD,
+    "k055_matmul_add_relu": K055_MATMUL_ADD_RELU,
+    "k056_matmul": K056_MATMUL,
+    "k057_fused_add_sum": K057_FUSED_ADD_SUM,
+    "k058_fused_add_mul_sub": K058_FUSED_ADD_MUL_SUB,
+    "k059_fused_mul_sum_add": K059_FUSED_MUL_SUM_ADD,
+    "k060_fused_mul_add": K060_FUSED_MUL_ADD,
+    "k061_matmul": K061_MATMUL,
+    "k062_max": K062_MAX,
+    "k063_fused_stop_gradient_sub_exp": K063_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k064_sum": K064_SUM,
+    "k065_fused_log_sub_one_hot": K065_FUSED_LOG_SUB_ONE_HOT,
+    "k066_fused_neg_mul_sum": K066_FUSED_NEG_MUL_SUM,
+    "k067_fused_one_hot_mul_neg": K067_FUSED_ONE_HOT_MUL_NEG,
+    "k068_fused_neg_sum": K068_FUSED_NEG_SUM,
+    "k069_fused_div_mul_add": K069_FUSED_DIV_MUL_ADD,
+    "k070_matmul": K070_MATMUL,
+    "k071_matmul": K071_MATMUL,
+    "k072_sum": K072_SUM,
+    "k073_mul": K073_MUL,
+    "k074_fused_mul_sum": K074_FUSED_MUL_SUM,
+    "k075_fused_mul_sum": K075_FUSED_MUL_SUM,
+    "k076_fused_mul_add": K076_FUSED_MUL_ADD,
+    "k077_fused_neg_sum": K077_FUSED_NEG_SUM,
+    "k078_fused_mul_add": K078_FUSED_MUL_ADD,
+    "k079_sum": K079_SUM,
+    "k080_matmul": K080_MATMUL,
+    "k081_matmul_greater_mul": K081_MATMUL_GREATER_MUL,
+    "k082_sum": K082_SUM,
+    "k083_matmul": K083_MATMUL,
+    "k084_matmul": K084_MATMUL,
+    "k085_sum": K085_SUM,
+    "k086_mul": K086_MUL,
+    "k087_fused_mul_sub_sum": K087_FUSED_MUL_SUB_SUM,
+    "k088_fused_mul_sub_sum": K088_FUSED_MUL_SUB_SUM,
+    "k089_fused_mul_sub_add": K089_FUSED_MUL_SUB_ADD,
+    "k090_fused_neg_sum": K090_FUSED_NEG_SUM,
+    "k091_fused_add_mul": K091_FUSED_ADD_MUL,
+    "k092_matmul": K092_MATMUL,
+    "k093_matmul": K093_MATMUL,
     "k094_matmul": K094_MATMUL,
     "k095_matmul": K095_MATMUL,
-    "k096_sum": K096_SUM,
-    "k097_mul": K097_MUL,
-    "k098_fused_mul_sum": K098_FUSED_MUL_SUM,
-    "k099_fused_mul_sum": K099_FUSED_MUL_SUM,
-    "k100_fused_mul_add": K100_FUSED_MUL_ADD,
-    "k101_fused_neg_sum": K101_FUSED_NEG_SUM,
-    "k102_fused_mul_add": K102_FUSED_MUL_ADD,
-    "k103_sum": K103_SUM,
+    "k096_fused_mul_div_neg": K096_FUSED_MUL_DIV_NEG,
+    "k097_fused_greater_div_add": K097_FUSED_GREATER_DIV_ADD,
+    "k098_matmul": K098_MATMUL,
+    "k099_matmul": K099_MATMUL,
+    "k100_matmul": K100_MATMUL,
+    "k101_matmul": K101_MATMUL,
+    "k102_matmul": K102_MATMUL,
+    "k103_matmul": K103_MATMUL,
     "k104_matmul": K104_MATMUL,
-    "k105_matmul_greater_mul": K105_MATMUL_GREATER_MUL,
+    "k105_matmul_add": K105_MATMUL_ADD,
     "k106_sum": K106_SUM,
-    "k107_matmul": K107_MATMUL,
-    "k108_matmul": K108_MATMUL,
-    "k109_sum": K109_SUM,
-    "k110_mul": K110_MUL,
-    "k111_fused_mul_sum": K111_FUSED_MUL_SUM,
-    "k112_fused_mul_sum": K112_FUSED_MUL_SUM,
-    "k113_fused_mul_add": K113_FUSED_MUL_ADD,
-    "k114_fused_neg_sum": K114_FUSED_NEG_SUM,
-    "k115_fused_add_mul": K115_FUSED_ADD_MUL,
+    "k107_fused_mul_sum": K107_FUSED_MUL_SUM,
+    "k108_fused_mul_sum": K108_FUSED_MUL_SUM,
+    "k109_fused_mul_add": K109_FUSED_MUL_ADD,
+    "k110_fused_neg_sum": K110_FUSED_NEG_SUM,
+    "k111_fused_add_mul": K111_FUSED_ADD_MUL,
+    "k112_sum": K112_SUM,
+    "k113_matmul": K113_MATMUL,
+    "k114_matmul_greater_mul": K114_MATMUL_GREATER_MUL,
+    "k115_sum": K115_SUM,
     "k116_matmul": K116_MATMUL,
     "k117_matmul": K117_MATMUL,
-    "k118_matmul": K118_MATMUL,
-    "k119_matmul": K119_MATMUL,
-    "k120_fused_mul_div_neg": K120_FUSED_MUL_DIV_NEG,
-    "k121_fused_greater_div_add": K121_FUSED_GREATER_DIV_ADD,
-    "k122_matmul": K122_MATMUL,
-    "k123_matmul": K123_MATMUL,
-    "k124_matmul": K124_MATMUL,
+    "k118_sum": K118_SUM,
+    "k119_mul": K119_MUL,
+    "k120_fused_mul_sub_sum": K120_FUSED_MUL_SUB_SUM,
+    "k121_fused_mul_sub_sum": K121_FUSED_MUL_SUB_SUM,
+    "k122_fused_mul_sub_add": K122_FUSED_MUL_SUB_ADD,
+    "k123_fused_neg_sum": K123_FUSED_NEG_SUM,
+    "k124_fused_add_mul": K124_FUSED_ADD_MUL,
     "k125_matmul": K125_MATMUL,
     "k126_matmul": K126_MATMUL,
     "k127_matmul": K127_MATMUL,
     "k128_matmul": K128_MATMUL,
-    "k129_matmul_add": K129_MATMUL_ADD,
-    "k130_sum": K130_SUM,
-    "k131_mul": K131_MUL,
-    "k132_fused_mul_sum": K132_FUSED_MUL_SUM,
-    "k133_fused_mul_sum": K133_FUSED_MUL_SUM,
-    "k134_fused_mul_add": K134_FUSED_MUL_ADD,
-    "k135_fused_neg_sum": K135_FUSED_NEG_SUM,
-    "k136_fused_add_mul": K136_FUSED_ADD_MUL,
-    "k137_sum": K137_SUM,
-    "k138_matmul": K138_MATMUL,
-    "k139_matmul_greater_mul": K139_MATMUL_GREATER_MUL,
-    "k140_sum": K140_SUM,
-    "k141_matmul": K141_MATMUL,
-    "k142_matmul": K142_MATMUL,
-    "k143_sum": K143_SUM,
-    "k144_mul": K144_MUL,
-    "k145_fused_mul_sum": K145_FUSED_MUL_SUM,
-    "k146_fused_mul_sum": K146_FUSED_MUL_SUM,
-    "k147_fused_mul_add": K147_FUSED_MUL_ADD,
-    "k148_fused_neg_sum": K148_FUSED_NEG_SUM,
-    "k149_fused_add_mul": K149_FUSED_ADD_MUL,
+    "k129_fused_mul_div_neg": K129_FUSED_MUL_DIV_NEG,
+    "k130_fused_greater_div_add": K130_FUSED_GREATER_DIV_ADD,
+    "k131_matmul": K131_MATMUL,
+    "k132_matmul": K132_MATMUL,
+    "k133_matmul": K133_MATMUL,
+    "k134_matmul": K134_MATMUL,
+    "k135_matmul": K135_MATMUL,
+    "k136_matmul": K136_MATMUL,
+    "k137_matmul": K137_MATMUL,
+    "k138_matmul_add": K138_MATMUL_ADD,
+    "k139_sum": K139_SUM,
+    "k140_fused_mul_sum": K140_FUSED_MUL_SUM,
+    "k141_fused_mul_sum": K141_FUSED_MUL_SUM,
+    "k142_fused_mul_add": K142_FUSED_MUL_ADD,
+    "k143_fused_neg_sum": K143_FUSED_NEG_SUM,
+    "k144_fused_add_mul": K144_FUSED_ADD_MUL,
+    "k145_sum": K145_SUM,
+    "k146_matmul": K146_MATMUL,
+    "k147_matmul_greater_mul": K147_MATMUL_GREATER_MUL,
+    "k148_sum": K148_SUM,
+    "k149_matmul": K149_MATMUL,
     "k150_matmul": K150_MATMUL,
-    "k151_matmul": K151_MATMUL,
-    "k152_matmul": K152_MATMUL,
-    "k153_matmul": K153_MATMUL,
-    "k154_fused_mul_div_neg": K154_FUSED_MUL_DIV_NEG,
-    "k155_fused_greater_div_add": K155_FUSED_GREATER_DIV_ADD,
-    "k156_matmul": K156_MATMUL,
-    "k157_matmul": K157_MATMUL,
+    "k151_sum": K151_SUM,
+    "k152_mul": K152_MUL,
+    "k153_fused_mul_sub_sum": K153_FUSED_MUL_SUB_SUM,
+    "k154_fused_mul_sub_sum": K154_FUSED_MUL_SUB_SUM,
+    "k155_fused_mul_sub_add": K155_FUSED_MUL_SUB_ADD,
+    "k156_fused_neg_sum": K156_FUSED_NEG_SUM,
+    "k157_fused_add_mul": K157_FUSED_ADD_MUL,
     "k158_matmul": K158_MATMUL,
     "k159_matmul": K159_MATMUL,
     "k160_matmul": K160_MATMUL,
     "k161_matmul": K161_MATMUL,
-    "k162_matmul": K162_MATMUL,
-    "k163_matmul_add": K163_MATMUL_ADD,
-    "k164_sum": K164_SUM,
-    "k165_mul": K165_MUL,
-    "k166_fused_mul_sum": K166_FUSED_MUL_SUM,
-    "k167_fused_mul_sum": K167_FUSED_MUL_SUM,
-    "k168_fused_mul_add": K168_FUSED_MUL_ADD,
-    "k169_fused_neg_sum": K169_FUSED_NEG_SUM,
-    "k170_fused_add_mul": K170_FUSED_ADD_MUL,
-    "k171_sum": K171_SUM,
-    "k172_matmul": K172_MATMUL,
-    "k173_matmul_greater_mul": K173_MATMUL_GREATER_MUL,
-    "k174_sum": K174_SUM,
-    "k175_matmul": K175_MATMUL,
-    "k176_matmul": K176_MATMUL,
-    "k177_sum": K177_SUM,
-    "k178_mul": K178_MUL,
-    "k179_fused_mul_sum": K179_FUSED_MUL_SUM,
-    "k180_fused_mul_sum": K180_FUSED_MUL_SUM,
-    "k181_fused_mul_add": K181_FUSED_MUL_ADD,
-    "k182_fused_neg_sum": K182_FUSED_NEG_SUM,
-    "k183_fused_add_mul": K183_FUSED_ADD_MUL,
-    "k184_matmul": K184_MATMUL,
-    "k185_matmul": K185_MATMUL,
-    "k186_matmul": K186_MATMUL,
-    "k187_matmul": K187_MATMUL,
-    "k188_fused_mul_div_neg": K188_FUSED_MUL_DIV_NEG,
-    "k189_fused_greater_div_add": K189_FUSED_GREATER_DIV_ADD,
+    "k162_fused_mul_div_neg": K162_FUSED_MUL_DIV_NEG,
+    "k163_fused_greater_div_add": K163_FUSED_GREATER_DIV_ADD,
+    "k164_matmul": K164_MATMUL,
+    "k165_matmul": K165_MATMUL,
+    "k166_matmul": K166_MATMUL,
+    "k167_matmul": K167_MATMUL,
+    "k168_matmul": K168_MATMUL,
+    "k169_matmul": K169_MATMUL,
+    "k170_matmul": K170_MATMUL,
+    "k171_matmul_add": K171_MATMUL_ADD,
+    "k172_sum": K172_SUM,
+    "k173_fused_mul_sub_sum": K173_FUSED_MUL_SUB_SUM,
+    "k174_fused_mul_sub_sum": K174_FUSED_MUL_SUB_SUM,
+    "k175_fused_mul_sub_add": K175_FUSED_MUL_SUB_ADD,
+    "k176_fused_neg_sum": K176_FUSED_NEG_SUM,
+    "k177_fused_add_mul": K177_FUSED_ADD_MUL,
+    "k178_sum": K178_SUM,
+    "k179_pad": K179_PAD,
+    "k180_one_hot": K180_ONE_HOT,
+    "k181_matmul_add": K181_MATMUL_ADD,
+    "k182_fused_square_sum": K182_FUSED_SQUARE_SUM,
+    "k183_fused_sqrt_add_div": K183_FUSED_SQRT_ADD_DIV,
+    "k184_fused_gather_add": K184_FUSED_GATHER_ADD,
+    "k185_sum": K185_SUM,
+    "k186_fused_mul_sub_sum": K186_FUSED_MUL_SUB_SUM,
+    "k187_fused_mul_sub_add": K187_FUSED_MUL_SUB_ADD,
+    "k188_matmul": K188_MATMUL,
+    "k189_matmul": K189_MATMUL,
     "k190_matmul": K190_MATMUL,
     "k191_matmul": K191_MATMUL,
-    "k192_matmul": K192_MATMUL,
-    "k193_matmul": K193_MATMUL,
-    "k194_matmul": K194_MATMUL,
-    "k195_matmul": K195_MATMUL,
+    "k192_fused_mul_greater_where": K192_FUSED_MUL_GREATER_WHERE,
+    "k193_fused_mul_greater_where": K193_FUSED_MUL_GREATER_WHERE,
+    "k194_sum": K194_SUM,
+    "k195_div": K195_DIV,
     "k196_matmul": K196_MATMUL,
     "k197_matmul_add": K197_MATMUL_ADD,
     "k198_sum": K198_SUM,
-    "k199_mul": K199_MUL,
-    "k200_fused_mul_sum": K200_FUSED_MUL_SUM,
-    "k201_fused_mul_sum": K201_FUSED_MUL_SUM,
-    "k202_fused_mul_add": K202_FUSED_MUL_ADD,
-    "k203_fused_neg_sum": K203_FUSED_NEG_SUM,
-    "k204_fused_add_mul": K204_FUSED_ADD_MUL,
-    "k205_sum": K205_SUM,
-    "k206_pad": K206_PAD,
-    "k207_fused_one_hot_transpose": K207_FUSED_ONE_HOT_TRANSPOSE,
-    "k208_matmul_add": K208_MATMUL_ADD,
-    "k209_fused_square_sum": K209_FUSED_SQUARE_SUM,
-    "k210_fused_sqrt_add_div": K210_FUSED_SQRT_ADD_DIV,
-    "k211_fused_mul_add": K211_FUSED_MUL_ADD,
-    "k212_fused_mul_add": K212_FUSED_MUL_ADD,
-    "k213_fused_mul_less_where": K213_FUSED_MUL_LESS_WHERE,
-    "k214_fused_gather_add": K214_FUSED_GATHER_ADD,
-    "k215_sum": K215_SUM,
-    "k216_fused_mul_sub": K216_FUSED_MUL_SUB,
-    "k217_fused_mul_sum": K217_FUSED_MUL_SUM,
-    "k218_fused_mul_add_rsqrt": K218_FUSED_MUL_ADD_RSQRT,
-    "k219_matmul": K219_MATMUL,
-    "k220_matmul": K220_MATMUL,
+    "k199_fused_mul_sub_sum": K199_FUSED_MUL_SUB_SUM,
+    "k200_fused_mul_sub_add": K200_FUSED_MUL_SUB_ADD,
+    "k201_matmul_add_relu": K201_MATMUL_ADD_RELU,
+    "k202_matmul": K202_MATMUL,
+    "k203_fused_add_sum": K203_FUSED_ADD_SUM,
+    "k204_fused_add_mul_sub": K204_FUSED_ADD_MUL_SUB,
+    "k205_fused_mul_sum": K205_FUSED_MUL_SUM,
+    "k206_fused_mul_add_rsqrt": K206_FUSED_MUL_ADD_RSQRT,
+    "k207_matmul": K207_MATMUL,
+    "k208_matmul": K208_MATMUL,
+    "k209_matmul": K209_MATMUL,
+    "k210_matmul": K210_MATMUL,
+    "k211_fused_mul_greater_where": K211_FUSED_MUL_GREATER_WHERE,
+    "k212_fused_mul_greater_where": K212_FUSED_MUL_GREATER_WHERE,
+    "k213_sum": K213_SUM,
+    "k214_div": K214_DIV,
+    "k215_matmul": K215_MATMUL,
+    "k216_matmul_add": K216_MATMUL_ADD,
+    "k217_sum": K217_SUM,
+    "k218_fused_mul_sub_sum": K218_FUSED_MUL_SUB_SUM,
+    "k219_fused_mul_sub_add": K219_FUSED_MUL_SUB_ADD,
+    "k220_matmul_add_relu": K220_MATMUL_ADD_RELU,
     "k221_matmul": K221_MATMUL,
-    "k222_matmul_mul_greater_where": K222_MATMUL_MUL_GREATER_WHERE,
-    "k223_max": K223_MAX,
-    "k224_fused_stop_gradient_sub_exp": K224_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k225_sum": K225_SUM,
-    "k226_div": K226_DIV,
+    "k222_fused_add_sum": K222_FUSED_ADD_SUM,
+    "k223_fused_add_mul_sub": K223_FUSED_ADD_MUL_SUB,
+    "k224_fused_mul_sum": K224_FUSED_MUL_SUM,
+    "k225_fused_mul_add_rsqrt": K225_FUSED_MUL_ADD_RSQRT,
+    "k226_matmul": K226_MATMUL,
     "k227_matmul": K227_MATMUL,
-    "k228_matmul_add": K228_MATMUL_ADD,
-    "k229_sum": K229_SUM,
-    "k230_fused_mul_sub": K230_FUSED_MUL_SUB,
-    "k231_fused_mul_sum": K231_FUSED_MUL_SUM,
-    "k232_fused_mul_add_rsqrt": K232_FUSED_MUL_ADD_RSQRT,
-    "k233_matmul_add_relu": K233_MATMUL_ADD_RELU,
-    "k234_matmul_add": K234_MATMUL_ADD,
-    "k235_sum": K235_SUM,
-    "k236_fused_mul_sub": K236_FUSED_MUL_SUB,
-    "k237_fused_mul_sum": K237_FUSED_MUL_SUM,
-    "k238_fused_mul_add_rsqrt": K238_FUSED_MUL_ADD_RSQRT,
-    "k239_matmul": K239_MATMUL,
+    "k228_matmul": K228_MATMUL,
+    "k229_matmul": K229_MATMUL,
+    "k230_fused_mul_greater_where": K230_FUSED_MUL_GREATER_WHERE,
+    "k231_fused_mul_greater_where": K231_FUSED_MUL_GREATER_WHERE,
+    "k232_sum": K232_SUM,
+    "k233_div": K233_DIV,
+    "k234_matmul": K234_MATMUL,
+    "k235_matmul_add": K235_MATMUL_ADD,
+    "k236_sum": K236_SUM,
+    "k237_fused_mul_sub_sum": K237_FUSED_MUL_SUB_SUM,
+    "k238_fused_mul_sub_add": K238_FUSED_MUL_SUB_ADD,
+    "k239_matmul_add_relu": K239_MATMUL_ADD_RELU,
     "k240_matmul": K240_MATMUL,
-    "k241_matmul": K241_MATMUL,
-    "k242_matmul_mul_greater_where": K242_MATMUL_MUL_GREATER_WHERE,
-    "k243_max": K243_MAX,
-    "k244_fused_stop_gradient_sub_exp": K244_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k245_sum": K245_SUM,
-    "k246_div": K246_DIV,
-    "k247_matmul": K247_MATMUL,
-    "k248_matmul_add": K248_MATMUL_ADD,
-    "k249_sum": K249_SUM,
-    "k250_fused_mul_sub": K250_FUSED_MUL_SUB,
-    "k251_fused_mul_sum": K251_FUSED_MUL_SUM,
-    "k252_fused_mul_add_rsqrt": K252_FUSED_MUL_ADD_RSQRT,
-    "k253_matmul_add_relu": K253_MATMUL_ADD_RELU,
-    "k254_matmul_add": K254_MATMUL_ADD,
-    "k255_sum": K255_SUM,
-    "k256_fused_mul_sub": K256_FUSED_MUL_SUB,
-    "k257_fused_mul_sum": K257_FUSED_MUL_SUM,
-    "k258_fused_mul_add_rsqrt": K258_FUSED_MUL_ADD_RSQRT,
-    "k259_matmul": K259_MATMUL,
-    "k260_matmul": K260_MATMUL,
-    "k261_matmul": K261_MATMUL,
-    "k262_matmul_mul_greater_where": K262_MATMUL_MUL_GREATER_WHERE,
-    "k263_max": K263_MAX,
-    "k264_fused_stop_gradient_sub_exp": K264_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k265_sum": K265_SUM,
-    "k266_div": K266_DIV,
-    "k267_matmul": K267_MATMUL,
-    "k268_matmul_add": K268_MATMUL_ADD,
-    "k269_sum": K269_SUM,
-    "k270_fused_mul_sub": K270_FUSED_MUL_SUB,
-    "k271_fused_mul_sum": K271_FUSED_MUL_SUM,
-    "k272_fused_mul_add_rsqrt": K272_FUSED_MUL_ADD_RSQRT,
-    "k273_matmul_add_relu": K273_MATMUL_ADD_RELU,
-    "k274_matmul_add": K274_MATMUL_ADD,
+    "k241_fused_add_sum": K241_FUSED_ADD_SUM,
+    "k242_fused_add_mul_sub": K242_FUSED_ADD_MUL_SUB,
+    "k243_fused_mul_sum": K243_FUSED_MUL_SUM,
+    "k244_fused_mul_add_rsqrt": K244_FUSED_MUL_ADD_RSQRT,
+    "k245_matmul": K245_MATMUL,
+    "k246_fused_gather_add": K246_FUSED_GATHER_ADD,
+    "k247_sum": K247_SUM,
+    "k248_fused_mul_sub_sum": K248_FUSED_MUL_SUB_SUM,
+    "k249_fused_mul_sub_add": K249_FUSED_MUL_SUB_ADD,
+    "k250_matmul": K250_MATMUL,
+    "k251_matmul": K251_MATMUL,
+    "k252_matmul": K252_MATMUL,
+    "k253_matmul": K253_MATMUL,
+    "k254_fused_mul_greater_where": K254_FUSED_MUL_GREATER_WHERE,
+    "k255_fused_mul_greater_where": K255_FUSED_MUL_GREATER_WHERE,
+    "k256_sum": K256_SUM,
+    "k257_div": K257_DIV,
+    "k258_matmul": K258_MATMUL,
+    "k259_matmul_add": K259_MATMUL_ADD,
+    "k260_sum": K260_SUM,
+    "k261_fused_mul_sub_sum": K261_FUSED_MUL_SUB_SUM,
+    "k262_fused_mul_sub_add": K262_FUSED_MUL_SUB_ADD,
+    "k263_matmul_add_relu": K263_MATMUL_ADD_RELU,
+    "k264_matmul": K264_MATMUL,
+    "k265_fused_add_sum": K265_FUSED_ADD_SUM,
+    "k266_fused_add_mul_sub": K266_FUSED_ADD_MUL_SUB,
+    "k267_fused_mul_sum": K267_FUSED_MUL_SUM,
+    "k268_fused_mul_add_rsqrt": K268_FUSED_MUL_ADD_RSQRT,
+    "k269_matmul": K269_MATMUL,
+    "k270_matmul": K270_MATMUL,
+    "k271_matmul": K271_MATMUL,
+    "k272_matmul": K272_MATMUL,
+    "k273_fused_mul_greater_where": K273_FUSED_MUL_GREATER_WHERE,
+    "k274_fused_mul_greater_where": K274_FUSED_MUL_GREATER_WHERE,
     "k275_sum": K275_SUM,
-    "k276_fused_mul_sub": K276_FUSED_MUL_SUB,
-    "k277_fused_mul_sum": K277_FUSED_MUL_SUM,
-    "k278_fused_mul_add_rsqrt": K278_FUSED_MUL_ADD_RSQRT,
-    "k279_matmul": K279_MATMUL,
-    "k280_fused_gather_add": K280_FUSED_GATHER_ADD,
-    "k281_sum": K281_SUM,
-    "k282_fused_mul_sub": K282_FUSED_MUL_SUB,
-    "k283_fused_mul_sum": K283_FUSED_MUL_SUM,
-    "k284_fused_mul_add_rsqrt": K284_FUSED_MUL_ADD_RSQRT,
-    "k285_matmul": K285_MATMUL,
-    "k286_matmul": K286_MATMUL,
-    "k287_matmul": K287_MATMUL,
-    "k288_matmul_mul_greater_where": K288_MATMUL_MUL_GREATER_WHERE,
-    "k289_max": K289_MAX,
-    "k290_fused_stop_gradient_sub_exp": K290_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k291_sum": K291_SUM,
-    "k292_div": K292_DIV,
-    "k293_matmul": K293_MATMUL,
-    "k294_matmul_add": K294_MATMUL_ADD,
-    "k295_sum": K295_SUM,
-    "k296_fused_mul_sub": K296_FUSED_MUL_SUB,
-    "k297_fused_mul_sum": K297_FUSED_MUL_SUM,
-    "k298_fused_mul_add_rsqrt": K298_FUSED_MUL_ADD_RSQRT,
-    "k299_matmul_add_relu": K299_MATMUL_ADD_RELU,
-    "k300_matmul_add": K300_MATMUL_ADD,
-    "k301_sum": K301_SUM,
-    "k302_fused_mul_sub": K302_FUSED_MUL_SUB,
-    "k303_fused_mul_sum": K303_FUSED_MUL_SUM,
-    "k304_fused_mul_add_rsqrt": K304_FUSED_MUL_ADD_RSQRT,
-    "k305_matmul": K305_MATMUL,
-    "k306_matmul": K306_MATMUL,
+    "k276_div": K276_DIV,
+    "k277_matmul": K277_MATMUL,
+    "k278_matmul_add": K278_MATMUL_ADD,
+    "k279_sum": K279_SUM,
+    "k280_fused_mul_sub_sum": K280_FUSED_MUL_SUB_SUM,
+    "k281_fused_mul_sub_add": K281_FUSED_MUL_SUB_ADD,
+    "k282_matmul_add_relu": K282_MATMUL_ADD_RELU,
+    "k283_matmul": K283_MATMUL,
+    "k284_fused_add_sum": K284_FUSED_ADD_SUM,
+    "k285_fused_add_mul_sub": K285_FUSED_ADD_MUL_SUB,
+    "k286_fused_mul_sum": K286_FUSED_MUL_SUM,
+    "k287_fused_mul_add_rsqrt": K287_FUSED_MUL_ADD_RSQRT,
+    "k288_matmul": K288_MATMUL,
+    "k289_matmul": K289_MATMUL,
+    "k290_matmul": K290_MATMUL,
+    "k291_matmul": K291_MATMUL,
+    "k292_fused_mul_greater_where": K292_FUSED_MUL_GREATER_WHERE,
+    "k293_fused_mul_greater_where": K293_FUSED_MUL_GREATER_WHERE,
+    "k294_sum": K294_SUM,
+    "k295_div": K295_DIV,
+    "k296_matmul": K296_MATMUL,
+    "k297_matmul_add": K297_MATMUL_ADD,
+    "k298_sum": K298_SUM,
+    "k299_fused_mul_sub_sum": K299_FUSED_MUL_SUB_SUM,
+    "k300_fused_mul_sub_add": K300_FUSED_MUL_SUB_ADD,
+    "k301_matmul_add_relu": K301_MATMUL_ADD_RELU,
+    "k302_matmul": K302_MATMUL,
+    "k303_fused_add_sum": K303_FUSED_ADD_SUM,
+    "k304_fused_add_mul_sub": K304_FUSED_ADD_MUL_SUB,
+    "k305_fused_mul_sum": K305_FUSED_MUL_SUM,
+    "k306_fused_mul_add_rsqrt": K306_FUSED_MUL_ADD_RSQRT,
     "k307_matmul": K307_MATMUL,
-    "k308_matmul_mul_greater_where": K308_MATMUL_MUL_GREATER_WHERE,
-    "k309_max": K309_MAX,
-    "k310_fused_stop_gradient_sub_exp": K310_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k311_sum": K311_SUM,
-    "k312_div": K312_DIV,
-    "k313_matmul": K313_MATMUL,
-    "k314_matmul_add": K314_MATMUL_ADD,
-    "k315_sum": K315_SUM,
-    "k316_fused_mul_sub": K316_FUSED_MUL_SUB,
-    "k317_fused_mul_sum": K317_FUSED_MUL_SUM,
-    "k318_fused_mul_add_rsqrt": K318_FUSED_MUL_ADD_RSQRT,
-    "k319_matmul_add_relu": K319_MATMUL_ADD_RELU,
-    "k320_matmul_add": K320_MATMUL_ADD,
-    "k321_sum": K321_SUM,
-    "k322_fused_mul_sub": K322_FUSED_MUL_SUB,
-    "k323_fused_mul_sum": K323_FUSED_MUL_SUM,
-    "k324_fused_mul_add_rsqrt": K324_FUSED_MUL_ADD_RSQRT,
-    "k325_matmul": K325_MATMUL,
-    "k326_matmul": K326_MATMUL,
-    "k327_matmul": K327_MATMUL,
-    "k328_matmul_mul_greater_where": K328_MATMUL_MUL_GREATER_WHERE,
-    "k329_max": K329_MAX,
-    "k330_fused_stop_gradient_sub_exp": K330_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k331_sum": K331_SUM,
-    "k332_div": K332_DIV,
-    "k333_matmul": K333_MATMUL,
-    "k334_matmul_add": K334_MATMUL_ADD,
-    "k335_sum": K335_SUM,
-    "k336_fused_mul_sub": K336_FUSED_MUL_SUB,
-    "k337_fused_mul_sum": K337_FUSED_MUL_SUM,
-    "k338_fused_mul_add_rsqrt": K338_FUSED_MUL_ADD_RSQRT,
-    "k339_matmul_add_relu": K339_MATMUL_ADD_RELU,
-    "k340_matmul_add": K340_MATMUL_ADD,
-    "k341_sum": K341_SUM,
-    "k342_fused_mul_sub": K342_FUSED_MUL_SUB,
-    "k343_fused_mul_sum": K343_FUSED_MUL_SUM,
-    "k344_fused_mul_add_rsqrt": K344_FUSED_MUL_ADD_RSQRT,
-    "k345_matmul": K345_MATMUL,
 }

@@ -33,77 +33,77 @@ PROGRAM = {
         "state": 8706,
         "inputs": 514,
         "inputs_i32": 0,
-        "work": 66112,
+        "work": 66176,
         "work_i32": 0,
     },
     "kernels": {
-        "k000_matmul_add": (
+        "k000_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k001_relu": ((("work", "read_write"),), "sine_mlp.py:15"),
-        "k002_matmul_add": (
+        "k001_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k003_relu": ((("work", "read_write"),), "sine_mlp.py:15"),
-        "k004_matmul_add_sub": (
+        "k002_matmul_add_sub_mul": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k005_fused_mul_sum": ((("work", "read_write"),), "sine_mlp.py:24"),
-        "k006_mul": ((("work", "read_write"),), "sine_mlp.py:24"),
-        "k007_fused_mul_add": ((("work", "read_write"),), "sine_mlp.py:24"),
-        "k008_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
-        "k009_matmul": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
-        "k010_matmul_greater_mul": (
+        "k003_fused_add_sub_mul": (
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("inputs", "read"),
+                ("work", "read_write"),
+            ),
+            "sine_mlp.py:15",
+        ),
+        "k004_matmul": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
+        "k005_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k011_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
-        "k012_matmul": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
-        "k013_matmul_greater_mul": (
+        "k006_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
+        "k007_matmul": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
+        "k008_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k014_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
-        "k015_matmul": (
+        "k009_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
+        "k010_matmul": (
             (("grads", "read_write"), ("inputs", "read"), ("work", "read")),
             "sine_mlp.py:15",
         ),
-        "k016_fused_mul_add": (
-            (("grads", "read"), ("state", "read_write")),
+        "k011_fused_mul_add_sqrt": (
+            (
+                ("params", "read_write"),
+                ("grads", "read"),
+                ("state", "read_write"),
+                ("inputs", "read"),
+            ),
             "optimizer",
         ),
-        "k017_fused_mul_add": (
-            (("grads", "read"), ("state", "read_write")),
-            "optimizer",
-        ),
-        "k018_fused_sqrt_div_add": (
-            (("params", "read_write"), ("state", "read"), ("inputs", "read")),
-            "optimizer",
-        ),
-        "k019_matmul_add_relu": (
+        "k012_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k020_matmul_add_relu": (
+        "k013_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k021_matmul_add": (
+        "k014_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k022_matmul_add_relu": (
+        "k015_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k023_matmul_add_relu": (
+        "k016_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k024_matmul_add": (
+        "k017_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
@@ -117,28 +117,21 @@ PROGRAM = {
                 ("_bc2_sqrt", "f32", (), "inputs", 513),
             ],
             "input_sizes": {"inputs": 514, "inputs_i32": 0},
-            "outputs": [("loss", "f32", (), "work", 66048)],
+            "outputs": [("loss", "f32", (), "work", 66112)],
             "captures": [],
             "dispatches": [
-                ("k000_matmul_add", (4, 16, 1)),
-                ("k001_relu", (64, 1, 1)),
-                ("k002_matmul_add", (4, 16, 1)),
-                ("k003_relu", (64, 1, 1)),
-                ("k004_matmul_add_sub", (1, 16, 1)),
-                ("k005_fused_mul_sum", (1, 1, 1)),
-                ("k006_mul", (1, 1, 1)),
-                ("k007_fused_mul_add", (1, 1, 1)),
-                ("k008_sum", (1, 1, 1)),
-                ("k009_matmul", (1, 4, 1)),
-                ("k010_matmul_greater_mul", (4, 16, 1)),
-                ("k011_sum", (64, 1, 1)),
-                ("k012_matmul", (4, 4, 1)),
-                ("k013_matmul_greater_mul", (4, 16, 1)),
-                ("k014_sum", (64, 1, 1)),
-                ("k015_matmul", (4, 1, 1)),
-                ("k016_fused_mul_add", (18, 1, 1)),
-                ("k017_fused_mul_add", (18, 1, 1)),
-                ("k018_fused_sqrt_div_add", (18, 1, 1)),
+                ("k000_matmul_add_relu", (4, 16, 1)),
+                ("k001_matmul_add_relu", (4, 16, 1)),
+                ("k002_matmul_add_sub_mul", (1, 16, 1)),
+                ("k003_fused_add_sub_mul", (1, 1, 1)),
+                ("k004_matmul", (1, 4, 1)),
+                ("k005_matmul_greater_mul", (4, 16, 1)),
+                ("k006_sum", (64, 1, 1)),
+                ("k007_matmul", (4, 4, 1)),
+                ("k008_matmul_greater_mul", (4, 16, 1)),
+                ("k009_sum", (64, 1, 1)),
+                ("k010_matmul", (4, 1, 1)),
+                ("k011_fused_mul_add_sqrt", (18, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {},
@@ -149,9 +142,9 @@ PROGRAM = {
             "outputs": [("out", "f32", (1, 1), "work", 0)],
             "captures": [],
             "dispatches": [
-                ("k019_matmul_add_relu", (4, 1, 1)),
-                ("k020_matmul_add_relu", (4, 1, 1)),
-                ("k021_matmul_add", (1, 1, 1)),
+                ("k012_matmul_add_relu", (4, 1, 1)),
+                ("k013_matmul_add_relu", (4, 1, 1)),
+                ("k014_matmul_add", (1, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {},
@@ -162,9 +155,9 @@ PROGRAM = {
             "outputs": [("out", "f32", (256, 1), "work", 0)],
             "captures": [],
             "dispatches": [
-                ("k022_matmul_add_relu", (4, 16, 1)),
-                ("k023_matmul_add_relu", (4, 16, 1)),
-                ("k024_matmul_add", (1, 16, 1)),
+                ("k015_matmul_add_relu", (4, 16, 1)),
+                ("k016_matmul_add_relu", (4, 16, 1)),
+                ("k017_matmul_add", (1, 16, 1)),
             ],
             "copies": [],
             "index_bounds": {},
