@@ -1,7 +1,8 @@
 """Reverse-mode autodiff appended into the same graph.
 
 Walks the nodes that lie between the parameters and the loss in reverse order, calls each
-op's VJP rule and sums cotangents of tensors with several uses. Backward nodes carry the
+op's VJP rule (or a composite's own rule, from ops.custom_vjp, which skips its insides) and
+sums cotangents of tensors with several uses. Backward nodes carry the
 call site of the forward node they differentiate. A parameter that cannot reach the loss
 gets an explicit zero gradient.
 """
@@ -16,6 +17,7 @@ from .trace import at_site, emit, tracing
 
 def append_grads(g: Graph, loss: Tensor, wrt: list[Tensor]) -> list[Tensor]:
     """Append d(loss)/d(w) for each w in `wrt` to `g`; returns the gradient tensors in order."""
+    custom = g.meta.get("custom_vjp", {})
     needs: set[int] = {id(t) for t in wrt}
     for n in g.nodes:
         if not lookup(n.op).nondiff and any(id(t) in needs for t in n.inputs):
@@ -29,11 +31,15 @@ def append_grads(g: Graph, loss: Tensor, wrt: list[Tensor]) -> list[Tensor]:
             if c is None or id(n.out) not in needs:
                 continue
             op = lookup(n.op)
-            if op.nondiff:
+            if id(n.out) in custom:
+                inputs, rule = custom[id(n.out)]
+            elif op.nondiff:
                 continue
+            else:
+                inputs, rule = n.inputs, lambda ct, out, ins, n=n, op=op: op.vjp(ct, n)
             with at_site(n.site):
-                cts = op.vjp(c, n)
-                for t, c_in in zip(n.inputs, cts):
+                cts = rule(c, n.out, inputs)
+                for t, c_in in zip(inputs, cts):
                     if c_in is None or id(t) not in needs or t.dtype != "f32":
                         continue
                     if c_in.shape != t.shape:

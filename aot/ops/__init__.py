@@ -360,13 +360,22 @@ def take_along_axis(x, idx, axis: int):
 # ---- ML composites ---------------------------------------------------------------------
 
 
+def custom_vjp(out: Tensor, inputs: tuple, rule) -> Tensor:
+    """Differentiate the composite that computed `out` from `inputs` with `rule(ct, out, inputs)`
+    instead of through its primitives (which then need not be kept for the backward pass)."""
+    current().meta.setdefault("custom_vjp", {})[id(out)] = (tuple(inputs), rule)
+    return out
+
+
 def softmax(x, axis: int = -1):
     # subtracting the (gradient-free) max keeps exp in range; softmax is shift-invariant
     _check_f32("softmax", x)
     normalize_axes("softmax", x, axis)
     m = stop_gradient(max(x, axis, keepdims=True))
     e = exp(x - m)
-    return e / sum(e, axis, keepdims=True)
+    y = e / sum(e, axis, keepdims=True)
+    # d/dx softmax: y * (ct - sum(ct * y)); only y stays alive for the backward pass
+    return custom_vjp(y, (x,), lambda ct, y, ins: (y * (ct - sum(ct * y, axis, keepdims=True)),))
 
 
 def log_softmax(x, axis: int = -1):
@@ -374,7 +383,9 @@ def log_softmax(x, axis: int = -1):
     normalize_axes("log_softmax", x, axis)
     m = stop_gradient(max(x, axis, keepdims=True))
     z = x - m
-    return z - log(sum(exp(z), axis, keepdims=True))
+    y = z - log(sum(exp(z), axis, keepdims=True))
+    # d/dx log_softmax: ct - softmax * sum(ct), with softmax = exp(y)
+    return custom_vjp(y, (x,), lambda ct, y, ins: (ct - exp(y) * sum(ct, axis, keepdims=True),))
 
 
 def causal_mask(t: int):

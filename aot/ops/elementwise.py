@@ -66,8 +66,9 @@ _unary(
     lambda ct, n: (ct * n.out * (1.0 - n.out),),
     "sigmoid_f32({0})",
 )
-# relu'(0) = 0, as in PyTorch.
-_unary("relu", lambda x: np.maximum(x, 0).astype(x.dtype), lambda ct, n: (ct * F.greater(n.inputs[0], 0.0),), "max({0}, 0.0)")
+# relu'(0) = 0, as in PyTorch. Written with the output (y > 0 iff x > 0), so backward keeps y,
+# which the next layer needs anyway, and the pre-activation can die in the matmul epilogue.
+_unary("relu", lambda x: np.maximum(x, 0).astype(x.dtype), lambda ct, n: (ct * F.greater(n.out, 0.0),), "max({0}, 0.0)")
 _unary(
     "erf",
     lambda x: _erf(x).astype(x.dtype),

@@ -26,7 +26,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = params[576u + v6];
     let v8: f32 = params[v1 * 64u + v2];
     let v9: f32 = v7 + v8;
-    work[1572864u + i] = v9;
+    work[1048576u + i] = v9;
 }
 """
 
@@ -49,7 +49,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1572864u + v2];
+        let v3: f32 = work[1048576u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -62,7 +62,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[3563520u + o] = res0;
+        work[2785280u + o] = res0;
     }
 }
 """
@@ -86,9 +86,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1572864u + v2];
+        let v3: f32 = work[1048576u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[3563520u + v4];
+        let v5: f32 = work[2785280u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
@@ -110,7 +110,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v12: f32 = v11 + 0.00001;
         let v13: f32 = inverseSqrt(v12);
         work[o] = res0;
-        work[3564544u + o] = v13;
+        work[2786304u + o] = v13;
     }
 }
 """
@@ -129,21 +129,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1572864u + i];
+    let v0: f32 = work[1048576u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3563520u + v4];
+    let v5: f32 = work[2785280u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[3564544u + v1 * 8u + v2];
+    let v8: f32 = work[2786304u + v1 * 8u + v2];
     let v9: f32 = v7 * v8;
     let v10: f32 = params[148800u + v3];
     let v11: f32 = v9 * v10;
     let v12: f32 = params[148864u + v3];
     let v13: f32 = v11 + v12;
-    work[1638400u + i] = v13;
+    work[1114112u + i] = v13;
 }
 """
 
@@ -153,9 +153,9 @@ K004_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k004_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1638400 + m * 64 + k]
+//   A[bi, m, k] = work[1114112 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
-//   work[1703936 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1179648 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -174,7 +174,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1703936u + row * 64u + col;
+    let i = 1179648u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -191,10 +191,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1638400u + (m0 + a_p) * 64u;
-    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1114112u + (m0 + a_p) * 64u;
+    let a_src1 = 1114112u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1114112u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1114112u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -399,9 +399,9 @@ K005_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k005_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1638400 + m * 64 + k]
+//   A[bi, m, k] = work[1114112 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
-//   work[1769472 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1245184 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -420,7 +420,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1769472u + row * 64u + col;
+    let i = 1245184u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -437,10 +437,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1638400u + (m0 + a_p) * 64u;
-    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1114112u + (m0 + a_p) * 64u;
+    let a_src1 = 1114112u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1114112u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1114112u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -645,9 +645,9 @@ K006_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k006_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1638400 + m * 64 + k]
+//   A[bi, m, k] = work[1114112 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
-//   work[1835008 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1310720 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -666,7 +666,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1835008u + row * 64u + col;
+    let i = 1310720u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -683,10 +683,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1638400u + (m0 + a_p) * 64u;
-    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1114112u + (m0 + a_p) * 64u;
+    let a_src1 = 1114112u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1114112u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1114112u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -891,8 +891,8 @@ K007_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k007_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[1703936 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   A[bi, m, k] = work[1179648 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1245184 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[0 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -927,11 +927,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 1703936u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 1179648u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 1245184u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -1032,7 +1032,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = max(acc0, v9);
     }
     let res0 = acc0;
-    work[32768u + o] = res0;
+    work[65536u + o] = res0;
 }
 """
 
@@ -1060,10 +1060,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v8: f32 = v7 * 0.25;
     let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
     let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[32768u + v10];
+    let v11: f32 = work[65536u + v10];
     let v12: f32 = v9 - v11;
     let v13: f32 = exp(v12);
-    work[3342336u + i] = v13;
+    work[32768u + i] = v13;
 }
 """
 
@@ -1085,11 +1085,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[3342336u + v3];
+        let v4: f32 = work[32768u + v3];
         acc0 = acc0 + v4;
     }
     let res0 = acc0;
-    work[3551232u + o] = res0;
+    work[o] = res0;
 }
 """
 
@@ -1106,14 +1106,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[3342336u + i];
+    let v0: f32 = work[32768u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[3551232u + v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[3375104u + i] = v6;
+    work[2686976u + i] = v6;
 }
 """
 
@@ -1123,9 +1123,9 @@ K012_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k012_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3375104 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[1900544 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   A[bi, m, k] = work[2686976 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1310720 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[1376256 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -1142,7 +1142,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 1900544u + (bi * 8u + row) * 16u + col;
+        let i = 1376256u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -1159,11 +1159,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3375104u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 2686976u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 1310720u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -1243,9 +1243,9 @@ K013_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k013_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1900544 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+//   A[bi, m, k] = work[1376256 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
-//   work[1966080 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1441792 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -1260,11 +1260,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[1572864u + (row * 64u + col)]) + acc);
+    return ((work[1048576u + (row * 64u + col)]) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1966080u + row * 64u + col;
+    let i = 1441792u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -1281,10 +1281,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1900544u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 1900544u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 1900544u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 1900544u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 1376256u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 1376256u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 1376256u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 1376256u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -1502,7 +1502,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1966080u + v2];
+        let v3: f32 = work[1441792u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -1515,7 +1515,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[3565568u + o] = res0;
+        work[2787328u + o] = res0;
     }
 }
 """
@@ -1539,9 +1539,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1966080u + v2];
+        let v3: f32 = work[1441792u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[3565568u + v4];
+        let v5: f32 = work[2787328u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
@@ -1563,7 +1563,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v12: f32 = v11 + 0.00001;
         let v13: f32 = inverseSqrt(v12);
         work[o] = res0;
-        work[3566592u + o] = v13;
+        work[2788352u + o] = v13;
     }
 }
 """
@@ -1582,33 +1582,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1966080u + i];
+    let v0: f32 = work[1441792u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3565568u + v4];
+    let v5: f32 = work[2787328u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[3566592u + v1 * 8u + v2];
+    let v8: f32 = work[2788352u + v1 * 8u + v2];
     let v9: f32 = v7 * v8;
     let v10: f32 = params[148928u + v3];
     let v11: f32 = v9 * v10;
     let v12: f32 = params[148992u + v3];
     let v13: f32 = v11 + v12;
-    work[2031616u + i] = v13;
+    work[1507328u + i] = v13;
 }
 """
 
 K017_MATMUL_ADD_RELU = """\
 // k017_matmul_add_relu: matmul -> add -> relu
-// writes t81, t82: f32[128,8,256]   reads: params, t78
+// writes t82: f32[128,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
 // k017_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[2031616 + m * 64 + k]
+//   A[bi, m, k] = work[1507328 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
-//   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -1623,16 +1623,12 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[149056u + ((row * 256u + col) % 256u)]));
+    return (max((acc + (params[149056u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 256u + col;
-    let v = epilogue(acc, bi, row, col);
-    work[i] = v;
-    let e = row * 256u + col;
-    let x0 = (max(v, 0.0));
-    work[e] = x0;
+    let i = row * 256u + col;
+    work[i] = epilogue(acc, bi, row, col);
 }
 
 @compute @workgroup_size(256)
@@ -1648,10 +1644,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 2031616u + (m0 + a_p) * 64u;
-    let a_src1 = 2031616u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 2031616u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 2031616u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 1507328u + (m0 + a_p) * 64u;
+    let a_src1 = 1507328u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 1507328u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 1507328u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;
@@ -2014,7 +2010,7 @@ K018_MATMUL = """\
 // k018_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
-//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2033,7 +2029,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 64u + col;
+    let i = 262144u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -2284,8 +2280,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1966080u + v2];
-        let v4: f32 = work[524288u + v2];
+        let v3: f32 = work[1441792u + v2];
+        let v4: f32 = work[262144u + v2];
         let v5: f32 = params[149312u + r];
         let v6: f32 = v4 + v5;
         let v7: f32 = v3 + v6;
@@ -2301,7 +2297,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[589824u + o] = res0;
+        work[327680u + o] = res0;
     }
 }
 """
@@ -2320,8 +2316,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1966080u + i];
-    let v1: f32 = work[524288u + i];
+    let v0: f32 = work[1441792u + i];
+    let v1: f32 = work[262144u + i];
     let v2: u32 = i / 512u;
     let v3: u32 = (i / 64u) % 8u;
     let v4: u32 = i % 64u;
@@ -2329,10 +2325,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = v1 + v5;
     let v7: f32 = v0 + v6;
     let v8: u32 = v2 * 8u + v3;
-    let v9: f32 = work[589824u + v8];
+    let v9: f32 = work[327680u + v8];
     let v10: f32 = v9 * 0.015625;
     let v11: f32 = v7 - v10;
-    work[2097152u + i] = v11;
+    work[1572864u + i] = v11;
 }
 """
 
@@ -2355,7 +2351,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2097152u + v2];
+        let v3: f32 = work[1572864u + v2];
         let v4: f32 = v3 * v3;
         acc0 = acc0 + v4;
     }
@@ -2374,8 +2370,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v7: f32 = res0 * 0.015625;
         let v8: f32 = v7 + 0.00001;
         let v9: f32 = inverseSqrt(v8);
-        work[589824u + o] = res0;
-        work[3567616u + o] = v9;
+        work[327680u + o] = res0;
+        work[2789376u + o] = v9;
     }
 }
 """
@@ -2394,17 +2390,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2097152u + i];
+    let v0: f32 = work[1572864u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[3567616u + v1 * 8u + v2];
+    let v4: f32 = work[2789376u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: f32 = params[149376u + v3];
     let v7: f32 = v5 * v6;
     let v8: f32 = params[149440u + v3];
     let v9: f32 = v7 + v8;
-    work[2162688u + i] = v9;
+    work[1638400u + i] = v9;
 }
 """
 
@@ -2414,9 +2410,9 @@ K023_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k023_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2162688 + m * 64 + k]
+//   A[bi, m, k] = work[1638400 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
-//   work[2228224 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1703936 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2435,7 +2431,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2228224u + row * 64u + col;
+    let i = 1703936u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -2452,10 +2448,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2162688u + (m0 + a_p) * 64u;
-    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1638400u + (m0 + a_p) * 64u;
+    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -2660,9 +2656,9 @@ K024_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k024_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2162688 + m * 64 + k]
+//   A[bi, m, k] = work[1638400 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
-//   work[2293760 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1769472 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2681,7 +2677,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2293760u + row * 64u + col;
+    let i = 1769472u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -2698,10 +2694,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2162688u + (m0 + a_p) * 64u;
-    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1638400u + (m0 + a_p) * 64u;
+    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -2906,9 +2902,9 @@ K025_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k025_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2162688 + m * 64 + k]
+//   A[bi, m, k] = work[1638400 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
-//   work[2359296 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1835008 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -2927,7 +2923,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2359296u + row * 64u + col;
+    let i = 1835008u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -2944,10 +2940,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2162688u + (m0 + a_p) * 64u;
-    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 1638400u + (m0 + a_p) * 64u;
+    let a_src1 = 1638400u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 1638400u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 1638400u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -3152,9 +3148,9 @@ K026_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k026_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[2228224 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[2293760 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[589824 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   A[bi, m, k] = work[1703936 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[327680 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -3171,7 +3167,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 589824u + (bi * 8u + row) * 8u + col;
+        let i = 327680u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -3188,11 +3184,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 2228224u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 1703936u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 2293760u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -3287,13 +3283,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v4: u32 = v2;
         let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
         let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v7: f32 = work[589824u + v6];
+        let v7: f32 = work[327680u + v6];
         let v8: f32 = v7 * 0.25;
         let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
         acc0 = max(acc0, v9);
     }
     let res0 = acc0;
-    work[622592u + o] = res0;
+    work[393216u + o] = res0;
 }
 """
 
@@ -3317,14 +3313,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: u32 = v3;
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[589824u + i];
+    let v7: f32 = work[327680u + i];
     let v8: f32 = v7 * 0.25;
     let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
     let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[622592u + v10];
+    let v11: f32 = work[393216u + v10];
     let v12: f32 = v9 - v11;
     let v13: f32 = exp(v12);
-    work[3407872u + i] = v13;
+    work[360448u + i] = v13;
 }
 """
 
@@ -3346,11 +3342,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[3407872u + v3];
+        let v4: f32 = work[360448u + v3];
         acc0 = acc0 + v4;
     }
     let res0 = acc0;
-    work[3555328u + o] = res0;
+    work[327680u + o] = res0;
 }
 """
 
@@ -3367,14 +3363,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[3407872u + i];
+    let v0: f32 = work[360448u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[3555328u + v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[327680u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[3440640u + i] = v6;
+    work[2719744u + i] = v6;
 }
 """
 
@@ -3384,9 +3380,9 @@ K031_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k031_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3440640 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[2359296 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[2424832 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   A[bi, m, k] = work[2719744 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[1900544 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -3403,7 +3399,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 2424832u + (bi * 8u + row) * 16u + col;
+        let i = 1900544u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -3420,11 +3416,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3440640u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 2719744u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 2359296u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -3504,9 +3500,9 @@ K032_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k032_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2424832 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+//   A[bi, m, k] = work[1900544 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
-//   work[2490368 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[1966080 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -3521,11 +3517,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[1966080u + (row * 64u + col)]) + ((work[524288u + (row * 64u + col)]) + (params[149312u + ((row * 64u + col) % 64u)]))) + acc);
+    return (((work[1441792u + (row * 64u + col)]) + ((work[262144u + (row * 64u + col)]) + (params[149312u + ((row * 64u + col) % 64u)]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2490368u + row * 64u + col;
+    let i = 1966080u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -3542,10 +3538,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2424832u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 2424832u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 2424832u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 2424832u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 1900544u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 1900544u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 1900544u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 1900544u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -3763,7 +3759,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2490368u + v2];
+        let v3: f32 = work[1966080u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -3776,7 +3772,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[3568640u + o] = res0;
+        work[2790400u + o] = res0;
     }
 }
 """
@@ -3800,9 +3796,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2490368u + v2];
+        let v3: f32 = work[1966080u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[3568640u + v4];
+        let v5: f32 = work[2790400u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
@@ -3823,8 +3819,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v11: f32 = res0 * 0.015625;
         let v12: f32 = v11 + 0.00001;
         let v13: f32 = inverseSqrt(v12);
-        work[524288u + o] = res0;
-        work[3569664u + o] = v13;
+        work[262144u + o] = res0;
+        work[2791424u + o] = v13;
     }
 }
 """
@@ -3843,33 +3839,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2490368u + i];
+    let v0: f32 = work[1966080u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3568640u + v4];
+    let v5: f32 = work[2790400u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[3569664u + v1 * 8u + v2];
+    let v8: f32 = work[2791424u + v1 * 8u + v2];
     let v9: f32 = v7 * v8;
     let v10: f32 = params[149504u + v3];
     let v11: f32 = v9 * v10;
     let v12: f32 = params[149568u + v3];
     let v13: f32 = v11 + v12;
-    work[2555904u + i] = v13;
+    work[2031616u + i] = v13;
 }
 """
 
 K036_MATMUL_ADD_RELU = """\
 // k036_matmul_add_relu: matmul -> add -> relu
-// writes t159, t160: f32[128,8,256]   reads: params, t156
+// writes t160: f32[128,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
 // k036_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[2555904 + m * 64 + k]
+//   A[bi, m, k] = work[2031616 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
-//   work[786432 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -3884,16 +3880,12 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[149632u + ((row * 256u + col) % 256u)]));
+    return (max((acc + (params[149632u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 786432u + row * 256u + col;
-    let v = epilogue(acc, bi, row, col);
-    work[i] = v;
-    let e = row * 256u + col;
-    let x0 = (max(v, 0.0));
-    work[524288u + e] = x0;
+    let i = 262144u + row * 256u + col;
+    work[i] = epilogue(acc, bi, row, col);
 }
 
 @compute @workgroup_size(256)
@@ -3909,10 +3901,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 2555904u + (m0 + a_p) * 64u;
-    let a_src1 = 2555904u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 2555904u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 2555904u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 2031616u + (m0 + a_p) * 64u;
+    let a_src1 = 2031616u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 2031616u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 2031616u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;
@@ -4273,9 +4265,9 @@ K037_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k037_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[524288 + m * 256 + k]
+//   A[bi, m, k] = work[262144 + m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
-//   work[1048576 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -4294,7 +4286,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 64u + col;
+    let i = 524288u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -4311,10 +4303,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 524288u + (m0 + a_p) * 256u;
-    let a_src1 = 524288u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 524288u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 524288u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = 262144u + (m0 + a_p) * 256u;
+    let a_src1 = 262144u + (m0 + a_p + 4u) * 256u;
+    let a_src2 = 262144u + (m0 + a_p + 8u) * 256u;
+    let a_src3 = 262144u + (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -4545,8 +4537,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2490368u + v2];
-        let v4: f32 = work[1048576u + v2];
+        let v3: f32 = work[1966080u + v2];
+        let v4: f32 = work[524288u + v2];
         let v5: f32 = params[149888u + r];
         let v6: f32 = v4 + v5;
         let v7: f32 = v3 + v6;
@@ -4562,7 +4554,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[1114112u + o] = res0;
+        work[589824u + o] = res0;
     }
 }
 """
@@ -4581,8 +4573,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2490368u + i];
-    let v1: f32 = work[1048576u + i];
+    let v0: f32 = work[1966080u + i];
+    let v1: f32 = work[524288u + i];
     let v2: u32 = i / 512u;
     let v3: u32 = (i / 64u) % 8u;
     let v4: u32 = i % 64u;
@@ -4590,10 +4582,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = v1 + v5;
     let v7: f32 = v0 + v6;
     let v8: u32 = v2 * 8u + v3;
-    let v9: f32 = work[1114112u + v8];
+    let v9: f32 = work[589824u + v8];
     let v10: f32 = v9 * 0.015625;
     let v11: f32 = v7 - v10;
-    work[2621440u + i] = v11;
+    work[2097152u + i] = v11;
 }
 """
 
@@ -4616,7 +4608,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[2621440u + v2];
+        let v3: f32 = work[2097152u + v2];
         let v4: f32 = v3 * v3;
         acc0 = acc0 + v4;
     }
@@ -4635,8 +4627,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v7: f32 = res0 * 0.015625;
         let v8: f32 = v7 + 0.00001;
         let v9: f32 = inverseSqrt(v8);
-        work[1114112u + o] = res0;
-        work[3570688u + o] = v9;
+        work[589824u + o] = res0;
+        work[2792448u + o] = v9;
     }
 }
 """
@@ -4655,17 +4647,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2621440u + i];
+    let v0: f32 = work[2097152u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[3570688u + v1 * 8u + v2];
+    let v4: f32 = work[2792448u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: f32 = params[149952u + v3];
     let v7: f32 = v5 * v6;
     let v8: f32 = params[150016u + v3];
     let v9: f32 = v7 + v8;
-    work[2686976u + i] = v9;
+    work[2162688u + i] = v9;
 }
 """
 
@@ -4675,9 +4667,9 @@ K042_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k042_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2686976 + m * 64 + k]
+//   A[bi, m, k] = work[2162688 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
-//   work[2752512 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2228224 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -4696,7 +4688,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2752512u + row * 64u + col;
+    let i = 2228224u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -4713,10 +4705,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2686976u + (m0 + a_p) * 64u;
-    let a_src1 = 2686976u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2686976u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2686976u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2162688u + (m0 + a_p) * 64u;
+    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -4921,9 +4913,9 @@ K043_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k043_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2686976 + m * 64 + k]
+//   A[bi, m, k] = work[2162688 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
-//   work[2818048 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2293760 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -4942,7 +4934,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2818048u + row * 64u + col;
+    let i = 2293760u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -4959,10 +4951,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2686976u + (m0 + a_p) * 64u;
-    let a_src1 = 2686976u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2686976u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2686976u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2162688u + (m0 + a_p) * 64u;
+    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -5167,9 +5159,9 @@ K044_MATMUL = """\
 // from addition_transformer.py:35
 //
 // k044_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2686976 + m * 64 + k]
+//   A[bi, m, k] = work[2162688 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
-//   work[2883584 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2359296 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -5188,7 +5180,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2883584u + row * 64u + col;
+    let i = 2359296u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -5205,10 +5197,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2686976u + (m0 + a_p) * 64u;
-    let a_src1 = 2686976u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 2686976u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 2686976u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 2162688u + (m0 + a_p) * 64u;
+    let a_src1 = 2162688u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 2162688u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 2162688u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -5413,9 +5405,9 @@ K045_MATMUL = """\
 // from addition_transformer.py:36
 //
 // k045_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[2752512 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[2818048 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[1114112 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   A[bi, m, k] = work[2228224 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[2293760 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[589824 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -5432,7 +5424,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 1114112u + (bi * 8u + row) * 8u + col;
+        let i = 589824u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -5449,11 +5441,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 2752512u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 2228224u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 2818048u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 2293760u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -5548,13 +5540,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v4: u32 = v2;
         let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
         let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v7: f32 = work[1114112u + v6];
+        let v7: f32 = work[589824u + v6];
         let v8: f32 = v7 * 0.25;
         let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
         acc0 = max(acc0, v9);
     }
     let res0 = acc0;
-    work[1146880u + o] = res0;
+    work[655360u + o] = res0;
 }
 """
 
@@ -5578,14 +5570,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: u32 = v3;
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[1114112u + i];
+    let v7: f32 = work[589824u + i];
     let v8: f32 = v7 * 0.25;
     let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
     let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[1146880u + v10];
+    let v11: f32 = work[655360u + v10];
     let v12: f32 = v9 - v11;
     let v13: f32 = exp(v12);
-    work[3473408u + i] = v13;
+    work[622592u + i] = v13;
 }
 """
 
@@ -5607,11 +5599,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[3473408u + v3];
+        let v4: f32 = work[622592u + v3];
         acc0 = acc0 + v4;
     }
     let res0 = acc0;
-    work[3559424u + o] = res0;
+    work[589824u + o] = res0;
 }
 """
 
@@ -5628,14 +5620,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 32768u) {
         return;
     }
-    let v0: f32 = work[3473408u + i];
+    let v0: f32 = work[622592u + i];
     let v1: u32 = i / 256u;
     let v2: u32 = (i / 64u) % 4u;
     let v3: u32 = (i / 8u) % 8u;
     let v4: u32 = i % 8u;
-    let v5: f32 = work[3559424u + v1 * 32u + v2 * 8u + v3];
+    let v5: f32 = work[589824u + v1 * 32u + v2 * 8u + v3];
     let v6: f32 = v0 / v5;
-    work[3506176u + i] = v6;
+    work[2752512u + i] = v6;
 }
 """
 
@@ -5645,9 +5637,9 @@ K050_MATMUL = """\
 // from addition_transformer.py:37
 //
 // k050_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3506176 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[2883584 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[2949120 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   A[bi, m, k] = work[2752512 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[2359296 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[2424832 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -5664,7 +5656,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 2949120u + (bi * 8u + row) * 16u + col;
+        let i = 2424832u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -5681,11 +5673,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3506176u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 2752512u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 2883584u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 2359296u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -5765,9 +5757,9 @@ K051_MATMUL_ADD = """\
 // from addition_transformer.py:38
 //
 // k051_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[2949120 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+//   A[bi, m, k] = work[2424832 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
-//   work[3014656 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2490368 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -5782,11 +5774,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[2490368u + (row * 64u + col)]) + ((work[1048576u + (row * 64u + col)]) + (params[149888u + ((row * 64u + col) % 64u)]))) + acc);
+    return (((work[1966080u + (row * 64u + col)]) + ((work[524288u + (row * 64u + col)]) + (params[149888u + ((row * 64u + col) % 64u)]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3014656u + row * 64u + col;
+    let i = 2490368u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -5803,10 +5795,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2949120u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 2949120u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 2949120u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 2949120u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 2424832u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 2424832u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 2424832u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 2424832u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -6024,7 +6016,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3014656u + v2];
+        let v3: f32 = work[2490368u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -6037,7 +6029,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[3571712u + o] = res0;
+        work[2793472u + o] = res0;
     }
 }
 """
@@ -6061,9 +6053,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3014656u + v2];
+        let v3: f32 = work[2490368u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[3571712u + v4];
+        let v5: f32 = work[2793472u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
@@ -6084,8 +6076,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v11: f32 = res0 * 0.015625;
         let v12: f32 = v11 + 0.00001;
         let v13: f32 = inverseSqrt(v12);
-        work[1048576u + o] = res0;
-        work[3572736u + o] = v13;
+        work[524288u + o] = res0;
+        work[2794496u + o] = v13;
     }
 }
 """
@@ -6104,33 +6096,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3014656u + i];
+    let v0: f32 = work[2490368u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3571712u + v4];
+    let v5: f32 = work[2793472u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[3572736u + v1 * 8u + v2];
+    let v8: f32 = work[2794496u + v1 * 8u + v2];
     let v9: f32 = v7 * v8;
     let v10: f32 = params[150080u + v3];
     let v11: f32 = v9 * v10;
     let v12: f32 = params[150144u + v3];
     let v13: f32 = v11 + v12;
-    work[3080192u + i] = v13;
+    work[2555904u + i] = v13;
 }
 """
 
 K055_MATMUL_ADD_RELU = """\
 // k055_matmul_add_relu: matmul -> add -> relu
-// writes t237, t238: f32[128,8,256]   reads: params, t234
+// writes t238: f32[128,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
 // k055_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[3080192 + m * 64 + k]
+//   A[bi, m, k] = work[2555904 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
-//   work[1310720 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[524288 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -6145,16 +6137,12 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[150208u + ((row * 256u + col) % 256u)]));
+    return (max((acc + (params[150208u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1310720u + row * 256u + col;
-    let v = epilogue(acc, bi, row, col);
-    work[i] = v;
-    let e = row * 256u + col;
-    let x0 = (max(v, 0.0));
-    work[1048576u + e] = x0;
+    let i = 524288u + row * 256u + col;
+    work[i] = epilogue(acc, bi, row, col);
 }
 
 @compute @workgroup_size(256)
@@ -6170,10 +6158,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 3080192u + (m0 + a_p) * 64u;
-    let a_src1 = 3080192u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 3080192u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 3080192u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 2555904u + (m0 + a_p) * 64u;
+    let a_src1 = 2555904u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 2555904u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 2555904u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;
@@ -6534,9 +6522,9 @@ K056_MATMUL = """\
 // from addition_transformer.py:39
 //
 // k056_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[1048576 + m * 256 + k]
+//   A[bi, m, k] = work[524288 + m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
-//   work[3145728 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -6555,7 +6543,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3145728u + row * 64u + col;
+    let i = 786432u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -6572,10 +6560,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1048576u + (m0 + a_p) * 256u;
-    let a_src1 = 1048576u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 1048576u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 1048576u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = 524288u + (m0 + a_p) * 256u;
+    let a_src1 = 524288u + (m0 + a_p + 4u) * 256u;
+    let a_src2 = 524288u + (m0 + a_p + 8u) * 256u;
+    let a_src3 = 524288u + (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -6806,8 +6794,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3014656u + v2];
-        let v4: f32 = work[3145728u + v2];
+        let v3: f32 = work[2490368u + v2];
+        let v4: f32 = work[786432u + v2];
         let v5: f32 = params[150464u + r];
         let v6: f32 = v4 + v5;
         let v7: f32 = v3 + v6;
@@ -6823,7 +6811,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[3276800u + o] = res0;
+        work[917504u + o] = res0;
     }
 }
 """
@@ -6842,8 +6830,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3014656u + i];
-    let v1: f32 = work[3145728u + i];
+    let v0: f32 = work[2490368u + i];
+    let v1: f32 = work[786432u + i];
     let v2: u32 = i / 512u;
     let v3: u32 = (i / 64u) % 8u;
     let v4: u32 = i % 64u;
@@ -6851,10 +6839,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = v1 + v5;
     let v7: f32 = v0 + v6;
     let v8: u32 = v2 * 8u + v3;
-    let v9: f32 = work[3276800u + v8];
+    let v9: f32 = work[917504u + v8];
     let v10: f32 = v9 * 0.015625;
     let v11: f32 = v7 - v10;
-    work[3211264u + i] = v11;
+    work[851968u + i] = v11;
 }
 """
 
@@ -6877,7 +6865,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3211264u + v2];
+        let v3: f32 = work[851968u + v2];
         let v4: f32 = v3 * v3;
         acc0 = acc0 + v4;
     }
@@ -6896,8 +6884,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v7: f32 = res0 * 0.015625;
         let v8: f32 = v7 + 0.00001;
         let v9: f32 = inverseSqrt(v8);
-        work[3145728u + o] = res0;
-        work[3573760u + o] = v9;
+        work[786432u + o] = res0;
+        work[995328u + o] = v9;
     }
 }
 """
@@ -6916,17 +6904,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3211264u + i];
+    let v0: f32 = work[851968u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[3573760u + v1 * 8u + v2];
+    let v4: f32 = work[995328u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: f32 = params[150528u + v3];
     let v7: f32 = v5 * v6;
     let v8: f32 = params[150592u + v3];
     let v9: f32 = v7 + v8;
-    work[3145728u + i] = v9;
+    work[786432u + i] = v9;
 }
 """
 
@@ -6936,9 +6924,9 @@ K061_MATMUL = """\
 // from addition_transformer.py:56
 //
 // k061_matmul: batched matmul, 1 x [1024x64] @ [64x12]
-//   A[bi, m, k] = work[3145728 + m * 64 + k]
+//   A[bi, m, k] = work[786432 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
-//   work[3276800 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[917504 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -6958,7 +6946,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 1024u && col < 12u) {
-        let i = 3276800u + row * 12u + col;
+        let i = 917504u + row * 12u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -6976,10 +6964,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 3145728u + (m0 + a_p) * 64u;
-    let a_src1 = 3145728u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 3145728u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 3145728u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 786432u + (m0 + a_p) * 64u;
+    let a_src1 = 786432u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 786432u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 786432u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -7198,17 +7186,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[3276800u + v2];
+        let v3: f32 = work[917504u + v2];
         acc0 = max(acc0, v3);
     }
     let res0 = acc0;
-    work[3313664u + o] = res0;
+    work[942080u + o] = res0;
 }
 """
 
-K063_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k063_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp
-// writes t266, t267: f32[128,8,12]   reads: t262, t263
+K063_FUSED_STOP_GRADIENT_SUB = """\
+// k063_fused_stop_gradient_sub: stop_gradient -> sub
+// writes t266: f32[128,8,12]   reads: t262, t263
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7219,22 +7207,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: f32 = work[3276800u + i];
+    let v0: f32 = work[917504u + i];
     let v1: u32 = i / 96u;
     let v2: u32 = (i / 12u) % 8u;
     let v3: u32 = i % 12u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3313664u + v4];
+    let v5: f32 = work[942080u + v4];
     let v6: f32 = v0 - v5;
-    let v7: f32 = exp(v6);
-    work[3289088u + i] = v6;
-    work[3301376u + i] = v7;
+    work[929792u + i] = v6;
 }
 """
 
-K064_SUM = """\
-// k064_sum: sum
-// writes t268: f32[128,8,1]   reads: t267
+K064_FUSED_EXP_SUM = """\
+// k064_fused_exp_sum: exp -> sum
+// writes t268: f32[128,8,1]   reads: t266
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7249,17 +7235,43 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[3301376u + v2];
-        acc0 = acc0 + v3;
+        let v3: f32 = work[929792u + v2];
+        let v4: f32 = exp(v3);
+        acc0 = acc0 + v4;
     }
     let res0 = acc0;
-    work[3313664u + o] = res0;
+    work[942080u + o] = res0;
 }
 """
 
-K065_FUSED_LOG_SUB_ONE_HOT = """\
-// k065_fused_log_sub_one_hot: log -> sub -> one_hot -> mul -> sum
-// writes t274: f32[128,8]   reads: t266, t268, targets
+K065_FUSED_LOG_SUB = """\
+// k065_fused_log_sub: log -> sub
+// writes t271: f32[128,8,12]   reads: t266, t268
+// from addition_transformer.py:64
+@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    // flat output index; grids wider than 65535 workgroups continue on gid.y
+    let i = gid.x + gid.y * 12288u;
+    if (i >= 12288u) {
+        return;
+    }
+    let v0: f32 = work[929792u + i];
+    let v1: u32 = i / 96u;
+    let v2: u32 = (i / 12u) % 8u;
+    let v3: u32 = i % 12u;
+    let v4: u32 = v1 * 8u + v2;
+    let v5: f32 = work[942080u + v4];
+    let v6: f32 = log(v5);
+    let v7: f32 = v0 - v6;
+    work[917504u + i] = v7;
+}
+"""
+
+K066_FUSED_ONE_HOT_MUL_SUM = """\
+// k066_fused_one_hot_mul_sum: one_hot -> mul -> sum
+// writes t274: f32[128,8]   reads: t271, targets
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -7275,23 +7287,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[3289088u + v2];
+        let v3: f32 = work[917504u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[3313664u + v4];
-        let v6: f32 = log(v5);
-        let v7: f32 = v3 - v6;
-        let v8: i32 = inputs_i32[1024u + v4];
-        let v9: f32 = select(0.0, 1.0, v8 == i32(r));
-        let v10: f32 = v7 * v9;
-        acc0 = acc0 + v10;
+        let v5: i32 = inputs_i32[1024u + v4];
+        let v6: f32 = select(0.0, 1.0, v5 == i32(r));
+        let v7: f32 = v3 * v6;
+        acc0 = acc0 + v7;
     }
     let res0 = acc0;
-    work[3276800u + o] = res0;
+    work[929792u + o] = res0;
 }
 """
 
-K066_FUSED_NEG_MUL_SUM = """\
-// k066_fused_neg_mul_sum: neg -> mul -> sum -> mul
+K067_FUSED_NEG_MUL_SUM = """\
+// k067_fused_neg_mul_sum: neg -> mul -> sum -> mul
 // writes t277, t279: f32[]   reads: mask, t274
 // from addition_transformer.py:66
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
@@ -7310,7 +7319,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 8u + v1;
-        let v3: f32 = work[3276800u + v2];
+        let v3: f32 = work[929792u + v2];
         let v4: f32 = -v3;
         let v5: f32 = inputs[v2];
         let v6: f32 = v4 * v5;
@@ -7327,14 +7336,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (lid.x == 0u) {
         let res0 = part0[0];
         let v7: f32 = res0 * 0.0026041667;
-        work[3277824u + o] = res0;
-        work[3575552u + o] = v7;
+        work[930816u + o] = res0;
+        work[2796288u + o] = v7;
     }
 }
 """
 
-K067_FUSED_ONE_HOT_MUL_NEG = """\
-// k067_fused_one_hot_mul_neg: one_hot -> mul -> mul -> neg -> mul
+K068_FUSED_ONE_HOT_MUL_NEG = """\
+// k068_fused_one_hot_mul_neg: one_hot -> mul -> mul -> neg -> mul
 // writes t288: f32[128,8,12]   reads: mask, targets
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
@@ -7362,13 +7371,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v11: i32 = inputs_i32[1024u + v3];
     let v12: f32 = select(0.0, 1.0, v11 == i32(v2));
     let v13: f32 = v10 * v12;
-    work[3276800u + i] = v13;
+    work[929792u + i] = v13;
 }
 """
 
-K068_FUSED_NEG_SUM = """\
-// k068_fused_neg_sum: neg -> sum
-// writes t290: f32[128,8]   reads: t288
+K069_SUM = """\
+// k069_sum: sum
+// writes t290: f32[128,8,1]   reads: t288
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7383,18 +7392,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[3276800u + v2];
-        let v4: f32 = -v3;
-        acc0 = acc0 + v4;
+        let v3: f32 = work[929792u + v2];
+        acc0 = acc0 + v3;
     }
     let res0 = acc0;
-    work[3289088u + o] = res0;
+    work[942080u + o] = res0;
 }
 """
 
-K069_FUSED_DIV_MUL_ADD = """\
-// k069_fused_div_mul_add: div -> mul -> add
-// writes t295: f32[128,8,12]   reads: t267, t268, t288, t290
+K070_FUSED_EXP_MUL_SUB = """\
+// k070_fused_exp_mul_sub: exp -> mul -> sub
+// writes t293: f32[128,8,12]   reads: t271, t288, t290
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7405,30 +7413,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: f32 = work[3276800u + i];
-    let v1: u32 = i / 96u;
-    let v2: u32 = (i / 12u) % 8u;
-    let v3: u32 = i % 12u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3289088u + v4];
-    let v6: f32 = work[3313664u + v4];
-    let v7: f32 = v5 / v6;
-    let v8: f32 = work[3301376u + i];
-    let v9: f32 = v7 * v8;
-    let v10: f32 = v0 + v9;
-    work[3538944u + i] = v10;
+    let v0: f32 = work[929792u + i];
+    let v1: f32 = work[917504u + i];
+    let v2: f32 = exp(v1);
+    let v3: u32 = i / 96u;
+    let v4: u32 = (i / 12u) % 8u;
+    let v5: u32 = i % 12u;
+    let v6: f32 = work[942080u + v3 * 8u + v4];
+    let v7: f32 = v2 * v6;
+    let v8: f32 = v0 - v7;
+    work[983040u + i] = v8;
 }
 """
 
-K070_MATMUL = """\
-// k070_matmul: matmul
-// writes t297: f32[128,8,64]   reads: params, t295
+K071_MATMUL = """\
+// k071_matmul: matmul
+// writes t295: f32[128,8,64]   reads: params, t293
 // from addition_transformer.py:56
 //
-// k070_matmul: batched matmul, 1 x [1024x12] @ [12x64]
-//   A[bi, m, k] = work[3538944 + m * 12 + k]
+// k071_matmul: batched matmul, 1 x [1024x12] @ [12x64]
+//   A[bi, m, k] = work[983040 + m * 12 + k]
 //   B[bi, k, n] = params[576 + k * 64 + n]
-//   work[3276800 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[917504 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -7445,7 +7451,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 3276800u + row * 64u + col;
+    let i = 917504u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -7461,7 +7467,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 3538944u + (m0 + a_p) * 12u;
+    let a_src0 = 983040u + (m0 + a_p) * 12u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -7539,15 +7545,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K071_MATMUL = """\
-// k071_matmul: matmul
-// writes t301: f32[64,12]   reads: t260, t295
+K072_MATMUL = """\
+// k072_matmul: matmul
+// writes t299: f32[64,12]   reads: t260, t293
 // from addition_transformer.py:56
 //
-// k071_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
-//   A[bi, m, k] = work[3145728 + m + k * 64]
-//   B[bi, k, n] = work[3538944 + k * 12 + n]
-//   work[3574784 + (bi * 64 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k072_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
+//   A[bi, m, k] = work[786432 + m + k * 64]
+//   B[bi, k, n] = work[983040 + k * 12 + n]
+//   work[2795520 + (bi * 64 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -7566,7 +7572,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 64u && col < 12u) {
-        let i = 3574784u + row * 12u + col;
+        let i = 2795520u + row * 12u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -7584,12 +7590,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3145728u + m0 + a_p;
+    let a_src0 = 786432u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 3538944u + min(n0 + b_p, 11u);
+    let b_src0 = 983040u + min(n0 + b_p, 11u);
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -7795,9 +7801,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K072_SUM = """\
-// k072_sum: sum
-// writes t303: f32[64]   reads: t297
+K073_SUM = """\
+// k073_sum: sum
+// writes t301: f32[64]   reads: t295
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -7815,7 +7821,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[3276800u + v2];
+        let v3: f32 = work[917504u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -7833,9 +7839,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K073_MUL = """\
-// k073_mul: mul
-// writes t304: f32[128,8,64]   reads: params, t297
+K074_MUL = """\
+// k074_mul: mul
+// writes t302: f32[128,8,64]   reads: params, t295
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -7847,19 +7853,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3276800u + i];
+    let v0: f32 = work[917504u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[150528u + v3];
     let v5: f32 = v0 * v4;
-    work[3145728u + i] = v5;
+    work[786432u + i] = v5;
 }
 """
 
-K074_FUSED_MUL_SUM = """\
-// k074_fused_mul_sum: mul -> mul -> sum
-// writes t306: f32[64]   reads: t247, t254, t297
+K075_FUSED_MUL_SUM = """\
+// k075_fused_mul_sum: mul -> mul -> sum
+// writes t304: f32[64]   reads: t247, t254, t295
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -7877,9 +7883,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[3276800u + v2];
-        let v4: f32 = work[3211264u + v2];
-        let v5: f32 = work[3573760u + v0 * 8u + v1];
+        let v3: f32 = work[917504u + v2];
+        let v4: f32 = work[851968u + v2];
+        let v5: f32 = work[995328u + v0 * 8u + v1];
         let v6: f32 = v4 * v5;
         let v7: f32 = v3 * v6;
         acc0 = acc0 + v7;
@@ -7899,9 +7905,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K075_FUSED_MUL_SUM = """\
-// k075_fused_mul_sum: mul -> sum
-// writes t309: f32[128,8]   reads: t247, t304
+K076_FUSED_MUL_SUM = """\
+// k076_fused_mul_sum: mul -> sum
+// writes t307: f32[128,8]   reads: t247, t302
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7918,8 +7924,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3145728u + v2];
-        let v4: f32 = work[3211264u + v2];
+        let v3: f32 = work[786432u + v2];
+        let v4: f32 = work[851968u + v2];
         let v5: f32 = v3 * v4;
         acc0 = acc0 + v5;
     }
@@ -7933,14 +7939,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[3538944u + o] = res0;
+        work[983040u + o] = res0;
     }
 }
 """
 
-K076_FUSED_MUL_ADD = """\
-// k076_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t322: f32[128,8,64]   reads: t247, t254, t304, t309
+K077_FUSED_MUL_ADD = """\
+// k077_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t320: f32[128,8,64]   reads: t247, t254, t302, t307
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7951,31 +7957,31 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3145728u + i];
+    let v0: f32 = work[786432u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[3573760u + v1 * 8u + v2];
+    let v4: f32 = work[995328u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[3538944u + v6];
+    let v7: f32 = work[983040u + v6];
     let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[3573760u + v6];
+    let v9: f32 = work[995328u + v6];
     let v10: f32 = v8 * v9;
     let v11: f32 = v10 * v9;
     let v12: f32 = v11 * v9;
     let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[3211264u + i];
+    let v14: f32 = work[851968u + i];
     let v15: f32 = v13 * v14;
     let v16: f32 = v5 + v15;
     let v17: f32 = v16 + v15;
-    work[3276800u + i] = v17;
+    work[917504u + i] = v17;
 }
 """
 
-K077_FUSED_NEG_SUM = """\
-// k077_fused_neg_sum: neg -> sum
-// writes t324: f32[128,8]   reads: t322
+K078_FUSED_NEG_SUM = """\
+// k078_fused_neg_sum: neg -> sum
+// writes t322: f32[128,8]   reads: t320
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7992,7 +7998,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[3276800u + v2];
+        let v3: f32 = work[917504u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -8006,14 +8012,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[3211264u + o] = res0;
+        work[786432u + o] = res0;
     }
 }
 """
 
-K078_FUSED_MUL_ADD = """\
-// k078_fused_mul_add: mul -> add
-// writes t328: f32[128,8,64]   reads: t322, t324
+K079_FUSED_MUL_ADD = """\
+// k079_fused_mul_add: mul -> add
+// writes t326: f32[128,8,64]   reads: t320, t322
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -8024,21 +8030,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3276800u + i];
+    let v0: f32 = work[917504u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[3211264u + v4];
+    let v5: f32 = work[786432u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 + v6;
-    work[3145728u + i] = v7;
+    work[2621440u + i] = v7;
 }
 """
 
-K079_SUM = """\
-// k079_sum: sum
-// writes t329: f32[64]   reads: t328
+K080_SUM = """\
+// k080_sum: sum
+// writes t327: f32[64]   reads: t326
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -8056,7 +8062,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[3145728u + v2];
+        let v3: f32 = work[2621440u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -8074,14 +8080,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K080_MATMUL = """\
-// k080_matmul: matmul
-// writes t335: f32[256,64]   reads: t238, t328
+K081_MATMUL = """\
+// k081_matmul: matmul
+// writes t333: f32[256,64]   reads: t238, t326
 // from addition_transformer.py:39
 //
-// k080_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
-//   A[bi, m, k] = work[1048576 + m + k * 256]
-//   B[bi, k, n] = work[3145728 + k * 64 + n]
+// k081_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+//   A[bi, m, k] = work[524288 + m + k * 256]
+//   B[bi, k, n] = work[2621440 + k * 64 + n]
 //   grads[132416 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -8118,12 +8124,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1048576u + m0 + a_p;
+    let a_src0 = 524288u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 3145728u + n0 + b_p;
+    let b_src0 = 2621440u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -8329,15 +8335,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K081_MATMUL_GREATER_MUL = """\
-// k081_matmul_greater_mul: matmul -> greater -> mul
-// writes t339: f32[128,8,256]   reads: params, t237, t328
+K082_MATMUL_GREATER_MUL = """\
+// k082_matmul_greater_mul: matmul -> greater -> mul
+// writes t337: f32[128,8,256]   reads: params, t238, t326
 // from addition_transformer.py:39
 //
-// k081_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[3145728 + m * 64 + k]
+// k082_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[2621440 + m * 64 + k]
 //   B[bi, k, n] = params[132416 + k + n * 64]
-//   work[1048576 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[786432 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -8352,11 +8358,11 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[1310720u + (row * 256u + col)]) > 0.0)));
+    return (acc * (select(0.0, 1.0, (work[524288u + (row * 256u + col)]) > 0.0)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1048576u + row * 256u + col;
+    let i = 786432u + row * 256u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -8373,10 +8379,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 3145728u + (m0 + a_p) * 64u;
-    let a_src1 = 3145728u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 3145728u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 3145728u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 2621440u + (m0 + a_p) * 64u;
+    let a_src1 = 2621440u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 2621440u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 2621440u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid / 32u;
@@ -8734,9 +8740,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K082_SUM = """\
-// k082_sum: sum
-// writes t340: f32[256]   reads: t339
+K083_SUM = """\
+// k083_sum: sum
+// writes t338: f32[256]   reads: t337
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -8754,7 +8760,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 2048u + v1 * 256u + o;
-        let v3: f32 = work[1048576u + v2];
+        let v3: f32 = work[786432u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -8772,15 +8778,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K083_MATMUL = """\
-// k083_matmul: matmul
-// writes t342: f32[128,8,64]   reads: params, t339
+K084_MATMUL = """\
+// k084_matmul: matmul
+// writes t340: f32[128,8,64]   reads: params, t337
 // from addition_transformer.py:39
 //
-// k083_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[1048576 + m * 256 + k]
+// k084_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+//   A[bi, m, k] = work[786432 + m * 256 + k]
 //   B[bi, k, n] = params[116032 + k + n * 256]
-//   work[1310720 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -8799,7 +8805,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1310720u + row * 64u + col;
+    let i = 524288u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -8816,10 +8822,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1048576u + (m0 + a_p) * 256u;
-    let a_src1 = 1048576u + (m0 + a_p + 4u) * 256u;
-    let a_src2 = 1048576u + (m0 + a_p + 8u) * 256u;
-    let a_src3 = 1048576u + (m0 + a_p + 12u) * 256u;
+    let a_src0 = 786432u + (m0 + a_p) * 256u;
+    let a_src1 = 786432u + (m0 + a_p + 4u) * 256u;
+    let a_src2 = 786432u + (m0 + a_p + 8u) * 256u;
+    let a_src3 = 786432u + (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -9033,14 +9039,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K084_MATMUL = """\
-// k084_matmul: matmul
-// writes t346: f32[64,256]   reads: t234, t339
+K085_MATMUL = """\
+// k085_matmul: matmul
+// writes t344: f32[64,256]   reads: t234, t337
 // from addition_transformer.py:39
 //
-// k084_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[3080192 + m + k * 64]
-//   B[bi, k, n] = work[1048576 + k * 256 + n]
+// k085_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+//   A[bi, m, k] = work[2555904 + m + k * 64]
+//   B[bi, k, n] = work[786432 + k * 256 + n]
 //   grads[116032 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -9077,12 +9083,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3080192u + m0 + a_p;
+    let a_src0 = 2555904u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1048576u + n0 + b_p;
+    let b_src0 = 786432u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -9288,9 +9294,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K085_SUM = """\
-// k085_sum: sum
-// writes t347: f32[64]   reads: t342
+K086_SUM = """\
+// k086_sum: sum
+// writes t345: f32[64]   reads: t340
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -9308,7 +9314,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1310720u + v2];
+        let v3: f32 = work[524288u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -9326,9 +9332,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K086_MUL = """\
-// k086_mul: mul
-// writes t348: f32[128,8,64]   reads: params, t342
+K087_MUL = """\
+// k087_mul: mul
+// writes t346: f32[128,8,64]   reads: params, t340
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -9340,19 +9346,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1310720u + i];
+    let v0: f32 = work[524288u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[150080u + v3];
     let v5: f32 = v0 * v4;
-    work[1048576u + i] = v5;
+    work[589824u + i] = v5;
 }
 """
 
-K087_FUSED_MUL_SUB_SUM = """\
-// k087_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t350: f32[64]   reads: t216, t217, t228, t342
+K088_FUSED_MUL_SUB_SUM = """\
+// k088_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t348: f32[64]   reads: t216, t217, t228, t340
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -9370,13 +9376,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1310720u + v2];
-        let v4: f32 = work[3014656u + v2];
+        let v3: f32 = work[524288u + v2];
+        let v4: f32 = work[2490368u + v2];
         let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[3571712u + v5];
+        let v6: f32 = work[2793472u + v5];
         let v7: f32 = v6 * 0.015625;
         let v8: f32 = v4 - v7;
-        let v9: f32 = work[3572736u + v0 * 8u + v1];
+        let v9: f32 = work[2794496u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
         acc0 = acc0 + v11;
@@ -9396,9 +9402,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K088_FUSED_MUL_SUB_SUM = """\
-// k088_fused_mul_sub_sum: mul -> sub -> mul -> sum
-// writes t353: f32[128,8]   reads: t216, t217, t348
+K089_FUSED_MUL_SUB_SUM = """\
+// k089_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t351: f32[128,8]   reads: t216, t217, t346
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -9415,10 +9421,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1048576u + v2];
-        let v4: f32 = work[3014656u + v2];
+        let v3: f32 = work[589824u + v2];
+        let v4: f32 = work[2490368u + v2];
         let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[3571712u + v5];
+        let v6: f32 = work[2793472u + v5];
         let v7: f32 = v6 * 0.015625;
         let v8: f32 = v4 - v7;
         let v9: f32 = v3 * v8;
@@ -9434,14 +9440,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[1179648u + o] = res0;
+        work[655360u + o] = res0;
     }
 }
 """
 
-K089_FUSED_MUL_SUB_ADD = """\
-// k089_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t365: f32[128,8,64]   reads: t216, t217, t228, t348, t353
+K090_FUSED_MUL_SUB_ADD = """\
+// k090_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t363: f32[128,8,64]   reads: t216, t217, t228, t346, t351
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -9452,34 +9458,34 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1048576u + i];
+    let v0: f32 = work[589824u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[3572736u + v1 * 8u + v2];
+    let v4: f32 = work[2794496u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[1179648u + v6];
+    let v7: f32 = work[655360u + v6];
     let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[3572736u + v6];
+    let v9: f32 = work[2794496u + v6];
     let v10: f32 = v8 * v9;
     let v11: f32 = v10 * v9;
     let v12: f32 = v11 * v9;
     let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[3014656u + i];
-    let v15: f32 = work[3571712u + v6];
+    let v14: f32 = work[2490368u + i];
+    let v15: f32 = work[2793472u + v6];
     let v16: f32 = v15 * 0.015625;
     let v17: f32 = v14 - v16;
     let v18: f32 = v13 * v17;
     let v19: f32 = v5 + v18;
     let v20: f32 = v19 + v18;
-    work[1114112u + i] = v20;
+    work[524288u + i] = v20;
 }
 """
 
-K090_FUSED_NEG_SUM = """\
-// k090_fused_neg_sum: neg -> sum
-// writes t368: f32[128,8]   reads: t365
+K091_FUSED_NEG_SUM = """\
+// k091_fused_neg_sum: neg -> sum
+// writes t366: f32[128,8]   reads: t363
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -9496,7 +9502,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1114112u + v2];
+        let v3: f32 = work[524288u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -9510,14 +9516,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[1179648u + o] = res0;
+        work[655360u + o] = res0;
     }
 }
 """
 
-K091_FUSED_ADD_MUL = """\
-// k091_fused_add_mul: add -> mul -> add
-// writes t372: f32[128,8,64]   reads: t328, t365, t368
+K092_FUSED_ADD_MUL = """\
+// k092_fused_add_mul: add -> mul -> add
+// writes t370: f32[128,8,64]   reads: t326, t363, t366
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -9528,29 +9534,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[3145728u + i];
-    let v1: f32 = work[1114112u + i];
+    let v0: f32 = work[2621440u + i];
+    let v1: f32 = work[524288u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[1179648u + v6];
+    let v7: f32 = work[655360u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[1048576u + i] = v9;
+    work[589824u + i] = v9;
 }
 """
 
-K092_MATMUL = """\
-// k092_matmul: matmul
-// writes t374: f32[128,8,64]   reads: params, t372
+K093_MATMUL = """\
+// k093_matmul: matmul
+// writes t372: f32[128,8,64]   reads: params, t370
 // from addition_transformer.py:38
 //
-// k092_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1048576 + m * 64 + k]
+// k093_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[589824 + m * 64 + k]
 //   B[bi, k, n] = params[111936 + k + n * 64]
-//   work[1114112 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -9569,7 +9575,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1114112u + row * 64u + col;
+    let i = 524288u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -9586,10 +9592,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1048576u + (m0 + a_p) * 64u;
-    let a_src1 = 1048576u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 1048576u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 1048576u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 589824u + (m0 + a_p) * 64u;
+    let a_src1 = 589824u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 589824u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 589824u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -9791,14 +9797,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K093_MATMUL = """\
-// k093_matmul: matmul
-// writes t378: f32[64,64]   reads: t212, t372
+K094_MATMUL = """\
+// k094_matmul: matmul
+// writes t376: f32[64,64]   reads: t212, t370
 // from addition_transformer.py:38
 //
-// k093_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2949120 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[1048576 + k * 64 + n]
+// k094_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2424832 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
+//   B[bi, k, n] = work[589824 + k * 64 + n]
 //   grads[111936 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -9835,12 +9841,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2949120u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_src0 = 2424832u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1048576u + n0 + b_p;
+    let b_src0 = 589824u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -10046,15 +10052,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K094_MATMUL = """\
-// k094_matmul: matmul
-// writes t382: f32[128,4,8,8]   reads: t189, t374
+K095_MATMUL = """\
+// k095_matmul: matmul
+// writes t380: f32[128,4,8,8]   reads: t189, t372
 // from addition_transformer.py:37
 //
-// k094_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[1114112 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[2883584 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[1245184 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k095_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[524288 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[2359296 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[720896 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10071,7 +10077,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 1245184u + (bi * 8u + row) * 8u + col;
+        let i = 720896u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10088,11 +10094,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 1114112u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 524288u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 2883584u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 2359296u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10166,15 +10172,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K095_MATMUL = """\
-// k095_matmul: matmul
-// writes t384: f32[128,4,8,16]   reads: t211, t374
+K096_MATMUL = """\
+// k096_matmul: matmul
+// writes t382: f32[128,4,8,16]   reads: t211, t372
 // from addition_transformer.py:37
 //
-// k095_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3506176 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[1114112 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[1179648 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k096_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[2752512 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[524288 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[655360 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10191,7 +10197,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 1179648u + (bi * 8u + row) * 16u + col;
+        let i = 655360u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10208,11 +10214,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3506176u + bi * 64u + min(m0 + a_p, 7u);
+    let a_src0 = 2752512u + bi * 64u + min(m0 + a_p, 7u);
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1114112u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 524288u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10286,9 +10292,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K096_FUSED_MUL_DIV_NEG = """\
-// k096_fused_mul_div_neg: mul -> div -> neg -> sum
-// writes t389: f32[128,4,8]   reads: t209, t211, t382
+K097_FUSED_MUL_SUM = """\
+// k097_fused_mul_sum: mul -> sum
+// writes t384: f32[128,4,8,1]   reads: t211, t380
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -10304,22 +10310,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[1245184u + v3];
-        let v5: f32 = work[3506176u + v3];
+        let v4: f32 = work[720896u + v3];
+        let v5: f32 = work[2752512u + v3];
         let v6: f32 = v4 * v5;
-        let v7: f32 = work[3559424u + v0 * 32u + v1 * 8u + v2];
-        let v8: f32 = v6 / v7;
-        let v9: f32 = -v8;
-        acc0 = acc0 + v9;
+        acc0 = acc0 + v6;
     }
     let res0 = acc0;
-    work[1114112u + o] = res0;
+    work[524288u + o] = res0;
 }
 """
 
-K097_FUSED_GREATER_DIV_ADD = """\
-// k097_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
-// writes t396: f32[128,4,8,8]   reads: t208, t209, t382, t389
+K098_FUSED_GREATER_SUB_MUL = """\
+// k098_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
+// writes t390: f32[128,4,8,8]   reads: t211, t380, t384
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -10337,28 +10340,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: u32 = v3;
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[1245184u + i];
-    let v8: f32 = work[3559424u + v0 * 32u + v1 * 8u + v2];
-    let v9: f32 = v7 / v8;
-    let v10: f32 = work[1114112u + v0 * 32u + v1 * 8u + v2];
-    let v11: f32 = v9 + v10;
-    let v12: f32 = work[3473408u + i];
-    let v13: f32 = v11 * v12;
-    let v14: f32 = select(v13, 0.0, v6 != 0.0);
-    let v15: f32 = v14 * 0.25;
-    work[1310720u + i] = v15;
+    let v7: f32 = work[2752512u + i];
+    let v8: f32 = work[720896u + i];
+    let v9: f32 = work[524288u + v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = v8 - v9;
+    let v11: f32 = v7 * v10;
+    let v12: f32 = select(v11, 0.0, v6 != 0.0);
+    let v13: f32 = v12 * 0.25;
+    work[786432u + i] = v13;
 }
 """
 
-K098_MATMUL = """\
-// k098_matmul: matmul
-// writes t398: f32[128,4,8,16]   reads: t186, t396
+K099_MATMUL = """\
+// k099_matmul: matmul
+// writes t392: f32[128,4,8,16]   reads: t186, t390
 // from addition_transformer.py:36
 //
-// k098_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[1310720 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[2818048 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[1114112 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k099_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[786432 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[2293760 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[524288 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10375,7 +10376,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 1114112u + (bi * 8u + row) * 16u + col;
+        let i = 524288u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10392,11 +10393,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 1310720u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 786432u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 2818048u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 2293760u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10470,15 +10471,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K099_MATMUL = """\
-// k099_matmul: matmul
-// writes t400: f32[128,4,16,8]   reads: t183, t396
+K100_MATMUL = """\
+// k100_matmul: matmul
+// writes t394: f32[128,4,16,8]   reads: t183, t390
 // from addition_transformer.py:36
 //
-// k099_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[2752512 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
-//   B[bi, k, n] = work[1310720 + bi * 64 + k * 8 + n]
-//   work[1245184 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k100_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[2228224 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+//   B[bi, k, n] = work[786432 + bi * 64 + k * 8 + n]
+//   work[720896 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10495,7 +10496,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 16u && col < 8u) {
-        let i = 1245184u + (bi * 16u + row) * 8u + col;
+        let i = 720896u + (bi * 16u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10512,11 +10513,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2752512u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_src0 = 2228224u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1310720u + bi * 64u + min(n0 + b_p, 7u);
+    let b_src0 = 786432u + bi * 64u + min(n0 + b_p, 7u);
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10590,15 +10591,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K100_MATMUL = """\
-// k100_matmul: matmul
-// writes t405: f32[128,8,64]   reads: params, t384
+K101_MATMUL = """\
+// k101_matmul: matmul
+// writes t399: f32[128,8,64]   reads: params, t382
 // from addition_transformer.py:35
 //
-// k100_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1179648 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k101_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[655360 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[107840 + k + n * 64]
-//   work[1310720 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -10617,7 +10618,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1310720u + row * 64u + col;
+    let i = 786432u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -10634,10 +10635,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1179648u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 1179648u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 1179648u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 1179648u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 655360u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 655360u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 655360u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 655360u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -10839,14 +10840,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K101_MATMUL = """\
-// k101_matmul: matmul
-// writes t409: f32[64,64]   reads: t182, t384
+K102_MATMUL = """\
+// k102_matmul: matmul
+// writes t403: f32[64,64]   reads: t182, t382
 // from addition_transformer.py:35
 //
-// k101_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2686976 + m + k * 64]
-//   B[bi, k, n] = work[1179648 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+// k102_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2162688 + m + k * 64]
+//   B[bi, k, n] = work[655360 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[107840 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -10883,12 +10884,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2686976u + m0 + a_p;
+    let a_src0 = 2162688u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1179648u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 655360u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -11094,15 +11095,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K102_MATMUL = """\
-// k102_matmul: matmul
-// writes t413: f32[128,8,64]   reads: params, t400
+K103_MATMUL = """\
+// k103_matmul: matmul
+// writes t407: f32[128,8,64]   reads: params, t394
 // from addition_transformer.py:35
 //
-// k102_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1245184 + (m / 8) * 512 + m % 8 + k * 8]
+// k103_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[720896 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[103744 + k + n * 64]
-//   work[1179648 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[655360 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -11121,7 +11122,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1179648u + row * 64u + col;
+    let i = 655360u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -11138,7 +11139,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1245184u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
+    let a_src0 = 720896u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -11340,14 +11341,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K103_MATMUL = """\
-// k103_matmul: matmul
-// writes t417: f32[64,64]   reads: t182, t400
+K104_MATMUL = """\
+// k104_matmul: matmul
+// writes t411: f32[64,64]   reads: t182, t394
 // from addition_transformer.py:35
 //
-// k103_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2686976 + m + k * 64]
-//   B[bi, k, n] = work[1245184 + (k / 8) * 512 + k % 8 + n * 8]
+// k104_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2162688 + m + k * 64]
+//   B[bi, k, n] = work[720896 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[103744 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -11384,15 +11385,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2686976u + m0 + a_p;
+    let a_src0 = 2162688u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
     let b_k = tid % 64u;
-    let b_src0 = 1245184u + (n0 + b_p) * 8u;
-    let b_src1 = 1245184u + (n0 + b_p + 4u) * 8u;
-    let b_src2 = 1245184u + (n0 + b_p + 8u) * 8u;
-    let b_src3 = 1245184u + (n0 + b_p + 12u) * 8u;
+    let b_src0 = 720896u + (n0 + b_p) * 8u;
+    let b_src1 = 720896u + (n0 + b_p + 4u) * 8u;
+    let b_src2 = 720896u + (n0 + b_p + 8u) * 8u;
+    let b_src3 = 720896u + (n0 + b_p + 12u) * 8u;
     let b_st = (b_k * 20u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -11598,14 +11599,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K104_MATMUL = """\
-// k104_matmul: matmul
-// writes t426: f32[64,64]   reads: t182, t398
+K105_MATMUL = """\
+// k105_matmul: matmul
+// writes t420: f32[64,64]   reads: t182, t392
 // from addition_transformer.py:35
 //
-// k104_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2686976 + m + k * 64]
-//   B[bi, k, n] = work[1114112 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+// k105_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[2162688 + m + k * 64]
+//   B[bi, k, n] = work[524288 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[99648 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -11642,12 +11643,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2686976u + m0 + a_p;
+    let a_src0 = 2162688u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1114112u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 524288u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -11853,15 +11854,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K105_MATMUL_ADD = """\
-// k105_matmul_add: add -> matmul -> add
-// writes t427: f32[128,8,64]   reads: params, t398, t405, t413
+K106_MATMUL_ADD = """\
+// k106_matmul_add: add -> matmul -> add
+// writes t421: f32[128,8,64]   reads: params, t392, t399, t407
 // from addition_transformer.py:35
 //
-// k105_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[1114112 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k106_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[524288 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[99648 + k + n * 64]
-//   work[1245184 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[720896 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -11876,11 +11877,11 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[1310720u + (row * 64u + col)]) + (work[1179648u + (row * 64u + col)])) + acc);
+    return (((work[786432u + (row * 64u + col)]) + (work[655360u + (row * 64u + col)])) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 1245184u + row * 64u + col;
+    let i = 720896u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -11897,10 +11898,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 1114112u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 1114112u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 1114112u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 1114112u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 524288u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 524288u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 524288u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 524288u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -12102,9 +12103,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K106_SUM = """\
-// k106_sum: sum
-// writes t428: f32[64]   reads: t427
+K107_SUM = """\
+// k107_sum: sum
+// writes t422: f32[64]   reads: t421
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -12122,7 +12123,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1245184u + v2];
+        let v3: f32 = work[720896u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -12140,9 +12141,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K107_FUSED_MUL_SUM = """\
-// k107_fused_mul_sum: mul -> mul -> sum
-// writes t431: f32[64]   reads: t169, t176, t427
+K108_FUSED_MUL_SUM = """\
+// k108_fused_mul_sum: mul -> mul -> sum
+// writes t425: f32[64]   reads: t169, t176, t421
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -12160,9 +12161,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1245184u + v2];
-        let v4: f32 = work[2621440u + v2];
-        let v5: f32 = work[3570688u + v0 * 8u + v1];
+        let v3: f32 = work[720896u + v2];
+        let v4: f32 = work[2097152u + v2];
+        let v5: f32 = work[2792448u + v0 * 8u + v1];
         let v6: f32 = v4 * v5;
         let v7: f32 = v3 * v6;
         acc0 = acc0 + v7;
@@ -12182,9 +12183,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K108_FUSED_MUL_SUM = """\
-// k108_fused_mul_sum: mul -> mul -> sum
-// writes t434: f32[128,8]   reads: params, t169, t427
+K109_FUSED_MUL_SUM = """\
+// k109_fused_mul_sum: mul -> mul -> sum
+// writes t428: f32[128,8]   reads: params, t169, t421
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -12202,10 +12203,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1245184u + v2];
+        let v3: f32 = work[720896u + v2];
         let v4: f32 = params[149952u + r];
         let v5: f32 = v3 * v4;
-        let v6: f32 = work[2621440u + v2];
+        let v6: f32 = work[2097152u + v2];
         let v7: f32 = v5 * v6;
         acc0 = acc0 + v7;
     }
@@ -12219,14 +12220,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[1179648u + o] = res0;
+        work[655360u + o] = res0;
     }
 }
 """
 
-K109_FUSED_MUL_ADD = """\
-// k109_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t446: f32[128,8,64]   reads: params, t169, t176, t427, t434
+K110_FUSED_MUL_ADD = """\
+// k110_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t440: f32[128,8,64]   reads: params, t169, t176, t421, t428
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -12238,33 +12239,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1245184u + i];
+    let v0: f32 = work[720896u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[149952u + v3];
     let v5: f32 = v0 * v4;
-    let v6: f32 = work[3570688u + v1 * 8u + v2];
+    let v6: f32 = work[2792448u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
-    let v9: f32 = work[1179648u + v8];
+    let v9: f32 = work[655360u + v8];
     let v10: f32 = v9 * -0.5;
-    let v11: f32 = work[3570688u + v8];
+    let v11: f32 = work[2792448u + v8];
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
     let v15: f32 = v14 * 0.015625;
-    let v16: f32 = work[2621440u + i];
+    let v16: f32 = work[2097152u + i];
     let v17: f32 = v15 * v16;
     let v18: f32 = v7 + v17;
     let v19: f32 = v18 + v17;
-    work[1114112u + i] = v19;
+    work[524288u + i] = v19;
 }
 """
 
-K110_FUSED_NEG_SUM = """\
-// k110_fused_neg_sum: neg -> sum
-// writes t449: f32[128,8]   reads: t446
+K111_FUSED_NEG_SUM = """\
+// k111_fused_neg_sum: neg -> sum
+// writes t443: f32[128,8]   reads: t440
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -12281,7 +12282,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[1114112u + v2];
+        let v3: f32 = work[524288u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -12295,14 +12296,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[1245184u + o] = res0;
+        work[655360u + o] = res0;
     }
 }
 """
 
-K111_FUSED_ADD_MUL = """\
-// k111_fused_add_mul: add -> mul -> add
-// writes t453: f32[128,8,64]   reads: t372, t446, t449
+K112_FUSED_ADD_MUL = """\
+// k112_fused_add_mul: add -> mul -> add
+// writes t447: f32[128,8,64]   reads: t370, t440, t443
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -12313,23 +12314,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1048576u + i];
-    let v1: f32 = work[1114112u + i];
+    let v0: f32 = work[589824u + i];
+    let v1: f32 = work[524288u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[1245184u + v6];
+    let v7: f32 = work[655360u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[1179648u + i] = v9;
+    work[786432u + i] = v9;
 }
 """
 
-K112_SUM = """\
-// k112_sum: sum
-// writes t454: f32[64]   reads: t453
+K113_SUM = """\
+// k113_sum: sum
+// writes t448: f32[64]   reads: t447
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -12347,7 +12348,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[1179648u + v2];
+        let v3: f32 = work[786432u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -12365,14 +12366,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K113_MATMUL = """\
-// k113_matmul: matmul
-// writes t460: f32[256,64]   reads: t160, t453
+K114_MATMUL = """\
+// k114_matmul: matmul
+// writes t454: f32[256,64]   reads: t160, t447
 // from addition_transformer.py:39
 //
-// k113_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
-//   A[bi, m, k] = work[524288 + m + k * 256]
-//   B[bi, k, n] = work[1179648 + k * 64 + n]
+// k114_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+//   A[bi, m, k] = work[262144 + m + k * 256]
+//   B[bi, k, n] = work[786432 + k * 64 + n]
 //   grads[83264 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -12409,12 +12410,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 524288u + m0 + a_p;
+    let a_src0 = 262144u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1179648u + n0 + b_p;
+    let b_src0 = 786432u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -12620,13 +12621,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K114_MATMUL_GREATER_MUL = """\
-// k114_matmul_greater_mul: matmul -> greater -> mul
-// writes t463: f32[128,8,256]   reads: params, t159, t453
+K115_MATMUL_GREATER_MUL = """\
+// k115_matmul_greater_mul: matmul -> greater -> mul
+// writes t457: f32[128,8,256]   reads: params, t160, t447
 // from addition_transformer.py:39
 //
-// k114_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[1179648 + m * 64 + k]
+// k115_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[786432 + m * 64 + k]
 //   B[bi, k, n] = params[83264 + k + n * 64]
 //   work[524288 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
@@ -12643,7 +12644,7 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[786432u + (row * 256u + col)]) > 0.0)));
+    return (acc * (select(0.0, 1.0, (work[262144u + (row * 256u + col)]) > 0.0)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -12664,10 +12665,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 1179648u + (m0 + a_p) * 64u;
-    let a_src1 = 1179648u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 1179648u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 1179648u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 786432u + (m0 + a_p) * 64u;
+    let a_src1 = 786432u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 786432u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 786432u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid / 32u;
@@ -13025,9 +13026,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K115_SUM = """\
-// k115_sum: sum
-// writes t464: f32[256]   reads: t463
+K116_SUM = """\
+// k116_sum: sum
+// writes t458: f32[256]   reads: t457
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -13063,15 +13064,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K116_MATMUL = """\
-// k116_matmul: matmul
-// writes t466: f32[128,8,64]   reads: params, t463
+K117_MATMUL = """\
+// k117_matmul: matmul
+// writes t460: f32[128,8,64]   reads: params, t457
 // from addition_transformer.py:39
 //
-// k116_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k117_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[524288 + m * 256 + k]
 //   B[bi, k, n] = params[66880 + k + n * 256]
-//   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -13090,7 +13091,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 786432u + row * 64u + col;
+    let i = 262144u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -13324,13 +13325,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K117_MATMUL = """\
-// k117_matmul: matmul
-// writes t470: f32[64,256]   reads: t156, t463
+K118_MATMUL = """\
+// k118_matmul: matmul
+// writes t464: f32[64,256]   reads: t156, t457
 // from addition_transformer.py:39
 //
-// k117_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[2555904 + m + k * 64]
+// k118_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+//   A[bi, m, k] = work[2031616 + m + k * 64]
 //   B[bi, k, n] = work[524288 + k * 256 + n]
 //   grads[66880 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -13368,7 +13369,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2555904u + m0 + a_p;
+    let a_src0 = 2031616u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -13579,9 +13580,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K118_SUM = """\
-// k118_sum: sum
-// writes t471: f32[64]   reads: t466
+K119_SUM = """\
+// k119_sum: sum
+// writes t465: f32[64]   reads: t460
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -13599,7 +13600,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[786432u + v2];
+        let v3: f32 = work[262144u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -13617,9 +13618,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K119_MUL = """\
-// k119_mul: mul
-// writes t472: f32[128,8,64]   reads: params, t466
+K120_MUL = """\
+// k120_mul: mul
+// writes t466: f32[128,8,64]   reads: params, t460
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -13631,19 +13632,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[786432u + i];
+    let v0: f32 = work[262144u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[149504u + v3];
     let v5: f32 = v0 * v4;
-    work[524288u + i] = v5;
+    work[327680u + i] = v5;
 }
 """
 
-K120_FUSED_MUL_SUB_SUM = """\
-// k120_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t474: f32[64]   reads: t138, t139, t150, t466
+K121_FUSED_MUL_SUB_SUM = """\
+// k121_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t468: f32[64]   reads: t138, t139, t150, t460
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -13661,13 +13662,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[786432u + v2];
-        let v4: f32 = work[2490368u + v2];
+        let v3: f32 = work[262144u + v2];
+        let v4: f32 = work[1966080u + v2];
         let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[3568640u + v5];
+        let v6: f32 = work[2790400u + v5];
         let v7: f32 = v6 * 0.015625;
         let v8: f32 = v4 - v7;
-        let v9: f32 = work[3569664u + v0 * 8u + v1];
+        let v9: f32 = work[2791424u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
         acc0 = acc0 + v11;
@@ -13687,9 +13688,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K121_FUSED_MUL_SUB_SUM = """\
-// k121_fused_mul_sub_sum: mul -> sub -> mul -> sum
-// writes t477: f32[128,8]   reads: t138, t139, t472
+K122_FUSED_MUL_SUB_SUM = """\
+// k122_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t471: f32[128,8]   reads: t138, t139, t466
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -13706,10 +13707,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[524288u + v2];
-        let v4: f32 = work[2490368u + v2];
+        let v3: f32 = work[327680u + v2];
+        let v4: f32 = work[1966080u + v2];
         let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[3568640u + v5];
+        let v6: f32 = work[2790400u + v5];
         let v7: f32 = v6 * 0.015625;
         let v8: f32 = v4 - v7;
         let v9: f32 = v3 * v8;
@@ -13725,14 +13726,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[655360u + o] = res0;
+        work[393216u + o] = res0;
     }
 }
 """
 
-K122_FUSED_MUL_SUB_ADD = """\
-// k122_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t489: f32[128,8,64]   reads: t138, t139, t150, t472, t477
+K123_FUSED_MUL_SUB_ADD = """\
+// k123_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t483: f32[128,8,64]   reads: t138, t139, t150, t466, t471
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -13743,34 +13744,34 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[524288u + i];
+    let v0: f32 = work[327680u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[3569664u + v1 * 8u + v2];
+    let v4: f32 = work[2791424u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[655360u + v6];
+    let v7: f32 = work[393216u + v6];
     let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[3569664u + v6];
+    let v9: f32 = work[2791424u + v6];
     let v10: f32 = v8 * v9;
     let v11: f32 = v10 * v9;
     let v12: f32 = v11 * v9;
     let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[2490368u + i];
-    let v15: f32 = work[3568640u + v6];
+    let v14: f32 = work[1966080u + i];
+    let v15: f32 = work[2790400u + v6];
     let v16: f32 = v15 * 0.015625;
     let v17: f32 = v14 - v16;
     let v18: f32 = v13 * v17;
     let v19: f32 = v5 + v18;
     let v20: f32 = v19 + v18;
-    work[589824u + i] = v20;
+    work[262144u + i] = v20;
 }
 """
 
-K123_FUSED_NEG_SUM = """\
-// k123_fused_neg_sum: neg -> sum
-// writes t492: f32[128,8]   reads: t489
+K124_FUSED_NEG_SUM = """\
+// k124_fused_neg_sum: neg -> sum
+// writes t486: f32[128,8]   reads: t483
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -13787,7 +13788,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[589824u + v2];
+        let v3: f32 = work[262144u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -13801,14 +13802,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[655360u + o] = res0;
+        work[393216u + o] = res0;
     }
 }
 """
 
-K124_FUSED_ADD_MUL = """\
-// k124_fused_add_mul: add -> mul -> add
-// writes t496: f32[128,8,64]   reads: t453, t489, t492
+K125_FUSED_ADD_MUL = """\
+// k125_fused_add_mul: add -> mul -> add
+// writes t490: f32[128,8,64]   reads: t447, t483, t486
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -13819,29 +13820,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[1179648u + i];
-    let v1: f32 = work[589824u + i];
+    let v0: f32 = work[786432u + i];
+    let v1: f32 = work[262144u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[655360u + v6];
+    let v7: f32 = work[393216u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[524288u + i] = v9;
+    work[327680u + i] = v9;
 }
 """
 
-K125_MATMUL = """\
-// k125_matmul: matmul
-// writes t498: f32[128,8,64]   reads: params, t496
+K126_MATMUL = """\
+// k126_matmul: matmul
+// writes t492: f32[128,8,64]   reads: params, t490
 // from addition_transformer.py:38
 //
-// k125_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[524288 + m * 64 + k]
+// k126_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[327680 + m * 64 + k]
 //   B[bi, k, n] = params[62784 + k + n * 64]
-//   work[589824 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -13860,7 +13861,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 589824u + row * 64u + col;
+    let i = 262144u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -13877,10 +13878,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 524288u + (m0 + a_p) * 64u;
-    let a_src1 = 524288u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 524288u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 524288u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 327680u + (m0 + a_p) * 64u;
+    let a_src1 = 327680u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 327680u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 327680u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -14082,14 +14083,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K126_MATMUL = """\
-// k126_matmul: matmul
-// writes t502: f32[64,64]   reads: t134, t496
+K127_MATMUL = """\
+// k127_matmul: matmul
+// writes t496: f32[64,64]   reads: t134, t490
 // from addition_transformer.py:38
 //
-// k126_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2424832 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[524288 + k * 64 + n]
+// k127_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1900544 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
+//   B[bi, k, n] = work[327680 + k * 64 + n]
 //   grads[62784 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -14126,12 +14127,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2424832u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_src0 = 1900544u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 524288u + n0 + b_p;
+    let b_src0 = 327680u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -14337,15 +14338,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K127_MATMUL = """\
-// k127_matmul: matmul
-// writes t506: f32[128,4,8,8]   reads: t111, t498
+K128_MATMUL = """\
+// k128_matmul: matmul
+// writes t500: f32[128,4,8,8]   reads: t111, t492
 // from addition_transformer.py:37
 //
-// k127_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[589824 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[2359296 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[720896 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k128_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[262144 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+//   work[458752 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -14362,7 +14363,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 720896u + (bi * 8u + row) * 8u + col;
+        let i = 458752u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -14379,11 +14380,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 589824u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 262144u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 2359296u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -14457,15 +14458,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K128_MATMUL = """\
-// k128_matmul: matmul
-// writes t508: f32[128,4,8,16]   reads: t133, t498
+K129_MATMUL = """\
+// k129_matmul: matmul
+// writes t502: f32[128,4,8,16]   reads: t133, t492
 // from addition_transformer.py:37
 //
-// k128_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3440640 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[589824 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[655360 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k129_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[2719744 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[262144 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[393216 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -14482,7 +14483,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 655360u + (bi * 8u + row) * 16u + col;
+        let i = 393216u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -14499,11 +14500,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3440640u + bi * 64u + min(m0 + a_p, 7u);
+    let a_src0 = 2719744u + bi * 64u + min(m0 + a_p, 7u);
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 589824u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 262144u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -14577,9 +14578,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K129_FUSED_MUL_DIV_NEG = """\
-// k129_fused_mul_div_neg: mul -> div -> neg -> sum
-// writes t513: f32[128,4,8]   reads: t131, t133, t506
+K130_FUSED_MUL_SUM = """\
+// k130_fused_mul_sum: mul -> sum
+// writes t504: f32[128,4,8,1]   reads: t133, t500
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -14595,22 +14596,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[720896u + v3];
-        let v5: f32 = work[3440640u + v3];
+        let v4: f32 = work[458752u + v3];
+        let v5: f32 = work[2719744u + v3];
         let v6: f32 = v4 * v5;
-        let v7: f32 = work[3555328u + v0 * 32u + v1 * 8u + v2];
-        let v8: f32 = v6 / v7;
-        let v9: f32 = -v8;
-        acc0 = acc0 + v9;
+        acc0 = acc0 + v6;
     }
     let res0 = acc0;
-    work[589824u + o] = res0;
+    work[262144u + o] = res0;
 }
 """
 
-K130_FUSED_GREATER_DIV_ADD = """\
-// k130_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
-// writes t520: f32[128,4,8,8]   reads: t130, t131, t506, t513
+K131_FUSED_GREATER_SUB_MUL = """\
+// k131_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
+// writes t510: f32[128,4,8,8]   reads: t133, t500, t504
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -14628,28 +14626,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: u32 = v3;
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[720896u + i];
-    let v8: f32 = work[3555328u + v0 * 32u + v1 * 8u + v2];
-    let v9: f32 = v7 / v8;
-    let v10: f32 = work[589824u + v0 * 32u + v1 * 8u + v2];
-    let v11: f32 = v9 + v10;
-    let v12: f32 = work[3407872u + i];
-    let v13: f32 = v11 * v12;
-    let v14: f32 = select(v13, 0.0, v6 != 0.0);
-    let v15: f32 = v14 * 0.25;
-    work[786432u + i] = v15;
+    let v7: f32 = work[2719744u + i];
+    let v8: f32 = work[458752u + i];
+    let v9: f32 = work[262144u + v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = v8 - v9;
+    let v11: f32 = v7 * v10;
+    let v12: f32 = select(v11, 0.0, v6 != 0.0);
+    let v13: f32 = v12 * 0.25;
+    work[524288u + i] = v13;
 }
 """
 
-K131_MATMUL = """\
-// k131_matmul: matmul
-// writes t522: f32[128,4,8,16]   reads: t108, t520
+K132_MATMUL = """\
+// k132_matmul: matmul
+// writes t512: f32[128,4,8,16]   reads: t108, t510
 // from addition_transformer.py:36
 //
-// k131_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[786432 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[2293760 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[589824 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k132_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[524288 + bi * 64 + m * 8 + k]
+//   B[bi, k, n] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[262144 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -14666,7 +14662,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 589824u + (bi * 8u + row) * 16u + col;
+        let i = 262144u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -14683,11 +14679,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 786432u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 524288u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 2293760u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -14761,15 +14757,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K132_MATMUL = """\
-// k132_matmul: matmul
-// writes t524: f32[128,4,16,8]   reads: t105, t520
+K133_MATMUL = """\
+// k133_matmul: matmul
+// writes t514: f32[128,4,16,8]   reads: t105, t510
 // from addition_transformer.py:36
 //
-// k132_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[2228224 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
-//   B[bi, k, n] = work[786432 + bi * 64 + k * 8 + n]
-//   work[720896 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+// k133_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[1703936 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+//   B[bi, k, n] = work[524288 + bi * 64 + k * 8 + n]
+//   work[458752 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -14786,7 +14782,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 16u && col < 8u) {
-        let i = 720896u + (bi * 16u + row) * 8u + col;
+        let i = 458752u + (bi * 16u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -14803,11 +14799,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2228224u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_src0 = 1703936u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 786432u + bi * 64u + min(n0 + b_p, 7u);
+    let b_src0 = 524288u + bi * 64u + min(n0 + b_p, 7u);
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -14881,15 +14877,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K133_MATMUL = """\
-// k133_matmul: matmul
-// writes t529: f32[128,8,64]   reads: params, t508
+K134_MATMUL = """\
+// k134_matmul: matmul
+// writes t519: f32[128,8,64]   reads: params, t502
 // from addition_transformer.py:35
 //
-// k133_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[655360 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k134_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[393216 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[58688 + k + n * 64]
-//   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -14908,7 +14904,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 786432u + row * 64u + col;
+    let i = 524288u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -14925,10 +14921,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 655360u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 655360u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 655360u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 655360u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 393216u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 393216u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 393216u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 393216u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -15130,14 +15126,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K134_MATMUL = """\
-// k134_matmul: matmul
-// writes t533: f32[64,64]   reads: t104, t508
+K135_MATMUL = """\
+// k135_matmul: matmul
+// writes t523: f32[64,64]   reads: t104, t502
 // from addition_transformer.py:35
 //
-// k134_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2162688 + m + k * 64]
-//   B[bi, k, n] = work[655360 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+// k135_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1638400 + m + k * 64]
+//   B[bi, k, n] = work[393216 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[58688 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -15174,12 +15170,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2162688u + m0 + a_p;
+    let a_src0 = 1638400u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 655360u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 393216u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -15385,15 +15381,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K135_MATMUL = """\
-// k135_matmul: matmul
-// writes t537: f32[128,8,64]   reads: params, t524
+K136_MATMUL = """\
+// k136_matmul: matmul
+// writes t527: f32[128,8,64]   reads: params, t514
 // from addition_transformer.py:35
 //
-// k135_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[720896 + (m / 8) * 512 + m % 8 + k * 8]
+// k136_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[458752 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[54592 + k + n * 64]
-//   work[655360 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[393216 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -15412,7 +15408,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 655360u + row * 64u + col;
+    let i = 393216u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -15429,7 +15425,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 720896u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
+    let a_src0 = 458752u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -15631,14 +15627,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K136_MATMUL = """\
-// k136_matmul: matmul
-// writes t541: f32[64,64]   reads: t104, t524
+K137_MATMUL = """\
+// k137_matmul: matmul
+// writes t531: f32[64,64]   reads: t104, t514
 // from addition_transformer.py:35
 //
-// k136_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2162688 + m + k * 64]
-//   B[bi, k, n] = work[720896 + (k / 8) * 512 + k % 8 + n * 8]
+// k137_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1638400 + m + k * 64]
+//   B[bi, k, n] = work[458752 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[54592 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -15675,15 +15671,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2162688u + m0 + a_p;
+    let a_src0 = 1638400u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
     let b_k = tid % 64u;
-    let b_src0 = 720896u + (n0 + b_p) * 8u;
-    let b_src1 = 720896u + (n0 + b_p + 4u) * 8u;
-    let b_src2 = 720896u + (n0 + b_p + 8u) * 8u;
-    let b_src3 = 720896u + (n0 + b_p + 12u) * 8u;
+    let b_src0 = 458752u + (n0 + b_p) * 8u;
+    let b_src1 = 458752u + (n0 + b_p + 4u) * 8u;
+    let b_src2 = 458752u + (n0 + b_p + 8u) * 8u;
+    let b_src3 = 458752u + (n0 + b_p + 12u) * 8u;
     let b_st = (b_k * 20u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -15889,14 +15885,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K137_MATMUL = """\
-// k137_matmul: matmul
-// writes t550: f32[64,64]   reads: t104, t522
+K138_MATMUL = """\
+// k138_matmul: matmul
+// writes t540: f32[64,64]   reads: t104, t512
 // from addition_transformer.py:35
 //
-// k137_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[2162688 + m + k * 64]
-//   B[bi, k, n] = work[589824 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+// k138_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1638400 + m + k * 64]
+//   B[bi, k, n] = work[262144 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[50496 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -15933,12 +15929,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2162688u + m0 + a_p;
+    let a_src0 = 1638400u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 589824u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 262144u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -16144,15 +16140,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K138_MATMUL_ADD = """\
-// k138_matmul_add: add -> matmul -> add
-// writes t551: f32[128,8,64]   reads: params, t522, t529, t537
+K139_MATMUL_ADD = """\
+// k139_matmul_add: add -> matmul -> add
+// writes t541: f32[128,8,64]   reads: params, t512, t519, t527
 // from addition_transformer.py:35
 //
-// k138_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[589824 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k139_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[262144 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[50496 + k + n * 64]
-//   work[720896 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[458752 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -16167,11 +16163,11 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[786432u + (row * 64u + col)]) + (work[655360u + (row * 64u + col)])) + acc);
+    return (((work[524288u + (row * 64u + col)]) + (work[393216u + (row * 64u + col)])) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 720896u + row * 64u + col;
+    let i = 458752u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -16188,10 +16184,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 589824u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 589824u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 589824u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 589824u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 262144u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 262144u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 262144u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 262144u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -16393,9 +16389,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K139_SUM = """\
-// k139_sum: sum
-// writes t552: f32[64]   reads: t551
+K140_SUM = """\
+// k140_sum: sum
+// writes t542: f32[64]   reads: t541
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -16413,7 +16409,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[720896u + v2];
+        let v3: f32 = work[458752u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -16431,9 +16427,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K140_FUSED_MUL_SUM = """\
-// k140_fused_mul_sum: mul -> mul -> sum
-// writes t555: f32[64]   reads: t551, t91, t98
+K141_FUSED_MUL_SUM = """\
+// k141_fused_mul_sum: mul -> mul -> sum
+// writes t545: f32[64]   reads: t541, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -16451,9 +16447,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[720896u + v2];
-        let v4: f32 = work[2097152u + v2];
-        let v5: f32 = work[3567616u + v0 * 8u + v1];
+        let v3: f32 = work[458752u + v2];
+        let v4: f32 = work[1572864u + v2];
+        let v5: f32 = work[2789376u + v0 * 8u + v1];
         let v6: f32 = v4 * v5;
         let v7: f32 = v3 * v6;
         acc0 = acc0 + v7;
@@ -16473,9 +16469,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K141_FUSED_MUL_SUM = """\
-// k141_fused_mul_sum: mul -> mul -> sum
-// writes t558: f32[128,8]   reads: params, t551, t91
+K142_FUSED_MUL_SUM = """\
+// k142_fused_mul_sum: mul -> mul -> sum
+// writes t548: f32[128,8]   reads: params, t541, t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -16493,10 +16489,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[720896u + v2];
+        let v3: f32 = work[458752u + v2];
         let v4: f32 = params[149376u + r];
         let v5: f32 = v3 * v4;
-        let v6: f32 = work[2097152u + v2];
+        let v6: f32 = work[1572864u + v2];
         let v7: f32 = v5 * v6;
         acc0 = acc0 + v7;
     }
@@ -16510,14 +16506,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[655360u + o] = res0;
+        work[393216u + o] = res0;
     }
 }
 """
 
-K142_FUSED_MUL_ADD = """\
-// k142_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t570: f32[128,8,64]   reads: params, t551, t558, t91, t98
+K143_FUSED_MUL_ADD = """\
+// k143_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t560: f32[128,8,64]   reads: params, t541, t548, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -16529,33 +16525,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[720896u + i];
+    let v0: f32 = work[458752u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[149376u + v3];
     let v5: f32 = v0 * v4;
-    let v6: f32 = work[3567616u + v1 * 8u + v2];
+    let v6: f32 = work[2789376u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
-    let v9: f32 = work[655360u + v8];
+    let v9: f32 = work[393216u + v8];
     let v10: f32 = v9 * -0.5;
-    let v11: f32 = work[3567616u + v8];
+    let v11: f32 = work[2789376u + v8];
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
     let v15: f32 = v14 * 0.015625;
-    let v16: f32 = work[2097152u + i];
+    let v16: f32 = work[1572864u + i];
     let v17: f32 = v15 * v16;
     let v18: f32 = v7 + v17;
     let v19: f32 = v18 + v17;
-    work[589824u + i] = v19;
+    work[262144u + i] = v19;
 }
 """
 
-K143_FUSED_NEG_SUM = """\
-// k143_fused_neg_sum: neg -> sum
-// writes t573: f32[128,8]   reads: t570
+K144_FUSED_NEG_SUM = """\
+// k144_fused_neg_sum: neg -> sum
+// writes t563: f32[128,8]   reads: t560
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -16572,7 +16568,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[589824u + v2];
+        let v3: f32 = work[262144u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -16586,14 +16582,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[720896u + o] = res0;
+        work[393216u + o] = res0;
     }
 }
 """
 
-K144_FUSED_ADD_MUL = """\
-// k144_fused_add_mul: add -> mul -> add
-// writes t577: f32[128,8,64]   reads: t496, t570, t573
+K145_FUSED_ADD_MUL = """\
+// k145_fused_add_mul: add -> mul -> add
+// writes t567: f32[128,8,64]   reads: t490, t560, t563
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -16604,23 +16600,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[524288u + i];
-    let v1: f32 = work[589824u + i];
+    let v0: f32 = work[327680u + i];
+    let v1: f32 = work[262144u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[720896u + v6];
+    let v7: f32 = work[393216u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[655360u + i] = v9;
+    work[524288u + i] = v9;
 }
 """
 
-K145_SUM = """\
-// k145_sum: sum
-// writes t578: f32[64]   reads: t577
+K146_SUM = """\
+// k146_sum: sum
+// writes t568: f32[64]   reads: t567
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -16638,7 +16634,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[655360u + v2];
+        let v3: f32 = work[524288u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -16656,14 +16652,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K146_MATMUL = """\
-// k146_matmul: matmul
-// writes t584: f32[256,64]   reads: t577, t82
+K147_MATMUL = """\
+// k147_matmul: matmul
+// writes t574: f32[256,64]   reads: t567, t82
 // from addition_transformer.py:39
 //
-// k146_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+// k147_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
 //   A[bi, m, k] = work[m + k * 256]
-//   B[bi, k, n] = work[655360 + k * 64 + n]
+//   B[bi, k, n] = work[524288 + k * 64 + n]
 //   grads[34112 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -16705,7 +16701,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 655360u + n0 + b_p;
+    let b_src0 = 524288u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -16911,15 +16907,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K147_MATMUL_GREATER_MUL = """\
-// k147_matmul_greater_mul: matmul -> greater -> mul
-// writes t587: f32[128,8,256]   reads: params, t577, t81
+K148_MATMUL_GREATER_MUL = """\
+// k148_matmul_greater_mul: matmul -> greater -> mul
+// writes t577: f32[128,8,256]   reads: params, t567, t82
 // from addition_transformer.py:39
 //
-// k147_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[655360 + m * 64 + k]
+// k148_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[524288 + m * 64 + k]
 //   B[bi, k, n] = params[34112 + k + n * 64]
-//   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
 // 8x8x4 threads each accumulate 4x4 outputs in registers while the
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
@@ -16934,11 +16930,11 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[262144u + (row * 256u + col)]) > 0.0)));
+    return (acc * (select(0.0, 1.0, (work[(row * 256u + col)]) > 0.0)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 256u + col;
+    let i = 262144u + row * 256u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -16955,10 +16951,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 655360u + (m0 + a_p) * 64u;
-    let a_src1 = 655360u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 655360u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 655360u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 524288u + (m0 + a_p) * 64u;
+    let a_src1 = 524288u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 524288u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 524288u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid / 32u;
@@ -17316,9 +17312,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K148_SUM = """\
-// k148_sum: sum
-// writes t588: f32[256]   reads: t587
+K149_SUM = """\
+// k149_sum: sum
+// writes t578: f32[256]   reads: t577
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -17336,7 +17332,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 2048u + v1 * 256u + o;
-        let v3: f32 = work[v2];
+        let v3: f32 = work[262144u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -17354,15 +17350,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K149_MATMUL = """\
-// k149_matmul: matmul
-// writes t590: f32[128,8,64]   reads: params, t587
+K150_MATMUL = """\
+// k150_matmul: matmul
+// writes t580: f32[128,8,64]   reads: params, t577
 // from addition_transformer.py:39
 //
-// k149_matmul: batched matmul, 1 x [1024x256] @ [256x64]
-//   A[bi, m, k] = work[m * 256 + k]
+// k150_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+//   A[bi, m, k] = work[262144 + m * 256 + k]
 //   B[bi, k, n] = params[17728 + k + n * 256]
-//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -17381,7 +17377,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 64u + col;
+    let i = row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -17398,10 +17394,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = (m0 + a_p) * 256u;
-    let a_src1 = (m0 + a_p + 4u) * 256u;
-    let a_src2 = (m0 + a_p + 8u) * 256u;
-    let a_src3 = (m0 + a_p + 12u) * 256u;
+    let a_src0 = 262144u + (m0 + a_p) * 256u;
+    let a_src1 = 262144u + (m0 + a_p + 4u) * 256u;
+    let a_src2 = 262144u + (m0 + a_p + 8u) * 256u;
+    let a_src3 = 262144u + (m0 + a_p + 12u) * 256u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -17615,14 +17611,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K150_MATMUL = """\
-// k150_matmul: matmul
-// writes t594: f32[64,256]   reads: t587, t78
+K151_MATMUL = """\
+// k151_matmul: matmul
+// writes t584: f32[64,256]   reads: t577, t78
 // from addition_transformer.py:39
 //
-// k150_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
-//   A[bi, m, k] = work[2031616 + m + k * 64]
-//   B[bi, k, n] = work[k * 256 + n]
+// k151_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+//   A[bi, m, k] = work[1507328 + m + k * 64]
+//   B[bi, k, n] = work[262144 + k * 256 + n]
 //   grads[17728 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -17659,12 +17655,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 2031616u + m0 + a_p;
+    let a_src0 = 1507328u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = n0 + b_p;
+    let b_src0 = 262144u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -17870,9 +17866,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K151_SUM = """\
-// k151_sum: sum
-// writes t595: f32[64]   reads: t590
+K152_SUM = """\
+// k152_sum: sum
+// writes t585: f32[64]   reads: t580
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -17890,7 +17886,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[262144u + v2];
+        let v3: f32 = work[v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -17908,9 +17904,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K152_MUL = """\
-// k152_mul: mul
-// writes t596: f32[128,8,64]   reads: params, t590
+K153_MUL = """\
+// k153_mul: mul
+// writes t586: f32[128,8,64]   reads: params, t580
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -17922,19 +17918,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[262144u + i];
+    let v0: f32 = work[i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[148928u + v3];
     let v5: f32 = v0 * v4;
-    work[i] = v5;
+    work[65536u + i] = v5;
 }
 """
 
-K153_FUSED_MUL_SUB_SUM = """\
-// k153_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t598: f32[64]   reads: t590, t60, t61, t72
+K154_FUSED_MUL_SUB_SUM = """\
+// k154_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t588: f32[64]   reads: t580, t60, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -17952,13 +17948,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[262144u + v2];
-        let v4: f32 = work[1966080u + v2];
+        let v3: f32 = work[v2];
+        let v4: f32 = work[1441792u + v2];
         let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[3565568u + v5];
+        let v6: f32 = work[2787328u + v5];
         let v7: f32 = v6 * 0.015625;
         let v8: f32 = v4 - v7;
-        let v9: f32 = work[3566592u + v0 * 8u + v1];
+        let v9: f32 = work[2788352u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
         acc0 = acc0 + v11;
@@ -17978,9 +17974,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K154_FUSED_MUL_SUB_SUM = """\
-// k154_fused_mul_sub_sum: mul -> sub -> mul -> sum
-// writes t601: f32[128,8]   reads: t596, t60, t61
+K155_FUSED_MUL_SUB_SUM = """\
+// k155_fused_mul_sub_sum: mul -> sub -> mul -> sum
+// writes t591: f32[128,8]   reads: t586, t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -17997,10 +17993,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[v2];
-        let v4: f32 = work[1966080u + v2];
+        let v3: f32 = work[65536u + v2];
+        let v4: f32 = work[1441792u + v2];
         let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[3565568u + v5];
+        let v6: f32 = work[2787328u + v5];
         let v7: f32 = v6 * 0.015625;
         let v8: f32 = v4 - v7;
         let v9: f32 = v3 * v8;
@@ -18021,9 +18017,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K155_FUSED_MUL_SUB_ADD = """\
-// k155_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t613: f32[128,8,64]   reads: t596, t60, t601, t61, t72
+K156_FUSED_MUL_SUB_ADD = """\
+// k156_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t603: f32[128,8,64]   reads: t586, t591, t60, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -18034,34 +18030,34 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[65536u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[3566592u + v1 * 8u + v2];
+    let v4: f32 = work[2788352u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: u32 = v1 * 8u + v2;
     let v7: f32 = work[131072u + v6];
     let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[3566592u + v6];
+    let v9: f32 = work[2788352u + v6];
     let v10: f32 = v8 * v9;
     let v11: f32 = v10 * v9;
     let v12: f32 = v11 * v9;
     let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[1966080u + i];
-    let v15: f32 = work[3565568u + v6];
+    let v14: f32 = work[1441792u + i];
+    let v15: f32 = work[2787328u + v6];
     let v16: f32 = v15 * 0.015625;
     let v17: f32 = v14 - v16;
     let v18: f32 = v13 * v17;
     let v19: f32 = v5 + v18;
     let v20: f32 = v19 + v18;
-    work[65536u + i] = v20;
+    work[i] = v20;
 }
 """
 
-K156_FUSED_NEG_SUM = """\
-// k156_fused_neg_sum: neg -> sum
-// writes t616: f32[128,8]   reads: t613
+K157_FUSED_NEG_SUM = """\
+// k157_fused_neg_sum: neg -> sum
+// writes t606: f32[128,8]   reads: t603
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -18078,7 +18074,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[65536u + v2];
+        let v3: f32 = work[v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -18097,9 +18093,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K157_FUSED_ADD_MUL = """\
-// k157_fused_add_mul: add -> mul -> add
-// writes t620: f32[128,8,64]   reads: t577, t613, t616
+K158_FUSED_ADD_MUL = """\
+// k158_fused_add_mul: add -> mul -> add
+// writes t610: f32[128,8,64]   reads: t567, t603, t606
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -18110,8 +18106,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[655360u + i];
-    let v1: f32 = work[65536u + i];
+    let v0: f32 = work[524288u + i];
+    let v1: f32 = work[i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -18120,19 +18116,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[131072u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[i] = v9;
+    work[65536u + i] = v9;
 }
 """
 
-K158_MATMUL = """\
-// k158_matmul: matmul
-// writes t622: f32[128,8,64]   reads: params, t620
+K159_MATMUL = """\
+// k159_matmul: matmul
+// writes t612: f32[128,8,64]   reads: params, t610
 // from addition_transformer.py:38
 //
-// k158_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[m * 64 + k]
+// k159_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[13632 + k + n * 64]
-//   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -18151,7 +18147,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -18168,10 +18164,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = (m0 + a_p) * 64u;
-    let a_src1 = (m0 + a_p + 4u) * 64u;
-    let a_src2 = (m0 + a_p + 8u) * 64u;
-    let a_src3 = (m0 + a_p + 12u) * 64u;
+    let a_src0 = 65536u + (m0 + a_p) * 64u;
+    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -18373,14 +18369,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K159_MATMUL = """\
-// k159_matmul: matmul
-// writes t626: f32[64,64]   reads: t56, t620
+K160_MATMUL = """\
+// k160_matmul: matmul
+// writes t616: f32[64,64]   reads: t56, t610
 // from addition_transformer.py:38
 //
-// k159_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1900544 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[k * 64 + n]
+// k160_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1376256 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
+//   B[bi, k, n] = work[65536 + k * 64 + n]
 //   grads[13632 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -18417,12 +18413,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1900544u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
+    let a_src0 = 1376256u + ((m0 + a_p) / 16u) * 128u + (m0 + a_p) % 16u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = n0 + b_p;
+    let b_src0 = 65536u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -18628,14 +18624,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K160_MATMUL = """\
-// k160_matmul: matmul
-// writes t630: f32[128,4,8,8]   reads: t30, t622
+K161_MATMUL = """\
+// k161_matmul: matmul
+// writes t620: f32[128,4,8,8]   reads: t30, t612
 // from addition_transformer.py:37
 //
-// k160_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[65536 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
-//   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
+// k161_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+//   B[bi, k, n] = work[1310720 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[196608 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -18670,11 +18666,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 65536u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
-    let b_src0 = 1835008u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
+    let b_src0 = 1310720u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(n0 + b_p, 7u) * 64u;
     let b_st = b_k * 20u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -18748,14 +18744,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K161_MATMUL = """\
-// k161_matmul: matmul
-// writes t632: f32[128,4,8,16]   reads: t55, t622
+K162_MATMUL = """\
+// k162_matmul: matmul
+// writes t622: f32[128,4,8,16]   reads: t55, t612
 // from addition_transformer.py:37
 //
-// k161_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[3375104 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[65536 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+// k162_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[2686976 + bi * 64 + m + k * 8]
+//   B[bi, k, n] = work[(bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[131072 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -18790,11 +18786,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 3375104u + bi * 64u + min(m0 + a_p, 7u);
+    let a_src0 = 2686976u + bi * 64u + min(m0 + a_p, 7u);
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 65536u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -18868,9 +18864,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K162_FUSED_MUL_DIV_NEG = """\
-// k162_fused_mul_div_neg: mul -> div -> neg -> sum
-// writes t637: f32[128,4,8]   reads: t53, t55, t630
+K163_FUSED_MUL_SUM = """\
+// k163_fused_mul_sum: mul -> sum
+// writes t624: f32[128,4,8,1]   reads: t55, t620
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -18887,21 +18883,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
         let v4: f32 = work[196608u + v3];
-        let v5: f32 = work[3375104u + v3];
+        let v5: f32 = work[2686976u + v3];
         let v6: f32 = v4 * v5;
-        let v7: f32 = work[3551232u + v0 * 32u + v1 * 8u + v2];
-        let v8: f32 = v6 / v7;
-        let v9: f32 = -v8;
-        acc0 = acc0 + v9;
+        acc0 = acc0 + v6;
     }
     let res0 = acc0;
-    work[65536u + o] = res0;
+    work[o] = res0;
 }
 """
 
-K163_FUSED_GREATER_DIV_ADD = """\
-// k163_fused_greater_div_add: greater -> div -> add -> mul -> where -> mul
-// writes t644: f32[128,4,8,8]   reads: t52, t53, t630, t637
+K164_FUSED_GREATER_SUB_MUL = """\
+// k164_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
+// writes t630: f32[128,4,8,8]   reads: t55, t620, t624
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -18919,28 +18912,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: u32 = v3;
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[196608u + i];
-    let v8: f32 = work[3551232u + v0 * 32u + v1 * 8u + v2];
-    let v9: f32 = v7 / v8;
-    let v10: f32 = work[65536u + v0 * 32u + v1 * 8u + v2];
-    let v11: f32 = v9 + v10;
-    let v12: f32 = work[3342336u + i];
-    let v13: f32 = v11 * v12;
-    let v14: f32 = select(v13, 0.0, v6 != 0.0);
-    let v15: f32 = v14 * 0.25;
-    work[262144u + i] = v15;
+    let v7: f32 = work[2686976u + i];
+    let v8: f32 = work[196608u + i];
+    let v9: f32 = work[v0 * 32u + v1 * 8u + v2];
+    let v10: f32 = v8 - v9;
+    let v11: f32 = v7 * v10;
+    let v12: f32 = select(v11, 0.0, v6 != 0.0);
+    let v13: f32 = v12 * 0.25;
+    work[262144u + i] = v13;
 }
 """
 
-K164_MATMUL = """\
-// k164_matmul: matmul
-// writes t646: f32[128,4,8,16]   reads: t27, t644
+K165_MATMUL = """\
+// k165_matmul: matmul
+// writes t632: f32[128,4,8,16]   reads: t27, t630
 // from addition_transformer.py:36
 //
-// k164_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k165_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[262144 + bi * 64 + m * 8 + k]
-//   B[bi, k, n] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[1245184 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -18957,7 +18948,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 65536u + (bi * 8u + row) * 16u + col;
+        let i = (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -18978,7 +18969,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 1769472u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 1245184u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -19052,13 +19043,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K165_MATMUL = """\
-// k165_matmul: matmul
-// writes t648: f32[128,4,16,8]   reads: t24, t644
+K166_MATMUL = """\
+// k166_matmul: matmul
+// writes t634: f32[128,4,16,8]   reads: t24, t630
 // from addition_transformer.py:36
 //
-// k165_matmul: batched matmul, 512 x [16x8] @ [8x8]
-//   A[bi, m, k] = work[1703936 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
+// k166_matmul: batched matmul, 512 x [16x8] @ [8x8]
+//   A[bi, m, k] = work[1179648 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
 //   B[bi, k, n] = work[262144 + bi * 64 + k * 8 + n]
 //   work[196608 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
@@ -19094,7 +19085,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1703936u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
+    let a_src0 = 1179648u + (bi / 4u) * 512u + (bi % 4u) * 16u + m0 + a_p;
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -19172,12 +19163,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K166_MATMUL = """\
-// k166_matmul: matmul
-// writes t653: f32[128,8,64]   reads: params, t632
+K167_MATMUL = """\
+// k167_matmul: matmul
+// writes t639: f32[128,8,64]   reads: params, t622
 // from addition_transformer.py:35
 //
-// k166_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k167_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[131072 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[9536 + k + n * 64]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -19421,13 +19412,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K167_MATMUL = """\
-// k167_matmul: matmul
-// writes t657: f32[64,64]   reads: t23, t632
+K168_MATMUL = """\
+// k168_matmul: matmul
+// writes t643: f32[64,64]   reads: t23, t622
 // from addition_transformer.py:35
 //
-// k167_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1638400 + m + k * 64]
+// k168_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1114112 + m + k * 64]
 //   B[bi, k, n] = work[131072 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[9536 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -19465,7 +19456,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1638400u + m0 + a_p;
+    let a_src0 = 1114112u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -19676,12 +19667,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K168_MATMUL = """\
-// k168_matmul: matmul
-// writes t661: f32[128,8,64]   reads: params, t648
+K169_MATMUL = """\
+// k169_matmul: matmul
+// writes t647: f32[128,8,64]   reads: params, t634
 // from addition_transformer.py:35
 //
-// k168_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k169_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[196608 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[5440 + k + n * 64]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -19922,13 +19913,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K169_MATMUL = """\
-// k169_matmul: matmul
-// writes t665: f32[64,64]   reads: t23, t648
+K170_MATMUL = """\
+// k170_matmul: matmul
+// writes t651: f32[64,64]   reads: t23, t634
 // from addition_transformer.py:35
 //
-// k169_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1638400 + m + k * 64]
+// k170_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1114112 + m + k * 64]
 //   B[bi, k, n] = work[196608 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[5440 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -19966,7 +19957,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1638400u + m0 + a_p;
+    let a_src0 = 1114112u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -20180,14 +20171,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K170_MATMUL = """\
-// k170_matmul: matmul
-// writes t674: f32[64,64]   reads: t23, t646
+K171_MATMUL = """\
+// k171_matmul: matmul
+// writes t660: f32[64,64]   reads: t23, t632
 // from addition_transformer.py:35
 //
-// k170_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
-//   A[bi, m, k] = work[1638400 + m + k * 64]
-//   B[bi, k, n] = work[65536 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+// k171_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+//   A[bi, m, k] = work[1114112 + m + k * 64]
+//   B[bi, k, n] = work[(k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[1344 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -20224,12 +20215,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1638400u + m0 + a_p;
+    let a_src0 = 1114112u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 65536u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -20435,13 +20426,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K171_MATMUL_ADD = """\
-// k171_matmul_add: add -> matmul -> add
-// writes t675: f32[128,8,64]   reads: params, t646, t653, t661
+K172_MATMUL_ADD = """\
+// k172_matmul_add: add -> matmul -> add
+// writes t661: f32[128,8,64]   reads: params, t632, t639, t647
 // from addition_transformer.py:35
 //
-// k171_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k172_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[1344 + k + n * 64]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -20479,10 +20470,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 65536u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 65536u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 65536u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 65536u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -20684,9 +20675,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K172_SUM = """\
-// k172_sum: sum
-// writes t676: f32[64]   reads: t675
+K173_SUM = """\
+// k173_sum: sum
+// writes t662: f32[64]   reads: t661
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -20722,9 +20713,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K173_FUSED_MUL_SUB_SUM = """\
-// k173_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t679: f32[64]   reads: t17, t3, t4, t675
+K174_FUSED_MUL_SUB_SUM = """\
+// k174_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t665: f32[64]   reads: t17, t3, t4, t661
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -20743,12 +20734,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
         let v3: f32 = work[196608u + v2];
-        let v4: f32 = work[1572864u + v2];
+        let v4: f32 = work[1048576u + v2];
         let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[3563520u + v5];
+        let v6: f32 = work[2785280u + v5];
         let v7: f32 = v6 * 0.015625;
         let v8: f32 = v4 - v7;
-        let v9: f32 = work[3564544u + v0 * 8u + v1];
+        let v9: f32 = work[2786304u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
         acc0 = acc0 + v11;
@@ -20768,9 +20759,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K174_FUSED_MUL_SUB_SUM = """\
-// k174_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t682: f32[128,8]   reads: params, t3, t4, t675
+K175_FUSED_MUL_SUB_SUM = """\
+// k175_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t668: f32[128,8]   reads: params, t3, t4, t661
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -20791,9 +20782,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v3: f32 = work[196608u + v2];
         let v4: f32 = params[148800u + r];
         let v5: f32 = v3 * v4;
-        let v6: f32 = work[1572864u + v2];
+        let v6: f32 = work[1048576u + v2];
         let v7: u32 = v0 * 8u + v1;
-        let v8: f32 = work[3563520u + v7];
+        let v8: f32 = work[2785280u + v7];
         let v9: f32 = v8 * 0.015625;
         let v10: f32 = v6 - v9;
         let v11: f32 = v5 * v10;
@@ -20814,9 +20805,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K175_FUSED_MUL_SUB_ADD = """\
-// k175_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t694: f32[128,8,64]   reads: params, t17, t3, t4, t675, t682
+K176_FUSED_MUL_SUB_ADD = """\
+// k176_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t680: f32[128,8,64]   reads: params, t17, t3, t4, t661, t668
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -20834,30 +20825,30 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: u32 = i % 64u;
     let v4: f32 = params[148800u + v3];
     let v5: f32 = v0 * v4;
-    let v6: f32 = work[3564544u + v1 * 8u + v2];
+    let v6: f32 = work[2786304u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
     let v9: f32 = work[131072u + v8];
     let v10: f32 = v9 * -0.5;
-    let v11: f32 = work[3564544u + v8];
+    let v11: f32 = work[2786304u + v8];
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
     let v15: f32 = v14 * 0.015625;
-    let v16: f32 = work[1572864u + i];
-    let v17: f32 = work[3563520u + v8];
+    let v16: f32 = work[1048576u + i];
+    let v17: f32 = work[2785280u + v8];
     let v18: f32 = v17 * 0.015625;
     let v19: f32 = v16 - v18;
     let v20: f32 = v15 * v19;
     let v21: f32 = v7 + v20;
     let v22: f32 = v21 + v20;
-    work[65536u + i] = v22;
+    work[i] = v22;
 }
 """
 
-K176_FUSED_NEG_SUM = """\
-// k176_fused_neg_sum: neg -> sum
-// writes t697: f32[128,8]   reads: t694
+K177_FUSED_NEG_SUM = """\
+// k177_fused_neg_sum: neg -> sum
+// writes t683: f32[128,8]   reads: t680
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -20874,7 +20865,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[65536u + v2];
+        let v3: f32 = work[v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -20893,9 +20884,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K177_FUSED_ADD_MUL = """\
-// k177_fused_add_mul: add -> mul -> add
-// writes t701: f32[128,8,64]   reads: t620, t694, t697
+K178_FUSED_ADD_MUL = """\
+// k178_fused_add_mul: add -> mul -> add
+// writes t687: f32[128,8,64]   reads: t610, t680, t683
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -20906,8 +20897,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[i];
-    let v1: f32 = work[65536u + i];
+    let v0: f32 = work[65536u + i];
+    let v1: f32 = work[i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -20920,9 +20911,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K178_SUM = """\
-// k178_sum: sum
-// writes t702: f32[8,64]   reads: t701
+K179_SUM = """\
+// k179_sum: sum
+// writes t688: f32[8,64]   reads: t687
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -20957,9 +20948,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K179_PAD = """\
-// k179_pad: pad
-// writes t703: f32[9,64]   reads: t702
+K180_PAD = """\
+// k180_pad: pad
+// writes t689: f32[9,64]   reads: t688
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
@@ -20980,9 +20971,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K180_ONE_HOT = """\
-// k180_one_hot: one_hot
-// writes t704: f32[128,8,12]   reads: tokens
+K181_ONE_HOT = """\
+// k181_one_hot: one_hot
+// writes t690: f32[128,8,12]   reads: tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -21004,12 +20995,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K181_MATMUL_ADD = """\
-// k181_matmul_add: matmul -> add
-// writes t709: f32[12,64]   reads: t301, t701, t704
+K182_MATMUL_ADD = """\
+// k182_matmul_add: matmul -> add
+// writes t695: f32[12,64]   reads: t299, t687, t690
 // from addition_transformer.py:52
 //
-// k181_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
+// k182_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
 //   A[bi, m, k] = work[m + k * 12]
 //   B[bi, k, n] = work[131072 + k * 64 + n]
 //   grads[576 + (bi * 12 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -21027,7 +21018,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[3574784u + ((row * 64u + col) / 64u) + (((row * 64u + col) % 64u)) * 12u]) + acc);
+    return ((work[2795520u + ((row * 64u + col) / 64u) + (((row * 64u + col) % 64u)) * 12u]) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -21261,9 +21252,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K182_FUSED_SQUARE_SUM = """\
-// k182_fused_square_sum: square -> sum
-// writes t753: f32[]   reads: t730
+K183_FUSED_SQUARE_SUM = """\
+// k183_fused_square_sum: square -> sum
+// writes t739: f32[]   reads: t716
 // from optimizer
 @group(0) @binding(0) var<storage, read> grads: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -21298,9 +21289,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K183_FUSED_SQRT_ADD_DIV = """\
-// k183_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul -> mul -> mul -> add -> mul -> mul -> mul -> add -> mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
-// writes t760, t767, t775, t792: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, adam.m, adam.v, params, t730, t753
+K184_FUSED_SQRT_ADD_DIV = """\
+// k184_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul -> mul -> mul -> add -> mul -> mul -> mul -> add -> mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
+// writes t746, t753, t761, t778: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, adam.m, adam.v, params, t716, t739
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
 @group(0) @binding(1) var<storage, read> grads: array<f32>;
@@ -21351,8 +21342,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K184_FUSED_GATHER_ADD = """\
-// k184_fused_gather_add: gather -> add
+K185_FUSED_GATHER_ADD = """\
+// k185_fused_gather_add: gather -> add
 // writes t3: f32[1,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -21379,8 +21370,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K185_SUM = """\
-// k185_sum: sum
+K186_SUM = """\
+// k186_sum: sum
 // writes t4: f32[1,8,1]   reads: t3
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -21414,8 +21405,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K186_FUSED_MUL_SUB_SUM = """\
-// k186_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K187_FUSED_MUL_SUB_SUM = """\
+// k187_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t11: f32[1,8,1]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -21454,8 +21445,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K187_FUSED_MUL_SUB_ADD = """\
-// k187_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K188_FUSED_MUL_SUB_ADD = """\
+// k188_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t23: f32[1,8,64]   reads: params, t11, t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -21488,12 +21479,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K188_MATMUL = """\
-// k188_matmul: matmul
+K189_MATMUL = """\
+// k189_matmul: matmul
 // writes t24: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k188_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k189_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -21736,12 +21727,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K189_MATMUL = """\
-// k189_matmul: matmul
+K190_MATMUL = """\
+// k190_matmul: matmul
 // writes t27: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k189_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k190_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -21984,12 +21975,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K190_MATMUL = """\
-// k190_matmul: matmul
+K191_MATMUL = """\
+// k191_matmul: matmul
 // writes t30: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k190_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k191_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22232,12 +22223,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K191_MATMUL = """\
-// k191_matmul: matmul
+K192_MATMUL = """\
+// k192_matmul: matmul
 // writes t34: f32[1,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k191_matmul: batched matmul, 4 x [8x16] @ [16x8]
+// k192_matmul: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[1024 + bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22352,8 +22343,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K192_FUSED_MUL_GREATER_WHERE = """\
-// k192_fused_mul_greater_where: mul -> greater -> where -> max
+K193_FUSED_MUL_GREATER_WHERE = """\
+// k193_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t48: f32[1,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22382,8 +22373,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K193_FUSED_MUL_GREATER_WHERE = """\
-// k193_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K194_FUSED_MUL_GREATER_WHERE = """\
+// k194_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[1,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22412,8 +22403,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K194_SUM = """\
-// k194_sum: sum
+K195_SUM = """\
+// k195_sum: sum
 // writes t53: f32[1,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22437,8 +22428,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K195_DIV = """\
-// k195_div: div
+K196_DIV = """\
+// k196_div: div
 // writes t55: f32[1,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22460,12 +22451,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K196_MATMUL = """\
-// k196_matmul: matmul
+K197_MATMUL = """\
+// k197_matmul: matmul
 // writes t56: f32[1,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k196_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k197_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[1024 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[2048 + bi * 16 + k * 64 + n]
 //   work[512 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22580,12 +22571,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K197_MATMUL_ADD = """\
-// k197_matmul_add: matmul -> add
+K198_MATMUL_ADD = """\
+// k198_matmul_add: matmul -> add
 // writes t60: f32[1,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k197_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k198_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22828,8 +22819,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K198_SUM = """\
-// k198_sum: sum
+K199_SUM = """\
+// k199_sum: sum
 // writes t61: f32[1,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22863,8 +22854,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K199_FUSED_MUL_SUB_SUM = """\
-// k199_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K200_FUSED_MUL_SUB_SUM = """\
+// k200_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t67: f32[1,8,1]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22903,8 +22894,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K200_FUSED_MUL_SUB_ADD = """\
-// k200_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K201_FUSED_MUL_SUB_ADD = """\
+// k201_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t78: f32[1,8,64]   reads: params, t60, t61, t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -22937,12 +22928,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K201_MATMUL_ADD_RELU = """\
-// k201_matmul_add_relu: matmul -> add -> relu
+K202_MATMUL_ADD_RELU = """\
+// k202_matmul_add_relu: matmul -> add -> relu
 // writes t82: f32[1,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k201_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k202_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2560 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23185,12 +23176,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K202_MATMUL = """\
-// k202_matmul: matmul
+K203_MATMUL = """\
+// k203_matmul: matmul
 // writes t83: f32[1,8,64]   reads: params, t82
 // from addition_transformer.py:39
 //
-// k202_matmul: batched matmul, 1 x [8x256] @ [256x64]
+// k203_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23445,8 +23436,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K203_FUSED_ADD_SUM = """\
-// k203_fused_add_sum: add -> add -> sum
+K204_FUSED_ADD_SUM = """\
+// k204_fused_add_sum: add -> add -> sum
 // writes t87: f32[1,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -23485,8 +23476,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K204_FUSED_ADD_MUL_SUB = """\
-// k204_fused_add_mul_sub: add -> add -> mul -> sub
+K205_FUSED_ADD_MUL_SUB = """\
+// k205_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t91: f32[1,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -23514,8 +23505,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K205_FUSED_MUL_SUM = """\
-// k205_fused_mul_sum: mul -> sum
+K206_FUSED_MUL_SUM = """\
+// k206_fused_mul_sum: mul -> sum
 // writes t93: f32[1,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -23550,8 +23541,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K206_FUSED_MUL_ADD_RSQRT = """\
-// k206_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K207_FUSED_MUL_ADD_RSQRT = """\
+// k207_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[1,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -23581,12 +23572,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K207_MATMUL = """\
-// k207_matmul: matmul
+K208_MATMUL = """\
+// k208_matmul: matmul
 // writes t105: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k207_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k208_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23829,12 +23820,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K208_MATMUL = """\
-// k208_matmul: matmul
+K209_MATMUL = """\
+// k209_matmul: matmul
 // writes t108: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k208_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k209_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24077,12 +24068,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K209_MATMUL = """\
-// k209_matmul: matmul
+K210_MATMUL = """\
+// k210_matmul: matmul
 // writes t111: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k209_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k210_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24325,12 +24316,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K210_MATMUL = """\
-// k210_matmul: matmul
+K211_MATMUL = """\
+// k211_matmul: matmul
 // writes t115: f32[1,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k210_matmul: batched matmul, 4 x [8x16] @ [16x8]
+// k211_matmul: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24445,8 +24436,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K211_FUSED_MUL_GREATER_WHERE = """\
-// k211_fused_mul_greater_where: mul -> greater -> where -> max
+K212_FUSED_MUL_GREATER_WHERE = """\
+// k212_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t126: f32[1,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24475,8 +24466,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K212_FUSED_MUL_GREATER_WHERE = """\
-// k212_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K213_FUSED_MUL_GREATER_WHERE = """\
+// k213_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[1,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24505,8 +24496,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K213_SUM = """\
-// k213_sum: sum
+K214_SUM = """\
+// k214_sum: sum
 // writes t131: f32[1,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24530,8 +24521,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K214_DIV = """\
-// k214_div: div
+K215_DIV = """\
+// k215_div: div
 // writes t133: f32[1,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24553,12 +24544,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K215_MATMUL = """\
-// k215_matmul: matmul
+K216_MATMUL = """\
+// k216_matmul: matmul
 // writes t134: f32[1,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k215_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k216_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24673,12 +24664,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K216_MATMUL_ADD = """\
-// k216_matmul_add: add -> add -> matmul -> add
+K217_MATMUL_ADD = """\
+// k217_matmul_add: add -> add -> matmul -> add
 // writes t138: f32[1,8,64]   reads: params, t134, t60, t83
 // from addition_transformer.py:38
 //
-// k216_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k217_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[3072 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24921,8 +24912,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K217_SUM = """\
-// k217_sum: sum
+K218_SUM = """\
+// k218_sum: sum
 // writes t139: f32[1,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24956,8 +24947,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K218_FUSED_MUL_SUB_SUM = """\
-// k218_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K219_FUSED_MUL_SUB_SUM = """\
+// k219_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t145: f32[1,8,1]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24996,8 +24987,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K219_FUSED_MUL_SUB_ADD = """\
-// k219_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K220_FUSED_MUL_SUB_ADD = """\
+// k220_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t156: f32[1,8,64]   reads: params, t138, t139, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -25030,12 +25021,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K220_MATMUL_ADD_RELU = """\
-// k220_matmul_add_relu: matmul -> add -> relu
+K221_MATMUL_ADD_RELU = """\
+// k221_matmul_add_relu: matmul -> add -> relu
 // writes t160: f32[1,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k220_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k221_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2048 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25278,12 +25269,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K221_MATMUL = """\
-// k221_matmul: matmul
+K222_MATMUL = """\
+// k222_matmul: matmul
 // writes t161: f32[1,8,64]   reads: params, t160
 // from addition_transformer.py:39
 //
-// k221_matmul: batched matmul, 1 x [8x256] @ [256x64]
+// k222_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25538,8 +25529,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K222_FUSED_ADD_SUM = """\
-// k222_fused_add_sum: add -> add -> sum
+K223_FUSED_ADD_SUM = """\
+// k223_fused_add_sum: add -> add -> sum
 // writes t165: f32[1,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -25578,8 +25569,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K223_FUSED_ADD_MUL_SUB = """\
-// k223_fused_add_mul_sub: add -> add -> mul -> sub
+K224_FUSED_ADD_MUL_SUB = """\
+// k224_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t169: f32[1,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -25607,8 +25598,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K224_FUSED_MUL_SUM = """\
-// k224_fused_mul_sum: mul -> sum
+K225_FUSED_MUL_SUM = """\
+// k225_fused_mul_sum: mul -> sum
 // writes t171: f32[1,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -25643,8 +25634,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K225_FUSED_MUL_ADD_RSQRT = """\
-// k225_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K226_FUSED_MUL_ADD_RSQRT = """\
+// k226_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[1,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -25674,12 +25665,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K226_MATMUL = """\
-// k226_matmul: matmul
+K227_MATMUL = """\
+// k227_matmul: matmul
 // writes t183: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k226_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k227_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25922,12 +25913,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K227_MATMUL = """\
-// k227_matmul: matmul
+K228_MATMUL = """\
+// k228_matmul: matmul
 // writes t186: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k227_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k228_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26170,12 +26161,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K228_MATMUL = """\
-// k228_matmul: matmul
+K229_MATMUL = """\
+// k229_matmul: matmul
 // writes t189: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k228_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k229_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26418,12 +26409,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K229_MATMUL = """\
-// k229_matmul: matmul
+K230_MATMUL = """\
+// k230_matmul: matmul
 // writes t193: f32[1,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k229_matmul: batched matmul, 4 x [8x16] @ [16x8]
+// k230_matmul: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26538,8 +26529,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K230_FUSED_MUL_GREATER_WHERE = """\
-// k230_fused_mul_greater_where: mul -> greater -> where -> max
+K231_FUSED_MUL_GREATER_WHERE = """\
+// k231_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t204: f32[1,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26568,8 +26559,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K231_FUSED_MUL_GREATER_WHERE = """\
-// k231_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K232_FUSED_MUL_GREATER_WHERE = """\
+// k232_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[1,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26598,8 +26589,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K232_SUM = """\
-// k232_sum: sum
+K233_SUM = """\
+// k233_sum: sum
 // writes t209: f32[1,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26623,8 +26614,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K233_DIV = """\
-// k233_div: div
+K234_DIV = """\
+// k234_div: div
 // writes t211: f32[1,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26646,12 +26637,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K234_MATMUL = """\
-// k234_matmul: matmul
+K235_MATMUL = """\
+// k235_matmul: matmul
 // writes t212: f32[1,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k234_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k235_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26766,12 +26757,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K235_MATMUL_ADD = """\
-// k235_matmul_add: add -> add -> matmul -> add
+K236_MATMUL_ADD = """\
+// k236_matmul_add: add -> add -> matmul -> add
 // writes t216: f32[1,8,64]   reads: params, t138, t161, t212
 // from addition_transformer.py:38
 //
-// k235_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k236_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27014,8 +27005,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K236_SUM = """\
-// k236_sum: sum
+K237_SUM = """\
+// k237_sum: sum
 // writes t217: f32[1,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27049,8 +27040,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K237_FUSED_MUL_SUB_SUM = """\
-// k237_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K238_FUSED_MUL_SUB_SUM = """\
+// k238_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t223: f32[1,8,1]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27089,8 +27080,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K238_FUSED_MUL_SUB_ADD = """\
-// k238_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K239_FUSED_MUL_SUB_ADD = """\
+// k239_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t234: f32[1,8,64]   reads: params, t216, t217, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -27123,12 +27114,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K239_MATMUL_ADD_RELU = """\
-// k239_matmul_add_relu: matmul -> add -> relu
+K240_MATMUL_ADD_RELU = """\
+// k240_matmul_add_relu: matmul -> add -> relu
 // writes t238: f32[1,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k239_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k240_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2048 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27371,12 +27362,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K240_MATMUL = """\
-// k240_matmul: matmul
+K241_MATMUL = """\
+// k241_matmul: matmul
 // writes t239: f32[1,8,64]   reads: params, t238
 // from addition_transformer.py:39
 //
-// k240_matmul: batched matmul, 1 x [8x256] @ [256x64]
+// k241_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27631,8 +27622,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K241_FUSED_ADD_SUM = """\
-// k241_fused_add_sum: add -> add -> sum
+K242_FUSED_ADD_SUM = """\
+// k242_fused_add_sum: add -> add -> sum
 // writes t243: f32[1,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -27671,8 +27662,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K242_FUSED_ADD_MUL_SUB = """\
-// k242_fused_add_mul_sub: add -> add -> mul -> sub
+K243_FUSED_ADD_MUL_SUB = """\
+// k243_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t247: f32[1,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -27700,8 +27691,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K243_FUSED_MUL_SUM = """\
-// k243_fused_mul_sum: mul -> sum
+K244_FUSED_MUL_SUM = """\
+// k244_fused_mul_sum: mul -> sum
 // writes t249: f32[1,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27736,8 +27727,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K244_FUSED_MUL_ADD_RSQRT = """\
-// k244_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K245_FUSED_MUL_ADD_RSQRT = """\
+// k245_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[1,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -27767,12 +27758,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K245_MATMUL = """\
-// k245_matmul: matmul
+K246_MATMUL = """\
+// k246_matmul: matmul
 // writes t262: f32[1,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k245_matmul: batched matmul, 1 x [8x64] @ [64x12]
+// k246_matmul: batched matmul, 1 x [8x64] @ [64x12]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 8 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28018,8 +28009,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K246_FUSED_GATHER_ADD = """\
-// k246_fused_gather_add: gather -> add
+K247_FUSED_GATHER_ADD = """\
+// k247_fused_gather_add: gather -> add
 // writes t3: f32[128,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28047,8 +28038,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K247_SUM = """\
-// k247_sum: sum
+K248_SUM = """\
+// k248_sum: sum
 // writes t4: f32[128,8,1]   reads: t3
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28084,8 +28075,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K248_FUSED_MUL_SUB_SUM = """\
-// k248_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K249_FUSED_MUL_SUB_SUM = """\
+// k249_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t11: f32[128,8,1]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28126,8 +28117,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K249_FUSED_MUL_SUB_ADD = """\
-// k249_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K250_FUSED_MUL_SUB_ADD = """\
+// k250_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t23: f32[128,8,64]   reads: params, t11, t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28161,12 +28152,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K250_MATMUL = """\
-// k250_matmul: matmul
+K251_MATMUL = """\
+// k251_matmul: matmul
 // writes t24: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k250_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k251_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28407,12 +28398,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K251_MATMUL = """\
-// k251_matmul: matmul
+K252_MATMUL = """\
+// k252_matmul: matmul
 // writes t27: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k251_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k252_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28653,12 +28644,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K252_MATMUL = """\
-// k252_matmul: matmul
+K253_MATMUL = """\
+// k253_matmul: matmul
 // writes t30: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k252_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k253_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28899,12 +28890,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K253_MATMUL = """\
-// k253_matmul: matmul
+K254_MATMUL = """\
+// k254_matmul: matmul
 // writes t34: f32[128,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k253_matmul: batched matmul, 512 x [8x16] @ [16x8]
+// k254_matmul: batched matmul, 512 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29019,8 +29010,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K254_FUSED_MUL_GREATER_WHERE = """\
-// k254_fused_mul_greater_where: mul -> greater -> where -> max
+K255_FUSED_MUL_GREATER_WHERE = """\
+// k255_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29050,8 +29041,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K255_FUSED_MUL_GREATER_WHERE = """\
-// k255_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K256_FUSED_MUL_GREATER_WHERE = """\
+// k256_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[128,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29081,8 +29072,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K256_SUM = """\
-// k256_sum: sum
+K257_SUM = """\
+// k257_sum: sum
 // writes t53: f32[128,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29107,8 +29098,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K257_DIV = """\
-// k257_div: div
+K258_DIV = """\
+// k258_div: div
 // writes t55: f32[128,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29131,12 +29122,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K258_MATMUL = """\
-// k258_matmul: matmul
+K259_MATMUL = """\
+// k259_matmul: matmul
 // writes t56: f32[128,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k258_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k259_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[262144 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29251,12 +29242,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K259_MATMUL_ADD = """\
-// k259_matmul_add: matmul -> add
+K260_MATMUL_ADD = """\
+// k260_matmul_add: matmul -> add
 // writes t60: f32[128,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k259_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k260_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29497,8 +29488,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K260_SUM = """\
-// k260_sum: sum
+K261_SUM = """\
+// k261_sum: sum
 // writes t61: f32[128,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29534,8 +29525,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K261_FUSED_MUL_SUB_SUM = """\
-// k261_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K262_FUSED_MUL_SUB_SUM = """\
+// k262_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t67: f32[128,8,1]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29576,8 +29567,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K262_FUSED_MUL_SUB_ADD = """\
-// k262_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K263_FUSED_MUL_SUB_ADD = """\
+// k263_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t78: f32[128,8,64]   reads: params, t60, t61, t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -29611,12 +29602,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K263_MATMUL_ADD_RELU = """\
-// k263_matmul_add_relu: matmul -> add -> relu
+K264_MATMUL_ADD_RELU = """\
+// k264_matmul_add_relu: matmul -> add -> relu
 // writes t82: f32[128,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k263_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k264_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[327680 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30013,12 +30004,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K264_MATMUL = """\
-// k264_matmul: matmul
+K265_MATMUL = """\
+// k265_matmul: matmul
 // writes t83: f32[128,8,64]   reads: params, t82
 // from addition_transformer.py:39
 //
-// k264_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k265_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30271,8 +30262,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K265_FUSED_ADD_SUM = """\
-// k265_fused_add_sum: add -> add -> sum
+K266_FUSED_ADD_SUM = """\
+// k266_fused_add_sum: add -> add -> sum
 // writes t87: f32[128,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30313,8 +30304,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K266_FUSED_ADD_MUL_SUB = """\
-// k266_fused_add_mul_sub: add -> add -> mul -> sub
+K267_FUSED_ADD_MUL_SUB = """\
+// k267_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t91: f32[128,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30343,8 +30334,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K267_FUSED_MUL_SUM = """\
-// k267_fused_mul_sum: mul -> sum
+K268_FUSED_MUL_SUM = """\
+// k268_fused_mul_sum: mul -> sum
 // writes t93: f32[128,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30381,8 +30372,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K268_FUSED_MUL_ADD_RSQRT = """\
-// k268_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K269_FUSED_MUL_ADD_RSQRT = """\
+// k269_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[128,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30413,12 +30404,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K269_MATMUL = """\
-// k269_matmul: matmul
+K270_MATMUL = """\
+// k270_matmul: matmul
 // writes t105: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k269_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k270_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30659,12 +30650,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K270_MATMUL = """\
-// k270_matmul: matmul
+K271_MATMUL = """\
+// k271_matmul: matmul
 // writes t108: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k270_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k271_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30905,12 +30896,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K271_MATMUL = """\
-// k271_matmul: matmul
+K272_MATMUL = """\
+// k272_matmul: matmul
 // writes t111: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k271_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k272_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31151,12 +31142,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K272_MATMUL = """\
-// k272_matmul: matmul
+K273_MATMUL = """\
+// k273_matmul: matmul
 // writes t115: f32[128,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k272_matmul: batched matmul, 512 x [8x16] @ [16x8]
+// k273_matmul: batched matmul, 512 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31271,8 +31262,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K273_FUSED_MUL_GREATER_WHERE = """\
-// k273_fused_mul_greater_where: mul -> greater -> where -> max
+K274_FUSED_MUL_GREATER_WHERE = """\
+// k274_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31302,8 +31293,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K274_FUSED_MUL_GREATER_WHERE = """\
-// k274_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K275_FUSED_MUL_GREATER_WHERE = """\
+// k275_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[128,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31333,8 +31324,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K275_SUM = """\
-// k275_sum: sum
+K276_SUM = """\
+// k276_sum: sum
 // writes t131: f32[128,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31359,8 +31350,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K276_DIV = """\
-// k276_div: div
+K277_DIV = """\
+// k277_div: div
 // writes t133: f32[128,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31383,12 +31374,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K277_MATMUL = """\
-// k277_matmul: matmul
+K278_MATMUL = """\
+// k278_matmul: matmul
 // writes t134: f32[128,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k277_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k278_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[65536 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31503,12 +31494,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K278_MATMUL_ADD = """\
-// k278_matmul_add: add -> add -> matmul -> add
+K279_MATMUL_ADD = """\
+// k279_matmul_add: add -> add -> matmul -> add
 // writes t138: f32[128,8,64]   reads: params, t134, t60, t83
 // from addition_transformer.py:38
 //
-// k278_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k279_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[393216 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31749,8 +31740,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K279_SUM = """\
-// k279_sum: sum
+K280_SUM = """\
+// k280_sum: sum
 // writes t139: f32[128,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31786,8 +31777,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K280_FUSED_MUL_SUB_SUM = """\
-// k280_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K281_FUSED_MUL_SUB_SUM = """\
+// k281_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t145: f32[128,8,1]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31828,8 +31819,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K281_FUSED_MUL_SUB_ADD = """\
-// k281_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K282_FUSED_MUL_SUB_ADD = """\
+// k282_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t156: f32[128,8,64]   reads: params, t138, t139, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -31863,12 +31854,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K282_MATMUL_ADD_RELU = """\
-// k282_matmul_add_relu: matmul -> add -> relu
+K283_MATMUL_ADD_RELU = """\
+// k283_matmul_add_relu: matmul -> add -> relu
 // writes t160: f32[128,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k282_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k283_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[262144 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -32265,12 +32256,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K283_MATMUL = """\
-// k283_matmul: matmul
+K284_MATMUL = """\
+// k284_matmul: matmul
 // writes t161: f32[128,8,64]   reads: params, t160
 // from addition_transformer.py:39
 //
-// k283_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k284_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -32523,8 +32514,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K284_FUSED_ADD_SUM = """\
-// k284_fused_add_sum: add -> add -> sum
+K285_FUSED_ADD_SUM = """\
+// k285_fused_add_sum: add -> add -> sum
 // writes t165: f32[128,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -32565,8 +32556,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K285_FUSED_ADD_MUL_SUB = """\
-// k285_fused_add_mul_sub: add -> add -> mul -> sub
+K286_FUSED_ADD_MUL_SUB = """\
+// k286_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t169: f32[128,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -32595,8 +32586,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K286_FUSED_MUL_SUM = """\
-// k286_fused_mul_sum: mul -> sum
+K287_FUSED_MUL_SUM = """\
+// k287_fused_mul_sum: mul -> sum
 // writes t171: f32[128,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -32633,8 +32624,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K287_FUSED_MUL_ADD_RSQRT = """\
-// k287_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K288_FUSED_MUL_ADD_RSQRT = """\
+// k288_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[128,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -32665,12 +32656,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K288_MATMUL = """\
-// k288_matmul: matmul
+K289_MATMUL = """\
+// k289_matmul: matmul
 // writes t183: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k288_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k289_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -32911,12 +32902,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K289_MATMUL = """\
-// k289_matmul: matmul
+K290_MATMUL = """\
+// k290_matmul: matmul
 // writes t186: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k289_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k290_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33157,12 +33148,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K290_MATMUL = """\
-// k290_matmul: matmul
+K291_MATMUL = """\
+// k291_matmul: matmul
 // writes t189: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k290_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k291_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33403,12 +33394,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K291_MATMUL = """\
-// k291_matmul: matmul
+K292_MATMUL = """\
+// k292_matmul: matmul
 // writes t193: f32[128,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k291_matmul: batched matmul, 512 x [8x16] @ [16x8]
+// k292_matmul: batched matmul, 512 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33523,8 +33514,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K292_FUSED_MUL_GREATER_WHERE = """\
-// k292_fused_mul_greater_where: mul -> greater -> where -> max
+K293_FUSED_MUL_GREATER_WHERE = """\
+// k293_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33554,8 +33545,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K293_FUSED_MUL_GREATER_WHERE = """\
-// k293_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K294_FUSED_MUL_GREATER_WHERE = """\
+// k294_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[128,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33585,8 +33576,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K294_SUM = """\
-// k294_sum: sum
+K295_SUM = """\
+// k295_sum: sum
 // writes t209: f32[128,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33611,8 +33602,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K295_DIV = """\
-// k295_div: div
+K296_DIV = """\
+// k296_div: div
 // writes t211: f32[128,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33635,12 +33626,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K296_MATMUL = """\
-// k296_matmul: matmul
+K297_MATMUL = """\
+// k297_matmul: matmul
 // writes t212: f32[128,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k296_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k297_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[65536 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33755,12 +33746,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K297_MATMUL_ADD = """\
-// k297_matmul_add: add -> add -> matmul -> add
+K298_MATMUL_ADD = """\
+// k298_matmul_add: add -> add -> matmul -> add
 // writes t216: f32[128,8,64]   reads: params, t138, t161, t212
 // from addition_transformer.py:38
 //
-// k297_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k298_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -34001,8 +33992,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K298_SUM = """\
-// k298_sum: sum
+K299_SUM = """\
+// k299_sum: sum
 // writes t217: f32[128,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34038,8 +34029,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K299_FUSED_MUL_SUB_SUM = """\
-// k299_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K300_FUSED_MUL_SUB_SUM = """\
+// k300_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t223: f32[128,8,1]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34080,8 +34071,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K300_FUSED_MUL_SUB_ADD = """\
-// k300_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K301_FUSED_MUL_SUB_ADD = """\
+// k301_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t234: f32[128,8,64]   reads: params, t216, t217, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34115,12 +34106,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K301_MATMUL_ADD_RELU = """\
-// k301_matmul_add_relu: matmul -> add -> relu
+K302_MATMUL_ADD_RELU = """\
+// k302_matmul_add_relu: matmul -> add -> relu
 // writes t238: f32[128,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k301_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k302_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[262144 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -34517,12 +34508,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K302_MATMUL = """\
-// k302_matmul: matmul
+K303_MATMUL = """\
+// k303_matmul: matmul
 // writes t239: f32[128,8,64]   reads: params, t238
 // from addition_transformer.py:39
 //
-// k302_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k303_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -34775,8 +34766,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K303_FUSED_ADD_SUM = """\
-// k303_fused_add_sum: add -> add -> sum
+K304_FUSED_ADD_SUM = """\
+// k304_fused_add_sum: add -> add -> sum
 // writes t243: f32[128,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34817,8 +34808,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K304_FUSED_ADD_MUL_SUB = """\
-// k304_fused_add_mul_sub: add -> add -> mul -> sub
+K305_FUSED_ADD_MUL_SUB = """\
+// k305_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t247: f32[128,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34847,8 +34838,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K305_FUSED_MUL_SUM = """\
-// k305_fused_mul_sum: mul -> sum
+K306_FUSED_MUL_SUM = """\
+// k306_fused_mul_sum: mul -> sum
 // writes t249: f32[128,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34885,8 +34876,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K306_FUSED_MUL_ADD_RSQRT = """\
-// k306_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K307_FUSED_MUL_ADD_RSQRT = """\
+// k307_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[128,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34917,12 +34908,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K307_MATMUL = """\
-// k307_matmul: matmul
+K308_MATMUL = """\
+// k308_matmul: matmul
 // writes t262: f32[128,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k307_matmul: batched matmul, 1 x [1024x64] @ [64x12]
+// k308_matmul: batched matmul, 1 x [1024x64] @ [64x12]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -35232,249 +35223,250 @@ WGSL = {
     "k060_fused_mul_add": K060_FUSED_MUL_ADD,
     "k061_matmul": K061_MATMUL,
     "k062_max": K062_MAX,
-    "k063_fused_stop_gradient_sub_exp": K063_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k064_sum": K064_SUM,
-    "k065_fused_log_sub_one_hot": K065_FUSED_LOG_SUB_ONE_HOT,
-    "k066_fused_neg_mul_sum": K066_FUSED_NEG_MUL_SUM,
-    "k067_fused_one_hot_mul_neg": K067_FUSED_ONE_HOT_MUL_NEG,
-    "k068_fused_neg_sum": K068_FUSED_NEG_SUM,
-    "k069_fused_div_mul_add": K069_FUSED_DIV_MUL_ADD,
-    "k070_matmul": K070_MATMUL,
+    "k063_fused_stop_gradient_sub": K063_FUSED_STOP_GRADIENT_SUB,
+    "k064_fused_exp_sum": K064_FUSED_EXP_SUM,
+    "k065_fused_log_sub": K065_FUSED_LOG_SUB,
+    "k066_fused_one_hot_mul_sum": K066_FUSED_ONE_HOT_MUL_SUM,
+    "k067_fused_neg_mul_sum": K067_FUSED_NEG_MUL_SUM,
+    "k068_fused_one_hot_mul_neg": K068_FUSED_ONE_HOT_MUL_NEG,
+    "k069_sum": K069_SUM,
+    "k070_fused_exp_mul_sub": K070_FUSED_EXP_MUL_SUB,
     "k071_matmul": K071_MATMUL,
-    "k072_sum": K072_SUM,
-    "k073_mul": K073_MUL,
-    "k074_fused_mul_sum": K074_FUSED_MUL_SUM,
+    "k072_matmul": K072_MATMUL,
+    "k073_sum": K073_SUM,
+    "k074_mul": K074_MUL,
     "k075_fused_mul_sum": K075_FUSED_MUL_SUM,
-    "k076_fused_mul_add": K076_FUSED_MUL_ADD,
-    "k077_fused_neg_sum": K077_FUSED_NEG_SUM,
-    "k078_fused_mul_add": K078_FUSED_MUL_ADD,
-    "k079_sum": K079_SUM,
-    "k080_matmul": K080_MATMUL,
-    "k081_matmul_greater_mul": K081_MATMUL_GREATER_MUL,
-    "k082_sum": K082_SUM,
-    "k083_matmul": K083_MATMUL,
+    "k076_fused_mul_sum": K076_FUSED_MUL_SUM,
+    "k077_fused_mul_add": K077_FUSED_MUL_ADD,
+    "k078_fused_neg_sum": K078_FUSED_NEG_SUM,
+    "k079_fused_mul_add": K079_FUSED_MUL_ADD,
+    "k080_sum": K080_SUM,
+    "k081_matmul": K081_MATMUL,
+    "k082_matmul_greater_mul": K082_MATMUL_GREATER_MUL,
+    "k083_sum": K083_SUM,
     "k084_matmul": K084_MATMUL,
-    "k085_sum": K085_SUM,
-    "k086_mul": K086_MUL,
-    "k087_fused_mul_sub_sum": K087_FUSED_MUL_SUB_SUM,
+    "k085_matmul": K085_MATMUL,
+    "k086_sum": K086_SUM,
+    "k087_mul": K087_MUL,
     "k088_fused_mul_sub_sum": K088_FUSED_MUL_SUB_SUM,
-    "k089_fused_mul_sub_add": K089_FUSED_MUL_SUB_ADD,
-    "k090_fused_neg_sum": K090_FUSED_NEG_SUM,
-    "k091_fused_add_mul": K091_FUSED_ADD_MUL,
-    "k092_matmul": K092_MATMUL,
+    "k089_fused_mul_sub_sum": K089_FUSED_MUL_SUB_SUM,
+    "k090_fused_mul_sub_add": K090_FUSED_MUL_SUB_ADD,
+    "k091_fused_neg_sum": K091_FUSED_NEG_SUM,
+    "k092_fused_add_mul": K092_FUSED_ADD_MUL,
     "k093_matmul": K093_MATMUL,
     "k094_matmul": K094_MATMUL,
     "k095_matmul": K095_MATMUL,
-    "k096_fused_mul_div_neg": K096_FUSED_MUL_DIV_NEG,
-    "k097_fused_greater_div_add": K097_FUSED_GREATER_DIV_ADD,
-    "k098_matmul": K098_MATMUL,
+    "k096_matmul": K096_MATMUL,
+    "k097_fused_mul_sum": K097_FUSED_MUL_SUM,
+    "k098_fused_greater_sub_mul": K098_FUSED_GREATER_SUB_MUL,
     "k099_matmul": K099_MATMUL,
     "k100_matmul": K100_MATMUL,
     "k101_matmul": K101_MATMUL,
     "k102_matmul": K102_MATMUL,
     "k103_matmul": K103_MATMUL,
     "k104_matmul": K104_MATMUL,
-    "k105_matmul_add": K105_MATMUL_ADD,
-    "k106_sum": K106_SUM,
-    "k107_fused_mul_sum": K107_FUSED_MUL_SUM,
+    "k105_matmul": K105_MATMUL,
+    "k106_matmul_add": K106_MATMUL_ADD,
+    "k107_sum": K107_SUM,
     "k108_fused_mul_sum": K108_FUSED_MUL_SUM,
-    "k109_fused_mul_add": K109_FUSED_MUL_ADD,
-    "k110_fused_neg_sum": K110_FUSED_NEG_SUM,
-    "k111_fused_add_mul": K111_FUSED_ADD_MUL,
-    "k112_sum": K112_SUM,
-    "k113_matmul": K113_MATMUL,
-    "k114_matmul_greater_mul": K114_MATMUL_GREATER_MUL,
-    "k115_sum": K115_SUM,
-    "k116_matmul": K116_MATMUL,
+    "k109_fused_mul_sum": K109_FUSED_MUL_SUM,
+    "k110_fused_mul_add": K110_FUSED_MUL_ADD,
+    "k111_fused_neg_sum": K111_FUSED_NEG_SUM,
+    "k112_fused_add_mul": K112_FUSED_ADD_MUL,
+    "k113_sum": K113_SUM,
+    "k114_matmul": K114_MATMUL,
+    "k115_matmul_greater_mul": K115_MATMUL_GREATER_MUL,
+    "k116_sum": K116_SUM,
     "k117_matmul": K117_MATMUL,
-    "k118_sum": K118_SUM,
-    "k119_mul": K119_MUL,
-    "k120_fused_mul_sub_sum": K120_FUSED_MUL_SUB_SUM,
+    "k118_matmul": K118_MATMUL,
+    "k119_sum": K119_SUM,
+    "k120_mul": K120_MUL,
     "k121_fused_mul_sub_sum": K121_FUSED_MUL_SUB_SUM,
-    "k122_fused_mul_sub_add": K122_FUSED_MUL_SUB_ADD,
-    "k123_fused_neg_sum": K123_FUSED_NEG_SUM,
-    "k124_fused_add_mul": K124_FUSED_ADD_MUL,
-    "k125_matmul": K125_MATMUL,
+    "k122_fused_mul_sub_sum": K122_FUSED_MUL_SUB_SUM,
+    "k123_fused_mul_sub_add": K123_FUSED_MUL_SUB_ADD,
+    "k124_fused_neg_sum": K124_FUSED_NEG_SUM,
+    "k125_fused_add_mul": K125_FUSED_ADD_MUL,
     "k126_matmul": K126_MATMUL,
     "k127_matmul": K127_MATMUL,
     "k128_matmul": K128_MATMUL,
-    "k129_fused_mul_div_neg": K129_FUSED_MUL_DIV_NEG,
-    "k130_fused_greater_div_add": K130_FUSED_GREATER_DIV_ADD,
-    "k131_matmul": K131_MATMUL,
+    "k129_matmul": K129_MATMUL,
+    "k130_fused_mul_sum": K130_FUSED_MUL_SUM,
+    "k131_fused_greater_sub_mul": K131_FUSED_GREATER_SUB_MUL,
     "k132_matmul": K132_MATMUL,
     "k133_matmul": K133_MATMUL,
     "k134_matmul": K134_MATMUL,
     "k135_matmul": K135_MATMUL,
     "k136_matmul": K136_MATMUL,
     "k137_matmul": K137_MATMUL,
-    "k138_matmul_add": K138_MATMUL_ADD,
-    "k139_sum": K139_SUM,
-    "k140_fused_mul_sum": K140_FUSED_MUL_SUM,
+    "k138_matmul": K138_MATMUL,
+    "k139_matmul_add": K139_MATMUL_ADD,
+    "k140_sum": K140_SUM,
     "k141_fused_mul_sum": K141_FUSED_MUL_SUM,
-    "k142_fused_mul_add": K142_FUSED_MUL_ADD,
-    "k143_fused_neg_sum": K143_FUSED_NEG_SUM,
-    "k144_fused_add_mul": K144_FUSED_ADD_MUL,
-    "k145_sum": K145_SUM,
-    "k146_matmul": K146_MATMUL,
-    "k147_matmul_greater_mul": K147_MATMUL_GREATER_MUL,
-    "k148_sum": K148_SUM,
-    "k149_matmul": K149_MATMUL,
+    "k142_fused_mul_sum": K142_FUSED_MUL_SUM,
+    "k143_fused_mul_add": K143_FUSED_MUL_ADD,
+    "k144_fused_neg_sum": K144_FUSED_NEG_SUM,
+    "k145_fused_add_mul": K145_FUSED_ADD_MUL,
+    "k146_sum": K146_SUM,
+    "k147_matmul": K147_MATMUL,
+    "k148_matmul_greater_mul": K148_MATMUL_GREATER_MUL,
+    "k149_sum": K149_SUM,
     "k150_matmul": K150_MATMUL,
-    "k151_sum": K151_SUM,
-    "k152_mul": K152_MUL,
-    "k153_fused_mul_sub_sum": K153_FUSED_MUL_SUB_SUM,
+    "k151_matmul": K151_MATMUL,
+    "k152_sum": K152_SUM,
+    "k153_mul": K153_MUL,
     "k154_fused_mul_sub_sum": K154_FUSED_MUL_SUB_SUM,
-    "k155_fused_mul_sub_add": K155_FUSED_MUL_SUB_ADD,
-    "k156_fused_neg_sum": K156_FUSED_NEG_SUM,
-    "k157_fused_add_mul": K157_FUSED_ADD_MUL,
-    "k158_matmul": K158_MATMUL,
+    "k155_fused_mul_sub_sum": K155_FUSED_MUL_SUB_SUM,
+    "k156_fused_mul_sub_add": K156_FUSED_MUL_SUB_ADD,
+    "k157_fused_neg_sum": K157_FUSED_NEG_SUM,
+    "k158_fused_add_mul": K158_FUSED_ADD_MUL,
     "k159_matmul": K159_MATMUL,
     "k160_matmul": K160_MATMUL,
     "k161_matmul": K161_MATMUL,
-    "k162_fused_mul_div_neg": K162_FUSED_MUL_DIV_NEG,
-    "k163_fused_greater_div_add": K163_FUSED_GREATER_DIV_ADD,
-    "k164_matmul": K164_MATMUL,
+    "k162_matmul": K162_MATMUL,
+    "k163_fused_mul_sum": K163_FUSED_MUL_SUM,
+    "k164_fused_greater_sub_mul": K164_FUSED_GREATER_SUB_MUL,
     "k165_matmul": K165_MATMUL,
     "k166_matmul": K166_MATMUL,
     "k167_matmul": K167_MATMUL,
     "k168_matmul": K168_MATMUL,
     "k169_matmul": K169_MATMUL,
     "k170_matmul": K170_MATMUL,
-    "k171_matmul_add": K171_MATMUL_ADD,
-    "k172_sum": K172_SUM,
-    "k173_fused_mul_sub_sum": K173_FUSED_MUL_SUB_SUM,
+    "k171_matmul": K171_MATMUL,
+    "k172_matmul_add": K172_MATMUL_ADD,
+    "k173_sum": K173_SUM,
     "k174_fused_mul_sub_sum": K174_FUSED_MUL_SUB_SUM,
-    "k175_fused_mul_sub_add": K175_FUSED_MUL_SUB_ADD,
-    "k176_fused_neg_sum": K176_FUSED_NEG_SUM,
-    "k177_fused_add_mul": K177_FUSED_ADD_MUL,
-    "k178_sum": K178_SUM,
-    "k179_pad": K179_PAD,
-    "k180_one_hot": K180_ONE_HOT,
-    "k181_matmul_add": K181_MATMUL_ADD,
-    "k182_fused_square_sum": K182_FUSED_SQUARE_SUM,
-    "k183_fused_sqrt_add_div": K183_FUSED_SQRT_ADD_DIV,
-    "k184_fused_gather_add": K184_FUSED_GATHER_ADD,
-    "k185_sum": K185_SUM,
-    "k186_fused_mul_sub_sum": K186_FUSED_MUL_SUB_SUM,
-    "k187_fused_mul_sub_add": K187_FUSED_MUL_SUB_ADD,
-    "k188_matmul": K188_MATMUL,
+    "k175_fused_mul_sub_sum": K175_FUSED_MUL_SUB_SUM,
+    "k176_fused_mul_sub_add": K176_FUSED_MUL_SUB_ADD,
+    "k177_fused_neg_sum": K177_FUSED_NEG_SUM,
+    "k178_fused_add_mul": K178_FUSED_ADD_MUL,
+    "k179_sum": K179_SUM,
+    "k180_pad": K180_PAD,
+    "k181_one_hot": K181_ONE_HOT,
+    "k182_matmul_add": K182_MATMUL_ADD,
+    "k183_fused_square_sum": K183_FUSED_SQUARE_SUM,
+    "k184_fused_sqrt_add_div": K184_FUSED_SQRT_ADD_DIV,
+    "k185_fused_gather_add": K185_FUSED_GATHER_ADD,
+    "k186_sum": K186_SUM,
+    "k187_fused_mul_sub_sum": K187_FUSED_MUL_SUB_SUM,
+    "k188_fused_mul_sub_add": K188_FUSED_MUL_SUB_ADD,
     "k189_matmul": K189_MATMUL,
     "k190_matmul": K190_MATMUL,
     "k191_matmul": K191_MATMUL,
-    "k192_fused_mul_greater_where": K192_FUSED_MUL_GREATER_WHERE,
+    "k192_matmul": K192_MATMUL,
     "k193_fused_mul_greater_where": K193_FUSED_MUL_GREATER_WHERE,
-    "k194_sum": K194_SUM,
-    "k195_div": K195_DIV,
-    "k196_matmul": K196_MATMUL,
-    "k197_matmul_add": K197_MATMUL_ADD,
-    "k198_sum": K198_SUM,
-    "k199_fused_mul_sub_sum": K199_FUSED_MUL_SUB_SUM,
-    "k200_fused_mul_sub_add": K200_FUSED_MUL_SUB_ADD,
-    "k201_matmul_add_relu": K201_MATMUL_ADD_RELU,
-    "k202_matmul": K202_MATMUL,
-    "k203_fused_add_sum": K203_FUSED_ADD_SUM,
-    "k204_fused_add_mul_sub": K204_FUSED_ADD_MUL_SUB,
-    "k205_fused_mul_sum": K205_FUSED_MUL_SUM,
-    "k206_fused_mul_add_rsqrt": K206_FUSED_MUL_ADD_RSQRT,
-    "k207_matmul": K207_MATMUL,
+    "k194_fused_mul_greater_where": K194_FUSED_MUL_GREATER_WHERE,
+    "k195_sum": K195_SUM,
+    "k196_div": K196_DIV,
+    "k197_matmul": K197_MATMUL,
+    "k198_matmul_add": K198_MATMUL_ADD,
+    "k199_sum": K199_SUM,
+    "k200_fused_mul_sub_sum": K200_FUSED_MUL_SUB_SUM,
+    "k201_fused_mul_sub_add": K201_FUSED_MUL_SUB_ADD,
+    "k202_matmul_add_relu": K202_MATMUL_ADD_RELU,
+    "k203_matmul": K203_MATMUL,
+    "k204_fused_add_sum": K204_FUSED_ADD_SUM,
+    "k205_fused_add_mul_sub": K205_FUSED_ADD_MUL_SUB,
+    "k206_fused_mul_sum": K206_FUSED_MUL_SUM,
+    "k207_fused_mul_add_rsqrt": K207_FUSED_MUL_ADD_RSQRT,
     "k208_matmul": K208_MATMUL,
     "k209_matmul": K209_MATMUL,
     "k210_matmul": K210_MATMUL,
-    "k211_fused_mul_greater_where": K211_FUSED_MUL_GREATER_WHERE,
+    "k211_matmul": K211_MATMUL,
     "k212_fused_mul_greater_where": K212_FUSED_MUL_GREATER_WHERE,
-    "k213_sum": K213_SUM,
-    "k214_div": K214_DIV,
-    "k215_matmul": K215_MATMUL,
-    "k216_matmul_add": K216_MATMUL_ADD,
-    "k217_sum": K217_SUM,
-    "k218_fused_mul_sub_sum": K218_FUSED_MUL_SUB_SUM,
-    "k219_fused_mul_sub_add": K219_FUSED_MUL_SUB_ADD,
-    "k220_matmul_add_relu": K220_MATMUL_ADD_RELU,
-    "k221_matmul": K221_MATMUL,
-    "k222_fused_add_sum": K222_FUSED_ADD_SUM,
-    "k223_fused_add_mul_sub": K223_FUSED_ADD_MUL_SUB,
-    "k224_fused_mul_sum": K224_FUSED_MUL_SUM,
-    "k225_fused_mul_add_rsqrt": K225_FUSED_MUL_ADD_RSQRT,
-    "k226_matmul": K226_MATMUL,
+    "k213_fused_mul_greater_where": K213_FUSED_MUL_GREATER_WHERE,
+    "k214_sum": K214_SUM,
+    "k215_div": K215_DIV,
+    "k216_matmul": K216_MATMUL,
+    "k217_matmul_add": K217_MATMUL_ADD,
+    "k218_sum": K218_SUM,
+    "k219_fused_mul_sub_sum": K219_FUSED_MUL_SUB_SUM,
+    "k220_fused_mul_sub_add": K220_FUSED_MUL_SUB_ADD,
+    "k221_matmul_add_relu": K221_MATMUL_ADD_RELU,
+    "k222_matmul": K222_MATMUL,
+    "k223_fused_add_sum": K223_FUSED_ADD_SUM,
+    "k224_fused_add_mul_sub": K224_FUSED_ADD_MUL_SUB,
+    "k225_fused_mul_sum": K225_FUSED_MUL_SUM,
+    "k226_fused_mul_add_rsqrt": K226_FUSED_MUL_ADD_RSQRT,
     "k227_matmul": K227_MATMUL,
     "k228_matmul": K228_MATMUL,
     "k229_matmul": K229_MATMUL,
-    "k230_fused_mul_greater_where": K230_FUSED_MUL_GREATER_WHERE,
+    "k230_matmul": K230_MATMUL,
     "k231_fused_mul_greater_where": K231_FUSED_MUL_GREATER_WHERE,
-    "k232_sum": K232_SUM,
-    "k233_div": K233_DIV,
-    "k234_matmul": K234_MATMUL,
-    "k235_matmul_add": K235_MATMUL_ADD,
-    "k236_sum": K236_SUM,
-    "k237_fused_mul_sub_sum": K237_FUSED_MUL_SUB_SUM,
-    "k238_fused_mul_sub_add": K238_FUSED_MUL_SUB_ADD,
-    "k239_matmul_add_relu": K239_MATMUL_ADD_RELU,
-    "k240_matmul": K240_MATMUL,
-    "k241_fused_add_sum": K241_FUSED_ADD_SUM,
-    "k242_fused_add_mul_sub": K242_FUSED_ADD_MUL_SUB,
-    "k243_fused_mul_sum": K243_FUSED_MUL_SUM,
-    "k244_fused_mul_add_rsqrt": K244_FUSED_MUL_ADD_RSQRT,
-    "k245_matmul": K245_MATMUL,
-    "k246_fused_gather_add": K246_FUSED_GATHER_ADD,
-    "k247_sum": K247_SUM,
-    "k248_fused_mul_sub_sum": K248_FUSED_MUL_SUB_SUM,
-    "k249_fused_mul_sub_add": K249_FUSED_MUL_SUB_ADD,
-    "k250_matmul": K250_MATMUL,
+    "k232_fused_mul_greater_where": K232_FUSED_MUL_GREATER_WHERE,
+    "k233_sum": K233_SUM,
+    "k234_div": K234_DIV,
+    "k235_matmul": K235_MATMUL,
+    "k236_matmul_add": K236_MATMUL_ADD,
+    "k237_sum": K237_SUM,
+    "k238_fused_mul_sub_sum": K238_FUSED_MUL_SUB_SUM,
+    "k239_fused_mul_sub_add": K239_FUSED_MUL_SUB_ADD,
+    "k240_matmul_add_relu": K240_MATMUL_ADD_RELU,
+    "k241_matmul": K241_MATMUL,
+    "k242_fused_add_sum": K242_FUSED_ADD_SUM,
+    "k243_fused_add_mul_sub": K243_FUSED_ADD_MUL_SUB,
+    "k244_fused_mul_sum": K244_FUSED_MUL_SUM,
+    "k245_fused_mul_add_rsqrt": K245_FUSED_MUL_ADD_RSQRT,
+    "k246_matmul": K246_MATMUL,
+    "k247_fused_gather_add": K247_FUSED_GATHER_ADD,
+    "k248_sum": K248_SUM,
+    "k249_fused_mul_sub_sum": K249_FUSED_MUL_SUB_SUM,
+    "k250_fused_mul_sub_add": K250_FUSED_MUL_SUB_ADD,
     "k251_matmul": K251_MATMUL,
     "k252_matmul": K252_MATMUL,
     "k253_matmul": K253_MATMUL,
-    "k254_fused_mul_greater_where": K254_FUSED_MUL_GREATER_WHERE,
+    "k254_matmul": K254_MATMUL,
     "k255_fused_mul_greater_where": K255_FUSED_MUL_GREATER_WHERE,
-    "k256_sum": K256_SUM,
-    "k257_div": K257_DIV,
-    "k258_matmul": K258_MATMUL,
-    "k259_matmul_add": K259_MATMUL_ADD,
-    "k260_sum": K260_SUM,
-    "k261_fused_mul_sub_sum": K261_FUSED_MUL_SUB_SUM,
-    "k262_fused_mul_sub_add": K262_FUSED_MUL_SUB_ADD,
-    "k263_matmul_add_relu": K263_MATMUL_ADD_RELU,
-    "k264_matmul": K264_MATMUL,
-    "k265_fused_add_sum": K265_FUSED_ADD_SUM,
-    "k266_fused_add_mul_sub": K266_FUSED_ADD_MUL_SUB,
-    "k267_fused_mul_sum": K267_FUSED_MUL_SUM,
-    "k268_fused_mul_add_rsqrt": K268_FUSED_MUL_ADD_RSQRT,
-    "k269_matmul": K269_MATMUL,
+    "k256_fused_mul_greater_where": K256_FUSED_MUL_GREATER_WHERE,
+    "k257_sum": K257_SUM,
+    "k258_div": K258_DIV,
+    "k259_matmul": K259_MATMUL,
+    "k260_matmul_add": K260_MATMUL_ADD,
+    "k261_sum": K261_SUM,
+    "k262_fused_mul_sub_sum": K262_FUSED_MUL_SUB_SUM,
+    "k263_fused_mul_sub_add": K263_FUSED_MUL_SUB_ADD,
+    "k264_matmul_add_relu": K264_MATMUL_ADD_RELU,
+    "k265_matmul": K265_MATMUL,
+    "k266_fused_add_sum": K266_FUSED_ADD_SUM,
+    "k267_fused_add_mul_sub": K267_FUSED_ADD_MUL_SUB,
+    "k268_fused_mul_sum": K268_FUSED_MUL_SUM,
+    "k269_fused_mul_add_rsqrt": K269_FUSED_MUL_ADD_RSQRT,
     "k270_matmul": K270_MATMUL,
     "k271_matmul": K271_MATMUL,
     "k272_matmul": K272_MATMUL,
-    "k273_fused_mul_greater_where": K273_FUSED_MUL_GREATER_WHERE,
+    "k273_matmul": K273_MATMUL,
     "k274_fused_mul_greater_where": K274_FUSED_MUL_GREATER_WHERE,
-    "k275_sum": K275_SUM,
-    "k276_div": K276_DIV,
-    "k277_matmul": K277_MATMUL,
-    "k278_matmul_add": K278_MATMUL_ADD,
-    "k279_sum": K279_SUM,
-    "k280_fused_mul_sub_sum": K280_FUSED_MUL_SUB_SUM,
-    "k281_fused_mul_sub_add": K281_FUSED_MUL_SUB_ADD,
-    "k282_matmul_add_relu": K282_MATMUL_ADD_RELU,
-    "k283_matmul": K283_MATMUL,
-    "k284_fused_add_sum": K284_FUSED_ADD_SUM,
-    "k285_fused_add_mul_sub": K285_FUSED_ADD_MUL_SUB,
-    "k286_fused_mul_sum": K286_FUSED_MUL_SUM,
-    "k287_fused_mul_add_rsqrt": K287_FUSED_MUL_ADD_RSQRT,
-    "k288_matmul": K288_MATMUL,
+    "k275_fused_mul_greater_where": K275_FUSED_MUL_GREATER_WHERE,
+    "k276_sum": K276_SUM,
+    "k277_div": K277_DIV,
+    "k278_matmul": K278_MATMUL,
+    "k279_matmul_add": K279_MATMUL_ADD,
+    "k280_sum": K280_SUM,
+    "k281_fused_mul_sub_sum": K281_FUSED_MUL_SUB_SUM,
+    "k282_fused_mul_sub_add": K282_FUSED_MUL_SUB_ADD,
+    "k283_matmul_add_relu": K283_MATMUL_ADD_RELU,
+    "k284_matmul": K284_MATMUL,
+    "k285_fused_add_sum": K285_FUSED_ADD_SUM,
+    "k286_fused_add_mul_sub": K286_FUSED_ADD_MUL_SUB,
+    "k287_fused_mul_sum": K287_FUSED_MUL_SUM,
+    "k288_fused_mul_add_rsqrt": K288_FUSED_MUL_ADD_RSQRT,
     "k289_matmul": K289_MATMUL,
     "k290_matmul": K290_MATMUL,
     "k291_matmul": K291_MATMUL,
-    "k292_fused_mul_greater_where": K292_FUSED_MUL_GREATER_WHERE,
+    "k292_matmul": K292_MATMUL,
     "k293_fused_mul_greater_where": K293_FUSED_MUL_GREATER_WHERE,
-    "k294_sum": K294_SUM,
-    "k295_div": K295_DIV,
-    "k296_matmul": K296_MATMUL,
-    "k297_matmul_add": K297_MATMUL_ADD,
-    "k298_sum": K298_SUM,
-    "k299_fused_mul_sub_sum": K299_FUSED_MUL_SUB_SUM,
-    "k300_fused_mul_sub_add": K300_FUSED_MUL_SUB_ADD,
-    "k301_matmul_add_relu": K301_MATMUL_ADD_RELU,
-    "k302_matmul": K302_MATMUL,
-    "k303_fused_add_sum": K303_FUSED_ADD_SUM,
-    "k304_fused_add_mul_sub": K304_FUSED_ADD_MUL_SUB,
-    "k305_fused_mul_sum": K305_FUSED_MUL_SUM,
-    "k306_fused_mul_add_rsqrt": K306_FUSED_MUL_ADD_RSQRT,
-    "k307_matmul": K307_MATMUL,
+    "k294_fused_mul_greater_where": K294_FUSED_MUL_GREATER_WHERE,
+    "k295_sum": K295_SUM,
+    "k296_div": K296_DIV,
+    "k297_matmul": K297_MATMUL,
+    "k298_matmul_add": K298_MATMUL_ADD,
+    "k299_sum": K299_SUM,
+    "k300_fused_mul_sub_sum": K300_FUSED_MUL_SUB_SUM,
+    "k301_fused_mul_sub_add": K301_FUSED_MUL_SUB_ADD,
+    "k302_matmul_add_relu": K302_MATMUL_ADD_RELU,
+    "k303_matmul": K303_MATMUL,
+    "k304_fused_add_sum": K304_FUSED_ADD_SUM,
+    "k305_fused_add_mul_sub": K305_FUSED_ADD_MUL_SUB,
+    "k306_fused_mul_sum": K306_FUSED_MUL_SUM,
+    "k307_fused_mul_add_rsqrt": K307_FUSED_MUL_ADD_RSQRT,
+    "k308_matmul": K308_MATMUL,
 }

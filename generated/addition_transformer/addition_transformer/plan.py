@@ -71,7 +71,7 @@ PROGRAM = {
         "state": 301312,
         "inputs": 1027,
         "inputs_i32": 2048,
-        "work": 3575616,
+        "work": 2796352,
         "work_i32": 0,
     },
     "kernels": {
@@ -276,391 +276,383 @@ PROGRAM = {
             "addition_transformer.py:56",
         ),
         "k062_max": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "k063_fused_stop_gradient_sub_exp": (
+        "k063_fused_stop_gradient_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:64",
         ),
-        "k064_sum": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "k065_fused_log_sub_one_hot": (
+        "k064_fused_exp_sum": ((("work", "read_write"),), "addition_transformer.py:64"),
+        "k065_fused_log_sub": ((("work", "read_write"),), "addition_transformer.py:64"),
+        "k066_fused_one_hot_mul_sum": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:64",
         ),
-        "k066_fused_neg_mul_sum": (
+        "k067_fused_neg_mul_sum": (
             (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:66",
         ),
-        "k067_fused_one_hot_mul_neg": (
+        "k068_fused_one_hot_mul_neg": (
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:64",
         ),
-        "k068_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "k069_fused_div_mul_add": (
+        "k069_sum": ((("work", "read_write"),), "addition_transformer.py:64"),
+        "k070_fused_exp_mul_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:64",
         ),
-        "k070_matmul": (
+        "k071_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k071_matmul": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k072_sum": (
+        "k072_matmul": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k073_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:56",
         ),
-        "k073_mul": (
+        "k074_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k074_fused_mul_sum": (
+        "k075_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:56",
         ),
-        "k075_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k076_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k077_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k078_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k079_sum": (
+        "k076_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k077_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k078_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k079_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k080_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k080_matmul": (
+        "k081_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k081_matmul_greater_mul": (
+        "k082_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k082_sum": (
+        "k083_sum": (
             (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k083_matmul": (
-            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k084_matmul": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k085_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k086_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k087_fused_mul_sub_sum": (
+        "k085_matmul": (
             (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k086_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k087_mul": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k088_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k089_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k089_fused_mul_sub_add": (
+        "k090_fused_mul_sub_add": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k090_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k091_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k092_matmul": (
+        "k091_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k092_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k093_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k093_matmul": (
+        "k094_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:38",
         ),
-        "k094_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
         "k095_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k096_fused_mul_div_neg": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "k097_fused_greater_div_add": (
+        "k096_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k097_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k098_fused_greater_sub_mul": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "k098_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k099_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k100_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
+        "k100_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k101_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k102_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
         "k103_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k104_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k105_matmul_add": (
+        "k105_matmul": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:35",
+        ),
+        "k106_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k106_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:34",
-        ),
-        "k107_fused_mul_sum": (
+        "k107_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:34",
         ),
         "k108_fused_mul_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:34",
+        ),
+        "k109_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k109_fused_mul_add": (
+        "k110_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k110_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k111_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k112_sum": (
+        "k111_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k112_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k113_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k113_matmul": (
+        "k114_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k114_matmul_greater_mul": (
+        "k115_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k115_sum": (
+        "k116_sum": (
             (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k116_matmul": (
-            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k117_matmul": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k118_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k119_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k120_fused_mul_sub_sum": (
+        "k118_matmul": (
             (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k119_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k120_mul": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k121_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k122_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k122_fused_mul_sub_add": (
+        "k123_fused_mul_sub_add": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k123_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k124_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k125_matmul": (
+        "k124_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k125_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k126_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k126_matmul": (
+        "k127_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:38",
         ),
-        "k127_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
         "k128_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k129_fused_mul_div_neg": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "k130_fused_greater_div_add": (
+        "k129_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k130_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k131_fused_greater_sub_mul": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "k131_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k132_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k133_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
+        "k133_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k134_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k135_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
         "k136_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k137_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k138_matmul_add": (
+        "k138_matmul": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:35",
+        ),
+        "k139_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k139_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:34",
-        ),
-        "k140_fused_mul_sum": (
+        "k140_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:34",
         ),
         "k141_fused_mul_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:34",
+        ),
+        "k142_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k142_fused_mul_add": (
+        "k143_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k143_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k144_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k145_sum": (
+        "k144_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k145_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k146_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k146_matmul": (
+        "k147_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k147_matmul_greater_mul": (
+        "k148_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k148_sum": (
+        "k149_sum": (
             (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k149_matmul": (
-            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k150_matmul": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k151_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k152_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k153_fused_mul_sub_sum": (
+        "k151_matmul": (
             (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k152_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k153_mul": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k154_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k155_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k155_fused_mul_sub_add": (
+        "k156_fused_mul_sub_add": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k156_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k157_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k158_matmul": (
+        "k157_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k158_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k159_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k159_matmul": (
+        "k160_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:38",
         ),
-        "k160_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
         "k161_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k162_fused_mul_div_neg": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "k163_fused_greater_div_add": (
+        "k162_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k163_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k164_fused_greater_sub_mul": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "k164_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k165_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k166_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
+        "k166_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k167_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k168_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
         "k169_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k170_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k171_matmul_add": (
+        "k171_matmul": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:35",
+        ),
+        "k172_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k172_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:34",
-        ),
-        "k173_fused_mul_sub_sum": (
+        "k173_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:34",
         ),
         "k174_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:34",
+        ),
+        "k175_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k175_fused_mul_sub_add": (
+        "k176_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k176_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k177_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k178_sum": ((("work", "read_write"),), "addition_transformer.py:52"),
-        "k179_pad": (
+        "k177_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k178_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k179_sum": ((("work", "read_write"),), "addition_transformer.py:52"),
+        "k180_pad": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:52",
         ),
-        "k180_one_hot": (
+        "k181_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:52",
         ),
-        "k181_matmul_add": (
+        "k182_matmul_add": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:52",
         ),
-        "k182_fused_square_sum": (
+        "k183_fused_square_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
         ),
-        "k183_fused_sqrt_add_div": (
+        "k184_fused_sqrt_add_div": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -670,22 +662,18 @@ PROGRAM = {
             ),
             "optimizer",
         ),
-        "k184_fused_gather_add": (
+        "k185_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:52",
         ),
-        "k185_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k186_fused_mul_sub_sum": (
+        "k186_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k187_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "k187_fused_mul_sub_add": (
+        "k188_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
-        ),
-        "k188_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k189_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -695,55 +683,55 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k191_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k192_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
+        "k191_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
         ),
+        "k192_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k193_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k194_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k195_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k196_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k197_matmul_add": (
+        "k194_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k195_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k196_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k197_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k198_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k198_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k199_fused_mul_sub_sum": (
+        "k199_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k200_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k200_fused_mul_sub_add": (
+        "k201_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k201_matmul_add_relu": (
+        "k202_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k202_matmul": (
+        "k203_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k203_fused_add_sum": (
+        "k204_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k204_fused_add_mul_sub": (
+        "k205_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k205_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k206_fused_mul_add_rsqrt": (
+        "k206_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k207_fused_mul_add_rsqrt": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
-        ),
-        "k207_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k208_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -753,55 +741,55 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k210_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k211_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
+        "k210_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
         ),
+        "k211_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k212_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k213_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k214_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k215_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k216_matmul_add": (
+        "k213_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k214_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k215_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k216_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k217_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k217_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k218_fused_mul_sub_sum": (
+        "k218_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k219_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k219_fused_mul_sub_add": (
+        "k220_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k220_matmul_add_relu": (
+        "k221_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k221_matmul": (
+        "k222_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k222_fused_add_sum": (
+        "k223_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k223_fused_add_mul_sub": (
+        "k224_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k224_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k225_fused_mul_add_rsqrt": (
+        "k225_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k226_fused_mul_add_rsqrt": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
-        ),
-        "k226_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k227_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -811,72 +799,72 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k229_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k230_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
+        "k229_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
         ),
+        "k230_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k231_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k232_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k233_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k234_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k235_matmul_add": (
+        "k232_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k233_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k234_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k235_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k236_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k236_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k237_fused_mul_sub_sum": (
+        "k237_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k238_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k238_fused_mul_sub_add": (
+        "k239_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k239_matmul_add_relu": (
+        "k240_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k240_matmul": (
+        "k241_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k241_fused_add_sum": (
+        "k242_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k242_fused_add_mul_sub": (
+        "k243_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k243_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k244_fused_mul_add_rsqrt": (
+        "k244_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k245_fused_mul_add_rsqrt": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k245_matmul": (
+        "k246_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k246_fused_gather_add": (
+        "k247_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:52",
         ),
-        "k247_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k248_fused_mul_sub_sum": (
+        "k248_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k249_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "k249_fused_mul_sub_add": (
+        "k250_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
-        ),
-        "k250_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k251_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -886,55 +874,55 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k253_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k254_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
+        "k253_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
         ),
+        "k254_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k255_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k256_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k257_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k258_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k259_matmul_add": (
+        "k256_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k257_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k258_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k259_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k260_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k260_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k261_fused_mul_sub_sum": (
+        "k261_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k262_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k262_fused_mul_sub_add": (
+        "k263_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k263_matmul_add_relu": (
+        "k264_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k264_matmul": (
+        "k265_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k265_fused_add_sum": (
+        "k266_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k266_fused_add_mul_sub": (
+        "k267_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k267_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k268_fused_mul_add_rsqrt": (
+        "k268_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k269_fused_mul_add_rsqrt": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
-        ),
-        "k269_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k270_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -944,55 +932,55 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k272_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k273_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
+        "k272_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
         ),
+        "k273_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k274_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k275_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k276_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k277_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k278_matmul_add": (
+        "k275_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k276_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k277_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k278_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k279_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k279_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k280_fused_mul_sub_sum": (
+        "k280_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k281_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k281_fused_mul_sub_add": (
+        "k282_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k282_matmul_add_relu": (
+        "k283_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k283_matmul": (
+        "k284_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k284_fused_add_sum": (
+        "k285_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k285_fused_add_mul_sub": (
+        "k286_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k286_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k287_fused_mul_add_rsqrt": (
+        "k287_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k288_fused_mul_add_rsqrt": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
-        ),
-        "k288_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k289_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1002,53 +990,57 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k291_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k292_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
+        "k291_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
         ),
+        "k292_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
         "k293_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k294_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k295_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k296_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k297_matmul_add": (
+        "k294_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k295_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k296_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k297_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k298_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k298_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k299_fused_mul_sub_sum": (
+        "k299_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k300_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k300_fused_mul_sub_add": (
+        "k301_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k301_matmul_add_relu": (
+        "k302_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k302_matmul": (
+        "k303_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k303_fused_add_sum": (
+        "k304_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k304_fused_add_mul_sub": (
+        "k305_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k305_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k306_fused_mul_add_rsqrt": (
+        "k306_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k307_fused_mul_add_rsqrt": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k307_matmul": (
+        "k308_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
@@ -1064,7 +1056,7 @@ PROGRAM = {
                 ("_decay", "f32", (), "inputs", 1026),
             ],
             "input_sizes": {"inputs": 1027, "inputs_i32": 2048},
-            "outputs": [("loss", "f32", (), "work", 3575552)],
+            "outputs": [("loss", "f32", (), "work", 2796288)],
             "captures": [],
             "dispatches": [
                 ("k000_fused_gather_add", (256, 1, 1)),
@@ -1130,127 +1122,128 @@ PROGRAM = {
                 ("k060_fused_mul_add", (256, 1, 1)),
                 ("k061_matmul", (1, 64, 1)),
                 ("k062_max", (4, 1, 1)),
-                ("k063_fused_stop_gradient_sub_exp", (48, 1, 1)),
-                ("k064_sum", (4, 1, 1)),
-                ("k065_fused_log_sub_one_hot", (4, 1, 1)),
-                ("k066_fused_neg_mul_sum", (1, 1, 1)),
-                ("k067_fused_one_hot_mul_neg", (48, 1, 1)),
-                ("k068_fused_neg_sum", (4, 1, 1)),
-                ("k069_fused_div_mul_add", (48, 1, 1)),
-                ("k070_matmul", (4, 64, 1)),
-                ("k071_matmul", (1, 4, 1)),
-                ("k072_sum", (64, 1, 1)),
-                ("k073_mul", (256, 1, 1)),
-                ("k074_fused_mul_sum", (64, 1, 1)),
-                ("k075_fused_mul_sum", (1024, 1, 1)),
-                ("k076_fused_mul_add", (256, 1, 1)),
-                ("k077_fused_neg_sum", (1024, 1, 1)),
-                ("k078_fused_mul_add", (256, 1, 1)),
-                ("k079_sum", (64, 1, 1)),
-                ("k080_matmul", (4, 16, 1)),
-                ("k081_matmul_greater_mul", (8, 32, 1)),
-                ("k082_sum", (256, 1, 1)),
-                ("k083_matmul", (4, 64, 1)),
-                ("k084_matmul", (16, 4, 1)),
-                ("k085_sum", (64, 1, 1)),
-                ("k086_mul", (256, 1, 1)),
-                ("k087_fused_mul_sub_sum", (64, 1, 1)),
-                ("k088_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k089_fused_mul_sub_add", (256, 1, 1)),
-                ("k090_fused_neg_sum", (1024, 1, 1)),
-                ("k091_fused_add_mul", (256, 1, 1)),
-                ("k092_matmul", (4, 64, 1)),
-                ("k093_matmul", (4, 4, 1)),
-                ("k094_matmul", (1, 1, 512)),
+                ("k063_fused_stop_gradient_sub", (48, 1, 1)),
+                ("k064_fused_exp_sum", (4, 1, 1)),
+                ("k065_fused_log_sub", (48, 1, 1)),
+                ("k066_fused_one_hot_mul_sum", (4, 1, 1)),
+                ("k067_fused_neg_mul_sum", (1, 1, 1)),
+                ("k068_fused_one_hot_mul_neg", (48, 1, 1)),
+                ("k069_sum", (4, 1, 1)),
+                ("k070_fused_exp_mul_sub", (48, 1, 1)),
+                ("k071_matmul", (4, 64, 1)),
+                ("k072_matmul", (1, 4, 1)),
+                ("k073_sum", (64, 1, 1)),
+                ("k074_mul", (256, 1, 1)),
+                ("k075_fused_mul_sum", (64, 1, 1)),
+                ("k076_fused_mul_sum", (1024, 1, 1)),
+                ("k077_fused_mul_add", (256, 1, 1)),
+                ("k078_fused_neg_sum", (1024, 1, 1)),
+                ("k079_fused_mul_add", (256, 1, 1)),
+                ("k080_sum", (64, 1, 1)),
+                ("k081_matmul", (4, 16, 1)),
+                ("k082_matmul_greater_mul", (8, 32, 1)),
+                ("k083_sum", (256, 1, 1)),
+                ("k084_matmul", (4, 64, 1)),
+                ("k085_matmul", (16, 4, 1)),
+                ("k086_sum", (64, 1, 1)),
+                ("k087_mul", (256, 1, 1)),
+                ("k088_fused_mul_sub_sum", (64, 1, 1)),
+                ("k089_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k090_fused_mul_sub_add", (256, 1, 1)),
+                ("k091_fused_neg_sum", (1024, 1, 1)),
+                ("k092_fused_add_mul", (256, 1, 1)),
+                ("k093_matmul", (4, 64, 1)),
+                ("k094_matmul", (4, 4, 1)),
                 ("k095_matmul", (1, 1, 512)),
-                ("k096_fused_mul_div_neg", (16, 1, 1)),
-                ("k097_fused_greater_div_add", (128, 1, 1)),
-                ("k098_matmul", (1, 1, 512)),
+                ("k096_matmul", (1, 1, 512)),
+                ("k097_fused_mul_sum", (16, 1, 1)),
+                ("k098_fused_greater_sub_mul", (128, 1, 1)),
                 ("k099_matmul", (1, 1, 512)),
-                ("k100_matmul", (4, 64, 1)),
-                ("k101_matmul", (4, 4, 1)),
-                ("k102_matmul", (4, 64, 1)),
-                ("k103_matmul", (4, 4, 1)),
+                ("k100_matmul", (1, 1, 512)),
+                ("k101_matmul", (4, 64, 1)),
+                ("k102_matmul", (4, 4, 1)),
+                ("k103_matmul", (4, 64, 1)),
                 ("k104_matmul", (4, 4, 1)),
-                ("k105_matmul_add", (4, 64, 1)),
-                ("k106_sum", (64, 1, 1)),
-                ("k107_fused_mul_sum", (64, 1, 1)),
-                ("k108_fused_mul_sum", (1024, 1, 1)),
-                ("k109_fused_mul_add", (256, 1, 1)),
-                ("k110_fused_neg_sum", (1024, 1, 1)),
-                ("k111_fused_add_mul", (256, 1, 1)),
-                ("k112_sum", (64, 1, 1)),
-                ("k113_matmul", (4, 16, 1)),
-                ("k114_matmul_greater_mul", (8, 32, 1)),
-                ("k115_sum", (256, 1, 1)),
-                ("k116_matmul", (4, 64, 1)),
-                ("k117_matmul", (16, 4, 1)),
-                ("k118_sum", (64, 1, 1)),
-                ("k119_mul", (256, 1, 1)),
-                ("k120_fused_mul_sub_sum", (64, 1, 1)),
-                ("k121_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k122_fused_mul_sub_add", (256, 1, 1)),
-                ("k123_fused_neg_sum", (1024, 1, 1)),
-                ("k124_fused_add_mul", (256, 1, 1)),
-                ("k125_matmul", (4, 64, 1)),
-                ("k126_matmul", (4, 4, 1)),
-                ("k127_matmul", (1, 1, 512)),
+                ("k105_matmul", (4, 4, 1)),
+                ("k106_matmul_add", (4, 64, 1)),
+                ("k107_sum", (64, 1, 1)),
+                ("k108_fused_mul_sum", (64, 1, 1)),
+                ("k109_fused_mul_sum", (1024, 1, 1)),
+                ("k110_fused_mul_add", (256, 1, 1)),
+                ("k111_fused_neg_sum", (1024, 1, 1)),
+                ("k112_fused_add_mul", (256, 1, 1)),
+                ("k113_sum", (64, 1, 1)),
+                ("k114_matmul", (4, 16, 1)),
+                ("k115_matmul_greater_mul", (8, 32, 1)),
+                ("k116_sum", (256, 1, 1)),
+                ("k117_matmul", (4, 64, 1)),
+                ("k118_matmul", (16, 4, 1)),
+                ("k119_sum", (64, 1, 1)),
+                ("k120_mul", (256, 1, 1)),
+                ("k121_fused_mul_sub_sum", (64, 1, 1)),
+                ("k122_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k123_fused_mul_sub_add", (256, 1, 1)),
+                ("k124_fused_neg_sum", (1024, 1, 1)),
+                ("k125_fused_add_mul", (256, 1, 1)),
+                ("k126_matmul", (4, 64, 1)),
+                ("k127_matmul", (4, 4, 1)),
                 ("k128_matmul", (1, 1, 512)),
-                ("k129_fused_mul_div_neg", (16, 1, 1)),
-                ("k130_fused_greater_div_add", (128, 1, 1)),
-                ("k131_matmul", (1, 1, 512)),
+                ("k129_matmul", (1, 1, 512)),
+                ("k130_fused_mul_sum", (16, 1, 1)),
+                ("k131_fused_greater_sub_mul", (128, 1, 1)),
                 ("k132_matmul", (1, 1, 512)),
-                ("k133_matmul", (4, 64, 1)),
-                ("k134_matmul", (4, 4, 1)),
-                ("k135_matmul", (4, 64, 1)),
-                ("k136_matmul", (4, 4, 1)),
+                ("k133_matmul", (1, 1, 512)),
+                ("k134_matmul", (4, 64, 1)),
+                ("k135_matmul", (4, 4, 1)),
+                ("k136_matmul", (4, 64, 1)),
                 ("k137_matmul", (4, 4, 1)),
-                ("k138_matmul_add", (4, 64, 1)),
-                ("k139_sum", (64, 1, 1)),
-                ("k140_fused_mul_sum", (64, 1, 1)),
-                ("k141_fused_mul_sum", (1024, 1, 1)),
-                ("k142_fused_mul_add", (256, 1, 1)),
-                ("k143_fused_neg_sum", (1024, 1, 1)),
-                ("k144_fused_add_mul", (256, 1, 1)),
-                ("k145_sum", (64, 1, 1)),
-                ("k146_matmul", (4, 16, 1)),
-                ("k147_matmul_greater_mul", (8, 32, 1)),
-                ("k148_sum", (256, 1, 1)),
-                ("k149_matmul", (4, 64, 1)),
-                ("k150_matmul", (16, 4, 1)),
-                ("k151_sum", (64, 1, 1)),
-                ("k152_mul", (256, 1, 1)),
-                ("k153_fused_mul_sub_sum", (64, 1, 1)),
-                ("k154_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k155_fused_mul_sub_add", (256, 1, 1)),
-                ("k156_fused_neg_sum", (1024, 1, 1)),
-                ("k157_fused_add_mul", (256, 1, 1)),
-                ("k158_matmul", (4, 64, 1)),
-                ("k159_matmul", (4, 4, 1)),
-                ("k160_matmul", (1, 1, 512)),
+                ("k138_matmul", (4, 4, 1)),
+                ("k139_matmul_add", (4, 64, 1)),
+                ("k140_sum", (64, 1, 1)),
+                ("k141_fused_mul_sum", (64, 1, 1)),
+                ("k142_fused_mul_sum", (1024, 1, 1)),
+                ("k143_fused_mul_add", (256, 1, 1)),
+                ("k144_fused_neg_sum", (1024, 1, 1)),
+                ("k145_fused_add_mul", (256, 1, 1)),
+                ("k146_sum", (64, 1, 1)),
+                ("k147_matmul", (4, 16, 1)),
+                ("k148_matmul_greater_mul", (8, 32, 1)),
+                ("k149_sum", (256, 1, 1)),
+                ("k150_matmul", (4, 64, 1)),
+                ("k151_matmul", (16, 4, 1)),
+                ("k152_sum", (64, 1, 1)),
+                ("k153_mul", (256, 1, 1)),
+                ("k154_fused_mul_sub_sum", (64, 1, 1)),
+                ("k155_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k156_fused_mul_sub_add", (256, 1, 1)),
+                ("k157_fused_neg_sum", (1024, 1, 1)),
+                ("k158_fused_add_mul", (256, 1, 1)),
+                ("k159_matmul", (4, 64, 1)),
+                ("k160_matmul", (4, 4, 1)),
                 ("k161_matmul", (1, 1, 512)),
-                ("k162_fused_mul_div_neg", (16, 1, 1)),
-                ("k163_fused_greater_div_add", (128, 1, 1)),
-                ("k164_matmul", (1, 1, 512)),
+                ("k162_matmul", (1, 1, 512)),
+                ("k163_fused_mul_sum", (16, 1, 1)),
+                ("k164_fused_greater_sub_mul", (128, 1, 1)),
                 ("k165_matmul", (1, 1, 512)),
-                ("k166_matmul", (4, 64, 1)),
-                ("k167_matmul", (4, 4, 1)),
-                ("k168_matmul", (4, 64, 1)),
-                ("k169_matmul", (4, 4, 1)),
+                ("k166_matmul", (1, 1, 512)),
+                ("k167_matmul", (4, 64, 1)),
+                ("k168_matmul", (4, 4, 1)),
+                ("k169_matmul", (4, 64, 1)),
                 ("k170_matmul", (4, 4, 1)),
-                ("k171_matmul_add", (4, 64, 1)),
-                ("k172_sum", (64, 1, 1)),
-                ("k173_fused_mul_sub_sum", (64, 1, 1)),
-                ("k174_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k175_fused_mul_sub_add", (256, 1, 1)),
-                ("k176_fused_neg_sum", (1024, 1, 1)),
-                ("k177_fused_add_mul", (256, 1, 1)),
-                ("k178_sum", (512, 1, 1)),
-                ("k179_pad", (3, 1, 1)),
-                ("k180_one_hot", (48, 1, 1)),
-                ("k181_matmul_add", (4, 1, 1)),
-                ("k182_fused_square_sum", (1, 1, 1)),
-                ("k183_fused_sqrt_add_div", (589, 1, 1)),
+                ("k171_matmul", (4, 4, 1)),
+                ("k172_matmul_add", (4, 64, 1)),
+                ("k173_sum", (64, 1, 1)),
+                ("k174_fused_mul_sub_sum", (64, 1, 1)),
+                ("k175_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k176_fused_mul_sub_add", (256, 1, 1)),
+                ("k177_fused_neg_sum", (1024, 1, 1)),
+                ("k178_fused_add_mul", (256, 1, 1)),
+                ("k179_sum", (512, 1, 1)),
+                ("k180_pad", (3, 1, 1)),
+                ("k181_one_hot", (48, 1, 1)),
+                ("k182_matmul_add", (4, 1, 1)),
+                ("k183_fused_square_sum", (1, 1, 1)),
+                ("k184_fused_sqrt_add_div", (589, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": 12},
@@ -1261,68 +1254,68 @@ PROGRAM = {
             "outputs": [("out", "f32", (1, 8, 12), "work", 0)],
             "captures": [],
             "dispatches": [
-                ("k184_fused_gather_add", (2, 1, 1)),
-                ("k185_sum", (8, 1, 1)),
-                ("k186_fused_mul_sub_sum", (8, 1, 1)),
-                ("k187_fused_mul_sub_add", (2, 1, 1)),
-                ("k188_matmul", (4, 1, 1)),
+                ("k185_fused_gather_add", (2, 1, 1)),
+                ("k186_sum", (8, 1, 1)),
+                ("k187_fused_mul_sub_sum", (8, 1, 1)),
+                ("k188_fused_mul_sub_add", (2, 1, 1)),
                 ("k189_matmul", (4, 1, 1)),
                 ("k190_matmul", (4, 1, 1)),
-                ("k191_matmul", (1, 1, 4)),
-                ("k192_fused_mul_greater_where", (1, 1, 1)),
+                ("k191_matmul", (4, 1, 1)),
+                ("k192_matmul", (1, 1, 4)),
                 ("k193_fused_mul_greater_where", (1, 1, 1)),
-                ("k194_sum", (1, 1, 1)),
-                ("k195_div", (1, 1, 1)),
-                ("k196_matmul", (1, 1, 4)),
-                ("k197_matmul_add", (4, 1, 1)),
-                ("k198_sum", (8, 1, 1)),
-                ("k199_fused_mul_sub_sum", (8, 1, 1)),
-                ("k200_fused_mul_sub_add", (2, 1, 1)),
-                ("k201_matmul_add_relu", (16, 1, 1)),
-                ("k202_matmul", (4, 1, 1)),
-                ("k203_fused_add_sum", (8, 1, 1)),
-                ("k204_fused_add_mul_sub", (2, 1, 1)),
-                ("k205_fused_mul_sum", (8, 1, 1)),
-                ("k206_fused_mul_add_rsqrt", (2, 1, 1)),
-                ("k207_matmul", (4, 1, 1)),
+                ("k194_fused_mul_greater_where", (1, 1, 1)),
+                ("k195_sum", (1, 1, 1)),
+                ("k196_div", (1, 1, 1)),
+                ("k197_matmul", (1, 1, 4)),
+                ("k198_matmul_add", (4, 1, 1)),
+                ("k199_sum", (8, 1, 1)),
+                ("k200_fused_mul_sub_sum", (8, 1, 1)),
+                ("k201_fused_mul_sub_add", (2, 1, 1)),
+                ("k202_matmul_add_relu", (16, 1, 1)),
+                ("k203_matmul", (4, 1, 1)),
+                ("k204_fused_add_sum", (8, 1, 1)),
+                ("k205_fused_add_mul_sub", (2, 1, 1)),
+                ("k206_fused_mul_sum", (8, 1, 1)),
+                ("k207_fused_mul_add_rsqrt", (2, 1, 1)),
                 ("k208_matmul", (4, 1, 1)),
                 ("k209_matmul", (4, 1, 1)),
-                ("k210_matmul", (1, 1, 4)),
-                ("k211_fused_mul_greater_where", (1, 1, 1)),
+                ("k210_matmul", (4, 1, 1)),
+                ("k211_matmul", (1, 1, 4)),
                 ("k212_fused_mul_greater_where", (1, 1, 1)),
-                ("k213_sum", (1, 1, 1)),
-                ("k214_div", (1, 1, 1)),
-                ("k215_matmul", (1, 1, 4)),
-                ("k216_matmul_add", (4, 1, 1)),
-                ("k217_sum", (8, 1, 1)),
-                ("k218_fused_mul_sub_sum", (8, 1, 1)),
-                ("k219_fused_mul_sub_add", (2, 1, 1)),
-                ("k220_matmul_add_relu", (16, 1, 1)),
-                ("k221_matmul", (4, 1, 1)),
-                ("k222_fused_add_sum", (8, 1, 1)),
-                ("k223_fused_add_mul_sub", (2, 1, 1)),
-                ("k224_fused_mul_sum", (8, 1, 1)),
-                ("k225_fused_mul_add_rsqrt", (2, 1, 1)),
-                ("k226_matmul", (4, 1, 1)),
+                ("k213_fused_mul_greater_where", (1, 1, 1)),
+                ("k214_sum", (1, 1, 1)),
+                ("k215_div", (1, 1, 1)),
+                ("k216_matmul", (1, 1, 4)),
+                ("k217_matmul_add", (4, 1, 1)),
+                ("k218_sum", (8, 1, 1)),
+                ("k219_fused_mul_sub_sum", (8, 1, 1)),
+                ("k220_fused_mul_sub_add", (2, 1, 1)),
+                ("k221_matmul_add_relu", (16, 1, 1)),
+                ("k222_matmul", (4, 1, 1)),
+                ("k223_fused_add_sum", (8, 1, 1)),
+                ("k224_fused_add_mul_sub", (2, 1, 1)),
+                ("k225_fused_mul_sum", (8, 1, 1)),
+                ("k226_fused_mul_add_rsqrt", (2, 1, 1)),
                 ("k227_matmul", (4, 1, 1)),
                 ("k228_matmul", (4, 1, 1)),
-                ("k229_matmul", (1, 1, 4)),
-                ("k230_fused_mul_greater_where", (1, 1, 1)),
+                ("k229_matmul", (4, 1, 1)),
+                ("k230_matmul", (1, 1, 4)),
                 ("k231_fused_mul_greater_where", (1, 1, 1)),
-                ("k232_sum", (1, 1, 1)),
-                ("k233_div", (1, 1, 1)),
-                ("k234_matmul", (1, 1, 4)),
-                ("k235_matmul_add", (4, 1, 1)),
-                ("k236_sum", (8, 1, 1)),
-                ("k237_fused_mul_sub_sum", (8, 1, 1)),
-                ("k238_fused_mul_sub_add", (2, 1, 1)),
-                ("k239_matmul_add_relu", (16, 1, 1)),
-                ("k240_matmul", (4, 1, 1)),
-                ("k241_fused_add_sum", (8, 1, 1)),
-                ("k242_fused_add_mul_sub", (2, 1, 1)),
-                ("k243_fused_mul_sum", (8, 1, 1)),
-                ("k244_fused_mul_add_rsqrt", (2, 1, 1)),
-                ("k245_matmul", (1, 1, 1)),
+                ("k232_fused_mul_greater_where", (1, 1, 1)),
+                ("k233_sum", (1, 1, 1)),
+                ("k234_div", (1, 1, 1)),
+                ("k235_matmul", (1, 1, 4)),
+                ("k236_matmul_add", (4, 1, 1)),
+                ("k237_sum", (8, 1, 1)),
+                ("k238_fused_mul_sub_sum", (8, 1, 1)),
+                ("k239_fused_mul_sub_add", (2, 1, 1)),
+                ("k240_matmul_add_relu", (16, 1, 1)),
+                ("k241_matmul", (4, 1, 1)),
+                ("k242_fused_add_sum", (8, 1, 1)),
+                ("k243_fused_add_mul_sub", (2, 1, 1)),
+                ("k244_fused_mul_sum", (8, 1, 1)),
+                ("k245_fused_mul_add_rsqrt", (2, 1, 1)),
+                ("k246_matmul", (1, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},
@@ -1333,68 +1326,68 @@ PROGRAM = {
             "outputs": [("out", "f32", (128, 8, 12), "work", 0)],
             "captures": [],
             "dispatches": [
-                ("k246_fused_gather_add", (256, 1, 1)),
-                ("k247_sum", (1024, 1, 1)),
-                ("k248_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k249_fused_mul_sub_add", (256, 1, 1)),
-                ("k250_matmul", (4, 64, 1)),
+                ("k247_fused_gather_add", (256, 1, 1)),
+                ("k248_sum", (1024, 1, 1)),
+                ("k249_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k250_fused_mul_sub_add", (256, 1, 1)),
                 ("k251_matmul", (4, 64, 1)),
                 ("k252_matmul", (4, 64, 1)),
-                ("k253_matmul", (1, 1, 512)),
-                ("k254_fused_mul_greater_where", (16, 1, 1)),
-                ("k255_fused_mul_greater_where", (128, 1, 1)),
-                ("k256_sum", (16, 1, 1)),
-                ("k257_div", (128, 1, 1)),
-                ("k258_matmul", (1, 1, 512)),
-                ("k259_matmul_add", (4, 64, 1)),
-                ("k260_sum", (1024, 1, 1)),
-                ("k261_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k262_fused_mul_sub_add", (256, 1, 1)),
-                ("k263_matmul_add_relu", (8, 32, 1)),
-                ("k264_matmul", (4, 64, 1)),
-                ("k265_fused_add_sum", (1024, 1, 1)),
-                ("k266_fused_add_mul_sub", (256, 1, 1)),
-                ("k267_fused_mul_sum", (1024, 1, 1)),
-                ("k268_fused_mul_add_rsqrt", (256, 1, 1)),
-                ("k269_matmul", (4, 64, 1)),
+                ("k253_matmul", (4, 64, 1)),
+                ("k254_matmul", (1, 1, 512)),
+                ("k255_fused_mul_greater_where", (16, 1, 1)),
+                ("k256_fused_mul_greater_where", (128, 1, 1)),
+                ("k257_sum", (16, 1, 1)),
+                ("k258_div", (128, 1, 1)),
+                ("k259_matmul", (1, 1, 512)),
+                ("k260_matmul_add", (4, 64, 1)),
+                ("k261_sum", (1024, 1, 1)),
+                ("k262_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k263_fused_mul_sub_add", (256, 1, 1)),
+                ("k264_matmul_add_relu", (8, 32, 1)),
+                ("k265_matmul", (4, 64, 1)),
+                ("k266_fused_add_sum", (1024, 1, 1)),
+                ("k267_fused_add_mul_sub", (256, 1, 1)),
+                ("k268_fused_mul_sum", (1024, 1, 1)),
+                ("k269_fused_mul_add_rsqrt", (256, 1, 1)),
                 ("k270_matmul", (4, 64, 1)),
                 ("k271_matmul", (4, 64, 1)),
-                ("k272_matmul", (1, 1, 512)),
-                ("k273_fused_mul_greater_where", (16, 1, 1)),
-                ("k274_fused_mul_greater_where", (128, 1, 1)),
-                ("k275_sum", (16, 1, 1)),
-                ("k276_div", (128, 1, 1)),
-                ("k277_matmul", (1, 1, 512)),
-                ("k278_matmul_add", (4, 64, 1)),
-                ("k279_sum", (1024, 1, 1)),
-                ("k280_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k281_fused_mul_sub_add", (256, 1, 1)),
-                ("k282_matmul_add_relu", (8, 32, 1)),
-                ("k283_matmul", (4, 64, 1)),
-                ("k284_fused_add_sum", (1024, 1, 1)),
-                ("k285_fused_add_mul_sub", (256, 1, 1)),
-                ("k286_fused_mul_sum", (1024, 1, 1)),
-                ("k287_fused_mul_add_rsqrt", (256, 1, 1)),
-                ("k288_matmul", (4, 64, 1)),
+                ("k272_matmul", (4, 64, 1)),
+                ("k273_matmul", (1, 1, 512)),
+                ("k274_fused_mul_greater_where", (16, 1, 1)),
+                ("k275_fused_mul_greater_where", (128, 1, 1)),
+                ("k276_sum", (16, 1, 1)),
+                ("k277_div", (128, 1, 1)),
+                ("k278_matmul", (1, 1, 512)),
+                ("k279_matmul_add", (4, 64, 1)),
+                ("k280_sum", (1024, 1, 1)),
+                ("k281_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k282_fused_mul_sub_add", (256, 1, 1)),
+                ("k283_matmul_add_relu", (8, 32, 1)),
+                ("k284_matmul", (4, 64, 1)),
+                ("k285_fused_add_sum", (1024, 1, 1)),
+                ("k286_fused_add_mul_sub", (256, 1, 1)),
+                ("k287_fused_mul_sum", (1024, 1, 1)),
+                ("k288_fused_mul_add_rsqrt", (256, 1, 1)),
                 ("k289_matmul", (4, 64, 1)),
                 ("k290_matmul", (4, 64, 1)),
-                ("k291_matmul", (1, 1, 512)),
-                ("k292_fused_mul_greater_where", (16, 1, 1)),
-                ("k293_fused_mul_greater_where", (128, 1, 1)),
-                ("k294_sum", (16, 1, 1)),
-                ("k295_div", (128, 1, 1)),
-                ("k296_matmul", (1, 1, 512)),
-                ("k297_matmul_add", (4, 64, 1)),
-                ("k298_sum", (1024, 1, 1)),
-                ("k299_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k300_fused_mul_sub_add", (256, 1, 1)),
-                ("k301_matmul_add_relu", (8, 32, 1)),
-                ("k302_matmul", (4, 64, 1)),
-                ("k303_fused_add_sum", (1024, 1, 1)),
-                ("k304_fused_add_mul_sub", (256, 1, 1)),
-                ("k305_fused_mul_sum", (1024, 1, 1)),
-                ("k306_fused_mul_add_rsqrt", (256, 1, 1)),
-                ("k307_matmul", (1, 64, 1)),
+                ("k291_matmul", (4, 64, 1)),
+                ("k292_matmul", (1, 1, 512)),
+                ("k293_fused_mul_greater_where", (16, 1, 1)),
+                ("k294_fused_mul_greater_where", (128, 1, 1)),
+                ("k295_sum", (16, 1, 1)),
+                ("k296_div", (128, 1, 1)),
+                ("k297_matmul", (1, 1, 512)),
+                ("k298_matmul_add", (4, 64, 1)),
+                ("k299_sum", (1024, 1, 1)),
+                ("k300_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k301_fused_mul_sub_add", (256, 1, 1)),
+                ("k302_matmul_add_relu", (8, 32, 1)),
+                ("k303_matmul", (4, 64, 1)),
+                ("k304_fused_add_sum", (1024, 1, 1)),
+                ("k305_fused_add_mul_sub", (256, 1, 1)),
+                ("k306_fused_mul_sum", (1024, 1, 1)),
+                ("k307_fused_mul_add_rsqrt", (256, 1, 1)),
+                ("k308_matmul", (1, 64, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},

@@ -3,13 +3,13 @@
 
 K000_MATMUL_ADD_RELU = """\
 // k000_matmul_add_relu: matmul -> add -> relu
-// writes t2, t3: f32[256,64]   reads: params, x
+// writes t3: f32[256,64]   reads: params, x
 // from sine_mlp.py:15
 //
 // k000_matmul_add_relu: batched matmul, 1 x [256x1] @ [1x64]
 //   A[bi, m, k] = inputs[m]
 //   B[bi, k, n] = params[n]
-//   work[16384 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[0 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -23,16 +23,12 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[4224u + ((row * 64u + col) % 64u)]));
+    return (max((acc + (params[4224u + ((row * 64u + col) % 64u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 16384u + row * 64u + col;
-    let v = epilogue(acc, bi, row, col);
-    work[i] = v;
-    let e = row * 64u + col;
-    let x0 = (max(v, 0.0));
-    work[e] = x0;
+    let i = row * 64u + col;
+    work[i] = epilogue(acc, bi, row, col);
 }
 
 @compute @workgroup_size(256)
@@ -127,13 +123,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K001_MATMUL_ADD_RELU = """\
 // k001_matmul_add_relu: matmul -> add -> relu
-// writes t6, t7: f32[256,64]   reads: params, t3
+// writes t7: f32[256,64]   reads: params, t3
 // from sine_mlp.py:15
 //
 // k001_matmul_add_relu: batched matmul, 1 x [256x64] @ [64x64]
 //   A[bi, m, k] = work[m * 64 + k]
 //   B[bi, k, n] = params[64 + k * 64 + n]
-//   work[49152 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[16384 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -148,16 +144,12 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[4288u + ((row * 64u + col) % 64u)]));
+    return (max((acc + (params[4288u + ((row * 64u + col) % 64u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 49152u + row * 64u + col;
-    let v = epilogue(acc, bi, row, col);
-    work[i] = v;
-    let e = row * 64u + col;
-    let x0 = (max(v, 0.0));
-    work[32768u + e] = x0;
+    let i = 16384u + row * 64u + col;
+    work[i] = epilogue(acc, bi, row, col);
 }
 
 @compute @workgroup_size(256)
@@ -381,9 +373,9 @@ K002_MATMUL_ADD_SUB_MUL = """\
 // from sine_mlp.py:15
 //
 // k002_matmul_add_sub_mul: batched matmul, 1 x [256x64] @ [64x1]
-//   A[bi, m, k] = work[32768 + m * 64 + k]
+//   A[bi, m, k] = work[16384 + m * 64 + k]
 //   B[bi, k, n] = params[4160 + k]
-//   work[65536 + (bi * 256 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[32768 + (bi * 256 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -404,12 +396,12 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 256u && col < 1u) {
-        let i = 65536u + row;
+        let i = 32768u + row;
         let v = epilogue(acc, bi, row, col);
         work[i] = v;
         let e = row;
         let x0 = (((1.0 * 0.00390625) * ((acc + (params[4352u + 0u])) - (inputs[256u + (row * 1u + col)]))) + ((1.0 * 0.00390625) * ((acc + (params[4352u + 0u])) - (inputs[256u + (row * 1u + col)]))));
-        work[65792u + e] = x0;
+        work[49152u + e] = x0;
     }
 }
 
@@ -426,10 +418,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 32768u + (m0 + a_p) * 64u;
-    let a_src1 = 32768u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 32768u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 32768u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 16384u + (m0 + a_p) * 64u;
+    let a_src1 = 16384u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 16384u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 16384u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -650,13 +642,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
         let v0: u32 = r;
-        let v1: f32 = work[65536u + v0];
+        let v1: f32 = work[32768u + v0];
         let v2: f32 = params[4352u + 0u];
         let v3: f32 = v1 + v2;
         let v4: f32 = inputs[256u + v0];
         let v5: f32 = v3 - v4;
         let v6: f32 = v5 * v5;
-        let v7: f32 = work[65792u + v0];
+        let v7: f32 = work[49152u + v0];
         acc0 = acc0 + v6;
         acc1 = acc1 + v7;
     }
@@ -674,9 +666,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let res0 = part0[0];
         let res1 = part1[0];
         let v8: f32 = res0 * 0.00390625;
-        work[66048u + o] = res0;
+        work[33024u + o] = res0;
         grads[4352u + o] = res1;
-        work[66112u + o] = v8;
+        work[49408u + o] = v8;
     }
 }
 """
@@ -687,8 +679,8 @@ K004_MATMUL = """\
 // from sine_mlp.py:15
 //
 // k004_matmul: batched matmul, 1 x [64x256] @ [256x1]
-//   A[bi, m, k] = work[32768 + m + k * 64]
-//   B[bi, k, n] = work[65792 + k]
+//   A[bi, m, k] = work[16384 + m + k * 64]
+//   B[bi, k, n] = work[49152 + k]
 //   grads[4160 + (bi * 64 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -727,12 +719,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 32768u + m0 + a_p;
+    let a_src0 = 16384u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 65792u + 0u;
+    let b_src0 = 49152u + 0u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -940,11 +932,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K005_MATMUL_GREATER_MUL = """\
 // k005_matmul_greater_mul: matmul -> greater -> mul
-// writes t31: f32[256,64]   reads: params, t22, t6
+// writes t31: f32[256,64]   reads: params, t22, t7
 // from sine_mlp.py:15
 //
 // k005_matmul_greater_mul: batched matmul, 1 x [256x1] @ [1x64]
-//   A[bi, m, k] = work[65792 + m]
+//   A[bi, m, k] = work[49152 + m]
 //   B[bi, k, n] = params[4160 + n]
 //   work[32768 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
@@ -959,7 +951,7 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[49152u + (row * 64u + col)]) > 0.0)));
+    return (acc * (select(0.0, 1.0, (work[16384u + (row * 64u + col)]) > 0.0)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -979,7 +971,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 65792u + m0 + a_p;
+    let a_src0 = 49152u + m0 + a_p;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
@@ -1350,13 +1342,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K008_MATMUL_GREATER_MUL = """\
 // k008_matmul_greater_mul: matmul -> greater -> mul
-// writes t39: f32[256,64]   reads: params, t2, t31
+// writes t39: f32[256,64]   reads: params, t3, t31
 // from sine_mlp.py:15
 //
 // k008_matmul_greater_mul: batched matmul, 1 x [256x64] @ [64x64]
 //   A[bi, m, k] = work[32768 + m * 64 + k]
 //   B[bi, k, n] = params[64 + k + n * 64]
-//   work[0 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[16384 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -1371,11 +1363,11 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[16384u + (row * 64u + col)]) > 0.0)));
+    return (acc * (select(0.0, 1.0, (work[(row * 64u + col)]) > 0.0)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 64u + col;
+    let i = 16384u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -1615,7 +1607,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
         let v0: u32 = r * 64u + o;
-        let v1: f32 = work[v0];
+        let v1: f32 = work[16384u + v0];
         acc0 = acc0 + v1;
     }
     part0[lid.x] = acc0;
@@ -1640,7 +1632,7 @@ K010_MATMUL = """\
 //
 // k010_matmul: batched matmul, 1 x [1x256] @ [256x64]
 //   A[bi, m, k] = inputs[k]
-//   B[bi, k, n] = work[k * 64 + n]
+//   B[bi, k, n] = work[16384 + k * 64 + n]
 //   grads[0 + (bi * 1 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -1685,7 +1677,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = n0 + b_p;
+    let b_src0 = 16384u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;

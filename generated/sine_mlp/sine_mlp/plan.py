@@ -33,7 +33,7 @@ PROGRAM = {
         "state": 8706,
         "inputs": 514,
         "inputs_i32": 0,
-        "work": 66176,
+        "work": 49472,
         "work_i32": 0,
     },
     "kernels": {
@@ -117,7 +117,7 @@ PROGRAM = {
                 ("_bc2_sqrt", "f32", (), "inputs", 513),
             ],
             "input_sizes": {"inputs": 514, "inputs_i32": 0},
-            "outputs": [("loss", "f32", (), "work", 66112)],
+            "outputs": [("loss", "f32", (), "work", 49408)],
             "captures": [],
             "dispatches": [
                 ("k000_matmul_add_relu", (4, 16, 1)),
