@@ -43,7 +43,73 @@ def _rebuild(g: Graph, nodes, f) -> Graph:
     return Graph(g.name, nodes, m(g.outputs), m(g.captures), m(g.updates), m(g.grads), m(g.persist), dict(g.meta))
 
 
-PIPELINE = [dce, cse_consts]
+# A reduction this long per output keeps too few GPU threads busy in one pass (one workgroup
+# summing 19M gradients for the global norm took 28 ms on an H200); two passes take <0.5 ms.
+SPLIT_CONTIGUOUS = 1 << 17  # reduced elements per output, reduced axes innermost
+SPLIT_STRIDED = 4096  # reduced axes outer: chunks keep the reads coalesced as well
+
+
+def split_reductions(g: Graph) -> Graph:
+    """sum/max over a long run of adjacent axes -> the same reduction in two stages:
+    x[..., R, ...] -> [..., R/k, k, ...] reduced over k, then over R/k (sums pad R up to a
+    multiple of k with zeros). Same result up to float rounding, fixed order, no atomics."""
+    from . import ops
+    from .trace import at_site, tracing
+
+    nodes: list = []
+    remap: dict[int, object] = {}
+    for n in g.nodes:
+        if remap:
+            n.inputs = tuple(remap.get(id(t), t) for t in n.inputs)
+        plan = _split_plan(n)
+        if plan is None:
+            nodes.append(n)
+            continue
+        lo, hi, k, pad = plan
+        x = n.inputs[0]
+        tmp = Graph(g.name)
+        with tracing(tmp), at_site(n.site):
+            red = 1
+            for d in x.shape[lo:hi]:
+                red *= d
+            y = ops.reshape(x, x.shape[:lo] + (red,) + x.shape[hi:])
+            if pad:
+                y = ops.pad(y, lo, 0, pad)
+            y = ops.reshape(y, x.shape[:lo] + ((red + pad) // k, k) + x.shape[hi:])
+            reduce = ops.sum if n.op == "sum" else ops.max
+            y = reduce(reduce(y, lo + 1), lo)
+            y = ops.reshape(y, n.out.shape)
+        nodes.extend(tmp.nodes)
+        remap[id(n.out)] = y
+    return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
+
+
+def _split_plan(n):
+    """(first axis, end axis, chunk k, zero padding) for a reduction worth splitting, else None."""
+    if n.op not in ("sum", "max"):
+        return None
+    axes = n.attrs["axes"]
+    x = n.inputs[0]
+    if list(axes) != list(range(axes[0], axes[-1] + 1)):
+        return None  # not one run of adjacent axes
+    lo, hi = axes[0], axes[-1] + 1
+    red = 1
+    for d in x.shape[lo:hi]:
+        red *= d
+    inner = hi == x.ndim  # reduced elements are contiguous in memory
+    if red < (SPLIT_CONTIGUOUS if inner else SPLIT_STRIDED):
+        return None
+    k = 4096 if inner else 64
+    pad = -red % k
+    if pad and n.op == "max":
+        k = next((d for d in range(k, 1, -1) if red % d == 0), 1)
+        if k < 16:
+            return None
+        pad = 0
+    return lo, hi, k, pad
+
+
+PIPELINE = [dce, cse_consts, split_reductions]
 
 
 def run_pipeline(g: Graph, verify: bool = False) -> Graph:

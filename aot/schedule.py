@@ -239,8 +239,8 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
             continue
         own = 0 if n.op in INDEX_OPS else (4 if n.op in COSTLY else 1)
         cost[id(t)] = own + sum(cost.get(id(x), 0) for x in n.inputs if id(x) not in stored)
-        # a matmul's consumer stays stored so it can become that matmul's epilogue
-        after_mm = any(x.node.op == "matmul" for x in n.inputs)
+        # a matmul's only consumer stays stored so it can become that matmul's epilogue
+        after_mm = any(x.node.op == "matmul" and len(users[id(x)]) == 1 for x in n.inputs)
         if len(users[id(t)]) > 1 and n.op not in INDEX_OPS and (cost[id(t)] > RECOMPUTE_BUDGET or after_mm):
             stored.add(id(t))
 
@@ -306,8 +306,6 @@ def _merge_elementwise(s: Schedule) -> None:
     while changed:
         changed = False
         for i, k1 in enumerate(s.kernels):
-            if any(id(t) in s.placed for t in k1.outs):
-                continue
             written = {id(t) for t in k1.outs}
             j = next((j for j in range(i + 1, len(s.kernels)) if any(id(r) in written for r in s.kernels[j].reads)), None)
             if _merge_reader(s, i, j) or _merge_sibling(s, i, j):
@@ -322,7 +320,6 @@ def _same_space(s: Schedule, k1: Kernel, k2: Kernel) -> bool:
         and not k2.group
         and k2.out.size == k1.out.size
         and all(t.size == k2.out.size for t in k2.outs)
-        and not any(id(t) in s.placed for t in k2.outs)
         and all(_identity_reads(s, out, t) for out in k2.outs for t in k1.outs)
     )
 

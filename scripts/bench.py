@@ -195,7 +195,7 @@ def main():
     }
     if args.large or args.only == "large":
         cfg = dict(vocab=12, d=512, layers=6, heads=8, mlp=2048, t=256)
-        prog = addt["make_program"]("transformer_large", b=32, **cfg)
+        prog = load("transformer_large")["program"]
         cases["large"] = (prog, "transformer", tok_batch(32, 256, 12),
                           {"N=1": {"tokens": np.zeros((1, 256), np.int32)}}, cfg)
     results = {"machine": platform.node(), "python": platform.python_version(), "models": {}}

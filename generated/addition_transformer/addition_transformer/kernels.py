@@ -7194,9 +7194,38 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K063_FUSED_STOP_GRADIENT_SUB = """\
-// k063_fused_stop_gradient_sub: stop_gradient -> sub
-// writes t266: f32[128,8,12]   reads: t262, t263
+K063_FUSED_STOP_GRADIENT_SUB_EXP = """\
+// k063_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp -> sum
+// writes t268: f32[128,8,1]   reads: t262, t263
+// from addition_transformer.py:64
+@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = gid.x + gid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = 0u; r < 12u; r = r + 1u) {
+        let v2: u32 = v0 * 96u + v1 * 12u + r;
+        let v3: f32 = work[917504u + v2];
+        let v4: u32 = v0 * 8u + v1;
+        let v5: f32 = work[942080u + v4];
+        let v6: f32 = v3 - v5;
+        let v7: f32 = exp(v6);
+        acc0 = acc0 + v7;
+    }
+    let res0 = acc0;
+    work[943104u + o] = res0;
+}
+"""
+
+K064_FUSED_STOP_GRADIENT_SUB_LOG = """\
+// k064_fused_stop_gradient_sub_log: stop_gradient -> sub -> log -> sub
+// writes t271: f32[128,8,12]   reads: t262, t263, t268
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
 
@@ -7214,63 +7243,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: u32 = v1 * 8u + v2;
     let v5: f32 = work[942080u + v4];
     let v6: f32 = v0 - v5;
-    work[929792u + i] = v6;
+    let v7: f32 = work[943104u + v4];
+    let v8: f32 = log(v7);
+    let v9: f32 = v6 - v8;
+    work[929792u + i] = v9;
 }
 """
 
-K064_FUSED_EXP_SUM = """\
-// k064_fused_exp_sum: exp -> sum
-// writes t268: f32[128,8,1]   reads: t266
-// from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x + gid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc0: f32 = 0.0;
-    for (var r: u32 = 0u; r < 12u; r = r + 1u) {
-        let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[929792u + v2];
-        let v4: f32 = exp(v3);
-        acc0 = acc0 + v4;
-    }
-    let res0 = acc0;
-    work[942080u + o] = res0;
-}
-"""
-
-K065_FUSED_LOG_SUB = """\
-// k065_fused_log_sub: log -> sub
-// writes t271: f32[128,8,12]   reads: t266, t268
-// from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 12288u;
-    if (i >= 12288u) {
-        return;
-    }
-    let v0: f32 = work[929792u + i];
-    let v1: u32 = i / 96u;
-    let v2: u32 = (i / 12u) % 8u;
-    let v3: u32 = i % 12u;
-    let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[942080u + v4];
-    let v6: f32 = log(v5);
-    let v7: f32 = v0 - v6;
-    work[917504u + i] = v7;
-}
-"""
-
-K066_FUSED_ONE_HOT_MUL_SUM = """\
-// k066_fused_one_hot_mul_sum: one_hot -> mul -> sum
+K065_FUSED_ONE_HOT_MUL_SUM = """\
+// k065_fused_one_hot_mul_sum: one_hot -> mul -> sum
 // writes t274: f32[128,8]   reads: t271, targets
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
@@ -7287,7 +7268,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[917504u + v2];
+        let v3: f32 = work[929792u + v2];
         let v4: u32 = v0 * 8u + v1;
         let v5: i32 = inputs_i32[1024u + v4];
         let v6: f32 = select(0.0, 1.0, v5 == i32(r));
@@ -7295,12 +7276,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = acc0 + v7;
     }
     let res0 = acc0;
-    work[929792u + o] = res0;
+    work[917504u + o] = res0;
 }
 """
 
-K067_FUSED_NEG_MUL_SUM = """\
-// k067_fused_neg_mul_sum: neg -> mul -> sum -> mul
+K066_FUSED_NEG_MUL_SUM = """\
+// k066_fused_neg_mul_sum: neg -> mul -> sum -> mul
 // writes t277, t279: f32[]   reads: mask, t274
 // from addition_transformer.py:66
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
@@ -7319,7 +7300,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 8u + v1;
-        let v3: f32 = work[929792u + v2];
+        let v3: f32 = work[917504u + v2];
         let v4: f32 = -v3;
         let v5: f32 = inputs[v2];
         let v6: f32 = v4 * v5;
@@ -7336,14 +7317,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (lid.x == 0u) {
         let res0 = part0[0];
         let v7: f32 = res0 * 0.0026041667;
-        work[930816u + o] = res0;
+        work[918528u + o] = res0;
         work[2796288u + o] = v7;
     }
 }
 """
 
-K068_FUSED_ONE_HOT_MUL_NEG = """\
-// k068_fused_one_hot_mul_neg: one_hot -> mul -> mul -> neg -> mul
+K067_FUSED_ONE_HOT_MUL_NEG = """\
+// k067_fused_one_hot_mul_neg: one_hot -> mul -> mul -> neg -> mul
 // writes t288: f32[128,8,12]   reads: mask, targets
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
@@ -7371,12 +7352,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v11: i32 = inputs_i32[1024u + v3];
     let v12: f32 = select(0.0, 1.0, v11 == i32(v2));
     let v13: f32 = v10 * v12;
-    work[929792u + i] = v13;
+    work[917504u + i] = v13;
 }
 """
 
-K069_SUM = """\
-// k069_sum: sum
+K068_SUM = """\
+// k068_sum: sum
 // writes t290: f32[128,8,1]   reads: t288
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7392,7 +7373,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[929792u + v2];
+        let v3: f32 = work[917504u + v2];
         acc0 = acc0 + v3;
     }
     let res0 = acc0;
@@ -7400,8 +7381,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K070_FUSED_EXP_MUL_SUB = """\
-// k070_fused_exp_mul_sub: exp -> mul -> sub
+K069_FUSED_EXP_MUL_SUB = """\
+// k069_fused_exp_mul_sub: exp -> mul -> sub
 // writes t293: f32[128,8,12]   reads: t271, t288, t290
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7413,8 +7394,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: f32 = work[929792u + i];
-    let v1: f32 = work[917504u + i];
+    let v0: f32 = work[917504u + i];
+    let v1: f32 = work[929792u + i];
     let v2: f32 = exp(v1);
     let v3: u32 = i / 96u;
     let v4: u32 = (i / 12u) % 8u;
@@ -7426,12 +7407,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K071_MATMUL = """\
-// k071_matmul: matmul
+K070_MATMUL = """\
+// k070_matmul: matmul
 // writes t295: f32[128,8,64]   reads: params, t293
 // from addition_transformer.py:56
 //
-// k071_matmul: batched matmul, 1 x [1024x12] @ [12x64]
+// k070_matmul: batched matmul, 1 x [1024x12] @ [12x64]
 //   A[bi, m, k] = work[983040 + m * 12 + k]
 //   B[bi, k, n] = params[576 + k * 64 + n]
 //   work[917504 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -7545,12 +7526,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K072_MATMUL = """\
-// k072_matmul: matmul
+K071_MATMUL = """\
+// k071_matmul: matmul
 // writes t299: f32[64,12]   reads: t260, t293
 // from addition_transformer.py:56
 //
-// k072_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
+// k071_matmul: batched matmul, 1 x [64x1024] @ [1024x12]
 //   A[bi, m, k] = work[786432 + m + k * 64]
 //   B[bi, k, n] = work[983040 + k * 12 + n]
 //   work[2795520 + (bi * 64 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -7801,14 +7782,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K073_SUM = """\
-// k073_sum: sum
-// writes t301: f32[64]   reads: t295
+K072_FUSED_MUL_SUM = """\
+// k072_fused_mul_sum: mul -> sum -> mul -> sum
+// writes t301, t304: f32[64]   reads: t247, t254, t295
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -7817,12 +7799,64 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
         let v3: f32 = work[917504u + v2];
+        let v4: f32 = work[851968u + v2];
+        let v5: f32 = work[995328u + v0 * 8u + v1];
+        let v6: f32 = v4 * v5;
+        let v7: f32 = v3 * v6;
         acc0 = acc0 + v3;
+        acc1 = acc1 + v7;
+    }
+    part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        let res1 = part1[0];
+        grads[150592u + o] = res0;
+        grads[150528u + o] = res1;
+    }
+}
+"""
+
+K073_FUSED_MUL_SUM = """\
+// k073_fused_mul_sum: mul -> mul -> sum
+// writes t307: f32[128,8]   reads: params, t247, t295
+// from addition_transformer.py:56
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[917504u + v2];
+        let v4: f32 = params[150528u + r];
+        let v5: f32 = v3 * v4;
+        let v6: f32 = work[851968u + v2];
+        let v7: f32 = v5 * v6;
+        acc0 = acc0 + v7;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -7834,14 +7868,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[150592u + o] = res0;
+        work[983040u + o] = res0;
     }
 }
 """
 
-K074_MUL = """\
-// k074_mul: mul
-// writes t302: f32[128,8,64]   reads: params, t295
+K074_FUSED_MUL_ADD = """\
+// k074_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t320: f32[128,8,64]   reads: params, t247, t254, t295, t307
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -7859,128 +7893,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: u32 = i % 64u;
     let v4: f32 = params[150528u + v3];
     let v5: f32 = v0 * v4;
-    work[786432u + i] = v5;
+    let v6: f32 = work[995328u + v1 * 8u + v2];
+    let v7: f32 = v5 * v6;
+    let v8: u32 = v1 * 8u + v2;
+    let v9: f32 = work[983040u + v8];
+    let v10: f32 = v9 * -0.5;
+    let v11: f32 = work[995328u + v8];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = v12 * v11;
+    let v14: f32 = v13 * v11;
+    let v15: f32 = v14 * 0.015625;
+    let v16: f32 = work[851968u + i];
+    let v17: f32 = v15 * v16;
+    let v18: f32 = v7 + v17;
+    let v19: f32 = v18 + v17;
+    work[786432u + i] = v19;
 }
 """
 
-K075_FUSED_MUL_SUM = """\
-// k075_fused_mul_sum: mul -> mul -> sum
-// writes t304: f32[64]   reads: t247, t254, t295
-// from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[917504u + v2];
-        let v4: f32 = work[851968u + v2];
-        let v5: f32 = work[995328u + v0 * 8u + v1];
-        let v6: f32 = v4 * v5;
-        let v7: f32 = v3 * v6;
-        acc0 = acc0 + v7;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[150528u + o] = res0;
-    }
-}
-"""
-
-K076_FUSED_MUL_SUM = """\
-// k076_fused_mul_sum: mul -> sum
-// writes t307: f32[128,8]   reads: t247, t302
-// from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[786432u + v2];
-        let v4: f32 = work[851968u + v2];
-        let v5: f32 = v3 * v4;
-        acc0 = acc0 + v5;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        work[983040u + o] = res0;
-    }
-}
-"""
-
-K077_FUSED_MUL_ADD = """\
-// k077_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t320: f32[128,8,64]   reads: t247, t254, t302, t307
-// from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[786432u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[995328u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[983040u + v6];
-    let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[995328u + v6];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = v10 * v9;
-    let v12: f32 = v11 * v9;
-    let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[851968u + i];
-    let v15: f32 = v13 * v14;
-    let v16: f32 = v5 + v15;
-    let v17: f32 = v16 + v15;
-    work[917504u + i] = v17;
-}
-"""
-
-K078_FUSED_NEG_SUM = """\
-// k078_fused_neg_sum: neg -> sum
+K075_FUSED_NEG_SUM = """\
+// k075_fused_neg_sum: neg -> sum
 // writes t322: f32[128,8]   reads: t320
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7998,7 +7930,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[917504u + v2];
+        let v3: f32 = work[786432u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -8012,13 +7944,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[786432u + o] = res0;
+        work[851968u + o] = res0;
     }
 }
 """
 
-K079_FUSED_MUL_ADD = """\
-// k079_fused_mul_add: mul -> add
+K076_FUSED_MUL_ADD = """\
+// k076_fused_mul_add: mul -> add
 // writes t326: f32[128,8,64]   reads: t320, t322
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -8030,62 +7962,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[917504u + i];
+    let v0: f32 = work[786432u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[786432u + v4];
+    let v5: f32 = work[851968u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 + v6;
     work[2621440u + i] = v7;
 }
 """
 
-K080_SUM = """\
-// k080_sum: sum
-// writes t327: f32[64]   reads: t326
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[2621440u + v2];
-        acc0 = acc0 + v3;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[150464u + o] = res0;
-    }
-}
-"""
-
-K081_MATMUL = """\
-// k081_matmul: matmul
+K077_MATMUL = """\
+// k077_matmul: matmul
 // writes t333: f32[256,64]   reads: t238, t326
 // from addition_transformer.py:39
 //
-// k081_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+// k077_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
 //   A[bi, m, k] = work[524288 + m + k * 256]
 //   B[bi, k, n] = work[2621440 + k * 64 + n]
 //   grads[132416 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -8335,12 +8229,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K082_MATMUL_GREATER_MUL = """\
-// k082_matmul_greater_mul: matmul -> greater -> mul
+K078_MATMUL_GREATER_MUL = """\
+// k078_matmul_greater_mul: matmul -> greater -> mul
 // writes t337: f32[128,8,256]   reads: params, t238, t326
 // from addition_transformer.py:39
 //
-// k082_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+// k078_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[2621440 + m * 64 + k]
 //   B[bi, k, n] = params[132416 + k + n * 64]
 //   work[786432 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -8740,50 +8634,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K083_SUM = """\
-// k083_sum: sum
-// writes t338: f32[256]   reads: t337
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 256u;
-    if (o >= 256u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 2048u + v1 * 256u + o;
-        let v3: f32 = work[786432u + v2];
-        acc0 = acc0 + v3;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[150208u + o] = res0;
-    }
-}
-"""
-
-K084_MATMUL = """\
-// k084_matmul: matmul
+K079_MATMUL = """\
+// k079_matmul: matmul
 // writes t340: f32[128,8,64]   reads: params, t337
 // from addition_transformer.py:39
 //
-// k084_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k079_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[786432 + m * 256 + k]
 //   B[bi, k, n] = params[116032 + k + n * 256]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -9039,12 +8895,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K085_MATMUL = """\
-// k085_matmul: matmul
+K080_MATMUL = """\
+// k080_matmul: matmul
 // writes t344: f32[64,256]   reads: t234, t337
 // from addition_transformer.py:39
 //
-// k085_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+// k080_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
 //   A[bi, m, k] = work[2555904 + m + k * 64]
 //   B[bi, k, n] = work[786432 + k * 256 + n]
 //   grads[116032 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -9294,14 +9150,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K086_SUM = """\
-// k086_sum: sum
-// writes t345: f32[64]   reads: t340
+K081_FUSED_SUM = """\
+// k081_fused_sum: sum -> sum
+// writes t327, t345: f32[64]   reads: t326, t340
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -9310,12 +9167,65 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[524288u + v2];
+        let v3: f32 = work[2621440u + v2];
+        let v4: f32 = work[524288u + v2];
         acc0 = acc0 + v3;
+        acc1 = acc1 + v4;
+    }
+    part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        let res1 = part1[0];
+        grads[150464u + o] = res0;
+        grads[150144u + o] = res1;
+    }
+}
+"""
+
+K082_FUSED_MUL_SUB_SUM = """\
+// k082_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t351: f32[128,8]   reads: params, t216, t217, t340
+// from addition_transformer.py:39
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[524288u + v2];
+        let v4: f32 = params[150080u + r];
+        let v5: f32 = v3 * v4;
+        let v6: f32 = work[2490368u + v2];
+        let v7: u32 = v0 * 8u + v1;
+        let v8: f32 = work[2793472u + v7];
+        let v9: f32 = v8 * 0.015625;
+        let v10: f32 = v6 - v9;
+        let v11: f32 = v5 * v10;
+        acc0 = acc0 + v11;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -9327,14 +9237,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[150144u + o] = res0;
+        work[655360u + o] = res0;
     }
 }
 """
 
-K087_MUL = """\
-// k087_mul: mul
-// writes t346: f32[128,8,64]   reads: params, t340
+K083_FUSED_MUL_SUB_ADD = """\
+// k083_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t363: f32[128,8,64]   reads: params, t216, t217, t228, t340, t351
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -9352,139 +9262,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: u32 = i % 64u;
     let v4: f32 = params[150080u + v3];
     let v5: f32 = v0 * v4;
-    work[589824u + i] = v5;
+    let v6: f32 = work[2794496u + v1 * 8u + v2];
+    let v7: f32 = v5 * v6;
+    let v8: u32 = v1 * 8u + v2;
+    let v9: f32 = work[655360u + v8];
+    let v10: f32 = v9 * -0.5;
+    let v11: f32 = work[2794496u + v8];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = v12 * v11;
+    let v14: f32 = v13 * v11;
+    let v15: f32 = v14 * 0.015625;
+    let v16: f32 = work[2490368u + i];
+    let v17: f32 = work[2793472u + v8];
+    let v18: f32 = v17 * 0.015625;
+    let v19: f32 = v16 - v18;
+    let v20: f32 = v15 * v19;
+    let v21: f32 = v7 + v20;
+    let v22: f32 = v21 + v20;
+    work[589824u + i] = v22;
 }
 """
 
-K088_FUSED_MUL_SUB_SUM = """\
-// k088_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t348: f32[64]   reads: t216, t217, t228, t340
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[524288u + v2];
-        let v4: f32 = work[2490368u + v2];
-        let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[2793472u + v5];
-        let v7: f32 = v6 * 0.015625;
-        let v8: f32 = v4 - v7;
-        let v9: f32 = work[2794496u + v0 * 8u + v1];
-        let v10: f32 = v8 * v9;
-        let v11: f32 = v3 * v10;
-        acc0 = acc0 + v11;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[150080u + o] = res0;
-    }
-}
-"""
-
-K089_FUSED_MUL_SUB_SUM = """\
-// k089_fused_mul_sub_sum: mul -> sub -> mul -> sum
-// writes t351: f32[128,8]   reads: t216, t217, t346
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[589824u + v2];
-        let v4: f32 = work[2490368u + v2];
-        let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[2793472u + v5];
-        let v7: f32 = v6 * 0.015625;
-        let v8: f32 = v4 - v7;
-        let v9: f32 = v3 * v8;
-        acc0 = acc0 + v9;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        work[655360u + o] = res0;
-    }
-}
-"""
-
-K090_FUSED_MUL_SUB_ADD = """\
-// k090_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t363: f32[128,8,64]   reads: t216, t217, t228, t346, t351
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[589824u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[2794496u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[655360u + v6];
-    let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[2794496u + v6];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = v10 * v9;
-    let v12: f32 = v11 * v9;
-    let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[2490368u + i];
-    let v15: f32 = work[2793472u + v6];
-    let v16: f32 = v15 * 0.015625;
-    let v17: f32 = v14 - v16;
-    let v18: f32 = v13 * v17;
-    let v19: f32 = v5 + v18;
-    let v20: f32 = v19 + v18;
-    work[524288u + i] = v20;
-}
-"""
-
-K091_FUSED_NEG_SUM = """\
-// k091_fused_neg_sum: neg -> sum
+K084_FUSED_NEG_SUM = """\
+// k084_fused_neg_sum: neg -> sum
 // writes t366: f32[128,8]   reads: t363
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -9502,7 +9302,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[524288u + v2];
+        let v3: f32 = work[589824u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -9516,13 +9316,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[655360u + o] = res0;
+        work[720896u + o] = res0;
     }
 }
 """
 
-K092_FUSED_ADD_MUL = """\
-// k092_fused_add_mul: add -> mul -> add
+K085_FUSED_ADD_MUL = """\
+// k085_fused_add_mul: add -> mul -> add
 // writes t370: f32[128,8,64]   reads: t326, t363, t366
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -9535,28 +9335,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let v0: f32 = work[2621440u + i];
-    let v1: f32 = work[524288u + i];
+    let v1: f32 = work[589824u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[655360u + v6];
+    let v7: f32 = work[720896u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[589824u + i] = v9;
+    work[655360u + i] = v9;
 }
 """
 
-K093_MATMUL = """\
-// k093_matmul: matmul
+K086_MATMUL = """\
+// k086_matmul: matmul
 // writes t372: f32[128,8,64]   reads: params, t370
 // from addition_transformer.py:38
 //
-// k093_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[589824 + m * 64 + k]
+// k086_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[655360 + m * 64 + k]
 //   B[bi, k, n] = params[111936 + k + n * 64]
-//   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[589824 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -9575,7 +9375,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 64u + col;
+    let i = 589824u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -9592,10 +9392,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 589824u + (m0 + a_p) * 64u;
-    let a_src1 = 589824u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 589824u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 589824u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 655360u + (m0 + a_p) * 64u;
+    let a_src1 = 655360u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 655360u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 655360u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -9797,14 +9597,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K094_MATMUL = """\
-// k094_matmul: matmul
+K087_MATMUL = """\
+// k087_matmul: matmul
 // writes t376: f32[64,64]   reads: t212, t370
 // from addition_transformer.py:38
 //
-// k094_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k087_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[2424832 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[589824 + k * 64 + n]
+//   B[bi, k, n] = work[655360 + k * 64 + n]
 //   grads[111936 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -9846,7 +9646,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 589824u + n0 + b_p;
+    let b_src0 = 655360u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -10052,15 +9852,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K095_MATMUL = """\
-// k095_matmul: matmul
+K088_MATMUL = """\
+// k088_matmul: matmul
 // writes t380: f32[128,4,8,8]   reads: t189, t372
 // from addition_transformer.py:37
 //
-// k095_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[524288 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+// k088_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[589824 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[2359296 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[720896 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2424832 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10077,7 +9877,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 720896u + (bi * 8u + row) * 8u + col;
+        let i = 2424832u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10094,7 +9894,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 524288u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 589824u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
@@ -10172,15 +9972,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K096_MATMUL = """\
-// k096_matmul: matmul
+K089_MATMUL = """\
+// k089_matmul: matmul
 // writes t382: f32[128,4,8,16]   reads: t211, t372
 // from addition_transformer.py:37
 //
-// k096_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k089_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[2752512 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[524288 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[655360 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[589824 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[720896 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10197,7 +9997,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 655360u + (bi * 8u + row) * 16u + col;
+        let i = 720896u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10218,7 +10018,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 524288u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 589824u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10292,8 +10092,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K097_FUSED_MUL_SUM = """\
-// k097_fused_mul_sum: mul -> sum
+K090_FUSED_MUL_SUM = """\
+// k090_fused_mul_sum: mul -> sum
 // writes t384: f32[128,4,8,1]   reads: t211, t380
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10310,18 +10110,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[720896u + v3];
+        let v4: f32 = work[2424832u + v3];
         let v5: f32 = work[2752512u + v3];
         let v6: f32 = v4 * v5;
         acc0 = acc0 + v6;
     }
     let res0 = acc0;
-    work[524288u + o] = res0;
+    work[589824u + o] = res0;
 }
 """
 
-K098_FUSED_GREATER_SUB_MUL = """\
-// k098_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
+K091_FUSED_GREATER_SUB_MUL = """\
+// k091_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
 // writes t390: f32[128,4,8,8]   reads: t211, t380, t384
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -10341,25 +10141,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
     let v7: f32 = work[2752512u + i];
-    let v8: f32 = work[720896u + i];
-    let v9: f32 = work[524288u + v0 * 32u + v1 * 8u + v2];
+    let v8: f32 = work[2424832u + i];
+    let v9: f32 = work[589824u + v0 * 32u + v1 * 8u + v2];
     let v10: f32 = v8 - v9;
     let v11: f32 = v7 * v10;
     let v12: f32 = select(v11, 0.0, v6 != 0.0);
     let v13: f32 = v12 * 0.25;
-    work[786432u + i] = v13;
+    work[2359296u + i] = v13;
 }
 """
 
-K099_MATMUL = """\
-// k099_matmul: matmul
+K092_MATMUL = """\
+// k092_matmul: matmul
 // writes t392: f32[128,4,8,16]   reads: t186, t390
 // from addition_transformer.py:36
 //
-// k099_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[786432 + bi * 64 + m * 8 + k]
+// k092_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[2359296 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[2293760 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[524288 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[589824 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10376,7 +10176,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 524288u + (bi * 8u + row) * 16u + col;
+        let i = 589824u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10393,7 +10193,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 786432u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 2359296u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -10471,15 +10271,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K100_MATMUL = """\
-// k100_matmul: matmul
+K093_MATMUL = """\
+// k093_matmul: matmul
 // writes t394: f32[128,4,16,8]   reads: t183, t390
 // from addition_transformer.py:36
 //
-// k100_matmul: batched matmul, 512 x [16x8] @ [8x8]
+// k093_matmul: batched matmul, 512 x [16x8] @ [8x8]
 //   A[bi, m, k] = work[2228224 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
-//   B[bi, k, n] = work[786432 + bi * 64 + k * 8 + n]
-//   work[720896 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[2359296 + bi * 64 + k * 8 + n]
+//   work[2293760 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -10496,7 +10296,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 16u && col < 8u) {
-        let i = 720896u + (bi * 16u + row) * 8u + col;
+        let i = 2293760u + (bi * 16u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -10517,7 +10317,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 786432u + bi * 64u + min(n0 + b_p, 7u);
+    let b_src0 = 2359296u + bi * 64u + min(n0 + b_p, 7u);
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -10591,15 +10391,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K101_MATMUL = """\
-// k101_matmul: matmul
+K094_MATMUL = """\
+// k094_matmul: matmul
 // writes t399: f32[128,8,64]   reads: params, t382
 // from addition_transformer.py:35
 //
-// k101_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[655360 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k094_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[720896 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[107840 + k + n * 64]
-//   work[786432 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2228224 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -10618,7 +10418,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 786432u + row * 64u + col;
+    let i = 2228224u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -10635,10 +10435,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 655360u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 655360u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 655360u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 655360u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 720896u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 720896u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 720896u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 720896u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -10840,14 +10640,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K102_MATMUL = """\
-// k102_matmul: matmul
+K095_MATMUL = """\
+// k095_matmul: matmul
 // writes t403: f32[64,64]   reads: t182, t382
 // from addition_transformer.py:35
 //
-// k102_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k095_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[2162688 + m + k * 64]
-//   B[bi, k, n] = work[655360 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+//   B[bi, k, n] = work[720896 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[107840 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -10889,7 +10689,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 655360u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 720896u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -11095,15 +10895,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K103_MATMUL = """\
-// k103_matmul: matmul
+K096_MATMUL = """\
+// k096_matmul: matmul
 // writes t407: f32[128,8,64]   reads: params, t394
 // from addition_transformer.py:35
 //
-// k103_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[720896 + (m / 8) * 512 + m % 8 + k * 8]
+// k096_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[2293760 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[103744 + k + n * 64]
-//   work[655360 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[720896 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -11122,7 +10922,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 655360u + row * 64u + col;
+    let i = 720896u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -11139,7 +10939,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 720896u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
+    let a_src0 = 2293760u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -11341,14 +11141,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K104_MATMUL = """\
-// k104_matmul: matmul
+K097_MATMUL = """\
+// k097_matmul: matmul
 // writes t411: f32[64,64]   reads: t182, t394
 // from addition_transformer.py:35
 //
-// k104_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k097_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[2162688 + m + k * 64]
-//   B[bi, k, n] = work[720896 + (k / 8) * 512 + k % 8 + n * 8]
+//   B[bi, k, n] = work[2293760 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[103744 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -11390,10 +11190,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
     let b_k = tid % 64u;
-    let b_src0 = 720896u + (n0 + b_p) * 8u;
-    let b_src1 = 720896u + (n0 + b_p + 4u) * 8u;
-    let b_src2 = 720896u + (n0 + b_p + 8u) * 8u;
-    let b_src3 = 720896u + (n0 + b_p + 12u) * 8u;
+    let b_src0 = 2293760u + (n0 + b_p) * 8u;
+    let b_src1 = 2293760u + (n0 + b_p + 4u) * 8u;
+    let b_src2 = 2293760u + (n0 + b_p + 8u) * 8u;
+    let b_src3 = 2293760u + (n0 + b_p + 12u) * 8u;
     let b_st = (b_k * 20u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -11599,14 +11399,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K105_MATMUL = """\
-// k105_matmul: matmul
+K098_MATMUL = """\
+// k098_matmul: matmul
 // writes t420: f32[64,64]   reads: t182, t392
 // from addition_transformer.py:35
 //
-// k105_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k098_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[2162688 + m + k * 64]
-//   B[bi, k, n] = work[524288 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+//   B[bi, k, n] = work[589824 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[99648 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -11648,7 +11448,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 524288u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 589824u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -11854,15 +11654,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K106_MATMUL_ADD = """\
-// k106_matmul_add: add -> matmul -> add
+K099_MATMUL_ADD = """\
+// k099_matmul_add: add -> matmul -> add
 // writes t421: f32[128,8,64]   reads: params, t392, t399, t407
 // from addition_transformer.py:35
 //
-// k106_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[524288 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k099_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[589824 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[99648 + k + n * 64]
-//   work[720896 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[2162688 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -11877,11 +11677,11 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[786432u + (row * 64u + col)]) + (work[655360u + (row * 64u + col)])) + acc);
+    return (((work[2228224u + (row * 64u + col)]) + (work[720896u + (row * 64u + col)])) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 720896u + row * 64u + col;
+    let i = 2162688u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -11898,10 +11698,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 524288u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 524288u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 524288u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 524288u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 589824u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 589824u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 589824u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 589824u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -12103,14 +11903,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K107_SUM = """\
-// k107_sum: sum
-// writes t422: f32[64]   reads: t421
+K100_FUSED_MUL_SUB_SUM = """\
+// k100_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum -> sum
+// writes t348, t422: f32[64]   reads: t216, t217, t228, t340, t421
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -12119,72 +11920,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[720896u + v2];
-        acc0 = acc0 + v3;
+        let v3: f32 = work[524288u + v2];
+        let v4: f32 = work[2490368u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[2793472u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = work[2794496u + v0 * 8u + v1];
+        let v10: f32 = v8 * v9;
+        let v11: f32 = v3 * v10;
+        let v12: f32 = work[2162688u + v2];
+        acc0 = acc0 + v11;
+        acc1 = acc1 + v12;
     }
     part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
             part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[150016u + o] = res0;
+        let res1 = part1[0];
+        grads[150080u + o] = res0;
+        grads[150016u + o] = res1;
     }
 }
 """
 
-K108_FUSED_MUL_SUM = """\
-// k108_fused_mul_sum: mul -> mul -> sum
-// writes t425: f32[64]   reads: t169, t176, t421
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[720896u + v2];
-        let v4: f32 = work[2097152u + v2];
-        let v5: f32 = work[2792448u + v0 * 8u + v1];
-        let v6: f32 = v4 * v5;
-        let v7: f32 = v3 * v6;
-        acc0 = acc0 + v7;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[149952u + o] = res0;
-    }
-}
-"""
-
-K109_FUSED_MUL_SUM = """\
-// k109_fused_mul_sum: mul -> mul -> sum
+K101_FUSED_MUL_SUM = """\
+// k101_fused_mul_sum: mul -> mul -> sum
 // writes t428: f32[128,8]   reads: params, t169, t421
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -12203,7 +11977,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[720896u + v2];
+        let v3: f32 = work[2162688u + v2];
         let v4: f32 = params[149952u + r];
         let v5: f32 = v3 * v4;
         let v6: f32 = work[2097152u + v2];
@@ -12220,13 +11994,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[655360u + o] = res0;
+        work[589824u + o] = res0;
     }
 }
 """
 
-K110_FUSED_MUL_ADD = """\
-// k110_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K102_FUSED_MUL_ADD = """\
+// k102_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t440: f32[128,8,64]   reads: params, t169, t176, t421, t428
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -12239,7 +12013,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[720896u + i];
+    let v0: f32 = work[2162688u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
@@ -12248,7 +12022,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = work[2792448u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
-    let v9: f32 = work[655360u + v8];
+    let v9: f32 = work[589824u + v8];
     let v10: f32 = v9 * -0.5;
     let v11: f32 = work[2792448u + v8];
     let v12: f32 = v10 * v11;
@@ -12263,8 +12037,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K111_FUSED_NEG_SUM = """\
-// k111_fused_neg_sum: neg -> sum
+K103_FUSED_NEG_SUM = """\
+// k103_fused_neg_sum: neg -> sum
 // writes t443: f32[128,8]   reads: t440
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -12296,13 +12070,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[655360u + o] = res0;
+        work[589824u + o] = res0;
     }
 }
 """
 
-K112_FUSED_ADD_MUL = """\
-// k112_fused_add_mul: add -> mul -> add
+K104_FUSED_ADD_MUL = """\
+// k104_fused_add_mul: add -> mul -> add
 // writes t447: f32[128,8,64]   reads: t370, t440, t443
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -12314,28 +12088,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[589824u + i];
+    let v0: f32 = work[655360u + i];
     let v1: f32 = work[524288u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[655360u + v6];
+    let v7: f32 = work[589824u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[786432u + i] = v9;
+    work[2228224u + i] = v9;
 }
 """
 
-K113_SUM = """\
-// k113_sum: sum
-// writes t448: f32[64]   reads: t447
+K105_FUSED_MUL_SUM = """\
+// k105_fused_mul_sum: mul -> mul -> sum -> sum
+// writes t425, t448: f32[64]   reads: t169, t176, t421, t447
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -12344,36 +12119,47 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[786432u + v2];
-        acc0 = acc0 + v3;
+        let v3: f32 = work[2162688u + v2];
+        let v4: f32 = work[2097152u + v2];
+        let v5: f32 = work[2792448u + v0 * 8u + v1];
+        let v6: f32 = v4 * v5;
+        let v7: f32 = v3 * v6;
+        let v8: f32 = work[2228224u + v2];
+        acc0 = acc0 + v7;
+        acc1 = acc1 + v8;
     }
     part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
             part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[149888u + o] = res0;
+        let res1 = part1[0];
+        grads[149952u + o] = res0;
+        grads[149888u + o] = res1;
     }
 }
 """
 
-K114_MATMUL = """\
-// k114_matmul: matmul
+K106_MATMUL = """\
+// k106_matmul: matmul
 // writes t454: f32[256,64]   reads: t160, t447
 // from addition_transformer.py:39
 //
-// k114_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+// k106_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
 //   A[bi, m, k] = work[262144 + m + k * 256]
-//   B[bi, k, n] = work[786432 + k * 64 + n]
+//   B[bi, k, n] = work[2228224 + k * 64 + n]
 //   grads[83264 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -12415,7 +12201,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 786432u + n0 + b_p;
+    let b_src0 = 2228224u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -12621,13 +12407,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K115_MATMUL_GREATER_MUL = """\
-// k115_matmul_greater_mul: matmul -> greater -> mul
+K107_MATMUL_GREATER_MUL = """\
+// k107_matmul_greater_mul: matmul -> greater -> mul
 // writes t457: f32[128,8,256]   reads: params, t160, t447
 // from addition_transformer.py:39
 //
-// k115_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
-//   A[bi, m, k] = work[786432 + m * 64 + k]
+// k107_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+//   A[bi, m, k] = work[2228224 + m * 64 + k]
 //   B[bi, k, n] = params[83264 + k + n * 64]
 //   work[524288 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
@@ -12665,10 +12451,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 786432u + (m0 + a_p) * 64u;
-    let a_src1 = 786432u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 786432u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 786432u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 2228224u + (m0 + a_p) * 64u;
+    let a_src1 = 2228224u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 2228224u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 2228224u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid / 32u;
@@ -13026,14 +12812,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K116_SUM = """\
-// k116_sum: sum
-// writes t458: f32[256]   reads: t457
+K108_FUSED_SUM = """\
+// k108_fused_sum: sum -> sum
+// writes t338, t458: f32[256]   reads: t337, t457
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -13042,34 +12829,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 2048u + v1 * 256u + o;
-        let v3: f32 = work[524288u + v2];
+        let v3: f32 = work[786432u + v2];
+        let v4: f32 = work[524288u + v2];
         acc0 = acc0 + v3;
+        acc1 = acc1 + v4;
     }
     part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
             part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[149632u + o] = res0;
+        let res1 = part1[0];
+        grads[150208u + o] = res0;
+        grads[149632u + o] = res1;
     }
 }
 """
 
-K117_MATMUL = """\
-// k117_matmul: matmul
+K109_MATMUL = """\
+// k109_matmul: matmul
 // writes t460: f32[128,8,64]   reads: params, t457
 // from addition_transformer.py:39
 //
-// k117_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k109_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[524288 + m * 256 + k]
 //   B[bi, k, n] = params[66880 + k + n * 256]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -13325,12 +13119,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K118_MATMUL = """\
-// k118_matmul: matmul
+K110_MATMUL = """\
+// k110_matmul: matmul
 // writes t464: f32[64,256]   reads: t156, t457
 // from addition_transformer.py:39
 //
-// k118_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+// k110_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
 //   A[bi, m, k] = work[2031616 + m + k * 64]
 //   B[bi, k, n] = work[524288 + k * 256 + n]
 //   grads[66880 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -13580,14 +13374,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K119_SUM = """\
-// k119_sum: sum
-// writes t465: f32[64]   reads: t460
+K111_FUSED_MUL_SUB_SUM = """\
+// k111_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> sum
+// writes t465, t468: f32[64]   reads: t138, t139, t150, t460
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -13596,12 +13391,72 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
         let v3: f32 = work[262144u + v2];
+        let v4: f32 = work[1966080u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[2790400u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = work[2791424u + v0 * 8u + v1];
+        let v10: f32 = v8 * v9;
+        let v11: f32 = v3 * v10;
         acc0 = acc0 + v3;
+        acc1 = acc1 + v11;
+    }
+    part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        let res1 = part1[0];
+        grads[149568u + o] = res0;
+        grads[149504u + o] = res1;
+    }
+}
+"""
+
+K112_FUSED_MUL_SUB_SUM = """\
+// k112_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t471: f32[128,8]   reads: params, t138, t139, t460
+// from addition_transformer.py:39
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[262144u + v2];
+        let v4: f32 = params[149504u + r];
+        let v5: f32 = v3 * v4;
+        let v6: f32 = work[1966080u + v2];
+        let v7: u32 = v0 * 8u + v1;
+        let v8: f32 = work[2790400u + v7];
+        let v9: f32 = v8 * 0.015625;
+        let v10: f32 = v6 - v9;
+        let v11: f32 = v5 * v10;
+        acc0 = acc0 + v11;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -13613,14 +13468,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[149568u + o] = res0;
+        work[393216u + o] = res0;
     }
 }
 """
 
-K120_MUL = """\
-// k120_mul: mul
-// writes t466: f32[128,8,64]   reads: params, t460
+K113_FUSED_MUL_SUB_ADD = """\
+// k113_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t483: f32[128,8,64]   reads: params, t138, t139, t150, t460, t471
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -13638,139 +13493,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: u32 = i % 64u;
     let v4: f32 = params[149504u + v3];
     let v5: f32 = v0 * v4;
-    work[327680u + i] = v5;
+    let v6: f32 = work[2791424u + v1 * 8u + v2];
+    let v7: f32 = v5 * v6;
+    let v8: u32 = v1 * 8u + v2;
+    let v9: f32 = work[393216u + v8];
+    let v10: f32 = v9 * -0.5;
+    let v11: f32 = work[2791424u + v8];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = v12 * v11;
+    let v14: f32 = v13 * v11;
+    let v15: f32 = v14 * 0.015625;
+    let v16: f32 = work[1966080u + i];
+    let v17: f32 = work[2790400u + v8];
+    let v18: f32 = v17 * 0.015625;
+    let v19: f32 = v16 - v18;
+    let v20: f32 = v15 * v19;
+    let v21: f32 = v7 + v20;
+    let v22: f32 = v21 + v20;
+    work[327680u + i] = v22;
 }
 """
 
-K121_FUSED_MUL_SUB_SUM = """\
-// k121_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t468: f32[64]   reads: t138, t139, t150, t460
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[262144u + v2];
-        let v4: f32 = work[1966080u + v2];
-        let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[2790400u + v5];
-        let v7: f32 = v6 * 0.015625;
-        let v8: f32 = v4 - v7;
-        let v9: f32 = work[2791424u + v0 * 8u + v1];
-        let v10: f32 = v8 * v9;
-        let v11: f32 = v3 * v10;
-        acc0 = acc0 + v11;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[149504u + o] = res0;
-    }
-}
-"""
-
-K122_FUSED_MUL_SUB_SUM = """\
-// k122_fused_mul_sub_sum: mul -> sub -> mul -> sum
-// writes t471: f32[128,8]   reads: t138, t139, t466
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[327680u + v2];
-        let v4: f32 = work[1966080u + v2];
-        let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[2790400u + v5];
-        let v7: f32 = v6 * 0.015625;
-        let v8: f32 = v4 - v7;
-        let v9: f32 = v3 * v8;
-        acc0 = acc0 + v9;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        work[393216u + o] = res0;
-    }
-}
-"""
-
-K123_FUSED_MUL_SUB_ADD = """\
-// k123_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t483: f32[128,8,64]   reads: t138, t139, t150, t466, t471
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[327680u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[2791424u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[393216u + v6];
-    let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[2791424u + v6];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = v10 * v9;
-    let v12: f32 = v11 * v9;
-    let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[1966080u + i];
-    let v15: f32 = work[2790400u + v6];
-    let v16: f32 = v15 * 0.015625;
-    let v17: f32 = v14 - v16;
-    let v18: f32 = v13 * v17;
-    let v19: f32 = v5 + v18;
-    let v20: f32 = v19 + v18;
-    work[262144u + i] = v20;
-}
-"""
-
-K124_FUSED_NEG_SUM = """\
-// k124_fused_neg_sum: neg -> sum
+K114_FUSED_NEG_SUM = """\
+// k114_fused_neg_sum: neg -> sum
 // writes t486: f32[128,8]   reads: t483
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -13788,7 +13533,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[262144u + v2];
+        let v3: f32 = work[327680u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -13807,8 +13552,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K125_FUSED_ADD_MUL = """\
-// k125_fused_add_mul: add -> mul -> add
+K115_FUSED_ADD_MUL = """\
+// k115_fused_add_mul: add -> mul -> add
 // writes t490: f32[128,8,64]   reads: t447, t483, t486
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -13820,8 +13565,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[786432u + i];
-    let v1: f32 = work[262144u + i];
+    let v0: f32 = work[2228224u + i];
+    let v1: f32 = work[327680u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -13830,19 +13575,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[393216u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[327680u + i] = v9;
+    work[262144u + i] = v9;
 }
 """
 
-K126_MATMUL = """\
-// k126_matmul: matmul
+K116_MATMUL = """\
+// k116_matmul: matmul
 // writes t492: f32[128,8,64]   reads: params, t490
 // from addition_transformer.py:38
 //
-// k126_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[327680 + m * 64 + k]
+// k116_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[262144 + m * 64 + k]
 //   B[bi, k, n] = params[62784 + k + n * 64]
-//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -13861,7 +13606,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 64u + col;
+    let i = 327680u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -13878,10 +13623,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 327680u + (m0 + a_p) * 64u;
-    let a_src1 = 327680u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 327680u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 327680u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 262144u + (m0 + a_p) * 64u;
+    let a_src1 = 262144u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 262144u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 262144u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -14083,14 +13828,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K127_MATMUL = """\
-// k127_matmul: matmul
+K117_MATMUL = """\
+// k117_matmul: matmul
 // writes t496: f32[64,64]   reads: t134, t490
 // from addition_transformer.py:38
 //
-// k127_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k117_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1900544 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[327680 + k * 64 + n]
+//   B[bi, k, n] = work[262144 + k * 64 + n]
 //   grads[62784 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -14132,7 +13877,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 327680u + n0 + b_p;
+    let b_src0 = 262144u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -14338,13 +14083,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K128_MATMUL = """\
-// k128_matmul: matmul
+K118_MATMUL = """\
+// k118_matmul: matmul
 // writes t500: f32[128,4,8,8]   reads: t111, t492
 // from addition_transformer.py:37
 //
-// k128_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[262144 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+// k118_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[327680 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1835008 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[458752 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
@@ -14380,7 +14125,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 262144u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 327680u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
@@ -14458,14 +14203,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K129_MATMUL = """\
-// k129_matmul: matmul
+K119_MATMUL = """\
+// k119_matmul: matmul
 // writes t502: f32[128,4,8,16]   reads: t133, t492
 // from addition_transformer.py:37
 //
-// k129_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k119_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[2719744 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[262144 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   B[bi, k, n] = work[327680 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[393216 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
@@ -14504,7 +14249,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 262144u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 327680u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -14578,8 +14323,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K130_FUSED_MUL_SUM = """\
-// k130_fused_mul_sum: mul -> sum
+K120_FUSED_MUL_SUM = """\
+// k120_fused_mul_sum: mul -> sum
 // writes t504: f32[128,4,8,1]   reads: t133, t500
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14602,12 +14347,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = acc0 + v6;
     }
     let res0 = acc0;
-    work[262144u + o] = res0;
+    work[327680u + o] = res0;
 }
 """
 
-K131_FUSED_GREATER_SUB_MUL = """\
-// k131_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
+K121_FUSED_GREATER_SUB_MUL = """\
+// k121_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
 // writes t510: f32[128,4,8,8]   reads: t133, t500, t504
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -14628,7 +14373,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
     let v7: f32 = work[2719744u + i];
     let v8: f32 = work[458752u + i];
-    let v9: f32 = work[262144u + v0 * 32u + v1 * 8u + v2];
+    let v9: f32 = work[327680u + v0 * 32u + v1 * 8u + v2];
     let v10: f32 = v8 - v9;
     let v11: f32 = v7 * v10;
     let v12: f32 = select(v11, 0.0, v6 != 0.0);
@@ -14637,15 +14382,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K132_MATMUL = """\
-// k132_matmul: matmul
+K122_MATMUL = """\
+// k122_matmul: matmul
 // writes t512: f32[128,4,8,16]   reads: t108, t510
 // from addition_transformer.py:36
 //
-// k132_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k122_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[524288 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1769472 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[262144 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[327680 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -14662,7 +14407,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 262144u + (bi * 8u + row) * 16u + col;
+        let i = 327680u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -14757,12 +14502,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K133_MATMUL = """\
-// k133_matmul: matmul
+K123_MATMUL = """\
+// k123_matmul: matmul
 // writes t514: f32[128,4,16,8]   reads: t105, t510
 // from addition_transformer.py:36
 //
-// k133_matmul: batched matmul, 512 x [16x8] @ [8x8]
+// k123_matmul: batched matmul, 512 x [16x8] @ [8x8]
 //   A[bi, m, k] = work[1703936 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
 //   B[bi, k, n] = work[524288 + bi * 64 + k * 8 + n]
 //   work[458752 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -14877,12 +14622,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K134_MATMUL = """\
-// k134_matmul: matmul
+K124_MATMUL = """\
+// k124_matmul: matmul
 // writes t519: f32[128,8,64]   reads: params, t502
 // from addition_transformer.py:35
 //
-// k134_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k124_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[393216 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[58688 + k + n * 64]
 //   work[524288 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -15126,12 +14871,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K135_MATMUL = """\
-// k135_matmul: matmul
+K125_MATMUL = """\
+// k125_matmul: matmul
 // writes t523: f32[64,64]   reads: t104, t502
 // from addition_transformer.py:35
 //
-// k135_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k125_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1638400 + m + k * 64]
 //   B[bi, k, n] = work[393216 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[58688 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -15381,12 +15126,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K136_MATMUL = """\
-// k136_matmul: matmul
+K126_MATMUL = """\
+// k126_matmul: matmul
 // writes t527: f32[128,8,64]   reads: params, t514
 // from addition_transformer.py:35
 //
-// k136_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k126_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[458752 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[54592 + k + n * 64]
 //   work[393216 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -15627,12 +15372,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K137_MATMUL = """\
-// k137_matmul: matmul
+K127_MATMUL = """\
+// k127_matmul: matmul
 // writes t531: f32[64,64]   reads: t104, t514
 // from addition_transformer.py:35
 //
-// k137_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k127_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1638400 + m + k * 64]
 //   B[bi, k, n] = work[458752 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[54592 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -15885,14 +15630,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K138_MATMUL = """\
-// k138_matmul: matmul
+K128_MATMUL = """\
+// k128_matmul: matmul
 // writes t540: f32[64,64]   reads: t104, t512
 // from addition_transformer.py:35
 //
-// k138_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k128_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1638400 + m + k * 64]
-//   B[bi, k, n] = work[262144 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+//   B[bi, k, n] = work[327680 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[50496 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -15934,7 +15679,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 262144u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 327680u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -16140,13 +15885,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K139_MATMUL_ADD = """\
-// k139_matmul_add: add -> matmul -> add
+K129_MATMUL_ADD = """\
+// k129_matmul_add: add -> matmul -> add
 // writes t541: f32[128,8,64]   reads: params, t512, t519, t527
 // from addition_transformer.py:35
 //
-// k139_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[262144 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k129_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[327680 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[50496 + k + n * 64]
 //   work[458752 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -16184,10 +15929,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 262144u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 262144u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 262144u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 262144u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 327680u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 327680u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 327680u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 327680u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -16389,14 +16134,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K140_SUM = """\
-// k140_sum: sum
-// writes t542: f32[64]   reads: t541
+K130_FUSED_MUL_SUM = """\
+// k130_fused_mul_sum: mul -> sum -> mul -> sum
+// writes t542, t545: f32[64]   reads: t541, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -16405,44 +16151,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[458752u + v2];
-        acc0 = acc0 + v3;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[149440u + o] = res0;
-    }
-}
-"""
-
-K141_FUSED_MUL_SUM = """\
-// k141_fused_mul_sum: mul -> mul -> sum
-// writes t545: f32[64]   reads: t541, t91, t98
-// from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
@@ -16452,25 +16161,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v5: f32 = work[2789376u + v0 * 8u + v1];
         let v6: f32 = v4 * v5;
         let v7: f32 = v3 * v6;
-        acc0 = acc0 + v7;
+        acc0 = acc0 + v3;
+        acc1 = acc1 + v7;
     }
     part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
             part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[149376u + o] = res0;
+        let res1 = part1[0];
+        grads[149440u + o] = res0;
+        grads[149376u + o] = res1;
     }
 }
 """
 
-K142_FUSED_MUL_SUM = """\
-// k142_fused_mul_sum: mul -> mul -> sum
+K131_FUSED_MUL_SUM = """\
+// k131_fused_mul_sum: mul -> mul -> sum
 // writes t548: f32[128,8]   reads: params, t541, t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -16511,8 +16225,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K143_FUSED_MUL_ADD = """\
-// k143_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K132_FUSED_MUL_ADD = """\
+// k132_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t560: f32[128,8,64]   reads: params, t541, t548, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -16545,12 +16259,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v17: f32 = v15 * v16;
     let v18: f32 = v7 + v17;
     let v19: f32 = v18 + v17;
-    work[262144u + i] = v19;
+    work[327680u + i] = v19;
 }
 """
 
-K144_FUSED_NEG_SUM = """\
-// k144_fused_neg_sum: neg -> sum
+K133_FUSED_NEG_SUM = """\
+// k133_fused_neg_sum: neg -> sum
 // writes t563: f32[128,8]   reads: t560
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -16568,7 +16282,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[262144u + v2];
+        let v3: f32 = work[327680u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -16587,8 +16301,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K145_FUSED_ADD_MUL = """\
-// k145_fused_add_mul: add -> mul -> add
+K134_FUSED_ADD_MUL = """\
+// k134_fused_add_mul: add -> mul -> add
 // writes t567: f32[128,8,64]   reads: t490, t560, t563
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -16600,8 +16314,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[327680u + i];
-    let v1: f32 = work[262144u + i];
+    let v0: f32 = work[262144u + i];
+    let v1: f32 = work[327680u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -16614,50 +16328,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K146_SUM = """\
-// k146_sum: sum
-// writes t568: f32[64]   reads: t567
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[524288u + v2];
-        acc0 = acc0 + v3;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[149312u + o] = res0;
-    }
-}
-"""
-
-K147_MATMUL = """\
-// k147_matmul: matmul
+K135_MATMUL = """\
+// k135_matmul: matmul
 // writes t574: f32[256,64]   reads: t567, t82
 // from addition_transformer.py:39
 //
-// k147_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
+// k135_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
 //   A[bi, m, k] = work[m + k * 256]
 //   B[bi, k, n] = work[524288 + k * 64 + n]
 //   grads[34112 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -16907,12 +16583,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K148_MATMUL_GREATER_MUL = """\
-// k148_matmul_greater_mul: matmul -> greater -> mul
+K136_MATMUL_GREATER_MUL = """\
+// k136_matmul_greater_mul: matmul -> greater -> mul
 // writes t577: f32[128,8,256]   reads: params, t567, t82
 // from addition_transformer.py:39
 //
-// k148_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+// k136_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[524288 + m * 64 + k]
 //   B[bi, k, n] = params[34112 + k + n * 64]
 //   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -17312,8 +16988,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K149_SUM = """\
-// k149_sum: sum
+K137_SUM = """\
+// k137_sum: sum
 // writes t578: f32[256]   reads: t577
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -17350,12 +17026,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K150_MATMUL = """\
-// k150_matmul: matmul
+K138_MATMUL = """\
+// k138_matmul: matmul
 // writes t580: f32[128,8,64]   reads: params, t577
 // from addition_transformer.py:39
 //
-// k150_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k138_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[262144 + m * 256 + k]
 //   B[bi, k, n] = params[17728 + k + n * 256]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -17611,12 +17287,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K151_MATMUL = """\
-// k151_matmul: matmul
+K139_MATMUL = """\
+// k139_matmul: matmul
 // writes t584: f32[64,256]   reads: t577, t78
 // from addition_transformer.py:39
 //
-// k151_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
+// k139_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
 //   A[bi, m, k] = work[1507328 + m + k * 64]
 //   B[bi, k, n] = work[262144 + k * 256 + n]
 //   grads[17728 + (bi * 64 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -17866,14 +17542,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K152_SUM = """\
-// k152_sum: sum
-// writes t585: f32[64]   reads: t580
+K140_FUSED_SUM = """\
+// k140_fused_sum: sum -> sum
+// writes t568, t585: f32[64]   reads: t567, t580
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -17882,12 +17559,65 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[v2];
+        let v3: f32 = work[524288u + v2];
+        let v4: f32 = work[v2];
         acc0 = acc0 + v3;
+        acc1 = acc1 + v4;
+    }
+    part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = part0[0];
+        let res1 = part1[0];
+        grads[149312u + o] = res0;
+        grads[148992u + o] = res1;
+    }
+}
+"""
+
+K141_FUSED_MUL_SUB_SUM = """\
+// k141_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+// writes t591: f32[128,8]   reads: params, t580, t60, t61
+// from addition_transformer.py:39
+@group(0) @binding(0) var<storage, read> params: array<f32>;
+@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+
+var<workgroup> part0: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1024u;
+    if (o >= 1024u) {
+        return;
+    }
+    let v0: u32 = o / 8u;
+    let v1: u32 = o % 8u;
+    var acc0: f32 = 0.0;
+    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
+        let v2: u32 = v0 * 512u + v1 * 64u + r;
+        let v3: f32 = work[v2];
+        let v4: f32 = params[148928u + r];
+        let v5: f32 = v3 * v4;
+        let v6: f32 = work[1441792u + v2];
+        let v7: u32 = v0 * 8u + v1;
+        let v8: f32 = work[2787328u + v7];
+        let v9: f32 = v8 * 0.015625;
+        let v10: f32 = v6 - v9;
+        let v11: f32 = v5 * v10;
+        acc0 = acc0 + v11;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -17899,14 +17629,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[148992u + o] = res0;
+        work[131072u + o] = res0;
     }
 }
 """
 
-K153_MUL = """\
-// k153_mul: mul
-// writes t586: f32[128,8,64]   reads: params, t580
+K142_FUSED_MUL_SUB_ADD = """\
+// k142_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+// writes t603: f32[128,8,64]   reads: params, t580, t591, t60, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -17924,139 +17654,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: u32 = i % 64u;
     let v4: f32 = params[148928u + v3];
     let v5: f32 = v0 * v4;
-    work[65536u + i] = v5;
+    let v6: f32 = work[2788352u + v1 * 8u + v2];
+    let v7: f32 = v5 * v6;
+    let v8: u32 = v1 * 8u + v2;
+    let v9: f32 = work[131072u + v8];
+    let v10: f32 = v9 * -0.5;
+    let v11: f32 = work[2788352u + v8];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = v12 * v11;
+    let v14: f32 = v13 * v11;
+    let v15: f32 = v14 * 0.015625;
+    let v16: f32 = work[1441792u + i];
+    let v17: f32 = work[2787328u + v8];
+    let v18: f32 = v17 * 0.015625;
+    let v19: f32 = v16 - v18;
+    let v20: f32 = v15 * v19;
+    let v21: f32 = v7 + v20;
+    let v22: f32 = v21 + v20;
+    work[65536u + i] = v22;
 }
 """
 
-K154_FUSED_MUL_SUB_SUM = """\
-// k154_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t588: f32[64]   reads: t580, t60, t61, t72
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[v2];
-        let v4: f32 = work[1441792u + v2];
-        let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[2787328u + v5];
-        let v7: f32 = v6 * 0.015625;
-        let v8: f32 = v4 - v7;
-        let v9: f32 = work[2788352u + v0 * 8u + v1];
-        let v10: f32 = v8 * v9;
-        let v11: f32 = v3 * v10;
-        acc0 = acc0 + v11;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[148928u + o] = res0;
-    }
-}
-"""
-
-K155_FUSED_MUL_SUB_SUM = """\
-// k155_fused_mul_sub_sum: mul -> sub -> mul -> sum
-// writes t591: f32[128,8]   reads: t586, t60, t61
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1024u;
-    if (o >= 1024u) {
-        return;
-    }
-    let v0: u32 = o / 8u;
-    let v1: u32 = o % 8u;
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
-        let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[65536u + v2];
-        let v4: f32 = work[1441792u + v2];
-        let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[2787328u + v5];
-        let v7: f32 = v6 * 0.015625;
-        let v8: f32 = v4 - v7;
-        let v9: f32 = v3 * v8;
-        acc0 = acc0 + v9;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        work[131072u + o] = res0;
-    }
-}
-"""
-
-K156_FUSED_MUL_SUB_ADD = """\
-// k156_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t603: f32[128,8,64]   reads: t586, t591, t60, t61, t72
-// from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // flat output index; grids wider than 65535 workgroups continue on gid.y
-    let i = gid.x + gid.y * 65536u;
-    if (i >= 65536u) {
-        return;
-    }
-    let v0: f32 = work[65536u + i];
-    let v1: u32 = i / 512u;
-    let v2: u32 = (i / 64u) % 8u;
-    let v3: u32 = i % 64u;
-    let v4: f32 = work[2788352u + v1 * 8u + v2];
-    let v5: f32 = v0 * v4;
-    let v6: u32 = v1 * 8u + v2;
-    let v7: f32 = work[131072u + v6];
-    let v8: f32 = v7 * -0.5;
-    let v9: f32 = work[2788352u + v6];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = v10 * v9;
-    let v12: f32 = v11 * v9;
-    let v13: f32 = v12 * 0.015625;
-    let v14: f32 = work[1441792u + i];
-    let v15: f32 = work[2787328u + v6];
-    let v16: f32 = v15 * 0.015625;
-    let v17: f32 = v14 - v16;
-    let v18: f32 = v13 * v17;
-    let v19: f32 = v5 + v18;
-    let v20: f32 = v19 + v18;
-    work[i] = v20;
-}
-"""
-
-K157_FUSED_NEG_SUM = """\
-// k157_fused_neg_sum: neg -> sum
+K143_FUSED_NEG_SUM = """\
+// k143_fused_neg_sum: neg -> sum
 // writes t606: f32[128,8]   reads: t603
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -18074,7 +17694,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[v2];
+        let v3: f32 = work[65536u + v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -18088,13 +17708,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[131072u + o] = res0;
+        work[196608u + o] = res0;
     }
 }
 """
 
-K158_FUSED_ADD_MUL = """\
-// k158_fused_add_mul: add -> mul -> add
+K144_FUSED_ADD_MUL = """\
+// k144_fused_add_mul: add -> mul -> add
 // writes t610: f32[128,8,64]   reads: t567, t603, t606
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -18107,28 +17727,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let v0: f32 = work[524288u + i];
-    let v1: f32 = work[i];
+    let v1: f32 = work[65536u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[131072u + v6];
+    let v7: f32 = work[196608u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[65536u + i] = v9;
+    work[131072u + i] = v9;
 }
 """
 
-K159_MATMUL = """\
-// k159_matmul: matmul
+K145_MATMUL = """\
+// k145_matmul: matmul
 // writes t612: f32[128,8,64]   reads: params, t610
 // from addition_transformer.py:38
 //
-// k159_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[65536 + m * 64 + k]
+// k145_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[131072 + m * 64 + k]
 //   B[bi, k, n] = params[13632 + k + n * 64]
-//   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[65536 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -18147,7 +17767,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 64u + col;
+    let i = 65536u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -18164,10 +17784,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 65536u + (m0 + a_p) * 64u;
-    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 131072u + (m0 + a_p) * 64u;
+    let a_src1 = 131072u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 131072u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 131072u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -18369,14 +17989,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K160_MATMUL = """\
-// k160_matmul: matmul
+K146_MATMUL = """\
+// k146_matmul: matmul
 // writes t616: f32[64,64]   reads: t56, t610
 // from addition_transformer.py:38
 //
-// k160_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k146_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1376256 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[bi, k, n] = work[65536 + k * 64 + n]
+//   B[bi, k, n] = work[131072 + k * 64 + n]
 //   grads[13632 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -18418,7 +18038,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 65536u + n0 + b_p;
+    let b_src0 = 131072u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -18624,15 +18244,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K161_MATMUL = """\
-// k161_matmul: matmul
+K147_MATMUL = """\
+// k147_matmul: matmul
 // writes t620: f32[128,4,8,8]   reads: t30, t612
 // from addition_transformer.py:37
 //
-// k161_matmul: batched matmul, 512 x [8x16] @ [16x8]
-//   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
+// k147_matmul: batched matmul, 512 x [8x16] @ [16x8]
+//   A[bi, m, k] = work[65536 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1310720 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
-//   work[196608 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -18649,7 +18269,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 8u) {
-        let i = 196608u + (bi * 8u + row) * 8u + col;
+        let i = 262144u + (bi * 8u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -18666,7 +18286,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
+    let a_src0 = 65536u + (bi / 4u) * 512u + (bi % 4u) * 16u + min(m0 + a_p, 7u) * 64u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;
@@ -18744,15 +18364,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K162_MATMUL = """\
-// k162_matmul: matmul
+K148_MATMUL = """\
+// k148_matmul: matmul
 // writes t622: f32[128,4,8,16]   reads: t55, t612
 // from addition_transformer.py:37
 //
-// k162_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k148_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[2686976 + bi * 64 + m + k * 8]
-//   B[bi, k, n] = work[(bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[131072 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[65536 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
+//   work[196608 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -18769,7 +18389,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = 131072u + (bi * 8u + row) * 16u + col;
+        let i = 196608u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -18790,7 +18410,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
+    let b_src0 = 65536u + (bi / 4u) * 512u + (bi % 4u) * 16u + n0 + b_p;
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -18864,8 +18484,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K163_FUSED_MUL_SUM = """\
-// k163_fused_mul_sum: mul -> sum
+K149_FUSED_MUL_SUM = """\
+// k149_fused_mul_sum: mul -> sum
 // writes t624: f32[128,4,8,1]   reads: t55, t620
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -18882,18 +18502,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v4: f32 = work[196608u + v3];
+        let v4: f32 = work[262144u + v3];
         let v5: f32 = work[2686976u + v3];
         let v6: f32 = v4 * v5;
         acc0 = acc0 + v6;
     }
     let res0 = acc0;
-    work[o] = res0;
+    work[65536u + o] = res0;
 }
 """
 
-K164_FUSED_GREATER_SUB_MUL = """\
-// k164_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
+K150_FUSED_GREATER_SUB_MUL = """\
+// k150_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
 // writes t630: f32[128,4,8,8]   reads: t55, t620, t624
 // from addition_transformer.py:36
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -18913,25 +18533,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v5: u32 = v2;
     let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
     let v7: f32 = work[2686976u + i];
-    let v8: f32 = work[196608u + i];
-    let v9: f32 = work[v0 * 32u + v1 * 8u + v2];
+    let v8: f32 = work[262144u + i];
+    let v9: f32 = work[65536u + v0 * 32u + v1 * 8u + v2];
     let v10: f32 = v8 - v9;
     let v11: f32 = v7 * v10;
     let v12: f32 = select(v11, 0.0, v6 != 0.0);
     let v13: f32 = v12 * 0.25;
-    work[262144u + i] = v13;
+    work[327680u + i] = v13;
 }
 """
 
-K165_MATMUL = """\
-// k165_matmul: matmul
+K151_MATMUL = """\
+// k151_matmul: matmul
 // writes t632: f32[128,4,8,16]   reads: t27, t630
 // from addition_transformer.py:36
 //
-// k165_matmul: batched matmul, 512 x [8x8] @ [8x16]
-//   A[bi, m, k] = work[262144 + bi * 64 + m * 8 + k]
+// k151_matmul: batched matmul, 512 x [8x8] @ [8x16]
+//   A[bi, m, k] = work[327680 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1245184 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
-//   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -18948,7 +18568,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 16u) {
-        let i = (bi * 8u + row) * 16u + col;
+        let i = 65536u + (bi * 8u + row) * 16u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -18965,7 +18585,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 262144u + bi * 64u + min(m0 + a_p, 7u) * 8u;
+    let a_src0 = 327680u + bi * 64u + min(m0 + a_p, 7u) * 8u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
@@ -19043,15 +18663,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K166_MATMUL = """\
-// k166_matmul: matmul
+K152_MATMUL = """\
+// k152_matmul: matmul
 // writes t634: f32[128,4,16,8]   reads: t24, t630
 // from addition_transformer.py:36
 //
-// k166_matmul: batched matmul, 512 x [16x8] @ [8x8]
+// k152_matmul: batched matmul, 512 x [16x8] @ [8x8]
 //   A[bi, m, k] = work[1179648 + (bi / 4) * 512 + (bi % 4) * 16 + m + k * 64]
-//   B[bi, k, n] = work[262144 + bi * 64 + k * 8 + n]
-//   work[196608 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   B[bi, k, n] = work[327680 + bi * 64 + k * 8 + n]
+//   work[262144 + (bi * 16 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -19068,7 +18688,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 16u && col < 8u) {
-        let i = 196608u + (bi * 16u + row) * 8u + col;
+        let i = 262144u + (bi * 16u + row) * 8u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -19089,7 +18709,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_st = a_k * 16u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 262144u + bi * 64u + min(n0 + b_p, 7u);
+    let b_src0 = 327680u + bi * 64u + min(n0 + b_p, 7u);
     let b_st = b_k * 16u + b_p;
     var a_ld0 = 0.0;
     var b_ld0 = 0.0;
@@ -19163,15 +18783,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K167_MATMUL = """\
-// k167_matmul: matmul
+K153_MATMUL = """\
+// k153_matmul: matmul
 // writes t639: f32[128,8,64]   reads: params, t622
 // from addition_transformer.py:35
 //
-// k167_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[131072 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k153_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[196608 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[9536 + k + n * 64]
-//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -19190,7 +18810,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 64u + col;
+    let i = 327680u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -19207,10 +18827,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 131072u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 131072u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 131072u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 196608u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 196608u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 196608u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 196608u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -19412,14 +19032,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K168_MATMUL = """\
-// k168_matmul: matmul
+K154_MATMUL = """\
+// k154_matmul: matmul
 // writes t643: f32[64,64]   reads: t23, t622
 // from addition_transformer.py:35
 //
-// k168_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k154_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1114112 + m + k * 64]
-//   B[bi, k, n] = work[131072 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+//   B[bi, k, n] = work[196608 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[9536 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -19461,7 +19081,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 196608u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -19667,15 +19287,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K169_MATMUL = """\
-// k169_matmul: matmul
+K155_MATMUL = """\
+// k155_matmul: matmul
 // writes t647: f32[128,8,64]   reads: params, t634
 // from addition_transformer.py:35
 //
-// k169_matmul: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[196608 + (m / 8) * 512 + m % 8 + k * 8]
+// k155_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[262144 + (m / 8) * 512 + m % 8 + k * 8]
 //   B[bi, k, n] = params[5440 + k + n * 64]
-//   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -19694,7 +19314,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 131072u + row * 64u + col;
+    let i = 196608u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -19711,7 +19331,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 196608u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
+    let a_src0 = 262144u + ((m0 + a_p) / 8u) * 512u + (m0 + a_p) % 8u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -19913,14 +19533,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K170_MATMUL = """\
-// k170_matmul: matmul
+K156_MATMUL = """\
+// k156_matmul: matmul
 // writes t651: f32[64,64]   reads: t23, t634
 // from addition_transformer.py:35
 //
-// k170_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k156_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1114112 + m + k * 64]
-//   B[bi, k, n] = work[196608 + (k / 8) * 512 + k % 8 + n * 8]
+//   B[bi, k, n] = work[262144 + (k / 8) * 512 + k % 8 + n * 8]
 //   grads[5440 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -19962,10 +19582,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
     let b_k = tid % 64u;
-    let b_src0 = 196608u + (n0 + b_p) * 8u;
-    let b_src1 = 196608u + (n0 + b_p + 4u) * 8u;
-    let b_src2 = 196608u + (n0 + b_p + 8u) * 8u;
-    let b_src3 = 196608u + (n0 + b_p + 12u) * 8u;
+    let b_src0 = 262144u + (n0 + b_p) * 8u;
+    let b_src1 = 262144u + (n0 + b_p + 4u) * 8u;
+    let b_src2 = 262144u + (n0 + b_p + 8u) * 8u;
+    let b_src3 = 262144u + (n0 + b_p + 12u) * 8u;
     let b_st = (b_k * 20u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -20171,14 +19791,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K171_MATMUL = """\
-// k171_matmul: matmul
+K157_MATMUL = """\
+// k157_matmul: matmul
 // writes t660: f32[64,64]   reads: t23, t632
 // from addition_transformer.py:35
 //
-// k171_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
+// k157_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
 //   A[bi, m, k] = work[1114112 + m + k * 64]
-//   B[bi, k, n] = work[(k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+//   B[bi, k, n] = work[65536 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[1344 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -20220,7 +19840,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 65536u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -20426,15 +20046,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K172_MATMUL_ADD = """\
-// k172_matmul_add: add -> matmul -> add
+K158_MATMUL_ADD = """\
+// k158_matmul_add: add -> matmul -> add
 // writes t661: f32[128,8,64]   reads: params, t632, t639, t647
 // from addition_transformer.py:35
 //
-// k172_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
-//   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+// k158_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+//   A[bi, m, k] = work[65536 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[1344 + k + n * 64]
-//   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
+//   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -20449,11 +20069,11 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[262144u + (row * 64u + col)]) + (work[131072u + (row * 64u + col)])) + acc);
+    return (((work[327680u + (row * 64u + col)]) + (work[196608u + (row * 64u + col)])) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 196608u + row * 64u + col;
+    let i = 262144u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -20470,10 +20090,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 65536u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 65536u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 65536u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 65536u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -20675,14 +20295,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K173_SUM = """\
-// k173_sum: sum
-// writes t662: f32[64]   reads: t661
+K159_FUSED_MUL_SUB_SUM = """\
+// k159_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum -> sum
+// writes t588, t662: f32[64]   reads: t580, t60, t61, t661, t72
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -20691,30 +20312,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[196608u + v2];
-        acc0 = acc0 + v3;
+        let v3: f32 = work[v2];
+        let v4: f32 = work[1441792u + v2];
+        let v5: u32 = v0 * 8u + v1;
+        let v6: f32 = work[2787328u + v5];
+        let v7: f32 = v6 * 0.015625;
+        let v8: f32 = v4 - v7;
+        let v9: f32 = work[2788352u + v0 * 8u + v1];
+        let v10: f32 = v8 * v9;
+        let v11: f32 = v3 * v10;
+        let v12: f32 = work[262144u + v2];
+        acc0 = acc0 + v11;
+        acc1 = acc1 + v12;
     }
     part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
             part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[148864u + o] = res0;
+        let res1 = part1[0];
+        grads[148928u + o] = res0;
+        grads[148864u + o] = res1;
     }
 }
 """
 
-K174_FUSED_MUL_SUB_SUM = """\
-// k174_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+K160_FUSED_MUL_SUB_SUM = """\
+// k160_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
 // writes t665: f32[64]   reads: t17, t3, t4, t661
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -20733,7 +20369,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[196608u + v2];
+        let v3: f32 = work[262144u + v2];
         let v4: f32 = work[1048576u + v2];
         let v5: u32 = v0 * 8u + v1;
         let v6: f32 = work[2785280u + v5];
@@ -20759,8 +20395,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K175_FUSED_MUL_SUB_SUM = """\
-// k175_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
+K161_FUSED_MUL_SUB_SUM = """\
+// k161_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
 // writes t668: f32[128,8]   reads: params, t3, t4, t661
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -20779,7 +20415,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[196608u + v2];
+        let v3: f32 = work[262144u + v2];
         let v4: f32 = params[148800u + r];
         let v5: f32 = v3 * v4;
         let v6: f32 = work[1048576u + v2];
@@ -20800,13 +20436,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[131072u + o] = res0;
+        work[65536u + o] = res0;
     }
 }
 """
 
-K176_FUSED_MUL_SUB_ADD = """\
-// k176_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
+K162_FUSED_MUL_SUB_ADD = """\
+// k162_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
 // writes t680: f32[128,8,64]   reads: params, t17, t3, t4, t661, t668
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -20819,7 +20455,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[196608u + i];
+    let v0: f32 = work[262144u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
@@ -20828,7 +20464,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = work[2786304u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
-    let v9: f32 = work[131072u + v8];
+    let v9: f32 = work[65536u + v8];
     let v10: f32 = v9 * -0.5;
     let v11: f32 = work[2786304u + v8];
     let v12: f32 = v10 * v11;
@@ -20846,8 +20482,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K177_FUSED_NEG_SUM = """\
-// k177_fused_neg_sum: neg -> sum
+K163_FUSED_NEG_SUM = """\
+// k163_fused_neg_sum: neg -> sum
 // writes t683: f32[128,8]   reads: t680
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -20884,8 +20520,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K178_FUSED_ADD_MUL = """\
-// k178_fused_add_mul: add -> mul -> add
+K164_FUSED_ADD_MUL = """\
+// k164_fused_add_mul: add -> mul -> add
 // writes t687: f32[128,8,64]   reads: t610, t680, t683
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -20897,7 +20533,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[65536u + i];
+    let v0: f32 = work[131072u + i];
     let v1: f32 = work[i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
@@ -20907,12 +20543,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[196608u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[131072u + i] = v9;
+    work[65536u + i] = v9;
 }
 """
 
-K179_SUM = """\
-// k179_sum: sum
+K165_SUM = """\
+// k165_sum: sum
 // writes t688: f32[8,64]   reads: t687
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -20930,7 +20566,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 128u; r = r + 256u) {
         let v2: u32 = r * 512u + v0 * 64u + v1;
-        let v3: f32 = work[131072u + v2];
+        let v3: f32 = work[65536u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -20948,8 +20584,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K180_PAD = """\
-// k180_pad: pad
+K166_PAD = """\
+// k166_pad: pad
 // writes t689: f32[9,64]   reads: t688
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -20971,8 +20607,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K181_ONE_HOT = """\
-// k181_one_hot: one_hot
+K167_ONE_HOT = """\
+// k167_one_hot: one_hot
 // writes t690: f32[128,8,12]   reads: tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
@@ -20995,14 +20631,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K182_MATMUL_ADD = """\
-// k182_matmul_add: matmul -> add
+K168_MATMUL_ADD = """\
+// k168_matmul_add: matmul -> add
 // writes t695: f32[12,64]   reads: t299, t687, t690
 // from addition_transformer.py:52
 //
-// k182_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
+// k168_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
 //   A[bi, m, k] = work[m + k * 12]
-//   B[bi, k, n] = work[131072 + k * 64 + n]
+//   B[bi, k, n] = work[65536 + k * 64 + n]
 //   grads[576 + (bi * 12 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -21046,7 +20682,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + n0 + b_p;
+    let b_src0 = 65536u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -21252,9 +20888,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K183_FUSED_SQUARE_SUM = """\
-// k183_fused_square_sum: square -> sum
-// writes t739: f32[]   reads: t716
+K169_FUSED_SQUARE_PAD_SUM = """\
+// k169_fused_square_pad_sum: square -> pad -> sum
+// writes t741: f32[37]   reads: t716
 // from optimizer
 @group(0) @binding(0) var<storage, read> grads: array<f32>;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;
@@ -21263,16 +20899,18 @@ var<workgroup> part0: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 1u;
-    if (o >= 1u) {
+    let o = wid.x + wid.y * 37u;
+    if (o >= 37u) {
         return;
     }
     var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 150656u; r = r + 256u) {
-        let v0: u32 = r;
-        let v1: f32 = grads[v0];
-        let v2: f32 = v1 * v1;
-        acc0 = acc0 + v2;
+    for (var r: u32 = lid.x; r < 4096u; r = r + 256u) {
+        let v0: u32 = o * 4096u + r;
+        let v1: u32 = min(v0, 150655u);
+        let v2: f32 = grads[v1];
+        let v3: f32 = v2 * v2;
+        let v4: f32 = select(0.0, v3, (v0 >= 0u && v0 < 150656u));
+        acc0 = acc0 + v4;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -21284,14 +20922,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[150656u + o] = res0;
+        work[o] = res0;
     }
 }
 """
 
-K184_FUSED_SQRT_ADD_DIV = """\
-// k184_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul -> mul -> mul -> add -> mul -> mul -> mul -> add -> mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
-// writes t746, t753, t761, t778: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, adam.m, adam.v, params, t716, t739
+K170_SUM = """\
+// k170_sum: sum
+// writes t742: f32[]   reads: t741
+// from optimizer
+@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = gid.x + gid.y * 256u;
+    if (o >= 1u) {
+        return;
+    }
+    var acc0: f32 = 0.0;
+    for (var r: u32 = 0u; r < 37u; r = r + 1u) {
+        let v0: u32 = r;
+        let v1: f32 = work[v0];
+        acc0 = acc0 + v1;
+    }
+    let res0 = acc0;
+    work[150656u + o] = res0;
+}
+"""
+
+K171_FUSED_SQRT_ADD_DIV = """\
+// k171_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul -> mul -> mul -> add -> mul -> mul -> mul -> add -> mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
+// writes t749, t756, t764, t781: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, adam.m, adam.v, params, t716, t742
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
 @group(0) @binding(1) var<storage, read> grads: array<f32>;
@@ -21342,8 +21003,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K185_FUSED_GATHER_ADD = """\
-// k185_fused_gather_add: gather -> add
+K172_FUSED_GATHER_ADD = """\
+// k172_fused_gather_add: gather -> add
 // writes t3: f32[1,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -21370,8 +21031,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K186_SUM = """\
-// k186_sum: sum
+K173_SUM = """\
+// k173_sum: sum
 // writes t4: f32[1,8,1]   reads: t3
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -21405,8 +21066,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K187_FUSED_MUL_SUB_SUM = """\
-// k187_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K174_FUSED_MUL_SUB_SUM = """\
+// k174_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t11: f32[1,8,1]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -21445,8 +21106,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K188_FUSED_MUL_SUB_ADD = """\
-// k188_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K175_FUSED_MUL_SUB_ADD = """\
+// k175_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t23: f32[1,8,64]   reads: params, t11, t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -21479,12 +21140,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K189_MATMUL = """\
-// k189_matmul: matmul
+K176_MATMUL = """\
+// k176_matmul: matmul
 // writes t24: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k189_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k176_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -21727,12 +21388,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K190_MATMUL = """\
-// k190_matmul: matmul
+K177_MATMUL = """\
+// k177_matmul: matmul
 // writes t27: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k190_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k177_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -21975,12 +21636,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K191_MATMUL = """\
-// k191_matmul: matmul
+K178_MATMUL = """\
+// k178_matmul: matmul
 // writes t30: f32[1,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k191_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k178_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22223,12 +21884,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K192_MATMUL = """\
-// k192_matmul: matmul
+K179_MATMUL = """\
+// k179_matmul: matmul
 // writes t34: f32[1,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k192_matmul: batched matmul, 4 x [8x16] @ [16x8]
+// k179_matmul: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[1024 + bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22343,8 +22004,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K193_FUSED_MUL_GREATER_WHERE = """\
-// k193_fused_mul_greater_where: mul -> greater -> where -> max
+K180_FUSED_MUL_GREATER_WHERE = """\
+// k180_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t48: f32[1,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22373,8 +22034,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K194_FUSED_MUL_GREATER_WHERE = """\
-// k194_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K181_FUSED_MUL_GREATER_WHERE = """\
+// k181_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[1,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22403,8 +22064,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K195_SUM = """\
-// k195_sum: sum
+K182_SUM = """\
+// k182_sum: sum
 // writes t53: f32[1,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22428,8 +22089,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K196_DIV = """\
-// k196_div: div
+K183_DIV = """\
+// k183_div: div
 // writes t55: f32[1,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22451,12 +22112,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K197_MATMUL = """\
-// k197_matmul: matmul
+K184_MATMUL = """\
+// k184_matmul: matmul
 // writes t56: f32[1,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k197_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k184_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[1024 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[2048 + bi * 16 + k * 64 + n]
 //   work[512 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22571,12 +22232,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K198_MATMUL_ADD = """\
-// k198_matmul_add: matmul -> add
+K185_MATMUL_ADD = """\
+// k185_matmul_add: matmul -> add
 // writes t60: f32[1,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k198_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k185_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -22819,8 +22480,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K199_SUM = """\
-// k199_sum: sum
+K186_SUM = """\
+// k186_sum: sum
 // writes t61: f32[1,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22854,8 +22515,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K200_FUSED_MUL_SUB_SUM = """\
-// k200_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K187_FUSED_MUL_SUB_SUM = """\
+// k187_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t67: f32[1,8,1]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22894,8 +22555,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K201_FUSED_MUL_SUB_ADD = """\
-// k201_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K188_FUSED_MUL_SUB_ADD = """\
+// k188_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t78: f32[1,8,64]   reads: params, t60, t61, t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -22928,12 +22589,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K202_MATMUL_ADD_RELU = """\
-// k202_matmul_add_relu: matmul -> add -> relu
+K189_MATMUL_ADD_RELU = """\
+// k189_matmul_add_relu: matmul -> add -> relu
 // writes t82: f32[1,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k202_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k189_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2560 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23176,12 +22837,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K203_MATMUL = """\
-// k203_matmul: matmul
+K190_MATMUL = """\
+// k190_matmul: matmul
 // writes t83: f32[1,8,64]   reads: params, t82
 // from addition_transformer.py:39
 //
-// k203_matmul: batched matmul, 1 x [8x256] @ [256x64]
+// k190_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23436,8 +23097,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K204_FUSED_ADD_SUM = """\
-// k204_fused_add_sum: add -> add -> sum
+K191_FUSED_ADD_SUM = """\
+// k191_fused_add_sum: add -> add -> sum
 // writes t87: f32[1,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -23476,8 +23137,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K205_FUSED_ADD_MUL_SUB = """\
-// k205_fused_add_mul_sub: add -> add -> mul -> sub
+K192_FUSED_ADD_MUL_SUB = """\
+// k192_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t91: f32[1,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -23505,8 +23166,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K206_FUSED_MUL_SUM = """\
-// k206_fused_mul_sum: mul -> sum
+K193_FUSED_MUL_SUM = """\
+// k193_fused_mul_sum: mul -> sum
 // writes t93: f32[1,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -23541,8 +23202,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K207_FUSED_MUL_ADD_RSQRT = """\
-// k207_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K194_FUSED_MUL_ADD_RSQRT = """\
+// k194_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[1,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -23572,12 +23233,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K208_MATMUL = """\
-// k208_matmul: matmul
+K195_MATMUL = """\
+// k195_matmul: matmul
 // writes t105: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k208_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k195_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -23820,12 +23481,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K209_MATMUL = """\
-// k209_matmul: matmul
+K196_MATMUL = """\
+// k196_matmul: matmul
 // writes t108: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k209_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k196_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24068,12 +23729,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K210_MATMUL = """\
-// k210_matmul: matmul
+K197_MATMUL = """\
+// k197_matmul: matmul
 // writes t111: f32[1,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k210_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k197_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24316,12 +23977,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K211_MATMUL = """\
-// k211_matmul: matmul
+K198_MATMUL = """\
+// k198_matmul: matmul
 // writes t115: f32[1,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k211_matmul: batched matmul, 4 x [8x16] @ [16x8]
+// k198_matmul: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24436,8 +24097,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K212_FUSED_MUL_GREATER_WHERE = """\
-// k212_fused_mul_greater_where: mul -> greater -> where -> max
+K199_FUSED_MUL_GREATER_WHERE = """\
+// k199_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t126: f32[1,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24466,8 +24127,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K213_FUSED_MUL_GREATER_WHERE = """\
-// k213_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K200_FUSED_MUL_GREATER_WHERE = """\
+// k200_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[1,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24496,8 +24157,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K214_SUM = """\
-// k214_sum: sum
+K201_SUM = """\
+// k201_sum: sum
 // writes t131: f32[1,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24521,8 +24182,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K215_DIV = """\
-// k215_div: div
+K202_DIV = """\
+// k202_div: div
 // writes t133: f32[1,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24544,12 +24205,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K216_MATMUL = """\
-// k216_matmul: matmul
+K203_MATMUL = """\
+// k203_matmul: matmul
 // writes t134: f32[1,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k216_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k203_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24664,12 +24325,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K217_MATMUL_ADD = """\
-// k217_matmul_add: add -> add -> matmul -> add
+K204_MATMUL_ADD = """\
+// k204_matmul_add: add -> add -> matmul -> add
 // writes t138: f32[1,8,64]   reads: params, t134, t60, t83
 // from addition_transformer.py:38
 //
-// k217_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k204_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[3072 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -24912,8 +24573,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K218_SUM = """\
-// k218_sum: sum
+K205_SUM = """\
+// k205_sum: sum
 // writes t139: f32[1,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24947,8 +24608,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K219_FUSED_MUL_SUB_SUM = """\
-// k219_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K206_FUSED_MUL_SUB_SUM = """\
+// k206_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t145: f32[1,8,1]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24987,8 +24648,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K220_FUSED_MUL_SUB_ADD = """\
-// k220_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K207_FUSED_MUL_SUB_ADD = """\
+// k207_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t156: f32[1,8,64]   reads: params, t138, t139, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -25021,12 +24682,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K221_MATMUL_ADD_RELU = """\
-// k221_matmul_add_relu: matmul -> add -> relu
+K208_MATMUL_ADD_RELU = """\
+// k208_matmul_add_relu: matmul -> add -> relu
 // writes t160: f32[1,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k221_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k208_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2048 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25269,12 +24930,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K222_MATMUL = """\
-// k222_matmul: matmul
+K209_MATMUL = """\
+// k209_matmul: matmul
 // writes t161: f32[1,8,64]   reads: params, t160
 // from addition_transformer.py:39
 //
-// k222_matmul: batched matmul, 1 x [8x256] @ [256x64]
+// k209_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25529,8 +25190,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K223_FUSED_ADD_SUM = """\
-// k223_fused_add_sum: add -> add -> sum
+K210_FUSED_ADD_SUM = """\
+// k210_fused_add_sum: add -> add -> sum
 // writes t165: f32[1,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -25569,8 +25230,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K224_FUSED_ADD_MUL_SUB = """\
-// k224_fused_add_mul_sub: add -> add -> mul -> sub
+K211_FUSED_ADD_MUL_SUB = """\
+// k211_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t169: f32[1,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -25598,8 +25259,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K225_FUSED_MUL_SUM = """\
-// k225_fused_mul_sum: mul -> sum
+K212_FUSED_MUL_SUM = """\
+// k212_fused_mul_sum: mul -> sum
 // writes t171: f32[1,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -25634,8 +25295,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K226_FUSED_MUL_ADD_RSQRT = """\
-// k226_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K213_FUSED_MUL_ADD_RSQRT = """\
+// k213_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[1,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -25665,12 +25326,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K227_MATMUL = """\
-// k227_matmul: matmul
+K214_MATMUL = """\
+// k214_matmul: matmul
 // writes t183: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k227_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k214_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -25913,12 +25574,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K228_MATMUL = """\
-// k228_matmul: matmul
+K215_MATMUL = """\
+// k215_matmul: matmul
 // writes t186: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k228_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k215_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[1024 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26161,12 +25822,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K229_MATMUL = """\
-// k229_matmul: matmul
+K216_MATMUL = """\
+// k216_matmul: matmul
 // writes t189: f32[1,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k229_matmul: batched matmul, 1 x [8x64] @ [64x64]
+// k216_matmul: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[1536 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26409,12 +26070,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K230_MATMUL = """\
-// k230_matmul: matmul
+K217_MATMUL = """\
+// k217_matmul: matmul
 // writes t193: f32[1,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k230_matmul: batched matmul, 4 x [8x16] @ [16x8]
+// k217_matmul: batched matmul, 4 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[bi * 16 + m * 64 + k]
 //   B[bi, k, n] = work[1024 + bi * 16 + k + n * 64]
 //   work[512 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26529,8 +26190,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K231_FUSED_MUL_GREATER_WHERE = """\
-// k231_fused_mul_greater_where: mul -> greater -> where -> max
+K218_FUSED_MUL_GREATER_WHERE = """\
+// k218_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t204: f32[1,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26559,8 +26220,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K232_FUSED_MUL_GREATER_WHERE = """\
-// k232_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K219_FUSED_MUL_GREATER_WHERE = """\
+// k219_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[1,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26589,8 +26250,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K233_SUM = """\
-// k233_sum: sum
+K220_SUM = """\
+// k220_sum: sum
 // writes t209: f32[1,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26614,8 +26275,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K234_DIV = """\
-// k234_div: div
+K221_DIV = """\
+// k221_div: div
 // writes t211: f32[1,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26637,12 +26298,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K235_MATMUL = """\
-// k235_matmul: matmul
+K222_MATMUL = """\
+// k222_matmul: matmul
 // writes t212: f32[1,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k235_matmul: batched matmul, 4 x [8x8] @ [8x16]
+// k222_matmul: batched matmul, 4 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[512 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[1536 + bi * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -26757,12 +26418,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K236_MATMUL_ADD = """\
-// k236_matmul_add: add -> add -> matmul -> add
+K223_MATMUL_ADD = """\
+// k223_matmul_add: add -> add -> matmul -> add
 // writes t216: f32[1,8,64]   reads: params, t138, t161, t212
 // from addition_transformer.py:38
 //
-// k236_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
+// k223_matmul_add: batched matmul, 1 x [8x64] @ [64x64]
 //   A[bi, m, k] = work[m * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[2560 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27005,8 +26666,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K237_SUM = """\
-// k237_sum: sum
+K224_SUM = """\
+// k224_sum: sum
 // writes t217: f32[1,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27040,8 +26701,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K238_FUSED_MUL_SUB_SUM = """\
-// k238_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K225_FUSED_MUL_SUB_SUM = """\
+// k225_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t223: f32[1,8,1]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27080,8 +26741,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K239_FUSED_MUL_SUB_ADD = """\
-// k239_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K226_FUSED_MUL_SUB_ADD = """\
+// k226_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t234: f32[1,8,64]   reads: params, t216, t217, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -27114,12 +26775,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K240_MATMUL_ADD_RELU = """\
-// k240_matmul_add_relu: matmul -> add -> relu
+K227_MATMUL_ADD_RELU = """\
+// k227_matmul_add_relu: matmul -> add -> relu
 // writes t238: f32[1,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k240_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
+// k227_matmul_add_relu: batched matmul, 1 x [8x64] @ [64x256]
 //   A[bi, m, k] = work[2048 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 8 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27362,12 +27023,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K241_MATMUL = """\
-// k241_matmul: matmul
+K228_MATMUL = """\
+// k228_matmul: matmul
 // writes t239: f32[1,8,64]   reads: params, t238
 // from addition_transformer.py:39
 //
-// k241_matmul: batched matmul, 1 x [8x256] @ [256x64]
+// k228_matmul: batched matmul, 1 x [8x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[2048 + (bi * 8 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -27622,8 +27283,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K242_FUSED_ADD_SUM = """\
-// k242_fused_add_sum: add -> add -> sum
+K229_FUSED_ADD_SUM = """\
+// k229_fused_add_sum: add -> add -> sum
 // writes t243: f32[1,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -27662,8 +27323,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K243_FUSED_ADD_MUL_SUB = """\
-// k243_fused_add_mul_sub: add -> add -> mul -> sub
+K230_FUSED_ADD_MUL_SUB = """\
+// k230_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t247: f32[1,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -27691,8 +27352,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K244_FUSED_MUL_SUM = """\
-// k244_fused_mul_sum: mul -> sum
+K231_FUSED_MUL_SUM = """\
+// k231_fused_mul_sum: mul -> sum
 // writes t249: f32[1,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27727,8 +27388,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K245_FUSED_MUL_ADD_RSQRT = """\
-// k245_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K232_FUSED_MUL_ADD_RSQRT = """\
+// k232_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[1,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -27758,12 +27419,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K246_MATMUL = """\
-// k246_matmul: matmul
+K233_MATMUL = """\
+// k233_matmul: matmul
 // writes t262: f32[1,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k246_matmul: batched matmul, 1 x [8x64] @ [64x12]
+// k233_matmul: batched matmul, 1 x [8x64] @ [64x12]
 //   A[bi, m, k] = work[512 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 8 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28009,8 +27670,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K247_FUSED_GATHER_ADD = """\
-// k247_fused_gather_add: gather -> add
+K234_FUSED_GATHER_ADD = """\
+// k234_fused_gather_add: gather -> add
 // writes t3: f32[128,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28038,8 +27699,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K248_SUM = """\
-// k248_sum: sum
+K235_SUM = """\
+// k235_sum: sum
 // writes t4: f32[128,8,1]   reads: t3
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28075,8 +27736,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K249_FUSED_MUL_SUB_SUM = """\
-// k249_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K236_FUSED_MUL_SUB_SUM = """\
+// k236_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t11: f32[128,8,1]   reads: t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28117,8 +27778,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K250_FUSED_MUL_SUB_ADD = """\
-// k250_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K237_FUSED_MUL_SUB_ADD = """\
+// k237_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t23: f32[128,8,64]   reads: params, t11, t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28152,12 +27813,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K251_MATMUL = """\
-// k251_matmul: matmul
+K238_MATMUL = """\
+// k238_matmul: matmul
 // writes t24: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k251_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k238_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[1344 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28398,12 +28059,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K252_MATMUL = """\
-// k252_matmul: matmul
+K239_MATMUL = """\
+// k239_matmul: matmul
 // writes t27: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k252_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k239_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[5440 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28644,12 +28305,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K253_MATMUL = """\
-// k253_matmul: matmul
+K240_MATMUL = """\
+// k240_matmul: matmul
 // writes t30: f32[128,8,64]   reads: params, t23
 // from addition_transformer.py:35
 //
-// k253_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k240_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[9536 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -28890,12 +28551,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K254_MATMUL = """\
-// k254_matmul: matmul
+K241_MATMUL = """\
+// k241_matmul: matmul
 // writes t34: f32[128,4,8,8]   reads: t24, t27
 // from addition_transformer.py:36
 //
-// k254_matmul: batched matmul, 512 x [8x16] @ [16x8]
+// k241_matmul: batched matmul, 512 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29010,8 +28671,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K255_FUSED_MUL_GREATER_WHERE = """\
-// k255_fused_mul_greater_where: mul -> greater -> where -> max
+K242_FUSED_MUL_GREATER_WHERE = """\
+// k242_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29041,8 +28702,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K256_FUSED_MUL_GREATER_WHERE = """\
-// k256_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K243_FUSED_MUL_GREATER_WHERE = """\
+// k243_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[128,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29072,8 +28733,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K257_SUM = """\
-// k257_sum: sum
+K244_SUM = """\
+// k244_sum: sum
 // writes t53: f32[128,4,8,1]   reads: t52
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29098,8 +28759,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K258_DIV = """\
-// k258_div: div
+K245_DIV = """\
+// k245_div: div
 // writes t55: f32[128,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29122,12 +28783,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K259_MATMUL = """\
-// k259_matmul: matmul
+K246_MATMUL = """\
+// k246_matmul: matmul
 // writes t56: f32[128,4,8,16]   reads: t30, t55
 // from addition_transformer.py:37
 //
-// k259_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k246_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[131072 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[262144 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[65536 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29242,12 +28903,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K260_MATMUL_ADD = """\
-// k260_matmul_add: matmul -> add
+K247_MATMUL_ADD = """\
+// k247_matmul_add: matmul -> add
 // writes t60: f32[128,8,64]   reads: params, t3, t56
 // from addition_transformer.py:38
 //
-// k260_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k247_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[13632 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -29488,8 +29149,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K261_SUM = """\
-// k261_sum: sum
+K248_SUM = """\
+// k248_sum: sum
 // writes t61: f32[128,8,1]   reads: t60
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29525,8 +29186,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K262_FUSED_MUL_SUB_SUM = """\
-// k262_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K249_FUSED_MUL_SUB_SUM = """\
+// k249_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t67: f32[128,8,1]   reads: t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -29567,8 +29228,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K263_FUSED_MUL_SUB_ADD = """\
-// k263_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K250_FUSED_MUL_SUB_ADD = """\
+// k250_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t78: f32[128,8,64]   reads: params, t60, t61, t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -29602,12 +29263,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K264_MATMUL_ADD_RELU = """\
-// k264_matmul_add_relu: matmul -> add -> relu
+K251_MATMUL_ADD_RELU = """\
+// k251_matmul_add_relu: matmul -> add -> relu
 // writes t82: f32[128,8,256]   reads: params, t78
 // from addition_transformer.py:39
 //
-// k264_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k251_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[327680 + m * 64 + k]
 //   B[bi, k, n] = params[17728 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30004,12 +29665,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K265_MATMUL = """\
-// k265_matmul: matmul
+K252_MATMUL = """\
+// k252_matmul: matmul
 // writes t83: f32[128,8,64]   reads: params, t82
 // from addition_transformer.py:39
 //
-// k265_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k252_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[34112 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30262,8 +29923,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K266_FUSED_ADD_SUM = """\
-// k266_fused_add_sum: add -> add -> sum
+K253_FUSED_ADD_SUM = """\
+// k253_fused_add_sum: add -> add -> sum
 // writes t87: f32[128,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30304,8 +29965,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K267_FUSED_ADD_MUL_SUB = """\
-// k267_fused_add_mul_sub: add -> add -> mul -> sub
+K254_FUSED_ADD_MUL_SUB = """\
+// k254_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t91: f32[128,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30334,8 +29995,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K268_FUSED_MUL_SUM = """\
-// k268_fused_mul_sum: mul -> sum
+K255_FUSED_MUL_SUM = """\
+// k255_fused_mul_sum: mul -> sum
 // writes t93: f32[128,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30372,8 +30033,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K269_FUSED_MUL_ADD_RSQRT = """\
-// k269_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K256_FUSED_MUL_ADD_RSQRT = """\
+// k256_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[128,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30404,12 +30065,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K270_MATMUL = """\
-// k270_matmul: matmul
+K257_MATMUL = """\
+// k257_matmul: matmul
 // writes t105: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k270_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k257_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[50496 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30650,12 +30311,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K271_MATMUL = """\
-// k271_matmul: matmul
+K258_MATMUL = """\
+// k258_matmul: matmul
 // writes t108: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k271_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k258_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[54592 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -30896,12 +30557,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K272_MATMUL = """\
-// k272_matmul: matmul
+K259_MATMUL = """\
+// k259_matmul: matmul
 // writes t111: f32[128,8,64]   reads: params, t104
 // from addition_transformer.py:35
 //
-// k272_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k259_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[58688 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31142,12 +30803,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K273_MATMUL = """\
-// k273_matmul: matmul
+K260_MATMUL = """\
+// k260_matmul: matmul
 // writes t115: f32[128,4,8,8]   reads: t105, t108
 // from addition_transformer.py:36
 //
-// k273_matmul: batched matmul, 512 x [8x16] @ [16x8]
+// k260_matmul: batched matmul, 512 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31262,8 +30923,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K274_FUSED_MUL_GREATER_WHERE = """\
-// k274_fused_mul_greater_where: mul -> greater -> where -> max
+K261_FUSED_MUL_GREATER_WHERE = """\
+// k261_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31293,8 +30954,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K275_FUSED_MUL_GREATER_WHERE = """\
-// k275_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K262_FUSED_MUL_GREATER_WHERE = """\
+// k262_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[128,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31324,8 +30985,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K276_SUM = """\
-// k276_sum: sum
+K263_SUM = """\
+// k263_sum: sum
 // writes t131: f32[128,4,8,1]   reads: t130
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31350,8 +31011,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K277_DIV = """\
-// k277_div: div
+K264_DIV = """\
+// k264_div: div
 // writes t133: f32[128,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31374,12 +31035,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K278_MATMUL = """\
-// k278_matmul: matmul
+K265_MATMUL = """\
+// k265_matmul: matmul
 // writes t134: f32[128,4,8,16]   reads: t111, t133
 // from addition_transformer.py:37
 //
-// k278_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k265_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[65536 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31494,12 +31155,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K279_MATMUL_ADD = """\
-// k279_matmul_add: add -> add -> matmul -> add
+K266_MATMUL_ADD = """\
+// k266_matmul_add: add -> add -> matmul -> add
 // writes t138: f32[128,8,64]   reads: params, t134, t60, t83
 // from addition_transformer.py:38
 //
-// k279_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k266_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[62784 + k * 64 + n]
 //   work[393216 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -31740,8 +31401,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K280_SUM = """\
-// k280_sum: sum
+K267_SUM = """\
+// k267_sum: sum
 // writes t139: f32[128,8,1]   reads: t138
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31777,8 +31438,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K281_FUSED_MUL_SUB_SUM = """\
-// k281_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K268_FUSED_MUL_SUB_SUM = """\
+// k268_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t145: f32[128,8,1]   reads: t138, t139
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -31819,8 +31480,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K282_FUSED_MUL_SUB_ADD = """\
-// k282_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K269_FUSED_MUL_SUB_ADD = """\
+// k269_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t156: f32[128,8,64]   reads: params, t138, t139, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -31854,12 +31515,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K283_MATMUL_ADD_RELU = """\
-// k283_matmul_add_relu: matmul -> add -> relu
+K270_MATMUL_ADD_RELU = """\
+// k270_matmul_add_relu: matmul -> add -> relu
 // writes t160: f32[128,8,256]   reads: params, t156
 // from addition_transformer.py:39
 //
-// k283_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k270_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[262144 + m * 64 + k]
 //   B[bi, k, n] = params[66880 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -32256,12 +31917,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K284_MATMUL = """\
-// k284_matmul: matmul
+K271_MATMUL = """\
+// k271_matmul: matmul
 // writes t161: f32[128,8,64]   reads: params, t160
 // from addition_transformer.py:39
 //
-// k284_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k271_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[83264 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -32514,8 +32175,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K285_FUSED_ADD_SUM = """\
-// k285_fused_add_sum: add -> add -> sum
+K272_FUSED_ADD_SUM = """\
+// k272_fused_add_sum: add -> add -> sum
 // writes t165: f32[128,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -32556,8 +32217,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K286_FUSED_ADD_MUL_SUB = """\
-// k286_fused_add_mul_sub: add -> add -> mul -> sub
+K273_FUSED_ADD_MUL_SUB = """\
+// k273_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t169: f32[128,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -32586,8 +32247,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K287_FUSED_MUL_SUM = """\
-// k287_fused_mul_sum: mul -> sum
+K274_FUSED_MUL_SUM = """\
+// k274_fused_mul_sum: mul -> sum
 // writes t171: f32[128,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -32624,8 +32285,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K288_FUSED_MUL_ADD_RSQRT = """\
-// k288_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K275_FUSED_MUL_ADD_RSQRT = """\
+// k275_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[128,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -32656,12 +32317,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K289_MATMUL = """\
-// k289_matmul: matmul
+K276_MATMUL = """\
+// k276_matmul: matmul
 // writes t183: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k289_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k276_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[99648 + k * 64 + n]
 //   work[0 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -32902,12 +32563,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K290_MATMUL = """\
-// k290_matmul: matmul
+K277_MATMUL = """\
+// k277_matmul: matmul
 // writes t186: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k290_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k277_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[103744 + k * 64 + n]
 //   work[131072 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33148,12 +32809,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K291_MATMUL = """\
-// k291_matmul: matmul
+K278_MATMUL = """\
+// k278_matmul: matmul
 // writes t189: f32[128,8,64]   reads: params, t182
 // from addition_transformer.py:35
 //
-// k291_matmul: batched matmul, 1 x [1024x64] @ [64x64]
+// k278_matmul: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[107840 + k * 64 + n]
 //   work[196608 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33394,12 +33055,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K292_MATMUL = """\
-// k292_matmul: matmul
+K279_MATMUL = """\
+// k279_matmul: matmul
 // writes t193: f32[128,4,8,8]   reads: t183, t186
 // from addition_transformer.py:36
 //
-// k292_matmul: batched matmul, 512 x [8x16] @ [16x8]
+// k279_matmul: batched matmul, 512 x [8x16] @ [16x8]
 //   A[bi, m, k] = work[(bi / 4) * 512 + (bi % 4) * 16 + m * 64 + k]
 //   B[bi, k, n] = work[131072 + (bi / 4) * 512 + (bi % 4) * 16 + k + n * 64]
 //   work[65536 + (bi * 8 + row) * 8 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33514,8 +33175,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K293_FUSED_MUL_GREATER_WHERE = """\
-// k293_fused_mul_greater_where: mul -> greater -> where -> max
+K280_FUSED_MUL_GREATER_WHERE = """\
+// k280_fused_mul_greater_where: mul -> greater -> where -> max
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33545,8 +33206,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K294_FUSED_MUL_GREATER_WHERE = """\
-// k294_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K281_FUSED_MUL_GREATER_WHERE = """\
+// k281_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[128,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33576,8 +33237,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K295_SUM = """\
-// k295_sum: sum
+K282_SUM = """\
+// k282_sum: sum
 // writes t209: f32[128,4,8,1]   reads: t208
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33602,8 +33263,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K296_DIV = """\
-// k296_div: div
+K283_DIV = """\
+// k283_div: div
 // writes t211: f32[128,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33626,12 +33287,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K297_MATMUL = """\
-// k297_matmul: matmul
+K284_MATMUL = """\
+// k284_matmul: matmul
 // writes t212: f32[128,4,8,16]   reads: t189, t211
 // from addition_transformer.py:37
 //
-// k297_matmul: batched matmul, 512 x [8x8] @ [8x16]
+// k284_matmul: batched matmul, 512 x [8x8] @ [8x16]
 //   A[bi, m, k] = work[65536 + bi * 64 + m * 8 + k]
 //   B[bi, k, n] = work[196608 + (bi / 4) * 512 + (bi % 4) * 16 + k * 64 + n]
 //   work[0 + (bi * 8 + row) * 16 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33746,12 +33407,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K298_MATMUL_ADD = """\
-// k298_matmul_add: add -> add -> matmul -> add
+K285_MATMUL_ADD = """\
+// k285_matmul_add: add -> add -> matmul -> add
 // writes t216: f32[128,8,64]   reads: params, t138, t161, t212
 // from addition_transformer.py:38
 //
-// k298_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
+// k285_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
 //   A[bi, m, k] = work[(m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[bi, k, n] = params[111936 + k * 64 + n]
 //   work[327680 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -33992,8 +33653,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K299_SUM = """\
-// k299_sum: sum
+K286_SUM = """\
+// k286_sum: sum
 // writes t217: f32[128,8,1]   reads: t216
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34029,8 +33690,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K300_FUSED_MUL_SUB_SUM = """\
-// k300_fused_mul_sub_sum: mul -> sub -> mul -> sum
+K287_FUSED_MUL_SUB_SUM = """\
+// k287_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t223: f32[128,8,1]   reads: t216, t217
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34071,8 +33732,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K301_FUSED_MUL_SUB_ADD = """\
-// k301_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
+K288_FUSED_MUL_SUB_ADD = """\
+// k288_fused_mul_sub_add: mul -> sub -> mul -> add -> rsqrt -> mul -> mul -> add
 // writes t234: f32[128,8,64]   reads: params, t216, t217, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34106,12 +33767,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K302_MATMUL_ADD_RELU = """\
-// k302_matmul_add_relu: matmul -> add -> relu
+K289_MATMUL_ADD_RELU = """\
+// k289_matmul_add_relu: matmul -> add -> relu
 // writes t238: f32[128,8,256]   reads: params, t234
 // from addition_transformer.py:39
 //
-// k302_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
+// k289_matmul_add_relu: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[262144 + m * 64 + k]
 //   B[bi, k, n] = params[116032 + k * 256 + n]
 //   work[0 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -34508,12 +34169,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K303_MATMUL = """\
-// k303_matmul: matmul
+K290_MATMUL = """\
+// k290_matmul: matmul
 // writes t239: f32[128,8,64]   reads: params, t238
 // from addition_transformer.py:39
 //
-// k303_matmul: batched matmul, 1 x [1024x256] @ [256x64]
+// k290_matmul: batched matmul, 1 x [1024x256] @ [256x64]
 //   A[bi, m, k] = work[m * 256 + k]
 //   B[bi, k, n] = params[132416 + k * 64 + n]
 //   work[262144 + (bi * 1024 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -34766,8 +34427,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K304_FUSED_ADD_SUM = """\
-// k304_fused_add_sum: add -> add -> sum
+K291_FUSED_ADD_SUM = """\
+// k291_fused_add_sum: add -> add -> sum
 // writes t243: f32[128,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34808,8 +34469,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K305_FUSED_ADD_MUL_SUB = """\
-// k305_fused_add_mul_sub: add -> add -> mul -> sub
+K292_FUSED_ADD_MUL_SUB = """\
+// k292_fused_add_mul_sub: add -> add -> mul -> sub
 // writes t247: f32[128,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34838,8 +34499,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K306_FUSED_MUL_SUM = """\
-// k306_fused_mul_sum: mul -> sum
+K293_FUSED_MUL_SUM = """\
+// k293_fused_mul_sum: mul -> sum
 // writes t249: f32[128,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34876,8 +34537,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K307_FUSED_MUL_ADD_RSQRT = """\
-// k307_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K294_FUSED_MUL_ADD_RSQRT = """\
+// k294_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[128,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34908,12 +34569,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K308_MATMUL = """\
-// k308_matmul: matmul
+K295_MATMUL = """\
+// k295_matmul: matmul
 // writes t262: f32[128,8,12]   reads: params, t260
 // from addition_transformer.py:56
 //
-// k308_matmul: batched matmul, 1 x [1024x64] @ [64x12]
+// k295_matmul: batched matmul, 1 x [1024x64] @ [64x12]
 //   A[bi, m, k] = work[65536 + m * 64 + k]
 //   B[bi, k, n] = params[576 + k + n * 64]
 //   work[0 + (bi * 1024 + row) * 12 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -35223,250 +34884,237 @@ WGSL = {
     "k060_fused_mul_add": K060_FUSED_MUL_ADD,
     "k061_matmul": K061_MATMUL,
     "k062_max": K062_MAX,
-    "k063_fused_stop_gradient_sub": K063_FUSED_STOP_GRADIENT_SUB,
-    "k064_fused_exp_sum": K064_FUSED_EXP_SUM,
-    "k065_fused_log_sub": K065_FUSED_LOG_SUB,
-    "k066_fused_one_hot_mul_sum": K066_FUSED_ONE_HOT_MUL_SUM,
-    "k067_fused_neg_mul_sum": K067_FUSED_NEG_MUL_SUM,
-    "k068_fused_one_hot_mul_neg": K068_FUSED_ONE_HOT_MUL_NEG,
-    "k069_sum": K069_SUM,
-    "k070_fused_exp_mul_sub": K070_FUSED_EXP_MUL_SUB,
+    "k063_fused_stop_gradient_sub_exp": K063_FUSED_STOP_GRADIENT_SUB_EXP,
+    "k064_fused_stop_gradient_sub_log": K064_FUSED_STOP_GRADIENT_SUB_LOG,
+    "k065_fused_one_hot_mul_sum": K065_FUSED_ONE_HOT_MUL_SUM,
+    "k066_fused_neg_mul_sum": K066_FUSED_NEG_MUL_SUM,
+    "k067_fused_one_hot_mul_neg": K067_FUSED_ONE_HOT_MUL_NEG,
+    "k068_sum": K068_SUM,
+    "k069_fused_exp_mul_sub": K069_FUSED_EXP_MUL_SUB,
+    "k070_matmul": K070_MATMUL,
     "k071_matmul": K071_MATMUL,
-    "k072_matmul": K072_MATMUL,
-    "k073_sum": K073_SUM,
-    "k074_mul": K074_MUL,
-    "k075_fused_mul_sum": K075_FUSED_MUL_SUM,
-    "k076_fused_mul_sum": K076_FUSED_MUL_SUM,
-    "k077_fused_mul_add": K077_FUSED_MUL_ADD,
-    "k078_fused_neg_sum": K078_FUSED_NEG_SUM,
-    "k079_fused_mul_add": K079_FUSED_MUL_ADD,
-    "k080_sum": K080_SUM,
-    "k081_matmul": K081_MATMUL,
-    "k082_matmul_greater_mul": K082_MATMUL_GREATER_MUL,
-    "k083_sum": K083_SUM,
-    "k084_matmul": K084_MATMUL,
-    "k085_matmul": K085_MATMUL,
-    "k086_sum": K086_SUM,
-    "k087_mul": K087_MUL,
-    "k088_fused_mul_sub_sum": K088_FUSED_MUL_SUB_SUM,
-    "k089_fused_mul_sub_sum": K089_FUSED_MUL_SUB_SUM,
-    "k090_fused_mul_sub_add": K090_FUSED_MUL_SUB_ADD,
-    "k091_fused_neg_sum": K091_FUSED_NEG_SUM,
-    "k092_fused_add_mul": K092_FUSED_ADD_MUL,
+    "k072_fused_mul_sum": K072_FUSED_MUL_SUM,
+    "k073_fused_mul_sum": K073_FUSED_MUL_SUM,
+    "k074_fused_mul_add": K074_FUSED_MUL_ADD,
+    "k075_fused_neg_sum": K075_FUSED_NEG_SUM,
+    "k076_fused_mul_add": K076_FUSED_MUL_ADD,
+    "k077_matmul": K077_MATMUL,
+    "k078_matmul_greater_mul": K078_MATMUL_GREATER_MUL,
+    "k079_matmul": K079_MATMUL,
+    "k080_matmul": K080_MATMUL,
+    "k081_fused_sum": K081_FUSED_SUM,
+    "k082_fused_mul_sub_sum": K082_FUSED_MUL_SUB_SUM,
+    "k083_fused_mul_sub_add": K083_FUSED_MUL_SUB_ADD,
+    "k084_fused_neg_sum": K084_FUSED_NEG_SUM,
+    "k085_fused_add_mul": K085_FUSED_ADD_MUL,
+    "k086_matmul": K086_MATMUL,
+    "k087_matmul": K087_MATMUL,
+    "k088_matmul": K088_MATMUL,
+    "k089_matmul": K089_MATMUL,
+    "k090_fused_mul_sum": K090_FUSED_MUL_SUM,
+    "k091_fused_greater_sub_mul": K091_FUSED_GREATER_SUB_MUL,
+    "k092_matmul": K092_MATMUL,
     "k093_matmul": K093_MATMUL,
     "k094_matmul": K094_MATMUL,
     "k095_matmul": K095_MATMUL,
     "k096_matmul": K096_MATMUL,
-    "k097_fused_mul_sum": K097_FUSED_MUL_SUM,
-    "k098_fused_greater_sub_mul": K098_FUSED_GREATER_SUB_MUL,
-    "k099_matmul": K099_MATMUL,
-    "k100_matmul": K100_MATMUL,
-    "k101_matmul": K101_MATMUL,
-    "k102_matmul": K102_MATMUL,
-    "k103_matmul": K103_MATMUL,
-    "k104_matmul": K104_MATMUL,
-    "k105_matmul": K105_MATMUL,
-    "k106_matmul_add": K106_MATMUL_ADD,
-    "k107_sum": K107_SUM,
-    "k108_fused_mul_sum": K108_FUSED_MUL_SUM,
-    "k109_fused_mul_sum": K109_FUSED_MUL_SUM,
-    "k110_fused_mul_add": K110_FUSED_MUL_ADD,
-    "k111_fused_neg_sum": K111_FUSED_NEG_SUM,
-    "k112_fused_add_mul": K112_FUSED_ADD_MUL,
-    "k113_sum": K113_SUM,
-    "k114_matmul": K114_MATMUL,
-    "k115_matmul_greater_mul": K115_MATMUL_GREATER_MUL,
-    "k116_sum": K116_SUM,
+    "k097_matmul": K097_MATMUL,
+    "k098_matmul": K098_MATMUL,
+    "k099_matmul_add": K099_MATMUL_ADD,
+    "k100_fused_mul_sub_sum": K100_FUSED_MUL_SUB_SUM,
+    "k101_fused_mul_sum": K101_FUSED_MUL_SUM,
+    "k102_fused_mul_add": K102_FUSED_MUL_ADD,
+    "k103_fused_neg_sum": K103_FUSED_NEG_SUM,
+    "k104_fused_add_mul": K104_FUSED_ADD_MUL,
+    "k105_fused_mul_sum": K105_FUSED_MUL_SUM,
+    "k106_matmul": K106_MATMUL,
+    "k107_matmul_greater_mul": K107_MATMUL_GREATER_MUL,
+    "k108_fused_sum": K108_FUSED_SUM,
+    "k109_matmul": K109_MATMUL,
+    "k110_matmul": K110_MATMUL,
+    "k111_fused_mul_sub_sum": K111_FUSED_MUL_SUB_SUM,
+    "k112_fused_mul_sub_sum": K112_FUSED_MUL_SUB_SUM,
+    "k113_fused_mul_sub_add": K113_FUSED_MUL_SUB_ADD,
+    "k114_fused_neg_sum": K114_FUSED_NEG_SUM,
+    "k115_fused_add_mul": K115_FUSED_ADD_MUL,
+    "k116_matmul": K116_MATMUL,
     "k117_matmul": K117_MATMUL,
     "k118_matmul": K118_MATMUL,
-    "k119_sum": K119_SUM,
-    "k120_mul": K120_MUL,
-    "k121_fused_mul_sub_sum": K121_FUSED_MUL_SUB_SUM,
-    "k122_fused_mul_sub_sum": K122_FUSED_MUL_SUB_SUM,
-    "k123_fused_mul_sub_add": K123_FUSED_MUL_SUB_ADD,
-    "k124_fused_neg_sum": K124_FUSED_NEG_SUM,
-    "k125_fused_add_mul": K125_FUSED_ADD_MUL,
+    "k119_matmul": K119_MATMUL,
+    "k120_fused_mul_sum": K120_FUSED_MUL_SUM,
+    "k121_fused_greater_sub_mul": K121_FUSED_GREATER_SUB_MUL,
+    "k122_matmul": K122_MATMUL,
+    "k123_matmul": K123_MATMUL,
+    "k124_matmul": K124_MATMUL,
+    "k125_matmul": K125_MATMUL,
     "k126_matmul": K126_MATMUL,
     "k127_matmul": K127_MATMUL,
     "k128_matmul": K128_MATMUL,
-    "k129_matmul": K129_MATMUL,
+    "k129_matmul_add": K129_MATMUL_ADD,
     "k130_fused_mul_sum": K130_FUSED_MUL_SUM,
-    "k131_fused_greater_sub_mul": K131_FUSED_GREATER_SUB_MUL,
-    "k132_matmul": K132_MATMUL,
-    "k133_matmul": K133_MATMUL,
-    "k134_matmul": K134_MATMUL,
+    "k131_fused_mul_sum": K131_FUSED_MUL_SUM,
+    "k132_fused_mul_add": K132_FUSED_MUL_ADD,
+    "k133_fused_neg_sum": K133_FUSED_NEG_SUM,
+    "k134_fused_add_mul": K134_FUSED_ADD_MUL,
     "k135_matmul": K135_MATMUL,
-    "k136_matmul": K136_MATMUL,
-    "k137_matmul": K137_MATMUL,
+    "k136_matmul_greater_mul": K136_MATMUL_GREATER_MUL,
+    "k137_sum": K137_SUM,
     "k138_matmul": K138_MATMUL,
-    "k139_matmul_add": K139_MATMUL_ADD,
-    "k140_sum": K140_SUM,
-    "k141_fused_mul_sum": K141_FUSED_MUL_SUM,
-    "k142_fused_mul_sum": K142_FUSED_MUL_SUM,
-    "k143_fused_mul_add": K143_FUSED_MUL_ADD,
-    "k144_fused_neg_sum": K144_FUSED_NEG_SUM,
-    "k145_fused_add_mul": K145_FUSED_ADD_MUL,
-    "k146_sum": K146_SUM,
+    "k139_matmul": K139_MATMUL,
+    "k140_fused_sum": K140_FUSED_SUM,
+    "k141_fused_mul_sub_sum": K141_FUSED_MUL_SUB_SUM,
+    "k142_fused_mul_sub_add": K142_FUSED_MUL_SUB_ADD,
+    "k143_fused_neg_sum": K143_FUSED_NEG_SUM,
+    "k144_fused_add_mul": K144_FUSED_ADD_MUL,
+    "k145_matmul": K145_MATMUL,
+    "k146_matmul": K146_MATMUL,
     "k147_matmul": K147_MATMUL,
-    "k148_matmul_greater_mul": K148_MATMUL_GREATER_MUL,
-    "k149_sum": K149_SUM,
-    "k150_matmul": K150_MATMUL,
+    "k148_matmul": K148_MATMUL,
+    "k149_fused_mul_sum": K149_FUSED_MUL_SUM,
+    "k150_fused_greater_sub_mul": K150_FUSED_GREATER_SUB_MUL,
     "k151_matmul": K151_MATMUL,
-    "k152_sum": K152_SUM,
-    "k153_mul": K153_MUL,
-    "k154_fused_mul_sub_sum": K154_FUSED_MUL_SUB_SUM,
-    "k155_fused_mul_sub_sum": K155_FUSED_MUL_SUB_SUM,
-    "k156_fused_mul_sub_add": K156_FUSED_MUL_SUB_ADD,
-    "k157_fused_neg_sum": K157_FUSED_NEG_SUM,
-    "k158_fused_add_mul": K158_FUSED_ADD_MUL,
-    "k159_matmul": K159_MATMUL,
-    "k160_matmul": K160_MATMUL,
-    "k161_matmul": K161_MATMUL,
-    "k162_matmul": K162_MATMUL,
-    "k163_fused_mul_sum": K163_FUSED_MUL_SUM,
-    "k164_fused_greater_sub_mul": K164_FUSED_GREATER_SUB_MUL,
-    "k165_matmul": K165_MATMUL,
-    "k166_matmul": K166_MATMUL,
-    "k167_matmul": K167_MATMUL,
-    "k168_matmul": K168_MATMUL,
-    "k169_matmul": K169_MATMUL,
-    "k170_matmul": K170_MATMUL,
-    "k171_matmul": K171_MATMUL,
-    "k172_matmul_add": K172_MATMUL_ADD,
+    "k152_matmul": K152_MATMUL,
+    "k153_matmul": K153_MATMUL,
+    "k154_matmul": K154_MATMUL,
+    "k155_matmul": K155_MATMUL,
+    "k156_matmul": K156_MATMUL,
+    "k157_matmul": K157_MATMUL,
+    "k158_matmul_add": K158_MATMUL_ADD,
+    "k159_fused_mul_sub_sum": K159_FUSED_MUL_SUB_SUM,
+    "k160_fused_mul_sub_sum": K160_FUSED_MUL_SUB_SUM,
+    "k161_fused_mul_sub_sum": K161_FUSED_MUL_SUB_SUM,
+    "k162_fused_mul_sub_add": K162_FUSED_MUL_SUB_ADD,
+    "k163_fused_neg_sum": K163_FUSED_NEG_SUM,
+    "k164_fused_add_mul": K164_FUSED_ADD_MUL,
+    "k165_sum": K165_SUM,
+    "k166_pad": K166_PAD,
+    "k167_one_hot": K167_ONE_HOT,
+    "k168_matmul_add": K168_MATMUL_ADD,
+    "k169_fused_square_pad_sum": K169_FUSED_SQUARE_PAD_SUM,
+    "k170_sum": K170_SUM,
+    "k171_fused_sqrt_add_div": K171_FUSED_SQRT_ADD_DIV,
+    "k172_fused_gather_add": K172_FUSED_GATHER_ADD,
     "k173_sum": K173_SUM,
     "k174_fused_mul_sub_sum": K174_FUSED_MUL_SUB_SUM,
-    "k175_fused_mul_sub_sum": K175_FUSED_MUL_SUB_SUM,
-    "k176_fused_mul_sub_add": K176_FUSED_MUL_SUB_ADD,
-    "k177_fused_neg_sum": K177_FUSED_NEG_SUM,
-    "k178_fused_add_mul": K178_FUSED_ADD_MUL,
-    "k179_sum": K179_SUM,
-    "k180_pad": K180_PAD,
-    "k181_one_hot": K181_ONE_HOT,
-    "k182_matmul_add": K182_MATMUL_ADD,
-    "k183_fused_square_sum": K183_FUSED_SQUARE_SUM,
-    "k184_fused_sqrt_add_div": K184_FUSED_SQRT_ADD_DIV,
-    "k185_fused_gather_add": K185_FUSED_GATHER_ADD,
+    "k175_fused_mul_sub_add": K175_FUSED_MUL_SUB_ADD,
+    "k176_matmul": K176_MATMUL,
+    "k177_matmul": K177_MATMUL,
+    "k178_matmul": K178_MATMUL,
+    "k179_matmul": K179_MATMUL,
+    "k180_fused_mul_greater_where": K180_FUSED_MUL_GREATER_WHERE,
+    "k181_fused_mul_greater_where": K181_FUSED_MUL_GREATER_WHERE,
+    "k182_sum": K182_SUM,
+    "k183_div": K183_DIV,
+    "k184_matmul": K184_MATMUL,
+    "k185_matmul_add": K185_MATMUL_ADD,
     "k186_sum": K186_SUM,
     "k187_fused_mul_sub_sum": K187_FUSED_MUL_SUB_SUM,
     "k188_fused_mul_sub_add": K188_FUSED_MUL_SUB_ADD,
-    "k189_matmul": K189_MATMUL,
+    "k189_matmul_add_relu": K189_MATMUL_ADD_RELU,
     "k190_matmul": K190_MATMUL,
-    "k191_matmul": K191_MATMUL,
-    "k192_matmul": K192_MATMUL,
-    "k193_fused_mul_greater_where": K193_FUSED_MUL_GREATER_WHERE,
-    "k194_fused_mul_greater_where": K194_FUSED_MUL_GREATER_WHERE,
-    "k195_sum": K195_SUM,
-    "k196_div": K196_DIV,
+    "k191_fused_add_sum": K191_FUSED_ADD_SUM,
+    "k192_fused_add_mul_sub": K192_FUSED_ADD_MUL_SUB,
+    "k193_fused_mul_sum": K193_FUSED_MUL_SUM,
+    "k194_fused_mul_add_rsqrt": K194_FUSED_MUL_ADD_RSQRT,
+    "k195_matmul": K195_MATMUL,
+    "k196_matmul": K196_MATMUL,
     "k197_matmul": K197_MATMUL,
-    "k198_matmul_add": K198_MATMUL_ADD,
-    "k199_sum": K199_SUM,
-    "k200_fused_mul_sub_sum": K200_FUSED_MUL_SUB_SUM,
-    "k201_fused_mul_sub_add": K201_FUSED_MUL_SUB_ADD,
-    "k202_matmul_add_relu": K202_MATMUL_ADD_RELU,
+    "k198_matmul": K198_MATMUL,
+    "k199_fused_mul_greater_where": K199_FUSED_MUL_GREATER_WHERE,
+    "k200_fused_mul_greater_where": K200_FUSED_MUL_GREATER_WHERE,
+    "k201_sum": K201_SUM,
+    "k202_div": K202_DIV,
     "k203_matmul": K203_MATMUL,
-    "k204_fused_add_sum": K204_FUSED_ADD_SUM,
-    "k205_fused_add_mul_sub": K205_FUSED_ADD_MUL_SUB,
-    "k206_fused_mul_sum": K206_FUSED_MUL_SUM,
-    "k207_fused_mul_add_rsqrt": K207_FUSED_MUL_ADD_RSQRT,
-    "k208_matmul": K208_MATMUL,
+    "k204_matmul_add": K204_MATMUL_ADD,
+    "k205_sum": K205_SUM,
+    "k206_fused_mul_sub_sum": K206_FUSED_MUL_SUB_SUM,
+    "k207_fused_mul_sub_add": K207_FUSED_MUL_SUB_ADD,
+    "k208_matmul_add_relu": K208_MATMUL_ADD_RELU,
     "k209_matmul": K209_MATMUL,
-    "k210_matmul": K210_MATMUL,
-    "k211_matmul": K211_MATMUL,
-    "k212_fused_mul_greater_where": K212_FUSED_MUL_GREATER_WHERE,
-    "k213_fused_mul_greater_where": K213_FUSED_MUL_GREATER_WHERE,
-    "k214_sum": K214_SUM,
-    "k215_div": K215_DIV,
+    "k210_fused_add_sum": K210_FUSED_ADD_SUM,
+    "k211_fused_add_mul_sub": K211_FUSED_ADD_MUL_SUB,
+    "k212_fused_mul_sum": K212_FUSED_MUL_SUM,
+    "k213_fused_mul_add_rsqrt": K213_FUSED_MUL_ADD_RSQRT,
+    "k214_matmul": K214_MATMUL,
+    "k215_matmul": K215_MATMUL,
     "k216_matmul": K216_MATMUL,
-    "k217_matmul_add": K217_MATMUL_ADD,
-    "k218_sum": K218_SUM,
-    "k219_fused_mul_sub_sum": K219_FUSED_MUL_SUB_SUM,
-    "k220_fused_mul_sub_add": K220_FUSED_MUL_SUB_ADD,
-    "k221_matmul_add_relu": K221_MATMUL_ADD_RELU,
+    "k217_matmul": K217_MATMUL,
+    "k218_fused_mul_greater_where": K218_FUSED_MUL_GREATER_WHERE,
+    "k219_fused_mul_greater_where": K219_FUSED_MUL_GREATER_WHERE,
+    "k220_sum": K220_SUM,
+    "k221_div": K221_DIV,
     "k222_matmul": K222_MATMUL,
-    "k223_fused_add_sum": K223_FUSED_ADD_SUM,
-    "k224_fused_add_mul_sub": K224_FUSED_ADD_MUL_SUB,
-    "k225_fused_mul_sum": K225_FUSED_MUL_SUM,
-    "k226_fused_mul_add_rsqrt": K226_FUSED_MUL_ADD_RSQRT,
-    "k227_matmul": K227_MATMUL,
+    "k223_matmul_add": K223_MATMUL_ADD,
+    "k224_sum": K224_SUM,
+    "k225_fused_mul_sub_sum": K225_FUSED_MUL_SUB_SUM,
+    "k226_fused_mul_sub_add": K226_FUSED_MUL_SUB_ADD,
+    "k227_matmul_add_relu": K227_MATMUL_ADD_RELU,
     "k228_matmul": K228_MATMUL,
-    "k229_matmul": K229_MATMUL,
-    "k230_matmul": K230_MATMUL,
-    "k231_fused_mul_greater_where": K231_FUSED_MUL_GREATER_WHERE,
-    "k232_fused_mul_greater_where": K232_FUSED_MUL_GREATER_WHERE,
-    "k233_sum": K233_SUM,
-    "k234_div": K234_DIV,
-    "k235_matmul": K235_MATMUL,
-    "k236_matmul_add": K236_MATMUL_ADD,
-    "k237_sum": K237_SUM,
-    "k238_fused_mul_sub_sum": K238_FUSED_MUL_SUB_SUM,
-    "k239_fused_mul_sub_add": K239_FUSED_MUL_SUB_ADD,
-    "k240_matmul_add_relu": K240_MATMUL_ADD_RELU,
+    "k229_fused_add_sum": K229_FUSED_ADD_SUM,
+    "k230_fused_add_mul_sub": K230_FUSED_ADD_MUL_SUB,
+    "k231_fused_mul_sum": K231_FUSED_MUL_SUM,
+    "k232_fused_mul_add_rsqrt": K232_FUSED_MUL_ADD_RSQRT,
+    "k233_matmul": K233_MATMUL,
+    "k234_fused_gather_add": K234_FUSED_GATHER_ADD,
+    "k235_sum": K235_SUM,
+    "k236_fused_mul_sub_sum": K236_FUSED_MUL_SUB_SUM,
+    "k237_fused_mul_sub_add": K237_FUSED_MUL_SUB_ADD,
+    "k238_matmul": K238_MATMUL,
+    "k239_matmul": K239_MATMUL,
+    "k240_matmul": K240_MATMUL,
     "k241_matmul": K241_MATMUL,
-    "k242_fused_add_sum": K242_FUSED_ADD_SUM,
-    "k243_fused_add_mul_sub": K243_FUSED_ADD_MUL_SUB,
-    "k244_fused_mul_sum": K244_FUSED_MUL_SUM,
-    "k245_fused_mul_add_rsqrt": K245_FUSED_MUL_ADD_RSQRT,
+    "k242_fused_mul_greater_where": K242_FUSED_MUL_GREATER_WHERE,
+    "k243_fused_mul_greater_where": K243_FUSED_MUL_GREATER_WHERE,
+    "k244_sum": K244_SUM,
+    "k245_div": K245_DIV,
     "k246_matmul": K246_MATMUL,
-    "k247_fused_gather_add": K247_FUSED_GATHER_ADD,
+    "k247_matmul_add": K247_MATMUL_ADD,
     "k248_sum": K248_SUM,
     "k249_fused_mul_sub_sum": K249_FUSED_MUL_SUB_SUM,
     "k250_fused_mul_sub_add": K250_FUSED_MUL_SUB_ADD,
-    "k251_matmul": K251_MATMUL,
+    "k251_matmul_add_relu": K251_MATMUL_ADD_RELU,
     "k252_matmul": K252_MATMUL,
-    "k253_matmul": K253_MATMUL,
-    "k254_matmul": K254_MATMUL,
-    "k255_fused_mul_greater_where": K255_FUSED_MUL_GREATER_WHERE,
-    "k256_fused_mul_greater_where": K256_FUSED_MUL_GREATER_WHERE,
-    "k257_sum": K257_SUM,
-    "k258_div": K258_DIV,
+    "k253_fused_add_sum": K253_FUSED_ADD_SUM,
+    "k254_fused_add_mul_sub": K254_FUSED_ADD_MUL_SUB,
+    "k255_fused_mul_sum": K255_FUSED_MUL_SUM,
+    "k256_fused_mul_add_rsqrt": K256_FUSED_MUL_ADD_RSQRT,
+    "k257_matmul": K257_MATMUL,
+    "k258_matmul": K258_MATMUL,
     "k259_matmul": K259_MATMUL,
-    "k260_matmul_add": K260_MATMUL_ADD,
-    "k261_sum": K261_SUM,
-    "k262_fused_mul_sub_sum": K262_FUSED_MUL_SUB_SUM,
-    "k263_fused_mul_sub_add": K263_FUSED_MUL_SUB_ADD,
-    "k264_matmul_add_relu": K264_MATMUL_ADD_RELU,
+    "k260_matmul": K260_MATMUL,
+    "k261_fused_mul_greater_where": K261_FUSED_MUL_GREATER_WHERE,
+    "k262_fused_mul_greater_where": K262_FUSED_MUL_GREATER_WHERE,
+    "k263_sum": K263_SUM,
+    "k264_div": K264_DIV,
     "k265_matmul": K265_MATMUL,
-    "k266_fused_add_sum": K266_FUSED_ADD_SUM,
-    "k267_fused_add_mul_sub": K267_FUSED_ADD_MUL_SUB,
-    "k268_fused_mul_sum": K268_FUSED_MUL_SUM,
-    "k269_fused_mul_add_rsqrt": K269_FUSED_MUL_ADD_RSQRT,
-    "k270_matmul": K270_MATMUL,
+    "k266_matmul_add": K266_MATMUL_ADD,
+    "k267_sum": K267_SUM,
+    "k268_fused_mul_sub_sum": K268_FUSED_MUL_SUB_SUM,
+    "k269_fused_mul_sub_add": K269_FUSED_MUL_SUB_ADD,
+    "k270_matmul_add_relu": K270_MATMUL_ADD_RELU,
     "k271_matmul": K271_MATMUL,
-    "k272_matmul": K272_MATMUL,
-    "k273_matmul": K273_MATMUL,
-    "k274_fused_mul_greater_where": K274_FUSED_MUL_GREATER_WHERE,
-    "k275_fused_mul_greater_where": K275_FUSED_MUL_GREATER_WHERE,
-    "k276_sum": K276_SUM,
-    "k277_div": K277_DIV,
+    "k272_fused_add_sum": K272_FUSED_ADD_SUM,
+    "k273_fused_add_mul_sub": K273_FUSED_ADD_MUL_SUB,
+    "k274_fused_mul_sum": K274_FUSED_MUL_SUM,
+    "k275_fused_mul_add_rsqrt": K275_FUSED_MUL_ADD_RSQRT,
+    "k276_matmul": K276_MATMUL,
+    "k277_matmul": K277_MATMUL,
     "k278_matmul": K278_MATMUL,
-    "k279_matmul_add": K279_MATMUL_ADD,
-    "k280_sum": K280_SUM,
-    "k281_fused_mul_sub_sum": K281_FUSED_MUL_SUB_SUM,
-    "k282_fused_mul_sub_add": K282_FUSED_MUL_SUB_ADD,
-    "k283_matmul_add_relu": K283_MATMUL_ADD_RELU,
+    "k279_matmul": K279_MATMUL,
+    "k280_fused_mul_greater_where": K280_FUSED_MUL_GREATER_WHERE,
+    "k281_fused_mul_greater_where": K281_FUSED_MUL_GREATER_WHERE,
+    "k282_sum": K282_SUM,
+    "k283_div": K283_DIV,
     "k284_matmul": K284_MATMUL,
-    "k285_fused_add_sum": K285_FUSED_ADD_SUM,
-    "k286_fused_add_mul_sub": K286_FUSED_ADD_MUL_SUB,
-    "k287_fused_mul_sum": K287_FUSED_MUL_SUM,
-    "k288_fused_mul_add_rsqrt": K288_FUSED_MUL_ADD_RSQRT,
-    "k289_matmul": K289_MATMUL,
+    "k285_matmul_add": K285_MATMUL_ADD,
+    "k286_sum": K286_SUM,
+    "k287_fused_mul_sub_sum": K287_FUSED_MUL_SUB_SUM,
+    "k288_fused_mul_sub_add": K288_FUSED_MUL_SUB_ADD,
+    "k289_matmul_add_relu": K289_MATMUL_ADD_RELU,
     "k290_matmul": K290_MATMUL,
-    "k291_matmul": K291_MATMUL,
-    "k292_matmul": K292_MATMUL,
-    "k293_fused_mul_greater_where": K293_FUSED_MUL_GREATER_WHERE,
-    "k294_fused_mul_greater_where": K294_FUSED_MUL_GREATER_WHERE,
-    "k295_sum": K295_SUM,
-    "k296_div": K296_DIV,
-    "k297_matmul": K297_MATMUL,
-    "k298_matmul_add": K298_MATMUL_ADD,
-    "k299_sum": K299_SUM,
-    "k300_fused_mul_sub_sum": K300_FUSED_MUL_SUB_SUM,
-    "k301_fused_mul_sub_add": K301_FUSED_MUL_SUB_ADD,
-    "k302_matmul_add_relu": K302_MATMUL_ADD_RELU,
-    "k303_matmul": K303_MATMUL,
-    "k304_fused_add_sum": K304_FUSED_ADD_SUM,
-    "k305_fused_add_mul_sub": K305_FUSED_ADD_MUL_SUB,
-    "k306_fused_mul_sum": K306_FUSED_MUL_SUM,
-    "k307_fused_mul_add_rsqrt": K307_FUSED_MUL_ADD_RSQRT,
-    "k308_matmul": K308_MATMUL,
+    "k291_fused_add_sum": K291_FUSED_ADD_SUM,
+    "k292_fused_add_mul_sub": K292_FUSED_ADD_MUL_SUB,
+    "k293_fused_mul_sum": K293_FUSED_MUL_SUM,
+    "k294_fused_mul_add_rsqrt": K294_FUSED_MUL_ADD_RSQRT,
+    "k295_matmul": K295_MATMUL,
 }

@@ -276,383 +276,340 @@ PROGRAM = {
             "addition_transformer.py:56",
         ),
         "k062_max": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "k063_fused_stop_gradient_sub": (
+        "k063_fused_stop_gradient_sub_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:64",
         ),
-        "k064_fused_exp_sum": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "k065_fused_log_sub": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "k066_fused_one_hot_mul_sum": (
+        "k064_fused_stop_gradient_sub_log": (
+            (("work", "read_write"),),
+            "addition_transformer.py:64",
+        ),
+        "k065_fused_one_hot_mul_sum": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:64",
         ),
-        "k067_fused_neg_mul_sum": (
+        "k066_fused_neg_mul_sum": (
             (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:66",
         ),
-        "k068_fused_one_hot_mul_neg": (
+        "k067_fused_one_hot_mul_neg": (
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:64",
         ),
-        "k069_sum": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "k070_fused_exp_mul_sub": (
+        "k068_sum": ((("work", "read_write"),), "addition_transformer.py:64"),
+        "k069_fused_exp_mul_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:64",
         ),
-        "k071_matmul": (
+        "k070_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k072_matmul": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k073_sum": (
+        "k071_matmul": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k072_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:56",
         ),
-        "k074_mul": (
+        "k073_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k075_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read")),
+        "k074_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k076_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k077_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k078_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k079_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k080_sum": (
+        "k075_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k076_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k077_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k081_matmul": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k082_matmul_greater_mul": (
+        "k078_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k083_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k084_matmul": (
+        "k079_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k085_matmul": (
+        "k080_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k086_sum": (
+        "k081_fused_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k087_mul": (
+        "k082_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k088_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read")),
+        "k083_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k089_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "k090_fused_mul_sub_add": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "k091_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k092_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k093_matmul": (
+        "k084_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k085_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k086_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k094_matmul": (
+        "k087_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:38",
         ),
-        "k095_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k096_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k097_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k098_fused_greater_sub_mul": (
+        "k088_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k089_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k090_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k091_fused_greater_sub_mul": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "k099_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k100_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k101_matmul": (
+        "k092_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k093_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k094_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k102_matmul": (
+        "k095_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k103_matmul": (
+        "k096_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k104_matmul": (
+        "k097_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k105_matmul": (
+        "k098_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k106_matmul_add": (
+        "k099_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k107_sum": (
+        "k100_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:34",
         ),
-        "k108_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:34",
-        ),
-        "k109_fused_mul_sum": (
+        "k101_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k110_fused_mul_add": (
+        "k102_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k111_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k112_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k113_sum": (
+        "k103_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k104_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k105_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k114_matmul": (
+        "k106_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k115_matmul_greater_mul": (
+        "k107_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k116_sum": (
+        "k108_fused_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k117_matmul": (
+        "k109_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k118_matmul": (
+        "k110_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k119_sum": (
+        "k111_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k120_mul": (
+        "k112_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k121_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read")),
+        "k113_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k122_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "k123_fused_mul_sub_add": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "k124_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k125_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k126_matmul": (
+        "k114_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k115_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k116_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
+        ),
+        "k117_matmul": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:38",
+        ),
+        "k118_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k119_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k120_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k121_fused_greater_sub_mul": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "k122_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k123_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k124_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k125_matmul": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:35",
+        ),
+        "k126_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
         ),
         "k127_matmul": (
             (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:35",
         ),
-        "k128_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k129_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k130_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k131_fused_greater_sub_mul": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
+        "k128_matmul": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:35",
         ),
-        "k132_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k133_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k134_matmul": (
+        "k129_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
+        "k130_fused_mul_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:34",
+        ),
+        "k131_fused_mul_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k132_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k133_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k134_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k135_matmul": (
             (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
-        "k136_matmul": (
+        "k136_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
-        "k137_matmul": (
+        "k137_sum": (
             (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
         "k138_matmul": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:35",
-        ),
-        "k139_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "k140_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:34",
-        ),
-        "k141_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:34",
-        ),
-        "k142_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k143_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k144_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k145_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k146_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k147_matmul": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k148_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k149_sum": (
+        "k139_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k150_matmul": (
+        "k140_fused_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:39",
+        ),
+        "k141_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k151_matmul": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k152_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k153_mul": (
+        "k142_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k154_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:39",
-        ),
-        "k155_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "k156_fused_mul_sub_add": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "k157_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k158_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k159_matmul": (
+        "k143_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k144_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k145_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k160_matmul": (
+        "k146_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:38",
         ),
-        "k161_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k162_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k163_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k164_fused_greater_sub_mul": (
+        "k147_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k148_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k149_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k150_fused_greater_sub_mul": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "k165_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k166_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k167_matmul": (
+        "k151_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k152_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k153_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k168_matmul": (
+        "k154_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k169_matmul": (
+        "k155_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k170_matmul": (
+        "k156_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k171_matmul": (
+        "k157_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:35",
         ),
-        "k172_matmul_add": (
+        "k158_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k173_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "addition_transformer.py:34",
-        ),
-        "k174_fused_mul_sub_sum": (
+        "k159_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:34",
         ),
-        "k175_fused_mul_sub_sum": (
+        "k160_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "addition_transformer.py:34",
+        ),
+        "k161_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k176_fused_mul_sub_add": (
+        "k162_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k177_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k178_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k179_sum": ((("work", "read_write"),), "addition_transformer.py:52"),
-        "k180_pad": (
+        "k163_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k164_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k165_sum": ((("work", "read_write"),), "addition_transformer.py:52"),
+        "k166_pad": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:52",
         ),
-        "k181_one_hot": (
+        "k167_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:52",
         ),
-        "k182_matmul_add": (
+        "k168_matmul_add": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:52",
         ),
-        "k183_fused_square_sum": (
+        "k169_fused_square_pad_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
         ),
-        "k184_fused_sqrt_add_div": (
+        "k170_sum": ((("work", "read_write"),), "optimizer"),
+        "k171_fused_sqrt_add_div": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -662,385 +619,385 @@ PROGRAM = {
             ),
             "optimizer",
         ),
-        "k185_fused_gather_add": (
+        "k172_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:52",
         ),
-        "k186_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k187_fused_mul_sub_sum": (
+        "k173_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k174_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+        ),
+        "k175_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k176_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k177_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k178_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k179_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k180_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k181_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k182_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k183_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k184_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k185_matmul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:38",
+        ),
+        "k186_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k187_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:39",
         ),
         "k188_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:39",
         ),
-        "k189_matmul": (
+        "k189_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
         "k190_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
-        "k191_matmul": (
+        "k191_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k192_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k193_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k194_fused_mul_add_rsqrt": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k195_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k192_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k193_fused_mul_greater_where": (
+        "k196_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k197_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k198_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k199_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k194_fused_mul_greater_where": (
+        "k200_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k195_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k196_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k197_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k198_matmul_add": (
+        "k201_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k202_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k203_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k204_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k199_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k200_fused_mul_sub_sum": (
+        "k205_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k206_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k201_fused_mul_sub_add": (
+        "k207_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k202_matmul_add_relu": (
+        "k208_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
-        ),
-        "k203_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k204_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k205_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k206_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k207_fused_mul_add_rsqrt": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k208_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k209_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
-        "k210_matmul": (
+        "k210_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k211_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k212_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k213_fused_mul_add_rsqrt": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k214_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k211_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k212_fused_mul_greater_where": (
+        "k215_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k216_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k217_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k218_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k213_fused_mul_greater_where": (
+        "k219_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k214_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k215_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k216_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k217_matmul_add": (
+        "k220_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k221_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k222_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k223_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k218_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k219_fused_mul_sub_sum": (
+        "k224_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k225_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k220_fused_mul_sub_add": (
+        "k226_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k221_matmul_add_relu": (
+        "k227_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
-        ),
-        "k222_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k223_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k224_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k225_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k226_fused_mul_add_rsqrt": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k227_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k228_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "k229_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "k230_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k231_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "k232_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "k233_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k234_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k235_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k236_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
-        ),
-        "k237_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k238_fused_mul_sub_sum": (
-            (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k239_fused_mul_sub_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k240_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k241_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k242_fused_add_sum": (
+        "k229_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k243_fused_add_mul_sub": (
+        "k230_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k244_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k245_fused_mul_add_rsqrt": (
+        "k231_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k232_fused_mul_add_rsqrt": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k246_matmul": (
+        "k233_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k247_fused_gather_add": (
+        "k234_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:52",
         ),
-        "k248_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k249_fused_mul_sub_sum": (
+        "k235_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k236_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+        ),
+        "k237_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k238_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k239_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k240_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k241_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k242_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k243_fused_mul_greater_where": (
+            (("work", "read_write"),),
+            "addition_transformer.py:37",
+        ),
+        "k244_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k245_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k246_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k247_matmul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:38",
+        ),
+        "k248_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k249_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:39",
         ),
         "k250_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:39",
         ),
-        "k251_matmul": (
+        "k251_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
         "k252_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
-        "k253_matmul": (
+        "k253_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k254_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k255_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k256_fused_mul_add_rsqrt": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k257_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k254_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k255_fused_mul_greater_where": (
+        "k258_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k259_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k260_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k261_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k256_fused_mul_greater_where": (
+        "k262_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k257_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k258_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k259_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k260_matmul_add": (
+        "k263_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k264_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k265_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k266_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k261_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k262_fused_mul_sub_sum": (
+        "k267_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k268_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k263_fused_mul_sub_add": (
+        "k269_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k264_matmul_add_relu": (
+        "k270_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
-        ),
-        "k265_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k266_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k267_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k268_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k269_fused_mul_add_rsqrt": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k270_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k271_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:39",
         ),
-        "k272_matmul": (
+        "k272_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k273_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k274_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k275_fused_mul_add_rsqrt": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:34",
+        ),
+        "k276_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "k273_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k274_fused_mul_greater_where": (
+        "k277_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k278_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "k279_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "k280_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k275_fused_mul_greater_where": (
+        "k281_fused_mul_greater_where": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k276_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k277_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k278_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k279_matmul_add": (
+        "k282_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k283_div": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k284_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
+        "k285_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
-        "k280_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k281_fused_mul_sub_sum": (
+        "k286_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k287_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k282_fused_mul_sub_add": (
+        "k288_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k283_matmul_add_relu": (
+        "k289_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
-        ),
-        "k284_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k285_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k286_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k287_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k288_fused_mul_add_rsqrt": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "k289_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
         ),
         "k290_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "k291_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "k292_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k293_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "k294_fused_mul_greater_where": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "k295_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k296_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k297_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "k298_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
-        ),
-        "k299_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k300_fused_mul_sub_sum": (
-            (("work", "read_write"),),
             "addition_transformer.py:39",
         ),
-        "k301_fused_mul_sub_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k302_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k303_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "k304_fused_add_sum": (
+        "k291_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k305_fused_add_mul_sub": (
+        "k292_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k306_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k307_fused_mul_add_rsqrt": (
+        "k293_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
+        "k294_fused_mul_add_rsqrt": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k308_matmul": (
+        "k295_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
@@ -1122,128 +1079,115 @@ PROGRAM = {
                 ("k060_fused_mul_add", (256, 1, 1)),
                 ("k061_matmul", (1, 64, 1)),
                 ("k062_max", (4, 1, 1)),
-                ("k063_fused_stop_gradient_sub", (48, 1, 1)),
-                ("k064_fused_exp_sum", (4, 1, 1)),
-                ("k065_fused_log_sub", (48, 1, 1)),
-                ("k066_fused_one_hot_mul_sum", (4, 1, 1)),
-                ("k067_fused_neg_mul_sum", (1, 1, 1)),
-                ("k068_fused_one_hot_mul_neg", (48, 1, 1)),
-                ("k069_sum", (4, 1, 1)),
-                ("k070_fused_exp_mul_sub", (48, 1, 1)),
-                ("k071_matmul", (4, 64, 1)),
-                ("k072_matmul", (1, 4, 1)),
-                ("k073_sum", (64, 1, 1)),
-                ("k074_mul", (256, 1, 1)),
-                ("k075_fused_mul_sum", (64, 1, 1)),
-                ("k076_fused_mul_sum", (1024, 1, 1)),
-                ("k077_fused_mul_add", (256, 1, 1)),
-                ("k078_fused_neg_sum", (1024, 1, 1)),
-                ("k079_fused_mul_add", (256, 1, 1)),
-                ("k080_sum", (64, 1, 1)),
-                ("k081_matmul", (4, 16, 1)),
-                ("k082_matmul_greater_mul", (8, 32, 1)),
-                ("k083_sum", (256, 1, 1)),
-                ("k084_matmul", (4, 64, 1)),
-                ("k085_matmul", (16, 4, 1)),
-                ("k086_sum", (64, 1, 1)),
-                ("k087_mul", (256, 1, 1)),
-                ("k088_fused_mul_sub_sum", (64, 1, 1)),
-                ("k089_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k090_fused_mul_sub_add", (256, 1, 1)),
-                ("k091_fused_neg_sum", (1024, 1, 1)),
-                ("k092_fused_add_mul", (256, 1, 1)),
-                ("k093_matmul", (4, 64, 1)),
-                ("k094_matmul", (4, 4, 1)),
-                ("k095_matmul", (1, 1, 512)),
-                ("k096_matmul", (1, 1, 512)),
-                ("k097_fused_mul_sum", (16, 1, 1)),
-                ("k098_fused_greater_sub_mul", (128, 1, 1)),
-                ("k099_matmul", (1, 1, 512)),
-                ("k100_matmul", (1, 1, 512)),
-                ("k101_matmul", (4, 64, 1)),
-                ("k102_matmul", (4, 4, 1)),
-                ("k103_matmul", (4, 64, 1)),
-                ("k104_matmul", (4, 4, 1)),
-                ("k105_matmul", (4, 4, 1)),
-                ("k106_matmul_add", (4, 64, 1)),
-                ("k107_sum", (64, 1, 1)),
-                ("k108_fused_mul_sum", (64, 1, 1)),
-                ("k109_fused_mul_sum", (1024, 1, 1)),
-                ("k110_fused_mul_add", (256, 1, 1)),
-                ("k111_fused_neg_sum", (1024, 1, 1)),
-                ("k112_fused_add_mul", (256, 1, 1)),
-                ("k113_sum", (64, 1, 1)),
-                ("k114_matmul", (4, 16, 1)),
-                ("k115_matmul_greater_mul", (8, 32, 1)),
-                ("k116_sum", (256, 1, 1)),
-                ("k117_matmul", (4, 64, 1)),
-                ("k118_matmul", (16, 4, 1)),
-                ("k119_sum", (64, 1, 1)),
-                ("k120_mul", (256, 1, 1)),
-                ("k121_fused_mul_sub_sum", (64, 1, 1)),
-                ("k122_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k123_fused_mul_sub_add", (256, 1, 1)),
-                ("k124_fused_neg_sum", (1024, 1, 1)),
-                ("k125_fused_add_mul", (256, 1, 1)),
+                ("k063_fused_stop_gradient_sub_exp", (4, 1, 1)),
+                ("k064_fused_stop_gradient_sub_log", (48, 1, 1)),
+                ("k065_fused_one_hot_mul_sum", (4, 1, 1)),
+                ("k066_fused_neg_mul_sum", (1, 1, 1)),
+                ("k067_fused_one_hot_mul_neg", (48, 1, 1)),
+                ("k068_sum", (4, 1, 1)),
+                ("k069_fused_exp_mul_sub", (48, 1, 1)),
+                ("k070_matmul", (4, 64, 1)),
+                ("k071_matmul", (1, 4, 1)),
+                ("k072_fused_mul_sum", (64, 1, 1)),
+                ("k073_fused_mul_sum", (1024, 1, 1)),
+                ("k074_fused_mul_add", (256, 1, 1)),
+                ("k075_fused_neg_sum", (1024, 1, 1)),
+                ("k076_fused_mul_add", (256, 1, 1)),
+                ("k077_matmul", (4, 16, 1)),
+                ("k078_matmul_greater_mul", (8, 32, 1)),
+                ("k079_matmul", (4, 64, 1)),
+                ("k080_matmul", (16, 4, 1)),
+                ("k081_fused_sum", (64, 1, 1)),
+                ("k082_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k083_fused_mul_sub_add", (256, 1, 1)),
+                ("k084_fused_neg_sum", (1024, 1, 1)),
+                ("k085_fused_add_mul", (256, 1, 1)),
+                ("k086_matmul", (4, 64, 1)),
+                ("k087_matmul", (4, 4, 1)),
+                ("k088_matmul", (1, 1, 512)),
+                ("k089_matmul", (1, 1, 512)),
+                ("k090_fused_mul_sum", (16, 1, 1)),
+                ("k091_fused_greater_sub_mul", (128, 1, 1)),
+                ("k092_matmul", (1, 1, 512)),
+                ("k093_matmul", (1, 1, 512)),
+                ("k094_matmul", (4, 64, 1)),
+                ("k095_matmul", (4, 4, 1)),
+                ("k096_matmul", (4, 64, 1)),
+                ("k097_matmul", (4, 4, 1)),
+                ("k098_matmul", (4, 4, 1)),
+                ("k099_matmul_add", (4, 64, 1)),
+                ("k100_fused_mul_sub_sum", (64, 1, 1)),
+                ("k101_fused_mul_sum", (1024, 1, 1)),
+                ("k102_fused_mul_add", (256, 1, 1)),
+                ("k103_fused_neg_sum", (1024, 1, 1)),
+                ("k104_fused_add_mul", (256, 1, 1)),
+                ("k105_fused_mul_sum", (64, 1, 1)),
+                ("k106_matmul", (4, 16, 1)),
+                ("k107_matmul_greater_mul", (8, 32, 1)),
+                ("k108_fused_sum", (256, 1, 1)),
+                ("k109_matmul", (4, 64, 1)),
+                ("k110_matmul", (16, 4, 1)),
+                ("k111_fused_mul_sub_sum", (64, 1, 1)),
+                ("k112_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k113_fused_mul_sub_add", (256, 1, 1)),
+                ("k114_fused_neg_sum", (1024, 1, 1)),
+                ("k115_fused_add_mul", (256, 1, 1)),
+                ("k116_matmul", (4, 64, 1)),
+                ("k117_matmul", (4, 4, 1)),
+                ("k118_matmul", (1, 1, 512)),
+                ("k119_matmul", (1, 1, 512)),
+                ("k120_fused_mul_sum", (16, 1, 1)),
+                ("k121_fused_greater_sub_mul", (128, 1, 1)),
+                ("k122_matmul", (1, 1, 512)),
+                ("k123_matmul", (1, 1, 512)),
+                ("k124_matmul", (4, 64, 1)),
+                ("k125_matmul", (4, 4, 1)),
                 ("k126_matmul", (4, 64, 1)),
                 ("k127_matmul", (4, 4, 1)),
-                ("k128_matmul", (1, 1, 512)),
-                ("k129_matmul", (1, 1, 512)),
-                ("k130_fused_mul_sum", (16, 1, 1)),
-                ("k131_fused_greater_sub_mul", (128, 1, 1)),
-                ("k132_matmul", (1, 1, 512)),
-                ("k133_matmul", (1, 1, 512)),
-                ("k134_matmul", (4, 64, 1)),
-                ("k135_matmul", (4, 4, 1)),
-                ("k136_matmul", (4, 64, 1)),
-                ("k137_matmul", (4, 4, 1)),
-                ("k138_matmul", (4, 4, 1)),
-                ("k139_matmul_add", (4, 64, 1)),
-                ("k140_sum", (64, 1, 1)),
-                ("k141_fused_mul_sum", (64, 1, 1)),
-                ("k142_fused_mul_sum", (1024, 1, 1)),
-                ("k143_fused_mul_add", (256, 1, 1)),
-                ("k144_fused_neg_sum", (1024, 1, 1)),
-                ("k145_fused_add_mul", (256, 1, 1)),
-                ("k146_sum", (64, 1, 1)),
-                ("k147_matmul", (4, 16, 1)),
-                ("k148_matmul_greater_mul", (8, 32, 1)),
-                ("k149_sum", (256, 1, 1)),
-                ("k150_matmul", (4, 64, 1)),
-                ("k151_matmul", (16, 4, 1)),
-                ("k152_sum", (64, 1, 1)),
-                ("k153_mul", (256, 1, 1)),
-                ("k154_fused_mul_sub_sum", (64, 1, 1)),
-                ("k155_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k156_fused_mul_sub_add", (256, 1, 1)),
-                ("k157_fused_neg_sum", (1024, 1, 1)),
-                ("k158_fused_add_mul", (256, 1, 1)),
-                ("k159_matmul", (4, 64, 1)),
-                ("k160_matmul", (4, 4, 1)),
-                ("k161_matmul", (1, 1, 512)),
-                ("k162_matmul", (1, 1, 512)),
-                ("k163_fused_mul_sum", (16, 1, 1)),
-                ("k164_fused_greater_sub_mul", (128, 1, 1)),
-                ("k165_matmul", (1, 1, 512)),
-                ("k166_matmul", (1, 1, 512)),
-                ("k167_matmul", (4, 64, 1)),
-                ("k168_matmul", (4, 4, 1)),
-                ("k169_matmul", (4, 64, 1)),
-                ("k170_matmul", (4, 4, 1)),
-                ("k171_matmul", (4, 4, 1)),
-                ("k172_matmul_add", (4, 64, 1)),
-                ("k173_sum", (64, 1, 1)),
-                ("k174_fused_mul_sub_sum", (64, 1, 1)),
-                ("k175_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k176_fused_mul_sub_add", (256, 1, 1)),
-                ("k177_fused_neg_sum", (1024, 1, 1)),
-                ("k178_fused_add_mul", (256, 1, 1)),
-                ("k179_sum", (512, 1, 1)),
-                ("k180_pad", (3, 1, 1)),
-                ("k181_one_hot", (48, 1, 1)),
-                ("k182_matmul_add", (4, 1, 1)),
-                ("k183_fused_square_sum", (1, 1, 1)),
-                ("k184_fused_sqrt_add_div", (589, 1, 1)),
+                ("k128_matmul", (4, 4, 1)),
+                ("k129_matmul_add", (4, 64, 1)),
+                ("k130_fused_mul_sum", (64, 1, 1)),
+                ("k131_fused_mul_sum", (1024, 1, 1)),
+                ("k132_fused_mul_add", (256, 1, 1)),
+                ("k133_fused_neg_sum", (1024, 1, 1)),
+                ("k134_fused_add_mul", (256, 1, 1)),
+                ("k135_matmul", (4, 16, 1)),
+                ("k136_matmul_greater_mul", (8, 32, 1)),
+                ("k137_sum", (256, 1, 1)),
+                ("k138_matmul", (4, 64, 1)),
+                ("k139_matmul", (16, 4, 1)),
+                ("k140_fused_sum", (64, 1, 1)),
+                ("k141_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k142_fused_mul_sub_add", (256, 1, 1)),
+                ("k143_fused_neg_sum", (1024, 1, 1)),
+                ("k144_fused_add_mul", (256, 1, 1)),
+                ("k145_matmul", (4, 64, 1)),
+                ("k146_matmul", (4, 4, 1)),
+                ("k147_matmul", (1, 1, 512)),
+                ("k148_matmul", (1, 1, 512)),
+                ("k149_fused_mul_sum", (16, 1, 1)),
+                ("k150_fused_greater_sub_mul", (128, 1, 1)),
+                ("k151_matmul", (1, 1, 512)),
+                ("k152_matmul", (1, 1, 512)),
+                ("k153_matmul", (4, 64, 1)),
+                ("k154_matmul", (4, 4, 1)),
+                ("k155_matmul", (4, 64, 1)),
+                ("k156_matmul", (4, 4, 1)),
+                ("k157_matmul", (4, 4, 1)),
+                ("k158_matmul_add", (4, 64, 1)),
+                ("k159_fused_mul_sub_sum", (64, 1, 1)),
+                ("k160_fused_mul_sub_sum", (64, 1, 1)),
+                ("k161_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k162_fused_mul_sub_add", (256, 1, 1)),
+                ("k163_fused_neg_sum", (1024, 1, 1)),
+                ("k164_fused_add_mul", (256, 1, 1)),
+                ("k165_sum", (512, 1, 1)),
+                ("k166_pad", (3, 1, 1)),
+                ("k167_one_hot", (48, 1, 1)),
+                ("k168_matmul_add", (4, 1, 1)),
+                ("k169_fused_square_pad_sum", (37, 1, 1)),
+                ("k170_sum", (1, 1, 1)),
+                ("k171_fused_sqrt_add_div", (589, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": 12},
@@ -1254,68 +1198,68 @@ PROGRAM = {
             "outputs": [("out", "f32", (1, 8, 12), "work", 0)],
             "captures": [],
             "dispatches": [
-                ("k185_fused_gather_add", (2, 1, 1)),
+                ("k172_fused_gather_add", (2, 1, 1)),
+                ("k173_sum", (8, 1, 1)),
+                ("k174_fused_mul_sub_sum", (8, 1, 1)),
+                ("k175_fused_mul_sub_add", (2, 1, 1)),
+                ("k176_matmul", (4, 1, 1)),
+                ("k177_matmul", (4, 1, 1)),
+                ("k178_matmul", (4, 1, 1)),
+                ("k179_matmul", (1, 1, 4)),
+                ("k180_fused_mul_greater_where", (1, 1, 1)),
+                ("k181_fused_mul_greater_where", (1, 1, 1)),
+                ("k182_sum", (1, 1, 1)),
+                ("k183_div", (1, 1, 1)),
+                ("k184_matmul", (1, 1, 4)),
+                ("k185_matmul_add", (4, 1, 1)),
                 ("k186_sum", (8, 1, 1)),
                 ("k187_fused_mul_sub_sum", (8, 1, 1)),
                 ("k188_fused_mul_sub_add", (2, 1, 1)),
-                ("k189_matmul", (4, 1, 1)),
+                ("k189_matmul_add_relu", (16, 1, 1)),
                 ("k190_matmul", (4, 1, 1)),
-                ("k191_matmul", (4, 1, 1)),
-                ("k192_matmul", (1, 1, 4)),
-                ("k193_fused_mul_greater_where", (1, 1, 1)),
-                ("k194_fused_mul_greater_where", (1, 1, 1)),
-                ("k195_sum", (1, 1, 1)),
-                ("k196_div", (1, 1, 1)),
-                ("k197_matmul", (1, 1, 4)),
-                ("k198_matmul_add", (4, 1, 1)),
-                ("k199_sum", (8, 1, 1)),
-                ("k200_fused_mul_sub_sum", (8, 1, 1)),
-                ("k201_fused_mul_sub_add", (2, 1, 1)),
-                ("k202_matmul_add_relu", (16, 1, 1)),
-                ("k203_matmul", (4, 1, 1)),
-                ("k204_fused_add_sum", (8, 1, 1)),
-                ("k205_fused_add_mul_sub", (2, 1, 1)),
-                ("k206_fused_mul_sum", (8, 1, 1)),
-                ("k207_fused_mul_add_rsqrt", (2, 1, 1)),
-                ("k208_matmul", (4, 1, 1)),
+                ("k191_fused_add_sum", (8, 1, 1)),
+                ("k192_fused_add_mul_sub", (2, 1, 1)),
+                ("k193_fused_mul_sum", (8, 1, 1)),
+                ("k194_fused_mul_add_rsqrt", (2, 1, 1)),
+                ("k195_matmul", (4, 1, 1)),
+                ("k196_matmul", (4, 1, 1)),
+                ("k197_matmul", (4, 1, 1)),
+                ("k198_matmul", (1, 1, 4)),
+                ("k199_fused_mul_greater_where", (1, 1, 1)),
+                ("k200_fused_mul_greater_where", (1, 1, 1)),
+                ("k201_sum", (1, 1, 1)),
+                ("k202_div", (1, 1, 1)),
+                ("k203_matmul", (1, 1, 4)),
+                ("k204_matmul_add", (4, 1, 1)),
+                ("k205_sum", (8, 1, 1)),
+                ("k206_fused_mul_sub_sum", (8, 1, 1)),
+                ("k207_fused_mul_sub_add", (2, 1, 1)),
+                ("k208_matmul_add_relu", (16, 1, 1)),
                 ("k209_matmul", (4, 1, 1)),
-                ("k210_matmul", (4, 1, 1)),
-                ("k211_matmul", (1, 1, 4)),
-                ("k212_fused_mul_greater_where", (1, 1, 1)),
-                ("k213_fused_mul_greater_where", (1, 1, 1)),
-                ("k214_sum", (1, 1, 1)),
-                ("k215_div", (1, 1, 1)),
-                ("k216_matmul", (1, 1, 4)),
-                ("k217_matmul_add", (4, 1, 1)),
-                ("k218_sum", (8, 1, 1)),
-                ("k219_fused_mul_sub_sum", (8, 1, 1)),
-                ("k220_fused_mul_sub_add", (2, 1, 1)),
-                ("k221_matmul_add_relu", (16, 1, 1)),
-                ("k222_matmul", (4, 1, 1)),
-                ("k223_fused_add_sum", (8, 1, 1)),
-                ("k224_fused_add_mul_sub", (2, 1, 1)),
-                ("k225_fused_mul_sum", (8, 1, 1)),
-                ("k226_fused_mul_add_rsqrt", (2, 1, 1)),
-                ("k227_matmul", (4, 1, 1)),
+                ("k210_fused_add_sum", (8, 1, 1)),
+                ("k211_fused_add_mul_sub", (2, 1, 1)),
+                ("k212_fused_mul_sum", (8, 1, 1)),
+                ("k213_fused_mul_add_rsqrt", (2, 1, 1)),
+                ("k214_matmul", (4, 1, 1)),
+                ("k215_matmul", (4, 1, 1)),
+                ("k216_matmul", (4, 1, 1)),
+                ("k217_matmul", (1, 1, 4)),
+                ("k218_fused_mul_greater_where", (1, 1, 1)),
+                ("k219_fused_mul_greater_where", (1, 1, 1)),
+                ("k220_sum", (1, 1, 1)),
+                ("k221_div", (1, 1, 1)),
+                ("k222_matmul", (1, 1, 4)),
+                ("k223_matmul_add", (4, 1, 1)),
+                ("k224_sum", (8, 1, 1)),
+                ("k225_fused_mul_sub_sum", (8, 1, 1)),
+                ("k226_fused_mul_sub_add", (2, 1, 1)),
+                ("k227_matmul_add_relu", (16, 1, 1)),
                 ("k228_matmul", (4, 1, 1)),
-                ("k229_matmul", (4, 1, 1)),
-                ("k230_matmul", (1, 1, 4)),
-                ("k231_fused_mul_greater_where", (1, 1, 1)),
-                ("k232_fused_mul_greater_where", (1, 1, 1)),
-                ("k233_sum", (1, 1, 1)),
-                ("k234_div", (1, 1, 1)),
-                ("k235_matmul", (1, 1, 4)),
-                ("k236_matmul_add", (4, 1, 1)),
-                ("k237_sum", (8, 1, 1)),
-                ("k238_fused_mul_sub_sum", (8, 1, 1)),
-                ("k239_fused_mul_sub_add", (2, 1, 1)),
-                ("k240_matmul_add_relu", (16, 1, 1)),
-                ("k241_matmul", (4, 1, 1)),
-                ("k242_fused_add_sum", (8, 1, 1)),
-                ("k243_fused_add_mul_sub", (2, 1, 1)),
-                ("k244_fused_mul_sum", (8, 1, 1)),
-                ("k245_fused_mul_add_rsqrt", (2, 1, 1)),
-                ("k246_matmul", (1, 1, 1)),
+                ("k229_fused_add_sum", (8, 1, 1)),
+                ("k230_fused_add_mul_sub", (2, 1, 1)),
+                ("k231_fused_mul_sum", (8, 1, 1)),
+                ("k232_fused_mul_add_rsqrt", (2, 1, 1)),
+                ("k233_matmul", (1, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},
@@ -1326,68 +1270,68 @@ PROGRAM = {
             "outputs": [("out", "f32", (128, 8, 12), "work", 0)],
             "captures": [],
             "dispatches": [
-                ("k247_fused_gather_add", (256, 1, 1)),
+                ("k234_fused_gather_add", (256, 1, 1)),
+                ("k235_sum", (1024, 1, 1)),
+                ("k236_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k237_fused_mul_sub_add", (256, 1, 1)),
+                ("k238_matmul", (4, 64, 1)),
+                ("k239_matmul", (4, 64, 1)),
+                ("k240_matmul", (4, 64, 1)),
+                ("k241_matmul", (1, 1, 512)),
+                ("k242_fused_mul_greater_where", (16, 1, 1)),
+                ("k243_fused_mul_greater_where", (128, 1, 1)),
+                ("k244_sum", (16, 1, 1)),
+                ("k245_div", (128, 1, 1)),
+                ("k246_matmul", (1, 1, 512)),
+                ("k247_matmul_add", (4, 64, 1)),
                 ("k248_sum", (1024, 1, 1)),
                 ("k249_fused_mul_sub_sum", (1024, 1, 1)),
                 ("k250_fused_mul_sub_add", (256, 1, 1)),
-                ("k251_matmul", (4, 64, 1)),
+                ("k251_matmul_add_relu", (8, 32, 1)),
                 ("k252_matmul", (4, 64, 1)),
-                ("k253_matmul", (4, 64, 1)),
-                ("k254_matmul", (1, 1, 512)),
-                ("k255_fused_mul_greater_where", (16, 1, 1)),
-                ("k256_fused_mul_greater_where", (128, 1, 1)),
-                ("k257_sum", (16, 1, 1)),
-                ("k258_div", (128, 1, 1)),
-                ("k259_matmul", (1, 1, 512)),
-                ("k260_matmul_add", (4, 64, 1)),
-                ("k261_sum", (1024, 1, 1)),
-                ("k262_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k263_fused_mul_sub_add", (256, 1, 1)),
-                ("k264_matmul_add_relu", (8, 32, 1)),
-                ("k265_matmul", (4, 64, 1)),
-                ("k266_fused_add_sum", (1024, 1, 1)),
-                ("k267_fused_add_mul_sub", (256, 1, 1)),
-                ("k268_fused_mul_sum", (1024, 1, 1)),
-                ("k269_fused_mul_add_rsqrt", (256, 1, 1)),
-                ("k270_matmul", (4, 64, 1)),
+                ("k253_fused_add_sum", (1024, 1, 1)),
+                ("k254_fused_add_mul_sub", (256, 1, 1)),
+                ("k255_fused_mul_sum", (1024, 1, 1)),
+                ("k256_fused_mul_add_rsqrt", (256, 1, 1)),
+                ("k257_matmul", (4, 64, 1)),
+                ("k258_matmul", (4, 64, 1)),
+                ("k259_matmul", (4, 64, 1)),
+                ("k260_matmul", (1, 1, 512)),
+                ("k261_fused_mul_greater_where", (16, 1, 1)),
+                ("k262_fused_mul_greater_where", (128, 1, 1)),
+                ("k263_sum", (16, 1, 1)),
+                ("k264_div", (128, 1, 1)),
+                ("k265_matmul", (1, 1, 512)),
+                ("k266_matmul_add", (4, 64, 1)),
+                ("k267_sum", (1024, 1, 1)),
+                ("k268_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k269_fused_mul_sub_add", (256, 1, 1)),
+                ("k270_matmul_add_relu", (8, 32, 1)),
                 ("k271_matmul", (4, 64, 1)),
-                ("k272_matmul", (4, 64, 1)),
-                ("k273_matmul", (1, 1, 512)),
-                ("k274_fused_mul_greater_where", (16, 1, 1)),
-                ("k275_fused_mul_greater_where", (128, 1, 1)),
-                ("k276_sum", (16, 1, 1)),
-                ("k277_div", (128, 1, 1)),
-                ("k278_matmul", (1, 1, 512)),
-                ("k279_matmul_add", (4, 64, 1)),
-                ("k280_sum", (1024, 1, 1)),
-                ("k281_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k282_fused_mul_sub_add", (256, 1, 1)),
-                ("k283_matmul_add_relu", (8, 32, 1)),
-                ("k284_matmul", (4, 64, 1)),
-                ("k285_fused_add_sum", (1024, 1, 1)),
-                ("k286_fused_add_mul_sub", (256, 1, 1)),
-                ("k287_fused_mul_sum", (1024, 1, 1)),
-                ("k288_fused_mul_add_rsqrt", (256, 1, 1)),
-                ("k289_matmul", (4, 64, 1)),
+                ("k272_fused_add_sum", (1024, 1, 1)),
+                ("k273_fused_add_mul_sub", (256, 1, 1)),
+                ("k274_fused_mul_sum", (1024, 1, 1)),
+                ("k275_fused_mul_add_rsqrt", (256, 1, 1)),
+                ("k276_matmul", (4, 64, 1)),
+                ("k277_matmul", (4, 64, 1)),
+                ("k278_matmul", (4, 64, 1)),
+                ("k279_matmul", (1, 1, 512)),
+                ("k280_fused_mul_greater_where", (16, 1, 1)),
+                ("k281_fused_mul_greater_where", (128, 1, 1)),
+                ("k282_sum", (16, 1, 1)),
+                ("k283_div", (128, 1, 1)),
+                ("k284_matmul", (1, 1, 512)),
+                ("k285_matmul_add", (4, 64, 1)),
+                ("k286_sum", (1024, 1, 1)),
+                ("k287_fused_mul_sub_sum", (1024, 1, 1)),
+                ("k288_fused_mul_sub_add", (256, 1, 1)),
+                ("k289_matmul_add_relu", (8, 32, 1)),
                 ("k290_matmul", (4, 64, 1)),
-                ("k291_matmul", (4, 64, 1)),
-                ("k292_matmul", (1, 1, 512)),
-                ("k293_fused_mul_greater_where", (16, 1, 1)),
-                ("k294_fused_mul_greater_where", (128, 1, 1)),
-                ("k295_sum", (16, 1, 1)),
-                ("k296_div", (128, 1, 1)),
-                ("k297_matmul", (1, 1, 512)),
-                ("k298_matmul_add", (4, 64, 1)),
-                ("k299_sum", (1024, 1, 1)),
-                ("k300_fused_mul_sub_sum", (1024, 1, 1)),
-                ("k301_fused_mul_sub_add", (256, 1, 1)),
-                ("k302_matmul_add_relu", (8, 32, 1)),
-                ("k303_matmul", (4, 64, 1)),
-                ("k304_fused_add_sum", (1024, 1, 1)),
-                ("k305_fused_add_mul_sub", (256, 1, 1)),
-                ("k306_fused_mul_sum", (1024, 1, 1)),
-                ("k307_fused_mul_add_rsqrt", (256, 1, 1)),
-                ("k308_matmul", (1, 64, 1)),
+                ("k291_fused_add_sum", (1024, 1, 1)),
+                ("k292_fused_add_mul_sub", (256, 1, 1)),
+                ("k293_fused_mul_sum", (1024, 1, 1)),
+                ("k294_fused_mul_add_rsqrt", (256, 1, 1)),
+                ("k295_matmul", (1, 64, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},

@@ -1049,48 +1049,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K006_SUM = """\
-// k006_sum: sum
-// writes t32: f32[64]   reads: t31
-// from sine_mlp.py:15
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
-
-var<workgroup> part0: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let o = wid.x + wid.y * 64u;
-    if (o >= 64u) {
-        return;
-    }
-    var acc0: f32 = 0.0;
-    for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
-        let v0: u32 = r * 64u + o;
-        let v1: f32 = work[32768u + v0];
-        acc0 = acc0 + v1;
-    }
-    part0[lid.x] = acc0;
-    workgroupBarrier();
-    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
-        }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u) {
-        let res0 = part0[0];
-        grads[4288u + o] = res0;
-    }
-}
-"""
-
-K007_MATMUL = """\
-// k007_matmul: matmul
+K006_MATMUL = """\
+// k006_matmul: matmul
 // writes t36: f32[64,64]   reads: t3, t31
 // from sine_mlp.py:15
 //
-// k007_matmul: batched matmul, 1 x [64x256] @ [256x64]
+// k006_matmul: batched matmul, 1 x [64x256] @ [256x64]
 //   A[bi, m, k] = work[m + k * 64]
 //   B[bi, k, n] = work[32768 + k * 64 + n]
 //   grads[64 + (bi * 64 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -1340,12 +1304,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K008_MATMUL_GREATER_MUL = """\
-// k008_matmul_greater_mul: matmul -> greater -> mul
+K007_MATMUL_GREATER_MUL = """\
+// k007_matmul_greater_mul: matmul -> greater -> mul
 // writes t39: f32[256,64]   reads: params, t3, t31
 // from sine_mlp.py:15
 //
-// k008_matmul_greater_mul: batched matmul, 1 x [256x64] @ [64x64]
+// k007_matmul_greater_mul: batched matmul, 1 x [256x64] @ [64x64]
 //   A[bi, m, k] = work[32768 + m * 64 + k]
 //   B[bi, k, n] = params[64 + k + n * 64]
 //   work[16384 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -1589,14 +1553,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K009_SUM = """\
-// k009_sum: sum
-// writes t40: f32[64]   reads: t39
+K008_FUSED_SUM = """\
+// k008_fused_sum: sum -> sum
+// writes t32, t40: f32[64]   reads: t31, t39
 // from sine_mlp.py:15
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
+var<workgroup> part1: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -1605,32 +1570,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     var acc0: f32 = 0.0;
+    var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
         let v0: u32 = r * 64u + o;
-        let v1: f32 = work[16384u + v0];
+        let v1: f32 = work[32768u + v0];
+        let v2: f32 = work[16384u + v0];
         acc0 = acc0 + v1;
+        acc1 = acc1 + v2;
     }
     part0[lid.x] = acc0;
+    part1[lid.x] = acc1;
     workgroupBarrier();
     for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
         if (lid.x < s) {
             part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+            part1[lid.x] = part1[lid.x] + part1[lid.x + s];
         }
         workgroupBarrier();
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        grads[4224u + o] = res0;
+        let res1 = part1[0];
+        grads[4288u + o] = res0;
+        grads[4224u + o] = res1;
     }
 }
 """
 
-K010_MATMUL = """\
-// k010_matmul: matmul
+K009_MATMUL = """\
+// k009_matmul: matmul
 // writes t42: f32[1,64]   reads: t39, x
 // from sine_mlp.py:15
 //
-// k010_matmul: batched matmul, 1 x [1x256] @ [256x64]
+// k009_matmul: batched matmul, 1 x [1x256] @ [256x64]
 //   A[bi, m, k] = inputs[k]
 //   B[bi, k, n] = work[16384 + k * 64 + n]
 //   grads[0 + (bi * 1 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -1883,8 +1855,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K011_FUSED_MUL_ADD_SQRT = """\
-// k011_fused_mul_add_sqrt: mul -> mul -> add -> mul -> mul -> mul -> add -> sqrt -> div -> add -> div -> mul -> sub
+K010_FUSED_MUL_ADD_SQRT = """\
+// k010_fused_mul_add_sqrt: mul -> mul -> add -> mul -> mul -> mul -> add -> sqrt -> div -> add -> div -> mul -> sub
 // writes t65, t57, t75: f32[4353]   reads: _bc2_sqrt, _step_size, adam.m, adam.v, params, t46
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
@@ -1924,12 +1896,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K012_MATMUL_ADD_RELU = """\
-// k012_matmul_add_relu: matmul -> add -> relu
+K011_MATMUL_ADD_RELU = """\
+// k011_matmul_add_relu: matmul -> add -> relu
 // writes t3: f32[1,64]   reads: params, x
 // from sine_mlp.py:15
 //
-// k012_matmul_add_relu: batched matmul, 1 x [1x1] @ [1x64]
+// k011_matmul_add_relu: batched matmul, 1 x [1x1] @ [1x64]
 //   A[bi, m, k] = inputs[0]
 //   B[bi, k, n] = params[n]
 //   work[0 + (bi * 1 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -2046,12 +2018,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K013_MATMUL_ADD_RELU = """\
-// k013_matmul_add_relu: matmul -> add -> relu
+K012_MATMUL_ADD_RELU = """\
+// k012_matmul_add_relu: matmul -> add -> relu
 // writes t7: f32[1,64]   reads: params, t3
 // from sine_mlp.py:15
 //
-// k013_matmul_add_relu: batched matmul, 1 x [1x64] @ [64x64]
+// k012_matmul_add_relu: batched matmul, 1 x [1x64] @ [64x64]
 //   A[bi, m, k] = work[k]
 //   B[bi, k, n] = params[64 + k * 64 + n]
 //   work[64 + (bi * 1 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -2291,12 +2263,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K014_MATMUL_ADD = """\
-// k014_matmul_add: matmul -> add
+K013_MATMUL_ADD = """\
+// k013_matmul_add: matmul -> add
 // writes t10: f32[1,1]   reads: params, t7
 // from sine_mlp.py:15
 //
-// k014_matmul_add: batched matmul, 1 x [1x64] @ [64x1]
+// k013_matmul_add: batched matmul, 1 x [1x64] @ [64x1]
 //   A[bi, m, k] = work[64 + k]
 //   B[bi, k, n] = params[4160 + k]
 //   work[0 + (bi * 1 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -2536,12 +2508,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K015_MATMUL_ADD_RELU = """\
-// k015_matmul_add_relu: matmul -> add -> relu
+K014_MATMUL_ADD_RELU = """\
+// k014_matmul_add_relu: matmul -> add -> relu
 // writes t3: f32[256,64]   reads: params, x
 // from sine_mlp.py:15
 //
-// k015_matmul_add_relu: batched matmul, 1 x [256x1] @ [1x64]
+// k014_matmul_add_relu: batched matmul, 1 x [256x1] @ [1x64]
 //   A[bi, m, k] = inputs[m]
 //   B[bi, k, n] = params[n]
 //   work[0 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -2656,12 +2628,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K016_MATMUL_ADD_RELU = """\
-// k016_matmul_add_relu: matmul -> add -> relu
+K015_MATMUL_ADD_RELU = """\
+// k015_matmul_add_relu: matmul -> add -> relu
 // writes t7: f32[256,64]   reads: params, t3
 // from sine_mlp.py:15
 //
-// k016_matmul_add_relu: batched matmul, 1 x [256x64] @ [64x64]
+// k015_matmul_add_relu: batched matmul, 1 x [256x64] @ [64x64]
 //   A[bi, m, k] = work[m * 64 + k]
 //   B[bi, k, n] = params[64 + k * 64 + n]
 //   work[16384 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -2902,12 +2874,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K017_MATMUL_ADD = """\
-// k017_matmul_add: matmul -> add
+K016_MATMUL_ADD = """\
+// k016_matmul_add: matmul -> add
 // writes t10: f32[256,1]   reads: params, t7
 // from sine_mlp.py:15
 //
-// k017_matmul_add: batched matmul, 1 x [256x64] @ [64x1]
+// k016_matmul_add: batched matmul, 1 x [256x64] @ [64x1]
 //   A[bi, m, k] = work[16384 + m * 64 + k]
 //   B[bi, k, n] = params[4160 + k]
 //   work[0 + (bi * 256 + row) * 1 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -3157,16 +3129,15 @@ WGSL = {
     "k003_fused_add_sub_mul": K003_FUSED_ADD_SUB_MUL,
     "k004_matmul": K004_MATMUL,
     "k005_matmul_greater_mul": K005_MATMUL_GREATER_MUL,
-    "k006_sum": K006_SUM,
-    "k007_matmul": K007_MATMUL,
-    "k008_matmul_greater_mul": K008_MATMUL_GREATER_MUL,
-    "k009_sum": K009_SUM,
-    "k010_matmul": K010_MATMUL,
-    "k011_fused_mul_add_sqrt": K011_FUSED_MUL_ADD_SQRT,
+    "k006_matmul": K006_MATMUL,
+    "k007_matmul_greater_mul": K007_MATMUL_GREATER_MUL,
+    "k008_fused_sum": K008_FUSED_SUM,
+    "k009_matmul": K009_MATMUL,
+    "k010_fused_mul_add_sqrt": K010_FUSED_MUL_ADD_SQRT,
+    "k011_matmul_add_relu": K011_MATMUL_ADD_RELU,
     "k012_matmul_add_relu": K012_MATMUL_ADD_RELU,
-    "k013_matmul_add_relu": K013_MATMUL_ADD_RELU,
-    "k014_matmul_add": K014_MATMUL_ADD,
+    "k013_matmul_add": K013_MATMUL_ADD,
+    "k014_matmul_add_relu": K014_MATMUL_ADD_RELU,
     "k015_matmul_add_relu": K015_MATMUL_ADD_RELU,
-    "k016_matmul_add_relu": K016_MATMUL_ADD_RELU,
-    "k017_matmul_add": K017_MATMUL_ADD,
+    "k016_matmul_add": K016_MATMUL_ADD,
 }

@@ -63,18 +63,20 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k006_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
-        "k007_matmul": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
-        "k008_matmul_greater_mul": (
+        "k006_matmul": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
+        "k007_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k009_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
-        "k010_matmul": (
+        "k008_fused_sum": (
+            (("grads", "read_write"), ("work", "read")),
+            "sine_mlp.py:15",
+        ),
+        "k009_matmul": (
             (("grads", "read_write"), ("inputs", "read"), ("work", "read")),
             "sine_mlp.py:15",
         ),
-        "k011_fused_mul_add_sqrt": (
+        "k010_fused_mul_add_sqrt": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -83,27 +85,27 @@ PROGRAM = {
             ),
             "optimizer",
         ),
-        "k012_matmul_add_relu": (
+        "k011_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k013_matmul_add_relu": (
+        "k012_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k014_matmul_add": (
+        "k013_matmul_add": (
             (("params", "read"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
+        "k014_matmul_add_relu": (
+            (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
         "k015_matmul_add_relu": (
-            (("params", "read"), ("inputs", "read"), ("work", "read_write")),
-            "sine_mlp.py:15",
-        ),
-        "k016_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k017_matmul_add": (
+        "k016_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
@@ -126,12 +128,11 @@ PROGRAM = {
                 ("k003_fused_add_sub_mul", (1, 1, 1)),
                 ("k004_matmul", (1, 4, 1)),
                 ("k005_matmul_greater_mul", (4, 16, 1)),
-                ("k006_sum", (64, 1, 1)),
-                ("k007_matmul", (4, 4, 1)),
-                ("k008_matmul_greater_mul", (4, 16, 1)),
-                ("k009_sum", (64, 1, 1)),
-                ("k010_matmul", (4, 1, 1)),
-                ("k011_fused_mul_add_sqrt", (18, 1, 1)),
+                ("k006_matmul", (4, 4, 1)),
+                ("k007_matmul_greater_mul", (4, 16, 1)),
+                ("k008_fused_sum", (64, 1, 1)),
+                ("k009_matmul", (4, 1, 1)),
+                ("k010_fused_mul_add_sqrt", (18, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {},
@@ -142,9 +143,9 @@ PROGRAM = {
             "outputs": [("out", "f32", (1, 1), "work", 0)],
             "captures": [],
             "dispatches": [
+                ("k011_matmul_add_relu", (4, 1, 1)),
                 ("k012_matmul_add_relu", (4, 1, 1)),
-                ("k013_matmul_add_relu", (4, 1, 1)),
-                ("k014_matmul_add", (1, 1, 1)),
+                ("k013_matmul_add", (1, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {},
@@ -155,9 +156,9 @@ PROGRAM = {
             "outputs": [("out", "f32", (256, 1), "work", 0)],
             "captures": [],
             "dispatches": [
+                ("k014_matmul_add_relu", (4, 16, 1)),
                 ("k015_matmul_add_relu", (4, 16, 1)),
-                ("k016_matmul_add_relu", (4, 16, 1)),
-                ("k017_matmul_add", (1, 16, 1)),
+                ("k016_matmul_add", (1, 16, 1)),
             ],
             "copies": [],
             "index_bounds": {},
