@@ -65,6 +65,8 @@ def bench_aot(program, make_batch, predict_inputs, steps, outdir):
     path = build(program, outdir)
     build_s = time.perf_counter() - t
     sys.path.insert(0, str(path))
+    for name in [m for m in sys.modules if m == program.name or m.startswith(program.name + ".")]:
+        del sys.modules[name]  # an example module of the same name may have been imported
     mod = __import__(program.name)
     model = mod.Model()
     rng = np.random.default_rng(0)
