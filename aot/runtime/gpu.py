@@ -79,17 +79,35 @@ class Engine:
         self.buffers = {
             a: self.device.create_buffer(label=a, size=max(4, 4 * n), usage=usage) for a, n in arenas.items()
         }
-        self.pipelines = {}
+        # Kernels that bind the same buffers the same way share one explicit layout and one
+        # bind group, so a pass re-binds only when the next kernel's bindings differ.
+        self.layouts, self.groups = {}, {}
         for kname, (bindings, site) in kernels.items():
-            self.pipelines[kname] = self._pipeline(kname, wgsl[kname], site)
-        self.bind_groups = {}
-        for kname, (bindings, site) in kernels.items():
-            layout = self.pipelines[kname].get_bind_group_layout(0)
-            entries_ = [
-                {"binding": i, "resource": {"buffer": self.buffers[arena], "offset": 0, "size": self.buffers[arena].size}}
-                for i, (arena, _access) in enumerate(bindings)
-            ]
-            self.bind_groups[kname] = self.device.create_bind_group(layout=layout, entries=entries_)
+            sig = tuple(tuple(b) for b in bindings)
+            if sig not in self.layouts:
+                bgl = self.device.create_bind_group_layout(entries=[
+                    {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                     "buffer": {"type": "storage" if access == "read_write" else "read-only-storage"}}
+                    for i, (arena, access) in enumerate(sig)
+                ])
+                self.layouts[sig] = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
+                self.groups[sig] = self.device.create_bind_group(layout=bgl, entries=[
+                    {"binding": i, "resource": {"buffer": self.buffers[arena], "offset": 0, "size": self.buffers[arena].size}}
+                    for i, (arena, _access) in enumerate(sig)
+                ])
+        self.pipelines = {
+            kname: self._pipeline(kname, wgsl[kname], site, self.layouts[tuple(tuple(b) for b in bindings)])
+            for kname, (bindings, site) in kernels.items()
+        }
+        # per entry point: (pipeline, bind group or None when unchanged, grid), ready to record
+        self.recipes = {}
+        for key, e in entries.items():
+            steps, last = [], None
+            for kname, grid in e["dispatches"]:
+                group = self.groups[tuple(tuple(b) for b in kernels[kname][0])]
+                steps.append((self.pipelines[kname], group if group is not last else None, tuple(grid)))
+                last = group
+            self.recipes[key] = steps
         self.readback = {}
         for key, e in entries.items():
             n = sum(_size(shape) for _, _, shape, _, _ in e["outputs"] + e["captures"])
@@ -97,10 +115,10 @@ class Engine:
                 size=max(4, 4 * n), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
             )
 
-    def _pipeline(self, kname, source, site):
+    def _pipeline(self, kname, source, site, layout):
         try:
             module = self.device.create_shader_module(label=kname, code=source)
-            return self.device.create_compute_pipeline(label=kname, layout="auto", compute={"module": module, "entry_point": "main"})
+            return self.device.create_compute_pipeline(label=kname, layout=layout, compute={"module": module, "entry_point": "main"})
         except Exception as e:
             raise ShaderError(f"kernel {kname} (from {site}) failed to compile:\n{e}\n{_wgsl_context(source, str(e))}") from None
 
@@ -122,10 +140,12 @@ class Engine:
                 self.write(arena, 0, data)
         enc = self.device.create_command_encoder()
         cpass = enc.begin_compute_pass()
-        for kname, grid in e["dispatches"]:
-            cpass.set_pipeline(self.pipelines[kname])
-            cpass.set_bind_group(0, self.bind_groups[kname])
-            cpass.dispatch_workgroups(*grid)
+        set_pipeline, set_bind_group, dispatch = cpass.set_pipeline, cpass.set_bind_group, cpass.dispatch_workgroups
+        for pipeline, group, grid in self.recipes[key]:
+            set_pipeline(pipeline)
+            if group is not None:
+                set_bind_group(0, group)
+            dispatch(*grid)
         cpass.end()
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(self.buffers[src], 4 * so, self.buffers[dst], 4 * do, 4 * n)
