@@ -15,7 +15,7 @@ from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, render_matmul, split_index
 from .ops.registry import lookup
 from .plan import Plan
-from .schedule import Kernel, Schedule, contiguous_strides
+from .schedule import Kernel, Schedule, contiguous_strides, merge_subdims
 from .templates import render, wgsl_f32, wgsl_i32
 
 WG = 256
@@ -420,16 +420,7 @@ def _store(kc: KernelContext, plan: Plan, t: Tensor, value: str, index: str) -> 
 
 
 def _merge(subdims) -> tuple:
-    """Drop size-1 sub-dims and merge neighbours that are contiguous with each other."""
-    out: list[tuple[int, int]] = []
-    for size, st in subdims:
-        if size == 1:
-            continue
-        if out and out[-1][1] == st * size:
-            out[-1] = (out[-1][0] * size, st)
-        else:
-            out.append((size, st))
-    return tuple(out) or ((1, 0),)
+    return tuple(merge_subdims(subdims)) or ((1, 0),)
 
 
 def _operand(plan: Plan, s: Schedule, t: Tensor, kc: KernelContext, fold_batch: bool) -> Operand:

@@ -3,6 +3,7 @@ across builds (no timestamps, paths or set ordering), written only where content
 
 from __future__ import annotations
 
+import math
 import pprint
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def package_files(c, source_name: str) -> dict[str, str]:
     n_kernels = {key: len(ks) for key, ks in c.kernels.items()}
     ctx = dict(
         header=header, name=name, source=source_name, entries=entries, prog=prog, n_kernels=n_kernels,
-        params=prog["params"], total=sum(_n(p[1]) for p in prog["params"]),
+        params=prog["params"], total=sum(math.prod(p[1]) for p in prog["params"]),
     )
     files = {
         "pyproject.toml": render("package/pyproject.toml.j2", **ctx),
@@ -77,13 +78,6 @@ def package_files(c, source_name: str) -> dict[str, str]:
         text = Path(src).read_text(encoding="utf-8")
         files[f"{name}/{dst}"] = f"{header}\n# (copied from aot/runtime/{Path(src).name})\n{text}"
     return files
-
-
-def _n(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def write_package(c, outdir: Path, source_name: str) -> Path:

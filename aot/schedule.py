@@ -70,16 +70,7 @@ class View:
 
     def flat_dims(self) -> list[tuple[int, int]]:
         """All sub-dims outermost first, size-1 dropped and contiguous neighbours merged."""
-        out: list[tuple[int, int]] = []
-        for axis in self.dims:
-            for size, st in axis:
-                if size == 1:
-                    continue
-                if out and out[-1][1] == st * size:
-                    out[-1] = (out[-1][0] * size, st)
-                else:
-                    out.append((size, st))
-        return out
+        return merge_subdims([sd for axis in self.dims for sd in axis])
 
     def is_contiguous(self, shape=None) -> bool:
         fd = self.flat_dims()
@@ -94,6 +85,19 @@ class View:
                 return None
             out.append(real[0][1] if real else 0)
         return tuple(out)
+
+
+def merge_subdims(subdims) -> list[tuple[int, int]]:
+    """Drop size-1 sub-dims and merge neighbours where the outer one steps over the inner one."""
+    out: list[tuple[int, int]] = []
+    for size, st in subdims:
+        if size == 1:
+            continue
+        if out and out[-1][1] == st * size:
+            out[-1] = (out[-1][0] * size, st)
+        else:
+            out.append((size, st))
+    return out
 
 
 def _regroup(subdims: list[tuple[int, int]], shape) -> tuple | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import runpy
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -493,52 +494,15 @@ def test_sine_mlp_example_matches_torch(torch):
 
 
 def torch_transformer(torch, mod):
-    F = torch.nn.functional
-    D, HEADS, MLP_DIM, T, VOCAB, LAYERS = (mod[k] for k in ("D", "HEADS", "MLP_DIM", "T", "VOCAB", "LAYERS"))
-    dh = D // HEADS
-
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1 = torch.nn.LayerNorm(D, eps=1e-5)
-            self.q = torch.nn.Linear(D, D, bias=False)
-            self.k = torch.nn.Linear(D, D, bias=False)
-            self.v = torch.nn.Linear(D, D, bias=False)
-            self.o = torch.nn.Linear(D, D, bias=False)
-            self.ln2 = torch.nn.LayerNorm(D, eps=1e-5)
-            self.fc1 = torch.nn.Linear(D, MLP_DIM)
-            self.fc2 = torch.nn.Linear(MLP_DIM, D)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            h = self.ln1(x)
-            q, k, v = (f(h).reshape(b, t, HEADS, dh).transpose(1, 2) for f in (self.q, self.k, self.v))
-            scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))
-            causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
-            att = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1) @ v
-            x = x + self.o(att.transpose(1, 2).reshape(b, t, D))
-            return x + self.fc2(torch.relu(self.fc1(self.ln2(x))))
-
-    class Transformer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok_emb = torch.nn.Embedding(VOCAB, D)
-            self.pos_emb = torch.nn.Parameter(torch.zeros(T + 1, D))
-            self.blocks = torch.nn.ModuleList([Block() for _ in range(LAYERS)])
-            self.ln_f = torch.nn.LayerNorm(D, eps=1e-5)
-
-        def forward(self, tokens):
-            x = self.tok_emb(tokens) + self.pos_emb[: tokens.shape[-1]]
-            for blk in self.blocks:
-                x = blk(x)
-            return self.ln_f(x) @ self.tok_emb.weight.T  # tied head
-
-        def loss(self, b):
-            logits = self(b["tokens"].long())
-            ce = F.cross_entropy(logits.reshape(-1, VOCAB), b["targets"].long().reshape(-1), reduction="none")
-            return (ce.reshape(b["mask"].shape) * b["mask"]).sum() / (b["mask"].shape[0] * 3)
-
-    return Transformer()
+    """The example's PyTorch twin (examples/torch_reference.py) with a loss(batch) method."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import torch_reference as tr
+    finally:
+        sys.path.pop(0)
+    m = tr.Transformer(mod["VOCAB"], mod["D"], mod["LAYERS"], mod["HEADS"], mod["MLP_DIM"], mod["T"])
+    m.loss = lambda b: tr.transformer_loss(m, b["tokens"].long(), b["targets"].long(), b["mask"])
+    return m
 
 
 @pytest.mark.slow
