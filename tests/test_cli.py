@@ -1,0 +1,80 @@
+"""`python -m aot`: build, inspect, help and the errors a user meets first."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "aot", *args], capture_output=True, text=True, cwd=cwd or ROOT)
+
+
+def test_help_lists_the_commands():
+    r = run("--help")
+    assert r.returncode == 0 and "build" in r.stdout and "inspect" in r.stdout
+    r = run("build", "--help")
+    assert "--program" in r.stdout and "-o" in r.stdout
+
+
+def test_build_writes_the_project_with_progress_lines(tmp_path):
+    r = run("build", "examples/sine_mlp.py", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "traced" in r.stdout and "kernels" in r.stdout and "wrote" in r.stdout
+    assert (tmp_path / "sine_mlp" / "pyproject.toml").exists()
+    assert (tmp_path / "sine_mlp" / "sine_mlp" / "__init__.py").exists()
+
+
+def test_unknown_program_names_the_candidates(tmp_path):
+    r = run("build", "examples/sine_mlp.py", "--program", "mlp", "-o", str(tmp_path))
+    assert r.returncode != 0 and "unknown program 'mlp'" in r.stderr and "sine_mlp" in r.stderr
+
+
+def test_a_file_without_a_program_is_a_clear_error(tmp_path):
+    f = tmp_path / "model.py"
+    f.write_text("import aot\nx = 1\n")
+    r = run("build", str(f), "-o", str(tmp_path))
+    assert r.returncode != 0 and "defines no aot.Program" in r.stderr
+
+
+def test_shape_errors_name_the_users_line(tmp_path):
+    f = tmp_path / "bad.py"
+    f.write_text(textwrap.dedent("""\
+        import aot
+        from aot import nn, ops
+
+        class M(aot.Module):
+            def __init__(self):
+                super().__init__()
+                self.l = nn.Linear(3, 4)
+
+        def loss(m, x):
+            return ops.mean(m.l(x))
+
+        program = aot.Program("bad", model=M, train=aot.Train(loss, {"x": aot.f32(8, 5)}))
+        """))
+    r = run("build", str(f), "-o", str(tmp_path))
+    assert r.returncode == 1
+    assert "ShapeError" in r.stderr and "matmul" in r.stderr and "bad.py:10" in r.stderr  # where the Linear is called
+
+
+def test_inspect_prints_ir_kernels_and_buffers():
+    r = run("inspect", "examples/sine_mlp.py", "--entry", "predict")
+    assert r.returncode == 0, r.stderr
+    assert "graph sine_mlp.predict[B=1]:" in r.stdout and "= matmul x, l1.W" in r.stdout
+    assert "kernels (3):" in r.stdout and "buffers (elements):" in r.stdout
+
+
+@pytest.mark.gpu
+def test_shader_compile_errors_name_kernel_line_and_call_site():
+    from aot.runtime.gpu import Engine, ShaderError
+
+    wgsl = "@compute @workgroup_size(1)\nfn main() {\n    let x: f32 = undefined_thing;\n}\n"
+    with pytest.raises(ShaderError) as e:
+        Engine("t", {"k000_bad": wgsl}, {"k000_bad": ((), "model.py:12")}, {"work": 4}, {})
+    msg = str(e.value)
+    assert "k000_bad" in msg and "model.py:12" in msg and "undefined_thing" in msg
