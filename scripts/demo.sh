@@ -14,4 +14,4 @@ echo "demo: wheel $(ls "$OUT"/dist/*.whl)"
 
 python3 -m venv "$OUT/deploy"
 "$OUT/deploy/bin/python" -m pip install -q "$OUT"/dist/*.whl
-"$OUT/deploy/bin/python" examples/train_sine.py --steps ${STEPS:-1000} --checkpoint "$OUT/sine_mlp.npz"
+"$OUT/deploy/bin/python" scripts/train_sine.py --steps ${STEPS:-1000} --checkpoint "$OUT/sine_mlp.npz"

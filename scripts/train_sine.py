@@ -1,6 +1,6 @@
 """Train and use the generated sine_mlp package (needs only the installed wheel: wgpu + numpy).
 
-    python examples/train_sine.py --steps 1000
+    python scripts/train_sine.py --steps 1000   (run from anywhere but examples/, whose sine_mlp.py is the model source)
 """
 
 import argparse
