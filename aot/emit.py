@@ -9,12 +9,17 @@ from pathlib import Path
 
 import black
 
-from .runtime import gpu as _gpu, rng as _rng, schedules as _schedules
+from .runtime import engine as _engine, gpu as _gpu, rng as _rng, schedules as _schedules
 from .templates import render
 
 BLACK_MODE = black.Mode(target_versions={black.TargetVersion.PY310}, line_length=88)
 # copied verbatim: the deployed model shares one definition of init and schedules with aot
-RUNTIME_FILES = {"runtime.py": _gpu.__file__, "rng.py": _rng.__file__, "schedules.py": _schedules.__file__}
+RUNTIME_FILES = {
+    "runtime.py": _gpu.__file__,
+    "engine.py": _engine.__file__,
+    "rng.py": _rng.__file__,
+    "schedules.py": _schedules.__file__,
+}
 
 
 def _py(src: str) -> str:

@@ -54,7 +54,6 @@ def plan(s: Schedule, state_offsets: dict[str, int], param_total: int) -> Plan:
     loc: dict[int, Loc] = {}
     sizes = dict.fromkeys(ARENAS, 0)
     sizes["params"] = param_total
-    owners = {id(t): t for t in s.owners}
     for t in s.owners:
         if t.node.op == "param":  # the params arena sentinel
             loc[id(t)] = Loc("params", 0)

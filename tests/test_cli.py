@@ -71,7 +71,7 @@ def test_inspect_prints_ir_kernels_and_buffers():
 
 @pytest.mark.gpu
 def test_shader_compile_errors_name_kernel_line_and_call_site():
-    from aot.runtime.gpu import Engine, ShaderError
+    from aot.runtime.engine import Engine, ShaderError
 
     wgsl = "@compute @workgroup_size(1)\nfn main() {\n    let x: f32 = undefined_thing;\n}\n"
     with pytest.raises(ShaderError) as e:

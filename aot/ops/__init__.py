@@ -508,4 +508,4 @@ def max_pool2d(x, k, stride=None, padding=0):
     return max(cols, (2, 3))
 
 
-from . import conv, elementwise, index, layout, leaves, linalg, reduce  # noqa: E402,F401  (register primitives)
+from . import conv, elementwise, index, layout, leaves, linalg, reduce  # noqa: E402,F401  (registers the primitives)

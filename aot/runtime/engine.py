@@ -1,0 +1,163 @@
+"""The device side of a generated package: a wgpu device, one buffer per arena, one pipeline
+per kernel (all created once), and `run`, which records one call of an entry point into a
+single compute pass and submit. Nothing is allocated per call.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+
+try:
+    import wgpu
+except ImportError as e:  # pragma: no cover - the package declares wgpu as a dependency
+    raise ImportError("this model needs wgpu-py: pip install wgpu") from e
+
+_NP = {"f32": np.float32, "i32": np.int32}
+
+
+class ShaderError(RuntimeError):
+    """A generated kernel failed to compile on this adapter (please report it)."""
+
+
+class Engine:
+    """Device, buffers, pipelines and bind groups for one compiled program."""
+
+    def __init__(self, name: str, wgsl: dict, kernels: dict, arenas: dict, entries: dict):
+        self.name = name
+        self.kernels = kernels
+        self.entries = entries
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        if adapter is None:
+            raise RuntimeError(
+                "no WebGPU adapter found: install a GPU driver with Vulkan/Metal/D3D12 support, "
+                "or Mesa's software Vulkan (Debian: apt-get install mesa-vulkan-drivers)"
+            )
+        self.adapter_info = dict(adapter.info)
+        need = max([4] + [4 * n for n in arenas.values()])
+        limits = {}
+        for key in ("max-storage-buffer-binding-size", "max-buffer-size"):
+            have = adapter.limits[key]
+            if need > have:
+                raise RuntimeError(f"{name} needs a {need}-byte buffer; this adapter allows {have} ({key})")
+            if need > 134217728:
+                limits[key] = have
+        self.device = adapter.request_device_sync(label=name, required_limits=limits or None)
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        self.buffers = {
+            a: self.device.create_buffer(label=a, size=max(4, 4 * n), usage=usage) for a, n in arenas.items()
+        }
+        # Kernels that bind the same buffers the same way share one explicit layout and one
+        # bind group, so a pass re-binds only when the next kernel's bindings differ.
+        self.layouts, self.groups = {}, {}
+        for kname, (bindings, site) in kernels.items():
+            sig = tuple(tuple(b) for b in bindings)
+            if sig not in self.layouts:
+                bgl = self.device.create_bind_group_layout(entries=[
+                    {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                     "buffer": {"type": "storage" if access == "read_write" else "read-only-storage"}}
+                    for i, (arena, access) in enumerate(sig)
+                ])
+                self.layouts[sig] = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
+                self.groups[sig] = self.device.create_bind_group(layout=bgl, entries=[
+                    {"binding": i, "resource": {"buffer": self.buffers[arena], "offset": 0, "size": self.buffers[arena].size}}
+                    for i, (arena, _access) in enumerate(sig)
+                ])
+        self.pipelines = {
+            kname: self._pipeline(kname, wgsl[kname], site, self.layouts[tuple(tuple(b) for b in bindings)])
+            for kname, (bindings, site) in kernels.items()
+        }
+        # per entry point: (pipeline, bind group or None when unchanged, grid), ready to record
+        self.recipes = {}
+        for key, e in entries.items():
+            steps, last = [], None
+            for kname, grid in e["dispatches"]:
+                group = self.groups[tuple(tuple(b) for b in kernels[kname][0])]
+                steps.append((self.pipelines[kname], group if group is not last else None, tuple(grid)))
+                last = group
+            self.recipes[key] = steps
+        self.readback = {}
+        for key, e in entries.items():
+            n = sum(_size(shape) for _, _, shape, _, _ in e["outputs"] + e["captures"])
+            self.readback[key] = self.device.create_buffer(
+                size=max(4, 4 * n), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+            )
+
+    def _pipeline(self, kname, source, site, layout):
+        try:
+            module = self.device.create_shader_module(label=kname, code=source)
+            return self.device.create_compute_pipeline(label=kname, layout=layout, compute={"module": module, "entry_point": "main"})
+        except Exception as e:
+            raise ShaderError(f"kernel {kname} (from {site}) failed to compile:\n{e}\n{_wgsl_context(source, str(e))}") from None
+
+    def write(self, arena: str, offset: int, data: np.ndarray):
+        self.device.queue.write_buffer(self.buffers[arena], 4 * offset, np.ascontiguousarray(data).tobytes())
+
+    def read(self, arena: str, offset: int, count: int, dtype="f32") -> np.ndarray:
+        if count == 0:
+            return np.zeros(0, dtype=_NP[dtype])
+        raw = self.device.queue.read_buffer(self.buffers[arena], 4 * offset, 4 * count)
+        return np.frombuffer(raw, dtype=_NP[dtype]).copy()
+
+    def run(self, key: str, packed: dict, want_captures: bool):
+        """One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures)."""
+        t0 = time.perf_counter()
+        e = self.entries[key]
+        for arena, data in packed.items():
+            if data.size:
+                self.write(arena, 0, data)
+        enc = self.device.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        set_pipeline, set_bind_group, dispatch = cpass.set_pipeline, cpass.set_bind_group, cpass.dispatch_workgroups
+        for pipeline, group, grid in self.recipes[key]:
+            set_pipeline(pipeline)
+            if group is not None:
+                set_bind_group(0, group)
+            dispatch(*grid)
+        cpass.end()
+        for src, so, dst, do, n in e["copies"]:
+            enc.copy_buffer_to_buffer(self.buffers[src], 4 * so, self.buffers[dst], 4 * do, 4 * n)
+        reads = e["outputs"] + (e["captures"] if want_captures else [])
+        rb = self.readback[key]
+        pos = 0
+        for _, _, shape, arena, off in reads:
+            n = _size(shape)
+            enc.copy_buffer_to_buffer(self.buffers[arena], 4 * off, rb, 4 * pos, 4 * n)
+            pos += n
+        self.device.queue.submit([enc.finish()])
+        t1 = time.perf_counter()
+        out = {}
+        if pos:
+            rb.map_sync(wgpu.MapMode.READ, 0, 4 * pos)
+            t2 = time.perf_counter()
+            raw = rb.read_mapped(0, 4 * pos, copy=True)
+            rb.unmap()
+            pos = 0
+            for name, dtype, shape, _, _ in reads:
+                n = _size(shape)
+                out[name] = np.frombuffer(raw, dtype=_NP[dtype], count=n, offset=4 * pos).reshape(shape).copy()
+                pos += n
+        else:
+            t2 = time.perf_counter()
+        # host time (upload, encoding, submit, unpacking) and time spent waiting for the GPU
+        self.last_timing = (t1 - t0 + time.perf_counter() - t2, t2 - t1)
+        return out
+
+
+def _size(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _wgsl_context(source: str, message: str) -> str:
+    m = re.search(r":(\d+):\d+", message)
+    if not m:
+        return ""
+    line = int(m.group(1))
+    lines = source.split("\n")
+    lo, hi = max(0, line - 3), min(len(lines), line + 2)
+    return "\n".join(f"{'>>' if i + 1 == line else '  '} {i + 1:4d} | {lines[i]}" for i in range(lo, hi))
