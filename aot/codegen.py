@@ -56,15 +56,14 @@ def _fused_ops(k: Kernel, s: Schedule) -> list[str]:
 
 
 def kernel_name(i: int, k: Kernel, s: Schedule) -> str:
-    ops = _fused_ops(k, s)
+    """k{index}_{label}: the kernel's main op (matmul, the reduction, the last elementwise op)
+    after up to two other ops fused into it, e.g. k012_fused_mul_sub_sum."""
+    ops = list(dict.fromkeys(_fused_ops(k, s)))
+    main = "matmul" if k.kind == "matmul" else k.node.op
+    others = [o for o in ops if o != main]
     if k.kind == "matmul":
-        tail = [o for o in ops if o != "matmul"]
-        label = "matmul" + ("_" + "_".join(dict.fromkeys(tail)) if tail else "")
-    elif len(ops) == 1:
-        label = ops[0]
-    else:
-        label = "fused_" + "_".join(list(dict.fromkeys(ops))[:3])
-    return f"k{i:03d}_{label}"
+        return f"k{i:03d}_" + "_".join(["matmul"] + others[:3])
+    return f"k{i:03d}_" + ("_".join(["fused"] + others[:2] + [main]) if others else main)
 
 
 def generate(s: Schedule, plan: Plan, prefix_index: int = 0) -> list[KernelCode]:

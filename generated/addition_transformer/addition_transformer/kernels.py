@@ -1005,8 +1005,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K008_FUSED_MUL_GREATER_WHERE = """\
-// k008_fused_mul_greater_where: mul -> greater -> where -> max
+K008_FUSED_MUL_GREATER_MAX = """\
+// k008_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -1036,8 +1036,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K009_FUSED_MUL_GREATER_WHERE = """\
-// k009_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K009_FUSED_MUL_GREATER_EXP = """\
+// k009_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[128,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -2332,8 +2332,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K021_FUSED_MUL_SUM_ADD = """\
-// k021_fused_mul_sum_add: mul -> sum -> mul -> add -> rsqrt
+K021_FUSED_MUL_ADD_SUM = """\
+// k021_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt
 // writes t93, t98: f32[128,8,1]   reads: t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -3262,8 +3262,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K027_FUSED_MUL_GREATER_WHERE = """\
-// k027_fused_mul_greater_where: mul -> greater -> where -> max
+K027_FUSED_MUL_GREATER_MAX = """\
+// k027_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -3293,8 +3293,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K028_FUSED_MUL_GREATER_WHERE = """\
-// k028_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K028_FUSED_MUL_GREATER_EXP = """\
+// k028_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[128,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -4589,8 +4589,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K040_FUSED_MUL_SUM_ADD = """\
-// k040_fused_mul_sum_add: mul -> sum -> mul -> add -> rsqrt
+K040_FUSED_MUL_ADD_SUM = """\
+// k040_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt
 // writes t171, t176: f32[128,8,1]   reads: t169
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -5519,8 +5519,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K046_FUSED_MUL_GREATER_WHERE = """\
-// k046_fused_mul_greater_where: mul -> greater -> where -> max
+K046_FUSED_MUL_GREATER_MAX = """\
+// k046_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -5550,8 +5550,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K047_FUSED_MUL_GREATER_WHERE = """\
-// k047_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K047_FUSED_MUL_GREATER_EXP = """\
+// k047_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[128,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -6846,8 +6846,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K059_FUSED_MUL_SUM_ADD = """\
-// k059_fused_mul_sum_add: mul -> sum -> mul -> add -> rsqrt
+K059_FUSED_MUL_ADD_SUM = """\
+// k059_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt
 // writes t249, t254: f32[128,8,1]   reads: t247
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7194,8 +7194,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K063_FUSED_STOP_GRADIENT_SUB_EXP = """\
-// k063_fused_stop_gradient_sub_exp: stop_gradient -> sub -> exp -> sum
+K063_FUSED_STOP_GRADIENT_SUB_SUM = """\
+// k063_fused_stop_gradient_sub_sum: stop_gradient -> sub -> exp -> sum
 // writes t268: f32[128,8,1]   reads: t262, t263
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7223,8 +7223,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K064_FUSED_STOP_GRADIENT_SUB_LOG = """\
-// k064_fused_stop_gradient_sub_log: stop_gradient -> sub -> log -> sub
+K064_FUSED_STOP_GRADIENT_LOG_SUB = """\
+// k064_fused_stop_gradient_log_sub: stop_gradient -> sub -> log -> sub
 // writes t271: f32[128,8,12]   reads: t262, t263, t268
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -7323,8 +7323,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K067_FUSED_ONE_HOT_MUL_NEG = """\
-// k067_fused_one_hot_mul_neg: one_hot -> mul -> mul -> neg -> mul
+K067_FUSED_ONE_HOT_NEG_MUL = """\
+// k067_fused_one_hot_neg_mul: one_hot -> mul -> mul -> neg -> mul
 // writes t288: f32[128,8,12]   reads: mask, targets
 // from addition_transformer.py:64
 @group(0) @binding(0) var<storage, read> inputs: array<f32>;
@@ -9150,8 +9150,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K081_FUSED_SUM = """\
-// k081_fused_sum: sum -> sum
+K081_SUM = """\
+// k081_sum: sum -> sum
 // writes t327, t345: f32[64]   reads: t326, t340
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -9321,8 +9321,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K085_FUSED_ADD_MUL = """\
-// k085_fused_add_mul: add -> mul -> add
+K085_FUSED_MUL_ADD = """\
+// k085_fused_mul_add: add -> mul -> add
 // writes t370: f32[128,8,64]   reads: t326, t363, t366
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -12075,8 +12075,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K104_FUSED_ADD_MUL = """\
-// k104_fused_add_mul: add -> mul -> add
+K104_FUSED_MUL_ADD = """\
+// k104_fused_mul_add: add -> mul -> add
 // writes t447: f32[128,8,64]   reads: t370, t440, t443
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -12812,8 +12812,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K108_FUSED_SUM = """\
-// k108_fused_sum: sum -> sum
+K108_SUM = """\
+// k108_sum: sum -> sum
 // writes t338, t458: f32[256]   reads: t337, t457
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -13552,8 +13552,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K115_FUSED_ADD_MUL = """\
-// k115_fused_add_mul: add -> mul -> add
+K115_FUSED_MUL_ADD = """\
+// k115_fused_mul_add: add -> mul -> add
 // writes t490: f32[128,8,64]   reads: t447, t483, t486
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -16301,8 +16301,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K134_FUSED_ADD_MUL = """\
-// k134_fused_add_mul: add -> mul -> add
+K134_FUSED_MUL_ADD = """\
+// k134_fused_mul_add: add -> mul -> add
 // writes t567: f32[128,8,64]   reads: t490, t560, t563
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -17542,8 +17542,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K140_FUSED_SUM = """\
-// k140_fused_sum: sum -> sum
+K140_SUM = """\
+// k140_sum: sum -> sum
 // writes t568, t585: f32[64]   reads: t567, t580
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -17713,8 +17713,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K144_FUSED_ADD_MUL = """\
-// k144_fused_add_mul: add -> mul -> add
+K144_FUSED_MUL_ADD = """\
+// k144_fused_mul_add: add -> mul -> add
 // writes t610: f32[128,8,64]   reads: t567, t603, t606
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -20520,8 +20520,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K164_FUSED_ADD_MUL = """\
-// k164_fused_add_mul: add -> mul -> add
+K164_FUSED_MUL_ADD = """\
+// k164_fused_mul_add: add -> mul -> add
 // writes t687: f32[128,8,64]   reads: t610, t680, t683
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -20950,8 +20950,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K171_FUSED_SQRT_ADD_DIV = """\
-// k171_fused_sqrt_add_div: sqrt -> add -> div -> minimum -> mul -> mul -> mul -> add -> mul -> mul -> mul -> add -> mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
+K171_FUSED_SQRT_ADD_SUB = """\
+// k171_fused_sqrt_add_sub: sqrt -> add -> div -> minimum -> mul -> mul -> mul -> add -> mul -> mul -> mul -> add -> mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
 // writes t749, t756, t764, t781: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, adam.m, adam.v, params, t716, t742
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
@@ -22004,8 +22004,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K180_FUSED_MUL_GREATER_WHERE = """\
-// k180_fused_mul_greater_where: mul -> greater -> where -> max
+K180_FUSED_MUL_GREATER_MAX = """\
+// k180_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t48: f32[1,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -22034,8 +22034,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K181_FUSED_MUL_GREATER_WHERE = """\
-// k181_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K181_FUSED_MUL_GREATER_EXP = """\
+// k181_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[1,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -23202,8 +23202,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K194_FUSED_MUL_ADD_RSQRT = """\
-// k194_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K194_FUSED_MUL_RSQRT_ADD = """\
+// k194_fused_mul_rsqrt_add: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[1,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -24097,8 +24097,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K199_FUSED_MUL_GREATER_WHERE = """\
-// k199_fused_mul_greater_where: mul -> greater -> where -> max
+K199_FUSED_MUL_GREATER_MAX = """\
+// k199_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t126: f32[1,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -24127,8 +24127,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K200_FUSED_MUL_GREATER_WHERE = """\
-// k200_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K200_FUSED_MUL_GREATER_EXP = """\
+// k200_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[1,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -25295,8 +25295,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K213_FUSED_MUL_ADD_RSQRT = """\
-// k213_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K213_FUSED_MUL_RSQRT_ADD = """\
+// k213_fused_mul_rsqrt_add: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[1,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -26190,8 +26190,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K218_FUSED_MUL_GREATER_WHERE = """\
-// k218_fused_mul_greater_where: mul -> greater -> where -> max
+K218_FUSED_MUL_GREATER_MAX = """\
+// k218_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t204: f32[1,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -26220,8 +26220,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K219_FUSED_MUL_GREATER_WHERE = """\
-// k219_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K219_FUSED_MUL_GREATER_EXP = """\
+// k219_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[1,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -27388,8 +27388,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K232_FUSED_MUL_ADD_RSQRT = """\
-// k232_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K232_FUSED_MUL_RSQRT_ADD = """\
+// k232_fused_mul_rsqrt_add: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[1,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -28671,8 +28671,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K242_FUSED_MUL_GREATER_WHERE = """\
-// k242_fused_mul_greater_where: mul -> greater -> where -> max
+K242_FUSED_MUL_GREATER_MAX = """\
+// k242_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -28702,8 +28702,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K243_FUSED_MUL_GREATER_WHERE = """\
-// k243_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K243_FUSED_MUL_GREATER_EXP = """\
+// k243_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[128,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30033,8 +30033,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K256_FUSED_MUL_ADD_RSQRT = """\
-// k256_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K256_FUSED_MUL_RSQRT_ADD = """\
+// k256_fused_mul_rsqrt_add: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t104: f32[128,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -30923,8 +30923,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K261_FUSED_MUL_GREATER_WHERE = """\
-// k261_fused_mul_greater_where: mul -> greater -> where -> max
+K261_FUSED_MUL_GREATER_MAX = """\
+// k261_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -30954,8 +30954,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K262_FUSED_MUL_GREATER_WHERE = """\
-// k262_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K262_FUSED_MUL_GREATER_EXP = """\
+// k262_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[128,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -32285,8 +32285,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K275_FUSED_MUL_ADD_RSQRT = """\
-// k275_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K275_FUSED_MUL_RSQRT_ADD = """\
+// k275_fused_mul_rsqrt_add: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t182: f32[128,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -33175,8 +33175,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K280_FUSED_MUL_GREATER_WHERE = """\
-// k280_fused_mul_greater_where: mul -> greater -> where -> max
+K280_FUSED_MUL_GREATER_MAX = """\
+// k280_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -33206,8 +33206,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-K281_FUSED_MUL_GREATER_WHERE = """\
-// k281_fused_mul_greater_where: mul -> greater -> where -> stop_gradient -> sub -> exp
+K281_FUSED_MUL_GREATER_EXP = """\
+// k281_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[128,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
 @group(0) @binding(0) var<storage, read_write> work: array<f32>;
@@ -34537,8 +34537,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 """
 
-K294_FUSED_MUL_ADD_RSQRT = """\
-// k294_fused_mul_add_rsqrt: mul -> add -> rsqrt -> mul -> mul -> add
+K294_FUSED_MUL_RSQRT_ADD = """\
+// k294_fused_mul_rsqrt_add: mul -> add -> rsqrt -> mul -> mul -> add
 // writes t260: f32[128,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -34829,8 +34829,8 @@ WGSL = {
     "k005_matmul": K005_MATMUL,
     "k006_matmul": K006_MATMUL,
     "k007_matmul": K007_MATMUL,
-    "k008_fused_mul_greater_where": K008_FUSED_MUL_GREATER_WHERE,
-    "k009_fused_mul_greater_where": K009_FUSED_MUL_GREATER_WHERE,
+    "k008_fused_mul_greater_max": K008_FUSED_MUL_GREATER_MAX,
+    "k009_fused_mul_greater_exp": K009_FUSED_MUL_GREATER_EXP,
     "k010_sum": K010_SUM,
     "k011_div": K011_DIV,
     "k012_matmul": K012_MATMUL,
@@ -34842,14 +34842,14 @@ WGSL = {
     "k018_matmul": K018_MATMUL,
     "k019_fused_add_sum": K019_FUSED_ADD_SUM,
     "k020_fused_add_mul_sub": K020_FUSED_ADD_MUL_SUB,
-    "k021_fused_mul_sum_add": K021_FUSED_MUL_SUM_ADD,
+    "k021_fused_mul_add_sum": K021_FUSED_MUL_ADD_SUM,
     "k022_fused_mul_add": K022_FUSED_MUL_ADD,
     "k023_matmul": K023_MATMUL,
     "k024_matmul": K024_MATMUL,
     "k025_matmul": K025_MATMUL,
     "k026_matmul": K026_MATMUL,
-    "k027_fused_mul_greater_where": K027_FUSED_MUL_GREATER_WHERE,
-    "k028_fused_mul_greater_where": K028_FUSED_MUL_GREATER_WHERE,
+    "k027_fused_mul_greater_max": K027_FUSED_MUL_GREATER_MAX,
+    "k028_fused_mul_greater_exp": K028_FUSED_MUL_GREATER_EXP,
     "k029_sum": K029_SUM,
     "k030_div": K030_DIV,
     "k031_matmul": K031_MATMUL,
@@ -34861,14 +34861,14 @@ WGSL = {
     "k037_matmul": K037_MATMUL,
     "k038_fused_add_sum": K038_FUSED_ADD_SUM,
     "k039_fused_add_mul_sub": K039_FUSED_ADD_MUL_SUB,
-    "k040_fused_mul_sum_add": K040_FUSED_MUL_SUM_ADD,
+    "k040_fused_mul_add_sum": K040_FUSED_MUL_ADD_SUM,
     "k041_fused_mul_add": K041_FUSED_MUL_ADD,
     "k042_matmul": K042_MATMUL,
     "k043_matmul": K043_MATMUL,
     "k044_matmul": K044_MATMUL,
     "k045_matmul": K045_MATMUL,
-    "k046_fused_mul_greater_where": K046_FUSED_MUL_GREATER_WHERE,
-    "k047_fused_mul_greater_where": K047_FUSED_MUL_GREATER_WHERE,
+    "k046_fused_mul_greater_max": K046_FUSED_MUL_GREATER_MAX,
+    "k047_fused_mul_greater_exp": K047_FUSED_MUL_GREATER_EXP,
     "k048_sum": K048_SUM,
     "k049_div": K049_DIV,
     "k050_matmul": K050_MATMUL,
@@ -34880,15 +34880,15 @@ WGSL = {
     "k056_matmul": K056_MATMUL,
     "k057_fused_add_sum": K057_FUSED_ADD_SUM,
     "k058_fused_add_mul_sub": K058_FUSED_ADD_MUL_SUB,
-    "k059_fused_mul_sum_add": K059_FUSED_MUL_SUM_ADD,
+    "k059_fused_mul_add_sum": K059_FUSED_MUL_ADD_SUM,
     "k060_fused_mul_add": K060_FUSED_MUL_ADD,
     "k061_matmul": K061_MATMUL,
     "k062_max": K062_MAX,
-    "k063_fused_stop_gradient_sub_exp": K063_FUSED_STOP_GRADIENT_SUB_EXP,
-    "k064_fused_stop_gradient_sub_log": K064_FUSED_STOP_GRADIENT_SUB_LOG,
+    "k063_fused_stop_gradient_sub_sum": K063_FUSED_STOP_GRADIENT_SUB_SUM,
+    "k064_fused_stop_gradient_log_sub": K064_FUSED_STOP_GRADIENT_LOG_SUB,
     "k065_fused_one_hot_mul_sum": K065_FUSED_ONE_HOT_MUL_SUM,
     "k066_fused_neg_mul_sum": K066_FUSED_NEG_MUL_SUM,
-    "k067_fused_one_hot_mul_neg": K067_FUSED_ONE_HOT_MUL_NEG,
+    "k067_fused_one_hot_neg_mul": K067_FUSED_ONE_HOT_NEG_MUL,
     "k068_sum": K068_SUM,
     "k069_fused_exp_mul_sub": K069_FUSED_EXP_MUL_SUB,
     "k070_matmul": K070_MATMUL,
@@ -34902,11 +34902,11 @@ WGSL = {
     "k078_matmul_greater_mul": K078_MATMUL_GREATER_MUL,
     "k079_matmul": K079_MATMUL,
     "k080_matmul": K080_MATMUL,
-    "k081_fused_sum": K081_FUSED_SUM,
+    "k081_sum": K081_SUM,
     "k082_fused_mul_sub_sum": K082_FUSED_MUL_SUB_SUM,
     "k083_fused_mul_sub_add": K083_FUSED_MUL_SUB_ADD,
     "k084_fused_neg_sum": K084_FUSED_NEG_SUM,
-    "k085_fused_add_mul": K085_FUSED_ADD_MUL,
+    "k085_fused_mul_add": K085_FUSED_MUL_ADD,
     "k086_matmul": K086_MATMUL,
     "k087_matmul": K087_MATMUL,
     "k088_matmul": K088_MATMUL,
@@ -34925,18 +34925,18 @@ WGSL = {
     "k101_fused_mul_sum": K101_FUSED_MUL_SUM,
     "k102_fused_mul_add": K102_FUSED_MUL_ADD,
     "k103_fused_neg_sum": K103_FUSED_NEG_SUM,
-    "k104_fused_add_mul": K104_FUSED_ADD_MUL,
+    "k104_fused_mul_add": K104_FUSED_MUL_ADD,
     "k105_fused_mul_sum": K105_FUSED_MUL_SUM,
     "k106_matmul": K106_MATMUL,
     "k107_matmul_greater_mul": K107_MATMUL_GREATER_MUL,
-    "k108_fused_sum": K108_FUSED_SUM,
+    "k108_sum": K108_SUM,
     "k109_matmul": K109_MATMUL,
     "k110_matmul": K110_MATMUL,
     "k111_fused_mul_sub_sum": K111_FUSED_MUL_SUB_SUM,
     "k112_fused_mul_sub_sum": K112_FUSED_MUL_SUB_SUM,
     "k113_fused_mul_sub_add": K113_FUSED_MUL_SUB_ADD,
     "k114_fused_neg_sum": K114_FUSED_NEG_SUM,
-    "k115_fused_add_mul": K115_FUSED_ADD_MUL,
+    "k115_fused_mul_add": K115_FUSED_MUL_ADD,
     "k116_matmul": K116_MATMUL,
     "k117_matmul": K117_MATMUL,
     "k118_matmul": K118_MATMUL,
@@ -34955,17 +34955,17 @@ WGSL = {
     "k131_fused_mul_sum": K131_FUSED_MUL_SUM,
     "k132_fused_mul_add": K132_FUSED_MUL_ADD,
     "k133_fused_neg_sum": K133_FUSED_NEG_SUM,
-    "k134_fused_add_mul": K134_FUSED_ADD_MUL,
+    "k134_fused_mul_add": K134_FUSED_MUL_ADD,
     "k135_matmul": K135_MATMUL,
     "k136_matmul_greater_mul": K136_MATMUL_GREATER_MUL,
     "k137_sum": K137_SUM,
     "k138_matmul": K138_MATMUL,
     "k139_matmul": K139_MATMUL,
-    "k140_fused_sum": K140_FUSED_SUM,
+    "k140_sum": K140_SUM,
     "k141_fused_mul_sub_sum": K141_FUSED_MUL_SUB_SUM,
     "k142_fused_mul_sub_add": K142_FUSED_MUL_SUB_ADD,
     "k143_fused_neg_sum": K143_FUSED_NEG_SUM,
-    "k144_fused_add_mul": K144_FUSED_ADD_MUL,
+    "k144_fused_mul_add": K144_FUSED_MUL_ADD,
     "k145_matmul": K145_MATMUL,
     "k146_matmul": K146_MATMUL,
     "k147_matmul": K147_MATMUL,
@@ -34985,14 +34985,14 @@ WGSL = {
     "k161_fused_mul_sub_sum": K161_FUSED_MUL_SUB_SUM,
     "k162_fused_mul_sub_add": K162_FUSED_MUL_SUB_ADD,
     "k163_fused_neg_sum": K163_FUSED_NEG_SUM,
-    "k164_fused_add_mul": K164_FUSED_ADD_MUL,
+    "k164_fused_mul_add": K164_FUSED_MUL_ADD,
     "k165_sum": K165_SUM,
     "k166_pad": K166_PAD,
     "k167_one_hot": K167_ONE_HOT,
     "k168_matmul_add": K168_MATMUL_ADD,
     "k169_fused_square_pad_sum": K169_FUSED_SQUARE_PAD_SUM,
     "k170_sum": K170_SUM,
-    "k171_fused_sqrt_add_div": K171_FUSED_SQRT_ADD_DIV,
+    "k171_fused_sqrt_add_sub": K171_FUSED_SQRT_ADD_SUB,
     "k172_fused_gather_add": K172_FUSED_GATHER_ADD,
     "k173_sum": K173_SUM,
     "k174_fused_mul_sub_sum": K174_FUSED_MUL_SUB_SUM,
@@ -35001,8 +35001,8 @@ WGSL = {
     "k177_matmul": K177_MATMUL,
     "k178_matmul": K178_MATMUL,
     "k179_matmul": K179_MATMUL,
-    "k180_fused_mul_greater_where": K180_FUSED_MUL_GREATER_WHERE,
-    "k181_fused_mul_greater_where": K181_FUSED_MUL_GREATER_WHERE,
+    "k180_fused_mul_greater_max": K180_FUSED_MUL_GREATER_MAX,
+    "k181_fused_mul_greater_exp": K181_FUSED_MUL_GREATER_EXP,
     "k182_sum": K182_SUM,
     "k183_div": K183_DIV,
     "k184_matmul": K184_MATMUL,
@@ -35015,13 +35015,13 @@ WGSL = {
     "k191_fused_add_sum": K191_FUSED_ADD_SUM,
     "k192_fused_add_mul_sub": K192_FUSED_ADD_MUL_SUB,
     "k193_fused_mul_sum": K193_FUSED_MUL_SUM,
-    "k194_fused_mul_add_rsqrt": K194_FUSED_MUL_ADD_RSQRT,
+    "k194_fused_mul_rsqrt_add": K194_FUSED_MUL_RSQRT_ADD,
     "k195_matmul": K195_MATMUL,
     "k196_matmul": K196_MATMUL,
     "k197_matmul": K197_MATMUL,
     "k198_matmul": K198_MATMUL,
-    "k199_fused_mul_greater_where": K199_FUSED_MUL_GREATER_WHERE,
-    "k200_fused_mul_greater_where": K200_FUSED_MUL_GREATER_WHERE,
+    "k199_fused_mul_greater_max": K199_FUSED_MUL_GREATER_MAX,
+    "k200_fused_mul_greater_exp": K200_FUSED_MUL_GREATER_EXP,
     "k201_sum": K201_SUM,
     "k202_div": K202_DIV,
     "k203_matmul": K203_MATMUL,
@@ -35034,13 +35034,13 @@ WGSL = {
     "k210_fused_add_sum": K210_FUSED_ADD_SUM,
     "k211_fused_add_mul_sub": K211_FUSED_ADD_MUL_SUB,
     "k212_fused_mul_sum": K212_FUSED_MUL_SUM,
-    "k213_fused_mul_add_rsqrt": K213_FUSED_MUL_ADD_RSQRT,
+    "k213_fused_mul_rsqrt_add": K213_FUSED_MUL_RSQRT_ADD,
     "k214_matmul": K214_MATMUL,
     "k215_matmul": K215_MATMUL,
     "k216_matmul": K216_MATMUL,
     "k217_matmul": K217_MATMUL,
-    "k218_fused_mul_greater_where": K218_FUSED_MUL_GREATER_WHERE,
-    "k219_fused_mul_greater_where": K219_FUSED_MUL_GREATER_WHERE,
+    "k218_fused_mul_greater_max": K218_FUSED_MUL_GREATER_MAX,
+    "k219_fused_mul_greater_exp": K219_FUSED_MUL_GREATER_EXP,
     "k220_sum": K220_SUM,
     "k221_div": K221_DIV,
     "k222_matmul": K222_MATMUL,
@@ -35053,7 +35053,7 @@ WGSL = {
     "k229_fused_add_sum": K229_FUSED_ADD_SUM,
     "k230_fused_add_mul_sub": K230_FUSED_ADD_MUL_SUB,
     "k231_fused_mul_sum": K231_FUSED_MUL_SUM,
-    "k232_fused_mul_add_rsqrt": K232_FUSED_MUL_ADD_RSQRT,
+    "k232_fused_mul_rsqrt_add": K232_FUSED_MUL_RSQRT_ADD,
     "k233_matmul": K233_MATMUL,
     "k234_fused_gather_add": K234_FUSED_GATHER_ADD,
     "k235_sum": K235_SUM,
@@ -35063,8 +35063,8 @@ WGSL = {
     "k239_matmul": K239_MATMUL,
     "k240_matmul": K240_MATMUL,
     "k241_matmul": K241_MATMUL,
-    "k242_fused_mul_greater_where": K242_FUSED_MUL_GREATER_WHERE,
-    "k243_fused_mul_greater_where": K243_FUSED_MUL_GREATER_WHERE,
+    "k242_fused_mul_greater_max": K242_FUSED_MUL_GREATER_MAX,
+    "k243_fused_mul_greater_exp": K243_FUSED_MUL_GREATER_EXP,
     "k244_sum": K244_SUM,
     "k245_div": K245_DIV,
     "k246_matmul": K246_MATMUL,
@@ -35077,13 +35077,13 @@ WGSL = {
     "k253_fused_add_sum": K253_FUSED_ADD_SUM,
     "k254_fused_add_mul_sub": K254_FUSED_ADD_MUL_SUB,
     "k255_fused_mul_sum": K255_FUSED_MUL_SUM,
-    "k256_fused_mul_add_rsqrt": K256_FUSED_MUL_ADD_RSQRT,
+    "k256_fused_mul_rsqrt_add": K256_FUSED_MUL_RSQRT_ADD,
     "k257_matmul": K257_MATMUL,
     "k258_matmul": K258_MATMUL,
     "k259_matmul": K259_MATMUL,
     "k260_matmul": K260_MATMUL,
-    "k261_fused_mul_greater_where": K261_FUSED_MUL_GREATER_WHERE,
-    "k262_fused_mul_greater_where": K262_FUSED_MUL_GREATER_WHERE,
+    "k261_fused_mul_greater_max": K261_FUSED_MUL_GREATER_MAX,
+    "k262_fused_mul_greater_exp": K262_FUSED_MUL_GREATER_EXP,
     "k263_sum": K263_SUM,
     "k264_div": K264_DIV,
     "k265_matmul": K265_MATMUL,
@@ -35096,13 +35096,13 @@ WGSL = {
     "k272_fused_add_sum": K272_FUSED_ADD_SUM,
     "k273_fused_add_mul_sub": K273_FUSED_ADD_MUL_SUB,
     "k274_fused_mul_sum": K274_FUSED_MUL_SUM,
-    "k275_fused_mul_add_rsqrt": K275_FUSED_MUL_ADD_RSQRT,
+    "k275_fused_mul_rsqrt_add": K275_FUSED_MUL_RSQRT_ADD,
     "k276_matmul": K276_MATMUL,
     "k277_matmul": K277_MATMUL,
     "k278_matmul": K278_MATMUL,
     "k279_matmul": K279_MATMUL,
-    "k280_fused_mul_greater_where": K280_FUSED_MUL_GREATER_WHERE,
-    "k281_fused_mul_greater_where": K281_FUSED_MUL_GREATER_WHERE,
+    "k280_fused_mul_greater_max": K280_FUSED_MUL_GREATER_MAX,
+    "k281_fused_mul_greater_exp": K281_FUSED_MUL_GREATER_EXP,
     "k282_sum": K282_SUM,
     "k283_div": K283_DIV,
     "k284_matmul": K284_MATMUL,
@@ -35115,6 +35115,6 @@ WGSL = {
     "k291_fused_add_sum": K291_FUSED_ADD_SUM,
     "k292_fused_add_mul_sub": K292_FUSED_ADD_MUL_SUB,
     "k293_fused_mul_sum": K293_FUSED_MUL_SUM,
-    "k294_fused_mul_add_rsqrt": K294_FUSED_MUL_ADD_RSQRT,
+    "k294_fused_mul_rsqrt_add": K294_FUSED_MUL_RSQRT_ADD,
     "k295_matmul": K295_MATMUL,
 }

@@ -101,11 +101,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k007_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k008_fused_mul_greater_where": (
+        "k008_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k009_fused_mul_greater_where": (
+        "k009_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -141,7 +141,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k021_fused_mul_sum_add": (
+        "k021_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
@@ -162,11 +162,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k026_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k027_fused_mul_greater_where": (
+        "k027_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k028_fused_mul_greater_where": (
+        "k028_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -202,7 +202,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
-        "k040_fused_mul_sum_add": (
+        "k040_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
@@ -223,11 +223,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k045_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k046_fused_mul_greater_where": (
+        "k046_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k047_fused_mul_greater_where": (
+        "k047_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -263,7 +263,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
-        "k059_fused_mul_sum_add": (
+        "k059_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:56",
         ),
@@ -276,11 +276,11 @@ PROGRAM = {
             "addition_transformer.py:56",
         ),
         "k062_max": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "k063_fused_stop_gradient_sub_exp": (
+        "k063_fused_stop_gradient_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:64",
         ),
-        "k064_fused_stop_gradient_sub_log": (
+        "k064_fused_stop_gradient_log_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:64",
         ),
@@ -292,7 +292,7 @@ PROGRAM = {
             (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:66",
         ),
-        "k067_fused_one_hot_mul_neg": (
+        "k067_fused_one_hot_neg_mul": (
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:64",
         ),
@@ -336,7 +336,7 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k081_fused_sum": (
+        "k081_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
@@ -349,7 +349,7 @@ PROGRAM = {
             "addition_transformer.py:39",
         ),
         "k084_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k085_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k085_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:39"),
         "k086_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
@@ -404,7 +404,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "k103_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k104_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k104_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k105_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
@@ -417,7 +417,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k108_fused_sum": (
+        "k108_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
@@ -442,7 +442,7 @@ PROGRAM = {
             "addition_transformer.py:39",
         ),
         "k114_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k115_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k115_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:39"),
         "k116_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
@@ -497,7 +497,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "k133_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k134_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k134_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k135_matmul": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
@@ -518,7 +518,7 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
-        "k140_fused_sum": (
+        "k140_sum": (
             (("grads", "read_write"), ("work", "read")),
             "addition_transformer.py:39",
         ),
@@ -531,7 +531,7 @@ PROGRAM = {
             "addition_transformer.py:39",
         ),
         "k143_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "k144_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:39"),
+        "k144_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:39"),
         "k145_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:38",
@@ -590,7 +590,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "k163_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k164_fused_add_mul": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "k164_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k165_sum": ((("work", "read_write"),), "addition_transformer.py:52"),
         "k166_pad": (
             (("grads", "read_write"), ("work", "read")),
@@ -609,7 +609,7 @@ PROGRAM = {
             "optimizer",
         ),
         "k170_sum": ((("work", "read_write"),), "optimizer"),
-        "k171_fused_sqrt_add_div": (
+        "k171_fused_sqrt_add_sub": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -645,11 +645,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k179_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k180_fused_mul_greater_where": (
+        "k180_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k181_fused_mul_greater_where": (
+        "k181_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -686,7 +686,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "k193_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k194_fused_mul_add_rsqrt": (
+        "k194_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
@@ -703,11 +703,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k198_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k199_fused_mul_greater_where": (
+        "k199_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k200_fused_mul_greater_where": (
+        "k200_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -744,7 +744,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "k212_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k213_fused_mul_add_rsqrt": (
+        "k213_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
@@ -761,11 +761,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k217_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k218_fused_mul_greater_where": (
+        "k218_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k219_fused_mul_greater_where": (
+        "k219_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -802,7 +802,7 @@ PROGRAM = {
             "addition_transformer.py:56",
         ),
         "k231_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k232_fused_mul_add_rsqrt": (
+        "k232_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
@@ -836,11 +836,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k241_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k242_fused_mul_greater_where": (
+        "k242_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k243_fused_mul_greater_where": (
+        "k243_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -877,7 +877,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "k255_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k256_fused_mul_add_rsqrt": (
+        "k256_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
@@ -894,11 +894,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k260_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k261_fused_mul_greater_where": (
+        "k261_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k262_fused_mul_greater_where": (
+        "k262_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -935,7 +935,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "k274_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
-        "k275_fused_mul_add_rsqrt": (
+        "k275_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
@@ -952,11 +952,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k279_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "k280_fused_mul_greater_where": (
+        "k280_fused_mul_greater_max": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
-        "k281_fused_mul_greater_where": (
+        "k281_fused_mul_greater_exp": (
             (("work", "read_write"),),
             "addition_transformer.py:37",
         ),
@@ -993,7 +993,7 @@ PROGRAM = {
             "addition_transformer.py:56",
         ),
         "k293_fused_mul_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "k294_fused_mul_add_rsqrt": (
+        "k294_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
@@ -1024,8 +1024,8 @@ PROGRAM = {
                 ("k005_matmul", (4, 64, 1)),
                 ("k006_matmul", (4, 64, 1)),
                 ("k007_matmul", (1, 1, 512)),
-                ("k008_fused_mul_greater_where", (16, 1, 1)),
-                ("k009_fused_mul_greater_where", (128, 1, 1)),
+                ("k008_fused_mul_greater_max", (16, 1, 1)),
+                ("k009_fused_mul_greater_exp", (128, 1, 1)),
                 ("k010_sum", (16, 1, 1)),
                 ("k011_div", (128, 1, 1)),
                 ("k012_matmul", (1, 1, 512)),
@@ -1037,14 +1037,14 @@ PROGRAM = {
                 ("k018_matmul", (4, 64, 1)),
                 ("k019_fused_add_sum", (1024, 1, 1)),
                 ("k020_fused_add_mul_sub", (256, 1, 1)),
-                ("k021_fused_mul_sum_add", (1024, 1, 1)),
+                ("k021_fused_mul_add_sum", (1024, 1, 1)),
                 ("k022_fused_mul_add", (256, 1, 1)),
                 ("k023_matmul", (4, 64, 1)),
                 ("k024_matmul", (4, 64, 1)),
                 ("k025_matmul", (4, 64, 1)),
                 ("k026_matmul", (1, 1, 512)),
-                ("k027_fused_mul_greater_where", (16, 1, 1)),
-                ("k028_fused_mul_greater_where", (128, 1, 1)),
+                ("k027_fused_mul_greater_max", (16, 1, 1)),
+                ("k028_fused_mul_greater_exp", (128, 1, 1)),
                 ("k029_sum", (16, 1, 1)),
                 ("k030_div", (128, 1, 1)),
                 ("k031_matmul", (1, 1, 512)),
@@ -1056,14 +1056,14 @@ PROGRAM = {
                 ("k037_matmul", (4, 64, 1)),
                 ("k038_fused_add_sum", (1024, 1, 1)),
                 ("k039_fused_add_mul_sub", (256, 1, 1)),
-                ("k040_fused_mul_sum_add", (1024, 1, 1)),
+                ("k040_fused_mul_add_sum", (1024, 1, 1)),
                 ("k041_fused_mul_add", (256, 1, 1)),
                 ("k042_matmul", (4, 64, 1)),
                 ("k043_matmul", (4, 64, 1)),
                 ("k044_matmul", (4, 64, 1)),
                 ("k045_matmul", (1, 1, 512)),
-                ("k046_fused_mul_greater_where", (16, 1, 1)),
-                ("k047_fused_mul_greater_where", (128, 1, 1)),
+                ("k046_fused_mul_greater_max", (16, 1, 1)),
+                ("k047_fused_mul_greater_exp", (128, 1, 1)),
                 ("k048_sum", (16, 1, 1)),
                 ("k049_div", (128, 1, 1)),
                 ("k050_matmul", (1, 1, 512)),
@@ -1075,15 +1075,15 @@ PROGRAM = {
                 ("k056_matmul", (4, 64, 1)),
                 ("k057_fused_add_sum", (1024, 1, 1)),
                 ("k058_fused_add_mul_sub", (256, 1, 1)),
-                ("k059_fused_mul_sum_add", (1024, 1, 1)),
+                ("k059_fused_mul_add_sum", (1024, 1, 1)),
                 ("k060_fused_mul_add", (256, 1, 1)),
                 ("k061_matmul", (1, 64, 1)),
                 ("k062_max", (4, 1, 1)),
-                ("k063_fused_stop_gradient_sub_exp", (4, 1, 1)),
-                ("k064_fused_stop_gradient_sub_log", (48, 1, 1)),
+                ("k063_fused_stop_gradient_sub_sum", (4, 1, 1)),
+                ("k064_fused_stop_gradient_log_sub", (48, 1, 1)),
                 ("k065_fused_one_hot_mul_sum", (4, 1, 1)),
                 ("k066_fused_neg_mul_sum", (1, 1, 1)),
-                ("k067_fused_one_hot_mul_neg", (48, 1, 1)),
+                ("k067_fused_one_hot_neg_mul", (48, 1, 1)),
                 ("k068_sum", (4, 1, 1)),
                 ("k069_fused_exp_mul_sub", (48, 1, 1)),
                 ("k070_matmul", (4, 64, 1)),
@@ -1097,11 +1097,11 @@ PROGRAM = {
                 ("k078_matmul_greater_mul", (8, 32, 1)),
                 ("k079_matmul", (4, 64, 1)),
                 ("k080_matmul", (16, 4, 1)),
-                ("k081_fused_sum", (64, 1, 1)),
+                ("k081_sum", (64, 1, 1)),
                 ("k082_fused_mul_sub_sum", (1024, 1, 1)),
                 ("k083_fused_mul_sub_add", (256, 1, 1)),
                 ("k084_fused_neg_sum", (1024, 1, 1)),
-                ("k085_fused_add_mul", (256, 1, 1)),
+                ("k085_fused_mul_add", (256, 1, 1)),
                 ("k086_matmul", (4, 64, 1)),
                 ("k087_matmul", (4, 4, 1)),
                 ("k088_matmul", (1, 1, 512)),
@@ -1120,18 +1120,18 @@ PROGRAM = {
                 ("k101_fused_mul_sum", (1024, 1, 1)),
                 ("k102_fused_mul_add", (256, 1, 1)),
                 ("k103_fused_neg_sum", (1024, 1, 1)),
-                ("k104_fused_add_mul", (256, 1, 1)),
+                ("k104_fused_mul_add", (256, 1, 1)),
                 ("k105_fused_mul_sum", (64, 1, 1)),
                 ("k106_matmul", (4, 16, 1)),
                 ("k107_matmul_greater_mul", (8, 32, 1)),
-                ("k108_fused_sum", (256, 1, 1)),
+                ("k108_sum", (256, 1, 1)),
                 ("k109_matmul", (4, 64, 1)),
                 ("k110_matmul", (16, 4, 1)),
                 ("k111_fused_mul_sub_sum", (64, 1, 1)),
                 ("k112_fused_mul_sub_sum", (1024, 1, 1)),
                 ("k113_fused_mul_sub_add", (256, 1, 1)),
                 ("k114_fused_neg_sum", (1024, 1, 1)),
-                ("k115_fused_add_mul", (256, 1, 1)),
+                ("k115_fused_mul_add", (256, 1, 1)),
                 ("k116_matmul", (4, 64, 1)),
                 ("k117_matmul", (4, 4, 1)),
                 ("k118_matmul", (1, 1, 512)),
@@ -1150,17 +1150,17 @@ PROGRAM = {
                 ("k131_fused_mul_sum", (1024, 1, 1)),
                 ("k132_fused_mul_add", (256, 1, 1)),
                 ("k133_fused_neg_sum", (1024, 1, 1)),
-                ("k134_fused_add_mul", (256, 1, 1)),
+                ("k134_fused_mul_add", (256, 1, 1)),
                 ("k135_matmul", (4, 16, 1)),
                 ("k136_matmul_greater_mul", (8, 32, 1)),
                 ("k137_sum", (256, 1, 1)),
                 ("k138_matmul", (4, 64, 1)),
                 ("k139_matmul", (16, 4, 1)),
-                ("k140_fused_sum", (64, 1, 1)),
+                ("k140_sum", (64, 1, 1)),
                 ("k141_fused_mul_sub_sum", (1024, 1, 1)),
                 ("k142_fused_mul_sub_add", (256, 1, 1)),
                 ("k143_fused_neg_sum", (1024, 1, 1)),
-                ("k144_fused_add_mul", (256, 1, 1)),
+                ("k144_fused_mul_add", (256, 1, 1)),
                 ("k145_matmul", (4, 64, 1)),
                 ("k146_matmul", (4, 4, 1)),
                 ("k147_matmul", (1, 1, 512)),
@@ -1180,14 +1180,14 @@ PROGRAM = {
                 ("k161_fused_mul_sub_sum", (1024, 1, 1)),
                 ("k162_fused_mul_sub_add", (256, 1, 1)),
                 ("k163_fused_neg_sum", (1024, 1, 1)),
-                ("k164_fused_add_mul", (256, 1, 1)),
+                ("k164_fused_mul_add", (256, 1, 1)),
                 ("k165_sum", (512, 1, 1)),
                 ("k166_pad", (3, 1, 1)),
                 ("k167_one_hot", (48, 1, 1)),
                 ("k168_matmul_add", (4, 1, 1)),
                 ("k169_fused_square_pad_sum", (37, 1, 1)),
                 ("k170_sum", (1, 1, 1)),
-                ("k171_fused_sqrt_add_div", (589, 1, 1)),
+                ("k171_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": 12},
@@ -1206,8 +1206,8 @@ PROGRAM = {
                 ("k177_matmul", (4, 1, 1)),
                 ("k178_matmul", (4, 1, 1)),
                 ("k179_matmul", (1, 1, 4)),
-                ("k180_fused_mul_greater_where", (1, 1, 1)),
-                ("k181_fused_mul_greater_where", (1, 1, 1)),
+                ("k180_fused_mul_greater_max", (1, 1, 1)),
+                ("k181_fused_mul_greater_exp", (1, 1, 1)),
                 ("k182_sum", (1, 1, 1)),
                 ("k183_div", (1, 1, 1)),
                 ("k184_matmul", (1, 1, 4)),
@@ -1220,13 +1220,13 @@ PROGRAM = {
                 ("k191_fused_add_sum", (8, 1, 1)),
                 ("k192_fused_add_mul_sub", (2, 1, 1)),
                 ("k193_fused_mul_sum", (8, 1, 1)),
-                ("k194_fused_mul_add_rsqrt", (2, 1, 1)),
+                ("k194_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("k195_matmul", (4, 1, 1)),
                 ("k196_matmul", (4, 1, 1)),
                 ("k197_matmul", (4, 1, 1)),
                 ("k198_matmul", (1, 1, 4)),
-                ("k199_fused_mul_greater_where", (1, 1, 1)),
-                ("k200_fused_mul_greater_where", (1, 1, 1)),
+                ("k199_fused_mul_greater_max", (1, 1, 1)),
+                ("k200_fused_mul_greater_exp", (1, 1, 1)),
                 ("k201_sum", (1, 1, 1)),
                 ("k202_div", (1, 1, 1)),
                 ("k203_matmul", (1, 1, 4)),
@@ -1239,13 +1239,13 @@ PROGRAM = {
                 ("k210_fused_add_sum", (8, 1, 1)),
                 ("k211_fused_add_mul_sub", (2, 1, 1)),
                 ("k212_fused_mul_sum", (8, 1, 1)),
-                ("k213_fused_mul_add_rsqrt", (2, 1, 1)),
+                ("k213_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("k214_matmul", (4, 1, 1)),
                 ("k215_matmul", (4, 1, 1)),
                 ("k216_matmul", (4, 1, 1)),
                 ("k217_matmul", (1, 1, 4)),
-                ("k218_fused_mul_greater_where", (1, 1, 1)),
-                ("k219_fused_mul_greater_where", (1, 1, 1)),
+                ("k218_fused_mul_greater_max", (1, 1, 1)),
+                ("k219_fused_mul_greater_exp", (1, 1, 1)),
                 ("k220_sum", (1, 1, 1)),
                 ("k221_div", (1, 1, 1)),
                 ("k222_matmul", (1, 1, 4)),
@@ -1258,7 +1258,7 @@ PROGRAM = {
                 ("k229_fused_add_sum", (8, 1, 1)),
                 ("k230_fused_add_mul_sub", (2, 1, 1)),
                 ("k231_fused_mul_sum", (8, 1, 1)),
-                ("k232_fused_mul_add_rsqrt", (2, 1, 1)),
+                ("k232_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("k233_matmul", (1, 1, 1)),
             ],
             "copies": [],
@@ -1278,8 +1278,8 @@ PROGRAM = {
                 ("k239_matmul", (4, 64, 1)),
                 ("k240_matmul", (4, 64, 1)),
                 ("k241_matmul", (1, 1, 512)),
-                ("k242_fused_mul_greater_where", (16, 1, 1)),
-                ("k243_fused_mul_greater_where", (128, 1, 1)),
+                ("k242_fused_mul_greater_max", (16, 1, 1)),
+                ("k243_fused_mul_greater_exp", (128, 1, 1)),
                 ("k244_sum", (16, 1, 1)),
                 ("k245_div", (128, 1, 1)),
                 ("k246_matmul", (1, 1, 512)),
@@ -1292,13 +1292,13 @@ PROGRAM = {
                 ("k253_fused_add_sum", (1024, 1, 1)),
                 ("k254_fused_add_mul_sub", (256, 1, 1)),
                 ("k255_fused_mul_sum", (1024, 1, 1)),
-                ("k256_fused_mul_add_rsqrt", (256, 1, 1)),
+                ("k256_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("k257_matmul", (4, 64, 1)),
                 ("k258_matmul", (4, 64, 1)),
                 ("k259_matmul", (4, 64, 1)),
                 ("k260_matmul", (1, 1, 512)),
-                ("k261_fused_mul_greater_where", (16, 1, 1)),
-                ("k262_fused_mul_greater_where", (128, 1, 1)),
+                ("k261_fused_mul_greater_max", (16, 1, 1)),
+                ("k262_fused_mul_greater_exp", (128, 1, 1)),
                 ("k263_sum", (16, 1, 1)),
                 ("k264_div", (128, 1, 1)),
                 ("k265_matmul", (1, 1, 512)),
@@ -1311,13 +1311,13 @@ PROGRAM = {
                 ("k272_fused_add_sum", (1024, 1, 1)),
                 ("k273_fused_add_mul_sub", (256, 1, 1)),
                 ("k274_fused_mul_sum", (1024, 1, 1)),
-                ("k275_fused_mul_add_rsqrt", (256, 1, 1)),
+                ("k275_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("k276_matmul", (4, 64, 1)),
                 ("k277_matmul", (4, 64, 1)),
                 ("k278_matmul", (4, 64, 1)),
                 ("k279_matmul", (1, 1, 512)),
-                ("k280_fused_mul_greater_where", (16, 1, 1)),
-                ("k281_fused_mul_greater_where", (128, 1, 1)),
+                ("k280_fused_mul_greater_max", (16, 1, 1)),
+                ("k281_fused_mul_greater_exp", (128, 1, 1)),
                 ("k282_sum", (16, 1, 1)),
                 ("k283_div", (128, 1, 1)),
                 ("k284_matmul", (1, 1, 512)),
@@ -1330,7 +1330,7 @@ PROGRAM = {
                 ("k291_fused_add_sum", (1024, 1, 1)),
                 ("k292_fused_add_mul_sub", (256, 1, 1)),
                 ("k293_fused_mul_sum", (1024, 1, 1)),
-                ("k294_fused_mul_add_rsqrt", (256, 1, 1)),
+                ("k294_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("k295_matmul", (1, 64, 1)),
             ],
             "copies": [],

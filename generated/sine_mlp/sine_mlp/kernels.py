@@ -620,8 +620,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K003_FUSED_ADD_SUB_MUL = """\
-// k003_fused_add_sub_mul: add -> sub -> mul -> sum -> mul -> sum
+K003_FUSED_ADD_SUB_SUM = """\
+// k003_fused_add_sub_sum: add -> sub -> mul -> sum -> mul -> sum
 // writes t13, t15, t23: f32[1]   reads: params, t22, t8, y
 // from sine_mlp.py:15
 @group(0) @binding(0) var<storage, read> params: array<f32>;
@@ -1553,8 +1553,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K008_FUSED_SUM = """\
-// k008_fused_sum: sum -> sum
+K008_SUM = """\
+// k008_sum: sum -> sum
 // writes t32, t40: f32[64]   reads: t31, t39
 // from sine_mlp.py:15
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
@@ -1855,8 +1855,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K010_FUSED_MUL_ADD_SQRT = """\
-// k010_fused_mul_add_sqrt: mul -> mul -> add -> mul -> mul -> mul -> add -> sqrt -> div -> add -> div -> mul -> sub
+K010_FUSED_MUL_ADD_SUB = """\
+// k010_fused_mul_add_sub: mul -> mul -> add -> mul -> mul -> mul -> add -> sqrt -> div -> add -> div -> mul -> sub
 // writes t65, t57, t75: f32[4353]   reads: _bc2_sqrt, _step_size, adam.m, adam.v, params, t46
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
@@ -3126,14 +3126,14 @@ WGSL = {
     "k000_matmul_add_relu": K000_MATMUL_ADD_RELU,
     "k001_matmul_add_relu": K001_MATMUL_ADD_RELU,
     "k002_matmul_add_sub_mul": K002_MATMUL_ADD_SUB_MUL,
-    "k003_fused_add_sub_mul": K003_FUSED_ADD_SUB_MUL,
+    "k003_fused_add_sub_sum": K003_FUSED_ADD_SUB_SUM,
     "k004_matmul": K004_MATMUL,
     "k005_matmul_greater_mul": K005_MATMUL_GREATER_MUL,
     "k006_matmul": K006_MATMUL,
     "k007_matmul_greater_mul": K007_MATMUL_GREATER_MUL,
-    "k008_fused_sum": K008_FUSED_SUM,
+    "k008_sum": K008_SUM,
     "k009_matmul": K009_MATMUL,
-    "k010_fused_mul_add_sqrt": K010_FUSED_MUL_ADD_SQRT,
+    "k010_fused_mul_add_sub": K010_FUSED_MUL_ADD_SUB,
     "k011_matmul_add_relu": K011_MATMUL_ADD_RELU,
     "k012_matmul_add_relu": K012_MATMUL_ADD_RELU,
     "k013_matmul_add": K013_MATMUL_ADD,

@@ -49,7 +49,7 @@ PROGRAM = {
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k003_fused_add_sub_mul": (
+        "k003_fused_add_sub_sum": (
             (
                 ("params", "read"),
                 ("grads", "read_write"),
@@ -68,15 +68,12 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k008_fused_sum": (
-            (("grads", "read_write"), ("work", "read")),
-            "sine_mlp.py:15",
-        ),
+        "k008_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
         "k009_matmul": (
             (("grads", "read_write"), ("inputs", "read"), ("work", "read")),
             "sine_mlp.py:15",
         ),
-        "k010_fused_mul_add_sqrt": (
+        "k010_fused_mul_add_sub": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -125,14 +122,14 @@ PROGRAM = {
                 ("k000_matmul_add_relu", (4, 16, 1)),
                 ("k001_matmul_add_relu", (4, 16, 1)),
                 ("k002_matmul_add_sub_mul", (1, 16, 1)),
-                ("k003_fused_add_sub_mul", (1, 1, 1)),
+                ("k003_fused_add_sub_sum", (1, 1, 1)),
                 ("k004_matmul", (1, 4, 1)),
                 ("k005_matmul_greater_mul", (4, 16, 1)),
                 ("k006_matmul", (4, 4, 1)),
                 ("k007_matmul_greater_mul", (4, 16, 1)),
-                ("k008_fused_sum", (64, 1, 1)),
+                ("k008_sum", (64, 1, 1)),
                 ("k009_matmul", (4, 1, 1)),
-                ("k010_fused_mul_add_sqrt", (18, 1, 1)),
+                ("k010_fused_mul_add_sub", (18, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {},
