@@ -56,6 +56,7 @@ class ModelBase:
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
         self._lr_origin = 0
+        self._staging: dict[str, dict] = {}
         self.step_count = 0
         # an Infer-only program has no gradient arena (it is 0 long)
         self._has_grads = p["arenas"].get("grads", 0) >= self._total
@@ -205,11 +206,14 @@ class ModelBase:
         return key, arrays
 
     def _pack(self, key: str, arrays: dict, extra: dict) -> dict:
+        """All inputs of one call in two arrays (one upload each), reused from call to call."""
         e = self._program["entries"][key]
-        packed = {
-            "inputs": np.zeros(e["input_sizes"]["inputs"], dtype=np.float32),
-            "inputs_i32": np.zeros(e["input_sizes"]["inputs_i32"], dtype=np.int32),
-        }
+        packed = self._staging.get(key)
+        if packed is None:
+            packed = self._staging[key] = {
+                "inputs": np.zeros(e["input_sizes"]["inputs"], dtype=np.float32),
+                "inputs_i32": np.zeros(e["input_sizes"]["inputs_i32"], dtype=np.int32),
+            }
         for name, dtype, shape, arena, off in e["inputs"]:
             v = arrays[name] if name in arrays else extra[name]
             packed[arena][off : off + max(_size(shape), 1)] = np.asarray(v, dtype=_NP[dtype]).ravel()
