@@ -254,7 +254,9 @@ class KernelContext:
         self.access: dict[str, str] = {}
 
     def use(self, arena: str, write: bool):
-        if write:
+        # scratch buffers are read_write in every kernel that touches them, so that kernels which
+        # only read intermediates can share a bind group with their neighbours that write them
+        if write or arena.startswith("work"):
             self.access[arena] = "read_write"
         else:
             self.access.setdefault(arena, "read")
@@ -263,7 +265,9 @@ class KernelContext:
         return [(a, self.access[a]) for a in ARENA_TYPES if a in self.access]
 
     def binding_text(self) -> str:
-        lines = []
-        for i, (a, acc) in enumerate(self.bindings()):
-            lines.append(f"@group(0) @binding({i}) var<storage, {acc}> {a}: array<{ARENA_TYPES[a]}>;")
-        return "\n".join(lines)
+        # each buffer has one binding number in every kernel, so neighbouring kernels can share a bind group
+        order = list(ARENA_TYPES)
+        return "\n".join(
+            f"@group(0) @binding({order.index(a)}) var<storage, {acc}> {a}: array<{ARENA_TYPES[a]}>;"
+            for a, acc in self.bindings()
+        )

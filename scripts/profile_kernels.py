@@ -52,7 +52,7 @@ def main():
             enc = e.device.create_command_encoder()
             cp = enc.begin_compute_pass()
             cp.set_pipeline(e.pipelines[kname])
-            cp.set_bind_group(0, e.groups[tuple(tuple(b) for b in e.kernels[kname][0])])
+            cp.set_bind_group(0, e.kernel_group[kname])
             cp.dispatch_workgroups(*grid)
             cp.end()
             t = time.perf_counter()

@@ -75,6 +75,7 @@ def test_shader_compile_errors_name_kernel_line_and_call_site():
 
     wgsl = "@compute @workgroup_size(1)\nfn main() {\n    let x: f32 = undefined_thing;\n}\n"
     with pytest.raises(ShaderError) as e:
-        Engine("t", {"k000_bad": wgsl}, {"k000_bad": ((), "model.py:12")}, {"work": 4}, {})
+        entry = {"dispatches": [("k000_bad", (1, 1, 1))], "outputs": [], "captures": []}
+        Engine("t", {"k000_bad": wgsl}, {"k000_bad": ((), "model.py:12")}, {"work": 4}, {"train": entry})
     msg = str(e.value)
     assert "k000_bad" in msg and "model.py:12" in msg and "undefined_thing" in msg

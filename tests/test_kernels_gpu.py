@@ -26,6 +26,7 @@ from aot import codegen, interp, ops
 from aot.build import compile_program
 from aot.frontend import trace_program
 from aot.templates import render
+from aot.wgsl_expr import ARENA_TYPES
 
 from gpu_harness import (
     MAX_STORAGE_BINDINGS,
@@ -517,7 +518,7 @@ def test_kernels_stay_within_eight_storage_bindings():
         for k in ks:
             assert len(k.bindings) <= MAX_STORAGE_BINDINGS, k.name
             declared = re.findall(r"@binding\((\d+)\) var<storage, (\w+)> (\w+):", k.wgsl)
-            assert [(a, acc) for _, acc, a in declared] == list(k.bindings), k.name  # binding i = bindings[i]
-            assert [int(i) for i, _, _ in declared] == list(range(len(declared))), k.name
+            assert [(a, acc) for _, acc, a in declared] == list(k.bindings), k.name
+            assert all(int(i) == list(ARENA_TYPES).index(a) for i, _, a in declared), k.name  # fixed numbers
             arenas |= {a for a, _ in k.bindings}
     assert {"params", "grads", "state", "inputs", "inputs_i32", "work"} <= arenas

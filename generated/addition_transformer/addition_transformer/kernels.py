@@ -6,8 +6,8 @@ K000_FUSED_GATHER_ADD = """\
 // writes t3: f32[128,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs_i32: array<i32>;
-@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -34,7 +34,7 @@ K001_SUM = """\
 // k001_sum: sum
 // writes t4: f32[128,8,1]   reads: t3
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -71,7 +71,7 @@ K002_FUSED_MUL_SUB_SUM = """\
 // k002_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt
 // writes t11, t17: f32[128,8,1]   reads: t3, t4
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -120,7 +120,7 @@ K003_FUSED_MUL_SUB_ADD = """\
 // writes t23: f32[128,8,64]   reads: params, t17, t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -161,7 +161,7 @@ K004_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -407,7 +407,7 @@ K005_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -653,7 +653,7 @@ K006_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -898,7 +898,7 @@ K007_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -1009,7 +1009,7 @@ K008_FUSED_MUL_GREATER_MAX = """\
 // k008_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -1040,7 +1040,7 @@ K009_FUSED_MUL_GREATER_EXP = """\
 // k009_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[128,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -1071,7 +1071,7 @@ K010_SUM = """\
 // k010_sum: sum
 // writes t53: f32[128,4,8,1]   reads: t52
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -1097,7 +1097,7 @@ K011_DIV = """\
 // k011_div: div
 // writes t55: f32[128,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -1130,7 +1130,7 @@ K012_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -1251,7 +1251,7 @@ K013_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -1487,7 +1487,7 @@ K014_SUM = """\
 // k014_sum: sum
 // writes t61: f32[128,8,1]   reads: t60
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -1524,7 +1524,7 @@ K015_FUSED_MUL_SUB_SUM = """\
 // k015_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt
 // writes t67, t72: f32[128,8,1]   reads: t60, t61
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -1573,7 +1573,7 @@ K016_FUSED_MUL_SUB_ADD = """\
 // writes t78: f32[128,8,64]   reads: params, t60, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -1614,7 +1614,7 @@ K017_MATMUL_ADD_RELU = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -2016,7 +2016,7 @@ K018_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -2265,7 +2265,7 @@ K019_FUSED_ADD_SUM = """\
 // writes t87: f32[128,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -2307,7 +2307,7 @@ K020_FUSED_ADD_MUL_SUB = """\
 // writes t91: f32[128,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -2336,7 +2336,7 @@ K021_FUSED_MUL_ADD_SUM = """\
 // k021_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt
 // writes t93, t98: f32[128,8,1]   reads: t91
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -2381,7 +2381,7 @@ K022_FUSED_MUL_ADD = """\
 // writes t104: f32[128,8,64]   reads: params, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -2418,7 +2418,7 @@ K023_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -2664,7 +2664,7 @@ K024_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -2910,7 +2910,7 @@ K025_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -3155,7 +3155,7 @@ K026_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -3266,7 +3266,7 @@ K027_FUSED_MUL_GREATER_MAX = """\
 // k027_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -3297,7 +3297,7 @@ K028_FUSED_MUL_GREATER_EXP = """\
 // k028_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[128,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -3328,7 +3328,7 @@ K029_SUM = """\
 // k029_sum: sum
 // writes t131: f32[128,4,8,1]   reads: t130
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -3354,7 +3354,7 @@ K030_DIV = """\
 // k030_div: div
 // writes t133: f32[128,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -3387,7 +3387,7 @@ K031_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -3508,7 +3508,7 @@ K032_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -3744,7 +3744,7 @@ K033_SUM = """\
 // k033_sum: sum
 // writes t139: f32[128,8,1]   reads: t138
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -3781,7 +3781,7 @@ K034_FUSED_MUL_SUB_SUM = """\
 // k034_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt
 // writes t145, t150: f32[128,8,1]   reads: t138, t139
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -3830,7 +3830,7 @@ K035_FUSED_MUL_SUB_ADD = """\
 // writes t156: f32[128,8,64]   reads: params, t138, t139, t150
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -3871,7 +3871,7 @@ K036_MATMUL_ADD_RELU = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -4273,7 +4273,7 @@ K037_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -4522,7 +4522,7 @@ K038_FUSED_ADD_SUM = """\
 // writes t165: f32[128,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -4564,7 +4564,7 @@ K039_FUSED_ADD_MUL_SUB = """\
 // writes t169: f32[128,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -4593,7 +4593,7 @@ K040_FUSED_MUL_ADD_SUM = """\
 // k040_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt
 // writes t171, t176: f32[128,8,1]   reads: t169
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -4638,7 +4638,7 @@ K041_FUSED_MUL_ADD = """\
 // writes t182: f32[128,8,64]   reads: params, t169, t176
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -4675,7 +4675,7 @@ K042_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -4921,7 +4921,7 @@ K043_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -5167,7 +5167,7 @@ K044_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -5412,7 +5412,7 @@ K045_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -5523,7 +5523,7 @@ K046_FUSED_MUL_GREATER_MAX = """\
 // k046_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -5554,7 +5554,7 @@ K047_FUSED_MUL_GREATER_EXP = """\
 // k047_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[128,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -5585,7 +5585,7 @@ K048_SUM = """\
 // k048_sum: sum
 // writes t209: f32[128,4,8,1]   reads: t208
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -5611,7 +5611,7 @@ K049_DIV = """\
 // k049_div: div
 // writes t211: f32[128,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -5644,7 +5644,7 @@ K050_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -5765,7 +5765,7 @@ K051_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -6001,7 +6001,7 @@ K052_SUM = """\
 // k052_sum: sum
 // writes t217: f32[128,8,1]   reads: t216
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -6038,7 +6038,7 @@ K053_FUSED_MUL_SUB_SUM = """\
 // k053_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt
 // writes t223, t228: f32[128,8,1]   reads: t216, t217
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -6087,7 +6087,7 @@ K054_FUSED_MUL_SUB_ADD = """\
 // writes t234: f32[128,8,64]   reads: params, t216, t217, t228
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -6128,7 +6128,7 @@ K055_MATMUL_ADD_RELU = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -6530,7 +6530,7 @@ K056_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -6779,7 +6779,7 @@ K057_FUSED_ADD_SUM = """\
 // writes t243: f32[128,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -6821,7 +6821,7 @@ K058_FUSED_ADD_MUL_SUB = """\
 // writes t247: f32[128,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -6850,7 +6850,7 @@ K059_FUSED_MUL_ADD_SUM = """\
 // k059_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt
 // writes t249, t254: f32[128,8,1]   reads: t247
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -6895,7 +6895,7 @@ K060_FUSED_MUL_ADD = """\
 // writes t260: f32[128,8,64]   reads: params, t247, t254
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -6932,7 +6932,7 @@ K061_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -7173,7 +7173,7 @@ K062_MAX = """\
 // k062_max: max
 // writes t263: f32[128,8,1]   reads: t262
 // from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7198,7 +7198,7 @@ K063_FUSED_STOP_GRADIENT_SUB_SUM = """\
 // k063_fused_stop_gradient_sub_sum: stop_gradient -> sub -> exp -> sum
 // writes t268: f32[128,8,1]   reads: t262, t263
 // from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7227,7 +7227,7 @@ K064_FUSED_STOP_GRADIENT_LOG_SUB = """\
 // k064_fused_stop_gradient_log_sub: stop_gradient -> sub -> log -> sub
 // writes t271: f32[128,8,12]   reads: t262, t263, t268
 // from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7254,8 +7254,8 @@ K065_FUSED_ONE_HOT_MUL_SUM = """\
 // k065_fused_one_hot_mul_sum: one_hot -> mul -> sum
 // writes t274: f32[128,8]   reads: t271, targets
 // from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7284,8 +7284,8 @@ K066_FUSED_NEG_MUL_SUM = """\
 // k066_fused_neg_mul_sum: neg -> mul -> sum -> mul
 // writes t277, t279: f32[]   reads: mask, t274
 // from addition_transformer.py:66
-@group(0) @binding(0) var<storage, read> inputs: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -7327,9 +7327,9 @@ K067_FUSED_ONE_HOT_NEG_MUL = """\
 // k067_fused_one_hot_neg_mul: one_hot -> mul -> mul -> neg -> mul
 // writes t288: f32[128,8,12]   reads: mask, targets
 // from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read> inputs: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs_i32: array<i32>;
-@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7360,7 +7360,7 @@ K068_SUM = """\
 // k068_sum: sum
 // writes t290: f32[128,8,1]   reads: t288
 // from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7385,7 +7385,7 @@ K069_FUSED_EXP_MUL_SUB = """\
 // k069_fused_exp_mul_sub: exp -> mul -> sub
 // writes t293: f32[128,8,12]   reads: t271, t288, t290
 // from addition_transformer.py:64
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7421,7 +7421,7 @@ K070_MATMUL = """\
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -7539,7 +7539,7 @@ K071_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -7786,8 +7786,8 @@ K072_FUSED_MUL_SUM = """\
 // k072_fused_mul_sum: mul -> sum -> mul -> sum
 // writes t301, t304: f32[64]   reads: t247, t254, t295
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -7836,7 +7836,7 @@ K073_FUSED_MUL_SUM = """\
 // writes t307: f32[128,8]   reads: params, t247, t295
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -7878,7 +7878,7 @@ K074_FUSED_MUL_ADD = """\
 // writes t320: f32[128,8,64]   reads: params, t247, t254, t295, t307
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7915,7 +7915,7 @@ K075_FUSED_NEG_SUM = """\
 // k075_fused_neg_sum: neg -> sum
 // writes t322: f32[128,8]   reads: t320
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -7953,7 +7953,7 @@ K076_FUSED_MUL_ADD = """\
 // k076_fused_mul_add: mul -> add
 // writes t326: f32[128,8,64]   reads: t320, t322
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7987,8 +7987,8 @@ K077_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -8243,7 +8243,7 @@ K078_MATMUL_GREATER_MUL = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 36 floats (13312 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -8648,7 +8648,7 @@ K079_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -8908,8 +8908,8 @@ K080_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -9154,8 +9154,8 @@ K081_SUM = """\
 // k081_sum: sum -> sum
 // writes t327, t345: f32[64]   reads: t326, t340
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -9201,7 +9201,7 @@ K082_FUSED_MUL_SUB_SUM = """\
 // writes t351: f32[128,8]   reads: params, t216, t217, t340
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -9247,7 +9247,7 @@ K083_FUSED_MUL_SUB_ADD = """\
 // writes t363: f32[128,8,64]   reads: params, t216, t217, t228, t340, t351
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -9287,7 +9287,7 @@ K084_FUSED_NEG_SUM = """\
 // k084_fused_neg_sum: neg -> sum
 // writes t366: f32[128,8]   reads: t363
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -9325,7 +9325,7 @@ K085_FUSED_MUL_ADD = """\
 // k085_fused_mul_add: add -> mul -> add
 // writes t370: f32[128,8,64]   reads: t326, t363, t366
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -9362,7 +9362,7 @@ K086_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -9610,8 +9610,8 @@ K087_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -9865,7 +9865,7 @@ K088_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -9985,7 +9985,7 @@ K089_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
 var<workgroup> tile_a: array<f32, 256>;
@@ -10096,7 +10096,7 @@ K090_FUSED_MUL_SUM = """\
 // k090_fused_mul_sum: mul -> sum
 // writes t384: f32[128,4,8,1]   reads: t211, t380
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -10124,7 +10124,7 @@ K091_FUSED_GREATER_SUB_MUL = """\
 // k091_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
 // writes t390: f32[128,4,8,8]   reads: t211, t380, t384
 // from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -10164,7 +10164,7 @@ K092_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -10284,7 +10284,7 @@ K093_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
 var<workgroup> tile_a: array<f32, 256>;
@@ -10405,7 +10405,7 @@ K094_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -10653,8 +10653,8 @@ K095_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -10909,7 +10909,7 @@ K096_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -11154,8 +11154,8 @@ K097_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -11412,8 +11412,8 @@ K098_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -11668,7 +11668,7 @@ K099_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -11907,8 +11907,8 @@ K100_FUSED_MUL_SUB_SUM = """\
 // k100_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum -> sum
 // writes t348, t422: f32[64]   reads: t216, t217, t228, t340, t421
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -11962,7 +11962,7 @@ K101_FUSED_MUL_SUM = """\
 // writes t428: f32[128,8]   reads: params, t169, t421
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -12004,7 +12004,7 @@ K102_FUSED_MUL_ADD = """\
 // writes t440: f32[128,8,64]   reads: params, t169, t176, t421, t428
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -12041,7 +12041,7 @@ K103_FUSED_NEG_SUM = """\
 // k103_fused_neg_sum: neg -> sum
 // writes t443: f32[128,8]   reads: t440
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -12079,7 +12079,7 @@ K104_FUSED_MUL_ADD = """\
 // k104_fused_mul_add: add -> mul -> add
 // writes t447: f32[128,8,64]   reads: t370, t440, t443
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -12106,8 +12106,8 @@ K105_FUSED_MUL_SUM = """\
 // k105_fused_mul_sum: mul -> mul -> sum -> sum
 // writes t425, t448: f32[64]   reads: t169, t176, t421, t447
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -12165,8 +12165,8 @@ K106_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -12421,7 +12421,7 @@ K107_MATMUL_GREATER_MUL = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 36 floats (13312 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -12816,8 +12816,8 @@ K108_SUM = """\
 // k108_sum: sum -> sum
 // writes t338, t458: f32[256]   reads: t337, t457
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -12872,7 +12872,7 @@ K109_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -13132,8 +13132,8 @@ K110_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -13378,8 +13378,8 @@ K111_FUSED_MUL_SUB_SUM = """\
 // k111_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> sum
 // writes t465, t468: f32[64]   reads: t138, t139, t150, t460
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -13432,7 +13432,7 @@ K112_FUSED_MUL_SUB_SUM = """\
 // writes t471: f32[128,8]   reads: params, t138, t139, t460
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -13478,7 +13478,7 @@ K113_FUSED_MUL_SUB_ADD = """\
 // writes t483: f32[128,8,64]   reads: params, t138, t139, t150, t460, t471
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -13518,7 +13518,7 @@ K114_FUSED_NEG_SUM = """\
 // k114_fused_neg_sum: neg -> sum
 // writes t486: f32[128,8]   reads: t483
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -13556,7 +13556,7 @@ K115_FUSED_MUL_ADD = """\
 // k115_fused_mul_add: add -> mul -> add
 // writes t490: f32[128,8,64]   reads: t447, t483, t486
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -13593,7 +13593,7 @@ K116_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -13841,8 +13841,8 @@ K117_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -14096,7 +14096,7 @@ K118_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -14216,7 +14216,7 @@ K119_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
 var<workgroup> tile_a: array<f32, 256>;
@@ -14327,7 +14327,7 @@ K120_FUSED_MUL_SUM = """\
 // k120_fused_mul_sum: mul -> sum
 // writes t504: f32[128,4,8,1]   reads: t133, t500
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -14355,7 +14355,7 @@ K121_FUSED_GREATER_SUB_MUL = """\
 // k121_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
 // writes t510: f32[128,4,8,8]   reads: t133, t500, t504
 // from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -14395,7 +14395,7 @@ K122_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -14515,7 +14515,7 @@ K123_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
 var<workgroup> tile_a: array<f32, 256>;
@@ -14636,7 +14636,7 @@ K124_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -14884,8 +14884,8 @@ K125_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -15140,7 +15140,7 @@ K126_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -15385,8 +15385,8 @@ K127_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -15643,8 +15643,8 @@ K128_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -15899,7 +15899,7 @@ K129_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -16138,8 +16138,8 @@ K130_FUSED_MUL_SUM = """\
 // k130_fused_mul_sum: mul -> sum -> mul -> sum
 // writes t542, t545: f32[64]   reads: t541, t91, t98
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -16188,7 +16188,7 @@ K131_FUSED_MUL_SUM = """\
 // writes t548: f32[128,8]   reads: params, t541, t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -16230,7 +16230,7 @@ K132_FUSED_MUL_ADD = """\
 // writes t560: f32[128,8,64]   reads: params, t541, t548, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -16267,7 +16267,7 @@ K133_FUSED_NEG_SUM = """\
 // k133_fused_neg_sum: neg -> sum
 // writes t563: f32[128,8]   reads: t560
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -16305,7 +16305,7 @@ K134_FUSED_MUL_ADD = """\
 // k134_fused_mul_add: add -> mul -> add
 // writes t567: f32[128,8,64]   reads: t490, t560, t563
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -16341,8 +16341,8 @@ K135_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -16597,7 +16597,7 @@ K136_MATMUL_GREATER_MUL = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 36 floats (13312 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -16992,8 +16992,8 @@ K137_SUM = """\
 // k137_sum: sum
 // writes t578: f32[256]   reads: t577
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -17040,7 +17040,7 @@ K138_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -17300,8 +17300,8 @@ K139_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -17546,8 +17546,8 @@ K140_SUM = """\
 // k140_sum: sum -> sum
 // writes t568, t585: f32[64]   reads: t567, t580
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -17593,7 +17593,7 @@ K141_FUSED_MUL_SUB_SUM = """\
 // writes t591: f32[128,8]   reads: params, t580, t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -17639,7 +17639,7 @@ K142_FUSED_MUL_SUB_ADD = """\
 // writes t603: f32[128,8,64]   reads: params, t580, t591, t60, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -17679,7 +17679,7 @@ K143_FUSED_NEG_SUM = """\
 // k143_fused_neg_sum: neg -> sum
 // writes t606: f32[128,8]   reads: t603
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -17717,7 +17717,7 @@ K144_FUSED_MUL_ADD = """\
 // k144_fused_mul_add: add -> mul -> add
 // writes t610: f32[128,8,64]   reads: t567, t603, t606
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -17754,7 +17754,7 @@ K145_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -18002,8 +18002,8 @@ K146_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -18257,7 +18257,7 @@ K147_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -18377,7 +18377,7 @@ K148_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
 var<workgroup> tile_a: array<f32, 256>;
@@ -18488,7 +18488,7 @@ K149_FUSED_MUL_SUM = """\
 // k149_fused_mul_sum: mul -> sum
 // writes t624: f32[128,4,8,1]   reads: t55, t620
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -18516,7 +18516,7 @@ K150_FUSED_GREATER_SUB_MUL = """\
 // k150_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
 // writes t630: f32[128,4,8,8]   reads: t55, t620, t624
 // from addition_transformer.py:36
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -18556,7 +18556,7 @@ K151_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -18676,7 +18676,7 @@ K152_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (2048 bytes in all).
 var<workgroup> tile_a: array<f32, 256>;
@@ -18797,7 +18797,7 @@ K153_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -19045,8 +19045,8 @@ K154_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -19301,7 +19301,7 @@ K155_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -19546,8 +19546,8 @@ K156_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 20 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -19804,8 +19804,8 @@ K157_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -20060,7 +20060,7 @@ K158_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -20299,8 +20299,8 @@ K159_FUSED_MUL_SUB_SUM = """\
 // k159_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum -> sum
 // writes t588, t662: f32[64]   reads: t580, t60, t61, t661, t72
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -20353,8 +20353,8 @@ K160_FUSED_MUL_SUB_SUM = """\
 // k160_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
 // writes t665: f32[64]   reads: t17, t3, t4, t661
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -20400,7 +20400,7 @@ K161_FUSED_MUL_SUB_SUM = """\
 // writes t668: f32[128,8]   reads: params, t3, t4, t661
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -20446,7 +20446,7 @@ K162_FUSED_MUL_SUB_ADD = """\
 // writes t680: f32[128,8,64]   reads: params, t17, t3, t4, t661, t668
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -20486,7 +20486,7 @@ K163_FUSED_NEG_SUM = """\
 // k163_fused_neg_sum: neg -> sum
 // writes t683: f32[128,8]   reads: t680
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -20524,7 +20524,7 @@ K164_FUSED_MUL_ADD = """\
 // k164_fused_mul_add: add -> mul -> add
 // writes t687: f32[128,8,64]   reads: t610, t680, t683
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -20551,7 +20551,7 @@ K165_SUM = """\
 // k165_sum: sum
 // writes t688: f32[8,64]   reads: t687
 // from addition_transformer.py:52
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -20588,8 +20588,8 @@ K166_PAD = """\
 // k166_pad: pad
 // writes t689: f32[9,64]   reads: t688
 // from addition_transformer.py:52
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -20611,8 +20611,8 @@ K167_ONE_HOT = """\
 // k167_one_hot: one_hot
 // writes t690: f32[128,8,12]   reads: tokens
 // from addition_transformer.py:52
-@group(0) @binding(0) var<storage, read> inputs_i32: array<i32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -20644,8 +20644,8 @@ K168_MATMUL_ADD = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -20892,8 +20892,8 @@ K169_FUSED_SQUARE_PAD_SUM = """\
 // k169_fused_square_pad_sum: square -> pad -> sum
 // writes t741: f32[37]   reads: t716
 // from optimizer
-@group(0) @binding(0) var<storage, read> grads: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(1) var<storage, read> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -20931,7 +20931,7 @@ K170_SUM = """\
 // k170_sum: sum
 // writes t742: f32[]   reads: t741
 // from optimizer
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -20958,7 +20958,7 @@ K171_FUSED_SQRT_ADD_SUB = """\
 @group(0) @binding(1) var<storage, read> grads: array<f32>;
 @group(0) @binding(2) var<storage, read_write> state: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
-@group(0) @binding(4) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -21008,8 +21008,8 @@ K172_FUSED_GATHER_ADD = """\
 // writes t3: f32[1,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs_i32: array<i32>;
-@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -21035,7 +21035,7 @@ K173_SUM = """\
 // k173_sum: sum
 // writes t4: f32[1,8,1]   reads: t3
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -21070,7 +21070,7 @@ K174_FUSED_MUL_SUB_SUM = """\
 // k174_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t11: f32[1,8,1]   reads: t3, t4
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -21111,7 +21111,7 @@ K175_FUSED_MUL_SUB_ADD = """\
 // writes t23: f32[1,8,64]   reads: params, t11, t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -21154,7 +21154,7 @@ K176_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -21402,7 +21402,7 @@ K177_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -21650,7 +21650,7 @@ K178_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -21897,7 +21897,7 @@ K179_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -22008,7 +22008,7 @@ K180_FUSED_MUL_GREATER_MAX = """\
 // k180_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t48: f32[1,4,8,1]   reads: t34
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -22038,7 +22038,7 @@ K181_FUSED_MUL_GREATER_EXP = """\
 // k181_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[1,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -22068,7 +22068,7 @@ K182_SUM = """\
 // k182_sum: sum
 // writes t53: f32[1,4,8,1]   reads: t52
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -22093,7 +22093,7 @@ K183_DIV = """\
 // k183_div: div
 // writes t55: f32[1,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -22125,7 +22125,7 @@ K184_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -22246,7 +22246,7 @@ K185_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -22484,7 +22484,7 @@ K186_SUM = """\
 // k186_sum: sum
 // writes t61: f32[1,8,1]   reads: t60
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -22519,7 +22519,7 @@ K187_FUSED_MUL_SUB_SUM = """\
 // k187_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t67: f32[1,8,1]   reads: t60, t61
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -22560,7 +22560,7 @@ K188_FUSED_MUL_SUB_ADD = """\
 // writes t78: f32[1,8,64]   reads: params, t60, t61, t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -22603,7 +22603,7 @@ K189_MATMUL_ADD_RELU = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -22851,7 +22851,7 @@ K190_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -23102,7 +23102,7 @@ K191_FUSED_ADD_SUM = """\
 // writes t87: f32[1,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -23142,7 +23142,7 @@ K192_FUSED_ADD_MUL_SUB = """\
 // writes t91: f32[1,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -23170,7 +23170,7 @@ K193_FUSED_MUL_SUM = """\
 // k193_fused_mul_sum: mul -> sum
 // writes t93: f32[1,8,1]   reads: t91
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -23207,7 +23207,7 @@ K194_FUSED_MUL_RSQRT_ADD = """\
 // writes t104: f32[1,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -23247,7 +23247,7 @@ K195_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -23495,7 +23495,7 @@ K196_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -23743,7 +23743,7 @@ K197_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -23990,7 +23990,7 @@ K198_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -24101,7 +24101,7 @@ K199_FUSED_MUL_GREATER_MAX = """\
 // k199_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t126: f32[1,4,8,1]   reads: t115
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -24131,7 +24131,7 @@ K200_FUSED_MUL_GREATER_EXP = """\
 // k200_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[1,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -24161,7 +24161,7 @@ K201_SUM = """\
 // k201_sum: sum
 // writes t131: f32[1,4,8,1]   reads: t130
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -24186,7 +24186,7 @@ K202_DIV = """\
 // k202_div: div
 // writes t133: f32[1,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -24218,7 +24218,7 @@ K203_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -24339,7 +24339,7 @@ K204_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -24577,7 +24577,7 @@ K205_SUM = """\
 // k205_sum: sum
 // writes t139: f32[1,8,1]   reads: t138
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -24612,7 +24612,7 @@ K206_FUSED_MUL_SUB_SUM = """\
 // k206_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t145: f32[1,8,1]   reads: t138, t139
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -24653,7 +24653,7 @@ K207_FUSED_MUL_SUB_ADD = """\
 // writes t156: f32[1,8,64]   reads: params, t138, t139, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -24696,7 +24696,7 @@ K208_MATMUL_ADD_RELU = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -24944,7 +24944,7 @@ K209_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -25195,7 +25195,7 @@ K210_FUSED_ADD_SUM = """\
 // writes t165: f32[1,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -25235,7 +25235,7 @@ K211_FUSED_ADD_MUL_SUB = """\
 // writes t169: f32[1,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -25263,7 +25263,7 @@ K212_FUSED_MUL_SUM = """\
 // k212_fused_mul_sum: mul -> sum
 // writes t171: f32[1,8,1]   reads: t169
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -25300,7 +25300,7 @@ K213_FUSED_MUL_RSQRT_ADD = """\
 // writes t182: f32[1,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -25340,7 +25340,7 @@ K214_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -25588,7 +25588,7 @@ K215_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -25836,7 +25836,7 @@ K216_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -26083,7 +26083,7 @@ K217_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -26194,7 +26194,7 @@ K218_FUSED_MUL_GREATER_MAX = """\
 // k218_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t204: f32[1,4,8,1]   reads: t193
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -26224,7 +26224,7 @@ K219_FUSED_MUL_GREATER_EXP = """\
 // k219_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[1,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -26254,7 +26254,7 @@ K220_SUM = """\
 // k220_sum: sum
 // writes t209: f32[1,4,8,1]   reads: t208
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -26279,7 +26279,7 @@ K221_DIV = """\
 // k221_div: div
 // writes t211: f32[1,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -26311,7 +26311,7 @@ K222_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -26432,7 +26432,7 @@ K223_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -26670,7 +26670,7 @@ K224_SUM = """\
 // k224_sum: sum
 // writes t217: f32[1,8,1]   reads: t216
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -26705,7 +26705,7 @@ K225_FUSED_MUL_SUB_SUM = """\
 // k225_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t223: f32[1,8,1]   reads: t216, t217
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -26746,7 +26746,7 @@ K226_FUSED_MUL_SUB_ADD = """\
 // writes t234: f32[1,8,64]   reads: params, t216, t217, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -26789,7 +26789,7 @@ K227_MATMUL_ADD_RELU = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -27037,7 +27037,7 @@ K228_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -27288,7 +27288,7 @@ K229_FUSED_ADD_SUM = """\
 // writes t243: f32[1,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -27328,7 +27328,7 @@ K230_FUSED_ADD_MUL_SUB = """\
 // writes t247: f32[1,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -27356,7 +27356,7 @@ K231_FUSED_MUL_SUM = """\
 // k231_fused_mul_sum: mul -> sum
 // writes t249: f32[1,8,1]   reads: t247
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -27393,7 +27393,7 @@ K232_FUSED_MUL_RSQRT_ADD = """\
 // writes t260: f32[1,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -27433,7 +27433,7 @@ K233_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -27675,8 +27675,8 @@ K234_FUSED_GATHER_ADD = """\
 // writes t3: f32[128,8,64]   reads: params, tokens
 // from addition_transformer.py:52
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs_i32: array<i32>;
-@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -27703,7 +27703,7 @@ K235_SUM = """\
 // k235_sum: sum
 // writes t4: f32[128,8,1]   reads: t3
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -27740,7 +27740,7 @@ K236_FUSED_MUL_SUB_SUM = """\
 // k236_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t11: f32[128,8,1]   reads: t3, t4
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -27783,7 +27783,7 @@ K237_FUSED_MUL_SUB_ADD = """\
 // writes t23: f32[128,8,64]   reads: params, t11, t3, t4
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -27827,7 +27827,7 @@ K238_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -28073,7 +28073,7 @@ K239_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -28319,7 +28319,7 @@ K240_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -28564,7 +28564,7 @@ K241_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -28675,7 +28675,7 @@ K242_FUSED_MUL_GREATER_MAX = """\
 // k242_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28706,7 +28706,7 @@ K243_FUSED_MUL_GREATER_EXP = """\
 // k243_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t52: f32[128,4,8,8]   reads: t34, t48
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28737,7 +28737,7 @@ K244_SUM = """\
 // k244_sum: sum
 // writes t53: f32[128,4,8,1]   reads: t52
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28763,7 +28763,7 @@ K245_DIV = """\
 // k245_div: div
 // writes t55: f32[128,4,8,8]   reads: t52, t53
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28796,7 +28796,7 @@ K246_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -28917,7 +28917,7 @@ K247_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -29153,7 +29153,7 @@ K248_SUM = """\
 // k248_sum: sum
 // writes t61: f32[128,8,1]   reads: t60
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -29190,7 +29190,7 @@ K249_FUSED_MUL_SUB_SUM = """\
 // k249_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t67: f32[128,8,1]   reads: t60, t61
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -29233,7 +29233,7 @@ K250_FUSED_MUL_SUB_ADD = """\
 // writes t78: f32[128,8,64]   reads: params, t60, t61, t67
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -29277,7 +29277,7 @@ K251_MATMUL_ADD_RELU = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -29679,7 +29679,7 @@ K252_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -29928,7 +29928,7 @@ K253_FUSED_ADD_SUM = """\
 // writes t87: f32[128,8,1]   reads: params, t60, t83
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -29970,7 +29970,7 @@ K254_FUSED_ADD_MUL_SUB = """\
 // writes t91: f32[128,8,64]   reads: params, t60, t83, t87
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -29999,7 +29999,7 @@ K255_FUSED_MUL_SUM = """\
 // k255_fused_mul_sum: mul -> sum
 // writes t93: f32[128,8,1]   reads: t91
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -30038,7 +30038,7 @@ K256_FUSED_MUL_RSQRT_ADD = """\
 // writes t104: f32[128,8,64]   reads: params, t91, t93
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -30079,7 +30079,7 @@ K257_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -30325,7 +30325,7 @@ K258_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -30571,7 +30571,7 @@ K259_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -30816,7 +30816,7 @@ K260_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -30927,7 +30927,7 @@ K261_FUSED_MUL_GREATER_MAX = """\
 // k261_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -30958,7 +30958,7 @@ K262_FUSED_MUL_GREATER_EXP = """\
 // k262_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t130: f32[128,4,8,8]   reads: t115, t126
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -30989,7 +30989,7 @@ K263_SUM = """\
 // k263_sum: sum
 // writes t131: f32[128,4,8,1]   reads: t130
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -31015,7 +31015,7 @@ K264_DIV = """\
 // k264_div: div
 // writes t133: f32[128,4,8,8]   reads: t130, t131
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -31048,7 +31048,7 @@ K265_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -31169,7 +31169,7 @@ K266_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -31405,7 +31405,7 @@ K267_SUM = """\
 // k267_sum: sum
 // writes t139: f32[128,8,1]   reads: t138
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -31442,7 +31442,7 @@ K268_FUSED_MUL_SUB_SUM = """\
 // k268_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t145: f32[128,8,1]   reads: t138, t139
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -31485,7 +31485,7 @@ K269_FUSED_MUL_SUB_ADD = """\
 // writes t156: f32[128,8,64]   reads: params, t138, t139, t145
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -31529,7 +31529,7 @@ K270_MATMUL_ADD_RELU = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -31931,7 +31931,7 @@ K271_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -32180,7 +32180,7 @@ K272_FUSED_ADD_SUM = """\
 // writes t165: f32[128,8,1]   reads: params, t138, t161
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -32222,7 +32222,7 @@ K273_FUSED_ADD_MUL_SUB = """\
 // writes t169: f32[128,8,64]   reads: params, t138, t161, t165
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -32251,7 +32251,7 @@ K274_FUSED_MUL_SUM = """\
 // k274_fused_mul_sum: mul -> sum
 // writes t171: f32[128,8,1]   reads: t169
 // from addition_transformer.py:34
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -32290,7 +32290,7 @@ K275_FUSED_MUL_RSQRT_ADD = """\
 // writes t182: f32[128,8,64]   reads: params, t169, t171
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -32331,7 +32331,7 @@ K276_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -32577,7 +32577,7 @@ K277_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -32823,7 +32823,7 @@ K278_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -33068,7 +33068,7 @@ K279_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -33179,7 +33179,7 @@ K280_FUSED_MUL_GREATER_MAX = """\
 // k280_fused_mul_greater_max: mul -> greater -> where -> max
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -33210,7 +33210,7 @@ K281_FUSED_MUL_GREATER_EXP = """\
 // k281_fused_mul_greater_exp: mul -> greater -> where -> stop_gradient -> sub -> exp
 // writes t208: f32[128,4,8,8]   reads: t193, t204
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -33241,7 +33241,7 @@ K282_SUM = """\
 // k282_sum: sum
 // writes t209: f32[128,4,8,1]   reads: t208
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -33267,7 +33267,7 @@ K283_DIV = """\
 // k283_div: div
 // writes t211: f32[128,4,8,8]   reads: t208, t209
 // from addition_transformer.py:37
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -33300,7 +33300,7 @@ K284_MATMUL = """\
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
 
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -33421,7 +33421,7 @@ K285_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -33657,7 +33657,7 @@ K286_SUM = """\
 // k286_sum: sum
 // writes t217: f32[128,8,1]   reads: t216
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -33694,7 +33694,7 @@ K287_FUSED_MUL_SUB_SUM = """\
 // k287_fused_mul_sub_sum: mul -> sub -> mul -> sum
 // writes t223: f32[128,8,1]   reads: t216, t217
 // from addition_transformer.py:39
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -33737,7 +33737,7 @@ K288_FUSED_MUL_SUB_ADD = """\
 // writes t234: f32[128,8,64]   reads: params, t216, t217, t223
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -33781,7 +33781,7 @@ K289_MATMUL_ADD_RELU = """\
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -34183,7 +34183,7 @@ K290_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -34432,7 +34432,7 @@ K291_FUSED_ADD_SUM = """\
 // writes t243: f32[128,8,1]   reads: params, t216, t239
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -34474,7 +34474,7 @@ K292_FUSED_ADD_MUL_SUB = """\
 // writes t247: f32[128,8,64]   reads: params, t216, t239, t243
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -34503,7 +34503,7 @@ K293_FUSED_MUL_SUM = """\
 // k293_fused_mul_sum: mul -> sum
 // writes t249: f32[128,8,1]   reads: t247
 // from addition_transformer.py:56
-@group(0) @binding(0) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -34542,7 +34542,7 @@ K294_FUSED_MUL_RSQRT_ADD = """\
 // writes t260: f32[128,8,64]   reads: params, t247, t249
 // from addition_transformer.py:56
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -34583,7 +34583,7 @@ K295_MATMUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;

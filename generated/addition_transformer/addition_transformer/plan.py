@@ -307,7 +307,7 @@ PROGRAM = {
         ),
         "k071_matmul": ((("work", "read_write"),), "addition_transformer.py:56"),
         "k072_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:56",
         ),
         "k073_fused_mul_sum": (
@@ -321,7 +321,7 @@ PROGRAM = {
         "k075_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:56"),
         "k076_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:56"),
         "k077_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k078_matmul_greater_mul": (
@@ -333,11 +333,11 @@ PROGRAM = {
             "addition_transformer.py:39",
         ),
         "k080_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k081_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k082_fused_mul_sub_sum": (
@@ -355,7 +355,7 @@ PROGRAM = {
             "addition_transformer.py:38",
         ),
         "k087_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
         "k088_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
@@ -372,7 +372,7 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k095_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k096_matmul": (
@@ -380,11 +380,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k097_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k098_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k099_matmul_add": (
@@ -392,7 +392,7 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k100_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
         "k101_fused_mul_sum": (
@@ -406,11 +406,11 @@ PROGRAM = {
         "k103_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k104_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k105_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k106_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k107_matmul_greater_mul": (
@@ -418,7 +418,7 @@ PROGRAM = {
             "addition_transformer.py:39",
         ),
         "k108_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k109_matmul": (
@@ -426,11 +426,11 @@ PROGRAM = {
             "addition_transformer.py:39",
         ),
         "k110_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k111_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k112_fused_mul_sub_sum": (
@@ -448,7 +448,7 @@ PROGRAM = {
             "addition_transformer.py:38",
         ),
         "k117_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
         "k118_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
@@ -465,7 +465,7 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k125_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k126_matmul": (
@@ -473,11 +473,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k127_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k128_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k129_matmul_add": (
@@ -485,7 +485,7 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k130_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
         "k131_fused_mul_sum": (
@@ -499,7 +499,7 @@ PROGRAM = {
         "k133_fused_neg_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k134_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k135_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k136_matmul_greater_mul": (
@@ -507,7 +507,7 @@ PROGRAM = {
             "addition_transformer.py:39",
         ),
         "k137_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k138_matmul": (
@@ -515,11 +515,11 @@ PROGRAM = {
             "addition_transformer.py:39",
         ),
         "k139_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k140_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
         "k141_fused_mul_sub_sum": (
@@ -537,7 +537,7 @@ PROGRAM = {
             "addition_transformer.py:38",
         ),
         "k146_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:38",
         ),
         "k147_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
@@ -554,7 +554,7 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k154_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k155_matmul": (
@@ -562,11 +562,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k156_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k157_matmul": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "k158_matmul_add": (
@@ -574,11 +574,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "k159_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
         "k160_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:34",
         ),
         "k161_fused_mul_sub_sum": (
@@ -593,7 +593,7 @@ PROGRAM = {
         "k164_fused_mul_add": ((("work", "read_write"),), "addition_transformer.py:34"),
         "k165_sum": ((("work", "read_write"),), "addition_transformer.py:52"),
         "k166_pad": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:52",
         ),
         "k167_one_hot": (
@@ -601,7 +601,7 @@ PROGRAM = {
             "addition_transformer.py:52",
         ),
         "k168_matmul_add": (
-            (("grads", "read_write"), ("work", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:52",
         ),
         "k169_fused_square_pad_sum": (

@@ -51,34 +51,30 @@ class Engine:
         self.buffers = {
             a: self.device.create_buffer(label=a, size=max(4, 4 * n), usage=usage) for a, n in arenas.items()
         }
-        # Kernels that bind the same buffers the same way share one explicit layout and one
-        # bind group, so a pass re-binds only when the next kernel's bindings differ.
-        self.layouts, self.groups = {}, {}
-        for kname, (bindings, site) in kernels.items():
-            sig = tuple(tuple(b) for b in bindings)
-            if sig not in self.layouts:
-                bgl = self.device.create_bind_group_layout(entries=[
-                    {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
-                     "buffer": {"type": "storage" if access == "read_write" else "read-only-storage"}}
-                    for i, (arena, access) in enumerate(sig)
-                ])
-                self.layouts[sig] = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
-                self.groups[sig] = self.device.create_bind_group(layout=bgl, entries=[
-                    {"binding": i, "resource": {"buffer": self.buffers[arena], "offset": 0, "size": self.buffers[arena].size}}
-                    for i, (arena, _access) in enumerate(sig)
-                ])
-        self.pipelines = {
-            kname: self._pipeline(kname, wgsl[kname], site, self.layouts[tuple(tuple(b) for b in bindings)])
-            for kname, (bindings, site) in kernels.items()
-        }
-        # per entry point: (pipeline, bind group or None when unchanged, grid), ready to record
-        self.recipes = {}
+        # Every kernel uses the same binding number for a buffer (its position in `arenas`), so a
+        # run of neighbouring kernels that agree on each buffer's access mode shares one explicit
+        # layout and one bind group: a pass re-binds only where the access modes change.
+        order = list(arenas)
+        self.pipelines, self.recipes, self.kernel_group, groups = {}, {}, {}, {}
         for key, e in entries.items():
-            steps, last = [], None
+            runs: list[tuple[dict, list]] = []
             for kname, grid in e["dispatches"]:
-                group = self.groups[tuple(tuple(b) for b in kernels[kname][0])]
-                steps.append((self.pipelines[kname], group if group is not last else None, tuple(grid)))
-                last = group
+                access = dict(kernels[kname][0])
+                if runs and all(runs[-1][0].get(a, acc) == acc for a, acc in access.items()):
+                    runs[-1][0].update(access)
+                    runs[-1][1].append((kname, grid))
+                else:
+                    runs.append((access, [(kname, grid)]))
+            steps = []
+            for access, members in runs:
+                sig = tuple(sorted(access.items(), key=lambda item: order.index(item[0])))
+                if sig not in groups:
+                    groups[sig] = self._layout_and_group(sig, order)
+                layout, group = groups[sig]
+                for n, (kname, grid) in enumerate(members):
+                    self.pipelines[kname] = self._pipeline(kname, wgsl[kname], kernels[kname][1], layout)
+                    self.kernel_group[kname] = group
+                    steps.append((self.pipelines[kname], group if n == 0 else None, tuple(grid)))
             self.recipes[key] = steps
         self.readback = {}
         for key, e in entries.items():
@@ -86,6 +82,18 @@ class Engine:
             self.readback[key] = self.device.create_buffer(
                 size=max(4, 4 * n), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
             )
+
+    def _layout_and_group(self, sig, order):
+        bgl = self.device.create_bind_group_layout(entries=[
+            {"binding": order.index(arena), "visibility": wgpu.ShaderStage.COMPUTE,
+             "buffer": {"type": "storage" if access == "read_write" else "read-only-storage"}}
+            for arena, access in sig
+        ])
+        group = self.device.create_bind_group(layout=bgl, entries=[
+            {"binding": order.index(arena), "resource": {"buffer": self.buffers[arena], "offset": 0, "size": self.buffers[arena].size}}
+            for arena, _access in sig
+        ])
+        return self.device.create_pipeline_layout(bind_group_layouts=[bgl]), group
 
     def _pipeline(self, kname, source, site, layout):
         try:

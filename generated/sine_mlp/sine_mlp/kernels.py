@@ -15,8 +15,8 @@ K000_MATMUL_ADD_RELU = """\
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs: array<f32>;
-@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -135,7 +135,7 @@ K001_MATMUL_ADD_RELU = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -381,8 +381,8 @@ K002_MATMUL_ADD_SUB_MUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs: array<f32>;
-@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -626,8 +626,8 @@ K003_FUSED_ADD_SUB_SUM = """\
 // from sine_mlp.py:15
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(2) var<storage, read> inputs: array<f32>;
-@group(0) @binding(3) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -686,8 +686,8 @@ K004_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -944,7 +944,7 @@ K005_MATMUL_GREATER_MUL = """\
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -1062,8 +1062,8 @@ K006_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -1318,7 +1318,7 @@ K007_MATMUL_GREATER_MUL = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (11264 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -1557,8 +1557,8 @@ K008_SUM = """\
 // k008_sum: sum -> sum
 // writes t32, t40: f32[64]   reads: t31, t39
 // from sine_mlp.py:15
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -1610,9 +1610,9 @@ K009_MATMUL = """\
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs: array<f32>;
-@group(0) @binding(2) var<storage, read> work: array<f32>;
+@group(0) @binding(1) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -1910,8 +1910,8 @@ K011_MATMUL_ADD_RELU = """\
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs: array<f32>;
-@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -2032,7 +2032,7 @@ K012_MATMUL_ADD_RELU = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -2277,7 +2277,7 @@ K013_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -2522,8 +2522,8 @@ K014_MATMUL_ADD_RELU = """\
 // workgroup walks K 16 rows at a time through shared memory.
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read> inputs: array<f32>;
-@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
@@ -2642,7 +2642,7 @@ K015_MATMUL_ADD_RELU = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -2888,7 +2888,7 @@ K016_MATMUL_ADD = """\
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
-@group(0) @binding(1) var<storage, read_write> work: array<f32>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;

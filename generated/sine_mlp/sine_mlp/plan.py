@@ -58,19 +58,28 @@ PROGRAM = {
             ),
             "sine_mlp.py:15",
         ),
-        "k004_matmul": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
+        "k004_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
         "k005_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k006_matmul": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
+        "k006_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
         "k007_matmul_greater_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k008_sum": ((("grads", "read_write"), ("work", "read")), "sine_mlp.py:15"),
+        "k008_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
         "k009_matmul": (
-            (("grads", "read_write"), ("inputs", "read"), ("work", "read")),
+            (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
         "k010_fused_mul_add_sub": (
