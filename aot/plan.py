@@ -111,7 +111,6 @@ def plan(s: Schedule, state_offsets: dict[str, int], param_total: int) -> Plan:
             t = s.placed[id(t)][0]
         return t
 
-    persistent_roots = {id(x) for grp in (g.outputs, g.captures, g.persist) for x in grp.values()}
     intervals: dict[int, list] = {}
     end_of_step = len(s.kernels)
     for t in s.owners:
@@ -122,8 +121,6 @@ def plan(s: Schedule, state_offsets: dict[str, int], param_total: int) -> Plan:
             continue
         start = index.get(id(t), 0)
         end = max(readers.get(id(t), [start]))
-        if any(id(x) in persistent_roots or s.views.get(id(x), None) and s.views[id(x)].base is t for x in [t]):
-            pass
         iv = intervals.setdefault(id(r), [r, start, end])
         iv[1], iv[2] = min(iv[1], start), max(iv[2], end)
     # outputs, captures and copied writebacks are read after the pass

@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-import aot  # noqa: E402
 from aot.build import build, compile_program  # noqa: E402
 
 
@@ -36,7 +35,6 @@ def load(name):
 
 
 def memory(c) -> dict:
-    p = c.plans["train"]
     arenas = c.program["arenas"]
     planned = 4 * sum(arenas.values())
     fixed = 4 * sum(arenas[a] for a in ("params", "grads", "state", "inputs", "inputs_i32"))
