@@ -202,7 +202,7 @@ class Body:
             c = idx.get_coords(self)
             terms = [term for ci, axis in zip(c, dims) for term in split_index(ci, axis)]
             lin = " + ".join(terms) if terms else "0u"
-        addr = f"{loc.offset}u + {lin}" if loc.offset else lin
+        addr = lin if not loc.offset else f"{loc.offset}u" if lin == "0u" else f"{loc.offset}u + {lin}"
         key = ("read", loc.arena, addr)
         if key not in self.cache:
             self.cache[key] = self.let(f"{loc.arena}[{addr}]", WGSL_TYPE[t.dtype])

@@ -20968,7 +20968,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let v0: f32 = grads[i];
-    let v1: f32 = work[150656u + 0u];
+    let v1: f32 = work[150656u];
     let v2: f32 = sqrt(v1);
     let v3: f32 = v2 + 0.000001;
     let v4: f32 = 1.0 / v3;
@@ -20985,12 +20985,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v15: f32 = v12 + v14;
     let v16: f32 = select(0.0, 1.0, i32(i) < 148800i);
     let v17: f32 = params[i];
-    let v18: f32 = inputs[1026u + 0u];
+    let v18: f32 = inputs[1026u];
     let v19: f32 = v17 * v18;
     let v20: f32 = select(v17, v19, v16 != 0.0);
-    let v21: f32 = inputs[1024u + 0u];
+    let v21: f32 = inputs[1024u];
     let v22: f32 = sqrt(v15);
-    let v23: f32 = inputs[1025u + 0u];
+    let v23: f32 = inputs[1025u];
     let v24: f32 = v22 / v23;
     let v25: f32 = v24 + 0.00000001;
     let v26: f32 = v10 / v25;

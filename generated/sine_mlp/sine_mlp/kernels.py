@@ -400,7 +400,7 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
         let v = epilogue(acc, bi, row, col);
         work[i] = v;
         let e = row;
-        let x0 = (((1.0 * 0.00390625) * ((acc + (params[4352u + 0u])) - (inputs[256u + (row * 1u + col)]))) + ((1.0 * 0.00390625) * ((acc + (params[4352u + 0u])) - (inputs[256u + (row * 1u + col)]))));
+        let x0 = (((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + (row * 1u + col)]))) + ((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + (row * 1u + col)]))));
         work[49152u + e] = x0;
     }
 }
@@ -643,7 +643,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
         let v0: u32 = r;
         let v1: f32 = work[32768u + v0];
-        let v2: f32 = params[4352u + 0u];
+        let v2: f32 = params[4352u];
         let v3: f32 = v1 + v2;
         let v4: f32 = inputs[256u + v0];
         let v5: f32 = v3 - v4;
@@ -1882,9 +1882,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v8: f32 = v2 * 0.1;
     let v9: f32 = v7 + v8;
     let v10: f32 = params[i];
-    let v11: f32 = inputs[512u + 0u];
+    let v11: f32 = inputs[512u];
     let v12: f32 = sqrt(v5);
-    let v13: f32 = inputs[513u + 0u];
+    let v13: f32 = inputs[513u];
     let v14: f32 = v12 / v13;
     let v15: f32 = v14 + 0.00000001;
     let v16: f32 = v9 / v15;
@@ -2286,7 +2286,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[4352u + 0u]));
+    return (acc + (params[4352u]));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -2897,7 +2897,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[4352u + 0u]));
+    return (acc + (params[4352u]));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
