@@ -80,9 +80,6 @@ class Schedule:
     placed: dict[int, tuple[Tensor, int]]  # owner -> (concat owner it lives in, element offset)
     kernels: list[Kernel]
 
-    def is_stored(self, t: Tensor) -> bool:
-        return id(t) in self.views
-
 
 def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
     views: dict[int, View] = {}
@@ -344,7 +341,8 @@ def _matmul_epilogues(g: Graph, users, owner_ids, roots) -> dict[int, Tensor]:
 def kernel_reads(s: Schedule, k: Kernel) -> list[Tensor]:
     """Storage owners a kernel reads (through its inlined expression tree)."""
     seen: dict[int, Tensor] = {}
-    stack = list(k.mm.node.inputs) + _epilogue_inputs(k) if k.mm is not None else list(k.node.inputs)
+    # a fused epilogue starts from the matmul's operands and the epilogue root's inputs
+    stack = list(k.mm.node.inputs) + list(k.out.node.inputs) if k.mm is not None else list(k.node.inputs)
     visited = set()
     while stack:
         t = stack.pop()
@@ -359,7 +357,3 @@ def kernel_reads(s: Schedule, k: Kernel) -> list[Tensor]:
         else:
             stack.extend(t.node.inputs)
     return list(seen.values())
-
-
-def _epilogue_inputs(k: Kernel) -> list[Tensor]:
-    return list(k.out.node.inputs)
