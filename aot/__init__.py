@@ -17,13 +17,13 @@ __all__ = [
 
 def build(program, outdir="generated"):
     """Build `program` into outdir/<name> (a pip-installable project); returns that path."""
-    from .build import build as _build
+    from .pipeline import build as _build
 
     return _build(program, outdir)
 
 
 def compile(program):  # noqa: A001 - the API name
     """Build into a temporary folder and import the package in-process; returns a Model."""
-    from .build import compile_model
+    from .pipeline import compile_model
 
     return compile_model(program)

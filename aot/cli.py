@@ -46,7 +46,7 @@ def _log(msg: str) -> None:
 
 
 def cmd_build(args) -> int:
-    from .build import build
+    from .pipeline import build
 
     progs = _select(load_programs(args.model), args.program, args.model)
     for p in progs:
@@ -58,7 +58,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .build import compile_program
+    from .pipeline import compile_program
     from .ir import format_graph
 
     for p in _select(load_programs(args.model), args.program, args.model):

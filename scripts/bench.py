@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from aot.build import build, compile_program  # noqa: E402
+from aot.pipeline import build, compile_program  # noqa: E402
 
 
 def load(name):

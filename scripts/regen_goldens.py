@@ -22,7 +22,7 @@ EXAMPLES = ["sine_mlp", "addition_transformer"]
 def build_examples(outdir: Path, names=None) -> list[Path]:
     """Build each example's programs into outdir; returns the project folders."""
     sys.path.insert(0, str(ROOT))
-    from aot.build import build
+    from aot.pipeline import build
     from aot.cli import load_programs
 
     paths = []

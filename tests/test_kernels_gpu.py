@@ -23,7 +23,7 @@ import pytest
 
 import aot
 from aot import codegen, interp, ops
-from aot.build import compile_program
+from aot.pipeline import compile_program
 from aot.frontend import trace_program
 from aot.templates import render
 from aot.wgsl_expr import ARENA_TYPES

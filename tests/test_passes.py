@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from aot import interp, ops
-from aot.build import compile_program
+from aot.pipeline import compile_program
 from aot.ir import Graph, format_graph, verify
 from aot.passes import cse_consts, dce, split_reductions
 from aot.trace import emit, tracing

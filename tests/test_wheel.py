@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_wheel_installs_and_trains_without_aot(tmp_path):
-    from aot.build import build
+    from aot.pipeline import build
     from aot.cli import load_programs
 
     (prog,) = load_programs(str(ROOT / "examples" / "sine_mlp.py")).values()
