@@ -9,7 +9,7 @@ from .errors import CodegenError
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, render_matmul
 from .plan import Plan
-from .schedule import Kernel, Schedule
+from .schedule import LEAVES, Kernel, Schedule
 from .templates import render
 from .views import merge_subdims
 from .wgsl_expr import Body, Index, KernelContext, _size
@@ -110,10 +110,37 @@ def _kernel(name, k: Kernel, s: Schedule, plan: Plan, names) -> KernelCode:
             header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=WG,
             n=n, row=grid[0] * WG, lines=body.lines, stores=stores,
         )
-        return KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
-    if k.kind == "reduce":
-        return _reduce(name, header, k, s, plan, ops, site)
-    return _matmul(name, header, k, s, plan, ops, site)
+        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
+    elif k.kind == "reduce":
+        code, kc = _reduce(name, header, k, s, plan, ops, site)
+    else:
+        code, kc = _matmul(name, header, k, s, plan, ops, site)
+    check_hazards(name, k, plan, kc.reads, names)
+    return code
+
+
+def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) -> None:
+    """A kernel keeps what it computes in registers and stores it at the end, so it must never
+    read from memory a tensor it writes (it would see the previous contents: a stale value from
+    the last step, or zeros), nor another tensor stored where it writes. Leaves are exempt: an
+    in-place parameter/state update reads each element before writing it (plan._in_place_ok)."""
+    outs = {id(t): t for t in k.outs}
+    for b in dict.fromkeys(reads):
+        if id(b) in outs:
+            raise CodegenError(
+                f"kernel {name} reads {names.get(id(b), '?')} from memory before it stores it "
+                "(a fusion rule merged a reader that does not read element for element)"
+            )
+        if b.node.op in LEAVES or id(b) not in plan.loc:
+            continue
+        rb = plan.loc[id(b)]
+        for t in outs.values():
+            rt = plan.loc[id(t)]
+            if rt.arena == rb.arena and rb.offset < rt.offset + t.size and rt.offset < rb.offset + b.size:
+                raise CodegenError(
+                    f"kernel {name} reads {names.get(id(b), '?')} from {rb.arena}[{rb.offset}:{rb.offset + b.size}], "
+                    f"which overlaps {names.get(id(t), '?')} that it writes at {rt.arena}[{rt.offset}:{rt.offset + t.size}]"
+                )
 
 
 def _reduce(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> KernelCode:
@@ -154,7 +181,7 @@ def _reduce(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
         accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else WG),
         outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
-    return KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
+    return KernelCode(name, wgsl, kc.bindings(), grid, ops, site), kc
 
 
 def _store(kc: KernelContext, plan: Plan, t: Tensor, value: str, index: str) -> str:
@@ -171,6 +198,7 @@ def _operand(plan: Plan, s: Schedule, t: Tensor, kc: KernelContext, fold_batch: 
     """t [..., rows, cols] as a matmul operand; with fold_batch the batch dims join the rows."""
     loc, dims = plan.read_loc(s, t)
     kc.use(loc.arena, write=False)
+    kc.reads.append(s.views[id(t)].base)
     batch = _merge([sd for axis in dims[:-2] for sd in axis])
     rows = _merge(([sd for axis in dims[:-2] for sd in axis] if fold_batch else []) + list(dims[-2]))
     cols = _merge(dims[-1])
@@ -213,4 +241,4 @@ def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
     helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "")
     wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
-    return KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site)
+    return KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site), kc

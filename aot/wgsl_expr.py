@@ -95,7 +95,11 @@ class Body:
         if id(t) in kc.computed and idx.flat == kc.self_flat:
             return kc.computed[id(t)]  # an earlier output of this kernel, at the same element
         if t is not kc.computing and id(t) in kc.s.views:
-            return self.read(t, idx)
+            base = kc.s.views[id(t)].base
+            # a view of a value this kernel has just computed is followed to that value (a
+            # reshape of a fused sum, say): its storage is written only at the end of the kernel
+            if not (base is not t and id(base) in kc.computed):
+                return self.read(t, idx)
         n = t.node
         op = n.op
         a = n.attrs
@@ -196,6 +200,7 @@ class Body:
         loc, dims = kc.plan.read_loc(kc.s, t)
         kc.use(loc.arena, write=False)
         v = kc.s.views[id(t)]
+        kc.reads.append(v.base)
         if v.is_contiguous():
             lin = idx.get_flat(self) if t.size > 1 else "0u"
         else:
@@ -252,6 +257,7 @@ class KernelContext:
         self.counter = 0
         self.helpers: set[str] = set()
         self.access: dict[str, str] = {}
+        self.reads: list[Tensor] = []  # storage owners read from memory, for the hazard check
 
     def use(self, arena: str, write: bool):
         # scratch buffers are read_write in every kernel that touches them, so that kernels which

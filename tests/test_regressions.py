@@ -88,3 +88,27 @@ def test_build_and_compile_callable_many_times(tmp_path):
         model = aot.compile(program)
         model.close()
     assert callable(aot.build)
+
+
+def test_hazard_check_names_the_kernel():
+    """The check that runs on every build: a kernel that reads from memory a tensor it writes is a
+    CodegenError naming the kernel (here: a reduction made to read its own result)."""
+    from aot import codegen
+    from aot.errors import CodegenError
+    from aot.ir import tensor_names
+    from aot.pipeline import compile_program
+
+    def loss(m, c):
+        return ops.sum(ops.reshape(m.x * 3.5, (B, I, 1)) * c)
+
+    program = aot.Program(
+        "hazard", model=_param_model((B, I)),
+        train=aot.Train(loss, inputs={"c": aot.f32(B, I, K)}, optimizer=None),
+    )
+    c = compile_program(program)
+    s, p = c.schedules["train"], c.plans["train"]
+    names = tensor_names(s.graph)
+    k = next(k for k in s.kernels if k.kind == "reduce")
+    codegen.check_hazards("k_test", k, p, list(k.reads), names)  # what codegen itself checked: fine
+    with pytest.raises(CodegenError, match="kernel k_test reads .* before it stores it"):
+        codegen.check_hazards("k_test", k, p, list(k.reads) + [k.out], names)
