@@ -136,13 +136,14 @@ def trace_program(program: Program) -> Traced:
             g.outputs["loss"] = loss
             order = sorted(params, key=lambda p: p.offset)
             wrt = [tensors[p.name] for p in order]
-            grads = append_grads(g, loss, wrt)
+            reached: list[bool] = []
+            grads = append_grads(g, loss, wrt, reached)
             g.grads = {p.name: gt for p, gt in zip(order, grads)}
             with tracing(g), at_site(None):
                 g.persist["grads"] = _optim.flat(grads)
             if tr.optimizer is not None:
                 n_decay = sum(1 for p in order if p.decay)
-                _optim.append_update(g, tr.optimizer, wrt, g.persist["grads"], n_decay)
+                _optim.append_update(g, tr.optimizer, wrt, g.persist["grads"], n_decay, reached)
             graphs[key] = g
             variants["train"][key] = sizes
     for entry, inf in program.infer.items():

@@ -15,8 +15,10 @@ from .ops.registry import lookup
 from .trace import at_site, emit, tracing
 
 
-def append_grads(g: Graph, loss: Tensor, wrt: list[Tensor]) -> list[Tensor]:
-    """Append d(loss)/d(w) for each w in `wrt` to `g`; returns the gradient tensors in order."""
+def append_grads(g: Graph, loss: Tensor, wrt: list[Tensor], reached: list[bool] | None = None) -> list[Tensor]:
+    """Append d(loss)/d(w) for each w in `wrt` to `g`; returns the gradient tensors in order.
+    `reached`, if given, is filled with whether the loss depends on each w (torch's grad is None
+    where it does not)."""
     custom = g.meta.get("custom_vjp", {})
     needs: set[int] = {id(t) for t in wrt}
     for n in g.nodes:
@@ -47,6 +49,8 @@ def append_grads(g: Graph, loss: Tensor, wrt: list[Tensor]) -> list[Tensor]:
                     ct[id(t)] = add(ct[id(t)], c_in) if id(t) in ct else c_in
         out = []
         for w in wrt:
+            if reached is not None:
+                reached.append(id(w) in ct)
             if id(w) in ct:
                 out.append(ct[id(w)])
             else:

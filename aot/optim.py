@@ -80,14 +80,42 @@ def flat(ts: list[Tensor]) -> Tensor:
     return ops.concat([ops.reshape(t, (-1,)) for t in ts], 0)
 
 
-def append_update(g: Graph, opt, params: list[Tensor], flat_grads: Tensor, n_decay: int) -> None:
+def frozen_ranges(params: list[Tensor], reached: list[bool]) -> list[tuple[int, int]]:
+    """[start, end) ranges of the flat vector held by params the loss does not reach, merged."""
+    out: list[tuple[int, int]] = []
+    o = 0
+    for t, r in zip(params, reached):
+        if not r:
+            if out and out[-1][1] == o:
+                out[-1] = (out[-1][0], o + t.size)
+            else:
+                out.append((o, o + t.size))
+        o += t.size
+    return out
+
+
+def append_update(g: Graph, opt, params: list[Tensor], flat_grads: Tensor, n_decay: int, reached: list[bool] | None = None) -> None:
     """Append the update; `params` are in layout order with the first `n_decay` decayed, and
-    `flat_grads` is their gradients concatenated in the same order."""
+    `flat_grads` is their gradients concatenated in the same order. Params the loss does not
+    reach (`reached[i]` False) keep their values and optimizer state: torch.optim skips a
+    parameter whose grad is None (no weight decay, no momentum)."""
     with tracing(g), at_site(None):
-        p = flat(params)
+        p = p0 = flat(params)
         gr = flat_grads
         total = p.shape[0]
         n_dec = sum(t.size for t in params[:n_decay])
+        frozen = frozen_ranges(params, reached if reached is not None else [True] * len(params))
+
+        def keep_frozen(new, old):
+            """`new` where the param is trained, `old` on the frozen ranges."""
+            if not frozen:
+                return new
+            idx = ops.arange(total)
+            inside = None
+            for a, b in frozen:
+                r = ops.less(idx, b) - ops.less(idx, a)  # 1 on [a, b)
+                inside = r if inside is None else inside + r
+            return ops.where(inside, old, new)
         if opt.clip_grad_norm is not None:
             # torch.nn.utils.clip_grad_norm_: scale = min(1, max_norm / (||g|| + 1e-6))
             norm = ops.sqrt(ops.sum(ops.square(gr)))
@@ -111,14 +139,14 @@ def append_update(g: Graph, opt, params: list[Tensor], flat_grads: Tensor, n_dec
                     p = on_decayed(p * _scalar("_decay"), p)
             denom = ops.sqrt(v2) / bc2_sqrt + opt.eps
             p2 = p - step_size * (m2 / denom)
-            g.updates.update({"adam.m": m2, "adam.v": v2})
+            g.updates.update({"adam.m": keep_frozen(m2, m), "adam.v": keep_frozen(v2, v)})
         else:
             if opt.weight_decay and n_dec:  # L2 term added to the gradient
                 gr = gr + on_decayed(p * float(opt.weight_decay), 0.0)
             if opt.momentum:
                 buf = emit("state", (), name="sgd.momentum", shape=(total,), dtype="f32")
                 buf2 = buf * float(opt.momentum) + gr
-                g.updates["sgd.momentum"] = buf2
+                g.updates["sgd.momentum"] = keep_frozen(buf2, buf)
                 gr = gr + buf2 * float(opt.momentum) if opt.nesterov else buf2
             p2 = p - _scalar("_lr") * gr
-        g.updates["params"] = p2
+        g.updates["params"] = keep_frozen(p2, p0)

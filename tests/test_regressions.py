@@ -112,3 +112,68 @@ def test_hazard_check_names_the_kernel():
     codegen.check_hazards("k_test", k, p, list(k.reads), names)  # what codegen itself checked: fine
     with pytest.raises(CodegenError, match="kernel k_test reads .* before it stores it"):
         codegen.check_hazards("k_test", k, p, list(k.reads) + [k.out], names)
+
+
+class WithHead(aot.Module):
+    """`head` is used only by the infer entry: the loss never reaches it (torch: grad is None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = self.param((8,), init=aot.init.randn(0.5))
+        self.head = self.param((8,), init=aot.init.randn(0.5))  # decayed by default
+        self.bias = self.param((1,), init=aot.init.zeros())
+
+
+def _head_loss(m, x):
+    return ops.mean(ops.square(x * m.w + m.bias - 1.0))
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [
+        aot.optim.AdamW(lr=0.05, weight_decay=0.1),
+        aot.optim.Adam(lr=0.05),
+        aot.optim.SGD(lr=0.05, momentum=0.9, weight_decay=0.1),
+        aot.optim.SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, clip_grad_norm=0.5),
+    ],
+    ids=["adamw", "adam", "sgd_momentum", "sgd_nesterov_clip"],
+)
+def test_unreached_param_is_not_moved(opt):
+    """torch.optim skips a param whose grad is None: no weight decay, no momentum. grads() reports zeros."""
+    torch = pytest.importorskip("torch")
+    program = aot.Program(
+        "frozen_head", model=WithHead,
+        train=aot.Train(_head_loss, inputs={"x": aot.f32(4, 8)}, optimizer=opt),
+        infer={"predict": aot.Infer(lambda m, x: x * m.head, inputs={"x": aot.f32(4, 8)})},
+        seed=5,
+    )
+    model = aot.compile(program)
+    try:
+        init = model.params()
+        tp = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in init.items()}
+        kw = dict(lr=0.05)
+        if opt.kind == "sgd":
+            groups = [{"params": [tp["w"], tp["head"]], "weight_decay": 0.1}, {"params": [tp["bias"]], "weight_decay": 0.0}]
+            topt = torch.optim.SGD(groups, momentum=0.9, nesterov=opt.nesterov, **kw)
+        else:
+            wd = 0.1 if opt.kind == "adamw" else 0.0
+            groups = [{"params": [tp["w"], tp["head"]], "weight_decay": wd}, {"params": [tp["bias"]], "weight_decay": 0.0}]
+            topt = (torch.optim.AdamW if opt.kind == "adamw" else torch.optim.Adam)(groups, **kw)
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            x = rng.normal(size=(4, 8)).astype(np.float32)
+            model.step(x=x)
+            topt.zero_grad()
+            tl = ((torch.from_numpy(x) * tp["w"] + tp["bias"] - 1.0) ** 2).mean()
+            tl.backward()
+            assert tp["head"].grad is None
+            if opt.clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_([tp["w"], tp["bias"]], opt.clip_grad_norm)
+            topt.step()
+        got = model.params()
+        np.testing.assert_array_equal(got["head"], init["head"])  # bit for bit: never touched
+        np.testing.assert_array_equal(model.grads()["head"], np.zeros(8, np.float32))
+        for k in ("w", "bias"):
+            np.testing.assert_allclose(got[k], tp[k].detach().numpy(), rtol=2e-4, atol=2e-6, err_msg=k)
+    finally:
+        model.close()
