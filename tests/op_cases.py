@@ -547,3 +547,35 @@ def call_ref(fn: Callable, case: OpCase, values: list[np.ndarray]):
     """Run a reference formula; always returns a list of outputs."""
     out = fn(*values, **case.kwargs)
     return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+# ---- API.md §6 ops (rope; the random ops need a step seed and are checked in test_new_ops.py) ----
+
+
+def np_rope(x, base=10000.0):
+    """Rotate-half RoPE over the last two axes [..., T, D] (Llama): angle t * base**(-2i/D)."""
+    t, d = x.shape[-2:]
+    inv_freq = base ** (-2.0 * np.arange(d // 2) / d)
+    ang = np.arange(t)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + np.concatenate([-x2, x1], -1) * sin
+
+
+def t_rope(t, x, base=10000.0):
+    """The same as Hugging Face's Llama computes it: inv_freq = 1 / base**(arange(0, D, 2) / D)."""
+    n, d = x.shape[-2:]
+    inv_freq = 1.0 / (base ** (t.arange(0, d, 2, dtype=x.dtype) / d))
+    freqs = t.outer(t.arange(n, dtype=x.dtype), inv_freq)
+    emb = t.cat([freqs, freqs], -1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * emb.cos() + t.cat([-x2, x1], -1) * emb.sin()
+
+
+# short sequences: the in-graph frequency table is exp(i * c) with c an f32 constant, so its
+# angles differ from the float64 formula by ~1e-7 relative, which grows with the position
+CASES += [
+    C("rope.heads", ops.rope, (f32(2, 2, 3, 4),), ref=np_rope, torch=t_rope),
+    C("rope.2d_base", ops.rope, (f32(5, 6),), {"base": 100.0}, ref=np_rope, torch=t_rope),
+    C("rope.times_weight", lambda x, w: ops.rope(x * w), (f32(1, 4, 8), f32(8)), ref=lambda x, w: np_rope(x * w)),
+]

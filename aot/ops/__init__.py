@@ -421,14 +421,84 @@ def cross_entropy(logits, targets, reduction: str = "mean"):
     return mean(nll) if reduction == "mean" else sum(nll)
 
 
-def rand(shape, salt: int):
-    """U[0, 1) noise, new every step: hashed from the step's seed input, the salt and the index."""
+def _uniform(shape, salt: int):
+    """U[0, 1) noise (24-bit steps), new every step: hashed from the step's seed input, the salt and the index."""
     g = current()
     seed = g.meta.get("rng_input")
     if seed is None:
         seed = emit("input", (), name="_rng", shape=(), dtype="i32")
         g.meta["rng_input"] = seed
     return emit("rand", (seed,), shape=tuple(shape), salt=int(salt))
+
+
+def _next_salt() -> int:
+    # one salt per random op in graph order, so two calls in one graph draw independent streams
+    g = current()
+    salt = g.meta["rand_count"] = g.meta.get("rand_count", 0) + 1
+    return salt
+
+
+def _shape_arg(op: str, shape) -> tuple[int, ...]:
+    shape = (shape,) if isinstance(shape, int) else shape
+    try:
+        out = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        fail(op, f"shape must be an int or a sequence of ints, got {shape!r}")
+    if any(d < 0 for d in out):
+        fail(op, f"shape {list(out)} has a negative dim")
+    return out
+
+
+def rand(shape):
+    """f32[shape] uniform in [0, 1), new values at every call of the entry point (a training step,
+    an infer call), reproducible from the model's seed; a leaf (no gradient)."""
+    return _uniform(_shape_arg("rand", shape), _next_salt())
+
+
+def randn(shape):
+    """f32[shape] standard normal noise (Box-Muller over two uniform draws), new at every call,
+    reproducible from the model's seed; a leaf (no gradient)."""
+    shape = _shape_arg("randn", shape)
+    u1, u2 = _uniform(shape, _next_salt()), _uniform(shape, _next_salt())
+    # 1 - u1 is in (0, 1], so the log is finite; the clamp keeps an inexact GPU log(~1) from
+    # going positive and turning sqrt into NaN
+    r = sqrt(maximum(log(1.0 - u1) * -2.0, 0.0))
+    return r * cos(u2 * (2.0 * math.pi))
+
+
+def categorical(logits, axis: int = -1):
+    """i32 samples with probabilities softmax(logits) along `axis` (removed from the shape), by the
+    Gumbel-max trick: argmax(logits + g), g = -log(-log(u)). New draws at every call; no gradient."""
+    _check_f32("categorical", logits)
+    if not isinstance(axis, int):
+        fail("categorical", f"axis must be an int, got {axis!r}")
+    if logits.ndim == 0:
+        fail("categorical", f"expects logits with a class axis, got {logits.type_str()}")
+    (a,) = normalize_axes("categorical", logits, axis)
+    u = _uniform(logits.shape, _next_salt())
+    # u = 0 is clamped (log(0)); -log(u) is clamped above 0 for u next to 1
+    e = maximum(neg(log(maximum(u, 1e-10))), 1e-20)
+    return argmax(logits - log(e), a)
+
+
+def rope(x, base: float = 10000.0):
+    """Rotary position embedding of x [..., T, D] (D even), rotate-half convention (Llama):
+    out = x * cos + concat(-x2, x1) * sin with x1, x2 the halves of the last axis and angle
+    t * base**(-2i/D) at position t = 0..T-1, frequency i = 0..D/2-1 (cos, sin repeated over both halves)."""
+    _check_f32("rope", x)
+    if x.ndim < 2 or x.shape[-1] % 2:
+        fail("rope", f"expects x [..., T, D] with an even D, got {x.type_str()}")
+    if not isinstance(base, Scalar) or isinstance(base, bool) or not base > 0:
+        fail("rope", f"base must be a positive number, got {base!r}")
+    t, d = x.shape[-2], x.shape[-1]
+    half = d // 2
+    # the tables are built in-graph: base**(-2i/D) = exp(i * (-2 ln(base) / D))
+    inv_freq = exp(arange(half, "f32") * (-2.0 * math.log(float(base)) / d))
+    angle = reshape(arange(t, "f32"), (t, 1)) * reshape(inv_freq, (1, half))  # [T, D/2]
+    c, s = cos(angle), sin(angle)
+    c, s = concat([c, c], -1), concat([s, s], -1)  # [T, D]
+    x1, x2 = narrow(x, -1, 0, half), narrow(x, -1, half, half)
+    return x * c + concat([neg(x2), x1], -1) * s
 
 
 def dropout(x, p: float):
@@ -439,8 +509,7 @@ def dropout(x, p: float):
     g = current()
     if g.meta.get("kind") != "train" or p == 0.0:
         return x
-    salt = g.meta["rand_count"] = g.meta.get("rand_count", 0) + 1
-    keep = greater(rand(x.shape, salt), p)  # P(u > p) = 1 - p
+    keep = greater(_uniform(x.shape, _next_salt()), p)  # P(u > p) = 1 - p
     return x * keep * (1.0 / (1.0 - p))
 
 
