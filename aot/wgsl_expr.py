@@ -27,6 +27,7 @@ ARENA_TYPES = {
     "work_i32": "i32",
 }
 WGSL_TYPE = {"f32": "f32", "i32": "i32"}
+NAN_HELPERS = ("tanh_f32", "max_nan", "min_nan", "gt_nan")  # helpers that call is_nan_f32
 
 
 class Index:
@@ -190,9 +191,11 @@ class Body:
             raise CodegenError(f"no elementwise rendering for op {op!r}")
         args = [self.value(x, idx) for x in n.inputs]
         expr = od.expr(a) if callable(od.expr) else od.expr
-        for h in ("tanh_f32", "sigmoid_f32", "erf_f32"):
+        for h in ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan"):
             if h in expr:
                 kc.helpers.add(h)
+                if h in NAN_HELPERS:
+                    kc.helpers.add("is_nan_f32")
         return self.let(expr.format(*args), ty)
 
     def read(self, t: Tensor, idx: Index) -> str:

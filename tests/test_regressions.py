@@ -177,3 +177,91 @@ def test_unreached_param_is_not_moved(opt):
             np.testing.assert_allclose(got[k], tp[k].detach().numpy(), rtol=2e-4, atol=2e-6, err_msg=k)
     finally:
         model.close()
+
+
+# ---- NaN and inf propagate as in PyTorch (API.md §6) -------------------------------------------
+
+NAN_CASES = {
+    "relu": (lambda x: ops.relu(x), lambda t, x: t.relu(x)),
+    "maximum": (lambda x: ops.maximum(x, x * 0.5), lambda t, x: t.maximum(x, x * 0.5)),
+    "minimum_scalar": (lambda x: ops.minimum(x, 0.25), lambda t, x: t.minimum(x, t.tensor(0.25))),
+    "tanh": (lambda x: ops.tanh(x), lambda t, x: t.tanh(x)),
+    "max_rows": (lambda x: ops.max(x, axis=-1), lambda t, x: t.amax(x, dim=-1)),
+    "max_all": (lambda x: ops.max(x), lambda t, x: t.amax(x)),
+    "softmax": (lambda x: ops.softmax(x, -1), lambda t, x: t.softmax(x, -1)),
+    "gelu_tanh": (lambda x: ops.gelu(x, approximate="tanh"), lambda t, x: t.nn.functional.gelu(x, approximate="tanh")),
+}
+
+
+def _nan_input(shape, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[1], flat[7 % flat.size], flat[-2] = np.nan, np.inf, -np.inf
+    return x
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 300)], ids=["short_rows", "long_rows"])
+def test_nan_and_inf_propagate_like_torch(shape):
+    """Forward values with NaN/inf inputs on the GPU equal torch's (NaN where torch has NaN)."""
+    torch = pytest.importorskip("torch")
+    x = _nan_input(shape, 0)
+
+    def body(m, feeds):
+        return {k: f(feeds["x"]) for k, (f, _) in NAN_CASES.items()}
+
+    program, inputs, _ = make_program("nan_fwd", {}, {"x": x}, body)
+    model = aot.compile(program)
+    try:
+        got = model.step(**inputs, captures=True).captures
+    finally:
+        model.close()
+    tx = torch.from_numpy(x.astype(np.float64))
+    for k, (_, tf) in NAN_CASES.items():
+        want = tf(torch, tx).numpy()
+        np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=k)
+        assert np.array_equal(np.isnan(got[k]), np.isnan(want)), k
+
+
+@pytest.mark.parametrize("n", [5, 300], ids=["sequential", "per_workgroup"])
+def test_argmax_picks_the_first_nan_like_torch(n):
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(1).normal(size=(4, n)).astype(np.float32)
+    x[0, n // 2] = np.nan
+    x[0, n - 1] = np.nan
+    x[1, n - 1] = np.inf
+    x[2, :] = np.nan
+    prog = aot.Program(
+        "nan_argmax", model=_param_model((1,)),
+        infer={"predict": aot.Infer(lambda m, x: ops.argmax(x, axis=-1), inputs={"x": aot.f32(4, n)})},
+    )
+    model = aot.compile(prog)
+    try:
+        got = model.predict(x=x)
+    finally:
+        model.close()
+    np.testing.assert_array_equal(got, torch.argmax(torch.from_numpy(x), dim=-1).numpy().astype(np.int32))
+
+
+def test_nan_input_gives_nan_loss_not_a_silently_dead_model():
+    """One NaN in an input: the loss is NaN (relu no longer maps it to 0), as in torch."""
+    from aot import nn
+
+    class M(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = nn.Linear(3, 8)
+            self.l2 = nn.Linear(8, 1)
+
+    def loss(m, x):
+        return ops.mean(m.l2(ops.relu(m.l1(x))))
+
+    prog = aot.Program("nan_loss", model=M, train=aot.Train(loss, inputs={"x": aot.f32(4, 3)}, optimizer=None))
+    model = aot.compile(prog)
+    try:
+        x = np.ones((4, 3), np.float32)
+        assert np.isfinite(model.step(x=x))
+        x[2, 1] = np.nan
+        assert np.isnan(model.step(x=x))
+    finally:
+        model.close()

@@ -66,9 +66,15 @@ _unary(
     lambda ct, n: (ct * n.out * (1.0 - n.out),),
     "sigmoid_f32({0})",
 )
-# relu'(0) = 0, as in PyTorch. Written with the output (y > 0 iff x > 0), so backward keeps y,
-# which the next layer needs anyway, and the pre-activation can die in the matmul epilogue.
-_unary("relu", lambda x: np.maximum(x, 0).astype(x.dtype), lambda ct, n: (ct * F.greater(n.out, 0.0),), "max({0}, 0.0)")
+# relu'(0) = 0, as in PyTorch. Written with the output (y != 0 iff x > 0, or x is NaN, whose
+# gradient torch passes through), so backward keeps y, which the next layer needs anyway, and
+# the pre-activation can die in the matmul epilogue. WGSL's max may drop a NaN: max_nan keeps it.
+_unary(
+    "relu",
+    lambda x: np.maximum(x, 0).astype(x.dtype),
+    lambda ct, n: (ct * (1.0 - F.equal(n.out, 0.0)),),
+    "max_nan({0}, 0.0)",
+)
 _unary(
     "erf",
     lambda x: _erf(x).astype(x.dtype),
@@ -139,8 +145,9 @@ def _minmax_vjp(pick_first):
     return vjp
 
 
-_binary("maximum", np.maximum, _minmax_vjp(lambda a, b: F.greater(a, b)), "max({0}, {1})")
-_binary("minimum", np.minimum, _minmax_vjp(lambda a, b: F.less(a, b)), "min({0}, {1})")
+# NaN in either operand gives NaN (torch.maximum / np.maximum); WGSL's max/min need not
+_binary("maximum", np.maximum, _minmax_vjp(lambda a, b: F.greater(a, b)), "max_nan({0}, {1})")
+_binary("minimum", np.minimum, _minmax_vjp(lambda a, b: F.less(a, b)), "min_nan({0}, {1})")
 
 
 def _cmp(name, ref, op):
