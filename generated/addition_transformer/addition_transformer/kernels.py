@@ -1010,6 +1010,14 @@ K008_FUSED_MUL_GREATER_MAX = """\
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -1029,7 +1037,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v7: f32 = work[v6];
         let v8: f32 = v7 * 0.25;
         let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max(acc0, v9);
+        acc0 = max_nan(acc0, v9);
     }
     let res0 = acc0;
     work[65536u + o] = res0;
@@ -1615,6 +1623,14 @@ K017_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -1623,7 +1639,7 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[149056u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[149056u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -3267,6 +3283,14 @@ K027_FUSED_MUL_GREATER_MAX = """\
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -3286,7 +3310,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v7: f32 = work[327680u + v6];
         let v8: f32 = v7 * 0.25;
         let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max(acc0, v9);
+        acc0 = max_nan(acc0, v9);
     }
     let res0 = acc0;
     work[393216u + o] = res0;
@@ -3872,6 +3896,14 @@ K036_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -3880,7 +3912,7 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[149632u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[149632u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -5524,6 +5556,14 @@ K046_FUSED_MUL_GREATER_MAX = """\
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -5543,7 +5583,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v7: f32 = work[589824u + v6];
         let v8: f32 = v7 * 0.25;
         let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max(acc0, v9);
+        acc0 = max_nan(acc0, v9);
     }
     let res0 = acc0;
     work[655360u + o] = res0;
@@ -6129,6 +6169,14 @@ K055_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -6137,7 +6185,7 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[150208u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[150208u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -7174,6 +7222,14 @@ K062_MAX = """\
 // writes t263: f32[128,8,1]   reads: t262
 // from addition_transformer.py:64
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -7187,7 +7243,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
         let v3: f32 = work[917504u + v2];
-        acc0 = max(acc0, v3);
+        acc0 = max_nan(acc0, v3);
     }
     let res0 = acc0;
     work[942080u + o] = res0;
@@ -8229,12 +8285,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K078_MATMUL_GREATER_MUL = """\
-// k078_matmul_greater_mul: matmul -> greater -> mul
-// writes t337: f32[128,8,256]   reads: params, t238, t326
+K078_MATMUL_EQUAL_SUB_MUL = """\
+// k078_matmul_equal_sub_mul: matmul -> equal -> sub -> mul
+// writes t339: f32[128,8,256]   reads: params, t238, t326
 // from addition_transformer.py:39
 //
-// k078_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+// k078_matmul_equal_sub_mul: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[2621440 + m * 64 + k]
 //   B[bi, k, n] = params[132416 + k + n * 64]
 //   work[786432 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -8252,7 +8308,7 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[524288u + (row * 256u + col)]) > 0.0)));
+    return (acc * (1.0 - (select(0.0, 1.0, (work[524288u + (row * 256u + col)]) == 0.0))));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -8636,7 +8692,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K079_MATMUL = """\
 // k079_matmul: matmul
-// writes t340: f32[128,8,64]   reads: params, t337
+// writes t342: f32[128,8,64]   reads: params, t339
 // from addition_transformer.py:39
 //
 // k079_matmul: batched matmul, 1 x [1024x256] @ [256x64]
@@ -8897,7 +8953,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K080_MATMUL = """\
 // k080_matmul: matmul
-// writes t344: f32[64,256]   reads: t234, t337
+// writes t346: f32[64,256]   reads: t234, t339
 // from addition_transformer.py:39
 //
 // k080_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
@@ -9152,7 +9208,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K081_SUM = """\
 // k081_sum: sum -> sum
-// writes t327, t345: f32[64]   reads: t326, t340
+// writes t327, t347: f32[64]   reads: t326, t342
 // from addition_transformer.py:39
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -9198,7 +9254,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K082_FUSED_MUL_SUB_SUM = """\
 // k082_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t351: f32[128,8]   reads: params, t216, t217, t340
+// writes t353: f32[128,8]   reads: params, t216, t217, t342
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -9244,7 +9300,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K083_FUSED_MUL_SUB_ADD = """\
 // k083_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t363: f32[128,8,64]   reads: params, t216, t217, t228, t340, t351
+// writes t365: f32[128,8,64]   reads: params, t216, t217, t228, t342, t353
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -9285,7 +9341,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K084_FUSED_NEG_SUM = """\
 // k084_fused_neg_sum: neg -> sum
-// writes t366: f32[128,8]   reads: t363
+// writes t368: f32[128,8]   reads: t365
 // from addition_transformer.py:39
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -9323,7 +9379,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K085_FUSED_MUL_ADD = """\
 // k085_fused_mul_add: add -> mul -> add
-// writes t370: f32[128,8,64]   reads: t326, t363, t366
+// writes t372: f32[128,8,64]   reads: t326, t365, t368
 // from addition_transformer.py:39
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -9350,7 +9406,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K086_MATMUL = """\
 // k086_matmul: matmul
-// writes t372: f32[128,8,64]   reads: params, t370
+// writes t374: f32[128,8,64]   reads: params, t372
 // from addition_transformer.py:38
 //
 // k086_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -9599,7 +9655,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K087_MATMUL = """\
 // k087_matmul: matmul
-// writes t376: f32[64,64]   reads: t212, t370
+// writes t378: f32[64,64]   reads: t212, t372
 // from addition_transformer.py:38
 //
 // k087_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -9854,7 +9910,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K088_MATMUL = """\
 // k088_matmul: matmul
-// writes t380: f32[128,4,8,8]   reads: t189, t372
+// writes t382: f32[128,4,8,8]   reads: t189, t374
 // from addition_transformer.py:37
 //
 // k088_matmul: batched matmul, 512 x [8x16] @ [16x8]
@@ -9974,7 +10030,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K089_MATMUL = """\
 // k089_matmul: matmul
-// writes t382: f32[128,4,8,16]   reads: t211, t372
+// writes t384: f32[128,4,8,16]   reads: t211, t374
 // from addition_transformer.py:37
 //
 // k089_matmul: batched matmul, 512 x [8x8] @ [8x16]
@@ -10094,7 +10150,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K090_FUSED_MUL_SUM = """\
 // k090_fused_mul_sum: mul -> sum
-// writes t384: f32[128,4,8,1]   reads: t211, t380
+// writes t386: f32[128,4,8,1]   reads: t211, t382
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -10122,7 +10178,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K091_FUSED_GREATER_SUB_MUL = """\
 // k091_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
-// writes t390: f32[128,4,8,8]   reads: t211, t380, t384
+// writes t392: f32[128,4,8,8]   reads: t211, t382, t386
 // from addition_transformer.py:36
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -10153,7 +10209,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K092_MATMUL = """\
 // k092_matmul: matmul
-// writes t392: f32[128,4,8,16]   reads: t186, t390
+// writes t394: f32[128,4,8,16]   reads: t186, t392
 // from addition_transformer.py:36
 //
 // k092_matmul: batched matmul, 512 x [8x8] @ [8x16]
@@ -10273,7 +10329,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K093_MATMUL = """\
 // k093_matmul: matmul
-// writes t394: f32[128,4,16,8]   reads: t183, t390
+// writes t396: f32[128,4,16,8]   reads: t183, t392
 // from addition_transformer.py:36
 //
 // k093_matmul: batched matmul, 512 x [16x8] @ [8x8]
@@ -10393,7 +10449,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K094_MATMUL = """\
 // k094_matmul: matmul
-// writes t399: f32[128,8,64]   reads: params, t382
+// writes t401: f32[128,8,64]   reads: params, t384
 // from addition_transformer.py:35
 //
 // k094_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -10642,7 +10698,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K095_MATMUL = """\
 // k095_matmul: matmul
-// writes t403: f32[64,64]   reads: t182, t382
+// writes t405: f32[64,64]   reads: t182, t384
 // from addition_transformer.py:35
 //
 // k095_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -10897,7 +10953,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K096_MATMUL = """\
 // k096_matmul: matmul
-// writes t407: f32[128,8,64]   reads: params, t394
+// writes t409: f32[128,8,64]   reads: params, t396
 // from addition_transformer.py:35
 //
 // k096_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -11143,7 +11199,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K097_MATMUL = """\
 // k097_matmul: matmul
-// writes t411: f32[64,64]   reads: t182, t394
+// writes t413: f32[64,64]   reads: t182, t396
 // from addition_transformer.py:35
 //
 // k097_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -11401,7 +11457,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K098_MATMUL = """\
 // k098_matmul: matmul
-// writes t420: f32[64,64]   reads: t182, t392
+// writes t422: f32[64,64]   reads: t182, t394
 // from addition_transformer.py:35
 //
 // k098_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -11656,7 +11712,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K099_MATMUL_ADD = """\
 // k099_matmul_add: add -> matmul -> add
-// writes t421: f32[128,8,64]   reads: params, t392, t399, t407
+// writes t423: f32[128,8,64]   reads: params, t394, t401, t409
 // from addition_transformer.py:35
 //
 // k099_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
@@ -11905,7 +11961,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K100_FUSED_MUL_SUB_SUM = """\
 // k100_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum -> sum
-// writes t348, t422: f32[64]   reads: t216, t217, t228, t340, t421
+// writes t350, t424: f32[64]   reads: t216, t217, t228, t342, t423
 // from addition_transformer.py:34
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -11959,7 +12015,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K101_FUSED_MUL_SUM = """\
 // k101_fused_mul_sum: mul -> mul -> sum
-// writes t428: f32[128,8]   reads: params, t169, t421
+// writes t430: f32[128,8]   reads: params, t169, t423
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -12001,7 +12057,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K102_FUSED_MUL_ADD = """\
 // k102_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t440: f32[128,8,64]   reads: params, t169, t176, t421, t428
+// writes t442: f32[128,8,64]   reads: params, t169, t176, t423, t430
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -12039,7 +12095,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K103_FUSED_NEG_SUM = """\
 // k103_fused_neg_sum: neg -> sum
-// writes t443: f32[128,8]   reads: t440
+// writes t445: f32[128,8]   reads: t442
 // from addition_transformer.py:34
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -12077,7 +12133,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K104_FUSED_MUL_ADD = """\
 // k104_fused_mul_add: add -> mul -> add
-// writes t447: f32[128,8,64]   reads: t370, t440, t443
+// writes t449: f32[128,8,64]   reads: t372, t442, t445
 // from addition_transformer.py:34
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -12104,7 +12160,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K105_FUSED_MUL_SUM = """\
 // k105_fused_mul_sum: mul -> mul -> sum -> sum
-// writes t425, t448: f32[64]   reads: t169, t176, t421, t447
+// writes t427, t450: f32[64]   reads: t169, t176, t423, t449
 // from addition_transformer.py:39
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -12154,7 +12210,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K106_MATMUL = """\
 // k106_matmul: matmul
-// writes t454: f32[256,64]   reads: t160, t447
+// writes t456: f32[256,64]   reads: t160, t449
 // from addition_transformer.py:39
 //
 // k106_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
@@ -12407,12 +12463,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K107_MATMUL_GREATER_MUL = """\
-// k107_matmul_greater_mul: matmul -> greater -> mul
-// writes t457: f32[128,8,256]   reads: params, t160, t447
+K107_MATMUL_EQUAL_SUB_MUL = """\
+// k107_matmul_equal_sub_mul: matmul -> equal -> sub -> mul
+// writes t461: f32[128,8,256]   reads: params, t160, t449
 // from addition_transformer.py:39
 //
-// k107_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+// k107_matmul_equal_sub_mul: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[2228224 + m * 64 + k]
 //   B[bi, k, n] = params[83264 + k + n * 64]
 //   work[524288 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -12430,7 +12486,7 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[262144u + (row * 256u + col)]) > 0.0)));
+    return (acc * (1.0 - (select(0.0, 1.0, (work[262144u + (row * 256u + col)]) == 0.0))));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -12814,7 +12870,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K108_SUM = """\
 // k108_sum: sum -> sum
-// writes t338, t458: f32[256]   reads: t337, t457
+// writes t340, t462: f32[256]   reads: t339, t461
 // from addition_transformer.py:39
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -12860,7 +12916,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K109_MATMUL = """\
 // k109_matmul: matmul
-// writes t460: f32[128,8,64]   reads: params, t457
+// writes t464: f32[128,8,64]   reads: params, t461
 // from addition_transformer.py:39
 //
 // k109_matmul: batched matmul, 1 x [1024x256] @ [256x64]
@@ -13121,7 +13177,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K110_MATMUL = """\
 // k110_matmul: matmul
-// writes t464: f32[64,256]   reads: t156, t457
+// writes t468: f32[64,256]   reads: t156, t461
 // from addition_transformer.py:39
 //
 // k110_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
@@ -13376,7 +13432,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K111_FUSED_MUL_SUB_SUM = """\
 // k111_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> sum
-// writes t465, t468: f32[64]   reads: t138, t139, t150, t460
+// writes t469, t472: f32[64]   reads: t138, t139, t150, t464
 // from addition_transformer.py:39
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -13429,7 +13485,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K112_FUSED_MUL_SUB_SUM = """\
 // k112_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t471: f32[128,8]   reads: params, t138, t139, t460
+// writes t475: f32[128,8]   reads: params, t138, t139, t464
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -13475,7 +13531,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K113_FUSED_MUL_SUB_ADD = """\
 // k113_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t483: f32[128,8,64]   reads: params, t138, t139, t150, t460, t471
+// writes t487: f32[128,8,64]   reads: params, t138, t139, t150, t464, t475
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -13516,7 +13572,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K114_FUSED_NEG_SUM = """\
 // k114_fused_neg_sum: neg -> sum
-// writes t486: f32[128,8]   reads: t483
+// writes t490: f32[128,8]   reads: t487
 // from addition_transformer.py:39
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -13554,7 +13610,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K115_FUSED_MUL_ADD = """\
 // k115_fused_mul_add: add -> mul -> add
-// writes t490: f32[128,8,64]   reads: t447, t483, t486
+// writes t494: f32[128,8,64]   reads: t449, t487, t490
 // from addition_transformer.py:39
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -13581,7 +13637,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K116_MATMUL = """\
 // k116_matmul: matmul
-// writes t492: f32[128,8,64]   reads: params, t490
+// writes t496: f32[128,8,64]   reads: params, t494
 // from addition_transformer.py:38
 //
 // k116_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -13830,7 +13886,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K117_MATMUL = """\
 // k117_matmul: matmul
-// writes t496: f32[64,64]   reads: t134, t490
+// writes t500: f32[64,64]   reads: t134, t494
 // from addition_transformer.py:38
 //
 // k117_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -14085,7 +14141,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K118_MATMUL = """\
 // k118_matmul: matmul
-// writes t500: f32[128,4,8,8]   reads: t111, t492
+// writes t504: f32[128,4,8,8]   reads: t111, t496
 // from addition_transformer.py:37
 //
 // k118_matmul: batched matmul, 512 x [8x16] @ [16x8]
@@ -14205,7 +14261,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K119_MATMUL = """\
 // k119_matmul: matmul
-// writes t502: f32[128,4,8,16]   reads: t133, t492
+// writes t506: f32[128,4,8,16]   reads: t133, t496
 // from addition_transformer.py:37
 //
 // k119_matmul: batched matmul, 512 x [8x8] @ [8x16]
@@ -14325,7 +14381,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K120_FUSED_MUL_SUM = """\
 // k120_fused_mul_sum: mul -> sum
-// writes t504: f32[128,4,8,1]   reads: t133, t500
+// writes t508: f32[128,4,8,1]   reads: t133, t504
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -14353,7 +14409,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K121_FUSED_GREATER_SUB_MUL = """\
 // k121_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
-// writes t510: f32[128,4,8,8]   reads: t133, t500, t504
+// writes t514: f32[128,4,8,8]   reads: t133, t504, t508
 // from addition_transformer.py:36
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -14384,7 +14440,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K122_MATMUL = """\
 // k122_matmul: matmul
-// writes t512: f32[128,4,8,16]   reads: t108, t510
+// writes t516: f32[128,4,8,16]   reads: t108, t514
 // from addition_transformer.py:36
 //
 // k122_matmul: batched matmul, 512 x [8x8] @ [8x16]
@@ -14504,7 +14560,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K123_MATMUL = """\
 // k123_matmul: matmul
-// writes t514: f32[128,4,16,8]   reads: t105, t510
+// writes t518: f32[128,4,16,8]   reads: t105, t514
 // from addition_transformer.py:36
 //
 // k123_matmul: batched matmul, 512 x [16x8] @ [8x8]
@@ -14624,7 +14680,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K124_MATMUL = """\
 // k124_matmul: matmul
-// writes t519: f32[128,8,64]   reads: params, t502
+// writes t523: f32[128,8,64]   reads: params, t506
 // from addition_transformer.py:35
 //
 // k124_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -14873,7 +14929,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K125_MATMUL = """\
 // k125_matmul: matmul
-// writes t523: f32[64,64]   reads: t104, t502
+// writes t527: f32[64,64]   reads: t104, t506
 // from addition_transformer.py:35
 //
 // k125_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -15128,7 +15184,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K126_MATMUL = """\
 // k126_matmul: matmul
-// writes t527: f32[128,8,64]   reads: params, t514
+// writes t531: f32[128,8,64]   reads: params, t518
 // from addition_transformer.py:35
 //
 // k126_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -15374,7 +15430,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K127_MATMUL = """\
 // k127_matmul: matmul
-// writes t531: f32[64,64]   reads: t104, t514
+// writes t535: f32[64,64]   reads: t104, t518
 // from addition_transformer.py:35
 //
 // k127_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -15632,7 +15688,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K128_MATMUL = """\
 // k128_matmul: matmul
-// writes t540: f32[64,64]   reads: t104, t512
+// writes t544: f32[64,64]   reads: t104, t516
 // from addition_transformer.py:35
 //
 // k128_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -15887,7 +15943,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K129_MATMUL_ADD = """\
 // k129_matmul_add: add -> matmul -> add
-// writes t541: f32[128,8,64]   reads: params, t512, t519, t527
+// writes t545: f32[128,8,64]   reads: params, t516, t523, t531
 // from addition_transformer.py:35
 //
 // k129_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
@@ -16136,7 +16192,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K130_FUSED_MUL_SUM = """\
 // k130_fused_mul_sum: mul -> sum -> mul -> sum
-// writes t542, t545: f32[64]   reads: t541, t91, t98
+// writes t546, t549: f32[64]   reads: t545, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -16185,7 +16241,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K131_FUSED_MUL_SUM = """\
 // k131_fused_mul_sum: mul -> mul -> sum
-// writes t548: f32[128,8]   reads: params, t541, t91
+// writes t552: f32[128,8]   reads: params, t545, t91
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -16227,7 +16283,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K132_FUSED_MUL_ADD = """\
 // k132_fused_mul_add: mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t560: f32[128,8,64]   reads: params, t541, t548, t91, t98
+// writes t564: f32[128,8,64]   reads: params, t545, t552, t91, t98
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -16265,7 +16321,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K133_FUSED_NEG_SUM = """\
 // k133_fused_neg_sum: neg -> sum
-// writes t563: f32[128,8]   reads: t560
+// writes t567: f32[128,8]   reads: t564
 // from addition_transformer.py:34
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -16303,7 +16359,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K134_FUSED_MUL_ADD = """\
 // k134_fused_mul_add: add -> mul -> add
-// writes t567: f32[128,8,64]   reads: t490, t560, t563
+// writes t571: f32[128,8,64]   reads: t494, t564, t567
 // from addition_transformer.py:34
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -16330,7 +16386,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K135_MATMUL = """\
 // k135_matmul: matmul
-// writes t574: f32[256,64]   reads: t567, t82
+// writes t578: f32[256,64]   reads: t571, t82
 // from addition_transformer.py:39
 //
 // k135_matmul: batched matmul, 1 x [256x1024] @ [1024x64]
@@ -16583,12 +16639,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K136_MATMUL_GREATER_MUL = """\
-// k136_matmul_greater_mul: matmul -> greater -> mul
-// writes t577: f32[128,8,256]   reads: params, t567, t82
+K136_MATMUL_EQUAL_SUB_MUL = """\
+// k136_matmul_equal_sub_mul: matmul -> equal -> sub -> mul
+// writes t583: f32[128,8,256]   reads: params, t571, t82
 // from addition_transformer.py:39
 //
-// k136_matmul_greater_mul: batched matmul, 1 x [1024x64] @ [64x256]
+// k136_matmul_equal_sub_mul: batched matmul, 1 x [1024x64] @ [64x256]
 //   A[bi, m, k] = work[524288 + m * 64 + k]
 //   B[bi, k, n] = params[34112 + k + n * 64]
 //   work[262144 + (bi * 1024 + row) * 256 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -16606,7 +16662,7 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[(row * 256u + col)]) > 0.0)));
+    return (acc * (1.0 - (select(0.0, 1.0, (work[(row * 256u + col)]) == 0.0))));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -16990,7 +17046,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K137_SUM = """\
 // k137_sum: sum
-// writes t578: f32[256]   reads: t577
+// writes t584: f32[256]   reads: t583
 // from addition_transformer.py:39
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -17028,7 +17084,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K138_MATMUL = """\
 // k138_matmul: matmul
-// writes t580: f32[128,8,64]   reads: params, t577
+// writes t586: f32[128,8,64]   reads: params, t583
 // from addition_transformer.py:39
 //
 // k138_matmul: batched matmul, 1 x [1024x256] @ [256x64]
@@ -17289,7 +17345,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K139_MATMUL = """\
 // k139_matmul: matmul
-// writes t584: f32[64,256]   reads: t577, t78
+// writes t590: f32[64,256]   reads: t583, t78
 // from addition_transformer.py:39
 //
 // k139_matmul: batched matmul, 1 x [64x1024] @ [1024x256]
@@ -17544,7 +17600,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K140_SUM = """\
 // k140_sum: sum -> sum
-// writes t568, t585: f32[64]   reads: t567, t580
+// writes t572, t591: f32[64]   reads: t571, t586
 // from addition_transformer.py:39
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -17590,7 +17646,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K141_FUSED_MUL_SUB_SUM = """\
 // k141_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t591: f32[128,8]   reads: params, t580, t60, t61
+// writes t597: f32[128,8]   reads: params, t586, t60, t61
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -17636,7 +17692,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K142_FUSED_MUL_SUB_ADD = """\
 // k142_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t603: f32[128,8,64]   reads: params, t580, t591, t60, t61, t72
+// writes t609: f32[128,8,64]   reads: params, t586, t597, t60, t61, t72
 // from addition_transformer.py:39
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -17677,7 +17733,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K143_FUSED_NEG_SUM = """\
 // k143_fused_neg_sum: neg -> sum
-// writes t606: f32[128,8]   reads: t603
+// writes t612: f32[128,8]   reads: t609
 // from addition_transformer.py:39
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -17715,7 +17771,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K144_FUSED_MUL_ADD = """\
 // k144_fused_mul_add: add -> mul -> add
-// writes t610: f32[128,8,64]   reads: t567, t603, t606
+// writes t616: f32[128,8,64]   reads: t571, t609, t612
 // from addition_transformer.py:39
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -17742,7 +17798,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K145_MATMUL = """\
 // k145_matmul: matmul
-// writes t612: f32[128,8,64]   reads: params, t610
+// writes t618: f32[128,8,64]   reads: params, t616
 // from addition_transformer.py:38
 //
 // k145_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -17991,7 +18047,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K146_MATMUL = """\
 // k146_matmul: matmul
-// writes t616: f32[64,64]   reads: t56, t610
+// writes t622: f32[64,64]   reads: t56, t616
 // from addition_transformer.py:38
 //
 // k146_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -18246,7 +18302,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K147_MATMUL = """\
 // k147_matmul: matmul
-// writes t620: f32[128,4,8,8]   reads: t30, t612
+// writes t626: f32[128,4,8,8]   reads: t30, t618
 // from addition_transformer.py:37
 //
 // k147_matmul: batched matmul, 512 x [8x16] @ [16x8]
@@ -18366,7 +18422,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K148_MATMUL = """\
 // k148_matmul: matmul
-// writes t622: f32[128,4,8,16]   reads: t55, t612
+// writes t628: f32[128,4,8,16]   reads: t55, t618
 // from addition_transformer.py:37
 //
 // k148_matmul: batched matmul, 512 x [8x8] @ [8x16]
@@ -18486,7 +18542,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K149_FUSED_MUL_SUM = """\
 // k149_fused_mul_sum: mul -> sum
-// writes t624: f32[128,4,8,1]   reads: t55, t620
+// writes t630: f32[128,4,8,1]   reads: t55, t626
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -18514,7 +18570,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K150_FUSED_GREATER_SUB_MUL = """\
 // k150_fused_greater_sub_mul: greater -> sub -> mul -> where -> mul
-// writes t630: f32[128,4,8,8]   reads: t55, t620, t624
+// writes t636: f32[128,4,8,8]   reads: t55, t626, t630
 // from addition_transformer.py:36
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -18545,7 +18601,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K151_MATMUL = """\
 // k151_matmul: matmul
-// writes t632: f32[128,4,8,16]   reads: t27, t630
+// writes t638: f32[128,4,8,16]   reads: t27, t636
 // from addition_transformer.py:36
 //
 // k151_matmul: batched matmul, 512 x [8x8] @ [8x16]
@@ -18665,7 +18721,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K152_MATMUL = """\
 // k152_matmul: matmul
-// writes t634: f32[128,4,16,8]   reads: t24, t630
+// writes t640: f32[128,4,16,8]   reads: t24, t636
 // from addition_transformer.py:36
 //
 // k152_matmul: batched matmul, 512 x [16x8] @ [8x8]
@@ -18785,7 +18841,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K153_MATMUL = """\
 // k153_matmul: matmul
-// writes t639: f32[128,8,64]   reads: params, t622
+// writes t645: f32[128,8,64]   reads: params, t628
 // from addition_transformer.py:35
 //
 // k153_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -19034,7 +19090,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K154_MATMUL = """\
 // k154_matmul: matmul
-// writes t643: f32[64,64]   reads: t23, t622
+// writes t649: f32[64,64]   reads: t23, t628
 // from addition_transformer.py:35
 //
 // k154_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -19289,7 +19345,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K155_MATMUL = """\
 // k155_matmul: matmul
-// writes t647: f32[128,8,64]   reads: params, t634
+// writes t653: f32[128,8,64]   reads: params, t640
 // from addition_transformer.py:35
 //
 // k155_matmul: batched matmul, 1 x [1024x64] @ [64x64]
@@ -19535,7 +19591,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K156_MATMUL = """\
 // k156_matmul: matmul
-// writes t651: f32[64,64]   reads: t23, t634
+// writes t657: f32[64,64]   reads: t23, t640
 // from addition_transformer.py:35
 //
 // k156_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -19793,7 +19849,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K157_MATMUL = """\
 // k157_matmul: matmul
-// writes t660: f32[64,64]   reads: t23, t632
+// writes t666: f32[64,64]   reads: t23, t638
 // from addition_transformer.py:35
 //
 // k157_matmul: batched matmul, 1 x [64x1024] @ [1024x64]
@@ -20048,7 +20104,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K158_MATMUL_ADD = """\
 // k158_matmul_add: add -> matmul -> add
-// writes t661: f32[128,8,64]   reads: params, t632, t639, t647
+// writes t667: f32[128,8,64]   reads: params, t638, t645, t653
 // from addition_transformer.py:35
 //
 // k158_matmul_add: batched matmul, 1 x [1024x64] @ [64x64]
@@ -20297,7 +20353,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K159_FUSED_MUL_SUB_SUM = """\
 // k159_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum -> sum
-// writes t588, t662: f32[64]   reads: t580, t60, t61, t661, t72
+// writes t594, t668: f32[64]   reads: t586, t60, t61, t667, t72
 // from addition_transformer.py:34
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -20351,7 +20407,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K160_FUSED_MUL_SUB_SUM = """\
 // k160_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t665: f32[64]   reads: t17, t3, t4, t661
+// writes t671: f32[64]   reads: t17, t3, t4, t667
 // from addition_transformer.py:34
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -20397,7 +20453,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K161_FUSED_MUL_SUB_SUM = """\
 // k161_fused_mul_sub_sum: mul -> sub -> mul -> mul -> sum
-// writes t668: f32[128,8]   reads: params, t3, t4, t661
+// writes t674: f32[128,8]   reads: params, t3, t4, t667
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -20443,7 +20499,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K162_FUSED_MUL_SUB_ADD = """\
 // k162_fused_mul_sub_add: mul -> sub -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> mul -> add -> add
-// writes t680: f32[128,8,64]   reads: params, t17, t3, t4, t661, t668
+// writes t686: f32[128,8,64]   reads: params, t17, t3, t4, t667, t674
 // from addition_transformer.py:34
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -20484,7 +20540,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K163_FUSED_NEG_SUM = """\
 // k163_fused_neg_sum: neg -> sum
-// writes t683: f32[128,8]   reads: t680
+// writes t689: f32[128,8]   reads: t686
 // from addition_transformer.py:34
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -20522,7 +20578,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K164_FUSED_MUL_ADD = """\
 // k164_fused_mul_add: add -> mul -> add
-// writes t687: f32[128,8,64]   reads: t610, t680, t683
+// writes t693: f32[128,8,64]   reads: t616, t686, t689
 // from addition_transformer.py:34
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -20549,7 +20605,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K165_SUM = """\
 // k165_sum: sum
-// writes t688: f32[8,64]   reads: t687
+// writes t694: f32[8,64]   reads: t693
 // from addition_transformer.py:52
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -20586,7 +20642,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K166_PAD = """\
 // k166_pad: pad
-// writes t689: f32[9,64]   reads: t688
+// writes t695: f32[9,64]   reads: t694
 // from addition_transformer.py:52
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -20609,7 +20665,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K167_ONE_HOT = """\
 // k167_one_hot: one_hot
-// writes t690: f32[128,8,12]   reads: tokens
+// writes t696: f32[128,8,12]   reads: tokens
 // from addition_transformer.py:52
 @group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -20633,7 +20689,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K168_MATMUL_ADD = """\
 // k168_matmul_add: matmul -> add
-// writes t695: f32[12,64]   reads: t299, t687, t690
+// writes t701: f32[12,64]   reads: t299, t693, t696
 // from addition_transformer.py:52
 //
 // k168_matmul_add: batched matmul, 1 x [12x1024] @ [1024x64]
@@ -20890,7 +20946,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K169_FUSED_SQUARE_PAD_SUM = """\
 // k169_fused_square_pad_sum: square -> pad -> sum
-// writes t741: f32[37]   reads: t716
+// writes t747: f32[37]   reads: t722
 // from optimizer
 @group(0) @binding(1) var<storage, read> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -20929,7 +20985,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K170_SUM = """\
 // k170_sum: sum
-// writes t742: f32[]   reads: t741
+// writes t748: f32[]   reads: t747
 // from optimizer
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
@@ -20952,13 +21008,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 K171_FUSED_SQRT_ADD_SUB = """\
 // k171_fused_sqrt_add_sub: sqrt -> add -> div -> minimum -> mul -> mul -> mul -> add -> mul -> mul -> mul -> add -> mul -> less -> where -> sqrt -> div -> add -> div -> mul -> sub
-// writes t749, t756, t764, t781: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, adam.m, adam.v, params, t716, t742
+// writes t755, t762, t770, t787: f32[150656]   reads: _bc2_sqrt, _decay, _step_size, adam.m, adam.v, params, t722, t748
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
 @group(0) @binding(1) var<storage, read> grads: array<f32>;
 @group(0) @binding(2) var<storage, read_write> state: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+fn min_nan(a: f32, b: f32) -> f32 {
+    return select(min(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -20972,7 +21035,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: f32 = sqrt(v1);
     let v3: f32 = v2 + 0.000001;
     let v4: f32 = 1.0 / v3;
-    let v5: f32 = min(v4, 1.0);
+    let v5: f32 = min_nan(v4, 1.0);
     let v6: f32 = v0 * v5;
     let v7: f32 = state[i];
     let v8: f32 = v7 * 0.9;
@@ -22009,6 +22072,14 @@ K180_FUSED_MUL_GREATER_MAX = """\
 // writes t48: f32[1,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -22027,7 +22098,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v6: f32 = work[512u + v5];
         let v7: f32 = v6 * 0.25;
         let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
-        acc0 = max(acc0, v8);
+        acc0 = max_nan(acc0, v8);
     }
     let res0 = acc0;
     work[1024u + o] = res0;
@@ -22604,6 +22675,14 @@ K189_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -22612,7 +22691,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[149056u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[149056u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -24102,6 +24181,14 @@ K199_FUSED_MUL_GREATER_MAX = """\
 // writes t126: f32[1,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -24120,7 +24207,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v6: f32 = work[512u + v5];
         let v7: f32 = v6 * 0.25;
         let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
-        acc0 = max(acc0, v8);
+        acc0 = max_nan(acc0, v8);
     }
     let res0 = acc0;
     work[256u + o] = res0;
@@ -24697,6 +24784,14 @@ K208_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -24705,7 +24800,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[149632u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[149632u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -26195,6 +26290,14 @@ K218_FUSED_MUL_GREATER_MAX = """\
 // writes t204: f32[1,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -26213,7 +26316,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v6: f32 = work[512u + v5];
         let v7: f32 = v6 * 0.25;
         let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
-        acc0 = max(acc0, v8);
+        acc0 = max_nan(acc0, v8);
     }
     let res0 = acc0;
     work[256u + o] = res0;
@@ -26790,6 +26893,14 @@ K227_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -26798,7 +26909,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[150208u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[150208u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -28676,6 +28787,14 @@ K242_FUSED_MUL_GREATER_MAX = """\
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28695,7 +28814,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v7: f32 = work[65536u + v6];
         let v8: f32 = v7 * 0.25;
         let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max(acc0, v9);
+        acc0 = max_nan(acc0, v9);
     }
     let res0 = acc0;
     work[131072u + o] = res0;
@@ -29278,6 +29397,14 @@ K251_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -29286,7 +29413,7 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[149056u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[149056u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -30928,6 +31055,14 @@ K261_FUSED_MUL_GREATER_MAX = """\
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -30947,7 +31082,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v7: f32 = work[65536u + v6];
         let v8: f32 = v7 * 0.25;
         let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max(acc0, v9);
+        acc0 = max_nan(acc0, v9);
     }
     let res0 = acc0;
     work[32768u + o] = res0;
@@ -31530,6 +31665,14 @@ K270_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -31538,7 +31681,7 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[149632u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[149632u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -33180,6 +33323,14 @@ K280_FUSED_MUL_GREATER_MAX = """\
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -33199,7 +33350,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v7: f32 = work[65536u + v6];
         let v8: f32 = v7 * 0.25;
         let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max(acc0, v9);
+        acc0 = max_nan(acc0, v9);
     }
     let res0 = acc0;
     work[32768u + o] = res0;
@@ -33782,6 +33933,14 @@ K289_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -33790,7 +33949,7 @@ var<workgroup> tile_b: array<vec4<f32>, 256>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[150208u + ((row * 256u + col) % 256u)])), 0.0));
+    return (max_nan((acc + (params[150208u + ((row * 256u + col) % 256u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -34899,7 +35058,7 @@ WGSL = {
     "k075_fused_neg_sum": K075_FUSED_NEG_SUM,
     "k076_fused_mul_add": K076_FUSED_MUL_ADD,
     "k077_matmul": K077_MATMUL,
-    "k078_matmul_greater_mul": K078_MATMUL_GREATER_MUL,
+    "k078_matmul_equal_sub_mul": K078_MATMUL_EQUAL_SUB_MUL,
     "k079_matmul": K079_MATMUL,
     "k080_matmul": K080_MATMUL,
     "k081_sum": K081_SUM,
@@ -34928,7 +35087,7 @@ WGSL = {
     "k104_fused_mul_add": K104_FUSED_MUL_ADD,
     "k105_fused_mul_sum": K105_FUSED_MUL_SUM,
     "k106_matmul": K106_MATMUL,
-    "k107_matmul_greater_mul": K107_MATMUL_GREATER_MUL,
+    "k107_matmul_equal_sub_mul": K107_MATMUL_EQUAL_SUB_MUL,
     "k108_sum": K108_SUM,
     "k109_matmul": K109_MATMUL,
     "k110_matmul": K110_MATMUL,
@@ -34957,7 +35116,7 @@ WGSL = {
     "k133_fused_neg_sum": K133_FUSED_NEG_SUM,
     "k134_fused_mul_add": K134_FUSED_MUL_ADD,
     "k135_matmul": K135_MATMUL,
-    "k136_matmul_greater_mul": K136_MATMUL_GREATER_MUL,
+    "k136_matmul_equal_sub_mul": K136_MATMUL_EQUAL_SUB_MUL,
     "k137_sum": K137_SUM,
     "k138_matmul": K138_MATMUL,
     "k139_matmul": K139_MATMUL,

@@ -324,7 +324,7 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k078_matmul_greater_mul": (
+        "k078_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
@@ -413,7 +413,7 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k107_matmul_greater_mul": (
+        "k107_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
@@ -502,7 +502,7 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
-        "k136_matmul_greater_mul": (
+        "k136_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:39",
         ),
@@ -1094,7 +1094,7 @@ PROGRAM = {
                 ("k075_fused_neg_sum", (1024, 1, 1)),
                 ("k076_fused_mul_add", (256, 1, 1)),
                 ("k077_matmul", (4, 16, 1)),
-                ("k078_matmul_greater_mul", (8, 32, 1)),
+                ("k078_matmul_equal_sub_mul", (8, 32, 1)),
                 ("k079_matmul", (4, 64, 1)),
                 ("k080_matmul", (16, 4, 1)),
                 ("k081_sum", (64, 1, 1)),
@@ -1123,7 +1123,7 @@ PROGRAM = {
                 ("k104_fused_mul_add", (256, 1, 1)),
                 ("k105_fused_mul_sum", (64, 1, 1)),
                 ("k106_matmul", (4, 16, 1)),
-                ("k107_matmul_greater_mul", (8, 32, 1)),
+                ("k107_matmul_equal_sub_mul", (8, 32, 1)),
                 ("k108_sum", (256, 1, 1)),
                 ("k109_matmul", (4, 64, 1)),
                 ("k110_matmul", (16, 4, 1)),
@@ -1152,7 +1152,7 @@ PROGRAM = {
                 ("k133_fused_neg_sum", (1024, 1, 1)),
                 ("k134_fused_mul_add", (256, 1, 1)),
                 ("k135_matmul", (4, 16, 1)),
-                ("k136_matmul_greater_mul", (8, 32, 1)),
+                ("k136_matmul_equal_sub_mul", (8, 32, 1)),
                 ("k137_sum", (256, 1, 1)),
                 ("k138_matmul", (4, 64, 1)),
                 ("k139_matmul", (16, 4, 1)),

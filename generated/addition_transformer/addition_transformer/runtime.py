@@ -58,6 +58,7 @@ class ModelBase:
         self._lr_origin = 0
         self._staging: dict[str, dict] = {}
         self.step_count = 0
+        self._infer_calls = 0  # numbers the random streams of infer calls (ops.rand/randn/categorical)
         # an Infer-only program has no gradient arena (it is 0 long)
         self._has_grads = p["arenas"].get("grads", 0) >= self._total
         self.reset(params=True, optimizer=True)
@@ -242,7 +243,10 @@ class ModelBase:
         with self._lock:
             self._check_open()
             key, arrays = self._pick(entry, inputs)
-            out = self._engine.run(key, self._pack(key, arrays, {}), captures)
+            self._infer_calls += 1
+            # infer call n draws from the seed's stream -n (mod 2**32), apart from training steps 1, 2, ...
+            extra = {"_rng": rng.step_seed(self.seed, -self._infer_calls)}
+            out = self._engine.run(key, self._pack(key, arrays, extra), captures)
             if captures:
                 return InferResult(out["out"], {n: out[n] for n, *_ in self._program["entries"][key]["captures"]})
             return out["out"]

@@ -17,13 +17,21 @@ K000_MATMUL_ADD_RELU = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[4224u + ((row * 64u + col) % 64u)])), 0.0));
+    return (max_nan((acc + (params[4224u + ((row * 64u + col) % 64u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -136,6 +144,14 @@ K001_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -144,7 +160,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[4288u + ((row * 64u + col) % 64u)])), 0.0));
+    return (max_nan((acc + (params[4288u + ((row * 64u + col) % 64u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -930,12 +946,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K005_MATMUL_GREATER_MUL = """\
-// k005_matmul_greater_mul: matmul -> greater -> mul
-// writes t31: f32[256,64]   reads: params, t22, t7
+K005_MATMUL_EQUAL_SUB_MUL = """\
+// k005_matmul_equal_sub_mul: matmul -> equal -> sub -> mul
+// writes t33: f32[256,64]   reads: params, t22, t7
 // from sine_mlp.py:15
 //
-// k005_matmul_greater_mul: batched matmul, 1 x [256x1] @ [1x64]
+// k005_matmul_equal_sub_mul: batched matmul, 1 x [256x1] @ [1x64]
 //   A[bi, m, k] = work[49152 + m]
 //   B[bi, k, n] = params[4160 + n]
 //   work[32768 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -951,7 +967,7 @@ var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[16384u + (row * 64u + col)]) > 0.0)));
+    return (acc * (1.0 - (select(0.0, 1.0, (work[16384u + (row * 64u + col)]) == 0.0))));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -1051,7 +1067,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K006_MATMUL = """\
 // k006_matmul: matmul
-// writes t36: f32[64,64]   reads: t3, t31
+// writes t38: f32[64,64]   reads: t3, t33
 // from sine_mlp.py:15
 //
 // k006_matmul: batched matmul, 1 x [64x256] @ [256x64]
@@ -1304,12 +1320,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 """
 
-K007_MATMUL_GREATER_MUL = """\
-// k007_matmul_greater_mul: matmul -> greater -> mul
-// writes t39: f32[256,64]   reads: params, t3, t31
+K007_MATMUL_EQUAL_SUB_MUL = """\
+// k007_matmul_equal_sub_mul: matmul -> equal -> sub -> mul
+// writes t43: f32[256,64]   reads: params, t3, t33
 // from sine_mlp.py:15
 //
-// k007_matmul_greater_mul: batched matmul, 1 x [256x64] @ [64x64]
+// k007_matmul_equal_sub_mul: batched matmul, 1 x [256x64] @ [64x64]
 //   A[bi, m, k] = work[32768 + m * 64 + k]
 //   B[bi, k, n] = params[64 + k + n * 64]
 //   work[16384 + (bi * 256 + row) * 64 + col] = epilogue(sum_k A[bi, row, k] * B[bi, k, col])
@@ -1327,7 +1343,7 @@ var<workgroup> tile_b: array<vec2<f32>, 640>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (select(0.0, 1.0, (work[(row * 64u + col)]) > 0.0)));
+    return (acc * (1.0 - (select(0.0, 1.0, (work[(row * 64u + col)]) == 0.0))));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -1555,7 +1571,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K008_SUM = """\
 // k008_sum: sum -> sum
-// writes t32, t40: f32[64]   reads: t31, t39
+// writes t34, t44: f32[64]   reads: t33, t43
 // from sine_mlp.py:15
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
@@ -1599,7 +1615,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 K009_MATMUL = """\
 // k009_matmul: matmul
-// writes t42: f32[1,64]   reads: t39, x
+// writes t46: f32[1,64]   reads: t43, x
 // from sine_mlp.py:15
 //
 // k009_matmul: batched matmul, 1 x [1x256] @ [256x64]
@@ -1857,7 +1873,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 K010_FUSED_MUL_ADD_SUB = """\
 // k010_fused_mul_add_sub: mul -> mul -> add -> mul -> mul -> mul -> add -> sqrt -> div -> add -> div -> mul -> sub
-// writes t65, t57, t75: f32[4353]   reads: _bc2_sqrt, _step_size, adam.m, adam.v, params, t46
+// writes t69, t61, t79: f32[4353]   reads: _bc2_sqrt, _step_size, adam.m, adam.v, params, t50
 // from optimizer
 @group(0) @binding(0) var<storage, read_write> params: array<f32>;
 @group(0) @binding(1) var<storage, read> grads: array<f32>;
@@ -1912,13 +1928,21 @@ K011_MATMUL_ADD_RELU = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[4224u + (row * 64u + col)])), 0.0));
+    return (max_nan((acc + (params[4224u + (row * 64u + col)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -2033,6 +2057,14 @@ K012_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -2041,7 +2073,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[4288u + (row * 64u + col)])), 0.0));
+    return (max_nan((acc + (params[4288u + (row * 64u + col)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -2524,13 +2556,21 @@ K014_MATMUL_ADD_RELU = """\
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[4224u + ((row * 64u + col) % 64u)])), 0.0));
+    return (max_nan((acc + (params[4224u + ((row * 64u + col) % 64u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -2643,6 +2683,14 @@ K015_MATMUL_ADD_RELU = """\
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -2651,7 +2699,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max((acc + (params[4288u + ((row * 64u + col) % 64u)])), 0.0));
+    return (max_nan((acc + (params[4288u + ((row * 64u + col) % 64u)])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -3128,9 +3176,9 @@ WGSL = {
     "k002_matmul_add_sub_mul": K002_MATMUL_ADD_SUB_MUL,
     "k003_fused_add_sub_sum": K003_FUSED_ADD_SUB_SUM,
     "k004_matmul": K004_MATMUL,
-    "k005_matmul_greater_mul": K005_MATMUL_GREATER_MUL,
+    "k005_matmul_equal_sub_mul": K005_MATMUL_EQUAL_SUB_MUL,
     "k006_matmul": K006_MATMUL,
-    "k007_matmul_greater_mul": K007_MATMUL_GREATER_MUL,
+    "k007_matmul_equal_sub_mul": K007_MATMUL_EQUAL_SUB_MUL,
     "k008_sum": K008_SUM,
     "k009_matmul": K009_MATMUL,
     "k010_fused_mul_add_sub": K010_FUSED_MUL_ADD_SUB,

@@ -62,7 +62,7 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k005_matmul_greater_mul": (
+        "k005_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
@@ -70,7 +70,7 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "k007_matmul_greater_mul": (
+        "k007_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
@@ -133,9 +133,9 @@ PROGRAM = {
                 ("k002_matmul_add_sub_mul", (1, 16, 1)),
                 ("k003_fused_add_sub_sum", (1, 1, 1)),
                 ("k004_matmul", (1, 4, 1)),
-                ("k005_matmul_greater_mul", (4, 16, 1)),
+                ("k005_matmul_equal_sub_mul", (4, 16, 1)),
                 ("k006_matmul", (4, 4, 1)),
-                ("k007_matmul_greater_mul", (4, 16, 1)),
+                ("k007_matmul_equal_sub_mul", (4, 16, 1)),
                 ("k008_sum", (64, 1, 1)),
                 ("k009_matmul", (4, 1, 1)),
                 ("k010_fused_mul_add_sub", (18, 1, 1)),
