@@ -1,0 +1,1873 @@
+"""Differential fuzzer (issue 8): random small graphs over the public op set, compiled by `aot`
+and checked on the real adapter against the reference interpreter and float64 PyTorch autograd.
+
+A `Case` is plain data: leaves (parameters with fixed values, inputs with one value per step),
+`nn` modules, a list of `Op` records (`v3 = ops.where(v2, v0, 1.5)` is
+`Op(("v3",), "where", ("v2", "v0", 1.5), {})`) and the outputs. `case_source` prints it as
+standalone Python; the checker builds exactly that source, so a failure's reproducer is the
+program that failed. Several independent cases are batched into one `Batch` (one Program,
+losses summed, names prefixed `g<k>_`) to check more graphs per compile.
+
+Values stay meaningful in float32: while generating, every op is evaluated in float64 and
+float32 (PyTorch on the CPU, every step's inputs) and refused when its operands leave the op's
+domain (log/sqrt of values below 0.05, divisors near 0), when an output grows past 1e4, or when
+a kink or tie (relu/abs at 0, max/argmax/maximum/comparisons, casts to i32 near an integer) is
+closer than a margin without being an exact tie in both precisions (exact ties are well defined:
+ties split gradients evenly, as in PyTorch). A finished case is refused when its gradients blow up
+or when float32 PyTorch is far from float64 (ill-conditioned).
+
+Comparing: every forward output (through `aot.capture` or the Infer entry), every parameter
+gradient and the loss, at each of `steps` steps with fresh inputs and cotangents (a stale read of
+the previous step's memory shows from step 2), against float64 PyTorch. The tolerance of a tensor
+is 2e-3 relative + 1e-4 of its largest magnitude + 50x the float32 PyTorch error of that tensor,
+so an ill-conditioned sum cannot fail, and a wrong gradient (zero, stale, misindexed) cannot pass.
+The interpreter is held to the same tolerance: when it disagrees too, the bug is in the graph
+(VJP or op semantics), otherwise in scheduling, planning or codegen.
+
+`generate(seed)` -> Batch, `check(batch)` -> [Failure], `shrink(batch, failure)` -> smaller Batch,
+`write_repro(batch, failure, dir)` -> a pytest file that needs only numpy and aot.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+# ---- case data ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Leaf:
+    """A parameter (`kind="param"`, f32, one value), an input (one value per step) or a parameter
+    of an `nn` module (`kind="modparam"`, named `<module>.<param>`, loaded with load_params)."""
+
+    name: str
+    kind: str
+    dtype: str
+    shape: tuple
+    values: list  # np.float32 / np.int32 arrays; a param's single value serves every step
+
+    def value(self, step: int) -> np.ndarray:
+        return self.values[0] if self.kind != "input" else self.values[step]
+
+
+@dataclass
+class Op:
+    outs: tuple  # variable names
+    op: str  # key of OPS
+    args: tuple  # variable names (str) or Python numbers
+    kw: dict = field(default_factory=dict)
+
+
+@dataclass
+class Case:
+    leaves: dict  # name -> Leaf, in creation order
+    modules: dict  # name -> (nn class name, constructor args)
+    ops: list
+    outputs: list  # variable names
+    cts: dict  # f32 output -> [cotangent per step]
+    steps: int
+
+    def copy(self) -> Case:
+        return Case(dict(self.leaves), dict(self.modules), list(self.ops), list(self.outputs), dict(self.cts), self.steps)
+
+
+@dataclass
+class Batch:
+    """Independent cases compiled as one Program. `capture`: outputs are aot.capture'd (which
+    stores them); `infer`: a `predict` entry returns them (flattened and concatenated)."""
+
+    cases: list
+    capture: bool = True
+    infer: bool = False
+    steps: int = 2
+    seed: int = 0
+
+    def prefix(self, k: int) -> str:
+        return "" if len(self.cases) == 1 else f"g{k}_"
+
+
+# ---- the op table: PyTorch semantics and source text ---------------------------------------------
+
+torch = None  # imported on first use: tests that never run the fuzzer should not pay for it
+
+
+def _torch():
+    global torch
+    if torch is None:
+        import torch as _t
+
+        _t.set_num_threads(1)
+        torch = _t
+    return torch
+
+
+def _t(x, like, fdt):
+    """A Python number as a tensor of `like`'s dtype (or fdt)."""
+    T = _torch()
+    if isinstance(x, T.Tensor):
+        return x
+    dt = like.dtype if like is not None else fdt
+    return T.tensor(x, dtype=dt)
+
+
+def _first_tensor(args):
+    T = _torch()
+    return next(a for a in args if isinstance(a, T.Tensor))
+
+
+def _axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(sorted(a % ndim for a in axes))
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    src: Callable  # (arg sources, kw, module source) -> Python expression
+    torch: Callable  # (args, kw, float dtype) -> tensor or tuple of tensors
+    guard: Callable | None = None  # (ins64, ins32, outs64, outs32, kw) -> bool
+
+
+def _kwsrc(kw, keys):
+    return "".join(f", {k}={kw[k]!r}" for k in keys if k in kw)
+
+
+def _unary_src(name):
+    def src(a, kw, mod):
+        if name == "neg" and kw.get("infix"):
+            return f"-{a[0]}"
+        return f"ops.{name}({a[0]}{_kwsrc(kw, ['approximate'])})"
+
+    return src
+
+
+INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "less": "<", "greater": ">", "matmul": "@", "power": "**"}
+
+
+def _binary_src(name):
+    def src(a, kw, mod):
+        if kw.get("infix"):
+            return f"{a[0]} {INFIX[name]} {a[1]}"
+        return f"ops.{name}({a[0]}, {a[1]})"
+
+    return src
+
+
+def _bin(f):
+    def run(args, kw, fdt):
+        like = _first_tensor(args)
+        x, y = (_t(a, like, fdt) for a in args)
+        return f(x, y, fdt)
+
+    return run
+
+
+# guards: a value within `margin` of a kink or tie must sit exactly on it in both precisions
+def _margin(scale):
+    return 1e-3 * (1.0 + scale)
+
+
+def _clean_kink(d64, d32, scale64):
+    """d: distance to the kink/tie (elementwise); True when no element is near but not on it."""
+    near = d64.abs() < _margin(scale64)
+    if not bool(near.any()):
+        return True
+    return bool(((d64[near] == 0) & (d32.to(d64.dtype)[near] == 0)).all())
+
+
+def _g_kink(ins64, ins32, o64, o32, kw):
+    x64, x32 = ins64[0], ins32[0]
+    return _clean_kink(x64, x32, x64.abs())
+
+
+def _g_pair(ins64, ins32, o64, o32, kw):
+    like = _first_tensor(ins64)
+    a64, b64 = (_t(a, like, None) for a in ins64)
+    like32 = _first_tensor(ins32)
+    a32, b32 = (_t(a, like32, None) for a in ins32)
+    if not a64.dtype.is_floating_point:  # i32 comparisons are exact
+        return True
+    return _clean_kink(a64 - b64, a32 - b32, a64.abs() + b64.abs())
+
+
+def _g_min(lo):
+    def g(ins64, ins32, o64, o32, kw):
+        return bool(ins64[0].min() >= lo)
+
+    return g
+
+
+def _g_nonzero(i):
+    def g(ins64, ins32, o64, o32, kw):
+        x = ins64[i]
+        return bool(x.abs().min() >= 0.05) if hasattr(x, "abs") else abs(x) >= 0.05
+
+    return g
+
+
+def _g_absmax(hi, i=0):
+    def g(ins64, ins32, o64, o32, kw):
+        return bool(ins64[i].abs().max() <= hi)
+
+    return g
+
+
+def _power_guard(ins64, ins32, o64, o32, kw):
+    x, p = ins64
+    T = _torch()
+    if isinstance(x, T.Tensor) and not isinstance(p, T.Tensor):  # x ** number
+        if float(p).is_integer() and p > 0:
+            return True
+        if float(p).is_integer():
+            return bool(x.abs().min() >= 0.05)
+        return bool(x.min() >= 0.05)
+    if isinstance(x, T.Tensor):  # tensor exponent: exp(p * log(x))
+        return bool(x.min() >= 0.05) and bool(p.abs().max() <= 3)
+    return bool(p.abs().max() <= 6)  # number ** tensor
+
+
+def _g_reduce_max(axis_of):
+    def g(ins64, ins32, o64, o32, kw):
+        x64, x32 = ins64[0], ins32[0]
+        axes = axis_of(kw, x64.ndim)
+        if not axes:
+            return True
+        m64, m32 = x64.amax(dim=axes, keepdim=True), x32.amax(dim=axes, keepdim=True)
+        return _clean_kink(m64 - x64, m32 - x32, x64.abs())
+
+    return g
+
+
+def _g_cast(ins64, ins32, o64, o32, kw):
+    x64, x32 = ins64[0], ins32[0]
+    if not x64.dtype.is_floating_point:
+        return True
+    if bool(x64.abs().max() > 1e6):
+        return False
+    return _clean_kink(x64 - x64.round(), x32 - x32.round(), x64.abs())
+
+
+def _g_index(limit_of, i=1):
+    def g(ins64, ins32, o64, o32, kw):
+        idx = ins64[i]
+        return idx.numel() == 0 or (bool(idx.min() >= 0) and bool(idx.max() < limit_of(ins64, kw)))
+
+    return g
+
+
+def _g_norm(rms):
+    def g(ins64, ins32, o64, o32, kw):
+        x = ins64[0]
+        v = (x * x).mean(-1) if rms else x.var(-1, unbiased=False)
+        return bool(v.min() >= 1e-2)
+
+    return g
+
+
+def _g_pool(ins64, ins32, o64, o32, kw):
+    # max_pool2d's gradient goes to one element per window in PyTorch and is split in aot:
+    # windows need a single maximum, clear of the others by the margin
+    F = _torch().nn.functional
+    k, s, p = kw["k"], kw.get("stride") or kw["k"], kw.get("padding", 0)
+    k, s, p = ((v, v) if isinstance(v, int) else tuple(v) for v in (k, s, p))
+
+    def windows(x):
+        xp = F.pad(x, (p[1], p[1], p[0], p[0]), value=-1e30)
+        return xp.unfold(2, k[0], s[0]).unfold(3, k[1], s[1]).flatten(-2)
+
+    w = windows(ins64[0])
+    d = w.amax(-1, keepdim=True) - w
+    ones = (d == 0).sum(-1)
+    return bool((ones == 1).all()) and bool(((d == 0) | (d >= _margin(w.abs().clamp(max=1e4)))).all())
+
+
+def _reduce_torch(name):
+    def run(args, kw, fdt):
+        x = args[0]
+        axes = _axes(kw.get("axis"), x.ndim)
+        keep = kw.get("keepdims", False)
+        if not axes:
+            return x
+        if name == "sum":
+            return x.sum(dim=axes, keepdim=keep)
+        if name == "mean":
+            return x.mean(dim=axes, keepdim=keep)
+        return x.amax(dim=axes, keepdim=keep)
+
+    return run
+
+
+def _reduce_src(name):
+    def src(a, kw, mod):
+        return f"ops.{name}({a[0]}{_kwsrc(kw, ['axis', 'keepdims'])})"
+
+    return src
+
+
+def _argmax_torch(args, kw, fdt):
+    x = args[0]
+    axis, keep = kw.get("axis"), kw.get("keepdims", False)
+    if axis is None:
+        r = x.reshape(-1).argmax()
+        return r.reshape((1,) * x.ndim) if keep else r
+    return x.argmax(dim=axis % x.ndim, keepdim=keep)
+
+
+def _argmax_axes(kw, ndim):
+    return _axes(kw.get("axis"), ndim)
+
+
+def _causal(x):
+    T = _torch()
+    t = x.shape[-1]
+    mask = T.ones(t, t, dtype=T.bool).triu(1)
+    return x.masked_fill(mask, float("-inf")).softmax(-1)
+
+
+def _cross_entropy(args, kw, fdt):
+    logits, tgt = args
+    nll = -logits.log_softmax(-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    red = kw.get("reduction", "mean")
+    return nll if red == "none" else (nll.mean() if red == "mean" else nll.sum())
+
+
+def _split_heads(x, n):
+    *lead, t, d = x.shape
+    r = len(lead)
+    return x.reshape(*lead, t, n, d // n).permute(*range(r), r + 1, r, r + 2)
+
+
+def _merge_heads(x):
+    *lead, n, t, dh = x.shape
+    r = len(lead)
+    return x.permute(*range(r), r + 1, r, r + 2).reshape(*lead, t, n * dh)
+
+
+def _module_torch(args, kw, fdt):
+    T = _torch()
+    cls, x, ps = kw["cls"], args[0], args[1:]
+    if cls == "Linear":
+        y = x @ ps[0]
+        return y + ps[1] if len(ps) > 1 else y
+    if cls == "LayerNorm":
+        return T.nn.functional.layer_norm(x, (x.shape[-1],), ps[0], ps[1], 1e-5)
+    if cls == "RMSNorm":
+        return x * T.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * ps[0]
+    if cls == "Embedding":
+        return ps[0][x]
+    raise ValueError(cls)
+
+
+def _pool_torch(args, kw, fdt):
+    T = _torch()
+    return T.nn.functional.max_pool2d(args[0], kw["k"], kw.get("stride"), kw.get("padding", 0))
+
+
+def _conv_torch(args, kw, fdt):
+    T = _torch()
+    return T.nn.functional.conv2d(args[0], args[1], None, kw.get("stride", 1), kw.get("padding", 0), kw.get("groups", 1))
+
+
+def _cmp(f):
+    return _bin(lambda x, y, fdt: f(x, y).to(fdt))
+
+
+def _where(args, kw, fdt):
+    T = _torch()
+    c = args[0]
+    like = _first_tensor(args[1:]) if any(isinstance(a, T.Tensor) for a in args[1:]) else c
+    a, b = (_t(v, like, fdt) for v in args[1:])
+    return T.where(c != 0, a, b)
+
+
+def _power_torch(args, kw, fdt):
+    T = _torch()
+    x, p = args
+    if not isinstance(x, T.Tensor):
+        return T.pow(T.tensor(float(x), dtype=p.dtype), p)
+    return x**p
+
+
+def _power_src(a, kw, mod):
+    if kw.get("infix"):
+        return f"{a[0]} ** {a[1]}"
+    return f"ops.power({a[0]}, {a[1]})"
+
+
+def _cast_torch(args, kw, fdt):
+    T = _torch()
+    x = args[0]
+    return x.trunc().to(T.int64) if kw["dtype"] == "i32" else x.to(fdt)
+
+
+def _arange_torch(args, kw, fdt):
+    T = _torch()
+    return T.arange(kw["n"], dtype=T.int64 if kw.get("dtype", "i32") == "i32" else fdt)
+
+
+def _split_torch(args, kw, fdt):
+    T = _torch()
+    return tuple(T.split(args[0], kw["sizes"], dim=kw.get("axis", 0)))
+
+
+def _split_src(a, kw, mod):
+    return f"ops.split({a[0]}, {kw['sizes']!r}, axis={kw.get('axis', 0)!r})"
+
+
+def _transpose_torch(args, kw, fdt):
+    x = args[0]
+    axes = kw.get("axes")
+    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(a % x.ndim for a in axes)
+    return x.permute(*perm)
+
+
+def _unary_torch(f):
+    return lambda args, kw, fdt: f(args[0])
+
+
+def _gelu(args, kw, fdt):
+    T = _torch()
+    return T.nn.functional.gelu(args[0], approximate=kw.get("approximate", "none"))
+
+
+def _lazy(name):
+    """torch.<name> resolved at call time."""
+    return lambda x: getattr(_torch(), name)(x)
+
+
+OPS: dict[str, OpSpec] = {
+    # elementwise unary
+    "neg": OpSpec(_unary_src("neg"), _unary_torch(lambda x: -x)),
+    "abs": OpSpec(_unary_src("abs"), _unary_torch(lambda x: x.abs()), _g_kink),
+    "sqrt": OpSpec(_unary_src("sqrt"), _unary_torch(lambda x: x.sqrt()), _g_min(0.05)),
+    "rsqrt": OpSpec(_unary_src("rsqrt"), _unary_torch(lambda x: x.rsqrt()), _g_min(0.05)),
+    "exp": OpSpec(_unary_src("exp"), _unary_torch(lambda x: x.exp()), _g_absmax(8.0)),
+    "log": OpSpec(_unary_src("log"), _unary_torch(lambda x: x.log()), _g_min(0.05)),
+    "square": OpSpec(_unary_src("square"), _unary_torch(lambda x: x * x)),
+    "sin": OpSpec(_unary_src("sin"), _unary_torch(lambda x: x.sin()), _g_absmax(30.0)),
+    "cos": OpSpec(_unary_src("cos"), _unary_torch(lambda x: x.cos()), _g_absmax(30.0)),
+    "tanh": OpSpec(_unary_src("tanh"), _unary_torch(lambda x: x.tanh())),
+    "sigmoid": OpSpec(_unary_src("sigmoid"), _unary_torch(lambda x: x.sigmoid())),
+    "relu": OpSpec(_unary_src("relu"), _unary_torch(lambda x: x.relu()), _g_kink),
+    "gelu": OpSpec(_unary_src("gelu"), _gelu),
+    "silu": OpSpec(_unary_src("silu"), _unary_torch(lambda x: x * x.sigmoid())),
+    "erf": OpSpec(_unary_src("erf"), _unary_torch(_lazy("erf"))),
+    "stop_gradient": OpSpec(_unary_src("stop_gradient"), _unary_torch(lambda x: x.detach())),
+    "power": OpSpec(_power_src, _power_torch, _power_guard),
+    # elementwise binary (NumPy broadcasting, numbers on either side)
+    "add": OpSpec(_binary_src("add"), _bin(lambda x, y, f: x + y)),
+    "sub": OpSpec(_binary_src("sub"), _bin(lambda x, y, f: x - y)),
+    "mul": OpSpec(_binary_src("mul"), _bin(lambda x, y, f: x * y)),
+    "div": OpSpec(_binary_src("div"), _bin(lambda x, y, f: x / y), _g_nonzero(1)),
+    "maximum": OpSpec(_binary_src("maximum"), _bin(lambda x, y, f: _torch().maximum(x, y)), _g_pair),
+    "minimum": OpSpec(_binary_src("minimum"), _bin(lambda x, y, f: _torch().minimum(x, y)), _g_pair),
+    "less": OpSpec(_binary_src("less"), _cmp(lambda x, y: x < y), _g_pair),
+    "greater": OpSpec(_binary_src("greater"), _cmp(lambda x, y: x > y), _g_pair),
+    "where": OpSpec(lambda a, kw, mod: f"ops.where({a[0]}, {a[1]}, {a[2]})", _where),
+    # reductions
+    "sum": OpSpec(_reduce_src("sum"), _reduce_torch("sum")),
+    "mean": OpSpec(_reduce_src("mean"), _reduce_torch("mean")),
+    "max": OpSpec(_reduce_src("max"), _reduce_torch("max"), _g_reduce_max(_argmax_axes)),
+    "argmax": OpSpec(_reduce_src("argmax"), _argmax_torch, _g_reduce_max(_argmax_axes)),
+    # layout
+    "reshape": OpSpec(lambda a, kw, mod: f"ops.reshape({a[0]}, {kw['shape']!r})", lambda a, kw, f: a[0].reshape(kw["shape"])),
+    "transpose": OpSpec(
+        lambda a, kw, mod: f"ops.transpose({a[0]}{_kwsrc(kw, ['axes'])})" if kw.get("axes") is not None else f"ops.transpose({a[0]})",
+        _transpose_torch,
+    ),
+    "swapaxes": OpSpec(lambda a, kw, mod: f"ops.swapaxes({a[0]}, {kw['a']}, {kw['b']})", lambda a, kw, f: a[0].transpose(kw["a"], kw["b"])),
+    "broadcast_to": OpSpec(
+        lambda a, kw, mod: f"ops.broadcast_to({a[0]}, {kw['shape']!r})", lambda a, kw, f: a[0].expand(*kw["shape"]) if kw["shape"] else a[0]
+    ),
+    "concat": OpSpec(lambda a, kw, mod: f"ops.concat([{', '.join(a)}], axis={kw['axis']})", lambda a, kw, f: _torch().cat(a, kw["axis"])),
+    "stack": OpSpec(lambda a, kw, mod: f"ops.stack([{', '.join(a)}], axis={kw['axis']})", lambda a, kw, f: _torch().stack(a, kw["axis"])),
+    "split": OpSpec(_split_src, _split_torch),
+    "narrow": OpSpec(
+        lambda a, kw, mod: f"ops.narrow({a[0]}, {kw['axis']}, {kw['start']}, {kw['length']})",
+        lambda a, kw, f: a[0].narrow(kw["axis"], kw["start"], kw["length"]),
+    ),
+    # linear algebra
+    "matmul": OpSpec(_binary_src("matmul"), lambda a, kw, f: a[0] @ a[1]),
+    # indexing and casting
+    "cast": OpSpec(lambda a, kw, mod: f"ops.cast({a[0]}, {kw['dtype']!r})", _cast_torch, _g_cast),
+    "one_hot": OpSpec(
+        lambda a, kw, mod: f"ops.one_hot({a[0]}, {kw['depth']})",
+        lambda a, kw, f: _torch().nn.functional.one_hot(a[0], kw["depth"]).to(f),
+        _g_index(lambda ins, kw: kw["depth"], 0),
+    ),
+    "arange": OpSpec(lambda a, kw, mod: f"ops.arange({kw['n']}{_kwsrc(kw, ['dtype'])})", _arange_torch),
+    "embedding": OpSpec(
+        lambda a, kw, mod: f"ops.embedding({a[0]}, {a[1]})", lambda a, kw, f: a[0][a[1]], _g_index(lambda ins, kw: ins[0].shape[0])
+    ),
+    "take_along_axis": OpSpec(
+        lambda a, kw, mod: f"ops.take_along_axis({a[0]}, {a[1]}, {kw['axis']})",
+        lambda a, kw, f: _torch().gather(a[0], kw["axis"] % a[0].ndim, a[1]),
+        _g_index(lambda ins, kw: ins[0].shape[kw["axis"]]),
+    ),
+    # ML composites and modules
+    "softmax": OpSpec(lambda a, kw, mod: f"ops.softmax({a[0]}{_kwsrc(kw, ['axis'])})", lambda a, kw, f: a[0].softmax(kw.get("axis", -1))),
+    "log_softmax": OpSpec(
+        lambda a, kw, mod: f"ops.log_softmax({a[0]}{_kwsrc(kw, ['axis'])})", lambda a, kw, f: a[0].log_softmax(kw.get("axis", -1))
+    ),
+    "softmax_causal": OpSpec(lambda a, kw, mod: f"ops.softmax_causal({a[0]})", lambda a, kw, f: _causal(a[0])),
+    "cross_entropy": OpSpec(
+        lambda a, kw, mod: f"ops.cross_entropy({a[0]}, {a[1]}{_kwsrc(kw, ['reduction'])})",
+        _cross_entropy,
+        _g_index(lambda ins, kw: ins[0].shape[-1]),
+    ),
+    "conv2d": OpSpec(lambda a, kw, mod: f"ops.conv2d({a[0]}, {a[1]}{_kwsrc(kw, ['stride', 'padding', 'groups'])})", _conv_torch),
+    "max_pool2d": OpSpec(lambda a, kw, mod: f"ops.max_pool2d({a[0]}{_kwsrc(kw, ['k', 'stride', 'padding'])})", _pool_torch, _g_pool),
+    "split_heads": OpSpec(lambda a, kw, mod: f"nn.split_heads({a[0]}, {kw['n']})", lambda a, kw, f: _split_heads(a[0], kw["n"])),
+    "merge_heads": OpSpec(lambda a, kw, mod: f"nn.merge_heads({a[0]})", lambda a, kw, f: _merge_heads(a[0])),
+    "module": OpSpec(lambda a, kw, mod: f"{mod}({a[0]})", _module_torch),
+}
+
+MODULE_GUARDS = {"LayerNorm": _g_norm(False), "RMSNorm": _g_norm(True)}
+LIMIT = 1e4  # largest magnitude of any value or gradient a case may have
+
+
+# ---- evaluation in PyTorch (float64 and float32) ------------------------------------------------
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _op_ok(op: Op, ins64, ins32, outs64, outs32) -> bool:
+    for o64, o32 in zip(outs64, outs32):
+        if o64.dtype.is_floating_point:
+            if not bool(o64.isfinite().all()) or (o64.numel() and bool(o64.abs().max() > LIMIT)):
+                return False
+        elif not _torch().equal(o64, o32.to(o64.dtype)):
+            return False  # an index or cast that float32 rounding would flip
+    guard = MODULE_GUARDS.get(op.kw.get("cls")) if op.op == "module" else OPS[op.op].guard
+    return guard is None or guard(ins64, ins32, outs64, outs32, op.kw)
+
+
+@dataclass
+class CaseRun:
+    """PyTorch's view of a case, per step: float64 outputs, gradients and loss, float32's error
+    against them (largest over steps), and every variable's float64 value (for shrinking)."""
+
+    outs: list  # [{output: array}]
+    grads: list  # [{param: array}]
+    loss: list  # [float]
+    err: dict  # output or param name -> max |f32 - f64| over steps
+    vals: list  # [{variable: array}]
+
+
+def _leaf_tensor(leaf: Leaf, step: int, fdt):
+    T = _torch()
+    v = T.from_numpy(np.array(leaf.value(step)))
+    if leaf.dtype == "i32":
+        return v.to(T.int64)
+    v = v.to(fdt)
+    return v.requires_grad_(True) if leaf.kind != "input" else v
+
+
+def eval_op(op: Op, env: dict, fdt):
+    args = [env[a] if isinstance(a, str) else a for a in op.args]
+    return args, _as_tuple(OPS[op.op].torch(args, op.kw, fdt))
+
+
+def run_case(case: Case, check: bool = True) -> CaseRun | None:
+    """Evaluate a case; with check, None when an op leaves its domain or the case is ill-conditioned."""
+    T = _torch()
+    params = [n for n, l in case.leaves.items() if l.kind != "input"]
+    run = CaseRun([], [], [], {}, [])
+    for s in range(case.steps):
+        envs = {}
+        for fdt in (T.float64, T.float32):
+            envs[fdt] = {n: _leaf_tensor(l, s, fdt) for n, l in case.leaves.items()}
+        for op in case.ops:
+            a64, o64 = eval_op(op, envs[T.float64], T.float64)
+            a32, o32 = eval_op(op, envs[T.float32], T.float32)
+            if check:
+                with T.no_grad():
+                    d = lambda xs: [x.detach() if isinstance(x, T.Tensor) else x for x in xs]  # noqa: E731
+                    if not _op_ok(op, d(a64), d(a32), d(o64), d(o32)):
+                        return None
+            envs[T.float64].update(zip(op.outs, o64))
+            envs[T.float32].update(zip(op.outs, o32))
+        res = {}
+        for fdt, env in envs.items():
+            loss = T.zeros((), dtype=fdt)
+            for o in case.outputs:
+                if o in case.cts:
+                    loss = loss + (env[o] * T.from_numpy(np.asarray(case.cts[o][s])).to(fdt)).sum()
+            ps = [env[p] for p in params]
+            if loss.requires_grad and ps:
+                gs = T.autograd.grad(loss, ps, allow_unused=True)
+            else:
+                gs = [None] * len(ps)
+            grads = {p: (g if g is not None else T.zeros_like(env[p])).detach().numpy() for p, g in zip(params, gs)}
+            outs = {o: env[o].detach().numpy() for o in case.outputs}
+            res[fdt] = (outs, grads, float(loss.detach()))
+        (o64, g64, l64), (o32, g32, l32) = res[T.float64], res[T.float32]
+        run.outs.append(o64)
+        run.grads.append(g64)
+        run.loss.append(l64)
+        run.vals.append({n: v.detach().numpy() for n, v in envs[T.float64].items()})
+        for name, v64, v32 in [(n, o64[n], o32[n]) for n in o64] + [(n, g64[n], g32[n]) for n in g64]:
+            if v64.dtype.kind in "iu":
+                run.err[name] = 0.0
+                continue
+            err = float(np.max(np.abs(v32.astype(np.float64) - v64))) if v64.size else 0.0
+            run.err[name] = max(run.err.get(name, 0.0), err)
+            if check:
+                big = float(np.max(np.abs(v64))) if v64.size else 0.0
+                if not np.all(np.isfinite(v64)) or big > LIMIT or err > 1e-4 * big + 1e-5:
+                    return None
+    return run
+
+
+# ---- the generator ------------------------------------------------------------------------------
+
+
+class Skip(Exception):
+    """An action that does not fit the current graph."""
+
+
+SCALARS = (0.5, 2.0, -1.5, 3.5, 0.25, 1.0, -0.75, 2, -1, 3)
+RANK_P = (0.06, 0.24, 0.34, 0.24, 0.12)  # ranks 0..4
+
+
+def _factor(n: int) -> list[int]:
+    out, d = [], 2
+    while d * d <= n:
+        while n % d == 0:
+            out.append(d)
+            n //= d
+        d += 1
+    return out + ([n] if n > 1 else [])
+
+
+def _bshape(*shapes) -> tuple:
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+class Gen:
+    """Grows one case op by op, evaluating every op on every step as it goes."""
+
+    def __init__(self, rng: np.random.Generator, steps: int):
+        self.rng, self.steps = rng, steps
+        self.leaves: dict[str, Leaf] = {}
+        self.modules: dict[str, tuple] = {}
+        self.ops: list[Op] = []
+        self.v64: dict[str, list] = {}
+        self.v32: dict[str, list] = {}
+        self.order: list[str] = []  # variables (leaves and op outputs), oldest first
+        self.count = 0
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _name(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}{self.count - 1}"
+
+    def shape(self, v) -> tuple:
+        return tuple(self.v64[v][0].shape)
+
+    def dtype(self, v) -> str:
+        return "f32" if self.v64[v][0].dtype.is_floating_point else "i32"
+
+    def all(self, v, pred) -> bool:
+        return all(bool(pred(x)) for x in self.v64[v])
+
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def choice(self, seq):
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def dim(self, lo: int = 1, hi: int = 6) -> int:
+        return 1 if lo <= 1 and self.chance(0.2) else int(self.rng.integers(max(lo, 2), hi + 1))
+
+    def rand_shape(self, rank: int | None = None, max_size: int = 256) -> tuple:
+        if rank is None:
+            rank = int(self.rng.choice(5, p=RANK_P))
+        while True:
+            s = tuple(self.dim() for _ in range(rank))
+            if math.prod(s) <= max_size:
+                return s
+
+    def leaf(self, shape, dtype="f32", domain="real", kind=None, high=4) -> str:
+        shape = tuple(int(d) for d in shape)
+        if kind is None:
+            kind = "input" if dtype == "i32" or self.chance(0.15) else "param"
+        name = self._name({"param": "p", "input": "i" if dtype == "i32" else "x"}.get(kind, "w"))
+        n = self.steps if kind == "input" else 1
+        values = [self.sample(shape, dtype, domain, high) for _ in range(n)]
+        self.add_leaf(Leaf(name, kind, dtype, shape, values))
+        return name
+
+    def add_leaf(self, leaf: Leaf):
+        T = _torch()
+        self.leaves[leaf.name] = leaf
+        for store, fdt in ((self.v64, T.float64), (self.v32, T.float32)):
+            store[leaf.name] = [_leaf_tensor(leaf, s, fdt).detach() for s in range(self.steps)]
+        if leaf.kind != "modparam":
+            self.order.append(leaf.name)
+
+    def sample(self, shape, dtype, domain, high) -> np.ndarray:
+        r = self.rng
+        if dtype == "i32":
+            return r.integers(0, high, size=shape).astype(np.int32)
+        if domain == "positive":
+            v = r.uniform(0.5, 2.0, shape)
+        elif domain == "nonzero":
+            v = r.uniform(0.25, 2.0, shape) * r.choice([-1.0, 1.0], shape)
+        elif domain == "small":
+            v = r.uniform(-1.0, 1.0, shape)
+        elif domain == "gain":
+            v = r.uniform(0.5, 1.5, shape)
+        else:
+            v = r.uniform(-2.0, 2.0, shape)
+        return np.asarray(v, dtype=np.float32)
+
+    def emit(self, op: str, args: tuple, kw: dict | None = None, n_out: int = 1):
+        """Add an op when PyTorch accepts it and every step keeps it in its domain; Skip otherwise."""
+        T = _torch()
+        kw = dict(kw or {})
+        outs = tuple(self._name("v") for _ in range(n_out))
+        rec = Op(outs, op, tuple(args), kw)
+        r64, r32 = [], []
+        try:
+            with T.no_grad():
+                for s in range(self.steps):
+                    e64 = {a: self.v64[a][s] for a in args if isinstance(a, str)}
+                    e32 = {a: self.v32[a][s] for a in args if isinstance(a, str)}
+                    a64, o64 = eval_op(rec, e64, T.float64)
+                    a32, o32 = eval_op(rec, e32, T.float32)
+                    if len(o64) != n_out or not _op_ok(rec, a64, a32, o64, o32):
+                        raise Skip(op)
+                    if any(o.numel() > 1024 for o in o64):
+                        raise Skip(op)
+                    r64.append(o64)
+                    r32.append(o32)
+        except (RuntimeError, IndexError, ValueError, TypeError) as e:
+            raise Skip(f"{op}: {e}") from None
+        self.ops.append(rec)
+        for i, o in enumerate(outs):
+            self.v64[o] = [r[i] for r in r64]
+            self.v32[o] = [r[i] for r in r32]
+            self.order.append(o)
+        return outs if n_out > 1 else outs[0]
+
+    def pick(self, pred=lambda v: True, new=None, p_new=0.2):
+        """A variable satisfying pred (recent ones more often), or `new()` (sometimes, or when none does)."""
+        cands = [v for v in self.order if pred(v)]
+        if cands and (new is None or not self.chance(p_new)):
+            # chains: mostly the newest result; fan-out: any older variable
+            recent = [v for v in cands if v not in self.leaves]
+            if recent and self.chance(0.5):
+                return recent[-1]
+            w = np.arange(1, len(cands) + 1, dtype=np.float64)
+            return cands[int(self.rng.choice(len(cands), p=w / w.sum()))]
+        if new is None:
+            raise Skip("no operand")
+        return new()
+
+    def f32(self, v) -> bool:
+        return self.dtype(v) == "f32"
+
+    def partner(self, shape: tuple) -> tuple:
+        """A shape that broadcasts with `shape`: fewer leading dims, 1s, expanded 1s, extra leading dims."""
+        s = list(shape)
+        if s and self.chance(0.3):
+            s = s[int(self.rng.integers(1, len(s) + 1)) :]
+        for i, d in enumerate(s):
+            if d == 1 and self.chance(0.4):
+                s[i] = self.dim(2, 4)
+            elif d > 1 and self.chance(0.3):
+                s[i] = 1
+        if len(s) < 4 and self.chance(0.2):
+            s = [self.dim(1, 3)] + s
+        return tuple(s)
+
+    def compatible(self, shape):
+        def ok(v):
+            try:
+                return math.prod(_bshape(shape, self.shape(v))) <= 512
+            except ValueError:
+                return False
+
+        return ok
+
+    def axis_spec(self, ndim: int, allow_tuple=True):
+        if ndim == 0 or self.chance(0.2):
+            return None
+        if allow_tuple and self.chance(0.35):
+            k = int(self.rng.integers(1, ndim + 1))
+            axes = [int(a) for a in self.rng.permutation(ndim)[:k]]
+            return tuple(a - ndim if self.chance(0.3) else a for a in axes)
+        a = int(self.rng.integers(ndim))
+        return a - ndim if self.chance(0.3) else a
+
+    def new_f32(self, domain="real", shape=None, rank=None):
+        return lambda: self.leaf(shape if shape is not None else self.rand_shape(rank), domain=domain)
+
+    # -- actions --------------------------------------------------------------------------------
+    UNARY = ("neg", "abs", "sqrt", "rsqrt", "exp", "log", "square", "sin", "cos", "tanh", "sigmoid", "relu",
+             "gelu", "gelu_tanh", "silu", "erf", "stop_gradient", "pow_int", "pow_frac", "pow_neg", "pow_base")
+    DOMAIN = {"sqrt": "positive", "rsqrt": "positive", "log": "positive", "pow_frac": "positive", "pow_neg": "nonzero",
+              "exp": "small", "pow_base": "small"}
+    PRED = {
+        "positive": lambda x: x.min() >= 0.05,
+        "nonzero": lambda x: x.abs().min() >= 0.05,
+        "small": lambda x: x.abs().max() <= 4,
+        "real": lambda x: True,
+    }
+
+    def a_unary(self):
+        op = self.choice(self.UNARY)
+        dom = self.DOMAIN.get(op, "real")
+        x = self.pick(lambda v: self.f32(v) and self.all(v, self.PRED[dom]), self.new_f32(dom))
+        if op == "gelu_tanh":
+            return self.emit("gelu", (x,), {"approximate": "tanh"})
+        if op.startswith("pow_"):
+            infix = {"infix": True} if self.chance(0.5) else {}
+            if op == "pow_int":
+                return self.emit("power", (x, self.choice((2, 3, 2.0, 4))), infix)
+            if op == "pow_frac":
+                return self.emit("power", (x, self.choice((0.5, 1.5, 2.5, -0.5))), infix)
+            if op == "pow_neg":
+                return self.emit("power", (x, self.choice((-1, -2, -1.0))), infix)
+            return self.emit("power", (self.choice((2.0, 0.5, 3)), x))
+        kw = {"infix": True} if op == "neg" and self.chance(0.5) else {}
+        return self.emit(op, (x,), kw)
+
+    def scalar(self, nonzero=False):
+        s = self.choice(SCALARS)
+        return s if s != 0 or not nonzero else 1.5
+
+    def operand_for(self, shape, pred=lambda v: True, domain="real"):
+        """Second operand of a binary op: a number, another variable, or a new leaf of a partner shape."""
+        r = self.rng.random()
+        if r < 0.2:
+            return self.scalar()
+        if r < 0.45:
+            cands = [v for v in self.order if self.f32(v) and self.compatible(shape)(v) and self.all(v, pred)]
+            if cands:
+                return self.pick(lambda v: v in cands)
+        return self.leaf(self.partner(shape), domain=domain)
+
+    def a_binary(self):
+        op = self.choice(("add", "sub", "mul", "div", "maximum", "minimum", "less", "greater", "add", "mul", "sub", "powt"))
+        if op == "powt":  # tensor exponent: exp(y * log(x))
+            x = self.pick(lambda v: self.f32(v) and self.all(v, self.PRED["positive"]), self.new_f32("positive"))
+            y = self.operand_for(self.shape(x), lambda t: t.abs().max() <= 3, "small")
+            if isinstance(y, (int, float)):
+                raise Skip("powt")
+            return self.emit("power", (x, y), {"infix": True} if self.chance(0.5) else {})
+        a = self.pick(self.f32, self.new_f32())
+        if op == "div":
+            b = self.operand_for(self.shape(a), lambda t: t.abs().min() >= 0.05, "nonzero")
+            if isinstance(b, (int, float)) and self.chance(0.5):
+                a, b = b, a  # number / tensor
+                if not self.all(b, self.PRED["nonzero"]):
+                    raise Skip("div")
+        else:
+            b = self.operand_for(self.shape(a))
+            if self.chance(0.5):
+                a, b = b, a
+        if not isinstance(a, str) and not isinstance(b, str):
+            raise Skip("two numbers")
+        infix = op in INFIX and self.chance(0.4)
+        return self.emit(op, (a, b), {"infix": True} if infix else {})
+
+    def mask(self):
+        """An f32 0/1 mask: an existing one, or a new comparison."""
+        masks = [v for v in self.order if self.f32(v) and self.all(v, lambda x: ((x == 0) | (x == 1)).all())]
+        if masks and self.chance(0.5):
+            return self.pick(lambda v: v in masks)
+        a = self.pick(self.f32, self.new_f32())
+        b = self.operand_for(self.shape(a))
+        if self.chance(0.5):
+            a, b = b, a
+        if not isinstance(a, str) and not isinstance(b, str):
+            raise Skip("two numbers")
+        return self.emit(self.choice(("less", "greater")), (a, b), {"infix": True} if self.chance(0.3) else {})
+
+    def a_where(self):
+        c = self.mask()
+        shape = self.shape(c)
+        branches = [self.operand_for(shape) for _ in range(2)]
+        return self.emit("where", (c, *branches))
+
+    def a_reduce(self):
+        op = self.choice(("sum", "mean", "max", "sum"))
+        x = self.pick(self.f32, self.new_f32())
+        kw = {"axis": self.axis_spec(len(self.shape(x)))}
+        if self.chance(0.4):
+            kw["keepdims"] = True
+        return self.emit(op, (x,), kw)
+
+    def a_argmax(self):
+        x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 1, self.new_f32(rank=int(self.rng.integers(1, 4))))
+        nd = len(self.shape(x))
+        axis = None if self.chance(0.2) else int(self.rng.integers(nd)) - (nd if self.chance(0.3) else 0)
+        keep = self.chance(0.5)
+        r = self.rng.random()
+        if r < 0.3 and axis is not None:  # the max itself, picked by index
+            idx = self.emit("argmax", (x,), {"axis": axis, "keepdims": True})
+            return self.emit("take_along_axis", (x, idx), {"axis": axis})
+        idx = self.emit("argmax", (x,), {"axis": axis, "keepdims": keep})
+        depth = self.shape(x)[axis] if axis is not None else math.prod(self.shape(x))
+        if r < 0.55:
+            return self.emit("one_hot", (idx,), {"depth": depth + int(self.rng.integers(0, 2))})
+        if r < 0.75:
+            return self.emit("cast", (idx,), {"dtype": "f32"})
+        if r < 0.9:
+            return self.emit("embedding", (self.leaf((depth, self.dim(1, 4)), kind="param"), idx))
+        return idx
+
+    def a_reshape(self):
+        x = self.pick()
+        size = math.prod(self.shape(x))
+        rank = int(self.rng.integers(0 if size == 1 else 1, 5))
+        dims = [1] * max(rank, 1)
+        for f in _factor(size):
+            dims[int(self.rng.integers(len(dims)))] *= f
+        dims = dims[:rank] if rank else []
+        if dims and self.chance(0.3):
+            dims[int(self.rng.integers(len(dims)))] = -1
+        return self.emit("reshape", (x,), {"shape": tuple(dims)})
+
+    def a_transpose(self):
+        x = self.pick(lambda v: len(self.shape(v)) >= 2, self.new_f32(rank=int(self.rng.integers(2, 5))))
+        nd = len(self.shape(x))
+        if self.chance(0.4):
+            a, b = (int(i) for i in self.rng.permutation(nd)[:2])
+            return self.emit("swapaxes", (x,), {"a": a - nd if self.chance(0.3) else a, "b": b - nd if self.chance(0.3) else b})
+        if self.chance(0.25):
+            return self.emit("transpose", (x,), {"axes": None})
+        perm = [int(i) for i in self.rng.permutation(nd)]
+        if perm == list(range(nd)):
+            perm = perm[::-1]
+        return self.emit("transpose", (x,), {"axes": tuple(p - nd if self.chance(0.2) else p for p in perm)})
+
+    def a_narrow(self):
+        x = self.pick(lambda v: any(d >= 2 for d in self.shape(v)))
+        s = self.shape(x)
+        axis = self.choice([i for i, d in enumerate(s) if d >= 2])
+        length = int(self.rng.integers(1, s[axis]))
+        start = int(self.rng.integers(0, s[axis] - length + 1))
+        return self.emit("narrow", (x,), {"axis": axis - len(s) if self.chance(0.3) else axis, "start": start, "length": length})
+
+    def a_broadcast(self):
+        x = self.pick()
+        s = [d if d != 1 or self.chance(0.4) else self.dim(2, 4) for d in self.shape(x)]
+        lead = [self.dim(1, 3) for _ in range(int(self.rng.integers(0, 3)))] if len(s) < 4 else []
+        target = tuple(lead + s)
+        if target == self.shape(x) or math.prod(target) > 512:
+            raise Skip("broadcast")
+        return self.emit("broadcast_to", (x,), {"shape": target})
+
+    def like(self, x, shape):
+        """A new leaf of x's dtype (indices keep x's range, so they stay valid indices)."""
+        if self.dtype(x) == "i32":
+            high = max(int(max(t.max() for t in self.v64[x])) + 1, 1) if math.prod(self.shape(x)) else 2
+            return self.leaf(shape, "i32", high=high)
+        return self.leaf(shape)
+
+    def a_concat(self):
+        x = self.pick(lambda v: len(self.shape(v)) >= 1)
+        s = self.shape(x)
+        axis = int(self.rng.integers(len(s)))
+        pieces = [x]
+        for _ in range(int(self.rng.integers(1, 3))):
+            r = self.rng.random()
+            if r < 0.25:
+                pieces.append(x)
+                continue
+            same = [v for v in self.order if self.dtype(v) == self.dtype(x) and len(self.shape(v)) == len(s) and v != x
+                    and all(a == b for i, (a, b) in enumerate(zip(self.shape(v), s)) if i != axis)]
+            if r < 0.55 and same:
+                pieces.append(self.choice(same))
+            else:
+                pieces.append(self.like(x, s[:axis] + (self.dim(1, 4),) + s[axis + 1 :]))
+        self.rng.shuffle(pieces)
+        return self.emit("concat", tuple(pieces), {"axis": axis - len(s) if self.chance(0.3) else axis})
+
+    def a_stack(self):
+        x = self.pick()
+        s = self.shape(x)
+        pieces = [x] + [x if self.chance(0.3) else self.like(x, s) for _ in range(int(self.rng.integers(1, 3)))]
+        rank = len(s) + 1
+        axis = int(self.rng.integers(rank))
+        return self.emit("stack", tuple(pieces), {"axis": axis - rank if self.chance(0.3) else axis})
+
+    def a_split(self):
+        x = self.pick(lambda v: any(d >= 2 for d in self.shape(v)))
+        s = self.shape(x)
+        axis = self.choice([i for i, d in enumerate(s) if d >= 2])
+        n = s[axis]
+        if self.chance(0.3):
+            size = int(self.rng.integers(1, n))
+            sizes, count = size, -(-n // size)
+        else:
+            cuts = sorted(int(c) for c in self.rng.choice(np.arange(1, n), size=int(self.rng.integers(1, min(n, 3))), replace=False))
+            sizes = [b - a for a, b in zip([0] + cuts, cuts + [n])]
+            count = len(sizes)
+        return self.emit("split", (x,), {"sizes": sizes, "axis": axis - len(s) if self.chance(0.3) else axis}, n_out=count)
+
+    def a_matmul(self):
+        infix = {"infix": True} if self.chance(0.3) else {}
+        r = self.rng.random()
+        if r < 0.2:  # a computed right-hand side, a new left-hand side
+            b = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 2)
+            sb = self.shape(b)
+            a = self.leaf(sb[:-2] + (self.dim(), sb[-2]))
+            return self.emit("matmul", (a, b), infix)
+        a = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 2, self.new_f32(rank=int(self.rng.integers(2, 5))))
+        sa = self.shape(a)
+        k = sa[-1]
+        batched = len(sa) > 2 and self.chance(0.4)
+        want = (sa[:-2] if batched else ()) + (k,)
+        cands = [v for v in self.order if self.f32(v) and self.shape(v)[:-1] == want]
+        if cands and self.chance(0.4):
+            b = self.choice(cands)
+        else:
+            b = self.leaf(want + (self.dim(),))
+        return self.emit("matmul", (a, b), infix)
+
+    def index(self, high: int, shape=None):
+        """i32 indices in [0, high): an existing variable in range, or a new input."""
+        def ok(v):
+            return (self.dtype(v) == "i32" and (shape is None or self.shape(v) == shape)
+                    and self.all(v, lambda t: t.numel() == 0 or (t.min() >= 0 and t.max() < high)))
+        return self.pick(ok, lambda: self.leaf(shape if shape is not None else self.rand_shape(int(self.rng.integers(0, 3))), "i32", high=high), p_new=0.4)
+
+    def a_index(self):
+        r = self.rng.random()
+        if r < 0.25:
+            if self.chance(0.6):
+                table = self.leaf((self.dim(2, 6),) + self.rand_shape(int(self.rng.choice(3, p=(0.2, 0.6, 0.2))), 24), kind="param")
+            else:
+                table = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 1)
+            return self.emit("embedding", (table, self.index(self.shape(table)[0])))
+        if r < 0.4:
+            depth = self.dim(2, 6)
+            return self.emit("one_hot", (self.index(depth),), {"depth": depth})
+        if r < 0.6:
+            x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 1, self.new_f32(rank=int(self.rng.integers(1, 4))))
+            s = self.shape(x)
+            axis = int(self.rng.integers(len(s)))
+            ishape = s[:axis] + (self.dim(1, 4),) + s[axis + 1 :]
+            return self.emit("take_along_axis", (x, self.index(s[axis], ishape)), {"axis": axis - len(s) if self.chance(0.3) else axis})
+        if r < 0.75:
+            x = self.pick()
+            if self.dtype(x) == "i32":
+                return self.emit("cast", (x,), {"dtype": "f32"})
+            y = self.emit("cast", (x,), {"dtype": "i32"})
+            return self.emit("cast", (y,), {"dtype": "f32"}) if self.chance(0.6) else y
+        if r < 0.85:
+            n = self.dim(1, 6)
+            if self.chance(0.5):
+                return self.emit("arange", (), {"n": n, "dtype": "f32"})
+            return self.emit("arange", (), {"n": n})
+        # integer comparisons give f32 masks
+        a = self.pick(lambda v: self.dtype(v) == "i32", lambda: self.leaf(self.rand_shape(), "i32", high=5))
+        b = self.choice((1, 2, 3)) if self.chance(0.4) else self.like(a, self.partner(self.shape(a)))
+        return self.emit(self.choice(("less", "greater")), (a, b) if self.chance(0.5) or isinstance(b, int) else (b, a))
+
+    def a_softmax(self):
+        x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 1, self.new_f32(rank=int(self.rng.integers(1, 4))))
+        nd = len(self.shape(x))
+        kw = {} if self.chance(0.3) else {"axis": int(self.rng.integers(nd)) - (nd if self.chance(0.3) else 0)}
+        return self.emit(self.choice(("softmax", "log_softmax")), (x,), kw)
+
+    def a_cross_entropy(self):
+        x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 1, self.new_f32(rank=int(self.rng.integers(1, 4))))
+        s = self.shape(x)
+        kw = {} if self.chance(0.3) else {"reduction": self.choice(("mean", "sum", "none"))}
+        return self.emit("cross_entropy", (x, self.index(s[-1], s[:-1])), kw)
+
+    def a_causal(self):
+        x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 2 and self.shape(v)[-1] == self.shape(v)[-2], lambda: None, p_new=0.5)
+        if x is None:
+            t = self.dim(2, 5)
+            x = self.leaf(self.rand_shape(int(self.rng.integers(0, 2)), 8) + (t, t))
+        return self.emit("softmax_causal", (x,))
+
+    def a_module(self):
+        cls = self.choice(("Linear", "LayerNorm", "RMSNorm", "Embedding", "Linear"))
+        mod = self._name("m")
+        if cls == "Embedding":
+            vocab, dim = self.dim(2, 6), self.dim(1, 4)
+            x = self.index(vocab)
+            ctor, params = (vocab, dim), [("W", (vocab, dim), "real")]
+        else:
+            rank = 2 if cls == "Linear" else 1
+            x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= rank and self.shape(v)[-1] >= 2, self.new_f32(rank=rank + 1))
+            d = self.shape(x)[-1]
+            if cls == "Linear":
+                out, bias = self.dim(), self.chance(0.7)
+                ctor = (d, out) if bias else (d, out, False)
+                params = [("W", (d, out), "real")] + ([("b", (out,), "real")] if bias else [])
+            elif cls == "LayerNorm":
+                ctor, params = (d,), [("g", (d,), "gain"), ("b", (d,), "real")]
+            else:
+                ctor, params = (d,), [("g", (d,), "gain")]
+        names = []
+        for pname, shape, dom in params:
+            leaf = Leaf(f"{mod}.{pname}", "modparam", "f32", shape, [self.sample(shape, "f32", dom, 0)])
+            self.add_leaf(leaf)
+            names.append(leaf.name)
+        try:
+            out = self.emit("module", (x, *names), {"cls": cls, "mod": mod})
+        except Skip:
+            for n in names:
+                del self.leaves[n]
+            raise
+        self.modules[mod] = (cls, ctor)
+        return out
+
+    def a_heads(self):
+        if self.chance(0.5):
+            x = self.pick(lambda v: len(self.shape(v)) >= 3)
+            return self.emit("merge_heads", (x,))
+        x = self.pick(lambda v: len(self.shape(v)) >= 2 and self.shape(v)[-1] >= 2)
+        d = self.shape(x)[-1]
+        n = self.choice([k for k in range(2, d + 1) if d % k == 0])
+        return self.emit("split_heads", (x,), {"n": n})
+
+    def a_conv(self):
+        x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) == 4 and min(self.shape(v)[2:]) >= 2, lambda: self.leaf(
+            (self.dim(1, 2), self.dim(1, 4), self.dim(2, 6), self.dim(2, 6)), domain="real"), p_new=0.5)
+        n, c, h, w = self.shape(x)
+        if self.chance(0.4):
+            k = self.choice((2, 3))
+            kh = kw_ = k
+            stride = self.choice((None, 1, 2)) if self.chance(0.6) else None
+            pad = int(self.rng.integers(0, k // 2 + 1))
+            if h + 2 * pad < kh or w + 2 * pad < kw_:
+                raise Skip("pool")
+            kwargs = {"k": k}
+            if stride is not None:
+                kwargs["stride"] = stride
+            if pad:
+                kwargs["padding"] = pad
+            return self.emit("max_pool2d", (x,), kwargs)
+        groups = self.choice([g for g in (1, 2, 3) if c % g == 0])
+        out = groups * self.dim(1, 3)
+        kh, kw_ = self.choice((1, 2, 3)), self.choice((1, 2, 3))
+        stride = self.choice((1, 1, 2, (1, 2)))
+        pad = self.choice((0, 0, 1, (1, 0)))
+        wt = self.leaf((out, c // groups, kh, kw_), kind="param")
+        kwargs = {}
+        if stride != 1:
+            kwargs["stride"] = stride
+        if pad != 0:
+            kwargs["padding"] = pad
+        if groups != 1:
+            kwargs["groups"] = groups
+        return self.emit("conv2d", (x, wt), kwargs)
+
+    ACTIONS = (("unary", 14), ("binary", 16), ("where", 5), ("reduce", 9), ("argmax", 3), ("reshape", 4), ("transpose", 4),
+               ("narrow", 3), ("broadcast", 3), ("concat", 3), ("stack", 2), ("split", 2), ("matmul", 6), ("index", 7),
+               ("softmax", 4), ("cross_entropy", 2), ("causal", 1), ("module", 3), ("heads", 1), ("conv", 2))
+
+    def build(self, n_ops: int):
+        names = [a for a, _ in self.ACTIONS]
+        w = np.array([x for _, x in self.ACTIONS], dtype=np.float64)
+        tries = 0
+        while len(self.ops) < n_ops and tries < 20 * n_ops:
+            tries += 1
+            action = names[int(self.rng.choice(len(names), p=w / w.sum()))]
+            mark = (dict(self.leaves), len(self.order), len(self.ops))
+            try:
+                getattr(self, "a_" + action)()
+            except Skip:
+                # a refused action leaves behind only what its accepted ops use
+                used = {a for op in self.ops for a in op.args if isinstance(a, str)}
+                self.leaves = {n: l for n, l in self.leaves.items() if n in mark[0] or n in used}
+                self.order = self.order[: mark[1]] + [v for v in self.order[mark[1] :] if v in self.leaves or any(v in op.outs for op in self.ops)]
+
+    def case(self) -> Case | None:
+        used = {a for op in self.ops for a in op.args if isinstance(a, str)}
+        produced = [o for op in self.ops for o in op.outs]
+        sinks = [v for v in produced if v not in used]
+        outputs = sinks[-3:]
+        if produced and self.chance(0.3):
+            extra = self.choice(produced)
+            if extra not in outputs:
+                outputs.append(extra)
+        if not any(self.dtype(o) == "f32" for o in outputs):
+            f = [v for v in produced if self.dtype(v) == "f32"]
+            if not f:
+                return None
+            outputs.append(f[-1])
+        cts = {o: [np.asarray(self.rng.normal(size=self.shape(o)), dtype=np.float32) for _ in range(self.steps)] for o in outputs if self.dtype(o) == "f32"}
+        return dce(Case(dict(self.leaves), dict(self.modules), list(self.ops), outputs, cts, self.steps))
+
+
+def dce(case: Case) -> Case:
+    """Drop ops no output needs, then leaves and modules nothing uses."""
+    live = set(case.outputs)
+    ops = []
+    for op in reversed(case.ops):
+        if any(o in live for o in op.outs):
+            ops.append(op)
+            live.update(a for a in op.args if isinstance(a, str))
+    ops.reverse()
+    leaves = {n: l for n, l in case.leaves.items() if n in live}
+    mods = {op.kw["mod"] for op in ops if op.op == "module"}
+    modules = {m: v for m, v in case.modules.items() if m in mods}
+    cts = {o: v for o, v in case.cts.items() if o in case.outputs}
+    return Case(leaves, modules, ops, list(case.outputs), cts, case.steps)
+
+
+def generate_case(rng: np.random.Generator, steps: int, max_ops: int = 8) -> Case:
+    while True:
+        g = Gen(rng, steps)
+        g.build(int(rng.integers(1, max_ops + 1)))
+        case = g.case()
+        if case is not None and case.ops and run_case(case) is not None:
+            return case
+
+
+def generate(seed: int, n_cases: int | None = None, max_ops: int = 8) -> Batch:
+    """The batch of seed `seed`: 3..6 cases, 2 or 3 steps, captures and an Infer entry sometimes."""
+    rng = np.random.default_rng(seed)
+    steps = 2 if rng.random() < 0.8 else 3
+    n = int(rng.integers(3, 7)) if n_cases is None else n_cases
+    capture = bool(rng.random() < 0.7)
+    infer = bool(rng.random() < (0.3 if capture else 0.8))
+    cases = [generate_case(rng, steps, max_ops) for _ in range(n)]
+    return Batch(cases, capture=capture, infer=infer, steps=steps, seed=seed)
+
+
+# ---- Python source ------------------------------------------------------------------------------
+
+
+def _num(v: float) -> str:
+    """Shortest text that reads back as the same float32."""
+    s = np.format_float_positional(np.float32(v), unique=True, trim="0")
+    return s if len(s) <= 12 else np.format_float_scientific(np.float32(v), unique=True, trim="0")
+
+
+def array_source(a: np.ndarray, indent: str = "    ") -> str:
+    a = np.asarray(a)
+    if a.dtype.kind in "iu":
+        flat, dt = [str(int(v)) for v in a.reshape(-1)], "np.int32"
+    elif a.dtype == np.float64:
+        flat, dt = [repr(float(f"{v:.9g}")) for v in a.reshape(-1)], "np.float64"
+    else:
+        flat, dt = [_num(v) for v in a.reshape(-1)], "np.float32"
+    if a.ndim == 0:
+        return f"np.array({flat[0]}, dtype={dt})"
+    lines, line = [], ""
+    for item in flat:
+        if len(line) + len(item) > 96:
+            lines.append(line.rstrip())
+            line = ""
+        line += item + ", "
+    lines.append(line.rstrip(", "))
+    body = lines[0] if len(lines) == 1 else "\n" + "".join(f"{indent}    {x}\n" for x in lines) + indent
+    reshape = f".reshape{a.shape!r}" if a.ndim > 1 else ""
+    return f"np.array([{body}], dtype={dt}){reshape}"
+
+
+def _spec_src(dtype: str, shape: tuple) -> str:
+    return f"aot.{dtype}({', '.join(str(d) for d in shape)})"
+
+
+def out_name(batch: Batch, k: int, v: str) -> str:
+    return batch.prefix(k) + v
+
+
+def input_names(batch: Batch, with_cts: bool = True) -> list[tuple[str, str, tuple]]:
+    """(name, dtype, shape) of the Program's inputs, in signature order."""
+    out = []
+    for k, c in enumerate(batch.cases):
+        p = batch.prefix(k)
+        out += [(p + n, l.dtype, l.shape) for n, l in c.leaves.items() if l.kind == "input"]
+    if with_cts:
+        for k, c in enumerate(batch.cases):
+            p = batch.prefix(k)
+            out += [(p + o + "_ct", "f32", c.cts[o][0].shape) for o in c.outputs if o in c.cts]
+    return out
+
+
+def feeds(batch: Batch, step: int, with_cts: bool = True) -> dict[str, np.ndarray]:
+    out = {}
+    for k, c in enumerate(batch.cases):
+        p = batch.prefix(k)
+        out.update({p + n: l.value(step) for n, l in c.leaves.items() if l.kind == "input"})
+        if with_cts:
+            out.update({p + o + "_ct": c.cts[o][step] for o in c.outputs if o in c.cts})
+    return out
+
+
+def param_values(batch: Batch, kinds=("param",)) -> dict[str, np.ndarray]:
+    return {batch.prefix(k) + n: l.values[0] for k, c in enumerate(batch.cases) for n, l in c.leaves.items() if l.kind in kinds}
+
+
+def predict_parts(batch: Batch) -> list[tuple[int, str]]:
+    """The outputs the `predict` entry returns: all f32 ones (else all i32 ones), flattened and concatenated."""
+    outs = [(k, o) for k, c in enumerate(batch.cases) for o in c.outputs]
+    f32 = [(k, o) for k, o in outs if o in batch.cases[k].cts]
+    return f32 or outs
+
+
+def batch_source(batch: Batch, name: str = "fuzz_prog", inline: bool = False) -> str:
+    """The Program as Python source. With inline, parameter values are literals (a standalone
+    file); otherwise they come from the names P and MODULE_PARAMS in the namespace."""
+    L = ["import numpy as np", "", "import aot", "from aot import nn, ops", ""]
+    if inline:
+        L.append("P = {")
+        for n, v in param_values(batch).items():
+            L.append(f"    {n!r}: {array_source(v, '    ')},")
+        L.append("}")
+        L.append("MODULE_PARAMS = {")
+        for n, v in param_values(batch, ("modparam",)).items():
+            L.append(f"    {n!r}: {array_source(v, '    ')},")
+        L += ["}", ""]
+    L += ["", "class FuzzModel(aot.Module):", "    def __init__(self):", "        super().__init__()"]
+    body = 0
+    for k, c in enumerate(batch.cases):
+        p = batch.prefix(k)
+        for n, l in c.leaves.items():
+            if l.kind == "param":
+                L.append(f"        self.{p}{n} = self.param({l.shape!r}, init=aot.init.literal(P[{p + n!r}]))")
+                body += 1
+        for m, (cls, ctor) in c.modules.items():
+            L.append(f"        self.{p}{m} = nn.{cls}({', '.join(repr(a) for a in ctor)})")
+            body += 1
+    if not body:
+        L.append("        self.anchor = self.param((1,), init=aot.init.zeros())")
+    ins = [n for n, _, _ in input_names(batch, with_cts=False)]
+    cts = [n for n, _, _ in input_names(batch)][len(ins):]
+    sig = ", ".join(["m"] + ins)
+    L += ["", "", f"def forward({sig}):"]
+    results = []
+    for k, c in enumerate(batch.cases):
+        p = batch.prefix(k)
+
+        def ref(a, c=c, p=p):
+            if not isinstance(a, str):
+                return repr(a)
+            leaf = c.leaves.get(a)
+            return f"m.{p}{a}" if leaf is not None and leaf.kind == "param" else p + a
+
+        for op in c.ops:
+            args = [ref(a) for a in op.args]
+            mod = f"m.{p}{op.kw['mod']}" if op.op == "module" else None
+            lhs = ", ".join(p + o for o in op.outs)
+            L.append(f"    {lhs} = {OPS[op.op].src(args, op.kw, mod)}")
+        results += [p + o for o in c.outputs]
+    L.append(f"    return [{', '.join(results)}]")
+    pos = {(k, o): i for i, (k, o) in enumerate((k, o) for k, c in enumerate(batch.cases) for o in c.outputs)}
+    L += ["", "", f"def loss({', '.join(['m'] + ins + cts)}):", f"    outs = forward({sig})"]
+    terms = []
+    for k, c in enumerate(batch.cases):
+        for o in c.outputs:
+            i = pos[(k, o)]
+            if batch.capture:
+                L.append(f"    aot.capture({out_name(batch, k, o)!r}, outs[{i}])")
+            if o in c.cts:
+                terms.append(f"ops.sum(outs[{i}] * {out_name(batch, k, o)}_ct)")
+    L.append("    total = " + terms[0])
+    L += [f"    total = total + {t}" for t in terms[1:]]
+    L.append("    return total")
+    if batch.infer:
+        parts = predict_parts(batch)
+        L += ["", "", f"def predict({sig}):", f"    outs = forward({sig})"]
+        if len(parts) == 1:
+            L.append(f"    return outs[{pos[parts[0]]}]")
+        else:
+            flat = ", ".join(f"ops.reshape(outs[{pos[x]}], (-1,))" for x in parts)
+            L.append(f"    return ops.concat([{flat}], axis=0)")
+    specs = lambda xs: "{" + ", ".join(f"{n!r}: {_spec_src(dt, s)}" for n, dt, s in xs) + "}"  # noqa: E731
+    L += ["", "", "program = aot.Program(", f"    {name!r},", "    model=FuzzModel,",
+          f"    train=aot.Train(loss, inputs={specs(input_names(batch))}, optimizer=None),"]
+    if batch.infer:
+        L.append(f"    infer={{'predict': aot.Infer(predict, inputs={specs(input_names(batch, with_cts=False))})}},")
+    L += ["    seed=0,", ")", ""]
+    return "\n".join(L)
+
+
+def build_program(batch: Batch, name: str = "fuzz_prog"):
+    ns = {"P": param_values(batch), "MODULE_PARAMS": param_values(batch, ("modparam",))}
+    src = batch_source(batch, name)
+    exec(compile(src, f"<fuzz {name}>", "exec"), ns)
+    return ns["program"]
+
+
+# ---- the checker --------------------------------------------------------------------------------
+
+
+@dataclass
+class Failure:
+    """kind: "compile" / "run" (an exception), "gpu" (the compiled package disagrees with float64
+    PyTorch while the interpreter agrees), "interp" (the interpreter disagrees too: the graph is
+    wrong), "interp-error" (the interpreter raised)."""
+
+    kind: str
+    case: int | None  # index in the batch; None when the whole program failed
+    what: str  # "step 2: gradient of g0_p1", ...
+    detail: str
+
+    def family(self) -> str:
+        if self.kind in ("compile", "run", "interp-error"):
+            return self.kind + ":" + self.detail.split(":")[0]
+        return self.kind
+
+    def __str__(self):
+        where = "" if self.case is None else f"case {self.case}: "
+        return f"[{self.kind}] {where}{self.what}: {self.detail}"
+
+
+def tolerance(want: np.ndarray, err32: float) -> np.ndarray:
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    return 2e-3 * np.abs(want) + 1e-4 * scale + 50.0 * err32 + 1e-5
+
+
+def compare(got, want, err32: float) -> str | None:
+    """None when got matches the float64 value want; otherwise what is wrong."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    if want.dtype.kind in "iu":
+        if got.dtype.kind not in "iu":
+            return f"dtype {got.dtype}, expected an integer array"
+        if not np.array_equal(got, want):
+            i = np.argwhere(got != want)[0]
+            return f"integers differ at {tuple(int(x) for x in i)}: got {got[tuple(i)]}, expected {want[tuple(i)]}"
+        return None
+    if got.dtype.kind not in "f":
+        return f"dtype {got.dtype}, expected float32"
+    got64 = got.astype(np.float64)
+    tol = tolerance(want, err32)
+    bad = ~(np.abs(got64 - want) <= tol)  # NaN counts as bad
+    if not bad.any():
+        return None
+    i = tuple(int(x) for x in np.argwhere(bad)[0])
+    n, err = int(bad.sum()), float(np.nanmax(np.where(np.isfinite(got64), np.abs(got64 - want), np.inf)))
+    return f"{n}/{want.size} elements off (max error {err:.3g}); at {i}: got {got64[i]:.7g}, expected {want[i]:.7g}"
+
+
+def expected_predict(batch: Batch, runs: list, step: int):
+    parts = predict_parts(batch)
+    vals = [runs[k].outs[step][o] for k, o in parts]
+    err = max(runs[k].err[o] for k, o in parts)
+    if len(parts) == 1:
+        return vals[0], err
+    return np.concatenate([v.reshape(-1) for v in vals]), err
+
+
+def _cleanup(model):
+    """aot.compile builds into a fresh temporary folder; remove it once the model is closed."""
+    mod = sys.modules.get(type(model).__module__)
+    f = getattr(mod, "__file__", None)
+    if not f:
+        return
+    root = Path(f).resolve().parents[2]
+    if root.name.startswith("aot-") and root.parent == Path(tempfile.gettempdir()).resolve():
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _exc(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:300]}"
+
+
+@dataclass
+class Sides:
+    """What one side (GPU or interpreter) produced at each step."""
+
+    loss: list = field(default_factory=list)
+    captures: list = field(default_factory=list)
+    grads: list = field(default_factory=list)
+    predict: list = field(default_factory=list)
+
+
+def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
+    import aot
+
+    try:
+        program = build_program(batch, name)
+        model = aot.compile(program)
+    except Exception as e:  # noqa: BLE001 - any exception is a finding
+        return Failure("compile", None, "aot.compile", _exc(e))
+    side = Sides()
+    try:
+        mods = param_values(batch, ("modparam",))
+        if mods:
+            model.load_params(mods, partial=True)
+        for s in range(batch.steps):
+            res = model.step(**feeds(batch, s), captures=True)
+            side.loss.append(float(res.loss))
+            side.captures.append(dict(res.captures))
+            side.grads.append(model.grads())
+            if batch.infer:
+                side.predict.append(np.asarray(model.predict(**feeds(batch, s, with_cts=False))))
+    except Exception as e:  # noqa: BLE001
+        return Failure("run", None, f"step {len(side.loss) + 1}", _exc(e))
+    finally:
+        model.close()
+        _cleanup(model)
+    return side
+
+
+def run_interp(batch: Batch) -> Sides | Failure:
+    from aot import interp
+    from aot.frontend import trace_program
+
+    ref = replace(batch, capture=True, infer=True)
+    try:
+        traced = trace_program(build_program(ref, "fuzz_ref"))
+        g, gi = traced.graphs["train"], traced.graphs["predict"]
+        params = param_values(batch, ("param", "modparam"))
+        side = Sides()
+        for s in range(batch.steps):
+            leaves = dict(feeds(batch, s), **params, _rng=np.int32(0))
+            env = interp.run(g, leaves, np.float32)
+            side.loss.append(float(env[id(g.outputs["loss"])]))
+            side.captures.append({n: env[id(t)] for n, t in g.captures.items()})
+            side.grads.append({n: env[id(t)] for n, t in g.grads.items()})
+            envi = interp.run(gi, dict(feeds(batch, s, with_cts=False), **params, _rng=np.int32(0)), np.float32)
+            side.predict.append(envi[id(gi.outputs["out"])])
+    except Exception as e:  # noqa: BLE001
+        return Failure("interp-error", None, "interpreter", _exc(e))
+    return side
+
+
+def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: bool, predict: bool) -> list[Failure]:
+    out = []
+    for s in range(batch.steps):
+        for k, (c, run) in enumerate(zip(batch.cases, runs)):
+            p = batch.prefix(k)
+            for o in c.outputs if captures else ():
+                got = side.captures[s].get(p + o)
+                msg = "missing" if got is None else compare(got, run.outs[s][o], run.err[o])
+                if msg:
+                    out.append(Failure(kind, k, f"step {s + 1}: output {p + o}", msg))
+            for n in run.grads[s]:
+                got = side.grads[s].get(p + n)
+                msg = "missing" if got is None else compare(got, run.grads[s][n], run.err[n])
+                if msg:
+                    out.append(Failure(kind, k, f"step {s + 1}: gradient of {p + n}", msg))
+        if predict:
+            want, err = expected_predict(batch, runs, s)
+            msg = compare(side.predict[s], want, err)
+            if msg:
+                ks = {k for k, _ in predict_parts(batch)}
+                out.append(Failure(kind, ks.pop() if len(ks) == 1 else None, f"step {s + 1}: predict", msg))
+        want = sum(r.loss[s] for r in runs)
+        scale = sum(float(np.sum(np.abs(r.outs[s][o] * c.cts[o][s]))) for c, r in zip(batch.cases, runs) for o in c.cts)
+        if not abs(side.loss[s] - want) <= 1e-3 * scale + 1e-4:
+            out.append(Failure(kind, None if len(batch.cases) > 1 else 0, f"step {s + 1}: loss", f"got {side.loss[s]:.7g}, expected {want:.7g}"))
+    return out
+
+
+def check(batch: Batch, name: str = "fuzz_prog") -> list[Failure]:
+    """Every disagreement of the compiled package and of the interpreter with float64 PyTorch."""
+    runs = [run_case(c, check=False) for c in batch.cases]
+    fails: list[Failure] = []
+    interp_side = run_interp(batch)
+    if isinstance(interp_side, Failure):
+        fails.append(interp_side)
+        ibad = set()
+    else:
+        ifails = _side_failures("interp", batch, runs, interp_side, True, True)
+        fails += ifails
+        ibad = {(f.case, f.what) for f in ifails}
+    gpu = run_gpu(batch, name)
+    if isinstance(gpu, Failure):
+        return fails + [gpu]
+    for f in _side_failures("gpu", batch, runs, gpu, batch.capture, batch.infer):
+        if (f.case, f.what) not in ibad:  # the interpreter's failure explains it
+            fails.append(f)
+    return fails
+
+
+# ---- shrinking ----------------------------------------------------------------------------------
+
+
+def with_steps(case: Case, steps: int) -> Case:
+    leaves = {n: replace(l, values=l.values[:steps]) if l.kind == "input" else l for n, l in case.leaves.items()}
+    cts = {o: v[:steps] for o, v in case.cts.items()}
+    return Case(leaves, dict(case.modules), list(case.ops), list(case.outputs), cts, steps)
+
+
+def _rename(case: Case, old: str, new: str) -> Case:
+    """References to variable old become new (old's producer is dropped by dce later)."""
+    ops = [replace(op, args=tuple(new if a == old else a for a in op.args)) for op in case.ops]
+    outputs, cts = [], {}
+    for o in case.outputs:
+        o2 = new if o == old else o
+        if o2 not in outputs:
+            outputs.append(o2)
+            if o in case.cts:
+                cts[o2] = case.cts[o]
+    return Case(dict(case.leaves), dict(case.modules), ops, outputs, cts, case.steps)
+
+
+def cut(case: Case, i: int, run: CaseRun) -> Case:
+    """Op i's outputs become leaves holding the values they had (parameters when f32 and the same
+    at every step, inputs otherwise)."""
+    op = case.ops[i]
+    leaves = dict(case.leaves)
+    for o in op.outs:
+        vals = [run.vals[s][o] for s in range(case.steps)]
+        f32 = vals[0].dtype.kind == "f"
+        vals = [np.asarray(v, dtype=np.float32 if f32 else np.int32) for v in vals]
+        same = all(np.array_equal(v, vals[0]) for v in vals)
+        kind = "param" if f32 and same else "input"
+        leaves[o] = Leaf(o, kind, "f32" if f32 else "i32", tuple(vals[0].shape), vals[:1] if kind == "param" else vals)
+    return dce(Case(leaves, dict(case.modules), case.ops[:i] + case.ops[i + 1 :], list(case.outputs), dict(case.cts), case.steps))
+
+
+def _candidates(case: Case, run: CaseRun):
+    """Smaller variants of a case, roughly biggest cut first."""
+    f32_outs = [o for o in case.outputs if o in case.cts]
+    for o in case.outputs:
+        if len(case.outputs) > 1 and (o not in case.cts or len(f32_outs) > 1):
+            c = case.copy()
+            c.outputs = [x for x in c.outputs if x != o]
+            c.cts.pop(o, None)
+            yield "drop output " + o, dce(c)
+    for i in reversed(range(len(case.ops))):
+        yield f"cut {case.ops[i].op}", cut(case, i, run)
+    shape = lambda v: tuple(run.vals[0][v].shape)  # noqa: E731
+    kind = lambda v: run.vals[0][v].dtype.kind  # noqa: E731
+    for op in reversed(case.ops):
+        if len(op.outs) != 1:
+            continue
+        for a in dict.fromkeys(a for a in op.args if isinstance(a, str)):
+            if shape(a) == shape(op.outs[0]) and kind(a) == kind(op.outs[0]):
+                yield f"bypass {op.op}", dce(_rename(case, op.outs[0], a))
+    for n, l in case.leaves.items():
+        if l.kind == "input" and l.dtype == "f32":
+            c = case.copy()
+            c.leaves[n] = replace(l, kind="param", values=l.values[:1])
+            yield f"input {n} -> param", c
+
+
+def _rounded(case: Case):
+    """The same case with shorter numbers (leaf values and cotangents rounded to 1 decimal)."""
+    for n, l in case.leaves.items():
+        if l.dtype == "f32":
+            vals = [np.round(v, 1).astype(np.float32) for v in l.values]
+            if any(not np.array_equal(a, b) for a, b in zip(vals, l.values)):
+                c = case.copy()
+                c.leaves[n] = replace(l, values=vals)
+                yield f"round {n}", c
+    for o, vs in case.cts.items():
+        vals = [np.asarray(np.round(v, 1), dtype=np.float32) for v in vs]
+        if any(not np.array_equal(a, b) for a, b in zip(vals, vs)):
+            c = case.copy()
+            c.cts[o] = vals
+            yield f"round {o}_ct", c
+
+
+def shrink(batch: Batch, failure: Failure, budget_s: float = 240.0, log=None) -> tuple[Batch, Failure]:
+    """A smaller batch (ideally one case of a few ops) that still fails the same way."""
+    log = log or (lambda msg: None)
+    deadline = time.monotonic() + budget_s
+    family = failure.family()
+
+    def fails(b: Batch) -> Failure | None:
+        if time.monotonic() > deadline:
+            return None
+        if any(not c.ops or not c.cts or run_case(c) is None for c in b.cases):
+            return None
+        return next((f for f in check(b) if f.family() == family), None)
+
+    # one case if possible
+    order = [failure.case] if failure.case is not None else []
+    order += [k for k in range(len(batch.cases)) if k not in order]
+    if len(batch.cases) > 1:
+        for k in order:
+            b = replace(batch, cases=[batch.cases[k]])
+            f = fails(b)
+            if f:
+                batch, failure = b, f
+                log(f"shrink: case {k} alone fails")
+                break
+        else:
+            k = 0
+            while k < len(batch.cases) and len(batch.cases) > 1:
+                b = replace(batch, cases=batch.cases[:k] + batch.cases[k + 1 :])
+                f = fails(b)
+                if f:
+                    batch, failure = b, f
+                else:
+                    k += 1
+    for steps in range(1, batch.steps):
+        b = replace(batch, steps=steps, cases=[with_steps(c, steps) for c in batch.cases])
+        f = fails(b)
+        if f:
+            batch, failure = b, f
+            log(f"shrink: {steps} step(s)")
+            break
+    if batch.infer and "predict" not in failure.what:
+        b = replace(batch, infer=False)
+        f = fails(b)
+        if f:
+            batch, failure = b, f
+    for gen in (_candidates, _rounded):
+        progress = True
+        while progress and time.monotonic() < deadline:
+            progress = False
+            for k, case in enumerate(batch.cases):
+                run = run_case(case, check=False)
+                for what, c in gen(case, run) if gen is _candidates else gen(case):
+                    b = replace(batch, cases=batch.cases[:k] + [c] + batch.cases[k + 1 :])
+                    f = fails(b)
+                    if f:
+                        batch, failure, progress = b, f, True
+                        log(f"shrink: {what} -> {sum(len(c.ops) for c in batch.cases)} ops")
+                        break
+                if progress:
+                    break
+    return batch, failure
+
+
+def signature(batch: Batch, failure: Failure) -> str:
+    """Failures with the same signature are taken to be one bug."""
+    ops = sorted({(op.kw.get("cls") if op.op == "module" else op.op) for c in batch.cases for op in c.ops})
+    return failure.family() + "|" + ",".join(ops)
+
+
+# ---- reproducers --------------------------------------------------------------------------------
+
+REPRO_TEST = '''
+
+def _check(got, want, atol, what):
+    got = np.asarray(got)
+    if want.dtype.kind in "iu":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=atol, err_msg=what)
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason={reason!r})
+def test_{name}():
+    model = aot.compile(program)
+    try:
+        if MODULE_PARAMS:
+            model.load_params(MODULE_PARAMS, partial=True)
+        for step, want in enumerate(EXPECTED):
+            res = model.step(**INPUTS[step], **COTANGENTS[step], captures=True)
+            assert abs(res.loss - want["loss"]) <= LOSS_TOL[step], f"step {{step + 1}}: loss {{res.loss}}, expected {{want['loss']}}"
+            for name, value in want["outputs"].items():
+                _check(res.captures[name], value, ATOL[name], f"step {{step + 1}}: output {{name}}")
+            grads = model.grads()
+            for name, value in want["grads"].items():
+                _check(grads[name], value, ATOL[name], f"step {{step + 1}}: gradient of {{name}}")
+            if "predict" in want:
+                _check(model.predict(**INPUTS[step]), want["predict"], ATOL["predict"], f"step {{step + 1}}: predict")
+    finally:
+        model.close()
+'''
+
+REPRO_INTERP_TEST = '''
+
+@pytest.mark.xfail(strict=True, reason={reason!r})
+def test_{name}_interpreter():
+    from aot import interp
+    from aot.frontend import trace_program
+
+    ref = interp.Reference(trace_program(program))
+    ref.params.update({{k: np.asarray(v) for k, v in MODULE_PARAMS.items()}})
+    for step, want in enumerate(EXPECTED):
+        loss = ref.step(**INPUTS[step], **COTANGENTS[step])
+        assert abs(loss - want["loss"]) <= LOSS_TOL[step], f"step {{step + 1}}: loss {{loss}}, expected {{want['loss']}}"
+        for name, value in want["grads"].items():
+            _check(ref.last_grads[name], value, ATOL[name], f"step {{step + 1}}: gradient of {{name}}")
+'''
+
+
+def _dict_source(d: dict, indent: str) -> str:
+    if not d:
+        return "{}"
+    inner = "".join(f"{indent}    {k!r}: {array_source(v, indent + '    ')},\n" for k, v in d.items())
+    return "{\n" + inner + indent + "}"
+
+
+def repro_source(batch: Batch, failure: Failure, name: str, note: str = "") -> str:
+    runs = [run_case(c, check=False) for c in batch.cases]
+    expected, atol, loss_tol = [], {}, []
+    for s in range(batch.steps):
+        want = {"loss": sum(r.loss[s] for r in runs), "outputs": {}, "grads": {}}
+        for k, (c, r) in enumerate(zip(batch.cases, runs)):
+            p = batch.prefix(k)
+            for o in c.outputs if batch.capture else ():
+                want["outputs"][p + o] = r.outs[s][o]
+            for n, v in r.grads[s].items():
+                want["grads"][p + n] = v
+            for n, v in list(r.outs[s].items()) + list(r.grads[s].items()):
+                t = float(tolerance(np.zeros(()), 0.0) + 1e-4 * (np.max(np.abs(v)) if v.size else 0) + 50 * r.err[n])
+                atol[p + n] = max(atol.get(p + n, 0.0), t)
+        if batch.infer:
+            want["predict"], err = expected_predict(batch, runs, s)
+            t = float(1e-5 + 1e-4 * (np.max(np.abs(want["predict"])) if want["predict"].size else 0) + 50 * err)
+            atol["predict"] = max(atol.get("predict", 0.0), t)
+        scale = sum(float(np.sum(np.abs(r.outs[s][o] * c.cts[o][s]))) for c, r in zip(batch.cases, runs) for o in c.cts)
+        loss_tol.append(1e-3 * scale + 1e-4)
+        expected.append(want)
+    reason = f"fuzz: {failure.what}: {failure.detail}"[:160]
+    doc = [f'"""Fuzz reproducer ({failure.kind}): {failure.what}.', ""]
+    doc += [f"    {line}" if i else line for i, line in enumerate(_wrap(failure.detail, 96))]
+    doc += ["", "Expected values are float64 PyTorch autograd of the same graph (tests/fuzz_graphs.py)."]
+    if note:
+        doc += [""] + _wrap(note, 96)
+    doc += ['"""', ""]
+    src = batch_source(batch, name, inline=True).replace("import numpy as np\n", "import numpy as np\nimport pytest\n", 1)
+    L = ["\n".join(doc), src, ""]
+    L.append("INPUTS = [")
+    for s in range(batch.steps):
+        L.append(f"    {_dict_source(feeds(batch, s, with_cts=False), '    ')},")
+    L.append("]")
+    L.append("COTANGENTS = [")
+    for s in range(batch.steps):
+        cts = {k: v for k, v in feeds(batch, s).items() if k not in feeds(batch, s, with_cts=False)}
+        L.append(f"    {_dict_source(cts, '    ')},")
+    L.append("]")
+    L.append("EXPECTED = [")
+    for want in expected:
+        L.append("    {")
+        L.append(f"        'loss': {want['loss']!r},")
+        L.append(f"        'outputs': {_dict_source(want['outputs'], '        ')},")
+        L.append(f"        'grads': {_dict_source(want['grads'], '        ')},")
+        if "predict" in want:
+            L.append(f"        'predict': {array_source(want['predict'], '        ')},")
+        L.append("    },")
+    L.append("]")
+    L.append(f"ATOL = {{{', '.join(f'{k!r}: {v:.3g}' for k, v in atol.items())}}}")
+    L.append(f"LOSS_TOL = [{', '.join(f'{v:.3g}' for v in loss_tol)}]")
+    text = "\n".join(L) + REPRO_TEST.format(reason=reason, name=name)
+    if failure.kind in ("interp", "interp-error"):
+        text += REPRO_INTERP_TEST.format(reason=reason, name=name)
+    return text
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or [""]
+
+
+def write_repro(batch: Batch, failure: Failure, out_dir, note: str = "") -> Path:
+    tag = f"{zlib.crc32(batch_source(batch, 'x', inline=True).encode()):08x}"
+    name = f"fuzz_{re.sub(r'[^a-z0-9]+', '_', failure.kind.lower())}_{tag}"
+    out = Path(out_dir) / f"test_{name}.py"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(repro_source(batch, failure, name, note))
+    return out
