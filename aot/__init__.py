@@ -15,11 +15,14 @@ __all__ = [
 ]
 
 
-def build(program, outdir="generated"):
-    """Build `program` into outdir/<name> (a pip-installable project); returns that path."""
+def build(program, outdir="generated", force=False):
+    """Build `program` into outdir/<name> (a pip-installable project); returns that path.
+
+    Replaces only files an earlier build wrote; other files in the way raise an error naming
+    them (an aot.errors.OutputExistsError, a FileExistsError) unless force=True."""
     from .pipeline import build as _build
 
-    return _build(program, outdir)
+    return _build(program, outdir, force=force)
 
 
 def compile(program):  # noqa: A001 - the API name

@@ -1,4 +1,4 @@
-"""`python -m aot build model.py [-o DIR] [--program NAME]` and `python -m aot inspect model.py`."""
+"""`python -m aot build model.py [-o DIR] [--program NAME] [--force]` and `python -m aot inspect model.py`."""
 
 from __future__ import annotations
 
@@ -24,7 +24,13 @@ def load_programs(path: str) -> dict[str, Program]:
     progs = {}
     for v in ns.values():
         if isinstance(v, Program):
-            progs.setdefault(v.name, v)
+            if progs.setdefault(v.name, v) is not v:
+                first, second = progs[v.name].site, v.site
+                where = f" (at {first.short} and {second.short})" if first and second else ""
+                raise SystemExit(
+                    f"aot: {path} defines two different aot.Program objects named {v.name!r}{where}; "
+                    "each program needs a name of its own (it is the package's name)"
+                )
     if not progs:
         raise SystemExit(
             f"aot: {path} defines no aot.Program at module level\n"
@@ -45,6 +51,17 @@ def _log(msg: str) -> None:
     print(f"  {msg}", flush=True)
 
 
+def shadowing_files(name: str, folders) -> list[str]:
+    """Files `<name>.py` in `folders`: a script run there that does `import <name>` gets that
+    file instead of the installed package (the script's folder comes first on sys.path)."""
+    out = []
+    for folder in dict.fromkeys(os.path.abspath(f) for f in folders):
+        f = os.path.join(folder, name + ".py")
+        if os.path.isfile(f):
+            out.append(f)
+    return out
+
+
 def cmd_build(args) -> int:
     from .pipeline import build
 
@@ -52,8 +69,17 @@ def cmd_build(args) -> int:
     for p in progs:
         t0 = time.perf_counter()
         print(f"aot: building {p.name} from {args.model}", flush=True)
-        path = build(p, args.outdir, verify=args.verify, log=_log, source_name=os.path.basename(args.model))
+        path = build(
+            p, args.outdir, verify=args.verify, log=_log, source_name=os.path.basename(args.model), force=args.force
+        )
         print(f"aot: {p.name} -> {path} ({time.perf_counter() - t0:.2f}s); install with: pip install {path}", flush=True)
+        for f in shadowing_files(p.name, [os.getcwd(), args.outdir]):
+            print(
+                f"aot: warning: {f} has the package's name: Python started in {os.path.dirname(f)} imports that "
+                f"file for `import {p.name}`, not the installed package; rename one of them",
+                file=sys.stderr,
+                flush=True,
+            )
     return 0
 
 
@@ -63,6 +89,9 @@ def cmd_inspect(args) -> int:
 
     for p in _select(load_programs(args.model), args.program, args.model):
         c = compile_program(p, verify=True)
+        entries = list(c.traced.variants)
+        if args.entry and args.entry not in entries and args.entry not in c.graphs:
+            raise SystemExit(f"aot: {p.name} has no entry point {args.entry!r}; it has: {', '.join(entries)}")
         for key, g in c.graphs.items():
             if args.entry and key != args.entry and not key.startswith(args.entry + "["):
                 continue
@@ -87,6 +116,10 @@ def main(argv=None) -> int:
     b.add_argument("-o", "--outdir", default="generated", help="output folder (default: generated/)")
     b.add_argument("--program", help="build only the Program with this name")
     b.add_argument("--verify", action="store_true", help="check IR invariants after every pass")
+    b.add_argument(
+        "--force", action="store_true",
+        help="replace files in the project folder that no earlier aot build wrote (never deletes others)",
+    )
     b.set_defaults(fn=cmd_build)
     i = sub.add_parser("inspect", help="print the IR, kernels and buffer table")
     i.add_argument("model")

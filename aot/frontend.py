@@ -11,11 +11,11 @@ import itertools
 from dataclasses import dataclass
 
 from . import optim as _optim
-from .errors import ShapeError, TraceError
+from .errors import InvalidNameError, ShapeError, TraceError
 from .grad import append_grads
 from .ir import Graph, Tensor
 from .module import Module
-from .program import Program
+from .program import Program, check_names
 from .trace import at_site, emit, tracing
 
 
@@ -64,11 +64,20 @@ def _trace_model(program: Program, g: Graph):
     if not isinstance(model, Module):
         raise TraceError(f"Program {program.name!r}: model= must return an aot.Module, got {type(model).__name__}")
     named = model.named_params()
-    seen = {}
+    seen, names = {}, set()
     for name, info in named:
         if id(info.tensor) in seen:
             raise TraceError(f"parameter {name!r} is also reachable as {seen[id(info.tensor)]!r}", info.site)
+        if name in names:
+            raise InvalidNameError(f"two parameters are named {name!r}", info.site, hint="rename a module attribute or dict key")
+        try:  # checkpoints store each parameter as a zip member named after it
+            name.encode("utf-8")
+        except UnicodeError:
+            raise InvalidNameError(f"parameter name {name!r} cannot be written as UTF-8", info.site) from None
+        if "\x00" in name:
+            raise InvalidNameError(f"parameter name {name!r} contains a NUL character", info.site)
         seen[id(info.tensor)] = name
+        names.add(name)
         info.tensor.node.attrs["name"] = name
     for n in g.nodes:
         if n.op == "param" and not n.attrs["name"]:
@@ -103,6 +112,7 @@ def _trace_entry(program: Program, key: str, kind: str, spec, sizes):
 
 
 def trace_program(program: Program) -> Traced:
+    check_names(program)
     graphs: dict[str, Graph] = {}
     variants: dict[str, dict] = {}
     params: list[ParamEntry] | None = None
@@ -147,8 +157,6 @@ def trace_program(program: Program) -> Traced:
             graphs[key] = g
             variants["train"][key] = sizes
     for entry, inf in program.infer.items():
-        if entry in ("train", "step") or not entry.isidentifier() or entry.startswith("_"):
-            raise TraceError(f"Infer entry point name {entry!r} is reserved or not an identifier")
         variants[entry] = {}
         for sizes in _variants(program, inf.inputs):
             key = _key(entry, sizes)

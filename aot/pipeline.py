@@ -5,8 +5,10 @@ trace (frontend) -> passes -> schedule (fusion) -> plan (buffers) -> codegen (WG
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
+import itertools
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from . import codegen, emit, ir, passes
 from .frontend import Traced, trace_program
-from .plan import ARENAS, Plan, plan
+from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan
 from .program import Program
 from .runtime.schedules import normalize
 from .schedule import VIEW_OPS, ParamArena, Schedule, schedule
@@ -58,7 +60,8 @@ def index_bounds(g: ir.Graph) -> dict[str, int]:
     return out
 
 
-def compile_program(program_or_traced, verify: bool = False, log=None) -> Compiled:
+def compile_program(program_or_traced, verify: bool = False, log=None, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB) -> Compiled:
+    """`max_binding_mib`: no buffer the package allocates may exceed it (plan.py)."""
     log = log or (lambda msg: None)
     t0 = time.perf_counter()
     traced = program_or_traced if isinstance(program_or_traced, Traced) else trace_program(program_or_traced)
@@ -77,7 +80,7 @@ def compile_program(program_or_traced, verify: bool = False, log=None) -> Compil
             ir.verify(g, after="trace")
         g = passes.run_pipeline(g, verify=verify)
         s = schedule(g, arena)
-        p = plan(s, state_offsets, total)
+        p = plan(s, state_offsets, total, max_binding_mib)
         ks = codegen.generate(s, p, k_index)
         k_index += len(ks)
         graphs[key], scheds[key], plans[key], kernels[key] = g, s, p, ks
@@ -87,14 +90,30 @@ def compile_program(program_or_traced, verify: bool = False, log=None) -> Compil
     return c
 
 
+def _shared_arenas(c: Compiled) -> dict[str, int]:
+    """Buffer sizes the Model allocates up front, in binding order (gaps as empty buffers).
+    Parameters, gradients, optimizer state and inputs: the largest any entry needs. Scratch
+    buffers: what training needs when there is training (a larger predict variant gets its own
+    scratch buffers when it is first called, so it never enlarges what training allocates);
+    otherwise the largest any entry needs."""
+    train = [k for k, g in c.graphs.items() if g.meta.get("kind") == "train"]
+    sizes: dict[str, int] = dict.fromkeys(ARENAS, 0)
+    for key, p in c.plans.items():
+        for a, n in p.sizes.items():
+            if train and a.startswith("work") and key not in train:
+                continue
+            sizes[a] = max(sizes.get(a, 0), n)
+    top = max(arena_binding(a) for a in sizes)
+    names = {arena_binding(a): a for p in c.plans.values() for a in p.sizes} | {arena_binding(a): a for a in sizes}
+    return {names.get(i, f"_unused_{i}"): sizes.get(names.get(i, ""), 0) for i in range(top + 1)}
+
+
 def _tables(c: Compiled, opt, state_names) -> dict:
     prog = c.traced.program
-    arenas = dict.fromkeys(ARENAS, 0)
+    arenas = _shared_arenas(c)
     entries, kernel_table, wgsl = {}, {}, {}
     for key, g in c.graphs.items():
         p, s = c.plans[key], c.schedules[key]
-        for a, n in p.sizes.items():
-            arenas[a] = max(arenas[a], n)
 
         def where(t):
             loc, _ = p.read_loc(s, t)
@@ -108,6 +127,7 @@ def _tables(c: Compiled, opt, state_names) -> dict:
             "dispatches": [(k.name, k.grid) for k in c.kernels[key]],
             "copies": [(src.arena, src.offset, dst.arena, dst.offset, n) for src, dst, n in p.copies],
             "index_bounds": index_bounds(g),
+            "arenas": {a: n for a, n in p.sizes.items() if n},  # what this entry point needs
         }
         for k in c.kernels[key]:
             kernel_table[k.name] = (tuple(k.bindings), k.site)
@@ -134,11 +154,17 @@ def _tables(c: Compiled, opt, state_names) -> dict:
     }
 
 
-def build(program: Program, outdir="generated", verify: bool = False, log=None, source_name: str | None = None) -> Path:
-    """Build `program` into outdir/<name>/ (pyproject.toml + package); returns that folder."""
+def build(
+    program: Program, outdir="generated", verify: bool = False, log=None, source_name: str | None = None,
+    force: bool = False,
+) -> Path:
+    """Build `program` into outdir/<name>/ (pyproject.toml + package); returns that folder.
+
+    Replaces only files an earlier build wrote; other files in the way raise
+    aot.errors.OutputExistsError (a FileExistsError) naming them, unless force=True."""
     c = compile_program(program, verify=verify, log=log)
     src = source_name or _source_name(program)
-    path = emit.write_package(c, Path(outdir), src)
+    path = emit.write_package(c, Path(outdir), src, force=force)
     if log:
         log(f"wrote {path}")
     return path
@@ -150,16 +176,32 @@ def _source_name(program: Program) -> str:
     return os.path.basename(f) if f else "<python>"
 
 
+_COMPILED = itertools.count(1)
+
+
 def compile_model(program: Program, seed=None):
-    """aot.compile: build into a temporary folder, import the package, return a Model."""
+    """aot.compile: build into a temporary folder, import the package, return a Model.
+
+    The package is imported under a private module name (`_aot_<name>_<n>`), so a module of
+    the program's name that is already imported (the user's model file, say) is left alone,
+    and the temporary folder is removed once everything is imported (the WGSL and the tables
+    are in memory by then)."""
     tmp = tempfile.mkdtemp(prefix="aot-")
-    path = build(program, tmp)
-    sys.path.insert(0, str(path))
     try:
+        path = build(program, tmp)
         name = program.name
-        for k in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            del sys.modules[k]
-        mod = importlib.import_module(name)
+        alias = f"_aot_{name}_{next(_COMPILED)}"
+        spec = importlib.util.spec_from_file_location(
+            alias, path / name / "__init__.py", submodule_search_locations=[str(path / name)]
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[alias] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            for k in [m for m in sys.modules if m == alias or m.startswith(alias + ".")]:
+                del sys.modules[k]
+            raise
     finally:
-        sys.path.remove(str(path))
+        shutil.rmtree(tmp, ignore_errors=True)
     return mod.Model(seed=seed)

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import keyword
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import TraceError, capture_site
+from .errors import InvalidNameError, Site, TraceError, capture_site
 from .ir import Tensor
+from .runtime.rng import check_seed
+
+# Modules a program may not be named after: `import <name>` must find the generated package, and
+# the package (or aot building it) must still find these: its dependencies and their own, aot's,
+# and the tools that build and install it.
+DEPENDENCY_NAMES = frozenset({
+    "numpy", "wgpu", "cffi", "pycparser", "_cffi_backend", "rendercanvas", "rubicon",
+    "aot", "jinja2", "markupsafe", "black", "blib2to3", "click", "mypy_extensions", "packaging",
+    "pathspec", "platformdirs", "pytokens", "tomli", "typing_extensions",
+    "build", "pyproject_hooks", "setuptools", "pkg_resources", "_distutils_hack", "pip", "wheel",
+})
+
+# Attributes the generated Model class defines in its template (the rest come from
+# runtime/gpu.py's ModelBase) and those API.md §6 announces; a user name taking one of them
+# would replace it.
+GENERATED_NAMES = frozenset({
+    "step", "train", "PROGRAM", "WGSL", "step_count", "seed", "adapter",
+    "load_safetensors", "save_safetensors", "load_state_dict", "state_dict",
+})
 
 
 @dataclass(frozen=True)
@@ -25,8 +46,8 @@ class InputSpec:
 
 def _spec(dtype, dims):
     for d in dims:
-        if not (isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)):
-            raise TraceError(f"{dtype}(): a dim must be a non-negative int or a symbol name, got {d!r}", capture_site())
+        if not (isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d > 0)):
+            raise TraceError(f"{dtype}(): a dim must be a positive int or a symbol name, got {d!r}", capture_site())
     return InputSpec(dtype, tuple(dims))
 
 
@@ -43,12 +64,20 @@ class Train:
     fn: Callable
     inputs: dict[str, InputSpec]
     optimizer: Any = None
+    site: Site | None = field(default=None, repr=False, compare=False)  # where it was declared
+
+    def __post_init__(self):
+        self.site = self.site or capture_site()
 
 
 @dataclass
 class Infer:
     fn: Callable
     inputs: dict[str, InputSpec]
+    site: Site | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.site = self.site or capture_site()
 
 
 @dataclass
@@ -59,14 +88,17 @@ class Program:
     infer: dict[str, Infer] = field(default_factory=dict)
     dims: dict[str, tuple] = field(default_factory=dict)
     seed: int = 0
+    site: Site | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        site = capture_site()
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise TraceError(f"Program name must be a valid Python package name, got {self.name!r}", site)
+        site = self.site = self.site or capture_site()
+        check_program_name(self.name, site)
+        self.seed = check_seed(self.seed, "Program(seed=...)")
         if self.train is None and not self.infer:
             raise TraceError(f"Program {self.name!r} has neither train= nor infer=", site)
         for k, v in self.dims.items():
+            if not (isinstance(k, str) and k.isascii() and k.isidentifier()):
+                raise InvalidNameError(f"dims: a symbolic dim's name must be an ASCII identifier, got {k!r}", site)
             sizes = (v,) if isinstance(v, int) else tuple(v)
             if not sizes or not all(isinstance(s, int) and s > 0 for s in sizes):
                 raise TraceError(f"dims[{k!r}] must be a tuple of positive sizes, got {v!r}", site)
@@ -74,8 +106,6 @@ class Program:
         entries = ([("train", self.train)] if self.train else []) + list(self.infer.items())
         for entry, spec in entries:
             for iname, ispec in spec.inputs.items():
-                if not iname.isidentifier() or iname.startswith("_"):
-                    raise TraceError(f"{entry}: input name {iname!r} must be an identifier not starting with '_'", site)
                 if not isinstance(ispec, InputSpec):
                     raise TraceError(f"{entry}: input {iname!r} must be declared with aot.f32(...) or aot.i32(...)", site)
                 for d in ispec.dims:
@@ -87,11 +117,70 @@ class Program:
                         )
 
 
+def check_program_name(name, site=None) -> None:
+    """A program's name becomes a package name: `import <name>` must find it and nothing else."""
+    why = None
+    if not isinstance(name, str):
+        why = f"it must be a str, got {type(name).__name__}"
+    elif not (name.isascii() and name.isidentifier()):
+        why = "it must be an ASCII Python identifier (letters, digits, '_'; not starting with a digit)"
+    elif keyword.iskeyword(name):
+        why = "it is a Python keyword"
+    elif name in sys.stdlib_module_names:
+        why = "it is the name of a standard library module, which `import` would no longer find"
+    elif name.lower() in DEPENDENCY_NAMES:
+        why = "it is the name of a module that aot or the generated package depends on"
+    if why:
+        raise InvalidNameError(f"aot.Program: the name {name!r} cannot be a package name: {why}", site,
+                               hint="choose another name, e.g. 'my_model'")
+
+
+def reserved_names() -> frozenset:
+    """Names an input, entry point or capture cannot take: the generated Model's methods and
+    attributes, Python keywords, and the names the generated methods use themselves."""
+    from .runtime.gpu import ModelBase
+
+    model = {n for n in dir(ModelBase) if not n.startswith("_")}
+    return frozenset(model | GENERATED_NAMES | set(keyword.kwlist) | {"self", "captures", "out", "loss"})
+
+
+def check_name(kind: str, name, site=None, reserved: frozenset | None = None) -> None:
+    """Raise InvalidNameError (a ValueError) at `site` unless `name` can be used for `kind`
+    ("input", "entry point", "capture"): an ASCII identifier not starting with '_', not reserved."""
+    reserved = reserved_names() if reserved is None else reserved
+    why = None
+    if not isinstance(name, str):
+        why = f"it must be a str, got {type(name).__name__}"
+    elif not (name.isascii() and name.isidentifier()):
+        why = "it must be an ASCII Python identifier"
+    elif name.startswith("_"):
+        why = "names starting with '_' are the generated code's"
+    elif keyword.iskeyword(name):
+        why = "it is a Python keyword"
+    elif name in reserved:
+        why = "the generated Model uses that name itself"
+    if why:
+        raise InvalidNameError(f"{kind} name {name!r} cannot be used: {why}", site,
+                               hint=f"rename the {kind}")
+
+
+def check_names(program: "Program") -> None:
+    """Every user-given name of `program` (inputs, entry points); captures are checked when traced."""
+    reserved = reserved_names()
+    specs = ([("step", program.train)] if program.train is not None else []) + list(program.infer.items())
+    for entry, spec in specs:
+        if spec is not program.train:
+            check_name("entry point", entry, program.site, reserved)
+        for iname in spec.inputs:
+            check_name(f"{entry}() input", iname, spec.site or program.site, reserved)
+
+
 def capture(name: str, t: Tensor) -> Tensor:
     """Mark an activation to be read back after a call (step(captures=True) / the Infer output)."""
     from .trace import current
 
     g = current()
+    check_name("capture", name, capture_site())
     if not isinstance(t, Tensor):
         raise TraceError(f"capture({name!r}, ...) expects a Tensor", capture_site())
     if name in g.captures:

@@ -11,6 +11,8 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
+from .errors import printable
+
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "codegen_templates"
 
 
@@ -37,6 +39,11 @@ def wgsl_i32(x: int) -> str:
     return f"{x}i" if x != -(2**31) else "i32(-2147483647 - 1)"
 
 
+def doc_text(text) -> str:
+    """`text` for the inside of a docstring: one printable line, backslashes and quotes escaped."""
+    return printable(str(text)).replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _strip_trailing_ws(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.split("\n"))
 
@@ -57,6 +64,9 @@ def env() -> jinja2.Environment:
         )
         _ENV.filters["wgsl_f32"] = wgsl_f32
         _ENV.filters["wgsl_i32"] = wgsl_i32
+        # user strings in generated Python: `pystr` for a string literal, `doc` inside a docstring
+        _ENV.filters["pystr"] = repr
+        _ENV.filters["doc"] = doc_text
     return _ENV
 
 

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -421,8 +420,7 @@ def test_failed_save_keeps_previous_checkpoint(model, tmp_path, monkeypatch):
 def test_killed_save_keeps_previous_checkpoint(shared, tmp_path):
     """A process killed (SIGKILL) in the middle of save(): the previous checkpoint still loads."""
     model, _ = shared
-    pkg = sys.modules[type(model).__module__]
-    root = Path(pkg.__file__).resolve().parent.parent
+    root = aot.build(PROGRAM, tmp_path / "build")  # aot.compile's temporary folder is gone by now
     ckpt = tmp_path / "ckpt.npz"
     model.reset()
     model.step(**B0)
@@ -447,15 +445,19 @@ def test_killed_save_keeps_previous_checkpoint(shared, tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     # the target was never touched; only the hidden temp file of the dead writer may remain
-    leftovers = sorted(f for f in os.listdir(tmp_path) if f != "ckpt.npz")
+    leftovers = sorted(f for f in os.listdir(tmp_path) if f not in ("ckpt.npz", "build"))
     assert len(leftovers) == 1 and leftovers[0].startswith(".ckpt.npz."), leftovers  # hidden, named after the target
     model.reset()
     model.restore(ckpt)
     assert model.step_count == 1
     assert_same_params(model.params(), saved)
-    # the next successful save of that checkpoint removes what the killed writer left
+    # a save removes what a killed writer left once nobody holds it and it is a minute old
     model.save(ckpt)
-    assert os.listdir(tmp_path) == ["ckpt.npz"]
+    assert leftovers[0] in os.listdir(tmp_path)  # too fresh: it could be a writer that just started
+    old = tmp_path / leftovers[0]
+    os.utime(old, (old.stat().st_atime - 120, old.stat().st_mtime - 120))
+    model.save(ckpt)
+    assert sorted(os.listdir(tmp_path)) == ["build", "ckpt.npz"]
 
 
 def test_save_restore_keeps_seed_and_step(shared, tmp_path):

@@ -10,10 +10,22 @@ float64 log/sqrt/cos/sin/multiply, so machines agree bit for bit after the f32 r
 from __future__ import annotations
 
 import base64
+import numbers
 
 import numpy as np
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+SEED_LIMIT = 2**64  # seeds are ints in [0, 2**64): every bit of them reaches init and dropout
+
+
+def check_seed(seed, what: str = "seed") -> int:
+    """`seed` as a Python int in [0, 2**64); TypeError for a non-int (bool, float), ValueError out of range."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{what}: a seed must be an int in [0, 2**64), got {type(seed).__name__} {seed!r}")
+    seed = int(seed)
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{what}: a seed must be an int in [0, 2**64), got {seed}")
+    return seed
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -58,6 +70,10 @@ def init_param(spec: tuple, shape: tuple[int, ...], seed: int, stream: int) -> n
 
 
 def step_seed(seed: int, t: int) -> int:
-    """The i32 seed of step t's random numbers (dropout), from the model seed."""
-    key = _splitmix64(np.array([(seed & 0xFFFFFFFF) << 32 | (t & 0xFFFFFFFF)], dtype=np.uint64))[0]
+    """The i32 seed of step t's random numbers (dropout), from all 64 bits of the model seed."""
+    word = (seed & 0xFFFFFFFF) << 32 | (t & 0xFFFFFFFF)
+    high = (seed >> 32) & 0xFFFFFFFF
+    if high:  # the high half, hashed, changes every step's stream (seeds below 2**32 keep theirs)
+        word ^= int(_splitmix64(np.array([high], dtype=np.uint64))[0])
+    key = _splitmix64(np.array([word], dtype=np.uint64))[0]
     return int(key & np.uint64(0x7FFFFFFF))

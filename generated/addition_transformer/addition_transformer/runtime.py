@@ -5,13 +5,24 @@ checkpoints, schedules and locking, over the device side in engine.py."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
+import re
+import struct
 import tempfile
 import threading
+import time
+import zipfile
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # Windows: an open file cannot be deleted there, which is all the lock is for
+    fcntl = None
 
 from . import rng, schedules
 from .engine import _NP, Engine, ShaderError, _size  # noqa: F401  (ShaderError: the package re-exports it)
@@ -49,7 +60,7 @@ class ModelBase:
         self._lock = threading.RLock()
         self._closed = False
         self._program = p
-        self.seed = int(p["seed"] if seed is None else seed)
+        self._seed = rng.check_seed(p["seed"] if seed is None else seed, "Model(seed=...)")
         self._params = p["params"]  # (name, shape, init spec, decay, offset)
         self._total = sum(_size(s) for _, s, _, _, _ in self._params)
         self._engine = Engine(p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"])
@@ -67,6 +78,15 @@ class ModelBase:
     @property
     def param_names(self) -> list[str]:
         return [n for n, *_ in self._params]
+
+    @property
+    def seed(self) -> int:
+        """The seed of the initial parameters and of every step's random numbers: an int in [0, 2**64)."""
+        return self._seed
+
+    @seed.setter
+    def seed(self, value) -> None:
+        self._seed = rng.check_seed(value, "seed")
 
     @property
     def lr(self):
@@ -163,6 +183,7 @@ class ModelBase:
     def _pick(self, entry: str, inputs: dict):
         """Validate inputs against the entry's declaration; returns (variant key, packed arena arrays)."""
         decl = self._program["signatures"][entry]  # name -> (dtype, dims)
+        entry = "step" if entry == "train" else entry  # the method the user called, for messages
         unknown = sorted(set(inputs) - set(decl))
         if unknown:
             raise TypeError(f"{entry}(): unknown input(s) {unknown}; expected {sorted(decl)}")
@@ -197,7 +218,7 @@ class ModelBase:
                 if a.dtype.kind == "u" and a.size and a.max() > 2**31 - 1 or a.size and (a.min() < -(2**31) or a.max() > 2**31 - 1):
                     raise ValueError(f"{entry}(): input {name!r} has values outside the i32 range")
             arrays[name] = a.astype(_NP[dtype])
-        key = self._program["variants"][entry][tuple(sorted(sizes.items()))]
+        key = self._program["variants"]["train" if entry == "step" else entry][tuple(sorted(sizes.items()))]
         e = self._program["entries"][key]
         for name, bound in e["index_bounds"].items():
             a = arrays[name]
@@ -258,7 +279,8 @@ class ModelBase:
 
     def save(self, path) -> None:
         """Write params, optimizer state, step count, lr schedule position and seed to `path` (.npz).
-        The file is written to a temporary name and renamed, so a crash never leaves a torn checkpoint."""
+        The file is written under a temporary name of its own and renamed over `path`, so a crash
+        never leaves a torn checkpoint and, of several saves to one path, the last to finish wins whole."""
         with self._lock:
             self._check_open()
             path = os.fspath(path)
@@ -267,59 +289,73 @@ class ModelBase:
                 "__program__": np.array(self._program["name"]),
                 "__fingerprint__": np.array(self._fingerprint()),
                 "__step_count__": np.array(self.step_count, dtype=np.int64),
-                "__seed__": np.array(self.seed, dtype=np.int64),
+                "__seed__": np.array(self.seed, dtype=np.uint64),
                 "__lr__": np.array(repr(self._lr)),
                 "__lr_origin__": np.array(self._lr_origin, dtype=np.int64),
                 "__state__": self._engine.read("state", 0, state_n) if state_n else np.zeros(0, np.float32),
             }
             for n, a in self.params().items():
                 data["param/" + n] = a
-            folder = os.path.dirname(os.path.abspath(path))
-            prefix = "." + os.path.basename(path)[:100] + "."
-            fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".partial", dir=folder)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    np.savez(f, **data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-            # a writer killed outright (SIGKILL, power loss) could not remove its temporary
-            # file: the next successful save of the same checkpoint does
-            for stale in os.listdir(folder):
-                if stale.startswith(prefix) and stale.endswith(".partial"):
-                    try:
-                        os.unlink(os.path.join(folder, stale))
-                    except OSError:
-                        pass
+            _replace_atomically(path, lambda f: np.savez(f, **data))
+
+    def _checkpoint_layout(self) -> dict:
+        """Checkpoint member -> (kind, shape); kind "f4" is a float32 array, "i8" an int64 scalar,
+        "seed" a uint64 scalar (int64 in older checkpoints), ("str", n) a string of at most n characters."""
+        layout = {
+            # another program's name or fingerprint still reads, for a message naming it
+            "__program__": (("str", 1024), ()),
+            "__fingerprint__": (("str", 1024), ()),
+            "__step_count__": ("i8", ()),
+            "__seed__": ("seed", ()),
+            "__lr__": (("str", _MAX_LR_TEXT), ()),
+            "__lr_origin__": ("i8", ()),
+            "__state__": ("f4", (self._program["arenas"].get("state", 0),)),
+        }
+        for n, s, *_ in self._params:
+            layout["param/" + n] = ("f4", tuple(s))
+        return layout
 
     def restore(self, path) -> None:
-        """Load a checkpoint written by save(); training continues exactly where it left off."""
+        """Load a checkpoint written by save(); training continues exactly where it left off.
+
+        The whole file is read and checked first (every member's presence, dtype, shape and
+        range, with sizes taken from the archive's headers before anything is read), and only
+        then is the model changed: a refused checkpoint (ValueError; KeyError for a missing or
+        unknown parameter) leaves the model as it was. Nothing in a checkpoint is executed."""
         with self._lock:
             self._check_open()
-            with np.load(os.fspath(path), allow_pickle=False) as z:
-                if "__fingerprint__" not in z:
-                    raise ValueError(f"{path}: not an aot checkpoint")
-                if str(z["__program__"]) != self._program["name"] or str(z["__fingerprint__"]) != self._fingerprint():
-                    raise ValueError(
-                        f"{path}: checkpoint of program {str(z['__program__'])!r} does not match this model "
-                        f"({self._program['name']!r}: different parameters, shapes or optimizer)"
-                    )
-                params = {k[len("param/") :]: z[k] for k in z.files if k.startswith("param/")}
-                state = z["__state__"]
-                if state.size != self._program["arenas"].get("state", 0):
-                    raise ValueError(f"{path}: optimizer state has {state.size} values, expected {self._program['arenas'].get('state', 0)}")
-                lr = _parse_lr(str(z["__lr__"]))
-                self.load_params(params)
-                if state.size:
-                    self._engine.write("state", 0, state.astype(np.float32))
-                self.step_count = int(z["__step_count__"])
-                self.seed = int(z["__seed__"])
-                self._lr = lr
-                self._lr_origin = int(z["__lr_origin__"])
+            layout = self._checkpoint_layout()
+            z = _read_checkpoint(path, layout, self._program["name"], self._fingerprint())
+            bad = lambda member, why: ValueError(f"{path}: checkpoint member {member!r} {why}")  # noqa: E731
+            step_count = z["__step_count__"]
+            if not 0 <= step_count < 2**62:
+                raise bad("__step_count__", f"must be a step count >= 0, got {step_count}")
+            try:
+                seed = rng.check_seed(z["__seed__"], "__seed__")
+            except (TypeError, ValueError) as e:
+                raise bad("__seed__", f"is not a seed: {e}") from None
+            origin = z["__lr_origin__"]
+            if not 0 <= origin <= step_count:
+                raise bad("__lr_origin__", f"must be in [0, step count {step_count}], got {origin}")
+            try:
+                lr = _parse_lr(z["__lr__"])
+            except (TypeError, ValueError) as e:
+                raise bad("__lr__", f"is not a learning rate or schedule: {e}") from None
+            if (lr is None) != (self._opt is None):
+                raise bad("__lr__", f"is {lr!r}, which does not fit this model's optimizer")
+            flat = np.zeros(max(self._total, 1), dtype=np.float32)
+            for n, s, _, _, o in self._params:
+                flat[o : o + _size(s)] = z["param/" + n].ravel()
+            # everything is valid: only now does the model change
+            if self._total:
+                self._engine.write("params", 0, flat[: self._total])
+            state = z["__state__"]
+            if state.size:
+                self._engine.write("state", 0, state)
+            self.step_count = step_count
+            self._seed = seed
+            self._lr = lr
+            self._lr_origin = origin
 
     def close(self) -> None:
         """Release the GPU resources; calling it again does nothing."""
@@ -340,7 +376,234 @@ def _dims_note(shape, dims) -> str:
 
 
 def _parse_lr(text: str):
-    import ast
+    try:
+        value = ast.literal_eval(text)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as e:
+        raise ValueError(f"{text[:80]!r} is not a literal ({type(e).__name__})") from None
+    try:
+        return None if value is None else schedules.normalize(value)
+    except RecursionError:
+        raise ValueError("the schedule is nested too deeply") from None
 
-    value = ast.literal_eval(text)
-    return None if value is None else schedules.normalize(value)
+
+# ---- checkpoint files ---------------------------------------------------------------------------
+
+_MAX_LR_TEXT = 32768  # characters of a saved lr spec (multistep keeps at most 1000 milestones)
+_MAX_NPY_HEADER = 1024  # bytes of one member's .npy header (numpy writes 128)
+_ZIP_SLACK = 1024  # bytes of zip bookkeeping per member besides its name (headers, zip64 extras)
+_TEMP_SUFFIX = ".partial"
+_STALE_AFTER_S = 60.0  # a temporary file untouched for this long, and unlocked, belongs to a dead writer
+
+
+def _temp_prefix(path: str) -> str:
+    """Hidden temporary names next to the target: '.<target name>.XXXXXXXX.partial' (the name cut
+    to 100 bytes, so the whole stays under the usual 255-byte limit)."""
+    base = os.path.basename(path).encode("utf-8", "surrogateescape")[:100].decode("utf-8", "ignore")
+    return "." + base + "."
+
+
+def _replace_atomically(path: str, write) -> None:
+    """write(f) into a temporary file of its own in path's folder, then rename it over path."""
+    folder = os.path.dirname(os.path.abspath(path))
+    prefix = _temp_prefix(path)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=_TEMP_SUFFIX, dir=folder)
+    try:
+        if fcntl is not None:
+            try:  # held until the file is closed: another save's cleanup leaves a locked file alone
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _remove_stale_temps(folder, prefix)
+
+
+def _remove_stale_temps(folder: str, prefix: str) -> None:
+    """Remove what writers killed outright (SIGKILL, power loss) left: temporary files of this
+    name that nobody holds locked and that have not been written to for a minute."""
+    now = time.time()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(_TEMP_SUFFIX)):
+            continue
+        full = os.path.join(folder, name)
+        try:
+            if now - os.stat(full).st_mtime < _STALE_AFTER_S:
+                continue
+            if fcntl is not None:
+                with open(full, "rb") as f:
+                    try:
+                        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue  # a live writer
+            os.unlink(full)
+        except OSError:
+            pass
+
+
+def _read_checkpoint(path, layout: dict, program: str, fingerprint: str) -> dict:
+    """Read and check a checkpoint file against `layout` (member -> (kind, shape)); returns
+    {member: value} (arrays as float32, ints as int, strings as str) or raises ValueError/KeyError.
+
+    Memory stays bounded by the model's own checkpoint size: the file size is checked first,
+    then every member's size from the zip central directory and its .npy header against the
+    shape the model expects, before the member's data is read."""
+    fpath = os.fspath(path)
+    with open(fpath, "rb") as f:
+        head = f.read(8)
+        size = os.fstat(f.fileno()).st_size
+        if head.startswith(b"\x93NUMPY"):
+            raise ValueError(f"{path}: this is a .npy file (one array), not an aot checkpoint (a .npz written by Model.save)")
+        if not (head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06")):
+            raise ValueError(f"{path}: not an aot checkpoint (Model.save writes .npz archives; this is not one)")
+        limit = 65536 + sum(
+            _ZIP_SLACK + 2 * len(m.encode("utf-8", "surrogateescape")) + _MAX_NPY_HEADER + _nbytes(kind, shape)
+            for m, (kind, shape) in layout.items()
+        )
+        if size > limit:
+            raise ValueError(
+                f"{path}: not a checkpoint of {program}: it has {size} bytes, more than this model's "
+                f"checkpoints can hold ({limit})"
+            )
+        f.seek(0)
+        try:
+            with zipfile.ZipFile(f) as zf:
+                return _read_members(path, zf, layout, program, fingerprint)
+        except zipfile.BadZipFile as e:
+            raise ValueError(f"{path}: not an aot checkpoint, or a damaged one (bad .npz archive: {e})") from None
+        except (EOFError, OSError, RuntimeError, NotImplementedError, UnicodeError) as e:
+            raise ValueError(f"{path}: a damaged checkpoint ({type(e).__name__}: {e})") from None
+
+
+def _nbytes(kind, shape) -> int:
+    n = _size(shape)
+    if kind == "f4":
+        return 4 * n
+    if kind in ("i8", "seed"):
+        return 8
+    return 4 * kind[1]
+
+
+def _read_members(path, zf: zipfile.ZipFile, layout: dict, program: str, fingerprint: str) -> dict:
+    infos = {}
+    for info in zf.infolist():
+        if info.filename in infos:
+            raise ValueError(f"{path}: damaged checkpoint: member {info.filename!r} appears twice")
+        infos[info.filename] = info
+    names = {m[: -len(".npy")] if m.endswith(".npy") else m: m for m in infos}
+    if len(names) != len(infos):
+        raise ValueError(f"{path}: damaged checkpoint: a member appears twice (with and without '.npy')")
+    if "__fingerprint__" not in names or "__program__" not in names:
+        raise ValueError(f"{path}: not an aot checkpoint (it has no __program__/__fingerprint__ members)")
+    out = {}
+
+    def read(member):
+        if member not in out:
+            kind, shape = layout[member]
+            out[member] = _read_npy(path, zf, infos[names[member]], member, kind, shape)
+        return out[member]
+
+    if read("__program__") != program or read("__fingerprint__") != fingerprint:
+        raise ValueError(
+            f"{path}: checkpoint of program {out['__program__']!r} does not match this model "
+            f"({program!r}: different parameters, shapes or optimizer)"
+        )
+    unknown = sorted(set(names) - set(layout))
+    missing = sorted(set(layout) - set(names))
+    for what, found in (("unknown", unknown), ("missing", missing)):
+        params = [m[len("param/") :] for m in found if m.startswith("param/")]
+        if params:
+            raise KeyError(f"{path}: {what} parameter(s) {params} in the checkpoint")
+        if found:
+            raise ValueError(f"{path}: damaged checkpoint: {what} member(s) {found}")
+    for member in layout:
+        if names[member] != member + ".npy":
+            raise ValueError(f"{path}: damaged checkpoint: member {names[member]!r} should be {member + '.npy'!r}")
+        read(member)
+    return out
+
+
+_NPY_DESCR = {
+    "f4": ("<f4", ">f4"),
+    "i8": ("<i8", ">i8"),
+    "seed": ("<u8", ">u8", "<i8", ">i8"),
+}
+
+
+def _read_npy(path, zf, info, member: str, kind, shape):
+    """One .npy member, checked against (kind, shape) before its data is read."""
+
+    def bad(why):
+        return ValueError(f"{path}: checkpoint member {member!r} {why}")
+
+    if info.flag_bits & 0x1:
+        raise bad("is encrypted")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise bad(f"uses an unsupported compression ({info.compress_type})")
+    if info.file_size > 16 + _MAX_NPY_HEADER + _nbytes(kind, shape):
+        raise bad(f"is {info.file_size} bytes long, more than a value of shape {shape} needs")
+    try:
+        with zf.open(info) as m:
+            magic = m.read(8)
+            if len(magic) != 8 or magic[:6] != b"\x93NUMPY" or magic[6] not in (1, 2, 3):
+                raise bad("is not a .npy array")
+            width = 2 if magic[6] == 1 else 4
+            raw_len = m.read(width)
+            if len(raw_len) != width:
+                raise bad("is truncated")
+            hlen = struct.unpack("<H" if width == 2 else "<I", raw_len)[0]
+            if hlen > _MAX_NPY_HEADER:
+                raise bad(f"has a {hlen}-byte .npy header (at most {_MAX_NPY_HEADER})")
+            text = m.read(hlen)
+            if len(text) != hlen:
+                raise bad("is truncated")
+            try:
+                header = ast.literal_eval(text.decode("utf-8" if magic[6] == 3 else "latin1"))
+            except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError, UnicodeError):
+                raise bad("has an unreadable .npy header") from None
+            if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+                raise bad("has an unreadable .npy header")
+            descr, fortran, got = header["descr"], header["fortran_order"], header["shape"]
+            if not isinstance(got, tuple) or tuple(got) != tuple(shape) or not all(type(d) is int for d in got):
+                raise bad(f"has shape {got!r}, expected {tuple(shape)}")
+            if not isinstance(fortran, bool):
+                raise bad("has an unreadable .npy header")
+            if kind in _NPY_DESCR:
+                if descr not in _NPY_DESCR[kind]:
+                    want = {"f4": "float32", "i8": "an int64 scalar", "seed": "a uint64 scalar"}[kind]
+                    raise bad(f"has dtype {descr!r}, expected {want}")
+            else:
+                found = re.fullmatch(r"[<>|=]?U(\d{1,9})", descr) if isinstance(descr, str) else None
+                if found is None or not 1 <= int(found.group(1)) <= kind[1]:
+                    raise bad(f"has dtype {descr!r}, expected a string of at most {kind[1]} characters")
+            dtype = np.dtype(descr)
+            nbytes = _size(shape) * dtype.itemsize
+            if info.file_size != 8 + width + hlen + nbytes:
+                raise bad(f"is {info.file_size} bytes long in the archive; its header says {8 + width + hlen + nbytes}")
+            data = m.read(nbytes)
+            if len(data) != nbytes or m.read(1):
+                raise bad("is truncated")
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+        raise bad(f"is damaged ({e})") from None
+    values = np.frombuffer(data, dtype=dtype)
+    if kind == "f4":
+        a = values.astype(np.float32)
+        return a.reshape(shape[::-1]).T.copy() if fortran else a.reshape(shape)
+    if kind in ("i8", "seed"):
+        return int(values[0])
+    try:
+        return str(values[0])
+    except (ValueError, UnicodeError):
+        raise bad("holds characters that are not text") from None
