@@ -585,3 +585,31 @@ def test_readme_documents_init_and_decay():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     for needle in ("init=", "decay=", "aot.init.kaiming()", "randn(0.02)", "CNN"):
         assert needle in text, needle
+
+
+def test_default_init_starves_a_relu_cnn_where_kaiming_does_not():
+    """The README's CNN note at step 0: through examples/mnist_cnn.py's layers, randn(0.02)
+    leaves logits ~1000x smaller than kaiming() does (the interpreter, no GPU)."""
+    from aot.interp import Reference
+
+    def cnn(init, last):
+        class CNN(aot.Module):
+            def __init__(self):
+                super().__init__()
+                self.c1 = nn.Conv2d(1, 16, 3, padding=1, init=init)
+                self.c2 = nn.Conv2d(16, 32, 3, padding=1, init=init)
+                self.f1 = nn.Linear(32 * 7 * 7, 64, init=init)
+                self.f2 = nn.Linear(64, 10, init=last)
+
+        def logits(m, x):
+            h = ops.max_pool2d(ops.relu(m.c1(x)), 2)
+            h = ops.max_pool2d(ops.relu(m.c2(h)), 2)
+            return m.f2(ops.relu(m.f1(ops.reshape(h, (x.shape[0], -1)))))
+
+        return aot.Program("safety_cnn", model=CNN, infer={"logits": aot.Infer(logits, {"x": aot.f32(8, 1, 28, 28)})})
+
+    x = np.random.default_rng(0).uniform(0, 1, (8, 1, 28, 28)).astype(np.float32)
+    std = {}
+    for name, init, last in (("randn", None, None), ("kaiming", aot.init.kaiming(), aot.init.kaiming(1.0))):
+        std[name] = float(Reference(trace_program(cnn(init, last))).predict("logits", x=x).std())
+    assert std["randn"] < 5e-3 and std["kaiming"] > 0.1, std
