@@ -3,19 +3,20 @@ family (elementwise, reduce, matmul); the values themselves are rendered by wgsl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import CodegenError
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, render_matmul
 from .plan import Plan
-from .schedule import LEAVES, Kernel, Schedule
+from .schedule import LEAVES, VIEW_OPS, Kernel, Schedule
 from .templates import render
-from .views import merge_subdims
+from .views import View, derive_view, merge_subdims
 from .wgsl_expr import Body, Index, KernelContext, _size
 
 WG = 256
 MAX_GROUPS = 65535
+MAX_STORAGE_BINDINGS = 8  # WebGPU's default maxStorageBuffersPerShaderStage
 
 
 @dataclass
@@ -116,6 +117,12 @@ def _kernel(name, k: Kernel, s: Schedule, plan: Plan, names) -> KernelCode:
     else:
         code, kc = _matmul(name, header, k, s, plan, ops, site)
     check_hazards(name, k, plan, kc.reads, names)
+    if len(code.bindings) > MAX_STORAGE_BINDINGS:
+        raise CodegenError(
+            f"kernel {name} binds {len(code.bindings)} storage buffers ({', '.join(a for a, _ in code.bindings)}); "
+            f"WebGPU guarantees {MAX_STORAGE_BINDINGS} per shader stage. Its operands were spread over too many "
+            "scratch buffers: build with a larger --max-binding-mib"
+        )
     return code
 
 
@@ -197,18 +204,50 @@ def _merge(subdims) -> tuple:
     return tuple(merge_subdims(subdims)) or ((1, 0),)
 
 
-def _operand(plan: Plan, s: Schedule, t: Tensor, kc: KernelContext, fold_batch: bool) -> Operand:
-    """t [..., rows, cols] as a matmul operand; with fold_batch the batch dims join the rows."""
+def _operand(plan: Plan, s: Schedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list) -> Operand:
+    """t [..., rows, cols] as a matmul operand; with fold_batch the batch dims join the rows.
+    A t that is not stored is computed by a WGSL function `fn` as the tiles load it."""
+    if id(t) not in s.views:
+        return _prologue(s, t, kc, fold_batch, fn, prologues)
     loc, dims = plan.read_loc(s, t)
     kc.use(loc.arena, write=False)
     kc.reads.append(s.views[id(t)].base)
+    return _strided_operand(loc.arena, loc.offset, dims, fold_batch)
+
+
+def _prologue(s: Schedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list) -> Operand:
+    """An operand computed in the matmul (schedule.is_prologue: unfold/flip index arithmetic over
+    stored tensors): `fn name(bi, row, col) -> f32` renders t's expression at that element. Its
+    strides are those t would have if the unfold/flip output were stored, so the tile loads walk
+    the index that is contiguous in the memory the expression reads."""
+    body = Body(kc, "    ")
+    if fold_batch:
+        coords = Index(t.shape[:-1], flat="row").get_coords(body) + ["col"]
+    else:
+        coords = Index(t.shape[:-2], flat="bi").get_coords(body) + ["row", "col"]
+    value = body.value(t, Index(t.shape, coords))
+    prologues.append("\n".join([f"fn {fn}(bi: u32, row: u32, col: u32) -> f32 {{", *body.lines, f"    return {value};", "}"]))
+    chain, x = [], t
+    while x.node.op in VIEW_OPS:
+        chain.append(x.node)
+        x = x.node.inputs[0]
+    v = View.contiguous(x)
+    for n in reversed(chain):
+        v = derive_view(n, v) if v is not None else None
+    if v is None:  # not a view of one computed tensor: call it row-major
+        v = View.contiguous(t)
+    op = _strided_operand("", 0, v.dims, fold_batch)
+    return replace(op, fn=fn)
+
+
+def _strided_operand(arena: str, offset: int, dims, fold_batch: bool) -> Operand:
     batch = _merge([sd for axis in dims[:-2] for sd in axis])
     rows = _merge(([sd for axis in dims[:-2] for sd in axis] if fold_batch else []) + list(dims[-2]))
     cols = _merge(dims[-1])
     single = len(rows) == 1 and len(cols) == 1 and (fold_batch or len(batch) == 1)
     if single:
-        return Operand(loc.arena, loc.offset, 0 if fold_batch else batch[0][1], rows[0][1], cols[0][1])
-    return Operand(loc.arena, loc.offset, 0, 0, 0, batch_dims=() if fold_batch else batch, row_dims=rows, col_dims=cols)
+        return Operand(arena, offset, 0 if fold_batch else batch[0][1], rows[0][1], cols[0][1])
+    return Operand(arena, offset, 0, 0, 0, batch_dims=() if fold_batch else batch, row_dims=rows, col_dims=cols)
 
 
 def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> KernelCode:
@@ -219,7 +258,9 @@ def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
     batch, M, N, K = _size(mm.shape[:-2]), mm.shape[-2], mm.shape[-1], a.shape[-1]
     # weights shared over the batch ([..., M, K] @ [K, N]): one [batch*M, K] @ [K, N]
     fold = b.ndim == 2
-    opa, opb = _operand(plan, s, a, kc, fold), _operand(plan, s, b, kc, False)
+    prologues: list[str] = []
+    opa = _operand(plan, s, a, kc, fold, "load_a", prologues)
+    opb = _operand(plan, s, b, kc, False, "load_b", prologues)
     if fold:
         batch, M = 1, batch * M
     out_loc = plan.loc[id(k.out)]
@@ -242,6 +283,6 @@ def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
         kc.computed[id(t)] = f"x{j}"
     spec = MatmulSpec(batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi, extra_stores=tuple(extra))
     helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
-    bindings = kc.binding_text() + ("\n" + helpers if helpers else "")
+    bindings = kc.binding_text() + ("\n" + helpers if helpers else "") + "".join("\n\n" + f for f in prologues)
     wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
     return KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site), kc

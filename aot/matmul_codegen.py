@@ -43,6 +43,10 @@ class Operand:
     batch_dims: tuple = ()
     row_dims: tuple = ()
     col_dims: tuple = ()
+    # A computed operand (a prologue): elements come from the WGSL function `fn(bi, row, col)`
+    # instead of `buf`; the strides above then only say which index is contiguous in the
+    # memory it reads, so the tile loads still walk that index across threads.
+    fn: str = ""
 
     def dims(self, which: str, length: int) -> tuple:
         """((size, stride), ...) of the batch, row or col index, outermost first."""
@@ -267,6 +271,8 @@ def _loader(
         items.append({"src": sources.index(dp), "dk": dk, "st": st // width})
     return {
         "buf": op.buf,
+        "fn": op.fn,
+        "p_first": p_first,
         "p_expr": p_expr,
         "k_expr": k_expr,
         "p_tile": p_tile,
@@ -374,6 +380,8 @@ def _batch_expr(op: Operand, batch: int) -> str:
 
 def _describe(op: Operand, batch: int, rows: int, cols: int, r: str, c: str) -> str:
     """The operand's element address as a formula, for the kernel's header comment."""
+    if op.fn:
+        return f"{op.fn}(bi, {r}, {c}), computed as the tiles are loaded"
     terms = ([f"{op.offset}"] if op.offset else []) + (split_index("bi", op.dims("batch", batch)) if batch > 1 else [])
     terms += split_index(r, op.dims("row", rows)) + split_index(c, op.dims("col", cols))
     return f"{op.buf}[{' + '.join(terms) or '0'}]".replace("u ", " ").replace("u]", "]").replace("u)", ")")

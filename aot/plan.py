@@ -7,6 +7,10 @@ Buffers ("arenas") are fixed per package, so every kernel binds at most seven of
   state       optimizer state (adam.m, adam.v | sgd.momentum), flat, each as long as params
   inputs      f32 inputs and per-step scalars, packed; inputs_i32 the i32 inputs
   work        intermediates, reused by liveness; work_i32 the i32 ones
+No buffer may exceed the storage-binding limit (WebGPU's default: 128 MiB), so intermediates
+spill into more buffers of that size when they must (work_1, work_2, ...; work_i32_1, ...): a
+tensor lives whole in one of them, placed first-fit over its lifetime. A kernel binds only the
+buffers it touches, which stays within the 8 storage bindings of a shader stage (checked).
 Updated params and state are written in place when the writing kernel is the last reader of
 the old value and reads it only at the element it writes; otherwise a copy follows the pass.
 """
@@ -21,6 +25,25 @@ from .schedule import LEAVES, Schedule, _identity_reads
 
 ALIGN = 64  # elements: 256-byte aligned tensors keep reads coalesced and offsets tidy
 ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32")
+DEFAULT_MAX_BINDING_MIB = 128  # WebGPU's default maxStorageBufferBindingSize (browsers, lavapipe)
+
+
+def chunk_name(arena: str, k: int) -> str:
+    """The k-th buffer of a scratch arena: work, work_1, work_2, ..."""
+    return arena if k == 0 else f"{arena}_{k}"
+
+
+def arena_binding(arena: str) -> int:
+    """Every kernel binds a buffer at the same number (so neighbours share bind groups): the
+    fixed arenas first, then extra scratch buffers interleaved f32/i32 (work_1, work_i32_1, ...)."""
+    if arena in ARENAS:
+        return ARENAS.index(arena)
+    base, k = arena.rsplit("_", 1)
+    return len(ARENAS) + 2 * (int(k) - 1) + (base == "work_i32")
+
+
+def arena_dtype(arena: str) -> str:
+    return "i32" if arena == "inputs_i32" or arena.startswith("work_i32") else "f32"
 
 
 @dataclass(frozen=True)
@@ -49,8 +72,9 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan(s: Schedule, state_offsets: dict[str, int], param_total: int) -> Plan:
+def plan(s: Schedule, state_offsets: dict[str, int], param_total: int, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB) -> Plan:
     g = s.graph
+    cap = int(max_binding_mib * 2**20) // 4 // ALIGN * ALIGN  # elements per buffer
     loc: dict[int, Loc] = {}
     sizes = dict.fromkeys(ARENAS, 0)
     sizes["params"] = param_total
@@ -133,7 +157,14 @@ def plan(s: Schedule, state_offsets: dict[str, int], param_total: int) -> Plan:
             intervals[id(r)][2] = end_of_step
     for arena, dtype in (("work", "f32"), ("work_i32", "i32")):
         items = [iv for iv in intervals.values() if iv[0].dtype == dtype]
-        sizes[arena] = _pack(items, loc, arena)
+        for t, _, _ in items:
+            if _align(max(t.size, 1)) > cap:
+                _too_large(g, f"the intermediate {t.node.op} result {t.type_str()}", t, t.size, max_binding_mib)
+        for k, n in enumerate(_pack(items, loc, arena, cap)):
+            sizes[chunk_name(arena, k)] = n
+    for arena in ("params", "grads", "state", "inputs", "inputs_i32"):
+        if sizes[arena] > cap:
+            _too_large(g, f"the {arena} buffer", None, sizes[arena], max_binding_mib)
     for t in s.owners:
         if id(t) not in loc and id(t) in s.placed:
             r, off = t, 0
@@ -187,19 +218,36 @@ def _in_place_ok(s: Schedule, index, readers, owner: Tensor, target: Tensor) -> 
     return all(_identity_reads(s, out, target) for out in k.outs)
 
 
-def _pack(items, loc, arena) -> int:
-    """Greedy by size: largest first, at the lowest offset free over its whole lifetime."""
-    placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
-    top = 0
+def _too_large(g, what: str, t: Tensor | None, elements: int, mib: float):
+    site = f" (from {t.node.site.short})" if t is not None and t.node.site else ""
+    raise CodegenError(
+        f"{g.name}: {what}{site} needs {4 * elements} bytes ({4 * elements / 2**20:.1f} MiB), more than "
+        f"one storage binding may hold ({mib:g} MiB). Make it smaller (a smaller batch, say), or build with "
+        f"`python -m aot build --max-binding-mib N` for adapters that allow more (WebGPU's default and "
+        f"lavapipe's limit is 128; GPUs allow up to 2048 when asked)"
+    )
+
+
+def _pack(items, loc, arena, cap: int) -> list[int]:
+    """Greedy by size: largest first, at the lowest offset free over its whole lifetime, in the
+    first buffer of the arena where it fits under `cap` elements. Returns each buffer's size."""
+    bins: list[list[tuple[int, int, int, int]]] = []  # per buffer: offset, size, start, end
+    tops: list[int] = []
     for t, start, end in sorted(items, key=lambda iv: (-iv[0].size, iv[1], iv[2])):
         size = _align(max(t.size, 1))
-        busy = sorted((o, sz) for o, sz, s0, e0 in placed if not (e0 < start or end < s0))
-        off = 0
-        for o, sz in busy:
-            if off + size <= o:
+        for k in range(len(bins) + 1):
+            if k == len(bins):
+                bins.append([])
+                tops.append(0)
+            busy = sorted((o, sz) for o, sz, s0, e0 in bins[k] if not (e0 < start or end < s0))
+            off = 0
+            for o, sz in busy:
+                if off + size <= o:
+                    break
+                off = max(off, o + sz)
+            if off + size <= cap:
                 break
-            off = max(off, o + sz)
-        placed.append((off, size, start, end))
-        loc[id(t)] = Loc(arena, off)
-        top = max(top, off + size)
-    return top
+        bins[k].append((off, size, start, end))
+        loc[id(t)] = Loc(chunk_name(arena, k), off)
+        tops[k] = max(tops[k], off + size)
+    return tops or [0]

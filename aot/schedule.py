@@ -31,13 +31,17 @@ from .ir import Graph, Node, Tensor
 from .views import View, concat_view, derive_view
 
 LEAVES = ("input", "param", "state")
-INDEX_OPS = ("broadcast_to", "reshape", "transpose", "narrow", "const", "arange")
+INDEX_OPS = ("broadcast_to", "reshape", "transpose", "narrow", "const", "arange", "unfold", "flip")
 VIEW_OPS = ("broadcast_to", "reshape", "transpose", "narrow")
+# ops a matmul may compute while loading its operand tiles (a prologue), when the operand
+# involves unfold or flip: im2col columns are as large as the activations times kh*kw, so a
+# convolution reads its input through the unfold index math instead of storing the columns
+PROLOGUE_OPS = VIEW_OPS + ("unfold", "flip", "pad", "const", "arange")
 KERNEL_OPS = {"matmul": "matmul", "sum": "reduce", "max": "reduce", "argmax": "reduce"}
 # inlined ops a multi-consumer node may cost and still be recomputed by every consumer
 RECOMPUTE_BUDGET = 3
 COSTLY = ("exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "power", "div", "gather",
-          "take_along_axis", "unfold", "fold", "rand", "concat", "pad")
+          "take_along_axis", "fold", "rand", "concat", "pad")
 # ops whose output element i depends only on element i of each input (same shape)
 POINTWISE = (
     "neg abs sign sqrt rsqrt exp log sin cos tanh sigmoid relu erf square power stop_gradient "
@@ -147,6 +151,13 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
             if n.op == "matmul":
                 for t in n.inputs:
                     if id(t) in views:
+                        continue
+                    conv, below = _prologue_split(t, views)
+                    if conv:  # computed in the matmul; what it reads must be stored
+                        for x in below:
+                            if id(x) not in stored:
+                                stored.add(id(x))
+                                changed = True
                         continue
                     # store what the view chain starts from; only if that cannot help, t itself
                     u = t
@@ -259,6 +270,23 @@ def _merge_sibling(s: Schedule, i: int, j: int | None) -> bool:
             del s.kernels[i]
             return True
     return False
+
+
+def _prologue_split(t: Tensor, views) -> tuple[bool, list[Tensor]]:
+    """Whether matmul operand t involves unfold or flip (then the matmul computes it as it loads
+    its tiles, PROLOGUE_OPS), and the tensors below its index arithmetic that are not stored
+    yet: those must be, so that the prologue only reads memory."""
+    stack, found, below = [t], False, []
+    while stack:
+        x = stack.pop()
+        if id(x) in views:
+            continue
+        if x.node.op not in PROLOGUE_OPS:
+            below.append(x)
+            continue
+        found |= x.node.op in ("unfold", "flip")
+        stack.extend(x.node.inputs)
+    return found, below
 
 
 def _identity_reads(s: Schedule, out: Tensor, target: Tensor) -> bool:

@@ -12,20 +12,11 @@ from .errors import CodegenError
 from .ir import Tensor
 from .matmul_codegen import split_index
 from .ops.registry import lookup
-from .plan import Plan
+from .plan import Plan, arena_binding, arena_dtype
 from .schedule import Schedule
 from .templates import wgsl_f32, wgsl_i32
 from .views import contiguous_strides
 
-ARENA_TYPES = {
-    "params": "f32",
-    "grads": "f32",
-    "state": "f32",
-    "inputs": "f32",
-    "inputs_i32": "i32",
-    "work": "f32",
-    "work_i32": "i32",
-}
 WGSL_TYPE = {"f32": "f32", "i32": "i32"}
 NAN_HELPERS = ("tanh_f32", "max_nan", "min_nan", "gt_nan")  # helpers that call is_nan_f32
 
@@ -127,6 +118,12 @@ class Body:
             for i, p in enumerate(a["perm"]):
                 sc[p] = c[i]
             return self.value(src, Index(src.shape, sc))
+        if op == "flip":
+            src = n.inputs[0]
+            c = list(idx.get_coords(self))
+            for ax in a["axes"]:
+                c[ax] = f"({src.shape[ax] - 1}u - {c[ax]})"
+            return self.value(src, Index(src.shape, c))
         if op == "narrow":
             src = n.inputs[0]
             c = list(idx.get_coords(self))
@@ -271,12 +268,11 @@ class KernelContext:
             self.access.setdefault(arena, "read")
 
     def bindings(self) -> list[tuple[str, str]]:
-        return [(a, self.access[a]) for a in ARENA_TYPES if a in self.access]
+        return [(a, self.access[a]) for a in sorted(self.access, key=arena_binding)]
 
     def binding_text(self) -> str:
         # each buffer has one binding number in every kernel, so neighbouring kernels can share a bind group
-        order = list(ARENA_TYPES)
         return "\n".join(
-            f"@group(0) @binding({order.index(a)}) var<storage, {acc}> {a}: array<{ARENA_TYPES[a]}>;"
+            f"@group(0) @binding({arena_binding(a)}) var<storage, {acc}> {a}: array<{arena_dtype(a)}>;"
             for a, acc in self.bindings()
         )

@@ -397,12 +397,17 @@ CASES: list[OpCase] = [
       ref=np_conv2d, torch=t_conv2d),
     C("conv2d.depthwise", ops.conv2d, (f32(1, 3, 4, 4), f32(3, 1, 3, 3)), {"padding": 1, "groups": 3},
       ref=np_conv2d, torch=t_conv2d),
+    # stride 1, groups 1: the custom VJP (unfolded operands computed inside the matmuls)
+    C("conv2d.same_pad", ops.conv2d, (f32(2, 3, 5, 5), f32(4, 3, 3, 3)), {"padding": 1}, ref=np_conv2d, torch=t_conv2d),
+    C("conv2d.rect_pad", ops.conv2d, (f32(2, 2, 4, 6), f32(3, 2, 2, 3)), {"padding": (1, 2)}, ref=np_conv2d, torch=t_conv2d),
+    C("conv2d.one_by_one", ops.conv2d, (f32(3, 4, 3, 2), f32(5, 4, 1, 1)), ref=np_conv2d, torch=t_conv2d),
     C("max_pool2d.k2", ops.max_pool2d, (f32(1, 2, 4, 4),), {"k": 2}, domain="distinct", ref=np_max_pool2d, torch=t_max_pool2d),
     C("max_pool2d.stride_pad", ops.max_pool2d, (f32(2, 2, 5, 5),), {"k": 3, "stride": 2, "padding": 1}, domain="distinct",
       ref=np_max_pool2d, torch=t_max_pool2d),
     C("max_pool2d.overlap", ops.max_pool2d, (f32(1, 1, 4, 3),), {"k": 2, "stride": 1}, domain="distinct",
       ref=np_max_pool2d, torch=t_max_pool2d),
     # internal primitives that the public ops above reach only through their VJPs
+    C("flip.internal", lambda x: ops.flip(x, (0, 2)), (f32(2, 3, 4),), ref=lambda x: np.flip(x, (0, 2))),
     C("pad.internal", lambda x: ops.pad(x, -1, 1, 2), (f32(2, 3),), ref=lambda x: np.pad(x, ((0, 0), (1, 2)))),
     C("unfold.internal", lambda x: ops.unfold(x, (2, 2), (1, 2), (1, 0)), (f32(1, 2, 3, 4),),
       ref=lambda x: np_unfold(x, (2, 2), (1, 2), (1, 0))),

@@ -26,7 +26,7 @@ from aot import codegen, interp, ops
 from aot.pipeline import compile_program
 from aot.frontend import trace_program
 from aot.templates import render
-from aot.wgsl_expr import ARENA_TYPES
+from aot.plan import arena_binding
 
 from gpu_harness import (
     MAX_STORAGE_BINDINGS,
@@ -520,6 +520,6 @@ def test_kernels_stay_within_eight_storage_bindings():
             assert len(k.bindings) <= MAX_STORAGE_BINDINGS, k.name
             declared = re.findall(r"@binding\((\d+)\) var<storage, (\w+)> (\w+):", k.wgsl)
             assert [(a, acc) for _, acc, a in declared] == list(k.bindings), k.name
-            assert all(int(i) == list(ARENA_TYPES).index(a) for i, _, a in declared), k.name  # fixed numbers
+            assert all(int(i) == arena_binding(a) for i, _, a in declared), k.name  # fixed numbers
             arenas |= {a for a, _ in k.bindings}
     assert {"params", "grads", "state", "inputs", "inputs_i32", "work"} <= arenas

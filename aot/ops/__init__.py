@@ -294,6 +294,13 @@ def pad(x, axis: int, before: int, after: int):
     return emit("pad", (x,), axis=a, before=int(before), after=int(after))
 
 
+def flip(x, axes):
+    """Reverse `x` along each of `axes` (np.flip)."""
+    _check_tensor("flip", x)
+    axes = normalize_axes("flip", x, axes)
+    return emit("flip", (x,), axes=axes) if axes else x
+
+
 def split(x, sizes, axis: int = 0):
     """Split into pieces along `axis`: `sizes` is a list of piece sizes, or an int piece size (torch.split)."""
     _check_tensor("split", x)
@@ -561,7 +568,28 @@ def conv2d(x, w, stride=1, padding=0, groups: int = 1):
     rhs = transpose(reshape(w, (groups, og, cg * kh * kw)), (0, 2, 1))
     out = matmul(lhs, rhs) if groups > 1 else matmul(reshape(lhs, lhs.shape[1:]), reshape(rhs, rhs.shape[1:]))
     out = reshape(out, (groups, n, oh, ow, og))
-    return reshape(transpose(out, (1, 0, 4, 2, 3)), (n, o, oh, ow))
+    out = reshape(transpose(out, (1, 0, 4, 2, 3)), (n, o, oh, ow))
+    if groups == 1 and s == (1, 1) and p[0] < kh and p[1] < kw:
+        return custom_vjp(out, (x, w), lambda ct, out, ins: _conv2d_vjp(ct, x, w, p))
+    return out
+
+
+def _conv2d_vjp(ct, x, w, padding):
+    """Stride-1 convolution's gradients as two more convolution-shaped matmuls whose unfolded
+    operand is computed inside the matmul (never stored), so no im2col columns stay alive
+    from the forward pass to the backward pass, and no column gradient is materialized:
+      dW[o, c, i, j] = sum_{n,y,x} ct[n, o, y, x] * x_pad[n, c, y + i, x + j]
+      dx = conv2d(ct, w flipped in space with in/out swapped, padding k - 1 - p)  (full correlation)"""
+    n, c = x.shape[0], x.shape[1]
+    o, _, kh, kw = w.shape
+    oh, ow = ct.shape[2], ct.shape[3]
+    cols = unfold(x, (kh, kw), (1, 1), padding)  # [N, C, kh, kw, OH, OW]
+    rows = reshape(transpose(cols, (0, 4, 5, 1, 2, 3)), (n * oh * ow, c * kh * kw))
+    g = reshape(transpose(ct, (1, 0, 2, 3)), (o, n * oh * ow))
+    dw = reshape(matmul(g, rows), w.shape)
+    wt = transpose(flip(w, (2, 3)), (1, 0, 2, 3))  # [C, O, kh, kw]
+    dx = conv2d(ct, wt, 1, (kh - 1 - padding[0], kw - 1 - padding[1]))
+    return dx, dw
 
 
 def max_pool2d(x, k, stride=None, padding=0):

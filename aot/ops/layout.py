@@ -1,9 +1,9 @@
-"""Layout primitives: reshape, transpose, broadcast_to, concat, narrow, pad.
+"""Layout primitives: reshape, transpose, broadcast_to, concat, narrow, pad, flip.
 
 None of these needs a kernel of its own after fusion: they become index arithmetic in
 the kernel that reads them (or a plain alias of the same storage, for reshape).
 Linear pairs: broadcast_to <-> sum, reshape <-> reshape, transpose <-> inverse perm,
-concat <-> narrow, narrow <-> pad.
+concat <-> narrow, narrow <-> pad, flip <-> flip.
 """
 
 from __future__ import annotations
@@ -151,6 +151,24 @@ register(
         _pad_shape,
         _pad_ref,
         lambda ct, n: (F.narrow(ct, n.attrs["axis"], n.attrs["before"], n.inputs[0].shape[n.attrs["axis"]]),),
+        "elementwise",
+    )
+)
+
+
+def _flip_shape(x, axes):
+    if any(not 0 <= a < len(x[0]) for a in axes):
+        raise Bad(f"axes {list(axes)} are out of range for rank {len(x[0])}")
+    return x
+
+
+# reverses the given axes (a convolution's input gradient correlates with the flipped kernel)
+register(
+    OpDef(
+        "flip",
+        _flip_shape,
+        lambda x, axes: np.flip(x, axes).copy(),
+        lambda ct, n: (F.flip(ct, n.attrs["axes"]),),
         "elementwise",
     )
 )
