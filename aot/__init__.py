@@ -20,9 +20,16 @@ def build(program, outdir="generated", force=False):
 
     Replaces only files an earlier build wrote; other files in the way raise an error naming
     them (an aot.errors.OutputExistsError, a FileExistsError) unless force=True."""
-    from .pipeline import build as _build
+    import os
+    import warnings
 
-    return _build(program, outdir, force=force)
+    from .pipeline import build as _build, shadowing_files
+
+    path = _build(program, outdir, force=force)
+    for f in shadowing_files(program.name, [os.getcwd(), outdir]):
+        warnings.warn(f"{f} has the package's name: Python started in its folder imports that file "
+                      f"for `import {program.name}`, not the package; rename one of them", stacklevel=2)
+    return path
 
 
 def compile(program):  # noqa: A001 - the API name

@@ -51,19 +51,8 @@ def _log(msg: str) -> None:
     print(f"  {msg}", flush=True)
 
 
-def shadowing_files(name: str, folders) -> list[str]:
-    """Files `<name>.py` in `folders`: a script run there that does `import <name>` gets that
-    file instead of the installed package (the script's folder comes first on sys.path)."""
-    out = []
-    for folder in dict.fromkeys(os.path.abspath(f) for f in folders):
-        f = os.path.join(folder, name + ".py")
-        if os.path.isfile(f):
-            out.append(f)
-    return out
-
-
 def cmd_build(args) -> int:
-    from .pipeline import build
+    from .pipeline import build, shadowing_files
 
     progs = _select(load_programs(args.model), args.program, args.model)
     for p in progs:

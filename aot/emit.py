@@ -143,8 +143,11 @@ def write_package(c, outdir: Path, source_name: str, force: bool = False) -> Pat
         if not p.exists() or p.read_bytes() != data:
             p.write_bytes(data)
     # remove what an earlier build wrote and this one no longer produces; nothing else
+    real_root = os.path.realpath(root)
     for rel in sorted(previous - set(files), reverse=True):
         p = root / rel
+        if os.path.realpath(p.parent) != real_root and not os.path.realpath(p.parent).startswith(real_root + os.sep):
+            continue  # a linked folder on the way: the file is not inside the project
         if p.is_file() or p.is_symlink():
             p.unlink()
         d = p.parent

@@ -156,18 +156,30 @@ def _tables(c: Compiled, opt, state_names) -> dict:
 
 def build(
     program: Program, outdir="generated", verify: bool = False, log=None, source_name: str | None = None,
-    force: bool = False,
+    force: bool = False, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB,
 ) -> Path:
     """Build `program` into outdir/<name>/ (pyproject.toml + package); returns that folder.
 
     Replaces only files an earlier build wrote; other files in the way raise
-    aot.errors.OutputExistsError (a FileExistsError) naming them, unless force=True."""
-    c = compile_program(program, verify=verify, log=log)
+    aot.errors.OutputExistsError (a FileExistsError) naming them, unless force=True.
+    No buffer of the package exceeds `max_binding_mib` (WebGPU's default binding limit)."""
+    c = compile_program(program, verify=verify, log=log, max_binding_mib=max_binding_mib)
     src = source_name or _source_name(program)
     path = emit.write_package(c, Path(outdir), src, force=force)
     if log:
         log(f"wrote {path}")
     return path
+
+
+def shadowing_files(name: str, folders) -> list[str]:
+    """Files `<name>.py` in `folders`: a script run there that does `import <name>` gets that
+    file instead of the installed package (the script's folder comes first on sys.path)."""
+    out = []
+    for folder in dict.fromkeys(os.path.abspath(f) for f in folders):
+        f = os.path.join(folder, name + ".py")
+        if os.path.isfile(f):
+            out.append(f)
+    return out
 
 
 def _source_name(program: Program) -> str:
@@ -179,7 +191,7 @@ def _source_name(program: Program) -> str:
 _COMPILED = itertools.count(1)
 
 
-def compile_model(program: Program, seed=None):
+def compile_model(program: Program, seed=None, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB):
     """aot.compile: build into a temporary folder, import the package, return a Model.
 
     The package is imported under a private module name (`_aot_<name>_<n>`), so a module of
@@ -188,7 +200,7 @@ def compile_model(program: Program, seed=None):
     are in memory by then)."""
     tmp = tempfile.mkdtemp(prefix="aot-")
     try:
-        path = build(program, tmp)
+        path = build(program, tmp, max_binding_mib=max_binding_mib)
         name = program.name
         alias = f"_aot_{name}_{next(_COMPILED)}"
         spec = importlib.util.spec_from_file_location(
