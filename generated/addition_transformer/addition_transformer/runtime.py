@@ -326,23 +326,7 @@ class ModelBase:
             self._check_open()
             layout = self._checkpoint_layout()
             z = _read_checkpoint(path, layout, self._program["name"], self._fingerprint())
-            bad = lambda member, why: ValueError(f"{path}: checkpoint member {member!r} {why}")  # noqa: E731
-            step_count = z["__step_count__"]
-            if not 0 <= step_count < 2**62:
-                raise bad("__step_count__", f"must be a step count >= 0, got {step_count}")
-            try:
-                seed = rng.check_seed(z["__seed__"], "__seed__")
-            except (TypeError, ValueError) as e:
-                raise bad("__seed__", f"is not a seed: {e}") from None
-            origin = z["__lr_origin__"]
-            if not 0 <= origin <= step_count:
-                raise bad("__lr_origin__", f"must be in [0, step count {step_count}], got {origin}")
-            try:
-                lr = _parse_lr(z["__lr__"])
-            except (TypeError, ValueError) as e:
-                raise bad("__lr__", f"is not a learning rate or schedule: {e}") from None
-            if (lr is None) != (self._opt is None):
-                raise bad("__lr__", f"is {lr!r}, which does not fit this model's optimizer")
+            step_count, seed, lr, origin = _checkpoint_values(path, z, self._opt is not None)
             flat = np.zeros(max(self._total, 1), dtype=np.float32)
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
@@ -373,6 +357,31 @@ def _dims_note(shape, dims) -> str:
     if not syms:
         return ""
     return " with " + ", ".join(f"{d} in {tuple(dims[d])}" for d in dict.fromkeys(syms))
+
+
+def _checkpoint_values(path, z: dict, has_optimizer: bool):
+    """(step count, seed, lr spec, lr origin) of a read checkpoint, each checked for range."""
+
+    def bad(member, why):
+        return ValueError(f"{path}: checkpoint member {member!r} {why}")
+
+    step_count = z["__step_count__"]
+    if not 0 <= step_count < 2**62:
+        raise bad("__step_count__", f"must be a step count >= 0, got {step_count}")
+    try:
+        seed = rng.check_seed(z["__seed__"], "__seed__")
+    except (TypeError, ValueError) as e:
+        raise bad("__seed__", f"is not a seed: {e}") from None
+    origin = z["__lr_origin__"]
+    if not 0 <= origin <= step_count:
+        raise bad("__lr_origin__", f"must be in [0, step count {step_count}], got {origin}")
+    try:
+        lr = _parse_lr(z["__lr__"])
+    except (TypeError, ValueError) as e:
+        raise bad("__lr__", f"is not a learning rate or schedule: {e}") from None
+    if (lr is None) == has_optimizer:
+        raise bad("__lr__", f"is {lr!r}, which does not fit this model's optimizer")
+    return step_count, seed, lr, origin
 
 
 def _parse_lr(text: str):
