@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import keyword
 import sys
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ def check_program_name(name, site=None) -> None:
                                hint="choose another name, e.g. 'my_model'")
 
 
+@functools.lru_cache(maxsize=None)
 def reserved_names() -> frozenset:
     """Names an input, entry point or capture cannot take: the generated Model's methods and
     attributes, Python keywords, and the names the generated methods use themselves."""
