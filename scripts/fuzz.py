@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import traceback
@@ -34,66 +35,102 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="first seed (default: from the clock)")
     ap.add_argument("--out", default=str(ROOT / "tests" / "fuzz_repros"), help="where reproducers go (default tests/fuzz_repros)")
     ap.add_argument("--shrink-seconds", type=float, default=240.0, help="time limit for shrinking one failure")
-    ap.add_argument("--max-ops", type=int, default=8, help="most ops per random graph (default 8)")
+    ap.add_argument("--max-ops", type=int, default=None, help="most ops per random graph (default: 6, 8 or 12 by seed)")
     ap.add_argument("--per-program", type=int, default=2, help="distinct failures shrunk per failing program")
+    ap.add_argument("--per-family", type=int, default=3, help="most reproducers per failure family (kind and message)")
     ap.add_argument("--every", type=float, default=30.0, help="seconds between progress lines")
+    ap.add_argument("--black", action="store_true", help="format generated packages with black (slower; same code)")
     args = ap.parse_args(argv)
+    # SIGTERM (kill PID) ends the run like Ctrl-C: the summary is still printed
+    signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    if args.black:
+        return run(args)
+    with fg.unformatted_builds():
+        return run(args)
 
+
+class Run:
+    """Counters and the failures found so far."""
+
+    def __init__(self, args):
+        self.args = args
+        self.programs = self.graphs = self.ops = self.failing = self.harness_errors = 0
+        self.seen: dict[str, Path] = {}  # signature -> reproducer
+        self.dupes: dict[str, int] = {}
+        self.family_more: dict[str, int] = {}
+
+    def one(self, seed: int):
+        """Check one seed's batch; shrink its new failures into reproducers."""
+        try:
+            batch = fg.generate(seed, max_ops=self.args.max_ops)
+            fails = fg.check(batch)
+        except Exception:  # noqa: BLE001 - a bug of the fuzzer itself: report it and go on
+            self.harness_errors += 1
+            print(f"fuzz: seed {seed}: harness error\n{traceback.format_exc()}", flush=True)
+            return
+        self.programs += 1
+        self.graphs += len(batch.cases)
+        self.ops += sum(len(c.ops) for c in batch.cases)
+        if not fails:
+            return
+        self.failing += 1
+        print(f"fuzz: seed {seed}: {len(fails)} disagreement(s); first: {fails[0]}", flush=True)
+        groups = {}
+        for f in sorted(fails, key=lambda f: PRIORITY.get(f.kind, 9)):
+            groups.setdefault((f.family(), f.case), f)
+        for f in list(groups.values())[: self.args.per_program]:
+            try:
+                self.shrink(batch, f, seed)
+            except Exception:  # noqa: BLE001
+                self.harness_errors += 1
+                print(f"fuzz: seed {seed}: shrinking failed\n{traceback.format_exc()}", flush=True)
+
+    def shrink(self, batch, f, seed: int):
+        family = f.family()
+        if sum(1 for s in self.seen if s.split("|")[0] == family) >= self.args.per_family:
+            self.family_more[family] = self.family_more.get(family, 0) + 1
+            print(f"fuzz:   {self.args.per_family} reproducers of this family already", flush=True)
+            return
+        small, sf = fg.shrink(batch, f, self.args.shrink_seconds)
+        sig = fg.signature(small, sf)
+        if sig in self.seen:
+            self.dupes[sig] = self.dupes.get(sig, 0) + 1
+            print(f"fuzz:   same as {self.seen[sig].name} ({sig})", flush=True)
+            return
+        note = f"Found by scripts/fuzz.py at seed {seed} (fuzz_graphs.generate({seed})), then shrunk."
+        path = fg.write_repro(small, sf, self.args.out, note)
+        self.seen[sig] = path
+        n_ops = sum(len(c.ops) for c in small.cases)
+        print(f"fuzz:   NEW {sf} -> {n_ops} op(s), {small.steps} step(s): {path}", flush=True)
+
+    def line(self) -> str:
+        return (f"{self.programs} programs, {self.graphs} graphs ({self.ops} ops), {self.failing} failing programs, "
+                f"{len(self.seen)} distinct failures")
+
+
+def run(args) -> int:
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000 * 1000
     first = seed
     print(f"fuzz: seeds from {seed}, {args.minutes:g} minutes, reproducers to {args.out}", flush=True)
-    t0 = time.monotonic()
+    t0 = last = time.monotonic()
     deadline = t0 + args.minutes * 60
-    programs = graphs = ops = failing = harness_errors = 0
-    seen: dict[str, Path] = {}
-    dupes: dict[str, int] = {}
-    last = t0
-    while time.monotonic() < deadline:
-        try:
-            batch = fg.generate(seed, max_ops=args.max_ops)
-            fails = fg.check(batch)
-        except Exception:  # noqa: BLE001 - a bug of the fuzzer itself: report it and go on
-            harness_errors += 1
-            print(f"fuzz: seed {seed}: harness error\n{traceback.format_exc()}", flush=True)
+    r = Run(args)
+    try:
+        while time.monotonic() < deadline:
+            r.one(seed)
             seed += 1
-            continue
-        programs += 1
-        graphs += len(batch.cases)
-        ops += sum(len(c.ops) for c in batch.cases)
-        if fails:
-            failing += 1
-            print(f"fuzz: seed {seed}: {len(fails)} disagreement(s); first: {fails[0]}", flush=True)
-            groups = {}
-            for f in sorted(fails, key=lambda f: PRIORITY.get(f.kind, 9)):
-                groups.setdefault((f.family(), f.case), f)
-            for f in list(groups.values())[: args.per_program]:
-                try:
-                    small, sf = fg.shrink(batch, f, args.shrink_seconds)
-                    sig = fg.signature(small, sf)
-                    if sig in seen:
-                        dupes[sig] = dupes.get(sig, 0) + 1
-                        print(f"fuzz:   same as {seen[sig].name} ({sig})", flush=True)
-                        continue
-                    note = f"Found by scripts/fuzz.py at seed {seed} (fuzz_graphs.generate({seed})), then shrunk."
-                    path = fg.write_repro(small, sf, args.out, note)
-                    seen[sig] = path
-                    n_ops = sum(len(c.ops) for c in small.cases)
-                    print(f"fuzz:   NEW {sf} -> {n_ops} op(s), {small.steps} step(s): {path}", flush=True)
-                except Exception:  # noqa: BLE001
-                    harness_errors += 1
-                    print(f"fuzz: seed {seed}: shrinking failed\n{traceback.format_exc()}", flush=True)
-        seed += 1
-        now = time.monotonic()
-        if now - last >= args.every:
-            last = now
-            print(f"fuzz: [{(now - t0) / 60:5.1f} min] {programs} programs, {graphs} graphs ({ops} ops), "
-                  f"{failing} failing programs, {len(seen)} distinct failures", flush=True)
+            if time.monotonic() - last >= args.every:
+                last = time.monotonic()
+                print(f"fuzz: [{(last - t0) / 60:5.1f} min] {r.line()}", flush=True)
+    except KeyboardInterrupt:
+        print("fuzz: interrupted", flush=True)
     minutes = (time.monotonic() - t0) / 60
-    print(f"fuzz: done in {minutes:.1f} min: seeds {first}..{seed - 1}, {programs} programs, {graphs} graphs ({ops} ops), "
-          f"{failing} failing programs, {len(seen)} distinct failures, {harness_errors} harness errors", flush=True)
-    for sig, path in seen.items():
-        print(f"fuzz:   {path}  [{sig}]  (+{dupes.get(sig, 0)} more)", flush=True)
-    return 1 if seen else 0
+    print(f"fuzz: done in {minutes:.1f} min, seeds {first}..{seed - 1}: {r.line()}, {r.harness_errors} harness errors", flush=True)
+    for sig, path in r.seen.items():
+        print(f"fuzz:   {path}  [{sig}]  (+{r.dupes.get(sig, 0)} more)", flush=True)
+    for family, n in r.family_more.items():
+        print(f"fuzz:   {n} more failure(s) of family {family}", flush=True)
+    return 1 if r.seen else 0
 
 
 if __name__ == "__main__":
