@@ -113,27 +113,9 @@ def write_package(c, outdir: Path, source_name: str, force: bool = False) -> Pat
     root = Path(outdir) / c.program["name"]
     files = package_files(c, source_name)
     previous = _read_manifest(root)
-    if root.exists() and not root.is_dir():
-        raise OutputExistsError(f"cannot build into {root}: it is a file, not a folder")
-    in_the_way, blocked = [], []
-    for rel in list(files) + [MANIFEST]:
-        p = root / rel
-        for parent in list(p.relative_to(root).parents)[:-1]:
-            if (root / parent).is_symlink() or ((root / parent).exists() and not (root / parent).is_dir()):
-                blocked.append(f"{parent} (needed as a folder)")
-        if p.is_symlink() or p.exists():
-            if p.is_dir() and not p.is_symlink():
-                blocked.append(f"{rel} (a folder)")
-            elif not (rel in previous or rel == MANIFEST and previous or _is_generated(p)):
-                in_the_way.append(rel)
-    if blocked:
-        raise OutputExistsError(f"cannot build into {root}: in the way: {', '.join(sorted(set(blocked)))}")
-    if in_the_way and not force:
-        raise OutputExistsError(
-            f"not overwriting files that no aot build wrote in {root}: {', '.join(sorted(in_the_way))}\n"
-            "  hint: move them away, choose another output folder, or pass --force (aot.build(..., force=True)) to replace them"
-        )
+    _check_the_way(root, list(files) + [MANIFEST], previous, force)
     root.mkdir(parents=True, exist_ok=True)
+    files[MANIFEST] = MANIFEST_HEADER + "".join(rel + "\n" for rel in sorted(files))
     for rel, text in files.items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -142,11 +124,43 @@ def write_package(c, outdir: Path, source_name: str, force: bool = False) -> Pat
             p.unlink()
         if not p.exists() or p.read_bytes() != data:
             p.write_bytes(data)
-    # remove what an earlier build wrote and this one no longer produces; nothing else
-    real_root = os.path.realpath(root)
-    for rel in sorted(previous - set(files), reverse=True):
+    _remove_stale(root, previous - set(files))
+    return root
+
+
+def _check_the_way(root: Path, rels: list[str], previous: set[str], force: bool) -> None:
+    """Raise OutputExistsError unless every file to write is absent, an earlier build's, or forced."""
+    if root.exists() and not root.is_dir():
+        raise OutputExistsError(f"cannot build into {root}: it is a file, not a folder")
+    in_the_way, blocked = [], []
+    for rel in rels:
         p = root / rel
-        if os.path.realpath(p.parent) != real_root and not os.path.realpath(p.parent).startswith(real_root + os.sep):
+        for parent in list(p.relative_to(root).parents)[:-1]:
+            q = root / parent
+            if q.is_symlink() or (q.exists() and not q.is_dir()):
+                blocked.append(f"{parent} (needed as a folder)")
+        if p.is_symlink() or p.exists():
+            if p.is_dir() and not p.is_symlink():
+                blocked.append(f"{rel} (a folder)")
+            elif not (rel in previous or (rel == MANIFEST and previous) or _is_generated(p)):
+                in_the_way.append(rel)
+    if blocked:
+        raise OutputExistsError(f"cannot build into {root}: in the way: {', '.join(sorted(set(blocked)))}")
+    if in_the_way and not force:
+        raise OutputExistsError(
+            f"not overwriting files that no aot build wrote in {root}: {', '.join(sorted(in_the_way))}\n"
+            "  hint: move them away, choose another output folder, or pass --force "
+            "(aot.build(..., force=True)) to replace them"
+        )
+
+
+def _remove_stale(root: Path, stale: set[str]) -> None:
+    """Remove what an earlier build wrote and this one no longer produces (and folders it empties)."""
+    real_root = os.path.realpath(root)
+    for rel in sorted(stale, reverse=True):
+        p = root / rel
+        folder = os.path.realpath(p.parent)
+        if folder != real_root and not folder.startswith(real_root + os.sep):
             continue  # a linked folder on the way: the file is not inside the project
         if p.is_file() or p.is_symlink():
             p.unlink()
@@ -154,13 +168,6 @@ def write_package(c, outdir: Path, source_name: str, force: bool = False) -> Pat
         while d != root and d.is_dir() and not any(d.iterdir()):
             d.rmdir()
             d = d.parent
-    manifest = MANIFEST_HEADER + "".join(rel + "\n" for rel in sorted(files))
-    mp = root / MANIFEST
-    if mp.is_symlink():
-        mp.unlink()
-    if not mp.exists() or mp.read_text(encoding="utf-8") != manifest:
-        mp.write_text(manifest, encoding="utf-8", newline="\n")
-    return root
 
 
 def _read_manifest(root: Path) -> set[str]:
