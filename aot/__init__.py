@@ -15,25 +15,26 @@ __all__ = [
 ]
 
 
-def build(program, outdir="generated", force=False):
+def build(program, outdir="generated", force=False, max_binding_mib=128):
     """Build `program` into outdir/<name> (a pip-installable project); returns that path.
 
     Replaces only files an earlier build wrote; other files in the way raise an error naming
-    them (an aot.errors.OutputExistsError, a FileExistsError) unless force=True."""
+    them (an aot.errors.OutputExistsError, a FileExistsError) unless force=True. No GPU buffer
+    of the package exceeds max_binding_mib MiB (128: WebGPU's default, so it runs anywhere)."""
     import os
     import warnings
 
     from .pipeline import build as _build, shadowing_files
 
-    path = _build(program, outdir, force=force)
+    path = _build(program, outdir, force=force, max_binding_mib=max_binding_mib)
     for f in shadowing_files(program.name, [os.getcwd(), outdir]):
         warnings.warn(f"{f} has the package's name: Python started in its folder imports that file "
                       f"for `import {program.name}`, not the package; rename one of them", stacklevel=2)
     return path
 
 
-def compile(program):  # noqa: A001 - the API name
+def compile(program, max_binding_mib=128):  # noqa: A001 - the API name
     """Build into a temporary folder and import the package in-process; returns a Model."""
     from .pipeline import compile_model
 
-    return compile_model(program)
+    return compile_model(program, max_binding_mib=max_binding_mib)

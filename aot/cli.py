@@ -59,7 +59,8 @@ def cmd_build(args) -> int:
         t0 = time.perf_counter()
         print(f"aot: building {p.name} from {args.model}", flush=True)
         path = build(
-            p, args.outdir, verify=args.verify, log=_log, source_name=os.path.basename(args.model), force=args.force
+            p, args.outdir, verify=args.verify, log=_log, source_name=os.path.basename(args.model), force=args.force,
+            max_binding_mib=args.max_binding_mib,
         )
         print(f"aot: {p.name} -> {path} ({time.perf_counter() - t0:.2f}s); install with: pip install {path}", flush=True)
         for f in shadowing_files(p.name, [os.getcwd(), args.outdir]):
@@ -77,7 +78,7 @@ def cmd_inspect(args) -> int:
     from .ir import format_graph
 
     for p in _select(load_programs(args.model), args.program, args.model):
-        c = compile_program(p, verify=True)
+        c = compile_program(p, verify=True, max_binding_mib=args.max_binding_mib)
         entries = list(c.traced.variants)
         if args.entry and args.entry not in entries and args.entry not in c.graphs:
             raise SystemExit(f"aot: {p.name} has no entry point {args.entry!r}; it has: {', '.join(entries)}")
@@ -89,12 +90,34 @@ def cmd_inspect(args) -> int:
             print(f"kernels ({len(c.kernels[key])}):")
             for k in c.kernels[key]:
                 print(f"  {k.name:<40} grid={k.grid}  {k.site}")
-            print("buffers (elements): " + ", ".join(f"{a}={n}" for a, n in plan.sizes.items() if n))
+            print(memory_report(c, key))
             if args.wgsl:
                 for k in c.kernels[key]:
                     print(k.wgsl)
             print()
     return 0
+
+
+def memory_report(c, key: str, largest: int = 5) -> str:
+    """Planned bytes per buffer of one entry point, the lower bound any packing must pay
+    (params + grads + optimizer state + inputs + the intermediates alive at once at the peak),
+    and its largest intermediates."""
+    from .ir import tensor_names
+
+    plan, s = c.plans[key], c.schedules[key]
+    names = tensor_names(s.graph)
+    fixed = sum(n for a, n in plan.sizes.items() if not a.startswith("work"))
+    lines = [f"memory: {_mb(sum(plan.sizes.values()))} planned, lower bound {_mb(fixed + plan.work_peak_live)}"]
+    lines += [f"  {a:<12} {_mb(n):>10}" for a, n in plan.sizes.items() if n]
+    work = [t for t in s.owners if id(t) in plan.loc and plan.loc[id(t)].arena.startswith("work")]
+    for t in sorted(work, key=lambda t: -t.size)[:largest]:
+        site = t.node.site.short if t.node.site else "-"
+        lines.append(f"  largest: {names.get(id(t), '?'):<6} {t.type_str():<24} {_mb(t.size):>10}  {t.node.op} at {site}")
+    return "\n".join(lines)
+
+
+def _mb(elements: int) -> str:
+    return f"{4 * elements / 1e6:.2f} MB"
 
 
 def main(argv=None) -> int:
@@ -106,6 +129,11 @@ def main(argv=None) -> int:
     b.add_argument("--program", help="build only the Program with this name")
     b.add_argument("--verify", action="store_true", help="check IR invariants after every pass")
     b.add_argument(
+        "--max-binding-mib", type=float, default=128, metavar="N",
+        help="largest GPU buffer the package may bind, in MiB (default 128: WebGPU's default limit, which "
+        "browsers and lavapipe keep; GPUs allow up to 2048 when asked)",
+    )
+    b.add_argument(
         "--force", action="store_true",
         help="replace files in the project folder that no earlier aot build wrote (never deletes others)",
     )
@@ -115,6 +143,7 @@ def main(argv=None) -> int:
     i.add_argument("--program")
     i.add_argument("--entry", help="only this entry point (train, predict, ...)")
     i.add_argument("--wgsl", action="store_true", help="also print every kernel's WGSL")
+    i.add_argument("--max-binding-mib", type=float, default=128, metavar="N", help="as for build")
     i.set_defaults(fn=cmd_inspect)
     args = ap.parse_args(argv)
     try:
