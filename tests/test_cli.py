@@ -18,7 +18,7 @@ def test_help_lists_the_commands():
     r = run("--help")
     assert r.returncode == 0 and "build" in r.stdout and "inspect" in r.stdout
     r = run("build", "--help")
-    assert "--program" in r.stdout and "-o" in r.stdout
+    assert "--program" in r.stdout and "-o" in r.stdout and "--force" in r.stdout
 
 
 def test_build_writes_the_project_with_progress_lines(tmp_path):
