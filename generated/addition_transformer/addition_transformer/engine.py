@@ -38,44 +38,18 @@ class Engine:
                 "or Mesa's software Vulkan (Debian: apt-get install mesa-vulkan-drivers)"
             )
         self.adapter_info = dict(adapter.info)
-        need = max([4] + [4 * n for n in arenas.values()])
-        limits = {}
-        for key in ("max-storage-buffer-binding-size", "max-buffer-size"):
-            have = adapter.limits[key]
-            if need > have:
-                raise RuntimeError(f"{name} needs a {need}-byte buffer; this adapter allows {have} ({key})")
-            if need > 134217728:
-                limits[key] = have
-        self.device = adapter.request_device_sync(label=name, required_limits=limits or None)
-        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        self.buffers = {
-            a: self.device.create_buffer(label=a, size=max(4, 4 * n), usage=usage) for a, n in arenas.items()
-        }
+        self.device = adapter.request_device_sync(label=name, required_limits=_required_limits(name, adapter, arenas, entries))
+        self.buffers = {a: self._buffer(a, n) for a, n in arenas.items()}
         # Every kernel uses the same binding number for a buffer (its position in `arenas`), so a
         # run of neighbouring kernels that agree on each buffer's access mode shares one explicit
         # layout and one bind group: a pass re-binds only where the access modes change.
-        order = list(arenas)
-        self.pipelines, self.recipes, self.kernel_group, groups = {}, {}, {}, {}
+        self.order = list(arenas)
+        self.wgsl = wgsl
+        self.pipelines, self.recipes, self.kernel_group, self.entry_buffers = {}, {}, {}, {}
+        self._groups = {}
         for key, e in entries.items():
-            runs: list[tuple[dict, list]] = []
-            for kname, grid in e["dispatches"]:
-                access = dict(kernels[kname][0])
-                if runs and all(runs[-1][0].get(a, acc) == acc for a, acc in access.items()):
-                    runs[-1][0].update(access)
-                    runs[-1][1].append((kname, grid))
-                else:
-                    runs.append((access, [(kname, grid)]))
-            steps = []
-            for access, members in runs:
-                sig = tuple(sorted(access.items(), key=lambda item: order.index(item[0])))
-                if sig not in groups:
-                    groups[sig] = self._layout_and_group(sig, order)
-                layout, group = groups[sig]
-                for n, (kname, grid) in enumerate(members):
-                    self.pipelines[kname] = self._pipeline(kname, wgsl[kname], kernels[kname][1], layout)
-                    self.kernel_group[kname] = group
-                    steps.append((self.pipelines[kname], group if n == 0 else None, tuple(grid)))
-            self.recipes[key] = steps
+            if not self._own_scratch(key):
+                self._prepare(key)  # entries with scratch buffers of their own: at their first call
         self.readback = {}
         for key, e in entries.items():
             n = sum(_size(shape) for _, _, shape, _, _ in e["outputs"] + e["captures"])
@@ -83,14 +57,49 @@ class Engine:
                 size=max(4, 4 * n), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
             )
 
-    def _layout_and_group(self, sig, order):
+    def _buffer(self, arena: str, n: int):
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        return self.device.create_buffer(label=arena, size=max(4, 4 * n), usage=usage)
+
+    def _own_scratch(self, key: str) -> dict:
+        """Scratch buffers an entry point needs beyond the shared ones (a large predict variant
+        of a model whose shared scratch is sized for training)."""
+        need = self.entries[key].get("arenas", {})
+        return {a: n for a, n in need.items() if a.startswith("work") and 4 * n > self.buffers[a].size}
+
+    def _prepare(self, key: str) -> None:
+        """Pipelines, bind groups and the dispatch list of one entry point."""
+        own = {a: self._buffer(a, n) for a, n in self._own_scratch(key).items()}
+        self.entry_buffers[key] = dict(self.buffers, **own)
+        runs: list[tuple[dict, list]] = []
+        for kname, grid in self.entries[key]["dispatches"]:
+            access = dict(self.kernels[kname][0])
+            if runs and all(runs[-1][0].get(a, acc) == acc for a, acc in access.items()):
+                runs[-1][0].update(access)
+                runs[-1][1].append((kname, grid))
+            else:
+                runs.append((access, [(kname, grid)]))
+        steps = []
+        for access, members in runs:
+            sig = tuple(sorted(access.items(), key=lambda item: self.order.index(item[0])))
+            gkey = (sig, tuple(sorted((a, id(b)) for a, b in own.items() if a in access)))
+            if gkey not in self._groups:
+                self._groups[gkey] = self._layout_and_group(sig, self.entry_buffers[key])
+            layout, group = self._groups[gkey]
+            for n, (kname, grid) in enumerate(members):
+                self.pipelines[kname] = self._pipeline(kname, self.wgsl[kname], self.kernels[kname][1], layout)
+                self.kernel_group[kname] = group
+                steps.append((self.pipelines[kname], group if n == 0 else None, tuple(grid)))
+        self.recipes[key] = steps
+
+    def _layout_and_group(self, sig, buffers):
         bgl = self.device.create_bind_group_layout(entries=[
-            {"binding": order.index(arena), "visibility": wgpu.ShaderStage.COMPUTE,
+            {"binding": self.order.index(arena), "visibility": wgpu.ShaderStage.COMPUTE,
              "buffer": {"type": "storage" if access == "read_write" else "read-only-storage"}}
             for arena, access in sig
         ])
         group = self.device.create_bind_group(layout=bgl, entries=[
-            {"binding": order.index(arena), "resource": {"buffer": self.buffers[arena], "offset": 0, "size": self.buffers[arena].size}}
+            {"binding": self.order.index(arena), "resource": {"buffer": buffers[arena], "offset": 0, "size": buffers[arena].size}}
             for arena, _access in sig
         ])
         return self.device.create_pipeline_layout(bind_group_layouts=[bgl]), group
@@ -115,6 +124,9 @@ class Engine:
         """One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures)."""
         t0 = time.perf_counter()
         e = self.entries[key]
+        if key not in self.recipes:
+            self._prepare(key)
+        buffers = self.entry_buffers[key]
         for arena, data in packed.items():
             if data.size:
                 self.write(arena, 0, data)
@@ -128,13 +140,13 @@ class Engine:
             dispatch(*grid)
         cpass.end()
         for src, so, dst, do, n in e["copies"]:
-            enc.copy_buffer_to_buffer(self.buffers[src], 4 * so, self.buffers[dst], 4 * do, 4 * n)
+            enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
         reads = e["outputs"] + (e["captures"] if want_captures else [])
         rb = self.readback[key]
         pos = 0
         for _, _, shape, arena, off in reads:
             n = _size(shape)
-            enc.copy_buffer_to_buffer(self.buffers[arena], 4 * off, rb, 4 * pos, 4 * n)
+            enc.copy_buffer_to_buffer(buffers[arena], 4 * off, rb, 4 * pos, 4 * n)
             pos += n
         self.device.queue.submit([enc.finish()])
         t1 = time.perf_counter()
@@ -154,6 +166,28 @@ class Engine:
         # host time (upload, encoding, submit, unpacking) and time spent waiting for the GPU
         self.last_timing = (t1 - t0 + time.perf_counter() - t2, t2 - t1)
         return out
+
+
+WEBGPU_DEFAULT_BINDING = 134217728  # bytes: maxStorageBufferBindingSize without asking
+
+
+def _required_limits(name: str, adapter, arenas: dict, entries: dict) -> dict | None:
+    """Device limits the buffers need, checked against the adapter before anything is allocated:
+    a buffer larger than WebGPU's default binding size needs the adapter to allow it."""
+    sizes = [4 * n for n in arenas.values()] + [4 * n for e in entries.values() for n in e.get("arenas", {}).values()]
+    need = max([4] + sizes)
+    limits = {}
+    for key in ("max-storage-buffer-binding-size", "max-buffer-size"):
+        have = adapter.limits[key]
+        if need > have:
+            raise RuntimeError(
+                f"{name} needs a {need}-byte buffer ({need / 2**20:.1f} MiB), but this adapter allows {have} bytes "
+                f"({have / 2**20:.0f} MiB, its {key}). Rebuild the package with `python -m aot build "
+                f"--max-binding-mib {have // 2**20}` (or less) so that its buffers are split to fit"
+            )
+        if need > WEBGPU_DEFAULT_BINDING:
+            limits[key] = have
+    return limits or None
 
 
 def _size(shape) -> int:

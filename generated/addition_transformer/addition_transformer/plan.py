@@ -1191,6 +1191,14 @@ PROGRAM = {
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": 12},
+            "arenas": {
+                "params": 150656,
+                "grads": 150656,
+                "state": 301312,
+                "inputs": 1027,
+                "inputs_i32": 2048,
+                "work": 2796352,
+            },
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],
@@ -1263,6 +1271,7 @@ PROGRAM = {
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},
+            "arenas": {"params": 150656, "inputs_i32": 8, "work": 3584},
         },
         "predict[N=128]": {
             "inputs": [("tokens", "i32", (128, 8), "inputs_i32", 0)],
@@ -1335,6 +1344,7 @@ PROGRAM = {
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},
+            "arenas": {"params": 150656, "inputs_i32": 1024, "work": 458752},
         },
     },
 }

@@ -142,6 +142,13 @@ PROGRAM = {
             ],
             "copies": [],
             "index_bounds": {},
+            "arenas": {
+                "params": 4353,
+                "grads": 4353,
+                "state": 8706,
+                "inputs": 514,
+                "work": 49472,
+            },
         },
         "predict[B=1]": {
             "inputs": [("x", "f32", (1, 1), "inputs", 0)],
@@ -155,6 +162,7 @@ PROGRAM = {
             ],
             "copies": [],
             "index_bounds": {},
+            "arenas": {"params": 4353, "inputs": 1, "work": 128},
         },
         "predict[B=256]": {
             "inputs": [("x", "f32", (256, 1), "inputs", 0)],
@@ -168,6 +176,7 @@ PROGRAM = {
             ],
             "copies": [],
             "index_bounds": {},
+            "arenas": {"params": 4353, "inputs": 256, "work": 32768},
         },
     },
 }
