@@ -49,10 +49,15 @@ PROGRAM = aot.Program(
 BATCH = {"x": np.linspace(-1, 1, 15, dtype=np.float32).reshape(5, 3), "y": np.ones((5, 2), np.float32)}
 
 
+def optimizer_state(m) -> np.ndarray:
+    """All optimizer state, in checkpoint order (one `state` buffer, or `state`, `state_1`, ...)."""
+    arenas = [(a, n) for a, n in m._program["arenas"].items() if n and (a == "state" or a.startswith("state_"))]
+    return np.concatenate([np.zeros(0, np.float32)] + [m._engine.read(a, 0, n) for a, n in arenas])
+
+
 def state_of(m) -> dict:
-    n = m._program["arenas"]["state"]
     return {
-        "params": m.params(), "grads": m.grads(), "state": m._engine.read("state", 0, n),
+        "params": m.params(), "grads": m.grads(), "state": optimizer_state(m),
         "step_count": m.step_count, "seed": m.seed, "lr": m.lr, "origin": m._lr_origin,
     }
 
@@ -255,6 +260,7 @@ def setup(tmp_path_factory):
     model.step(**BATCH)
     model.save(tmp / "before.npz")  # the model's state while the damaged files are tried
     before = state_of(model)
+    assert before["state"].size == 2 * 26 and before["state"].any()  # AdamW's m and v are all compared
     yield model, tmp, (tmp / "good.npz").read_bytes(), before
     model.close()
 
