@@ -5,7 +5,7 @@ CodegenError: kernel k000_fused_take_along_axis_where reads t0 from memory befor
 
 Expected values are float64 PyTorch autograd of the same graph (tests/fuzz_graphs.py).
 
-Found by scripts/fuzz.py at seed 100004 (fuzz_graphs.generate(100004)), then shrunk.
+Found by scripts/fuzz.py at seed 100004 (the generator of commit 5025f12), then shrunk.
 
 Same family as test_fuzz_compile_87f7225a.py: take_along_axis's result t (f32[2,3,5]) is read
 broadcast to f32[1,2,3,5] by the where that also stores it (captured). At e5846fa^ this compiled
