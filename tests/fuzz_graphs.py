@@ -685,8 +685,13 @@ def _bshape(*shapes) -> tuple:
 class Gen:
     """Grows one case op by op, evaluating every op on every step as it goes."""
 
-    def __init__(self, rng: np.random.Generator, steps: int):
-        self.rng, self.steps = rng, steps
+    # sizes that reach multi-workgroup reductions, several matmul tiles and split-K tiles
+    BIG_DIMS = (17, 33, 64, 100, 130, 300)
+
+    def __init__(self, rng: np.random.Generator, steps: int, big: bool = False):
+        self.rng, self.steps, self.big = rng, steps, big
+        self.max_size = 4096 if big else 256  # elements of a new leaf
+        self.max_out = 8192 if big else 1024  # elements of an op's output
         self.leaves: dict[str, Leaf] = {}
         self.modules: dict[str, tuple] = {}
         self.ops: list[Op] = []
@@ -716,14 +721,16 @@ class Gen:
         return seq[int(self.rng.integers(len(seq)))]
 
     def dim(self, lo: int = 1, hi: int = 6) -> int:
+        if self.big and hi >= 6 and self.chance(0.2):
+            return self.choice(self.BIG_DIMS)
         return 1 if lo <= 1 and self.chance(0.2) else int(self.rng.integers(max(lo, 2), hi + 1))
 
-    def rand_shape(self, rank: int | None = None, max_size: int = 256) -> tuple:
+    def rand_shape(self, rank: int | None = None, max_size: int | None = None) -> tuple:
         if rank is None:
             rank = int(self.rng.choice(5, p=RANK_P))
         while True:
             s = tuple(self.dim() for _ in range(rank))
-            if math.prod(s) <= max_size:
+            if math.prod(s) <= (max_size or self.max_size):
                 return s
 
     def leaf(self, shape, dtype="f32", domain="real", kind=None, high=4) -> str:
@@ -776,7 +783,7 @@ class Gen:
                     a32, o32 = eval_op(rec, e32, T.float32)
                     if len(o64) != n_out or not _op_ok(rec, a64, a32, o64, o32):
                         raise Skip(op)
-                    if any(o.numel() > 1024 for o in o64):
+                    if any(o.numel() > self.max_out for o in o64):
                         raise Skip(op)
                     r64.append(o64)
                     r32.append(o32)
@@ -823,7 +830,7 @@ class Gen:
     def compatible(self, shape):
         def ok(v):
             try:
-                return math.prod(_bshape(shape, self.shape(v))) <= 512
+                return math.prod(_bshape(shape, self.shape(v))) <= self.max_out // 2
             except ValueError:
                 return False
 
@@ -995,7 +1002,7 @@ class Gen:
         s = [d if d != 1 or self.chance(0.4) else self.dim(2, 4) for d in self.shape(x)]
         lead = [self.dim(1, 3) for _ in range(int(self.rng.integers(0, 3)))] if len(s) < 4 else []
         target = tuple(lead + s)
-        if target == self.shape(x) or math.prod(target) > 512:
+        if target == self.shape(x) or math.prod(target) > self.max_out // 2:
             raise Skip("broadcast")
         return self.emit("broadcast_to", (x,), {"shape": target})
 
@@ -1276,9 +1283,9 @@ def dce(case: Case) -> Case:
     return Case(leaves, modules, ops, list(case.outputs), cts, case.steps)
 
 
-def generate_case(rng: np.random.Generator, steps: int, max_ops: int = 8) -> Case:
+def generate_case(rng: np.random.Generator, steps: int, max_ops: int = 8, big: bool = False) -> Case:
     while True:
-        g = Gen(rng, steps)
+        g = Gen(rng, steps, big)
         g.build(int(rng.integers(1, max_ops + 1)))
         case = g.case()
         if case is not None and case.ops and run_case(case) is not None:
@@ -1287,7 +1294,8 @@ def generate_case(rng: np.random.Generator, steps: int, max_ops: int = 8) -> Cas
 
 def generate(seed: int, n_cases: int | None = None, max_ops: int | None = None) -> Batch:
     """The batch of seed `seed`: 3..6 cases of up to max_ops ops (6, 8 or 12 when None), 2 or 3
-    steps, captures and an Infer entry sometimes."""
+    steps, captures and an Infer entry sometimes. Dims are 1..6, except in about one case in
+    seven, where some dims are 17..300 (tensors up to 8192 elements)."""
     rng = np.random.default_rng(seed)
     if max_ops is None:
         max_ops = int(rng.choice((6, 8, 12)))
@@ -1295,7 +1303,7 @@ def generate(seed: int, n_cases: int | None = None, max_ops: int | None = None) 
     n = int(rng.integers(3, 7)) if n_cases is None else n_cases
     capture = bool(rng.random() < 0.7)
     infer = bool(rng.random() < (0.3 if capture else 0.8))
-    cases = [generate_case(rng, steps, max_ops) for _ in range(n)]
+    cases = [generate_case(rng, steps, max_ops, big=bool(rng.random() < 0.15)) for _ in range(n)]
     return Batch(cases, capture=capture, infer=infer, steps=steps, seed=seed)
 
 
