@@ -86,13 +86,16 @@ class Case:
 @dataclass
 class Batch:
     """Independent cases compiled as one Program. `capture`: outputs are aot.capture'd (which
-    stores them); `infer`: a `predict` entry returns them (flattened and concatenated)."""
+    stores them); `infer`: a `predict` entry returns them (flattened and concatenated).
+    `sgd`: None (gradients only, parameters fixed) or (lr, momentum) for aot.optim.SGD, whose
+    updated parameters are checked after every step (predict then runs before each step)."""
 
     cases: list
     capture: bool = True
     infer: bool = False
     steps: int = 2
     seed: int = 0
+    sgd: tuple | None = None
 
     def prefix(self, k: int) -> str:
         return "" if len(self.cases) == 1 else f"g{k}_"
@@ -590,6 +593,7 @@ class CaseRun:
     loss: list  # [float]
     err: dict  # output or param name -> max |f32 - f64| over steps
     vals: list  # [{variable: array}]
+    params: list = field(default_factory=list)  # [{param: value at step s}] (+ after the last step)
 
 
 def _leaf_tensor(leaf: Leaf, step: int, fdt):
@@ -606,15 +610,22 @@ def eval_op(op: Op, env: dict, fdt):
     return args, _as_tuple(OPS[op.op].torch(args, op.kw, fdt))
 
 
-def run_case(case: Case, check: bool = True) -> CaseRun | None:
-    """Evaluate a case; with check, None when an op leaves its domain or the case is ill-conditioned."""
+def run_case(case: Case, check: bool = True, sgd: tuple | None = None) -> CaseRun | None:
+    """Evaluate a case; with check, None when an op leaves its domain or the case is ill-conditioned.
+    With sgd = (lr, momentum), parameters follow torch.optim.SGD's updates from step to step
+    (`CaseRun.params[s]`: the values at step s; one more entry: after the last step)."""
     T = _torch()
     params = [n for n, l in case.leaves.items() if l.kind != "input"]
     run = CaseRun([], [], [], {}, [])
+    run.params = [{n: case.leaves[n].values[0] for n in params}]
+    momentum_buf: dict = {}
     for s in range(case.steps):
         envs = {}
         for fdt in (T.float64, T.float32):
             envs[fdt] = {n: _leaf_tensor(l, s, fdt) for n, l in case.leaves.items()}
+            if s and sgd is not None:
+                for n in params:
+                    envs[fdt][n] = T.from_numpy(np.array(run.params[s][n])).to(fdt).requires_grad_(True)
         for op in case.ops:
             a64, o64 = eval_op(op, envs[T.float64], T.float64)
             a32, o32 = eval_op(op, envs[T.float32], T.float32)
@@ -640,6 +651,16 @@ def run_case(case: Case, check: bool = True) -> CaseRun | None:
             outs = {o: env[o].detach().numpy() for o in case.outputs}
             res[fdt] = (outs, grads, float(loss.detach()))
         (o64, g64, l64), (o32, g32, l32) = res[T.float64], res[T.float32]
+        if sgd is not None:
+            lr, mu = sgd
+            new = {}
+            for n in params:
+                d = g64[n]
+                if mu:
+                    d = momentum_buf[n] = d if s == 0 else mu * momentum_buf[n] + d
+                # the package keeps float32 parameters: the next step starts from the rounded values
+                new[n] = np.asarray(run.params[s][n].astype(np.float64) - lr * d, dtype=np.float32)
+            run.params.append(new)
         run.outs.append(o64)
         run.grads.append(g64)
         run.loss.append(l64)
@@ -1304,7 +1325,14 @@ def generate(seed: int, n_cases: int | None = None, max_ops: int | None = None) 
     capture = bool(rng.random() < 0.7)
     infer = bool(rng.random() < (0.3 if capture else 0.8))
     cases = [generate_case(rng, steps, max_ops, big=bool(rng.random() < 0.15)) for _ in range(n)]
-    return Batch(cases, capture=capture, infer=infer, steps=steps, seed=seed)
+    batch = Batch(cases, capture=capture, infer=infer, steps=steps, seed=seed)
+    if rng.random() < 0.3:
+        sgd = Batch(cases, capture=capture, infer=infer, steps=steps, seed=seed,
+                    sgd=(float(rng.choice((0.01, 0.05, 0.1))), float(rng.choice((0.0, 0.0, 0.9)))))
+        # the updated parameters must keep every op of every step in its domain, too
+        if reference_runs(sgd, check=True) is not None:
+            batch = sgd
+    return batch
 
 
 # ---- Python source ------------------------------------------------------------------------------
@@ -1450,11 +1478,18 @@ def batch_source(batch: Batch, name: str = "fuzz_prog", inline: bool = False) ->
             L.append(f"    return ops.concat([{flat}], axis=0)")
     specs = lambda xs: "{" + ", ".join(f"{n!r}: {_spec_src(dt, s)}" for n, dt, s in xs) + "}"  # noqa: E731
     L += ["", "", "program = aot.Program(", f"    {name!r},", "    model=FuzzModel,",
-          f"    train=aot.Train(loss, inputs={specs(input_names(batch))}, optimizer=None),"]
+          f"    train=aot.Train(loss, inputs={specs(input_names(batch))}, optimizer={_optimizer_source(batch)}),"]
     if batch.infer:
         L.append(f"    infer={{'predict': aot.Infer(predict, inputs={specs(input_names(batch, with_cts=False))})}},")
     L += ["    seed=0,", ")", ""]
     return "\n".join(L)
+
+
+def _optimizer_source(batch: Batch) -> str:
+    if batch.sgd is None:
+        return "None"
+    lr, mu = batch.sgd
+    return f"aot.optim.SGD(lr={lr!r}" + (f", momentum={mu!r})" if mu else ")")
 
 
 def build_program(batch: Batch, name: str = "fuzz_prog"):
@@ -1483,8 +1518,10 @@ class Failure:
         """This failure of a batch of cases lo, lo+1, ... of `batch`, named as in `batch`."""
         case = None if self.case is None else self.case + lo
         what = self.what
-        if self.key is not None and self.key[1] in ("output", "gradient of") and case is not None:
+        if self.key is not None and self.key[1] in ("output", "gradient of", "parameter") and case is not None:
             what = f"step {self.key[0]}: {self.key[1]} {batch.prefix(case)}{self.key[2]}"
+            if self.key[1] == "parameter":
+                what += " after the update"
         return replace(self, case=case, what=what)
 
     def family(self) -> str:
@@ -1563,6 +1600,7 @@ class Sides:
     captures: list = field(default_factory=list)
     grads: list = field(default_factory=list)
     predict: list = field(default_factory=list)
+    params: list = field(default_factory=list)  # after each step (SGD batches)
 
 
 def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
@@ -1579,11 +1617,15 @@ def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
         if mods:
             model.load_params(mods, partial=True)
         for s in range(batch.steps):
+            if batch.infer and batch.sgd is not None:  # the parameters of step s, before its update
+                side.predict.append(np.asarray(model.predict(**feeds(batch, s, with_cts=False))))
             res = model.step(**feeds(batch, s), captures=True)
             side.loss.append(float(res.loss))
             side.captures.append(dict(res.captures))
             side.grads.append(model.grads())
-            if batch.infer:
+            if batch.sgd is not None:
+                side.params.append(model.params())
+            elif batch.infer:
                 side.predict.append(np.asarray(model.predict(**feeds(batch, s, with_cts=False))))
     except Exception as e:  # noqa: BLE001
         return Failure("run", None, f"step {len(side.loss) + 1}", _exc(e))
@@ -1593,14 +1635,24 @@ def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
     return side
 
 
-def run_interp(batch: Batch) -> Sides | Failure:
+def step_params(batch: Batch, runs: list, s: int) -> dict[str, np.ndarray]:
+    """Every parameter's value at step s (they change only in SGD batches)."""
+    return {batch.prefix(k) + n: v for k, r in enumerate(runs) for n, v in r.params[s].items()}
+
+
+def reference_runs(batch: Batch, check: bool = False) -> list | None:
+    runs = [run_case(c, check, batch.sgd) for c in batch.cases]
+    return None if any(r is None for r in runs) else runs
+
+
+def run_interp(batch: Batch, runs: list) -> Sides | Failure:
+    """The interpreter's gradients at the parameters PyTorch has at each step."""
     from aot import interp
     from aot.frontend import trace_program
 
-    ref = replace(batch, capture=True, infer=True)
-    params = param_values(batch, ("param", "modparam"))
-    train_leaves = [dict(feeds(batch, s), **params, _rng=np.int32(0)) for s in range(batch.steps)]
-    infer_leaves = [dict(feeds(batch, s, with_cts=False), **params, _rng=np.int32(0)) for s in range(batch.steps)]
+    ref = replace(batch, capture=True, infer=True, sgd=None)
+    train_leaves = [dict(feeds(batch, s), **step_params(batch, runs, s), _rng=np.int32(0)) for s in range(batch.steps)]
+    infer_leaves = [dict(feeds(batch, s, with_cts=False), **step_params(batch, runs, s), _rng=np.int32(0)) for s in range(batch.steps)]
     side = Sides()
     try:
         traced = trace_program(build_program(ref, "fuzz_ref"))
@@ -1632,6 +1684,17 @@ def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: b
                 msg = "missing" if got is None else compare(got, run.grads[s][n], run.err[n])
                 if msg:
                     out.append(Failure(kind, k, f"step {s + 1}: gradient of {p + n}", msg, (s + 1, "gradient of", n)))
+        if kind == "gpu" and batch.sgd is not None:
+            lr = batch.sgd[0]
+            for k, (c, run) in enumerate(zip(batch.cases, runs)):
+                p = batch.prefix(k)
+                for n, want in run.params[s + 1].items():
+                    got = side.params[s].get(p + n)
+                    # the update carries the gradient's float32 error, times lr (momentum: a few steps of it)
+                    err = 4 * lr * run.err[n] + 1e-6 * float(np.max(np.abs(want)) if want.size else 0)
+                    msg = "missing" if got is None else compare(got, want.astype(np.float64), err)
+                    if msg:
+                        out.append(Failure(kind, k, f"step {s + 1}: parameter {p + n} after the update", msg, (s + 1, "parameter", n)))
         if predict:
             want, err = expected_predict(batch, runs, s)
             msg = compare(side.predict[s], want, err)
@@ -1650,9 +1713,9 @@ def check(batch: Batch, name: str = "fuzz_prog") -> list[Failure]:
     """Every disagreement of the compiled package and of the interpreter with float64 PyTorch.
     When the batch does not compile or run, its halves are checked (down to single cases), so
     one failing graph does not hide the others."""
-    runs = [run_case(c, check=False) for c in batch.cases]
+    runs = reference_runs(batch)
     fails: list[Failure] = []
-    interp_side = run_interp(batch)
+    interp_side = run_interp(batch, runs)
     if isinstance(interp_side, Failure):
         fails.append(interp_side)
     else:
@@ -1731,6 +1794,17 @@ def _candidates(case: Case, run: CaseRun):
             yield "drop output " + o, dce(c)
     for i in reversed(range(len(case.ops))):
         yield f"cut {case.ops[i].op}", cut(case, i, run)
+    produced = {o: op for op in case.ops for o in op.outs}
+    for o in case.outputs:  # an output's operand as the output instead (its producer goes)
+        if o in produced:
+            for a in dict.fromkeys(a for a in produced[o].args if isinstance(a, str) and a in produced and a not in case.outputs):
+                if run.vals[0][a].dtype.kind == "f":
+                    c = case.copy()
+                    c.outputs = [a if x == o else x for x in c.outputs]
+                    c.cts.pop(o, None)
+                    ct = np.round(np.random.default_rng(0).normal(size=run.vals[0][a].shape), 1)
+                    c.cts[a] = [np.asarray(ct, dtype=np.float32)] * case.steps
+                    yield f"output {a} instead of {o}", dce(c)
     shape = lambda v: tuple(run.vals[0][v].shape)  # noqa: E731
     kind = lambda v: run.vals[0][v].dtype.kind  # noqa: E731
     for op in reversed(case.ops):
@@ -1782,7 +1856,7 @@ def shrink(batch: Batch, failure: Failure, budget_s: float = 240.0, log=None) ->
     def fails(b: Batch) -> Failure | None:
         if time.monotonic() > deadline:
             return None
-        if any(not c.ops or not c.cts or run_case(c) is None for c in b.cases):
+        if any(not c.ops or not c.cts for c in b.cases) or reference_runs(b, check=True) is None:
             return None
         return next((f for f in check(b) if f.family() == family), None)
 
@@ -1823,7 +1897,7 @@ def shrink(batch: Batch, failure: Failure, budget_s: float = 240.0, log=None) ->
         while progress and time.monotonic() < deadline:
             progress = False
             for k, case in enumerate(batch.cases):
-                run = run_case(case, check=False)
+                run = run_case(case, False, batch.sgd)
                 for what, c in gen(case, run) if gen is _candidates else gen(case):
                     b = replace(batch, cases=batch.cases[:k] + [c] + batch.cases[k + 1 :])
                     f = fails(b)
@@ -1862,6 +1936,8 @@ def test_{name}():
         if MODULE_PARAMS:
             model.load_params(MODULE_PARAMS, partial=True)
         for step, want in enumerate(EXPECTED):
+            if "predict" in want and PREDICT_FIRST:  # the parameters of this step, before its update
+                _check(model.predict(**INPUTS[step]), want["predict"], ATOL["predict"], f"step {{step + 1}}: predict")
             res = model.step(**INPUTS[step], **COTANGENTS[step], captures=True)
             assert abs(res.loss - want["loss"]) <= LOSS_TOL[step], f"step {{step + 1}}: loss {{res.loss}}, expected {{want['loss']}}"
             for name, value in want["outputs"].items():
@@ -1869,7 +1945,10 @@ def test_{name}():
             grads = model.grads()
             for name, value in want["grads"].items():
                 _check(grads[name], value, ATOL[name], f"step {{step + 1}}: gradient of {{name}}")
-            if "predict" in want:
+            params = model.params()
+            for name, value in want.get("params", {{}}).items():
+                _check(params[name], value, ATOL[name + " after the update"], f"step {{step + 1}}: {{name}} after the update")
+            if "predict" in want and not PREDICT_FIRST:
                 _check(model.predict(**INPUTS[step]), want["predict"], ATOL["predict"], f"step {{step + 1}}: predict")
     finally:
         model.close()
@@ -1900,7 +1979,7 @@ def _dict_source(d: dict, indent: str) -> str:
 
 
 def repro_source(batch: Batch, failure: Failure, name: str, note: str = "") -> str:
-    runs = [run_case(c, check=False) for c in batch.cases]
+    runs = reference_runs(batch)
     expected, atol, loss_tol = [], {}, []
     for s in range(batch.steps):
         want = {"loss": sum(r.loss[s] for r in runs), "outputs": {}, "grads": {}}
@@ -1913,6 +1992,14 @@ def repro_source(batch: Batch, failure: Failure, name: str, note: str = "") -> s
             for n, v in list(r.outs[s].items()) + list(r.grads[s].items()):
                 t = float(tolerance(np.zeros(()), 0.0) + 1e-4 * (np.max(np.abs(v)) if v.size else 0) + 50 * r.err[n])
                 atol[p + n] = max(atol.get(p + n, 0.0), t)
+        if batch.sgd is not None:
+            want["params"] = {}
+            for k, (c, r) in enumerate(zip(batch.cases, runs)):
+                for n, v in r.params[s + 1].items():
+                    name = batch.prefix(k) + n
+                    want["params"][name] = v
+                    t = float(1e-5 + 1e-4 * (np.max(np.abs(v)) if v.size else 0) + 50 * (4 * batch.sgd[0] * r.err[n]))
+                    atol[name + " after the update"] = max(atol.get(name + " after the update", 0.0), t)
         if batch.infer:
             want["predict"], err = expected_predict(batch, runs, s)
             t = float(1e-5 + 1e-4 * (np.max(np.abs(want["predict"])) if want["predict"].size else 0) + 50 * err)
@@ -1944,12 +2031,15 @@ def repro_source(batch: Batch, failure: Failure, name: str, note: str = "") -> s
         L.append(f"        'loss': {want['loss']!r},")
         L.append(f"        'outputs': {_dict_source(want['outputs'], '        ')},")
         L.append(f"        'grads': {_dict_source(want['grads'], '        ')},")
+        if "params" in want:
+            L.append(f"        'params': {_dict_source(want['params'], '        ')},")
         if "predict" in want:
             L.append(f"        'predict': {array_source(want['predict'], '        ')},")
         L.append("    },")
     L.append("]")
     L.append(f"ATOL = {{{', '.join(f'{k!r}: {v:.3g}' for k, v in atol.items())}}}")
     L.append(f"LOSS_TOL = [{', '.join(f'{v:.3g}' for v in loss_tol)}]")
+    L.append(f"PREDICT_FIRST = {batch.sgd is not None}")
     text = "\n".join(L) + "\n" + REPRO_TEST.format(reason=reason, name=name)
     if failure.kind == "interp-error":  # the package may well be right: a plain regression test
         text = text.replace(f"@pytest.mark.xfail(strict=True, reason={reason!r})\n", "")
