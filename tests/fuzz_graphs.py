@@ -661,6 +661,8 @@ def run_case(case: Case, check: bool = True, sgd: tuple | None = None) -> CaseRu
                 # the package keeps float32 parameters: the next step starts from the rounded values
                 new[n] = np.asarray(run.params[s][n].astype(np.float64) - lr * d, dtype=np.float32)
             run.params.append(new)
+        else:
+            run.params.append(run.params[s])
         run.outs.append(o64)
         run.grads.append(g64)
         run.loss.append(l64)
