@@ -1603,6 +1603,7 @@ class Sides:
     grads: list = field(default_factory=list)
     predict: list = field(default_factory=list)
     params: list = field(default_factory=list)  # after each step (SGD batches)
+    replay: tuple | None = None  # (loss, captures, grads) of step 1 again after model.reset()
 
 
 def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
@@ -1629,6 +1630,12 @@ def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
                 side.params.append(model.params())
             elif batch.infer:
                 side.predict.append(np.asarray(model.predict(**feeds(batch, s, with_cts=False))))
+        # step 1 again after a reset, with every buffer holding later steps' values: bit for bit
+        model.reset(params=True, optimizer=True)
+        if mods:
+            model.load_params(mods, partial=True)
+        res = model.step(**feeds(batch, 0), captures=True)
+        side.replay = (float(res.loss), dict(res.captures), model.grads())
     except Exception as e:  # noqa: BLE001
         return Failure("run", None, f"step {len(side.loss) + 1}", _exc(e))
     finally:
@@ -1686,6 +1693,14 @@ def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: b
                 msg = "missing" if got is None else compare(got, run.grads[s][n], run.err[n])
                 if msg:
                     out.append(Failure(kind, k, f"step {s + 1}: gradient of {p + n}", msg, (s + 1, "gradient of", n)))
+        if kind == "gpu" and s == 0 and side.replay is not None:
+            loss, caps, grads = side.replay
+            diff = [] if loss == side.loss[0] or (math.isnan(loss) and math.isnan(side.loss[0])) else ["loss"]
+            diff += [n for n, v in side.captures[0].items() if not np.array_equal(v, caps.get(n), equal_nan=True)]
+            diff += [n for n, v in side.grads[0].items() if not np.array_equal(v, grads.get(n), equal_nan=True)]
+            if diff:
+                out.append(Failure(kind, None if len(batch.cases) > 1 else 0, "step 1 again after reset()",
+                                   "not bit-identical to the first step 1: " + ", ".join(diff[:6]), (1, "replay", "")))
         if kind == "gpu" and batch.sgd is not None:
             lr = batch.sgd[0]
             for k, (c, run) in enumerate(zip(batch.cases, runs)):
