@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import codegen, emit, ir, passes
 from .frontend import Traced, trace_program
-from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan
+from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan, state_arena
 from .program import Program
 from .runtime.schedules import normalize
 from .schedule import VIEW_OPS, ParamArena, Schedule, schedule
@@ -72,7 +72,7 @@ def compile_program(program_or_traced, verify: bool = False, log=None, max_bindi
     arena = ParamArena({p.name: p.offset for p in traced.params}, total)
     opt = prog.train.optimizer if prog.train is not None else None
     state_names = opt.state_names() if opt is not None else ()
-    state_offsets = {n: i * total for i, n in enumerate(state_names)}
+    state_arenas = {n: state_arena(i) for i, n in enumerate(state_names)}
     graphs, scheds, plans, kernels = {}, {}, {}, {}
     k_index = 0
     for key, g in traced.graphs.items():
@@ -80,7 +80,7 @@ def compile_program(program_or_traced, verify: bool = False, log=None, max_bindi
             ir.verify(g, after="trace")
         g = passes.run_pipeline(g, verify=verify)
         s = schedule(g, arena)
-        p = plan(s, state_offsets, total, max_binding_mib)
+        p = plan(s, state_arenas, total, max_binding_mib)
         ks = codegen.generate(s, p, k_index)
         k_index += len(ks)
         graphs[key], scheds[key], plans[key], kernels[key] = g, s, p, ks

@@ -4,7 +4,8 @@ Buffers ("arenas") are fixed per package, so every kernel binds at most seven of
 (under WebGPU's default limit of 8 storage buffers per stage) whatever the graph:
   params      all parameters, flat in layout order (shared by every entry point)
   grads       the flat gradient vector of the last step
-  state       optimizer state (adam.m, adam.v | sgd.momentum), flat, each as long as params
+  state       optimizer state, flat, as long as params: adam.m | sgd.momentum (state_1: adam.v,
+              a buffer of its own so that no state buffer is larger than the parameters)
   inputs      f32 inputs and per-step scalars, packed; inputs_i32 the i32 inputs
   work        intermediates, reused by liveness; work_i32 the i32 ones
 No buffer may exceed the storage-binding limit (WebGPU's default: 128 MiB), so intermediates
@@ -24,7 +25,7 @@ from .ir import Tensor
 from .schedule import LEAVES, Schedule, _identity_reads
 
 ALIGN = 64  # elements: 256-byte aligned tensors keep reads coalesced and offsets tidy
-ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32")
+ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32", "state_1")
 DEFAULT_MAX_BINDING_MIB = 128  # WebGPU's default maxStorageBufferBindingSize (browsers, lavapipe)
 
 
@@ -72,7 +73,12 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan(s: Schedule, state_offsets: dict[str, int], param_total: int, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB) -> Plan:
+def state_arena(i: int) -> str:
+    """The buffer of the optimizer's i-th state vector."""
+    return "state" if i == 0 else f"state_{i}"
+
+
+def plan(s: Schedule, state_arenas: dict[str, str], param_total: int, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB) -> Plan:
     g = s.graph
     cap = int(max_binding_mib * 2**20) // 4 // ALIGN * ALIGN  # elements per buffer
     loc: dict[int, Loc] = {}
@@ -91,8 +97,9 @@ def plan(s: Schedule, state_offsets: dict[str, int], param_total: int, max_bindi
             inputs.append((n.attrs["name"], n.out.dtype, n.out.shape, loc[id(n.out)]))
             sizes[arena] += max(n.out.size, 1)
         elif n.op == "state":
-            loc[id(n.out)] = Loc("state", state_offsets[n.attrs["name"]])
-            sizes["state"] = max(sizes["state"], state_offsets[n.attrs["name"]] + n.out.size)
+            arena = state_arenas[n.attrs["name"]]
+            loc[id(n.out)] = Loc(arena, 0)
+            sizes[arena] = max(sizes[arena], n.out.size)
 
     index = {id(t): i for i, k in enumerate(s.kernels) for t in k.outs}
     readers: dict[int, list[int]] = {}
@@ -162,7 +169,7 @@ def plan(s: Schedule, state_offsets: dict[str, int], param_total: int, max_bindi
                 _too_large(g, f"the intermediate {t.node.op} result {t.type_str()}", t, t.size, max_binding_mib)
         for k, n in enumerate(_pack(items, loc, arena, cap)):
             sizes[chunk_name(arena, k)] = n
-    for arena in ("params", "grads", "state", "inputs", "inputs_i32"):
+    for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32"):
         if sizes[arena] > cap:
             _too_large(g, f"the {arena} buffer", None, sizes[arena], max_binding_mib)
     for t in s.owners:
