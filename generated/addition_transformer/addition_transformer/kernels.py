@@ -21015,6 +21015,7 @@ K171_FUSED_SQRT_ADD_SUB = """\
 @group(0) @binding(2) var<storage, read_write> state: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+@group(0) @binding(7) var<storage, read_write> state_1: array<f32>;
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -21041,7 +21042,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v8: f32 = v7 * 0.9;
     let v9: f32 = v6 * 0.1;
     let v10: f32 = v8 + v9;
-    let v11: f32 = state[150656u + i];
+    let v11: f32 = state_1[i];
     let v12: f32 = v11 * 0.999;
     let v13: f32 = v6 * v6;
     let v14: f32 = v13 * 0.001;
@@ -21061,7 +21062,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v28: f32 = v20 - v27;
     work[i] = v6;
     state[i] = v10;
-    state[150656u + i] = v15;
+    state_1[i] = v15;
     params[i] = v28;
 }
 """

@@ -68,11 +68,12 @@ PROGRAM = {
     "arenas": {
         "params": 150656,
         "grads": 150656,
-        "state": 301312,
+        "state": 150656,
         "inputs": 1027,
         "inputs_i32": 2048,
         "work": 2796352,
         "work_i32": 0,
+        "state_1": 150656,
     },
     "kernels": {
         "k000_fused_gather_add": (
@@ -616,6 +617,7 @@ PROGRAM = {
                 ("state", "read_write"),
                 ("inputs", "read"),
                 ("work", "read_write"),
+                ("state_1", "read_write"),
             ),
             "optimizer",
         ),
@@ -1194,10 +1196,11 @@ PROGRAM = {
             "arenas": {
                 "params": 150656,
                 "grads": 150656,
-                "state": 301312,
+                "state": 150656,
                 "inputs": 1027,
                 "inputs_i32": 2048,
                 "work": 2796352,
+                "state_1": 150656,
             },
         },
         "predict[N=1]": {

@@ -146,6 +146,11 @@ class ModelBase:
             flat[o : o + _size(s)] = rng.init_param(tuple(spec), tuple(s), self.seed, i).ravel()
         return flat
 
+    def _state_buffers(self) -> list[tuple[str, int]]:
+        """Optimizer state buffers in order (adam.m in `state`, adam.v in `state_1`): a checkpoint
+        holds them concatenated as `__state__`."""
+        return [(a, n) for a, n in self._program["arenas"].items() if n and (a == "state" or a.startswith("state_"))]
+
     def reset(self, params: bool = True, optimizer: bool = True) -> None:
         """params: back to the seed's initial values; optimizer: zero state and step_count
         (the learning rate set with set_lr is kept)."""
@@ -154,8 +159,8 @@ class ModelBase:
             if params:
                 self._engine.write("params", 0, self._init_params())
             if optimizer:
-                if self._program["arenas"].get("state", 0):
-                    self._engine.write("state", 0, np.zeros(self._program["arenas"]["state"], dtype=np.float32))
+                for arena, n in self._state_buffers():
+                    self._engine.write(arena, 0, np.zeros(n, dtype=np.float32))
                 if self._has_grads and self._total:  # no last step: grads() reads zeros, as on a new model
                     self._engine.write("grads", 0, np.zeros(self._total, dtype=np.float32))
                 self.step_count = 0
@@ -284,7 +289,6 @@ class ModelBase:
         with self._lock:
             self._check_open()
             path = os.fspath(path)
-            state_n = self._program["arenas"].get("state", 0)
             data = {
                 "__program__": np.array(self._program["name"]),
                 "__fingerprint__": np.array(self._fingerprint()),
@@ -292,7 +296,7 @@ class ModelBase:
                 "__seed__": np.array(self.seed, dtype=np.uint64),
                 "__lr__": np.array(repr(self._lr)),
                 "__lr_origin__": np.array(self._lr_origin, dtype=np.int64),
-                "__state__": self._engine.read("state", 0, state_n) if state_n else np.zeros(0, np.float32),
+                "__state__": np.concatenate([np.zeros(0, np.float32)] + [self._engine.read(a, 0, n) for a, n in self._state_buffers()]),
             }
             for n, a in self.params().items():
                 data["param/" + n] = a
@@ -309,7 +313,7 @@ class ModelBase:
             "__seed__": ("seed", ()),
             "__lr__": (("str", _MAX_LR_TEXT), ()),
             "__lr_origin__": ("i8", ()),
-            "__state__": ("f4", (self._program["arenas"].get("state", 0),)),
+            "__state__": ("f4", (sum(n for _, n in self._state_buffers()),)),
         }
         for n, s, *_ in self._params:
             layout["param/" + n] = ("f4", tuple(s))
@@ -333,9 +337,10 @@ class ModelBase:
             # everything is valid: only now does the model change
             if self._total:
                 self._engine.write("params", 0, flat[: self._total])
-            state = z["__state__"]
-            if state.size:
-                self._engine.write("state", 0, state)
+            state, pos = z["__state__"], 0
+            for arena, n in self._state_buffers():
+                self._engine.write(arena, 0, state[pos : pos + n])
+                pos += n
             self.step_count = step_count
             self._seed = seed
             self._lr = lr

@@ -1879,6 +1879,7 @@ K010_FUSED_MUL_ADD_SUB = """\
 @group(0) @binding(1) var<storage, read> grads: array<f32>;
 @group(0) @binding(2) var<storage, read_write> state: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
+@group(0) @binding(7) var<storage, read_write> state_1: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -1887,7 +1888,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 4353u) {
         return;
     }
-    let v0: f32 = state[4353u + i];
+    let v0: f32 = state_1[i];
     let v1: f32 = v0 * 0.999;
     let v2: f32 = grads[i];
     let v3: f32 = v2 * v2;
@@ -1906,7 +1907,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v16: f32 = v9 / v15;
     let v17: f32 = v11 * v16;
     let v18: f32 = v10 - v17;
-    state[4353u + i] = v5;
+    state_1[i] = v5;
     state[i] = v9;
     params[i] = v18;
 }

@@ -30,11 +30,12 @@ PROGRAM = {
     "arenas": {
         "params": 4353,
         "grads": 4353,
-        "state": 8706,
+        "state": 4353,
         "inputs": 514,
         "inputs_i32": 0,
         "work": 49472,
         "work_i32": 0,
+        "state_1": 4353,
     },
     "kernels": {
         "k000_matmul_add_relu": (
@@ -88,6 +89,7 @@ PROGRAM = {
                 ("grads", "read"),
                 ("state", "read_write"),
                 ("inputs", "read"),
+                ("state_1", "read_write"),
             ),
             "optimizer",
         ),
@@ -145,9 +147,10 @@ PROGRAM = {
             "arenas": {
                 "params": 4353,
                 "grads": 4353,
-                "state": 8706,
+                "state": 4353,
                 "inputs": 514,
                 "work": 49472,
+                "state_1": 4353,
             },
         },
         "predict[B=1]": {
