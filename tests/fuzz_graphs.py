@@ -3,10 +3,11 @@ and checked on the real adapter against the reference interpreter and float64 Py
 
 A `Case` is plain data: leaves (parameters with fixed values, inputs with one value per step),
 `nn` modules, a list of `Op` records (`v3 = ops.where(v2, v0, 1.5)` is
-`Op(("v3",), "where", ("v2", "v0", 1.5), {})`) and the outputs. `case_source` prints it as
+`Op(("v3",), "where", ("v2", "v0", 1.5), {})`) and the outputs. `batch_source` prints it as
 standalone Python; the checker builds exactly that source, so a failure's reproducer is the
 program that failed. Several independent cases are batched into one `Batch` (one Program,
-losses summed, names prefixed `g<k>_`) to check more graphs per compile.
+losses summed, names prefixed `g<k>_`) to check more graphs per compile; a batch that does not
+compile is split until the failing graph is alone.
 
 Values stay meaningful in float32: while generating, every op is evaluated in float64 and
 float32 (PyTorch on the CPU, every step's inputs) and refused when its operands leave the op's
@@ -22,7 +23,10 @@ the previous step's memory shows from step 2), against float64 PyTorch. The tole
 is 2e-3 relative + 1e-4 of its largest magnitude + 50x the float32 PyTorch error of that tensor,
 so an ill-conditioned sum cannot fail, and a wrong gradient (zero, stale, misindexed) cannot pass.
 The interpreter is held to the same tolerance: when it disagrees too, the bug is in the graph
-(VJP or op semantics), otherwise in scheduling, planning or codegen.
+(VJP or op semantics), otherwise in scheduling, planning or codegen. In SGD batches the updated
+parameters are checked after every step as well. Finally step 1 runs again after
+`model.reset()` and must give bit-identical results (API.md §5's determinism, and no kernel may
+depend on what an earlier step left in scratch memory).
 
 `generate(seed)` -> Batch, `check(batch)` -> [Failure], `shrink(batch, failure)` -> smaller Batch,
 `write_repro(batch, failure, dir)` -> a pytest file that needs only numpy and aot.
