@@ -11,6 +11,11 @@ the player concerned, then normalized (mean/std) over the moves played.
 Loss = -sum(log pi(a | s) * outcome * mask) / 144, log pi over all 9 cells as in tensorgrad;
 Adam lr 5e-3; one step per rollout. `evaluate` plays greedy games against a uniformly random
 opponent (tensorgrad: 60 games every 10 rollouts).
+
+Measured with this port (and with its PyTorch twin, several seeds): win+draw against random,
+half the games as X and half as O, goes from ~55% to ~75-80% within 25-50 rollouts and then
+drifts between ~60% and ~85% (as X alone: ~95% at 100 rollouts); self-play ends with X winning
+every game. tensorgrad reports reaching 100% "quickly"; this formulation does not get there.
 """
 
 import numpy as np
