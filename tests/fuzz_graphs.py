@@ -1255,10 +1255,28 @@ class Gen:
             kw["scale"] = self.choice((0.5, 1.0, 0.25))
         return self.emit("attention", (q, k, v), kw)
 
+    def a_bcast_reduce(self):
+        """Issue 8's shape: a pointwise result, a size-1 axis added (reshape or broadcast), an
+        elementwise op with a tensor that is wider on that axis, then a reduction over it."""
+        x = self.pick(lambda v: self.f32(v) and 1 <= len(self.shape(v)) <= 3, self.new_f32(rank=int(self.rng.integers(1, 4))))
+        if self.chance(0.5):
+            x = self.emit(self.choice(("exp", "tanh", "square", "sigmoid", "neg")), (x,))
+        s = self.shape(x)
+        at = int(self.rng.integers(len(s) + 1))
+        kept = s[:at] + (1,) + s[at:]
+        y = self.emit("reshape", (x,), {"shape": kept})
+        wide = s[:at] + (self.dim(2, 5),) + s[at:]
+        other = self.pick(lambda v: self.f32(v) and self.shape(v) == wide, lambda: self.leaf(wide), p_new=0.6)
+        z = self.emit(self.choice(("mul", "add", "sub", "mul")), (y, other) if self.chance(0.5) else (other, y))
+        kw = {"axis": at - len(wide) if self.chance(0.3) else at}
+        if self.chance(0.3):
+            kw["keepdims"] = True
+        return self.emit(self.choice(("sum", "sum", "mean", "max")), (z,), kw)
+
     ACTIONS = (("unary", 14), ("binary", 16), ("where", 5), ("reduce", 9), ("argmax", 3), ("reshape", 4), ("transpose", 4),
                ("narrow", 3), ("broadcast", 3), ("concat", 3), ("stack", 2), ("split", 2), ("matmul", 6), ("index", 7),
                ("softmax", 4), ("cross_entropy", 2), ("causal", 1), ("module", 3), ("heads", 1), ("conv", 2),
-               ("rope", 1), ("attention", 2))
+               ("rope", 1), ("attention", 2), ("bcast_reduce", 3))
 
     def build(self, n_ops: int):
         names = [a for a, _ in self.ACTIONS]
