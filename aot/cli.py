@@ -1,4 +1,5 @@
-"""`python -m aot build model.py [-o DIR] [--program NAME] [--force]` and `python -m aot inspect model.py`."""
+"""`python -m aot build model.py [-o DIR] [--program NAME] [--force]`, `python -m aot inspect model.py` and
+`python -m aot convert IN OUT [--layout aot|torch] [--model model.py [--program NAME]]` (.npz <-> .safetensors)."""
 
 from __future__ import annotations
 
@@ -98,6 +99,85 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _read_npz(path: str) -> tuple[dict, str | None]:
+    """({name: array}, program name or None): an aot checkpoint's parameters (its `param/...`
+    members), or every array of a plain .npz. Nothing is unpickled."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = list(z.files)
+            if "__program__" in names and any(n.startswith("param/") for n in names):
+                arrays = {n[len("param/") :]: z[n] for n in names if n.startswith("param/")}
+                return arrays, str(z["__program__"])
+            return {n: z[n] for n in names}, None
+    except (ValueError, OSError, EOFError) as e:  # object arrays, damaged or non-zip files
+        raise SystemExit(f"aot: cannot read {path} as .npz: {e}") from None
+
+
+def cmd_convert(args) -> int:
+    import numpy as np
+
+    from .runtime import interop
+    from .runtime.gpu import _replace_atomically
+
+    src, dst = args.src, args.dst
+    kinds = (os.path.splitext(src)[1].lower(), os.path.splitext(dst)[1].lower())
+    if kinds not in ((".npz", ".safetensors"), (".safetensors", ".npz")):
+        raise SystemExit(f"aot: convert goes .npz -> .safetensors or .safetensors -> .npz; got {src} -> {dst}")
+    if args.layout == "torch" and not args.model:
+        raise SystemExit(
+            "aot: --layout torch needs the model (--model model.py [--program NAME]): PyTorch's names and layouts "
+            "come from the aot.nn modules that declared each parameter"
+        )
+    if args.program and not args.model:
+        raise SystemExit("aot: --program needs --model")
+    params = table = None
+    program = None
+    if args.model:
+        from .frontend import trace_program
+
+        progs = load_programs(args.model)
+        if args.program is None and len(progs) > 1:
+            raise SystemExit(f"aot: {args.model} defines several programs ({', '.join(progs)}); choose one with --program")
+        (prog,) = _select(progs, args.program, args.model)
+        traced = trace_program(prog)
+        params = [(p.name, p.shape) for p in traced.params]
+        table = {p.name: p.torch for p in traced.params}
+        program = prog.name
+    what = f"convert {src}"
+    try:
+        if kinds[0] == ".npz":
+            arrays, ckpt = _read_npz(src)
+            program = program or ckpt
+            out = arrays
+            if params is not None:  # aot names in; checked against the model, then in the layout asked for
+                interop.plan_load(what, {n: a.shape for n, a in arrays.items()}, params, table, "aot", None, False)
+                plan = interop.plan_save(what, params, table, args.layout, None)
+                out = {o: np.ascontiguousarray(arrays[n].T) if t else arrays[n] for o, n, t in plan}
+            meta = {"format": "pt", "aot_layout": args.layout}
+            if program:
+                meta["aot_program"] = program
+            _replace_atomically(dst, lambda f: interop.write_safetensors(f, out, meta))
+        else:
+            with interop.SafetensorsFile(src) as st:
+                if params is None:
+                    out = {n: st.array(n) if st.entries[n][0] == "BF16" else st.raw(n) for n in st.entries}
+                else:
+                    incoming = {n: e[1] for n, e in st.entries.items()}
+                    plan = interop.plan_load(what, incoming, params, table, args.layout, None, False)
+                    out = {}
+                    for n, (aot_name, t) in plan.items():
+                        a = st.array(n) if st.entries[n][0] == "BF16" else st.raw(n)
+                        out[aot_name] = np.ascontiguousarray(a.T) if t else a
+                    out = {n: out[n] for n, _ in params}  # the model's order
+            _replace_atomically(dst, lambda f: np.savez(f, **out))
+    except (KeyError, ValueError, TypeError) as e:
+        raise SystemExit(f"aot: {e.args[0] if isinstance(e, KeyError) else e}") from None
+    print(f"aot: {src} -> {dst}: {len(out)} tensor(s), layout {args.layout}", flush=True)
+    return 0
+
+
 def memory_report(c, key: str, largest: int = 5) -> str:
     """Planned bytes per buffer of one entry point, the lower bound any packing must pay
     (params + grads + optimizer state + inputs + the intermediates alive at once at the peak),
@@ -145,6 +225,26 @@ def main(argv=None) -> int:
     i.add_argument("--wgsl", action="store_true", help="also print every kernel's WGSL")
     i.add_argument("--max-binding-mib", type=float, default=128, metavar="N", help="as for build")
     i.set_defaults(fn=cmd_inspect)
+    c = sub.add_parser(
+        "convert",
+        help="convert parameters between .npz (an aot checkpoint or plain arrays) and .safetensors",
+        description="Convert parameters: .npz -> .safetensors (the params of an aot checkpoint written by "
+        "Model.save, or every array of a plain .npz) or .safetensors -> .npz (plain arrays, for "
+        "model.load_params(dict(np.load(...)))). Each tensor keeps its dtype (BF16 becomes float32).",
+        epilog="--layout torch (PyTorch's names and layouts: l1.W becomes l1.weight, transposed) needs the model, "
+        "since only the aot.nn module that declared a parameter says what PyTorch calls it: pass "
+        "--model model.py, and --program NAME if the file defines several programs. With --model the names "
+        "and shapes are also checked against the model.",
+    )
+    c.add_argument("src", help="input: ckpt.npz or weights.safetensors")
+    c.add_argument("dst", help="output: weights.safetensors or params.npz")
+    c.add_argument(
+        "--layout", choices=("aot", "torch"), default="aot",
+        help="names and layouts of the .safetensors side (default aot: the .npz names as they are)",
+    )
+    c.add_argument("--model", help="model.py defining the aot.Program (needed for --layout torch)")
+    c.add_argument("--program", help="the Program's name, if model.py defines several")
+    c.set_defaults(fn=cmd_convert)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 import black
 
 from .errors import OutputExistsError, printable
-from .runtime import engine as _engine, gpu as _gpu, rng as _rng, schedules as _schedules
+from .runtime import engine as _engine, gpu as _gpu, interop as _interop, rng as _rng, schedules as _schedules
 from .templates import render
 
 MANIFEST = ".aot-manifest"
@@ -29,6 +29,7 @@ BLACK_MODE = black.Mode(target_versions={black.TargetVersion.PY310}, line_length
 RUNTIME_FILES = {
     "runtime.py": _gpu.__file__,
     "engine.py": _engine.__file__,
+    "interop.py": _interop.__file__,
     "rng.py": _rng.__file__,
     "schedules.py": _schedules.__file__,
 }

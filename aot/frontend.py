@@ -26,6 +26,9 @@ class ParamEntry:
     init: tuple  # spec tuple evaluated by runtime/rng.py
     decay: bool
     offset: int  # element offset in the flat parameter vector (layout order)
+    # PyTorch's name for it, the aot.nn module kind that declared it ("" for a bare param) and
+    # whether aot stores it transposed (Linear's W is weight.T): the package's state_dict tables
+    torch: tuple[str, str, bool] = ("", "", False)
 
     @property
     def size(self) -> int:
@@ -93,9 +96,19 @@ def _layout(named) -> list[ParamEntry]:
         offsets[name] = off
         off += info.tensor.size
     return [
-        ParamEntry(name, info.tensor.shape, info.init.spec(info.tensor.shape), info.decay, offsets[name])
+        ParamEntry(name, info.tensor.shape, info.init.spec(info.tensor.shape), info.decay, offsets[name], _torch_entry(name, info))
         for name, info in named
     ]
+
+
+def _torch_entry(name: str, info) -> tuple[str, str, bool]:
+    """(PyTorch name, module kind, transposed): an aot.nn module's param takes the name torch.nn's
+    module of that kind gives it (`l1.W` -> `l1.weight`); a bare param keeps its own."""
+    if info.torch is None:
+        return (name, "", False)
+    kind, leaf, transpose = info.torch
+    prefix = name.rpartition(".")[0]
+    return ((prefix + "." if prefix else "") + leaf, kind, transpose)
 
 
 def _trace_entry(program: Program, key: str, kind: str, spec, sizes):

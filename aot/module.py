@@ -20,6 +20,8 @@ class ParamInfo:
     init: _init.Init
     decay: bool
     site: object
+    # set by aot.nn modules: (module kind, PyTorch's name for it in that module, stored transposed?)
+    torch: tuple[str, str, bool] | None = None
 
 
 class Module:
@@ -51,6 +53,13 @@ class Module:
         current()  # only inside tracing
         t = emit("param", (), name="", shape=shape, dtype="f32")
         self._params[id(t)] = ParamInfo(t, init, init.default_decay if decay is None else bool(decay), capture_site())
+        return t
+
+    def _torch_param(self, kind: str, torch_name: str, shape, transpose: bool = False, **kw) -> Tensor:
+        """param() for the aot.nn modules, recording which PyTorch parameter of the same module
+        kind this one is (the package's load_state_dict/state_dict map names and layouts by it)."""
+        t = self.param(shape, **kw)
+        self._params[id(t)].torch = (kind, torch_name, transpose)
         return t
 
     def named_params(self, prefix: str = "") -> list[tuple[str, ParamInfo]]:

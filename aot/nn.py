@@ -14,8 +14,8 @@ class Linear(Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         # tensorgrad's default (randn 0.02), not PyTorch's uniform: keeps the ported samples comparable
-        self.W = self.param((in_features, out_features), init=init, decay=decay)
-        self.b = self.param((out_features,), init=_init.zeros()) if bias else None
+        self.W = self._torch_param("Linear", "weight", (in_features, out_features), transpose=True, init=init, decay=decay)
+        self.b = self._torch_param("Linear", "bias", (out_features,), init=_init.zeros()) if bias else None
 
     def forward(self, x):
         y = ops.matmul(x, self.W)
@@ -26,8 +26,8 @@ class LayerNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
-        self.g = self.param((dim,), init=_init.ones())
-        self.b = self.param((dim,), init=_init.zeros())
+        self.g = self._torch_param("LayerNorm", "weight", (dim,), init=_init.ones())
+        self.b = self._torch_param("LayerNorm", "bias", (dim,), init=_init.zeros())
 
     def forward(self, x):
         mu = ops.mean(x, -1, keepdims=True)
@@ -40,7 +40,7 @@ class RMSNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
-        self.g = self.param((dim,), init=_init.ones())
+        self.g = self._torch_param("RMSNorm", "weight", (dim,), init=_init.ones())
 
     def forward(self, x):
         return x * ops.rsqrt(ops.mean(x * x, -1, keepdims=True) + self.eps) * self.g
@@ -49,7 +49,7 @@ class RMSNorm(Module):
 class Embedding(Module):
     def __init__(self, vocab: int, dim: int, init=None, decay=None):
         super().__init__()
-        self.W = self.param((vocab, dim), init=init, decay=decay)
+        self.W = self._torch_param("Embedding", "weight", (vocab, dim), init=init, decay=decay)
 
     def forward(self, idx):
         return ops.embedding(self.W, idx)
@@ -62,8 +62,8 @@ class Conv2d(Module):
         super().__init__()
         self.stride, self.padding, self.groups = stride, padding, groups
         kh, kw = (k, k) if isinstance(k, int) else k
-        self.W = self.param((out_ch, in_ch // groups, kh, kw), init=init, decay=decay)
-        self.b = self.param((out_ch,), init=_init.zeros()) if bias else None
+        self.W = self._torch_param("Conv2d", "weight", (out_ch, in_ch // groups, kh, kw), init=init, decay=decay)
+        self.b = self._torch_param("Conv2d", "bias", (out_ch,), init=_init.zeros()) if bias else None
 
     def forward(self, x):
         y = ops.conv2d(x, self.W, self.stride, self.padding, self.groups)

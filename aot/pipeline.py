@@ -141,6 +141,8 @@ def _tables(c: Compiled, opt, state_names) -> dict:
         "name": prog.name,
         "seed": int(prog.seed),
         "params": [(p.name, p.shape, p.init, p.decay, p.offset) for p in c.traced.params],
+        # aot name -> (PyTorch name, aot.nn module kind or "", stored transposed): load_state_dict's map
+        "torch": {p.name: p.torch for p in c.traced.params},
         "optimizer": opt.spec() if opt is not None else None,
         "lr": normalize(opt.lr) if opt is not None else None,
         "state": list(state_names),
