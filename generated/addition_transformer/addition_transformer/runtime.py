@@ -26,6 +26,7 @@ except ImportError:  # Windows: an open file cannot be deleted there, which is a
 
 from . import rng, schedules
 from .engine import _NP, Engine, ShaderError, _size  # noqa: F401  (ShaderError: the package re-exports it)
+from .interop import InteropMixin
 
 
 @dataclass
@@ -49,8 +50,10 @@ def _spec_str(dtype, dims) -> str:
     return f"{dtype}[{','.join(str(d) for d in dims)}]"
 
 
-class ModelBase:
-    """Everything a generated Model shares; the subclass supplies the program's tables."""
+class ModelBase(InteropMixin):
+    """Everything a generated Model shares; the subclass supplies the program's tables.
+    PyTorch state_dicts and safetensors (load_state_dict, state_dict, load_safetensors,
+    save_safetensors) come from InteropMixin (interop.py)."""
 
     PROGRAM: dict = {}
     WGSL: dict = {}
@@ -301,6 +304,10 @@ class ModelBase:
             for n, a in self.params().items():
                 data["param/" + n] = a
             _replace_atomically(path, lambda f: np.savez(f, **data))
+
+    def _write_atomically(self, path: str, write) -> None:
+        """InteropMixin's hook: files written like save()'s (a temporary file, then renamed)."""
+        _replace_atomically(path, write)
 
     def _checkpoint_layout(self) -> dict:
         """Checkpoint member -> (kind, shape); kind "f4" is a float32 array, "i8" an int64 scalar,
