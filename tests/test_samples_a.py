@@ -77,6 +77,20 @@ ttt = compiled("tic_tac_toe")
 # ---- parity harness ---------------------------------------------------------------------------
 
 
+def torch_optimizer(pm, lr, adamw):
+    """torch.optim.Adam, or AdamW (wd 0.01) decaying the weights (randn/kaiming init, aot's decay
+    flag True) but not the zero-initialized biases."""
+    import torch
+
+    if not adamw:
+        return torch.optim.Adam([p for p, _ in pm.values()], lr=lr)
+    groups = [
+        {"params": [p for n, (p, _) in pm.items() if n.endswith("W")], "weight_decay": 0.01},
+        {"params": [p for n, (p, _) in pm.items() if not n.endswith("W")], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr)
+
+
 def run_parity(twins, model, twin, batches, lr, adamw=False, clip=None, loss_atol=0.0):
     """Train `model` (from its initial params) and `twin` (loaded with them) on `batches` side by
     side; assert per-step losses and gradients and the final params agree; returns the errors.
@@ -85,14 +99,7 @@ def run_parity(twins, model, twin, batches, lr, adamw=False, clip=None, loss_ato
 
     model.reset()
     pm = twins.load_aot_params(twin, model.params())
-    if adamw:  # decay on the weights (randn/kaiming init), not on the zero-initialized biases
-        groups = [
-            {"params": [p for n, (p, _) in pm.items() if n.endswith("W")], "weight_decay": 0.01},
-            {"params": [p for n, (p, _) in pm.items() if not n.endswith("W")], "weight_decay": 0.0},
-        ]
-        opt = torch.optim.AdamW(groups, lr=lr)
-    else:
-        opt = torch.optim.Adam(twin.parameters(), lr=lr)
+    opt = torch_optimizer(pm, lr, adamw)
     err = {"loss": 0.0, "loss_abs": 0.0, "grad_abs": 0.0, "grad_rel": 0.0, "clipped": 0}
     for t, b in enumerate(batches, 1):
         got_loss = model.step(**b)
@@ -120,9 +127,11 @@ def run_parity(twins, model, twin, batches, lr, adamw=False, clip=None, loss_ato
     err["param_abs"] = max(float(np.abs(got[n] - want[n]).max()) for n in want)
     for n in want:
         np.testing.assert_allclose(got[n], want[n], rtol=0, atol=PARAM_ATOL_LR * lr, err_msg=n)
-    print(f"parity: loss rel {err['loss']:.1e} (abs {err['loss_abs']:.1e}), grad abs {err['grad_abs']:.1e}, grad rel {err['grad_rel']:.1e}, "
-          f"params abs {err['param_abs']:.1e} after {len(batches)} steps"
-          + (f" (clipping active in {err['clipped']})" if clip is not None else ""))
+    clipped = f" (clipping active in {err['clipped']})" if clip is not None else ""
+    print(
+        f"parity: loss rel {err['loss']:.1e} (abs {err['loss_abs']:.1e}), grad abs {err['grad_abs']:.1e}, "
+        f"grad rel {err['grad_rel']:.1e}, params abs {err['param_abs']:.1e} after {len(batches)} steps{clipped}"
+    )
     return err
 
 
@@ -169,8 +178,10 @@ def test_nerf_tiny_trains(nerf):
     rng = np.random.default_rng(0)
     losses = [model.step(**mod.batch(rng)) for _ in range(40)]
     psnr = mod.psnr(mod.render(model), target)
-    print(f"nerf_tiny: loss {losses[0]:.4f} -> {np.mean(losses[-5:]):.4f} in 40 steps; "
-          f"PSNR {psnr:.1f} dB (flat colour {flat:.1f} dB)")
+    print(
+        f"nerf_tiny: loss {losses[0]:.4f} -> {np.mean(losses[-5:]):.4f} in 40 steps; "
+        f"PSNR {psnr:.1f} dB (flat colour {flat:.1f} dB)"
+    )
     # the first loss is already near the flat colour's: the gain over it is what the field learnt
     assert np.mean(losses[-5:]) < 0.5 * losses[0] and psnr > flat + 1.5
 
@@ -204,11 +215,7 @@ def test_digit_canvas_dropout_gradients_match_torch_given_the_mask(twins, digits
     twin = twins.DigitMLP(p=0.0)
     with aot.compile(program) as model:
         pm = twins.load_aot_params(twin, model.params())
-        decayed = [p for n, (p, _) in pm.items() if n.endswith("W")]
-        opt = torch.optim.AdamW(
-            [{"params": decayed, "weight_decay": 0.01}, {"params": [p for p in twin.parameters() if all(p is not q for q in decayed)], "weight_decay": 0.0}],
-            lr=1e-3,
-        )
+        opt = torch_optimizer(pm, 1e-3, adamw=True)
         dropped_frac, masks = [], []
         for t, b in enumerate(batches(mod, 3, seed=7), 1):
             res = model.step(**b, captures=True)
@@ -244,8 +251,10 @@ def test_digit_canvas_trains(digits):
     rng = np.random.default_rng(0)
     losses = [model.step(**mod.batch(rng)) for _ in range(100)]
     acc = mod.accuracy(model)
-    print(f"digit_canvas: loss {np.mean(losses[:5]):.3f} -> {np.mean(losses[-5:]):.3f} in 100 steps; "
-          f"held-out accuracy {acc:.3f}")
+    print(
+        f"digit_canvas: loss {np.mean(losses[:5]):.3f} -> {np.mean(losses[-5:]):.3f} in 100 steps; "
+        f"held-out accuracy {acc:.3f}"
+    )
     assert acc > 0.75  # chance: 0.1
     # the B = 1 canvas variant shares the trained params with the B = 256 probe
     x = mod.batch(np.random.default_rng(1), 256, split="test")["x"]
@@ -320,6 +329,8 @@ def test_tic_tac_toe_trains(ttt):
     before = score()
     mod.train(model, np.random.default_rng(0), 25)
     after = score()
-    print(f"tic_tac_toe vs random (240 greedy games): win {before[0]:.2f} -> {after[0]:.2f}, "
-          f"win+draw {before[1]:.2f} -> {after[1]:.2f} after 25 rollouts")
+    print(
+        f"tic_tac_toe vs random (240 greedy games): win {before[0]:.2f} -> {after[0]:.2f}, "
+        f"win+draw {before[1]:.2f} -> {after[1]:.2f} after 25 rollouts"
+    )
     assert after[1] > 0.68 and after[0] > before[0] + 0.15
