@@ -177,6 +177,8 @@ def _parse(where: str, buf: np.ndarray):
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
             raise bad(f"tensor {name!r} has data_offsets {_short(offsets)}, not [begin, end]")
         begin, end = offsets
+        if begin > end:
+            raise bad(f"tensor {name!r} has data_offsets [{begin}, {end}], which end before they begin")
         if not 0 <= begin <= end <= data_len:
             raise bad(f"tensor {name!r} has data_offsets [{begin}, {end}], outside the {data_len} bytes of data")
         need = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
