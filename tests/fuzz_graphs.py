@@ -2035,10 +2035,10 @@ def repro_source(batch: Batch, failure: Failure, name: str, note: str = "") -> s
             want["params"] = {}
             for k, (c, r) in enumerate(zip(batch.cases, runs)):
                 for n, v in r.params[s + 1].items():
-                    name = batch.prefix(k) + n
-                    want["params"][name] = v
+                    pname = batch.prefix(k) + n
+                    want["params"][pname] = v
                     t = float(1e-5 + 1e-4 * (np.max(np.abs(v)) if v.size else 0) + 50 * (4 * batch.sgd[0] * r.err[n]))
-                    atol[name + " after the update"] = max(atol.get(name + " after the update", 0.0), t)
+                    atol[pname + " after the update"] = max(atol.get(pname + " after the update", 0.0), t)
         if batch.infer:
             want["predict"], err = expected_predict(batch, runs, s)
             t = float(1e-5 + 1e-4 * (np.max(np.abs(want["predict"])) if want["predict"].size else 0) + 50 * err)
