@@ -93,20 +93,24 @@ class SafetensorsFile:
 
     def array(self, name: str) -> np.ndarray:
         """Tensor `name` as a new float32 array (F32, F16, BF16 and F64 tensors)."""
-        dtype, shape, begin, end = self.entries[name]
+        dtype = self.entries[name][0]
         if dtype not in _FLOATS:
             raise TypeError(f"{self.where}: tensor {name!r} is {dtype}; only float tensors ({', '.join(_FLOATS)}) convert to float32")
-        raw = self.raw(name)
         if dtype == "BF16":  # bfloat16 is the high half of a float32
-            return (raw.astype(np.uint32) << 16).view(np.float32)
-        return raw.astype(np.float32)
+            wide = self._view(name).astype(np.uint32)
+            return np.left_shift(wide, 16, out=wide).view(np.float32)
+        return self._view(name).astype(np.float32)
 
     def raw(self, name: str) -> np.ndarray:
-        """Tensor `name` as a NumPy array of its own dtype (BF16 as uint16), copied out of the file."""
-        dtype, shape, begin, end = self.entries[name]
-        count = math.prod(shape)
-        a = np.frombuffer(self._buf, dtype=np.dtype(_DTYPES[dtype]), count=count, offset=self._start + begin)
-        return a.reshape(shape).astype(np.dtype(_DTYPES[dtype]).newbyteorder("="), copy=True)
+        """Tensor `name` as a new NumPy array of its own dtype (BF16 as uint16)."""
+        v = self._view(name)
+        return v.astype(v.dtype.newbyteorder("="))
+
+    def _view(self, name: str) -> np.ndarray:
+        """The tensor's bytes in the mapping, viewed in its little-endian dtype (no copy)."""
+        dtype, shape, begin, _ = self.entries[name]
+        a = np.frombuffer(self._buf, dtype=np.dtype(_DTYPES[dtype]), count=math.prod(shape), offset=self._start + begin)
+        return a.reshape(shape)
 
 
 class _Duplicate(ValueError):
@@ -239,12 +243,6 @@ def write_safetensors(f, tensors: dict, metadata: dict | None = None) -> None:
         f.write(a.tobytes())
 
 
-def load_file(src) -> dict:
-    """{name: array} of a safetensors file or buffer, each in its own dtype (BF16 widened to f32)."""
-    with SafetensorsFile(src) as st:
-        return {n: st.array(n) if st.entries[n][0] == "BF16" else st.raw(n) for n in st.entries}
-
-
 # ---- names and layouts ----------------------------------------------------------------------------
 
 
@@ -311,7 +309,7 @@ def plan_load(what: str, incoming: dict, params, table: dict, layout: str, renam
     names = layout_names(params, table, layout)
     shapes = dict(params)
     fn = renamer(rename)
-    target_of, source_of = {}, {}
+    source_of = {}
     for src in incoming:
         dst = fn(src)
         if dst is None:
@@ -319,7 +317,6 @@ def plan_load(what: str, incoming: dict, params, table: dict, layout: str, renam
         if dst in source_of:
             raise ValueError(f"{what}: {source_of[dst]!r} and {src!r} both rename to {dst!r}")
         source_of[dst] = src
-        target_of[src] = dst
     unknown = [d for d in source_of if d not in names]
     if unknown:
         shown = [f"{source_of[d]!r} (renamed {d!r})" if source_of[d] != d else repr(d) for d in sorted(unknown)[:10]]
