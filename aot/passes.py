@@ -109,7 +109,38 @@ def _split_plan(n):
     return lo, hi, k, pad
 
 
-PIPELINE = [dce, cse_consts, split_reductions]
+def snapshot_captured_leaves(g: Graph) -> Graph:
+    """A capture that is a parameter or optimizer state (or a view of one) in a graph that
+    updates them is read back after the update has overwritten it: copy it first, right where
+    it is captured, so the capture shows the value the forward pass used."""
+    from .ir import Node, Tensor
+    from .schedule import VIEW_OPS
+
+    if not g.updates:
+        return g
+
+    def leaf_view(t):
+        while t.node.op in VIEW_OPS:
+            t = t.node.inputs[0]
+        return t.node.op in ("param", "state")
+
+    targets = {id(t) for t in g.captures.values() if leaf_view(t)}
+    if not targets:
+        return g
+    nodes, copies = [], {}
+    for n in g.nodes:
+        nodes.append(n)
+        if id(n.out) in targets and id(n.out) not in copies:
+            out = Tensor(n.out.shape, n.out.dtype)
+            out.node = Node("stop_gradient", (n.out,), {}, out, n.site)
+            nodes.append(out.node)
+            copies[id(n.out)] = out
+    out = _rebuild(g, nodes, lambda t: t)
+    out.captures = {k: copies.get(id(t), t) for k, t in g.captures.items()}
+    return out
+
+
+PIPELINE = [dce, cse_consts, split_reductions, snapshot_captured_leaves]
 
 
 def run_pipeline(g: Graph, verify: bool = False) -> Graph:

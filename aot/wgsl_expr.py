@@ -32,7 +32,10 @@ class Index:
     def get_flat(self, body) -> str:
         if self.flat is None:
             terms = [f"{c} * {st}u" if st != 1 else c for c, st, d in zip(self.coords, contiguous_strides(self.shape), self.shape) if d != 1]
-            self.flat = body.let(" + ".join(terms) if terms else "0u", "u32")
+            expr = " + ".join(terms) if terms else "0u"
+            # one plain coordinate (size-1 dims added or dropped) is the flat index itself: keeping
+            # its name lets a kernel see that it reads its own output at its own element
+            self.flat = expr if expr.isidentifier() else body.let(expr, "u32")
         return self.flat
 
     def get_coords(self, body) -> list[str]:
@@ -84,7 +87,7 @@ class Body:
         kc = self.kc
         if kc.acc_tensor is not None and t is kc.acc_tensor:
             return "acc"
-        if id(t) in kc.computed and idx.flat == kc.self_flat:
+        if id(t) in kc.computed and idx.get_flat(self) == kc.self_flat:
             return kc.computed[id(t)]  # an earlier output of this kernel, at the same element
         if t is not kc.computing and id(t) in kc.s.views:
             base = kc.s.views[id(t)].base
@@ -107,6 +110,8 @@ class Body:
             return self.value(src, sub)
         if op == "broadcast_to":
             src = n.inputs[0]
+            if src.size == t.size:  # only size-1 dims added: the same elements in the same order
+                return self.value(src, Index(src.shape, flat=idx.get_flat(self)))
             c = idx.get_coords(self)
             lead = t.ndim - src.ndim
             sc = ["0u" if d == 1 else c[lead + i] for i, d in enumerate(src.shape)]

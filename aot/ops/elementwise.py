@@ -77,7 +77,7 @@ _unary(
 )
 _unary(
     "erf",
-    lambda x: _erf(x).astype(x.dtype),
+    lambda x: np.asarray(_erf(x)).astype(x.dtype),  # frompyfunc gives a Python float for 0-d x
     lambda ct, n: (ct * (2.0 / math.sqrt(math.pi)) * F.exp(F.neg(F.square(n.inputs[0]))),),
     "erf_f32({0})",
 )

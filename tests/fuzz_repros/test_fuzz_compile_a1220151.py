@@ -107,7 +107,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: aot.compile: CodegenError: kernel k000_fused_take_along_axis_where reads t0 from memory before it stores it (a fusion rule merged a reader that does not r')
 def test_fuzz_compile_a1220151():
     model = aot.compile(program)
     try:

@@ -87,7 +87,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: step 1: output v1: 2/2 elements off (max error 0.12); at (0, 0, 0, 0): got -2.12, expected -2')
 def test_fuzz_gpu_75011e34():
     model = aot.compile(program)
     try:

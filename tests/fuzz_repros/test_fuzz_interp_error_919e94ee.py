@@ -101,7 +101,6 @@ def test_fuzz_interp_error_919e94ee():
         model.close()
 
 
-@pytest.mark.xfail(strict=True, reason="fuzz: interpreter: AttributeError: 'float' object has no attribute 'astype'")
 def test_fuzz_interp_error_919e94ee_interpreter():
     from aot import interp
     from aot.frontend import trace_program
