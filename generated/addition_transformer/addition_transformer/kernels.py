@@ -1030,14 +1030,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = r;
-        let v4: u32 = v2;
-        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v7: f32 = work[v6];
-        let v8: f32 = v7 * 0.25;
-        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max_nan(acc0, v9);
+        let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
+        let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v5: f32 = work[v4];
+        let v6: f32 = v5 * 0.25;
+        let v7: f32 = select(v6, -1.0e+30, v3 != 0.0);
+        acc0 = max_nan(acc0, v7);
     }
     let res0 = acc0;
     work[65536u + o] = res0;
@@ -1061,17 +1059,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[i];
-    let v8: f32 = v7 * 0.25;
-    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
-    let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[65536u + v10];
-    let v12: f32 = v9 - v11;
-    let v13: f32 = exp(v12);
-    work[32768u + i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[i];
+    let v6: f32 = v5 * 0.25;
+    let v7: f32 = select(v6, -1.0e+30, v4 != 0.0);
+    let v8: u32 = v0 * 32u + v1 * 8u + v2;
+    let v9: f32 = work[65536u + v8];
+    let v10: f32 = v7 - v9;
+    let v11: f32 = exp(v10);
+    work[32768u + i] = v11;
 }
 """
 
@@ -3303,14 +3299,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = r;
-        let v4: u32 = v2;
-        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v7: f32 = work[327680u + v6];
-        let v8: f32 = v7 * 0.25;
-        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max_nan(acc0, v9);
+        let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
+        let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v5: f32 = work[327680u + v4];
+        let v6: f32 = v5 * 0.25;
+        let v7: f32 = select(v6, -1.0e+30, v3 != 0.0);
+        acc0 = max_nan(acc0, v7);
     }
     let res0 = acc0;
     work[393216u + o] = res0;
@@ -3334,17 +3328,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[327680u + i];
-    let v8: f32 = v7 * 0.25;
-    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
-    let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[393216u + v10];
-    let v12: f32 = v9 - v11;
-    let v13: f32 = exp(v12);
-    work[360448u + i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[327680u + i];
+    let v6: f32 = v5 * 0.25;
+    let v7: f32 = select(v6, -1.0e+30, v4 != 0.0);
+    let v8: u32 = v0 * 32u + v1 * 8u + v2;
+    let v9: f32 = work[393216u + v8];
+    let v10: f32 = v7 - v9;
+    let v11: f32 = exp(v10);
+    work[360448u + i] = v11;
 }
 """
 
@@ -5576,14 +5568,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = r;
-        let v4: u32 = v2;
-        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v7: f32 = work[589824u + v6];
-        let v8: f32 = v7 * 0.25;
-        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max_nan(acc0, v9);
+        let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
+        let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v5: f32 = work[589824u + v4];
+        let v6: f32 = v5 * 0.25;
+        let v7: f32 = select(v6, -1.0e+30, v3 != 0.0);
+        acc0 = max_nan(acc0, v7);
     }
     let res0 = acc0;
     work[655360u + o] = res0;
@@ -5607,17 +5597,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[589824u + i];
-    let v8: f32 = v7 * 0.25;
-    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
-    let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[655360u + v10];
-    let v12: f32 = v9 - v11;
-    let v13: f32 = exp(v12);
-    work[622592u + i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[589824u + i];
+    let v6: f32 = v5 * 0.25;
+    let v7: f32 = select(v6, -1.0e+30, v4 != 0.0);
+    let v8: u32 = v0 * 32u + v1 * 8u + v2;
+    let v9: f32 = work[655360u + v8];
+    let v10: f32 = v7 - v9;
+    let v11: f32 = exp(v10);
+    work[622592u + i] = v11;
 }
 """
 
@@ -10193,17 +10181,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[2752512u + i];
-    let v8: f32 = work[2424832u + i];
-    let v9: f32 = work[589824u + v0 * 32u + v1 * 8u + v2];
-    let v10: f32 = v8 - v9;
-    let v11: f32 = v7 * v10;
-    let v12: f32 = select(v11, 0.0, v6 != 0.0);
-    let v13: f32 = v12 * 0.25;
-    work[2359296u + i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[2752512u + i];
+    let v6: f32 = work[2424832u + i];
+    let v7: f32 = work[589824u + v0 * 32u + v1 * 8u + v2];
+    let v8: f32 = v6 - v7;
+    let v9: f32 = v5 * v8;
+    let v10: f32 = select(v9, 0.0, v4 != 0.0);
+    let v11: f32 = v10 * 0.25;
+    work[2359296u + i] = v11;
 }
 """
 
@@ -14424,17 +14410,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[2719744u + i];
-    let v8: f32 = work[458752u + i];
-    let v9: f32 = work[327680u + v0 * 32u + v1 * 8u + v2];
-    let v10: f32 = v8 - v9;
-    let v11: f32 = v7 * v10;
-    let v12: f32 = select(v11, 0.0, v6 != 0.0);
-    let v13: f32 = v12 * 0.25;
-    work[524288u + i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[2719744u + i];
+    let v6: f32 = work[458752u + i];
+    let v7: f32 = work[327680u + v0 * 32u + v1 * 8u + v2];
+    let v8: f32 = v6 - v7;
+    let v9: f32 = v5 * v8;
+    let v10: f32 = select(v9, 0.0, v4 != 0.0);
+    let v11: f32 = v10 * 0.25;
+    work[524288u + i] = v11;
 }
 """
 
@@ -18585,17 +18569,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[2686976u + i];
-    let v8: f32 = work[262144u + i];
-    let v9: f32 = work[65536u + v0 * 32u + v1 * 8u + v2];
-    let v10: f32 = v8 - v9;
-    let v11: f32 = v7 * v10;
-    let v12: f32 = select(v11, 0.0, v6 != 0.0);
-    let v13: f32 = v12 * 0.25;
-    work[327680u + i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[2686976u + i];
+    let v6: f32 = work[262144u + i];
+    let v7: f32 = work[65536u + v0 * 32u + v1 * 8u + v2];
+    let v8: f32 = v6 - v7;
+    let v9: f32 = v5 * v8;
+    let v10: f32 = select(v9, 0.0, v4 != 0.0);
+    let v11: f32 = v10 * 0.25;
+    work[327680u + i] = v11;
 }
 """
 
@@ -20997,9 +20979,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 37u; r = r + 1u) {
-        let v0: u32 = r;
-        let v1: f32 = work[v0];
-        acc0 = acc0 + v1;
+        let v0: f32 = work[r];
+        acc0 = acc0 + v0;
     }
     let res0 = acc0;
     work[150656u + o] = res0;
@@ -21084,14 +21065,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = i / 64u;
     let v1: u32 = i % 64u;
-    let v2: u32 = v0;
-    let v3: i32 = inputs_i32[v2];
-    let v4: u32 = u32(clamp(v3, 0i, 11i));
-    let v5: u32 = v4 * 64u + v1;
-    let v6: f32 = params[576u + v5];
-    let v7: f32 = params[i];
-    let v8: f32 = v6 + v7;
-    work[i] = v8;
+    let v2: i32 = inputs_i32[v0];
+    let v3: u32 = u32(clamp(v2, 0i, 11i));
+    let v4: u32 = v3 * 64u + v1;
+    let v5: f32 = params[576u + v4];
+    let v6: f32 = params[i];
+    let v7: f32 = v5 + v6;
+    work[i] = v7;
 }
 """
 
@@ -21148,12 +21128,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[v0];
-        let v2: u32 = o;
-        let v3: f32 = work[1024u + v2];
-        let v4: f32 = v3 * 0.015625;
-        let v5: f32 = v1 - v4;
-        let v6: f32 = v5 * v5;
-        acc0 = acc0 + v6;
+        let v2: f32 = work[1024u + o];
+        let v3: f32 = v2 * 0.015625;
+        let v4: f32 = v1 - v3;
+        let v5: f32 = v4 * v4;
+        acc0 = acc0 + v5;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -21187,20 +21166,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: f32 = work[i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[1024u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    let v7: f32 = work[1088u + v3];
-    let v8: f32 = v7 * 0.015625;
-    let v9: f32 = v8 + 0.00001;
-    let v10: f32 = inverseSqrt(v9);
-    let v11: f32 = v6 * v10;
-    let v12: f32 = params[148800u + v2];
-    let v13: f32 = v11 * v12;
-    let v14: f32 = params[148864u + v2];
-    let v15: f32 = v13 + v14;
-    work[512u + i] = v15;
+    let v3: f32 = work[1024u + v1];
+    let v4: f32 = v3 * 0.015625;
+    let v5: f32 = v0 - v4;
+    let v6: f32 = work[1088u + v1];
+    let v7: f32 = v6 * 0.015625;
+    let v8: f32 = v7 + 0.00001;
+    let v9: f32 = inverseSqrt(v8);
+    let v10: f32 = v5 * v9;
+    let v11: f32 = params[148800u + v2];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = params[148864u + v2];
+    let v14: f32 = v12 + v13;
+    work[512u + i] = v14;
 }
 """
 
@@ -22092,14 +22070,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v2: u32 = r;
-        let v3: u32 = v1;
-        let v4: f32 = select(0.0, 1.0, i32(v2) > i32(v3));
-        let v5: u32 = v0 * 64u + v1 * 8u + r;
-        let v6: f32 = work[512u + v5];
-        let v7: f32 = v6 * 0.25;
-        let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
-        acc0 = max_nan(acc0, v8);
+        let v2: f32 = select(0.0, 1.0, i32(r) > i32(v1));
+        let v3: u32 = v0 * 64u + v1 * 8u + r;
+        let v4: f32 = work[512u + v3];
+        let v5: f32 = v4 * 0.25;
+        let v6: f32 = select(v5, -1.0e+30, v2 != 0.0);
+        acc0 = max_nan(acc0, v6);
     }
     let res0 = acc0;
     work[1024u + o] = res0;
@@ -22122,17 +22098,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = i / 64u;
     let v1: u32 = (i / 8u) % 8u;
     let v2: u32 = i % 8u;
-    let v3: u32 = v2;
-    let v4: u32 = v1;
-    let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-    let v6: f32 = work[512u + i];
-    let v7: f32 = v6 * 0.25;
-    let v8: f32 = select(v7, -1.0e+30, v5 != 0.0);
-    let v9: u32 = v0 * 8u + v1;
-    let v10: f32 = work[1024u + v9];
-    let v11: f32 = v8 - v10;
-    let v12: f32 = exp(v11);
-    work[768u + i] = v12;
+    let v3: f32 = select(0.0, 1.0, i32(v2) > i32(v1));
+    let v4: f32 = work[512u + i];
+    let v5: f32 = v4 * 0.25;
+    let v6: f32 = select(v5, -1.0e+30, v3 != 0.0);
+    let v7: u32 = v0 * 8u + v1;
+    let v8: f32 = work[1024u + v7];
+    let v9: f32 = v6 - v8;
+    let v10: f32 = exp(v9);
+    work[768u + i] = v10;
 }
 """
 
@@ -22605,12 +22579,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[2048u + v0];
-        let v2: u32 = o;
-        let v3: f32 = work[v2];
-        let v4: f32 = v3 * 0.015625;
-        let v5: f32 = v1 - v4;
-        let v6: f32 = v5 * v5;
-        acc0 = acc0 + v6;
+        let v2: f32 = work[o];
+        let v3: f32 = v2 * 0.015625;
+        let v4: f32 = v1 - v3;
+        let v5: f32 = v4 * v4;
+        acc0 = acc0 + v5;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -22644,20 +22617,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: f32 = work[2048u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    let v7: f32 = work[64u + v3];
-    let v8: f32 = v7 * 0.015625;
-    let v9: f32 = v8 + 0.00001;
-    let v10: f32 = inverseSqrt(v9);
-    let v11: f32 = v6 * v10;
-    let v12: f32 = params[148928u + v2];
-    let v13: f32 = v11 * v12;
-    let v14: f32 = params[148992u + v2];
-    let v15: f32 = v13 + v14;
-    work[2560u + i] = v15;
+    let v3: f32 = work[v1];
+    let v4: f32 = v3 * 0.015625;
+    let v5: f32 = v0 - v4;
+    let v6: f32 = work[64u + v1];
+    let v7: f32 = v6 * 0.015625;
+    let v8: f32 = v7 + 0.00001;
+    let v9: f32 = inverseSqrt(v8);
+    let v10: f32 = v5 * v9;
+    let v11: f32 = params[148928u + v2];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = params[148992u + v2];
+    let v14: f32 = v12 + v13;
+    work[2560u + i] = v14;
 }
 """
 
@@ -23238,11 +23210,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: f32 = params[149312u + v3];
     let v5: f32 = v1 + v4;
     let v6: f32 = v0 + v5;
-    let v7: u32 = v2;
-    let v8: f32 = work[512u + v7];
-    let v9: f32 = v8 * 0.015625;
-    let v10: f32 = v6 - v9;
-    work[i] = v10;
+    let v7: f32 = work[512u + v2];
+    let v8: f32 = v7 * 0.015625;
+    let v9: f32 = v6 - v8;
+    work[i] = v9;
 }
 """
 
@@ -23299,17 +23270,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: f32 = work[i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[1024u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v5 + 0.00001;
-    let v7: f32 = inverseSqrt(v6);
-    let v8: f32 = v0 * v7;
-    let v9: f32 = params[149376u + v2];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = params[149440u + v2];
-    let v12: f32 = v10 + v11;
-    work[512u + i] = v12;
+    let v3: f32 = work[1024u + v1];
+    let v4: f32 = v3 * 0.015625;
+    let v5: f32 = v4 + 0.00001;
+    let v6: f32 = inverseSqrt(v5);
+    let v7: f32 = v0 * v6;
+    let v8: f32 = params[149376u + v2];
+    let v9: f32 = v7 * v8;
+    let v10: f32 = params[149440u + v2];
+    let v11: f32 = v9 + v10;
+    work[512u + i] = v11;
 }
 """
 
@@ -24201,14 +24171,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v2: u32 = r;
-        let v3: u32 = v1;
-        let v4: f32 = select(0.0, 1.0, i32(v2) > i32(v3));
-        let v5: u32 = v0 * 64u + v1 * 8u + r;
-        let v6: f32 = work[512u + v5];
-        let v7: f32 = v6 * 0.25;
-        let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
-        acc0 = max_nan(acc0, v8);
+        let v2: f32 = select(0.0, 1.0, i32(r) > i32(v1));
+        let v3: u32 = v0 * 64u + v1 * 8u + r;
+        let v4: f32 = work[512u + v3];
+        let v5: f32 = v4 * 0.25;
+        let v6: f32 = select(v5, -1.0e+30, v2 != 0.0);
+        acc0 = max_nan(acc0, v6);
     }
     let res0 = acc0;
     work[256u + o] = res0;
@@ -24231,17 +24199,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = i / 64u;
     let v1: u32 = (i / 8u) % 8u;
     let v2: u32 = i % 8u;
-    let v3: u32 = v2;
-    let v4: u32 = v1;
-    let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-    let v6: f32 = work[512u + i];
-    let v7: f32 = v6 * 0.25;
-    let v8: f32 = select(v7, -1.0e+30, v5 != 0.0);
-    let v9: u32 = v0 * 8u + v1;
-    let v10: f32 = work[256u + v9];
-    let v11: f32 = v8 - v10;
-    let v12: f32 = exp(v11);
-    work[i] = v12;
+    let v3: f32 = select(0.0, 1.0, i32(v2) > i32(v1));
+    let v4: f32 = work[512u + i];
+    let v5: f32 = v4 * 0.25;
+    let v6: f32 = select(v5, -1.0e+30, v3 != 0.0);
+    let v7: u32 = v0 * 8u + v1;
+    let v8: f32 = work[256u + v7];
+    let v9: f32 = v6 - v8;
+    let v10: f32 = exp(v9);
+    work[i] = v10;
 }
 """
 
@@ -24714,12 +24680,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[3072u + v0];
-        let v2: u32 = o;
-        let v3: f32 = work[v2];
-        let v4: f32 = v3 * 0.015625;
-        let v5: f32 = v1 - v4;
-        let v6: f32 = v5 * v5;
-        acc0 = acc0 + v6;
+        let v2: f32 = work[o];
+        let v3: f32 = v2 * 0.015625;
+        let v4: f32 = v1 - v3;
+        let v5: f32 = v4 * v4;
+        acc0 = acc0 + v5;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -24753,20 +24718,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: f32 = work[3072u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    let v7: f32 = work[64u + v3];
-    let v8: f32 = v7 * 0.015625;
-    let v9: f32 = v8 + 0.00001;
-    let v10: f32 = inverseSqrt(v9);
-    let v11: f32 = v6 * v10;
-    let v12: f32 = params[149504u + v2];
-    let v13: f32 = v11 * v12;
-    let v14: f32 = params[149568u + v2];
-    let v15: f32 = v13 + v14;
-    work[2048u + i] = v15;
+    let v3: f32 = work[v1];
+    let v4: f32 = v3 * 0.015625;
+    let v5: f32 = v0 - v4;
+    let v6: f32 = work[64u + v1];
+    let v7: f32 = v6 * 0.015625;
+    let v8: f32 = v7 + 0.00001;
+    let v9: f32 = inverseSqrt(v8);
+    let v10: f32 = v5 * v9;
+    let v11: f32 = params[149504u + v2];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = params[149568u + v2];
+    let v14: f32 = v12 + v13;
+    work[2048u + i] = v14;
 }
 """
 
@@ -25347,11 +25311,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: f32 = params[149888u + v3];
     let v5: f32 = v1 + v4;
     let v6: f32 = v0 + v5;
-    let v7: u32 = v2;
-    let v8: f32 = work[512u + v7];
-    let v9: f32 = v8 * 0.015625;
-    let v10: f32 = v6 - v9;
-    work[i] = v10;
+    let v7: f32 = work[512u + v2];
+    let v8: f32 = v7 * 0.015625;
+    let v9: f32 = v6 - v8;
+    work[i] = v9;
 }
 """
 
@@ -25408,17 +25371,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: f32 = work[i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[1024u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v5 + 0.00001;
-    let v7: f32 = inverseSqrt(v6);
-    let v8: f32 = v0 * v7;
-    let v9: f32 = params[149952u + v2];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = params[150016u + v2];
-    let v12: f32 = v10 + v11;
-    work[512u + i] = v12;
+    let v3: f32 = work[1024u + v1];
+    let v4: f32 = v3 * 0.015625;
+    let v5: f32 = v4 + 0.00001;
+    let v6: f32 = inverseSqrt(v5);
+    let v7: f32 = v0 * v6;
+    let v8: f32 = params[149952u + v2];
+    let v9: f32 = v7 * v8;
+    let v10: f32 = params[150016u + v2];
+    let v11: f32 = v9 + v10;
+    work[512u + i] = v11;
 }
 """
 
@@ -26310,14 +26272,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v2: u32 = r;
-        let v3: u32 = v1;
-        let v4: f32 = select(0.0, 1.0, i32(v2) > i32(v3));
-        let v5: u32 = v0 * 64u + v1 * 8u + r;
-        let v6: f32 = work[512u + v5];
-        let v7: f32 = v6 * 0.25;
-        let v8: f32 = select(v7, -1.0e+30, v4 != 0.0);
-        acc0 = max_nan(acc0, v8);
+        let v2: f32 = select(0.0, 1.0, i32(r) > i32(v1));
+        let v3: u32 = v0 * 64u + v1 * 8u + r;
+        let v4: f32 = work[512u + v3];
+        let v5: f32 = v4 * 0.25;
+        let v6: f32 = select(v5, -1.0e+30, v2 != 0.0);
+        acc0 = max_nan(acc0, v6);
     }
     let res0 = acc0;
     work[256u + o] = res0;
@@ -26340,17 +26300,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = i / 64u;
     let v1: u32 = (i / 8u) % 8u;
     let v2: u32 = i % 8u;
-    let v3: u32 = v2;
-    let v4: u32 = v1;
-    let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-    let v6: f32 = work[512u + i];
-    let v7: f32 = v6 * 0.25;
-    let v8: f32 = select(v7, -1.0e+30, v5 != 0.0);
-    let v9: u32 = v0 * 8u + v1;
-    let v10: f32 = work[256u + v9];
-    let v11: f32 = v8 - v10;
-    let v12: f32 = exp(v11);
-    work[i] = v12;
+    let v3: f32 = select(0.0, 1.0, i32(v2) > i32(v1));
+    let v4: f32 = work[512u + i];
+    let v5: f32 = v4 * 0.25;
+    let v6: f32 = select(v5, -1.0e+30, v3 != 0.0);
+    let v7: u32 = v0 * 8u + v1;
+    let v8: f32 = work[256u + v7];
+    let v9: f32 = v6 - v8;
+    let v10: f32 = exp(v9);
+    work[i] = v10;
 }
 """
 
@@ -26823,12 +26781,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[2560u + v0];
-        let v2: u32 = o;
-        let v3: f32 = work[v2];
-        let v4: f32 = v3 * 0.015625;
-        let v5: f32 = v1 - v4;
-        let v6: f32 = v5 * v5;
-        acc0 = acc0 + v6;
+        let v2: f32 = work[o];
+        let v3: f32 = v2 * 0.015625;
+        let v4: f32 = v1 - v3;
+        let v5: f32 = v4 * v4;
+        acc0 = acc0 + v5;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -26862,20 +26819,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: f32 = work[2560u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v0 - v5;
-    let v7: f32 = work[64u + v3];
-    let v8: f32 = v7 * 0.015625;
-    let v9: f32 = v8 + 0.00001;
-    let v10: f32 = inverseSqrt(v9);
-    let v11: f32 = v6 * v10;
-    let v12: f32 = params[150080u + v2];
-    let v13: f32 = v11 * v12;
-    let v14: f32 = params[150144u + v2];
-    let v15: f32 = v13 + v14;
-    work[2048u + i] = v15;
+    let v3: f32 = work[v1];
+    let v4: f32 = v3 * 0.015625;
+    let v5: f32 = v0 - v4;
+    let v6: f32 = work[64u + v1];
+    let v7: f32 = v6 * 0.015625;
+    let v8: f32 = v7 + 0.00001;
+    let v9: f32 = inverseSqrt(v8);
+    let v10: f32 = v5 * v9;
+    let v11: f32 = params[150080u + v2];
+    let v12: f32 = v10 * v11;
+    let v13: f32 = params[150144u + v2];
+    let v14: f32 = v12 + v13;
+    work[2048u + i] = v14;
 }
 """
 
@@ -27456,11 +27412,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: f32 = params[150464u + v3];
     let v5: f32 = v1 + v4;
     let v6: f32 = v0 + v5;
-    let v7: u32 = v2;
-    let v8: f32 = work[512u + v7];
-    let v9: f32 = v8 * 0.015625;
-    let v10: f32 = v6 - v9;
-    work[i] = v10;
+    let v7: f32 = work[512u + v2];
+    let v8: f32 = v7 * 0.015625;
+    let v9: f32 = v6 - v8;
+    work[i] = v9;
 }
 """
 
@@ -27517,17 +27472,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: f32 = work[i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: u32 = v1;
-    let v4: f32 = work[1024u + v3];
-    let v5: f32 = v4 * 0.015625;
-    let v6: f32 = v5 + 0.00001;
-    let v7: f32 = inverseSqrt(v6);
-    let v8: f32 = v0 * v7;
-    let v9: f32 = params[150528u + v2];
-    let v10: f32 = v8 * v9;
-    let v11: f32 = params[150592u + v2];
-    let v12: f32 = v10 + v11;
-    work[512u + i] = v12;
+    let v3: f32 = work[1024u + v1];
+    let v4: f32 = v3 * 0.015625;
+    let v5: f32 = v4 + 0.00001;
+    let v6: f32 = inverseSqrt(v5);
+    let v7: f32 = v0 * v6;
+    let v8: f32 = params[150528u + v2];
+    let v9: f32 = v7 * v8;
+    let v10: f32 = params[150592u + v2];
+    let v11: f32 = v9 + v10;
+    work[512u + i] = v11;
 }
 """
 
@@ -28808,14 +28762,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = r;
-        let v4: u32 = v2;
-        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v7: f32 = work[65536u + v6];
-        let v8: f32 = v7 * 0.25;
-        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max_nan(acc0, v9);
+        let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
+        let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v5: f32 = work[65536u + v4];
+        let v6: f32 = v5 * 0.25;
+        let v7: f32 = select(v6, -1.0e+30, v3 != 0.0);
+        acc0 = max_nan(acc0, v7);
     }
     let res0 = acc0;
     work[131072u + o] = res0;
@@ -28839,17 +28791,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[65536u + i];
-    let v8: f32 = v7 * 0.25;
-    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
-    let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[131072u + v10];
-    let v12: f32 = v9 - v11;
-    let v13: f32 = exp(v12);
-    work[98304u + i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[65536u + i];
+    let v6: f32 = v5 * 0.25;
+    let v7: f32 = select(v6, -1.0e+30, v4 != 0.0);
+    let v8: u32 = v0 * 32u + v1 * 8u + v2;
+    let v9: f32 = work[131072u + v8];
+    let v10: f32 = v7 - v9;
+    let v11: f32 = exp(v10);
+    work[98304u + i] = v11;
 }
 """
 
@@ -31076,14 +31026,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = r;
-        let v4: u32 = v2;
-        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v7: f32 = work[65536u + v6];
-        let v8: f32 = v7 * 0.25;
-        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max_nan(acc0, v9);
+        let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
+        let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v5: f32 = work[65536u + v4];
+        let v6: f32 = v5 * 0.25;
+        let v7: f32 = select(v6, -1.0e+30, v3 != 0.0);
+        acc0 = max_nan(acc0, v7);
     }
     let res0 = acc0;
     work[32768u + o] = res0;
@@ -31107,17 +31055,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[65536u + i];
-    let v8: f32 = v7 * 0.25;
-    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
-    let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[32768u + v10];
-    let v12: f32 = v9 - v11;
-    let v13: f32 = exp(v12);
-    work[i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[65536u + i];
+    let v6: f32 = v5 * 0.25;
+    let v7: f32 = select(v6, -1.0e+30, v4 != 0.0);
+    let v8: u32 = v0 * 32u + v1 * 8u + v2;
+    let v9: f32 = work[32768u + v8];
+    let v10: f32 = v7 - v9;
+    let v11: f32 = exp(v10);
+    work[i] = v11;
 }
 """
 
@@ -33344,14 +33290,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = o % 8u;
     var acc0: f32 = bitcast<f32>(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
-        let v3: u32 = r;
-        let v4: u32 = v2;
-        let v5: f32 = select(0.0, 1.0, i32(v3) > i32(v4));
-        let v6: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
-        let v7: f32 = work[65536u + v6];
-        let v8: f32 = v7 * 0.25;
-        let v9: f32 = select(v8, -1.0e+30, v5 != 0.0);
-        acc0 = max_nan(acc0, v9);
+        let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
+        let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
+        let v5: f32 = work[65536u + v4];
+        let v6: f32 = v5 * 0.25;
+        let v7: f32 = select(v6, -1.0e+30, v3 != 0.0);
+        acc0 = max_nan(acc0, v7);
     }
     let res0 = acc0;
     work[32768u + o] = res0;
@@ -33375,17 +33319,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = (i / 64u) % 4u;
     let v2: u32 = (i / 8u) % 8u;
     let v3: u32 = i % 8u;
-    let v4: u32 = v3;
-    let v5: u32 = v2;
-    let v6: f32 = select(0.0, 1.0, i32(v4) > i32(v5));
-    let v7: f32 = work[65536u + i];
-    let v8: f32 = v7 * 0.25;
-    let v9: f32 = select(v8, -1.0e+30, v6 != 0.0);
-    let v10: u32 = v0 * 32u + v1 * 8u + v2;
-    let v11: f32 = work[32768u + v10];
-    let v12: f32 = v9 - v11;
-    let v13: f32 = exp(v12);
-    work[i] = v13;
+    let v4: f32 = select(0.0, 1.0, i32(v3) > i32(v2));
+    let v5: f32 = work[65536u + i];
+    let v6: f32 = v5 * 0.25;
+    let v7: f32 = select(v6, -1.0e+30, v4 != 0.0);
+    let v8: u32 = v0 * 32u + v1 * 8u + v2;
+    let v9: f32 = work[32768u + v8];
+    let v10: f32 = v7 - v9;
+    let v11: f32 = exp(v10);
+    work[i] = v11;
 }
 """
 

@@ -657,16 +657,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
-        let v0: u32 = r;
-        let v1: f32 = work[32768u + v0];
-        let v2: f32 = params[4352u];
-        let v3: f32 = v1 + v2;
-        let v4: f32 = inputs[256u + v0];
-        let v5: f32 = v3 - v4;
-        let v6: f32 = v5 * v5;
-        let v7: f32 = work[49152u + v0];
-        acc0 = acc0 + v6;
-        acc1 = acc1 + v7;
+        let v0: f32 = work[32768u + r];
+        let v1: f32 = params[4352u];
+        let v2: f32 = v0 + v1;
+        let v3: f32 = inputs[256u + r];
+        let v4: f32 = v2 - v3;
+        let v5: f32 = v4 * v4;
+        let v6: f32 = work[49152u + r];
+        acc0 = acc0 + v5;
+        acc1 = acc1 + v6;
     }
     part0[lid.x] = acc0;
     part1[lid.x] = acc1;
@@ -681,10 +680,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (lid.x == 0u) {
         let res0 = part0[0];
         let res1 = part1[0];
-        let v8: f32 = res0 * 0.00390625;
+        let v7: f32 = res0 * 0.00390625;
         work[33024u + o] = res0;
         grads[4352u + o] = res1;
-        work[49408u + o] = v8;
+        work[49408u + o] = v7;
     }
 }
 """
