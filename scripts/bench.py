@@ -37,7 +37,7 @@ def load(name):
 def memory(c) -> dict:
     arenas = c.program["arenas"]
     planned = 4 * sum(arenas.values())
-    fixed = 4 * sum(arenas[a] for a in ("params", "grads", "state", "inputs", "inputs_i32"))
+    fixed = 4 * sum(n for a, n in arenas.items() if not a.startswith("work"))
     return {
         "planned_bytes": planned,
         "unpooled_bytes": fixed + 4 * max(p.work_unpooled for p in c.plans.values()),
