@@ -84,7 +84,9 @@ X = {"x": np.zeros(1, np.float32)}
 
 @pytest.fixture(scope="module")
 def noise():
-    pytest.importorskip("wgpu")
+    wgpu = pytest.importorskip("wgpu")
+    if wgpu.gpu.request_adapter_sync(power_preference="high-performance") is None:
+        pytest.skip("no WebGPU adapter")
     model = aot.compile(PROGRAM)
     steps = [model.step(**X, captures=True).captures for _ in range(2)]
     twin = type(model)(seed=11)

@@ -61,6 +61,9 @@ class Run:
 
 
 def train_run(mod: dict, program, batches: list[dict], pools=()):
+    wgpu = pytest.importorskip("wgpu")
+    if wgpu.gpu.request_adapter_sync(power_preference="high-performance") is None:
+        pytest.skip("no WebGPU adapter")
     model = aot.compile(program)
     decay = {n: bool(d) for n, _, _, d, _ in model._program["params"]}
     run = Run(mod, model, decay, batches, pools=pools)
