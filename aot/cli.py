@@ -119,7 +119,7 @@ def cmd_convert(args) -> int:
     import numpy as np
 
     from .runtime import interop
-    from .runtime.gpu import _replace_atomically
+    from .runtime.model import _replace_atomically
 
     src, dst = args.src, args.dst
     kinds = (os.path.splitext(src)[1].lower(), os.path.splitext(dst)[1].lower())

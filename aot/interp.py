@@ -89,7 +89,7 @@ class Reference:
 
     def predict(self, entry: str = "predict", **inputs) -> np.ndarray:
         g = self._graph(entry, inputs)
-        # the generated package's numbering of infer calls' random streams (runtime/gpu.py)
+        # the generated package's numbering of infer calls' random streams (runtime/model.py)
         self.infer_calls = getattr(self, "infer_calls", 0) + 1
         leaves = dict(inputs, **self.params, _rng=np.int32(step_seed(self.seed, -self.infer_calls)))
         env = run(g, leaves, self.dtype)

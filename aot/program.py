@@ -23,7 +23,7 @@ DEPENDENCY_NAMES = frozenset({
 })
 
 # Attributes the generated Model class defines in its template (the rest come from
-# runtime/gpu.py's ModelBase) and those API.md §6 announces; a user name taking one of them
+# runtime/model.py's ModelBase) and those API.md §6 announces; a user name taking one of them
 # would replace it.
 GENERATED_NAMES = frozenset({
     "step", "train", "PROGRAM", "WGSL", "step_count", "seed", "adapter",
@@ -140,7 +140,7 @@ def check_program_name(name, site=None) -> None:
 def reserved_names() -> frozenset:
     """Names an input, entry point or capture cannot take: the generated Model's methods and
     attributes, Python keywords, and the names the generated methods use themselves."""
-    from .runtime.gpu import ModelBase
+    from .runtime.model import ModelBase
 
     model = {n for n in dir(ModelBase) if not n.startswith("_")}
     return frozenset(model | GENERATED_NAMES | set(keyword.kwlist) | {"self", "captures", "out", "loss"})
