@@ -7,7 +7,7 @@ uploads the initial parameters (seed 0).
 
 from .kernels import WGSL
 from .plan import PROGRAM
-from .runtime import InferResult, ModelBase, ShaderError, StepResult
+from .model import InferResult, ModelBase, ShaderError, StepResult
 
 __all__ = ["Model", "StepResult", "InferResult", "ShaderError", "PROGRAM"]
 

@@ -2,7 +2,7 @@
 # (copied from aot/runtime/interop.py)
 """PyTorch state_dicts and safetensors files, in and out, with NumPy alone.
 
-Copied into every generated package next to runtime.py: the Model gets load_safetensors,
+Copied into every generated package next to model.py: the Model gets load_safetensors,
 save_safetensors, load_state_dict and state_dict from InteropMixin. PyTorch's names and
 layouts come from the program's "torch" table, which the compiler writes from what each
 aot.nn module declared (aot name -> (PyTorch name, module kind, stored transposed)), so
