@@ -16,7 +16,7 @@ from .grad import append_grads
 from .ir import Graph, Tensor
 from .module import Module
 from .program import Program, check_names
-from .trace import at_site, emit, tracing
+from .ops.trace import at_site, emit, tracing
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .ir import Graph, Tensor
 from .ops import add, broadcast_to
 from .ops.registry import lookup
-from .trace import at_site, emit, tracing
+from .ops.trace import at_site, emit, tracing
 
 
 def append_grads(g: Graph, loss: Tensor, wrt: list[Tensor], reached: list[bool] | None = None) -> list[Tensor]:

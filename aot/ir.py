@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import IRError, Site
+from .errors import Site
 
 DTYPES = ("f32", "i32")
 LEAF_OPS = ("input", "param", "state", "const", "arange")
@@ -51,66 +51,7 @@ class Tensor:
             "a traced aot Tensor has no truth value at trace time; use ops.where for data-dependent choices"
         )
 
-    # Operator overloads (API.md §2). Imported lazily: ops imports ir.
-    def __add__(self, o):
-        from . import ops
-        return ops.add(self, o)
-
-    def __radd__(self, o):
-        from . import ops
-        return ops.add(o, self)
-
-    def __sub__(self, o):
-        from . import ops
-        return ops.sub(self, o)
-
-    def __rsub__(self, o):
-        from . import ops
-        return ops.sub(o, self)
-
-    def __mul__(self, o):
-        from . import ops
-        return ops.mul(self, o)
-
-    def __rmul__(self, o):
-        from . import ops
-        return ops.mul(o, self)
-
-    def __truediv__(self, o):
-        from . import ops
-        return ops.div(self, o)
-
-    def __rtruediv__(self, o):
-        from . import ops
-        return ops.div(o, self)
-
-    def __matmul__(self, o):
-        from . import ops
-        return ops.matmul(self, o)
-
-    def __rmatmul__(self, o):
-        from . import ops
-        return ops.matmul(o, self)
-
-    def __pow__(self, o):
-        from . import ops
-        return ops.power(self, o)
-
-    def __rpow__(self, o):
-        from . import ops
-        return ops.power(o, self)
-
-    def __neg__(self):
-        from . import ops
-        return ops.neg(self)
-
-    def __lt__(self, o):
-        from . import ops
-        return ops.less(self, o)
-
-    def __gt__(self, o):
-        from . import ops
-        return ops.greater(self, o)
+    # the arithmetic operators (__add__, __matmul__, ...) are installed by aot.ops (API.md §2)
 
     def __getitem__(self, key):
         raise TypeError("indexing a traced Tensor is not supported; use ops.narrow, ops.take_along_axis or ops.embedding")
@@ -215,38 +156,3 @@ def format_graph(g: Graph) -> str:
         if group:
             lines.append(f"  {title}: " + ", ".join(f"{k}={names.get(id(t), '?')}" for k, t in group.items()))
     return "\n".join(lines) + "\n"
-
-
-def verify(g: Graph, after: str = "") -> None:
-    """Check the invariants; raise IRError quoting the IR around the bad node."""
-    from .ops.registry import lookup
-
-    defined: set[int] = set()
-    names = tensor_names(g)
-    for i, n in enumerate(g.nodes):
-        problem = None
-        if n.out.node is not n:
-            problem = "output tensor is not owned by its node"
-        elif id(n.out) in defined:
-            problem = "tensor defined twice"
-        elif any(id(t) not in defined for t in n.inputs):
-            problem = "uses a tensor before it is defined"
-        elif n.out.dtype not in DTYPES:
-            problem = f"bad dtype {n.out.dtype}"
-        else:
-            try:
-                op = lookup(n.op)
-                shape, dtype = op.shape(*[(t.shape, t.dtype) for t in n.inputs], **n.attrs)
-                if tuple(shape) != n.out.shape or dtype != n.out.dtype:
-                    problem = f"type mismatch: rule gives {dtype}{list(shape)}, node has {n.out.type_str()}"
-            except Exception as e:  # a rule failing on the compiler's own graph is our bug
-                problem = f"shape rule failed: {e}"
-        if problem:
-            lines = [format_node(m, names) for m in g.nodes[max(0, i - 5) : i + 6]]
-            mark = min(i, 5)
-            ctx = "\n".join(("  >> " if j == mark else "     ") + s for j, s in enumerate(lines))
-            raise IRError(f"{problem}\nwhile verifying {g.name}" + (f" after pass '{after}'" if after else "") + f":\n{ctx}")
-        defined.add(id(n.out))
-    for t in g.roots():
-        if id(t) not in defined:
-            raise IRError(f"a root tensor of {g.name} is not computed by the graph")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from . import init as _init
 from .errors import TraceError, capture_site
 from .ir import Tensor
-from .trace import current, emit
+from .ops.trace import current, emit
 
 
 @dataclass

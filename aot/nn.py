@@ -74,7 +74,7 @@ def split_heads(x, n: int):
     """[..., T, D] -> [..., n, T, D/n]."""
     *lead, t, d = x.shape
     if d % n:
-        from .trace import fail
+        from .ops.trace import fail
 
         fail("split_heads", f"last dim {d} of {x.type_str()} is not divisible by {n} heads")
     y = ops.reshape(x, (*lead, t, n, d // n))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from . import ops
 from .ir import Graph, Tensor
 from .runtime.schedules import normalize
-from .trace import at_site, emit, tracing
+from .ops.trace import at_site, emit, tracing
 
 
 @dataclass(frozen=True)

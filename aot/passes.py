@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from .ir import Graph
+from . import ops
+from .errors import IRError
+from .ir import DTYPES, Graph, Node, Tensor, format_node, tensor_names
+from .ops.registry import lookup
+from .ops.trace import at_site, tracing
 
 
 def dce(g: Graph) -> Graph:
@@ -53,9 +57,6 @@ def split_reductions(g: Graph) -> Graph:
     """sum/max over a long run of adjacent axes -> the same reduction in two stages:
     x[..., R, ...] -> [..., R/k, k, ...] reduced over k, then over R/k (sums pad R up to a
     multiple of k with zeros). Same result up to float rounding, fixed order, no atomics."""
-    from . import ops
-    from .trace import at_site, tracing
-
     nodes: list = []
     remap: dict[int, object] = {}
     for n in g.nodes:
@@ -113,7 +114,6 @@ def snapshot_captured_leaves(g: Graph) -> Graph:
     """A capture that is a parameter or optimizer state (or a view of one) in a graph that
     updates them is read back after the update has overwritten it: copy it first, right where
     it is captured, so the capture shows the value the forward pass used."""
-    from .ir import Node, Tensor
     from .schedule import VIEW_OPS
 
     if not g.updates:
@@ -144,10 +144,42 @@ PIPELINE = [dce, cse_consts, split_reductions, snapshot_captured_leaves]
 
 
 def run_pipeline(g: Graph, verify: bool = False) -> Graph:
-    from .ir import verify as _verify
-
+    check = globals()["verify"]  # the function, shadowed by the flag
     for p in PIPELINE:
         g = p(g)
         if verify:
-            _verify(g, after=p.__name__)
+            check(g, after=p.__name__)
     return g
+
+
+def verify(g: Graph, after: str = "") -> None:
+    """Check the invariants; raise IRError quoting the IR around the bad node."""
+    defined: set[int] = set()
+    names = tensor_names(g)
+    for i, n in enumerate(g.nodes):
+        problem = None
+        if n.out.node is not n:
+            problem = "output tensor is not owned by its node"
+        elif id(n.out) in defined:
+            problem = "tensor defined twice"
+        elif any(id(t) not in defined for t in n.inputs):
+            problem = "uses a tensor before it is defined"
+        elif n.out.dtype not in DTYPES:
+            problem = f"bad dtype {n.out.dtype}"
+        else:
+            try:
+                op = lookup(n.op)
+                shape, dtype = op.shape(*[(t.shape, t.dtype) for t in n.inputs], **n.attrs)
+                if tuple(shape) != n.out.shape or dtype != n.out.dtype:
+                    problem = f"type mismatch: rule gives {dtype}{list(shape)}, node has {n.out.type_str()}"
+            except Exception as e:  # a rule failing on the compiler's own graph is our bug
+                problem = f"shape rule failed: {e}"
+        if problem:
+            lines = [format_node(m, names) for m in g.nodes[max(0, i - 5) : i + 6]]
+            mark = min(i, 5)
+            ctx = "\n".join(("  >> " if j == mark else "     ") + s for j, s in enumerate(lines))
+            raise IRError(f"{problem}\nwhile verifying {g.name}" + (f" after pass '{after}'" if after else "") + f":\n{ctx}")
+        defined.add(id(n.out))
+    for t in g.roots():
+        if id(t) not in defined:
+            raise IRError(f"a root tensor of {g.name} is not computed by the graph")

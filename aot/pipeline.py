@@ -77,7 +77,7 @@ def compile_program(program_or_traced, verify: bool = False, log=None, max_bindi
     k_index = 0
     for key, g in traced.graphs.items():
         if verify:
-            ir.verify(g, after="trace")
+            passes.verify(g, after="trace")
         g = passes.run_pipeline(g, verify=verify)
         s = schedule(g, arena)
         p = plan(s, state_arenas, total, max_binding_mib)

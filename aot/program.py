@@ -179,7 +179,7 @@ def check_names(program: "Program") -> None:
 
 def capture(name: str, t: Tensor) -> Tensor:
     """Mark an activation to be read back after a call (step(captures=True) / the Infer output)."""
-    from .trace import current
+    from .ops.trace import current
 
     g = current()
     check_name("capture", name, capture_site())

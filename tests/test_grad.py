@@ -19,7 +19,8 @@ import aot
 from aot import interp, nn, ops
 from aot.frontend import trace_program
 from aot.grad import append_grads
-from aot.ir import Graph, verify
+from aot.ir import Graph
+from aot.passes import verify
 from aot.trace import emit, tracing
 
 from op_cases import CASES, build, call_ref

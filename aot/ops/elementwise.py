@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .registry import Bad, OpDef, register
-from .. import ops as F
+from . import api as F
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 

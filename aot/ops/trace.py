@@ -1,0 +1,67 @@
+"""Tracing: ops called inside a tracing context append nodes to the current graph.
+
+Each node records the user's call site so errors and generated kernels can point at it.
+Outside a tracing context no op can be called (there is no eager mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ..errors import ShapeError, TraceError, capture_site
+from ..ir import Graph, Node, Tensor
+from .registry import Bad, lookup
+
+_STACK: list[Graph] = []
+_SITES: list = []  # while appending gradients: the forward node's call site, inherited by backward nodes
+
+
+@contextlib.contextmanager
+def tracing(g: Graph):
+    _STACK.append(g)
+    try:
+        yield g
+    finally:
+        _STACK.pop()
+
+
+@contextlib.contextmanager
+def at_site(site):
+    _SITES.append(site)
+    try:
+        yield
+    finally:
+        _SITES.pop()
+
+
+def current() -> Graph:
+    if not _STACK:
+        raise TraceError(
+            "aot ops can only be called while a Program is being built",
+            capture_site(),
+            hint="call ops inside the loss/forward functions given to aot.Train / aot.Infer",
+        )
+    return _STACK[-1]
+
+
+def emit(op_name: str, inputs: tuple[Tensor, ...] | list[Tensor], **attrs) -> Tensor:
+    """Append one node to the current graph after checking its shape rule."""
+    g = current()
+    op = lookup(op_name)
+    inputs = tuple(inputs)
+    site = _SITES[-1] if _SITES else capture_site()
+    try:
+        shape, dtype = op.shape(*[(t.shape, t.dtype) for t in inputs], **attrs)
+    except Bad as e:
+        operands = ", ".join(t.type_str() for t in inputs)
+        raise ShapeError(f"{op_name}: {e} (operands: {operands})", site, e.hint) from None
+    out = Tensor(shape, dtype)
+    node = Node(op_name, inputs, dict(attrs), out, site)
+    out.node = node
+    g.nodes.append(node)
+    return out
+
+
+def fail(op_name: str, message: str, hint: str | None = None):
+    """Raise a ShapeError from a public op function (not a shape rule) at the user's line."""
+    raise ShapeError(f"{op_name}: {message}", capture_site(), hint)
