@@ -1,6 +1,10 @@
 """The device side of a generated package: a wgpu device, one buffer per arena, one pipeline
-per kernel (all created once), and `run`, which records one call of an entry point into a
-single compute pass and submit. Nothing is allocated per call.
+per kernel (all created once), `run`, which records one call of an entry point into a
+single compute pass and submit, and `run_many`, which records K training steps into a few
+command buffers (one compute pass per step, each step's inputs copied from a slot of an
+upload area, each loss copied to a slot of a readback ring) with no wait between steps.
+Nothing is allocated per call; run_many's areas are allocated once, at a size that does not
+depend on K.
 """
 
 from __future__ import annotations
@@ -16,6 +20,32 @@ except ImportError as e:  # pragma: no cover - the package declares wgpu as a de
     raise ImportError("this model needs wgpu-py: pip install wgpu") from e
 
 _NP = {"f32": np.float32, "i32": np.int32}
+
+MANY_CHUNK = 32  # steps recorded per command buffer by run_many (one submit each)
+MANY_UPLOAD_BYTES = 8 << 20  # at most this much input per chunk: fewer steps per chunk for big batches
+MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only when this ring is full
+
+
+def _raw_encoder_calls():
+    """wgpu-native's C entry points for recording a pass, called directly: wgpu-py's wrappers
+    cost ~2 us of Python per call (error capture around each), and a step records 2-3 calls
+    per kernel. Recording errors surface at pass end / finish, which still go through wgpu-py.
+    None (use wgpu-py's public methods) when this wgpu-py does not expose them."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+
+        lib, null = _api.lib, _api.ffi.NULL
+        calls = (
+            lib.wgpuComputePassEncoderSetPipeline,
+            lib.wgpuComputePassEncoderSetBindGroup,
+            lib.wgpuComputePassEncoderDispatchWorkgroups,
+        )
+    except Exception:  # another backend or a wgpu-py without these internals
+        return None
+    return calls + (null,)
+
+
+_RAW = _raw_encoder_calls()
 
 
 class ShaderError(RuntimeError):
@@ -36,7 +66,9 @@ class Engine:
                 "or Mesa's software Vulkan (Debian: apt-get install mesa-vulkan-drivers)"
             )
         self.adapter_info = dict(adapter.info)
-        self.device = adapter.request_device_sync(label=name, required_limits=_required_limits(name, adapter, arenas, entries))
+        self.device = adapter.request_device_sync(
+            label=name, required_limits=_required_limits(name, adapter, arenas, entries)
+        )
         self.buffers = {a: self._buffer(a, n) for a, n in arenas.items()}
         # Every kernel uses the same binding number for a buffer (its position in `arenas`), so a
         # run of neighbouring kernels that agree on each buffer's access mode shares one explicit
@@ -45,6 +77,8 @@ class Engine:
         self.wgsl = wgsl
         self.pipelines, self.recipes, self.kernel_group, self.entry_buffers = {}, {}, {}, {}
         self._groups = {}
+        self.raw_recipes, self._many = {}, {}
+        self._waited = 0.0  # seconds spent in maps (waiting for the GPU) during the current call
         for key, e in entries.items():
             if not self._own_scratch(key):
                 self._prepare(key)  # entries with scratch buffers of their own: at their first call
@@ -91,26 +125,41 @@ class Engine:
         self.recipes[key] = steps
 
     def _layout_and_group(self, sig, buffers):
-        bgl = self.device.create_bind_group_layout(entries=[
-            {"binding": self.order.index(arena), "visibility": wgpu.ShaderStage.COMPUTE,
-             "buffer": {"type": "storage" if access == "read_write" else "read-only-storage"}}
-            for arena, access in sig
-        ])
-        group = self.device.create_bind_group(layout=bgl, entries=[
-            {"binding": self.order.index(arena), "resource": {"buffer": buffers[arena], "offset": 0, "size": buffers[arena].size}}
-            for arena, _access in sig
-        ])
+        bgl = self.device.create_bind_group_layout(
+            entries=[
+                {
+                    "binding": self.order.index(arena),
+                    "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": "storage" if access == "read_write" else "read-only-storage"},
+                }
+                for arena, access in sig
+            ]
+        )
+        group = self.device.create_bind_group(
+            layout=bgl,
+            entries=[
+                {
+                    "binding": self.order.index(arena),
+                    "resource": {"buffer": buffers[arena], "offset": 0, "size": buffers[arena].size},
+                }
+                for arena, _access in sig
+            ],
+        )
         return self.device.create_pipeline_layout(bind_group_layouts=[bgl]), group
 
     def _pipeline(self, kname, source, site, layout):
         try:
             module = self.device.create_shader_module(label=kname, code=source)
-            return self.device.create_compute_pipeline(label=kname, layout=layout, compute={"module": module, "entry_point": "main"})
+            return self.device.create_compute_pipeline(
+                label=kname, layout=layout, compute={"module": module, "entry_point": "main"}
+            )
         except Exception as e:
-            raise ShaderError(f"kernel {kname} (from {site}) failed to compile:\n{e}\n{_wgsl_context(source, str(e))}") from None
+            raise ShaderError(
+                f"kernel {kname} (from {site}) failed to compile:\n{e}\n{_wgsl_context(source, str(e))}"
+            ) from None
 
     def write(self, arena: str, offset: int, data: np.ndarray):
-        self.device.queue.write_buffer(self.buffers[arena], 4 * offset, np.ascontiguousarray(data).tobytes())
+        self.device.queue.write_buffer(self.buffers[arena], 4 * offset, np.ascontiguousarray(data))
 
     def read(self, arena: str, offset: int, count: int, dtype="f32") -> np.ndarray:
         if count == 0:
@@ -118,9 +167,81 @@ class Engine:
         raw = self.device.queue.read_buffer(self.buffers[arena], 4 * offset, 4 * count)
         return np.frombuffer(raw, dtype=_NP[dtype]).copy()
 
+    def _record(self, enc, key: str) -> None:
+        """One compute pass with every dispatch of `key`."""
+        cpass = enc.begin_compute_pass()
+        raw = self.raw_recipes.get(key) if _RAW is not None else None
+        if raw is None and _RAW is not None:
+            try:
+                raw = self.raw_recipes[key] = [
+                    (p._internal, None if g is None else g._internal, grid) for p, g, grid in self.recipes[key]
+                ]
+            except AttributeError:
+                raw = None
+        if raw is not None:
+            set_pipeline, set_bind_group, dispatch, null = _RAW
+            c = cpass._internal
+            for pipeline, group, (x, y, z) in raw:
+                set_pipeline(c, pipeline)
+                if group is not None:
+                    set_bind_group(c, 0, group, 0, null)
+                dispatch(c, x, y, z)
+        else:
+            set_pipeline, set_bind_group, dispatch = cpass.set_pipeline, cpass.set_bind_group, cpass.dispatch_workgroups
+            for pipeline, group, grid in self.recipes[key]:
+                set_pipeline(pipeline)
+                if group is not None:
+                    set_bind_group(0, group)
+                dispatch(*grid)
+        cpass.end()
+
+    def _map_read(self, buf, nbytes: int) -> bytes:
+        """Map a readback buffer written by the submit just made, copy `nbytes` out, unmap."""
+        global _NOSYNC
+        t = time.perf_counter()
+        if _NOSYNC:
+            # wgpu-py's READ submits an empty command buffer first (a workaround for data written
+            # through a mapping, which ours never is: the GPU writes it in the submit just made)
+            try:
+                buf.map_sync("READ_NOSYNC", 0, nbytes)
+            except Exception:
+                _NOSYNC = False
+        if not _NOSYNC:
+            buf.map_sync(wgpu.MapMode.READ, 0, nbytes)
+        self._waited += time.perf_counter() - t
+        try:
+            return buf.read_mapped(0, nbytes, copy=True)
+        finally:
+            buf.unmap()
+
+    def _reads(self, enc, key: str, want_captures: bool) -> list:
+        e = self.entries[key]
+        buffers = self.entry_buffers[key]
+        reads = e["outputs"] + (e["captures"] if want_captures else [])
+        rb = self.readback[key]
+        pos = 0
+        for _, _, shape, arena, off in reads:
+            n = _size(shape)
+            enc.copy_buffer_to_buffer(buffers[arena], 4 * off, rb, 4 * pos, 4 * n)
+            pos += n
+        return reads
+
+    def _unpack(self, key: str, reads: list) -> dict:
+        pos = sum(_size(shape) for _, _, shape, _, _ in reads)
+        out = {}
+        if pos:
+            raw = self._map_read(self.readback[key], 4 * pos)
+            pos = 0
+            for name, dtype, shape, _, _ in reads:
+                n = _size(shape)
+                out[name] = np.frombuffer(raw, dtype=_NP[dtype], count=n, offset=4 * pos).reshape(shape).copy()
+                pos += n
+        return out
+
     def run(self, key: str, packed: dict, want_captures: bool):
         """One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures)."""
         t0 = time.perf_counter()
+        self._waited = 0.0
         e = self.entries[key]
         if key not in self.recipes:
             self._prepare(key)
@@ -129,41 +250,94 @@ class Engine:
             if data.size:
                 self.write(arena, 0, data)
         enc = self.device.create_command_encoder()
-        cpass = enc.begin_compute_pass()
-        set_pipeline, set_bind_group, dispatch = cpass.set_pipeline, cpass.set_bind_group, cpass.dispatch_workgroups
-        for pipeline, group, grid in self.recipes[key]:
-            set_pipeline(pipeline)
-            if group is not None:
-                set_bind_group(0, group)
-            dispatch(*grid)
-        cpass.end()
+        self._record(enc, key)
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
-        reads = e["outputs"] + (e["captures"] if want_captures else [])
-        rb = self.readback[key]
-        pos = 0
-        for _, _, shape, arena, off in reads:
-            n = _size(shape)
-            enc.copy_buffer_to_buffer(buffers[arena], 4 * off, rb, 4 * pos, 4 * n)
-            pos += n
+        reads = self._reads(enc, key, want_captures)
         self.device.queue.submit([enc.finish()])
-        t1 = time.perf_counter()
-        out = {}
-        if pos:
-            rb.map_sync(wgpu.MapMode.READ, 0, 4 * pos)
-            t2 = time.perf_counter()
-            raw = rb.read_mapped(0, 4 * pos, copy=True)
-            rb.unmap()
-            pos = 0
-            for name, dtype, shape, _, _ in reads:
-                n = _size(shape)
-                out[name] = np.frombuffer(raw, dtype=_NP[dtype], count=n, offset=4 * pos).reshape(shape).copy()
-                pos += n
-        else:
-            t2 = time.perf_counter()
-        # host time (upload, encoding, submit, unpacking) and time spent waiting for the GPU
-        self.last_timing = (t1 - t0 + time.perf_counter() - t2, t2 - t1)
+        out = self._unpack(key, reads)
+        # host time (upload, encoding, submit, unpacking) and time spent waiting for the GPU (the map)
+        self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
+
+    def many_slots(self, key: str) -> int:
+        """Steps per chunk of run_many for this entry: MANY_CHUNK, fewer for large inputs."""
+        sizes = self.entries[key]["input_sizes"]
+        per_step = 4 * (sizes["inputs"] + sizes["inputs_i32"])
+        return max(1, min(MANY_CHUNK, MANY_UPLOAD_BYTES // max(per_step, 1)))
+
+    def _many_area(self, key: str):
+        """The upload slots (one per step of a chunk, per input arena) and the loss ring of
+        run_many, created at the first call; their sizes depend on the entry, not on K."""
+        area = self._many.get(key)
+        if area is None:
+            sizes = self.entries[key]["input_sizes"]
+            slots = self.many_slots(key)
+            usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+            stage = {
+                a: self.device.create_buffer(label=f"{a}_slots", size=4 * slots * n, usage=usage)
+                for a, n in sizes.items()
+                if n
+            }
+            ring = self.device.create_buffer(
+                label="loss_ring", size=4 * MANY_RING, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+            )
+            area = self._many[key] = (slots, stage, ring, MANY_RING)
+        return area
+
+    def run_many(self, key: str, k: int, fill, want_captures: bool):
+        """k training steps of `key`. fill(start, n) -> {arena: array [n, input size]} gives the
+        packed inputs of steps start .. start + n - 1 (one row per step, laid out as run's).
+        Chunks of many_slots(key) steps: one upload, one command buffer and one submit each,
+        and no wait; every step's loss goes to a slot of a ring read back when it is full and
+        at the end. Returns (losses [k] float32, outputs/captures of the last step or None)."""
+        t0 = time.perf_counter()
+        self._waited = 0.0
+        e = self.entries[key]
+        if key not in self.recipes:
+            self._prepare(key)
+        buffers = self.entry_buffers[key]
+        slots, stage, ring, ring_slots = self._many_area(key)
+        sizes = e["input_sizes"]
+        ((_, _, _, loss_arena, loss_off),) = [o for o in e["outputs"] if o[0] == "loss"]
+        loss_buf = buffers[loss_arena]
+        copy_after = [(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n) for src, so, dst, do, n in e["copies"]]
+        losses = np.empty(k, dtype=np.float32)
+        in_ring = 0  # losses in the ring not yet read back
+        reads = None
+        start = 0
+        while start < k:
+            n = min(slots, k - start, ring_slots - in_ring)
+            packed = fill(start, n)
+            for arena, rows in packed.items():
+                if arena in stage:
+                    self.device.queue.write_buffer(stage[arena], 0, np.ascontiguousarray(rows))
+            enc = self.device.create_command_encoder()
+            copy = enc.copy_buffer_to_buffer
+            for i in range(n):
+                for arena, buf in stage.items():
+                    m = sizes[arena]
+                    copy(buf, 4 * i * m, buffers[arena], 0, 4 * m)
+                self._record(enc, key)
+                for args in copy_after:
+                    copy(*args)
+                copy(loss_buf, 4 * loss_off, ring, 4 * (in_ring + i), 4)
+            last = start + n == k
+            if last and want_captures:
+                reads = self._reads(enc, key, True)
+            self.device.queue.submit([enc.finish()])
+            start += n
+            in_ring += n
+            if in_ring == ring_slots or last:
+                raw = self._map_read(ring, 4 * in_ring)
+                losses[start - in_ring : start] = np.frombuffer(raw, dtype=np.float32, count=in_ring)
+                in_ring = 0
+        out = None if reads is None else self._unpack(key, reads)
+        self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
+        return losses, out
+
+
+_NOSYNC = True  # map readbacks with wgpu-py's "READ_NOSYNC" (see Engine._map_read) while it is accepted
 
 
 WEBGPU_DEFAULT_BINDING = 134217728  # bytes: maxStorageBufferBindingSize without asking
