@@ -30,6 +30,22 @@ class Model(ModelBase):
             {"tokens": tokens, "targets": targets, "mask": mask}, captures
         )
 
+    def step_many(
+        self, batches=None, /, *, tokens=None, targets=None, mask=None, captures=False
+    ):
+        """K training steps in one call (Keras' steps_per_execution): the inputs of every step
+        uploaded at once, the steps recorded back to back with no wait between them, and the K
+        losses read back together. Bit-identical to K calls of step(), lr schedule included.
+
+        Either K batches stacked on a new leading axis, by name (each input of shape
+        (K, *its step() shape)), or `batches`, an iterable of dicts of step()'s inputs.
+        Every batch is checked before anything runs. Returns the K losses as a float32 array;
+        with captures=True, StepResult(losses, captures of the last step).
+        """
+        return self._step_many(
+            batches, {"tokens": tokens, "targets": targets, "mask": mask}, captures
+        )
+
     def predict(self, *, tokens, captures=False):
         """Run the `predict` forward graph; returns a f32 array.
 
