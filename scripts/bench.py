@@ -1,12 +1,14 @@
 """Benchmark generated packages side by side with PyTorch in the same run; writes JSON.
 
-    python scripts/bench.py [--out bench.json] [--steps 50] [--large] [--quick]
+    python scripts/bench.py [--out bench.json] [--steps 50] [--k 50] [--large] [--only NAME] [--anchors eager,compile,...]
 
 For each model: build time, kernels per training step and per predict, GPU bytes (planned,
 one-buffer-per-tensor, and the lower bound params + grads + optimizer state + largest live
-activation set), training steps/s, per-step host overhead (the time step() spends outside
-waiting for the GPU), predict latency; and the same model in PyTorch (CUDA when available,
-else CPU) on identical initial parameters. Ratios are what to read on a shared machine;
+activation set), training steps/s through step() and through step_many (K steps per call), per-step host
+overhead (the time spent outside waiting for the GPU), predict latency; and the same model in
+PyTorch (CUDA when available, else CPU) on identical initial parameters: eager, eager with
+scaled_dot_product_attention (transformers), torch.compile and one CUDA graph per step, each
+skipped with a reason where it cannot run, with aot's ratio to each and to the best. Ratios are what to read on a shared machine;
 absolute times count only from a GPU.
 """
 
@@ -57,7 +59,7 @@ def timed(fn, n, warmup=3):
     return ts
 
 
-def bench_aot(program, make_batch, predict_inputs, steps, outdir):
+def bench_aot(program, make_batch, predict_inputs, steps, outdir, k_many):
     t = time.perf_counter()
     c = compile_program(program)
     path = build(program, outdir)
@@ -67,6 +69,7 @@ def bench_aot(program, make_batch, predict_inputs, steps, outdir):
         del sys.modules[name]  # an example module of the same name may have been imported
     mod = __import__(program.name)
     model = mod.Model()
+    params0 = model.params()  # every anchor starts from these
     rng = np.random.default_rng(0)
     batches = [make_batch(rng) for _ in range(8)]
     host, it = [], iter(range(10**9))
@@ -79,6 +82,15 @@ def bench_aot(program, make_batch, predict_inputs, steps, outdir):
 
     ts = timed(step, steps)
     host = host[-steps:]
+    # step_many: K steps per call, batches stacked on a leading axis (stacking is not timed)
+    stacked = {n: np.stack([batches[i % len(batches)][n] for i in range(k_many)]) for n in batches[0]}
+    many_host = []
+
+    def many():
+        model.step_many(**stacked)
+        many_host.append(model._engine.last_timing[0])
+
+    tm = timed(many, max(3, steps // k_many * 2), warmup=1)
     pred = {}
     for label, inputs in predict_inputs.items():
         pt = timed(lambda: model.predict(**inputs), max(steps, 10))
@@ -91,15 +103,39 @@ def bench_aot(program, make_batch, predict_inputs, steps, outdir):
         "steps_per_s": round(1 / statistics.median(ts), 2),
         "step_ms_median": round(statistics.median(ts) * 1e3, 3),
         "host_overhead_us_median": round(statistics.median(host) * 1e6, 1),
+        "step_many": {
+            "k": k_many,
+            "steps_per_s": round(k_many / statistics.median(tm), 2),
+            "host_us_per_step_median": round(statistics.median(many_host) / k_many * 1e6, 1),
+        },
         "predict_ms_median": {k: round(v, 3) for k, v in pred.items()},
         "adapter": model._engine.adapter_info.get("device", "?"),
     }
-    params = model.params()
     model.close()
-    return out, params
+    return out, params0
 
 
-def bench_torch(kind, params, make_batch, predict_inputs, steps, cfg):
+def _sdpa_block_forward(self, x):
+    """torch_reference.Block.forward with F.scaled_dot_product_attention (same math, fused)."""
+    import torch
+
+    b, t, d = x.shape
+    h = self.ln1(x)
+
+    def heads(z):
+        return z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+    att = torch.nn.functional.scaled_dot_product_attention(heads(self.q(h)), heads(self.k(h)), heads(self.v(h)), is_causal=True)
+    x = x + self.o(att.transpose(1, 2).reshape(b, t, d))
+    return x + self.fc2(torch.relu(self.fc1(self.ln2(x))))
+
+
+def bench_torch(kind, params, make_batch, predict_inputs, steps, cfg, anchors, k_many):
+    """PyTorch anchors from the same initial parameters, each failing soft ({"skipped": why}):
+    eager, eager with scaled_dot_product_attention (transformers), torch.compile, and the whole
+    step (forward, backward, clipping, capturable Adam/AdamW) captured in one CUDA graph and
+    replayed, reading the loss back every step ("cuda_graph") or once per K steps
+    ("cuda_graph_k", like step_many)."""
     try:
         import torch
 
@@ -109,40 +145,111 @@ def bench_torch(kind, params, make_batch, predict_inputs, steps, cfg):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    if kind == "mlp":
-        model = tr.from_aot(tr.MLP(), params).to(dev)
-        opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-
-        def loss_fn(b):
-            return ((model(b["x"]) - b["y"]) ** 2).mean()
-    else:
-        model = tr.from_aot(tr.Transformer(**cfg), params).to(dev)
-        decay = [p for n, p in model.named_parameters() if tr.aot_name(n).split(".")[-1] in ("W", "pos_emb")]
-        rest = [p for n, p in model.named_parameters() if tr.aot_name(n).split(".")[-1] not in ("W", "pos_emb")]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}], lr=5e-3)
-
-        def loss_fn(b):
-            return tr.transformer_loss(model, b["tokens"], b["targets"], b["mask"])
-
     rng = np.random.default_rng(0)
 
     def to_dev(b):
         return {k: torch.as_tensor(v).to(dev).long() if v.dtype == np.int32 else torch.as_tensor(v).to(dev) for k, v in b.items()}
 
     batches = [to_dev(make_batch(rng)) for _ in range(8)]
-    it = iter(range(10**9))
 
-    def step():
-        b = batches[next(it) % len(batches)]
+    def setup(capturable=False, sdpa=False):
+        if kind == "mlp":
+            model = tr.from_aot(tr.MLP(), params).to(dev)
+            opt = torch.optim.Adam(model.parameters(), lr=5e-3, capturable=capturable)
+
+            def loss_fn(m, b):
+                return ((m(b["x"]) - b["y"]) ** 2).mean()
+        else:
+            model = tr.from_aot(tr.Transformer(**cfg), params).to(dev)
+            if sdpa:
+                import types
+
+                for blk in model.modules():
+                    if isinstance(blk, tr.Block):
+                        blk.forward = types.MethodType(_sdpa_block_forward, blk)
+            decay = [p for n, p in model.named_parameters() if tr.aot_name(n).split(".")[-1] in ("W", "pos_emb")]
+            rest = [p for n, p in model.named_parameters() if tr.aot_name(n).split(".")[-1] not in ("W", "pos_emb")]
+            groups = [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}]
+            opt = torch.optim.AdamW(groups, lr=5e-3, capturable=capturable)
+
+            def loss_fn(m, b):
+                return tr.transformer_loss(m, b["tokens"], b["targets"], b["mask"])
+
+        return model, opt, loss_fn
+
+    def train_step(model, opt, loss_fn, fwd, b):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(b)
+        loss = loss_fn(fwd, b)
         loss.backward()
         if kind != "mlp":
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        return loss.item()  # the same readback aot's step() does
+        return loss
 
-    ts = timed(step, steps)
+    def eager(sdpa=False, compiled=False):
+        model, opt, loss_fn = setup(sdpa=sdpa)
+        fwd = torch.compile(model) if compiled else model
+        it = iter(range(10**9))
+
+        def step():
+            return train_step(model, opt, loss_fn, fwd, batches[next(it) % len(batches)]).item()  # aot's readback
+
+        return {"steps_per_s": round(1 / statistics.median(timed(step, steps, warmup=5)), 2)}
+
+    def graph():
+        if dev != "cuda":
+            return {"skipped": "CUDA graphs need a CUDA device"}
+        model, opt, loss_fn = setup(capturable=True)
+        static = {k: v.clone() for k, v in batches[0].items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                train_step(model, opt, loss_fn, model, static)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            static_loss = train_step(model, opt, loss_fn, model, static)
+        it = iter(range(10**9))
+
+        def step():
+            b = batches[next(it) % len(batches)]
+            for k, v in b.items():
+                static[k].copy_(v)
+            g.replay()
+            return static_loss.item()
+
+        out = {"steps_per_s": round(1 / statistics.median(timed(step, steps, warmup=5)), 2)}
+        losses = torch.zeros(k_many, device=dev)
+
+        def many():
+            for i in range(k_many):
+                b = batches[next(it) % len(batches)]
+                for k, v in b.items():
+                    static[k].copy_(v)
+                g.replay()
+                losses[i].copy_(static_loss)
+            return losses.cpu()
+
+        tk = timed(many, max(3, steps // k_many * 2), warmup=1)
+        return out, {"k": k_many, "steps_per_s": round(k_many / statistics.median(tk), 2)}
+
+    res = {"device": torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu", "torch": torch.__version__}
+    runs = {"eager": lambda: eager(), "compile": lambda: eager(compiled=True), "cuda_graph": graph}
+    if kind != "mlp":
+        runs["eager_sdpa"] = lambda: eager(sdpa=True)
+    for name in [a for a in anchors if a in runs]:
+        try:
+            r = runs[name]()
+            if isinstance(r, tuple):
+                res[name], res[name + "_k"] = r
+            else:
+                res[name] = r
+        except Exception as e:  # fail soft: a missing compiler, no CUDA, an unsupported op
+            res[name] = {"skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+        print(f"  torch {name}: {res[name]}", flush=True)
+    model, _, _ = setup()
     pred = {}
     with torch.no_grad():
         for label, inputs in predict_inputs.items():
@@ -153,12 +260,21 @@ def bench_torch(kind, params, make_batch, predict_inputs, steps, cfg):
                 model(arg).cpu()
 
             pred[label] = round(statistics.median(timed(run, max(steps, 10))) * 1e3, 3)
-    return {
-        "device": torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu",
-        "steps_per_s": round(1 / statistics.median(ts), 2),
-        "step_ms_median": round(statistics.median(ts) * 1e3, 3),
-        "predict_ms_median": pred,
-    }
+    res["predict_ms_median"] = pred
+    return res
+
+
+def ratios(a, t) -> dict:
+    """aot's step() and step_many steps/s over each PyTorch anchor's and over the best of them."""
+    anchors = {n: v["steps_per_s"] for n, v in t.items() if isinstance(v, dict) and "steps_per_s" in v}
+    if not anchors:
+        return {}
+    best = max(anchors, key=anchors.get)
+    out = {"torch_best": best, "torch_best_steps_per_s": anchors[best]}
+    for label, sps in (("step", a["steps_per_s"]), ("step_many", a["step_many"]["steps_per_s"])):
+        out[f"aot_{label}_vs_torch_best"] = round(sps / anchors[best], 3)
+        out[f"aot_{label}_vs"] = {n: round(sps / v, 3) for n, v in anchors.items()}
+    return out
 
 
 def main():
@@ -168,6 +284,8 @@ def main():
     ap.add_argument("--large", action="store_true", help="also the D=512, T=256, 6-block, B=32 transformer")
     ap.add_argument("--only", choices=["sine_mlp", "addition_transformer", "large"], help="run one model")
     ap.add_argument("--outdir", default="/tmp/aot-bench")
+    ap.add_argument("--k", type=int, default=50, help="steps per step_many call (aot) and per readback (cuda_graph_k)")
+    ap.add_argument("--anchors", default="eager,eager_sdpa,compile,cuda_graph", help="PyTorch anchors to run (comma-separated)")
     args = ap.parse_args()
 
     sine = load("sine_mlp")
@@ -203,13 +321,11 @@ def main():
         if args.only and name != args.only:
             continue
         print(f"== {name}", flush=True)
-        a, params = bench_aot(prog, make_batch, pinputs, args.steps, args.outdir)
+        a, params = bench_aot(prog, make_batch, pinputs, args.steps, args.outdir, args.k)
         print(json.dumps(a, indent=1), flush=True)
-        t = bench_torch(kind, params, make_batch, pinputs, args.steps, cfg)
-        print(json.dumps(t, indent=1), flush=True)
-        r = {"aot": a, "torch": t}
-        if "steps_per_s" in t:
-            r["aot_vs_torch_steps_per_s"] = round(a["steps_per_s"] / t["steps_per_s"], 3)
+        t = bench_torch(kind, params, make_batch, pinputs, args.steps, cfg, args.anchors.split(","), args.k)
+        r = {"aot": a, "torch": t, "ratios": ratios(a, t)}
+        print(json.dumps(r["ratios"], indent=1), flush=True)
         results["models"][name] = r
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
