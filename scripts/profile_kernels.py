@@ -1,18 +1,28 @@
-"""Time every kernel of one entry point in isolation (its own submit, waited for).
+"""GPU time of every kernel of one entry point, measured inside the real call with timestamp queries.
 
-    python scripts/profile_kernels.py examples/addition_transformer.py [--entry train] [--top 25] [--out prof.json]
+    python scripts/profile_kernels.py examples/addition_transformer.py [--entry train] [--reps 20] [--top 25] [--out prof.json]
 
-Per-kernel times include one submit + wait each, so they overstate small kernels; use them to
-rank kernels, and scripts/bench.py for whole steps.
+The entry's dispatch list is recorded exactly as a call records it (one compute pass, the same
+pipelines and bind groups), with a timestamp written before the first dispatch and after each
+one (WebGPU's `timestamp-query` with `timestamp-query-inside-passes`), `--reps` times in one
+command buffer; a kernel's time is the median over reps of the gap between its timestamps.
+Without `timestamp-query-inside-passes` each dispatch gets a pass of its own with
+`timestamp_writes` (slightly more barriers than the real call); without `timestamp-query` at
+all it falls back to one submit per kernel, waited for (that overstates small kernels: the
+output says which method was used). Prints a table by kernel and by kernel family (the name
+without its kNNN_ prefix, e.g. matmul_add_relu). Timestamps are taken to be nanoseconds
+(Vulkan's timestampPeriod on NVIDIA and lavapipe); --tick-ns scales them otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -20,20 +30,109 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+WANT = ("timestamp-query", "timestamp-query-inside-passes")
+
+
+def _request_timestamps():
+    """Make the package's Engine ask for the timestamp features the adapter has (the deployed
+    runtime asks for none)."""
+    import wgpu
+
+    cls = type(wgpu.gpu.request_adapter_sync(power_preference="high-performance"))
+    real = cls.request_device_sync
+
+    def request(self, **kw):
+        kw["required_features"] = sorted(set(kw.get("required_features") or ()) | {f for f in WANT if f in self.features})
+        return real(self, **kw)
+
+    cls.request_device_sync = request
+
+
+def family(kname: str) -> str:
+    return re.sub(r"^k\d+_", "", kname)
+
+
+def profile_timestamps(e, key, reps, inside):
+    import wgpu
+    from wgpu.backends.wgpu_native.extras import write_timestamp
+
+    steps = e.recipes[key]
+    n = len(steps)
+    per_rep = n + 1 if inside else 2 * n
+    count = per_rep * reps
+    qs = e.device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
+    resolve = e.device.create_buffer(size=8 * count, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    enc = e.device.create_command_encoder()
+    for r in range(reps):
+        base = r * per_rep
+        if inside:
+            cp = enc.begin_compute_pass()
+            write_timestamp(cp, qs, base)
+            group = None
+            for i, (pipeline, g, grid) in enumerate(steps):
+                group = g or group
+                cp.set_pipeline(pipeline)
+                if g is not None:
+                    cp.set_bind_group(0, g)
+                cp.dispatch_workgroups(*grid)
+                write_timestamp(cp, qs, base + i + 1)
+            cp.end()
+        else:
+            group = None
+            for i, (pipeline, g, grid) in enumerate(steps):
+                group = g or group
+                tw = {"query_set": qs, "beginning_of_pass_write_index": base + 2 * i, "end_of_pass_write_index": base + 2 * i + 1}
+                cp = enc.begin_compute_pass(timestamp_writes=tw)
+                cp.set_pipeline(pipeline)
+                cp.set_bind_group(0, group)
+                cp.dispatch_workgroups(*grid)
+                cp.end()
+    enc.resolve_query_set(qs, 0, count, resolve, 0)
+    e.device.queue.submit([enc.finish()])
+    ticks = np.frombuffer(e.device.queue.read_buffer(resolve), dtype=np.uint64).astype(np.int64).reshape(reps, per_rep)
+    if inside:
+        d = np.diff(ticks, axis=1)
+    else:
+        d = ticks[:, 1::2] - ticks[:, 0::2]
+    return [float(np.median(d[:, i])) for i in range(n)]
+
+
+def profile_submits(e, key, reps):
+    out = []
+    for kname, grid in e.entries[key]["dispatches"]:
+        ts = []
+        for _ in range(reps):
+            enc = e.device.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            cp.set_pipeline(e.pipelines[kname])
+            cp.set_bind_group(0, e.kernel_group[kname])
+            cp.dispatch_workgroups(*grid)
+            cp.end()
+            t = time.perf_counter()
+            e.device.queue.submit([enc.finish()])
+            e.device.queue.read_buffer(e.buffers["params"], 0, 4)
+            ts.append(time.perf_counter() - t)
+        out.append(statistics.median(ts) * 1e9)
+    return out
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--program")
     ap.add_argument("--entry", default="train")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--tick-ns", type=float, default=1.0, help="nanoseconds per timestamp tick")
+    ap.add_argument("--no-timestamps", action="store_true", help="time one submit per kernel instead")
     ap.add_argument("--out")
     args = ap.parse_args()
 
     import aot
     from aot.cli import load_programs
 
+    if not args.no_timestamps:
+        _request_timestamps()
     progs = load_programs(args.model)
     prog = progs[args.program] if args.program else next(iter(progs.values()))
     model = aot.compile(prog)
@@ -45,27 +144,42 @@ def main():
         "inputs_i32": np.zeros(e.entries[key]["input_sizes"]["inputs_i32"], np.int32),
     }
     e.run(key, packed, False)  # compile every pipeline first
-    rows = []
-    for kname, grid in e.entries[key]["dispatches"]:
-        ts = []
-        for _ in range(args.reps):
-            enc = e.device.create_command_encoder()
-            cp = enc.begin_compute_pass()
-            cp.set_pipeline(e.pipelines[kname])
-            cp.set_bind_group(0, e.kernel_group[kname])
-            cp.dispatch_workgroups(*grid)
-            cp.end()
-            t = time.perf_counter()
-            e.device.queue.submit([enc.finish()])
-            e.device.queue.read_buffer(e.buffers["params"], 0, 4)
-            ts.append(time.perf_counter() - t)
-        rows.append({"kernel": kname, "grid": list(grid), "ms": round(statistics.median(ts) * 1e3, 4)})
-    total = sum(r["ms"] for r in rows)
-    print(f"{key}: {len(rows)} kernels, {total:.1f} ms summed ({e.adapter_info.get('device', '?')})")
-    for r in sorted(rows, key=lambda r: -r["ms"])[: args.top]:
-        print(f"{r['ms']:10.3f} ms  {r['kernel']:<48} {tuple(r['grid'])}")
+    feats = set(e.device.features)
+    if args.no_timestamps or "timestamp-query" not in feats:
+        method = "one submit per kernel, waited for (host clock; overstates small kernels)"
+        if not args.no_timestamps:
+            method += ": this adapter lacks timestamp-query"
+        ns = profile_submits(e, key, max(3, args.reps // 4))
+    else:
+        inside = "timestamp-query-inside-passes" in feats
+        method = (
+            "timestamps between dispatches inside the call's one pass" if inside
+            else "timestamps around each dispatch in a pass of its own (adapter lacks timestamp-query-inside-passes)"
+        )
+        ns = [t * args.tick_ns for t in profile_timestamps(e, key, args.reps, inside)]
+    rows = [
+        {"kernel": k, "family": family(k), "grid": list(g), "us": round(t / 1e3, 3)}
+        for (k, g), t in zip(e.entries[key]["dispatches"], ns)
+    ]
+    total = sum(r["us"] for r in rows)
+    dev = e.adapter_info.get("device", "?")
+    print(f"{key}: {len(rows)} kernels, {total:.1f} us of GPU time per call on {dev}")
+    print(f"method: {method}")
+    print(f"\n{'us':>10} {'%':>6}  kernel (grid)")
+    for r in sorted(rows, key=lambda r: -r["us"])[: args.top]:
+        print(f"{r['us']:10.2f} {100 * r['us'] / max(total, 1e-9):5.1f}%  {r['kernel']} {tuple(r['grid'])}")
+    fam = defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        fam[r["family"]][0] += 1
+        fam[r["family"]][1] += r["us"]
+    print(f"\n{'us':>10} {'%':>6} {'count':>6}  kernel family")
+    for name, (cnt, us) in sorted(fam.items(), key=lambda kv: -kv[1][1]):
+        print(f"{us:10.2f} {100 * us / max(total, 1e-9):5.1f}% {cnt:6d}  {name}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"entry": key, "adapter": e.adapter_info.get("device"), "kernels": rows}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"entry": key, "adapter": dev, "method": method, "total_us": round(total, 3), "kernels": rows,
+                        "families": {k: {"count": c, "us": round(u, 3)} for k, (c, u) in fam.items()}}, indent=1)
+        )
     model.close()
 
 
