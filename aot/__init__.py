@@ -15,18 +15,20 @@ __all__ = [
 ]
 
 
-def build(program, outdir="generated", force=False, max_binding_mib=128):
+def build(program, outdir="generated", force=False, max_binding_mib=128, target="python"):
     """Build `program` into outdir/<name> (a pip-installable project); returns that path.
 
     Replaces only files an earlier build wrote; other files in the way raise an error naming
     them (an aot.errors.OutputExistsError, a FileExistsError) unless force=True. No GPU buffer
-    of the package exceeds max_binding_mib MiB (128: WebGPU's default, so it runs anywhere)."""
+    of the package exceeds max_binding_mib MiB (128: WebGPU's default, so it runs anywhere).
+    target="web" writes an ES module and a demo page instead (OUT/<name>/), "all" both (the
+    web project in OUT/<name>-web/)."""
     import os
     import warnings
 
     from .pipeline import build as _build, shadowing_files
 
-    path = _build(program, outdir, force=force, max_binding_mib=max_binding_mib)
+    path = _build(program, outdir, force=force, max_binding_mib=max_binding_mib, target=target)
     for f in shadowing_files(program.name, [os.getcwd(), outdir]):
         warnings.warn(f"{f} has the package's name: Python started in its folder imports that file "
                       f"for `import {program.name}`, not the package; rename one of them", stacklevel=2)

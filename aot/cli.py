@@ -61,9 +61,15 @@ def cmd_build(args) -> int:
         print(f"aot: building {p.name} from {args.model}", flush=True)
         path = build(
             p, args.outdir, verify=args.verify, log=_log, source_name=os.path.basename(args.model), force=args.force,
-            max_binding_mib=args.max_binding_mib,
+            max_binding_mib=args.max_binding_mib, target=args.target,
         )
-        print(f"aot: {p.name} -> {path} ({time.perf_counter() - t0:.2f}s); install with: pip install {path}", flush=True)
+        took = f"{time.perf_counter() - t0:.2f}s"
+        if args.target == "web":
+            print(f"aot: {p.name} -> {path} ({took}); serve it with: python -m http.server -d {path}", flush=True)
+            continue
+        print(f"aot: {p.name} -> {path} ({took}); install with: pip install {path}", flush=True)
+        if args.target == "all":
+            print(f"aot: {p.name} (web) -> {path.parent / (p.name + '-web')}", flush=True)
         for f in shadowing_files(p.name, [os.getcwd(), args.outdir]):
             print(
                 f"aot: warning: {f} has the package's name: Python started in {os.path.dirname(f)} imports that "
@@ -212,6 +218,11 @@ def main(argv=None) -> int:
         "--max-binding-mib", type=float, default=128, metavar="N",
         help="largest GPU buffer the package may bind, in MiB (default 128: WebGPU's default limit, which "
         "browsers and lavapipe keep; GPUs allow up to 2048 when asked)",
+    )
+    b.add_argument(
+        "--target", choices=("python", "web", "all"), default="python",
+        help="python (default): a pip-installable package in OUT/<name>/; web: an ES module, its WGSL and a demo "
+        "page in OUT/<name>/; all: both, the web project in OUT/<name>-web/",
     )
     b.add_argument(
         "--force", action="store_true",

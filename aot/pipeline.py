@@ -20,7 +20,8 @@ from .frontend import Traced, trace_program
 from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan, state_arena
 from .program import Program
 from .runtime.schedules import normalize
-from .schedule import VIEW_OPS, ParamArena, Schedule, schedule
+from .ops.registry import FOLLOW, lookup
+from .schedule import ParamArena, Schedule, schedule
 
 
 @dataclass
@@ -44,16 +45,11 @@ def index_bounds(g: ir.Graph) -> dict[str, int]:
         while stack:
             x = stack.pop()
             for u in users.get(id(x), []):
-                b = None
-                if u.op in VIEW_OPS or u.op in ("concat", "stop_gradient") or (u.op == "cast" and u.out.dtype == "i32"):
+                rule = lookup(u.op).index_bound  # OpDef.index_bound: FOLLOW, a bound or None
+                b = rule(u, x) if rule is not None else None
+                if b == FOLLOW:
                     stack.append(u.out)
-                elif u.op == "gather" and u.inputs[1] is x:
-                    b = u.inputs[0].shape[0]
-                elif u.op == "one_hot":
-                    b = u.attrs["depth"]
-                elif u.op == "take_along_axis" and u.inputs[1] is x:
-                    b = u.inputs[0].shape[u.attrs["axis"]]
-                if b is not None:
+                elif b is not None:
                     bound = b if bound is None else min(bound, b)
         if bound is not None:
             out[name] = bound
@@ -156,20 +152,37 @@ def _tables(c: Compiled, opt, state_names) -> dict:
     }
 
 
+TARGETS = ("python", "web", "all")
+
+
 def build(
     program: Program, outdir="generated", verify: bool = False, log=None, source_name: str | None = None,
-    force: bool = False, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB,
+    force: bool = False, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB, target: str = "python",
 ) -> Path:
     """Build `program` into outdir/<name>/ (pyproject.toml + package); returns that folder.
 
+    target="web" writes the browser project (aot/web.py) into outdir/<name>/ instead;
+    target="all" writes both: the Python project in outdir/<name>/ and the web project beside
+    it in outdir/<name>-web/ (a name no program can have), and returns the Python one.
     Replaces only files an earlier build wrote; other files in the way raise
     aot.errors.OutputExistsError (a FileExistsError) naming them, unless force=True.
     No buffer of the package exceeds `max_binding_mib` (WebGPU's default binding limit)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown build target {target!r}; expected one of {', '.join(TARGETS)}")
     c = compile_program(program, verify=verify, log=log, max_binding_mib=max_binding_mib)
     src = source_name or _source_name(program)
-    path = emit.write_package(c, Path(outdir), src, force=force)
-    if log:
-        log(f"wrote {path}")
+    path = None
+    if target in ("python", "all"):
+        path = emit.write_package(c, Path(outdir), src, force=force)
+        if log:
+            log(f"wrote {path}")
+    if target in ("web", "all"):
+        from . import web
+
+        web_path = web.write_web(c, Path(outdir), src, force=force, folder=program.name + "-web" if target == "all" else None)
+        if log:
+            log(f"wrote {web_path} (web)")
+        path = path or web_path
     return path
 
 

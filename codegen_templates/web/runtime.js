@@ -1,0 +1,905 @@
+// ---- aot web runtime: the browser twin of aot/runtime (model.py, engine.py, rng.py, schedules.py) ----
+// Same tables, same initial parameters (bit for bit), same per-step scalars, same input checks and
+// messages, same .npz checkpoints. WebGPU through navigator.gpu; no dependencies.
+
+export class ValueError extends Error {
+  constructor(message) { super(message); this.name = "ValueError"; }
+}
+export class KeyError extends Error {
+  constructor(message) { super(message); this.name = "KeyError"; }
+}
+export class ShaderError extends Error {
+  constructor(message) { super(message); this.name = "ShaderError"; }
+}
+
+// ---- Python-style formatting, so messages read exactly as the Python package's ----
+function pyStr(s) {
+  s = String(s);
+  const q = s.includes("'") && !s.includes('"') ? '"' : "'";
+  let out = q;
+  for (const ch of s) {
+    const c = ch.codePointAt(0);
+    if (ch === "\\") out += "\\\\";
+    else if (ch === q) out += "\\" + q;
+    else if (ch === "\n") out += "\\n";
+    else if (ch === "\r") out += "\\r";
+    else if (ch === "\t") out += "\\t";
+    else if (c < 0x20 || c === 0x7f) out += "\\x" + c.toString(16).padStart(2, "0");
+    else out += ch;
+  }
+  return out + q;
+}
+const pyList = (items) => "[" + items.map(pyStr).join(", ") + "]";
+function pyTuple(items, fmt = String) {
+  if (items.length === 1) return "(" + fmt(items[0]) + ",)";
+  return "(" + items.map(fmt).join(", ") + ")";
+}
+/** Python's repr of a float (shortest round-trip digits; scientific below 1e-4 and from 1e16). */
+export function pyFloat(x) {
+  if (Number.isNaN(x)) return "nan";
+  if (!Number.isFinite(x)) return x > 0 ? "inf" : "-inf";
+  if (x === 0) return Object.is(x, -0) ? "-0.0" : "0.0";
+  const sign = x < 0 ? "-" : "";
+  const [mant, expText] = Math.abs(x).toExponential().split("e");
+  const digits = mant.replace(".", "");
+  const e = parseInt(expText, 10);
+  if (e < -4 || e >= 16) {
+    const m = digits.length > 1 ? digits[0] + "." + digits.slice(1) : digits;
+    return sign + m + "e" + (e < 0 ? "-" : "+") + String(Math.abs(e)).padStart(2, "0");
+  }
+  if (e < 0) return sign + "0." + "0".repeat(-e - 1) + digits;
+  if (digits.length <= e + 1) return sign + digits + "0".repeat(e + 1 - digits.length) + ".0";
+  return sign + digits.slice(0, e + 1) + "." + digits.slice(e + 1);
+}
+
+// ---- rng.py: SplitMix64 streams + Box-Muller in float64, rounded once to float32 ----
+const M64 = (1n << 64n) - 1n;
+const GOLDEN = 0x9e3779b97f4a7c15n;
+function splitmix64(x) {
+  let z = (x + GOLDEN) & M64;
+  z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & M64;
+  z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & M64;
+  return z ^ (z >> 31n);
+}
+export function checkSeed(seed, what = "seed") {
+  if (typeof seed === "number") {
+    if (!Number.isSafeInteger(seed)) throw new TypeError(`${what}: a seed must be an int in [0, 2**64), got ${seed}`);
+    seed = BigInt(seed);
+  }
+  if (typeof seed !== "bigint") throw new TypeError(`${what}: a seed must be an int in [0, 2**64), got ${typeof seed} ${seed}`);
+  if (seed < 0n || seed > M64) throw new ValueError(`${what}: a seed must be an int in [0, 2**64), got ${seed}`);
+  return seed;
+}
+/** n float64 standard normals from stream `stream` of `seed` (rng.standard_normal). */
+export function standardNormal(seed, stream, n) {
+  let key = splitmix64(seed & M64);
+  key = splitmix64(key ^ BigInt(stream));
+  const pairs = Math.floor((n + 1) / 2);
+  const out = new Float64Array(2 * pairs);
+  const scale = 1.0 / 9007199254740992.0;
+  let counter = key;
+  for (let i = 0; i < pairs; i++) {
+    const a = Number(splitmix64(counter) >> 11n) * scale;
+    counter = (counter + GOLDEN) & M64;
+    const b = Number(splitmix64(counter) >> 11n) * scale;
+    counter = (counter + GOLDEN) & M64;
+    const u1 = 1.0 - a;
+    const r = Math.sqrt(-2.0 * Math.log(u1));
+    const angle = 2.0 * Math.PI * b;
+    out[2 * i] = r * Math.cos(angle);
+    out[2 * i + 1] = r * Math.sin(angle);
+  }
+  return out.subarray(0, n);
+}
+function initParam(spec, size, seed, stream) {
+  const kind = spec[0];
+  const out = new Float32Array(size);
+  if (kind === "randn") {
+    const z = standardNormal(seed, stream, size);
+    const std = spec[1];
+    for (let i = 0; i < size; i++) out[i] = z[i] * std; // float64 product, rounded once to float32
+  } else if (kind === "ones") {
+    out.fill(1);
+  } else if (kind === "literal") {
+    const bin = atob(spec[1]);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    const dv = new DataView(bytes.buffer);
+    for (let i = 0; i < size; i++) out[i] = dv.getFloat32(4 * i, true);
+  } else if (kind !== "zeros") {
+    throw new ValueError(`unknown init spec ${JSON.stringify(spec)}`);
+  }
+  return out;
+}
+/** The i32 seed of step t's random numbers (rng.step_seed). */
+export function stepSeed(seed, t) {
+  let word = ((seed & 0xffffffffn) << 32n) | (BigInt(t) & 0xffffffffn);
+  const high = (seed >> 32n) & 0xffffffffn;
+  if (high) word ^= splitmix64(high);
+  return Number(splitmix64(word) & 0x7fffffffn);
+}
+
+// ---- schedules.py ----
+const SCHEDULE_ORDER = {
+  linear: ["peak", "final", "steps"], cosine: ["peak", "final", "steps"], warmup: ["peak", "steps", "after"],
+  step: ["peak", "every", "gamma"], multistep: ["peak", "milestones", "gamma"],
+};
+function rate(v, what) {
+  if (typeof v !== "number") throw new TypeError(`${what} must be a finite non-negative float, got ${typeof v} ${v}`);
+  if (!Number.isFinite(v) || v < 0) throw new ValueError(`${what} must be a finite non-negative float, got ${pyFloat(v)}`);
+  return v;
+}
+function count(v, what, least) {
+  if (typeof v !== "number") throw new TypeError(`${what} must be an int, got ${typeof v} ${v}`);
+  if (!Number.isInteger(v)) throw new ValueError(`${what} must be a whole number of steps, got ${v}`);
+  if (!(least <= v && v < 2 ** 62)) throw new ValueError(`${what} must be an int >= ${least}, got ${v}`);
+  return v;
+}
+/** A float or ["linear", peak, final, steps] (an array for a tuple), or {kind, ...}: checked as schedules.normalize does. */
+export function normalizeLr(spec) {
+  if (typeof spec === "number") return rate(spec, "learning rate");
+  if (spec && !Array.isArray(spec) && typeof spec === "object") {
+    const order = SCHEDULE_ORDER[spec.kind];
+    if (!order) throw new ValueError(`unknown schedule kind ${pyStr(spec.kind)}; expected one of ${Object.keys(SCHEDULE_ORDER).join(", ")}`);
+    spec = [spec.kind, ...order.map((k) => spec[k])];
+  }
+  if (!Array.isArray(spec) || !(spec[0] in SCHEDULE_ORDER) || spec.length !== 4)
+    throw new ValueError(`bad learning-rate schedule ${JSON.stringify(spec)}; expected a float or e.g. ('linear', peak, final, steps)`);
+  const k = spec[0];
+  if (k === "warmup") return [k, rate(spec[1], "warmup peak"), count(spec[2], "warmup steps", 1), normalizeLr(spec[3])];
+  if (k === "multistep") {
+    if (!Array.isArray(spec[2])) throw new TypeError(`multistep milestones must be a tuple of step counts, got ${spec[2]}`);
+    if (spec[2].length > 1000) throw new ValueError(`multistep takes at most 1000 milestones, got ${spec[2].length}`);
+    return [k, rate(spec[1], "multistep peak"), spec[2].map((m) => count(m, "multistep milestone", 0)), rate(spec[3], "multistep gamma")];
+  }
+  if (k === "step") return [k, rate(spec[1], "step peak"), count(spec[2], "step every", 1), rate(spec[3], "step gamma")];
+  return [k, rate(spec[1], `${k} peak`), rate(spec[2], `${k} final`), count(spec[3], `${k} steps`, 1)];
+}
+/** Learning rate of update t (1-based): schedules.lr_at. */
+export function lrAt(spec, t) {
+  if (typeof spec === "number") return spec;
+  const k = spec[0];
+  if (k === "linear") { const [, peak, fin, steps] = spec; return peak + ((fin - peak) * Math.min(t - 1, steps)) / steps; }
+  if (k === "cosine") { const [, peak, fin, steps] = spec; return fin + ((peak - fin) * (1 + Math.cos((Math.PI * Math.min(t - 1, steps)) / steps))) / 2; }
+  if (k === "step") { const [, peak, every, gamma] = spec; return peak * gamma ** Math.floor((t - 1) / every); }
+  if (k === "multistep") { const [, peak, ms, gamma] = spec; return peak * gamma ** ms.filter((m) => m <= t - 1).length; }
+  if (k === "warmup") { const [, peak, steps, after] = spec; return t <= steps ? (peak * t) / steps : lrAt(after, t - steps); }
+  throw new ValueError(`unknown schedule ${JSON.stringify(spec)}`);
+}
+/** schedules.optimizer_scalars: the update's per-step scalars, in float64. */
+export function optimizerScalars(opt, lr, t) {
+  if (opt[0] === "adam" || opt[0] === "adamw") {
+    const [, b1, b2] = opt;
+    return { _lr: lr, _step_size: lr / (1.0 - b1 ** t), _bc2_sqrt: Math.sqrt(1.0 - b2 ** t), _decay: 1.0 - lr * opt[4] };
+  }
+  return { _lr: lr };
+}
+/** repr() of a normalized schedule, as the Python package writes it into a checkpoint's __lr__. */
+function lrRepr(spec) {
+  if (spec === null) return "None";
+  if (typeof spec === "number") return pyFloat(spec);
+  const k = spec[0];
+  const parts = [pyStr(k), pyFloat(spec[1])];
+  if (k === "warmup") parts.push(String(spec[2]), lrRepr(spec[3]));
+  else if (k === "multistep") parts.push(pyTuple(spec[2]), pyFloat(spec[3]));
+  else if (k === "step") parts.push(String(spec[2]), pyFloat(spec[3]));
+  else parts.push(pyFloat(spec[2]), String(spec[3]));
+  return "(" + parts.join(", ") + ")";
+}
+/** A Python literal of numbers, strings, None and tuples/lists (a checkpoint's __lr__). */
+function parsePyLiteral(text) {
+  let i = 0;
+  const ws = () => { while (i < text.length && " \t\n".includes(text[i])) i++; };
+  const value = (depth) => {
+    if (depth > 50) throw new ValueError("the schedule is nested too deeply");
+    ws();
+    const c = text[i];
+    if (c === "(" || c === "[") {
+      const close = c === "(" ? ")" : "]";
+      i++;
+      const items = [];
+      for (;;) {
+        ws();
+        if (text[i] === close) { i++; break; }
+        items.push(value(depth + 1));
+        ws();
+        if (text[i] === ",") { i++; continue; }
+        if (text[i] === close) { i++; break; }
+        throw new ValueError(`${pyStr(text.slice(0, 80))} is not a literal`);
+      }
+      return items;
+    }
+    if (c === "'" || c === '"') {
+      const j = text.indexOf(c, i + 1);
+      if (j < 0) throw new ValueError(`${pyStr(text.slice(0, 80))} is not a literal`);
+      const s = text.slice(i + 1, j);
+      i = j + 1;
+      return s;
+    }
+    if (text.startsWith("None", i)) { i += 4; return null; }
+    const m = /^[-+]?(\d+\.?\d*(e[-+]?\d+)?|\.\d+(e[-+]?\d+)?|inf|nan)/i.exec(text.slice(i));
+    if (!m) throw new ValueError(`${pyStr(text.slice(0, 80))} is not a literal`);
+    i += m[0].length;
+    return Number(m[0].replace(/inf/i, "Infinity"));
+  };
+  const v = value(0);
+  ws();
+  if (i !== text.length) throw new ValueError(`${pyStr(text.slice(0, 80))} is not a literal`);
+  return v;
+}
+
+// ---- .npy and zip (numpy's .npz): what Model.save/restore read and write ----
+const CRC_TABLE = (() => {
+  const t = new Uint32Array(256);
+  for (let n = 0; n < 256; n++) {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    t[n] = c >>> 0;
+  }
+  return t;
+})();
+function crc32(bytes) {
+  let c = 0xffffffff;
+  for (let i = 0; i < bytes.length; i++) c = CRC_TABLE[(c ^ bytes[i]) & 0xff] ^ (c >>> 8);
+  return (c ^ 0xffffffff) >>> 0;
+}
+const utf8 = new TextEncoder();
+function npyBytes(descr, shape, body) {
+  let header = `{'descr': '${descr}', 'fortran_order': False, 'shape': ${pyTuple(shape)}, }`;
+  const pad = 64 - ((10 + header.length + 1) % 64);
+  header += " ".repeat(pad % 64) + "\n";
+  const out = new Uint8Array(10 + header.length + body.length);
+  out.set([0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59, 1, 0], 0);
+  new DataView(out.buffer).setUint16(8, header.length, true);
+  out.set(utf8.encode(header), 10);
+  out.set(body, 10 + header.length);
+  return out;
+}
+function npyString(s) {
+  const cps = Array.from(String(s), (ch) => ch.codePointAt(0));
+  const n = Math.max(1, cps.length);
+  const body = new Uint8Array(4 * n);
+  const dv = new DataView(body.buffer);
+  cps.forEach((c, i) => dv.setUint32(4 * i, c, true));
+  return npyBytes(`<U${n}`, [], body);
+}
+function npyScalar64(value, descr) {
+  const body = new Uint8Array(8);
+  const dv = new DataView(body.buffer);
+  if (descr === "<u8") dv.setBigUint64(0, BigInt(value), true);
+  else dv.setBigInt64(0, BigInt(value), true);
+  return npyBytes(descr, [], body);
+}
+function npyF32(data, shape) {
+  const body = new Uint8Array(4 * data.length);
+  const dv = new DataView(body.buffer);
+  for (let i = 0; i < data.length; i++) dv.setFloat32(4 * i, data[i], true);
+  return npyBytes("<f4", shape, body);
+}
+/** A zip of stored (uncompressed) members, as np.savez writes. */
+export function zipStored(members) {
+  const chunks = [], central = [];
+  let offset = 0;
+  for (const [name, data] of members) {
+    const nameBytes = utf8.encode(name);
+    const crc = crc32(data);
+    const local = new Uint8Array(30 + nameBytes.length);
+    const dv = new DataView(local.buffer);
+    dv.setUint32(0, 0x04034b50, true); dv.setUint16(4, 20, true); dv.setUint16(6, 0x800, true);
+    dv.setUint16(8, 0, true); dv.setUint16(10, 0, true); dv.setUint16(12, 0x21, true);
+    dv.setUint32(14, crc, true); dv.setUint32(18, data.length, true); dv.setUint32(22, data.length, true);
+    dv.setUint16(26, nameBytes.length, true); dv.setUint16(28, 0, true);
+    local.set(nameBytes, 30);
+    const cd = new Uint8Array(46 + nameBytes.length);
+    const cv = new DataView(cd.buffer);
+    cv.setUint32(0, 0x02014b50, true); cv.setUint16(4, 20, true); cv.setUint16(6, 20, true); cv.setUint16(8, 0x800, true);
+    cv.setUint16(10, 0, true); cv.setUint16(12, 0, true); cv.setUint16(14, 0x21, true);
+    cv.setUint32(16, crc, true); cv.setUint32(20, data.length, true); cv.setUint32(24, data.length, true);
+    cv.setUint16(28, nameBytes.length, true); cv.setUint32(42, offset, true);
+    cd.set(nameBytes, 46);
+    chunks.push(local, data);
+    central.push(cd);
+    offset += local.length + data.length;
+  }
+  const cdSize = central.reduce((s, c) => s + c.length, 0);
+  const end = new Uint8Array(22);
+  const ev = new DataView(end.buffer);
+  ev.setUint32(0, 0x06054b50, true); ev.setUint16(8, members.length, true); ev.setUint16(10, members.length, true);
+  ev.setUint32(12, cdSize, true); ev.setUint32(16, offset, true);
+  const all = [...chunks, ...central, end];
+  const out = new Uint8Array(all.reduce((s, c) => s + c.length, 0));
+  let pos = 0;
+  for (const c of all) { out.set(c, pos); pos += c.length; }
+  return out;
+}
+async function inflateRaw(bytes) {
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate-raw"));
+  return new Uint8Array(await new Response(stream).arrayBuffer());
+}
+/** Members of a zip (stored or deflated): name -> Uint8Array, from the central directory. */
+export async function unzip(bytes, bad) {
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  let eocd = -1;
+  for (let i = bytes.length - 22; i >= Math.max(0, bytes.length - 22 - 65535); i--) {
+    if (dv.getUint32(i, true) === 0x06054b50) { eocd = i; break; }
+  }
+  if (eocd < 0) throw bad("not an aot checkpoint, or a damaged one (bad .npz archive: no end of central directory)");
+  const n = dv.getUint16(eocd + 10, true);
+  let p = dv.getUint32(eocd + 16, true);
+  const out = new Map();
+  const dec = new TextDecoder();
+  for (let k = 0; k < n; k++) {
+    if (p + 46 > bytes.length || dv.getUint32(p, true) !== 0x02014b50) throw bad("a damaged checkpoint (bad central directory)");
+    const flags = dv.getUint16(p + 8, true), method = dv.getUint16(p + 10, true), crc = dv.getUint32(p + 16, true);
+    let csize = dv.getUint32(p + 20, true), size = dv.getUint32(p + 24, true);
+    const nlen = dv.getUint16(p + 28, true), xlen = dv.getUint16(p + 30, true), clen = dv.getUint16(p + 32, true);
+    let local = dv.getUint32(p + 42, true);
+    const name = dec.decode(bytes.subarray(p + 46, p + 46 + nlen));
+    for (let x = p + 46 + nlen; x + 4 <= p + 46 + nlen + xlen;) { // zip64 sizes
+      const id = dv.getUint16(x, true), len = dv.getUint16(x + 2, true);
+      if (id === 1) {
+        let q = x + 4;
+        if (size === 0xffffffff) { size = Number(dv.getBigUint64(q, true)); q += 8; }
+        if (csize === 0xffffffff) { csize = Number(dv.getBigUint64(q, true)); q += 8; }
+        if (local === 0xffffffff) { local = Number(dv.getBigUint64(q, true)); q += 8; }
+      }
+      x += 4 + len;
+    }
+    p += 46 + nlen + xlen + clen;
+    if (out.has(name)) throw bad(`damaged checkpoint: member ${pyStr(name)} appears twice`);
+    if (flags & 1) throw bad(`checkpoint member ${pyStr(name)} is encrypted`);
+    if (local + 30 > bytes.length || dv.getUint32(local, true) !== 0x04034b50) throw bad("a damaged checkpoint (bad local header)");
+    const start = local + 30 + dv.getUint16(local + 26, true) + dv.getUint16(local + 28, true);
+    if (start + csize > bytes.length) throw bad(`checkpoint member ${pyStr(name)} is truncated`);
+    const raw = bytes.subarray(start, start + csize);
+    out.set(name, { method, crc, size, raw });
+  }
+  return out;
+}
+async function memberBytes(m, name, bad) {
+  let data;
+  if (m.method === 0) data = m.raw;
+  else if (m.method === 8) {
+    try { data = await inflateRaw(m.raw); } catch (e) { throw bad(`checkpoint member ${pyStr(name)} is damaged (${e.message})`); }
+  } else throw bad(`checkpoint member ${pyStr(name)} uses an unsupported compression (${m.method})`);
+  if (data.length !== m.size || crc32(data) !== m.crc) throw bad(`checkpoint member ${pyStr(name)} is damaged (bad CRC or size)`);
+  return data;
+}
+/** One .npy: {descr, fortran, shape, body}. */
+function parseNpy(data, bad) {
+  if (data.length < 10 || data[0] !== 0x93 || String.fromCharCode(...data.subarray(1, 6)) !== "NUMPY" || ![1, 2, 3].includes(data[6]))
+    throw bad("is not a .npy array");
+  const dv = new DataView(data.buffer, data.byteOffset, data.byteLength);
+  const width = data[6] === 1 ? 2 : 4;
+  const hlen = width === 2 ? dv.getUint16(8, true) : dv.getUint32(8, true);
+  if (hlen > 1024) throw bad(`has a ${hlen}-byte .npy header (at most 1024)`);
+  const text = new TextDecoder().decode(data.subarray(8 + width, 8 + width + hlen));
+  const descr = /'descr'\s*:\s*'([^']*)'/.exec(text), fortran = /'fortran_order'\s*:\s*(True|False)/.exec(text);
+  const shape = /'shape'\s*:\s*\(([^)]*)\)/.exec(text);
+  if (!descr || !fortran || !shape) throw bad("has an unreadable .npy header");
+  const dims = shape[1].split(",").map((d) => d.trim()).filter((d) => d).map(Number);
+  return { descr: descr[1], fortran: fortran[1] === "True", shape: dims, body: data.subarray(8 + width + hlen) };
+}
+
+// ---- the device side (engine.py) ----
+const sizeOf = (shape) => shape.reduce((a, b) => a * b, 1);
+
+class Engine {
+  static async create(name, program, wgsl) {
+    const e = new Engine();
+    e.name = name;
+    e.program = program;
+    e.wgsl = wgsl;
+    const gpu = globalThis.navigator && navigator.gpu;
+    if (!gpu) throw new Error(`${name}: this browser has no WebGPU (navigator.gpu is missing; it needs a secure context: https or localhost)`);
+    const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" });
+    if (!adapter) throw new Error(`${name}: no WebGPU adapter found (navigator.gpu.requestAdapter() returned null)`);
+    const requiredLimits = {};
+    for (const [key, need] of Object.entries(program.limits)) {
+      const have = adapter.limits[key];
+      if (have !== undefined && need > have)
+        throw new Error(`${name} needs ${key} = ${need}, but this adapter allows ${have}; rebuild with a smaller ` +
+          `--max-binding-mib or smaller sizes so the program fits this device`);
+      if (need > (program.default_limits[key] ?? Infinity)) requiredLimits[key] = need;
+    }
+    e.requiredLimits = requiredLimits;
+    e.device = await adapter.requestDevice({ label: name, requiredLimits });
+    e.order = Object.keys(program.arenas);
+    e.buffers = {};
+    for (const [a, n] of Object.entries(program.arenas)) e.buffers[a] = e._buffer(a, n);
+    e.modules = {};
+    e.recipes = {};
+    e.entryBuffers = {};
+    e.readback = {};
+    // every kernel's WGSL is compiled up front, so a broken kernel is named at create()
+    const names = Object.keys(program.kernels);
+    for (const k of names) e.modules[k] = e.device.createShaderModule({ label: k, code: wgsl[k] });
+    const infos = await Promise.all(names.map((k) => e.modules[k].getCompilationInfo()));
+    names.forEach((k, i) => {
+      const errors = infos[i].messages.filter((m) => m.type === "error");
+      if (errors.length) {
+        const text = errors.map((m) => `${k}.wgsl:${m.lineNum}:${m.linePos} error: ${m.message}`).join("\n");
+        throw new ShaderError(`kernel ${k} (from ${program.kernels[k][1]}) failed to compile:\n${text}\n${wgslContext(wgsl[k], errors[0].lineNum)}`);
+      }
+    });
+    for (const [key, en] of Object.entries(program.entries)) {
+      const n = [...en.outputs, ...en.captures].reduce((s, o) => s + sizeOf(o[2]), 0);
+      e.readback[key] = e.device.createBuffer({ size: Math.max(4, 4 * n), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    }
+    return e;
+  }
+
+  _buffer(label, n) {
+    return this.device.createBuffer({ label, size: Math.max(4, 4 * n), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC });
+  }
+
+  /** Pipelines and bind groups of one entry point, at its first call. */
+  async _prepare(key) {
+    const en = this.program.entries[key];
+    const buffers = { ...this.buffers };
+    for (const [a, n] of Object.entries(en.arenas || {}))
+      if (a.startsWith("work") && 4 * n > this.buffers[a].size) buffers[a] = this._buffer(a, n); // its own scratch
+    this.entryBuffers[key] = buffers;
+    this.device.pushErrorScope("validation");
+    const steps = await Promise.all(en.dispatches.map(async ([k, grid]) => {
+      const [bindings, site] = this.program.kernels[k];
+      const layout = this.device.createBindGroupLayout({
+        label: k,
+        entries: bindings.map(([a, access]) => ({
+          binding: this.order.indexOf(a), visibility: GPUShaderStage.COMPUTE,
+          buffer: { type: access === "read_write" ? "storage" : "read-only-storage" },
+        })),
+      });
+      const group = this.device.createBindGroup({
+        label: k, layout,
+        entries: bindings.map(([a]) => ({ binding: this.order.indexOf(a), resource: { buffer: buffers[a] } })),
+      });
+      let pipeline;
+      try {
+        pipeline = await this.device.createComputePipelineAsync({
+          label: k, layout: this.device.createPipelineLayout({ bindGroupLayouts: [layout] }),
+          compute: { module: this.modules[k], entryPoint: "main" },
+        });
+      } catch (err) {
+        throw new ShaderError(`kernel ${k} (from ${site}) failed to compile:\n${err.message}`);
+      }
+      return [pipeline, group, grid];
+    }));
+    const err = await this.device.popErrorScope();
+    if (err) throw new ShaderError(`${this.name}: preparing ${key} failed: ${err.message}`);
+    this.recipes[key] = steps;
+  }
+
+  write(arena, offset, data) {
+    if (data.length) this.device.queue.writeBuffer(this.buffers[arena], 4 * offset, data.buffer, data.byteOffset, data.byteLength);
+  }
+
+  async read(arena, offset, count, Type = Float32Array) {
+    if (count === 0) return new Type(0);
+    const staging = this.device.createBuffer({ size: 4 * count, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    const enc = this.device.createCommandEncoder();
+    enc.copyBufferToBuffer(this.buffers[arena], 4 * offset, staging, 0, 4 * count);
+    this.device.queue.submit([enc.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    const out = new Type(staging.getMappedRange().slice(0));
+    staging.destroy();
+    return out;
+  }
+
+  /** One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures). */
+  async run(key, packed, wantCaptures) {
+    if (!this.recipes[key]) await this._prepare(key);
+    const en = this.program.entries[key];
+    const buffers = this.entryBuffers[key];
+    for (const [arena, data] of Object.entries(packed))
+      if (data.length) this.device.queue.writeBuffer(buffers[arena], 0, data.buffer, data.byteOffset, data.byteLength);
+    const enc = this.device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    for (const [pipeline, group, grid] of this.recipes[key]) {
+      pass.setPipeline(pipeline);
+      pass.setBindGroup(0, group);
+      pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
+    }
+    pass.end();
+    for (const [src, so, dst, d, n] of en.copies) enc.copyBufferToBuffer(buffers[src], 4 * so, buffers[dst], 4 * d, 4 * n);
+    const reads = wantCaptures ? [...en.outputs, ...en.captures] : en.outputs;
+    const rb = this.readback[key];
+    let pos = 0;
+    for (const [, , shape, arena, off] of reads) {
+      const n = sizeOf(shape);
+      if (n) enc.copyBufferToBuffer(buffers[arena], 4 * off, rb, 4 * pos, 4 * n);
+      pos += n;
+    }
+    this.device.queue.submit([enc.finish()]);
+    const out = {};
+    if (pos) {
+      await rb.mapAsync(GPUMapMode.READ, 0, 4 * pos);
+      const raw = rb.getMappedRange(0, 4 * pos).slice(0);
+      rb.unmap();
+      pos = 0;
+      for (const [name, dtype, shape] of reads) {
+        const n = sizeOf(shape);
+        const Type = dtype === "i32" ? Int32Array : Float32Array;
+        out[name] = { data: new Type(raw, 4 * pos, n), shape: [...shape], dtype };
+        pos += n;
+      }
+    }
+    return out;
+  }
+
+  destroy() {
+    for (const b of Object.values(this.buffers)) b.destroy();
+    this.device.destroy();
+  }
+}
+
+function wgslContext(source, line) {
+  if (!line) return "";
+  const lines = source.split("\n");
+  const lo = Math.max(0, line - 3), hi = Math.min(lines.length, line + 2);
+  const out = [];
+  for (let i = lo; i < hi; i++) out.push(`${i + 1 === line ? ">>" : "  "} ${String(i + 1).padStart(4)} | ${lines[i]}`);
+  return out.join("\n");
+}
+
+// ---- inputs: what numpy would make of them, for the same checks and messages as model.py ----
+const TYPED = [
+  [Float32Array, "float32", "f"], [Float64Array, "float64", "f"], [Int32Array, "int32", "i"], [Int8Array, "int8", "i"],
+  [Int16Array, "int16", "i"], [Uint8Array, "uint8", "u"], [Uint8ClampedArray, "uint8", "u"], [Uint16Array, "uint16", "u"],
+  [Uint32Array, "uint32", "u"],
+];
+function flatten(value, shape, flat, depth) {
+  if (Array.isArray(value)) {
+    if (shape.length <= depth) shape.push(value.length);
+    else if (shape[depth] !== value.length) return false;
+    for (const v of value) if (!flatten(v, shape, flat, depth + 1)) return false;
+    return true;
+  }
+  if (depth !== shape.length) return false;
+  flat.push(value);
+  return true;
+}
+/** {data, shape, dtype (numpy's name), kind ("f", "i", "u" or "" for non-numeric)} of one input. */
+function asArray(value) {
+  if (value && typeof value === "object" && !Array.isArray(value) && "data" in value && "shape" in value) {
+    const { data, shape } = value;
+    if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0)) throw new Error("shape must be an array of sizes");
+    let arr = data;
+    if (Array.isArray(data)) arr = fromPlain(data);
+    const t = TYPED.find(([T]) => arr instanceof T);
+    if (!t) return { data: null, shape, dtype: "object", kind: "" };
+    if (arr.length !== sizeOf(shape)) throw new Error(`data has ${arr.length} values, shape ${pyTuple(shape)} needs ${sizeOf(shape)}`);
+    return { data: arr, shape, dtype: t[1], kind: t[2] };
+  }
+  const t = TYPED.find(([T]) => value instanceof T);
+  if (t) return { data: value, shape: [value.length], dtype: t[1], kind: t[2] };
+  if (typeof value === "number") return { ...describePlain([value]), shape: [] };
+  if (!Array.isArray(value)) throw new Error(`expected nested arrays of numbers or {data, shape}, got ${typeof value}`);
+  const shape = [], flat = [];
+  if (!flatten(value, shape, flat, 0)) throw new Error("the nested arrays are ragged");
+  return { ...describePlain(flat), shape };
+}
+function describePlain(flat) {
+  if (!flat.every((v) => typeof v === "number")) return { data: null, dtype: "object", kind: "" };
+  return flat.every((v) => Number.isInteger(v)) ? { data: flat, dtype: "int64", kind: "i" } : { data: Float64Array.from(flat), dtype: "float64", kind: "f" };
+}
+function fromPlain(flat) {
+  const d = describePlain(flat);
+  return d.data === null ? null : d.kind === "i" ? Float64Array.from(flat) : d.data;
+}
+const describe = (a) => `${a.dtype} array of shape ${pyTuple(a.shape)}`;
+const specStr = (dtype, dims) => `${dtype}[${dims.join(",")}]`;
+function dimsNote(shape, dims) {
+  const syms = [...new Set(shape.filter((d) => typeof d === "string"))];
+  return syms.length ? " with " + syms.map((d) => `${d} in ${pyTuple(dims[d])}`).join(", ") : "";
+}
+
+// ---- the Model (model.py's ModelBase) ----
+export class ModelBase {
+  /** const model = await Model.create({seed}): acquires a device and uploads the initial parameters. */
+  static async create({ seed } = {}) {
+    const m = new this();
+    const p = this.PROGRAM;
+    m._program = p;
+    m._seed = checkSeed(seed === undefined || seed === null ? BigInt(p.seed) : seed, "Model.create({seed})");
+    m._params = p.params; // [name, shape, init, decay, offset]
+    m._total = m._params.reduce((s, q) => s + sizeOf(q[1]), 0);
+    m._engine = await Engine.create(p.name, p, this.WGSL);
+    m._opt = p.optimizer;
+    m._lr = p.lr === null ? null : normalizeLr(p.lr);
+    m._lrOrigin = 0;
+    m._staging = {};
+    m.stepCount = 0;
+    m._inferCalls = 0;
+    m._closed = false;
+    m._hasGrads = (p.arenas.grads || 0) >= m._total;
+    m._queue = Promise.resolve();
+    await m.reset();
+    return m;
+  }
+
+  /** Calls run one at a time, in call order (a call's device work must not interleave with another's). */
+  _locked(fn) {
+    const run = this._queue.then(() => { this._checkOpen(); return fn(); });
+    this._queue = run.catch(() => {});
+    return run;
+  }
+  _checkOpen() {
+    if (this._closed) throw new Error(`${this._program.name}: the model is closed`);
+  }
+
+  get paramNames() { return this._params.map((q) => q[0]); }
+  get seed() { return this._seed; }
+  set seed(v) { this._seed = checkSeed(v, "seed"); }
+  get lr() { return this._lr; }
+  /** The device limits this model asked for beyond WebGPU's defaults ({} when none). */
+  get requiredLimits() { return { ...this._engine.requiredLimits }; }
+  get device() { return this._engine.device; }
+
+  _split(flat) {
+    const out = {};
+    for (const [n, s, , , o] of this._params) out[n] = { data: flat.slice(o, o + sizeOf(s)), shape: [...s], dtype: "f32" };
+    return out;
+  }
+  /** {name: {data: Float32Array, shape}}: a copy of every parameter. */
+  params() {
+    return this._locked(async () => this._split(await this._engine.read("params", 0, this._total)));
+  }
+  /** Gradients of the last step (before clipping), zeros before the first step. */
+  grads() {
+    return this._locked(async () => {
+      if (!this._hasGrads) throw new Error(`${this._program.name} was built without train=: it has no gradients`);
+      return this._split(await this._engine.read("grads", 0, this._total));
+    });
+  }
+  /** Overwrite parameters by name ({name: {data, shape} or nested arrays}); checked whole first. */
+  loadParams(values, { partial = false } = {}) {
+    return this._locked(async () => {
+      const known = Object.fromEntries(this._params.map(([n, s, , , o]) => [n, [s, o]]));
+      const names = Object.keys(values);
+      const unknown = names.filter((n) => !(n in known)).sort();
+      if (unknown.length) throw new KeyError(`load_params: unknown parameter(s) ${pyList(unknown)}; this model has ${pyList(Object.keys(known).sort())}`);
+      const missing = Object.keys(known).filter((n) => !(n in values)).sort();
+      if (missing.length && !partial) throw new KeyError(`load_params: missing parameter(s) ${pyList(missing)} (pass partial=True to load a subset)`);
+      const arrays = {};
+      for (const n of names) {
+        const a = asArray(values[n]);
+        if (!a.kind) throw new TypeError(`load_params: ${pyStr(n)} must be numeric, got ${describe(a)}`);
+        if (pyTuple(a.shape) !== pyTuple(known[n][0])) throw new ValueError(`load_params: ${pyStr(n)} expects shape ${pyTuple(known[n][0])}, got ${pyTuple(a.shape)}`);
+        arrays[n] = Float32Array.from(a.data);
+      }
+      for (const [n, a] of Object.entries(arrays)) this._engine.write("params", known[n][1], a);
+    });
+  }
+  _initParams() {
+    const flat = new Float32Array(Math.max(this._total, 1));
+    this._params.forEach(([, s, spec, , o], i) => flat.set(initParam(spec, sizeOf(s), this._seed, i), o));
+    return flat;
+  }
+  _stateBuffers() {
+    return Object.entries(this._program.arenas).filter(([a, n]) => n && (a === "state" || a.startsWith("state_")));
+  }
+  /** params: back to the seed's initial values; optimizer: zero state and stepCount. */
+  reset({ params = true, optimizer = true } = {}) {
+    return this._locked(async () => {
+      if (params) this._engine.write("params", 0, this._initParams().subarray(0, this._total));
+      if (optimizer) {
+        for (const [a, n] of this._stateBuffers()) this._engine.write(a, 0, new Float32Array(n));
+        if (this._hasGrads && this._total) this._engine.write("grads", 0, new Float32Array(this._total));
+        this.stepCount = 0;
+        this._lrOrigin = 0;
+      }
+    });
+  }
+  /** A float, or a schedule such as ["linear", 5e-3, 5e-4, 1500] or {kind: "cosine", peak, final, steps}. */
+  setLr(lr) {
+    this._checkOpen();
+    if (this._opt === null) throw new Error("this program was built without an optimizer (optimizer=None)");
+    this._lr = normalizeLr(lr);
+    this._lrOrigin = this.stepCount;
+  }
+  currentLr() { return lrAt(this._lr, this.stepCount + 1 - this._lrOrigin); }
+
+  /** Check inputs against the entry's declaration (model.py's _pick): [variant key, arrays]. */
+  _pick(entry, inputs) {
+    const decl = this._program.signatures[entry];
+    const shown = entry === "train" ? "step" : entry;
+    const given = Object.keys(inputs || {});
+    const unknown = given.filter((n) => !(n in decl)).sort();
+    if (unknown.length) throw new TypeError(`${shown}(): unknown input(s) ${pyList(unknown)}; expected ${pyList(Object.keys(decl).sort())}`);
+    const missing = Object.keys(decl).filter((n) => !given.includes(n)).sort();
+    if (missing.length) throw new TypeError(`${shown}(): missing input(s) ${pyList(missing)}`);
+    const dims = this._program.dims, sizes = {}, arrays = {};
+    for (const [name, [dtype, shape]] of Object.entries(decl)) {
+      let a;
+      try { a = asArray(inputs[name]); } catch (e) { throw new TypeError(`${shown}(): input ${pyStr(name)} is not array-like: ${e.message}`); }
+      const want = specStr(dtype, shape);
+      if (!a.kind) throw new TypeError(`${shown}(): input ${pyStr(name)} expects ${want}; got non-numeric ${describe(a)}`);
+      if (dtype === "i32" && a.kind === "f") throw new TypeError(`${shown}(): input ${pyStr(name)} expects integer data (${want}); got ${describe(a)}`);
+      const note = dimsNote(shape, dims);
+      if (a.shape.length !== shape.length) throw new ValueError(`${shown}(): input ${pyStr(name)} expects ${want}${note}; got ${describe(a)}`);
+      shape.forEach((d, i) => {
+        const got = a.shape[i];
+        if (typeof d === "string") {
+          const ok = dims[d].includes(got);
+          if (!ok || (d in sizes && sizes[d] !== got)) {
+            const clash = ok ? ` (${d} = ${sizes[d]} from an earlier input)` : "";
+            throw new ValueError(`${shown}(): input ${pyStr(name)} expects ${want}${note}${clash}; got ${describe(a)}`);
+          }
+          sizes[d] = got;
+        } else if (got !== d) throw new ValueError(`${shown}(): input ${pyStr(name)} expects ${want}${note}; got ${describe(a)}`);
+      });
+      if (dtype === "i32") {
+        for (const v of a.data) if (v < -(2 ** 31) || v > 2 ** 31 - 1) throw new ValueError(`${shown}(): input ${pyStr(name)} has values outside the i32 range`);
+      }
+      arrays[name] = dtype === "i32" ? Int32Array.from(a.data) : a.data instanceof Float32Array ? a.data : Float32Array.from(a.data);
+    }
+    const want = JSON.stringify(Object.keys(sizes).sort().map((k) => [k, sizes[k]]));
+    const found = this._program.variants[entry].find(([s]) => JSON.stringify(Object.keys(s).sort().map((k) => [k, s[k]])) === want);
+    const key = found[1];
+    for (const [name, bound] of Object.entries(this._program.entries[key].index_bounds)) {
+      for (const v of arrays[name])
+        if (v < 0 || v >= bound) throw new ValueError(`${shown}(): input ${pyStr(name)} holds index ${v}, outside [0, ${bound}) (nothing was run)`);
+    }
+    return [key, arrays];
+  }
+  _pack(key, arrays, extra) {
+    const en = this._program.entries[key];
+    let packed = this._staging[key];
+    if (!packed) packed = this._staging[key] = { inputs: new Float32Array(en.input_sizes.inputs), inputs_i32: new Int32Array(en.input_sizes.inputs_i32) };
+    for (const [name, , shape, arena, off] of en.inputs) {
+      const v = name in arrays ? arrays[name] : extra[name];
+      if (typeof v === "number") packed[arena][off] = v;
+      else packed[arena].set(v, off);
+    }
+    return packed;
+  }
+  _trainArgs(t) {
+    const extra = { _rng: stepSeed(this._seed, t) };
+    if (this._opt !== null) Object.assign(extra, optimizerScalars(this._opt, lrAt(this._lr, t - this._lrOrigin), t));
+    return extra;
+  }
+  /** One training step; resolves to the loss (a number), or {loss, captures} with captures: true. */
+  _step(inputs, captures = false) {
+    if (!("train" in this._program.signatures)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
+    let picked;
+    try { this._checkOpen(); picked = this._pick("train", inputs); } catch (e) { return Promise.reject(e); }
+    return this._locked(async () => {
+      const [key, arrays] = picked;
+      const t = this.stepCount + 1;
+      const out = await this._engine.run(key, this._pack(key, arrays, this._trainArgs(t)), captures);
+      this.stepCount = t;
+      const loss = out.loss.data[0];
+      if (!captures) return loss;
+      return { loss, captures: Object.fromEntries(this._program.entries[key].captures.map(([n]) => [n, out[n]])) };
+    });
+  }
+  /** An infer entry: resolves to {data, shape, dtype}, or {output, captures} with captures: true. */
+  _infer(entry, inputs, captures = false) {
+    let picked;
+    try { this._checkOpen(); picked = this._pick(entry, inputs); } catch (e) { return Promise.reject(e); }
+    return this._locked(async () => {
+      const [key, arrays] = picked;
+      this._inferCalls += 1;
+      const extra = { _rng: stepSeed(this._seed, -this._inferCalls) };
+      const out = await this._engine.run(key, this._pack(key, arrays, extra), captures);
+      if (!captures) return out.out;
+      return { output: out.out, captures: Object.fromEntries(this._program.entries[key].captures.map(([n]) => [n, out[n]])) };
+    });
+  }
+
+  // ---- checkpoints: the Python package's .npz, both ways ----
+  /** Params, optimizer state, step count, lr schedule position and seed as .npz bytes (a Uint8Array). */
+  save() {
+    return this._locked(async () => {
+      const members = [
+        ["__program__.npy", npyString(this._program.name)],
+        ["__fingerprint__.npy", npyString(this._program.fingerprint)],
+        ["__step_count__.npy", npyScalar64(this.stepCount, "<i8")],
+        ["__seed__.npy", npyScalar64(this._seed, "<u8")],
+        ["__lr__.npy", npyString(lrRepr(this._lr))],
+        ["__lr_origin__.npy", npyScalar64(this._lrOrigin, "<i8")],
+      ];
+      const parts = [];
+      for (const [a, n] of this._stateBuffers()) parts.push(await this._engine.read(a, 0, n));
+      const state = new Float32Array(parts.reduce((s, x) => s + x.length, 0));
+      let pos = 0;
+      for (const x of parts) { state.set(x, pos); pos += x.length; }
+      members.push(["__state__.npy", npyF32(state, [state.length])]);
+      const flat = await this._engine.read("params", 0, this._total);
+      for (const [n, s, , , o] of this._params) members.push([`param/${n}.npy`, npyF32(flat.subarray(o, o + sizeOf(s)), s)]);
+      return zipStored(members);
+    });
+  }
+  /** Load a checkpoint (bytes of a .npz written by either package's save); checked whole before anything changes. */
+  restore(bytes, path = "checkpoint") {
+    return this._locked(async () => {
+      if (bytes instanceof ArrayBuffer) bytes = new Uint8Array(bytes);
+      const bad = (why) => new ValueError(`${path}: ${why}`);
+      if (bytes.length >= 6 && bytes[0] === 0x93 && String.fromCharCode(...bytes.subarray(1, 6)) === "NUMPY")
+        throw bad("this is a .npy file (one array), not an aot checkpoint (a .npz written by Model.save)");
+      if (!(bytes.length >= 4 && bytes[0] === 0x50 && bytes[1] === 0x4b && (bytes[2] === 3 || bytes[2] === 5)))
+        throw bad("not an aot checkpoint (Model.save writes .npz archives; this is not one)");
+      const zip = await unzip(bytes, bad);
+      const names = new Map([...zip.keys()].map((m) => [m.endsWith(".npy") ? m.slice(0, -4) : m, m]));
+      if (!names.has("__fingerprint__") || !names.has("__program__")) throw bad("not an aot checkpoint (it has no __program__/__fingerprint__ members)");
+      const layout = { __program__: "str", __fingerprint__: "str", __step_count__: "i8", __seed__: "seed", __lr__: "str", __lr_origin__: "i8",
+        __state__: ["f4", [this._stateBuffers().reduce((s, [, n]) => s + n, 0)]] };
+      for (const [n, s] of this._params) layout["param/" + n] = ["f4", s];
+      const read = async (member) => {
+        const kind = layout[member];
+        const mbad = (why) => bad(`checkpoint member ${pyStr(member)} ${why}`);
+        const npy = parseNpy(await memberBytes(zip.get(names.get(member)), member, bad), mbad);
+        const dv = new DataView(npy.body.buffer, npy.body.byteOffset, npy.body.byteLength);
+        if (kind === "str") {
+          const m = /^[<|=]U(\d+)$/.exec(npy.descr);
+          if (!m || npy.shape.length) throw mbad(`has dtype ${pyStr(npy.descr)}, expected a string`);
+          let s = "";
+          for (let i = 0; i < +m[1]; i++) { const c = dv.getUint32(4 * i, true); if (c === 0) break; s += String.fromCodePoint(c); }
+          return s;
+        }
+        if (kind === "i8" || kind === "seed") {
+          if (npy.shape.length || npy.body.length < 8) throw mbad(`has shape ${pyTuple(npy.shape)}, expected ()`);
+          if (npy.descr === "<u8") return dv.getBigUint64(0, true);
+          if (npy.descr === "<i8") return dv.getBigInt64(0, true);
+          throw mbad(`has dtype ${pyStr(npy.descr)}, expected ${kind === "seed" ? "a uint64 scalar" : "an int64 scalar"}`);
+        }
+        const shape = kind[1];
+        if (pyTuple(npy.shape) !== pyTuple(shape)) throw mbad(`has shape ${pyTuple(npy.shape)}, expected ${pyTuple(shape)}`);
+        if (npy.descr !== "<f4") throw mbad(`has dtype ${pyStr(npy.descr)}, expected float32`);
+        const n = sizeOf(shape);
+        if (npy.body.length !== 4 * n) throw mbad("is truncated");
+        const a = new Float32Array(n);
+        for (let i = 0; i < n; i++) a[i] = dv.getFloat32(4 * i, true);
+        if (npy.fortran && shape.length > 1) { // column-major on disk
+          const strides = shape.map((_, i) => sizeOf(shape.slice(0, i)));
+          const c = new Float32Array(n), idx = new Array(shape.length).fill(0);
+          for (let k = 0; k < n; k++) {
+            c[k] = a[idx.reduce((s, v, i) => s + v * strides[i], 0)];
+            for (let d = shape.length - 1; d >= 0; d--) { if (++idx[d] < shape[d]) break; idx[d] = 0; }
+          }
+          return c;
+        }
+        return a;
+      };
+      const program = await read("__program__"), fingerprint = await read("__fingerprint__");
+      if (program !== this._program.name || fingerprint !== this._program.fingerprint)
+        throw bad(`checkpoint of program ${pyStr(program)} does not match this model (${pyStr(this._program.name)}: different parameters, shapes or optimizer)`);
+      for (const [what, found] of [["unknown", [...names.keys()].filter((m) => !(m in layout)).sort()], ["missing", Object.keys(layout).filter((m) => !names.has(m)).sort()]]) {
+        const ps = found.filter((m) => m.startsWith("param/")).map((m) => m.slice(6));
+        if (ps.length) throw new KeyError(`${path}: ${what} parameter(s) ${pyList(ps)} in the checkpoint`);
+        if (found.length) throw bad(`damaged checkpoint: ${what} member(s) ${pyList(found)}`);
+      }
+      const v = {};
+      for (const m of Object.keys(layout)) v[m] = m in { __program__: 1, __fingerprint__: 1 } ? null : await read(m);
+      const stepCount = v.__step_count__, origin = v.__lr_origin__;
+      const mb = (m, why) => bad(`checkpoint member ${pyStr(m)} ${why}`);
+      if (!(stepCount >= 0n && stepCount < 2n ** 62n)) throw mb("__step_count__", `must be a step count >= 0, got ${stepCount}`);
+      const seed = BigInt.asUintN(64, v.__seed__) === v.__seed__ ? v.__seed__ : null;
+      if (seed === null) throw mb("__seed__", `is not a seed: __seed__: a seed must be an int in [0, 2**64), got ${v.__seed__}`);
+      if (!(origin >= 0n && origin <= stepCount)) throw mb("__lr_origin__", `must be in [0, step count ${stepCount}], got ${origin}`);
+      let lr;
+      try { const x = parsePyLiteral(v.__lr__); lr = x === null ? null : normalizeLr(x); } catch (e) {
+        throw mb("__lr__", `is not a learning rate or schedule: ${e.message}`);
+      }
+      if ((lr === null) === (this._opt !== null)) throw mb("__lr__", `is ${lrRepr(lr)}, which does not fit this model's optimizer`);
+      // everything is valid: only now does the model change
+      const flat = new Float32Array(Math.max(this._total, 1));
+      for (const [n, s, , , o] of this._params) flat.set(v["param/" + n], o);
+      if (this._total) this._engine.write("params", 0, flat.subarray(0, this._total));
+      let pos = 0;
+      for (const [a, n] of this._stateBuffers()) { this._engine.write(a, 0, v.__state__.subarray(pos, pos + n)); pos += n; }
+      this.stepCount = Number(stepCount);
+      this._seed = seed;
+      this._lr = lr;
+      this._lrOrigin = Number(origin);
+    });
+  }
+
+  /** Release the GPU resources; calling it again does nothing. */
+  close() {
+    if (this._closed) return;
+    this._closed = true;
+    this._engine.destroy();
+  }
+}

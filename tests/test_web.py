@@ -1,0 +1,389 @@
+"""The web target (aot/web.py) in a real browser: headless Chromium (Debian's `chromium`, whose
+WebGPU adapter is SwiftShader on a machine without a GPU) driven by Playwright, the pages served
+from 127.0.0.1 by an http.server thread. The Python package (lavapipe) is the reference: same
+initial parameters bit for bit, same losses, same infer outputs, checkpoints both ways, same
+messages for bad inputs."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import http.server
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aot
+from aot import emit, nn, ops, web
+from aot.pipeline import compile_model, compile_program
+
+pytestmark = pytest.mark.web
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--enable-unsafe-webgpu", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def _load_example(name):
+    import runpy
+
+    return runpy.run_path(str(ROOT / "examples" / f"{name}.py"), run_name="__aot_test__")["program"]
+
+
+class Embed(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 4)
+        self.out = nn.Linear(4, 1)
+
+
+def _embed_forward(m, tokens):
+    return m.out(m.emb(tokens))
+
+
+def _embed_loss(m, tokens, y):
+    d = _embed_forward(m, tokens) - y
+    return ops.mean(d * d)
+
+
+EMBED = aot.Program(
+    "embed_web",
+    model=Embed,
+    train=aot.Train(_embed_loss, inputs={"tokens": aot.i32(3), "y": aot.f32(3, 1)}, optimizer=aot.optim.AdamW(lr=1e-2)),
+    infer={"predict": aot.Infer(_embed_forward, inputs={"tokens": aot.i32("N")})},
+    dims={"N": (1, 3)},
+)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Web builds of sine_mlp, a tiny embedding model and a sine_mlp with one broken kernel,
+    served from 127.0.0.1; yields (base url, {name: Compiled})."""
+    out = tmp_path_factory.mktemp("web")
+    compiled = {}
+    for prog in (_load_example("sine_mlp"), EMBED):
+        compiled[prog.name] = c = compile_program(prog)
+        web.write_web(c, out, f"{prog.name}.py")
+    broken = compile_program(_load_example("sine_mlp"))
+    kname = next(iter(broken.program["_wgsl"]))
+    broken.program["_wgsl"] = dict(broken.program["_wgsl"], **{kname: broken.program["_wgsl"][kname].replace("fn main", "fn main(", 1)})
+    web.write_web(broken, out, "sine_mlp.py", folder="broken")
+    compiled["broken"] = (broken, kname)
+    handler = functools.partial(_QuietHandler, directory=str(out))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", compiled
+    server.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, site):
+    """A page of the sine_mlp project (its demo with 0 steps), with WebGPU checked."""
+    url, _ = site
+    pg = browser.new_page()
+    pg.goto(f"{url}/sine_mlp/index.html?steps=0")
+    pg.wait_for_function("document.body.dataset.state", timeout=60000)
+    if pg.evaluate("document.body.dataset.state") != "done":
+        pytest.fail(f"the demo page failed: {pg.evaluate('window.demo.error')}")
+    yield pg
+    pg.close()
+
+
+@pytest.fixture(scope="module")
+def py_models():
+    """Python packages of the same programs (lavapipe), built once."""
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        models = {"sine_mlp": compile_model(_load_example("sine_mlp")), "embed_web": compile_model(EMBED)}
+    except RuntimeError as e:
+        pytest.skip(f"no WebGPU adapter for the Python package: {e}")
+    yield models
+    for m in models.values():
+        m.close()
+
+
+def _js(page, body: str, arg=None):
+    """Run `body` (an async function body with `M` = the module, `arg` = the argument) in the page."""
+    return page.evaluate(
+        "async ([src, arg]) => { const M = await import('./sine_mlp.js'); return await (new Function('M', 'arg', "
+        "'return (async () => {' + src + '})()'))(M, arg); }",
+        [body, arg],
+    )
+
+
+def _bits(a):
+    return np.asarray(a, dtype=np.float32).view(np.uint32)
+
+
+def _sine_batches(n):
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(n):
+        x = rng.uniform(-np.pi, np.pi, (256, 1)).astype(np.float32)
+        out.append((x, np.sin(x).astype(np.float32)))
+    return out
+
+
+def test_wgsl_and_tables_are_the_python_packages(page, site):
+    _, compiled = site
+    c = compiled["sine_mlp"]
+    got = _js(page, "return {wgsl: M.WGSL, limits: M.PROGRAM.limits, fp: M.PROGRAM.fingerprint, has: typeof M.Model};")
+    assert got["has"] == "function"
+    assert got["wgsl"] == c.program["_wgsl"]  # byte-identical strings, same kernel names
+    assert got["limits"]["maxStorageBuffersPerShaderStage"] <= 8
+    assert got["limits"]["maxComputeInvocationsPerWorkgroup"] <= 256
+
+
+@pytest.mark.parametrize("seed", [0, 12345, 2**64 - 1])
+def test_initial_params_bit_identical(page, py_models, seed):
+    js = _js(page, """
+        const m = await M.Model.create({seed: BigInt(arg)});
+        const p = await m.params(); m.close();
+        return Object.fromEntries(Object.entries(p).map(([k, v]) => [k, Array.from(v.data)]));""", str(seed))
+    py = py_models["sine_mlp"]
+    py.seed = seed
+    py.reset()
+    for name, a in py.params().items():
+        assert np.array_equal(_bits(js[name]), _bits(a.ravel())), name
+    py.seed = 0
+
+
+def test_training_losses_and_infer_match(page, py_models):
+    batches = _sine_batches(20)
+    py = py_models["sine_mlp"]
+    py.seed = 0
+    py.reset()
+    py_losses = [py.step(x=x, y=y) for x, y in batches]
+    q = np.linspace(-3, 3, 256, dtype=np.float32).reshape(256, 1)
+    py_out = py.predict(x=q)
+    py_one = py.predict(x=q[:1])
+    js = _js(page, """
+        const m = await M.Model.create({seed: 0});
+        const losses = [];
+        for (const [x, y] of arg.batches) losses.push(await m.step({x: {data: Float32Array.from(x), shape: [256, 1]}, y: {data: Float32Array.from(y), shape: [256, 1]}}));
+        const out = await m.predict({x: {data: Float32Array.from(arg.q), shape: [256, 1]}});
+        const one = await m.predict({x: [[arg.q[0]]]});
+        m.close();
+        return {losses, out: Array.from(out.data), shape: out.shape, dtype: out.dtype, one: Array.from(one.data), oneShape: one.shape};""",
+        {"batches": [(x.ravel().tolist(), y.ravel().tolist()) for x, y in batches], "q": q.ravel().tolist()})
+    np.testing.assert_allclose(js["losses"], py_losses, rtol=1e-5)
+    assert js["losses"][-1] < js["losses"][0]
+    assert js["shape"] == [256, 1] and js["dtype"] == "f32" and js["oneShape"] == [1, 1]
+    np.testing.assert_allclose(js["out"], py_out.ravel(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(js["one"], py_one.ravel(), rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoints_move_both_ways(page, py_models, tmp_path):
+    batches = _sine_batches(6)
+    arg = {"batches": [(x.ravel().tolist(), y.ravel().tolist()) for x, y in batches]}
+    # the page trains 3 steps with a schedule, saves; Python restores and continues
+    saved = _js(page, """
+        const m = await M.Model.create({seed: 3});
+        m.setLr(["cosine", 5e-3, 1e-5, 10]);
+        const feed = ([x, y]) => ({x: {data: Float32Array.from(x), shape: [256, 1]}, y: {data: Float32Array.from(y), shape: [256, 1]}});
+        for (const b of arg.batches.slice(0, 3)) await m.step(feed(b));
+        const bytes = await m.save();
+        const next = await m.step(feed(arg.batches[3]));
+        m.close();
+        let s = ""; for (const b of bytes) s += String.fromCharCode(b);
+        return {npz: btoa(s), next};""", arg)
+    path = tmp_path / "from_page.npz"
+    path.write_bytes(base64.b64decode(saved["npz"]))
+    with np.load(path) as z:  # numpy reads it as an ordinary .npz
+        assert int(z["__step_count__"]) == 3 and str(z["__lr__"]) == "('cosine', 0.005, 1e-05, 10)"
+    py = py_models["sine_mlp"]
+    py.restore(path)
+    assert py.step_count == 3 and py.seed == 3 and py.lr == ("cosine", 0.005, 1e-05, 10)
+    x, y = batches[3]
+    assert py.step(x=x, y=y) == pytest.approx(saved["next"], rel=1e-5)
+    # Python saves (np.savez: zip64 extras; and a deflated copy); the page restores and continues
+    py.save(tmp_path / "from_py.npz")
+    with np.load(tmp_path / "from_py.npz") as z:
+        np.savez_compressed(tmp_path / "deflated.npz", **{k: z[k] for k in z.files})
+    x, y = batches[4]
+    py_next = py.step(x=x, y=y)
+    for f in ("from_py.npz", "deflated.npz"):
+        got = _js(page, """
+            const bin = atob(arg.npz); const bytes = new Uint8Array(bin.length);
+            for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+            const m = await M.Model.create({seed: 0});
+            await m.restore(bytes);
+            const r = {step: m.stepCount, seed: String(m.seed), lr: m.lr};
+            r.loss = await m.step({x: {data: Float32Array.from(arg.x), shape: [256, 1]}, y: {data: Float32Array.from(arg.y), shape: [256, 1]}});
+            m.close();
+            return r;""", {"npz": base64.b64encode((tmp_path / f).read_bytes()).decode(), "x": x.ravel().tolist(), "y": y.ravel().tolist()})
+        assert got["step"] == 4 and got["seed"] == "3" and got["lr"] == ["cosine", 0.005, 1e-05, 10], f
+        assert got["loss"] == pytest.approx(py_next, rel=1e-5), f
+
+
+def _py_error(fn):
+    try:
+        fn()
+    except (TypeError, ValueError) as e:
+        return type(e).__name__, str(e)
+    raise AssertionError("no error")
+
+
+def test_bad_inputs_rejected_with_pythons_messages(browser, site, py_models):
+    url, _ = site
+    pg = browser.new_page()
+    pg.goto(f"{url}/embed_web/index.html?steps=0")
+    pg.wait_for_function("document.body.dataset.state === 'done'", timeout=60000)
+    py = py_models["embed_web"]
+    py.reset()
+    y = np.zeros((3, 1), np.float32)
+    cases = [  # (JS call, Python call)
+        ("m.step({tokens: {data: Int32Array.from([0, 1, 5]), shape: [3]}, y: [[0], [0], [0]]})",
+         lambda: py.step(tokens=np.array([0, 1, 5], np.int32), y=y)),
+        ("m.step({tokens: {data: Int32Array.from([0, -1, 2]), shape: [3]}, y: [[0], [0], [0]]})",
+         lambda: py.step(tokens=np.array([0, -1, 2], np.int32), y=y)),
+        ("m.step({tokens: {data: Float32Array.from([0, 1, 2]), shape: [3]}, y: [[0], [0], [0]]})",
+         lambda: py.step(tokens=np.array([0, 1, 2], np.float32), y=y)),
+        ("m.step({tokens: {data: Int32Array.from([0, 1]), shape: [2]}, y: [[0], [0], [0]]})",
+         lambda: py.step(tokens=np.array([0, 1], np.int32), y=y)),
+        ("m.step({tokens: [0, 1, 2], y: {data: new Float32Array(3), shape: [3]}})",
+         lambda: py.step(tokens=np.array([0, 1, 2]), y=np.zeros(3, np.float32))),
+        ("m.step({tokens: [0, 1, 2], y: [[0], [0], [0]], z: [1]})",
+         lambda: py._step({"tokens": np.array([0, 1, 2]), "y": y, "z": np.ones(1)}, False)),
+        ("m.step({y: [[0], [0], [0]]})", lambda: py._step({"y": y}, False)),
+        ("m.predict({tokens: {data: Int32Array.from([0, 1]), shape: [2]}})",
+         lambda: py.predict(tokens=np.array([0, 1], np.int32))),
+        ("m.predict({tokens: {data: Int32Array.from([9]), shape: [1]}})",
+         lambda: py.predict(tokens=np.array([9], np.int32))),
+    ]
+    js = pg.evaluate("""async (calls) => {
+        const M = await import('./embed_web.js');
+        const m = await M.Model.create();
+        const before = Array.from((await m.params())["emb.W"].data);
+        const out = [];
+        for (const call of calls) {
+          try { await (new Function('m', 'return ' + call))(m); out.push(['no error', '']); }
+          catch (e) { out.push([e.name, e.message]); }
+        }
+        const after = Array.from((await m.params())["emb.W"].data);
+        return {out, steps: m.stepCount, same: JSON.stringify(before) === JSON.stringify(after)};
+    }""", [c for c, _ in cases])
+    pg.close()
+    assert js["steps"] == 0 and js["same"]  # nothing was dispatched
+    for (call, py_call), (name, message) in zip(cases, js["out"]):
+        assert (name, message) == _py_error(py_call), call
+
+
+def test_broken_kernel_is_named(browser, site):
+    url, compiled = site
+    _, kname = compiled["broken"]
+    pg = browser.new_page()
+    pg.goto(f"{url}/broken/index.html?steps=0")
+    pg.wait_for_function("document.body.dataset.state", timeout=60000)
+    err = pg.evaluate("window.demo.error")
+    pg.close()
+    assert pg is not None and err and f"kernel {kname} (from sine_mlp.py:" in err and "failed to compile" in err
+
+
+def _png_pixels(data: bytes) -> np.ndarray:
+    """RGB(A) 8-bit non-interlaced PNG -> uint8 array [h, w, channels]."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, b""
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
+        if kind == b"IHDR":
+            w, h, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and color in (2, 6) and not interlace
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    ch = 4 if color == 6 else 3
+    raw = zlib.decompress(idat)
+    stride = w * ch
+    out = np.zeros((h, stride), dtype=np.int32)
+    prev = np.zeros(stride, dtype=np.int32)
+    for r in range(h):
+        f, line = raw[r * (stride + 1)], np.frombuffer(raw, np.uint8, stride, r * (stride + 1) + 1).astype(np.int32)
+        cur = line.copy()
+        if f == 1:
+            for i in range(ch, stride):
+                cur[i] = (cur[i] + cur[i - ch]) & 255
+        elif f == 2:
+            cur = (line + prev) & 255
+        elif f == 3:
+            for i in range(stride):
+                cur[i] = (line[i] + ((cur[i - ch] if i >= ch else 0) + prev[i]) // 2) & 255
+        elif f == 4:
+            for i in range(stride):
+                a, b, c = (cur[i - ch] if i >= ch else 0), prev[i], (prev[i - ch] if i >= ch else 0)
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                cur[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out[r], prev = cur, cur
+    return out.reshape(h, w, ch).astype(np.uint8)
+
+
+def test_demo_page_plots_a_falling_loss(browser, site):
+    url, _ = site
+    pg = browser.new_page()
+    pg.goto(f"{url}/sine_mlp/index.html?steps=60")
+    pg.wait_for_function("document.body.dataset.state", timeout=120000)
+    state, losses = pg.evaluate("[document.body.dataset.state, window.demo.losses]")
+    assert state == "done", pg.evaluate("window.demo.error")
+    png = pg.locator("#plot").screenshot()
+    infer = pg.locator("#infer").inner_text()
+    pg.close()
+    assert len(losses) == 60 and losses[-1] < losses[0]
+    assert infer.startswith("predict: f32[1,1] ")
+    px = _png_pixels(png)[..., :3].astype(int)
+    curve = (np.abs(px - [0x1F, 0x5F, 0xBF]).sum(-1) < 120)  # the curve's blue, anti-aliased
+    assert curve.sum() > 200  # a drawn curve, not an empty canvas
+    cols = np.nonzero(curve.any(0))[0]
+    assert cols[-1] - cols[0] > 0.8 * px.shape[1]  # it spans the plot
+    start = np.nonzero(curve[:, cols[0]])[0].mean()
+    end = np.nonzero(curve[:, cols[-1]])[0].mean()
+    assert end - start > 0.3 * px.shape[0]  # rows grow downwards: the curve ends well below where it starts
+
+
+def test_build_targets_cli(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "aot", "build", str(ROOT / "examples/sine_mlp.py"), "-o", str(tmp_path), *a],
+                                    capture_output=True, text=True, env=env)
+    r = run("--target", "all")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "sine_mlp/sine_mlp/__init__.py").is_file()
+    web_dir = tmp_path / "sine_mlp-web"
+    assert sorted((web_dir / emit.MANIFEST).read_text().splitlines()[1:]) == ["README.md", "index.html", "sine_mlp.js"]
+    assert (web_dir / "sine_mlp.js").read_text().startswith("// @generated by aot from sine_mlp.py")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w/sine_mlp").mkdir()
+    (tmp_path / "w/sine_mlp/index.html").write_text("mine")
+    r = subprocess.run([sys.executable, "-m", "aot", "build", str(ROOT / "examples/sine_mlp.py"), "-o", str(tmp_path / "w"), "--target", "web"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "index.html" in r.stderr and (tmp_path / "w/sine_mlp/index.html").read_text() == "mine"
+    (web_dir / "old.js").write_text("x")  # not in the manifest: a rebuild leaves it alone
+    assert run("--target", "all").returncode == 0 and (web_dir / "old.js").exists()
