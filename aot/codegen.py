@@ -9,9 +9,9 @@ from .errors import CodegenError
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, render_matmul
 from .plan import Plan
-from .schedule import LEAVES, VIEW_OPS, Kernel, Schedule
+from .schedule import Kernel, Schedule, op_of
 from .templates import render
-from .views import View, derive_view, merge_subdims
+from .views import View, merge_subdims
 from .wgsl_expr import Body, Index, KernelContext, _size
 
 WG = 256
@@ -48,7 +48,7 @@ def _fused_ops(k: Kernel, s: Schedule) -> list[str]:
         seen.add(id(t))
         if id(t) not in outs and id(t) in s.views and not (k.mm is not None and t is k.mm):
             continue
-        if t.node.op in ("const", "arange"):
+        if op_of(t).fusion == "constant":
             continue
         order.append(t.node)
         stack.extend(t.node.inputs)
@@ -138,7 +138,7 @@ def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) 
                 f"kernel {name} reads {names.get(id(b), '?')} from memory before it stores it "
                 "(a fusion rule merged a reader that does not read element for element)"
             )
-        if b.node.op in LEAVES or id(b) not in plan.loc:
+        if op_of(b).fusion == "leaf" or id(b) not in plan.loc:
             continue
         rb = plan.loc[id(b)]
         for t in outs.values():
@@ -160,7 +160,7 @@ def _reduce(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> Kern
     for m in members:
         n = m.node
         x = n.inputs[0]
-        axes = (n.attrs["axis"],) if n.op == "argmax" else tuple(n.attrs["axes"])
+        axes = op_of(n).reduced_axes(n.attrs)
         kept = tuple(d for i, d in enumerate(x.shape) if i not in axes)
         oc = Index(kept, flat="o").get_coords(outer) if kept else []
         rc = Index(tuple(x.shape[i] for i in axes), flat="r").get_coords(inner)
@@ -228,12 +228,12 @@ def _prologue(s: Schedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: s
     value = body.value(t, Index(t.shape, coords))
     prologues.append("\n".join([f"fn {fn}(bi: u32, row: u32, col: u32) -> f32 {{", *body.lines, f"    return {value};", "}"]))
     chain, x = [], t
-    while x.node.op in VIEW_OPS:
+    while op_of(x).fusion == "view":
         chain.append(x.node)
         x = x.node.inputs[0]
     v = View.contiguous(x)
     for n in reversed(chain):
-        v = derive_view(n, v) if v is not None else None
+        v = op_of(n).view(n, {id(n.inputs[0]): v}) if v is not None else None
     if v is None:  # not a view of one computed tensor: call it row-major
         v = View.contiguous(t)
     op = _strided_operand("", 0, v.dims, fold_batch)

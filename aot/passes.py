@@ -15,7 +15,7 @@ def dce(g: Graph) -> Graph:
     live = {id(t) for t in g.roots()}
     keep = []
     for n in reversed(g.nodes):
-        if id(n.out) in live or n.op in ("input", "param", "state"):
+        if id(n.out) in live or lookup(n.op).fusion == "leaf":
             keep.append(n)
             live.update(id(t) for t in n.inputs)
     return _rebuild(g, list(reversed(keep)), lambda t: t)
@@ -29,7 +29,7 @@ def cse_consts(g: Graph) -> Graph:
     for n in g.nodes:
         if remap:
             n.inputs = tuple(remap.get(id(t), t) for t in n.inputs)
-        if n.op in ("const", "arange"):
+        if lookup(n.op).fusion == "constant":
             key = (n.op, tuple(sorted(n.attrs.items())))
             if key in canon:
                 remap[id(n.out)] = canon[key]
@@ -77,7 +77,7 @@ def split_reductions(g: Graph) -> Graph:
             if pad:
                 y = ops.pad(y, lo, 0, pad)
             y = ops.reshape(y, x.shape[:lo] + ((red + pad) // k, k) + x.shape[hi:])
-            reduce = ops.sum if n.op == "sum" else ops.max
+            reduce = getattr(ops, n.op)  # sum or max: the public function of the same name
             y = reduce(reduce(y, lo + 1), lo)
             y = ops.reshape(y, n.out.shape)
         nodes.extend(tmp.nodes)
@@ -87,7 +87,8 @@ def split_reductions(g: Graph) -> Graph:
 
 def _split_plan(n):
     """(first axis, end axis, chunk k, zero padding) for a reduction worth splitting, else None."""
-    if n.op not in ("sum", "max"):
+    split = lookup(n.op).split
+    if split is None:
         return None
     axes = n.attrs["axes"]
     x = n.inputs[0]
@@ -102,7 +103,7 @@ def _split_plan(n):
         return None
     k = 4096 if inner else 64
     pad = -red % k
-    if pad and n.op == "max":
+    if pad and split == "divide":
         k = next((d for d in range(k, 1, -1) if red % d == 0), 1)
         if k < 16:
             return None
@@ -114,13 +115,11 @@ def snapshot_captured_leaves(g: Graph) -> Graph:
     """A capture that is a parameter or optimizer state (or a view of one) in a graph that
     updates them is read back after the update has overwritten it: copy it first, right where
     it is captured, so the capture shows the value the forward pass used."""
-    from .schedule import VIEW_OPS
-
     if not g.updates:
         return g
 
     def leaf_view(t):
-        while t.node.op in VIEW_OPS:
+        while lookup(t.node.op).fusion == "view":
             t = t.node.inputs[0]
         return t.node.op in ("param", "state")
 

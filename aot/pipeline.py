@@ -20,7 +20,8 @@ from .frontend import Traced, trace_program
 from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan, state_arena
 from .program import Program
 from .runtime.schedules import normalize
-from .schedule import VIEW_OPS, ParamArena, Schedule, schedule
+from .ops.registry import FOLLOW, lookup
+from .schedule import ParamArena, Schedule, schedule
 
 
 @dataclass
@@ -44,16 +45,11 @@ def index_bounds(g: ir.Graph) -> dict[str, int]:
         while stack:
             x = stack.pop()
             for u in users.get(id(x), []):
-                b = None
-                if u.op in VIEW_OPS or u.op in ("concat", "stop_gradient") or (u.op == "cast" and u.out.dtype == "i32"):
+                rule = lookup(u.op).index_bound  # OpDef.index_bound: FOLLOW, a bound or None
+                b = rule(u, x) if rule is not None else None
+                if b == FOLLOW:
                     stack.append(u.out)
-                elif u.op == "gather" and u.inputs[1] is x:
-                    b = u.inputs[0].shape[0]
-                elif u.op == "one_hot":
-                    b = u.attrs["depth"]
-                elif u.op == "take_along_axis" and u.inputs[1] is x:
-                    b = u.inputs[0].shape[u.attrs["axis"]]
-                if b is not None:
+                elif b is not None:
                     bound = b if bound is None else min(bound, b)
         if bound is not None:
             out[name] = bound

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .errors import CodegenError
 from .ir import Tensor
-from .schedule import LEAVES, Schedule, _identity_reads
+from .schedule import Schedule, _identity_reads, op_of
 
 ALIGN = 64  # elements: 256-byte aligned tensors keep reads coalesced and offsets tidy
 ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32", "state_1")
@@ -129,7 +129,7 @@ def plan(s: Schedule, state_arenas: dict[str, str], param_total: int, max_bindin
             and v.is_contiguous(t.shape)
             and id(src_owner) not in loc
             and id(src_owner) not in s.placed
-            and src_owner.node.op not in LEAVES
+            and op_of(src_owner).fusion != "leaf"
             and _in_place_ok(s, index, readers, src_owner, target_base)
         ):
             loc[id(src_owner)] = dst
@@ -145,7 +145,7 @@ def plan(s: Schedule, state_arenas: dict[str, str], param_total: int, max_bindin
     intervals: dict[int, list] = {}
     end_of_step = len(s.kernels)
     for t in s.owners:
-        if id(t) in loc or t.node.op in LEAVES:
+        if id(t) in loc or op_of(t).fusion == "leaf":
             continue
         r = root(t)
         if id(r) in loc:

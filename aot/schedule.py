@@ -28,25 +28,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .ir import Graph, Node, Tensor
-from .views import View, concat_view, derive_view
+from .ops.registry import OpDef, lookup
+from .views import View
 
-LEAVES = ("input", "param", "state")
-INDEX_OPS = ("broadcast_to", "reshape", "transpose", "narrow", "const", "arange", "unfold", "flip")
-VIEW_OPS = ("broadcast_to", "reshape", "transpose", "narrow")
-# ops a matmul may compute while loading its operand tiles (a prologue), when the operand
-# involves unfold or flip: im2col columns are as large as the activations times kh*kw, so a
-# convolution reads its input through the unfold index math instead of storing the columns
-PROLOGUE_OPS = VIEW_OPS + ("unfold", "flip", "pad", "const", "arange")
-KERNEL_OPS = {"matmul": "matmul", "sum": "reduce", "max": "reduce", "argmax": "reduce"}
 # inlined ops a multi-consumer node may cost and still be recomputed by every consumer
 RECOMPUTE_BUDGET = 3
-COSTLY = ("exp", "log", "sin", "cos", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "power", "div", "gather",
-          "take_along_axis", "fold", "rand", "concat", "pad")
-# ops whose output element i depends only on element i of each input (same shape)
-POINTWISE = (
-    "neg abs sign sqrt rsqrt exp log sin cos tanh sigmoid relu erf square power stop_gradient "
-    "add sub mul div maximum minimum less greater equal where cast"
-).split()
+
+
+def op_of(t_or_node) -> OpDef:
+    """The op record of a tensor's producer (or of a node): every fusion fact comes from there."""
+    n = t_or_node.node if isinstance(t_or_node, Tensor) else t_or_node
+    return lookup(n.op)
 
 
 @dataclass(eq=False)
@@ -69,7 +61,7 @@ class Kernel:
         if self.kind != "reduce":
             return None
         n, x = self.node, self.node.inputs[0]
-        axes = (n.attrs["axis"],) if n.op == "argmax" else tuple(n.attrs["axes"])
+        axes = op_of(n).reduced_axes(n.attrs)
         red = 1
         for a in axes:
             red *= x.shape[a]
@@ -90,18 +82,14 @@ def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
     owners: list[Tensor] = [params.tensor] if params is not None else []
     for n in g.nodes:
         t = n.out
-        if n.op == "param" and params is not None:
+        if params is not None and n.op == "param":
             views[id(t)] = View.contiguous(params.tensor, params.offsets[n.attrs["name"]], t.shape)
             continue
-        if n.op in LEAVES or n.op in KERNEL_OPS:
+        if op_of(n).owns_storage:
             views[id(t)] = View.contiguous(t)
             owners.append(t)
             continue
-        v = None
-        if n.op in VIEW_OPS and id(n.inputs[0]) in views:
-            v = derive_view(n, views[id(n.inputs[0])])
-        elif n.op == "concat":
-            v = concat_view(n, views)
+        v = op_of(n).view(n, views) if op_of(n).view is not None else None
         if v is not None and (id(t) not in stored or v.is_contiguous(t.shape)):
             views[id(t)] = v
         elif id(t) in stored:
@@ -111,7 +99,7 @@ def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
 
 
 def _strip_reshapes(t: Tensor) -> Tensor:
-    while t.node.op == "reshape":
+    while op_of(t).fusion == "view" and op_of(t).same_order:  # reshapes
         t = t.node.inputs[0]
     return t
 
@@ -132,14 +120,13 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
     cost: dict[int, int] = {}  # inlined ops a consumer recomputes to get this tensor
     for n in g.nodes:
         t = n.out
-        if n.op in LEAVES or n.op in KERNEL_OPS or id(t) in roots:
+        if op_of(n).owns_storage or id(t) in roots:
             stored.add(id(t))
             continue
-        own = 0 if n.op in INDEX_OPS else (4 if n.op in COSTLY else 1)
-        cost[id(t)] = own + sum(cost.get(id(x), 0) for x in n.inputs if id(x) not in stored)
+        cost[id(t)] = op_of(n).cost + sum(cost.get(id(x), 0) for x in n.inputs if id(x) not in stored)
         # a matmul's only consumer stays stored so it can become that matmul's epilogue
-        after_mm = any(x.node.op == "matmul" and len(users[id(x)]) == 1 for x in n.inputs)
-        if len(users[id(t)]) > 1 and n.op not in INDEX_OPS and (cost[id(t)] > RECOMPUTE_BUDGET or after_mm):
+        after_mm = any(op_of(x).fusion == "matmul" and len(users[id(x)]) == 1 for x in n.inputs)
+        if len(users[id(t)]) > 1 and op_of(n).cost > 0 and (cost[id(t)] > RECOMPUTE_BUDGET or after_mm):
             stored.add(id(t))
 
     placed: dict[int, tuple[Tensor, int]] = {}
@@ -148,7 +135,7 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
         changed = False
         before = set(stored)
         for n in g.nodes:
-            if n.op == "matmul":
+            if op_of(n).fusion == "matmul":
                 for t in n.inputs:
                     if id(t) in views:
                         continue
@@ -161,14 +148,14 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
                         continue
                     # store what the view chain starts from; only if that cannot help, t itself
                     u = t
-                    while u.node.op in VIEW_OPS and id(u) not in before:
+                    while op_of(u).fusion == "view" and id(u) not in before:
                         u = u.node.inputs[0]
                     u = u if id(u) not in before else t
                     if id(u) not in stored:
                         stored.add(id(u))
                         changed = True
         for n in g.nodes:
-            if n.op == "concat" and id(n.out) in stored:
+            if op_of(n).fusion == "concat" and id(n.out) in stored:
                 changed |= _place_concat(n, views, stored, placed, roots)
         if not changed:
             break
@@ -183,17 +170,17 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
     kernels: list[Kernel] = []
     for n in g.nodes:
         t = n.out
-        if n.op == "concat" and id(t) in views and views[id(t)].base is not t:
+        if op_of(n).fusion == "concat" and id(t) in views and views[id(t)].base is not t:
             continue
-        if id(t) not in owner_ids or n.op in LEAVES:
+        if id(t) not in owner_ids or op_of(n).fusion == "leaf":
             continue
-        if n.op == "concat" and all(id(_strip_reshapes(x)) in placed for x in n.inputs):
+        if op_of(n).fusion == "concat" and all(id(_strip_reshapes(x)) in placed for x in n.inputs):
             continue  # assembled in place by its inputs' kernels
         if id(t) in mm_epilogue:
             mm = mm_epilogue[id(t)]
             kernels.append(Kernel("matmul", t, mm.node, mm=mm))
-        elif n.op in KERNEL_OPS:
-            kernels.append(Kernel(KERNEL_OPS[n.op], t, n))
+        elif op_of(n).fusion in ("reduce", "matmul"):
+            kernels.append(Kernel(op_of(n).fusion, t, n))
         else:
             kernels.append(Kernel("elementwise", t, n))
     s = Schedule(g, owners, views, placed, kernels)
@@ -273,18 +260,20 @@ def _merge_sibling(s: Schedule, i: int, j: int | None) -> bool:
 
 
 def _prologue_split(t: Tensor, views) -> tuple[bool, list[Tensor]]:
-    """Whether matmul operand t involves unfold or flip (then the matmul computes it as it loads
-    its tiles, PROLOGUE_OPS), and the tensors below its index arithmetic that are not stored
-    yet: those must be, so that the prologue only reads memory."""
+    """Whether matmul operand t involves unfold or flip (fusion class "index": then the matmul
+    computes it as it loads its tiles, through the ops with OpDef.prologue), and the tensors
+    below its index arithmetic that are not stored yet: those must be, so that the prologue
+    only reads memory. [im2col columns are as large as the activations times kh*kw, so a
+    convolution reads its input through the unfold index math instead of storing the columns]"""
     stack, found, below = [t], False, []
     while stack:
         x = stack.pop()
         if id(x) in views:
             continue
-        if x.node.op not in PROLOGUE_OPS:
+        if not op_of(x).prologue:
             below.append(x)
             continue
-        found |= x.node.op in ("unfold", "flip")
+        found |= op_of(x).fusion == "index"
         stack.extend(x.node.inputs)
     return found, below
 
@@ -301,7 +290,7 @@ def _identity_reads(s: Schedule, out: Tensor, target: Tensor) -> bool:
             continue
         n = t.node
         for x in n.inputs:
-            same = ident and ((n.op in POINTWISE and x.shape == t.shape) or (n.op == "reshape" and x.size == t.size))
+            same = ident and op_of(n).same_order and x.size == t.size
             stack.append((x, same, False))
     return True
 
@@ -326,7 +315,7 @@ def _place_concat(n, views, stored, placed, roots) -> bool:
     changed = False
     for x in n.inputs:
         y = _strip_reshapes(x)
-        if y.node.op in LEAVES or id(y) in placed or y.node.op == "concat":
+        if op_of(y).fusion in ("leaf", "concat") or id(y) in placed:
             return changed
         if id(y) not in stored:
             stored.add(id(y))
@@ -346,7 +335,7 @@ def _matmul_epilogues(g: Graph, users, owner_ids, roots) -> dict[int, Tensor]:
     """Owner tensor R -> matmul result M, for chains M -> pointwise -> ... -> R of single-use nodes."""
     out = {}
     for n in g.nodes:
-        if n.op != "matmul" or id(n.out) in roots:
+        if op_of(n).fusion != "matmul" or id(n.out) in roots:
             continue
         t = n.out
         while True:
@@ -354,14 +343,13 @@ def _matmul_epilogues(g: Graph, users, owner_ids, roots) -> dict[int, Tensor]:
             if len(us) != 1:
                 break
             u = us[0]
-            if u.op not in POINTWISE or u.out.shape != n.out.shape or u.out.dtype != "f32":
+            if op_of(u).fusion != "pointwise" or u.out.shape != n.out.shape or u.out.dtype != "f32":
                 break
             if sum(1 for x in u.inputs if x is t) != 1:
                 break
             t = u.out
             if id(t) in owner_ids:
-                if u.op != "concat":
-                    out[id(t)] = n.out
+                out[id(t)] = n.out
                 break
     return out
 

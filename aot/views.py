@@ -1,14 +1,15 @@
 """Views: how a tensor sits in another tensor's storage (a layout algebra of strided sub-dims).
 
 reshape, transpose, narrow and broadcast_to of stored data are views, and so is a leading-axis
-concat of adjacent slices; the schedule reads them in place instead of copying.
+concat of adjacent slices; the schedule reads them in place instead of copying. Each op's view
+rule (OpDef.view, aot/ops/layout.py) builds its View with this algebra.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ir import Node, Tensor
+from .ir import Tensor
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -67,7 +68,7 @@ def merge_subdims(subdims) -> list[tuple[int, int]]:
     return out
 
 
-def _regroup(subdims: list[tuple[int, int]], shape) -> tuple | None:
+def regroup(subdims: list[tuple[int, int]], shape) -> tuple | None:
     """Split a row-major sub-dim sequence into the axes of `shape` (a reshape); None if impossible."""
     seq = [sd for sd in subdims if sd[0] != 1]
     out = []
@@ -89,47 +90,3 @@ def _regroup(subdims: list[tuple[int, int]], shape) -> tuple | None:
                 return None
         out.append(tuple(axis) if axis else ((1, 0),))
     return tuple(out) if not seq else None
-
-
-def derive_view(n: Node, v: View) -> View | None:
-    t, src = n.out, n.inputs[0]
-    a = n.attrs
-    if n.op == "reshape":
-        dims = _regroup([sd for axis in v.dims for sd in axis], t.shape)
-        return View(v.base, v.offset, dims) if dims is not None else None
-    if n.op == "transpose":
-        return View(v.base, v.offset, tuple(v.dims[p] for p in a["perm"]))
-    if n.op == "narrow":
-        axis = [sd for sd in v.dims[a["axis"]] if sd[0] != 1] or [(1, 0)]
-        inner = 1
-        for size, _ in axis[1:]:
-            inner *= size
-        if a["start"] % inner or a["length"] % inner:
-            return None  # cuts through an inner sub-dim
-        (size, st), rest = axis[0], axis[1:]
-        dims = list(v.dims)
-        dims[a["axis"]] = ((a["length"] // inner, st),) + tuple(rest)
-        return View(v.base, v.offset + (a["start"] // inner) * st, tuple(dims))
-    if n.op == "broadcast_to":
-        lead = t.ndim - src.ndim
-        dims = [((d, 0),) for d in t.shape[:lead]]
-        for i, d in enumerate(src.shape):
-            dims.append(((t.shape[lead + i], 0),) if d == 1 and t.shape[lead + i] != 1 else v.dims[i])
-        return View(v.base, v.offset, tuple(dims))
-    return None
-
-
-def concat_view(n: Node, views) -> View | None:
-    """A leading-axis concat of adjacent contiguous slices of one buffer is a view of it."""
-    t, axis = n.out, n.attrs["axis"]
-    if any(d != 1 for d in t.shape[:axis]):
-        return None
-    vs = [views.get(id(x)) for x in n.inputs]
-    if not all(v is not None and v.is_contiguous(x.shape) for v, x in zip(vs, n.inputs)):
-        return None
-    off = vs[0].offset
-    for v, x in zip(vs, n.inputs):
-        if v.base is not vs[0].base or v.offset != off:
-            return None
-        off += x.size
-    return View.contiguous(vs[0].base, vs[0].offset, t.shape)

@@ -1,5 +1,8 @@
 """Rendering tensor values as WGSL expressions inside one kernel.
 
+Body.value follows inlined nodes through their op's rendering (OpDef.render, or the `expr`
+template of a pointwise op); stored tensors are read from memory.
+
 A kernel computes a stored tensor from its inlined expression tree: nodes the schedule
 inlined are computed in place, stored tensors (and views of them) are read from their buffer
 at offset + the address of the element. Every read index is derived from an in-range output
@@ -14,10 +17,8 @@ from .matmul_codegen import split_index
 from .ops.registry import lookup
 from .plan import Plan, arena_binding, arena_dtype
 from .schedule import Schedule
-from .templates import wgsl_f32, wgsl_i32
 from .views import contiguous_strides
 
-WGSL_TYPE = {"f32": "f32", "i32": "i32"}
 NAN_HELPERS = ("tanh_f32", "max_nan", "min_nan", "gt_nan")  # helpers that call is_nan_f32
 
 
@@ -95,110 +96,32 @@ class Body:
             # reshape of a fused sum, say): its storage is written only at the end of the kernel
             if not (base is not t and id(base) in kc.computed):
                 return self.read(t, idx)
-        n = t.node
-        op = n.op
-        a = n.attrs
-        ty = WGSL_TYPE[t.dtype]
-        if op == "const":
-            return wgsl_f32(a["value"]) if t.dtype == "f32" else wgsl_i32(a["value"])
-        if op == "arange":
-            c = idx.get_coords(self)[0]
-            return f"f32({c})" if t.dtype == "f32" else f"i32({c})"
-        if op in ("reshape", "stop_gradient") or (op == "cast" and n.inputs[0].dtype == t.dtype):
-            src = n.inputs[0]
-            sub = Index(src.shape, flat=idx.get_flat(self)) if op == "reshape" else idx
-            return self.value(src, sub)
-        if op == "broadcast_to":
-            src = n.inputs[0]
-            if src.size == t.size:  # only size-1 dims added: the same elements in the same order
-                return self.value(src, Index(src.shape, flat=idx.get_flat(self)))
-            c = idx.get_coords(self)
-            lead = t.ndim - src.ndim
-            sc = ["0u" if d == 1 else c[lead + i] for i, d in enumerate(src.shape)]
-            return self.value(src, Index(src.shape, sc))
-        if op == "transpose":
-            src = n.inputs[0]
-            c = idx.get_coords(self)
-            sc = [None] * src.ndim
-            for i, p in enumerate(a["perm"]):
-                sc[p] = c[i]
-            return self.value(src, Index(src.shape, sc))
-        if op == "flip":
-            src = n.inputs[0]
-            c = list(idx.get_coords(self))
-            for ax in a["axes"]:
-                c[ax] = f"({src.shape[ax] - 1}u - {c[ax]})"
-            return self.value(src, Index(src.shape, c))
-        if op == "narrow":
-            src = n.inputs[0]
-            c = list(idx.get_coords(self))
-            if a["start"]:
-                c[a["axis"]] = f"({c[a['axis']]} + {a['start']}u)"
-            return self.value(src, Index(src.shape, c))
-        if op == "pad":
-            src = n.inputs[0]
-            c = list(idx.get_coords(self))
-            ax, before, size = a["axis"], a["before"], src.shape[a["axis"]]
-            inside = f"({c[ax]} >= {before}u && {c[ax]} < {before + size}u)"
-            c[ax] = f"min({c[ax]} - {before}u, {size - 1}u)" if before else f"min({c[ax]}, {size - 1}u)"
-            v = self.value(src, Index(src.shape, c))
-            zero = "0.0" if t.dtype == "f32" else "0i"
-            return self.let(f"select({zero}, {v}, {inside})", ty)
-        if op == "concat":
-            c = list(idx.get_coords(self))
-            ax = a["axis"]
-            start, parts = 0, []
-            for x in n.inputs:
-                parts.append((start, x))
-                start += x.shape[ax]
-            s0, x0 = parts[-1]
-            cc = list(c)
-            cc[ax] = f"min({c[ax]} - {s0}u, {x0.shape[ax] - 1}u)" if s0 else c[ax]
-            v = self.value(x0, Index(x0.shape, cc))
-            for s0, x in reversed(parts[:-1]):
-                cc = list(c)
-                cc[ax] = f"min({c[ax]} - {s0}u, {x.shape[ax] - 1}u)" if s0 else f"min({c[ax]}, {x.shape[ax] - 1}u)"
-                vx = self.value(x, Index(x.shape, cc))
-                v = self.let(f"select({v}, {vx}, {c[ax]} < {s0 + x.shape[ax]}u)", ty)
-            return v
-        if op == "one_hot":
-            src = n.inputs[0]
-            c = idx.get_coords(self)
-            k = self.value(src, Index(src.shape, c[:-1]))
-            return self.let(f"select(0.0, 1.0, {k} == i32({c[-1]}))", "f32")
-        if op == "gather":
-            table, ix = n.inputs
-            c = idx.get_coords(self)
-            k = self.value(ix, Index(ix.shape, c[: ix.ndim]))
-            row = self.let(f"u32(clamp({k}, 0i, {table.shape[0] - 1}i))", "u32")
-            return self.value(table, Index(table.shape, [row] + c[ix.ndim :]))
-        if op == "take_along_axis":
-            x, ix = n.inputs
-            c = idx.get_coords(self)
-            k = self.value(ix, Index(ix.shape, c))
-            cc = list(c)
-            cc[a["axis"]] = self.let(f"u32(clamp({k}, 0i, {x.shape[a['axis']] - 1}i))", "u32")
-            return self.value(x, Index(x.shape, cc))
-        if op == "rand":
-            kc.helpers.add("hash_u32")
-            seed = self.value(n.inputs[0], Index(()))
-            key = self.let(f"hash_u32(bitcast<u32>({seed}) ^ hash_u32({a['salt']}u))", "u32")
-            return self.let(f"f32(hash_u32({idx.get_flat(self)} + {key}) >> 8u) * {wgsl_f32(1.0 / 16777216.0)}", "f32")
-        if op == "unfold":
-            return self._unfold(n, idx)
-        if op == "fold":
-            return self._fold(n, idx)
-        od = lookup(op)
-        if od.kernel != "elementwise" or od.expr is None:
-            raise CodegenError(f"no elementwise rendering for op {op!r}")
+        od = lookup(t.node.op)
+        if od.render is not None:
+            return od.render(self, t.node, idx)
+        return self.pointwise(t.node, idx)
+
+    def pointwise(self, n, idx: Index) -> str:
+        """The op's `expr` template applied to its inputs' values at the same index."""
+        od = lookup(n.op)
+        if od.expr is None:
+            raise CodegenError(f"no WGSL rendering for op {n.op!r}")
         args = [self.value(x, idx) for x in n.inputs]
-        expr = od.expr(a) if callable(od.expr) else od.expr
+        expr = od.expr(n.attrs) if callable(od.expr) else od.expr
         for h in ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan"):
             if h in expr:
-                kc.helpers.add(h)
-                if h in NAN_HELPERS:
-                    kc.helpers.add("is_nan_f32")
-        return self.let(expr.format(*args), ty)
+                self.helper(h)
+        return self.let(expr.format(*args), n.out.dtype)
+
+    def index(self, shape, coords=None, flat=None) -> Index:
+        """A position in a tensor of `shape` (for render functions: they import nothing from here)."""
+        return Index(shape, coords, flat)
+
+    def helper(self, name: str) -> None:
+        """Make a WGSL helper function (_helpers.wgsl.j2) available to this kernel."""
+        self.kc.helpers.add(name)
+        if name in NAN_HELPERS:
+            self.kc.helpers.add("is_nan_f32")
 
     def read(self, t: Tensor, idx: Index) -> str:
         kc = self.kc
@@ -215,40 +138,8 @@ class Body:
         addr = lin if not loc.offset else f"{loc.offset}u" if lin == "0u" else f"{loc.offset}u + {lin}"
         key = ("read", loc.arena, addr)
         if key not in self.cache:
-            self.cache[key] = self.let(f"{loc.arena}[{addr}]", WGSL_TYPE[t.dtype])
+            self.cache[key] = self.let(f"{loc.arena}[{addr}]", t.dtype)
         return self.cache[key]
-
-    def _unfold(self, n, idx):
-        x = n.inputs[0]
-        a = n.attrs
-        nn_, c, i, j, oh, ow = idx.get_coords(self)
-        (sh, sw), (ph, pw) = a["stride"], a["padding"]
-        h = self.let(f"i32({oh} * {sh}u + {i}) - {ph}i", "i32")
-        w = self.let(f"i32({ow} * {sw}u + {j}) - {pw}i", "i32")
-        H, W = x.shape[2], x.shape[3]
-        inside = f"({h} >= 0i && {h} < {H}i && {w} >= 0i && {w} < {W}i)"
-        hc = self.let(f"u32(clamp({h}, 0i, {H - 1}i))", "u32")
-        wc = self.let(f"u32(clamp({w}, 0i, {W - 1}i))", "u32")
-        v = self.value(x, Index(x.shape, [nn_, c, hc, wc]))
-        return self.let(f"select({wgsl_f32(a['value'])}, {v}, {inside})", "f32")
-
-    def _fold(self, n, idx):
-        cols = n.inputs[0]
-        a = n.attrs
-        nn_, c, h, w = idx.get_coords(self)
-        _, _, kh, kw, OH, OW = cols.shape
-        (sh, sw), (ph, pw) = a["stride"], a["padding"]
-        terms = []
-        for i in range(kh):
-            for j in range(kw):
-                hn = self.let(f"i32({h}) + {ph - i}i", "i32")
-                wn = self.let(f"i32({w}) + {pw - j}i", "i32")
-                ok = f"({hn} >= 0i && {wn} >= 0i && {hn} % {sh}i == 0i && {wn} % {sw}i == 0i && {hn} / {sh}i < {OH}i && {wn} / {sw}i < {OW}i)"
-                ohc = self.let(f"u32(clamp({hn} / {sh}i, 0i, {OH - 1}i))", "u32")
-                owc = self.let(f"u32(clamp({wn} / {sw}i, 0i, {OW - 1}i))", "u32")
-                v = self.value(cols, Index(cols.shape, [nn_, c, f"{i}u", f"{j}u", ohc, owc]))
-                terms.append(self.let(f"select(0.0, {v}, {ok})", "f32"))
-        return self.let(" + ".join(terms), "f32")
 
 
 class KernelContext:

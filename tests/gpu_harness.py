@@ -63,11 +63,15 @@ def adopt_params(tensors):
         assert t.shape == shape, f"{type(self).__name__}: prepared parameter {t.shape}, the module wants {shape}"
         return t
 
-    Module.param = param
+    def torch_param(self, kind, torch_name, shape, transpose=False, **kw):
+        return param(self, shape)  # the PyTorch name is not needed for the prepared tensors
+
+    original_torch = Module._torch_param
+    Module.param, Module._torch_param = param, torch_param
     try:
         yield
     finally:
-        Module.param = original
+        Module.param, Module._torch_param = original, original_torch
     assert not pending, f"{len(pending)} prepared parameters were not used"
 
 

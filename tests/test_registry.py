@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aot import nn, ops
-from aot.ops.registry import OpDef, all_ops, register
+from aot.ops.registry import FUSION, OpDef, all_ops, register
 
 from op_cases import CASES, build
 
@@ -49,6 +49,36 @@ def test_primitive_record_is_complete(name):
     # exactly one of: a VJP rule, or an explicit statement that no gradient flows
     assert (op.vjp is not None) != op.nondiff, f"vjp={op.vjp}, nondiff={op.nondiff}"
     assert op.expr is None or isinstance(op.expr, str) or callable(op.expr)
+
+
+@pytest.mark.parametrize("name", sorted(all_ops()))
+def test_primitive_has_every_stage_fact(name):
+    """The schedule, index_bounds and the WGSL renderer ask the record, never the op's name:
+    every fact they need is there and consistent with the op's fusion class."""
+    op = all_ops()[name]
+    assert op.fusion in FUSION, "fusion class"
+    assert isinstance(op.cost, int) and op.cost >= 0, "recompute cost"
+    assert (op.cost == 0) == (op.fusion in ("constant", "view", "index")), "free exactly when pure index arithmetic"
+    assert isinstance(op.prologue, bool) and isinstance(op.same_order, bool)
+    assert op.kernel in ("leaf", "elementwise", "reduce", "matmul")
+    assert op.index_bound is None or callable(op.index_bound), "index bound"
+    if op.fusion == "pointwise":
+        assert op.same_order and op.expr is not None, "a pointwise op renders through its expr template"
+    if op.kernel == "elementwise" or op.fusion == "constant":
+        assert callable(op.render) or op.expr is not None, "WGSL rendering"
+    else:
+        assert op.render is None and op.expr is None, "kernel ops and leaves are not rendered inline"
+    if op.fusion in ("view", "concat"):
+        assert callable(op.view), "view rule"
+        assert op.index_bound is not None, "views pass index values on"
+    else:
+        assert op.view is None
+    if op.fusion == "reduce":
+        assert callable(op.reduced_axes) and op.split in (None, "pad", "divide")
+    else:
+        assert op.reduced_axes is None and op.split is None
+    if op.prologue:
+        assert op.fusion in ("constant", "view", "index", "gather") and op.kernel != "reduce"
 
 
 def test_register_rejects_duplicates_and_missing_vjp():

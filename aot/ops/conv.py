@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import Bad, OpDef, register
+from ..templates import wgsl_f32
+from .registry import COSTLY, Bad, OpDef, register
 from . import api as F
 
 
@@ -63,7 +64,8 @@ register(
         _unfold_shape,
         _unfold_ref,
         lambda ct, n: (F.fold(ct, n.inputs[0].shape[2:], n.attrs["stride"], n.attrs["padding"]),),
-        "elementwise",
+        "index",
+        render=lambda body, n, idx: _unfold_wgsl(body, n, idx),
     )
 )
 register(
@@ -72,6 +74,46 @@ register(
         _fold_shape,
         _fold_ref,
         lambda ct, n: (F.unfold(ct, n.inputs[0].shape[2:4], n.attrs["stride"], n.attrs["padding"], 0.0),),
-        "elementwise",
+        "gather",
+        cost=COSTLY,
+        render=lambda body, n, idx: _fold_wgsl(body, n, idx),
     )
 )
+
+
+# ---- WGSL (wgsl_expr.Body calls these for one element at `idx`) --------------------------
+
+
+def _unfold_wgsl(body, n, idx):
+    x = n.inputs[0]
+    a = n.attrs
+    nn_, c, i, j, oh, ow = idx.get_coords(body)
+    (sh, sw), (ph, pw) = a["stride"], a["padding"]
+    h = body.let(f"i32({oh} * {sh}u + {i}) - {ph}i", "i32")
+    w = body.let(f"i32({ow} * {sw}u + {j}) - {pw}i", "i32")
+    H, W = x.shape[2], x.shape[3]
+    inside = f"({h} >= 0i && {h} < {H}i && {w} >= 0i && {w} < {W}i)"
+    hc = body.let(f"u32(clamp({h}, 0i, {H - 1}i))", "u32")
+    wc = body.let(f"u32(clamp({w}, 0i, {W - 1}i))", "u32")
+    v = body.value(x, body.index(x.shape, [nn_, c, hc, wc]))
+    return body.let(f"select({wgsl_f32(a['value'])}, {v}, {inside})", "f32")
+
+
+def _fold_wgsl(body, n, idx):
+    cols = n.inputs[0]
+    a = n.attrs
+    nn_, c, h, w = idx.get_coords(body)
+    _, _, kh, kw, OH, OW = cols.shape
+    (sh, sw), (ph, pw) = a["stride"], a["padding"]
+    terms = []
+    for i in range(kh):
+        for j in range(kw):
+            hn = body.let(f"i32({h}) + {ph - i}i", "i32")
+            wn = body.let(f"i32({w}) + {pw - j}i", "i32")
+            ok = f"({hn} >= 0i && {wn} >= 0i && {hn} % {sh}i == 0i && {wn} % {sw}i == 0i && {hn} / {sh}i < {OH}i && {wn} / {sw}i < {OW}i)"
+            ohc = body.let(f"u32(clamp({hn} / {sh}i, 0i, {OH - 1}i))", "u32")
+            owc = body.let(f"u32(clamp({wn} / {sw}i, 0i, {OW - 1}i))", "u32")
+            v = body.value(cols, body.index(cols.shape, [nn_, c, f"{i}u", f"{j}u", ohc, owc]))
+            terms.append(body.let(f"select(0.0, {v}, {ok})", "f32"))
+    return body.let(" + ".join(terms), "f32")
+

@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from .registry import Bad, OpDef, register
+from ..templates import wgsl_f32, wgsl_i32
+from .registry import COSTLY, FOLLOW, Bad, OpDef, follow, register
 from . import api as F
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -44,27 +45,28 @@ def _same_shape_any_dtype(out_dtype=None):
     return rule
 
 
-def _unary(name, ref, vjp, expr):
-    register(OpDef(name, _f32_only(name), ref, vjp, "elementwise", expr=expr))
+def _unary(name, ref, vjp, expr, cost=1):
+    register(OpDef(name, _f32_only(name), ref, vjp, "pointwise", expr=expr, cost=cost))
 
 
 # Unary math. VJPs are written with public ops so they trace like user code.
 _unary("neg", lambda x: -x, lambda ct, n: (F.neg(ct),), "-{0}")
 # sign(0) = 0, so d|x|/dx at 0 is 0 (PyTorch's choice).
 _unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
-register(OpDef("sign", _f32_only("sign"), np.sign, None, "elementwise", expr="sign({0})", nondiff=True))
-_unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})")
-_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "inverseSqrt({0})")
-_unary("exp", np.exp, lambda ct, n: (ct * n.out,), "exp({0})")
-_unary("log", np.log, lambda ct, n: (ct / n.inputs[0],), "log({0})")
-_unary("sin", np.sin, lambda ct, n: (ct * F.cos(n.inputs[0]),), "sin({0})")
-_unary("cos", np.cos, lambda ct, n: (F.neg(ct * F.sin(n.inputs[0])),), "cos({0})")
-_unary("tanh", np.tanh, lambda ct, n: (ct * (1.0 - F.square(n.out)),), "tanh_f32({0})")
+register(OpDef("sign", _f32_only("sign"), np.sign, None, "pointwise", expr="sign({0})", nondiff=True))
+_unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})", COSTLY)
+_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "inverseSqrt({0})", COSTLY)
+_unary("exp", np.exp, lambda ct, n: (ct * n.out,), "exp({0})", COSTLY)
+_unary("log", np.log, lambda ct, n: (ct / n.inputs[0],), "log({0})", COSTLY)
+_unary("sin", np.sin, lambda ct, n: (ct * F.cos(n.inputs[0]),), "sin({0})", COSTLY)
+_unary("cos", np.cos, lambda ct, n: (F.neg(ct * F.sin(n.inputs[0])),), "cos({0})", COSTLY)
+_unary("tanh", np.tanh, lambda ct, n: (ct * (1.0 - F.square(n.out)),), "tanh_f32({0})", COSTLY)
 _unary(
     "sigmoid",
     lambda x: (1.0 / (1.0 + np.exp(-x))).astype(x.dtype),
     lambda ct, n: (ct * n.out * (1.0 - n.out),),
     "sigmoid_f32({0})",
+    COSTLY,
 )
 # relu'(0) = 0, as in PyTorch. Written with the output (y != 0 iff x > 0, or x is NaN, whose
 # gradient torch passes through), so backward keeps y, which the next layer needs anyway, and
@@ -80,6 +82,7 @@ _unary(
     lambda x: np.asarray(_erf(x)).astype(x.dtype),  # frompyfunc gives a Python float for 0-d x
     lambda ct, n: (ct * (2.0 / math.sqrt(math.pi)) * F.exp(F.neg(F.square(n.inputs[0]))),),
     "erf_f32({0})",
+    COSTLY,
 )
 _unary("square", np.square, lambda ct, n: (ct * 2.0 * n.inputs[0],), "{0} * {0}")
 
@@ -98,8 +101,6 @@ def _power_expr(attrs):
 
 
 def _lit(v):
-    from ..templates import wgsl_f32
-
     return wgsl_f32(v)
 
 
@@ -109,17 +110,27 @@ register(
         _f32_only("power"),
         lambda x, p: np.power(x, x.dtype.type(p)),
         lambda ct, n: (ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
-        "elementwise",
+        "pointwise",
         expr=_power_expr,
+        cost=COSTLY,
     )
 )
 
+def _identity_wgsl(body, n, idx):
+    return body.value(n.inputs[0], idx)
+
+
 # stop_gradient is the identity in every kernel; grad.py sees nondiff and sends nothing back.
-register(OpDef("stop_gradient", lambda x: x, lambda x: x.copy(), None, "elementwise", expr="{0}", nondiff=True))
+register(
+    OpDef(
+        "stop_gradient", lambda x: x, lambda x: x.copy(), None, "pointwise", expr="{0}", nondiff=True,
+        index_bound=follow, render=_identity_wgsl,
+    )
+)
 
 
-def _binary(name, ref, vjp, expr):
-    register(OpDef(name, _f32_only(name), ref, vjp, "elementwise", expr=expr))
+def _binary(name, ref, vjp, expr, cost=1):
+    register(OpDef(name, _f32_only(name), ref, vjp, "pointwise", expr=expr, cost=cost))
 
 
 _binary("add", lambda a, b: a + b, lambda ct, n: (ct, ct), "{0} + {1}")
@@ -130,6 +141,7 @@ _binary(
     lambda a, b: a / b,
     lambda ct, n: (ct / n.inputs[1], F.neg(ct * n.out / n.inputs[1])),
     "{0} / {1}",
+    COSTLY,
 )
 
 
@@ -157,7 +169,7 @@ def _cmp(name, ref, op):
             _same_shape_any_dtype("f32"),
             lambda a, b: ref(a, b).astype(np.float32 if a.dtype != np.float64 else np.float64),
             None,
-            "elementwise",
+            "pointwise",
             expr="select(0.0, 1.0, {0} %s {1})" % op,
             nondiff=True,
         )
@@ -185,7 +197,7 @@ register(
         _where_shape,
         lambda c, a, b: np.where(c != 0, a, b),
         lambda ct, n: (None, F.where(n.inputs[0], ct, 0.0), F.where(n.inputs[0], 0.0, ct)),
-        "elementwise",
+        "pointwise",
         expr="select({2}, {1}, {0} != 0.0)",
     )
 )
@@ -210,7 +222,18 @@ def _cast_vjp(ct, n):
     return (None,)
 
 
-register(OpDef("cast", _cast_shape, _cast_ref, _cast_vjp, "elementwise", expr=lambda a: "%s({0})" % a["dtype"]))
+def _cast_wgsl(body, n, idx):
+    if n.inputs[0].dtype == n.out.dtype:
+        return body.value(n.inputs[0], idx)
+    return body.pointwise(n, idx)
+
+
+register(
+    OpDef(
+        "cast", _cast_shape, _cast_ref, _cast_vjp, "pointwise", expr=lambda a: "%s({0})" % a["dtype"],
+        index_bound=lambda n, x: FOLLOW if n.out.dtype == "i32" else None, render=_cast_wgsl,
+    )
+)
 
 
 def _const_shape(value, dtype):
@@ -221,4 +244,9 @@ def _const_ref(value, dtype):
     return np.array(value, dtype=np.float32 if dtype == "f32" else np.int32)
 
 
-register(OpDef("const", _const_shape, _const_ref, None, "leaf", nondiff=True))
+def _const_wgsl(body, n, idx):
+    v = n.attrs["value"]
+    return wgsl_f32(v) if n.out.dtype == "f32" else wgsl_i32(v)
+
+
+register(OpDef("const", _const_shape, _const_ref, None, "constant", nondiff=True, render=_const_wgsl))

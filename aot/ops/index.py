@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import Bad, OpDef, register
+from ..templates import wgsl_f32
+from .registry import COSTLY, Bad, OpDef, register
 from . import api as F
 
 
@@ -28,8 +29,9 @@ register(
         _arange_shape,
         lambda n, dtype: np.arange(n, dtype=np.int32 if dtype == "i32" else np.float32),
         None,
-        "leaf",
+        "constant",
         nondiff=True,
+        render=lambda body, n, idx: "%s(%s)" % (n.out.dtype, idx.get_coords(body)[0]),
     )
 )
 
@@ -50,7 +52,19 @@ def _one_hot_ref(idx, depth):
     return (idx[..., None] == np.arange(depth, dtype=np.int32)).astype(np.float32)
 
 
-register(OpDef("one_hot", _one_hot_shape, _one_hot_ref, None, "elementwise", nondiff=True))
+def _one_hot_wgsl(body, n, idx):
+    src = n.inputs[0]
+    c = idx.get_coords(body)
+    k = body.value(src, body.index(src.shape, c[:-1]))
+    return body.let(f"select(0.0, 1.0, {k} == i32({c[-1]}))", "f32")
+
+
+register(
+    OpDef(
+        "one_hot", _one_hot_shape, _one_hot_ref, None, "gather", nondiff=True,
+        index_bound=lambda n, x: n.attrs["depth"], render=_one_hot_wgsl,
+    )
+)
 
 
 def _gather_shape(table, idx):
@@ -74,7 +88,20 @@ def _gather_vjp(ct, n):
     return F.reshape(dt, table.shape), None
 
 
-register(OpDef("gather", _gather_shape, _gather_ref, _gather_vjp, "elementwise"))
+def _gather_wgsl(body, n, idx):
+    table, ix = n.inputs
+    c = idx.get_coords(body)
+    k = body.value(ix, body.index(ix.shape, c[: ix.ndim]))
+    row = body.let(f"u32(clamp({k}, 0i, {table.shape[0] - 1}i))", "u32")
+    return body.value(table, body.index(table.shape, [row] + c[ix.ndim :]))
+
+
+register(
+    OpDef(
+        "gather", _gather_shape, _gather_ref, _gather_vjp, "gather", cost=COSTLY,
+        index_bound=lambda n, x: n.inputs[0].shape[0] if n.inputs[1] is x else None, render=_gather_wgsl,
+    )
+)
 
 
 def _tala_shape(x, idx, axis):
@@ -110,7 +137,23 @@ def _tala_vjp(ct, n):
     return (F.transpose(dx, inv) if axis != last else dx), None
 
 
-register(OpDef("take_along_axis", _tala_shape, _tala_ref, _tala_vjp, "elementwise"))
+def _tala_wgsl(body, n, idx):
+    x, ix = n.inputs
+    c = idx.get_coords(body)
+    k = body.value(ix, body.index(ix.shape, c))
+    cc = list(c)
+    axis = n.attrs["axis"]
+    cc[axis] = body.let(f"u32(clamp({k}, 0i, {x.shape[axis] - 1}i))", "u32")
+    return body.value(x, body.index(x.shape, cc))
+
+
+register(
+    OpDef(
+        "take_along_axis", _tala_shape, _tala_ref, _tala_vjp, "gather", cost=COSTLY,
+        index_bound=lambda n, x: n.inputs[0].shape[n.attrs["axis"]] if n.inputs[1] is x else None,
+        render=_tala_wgsl,
+    )
+)
 
 
 # Counter-based uniform random numbers: u = hash(index + hash(seed ^ hash(salt))), 24 bits.
@@ -137,4 +180,11 @@ def _rand_ref(seed, shape, salt):
     return ((u >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / 16777216.0)).reshape(shape)
 
 
-register(OpDef("rand", _rand_shape, _rand_ref, None, "elementwise", nondiff=True))
+def _rand_wgsl(body, n, idx):
+    body.helper("hash_u32")
+    seed = body.value(n.inputs[0], body.index(()))
+    key = body.let(f"hash_u32(bitcast<u32>({seed}) ^ hash_u32({n.attrs['salt']}u))", "u32")
+    return body.let(f"f32(hash_u32({idx.get_flat(body)} + {key}) >> 8u) * {wgsl_f32(1.0 / 16777216.0)}", "f32")
+
+
+register(OpDef("rand", _rand_shape, _rand_ref, None, "gather", nondiff=True, cost=COSTLY, render=_rand_wgsl))

@@ -51,6 +51,8 @@ register(
         lambda x, axes, keepdims: np.sum(x, axis=tuple(axes), keepdims=keepdims, dtype=x.dtype),
         lambda ct, n: (_expand_back(ct, n),),
         "reduce",
+        reduced_axes=lambda a: tuple(a["axes"]),
+        split="pad",  # sums pad a long axis with zeros up to a multiple of the chunk
     )
 )
 register(
@@ -60,6 +62,8 @@ register(
         lambda x, axes, keepdims: np.max(x, axis=tuple(axes), keepdims=keepdims),
         _max_vjp,
         "reduce",
+        reduced_axes=lambda a: tuple(a["axes"]),
+        split="divide",  # no padding value: chunks must divide the axis
     )
 )
 
@@ -75,4 +79,4 @@ def _argmax_ref(x, axis, keepdims):
     return np.expand_dims(r, axis) if keepdims else r
 
 
-register(OpDef("argmax", _argmax_shape, _argmax_ref, None, "reduce", nondiff=True))
+register(OpDef("argmax", _argmax_shape, _argmax_ref, None, "reduce", nondiff=True, reduced_axes=lambda a: (a["axis"],)))
