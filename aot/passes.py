@@ -1,4 +1,5 @@
-"""Graph -> Graph passes. PIPELINE runs in order; each pass returns a new graph object."""
+"""Graph -> Graph passes. PIPELINE runs in order; each pass returns a new graph and leaves its
+input graph as it was (a node whose inputs change is copied, with a new output tensor)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,7 @@ def cse_consts(g: Graph) -> Graph:
     remap: dict[int, object] = {}
     nodes = []
     for n in g.nodes:
-        if remap:
-            n.inputs = tuple(remap.get(id(t), t) for t in n.inputs)
+        n = _with_inputs(n, remap)
         if lookup(n.op).fusion == "constant":
             key = (n.op, tuple(sorted(n.attrs.items())))
             if key in canon:
@@ -38,6 +38,17 @@ def cse_consts(g: Graph) -> Graph:
         nodes.append(n)
 
     return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
+
+
+def _with_inputs(n: Node, remap: dict[int, Tensor]) -> Node:
+    """n itself, or a copy of n reading the remapped inputs (its new output is remapped too)."""
+    ins = tuple(remap.get(id(t), t) for t in n.inputs)
+    if all(a is b for a, b in zip(ins, n.inputs)):
+        return n
+    out = Tensor(n.out.shape, n.out.dtype)
+    out.node = Node(n.op, ins, dict(n.attrs), out, n.site)
+    remap[id(n.out)] = out
+    return out.node
 
 
 def _rebuild(g: Graph, nodes, f) -> Graph:
@@ -59,9 +70,8 @@ def split_reductions(g: Graph) -> Graph:
     multiple of k with zeros). Same result up to float rounding, fixed order, no atomics."""
     nodes: list = []
     remap: dict[int, object] = {}
-    for n in g.nodes:
-        if remap:
-            n.inputs = tuple(remap.get(id(t), t) for t in n.inputs)
+    for orig in g.nodes:
+        n = _with_inputs(orig, remap)
         plan = _split_plan(n)
         if plan is None:
             nodes.append(n)
@@ -81,7 +91,7 @@ def split_reductions(g: Graph) -> Graph:
             y = reduce(reduce(y, lo + 1), lo)
             y = ops.reshape(y, n.out.shape)
         nodes.extend(tmp.nodes)
-        remap[id(n.out)] = y
+        remap[id(orig.out)] = y
     return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
 
 

@@ -103,3 +103,38 @@ def test_adam_update_is_one_kernel_writing_params_and_state_in_place():
     plan = c.plans["train"]
     arenas = sorted(plan.loc[id(t)].arena for t in last.outs)
     assert arenas == ["params", "state", "state_1"]  # adam.m in state, adam.v in state_1 and not plan.copies
+
+
+def _split_and_cse_graph() -> Graph:
+    # two equal constants (merged by cse_consts) feeding a sum long enough for split_reductions
+    g = Graph("g")
+    with tracing(g):
+        x = emit("input", (), name="x", shape=(3, 1 << 17), dtype="f32")
+        y = ops.sum(x * 2.0 + 2.0, axis=1) * 2.0
+        g.outputs["out"] = ops.max(ops.reshape(x, (-1,)) * 2.0) + y
+    return g
+
+
+@pytest.mark.parametrize("example", ["sine_mlp", "addition_transformer", "split"])
+def test_passes_leave_their_input_graph_unchanged(example):
+    """Each pass returns a new graph: the input graph's nodes, their inputs, attrs and outputs stay."""
+    from aot.frontend import trace_program
+    from aot.passes import PIPELINE
+
+    if example == "split":
+        graphs = [_split_and_cse_graph()]
+    else:
+        prog = runpy.run_path(str(ROOT / "examples" / f"{example}.py"))["program"]
+        graphs = list(trace_program(prog).graphs.values())
+    for g in graphs:
+        for p in PIPELINE:
+            before = [(n, n.op, n.inputs, dict(n.attrs), n.out, n.out.node) for n in g.nodes]
+            groups = [dict(d) for d in (g.outputs, g.captures, g.updates, g.grads, g.persist)]
+            out = p(g)
+            after = [(n, n.op, n.inputs, dict(n.attrs), n.out, n.out.node) for n in g.nodes]
+            assert len(before) == len(after) and all(
+                a[0] is b[0] and a[1] == b[1] and a[2] == b[2] and a[3] == b[3] and a[4] is b[4] and a[5] is b[5]
+                for a, b in zip(before, after)
+            ), f"{p.__name__} changed its input graph {g.name}"
+            assert groups == [dict(d) for d in (g.outputs, g.captures, g.updates, g.grads, g.persist)]
+            g = out
