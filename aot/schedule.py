@@ -159,6 +159,15 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
                 changed |= _place_concat(n, views, stored, placed, roots)
         if not changed:
             break
+    # A placement made in an early round is void if a later round turned its tensor into a view
+    # of another owner (a narrow of a tensor stored later for a matmul): nothing would write the
+    # slice. Such a concat is assembled by its own kernel instead.
+    for n in g.nodes:
+        if op_of(n).fusion == "concat":
+            ys = [_strip_reshapes(x) for x in n.inputs]
+            if any(id(y) in placed for y in ys) and not all(id(y) in views and views[id(y)].base is y for y in ys):
+                for y in ys:
+                    placed.pop(id(y), None)
 
     owner_ids = {id(t) for t in owners}
     mm_epilogue = _matmul_epilogues(g, users, owner_ids, roots)

@@ -90,7 +90,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: step 1: gradient of a: 3/3 elements off (max error 2); at (0, 0): got 0, expected 1')
 def test_fuzz_gpu_06db3976():
     model = aot.compile(program)
     try:
