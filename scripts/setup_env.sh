@@ -12,6 +12,15 @@ if ! ldconfig -p 2>/dev/null | grep -q libvulkan_lvp; then
   $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 python3-venv >/dev/null
 fi
 
+# the web target's tests drive Debian's chromium (its WebGPU adapter is SwiftShader on machines
+# without a GPU) through Playwright, which pyproject's test extra installs; they skip without it
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq chromium >/dev/null || echo "setup: chromium not installed; the web tests will be skipped"
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
