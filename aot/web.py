@@ -90,10 +90,20 @@ def _js(value) -> str:
     return json.dumps(value, indent=1, ensure_ascii=True)
 
 
+# members of the JS Model (runtime.js) that an infer entry's method would shadow
+JS_MEMBERS = frozenset(
+    "create step params grads loadParams reset setLr currentLr save restore close paramNames seed lr "
+    "requiredLimits device stepCount constructor".split()
+)
+
+
 def web_files(c, source_name: str) -> dict[str, str]:
     """Relative path -> file content of the web project."""
     prog, wgsl = web_tables(c)
     name = prog["name"]
+    for entry in prog["signatures"]:
+        if entry != "train" and (entry in JS_MEMBERS or entry.startswith("_")):
+            raise ValueError(f"{name}: infer entry {entry!r} would shadow the JS Model's {entry}; rename it for the web target")
     source = printable(source_name)
     entries = {}
     for entry, sig in prog["signatures"].items():

@@ -385,3 +385,16 @@ def test_build_targets_cli(tmp_path):
     assert r.returncode != 0 and "index.html" in r.stderr and (tmp_path / "w/sine_mlp/index.html").read_text() == "mine"
     (web_dir / "old.js").write_text("x")  # not in the manifest: a rebuild leaves it alone
     assert run("--target", "all").returncode == 0 and (web_dir / "old.js").exists()
+
+
+def test_limits_asked_only_when_needed(page):
+    got = _js(page, """
+        const out = {plain: m.requiredLimits};
+        const make = (extra) => class extends M.Model { static PROGRAM = {...M.PROGRAM, limits: {...M.PROGRAM.limits, ...extra}}; };
+        const more = await make({maxStorageBuffersPerShaderStage: 9}).create();
+        out.more = more.requiredLimits; out.granted = more.device.limits.maxStorageBuffersPerShaderStage; more.close();
+        try { await make({maxComputeWorkgroupStorageSize: 2 ** 40}).create(); out.err = "none"; } catch (e) { out.err = e.message; }
+        return out;""")
+    assert got["plain"] == {}  # sine_mlp fits WebGPU's defaults: nothing asked
+    assert got["more"] == {"maxStorageBuffersPerShaderStage": 9} and got["granted"] >= 9
+    assert "needs maxComputeWorkgroupStorageSize = 1099511627776, but this adapter allows" in got["err"]
