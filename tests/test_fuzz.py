@@ -2,12 +2,15 @@
 fuzzer itself can see a bug: its oracle flags a wrong gradient, shrinking keeps a failure and a
 reproducer is a standalone pytest file. `scripts/fuzz.py --minutes N` runs the same for longer.
 
-Each seed is one Program of 3..6 random graphs, 2 or 3 steps with fresh inputs; a failure
-message carries each failing graph as standalone source (run scripts/fuzz.py with that seed to
-get it shrunk into tests/fuzz_repros/).
+Each seed is one Program of 3..6 random graphs, 2 or 3 steps with fresh inputs (sometimes with
+SGD updates, sometimes an Infer entry), then step 1 replayed after reset(); a failure message
+carries each failing graph as standalone source (`python scripts/fuzz.py --seed S --minutes 0`
+shrinks seed S's failures into tests/fuzz_repros/).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -31,7 +34,7 @@ def fast_builds():
 def _report(batch: fg.Batch, failures: list) -> str:
     lines = [f"seed {batch.seed}: {len(failures)} disagreement(s)"] + [f"  {f}" for f in failures[:12]]
     for k in sorted({f.case for f in failures if f.case is not None}):
-        one = fg.Batch([batch.cases[k]], capture=batch.capture, infer=batch.infer, steps=batch.steps)
+        one = replace(batch, cases=[batch.cases[k]])
         lines += ["", f"# case {k}:", fg.batch_source(one, inline=True)]
     return "\n".join(lines)
 
@@ -52,7 +55,7 @@ def test_fuzz_seed(seed, fast_builds):
 def test_generate_is_deterministic():
     a, b = fg.generate(123), fg.generate(123)
     assert fg.batch_source(a, inline=True) == fg.batch_source(b, inline=True)
-    assert [fg.feeds(a, s) for s in range(a.steps)].__repr__() == [fg.feeds(b, s) for s in range(b.steps)].__repr__()
+    assert repr([fg.feeds(a, s) for s in range(a.steps)]) == repr([fg.feeds(b, s) for s in range(b.steps)])
 
 
 def _where_case():
