@@ -31,7 +31,7 @@ PRIORITY = {"compile": 0, "run": 1, "interp-error": 2, "interp": 3, "gpu": 4}
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--minutes", type=float, default=5.0, help="how long to fuzz (default 5)")
+    ap.add_argument("--minutes", type=float, default=5.0, help="how long to fuzz (default 5; 0: just the first seed)")
     ap.add_argument("--seed", type=int, default=None, help="first seed (default: from the clock)")
     ap.add_argument("--out", default=str(ROOT / "tests" / "fuzz_repros"), help="where reproducers go (default tests/fuzz_repros)")
     ap.add_argument("--shrink-seconds", type=float, default=240.0, help="time limit for shrinking one failure")
@@ -119,9 +119,11 @@ def run(args) -> int:
     deadline = t0 + args.minutes * 60
     r = Run(args)
     try:
-        while time.monotonic() < deadline:
+        while True:  # at least one seed: --minutes 0 checks (and shrinks) just --seed
             r.one(seed)
             seed += 1
+            if time.monotonic() >= deadline:
+                break
             if time.monotonic() - last >= args.every:
                 last = time.monotonic()
                 print(f"fuzz: [{(last - t0) / 60:5.1f} min] {r.line()}", flush=True)
