@@ -1,4 +1,4 @@
-"""(Schedule, Plan) -> one WGSL compute kernel per scheduled kernel, from the templates of its
+"""(KernelSchedule, Plan) -> one WGSL compute kernel per scheduled kernel, from the templates of its
 family (elementwise, reduce, matmul); the values themselves are rendered by wgsl_expr.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from .errors import CodegenError
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, render_matmul
 from .plan import Plan
-from .schedule import Kernel, Schedule, op_of
+from .schedule import Kernel, KernelSchedule, op_of
 from .templates import render
 from .views import View, merge_subdims
 from .wgsl_expr import Body, Index, KernelContext, _size
@@ -36,7 +36,7 @@ def _grid(n_groups: int) -> tuple[int, int, int]:
     return (-(-n_groups // y), y, 1)
 
 
-def _fused_ops(k: Kernel, s: Schedule) -> list[str]:
+def _fused_ops(k: Kernel, s: KernelSchedule) -> list[str]:
     """Names of the ops a kernel computes (its own node plus everything inlined into it), in graph order."""
     seen, order = set(), []
     stack = list(k.outs)
@@ -56,7 +56,7 @@ def _fused_ops(k: Kernel, s: Schedule) -> list[str]:
     return [n.op for n in sorted(order, key=lambda n: pos[id(n)]) if n.op not in ("reshape", "broadcast_to")]
 
 
-def kernel_name(i: int, k: Kernel, s: Schedule) -> str:
+def kernel_name(i: int, k: Kernel, s: KernelSchedule) -> str:
     """k{index}_{label}: the kernel's main op (matmul, the reduction, the last elementwise op)
     after up to two other ops fused into it, e.g. k012_fused_mul_sub_sum."""
     ops = list(dict.fromkeys(_fused_ops(k, s)))
@@ -67,7 +67,7 @@ def kernel_name(i: int, k: Kernel, s: Schedule) -> str:
     return f"k{i:03d}_" + ("_".join(["fused"] + others[:2] + [main]) if others else main)
 
 
-def generate(s: Schedule, plan: Plan, prefix_index: int = 0) -> list[KernelCode]:
+def generate(s: KernelSchedule, plan: Plan, prefix_index: int = 0) -> list[KernelCode]:
     out = []
     names = tensor_names(s.graph)
     for i, k in enumerate(s.kernels):
@@ -80,7 +80,7 @@ def generate(s: Schedule, plan: Plan, prefix_index: int = 0) -> list[KernelCode]
     return out
 
 
-def _header(name: str, k: Kernel, s: Schedule, names) -> tuple[list[str], str, str]:
+def _header(name: str, k: Kernel, s: KernelSchedule, names) -> tuple[list[str], str, str]:
     ops = _fused_ops(k, s)
     site = k.node.site.short if k.node.site else "optimizer" if s.graph.meta.get("kind") == "train" else "-"
     ins = sorted({names.get(id(r), "params") for r in k.reads})
@@ -92,7 +92,7 @@ def _header(name: str, k: Kernel, s: Schedule, names) -> tuple[list[str], str, s
     return lines, " ".join(ops), site
 
 
-def _kernel(name, k: Kernel, s: Schedule, plan: Plan, names) -> KernelCode:
+def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names) -> KernelCode:
     header, ops, site = _header(name, k, s, names)
     if k.kind == "elementwise":
         kc = KernelContext(s, plan, None)
@@ -150,7 +150,7 @@ def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) 
                 )
 
 
-def _reduce(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> KernelCode:
+def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -> KernelCode:
     members = k.group + [k]
     n_out, n_red = k.reduce_space()
     kc = KernelContext(s, plan, None)
@@ -204,7 +204,7 @@ def _merge(subdims) -> tuple:
     return tuple(merge_subdims(subdims)) or ((1, 0),)
 
 
-def _operand(plan: Plan, s: Schedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list) -> Operand:
+def _operand(plan: Plan, s: KernelSchedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list) -> Operand:
     """t [..., rows, cols] as a matmul operand; with fold_batch the batch dims join the rows.
     A t that is not stored is computed by a WGSL function `fn` as the tiles load it."""
     if id(t) not in s.views:
@@ -215,7 +215,7 @@ def _operand(plan: Plan, s: Schedule, t: Tensor, kc: KernelContext, fold_batch: 
     return _strided_operand(loc.arena, loc.offset, dims, fold_batch)
 
 
-def _prologue(s: Schedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list) -> Operand:
+def _prologue(s: KernelSchedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list) -> Operand:
     """An operand computed in the matmul (schedule.is_prologue: unfold/flip index arithmetic over
     stored tensors): `fn name(bi, row, col) -> f32` renders t's expression at that element. Its
     strides are those t would have if the unfold/flip output were stored, so the tile loads walk
@@ -250,7 +250,7 @@ def _strided_operand(arena: str, offset: int, dims, fold_batch: bool) -> Operand
     return Operand(arena, offset, 0, 0, 0, batch_dims=() if fold_batch else batch, row_dims=rows, col_dims=cols)
 
 
-def _matmul(name, header, k: Kernel, s: Schedule, plan: Plan, ops, site) -> KernelCode:
+def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -> KernelCode:
     mm = k.mm if k.mm is not None else k.out
     a, b = mm.node.inputs
     kc = KernelContext(s, plan, k.out if k.mm is not None else None)

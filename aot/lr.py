@@ -9,7 +9,7 @@ from .runtime.schedules import lr_at, normalize
 
 
 @dataclass(frozen=True)
-class Schedule:
+class LrSchedule:
     spec: tuple
 
     def __call__(self, t: int) -> float:
@@ -17,21 +17,21 @@ class Schedule:
         return lr_at(self.spec, t)
 
 
-def linear(peak: float, final: float, steps: int) -> Schedule:
-    return Schedule(normalize(("linear", peak, final, steps)))
+def linear(peak: float, final: float, steps: int) -> LrSchedule:
+    return LrSchedule(normalize(("linear", peak, final, steps)))
 
 
-def cosine(peak: float, final: float, steps: int) -> Schedule:
-    return Schedule(normalize(("cosine", peak, final, steps)))
+def cosine(peak: float, final: float, steps: int) -> LrSchedule:
+    return LrSchedule(normalize(("cosine", peak, final, steps)))
 
 
-def warmup(peak: float, steps: int, after) -> Schedule:
-    return Schedule(normalize(("warmup", peak, steps, after)))
+def warmup(peak: float, steps: int, after) -> LrSchedule:
+    return LrSchedule(normalize(("warmup", peak, steps, after)))
 
 
-def step(peak: float, every: int, gamma: float) -> Schedule:
-    return Schedule(normalize(("step", peak, every, gamma)))
+def step(peak: float, every: int, gamma: float) -> LrSchedule:
+    return LrSchedule(normalize(("step", peak, every, gamma)))
 
 
-def multistep(peak: float, milestones, gamma: float) -> Schedule:
-    return Schedule(normalize(("multistep", peak, tuple(milestones), gamma)))
+def multistep(peak: float, milestones, gamma: float) -> LrSchedule:
+    return LrSchedule(normalize(("multistep", peak, tuple(milestones), gamma)))

@@ -21,14 +21,14 @@ from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan, st
 from .program import Program
 from .runtime.schedules import normalize
 from .ops.registry import FOLLOW, lookup
-from .schedule import ParamArena, Schedule, schedule
+from .schedule import ParamArena, KernelSchedule, schedule
 
 
 @dataclass
 class Compiled:
     traced: Traced
     graphs: dict[str, ir.Graph]
-    schedules: dict[str, Schedule]
+    schedules: dict[str, KernelSchedule]
     plans: dict[str, Plan]
     kernels: dict[str, list[codegen.KernelCode]]
     program: dict = field(default_factory=dict)  # the literal tables the package gets

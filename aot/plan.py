@@ -1,4 +1,4 @@
-"""Schedule -> BufferPlan: every storage owner gets (buffer, element offset).
+"""KernelSchedule -> BufferPlan: every storage owner gets (buffer, element offset).
 
 Buffers ("arenas") are fixed per package, so every kernel binds at most seven of them
 (under WebGPU's default limit of 8 storage buffers per stage) whatever the graph:
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .errors import CodegenError
 from .ir import Tensor
-from .schedule import Schedule, _identity_reads, op_of
+from .schedule import KernelSchedule, _identity_reads, op_of
 
 ALIGN = 64  # elements: 256-byte aligned tensors keep reads coalesced and offsets tidy
 ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32", "state_1")
@@ -62,7 +62,7 @@ class Plan:
     work_unpooled: int = 0  # elements the work arena would need with one slot per tensor
     work_peak_live: int = 0  # largest sum of intermediates alive at once: the bound for any packing
 
-    def read_loc(self, s: Schedule, t: Tensor) -> tuple[Loc, tuple]:
+    def read_loc(self, s: KernelSchedule, t: Tensor) -> tuple[Loc, tuple]:
         """Where element (0, ...) of t lives, and t's per-axis sub-dims."""
         v = s.views[id(t)]
         base = self.loc[id(v.base)]
@@ -78,7 +78,7 @@ def state_arena(i: int) -> str:
     return "state" if i == 0 else f"state_{i}"
 
 
-def plan(s: Schedule, state_arenas: dict[str, str], param_total: int, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB) -> Plan:
+def plan(s: KernelSchedule, state_arenas: dict[str, str], param_total: int, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB) -> Plan:
     g = s.graph
     cap = int(max_binding_mib * 2**20) // 4 // ALIGN * ALIGN  # elements per buffer
     loc: dict[int, Loc] = {}
@@ -206,13 +206,13 @@ def _state_leaf(g, name):
     raise CodegenError(f"{g.name}: update of unknown state {name!r}")
 
 
-def _target_base(s: Schedule, g, name) -> Tensor:
+def _target_base(s: KernelSchedule, g, name) -> Tensor:
     if name == "params":
         return next(t for t in s.owners if t.node.op == "param")
     return _state_leaf(g, name)
 
 
-def _in_place_ok(s: Schedule, index, readers, owner: Tensor, target: Tensor) -> bool:
+def _in_place_ok(s: KernelSchedule, index, readers, owner: Tensor, target: Tensor) -> bool:
     """The writer must be the last kernel to read the target, and read it only elementwise."""
     w = index.get(id(owner))
     if w is None:

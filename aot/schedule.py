@@ -1,4 +1,4 @@
-"""Graph -> Schedule: the fusion stage. Decides which tensors get storage, which are plain
+"""Graph -> KernelSchedule: the fusion stage. Decides which tensors get storage, which are plain
 views of storage, and which kernels run.
 
 Rules (why in brackets):
@@ -69,7 +69,7 @@ class Kernel:
 
 
 @dataclass
-class Schedule:
+class KernelSchedule:
     graph: Graph
     owners: list[Tensor]  # tensors that own storage, in graph order
     views: dict[int, View]  # every tensor readable from storage
@@ -113,7 +113,7 @@ class ParamArena:
         self.tensor.node = Node("param", (), {"name": "*"}, self.tensor)
 
 
-def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
+def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
     users = g.users()
     roots = {id(t) for t in g.roots()}
     stored: set[int] = set()
@@ -192,14 +192,14 @@ def schedule(g: Graph, params: ParamArena | None = None) -> Schedule:
             kernels.append(Kernel(op_of(n).fusion, t, n))
         else:
             kernels.append(Kernel("elementwise", t, n))
-    s = Schedule(g, owners, views, placed, kernels)
+    s = KernelSchedule(g, owners, views, placed, kernels)
     for k in kernels:
         k.reads = kernel_reads(s, k)
     _merge_elementwise(s)
     return s
 
 
-def _merge_elementwise(s: Schedule) -> None:
+def _merge_elementwise(s: KernelSchedule) -> None:
     """Merge kernels until nothing changes (rules in the module docstring). A merge keeps
     every output stored, so later readers are unaffected; it never moves a computation
     before a kernel that produces one of its inputs."""
@@ -214,7 +214,7 @@ def _merge_elementwise(s: Schedule) -> None:
                 break
 
 
-def _same_space(s: Schedule, k1: Kernel, k2: Kernel) -> bool:
+def _same_space(s: KernelSchedule, k1: Kernel, k2: Kernel) -> bool:
     """k2 is elementwise over k1's output elements and reads k1's outputs element for element."""
     return (
         k2.kind == "elementwise"
@@ -225,7 +225,7 @@ def _same_space(s: Schedule, k1: Kernel, k2: Kernel) -> bool:
     )
 
 
-def _merge_reader(s: Schedule, i: int, j: int | None) -> bool:
+def _merge_reader(s: KernelSchedule, i: int, j: int | None) -> bool:
     if j is None:
         return False
     k1, k2 = s.kernels[i], s.kernels[j]
@@ -249,7 +249,7 @@ def _merge_reader(s: Schedule, i: int, j: int | None) -> bool:
     return True
 
 
-def _merge_sibling(s: Schedule, i: int, j: int | None) -> bool:
+def _merge_sibling(s: KernelSchedule, i: int, j: int | None) -> bool:
     """Move reduction k1 into the next reduction k2 with the same index space, if k2 does not
     need k1's results and nothing before k2 does."""
     k1 = s.kernels[i]
@@ -287,7 +287,7 @@ def _prologue_split(t: Tensor, views) -> tuple[bool, list[Tensor]]:
     return found, below
 
 
-def _identity_reads(s: Schedule, out: Tensor, target: Tensor) -> bool:
+def _identity_reads(s: KernelSchedule, out: Tensor, target: Tensor) -> bool:
     """Every read of target's storage in out's expression is at out's own flat index."""
     stack = [(out, True, True)]
     while stack:
@@ -363,7 +363,7 @@ def _matmul_epilogues(g: Graph, users, owner_ids, roots) -> dict[int, Tensor]:
     return out
 
 
-def kernel_reads(s: Schedule, k: Kernel) -> list[Tensor]:
+def kernel_reads(s: KernelSchedule, k: Kernel) -> list[Tensor]:
     """Storage owners a kernel reads (through its inlined expression tree)."""
     seen: dict[int, Tensor] = {}
     # a fused epilogue starts from the matmul's operands and the epilogue root's inputs

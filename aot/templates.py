@@ -13,7 +13,9 @@ import numpy as np
 
 from .errors import printable
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "codegen_templates"
+# installed from a wheel: aot/codegen_templates; in a source checkout: the repository's codegen_templates/
+_INSTALLED = Path(__file__).resolve().parent / "codegen_templates"
+TEMPLATE_DIR = _INSTALLED if _INSTALLED.is_dir() else Path(__file__).resolve().parent.parent / "codegen_templates"
 
 
 def wgsl_f32(x: float) -> str:

@@ -16,7 +16,7 @@ from .ir import Tensor
 from .matmul_codegen import split_index
 from .ops.registry import lookup
 from .plan import Plan, arena_binding, arena_dtype
-from .schedule import Schedule
+from .schedule import KernelSchedule
 from .views import contiguous_strides
 
 NAN_HELPERS = ("tanh_f32", "max_nan", "min_nan", "gt_nan")  # helpers that call is_nan_f32
@@ -143,7 +143,7 @@ class Body:
 
 
 class KernelContext:
-    def __init__(self, s: Schedule, plan: Plan, computing: Tensor | None):
+    def __init__(self, s: KernelSchedule, plan: Plan, computing: Tensor | None):
         self.s = s
         self.plan = plan
         self.computing = computing

@@ -1,5 +1,5 @@
 """Planned GPU memory of every example's training entry point next to tensorgrad 0.4.6's pooled
-figure (../shared/reference/tensorgrad.md §5.13) and the lower bound any packing must pay:
+figure (docs/reference/tensorgrad.md §5.13) and the lower bound any packing must pay:
 params + grads + optimizer state + inputs + the largest set of intermediates alive at once.
 
     python scripts/memory_table.py [--json scripts/results/memory.json]

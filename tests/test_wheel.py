@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import venv
 from pathlib import Path
@@ -48,3 +49,34 @@ def test_wheel_installs_and_trains_without_aot(tmp_path):
                        env=dict(os.environ, PYTHONPATH=""))
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok")
+
+
+@pytest.mark.slow
+def test_a_wheel_of_aot_builds_the_examples_in_a_clean_venv(tmp_path):
+    """`pip install .` (not editable): the templates are package data, so the installed compiler
+    builds packages with no source checkout beside it."""
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(ROOT)],
+        check=True, capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("aot-*.whl")
+    env_dir = tmp_path / "env"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    # aot's dependencies (numpy, jinja2, black, wgpu) from the test environment, without a download:
+    # a plain path line in a .pth file adds that folder but runs none of its own .pth hooks, so the
+    # editable aot of the test environment stays out and `import aot` finds the installed wheel
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model.py").write_text((ROOT / "examples" / "sine_mlp.py").read_text())
+    r = subprocess.run(
+        [str(py), "-c", "import aot, sys; print(aot.__file__); sys.exit(__import__('aot.cli').cli.main(['build', 'model.py', '-o', 'out']))"],
+        capture_output=True, text=True, cwd=work, env=dict(os.environ, PYTHONPATH=""),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert str(env_dir) in r.stdout.splitlines()[0], r.stdout  # the installed aot, not the checkout
+    assert (work / "out" / "sine_mlp" / "sine_mlp" / "kernels.py").exists()
