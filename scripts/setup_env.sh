@@ -25,6 +25,8 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]"
+# scripts/demo.sh plots its loss curve here (never in the deployed package's environment)
+.venv/bin/python -c "import matplotlib" 2>/dev/null || .venv/bin/python -m pip install -q matplotlib || echo "setup: matplotlib not installed; demo.sh will skip its plot"
 # test-only oracle; a wheel of this version is on the build machines already
 .venv/bin/python -m pip install -q "torch==2.13.0" || echo "setup: torch not installed; PyTorch parity tests will be skipped"
 echo "setup: ready (.venv)"

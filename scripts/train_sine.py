@@ -1,6 +1,11 @@
 """Train and use the generated sine_mlp package (needs only the installed wheel: wgpu + numpy).
 
-    python scripts/train_sine.py --steps 1000   (run from anywhere but examples/, whose sine_mlp.py is the model source)
+    python scripts/train_sine.py --steps 1000 [--per-call 50] [--losses losses.npy]
+    (run from anywhere but examples/, whose sine_mlp.py is the model source)
+
+Trains through Model.step_many: --per-call batches stacked on a leading axis per call, one
+upload and one readback of their losses each. --losses writes every step's loss (.npy) for
+scripts/plot_losses.py.
 """
 
 import argparse
@@ -23,6 +28,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--checkpoint", default="sine_mlp.npz")
+    ap.add_argument("--per-call", type=int, default=50, help="steps per step_many call")
+    ap.add_argument("--losses", help="write every step's loss here (.npy)")
     args = ap.parse_args()
 
     model = sine_mlp.Model(seed=0)
@@ -30,13 +37,17 @@ def main():
     print(f"sine_mlp: {len(model.param_names)} params on {model._engine.adapter_info.get('device', '?')}")
     t0 = time.perf_counter()
     history = []
-    for i in range(1, args.steps + 1):
-        x = rng.uniform(-np.pi, np.pi, (256, 1)).astype(np.float32)
-        loss = model.step(x=x, y=np.sin(x))
-        history.append(loss)
-        if i % 10 == 0 or i == args.steps:
-            progress(i, args.steps, loss, t0)
+    done = 0
+    while done < args.steps:
+        k = min(args.per_call, args.steps - done)
+        x = rng.uniform(-np.pi, np.pi, (k, 256, 1)).astype(np.float32)  # k batches, stacked
+        losses = model.step_many(x=x, y=np.sin(x))
+        history.extend(float(v) for v in losses)
+        done += k
+        progress(done, args.steps, history[-1], t0)
     print()
+    if args.losses:
+        np.save(args.losses, np.asarray(history, dtype=np.float32))
     for i in (1, 10, 100, args.steps):
         if i <= len(history):
             print(f"  step {i:5d}: loss {history[i - 1]:.5f}")
