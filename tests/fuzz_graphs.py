@@ -1274,7 +1274,7 @@ class Gen:
         return self.emit(self.choice(("sum", "sum", "mean", "max")), (z,), kw)
 
     ACTIONS = (("unary", 14), ("binary", 16), ("where", 5), ("reduce", 9), ("argmax", 3), ("reshape", 4), ("transpose", 4),
-               ("narrow", 3), ("broadcast", 3), ("concat", 3), ("stack", 2), ("split", 2), ("matmul", 6), ("index", 7),
+               ("narrow", 3), ("broadcast", 3), ("concat", 5), ("stack", 3), ("split", 3), ("matmul", 6), ("index", 7),
                ("softmax", 4), ("cross_entropy", 2), ("causal", 1), ("module", 3), ("heads", 1), ("conv", 2),
                ("rope", 1), ("attention", 2), ("bcast_reduce", 3))
 
