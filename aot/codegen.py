@@ -169,7 +169,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
         accs.append({"op": n.op, "val": inner.value(x, Index(x.shape, coords))})
     # max and argmax compare with NaN-propagating helpers (torch: a NaN is the maximum)
     for m in members:
-        kc.helpers.update({"max": ("max_nan", "is_nan_f32"), "argmax": ("gt_nan", "is_nan_f32")}.get(m.node.op, ()))
+        kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits")}.get(m.node.op, ()))
     per_wg = n_red >= 256 or (n_red >= 64 and n_out < 2048)
     # the results, then elementwise outputs of them at the same element o (the epilogue)
     epi = Body(kc, "    ")

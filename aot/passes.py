@@ -122,15 +122,20 @@ def _split_plan(n):
 
 
 def snapshot_captured_leaves(g: Graph) -> Graph:
-    """A capture that is a parameter or optimizer state (or a view of one) in a graph that
+    """A capture that is a parameter or optimizer state (or a view or concat of them) in a graph that
     updates them is read back after the update has overwritten it: copy it first, right where
     it is captured, so the capture shows the value the forward pass used."""
     if not g.updates:
         return g
 
     def leaf_view(t):
-        while lookup(t.node.op).fusion == "view":
-            t = t.node.inputs[0]
+        """t may read parameter/state memory directly: a view of it, or a concat of such views
+        (adjacent parameters concatenate into a view of the parameter buffer)."""
+        fusion = lookup(t.node.op).fusion
+        if fusion == "view":
+            return leaf_view(t.node.inputs[0])
+        if fusion == "concat":
+            return all(leaf_view(x) for x in t.node.inputs)
         return t.node.op in ("param", "state")
 
     targets = {id(t) for t in g.captures.values() if leaf_view(t)}

@@ -196,7 +196,44 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
     for k in kernels:
         k.reads = kernel_reads(s, k)
     _merge_elementwise(s)
+    check_order(s)
     return s
+
+
+def _written_ids(s: KernelSchedule, k: Kernel) -> set[int]:
+    """Storage a kernel writes: its outputs and the concats they are placed in, which later
+    kernels read as a whole (a reader of the concat depends on every piece's writer)."""
+    out = set()
+    for t in k.outs:
+        out.add(id(t))
+        x = t
+        while id(x) in s.placed:
+            x = s.placed[id(x)][0]
+            out.add(id(x))
+    return out
+
+
+def check_order(s: KernelSchedule) -> None:
+    """Runs on every build: each kernel reads only storage written by an earlier kernel (or a
+    leaf); a concat assembled in place counts as written once every piece is."""
+    from .errors import CodegenError
+
+    pieces: dict[int, list[int]] = {}
+    for piece, (owner, _) in s.placed.items():
+        pieces.setdefault(id(owner), []).append(piece)
+    written: set[int] = set()
+
+    def ready_id(p: int) -> bool:
+        return p in written or (p in pieces and all(ready_id(q) for q in pieces[p]))
+
+    for i, k in enumerate(s.kernels):
+        for b in k.reads:
+            if not (id(b) in written or op_of(b).fusion == "leaf" or ready_id(id(b))):
+                raise CodegenError(
+                    f"{s.graph.name}: kernel {i} ({k.node.op}, writing {k.out.type_str()}) reads a tensor "
+                    f"({b.node.op} {b.type_str()}) that no earlier kernel has written (a fusion rule moved its writer later)"
+                )
+        written |= {id(t) for t in k.outs}
 
 
 def _merge_elementwise(s: KernelSchedule) -> None:
@@ -207,7 +244,7 @@ def _merge_elementwise(s: KernelSchedule) -> None:
     while changed:
         changed = False
         for i, k1 in enumerate(s.kernels):
-            written = {id(t) for t in k1.outs}
+            written = _written_ids(s, k1)
             j = next((j for j in range(i + 1, len(s.kernels)) if any(id(r) in written for r in s.kernels[j].reads)), None)
             if _merge_reader(s, i, j) or _merge_sibling(s, i, j):
                 changed = True
@@ -255,7 +292,7 @@ def _merge_sibling(s: KernelSchedule, i: int, j: int | None) -> bool:
     k1 = s.kernels[i]
     if k1.kind != "reduce" or k1.group:
         return False
-    written = {id(t) for t in k1.outs}
+    written = _written_ids(s, k1)
     for m in range(i + 1, len(s.kernels) if j is None else j + 1):
         k2 = s.kernels[m]
         if k2.kind == "reduce" and k2.reduce_space() == k1.reduce_space() and m != j:

@@ -96,7 +96,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: step 1: output v9: 6/6 elements off (max error 0.1); at (0, 0, 0): got 1.01, expected 1.1')
 def test_fuzz_gpu_d50cef7f():
     model = aot.compile(program)
     try:

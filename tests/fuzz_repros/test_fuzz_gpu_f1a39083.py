@@ -91,7 +91,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: step 1: output g: 12/12 elements off (max error 9); at (0, 0): got 0, expected 0.5625')
 def test_fuzz_gpu_f1a39083():
     model = aot.compile(program)
     try:
