@@ -1010,6 +1010,10 @@ K008_FUSED_MUL_GREATER_MAX = """\
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -1028,7 +1032,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
         let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
@@ -3279,6 +3283,10 @@ K027_FUSED_MUL_GREATER_MAX = """\
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -3297,7 +3305,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
         let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
@@ -5548,6 +5556,10 @@ K046_FUSED_MUL_GREATER_MAX = """\
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -5566,7 +5578,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
         let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
@@ -7210,6 +7222,10 @@ K062_MAX = """\
 // writes t263: f32[128,8,1]   reads: t262
 // from addition_transformer.py:64
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -7227,7 +7243,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
         let v3: f32 = work[917504u + v2];
@@ -22051,6 +22067,10 @@ K180_FUSED_MUL_GREATER_MAX = """\
 // writes t48: f32[1,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -22068,7 +22088,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v2: f32 = select(0.0, 1.0, i32(r) > i32(v1));
         let v3: u32 = v0 * 64u + v1 * 8u + r;
@@ -24152,6 +24172,10 @@ K199_FUSED_MUL_GREATER_MAX = """\
 // writes t126: f32[1,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -24169,7 +24193,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v2: f32 = select(0.0, 1.0, i32(r) > i32(v1));
         let v3: u32 = v0 * 64u + v1 * 8u + r;
@@ -26253,6 +26277,10 @@ K218_FUSED_MUL_GREATER_MAX = """\
 // writes t204: f32[1,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -26270,7 +26298,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v2: f32 = select(0.0, 1.0, i32(r) > i32(v1));
         let v3: u32 = v0 * 64u + v1 * 8u + r;
@@ -28742,6 +28770,10 @@ K242_FUSED_MUL_GREATER_MAX = """\
 // writes t48: f32[128,4,8,1]   reads: t34
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -28760,7 +28792,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
         let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
@@ -31006,6 +31038,10 @@ K261_FUSED_MUL_GREATER_MAX = """\
 // writes t126: f32[128,4,8,1]   reads: t115
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -31024,7 +31060,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
         let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
@@ -33270,6 +33306,10 @@ K280_FUSED_MUL_GREATER_MAX = """\
 // writes t204: f32[128,4,8,1]   reads: t193
 // from addition_transformer.py:37
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time (-inf cannot be a WGSL constant)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -33288,7 +33328,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = o / 32u;
     let v1: u32 = (o / 8u) % 4u;
     let v2: u32 = o % 8u;
-    var acc0: f32 = bitcast<f32>(0xff800000u);
+    var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 8u; r = r + 1u) {
         let v3: f32 = select(0.0, 1.0, i32(r) > i32(v2));
         let v4: u32 = v0 * 256u + v1 * 64u + v2 * 8u + r;
