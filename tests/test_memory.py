@@ -242,3 +242,27 @@ def test_grokking_transformer_trains_on_lavapipe_under_the_default_limit():
     sizes = c.plans["train"].sizes
     assert all(4 * n <= 128 * 2**20 for n in sizes.values())
     _check_step_against_reference(program, feeds, "grokking transformer")
+
+
+SAMPLES = ["kan_tiny", "nerf_tiny", "digit_canvas", "mnist_cnn", "vae", "flow_matching_tiny", "cartpole",
+           "tic_tac_toe", "makemore", "pokeformer"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SAMPLES)
+def test_every_sample_at_full_size_steps_under_the_default_limit(name):
+    """tensorgrad's samples with their own batch sizes: every buffer within 128 MiB, Model()
+    accepted by lavapipe (which allows no more), and a training step gives a finite loss."""
+    program = runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["program"]
+    model = aot.compile(program)
+    try:
+        assert all(4 * n <= 128 * 2**20 for n in model._program["arenas"].values())
+        rng = np.random.default_rng(0)
+        feeds = {}
+        for inp, (dtype, dims) in model._program["signatures"]["train"].items():
+            shape = tuple(int(d) for d in dims)
+            # index inputs at 0 are in range for every table; float inputs small and positive
+            feeds[inp] = np.zeros(shape, np.int32) if dtype == "i32" else rng.uniform(0.1, 1.0, shape).astype(np.float32)
+        assert np.isfinite(model.step(**feeds))
+    finally:
+        model.close()
