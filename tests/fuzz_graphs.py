@@ -645,6 +645,8 @@ def run_case(case: Case, check: bool = True, sgd: tuple | None = None) -> CaseRu
             loss = T.zeros((), dtype=fdt)
             for o in case.outputs:
                 if o in case.cts:
+                    if check and tuple(env[o].shape) != np.shape(case.cts[o][s]):
+                        return None  # a shrinking step changed an output's shape
                     loss = loss + (env[o] * T.from_numpy(np.asarray(case.cts[o][s])).to(fdt)).sum()
             ps = [env[p] for p in params]
             if loss.requires_grad and ps:
