@@ -7,6 +7,11 @@ WebGPU adapter and checked against the reference interpreter and float64 PyTorch
 Prints a progress line every --every seconds and, at the end, the number of programs and graphs
 checked and the failures. Seeds are consecutive from --seed (default: from the clock, printed),
 so `--seed S --minutes ...` replays a run, and `fuzz_graphs.generate(S)` gives one seed's batch.
+Builds skip black (same code, half the build time; --black keeps it).
+
+While others edit aot/ in the same tree, fuzz the last commit instead of a half-edited tree:
+    git archive HEAD aot codegen_templates | tar -x -C /tmp/head
+    PYTHONPATH=/tmp/head python scripts/fuzz.py --minutes 30
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ import fuzz_graphs as fg  # noqa: E402
 PRIORITY = {"compile": 0, "run": 1, "interp-error": 2, "interp": 3, "gpu": 4}
 
 
+def _interrupt(signum, frame):
+    """SIGTERM (kill PID) ends a run like Ctrl-C: the summary is still printed."""
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=5.0, help="how long to fuzz (default 5; 0: just the first seed)")
@@ -41,8 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=float, default=30.0, help="seconds between progress lines")
     ap.add_argument("--black", action="store_true", help="format generated packages with black (slower; same code)")
     args = ap.parse_args(argv)
-    # SIGTERM (kill PID) ends the run like Ctrl-C: the summary is still printed
-    signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.black:
         return run(args)
     with fg.unformatted_builds():
