@@ -121,6 +121,48 @@ def _split_plan(n):
     return lo, hi, k, pad
 
 
+# A matmul with few outputs and a long K (a convolution's weight gradient: [O, N*H*W] @
+# [N*H*W, C*k*k]) gives too few workgroups to fill a GPU, each walking all of K: split K.
+SPLIT_K_MIN = 8192  # K below this is walked fast enough by the in-workgroup split-K tiles
+SPLIT_K_MAX_OUTPUTS = 16384  # M*N above this already fills the GPU with tiles
+SPLIT_K_CHUNK = 512  # shortest K each partial product walks
+
+
+def split_long_matmuls(g: Graph) -> Graph:
+    """[M, K] @ [K, N] with small M*N and long K -> sum over s of [S, M, K/S] @ [S, K/S, N]: a
+    batched matmul of S partial products (views of the same operands), then a short reduction.
+    Same result up to float rounding, fixed order, no atomics."""
+    nodes: list = []
+    remap: dict[int, object] = {}
+    for orig in g.nodes:
+        n = _with_inputs(orig, remap)
+        s = _split_k(n)
+        if s is None:
+            nodes.append(n)
+            continue
+        a, b = n.inputs
+        (m, k), nn = a.shape, b.shape[1]
+        tmp = Graph(g.name)
+        with tracing(tmp), at_site(n.site):
+            a3 = ops.transpose(ops.reshape(a, (m, s, k // s)), (1, 0, 2))  # [S, M, K/S]
+            b3 = ops.reshape(b, (s, k // s, nn))  # [S, K/S, N]
+            y = ops.sum(ops.matmul(a3, b3), 0)
+        nodes.extend(tmp.nodes)
+        remap[id(orig.out)] = y
+    return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
+
+
+def _split_k(n) -> int | None:
+    """The number of K chunks for a matmul worth splitting (a divisor of K), else None."""
+    if lookup(n.op).fusion != "matmul" or any(x.ndim != 2 for x in n.inputs):
+        return None
+    (m, k), nn = n.inputs[0].shape, n.inputs[1].shape[1]
+    if k < SPLIT_K_MIN or m * nn > SPLIT_K_MAX_OUTPUTS:
+        return None
+    s = next((d for d in range(min(64, k // SPLIT_K_CHUNK), 1, -1) if k % d == 0), None)
+    return s
+
+
 def snapshot_captured_leaves(g: Graph) -> Graph:
     """A capture that is a parameter or optimizer state (or a view or concat of them) in a graph that
     updates them is read back after the update has overwritten it: copy it first, right where
@@ -154,7 +196,7 @@ def snapshot_captured_leaves(g: Graph) -> Graph:
     return out
 
 
-PIPELINE = [dce, cse_consts, split_reductions, snapshot_captured_leaves]
+PIPELINE = [dce, cse_consts, split_long_matmuls, split_reductions, snapshot_captured_leaves]
 
 
 def run_pipeline(g: Graph, verify: bool = False) -> Graph:

@@ -10,7 +10,7 @@ from aot import interp, ops
 from aot.pipeline import compile_program
 from aot.ir import Graph, format_graph
 from aot.passes import verify
-from aot.passes import cse_consts, dce, split_reductions
+from aot.passes import cse_consts, dce, split_long_matmuls, split_reductions
 from aot.trace import emit, tracing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +35,47 @@ def test_split_reductions_two_stages_with_zero_padding():
     a = interp.run(g, {"x": x}, np.float64)[id(g.outputs["out"])]
     b = interp.run(s, {"x": x}, np.float64)[id(s.outputs["out"])]
     np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_long_k_matmul_with_few_outputs_is_split_into_partial_products():
+    """A convolution's weight-gradient shape: [32, 50176] @ [50176, 9] -> 64 partial products of
+    K = 784 as one batched matmul, then a sum over them; same values (float64)."""
+
+    def build():
+        a = emit("input", (), name="a", shape=(32, 50176), dtype="f32")
+        b = emit("input", (), name="b", shape=(50176, 9), dtype="f32")
+        return ops.matmul(a, b)
+
+    g = _graph(build)
+    s = split_long_matmuls(g)
+    verify(s)
+    text = format_graph(s)
+    assert "f32[64,32,9] = matmul" in text and "sum[axes=(0,)" in text, text
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((32, 50176)), "b": rng.standard_normal((50176, 9))}
+    x = interp.run(g, feeds, np.float64)[id(g.outputs["out"])]
+    y = interp.run(s, feeds, np.float64)[id(s.outputs["out"])]
+    np.testing.assert_allclose(y, x, rtol=1e-10, atol=1e-9)
+    # wide outputs or short K are left alone
+    assert format_graph(split_long_matmuls(_graph(lambda: ops.matmul(
+        emit("input", (), name="a", shape=(256, 9000), dtype="f32"), emit("input", (), name="b", shape=(9000, 256), dtype="f32"))))).count("matmul") == 1
+
+
+def test_split_long_matmul_on_the_gpu_matches_the_interpreter():
+    from gpu_harness import assert_all_close, make_program, run_both
+
+    rng = np.random.default_rng(1)
+    params = {"w": rng.normal(size=(4, 9))}
+    inputs = {"x": rng.normal(size=(8192 * 2, 4))}
+
+    def body(m, f):  # the weight gradient of x @ w is x^T @ ct: [4, 16384] @ [16384, 9]
+        return {"y": ops.tanh(f["x"] @ m.w)}
+
+    program, feeds, _ = make_program("split_k", params, inputs, body)
+    c = compile_program(program)
+    assert any(n.op == "matmul" and n.out.ndim == 3 for n in c.graphs["train"].nodes)
+    [(gpu, ref)], _ = run_both(program, feeds)
+    assert_all_close(gpu, ref, "split-K weight gradient", rtol=2e-4, atol=2e-4)
 
 
 def test_split_reductions_over_outer_axes_keeps_column_layout():
