@@ -1257,6 +1257,22 @@ class Gen:
             kw["scale"] = self.choice((0.5, 1.0, 0.25))
         return self.emit("attention", (q, k, v), kw)
 
+    def a_long_k(self):
+        """A matmul with K >= 8192 (aot splits K over a batched matmul and a sum), or one whose
+        weight gradient has that K: x[K, a] @ w[a, b], reduced right away to stay small."""
+        k = self.choice((8192, 9216, 12288))
+        big, self.max_out = self.max_out, 65536
+        try:
+            if self.chance(0.5):  # forward: [m, K] @ [K, n]
+                a = self.leaf((self.dim(1, 3), k), kind="param", domain="small")
+                y = self.emit("matmul", (a, self.leaf((k, self.dim(1, 3)), kind="param", domain="small")))
+                return y
+            x = self.leaf((k, self.dim(1, 3)), domain="small")
+            y = self.emit("matmul", (x, self.leaf((self.shape(x)[1], self.dim(1, 3)), kind="param")))
+            return self.emit(self.choice(("sum", "mean")), (y,), {"axis": 0})
+        finally:
+            self.max_out = big
+
     def a_bcast_reduce(self):
         """Issue 8's shape: a pointwise result, a size-1 axis added (reshape or broadcast), an
         elementwise op with a tensor that is wider on that axis, then a reduction over it."""
@@ -1278,7 +1294,7 @@ class Gen:
     ACTIONS = (("unary", 14), ("binary", 16), ("where", 5), ("reduce", 9), ("argmax", 3), ("reshape", 4), ("transpose", 4),
                ("narrow", 3), ("broadcast", 3), ("concat", 5), ("stack", 3), ("split", 3), ("matmul", 6), ("index", 7),
                ("softmax", 4), ("cross_entropy", 2), ("causal", 1), ("module", 3), ("heads", 1), ("conv", 2),
-               ("rope", 1), ("attention", 2), ("bcast_reduce", 3))
+               ("rope", 1), ("attention", 2), ("bcast_reduce", 3), ("long_k", 0.6))
 
     def build(self, n_ops: int):
         names = [a for a, _ in self.ACTIONS]
