@@ -1013,6 +1013,13 @@ class Gen:
             return self.emit("swapaxes", (x,), {"a": a - nd if self.chance(0.3) else a, "b": b - nd if self.chance(0.3) else b})
         if self.chance(0.25):
             return self.emit("transpose", (x,), {"axes": None})
+        ones = [i for i, d in enumerate(self.shape(x)) if d == 1]
+        if ones and self.chance(0.4):  # a size-1 axis moved: the flat order stays, the rank's meaning changes
+            rest = [i for i in range(nd) if i != ones[0]]
+            at = int(self.rng.integers(nd))
+            perm = rest[:at] + [ones[0]] + rest[at:]
+            if perm != list(range(nd)):
+                return self.emit("transpose", (x,), {"axes": tuple(perm)})
         perm = [int(i) for i in self.rng.permutation(nd)]
         if perm == list(range(nd)):
             perm = perm[::-1]
