@@ -299,6 +299,9 @@ def _broadcast_view(n, v):
 
 def _transpose_wgsl(body, n, idx):
     src = n.inputs[0]
+    kept = [p for p in n.attrs["perm"] if src.shape[p] != 1]
+    if kept == sorted(kept):  # only size-1 axes move: the same elements in the same order
+        return body.value(src, body.index(src.shape, flat=idx.get_flat(body)))
     c = idx.get_coords(body)
     sc = [None] * src.ndim
     for i, p in enumerate(n.attrs["perm"]):

@@ -102,7 +102,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: aot.compile: CodegenError: kernel k002_fused_mul_sub_sum reads t10 from memory before it stores it (a fusion rule merged a reader that does not read eleme')
 def test_fuzz_compile_8b9e1b9d():
     model = aot.compile(program)
     try:
