@@ -89,7 +89,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: aot.compile: CodegenError: kernel k000_fused_exp_sub reads t0 from memory before it stores it (a fusion rule merged a reader that does not read element fo')
 def test_fuzz_compile_b649dd46():
     model = aot.compile(program)
     try:
