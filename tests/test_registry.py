@@ -33,7 +33,7 @@ PRIMITIVES_TESTED_ELSEWHERE = {"rand": "dropout tests in test_grad.py", "state":
 
 def _api_md() -> Path | None:
     here = Path(__file__).resolve()
-    for p in (here.parents[2] / "shared" / "API.md", here.parents[1] / "shared" / "API.md"):
+    for p in (here.parents[1] / "docs" / "API.md", here.parents[2] / "shared" / "API.md"):
         if p.exists():
             return p
     return None
