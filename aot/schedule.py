@@ -165,9 +165,10 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
     for n in g.nodes:
         if op_of(n).fusion == "concat":
             ys = [_strip_reshapes(x) for x in n.inputs]
-            if any(id(y) in placed for y in ys) and not all(id(y) in views and views[id(y)].base is y for y in ys):
-                for y in ys:
-                    placed.pop(id(y), None)
+            mine = [y for y in ys if id(y) in placed and placed[id(y)][0] is n.out]  # pieces placed in this concat
+            if mine and not all(id(y) in views and views[id(y)].base is y for y in ys):
+                for y in mine:
+                    del placed[id(y)]
 
     owner_ids = {id(t) for t in owners}
     mm_epilogue = _matmul_epilogues(g, users, owner_ids, roots)
