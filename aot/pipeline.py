@@ -96,12 +96,11 @@ def _shared_arenas(c: Compiled) -> dict[str, int]:
     sizes: dict[str, int] = dict.fromkeys(ARENAS, 0)
     for key, p in c.plans.items():
         for a, n in p.sizes.items():
-            if train and a.startswith("work") and key not in train:
-                continue
-            sizes[a] = max(sizes.get(a, 0), n)
-    top = max(arena_binding(a) for a in sizes)
-    names = {arena_binding(a): a for p in c.plans.values() for a in p.sizes} | {arena_binding(a): a for a in sizes}
-    return {names.get(i, f"_unused_{i}"): sizes.get(names.get(i, ""), 0) for i in range(top + 1)}
+            sizes.setdefault(a, 0)  # every buffer keeps its binding number, even if allocated empty
+            if not (train and a.startswith("work") and key not in train):
+                sizes[a] = max(sizes[a], n)
+    by_binding = {arena_binding(a): a for a in sizes}
+    return {by_binding.get(i, f"_unused_{i}"): sizes.get(by_binding.get(i), 0) for i in range(max(by_binding) + 1)}
 
 
 def _tables(c: Compiled, opt, state_names) -> dict:
