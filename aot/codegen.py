@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .errors import CodegenError
+from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, render_matmul
 from .plan import Plan
@@ -36,9 +36,10 @@ def _grid(n_groups: int) -> tuple[int, int, int]:
     return (-(-n_groups // y), y, 1)
 
 
-def _fused_ops(k: Kernel, s: KernelSchedule) -> list[str]:
-    """Names of the ops a kernel computes (its own node plus everything inlined into it), in graph order."""
-    seen, order = set(), []
+def _walk(k: Kernel, s: KernelSchedule) -> tuple[list, list[Tensor]]:
+    """(nodes the kernel computes: its own plus everything inlined into it, in graph order;
+    tensors it reads from storage, in the order met)."""
+    seen, order, reads = set(), [], []
     stack = list(k.outs)
     outs = {id(t) for t in k.outs}
     while stack:
@@ -47,53 +48,93 @@ def _fused_ops(k: Kernel, s: KernelSchedule) -> list[str]:
             continue
         seen.add(id(t))
         if id(t) not in outs and id(t) in s.views and not (k.mm is not None and t is k.mm):
+            reads.append(t)
             continue
         if op_of(t).fusion == "constant":
             continue
         order.append(t.node)
         stack.extend(t.node.inputs)
     pos = {id(n): i for i, n in enumerate(s.graph.nodes)}
-    return [n.op for n in sorted(order, key=lambda n: pos[id(n)]) if n.op not in ("reshape", "broadcast_to")]
+    return sorted(order, key=lambda n: pos[id(n)]), reads
 
 
-def kernel_name(i: int, k: Kernel, s: KernelSchedule) -> str:
-    """k{index}_{label}: the kernel's main op (matmul, the reduction, the last elementwise op)
-    after up to two other ops fused into it, e.g. k012_fused_mul_sub_sum."""
+def _fused_ops(k: Kernel, s: KernelSchedule) -> list[str]:
+    """Names of the ops a kernel computes, in graph order (views left out)."""
+    return [n.op for n in _walk(k, s)[0] if n.op not in ("reshape", "broadcast_to")]
+
+
+def entry_prefix(key: str) -> str:
+    """The kernel-name prefix of an entry point's variant: train, predict, predict_B1 (for
+    predict[B=1]), predict_B1_T8 (for predict[B=1,T=8])."""
+    if "[" not in key:
+        return key
+    entry, sizes = key.rstrip("]").split("[", 1)
+    return "_".join([entry] + [part.replace("=", "") for part in sizes.split(",")])
+
+
+def kernel_name(prefix: str, i: int, k: Kernel, s: KernelSchedule, digits: int = 2) -> str:
+    """{entry}_{index}_{label}: the kernel's main op (matmul, the reduction, the last elementwise
+    op) after up to two other ops fused into it, e.g. train_12_fused_mul_sub_sum. Numbered per
+    entry point, so a kernel added to one entry renames none of another's."""
     ops = list(dict.fromkeys(_fused_ops(k, s)))
     main = "matmul" if k.kind == "matmul" else k.node.op
     others = [o for o in ops if o != main]
     if k.kind == "matmul":
-        return f"k{i:03d}_" + "_".join(["matmul"] + others[:3])
-    return f"k{i:03d}_" + ("_".join(["fused"] + others[:2] + [main]) if others else main)
+        label = "_".join(["matmul"] + others[:3])
+    else:
+        label = "_".join(["fused"] + others[:2] + [main]) if others else main
+    return f"{prefix}_{i:0{digits}d}_{label}"
 
 
-def generate(s: KernelSchedule, plan: Plan, prefix_index: int = 0) -> list[KernelCode]:
+def generate(s: KernelSchedule, plan: Plan, prefix: str = "k") -> list[KernelCode]:
     out = []
     names = tensor_names(s.graph)
+    writers: dict[int, str] = {}  # storage owner -> the kernel that wrote it (header comments)
     for i, k in enumerate(s.kernels):
-        name = kernel_name(prefix_index + i, k, s)
+        name = kernel_name(prefix, i, k, s, digits=max(2, len(str(len(s.kernels) - 1))))
         try:
-            out.append(_kernel(name, k, s, plan, names))
+            out.append(_kernel(name, k, s, plan, names, writers))
         except CodegenError as e:
             site = k.node.site.short if k.node.site else "?"
             raise CodegenError(f"{e}\n  while generating kernel {name} for {names[id(k.out)]} ({site})") from None
+        for t in k.outs:
+            writers[id(t)] = name
     return out
 
 
-def _header(name: str, k: Kernel, s: KernelSchedule, names) -> tuple[list[str], str, str]:
-    ops = _fused_ops(k, s)
+def _read_label(t: Tensor, s: KernelSchedule, writers: dict[int, str]) -> str:
+    """What a kernel reads, as the package's reader knows it: a parameter, input or optimizer
+    state by its name, an intermediate by the kernel that wrote it."""
+    if t.node.op in ("param", "input", "state"):
+        return printable(t.node.attrs["name"])
+    v = s.views.get(id(t))
+    base = v.base if v is not None else t
+    if base.node.op in ("input", "state"):
+        return printable(base.node.attrs["name"])
+    if base.node.op == "param":  # a view of the flat parameter buffer: the parameter it starts in
+        starts = [(off, name) for name, off in s.param_offsets.items() if off <= v.offset]
+        return printable(max(starts)[1]) if starts else "params"
+    if base is s.graph.persist.get("grads"):
+        return "grads"
+    owner = s.placed.get(id(base), (base, 0))[0]
+    return writers.get(id(base)) or writers.get(id(owner)) or f"{base.node.op} (written piecewise)"
+
+
+def _header(name: str, k: Kernel, s: KernelSchedule, writers) -> tuple[list[str], str, str]:
+    nodes, reads = _walk(k, s)
+    ops = [n.op for n in nodes if n.op not in ("reshape", "broadcast_to")]
     site = k.node.site.short if k.node.site else "optimizer" if s.graph.meta.get("kind") == "train" else "-"
-    ins = sorted({names.get(id(r), "params") for r in k.reads})
+    ins = list(dict.fromkeys(_read_label(r, s, writers) for r in reads))
+    outs = ", ".join(t.type_str() for t in k.outs)
     lines = [
-        f"// {name}: {' -> '.join(ops) if ops else k.node.op}",
-        f"// writes {', '.join(names[id(t)] for t in k.outs)}: {k.out.type_str()}   reads: {', '.join(ins) if ins else '-'}",
-        f"// from {site}",
+        f"// {name}: {' -> '.join(ops) if ops else k.node.op}   ({site})",
+        f"// writes {outs}; reads {', '.join(ins) if ins else 'nothing'}",
     ]
     return lines, " ".join(ops), site
 
 
-def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names) -> KernelCode:
-    header, ops, site = _header(name, k, s, names)
+def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> KernelCode:
+    header, ops, site = _header(name, k, s, writers)
     if k.kind == "elementwise":
         kc = KernelContext(s, plan, None)
         body = Body(kc, "    ")
@@ -267,16 +308,27 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
     kc.use(out_loc.arena, write=True)
     epi = "acc"
     body = Body(kc, "", inline=True)
-    flat = f"(bi * {M * N}u + row * {N}u + col)" if batch > 1 else f"(row * {N}u + col)"
+    # C's flat index, without the terms of size-1 dims (their index is always 0)
+    terms = [f"bi * {M * N}u"] if batch > 1 else []
+    terms += ([f"row * {N}u" if N > 1 else "row"] if M > 1 else []) + (["col"] if N > 1 else [])
+    flat = f"({' + '.join(terms)})" if len(terms) > 1 else terms[0] if terms else "0u"
+
+    def at_c(shape) -> Index:
+        """C's element (bi, row, col) as an index of a tensor of C's shape: coordinates as well
+        as the flat index, so a broadcast bias reads [col], not [(row * N + col) % N]."""
+        lead = shape[:-2] if batch > 1 else shape[:-1]
+        lead_coords = Index(lead, flat="bi" if batch > 1 else "row").get_coords(body) if lead else []
+        return Index(shape, coords=lead_coords + (["row", "col"] if batch > 1 else ["col"]), flat=flat)
+
     if k.mm is not None:
-        epi = body.value(k.out, Index(k.out.shape, flat=flat))
+        epi = body.value(k.out, at_c(k.out.shape))
     # outputs merged into the epilogue: computed from C's value v at the same element
     kc.self_flat = flat
     kc.computed[id(k.out)] = "v"
     extra = []
     for j, t in enumerate(k.after):
         kc.computing = t
-        expr = body.value(t, Index(t.shape, flat=flat))
+        expr = body.value(t, at_c(t.shape))
         loc = plan.loc[id(t)]
         kc.use(loc.arena, write=True)
         extra.append((f"x{j}", expr, loc.arena, loc.offset))

@@ -7,8 +7,9 @@ written contiguously. Every size is a build-time constant, so the tile shape is 
 matmul here and all guards a shape does not need are left out of its kernel.
 
 The kernel is register-blocked: a workgroup owns a BM x BN tile of C and walks K in slabs;
-each thread keeps TM x TN accumulators in scalar `var`s, fully unrolled by the template
-(`var acc: array<f32, 64>` spills to memory and runs 30-70x slower; DESIGN.md). Summation
+each thread keeps TM x TN accumulators in scalar `var`s written out by the template
+(`var acc: array<f32, 64>` spills to memory and runs 30-70x slower; DESIGN.md). The K rows
+of a slab are written out too (unroll_k) or walked by a loop (less code to compile). Summation
 order is fixed (k ascending within a split, splits added in index order): no atomics, so
 results are bit-for-bit reproducible run to run.
 
@@ -313,6 +314,7 @@ def render_matmul(
     tile: Tile | str | None = None,
     prefetch: bool | None = None,
     max_groups: int = MAX_GROUPS_PER_DIM,
+    unroll_k: bool = True,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz).
 
@@ -323,8 +325,10 @@ def render_matmul(
     `tile_b`, `partial`, `epilogue`, `store_c`.
 
     `tile` (a Tile or a TILES name), `prefetch` and `max_groups` override the build-time
-    choices (`choose_tile`, `choose_prefetch`, WebGPU's grid limit); they exist for
-    benchmarks and tests.
+    choices (`choose_tile`, `choose_prefetch`, WebGPU's grid limit); they exist for benchmarks
+    and tests. `unroll_k=False` loops over the K rows of a slab instead of writing them out:
+    8-16x less code for a CPU adapter's compiler, 10-35% slower on an H100 (whose compiler does
+    not unroll that loop; scripts/results/bench_matmul_loop_vs_unroll_h100.json).
     """
     _check(spec)
     if tile is None:
@@ -359,10 +363,14 @@ def render_matmul(
         out_guard=spec.M % t.BM != 0 or spec.N % t.BN != 0,
         grid=grid_info,
         prefetch=prefetch and spec.K > slab,
+        unroll_k=unroll_k,
+        # a product shorter than one slab multiplies only its K rows (the rest are zeros)
+        k_steps=min(t.BK, spec.K) if t.S == 1 else t.BK,
         comps=["x", "y", "z", "w"],
         split_index=split_index,
         a_addr=_describe(spec.a, spec.batch, spec.M, spec.K, "m", "k"),
         b_addr=_describe(spec.b, spec.batch, spec.K, spec.N, "k", "n"),
+        c_addr=_describe_out(spec),
         shared_bytes=4 * (a["words"] + b["words"] + (t.BM * t.BN if t.S > 1 else 0)),
     )
     if ctx["shared_bytes"] > MAX_WORKGROUP_BYTES:
@@ -385,6 +393,13 @@ def _describe(op: Operand, batch: int, rows: int, cols: int, r: str, c: str) -> 
     terms = ([f"{op.offset}"] if op.offset else []) + (split_index("bi", op.dims("batch", batch)) if batch > 1 else [])
     terms += split_index(r, op.dims("row", rows)) + split_index(c, op.dims("col", cols))
     return f"{op.buf}[{' + '.join(terms) or '0'}]".replace("u ", " ").replace("u]", "]").replace("u)", ")")
+
+
+def _describe_out(spec: MatmulSpec) -> str:
+    """C's element address as a formula, for the header comment."""
+    row = f"(bi * {spec.M} + m)" if spec.batch > 1 else "m"
+    terms = ([f"{spec.out_offset}"] if spec.out_offset else []) + ([f"{row} * {spec.N}", "n"] if spec.N > 1 else [row])
+    return f"{spec.out_buf}[{' + '.join(terms)}]"
 
 
 def split_index(expr: str, dims) -> list[str]:

@@ -76,6 +76,7 @@ class KernelSchedule:
     views: dict[int, View]  # every tensor readable from storage
     placed: dict[int, tuple[Tensor, int]]  # owner -> (concat owner it lives in, element offset)
     kernels: list[Kernel]
+    param_offsets: dict[str, int] = field(default_factory=dict)  # parameter -> offset in the params buffer
 
 
 def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
@@ -194,7 +195,7 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
             kernels.append(Kernel(op_of(n).fusion, t, n))
         else:
             kernels.append(Kernel("elementwise", t, n))
-    s = KernelSchedule(g, owners, views, placed, kernels)
+    s = KernelSchedule(g, owners, views, placed, kernels, dict(params.offsets) if params is not None else {})
     for k in kernels:
         k.reads = kernel_reads(s, k)
     _merge_elementwise(s)

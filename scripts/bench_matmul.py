@@ -95,9 +95,9 @@ class Wgpu:
             self.device.create_buffer(size=4 * c_len, usage=U.STORAGE | U.COPY_SRC),
         ]
 
-    def prepare(self, spec: MatmulSpec, tile, prefetch: bool):
+    def prepare(self, spec: MatmulSpec, tile, prefetch: bool, unroll_k: bool = True):
         src, grid = render_matmul(
-            spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch
+            spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch, unroll_k=unroll_k
         )
         t0 = time.perf_counter()
         module = self.device.create_shader_module(code=src)
@@ -201,6 +201,10 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="time every tile of the table, prefetch on and off")
     ap.add_argument("--quick", action="store_true", help="4096^3 and the first model shapes only")
     ap.add_argument("--only", default="", help="comma-separated substrings: run only the matching cases")
+    ap.add_argument(
+        "--unroll", choices=("loop", "unroll", "both"), default="unroll",
+        help="K rows of a slab written out (the GPU kernels), as a loop (the CPU kernels), or both",
+    )
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this long")
     args = ap.parse_args()
 
@@ -255,13 +259,14 @@ def main() -> None:
         # prefetch off is only worth a look on the big tiles (long K loops, few threads)
         sweep = [(t, pf) for t in TILES for pf in (True, False) if pf or t.TM * t.TN >= 32]
         configs = sweep if args.sweep else [(chosen, choose_prefetch(spec, chosen))]
+        unrolls = {"loop": [False], "unroll": [True], "both": [False, True]}[args.unroll]
         runs = []
-        for tile, pf in configs:
+        for (tile, pf), unroll in [(c, u) for c in configs for u in unrolls]:
             # prefetch makes no difference to the kernel when K fits in one slab
             same_pf = pf == choose_prefetch(spec, chosen) or K <= chosen.BK * chosen.S
-            entry = {"tile": tile.name, "prefetch": pf, "chosen": tile == chosen and same_pf}
+            entry = {"tile": tile.name, "prefetch": pf, "unroll_k": unroll, "chosen": tile == chosen and same_pf and unroll}
             try:
-                pipe, bg, grid, entry["compile_s"] = g.prepare(spec, tile, pf)
+                pipe, bg, grid, entry["compile_s"] = g.prepare(spec, tile, pf, unroll)
                 g.run(pipe, bg, grid, 1)
                 if ref is not None:
                     got = g.result((M, N))
@@ -277,7 +282,7 @@ def main() -> None:
             torch_tf = row.get("torch_tflops")
             ratio = entry.get("tflops", 0) / torch_tf if torch_tf else None
             print(
-                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name:<14} {int(pf):>2} "
+                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + ('' if unroll else '/loop'):<14} {int(pf):>2} "
                 f"{entry.get('s', float('nan')) * 1e6:>9.1f} {entry.get('tflops', float('nan')):>9.3f} "
                 f"{torch_tf if torch_tf else float('nan'):>10.3f} "
                 f"{ratio if ratio else float('nan'):>6.2f}{ok}{'  ' + entry['error'] if 'error' in entry else ''}",

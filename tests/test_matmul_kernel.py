@@ -176,13 +176,24 @@ def test_shapes(device, shape):
     check_matmul(device, plain(*shape), np.random.default_rng(1))
 
 
+@pytest.mark.parametrize("unroll_k", [True, False], ids=["unrolled", "loop"])
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
-def test_every_tile_ragged(device, tile):
+def test_every_tile_ragged(device, tile, unroll_k):
     # ragged in every dimension, plus a transposed A so both loader layouts run
     rng = np.random.default_rng(2)
     M, K, N = tile.BM + 3, 2 * tile.BK * tile.S + 5, tile.BN + 7
     spec = MatmulSpec(1, M, N, K, dense("A", 1, M, K, transposed=True), dense("B", 1, K, N), "C", 0)
-    check_matmul(device, spec, rng, tile=tile)
+    wgsl, _ = check_matmul(device, spec, rng, tile=tile, unroll_k=unroll_k)
+    assert ("for (var kk" in wgsl) != unroll_k
+
+
+@pytest.mark.parametrize("unroll_k", [True, False], ids=["unrolled", "loop"])
+@pytest.mark.parametrize("K", [1, 3])
+def test_products_shorter_than_a_slab_multiply_only_their_rows(device, K, unroll_k):
+    rng = np.random.default_rng(4)
+    spec = MatmulSpec(1, 37, 19, K, dense("A", 1, 37, K), dense("B", 1, K, 19), "C", 0)
+    wgsl, _ = check_matmul(device, spec, rng, tile="16x16_1x1", unroll_k=unroll_k)
+    assert wgsl.count("fma(") == (K if unroll_k else 1)
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
