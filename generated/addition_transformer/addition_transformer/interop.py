@@ -50,9 +50,18 @@ _DTYPES = {
 _FLOATS = ("F32", "F16", "BF16", "F64")
 # (NumPy kind, itemsize) -> the dtype written
 _WRITES = {
-    ("f", 8): "F64", ("f", 4): "F32", ("f", 2): "F16",
-    ("i", 8): "I64", ("i", 4): "I32", ("i", 2): "I16", ("i", 1): "I8",
-    ("u", 8): "U64", ("u", 4): "U32", ("u", 2): "U16", ("u", 1): "U8", ("b", 1): "BOOL",
+    ("f", 8): "F64",
+    ("f", 4): "F32",
+    ("f", 2): "F16",
+    ("i", 8): "I64",
+    ("i", 4): "I32",
+    ("i", 2): "I16",
+    ("i", 1): "I8",
+    ("u", 8): "U64",
+    ("u", 4): "U32",
+    ("u", 2): "U16",
+    ("u", 1): "U8",
+    ("b", 1): "BOOL",
 }
 LAYOUTS = ("aot", "torch")
 
@@ -73,11 +82,15 @@ class SafetensorsFile:
             try:
                 path = os.fspath(src)
             except TypeError:
-                raise TypeError(f"expected a path or bytes, got {type(src).__name__}") from None
+                raise TypeError(
+                    f"expected a path or bytes, got {type(src).__name__}"
+                ) from None
             self.where = str(path)
             size = os.path.getsize(path)
             if size < 8:
-                raise ValueError(f"{self.where}: not a safetensors file ({size} bytes; the header length alone takes 8)")
+                raise ValueError(
+                    f"{self.where}: not a safetensors file ({size} bytes; the header length alone takes 8)"
+                )
             buf = np.memmap(path, dtype=np.uint8, mode="r")
         self._buf = buf
         self.entries, self.metadata, self._start = _parse(self.where, buf)
@@ -95,7 +108,9 @@ class SafetensorsFile:
         """Tensor `name` as a new float32 array (F32, F16, BF16 and F64 tensors)."""
         dtype = self.entries[name][0]
         if dtype not in _FLOATS:
-            raise TypeError(f"{self.where}: tensor {name!r} is {dtype}; only float tensors ({', '.join(_FLOATS)}) convert to float32")
+            raise TypeError(
+                f"{self.where}: tensor {name!r} is {dtype}; only float tensors ({', '.join(_FLOATS)}) convert to float32"
+            )
         if dtype == "BF16":  # bfloat16 is the high half of a float32
             wide = self._view(name).astype(np.uint32)
             return np.left_shift(wide, 16, out=wide).view(np.float32)
@@ -109,7 +124,12 @@ class SafetensorsFile:
     def _view(self, name: str) -> np.ndarray:
         """The tensor's bytes in the mapping, viewed in its little-endian dtype (no copy)."""
         dtype, shape, begin, _ = self.entries[name]
-        a = np.frombuffer(self._buf, dtype=np.dtype(_DTYPES[dtype]), count=math.prod(shape), offset=self._start + begin)
+        a = np.frombuffer(
+            self._buf,
+            dtype=np.dtype(_DTYPES[dtype]),
+            count=math.prod(shape),
+            offset=self._start + begin,
+        )
         return a.reshape(shape)
 
 
@@ -156,49 +176,83 @@ def _parse(where: str, buf: np.ndarray):
     if not text.startswith("{"):
         raise bad("the header is not a JSON object")
     try:
-        header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+        header = json.loads(
+            text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant
+        )
     except _Duplicate as e:
         raise bad(f"the header names {e.args[0]!r} twice") from None
     except (ValueError, RecursionError) as e:
-        raise bad(f"the header is not JSON ({type(e).__name__}: {str(e)[:200]})") from None
+        raise bad(
+            f"the header is not JSON ({type(e).__name__}: {str(e)[:200]})"
+        ) from None
     if not isinstance(header, dict):
         raise bad("the header is not a JSON object")
     metadata = header.pop("__metadata__", None)
     if metadata is None:
         metadata = {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+    if not isinstance(metadata, dict) or not all(
+        isinstance(v, str) for v in metadata.values()
+    ):
         raise bad("__metadata__ must map strings to strings")
     data_len = size - 8 - n
     entries = {}
     for name, info in header.items():
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-            raise bad(f"tensor {name!r}: expected {{dtype, shape, data_offsets}}, got {_short(info)}")
+        if not isinstance(info, dict) or set(info) != {
+            "dtype",
+            "shape",
+            "data_offsets",
+        }:
+            raise bad(
+                f"tensor {name!r}: expected {{dtype, shape, data_offsets}}, got {_short(info)}"
+            )
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         if not isinstance(dtype, str) or dtype not in _DTYPES:
-            raise bad(f"tensor {name!r} has dtype {_short(dtype)}, not one this reader knows ({', '.join(_DTYPES)})")
+            raise bad(
+                f"tensor {name!r} has dtype {_short(dtype)}, not one this reader knows ({', '.join(_DTYPES)})"
+            )
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise bad(f"tensor {name!r} has shape {_short(shape)}, not a list of sizes >= 0")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
-            raise bad(f"tensor {name!r} has data_offsets {_short(offsets)}, not [begin, end]")
+            raise bad(
+                f"tensor {name!r} has shape {_short(shape)}, not a list of sizes >= 0"
+            )
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(_is_int(o) for o in offsets)
+        ):
+            raise bad(
+                f"tensor {name!r} has data_offsets {_short(offsets)}, not [begin, end]"
+            )
         begin, end = offsets
         if begin > end:
-            raise bad(f"tensor {name!r} has data_offsets [{begin}, {end}], which end before they begin")
+            raise bad(
+                f"tensor {name!r} has data_offsets [{begin}, {end}], which end before they begin"
+            )
         if not 0 <= begin <= end <= data_len:
-            raise bad(f"tensor {name!r} has data_offsets [{begin}, {end}], outside the {data_len} bytes of data")
+            raise bad(
+                f"tensor {name!r} has data_offsets [{begin}, {end}], outside the {data_len} bytes of data"
+            )
         need = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
         if end - begin != need:
-            raise bad(f"tensor {name!r} is {dtype}{shape}, {need} bytes, but its data_offsets [{begin}, {end}] span {end - begin}")
+            raise bad(
+                f"tensor {name!r} is {dtype}{shape}, {need} bytes, but its data_offsets [{begin}, {end}] span {end - begin}"
+            )
         entries[name] = (dtype, tuple(shape), begin, end)
     # the tensors must tile the data exactly: no overlap, no gap, nothing after the last one
     pos = 0
-    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+    for name, (_, _, begin, end) in sorted(
+        entries.items(), key=lambda kv: (kv[1][2], kv[1][3])
+    ):
         if begin < pos:
-            raise bad(f"tensor {name!r} at [{begin}, {end}] overlaps the tensor before it (which ends at {pos})")
+            raise bad(
+                f"tensor {name!r} at [{begin}, {end}] overlaps the tensor before it (which ends at {pos})"
+            )
         if begin > pos:
             raise bad(f"bytes [{pos}, {begin}) of the data belong to no tensor")
         pos = end
     if pos != data_len:
-        raise bad(f"the tensors cover {pos} bytes, but the data after the header is {data_len} bytes")
+        raise bad(
+            f"the tensors cover {pos} bytes, but the data after the header is {data_len} bytes"
+        )
     return entries, metadata, 8 + n
 
 
@@ -207,7 +261,9 @@ def _short(x) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def encode_header(tensors: dict, metadata: dict | None) -> tuple[bytes, list[tuple[str, np.ndarray]]]:
+def encode_header(
+    tensors: dict, metadata: dict | None
+) -> tuple[bytes, list[tuple[str, np.ndarray]]]:
     """(the 8-byte length + JSON header, [(name, little-endian contiguous array)] in data order).
 
     Keys are sorted, the data follows in the same order, and the header is padded with spaces
@@ -217,20 +273,32 @@ def encode_header(tensors: dict, metadata: dict | None) -> tuple[bytes, list[tup
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be strings, got {name!r}")
         if name == "__metadata__":
-            raise ValueError("'__metadata__' cannot name a tensor in a safetensors file")
+            raise ValueError(
+                "'__metadata__' cannot name a tensor in a safetensors file"
+            )
         a = np.asarray(tensors[name])
         code = _WRITES.get((a.dtype.kind, a.dtype.itemsize))
         if code is None:
-            raise TypeError(f"tensor {name!r}: {a.dtype} cannot be written to safetensors")
+            raise TypeError(
+                f"tensor {name!r}: {a.dtype} cannot be written to safetensors"
+            )
         a = np.ascontiguousarray(a, dtype=np.dtype(_DTYPES[code]))
-        header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        header[name] = {
+            "dtype": code,
+            "shape": list(a.shape),
+            "data_offsets": [off, off + a.nbytes],
+        }
         arrays.append((name, a))
         off += a.nbytes
     if metadata:
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        if not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
             raise TypeError("safetensors metadata maps strings to strings")
         header["__metadata__"] = dict(metadata)
-    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text = json.dumps(
+        header, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode("utf-8")
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text, arrays
 
@@ -249,7 +317,8 @@ def write_safetensors(f, tensors: dict, metadata: dict | None = None) -> None:
 def layout_names(params, table: dict, layout: str) -> dict:
     """{name in `layout`: (aot name, transposed?)} for params [(aot name, shape)], in their order.
 
-    table: aot name -> (PyTorch name, module kind, stored transposed), the compiler's "torch" table."""
+    table: aot name -> (PyTorch name, module kind, stored transposed), the compiler's "torch" table.
+    """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'aot' or 'torch', got {layout!r}")
     out = {}
@@ -259,7 +328,9 @@ def layout_names(params, table: dict, layout: str) -> dict:
             continue
         tname, _, transpose = table.get(name, (name, "", False))
         if tname in out:
-            raise ValueError(f"parameters {out[tname][0]!r} and {name!r} both have the PyTorch name {tname!r}")
+            raise ValueError(
+                f"parameters {out[tname][0]!r} and {name!r} both have the PyTorch name {tname!r}"
+            )
         out[tname] = (name, bool(transpose))
     return out
 
@@ -271,10 +342,14 @@ def renamer(rename):
     if rename is None:
         return lambda n: n
     if isinstance(rename, Mapping):
-        rules = sorted(rename.items(), key=lambda kv: -len(kv[0]) if isinstance(kv[0], str) else 0)
+        rules = sorted(
+            rename.items(), key=lambda kv: -len(kv[0]) if isinstance(kv[0], str) else 0
+        )
         for old, new in rules:
             if not isinstance(old, str) or not (new is None or isinstance(new, str)):
-                raise TypeError(f"rename: a dict of prefix rewrites maps str to str (or None), got {old!r}: {new!r}")
+                raise TypeError(
+                    f"rename: a dict of prefix rewrites maps str to str (or None), got {old!r}: {new!r}"
+                )
 
         def by_prefix(n):
             for old, new in rules:
@@ -288,19 +363,27 @@ def renamer(rename):
         def checked(n):
             r = rename(n)
             if r is not None and not isinstance(r, str):
-                raise TypeError(f"rename({n!r}) returned {r!r}; expected a str (or None to leave it out)")
+                raise TypeError(
+                    f"rename({n!r}) returned {r!r}; expected a str (or None to leave it out)"
+                )
             return r
 
         return checked
-    raise TypeError(f"rename must be None, a function or a dict of prefix rewrites, got {type(rename).__name__}")
+    raise TypeError(
+        f"rename must be None, a function or a dict of prefix rewrites, got {type(rename).__name__}"
+    )
 
 
 def _listing(names, limit: int = 10) -> str:
     names = sorted(names)
-    return ", ".join(repr(n) for n in names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return ", ".join(repr(n) for n in names[:limit]) + (
+        f" and {len(names) - limit} more" if len(names) > limit else ""
+    )
 
 
-def plan_load(what: str, incoming: dict, params, table: dict, layout: str, rename, partial: bool) -> dict:
+def plan_load(
+    what: str, incoming: dict, params, table: dict, layout: str, rename, partial: bool
+) -> dict:
     """Check incoming tensors against the model; returns {incoming name: (aot name, transposed?)}.
 
     incoming: {name: shape} as found (file or dict); params: [(aot name, shape)]. Unknown names
@@ -315,11 +398,16 @@ def plan_load(what: str, incoming: dict, params, table: dict, layout: str, renam
         if dst is None:
             continue
         if dst in source_of:
-            raise ValueError(f"{what}: {source_of[dst]!r} and {src!r} both rename to {dst!r}")
+            raise ValueError(
+                f"{what}: {source_of[dst]!r} and {src!r} both rename to {dst!r}"
+            )
         source_of[dst] = src
     unknown = [d for d in source_of if d not in names]
     if unknown:
-        shown = [f"{source_of[d]!r} (renamed {d!r})" if source_of[d] != d else repr(d) for d in sorted(unknown)[:10]]
+        shown = [
+            f"{source_of[d]!r} (renamed {d!r})" if source_of[d] != d else repr(d)
+            for d in sorted(unknown)[:10]
+        ]
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         hint = ""
         other = "torch" if layout == "aot" else "aot"
@@ -337,14 +425,20 @@ def plan_load(what: str, incoming: dict, params, table: dict, layout: str, renam
         )
     missing = [n for n in names if n not in source_of]
     if missing and not partial:
-        raise KeyError(f"{what}: missing parameter(s) [{_listing(missing)}] (pass partial=True to load a subset)")
+        raise KeyError(
+            f"{what}: missing parameter(s) [{_listing(missing)}] (pass partial=True to load a subset)"
+        )
     plan = {}
     for dst, src in source_of.items():
         aot_name, transpose = names[dst]
         want = tuple(shapes[aot_name])[::-1] if transpose else tuple(shapes[aot_name])
         got = tuple(incoming[src])
         if got != want:
-            how = f" ({aot_name!r} transposed)" if transpose else (f" ({aot_name!r})" if aot_name != dst else "")
+            how = (
+                f" ({aot_name!r} transposed)"
+                if transpose
+                else (f" ({aot_name!r})" if aot_name != dst else "")
+            )
             named = f"{src!r}" if src == dst else f"{src!r} (renamed {dst!r})"
             raise ValueError(f"{what}: {named} expects shape {want}{how}, got {got}")
         plan[src] = (aot_name, transpose)
@@ -360,7 +454,9 @@ def plan_save(what: str, params, table: dict, layout: str, rename) -> list:
         if dst is None:
             continue
         if dst in seen:
-            raise ValueError(f"{what}: {seen[dst]!r} and {name!r} both rename to {dst!r}")
+            raise ValueError(
+                f"{what}: {seen[dst]!r} and {name!r} both rename to {dst!r}"
+            )
         seen[dst] = name
         out.append((dst, aot_name, transpose))
     return out
@@ -368,7 +464,8 @@ def plan_save(what: str, params, table: dict, layout: str, rename) -> list:
 
 def to_numpy(name: str, value) -> np.ndarray:
     """A state_dict value as an ndarray: NumPy arrays as they are, anything with .numpy() (a torch
-    tensor: detached and moved to the CPU first, found by getattr; torch is never imported)."""
+    tensor: detached and moved to the CPU first, found by getattr; torch is never imported).
+    """
     if not isinstance(value, np.ndarray):
         for step in ("detach", "cpu"):
             f = getattr(value, step, None)
@@ -388,7 +485,9 @@ def to_numpy(name: str, value) -> np.ndarray:
     except Exception as e:
         raise TypeError(f"{name!r} is not an array: {type(e).__name__}: {e}") from None
     if a.dtype.kind not in "fiub" or a.dtype == object:
-        raise TypeError(f"{name!r} must be numeric, got {a.dtype} array of shape {tuple(a.shape)}")
+        raise TypeError(
+            f"{name!r} must be numeric, got {a.dtype} array of shape {tuple(a.shape)}"
+        )
     return a
 
 
@@ -411,31 +510,58 @@ class InteropMixin:
         dict of prefix rewrites) maps the names as they go out."""
         with self._lock:
             self._check_open()
-            plan = plan_save("state_dict", self._layout_params(), self._torch_table(), layout, rename)
+            plan = plan_save(
+                "state_dict", self._layout_params(), self._torch_table(), layout, rename
+            )
             params = self.params()
-            return {dst: np.ascontiguousarray(params[n].T) if t else params[n] for dst, n, t in plan}
+            return {
+                dst: np.ascontiguousarray(params[n].T) if t else params[n]
+                for dst, n, t in plan
+            }
 
-    def load_state_dict(self, sd, *, layout: str = "torch", rename=None, partial: bool = False) -> None:
+    def load_state_dict(
+        self, sd, *, layout: str = "torch", rename=None, partial: bool = False
+    ) -> None:
         """Load a PyTorch-style state_dict ({name: tensor or array}; values with .numpy() are detached,
         moved to the CPU and converted without importing torch), mapping PyTorch's names and layouts
         to aot's (nn.Linear's weight is transposed into W, ...). rename maps incoming names to this
         model's (a function, None to leave a tensor out, or a dict of prefix rewrites such as
         {"encoder.layers.": "blocks."}). Strict like load_params: unknown (and, unless partial, missing)
-        names raise KeyError, a wrong shape ValueError, and nothing changes unless all of it is valid."""
+        names raise KeyError, a wrong shape ValueError, and nothing changes unless all of it is valid.
+        """
         if not isinstance(sd, Mapping):
-            raise TypeError(f"load_state_dict: expected a mapping of names to tensors, got {type(sd).__name__}")
+            raise TypeError(
+                f"load_state_dict: expected a mapping of names to tensors, got {type(sd).__name__}"
+            )
         with self._lock:
             self._check_open()
             fn = renamer(rename)
-            renamed = {k: fn(k) for k in sd}  # once per name: rename may be any function
-            arrays = {k: to_numpy(k, v) for k, v in sd.items() if renamed[k] is not None}
+            renamed = {
+                k: fn(k) for k in sd
+            }  # once per name: rename may be any function
+            arrays = {
+                k: to_numpy(k, v) for k, v in sd.items() if renamed[k] is not None
+            }
             plan = plan_load(
-                "load_state_dict", {k: a.shape for k, a in arrays.items()}, self._layout_params(), self._torch_table(),
-                layout, None if rename is None else renamed.__getitem__, partial,
+                "load_state_dict",
+                {k: a.shape for k, a in arrays.items()},
+                self._layout_params(),
+                self._torch_table(),
+                layout,
+                None if rename is None else renamed.__getitem__,
+                partial,
             )
-            self.load_params({n: arrays[src].T if t else arrays[src] for src, (n, t) in plan.items()}, partial=True)
+            self.load_params(
+                {
+                    n: arrays[src].T if t else arrays[src]
+                    for src, (n, t) in plan.items()
+                },
+                partial=True,
+            )
 
-    def load_safetensors(self, path_or_bytes, *, layout: str = "aot", rename=None, partial: bool = False) -> None:
+    def load_safetensors(
+        self, path_or_bytes, *, layout: str = "aot", rename=None, partial: bool = False
+    ) -> None:
         """Load parameters from a safetensors file (memory-mapped) or bytes. F32, F16, BF16 and F64
         tensors convert to float32. layout="torch" reads PyTorch's names and layouts (a file saved from
         a torch model's state_dict); rename and partial as for load_state_dict. The header is checked
@@ -447,8 +573,13 @@ class InteropMixin:
             with SafetensorsFile(path_or_bytes) as st:
                 what = f"load_safetensors({st.where})"
                 plan = plan_load(
-                    what, {k: e[1] for k, e in st.entries.items()}, self._layout_params(), self._torch_table(),
-                    layout, rename, partial,
+                    what,
+                    {k: e[1] for k, e in st.entries.items()},
+                    self._layout_params(),
+                    self._torch_table(),
+                    layout,
+                    rename,
+                    partial,
                 )
                 for src in plan:
                     dtype = st.entries[src][0]
@@ -471,5 +602,11 @@ class InteropMixin:
         with self._lock:
             self._check_open()
             sd = self.state_dict(layout, rename=rename)
-            meta = {"format": "pt", "aot_program": str(self._program["name"]), "aot_layout": layout}
-            self._write_atomically(os.fspath(path), lambda f: write_safetensors(f, sd, meta))
+            meta = {
+                "format": "pt",
+                "aot_program": str(self._program["name"]),
+                "aot_layout": layout,
+            }
+            self._write_atomically(
+                os.fspath(path), lambda f: write_safetensors(f, sd, meta)
+            )

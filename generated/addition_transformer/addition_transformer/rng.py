@@ -17,13 +17,17 @@ import numbers
 import numpy as np
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-SEED_LIMIT = 2**64  # seeds are ints in [0, 2**64): every bit of them reaches init and dropout
+SEED_LIMIT = (
+    2**64
+)  # seeds are ints in [0, 2**64): every bit of them reaches init and dropout
 
 
 def check_seed(seed, what: str = "seed") -> int:
     """`seed` as a Python int in [0, 2**64); TypeError for a non-int (bool, float), ValueError out of range."""
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"{what}: a seed must be an int in [0, 2**64), got {type(seed).__name__} {seed!r}")
+        raise TypeError(
+            f"{what}: a seed must be an int in [0, 2**64), got {type(seed).__name__} {seed!r}"
+        )
     seed = int(seed)
     if not 0 <= seed < SEED_LIMIT:
         raise ValueError(f"{what}: a seed must be an int in [0, 2**64), got {seed}")
@@ -45,7 +49,9 @@ def standard_normal(seed: int, stream: int, n: int) -> np.ndarray:
         key = _splitmix64(np.array([key ^ np.uint64(stream)], dtype=np.uint64))[0]
         pairs = (n + 1) // 2
         counters = key + np.arange(2 * pairs, dtype=np.uint64) * _GOLDEN
-    u = (_splitmix64(counters) >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    u = (_splitmix64(counters) >> np.uint64(11)).astype(np.float64) * (
+        1.0 / 9007199254740992.0
+    )
     u1 = 1.0 - u[0::2]  # (0, 1]: log stays finite
     u2 = u[1::2]
     r = np.sqrt(-2.0 * np.log(u1))
@@ -55,12 +61,18 @@ def standard_normal(seed: int, stream: int, n: int) -> np.ndarray:
     return z[:n]
 
 
-def init_param(spec: tuple, shape: tuple[int, ...], seed: int, stream: int) -> np.ndarray:
+def init_param(
+    spec: tuple, shape: tuple[int, ...], seed: int, stream: int
+) -> np.ndarray:
     """Materialize one parameter from its init spec: ("randn", std) | ("zeros",) | ("ones",) | ("literal", b64)."""
     n = int(np.prod(shape)) if shape else 1
     kind = spec[0]
     if kind == "randn":
-        return (standard_normal(seed, stream, n) * float(spec[1])).astype(np.float32).reshape(shape)
+        return (
+            (standard_normal(seed, stream, n) * float(spec[1]))
+            .astype(np.float32)
+            .reshape(shape)
+        )
     if kind == "zeros":
         return np.zeros(shape, dtype=np.float32)
     if kind == "ones":
@@ -75,7 +87,9 @@ def step_seed(seed: int, t: int) -> int:
     """The i32 seed of step t's random numbers (dropout), from all 64 bits of the model seed."""
     word = (seed & 0xFFFFFFFF) << 32 | (t & 0xFFFFFFFF)
     high = (seed >> 32) & 0xFFFFFFFF
-    if high:  # the high half, hashed, changes every step's stream (seeds below 2**32 keep theirs)
+    if (
+        high
+    ):  # the high half, hashed, changes every step's stream (seeds below 2**32 keep theirs)
         word ^= int(_splitmix64(np.array([high], dtype=np.uint64))[0])
     key = _splitmix64(np.array([word], dtype=np.uint64))[0]
     return int(key & np.uint64(0x7FFFFFFF))

@@ -24,7 +24,9 @@ except ImportError as e:  # pragma: no cover - the package declares wgpu as a de
 _NP = {"f32": np.float32, "i32": np.int32}
 
 MANY_CHUNK = 32  # steps recorded per command buffer by run_many (one submit each)
-MANY_UPLOAD_BYTES = 8 << 20  # at most this much input per chunk: fewer steps per chunk for big batches
+MANY_UPLOAD_BYTES = (
+    8 << 20
+)  # at most this much input per chunk: fewer steps per chunk for big batches
 MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only when this ring is full
 
 
@@ -57,7 +59,9 @@ class ShaderError(RuntimeError):
 class Engine:
     """Device, buffers, pipelines and bind groups for one compiled program."""
 
-    def __init__(self, name: str, wgsl: dict, kernels: dict, arenas: dict, entries: dict):
+    def __init__(
+        self, name: str, wgsl: dict, kernels: dict, arenas: dict, entries: dict
+    ):
         self.name = name
         self.kernels = kernels
         self.entries = entries
@@ -77,29 +81,47 @@ class Engine:
         # layout and one bind group: a pass re-binds only where the access modes change.
         self.order = list(arenas)
         self.wgsl = wgsl
-        self.pipelines, self.recipes, self.kernel_group, self.entry_buffers = {}, {}, {}, {}
+        self.pipelines, self.recipes, self.kernel_group, self.entry_buffers = (
+            {},
+            {},
+            {},
+            {},
+        )
         self._groups = {}
         self.raw_recipes, self._many = {}, {}
-        self._waited = 0.0  # seconds spent in maps (waiting for the GPU) during the current call
+        self._waited = (
+            0.0  # seconds spent in maps (waiting for the GPU) during the current call
+        )
         for key, e in entries.items():
             if not self._own_scratch(key):
-                self._prepare(key)  # entries with scratch buffers of their own: at their first call
+                self._prepare(
+                    key
+                )  # entries with scratch buffers of their own: at their first call
         self.readback = {}
         for key, e in entries.items():
             n = sum(_size(shape) for _, _, shape, _, _ in e["outputs"] + e["captures"])
             self.readback[key] = self.device.create_buffer(
-                size=max(4, 4 * n), usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+                size=max(4, 4 * n),
+                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
             )
 
     def _buffer(self, arena: str, n: int):
-        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        usage = (
+            wgpu.BufferUsage.STORAGE
+            | wgpu.BufferUsage.COPY_DST
+            | wgpu.BufferUsage.COPY_SRC
+        )
         return self.device.create_buffer(label=arena, size=max(4, 4 * n), usage=usage)
 
     def _own_scratch(self, key: str) -> dict:
         """Scratch buffers an entry point needs beyond the shared ones (a large predict variant
         of a model whose shared scratch is sized for training)."""
         need = self.entries[key].get("arenas", {})
-        return {a: n for a, n in need.items() if a.startswith("work") and 4 * n > self.buffers[a].size}
+        return {
+            a: n
+            for a, n in need.items()
+            if a.startswith("work") and 4 * n > self.buffers[a].size
+        }
 
     def _prepare(self, key: str) -> None:
         """Pipelines, bind groups and the dispatch list of one entry point."""
@@ -108,22 +130,35 @@ class Engine:
         runs: list[tuple[dict, list]] = []
         for kname, grid in self.entries[key]["dispatches"]:
             access = dict(self.kernels[kname][0])
-            if runs and all(runs[-1][0].get(a, acc) == acc for a, acc in access.items()):
+            if runs and all(
+                runs[-1][0].get(a, acc) == acc for a, acc in access.items()
+            ):
                 runs[-1][0].update(access)
                 runs[-1][1].append((kname, grid))
             else:
                 runs.append((access, [(kname, grid)]))
         steps = []
         for access, members in runs:
-            sig = tuple(sorted(access.items(), key=lambda item: self.order.index(item[0])))
-            gkey = (sig, tuple(sorted((a, id(b)) for a, b in own.items() if a in access)))
+            sig = tuple(
+                sorted(access.items(), key=lambda item: self.order.index(item[0]))
+            )
+            gkey = (
+                sig,
+                tuple(sorted((a, id(b)) for a, b in own.items() if a in access)),
+            )
             if gkey not in self._groups:
-                self._groups[gkey] = self._layout_and_group(sig, self.entry_buffers[key])
+                self._groups[gkey] = self._layout_and_group(
+                    sig, self.entry_buffers[key]
+                )
             layout, group = self._groups[gkey]
             for n, (kname, grid) in enumerate(members):
-                self.pipelines[kname] = self._pipeline(kname, self.wgsl[kname], self.kernels[kname][1], layout)
+                self.pipelines[kname] = self._pipeline(
+                    kname, self.wgsl[kname], self.kernels[kname][1], layout
+                )
                 self.kernel_group[kname] = group
-                steps.append((self.pipelines[kname], group if n == 0 else None, tuple(grid)))
+                steps.append(
+                    (self.pipelines[kname], group if n == 0 else None, tuple(grid))
+                )
         self.recipes[key] = steps
 
     def _layout_and_group(self, sig, buffers):
@@ -132,7 +167,11 @@ class Engine:
                 {
                     "binding": self.order.index(arena),
                     "visibility": wgpu.ShaderStage.COMPUTE,
-                    "buffer": {"type": "storage" if access == "read_write" else "read-only-storage"},
+                    "buffer": {
+                        "type": (
+                            "storage" if access == "read_write" else "read-only-storage"
+                        )
+                    },
                 }
                 for arena, access in sig
             ]
@@ -142,7 +181,11 @@ class Engine:
             entries=[
                 {
                     "binding": self.order.index(arena),
-                    "resource": {"buffer": buffers[arena], "offset": 0, "size": buffers[arena].size},
+                    "resource": {
+                        "buffer": buffers[arena],
+                        "offset": 0,
+                        "size": buffers[arena].size,
+                    },
                 }
                 for arena, _access in sig
             ],
@@ -153,7 +196,9 @@ class Engine:
         try:
             module = self.device.create_shader_module(label=kname, code=source)
             return self.device.create_compute_pipeline(
-                label=kname, layout=layout, compute={"module": module, "entry_point": "main"}
+                label=kname,
+                layout=layout,
+                compute={"module": module, "entry_point": "main"},
             )
         except Exception as e:
             raise ShaderError(
@@ -161,7 +206,9 @@ class Engine:
             ) from None
 
     def write(self, arena: str, offset: int, data: np.ndarray):
-        self.device.queue.write_buffer(self.buffers[arena], 4 * offset, np.ascontiguousarray(data))
+        self.device.queue.write_buffer(
+            self.buffers[arena], 4 * offset, np.ascontiguousarray(data)
+        )
 
     def read(self, arena: str, offset: int, count: int, dtype="f32") -> np.ndarray:
         if count == 0:
@@ -176,7 +223,8 @@ class Engine:
         if raw is None and _RAW is not None:
             try:
                 raw = self.raw_recipes[key] = [
-                    (p._internal, None if g is None else g._internal, grid) for p, g, grid in self.recipes[key]
+                    (p._internal, None if g is None else g._internal, grid)
+                    for p, g, grid in self.recipes[key]
                 ]
             except AttributeError:
                 raw = None
@@ -189,7 +237,11 @@ class Engine:
                     set_bind_group(c, 0, group, 0, null)
                 dispatch(c, x, y, z)
         else:
-            set_pipeline, set_bind_group, dispatch = cpass.set_pipeline, cpass.set_bind_group, cpass.dispatch_workgroups
+            set_pipeline, set_bind_group, dispatch = (
+                cpass.set_pipeline,
+                cpass.set_bind_group,
+                cpass.dispatch_workgroups,
+            )
             for pipeline, group, grid in self.recipes[key]:
                 set_pipeline(pipeline)
                 if group is not None:
@@ -236,7 +288,11 @@ class Engine:
             pos = 0
             for name, dtype, shape, _, _ in reads:
                 n = _size(shape)
-                out[name] = np.frombuffer(raw, dtype=_NP[dtype], count=n, offset=4 * pos).reshape(shape).copy()
+                out[name] = (
+                    np.frombuffer(raw, dtype=_NP[dtype], count=n, offset=4 * pos)
+                    .reshape(shape)
+                    .copy()
+                )
                 pos += n
         return out
 
@@ -270,19 +326,24 @@ class Engine:
 
     def _many_area(self, key: str):
         """The upload slots (one per step of a chunk, per input arena) and the loss ring of
-        run_many, created at the first call; their sizes depend on the entry, not on K."""
+        run_many, created at the first call; their sizes depend on the entry, not on K.
+        """
         area = self._many.get(key)
         if area is None:
             sizes = self.entries[key]["input_sizes"]
             slots = self.many_slots(key)
             usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
             stage = {
-                a: self.device.create_buffer(label=f"{a}_slots", size=4 * slots * n, usage=usage)
+                a: self.device.create_buffer(
+                    label=f"{a}_slots", size=4 * slots * n, usage=usage
+                )
                 for a, n in sizes.items()
                 if n
             }
             ring = self.device.create_buffer(
-                label="loss_ring", size=4 * MANY_RING, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+                label="loss_ring",
+                size=4 * MANY_RING,
+                usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
             )
             area = self._many[key] = (slots, stage, ring, MANY_RING)
         return area
@@ -292,7 +353,8 @@ class Engine:
         packed inputs of steps start .. start + n - 1 (one row per step, laid out as run's).
         Chunks of many_slots(key) steps: one upload, one command buffer and one submit each,
         and no wait; every step's loss goes to a slot of a ring read back when it is full and
-        at the end. Returns (losses [k] float32, outputs/captures of the last step or None)."""
+        at the end. Returns (losses [k] float32, outputs/captures of the last step or None).
+        """
         t0 = time.perf_counter()
         self._waited = 0.0
         e = self.entries[key]
@@ -303,7 +365,10 @@ class Engine:
         sizes = e["input_sizes"]
         ((_, _, _, loss_arena, loss_off),) = [o for o in e["outputs"] if o[0] == "loss"]
         loss_buf = buffers[loss_arena]
-        copy_after = [(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n) for src, so, dst, do, n in e["copies"]]
+        copy_after = [
+            (buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
+            for src, so, dst, do, n in e["copies"]
+        ]
         losses = np.empty(k, dtype=np.float32)
         in_ring = 0  # losses in the ring not yet read back
         reads = None
@@ -313,7 +378,9 @@ class Engine:
             packed = fill(start, n)
             for arena, rows in packed.items():
                 if arena in stage:
-                    self.device.queue.write_buffer(stage[arena], 0, np.ascontiguousarray(rows))
+                    self.device.queue.write_buffer(
+                        stage[arena], 0, np.ascontiguousarray(rows)
+                    )
             enc = self.device.create_command_encoder()
             copy = enc.copy_buffer_to_buffer
             for i in range(n):
@@ -332,7 +399,9 @@ class Engine:
             in_ring += n
             if in_ring == ring_slots or last:
                 raw = self._map_read(ring, 4 * in_ring)
-                losses[start - in_ring : start] = np.frombuffer(raw, dtype=np.float32, count=in_ring)
+                losses[start - in_ring : start] = np.frombuffer(
+                    raw, dtype=np.float32, count=in_ring
+                )
                 in_ring = 0
         out = None if reads is None else self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
@@ -348,7 +417,9 @@ WEBGPU_DEFAULT_BINDING = 134217728  # bytes: maxStorageBufferBindingSize without
 def _required_limits(name: str, adapter, arenas: dict, entries: dict) -> dict | None:
     """Device limits the buffers need, checked against the adapter before anything is allocated:
     a buffer larger than WebGPU's default binding size needs the adapter to allow it."""
-    sizes = [4 * n for n in arenas.values()] + [4 * n for e in entries.values() for n in e.get("arenas", {}).values()]
+    sizes = [4 * n for n in arenas.values()] + [
+        4 * n for e in entries.values() for n in e.get("arenas", {}).values()
+    ]
     need = max([4] + sizes)
     limits = {}
     for key in ("max-storage-buffer-binding-size", "max-buffer-size"):
@@ -378,4 +449,7 @@ def _wgsl_context(source: str, message: str) -> str:
     line = int(m.group(1))
     lines = source.split("\n")
     lo, hi = max(0, line - 3), min(len(lines), line + 2)
-    return "\n".join(f"{'>>' if i + 1 == line else '  '} {i + 1:4d} | {lines[i]}" for i in range(lo, hi))
+    return "\n".join(
+        f"{'>>' if i + 1 == line else '  '} {i + 1:4d} | {lines[i]}"
+        for i in range(lo, hi)
+    )

@@ -21,11 +21,18 @@ import numpy as np
 
 try:
     import fcntl
-except ImportError:  # Windows: an open file cannot be deleted there, which is all the lock is for
+except (
+    ImportError
+):  # Windows: an open file cannot be deleted there, which is all the lock is for
     fcntl = None
 
 from . import rng, schedules
-from .engine import _NP, Engine, ShaderError, _size  # noqa: F401  (ShaderError: the package re-exports it)
+from .engine import (
+    _NP,
+    Engine,
+    ShaderError,
+    _size,
+)  # noqa: F401  (ShaderError: the package re-exports it)
 from .interop import InteropMixin
 
 
@@ -63,17 +70,25 @@ class ModelBase(InteropMixin):
         self._lock = threading.RLock()
         self._closed = False
         self._program = p
-        self._seed = rng.check_seed(p["seed"] if seed is None else seed, "Model(seed=...)")
+        self._seed = rng.check_seed(
+            p["seed"] if seed is None else seed, "Model(seed=...)"
+        )
         self._params = p["params"]  # (name, shape, init spec, decay, offset)
         self._total = sum(_size(s) for _, s, _, _, _ in self._params)
-        self._engine = Engine(p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"])
+        self._engine = Engine(
+            p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"]
+        )
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
         self._lr_origin = 0
         self._staging: dict[str, dict] = {}
-        self._seed_block = None  # (seed, first step, rng.step_seed of the next 256 steps)
+        self._seed_block = (
+            None  # (seed, first step, rng.step_seed of the next 256 steps)
+        )
         self.step_count = 0
-        self._infer_calls = 0  # numbers the random streams of infer calls (ops.rand/randn/categorical)
+        self._infer_calls = (
+            0  # numbers the random streams of infer calls (ops.rand/randn/categorical)
+        )
         # an Infer-only program has no gradient arena (it is 0 long)
         self._has_grads = p["arenas"].get("grads", 0) >= self._total
         self.reset(params=True, optimizer=True)
@@ -109,37 +124,54 @@ class ModelBase(InteropMixin):
         with self._lock:
             self._check_open()
             flat = self._engine.read("params", 0, self._total)
-            return {n: flat[o : o + _size(s)].reshape(s).copy() for n, s, _, _, o in self._params}
+            return {
+                n: flat[o : o + _size(s)].reshape(s).copy()
+                for n, s, _, _, o in self._params
+            }
 
     def grads(self) -> dict:
         """Gradients of the last step (before clipping), zeros before the first step."""
         with self._lock:
             self._check_open()
             if not self._has_grads:
-                raise RuntimeError(f"{self._program['name']} was built without train=: it has no gradients")
+                raise RuntimeError(
+                    f"{self._program['name']} was built without train=: it has no gradients"
+                )
             flat = self._engine.read("grads", 0, self._total)
-            return {n: flat[o : o + _size(s)].reshape(s).copy() for n, s, _, _, o in self._params}
+            return {
+                n: flat[o : o + _size(s)].reshape(s).copy()
+                for n, s, _, _, o in self._params
+            }
 
     def load_params(self, values: dict, partial: bool = False) -> None:
         """Overwrite parameters by name. Unknown names (and, unless partial, missing ones) raise
-        KeyError, a wrong shape ValueError; nothing changes unless every value is valid."""
+        KeyError, a wrong shape ValueError; nothing changes unless every value is valid.
+        """
         with self._lock:
             self._check_open()
             known = {n: (s, o) for n, s, _, _, o in self._params}
             unknown = sorted(set(values) - set(known))
             if unknown:
-                raise KeyError(f"load_params: unknown parameter(s) {unknown}; this model has {sorted(known)}")
+                raise KeyError(
+                    f"load_params: unknown parameter(s) {unknown}; this model has {sorted(known)}"
+                )
             missing = sorted(set(known) - set(values))
             if missing and not partial:
-                raise KeyError(f"load_params: missing parameter(s) {missing} (pass partial=True to load a subset)")
+                raise KeyError(
+                    f"load_params: missing parameter(s) {missing} (pass partial=True to load a subset)"
+                )
             arrays = {}
             for n, v in values.items():
                 shape, _ = known[n]
                 a = np.asarray(v)
                 if a.dtype.kind not in "fiub":
-                    raise TypeError(f"load_params: {n!r} must be numeric, got {_describe(a)}")
+                    raise TypeError(
+                        f"load_params: {n!r} must be numeric, got {_describe(a)}"
+                    )
                 if tuple(a.shape) != tuple(shape):
-                    raise ValueError(f"load_params: {n!r} expects shape {tuple(shape)}, got {tuple(a.shape)}")
+                    raise ValueError(
+                        f"load_params: {n!r} expects shape {tuple(shape)}, got {tuple(a.shape)}"
+                    )
                 arrays[n] = a.astype(np.float32)
             for n, a in arrays.items():
                 self._engine.write("params", known[n][1], a.ravel())
@@ -147,13 +179,19 @@ class ModelBase(InteropMixin):
     def _init_params(self) -> np.ndarray:
         flat = np.zeros(max(self._total, 1), dtype=np.float32)
         for i, (n, s, spec, _, o) in enumerate(self._params):
-            flat[o : o + _size(s)] = rng.init_param(tuple(spec), tuple(s), self.seed, i).ravel()
+            flat[o : o + _size(s)] = rng.init_param(
+                tuple(spec), tuple(s), self.seed, i
+            ).ravel()
         return flat
 
     def _state_buffers(self) -> list[tuple[str, int]]:
         """Optimizer state buffers in order (adam.m in `state`, adam.v in `state_1`): a checkpoint
         holds them concatenated as `__state__`."""
-        return [(a, n) for a, n in self._program["arenas"].items() if n and (a == "state" or a.startswith("state_"))]
+        return [
+            (a, n)
+            for a, n in self._program["arenas"].items()
+            if n and (a == "state" or a.startswith("state_"))
+        ]
 
     def reset(self, params: bool = True, optimizer: bool = True) -> None:
         """params: back to the seed's initial values; optimizer: zero state and step_count
@@ -165,18 +203,25 @@ class ModelBase(InteropMixin):
             if optimizer:
                 for arena, n in self._state_buffers():
                     self._engine.write(arena, 0, np.zeros(n, dtype=np.float32))
-                if self._has_grads and self._total:  # no last step: grads() reads zeros, as on a new model
-                    self._engine.write("grads", 0, np.zeros(self._total, dtype=np.float32))
+                if (
+                    self._has_grads and self._total
+                ):  # no last step: grads() reads zeros, as on a new model
+                    self._engine.write(
+                        "grads", 0, np.zeros(self._total, dtype=np.float32)
+                    )
                 self.step_count = 0
                 self._lr_origin = 0
 
     def set_lr(self, lr) -> None:
         """A float, or a schedule spec such as ("linear", 5e-3, 5e-4, 1500) or an aot.lr schedule.
-        A schedule starts at its own step 1 on the next step; step_count keeps counting."""
+        A schedule starts at its own step 1 on the next step; step_count keeps counting.
+        """
         with self._lock:
             self._check_open()
             if self._opt is None:
-                raise RuntimeError("this program was built without an optimizer (optimizer=None)")
+                raise RuntimeError(
+                    "this program was built without an optimizer (optimizer=None)"
+                )
             self._lr = schedules.normalize(lr)
             self._lr_origin = self.step_count
 
@@ -191,13 +236,16 @@ class ModelBase(InteropMixin):
 
     def _pick(self, entry: str, inputs: dict, stacked: bool = False):
         """Validate inputs against the entry's declaration; returns (variant key, arrays of the
-        declared dtypes). stacked: each input holds K batches on a new leading axis (step_many)."""
+        declared dtypes). stacked: each input holds K batches on a new leading axis (step_many).
+        """
         decl = self._program["signatures"][entry]  # name -> (dtype, dims)
         # the method the user called, for messages
         method = "step_many" if stacked else "step" if entry == "train" else entry
         unknown = sorted(set(inputs) - set(decl))
         if unknown:
-            raise TypeError(f"{method}(): unknown input(s) {unknown}; expected {sorted(decl)}")
+            raise TypeError(
+                f"{method}(): unknown input(s) {unknown}; expected {sorted(decl)}"
+            )
         missing = sorted(set(decl) - set(inputs))
         if missing:
             raise TypeError(f"{method}(): missing input(s) {missing}")
@@ -210,14 +258,22 @@ class ModelBase(InteropMixin):
             try:
                 a = np.asarray(a)
             except Exception as e:
-                raise TypeError(f"{method}(): input {name!r} is not array-like: {e}") from None
+                raise TypeError(
+                    f"{method}(): input {name!r} is not array-like: {e}"
+                ) from None
             want = _spec_str(dtype, shape)
             if stacked:
-                want = f"K stacked {want}, shape (K, {', '.join(str(d) for d in shape)})"
+                want = (
+                    f"K stacked {want}, shape (K, {', '.join(str(d) for d in shape)})"
+                )
             if a.dtype.kind not in "fiub" or a.dtype == object:
-                raise TypeError(f"{method}(): input {name!r} expects {want}; got non-numeric {_describe(a)}")
+                raise TypeError(
+                    f"{method}(): input {name!r} expects {want}; got non-numeric {_describe(a)}"
+                )
             if dtype == "i32" and a.dtype.kind == "f":
-                raise TypeError(f"{method}(): input {name!r} expects integer data ({want}); got {_describe(a)}")
+                raise TypeError(
+                    f"{method}(): input {name!r} expects integer data ({want}); got {_describe(a)}"
+                )
             if a.ndim != len(shape) + lead:
                 raise ValueError(
                     f"{method}(): input {name!r} expects {want}{_dims_note(shape, dims)}; got {_describe(a)}"
@@ -231,7 +287,11 @@ class ModelBase(InteropMixin):
             for d, got in zip(shape, a.shape[lead:]):
                 if isinstance(d, str):
                     if got not in dims[d] or sizes.setdefault(d, got) != got:
-                        clash = f" ({d} = {sizes[d]} from an earlier input)" if got in dims[d] else ""
+                        clash = (
+                            f" ({d} = {sizes[d]} from an earlier input)"
+                            if got in dims[d]
+                            else ""
+                        )
                         raise ValueError(
                             f"{method}(): input {name!r} expects {want}{_dims_note(shape, dims)}{clash}; got {_describe(a)}"
                         )
@@ -239,9 +299,13 @@ class ModelBase(InteropMixin):
                     raise ValueError(
                         f"{method}(): input {name!r} expects {want}{_dims_note(shape, dims)}; got {_describe(a)}"
                     )
-            if dtype == "i32" and a.size and not np.can_cast(a.dtype, np.int32):  # only wider ints can leave i32
+            if (
+                dtype == "i32" and a.size and not np.can_cast(a.dtype, np.int32)
+            ):  # only wider ints can leave i32
                 if a.min() < -(2**31) or a.max() > 2**31 - 1:
-                    raise ValueError(f"{method}(): input {name!r} has values outside the i32 range")
+                    raise ValueError(
+                        f"{method}(): input {name!r} has values outside the i32 range"
+                    )
             arrays[name] = a.astype(_NP[dtype], copy=False)
         if stacked and k == 0:
             raise ValueError(f"{method}(): no batches (the stacked inputs have K = 0)")
@@ -267,13 +331,19 @@ class ModelBase(InteropMixin):
             }
         for name, dtype, shape, arena, off in e["inputs"]:
             v = arrays[name] if name in arrays else extra[name]
-            packed[arena][off : off + max(_size(shape), 1)] = np.asarray(v, dtype=_NP[dtype]).ravel()
+            packed[arena][off : off + max(_size(shape), 1)] = np.asarray(
+                v, dtype=_NP[dtype]
+            ).ravel()
         return packed
 
     def _train_seed(self, t: int) -> int:
         """rng.step_seed(self.seed, t), from a block of 256 computed at once (step() pays ~0.1 us)."""
         block = self._seed_block
-        if block is None or block[0] != self._seed or not 0 <= t - block[1] < len(block[2]):
+        if (
+            block is None
+            or block[0] != self._seed
+            or not 0 <= t - block[1] < len(block[2])
+        ):
             block = self._seed_block = (self._seed, t, _step_seeds(self._seed, t, 256))
         return int(block[2][t - block[1]])
 
@@ -301,7 +371,10 @@ class ModelBase(InteropMixin):
             self.step_count = t
             loss = float(out["loss"])
             if captures:
-                return StepResult(loss, {n: out[n] for n, *_ in self._program["entries"][key]["captures"]})
+                return StepResult(
+                    loss,
+                    {n: out[n] for n, *_ in self._program["entries"][key]["captures"]},
+                )
             return loss
 
     def _step_many(self, batches, inputs: dict, captures: bool):
@@ -313,7 +386,9 @@ class ModelBase(InteropMixin):
                 key, arrays = self._pick("train", given, stacked=True)
             else:
                 if given:
-                    raise TypeError(f"step_many(): pass batches or stacked inputs {sorted(given)}, not both")
+                    raise TypeError(
+                        f"step_many(): pass batches or stacked inputs {sorted(given)}, not both"
+                    )
                 key, arrays = self._pick_batches(batches)
             k = len(next(iter(arrays.values()))) if arrays else 0
             t0 = self.step_count
@@ -325,13 +400,18 @@ class ModelBase(InteropMixin):
                     "inputs": np.zeros((n, sizes["inputs"]), dtype=np.float32),
                     "inputs_i32": np.zeros((n, sizes["inputs_i32"]), dtype=np.int32),
                 }
-                extras = [self._step_scalars(t) for t in range(t0 + start + 1, t0 + start + n + 1)]
+                extras = [
+                    self._step_scalars(t)
+                    for t in range(t0 + start + 1, t0 + start + n + 1)
+                ]
                 for name, dtype, shape, arena, off in e["inputs"]:
                     width = max(_size(shape), 1)
                     if name in arrays:
                         v = arrays[name][start : start + n].reshape(n, width)
                     else:  # per-step scalars, converted as _pack converts step()'s
-                        v = np.array([x[name] for x in extras], dtype=_NP[dtype]).reshape(n, width)
+                        v = np.array(
+                            [x[name] for x in extras], dtype=_NP[dtype]
+                        ).reshape(n, width)
                     rows[arena][:, off : off + width] = v
                 return rows
 
@@ -360,11 +440,15 @@ class ModelBase(InteropMixin):
         picked, key0 = [], None
         for i, b in enumerate(items):
             if not isinstance(b, dict):
-                raise TypeError(f"step_many(): batch {i} is a {type(b).__name__}, expected a dict of inputs by name")
+                raise TypeError(
+                    f"step_many(): batch {i} is a {type(b).__name__}, expected a dict of inputs by name"
+                )
             try:
                 key, arrays = self._pick("train", b)
             except (TypeError, ValueError) as err:
-                raise type(err)(f"step_many(): batch {i}: {str(err).replace('step(): ', '', 1)}") from None
+                raise type(err)(
+                    f"step_many(): batch {i}: {str(err).replace('step(): ', '', 1)}"
+                ) from None
             if key0 is not None and key != key0:
                 raise ValueError(
                     f"step_many(): batch {i} has other sizes ({key}) than batch 0 ({key0}); one call takes one size"
@@ -382,18 +466,28 @@ class ModelBase(InteropMixin):
             extra = {"_rng": rng.step_seed(self.seed, -self._infer_calls)}
             out = self._engine.run(key, self._pack(key, arrays, extra), captures)
             if captures:
-                return InferResult(out["out"], {n: out[n] for n, *_ in self._program["entries"][key]["captures"]})
+                return InferResult(
+                    out["out"],
+                    {n: out[n] for n, *_ in self._program["entries"][key]["captures"]},
+                )
             return out["out"]
 
     # ---- checkpoints --------------------------------------------------------------------
     def _fingerprint(self) -> str:
-        text = repr((self._program["name"], [(n, tuple(s)) for n, s, *_ in self._params], self._opt))
+        text = repr(
+            (
+                self._program["name"],
+                [(n, tuple(s)) for n, s, *_ in self._params],
+                self._opt,
+            )
+        )
         return hashlib.sha1(text.encode()).hexdigest()
 
     def save(self, path) -> None:
         """Write params, optimizer state, step count, lr schedule position and seed to `path` (.npz).
         The file is written under a temporary name of its own and renamed over `path`, so a crash
-        never leaves a torn checkpoint and, of several saves to one path, the last to finish wins whole."""
+        never leaves a torn checkpoint and, of several saves to one path, the last to finish wins whole.
+        """
         with self._lock:
             self._check_open()
             path = os.fspath(path)
@@ -405,7 +499,8 @@ class ModelBase(InteropMixin):
                 "__lr__": np.array(repr(self._lr)),
                 "__lr_origin__": np.array(self._lr_origin, dtype=np.int64),
                 "__state__": np.concatenate(
-                    [np.zeros(0, np.float32)] + [self._engine.read(a, 0, n) for a, n in self._state_buffers()]
+                    [np.zeros(0, np.float32)]
+                    + [self._engine.read(a, 0, n) for a, n in self._state_buffers()]
                 ),
             }
             for n, a in self.params().items():
@@ -418,7 +513,8 @@ class ModelBase(InteropMixin):
 
     def _checkpoint_layout(self) -> dict:
         """Checkpoint member -> (kind, shape); kind "f4" is a float32 array, "i8" an int64 scalar,
-        "seed" a uint64 scalar (int64 in older checkpoints), ("str", n) a string of at most n characters."""
+        "seed" a uint64 scalar (int64 in older checkpoints), ("str", n) a string of at most n characters.
+        """
         layout = {
             # another program's name or fingerprint still reads, for a message naming it
             "__program__": (("str", 1024), ()),
@@ -439,12 +535,17 @@ class ModelBase(InteropMixin):
         The whole file is read and checked first (every member's presence, dtype, shape and
         range, with sizes taken from the archive's headers before anything is read), and only
         then is the model changed: a refused checkpoint (ValueError; KeyError for a missing or
-        unknown parameter) leaves the model as it was. Nothing in a checkpoint is executed."""
+        unknown parameter) leaves the model as it was. Nothing in a checkpoint is executed.
+        """
         with self._lock:
             self._check_open()
             layout = self._checkpoint_layout()
-            z = _read_checkpoint(path, layout, self._program["name"], self._fingerprint())
-            step_count, seed, lr, origin = _checkpoint_values(path, z, self._opt is not None)
+            z = _read_checkpoint(
+                path, layout, self._program["name"], self._fingerprint()
+            )
+            step_count, seed, lr, origin = _checkpoint_values(
+                path, z, self._opt is not None
+            )
             flat = np.zeros(max(self._total, 1), dtype=np.float32)
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
@@ -466,7 +567,9 @@ class ModelBase(InteropMixin):
             if self._closed:
                 return
             self._closed = True
-            for b in list(self._engine.buffers.values()) + list(self._engine.readback.values()):
+            for b in list(self._engine.buffers.values()) + list(
+                self._engine.readback.values()
+            ):
                 b.destroy()
             self._engine.device.destroy()
 
@@ -503,7 +606,9 @@ def _checkpoint_values(path, z: dict, has_optimizer: bool):
         raise bad("__seed__", f"is not a seed: {e}") from None
     origin = z["__lr_origin__"]
     if not 0 <= origin <= step_count:
-        raise bad("__lr_origin__", f"must be in [0, step count {step_count}], got {origin}")
+        raise bad(
+            "__lr_origin__", f"must be in [0, step count {step_count}], got {origin}"
+        )
     try:
         lr = _parse_lr(z["__lr__"])
     except (TypeError, ValueError) as e:
@@ -517,7 +622,9 @@ def _parse_lr(text: str):
     try:
         value = ast.literal_eval(text)
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as e:
-        raise ValueError(f"{text[:80]!r} is not a literal ({type(e).__name__})") from None
+        raise ValueError(
+            f"{text[:80]!r} is not a literal ({type(e).__name__})"
+        ) from None
     try:
         return None if value is None else schedules.normalize(value)
     except RecursionError:
@@ -526,9 +633,13 @@ def _parse_lr(text: str):
 
 # ---- checkpoint files ---------------------------------------------------------------------------
 
-_MAX_LR_TEXT = 32768  # characters of a saved lr spec (multistep keeps at most 1000 milestones)
+_MAX_LR_TEXT = (
+    32768  # characters of a saved lr spec (multistep keeps at most 1000 milestones)
+)
 _MAX_NPY_HEADER = 1024  # bytes of one member's .npy header (numpy writes 128)
-_ZIP_SLACK = 1024  # bytes of zip bookkeeping per member besides its name (headers, zip64 extras)
+_ZIP_SLACK = (
+    1024  # bytes of zip bookkeeping per member besides its name (headers, zip64 extras)
+)
 _TEMP_SUFFIX = ".partial"
 _STALE_AFTER_S = 60.0  # a temporary file untouched for this long, and unlocked, belongs to a dead writer
 
@@ -536,7 +647,11 @@ _STALE_AFTER_S = 60.0  # a temporary file untouched for this long, and unlocked,
 def _temp_prefix(path: str) -> str:
     """Hidden temporary names next to the target: '.<target name>.XXXXXXXX.partial' (the name cut
     to 100 bytes, so the whole stays under the usual 255-byte limit)."""
-    base = os.path.basename(path).encode("utf-8", "surrogateescape")[:100].decode("utf-8", "ignore")
+    base = (
+        os.path.basename(path)
+        .encode("utf-8", "surrogateescape")[:100]
+        .decode("utf-8", "ignore")
+    )
     return "." + base + "."
 
 
@@ -607,9 +722,14 @@ def _read_checkpoint(path, layout: dict, program: str, fingerprint: str) -> dict
                 f"{path}: this is a .npy file (one array), not an aot checkpoint (a .npz written by Model.save)"
             )
         if not (head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06")):
-            raise ValueError(f"{path}: not an aot checkpoint (Model.save writes .npz archives; this is not one)")
+            raise ValueError(
+                f"{path}: not an aot checkpoint (Model.save writes .npz archives; this is not one)"
+            )
         limit = 65536 + sum(
-            _ZIP_SLACK + 2 * len(m.encode("utf-8", "surrogateescape")) + _MAX_NPY_HEADER + _nbytes(kind, shape)
+            _ZIP_SLACK
+            + 2 * len(m.encode("utf-8", "surrogateescape"))
+            + _MAX_NPY_HEADER
+            + _nbytes(kind, shape)
             for m, (kind, shape) in layout.items()
         )
         if size > limit:
@@ -622,9 +742,19 @@ def _read_checkpoint(path, layout: dict, program: str, fingerprint: str) -> dict
             with zipfile.ZipFile(f) as zf:
                 return _read_members(path, zf, layout, program, fingerprint)
         except zipfile.BadZipFile as e:
-            raise ValueError(f"{path}: not an aot checkpoint, or a damaged one (bad .npz archive: {e})") from None
-        except (EOFError, OSError, RuntimeError, NotImplementedError, UnicodeError) as e:
-            raise ValueError(f"{path}: a damaged checkpoint ({type(e).__name__}: {e})") from None
+            raise ValueError(
+                f"{path}: not an aot checkpoint, or a damaged one (bad .npz archive: {e})"
+            ) from None
+        except (
+            EOFError,
+            OSError,
+            RuntimeError,
+            NotImplementedError,
+            UnicodeError,
+        ) as e:
+            raise ValueError(
+                f"{path}: a damaged checkpoint ({type(e).__name__}: {e})"
+            ) from None
 
 
 def _nbytes(kind, shape) -> int:
@@ -636,17 +766,25 @@ def _nbytes(kind, shape) -> int:
     return 4 * kind[1]
 
 
-def _read_members(path, zf: zipfile.ZipFile, layout: dict, program: str, fingerprint: str) -> dict:
+def _read_members(
+    path, zf: zipfile.ZipFile, layout: dict, program: str, fingerprint: str
+) -> dict:
     infos = {}
     for info in zf.infolist():
         if info.filename in infos:
-            raise ValueError(f"{path}: damaged checkpoint: member {info.filename!r} appears twice")
+            raise ValueError(
+                f"{path}: damaged checkpoint: member {info.filename!r} appears twice"
+            )
         infos[info.filename] = info
     names = {m[: -len(".npy")] if m.endswith(".npy") else m: m for m in infos}
     if len(names) != len(infos):
-        raise ValueError(f"{path}: damaged checkpoint: a member appears twice (with and without '.npy')")
+        raise ValueError(
+            f"{path}: damaged checkpoint: a member appears twice (with and without '.npy')"
+        )
     if "__fingerprint__" not in names or "__program__" not in names:
-        raise ValueError(f"{path}: not an aot checkpoint (it has no __program__/__fingerprint__ members)")
+        raise ValueError(
+            f"{path}: not an aot checkpoint (it has no __program__/__fingerprint__ members)"
+        )
     out = {}
 
     def read(member):
@@ -670,7 +808,9 @@ def _read_members(path, zf: zipfile.ZipFile, layout: dict, program: str, fingerp
             raise ValueError(f"{path}: damaged checkpoint: {what} member(s) {found}")
     for member in layout:
         if names[member] != member + ".npy":
-            raise ValueError(f"{path}: damaged checkpoint: member {names[member]!r} should be {member + '.npy'!r}")
+            raise ValueError(
+                f"{path}: damaged checkpoint: member {names[member]!r} should be {member + '.npy'!r}"
+            )
         read(member)
     return out
 
@@ -693,11 +833,17 @@ def _read_npy(path, zf, info, member: str, kind, shape):
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise bad(f"uses an unsupported compression ({info.compress_type})")
     if info.file_size > 16 + _MAX_NPY_HEADER + _nbytes(kind, shape):
-        raise bad(f"is {info.file_size} bytes long, more than a value of shape {shape} needs")
+        raise bad(
+            f"is {info.file_size} bytes long, more than a value of shape {shape} needs"
+        )
     try:
         with zf.open(info) as m:
             magic = m.read(8)
-            if len(magic) != 8 or magic[:6] != b"\x93NUMPY" or magic[6] not in (1, 2, 3):
+            if (
+                len(magic) != 8
+                or magic[:6] != b"\x93NUMPY"
+                or magic[6] not in (1, 2, 3)
+            ):
                 raise bad("is not a .npy array")
             width = 2 if magic[6] == 1 else 4
             raw_len = m.read(width)
@@ -710,28 +856,61 @@ def _read_npy(path, zf, info, member: str, kind, shape):
             if len(text) != hlen:
                 raise bad("is truncated")
             try:
-                header = ast.literal_eval(text.decode("utf-8" if magic[6] == 3 else "latin1"))
-            except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError, UnicodeError):
+                header = ast.literal_eval(
+                    text.decode("utf-8" if magic[6] == 3 else "latin1")
+                )
+            except (
+                SyntaxError,
+                ValueError,
+                TypeError,
+                MemoryError,
+                RecursionError,
+                UnicodeError,
+            ):
                 raise bad("has an unreadable .npy header") from None
-            if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+            if not isinstance(header, dict) or set(header) != {
+                "descr",
+                "fortran_order",
+                "shape",
+            }:
                 raise bad("has an unreadable .npy header")
-            descr, fortran, got = header["descr"], header["fortran_order"], header["shape"]
-            if not isinstance(got, tuple) or tuple(got) != tuple(shape) or not all(type(d) is int for d in got):
+            descr, fortran, got = (
+                header["descr"],
+                header["fortran_order"],
+                header["shape"],
+            )
+            if (
+                not isinstance(got, tuple)
+                or tuple(got) != tuple(shape)
+                or not all(type(d) is int for d in got)
+            ):
                 raise bad(f"has shape {got!r}, expected {tuple(shape)}")
             if not isinstance(fortran, bool):
                 raise bad("has an unreadable .npy header")
             if kind in _NPY_DESCR:
                 if descr not in _NPY_DESCR[kind]:
-                    want = {"f4": "float32", "i8": "an int64 scalar", "seed": "a uint64 scalar"}[kind]
+                    want = {
+                        "f4": "float32",
+                        "i8": "an int64 scalar",
+                        "seed": "a uint64 scalar",
+                    }[kind]
                     raise bad(f"has dtype {descr!r}, expected {want}")
             else:
-                found = re.fullmatch(r"[<>|=]?U(\d{1,9})", descr) if isinstance(descr, str) else None
+                found = (
+                    re.fullmatch(r"[<>|=]?U(\d{1,9})", descr)
+                    if isinstance(descr, str)
+                    else None
+                )
                 if found is None or not 1 <= int(found.group(1)) <= kind[1]:
-                    raise bad(f"has dtype {descr!r}, expected a string of at most {kind[1]} characters")
+                    raise bad(
+                        f"has dtype {descr!r}, expected a string of at most {kind[1]} characters"
+                    )
             dtype = np.dtype(descr)
             nbytes = _size(shape) * dtype.itemsize
             if info.file_size != 8 + width + hlen + nbytes:
-                raise bad(f"is {info.file_size} bytes long in the archive; its header says {8 + width + hlen + nbytes}")
+                raise bad(
+                    f"is {info.file_size} bytes long in the archive; its header says {8 + width + hlen + nbytes}"
+                )
             data = m.read(nbytes)
             if len(data) != nbytes or m.read(1):
                 raise bad("is truncated")

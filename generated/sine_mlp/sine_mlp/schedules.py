@@ -19,7 +19,9 @@ KINDS = {"linear": 3, "cosine": 3, "warmup": 3, "step": 3, "multistep": 3}
 def _rate(value, what: str) -> float:
     """A learning rate or a factor: a finite non-negative real number (NumPy scalars too)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a finite non-negative float, got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{what} must be a finite non-negative float, got {type(value).__name__} {value!r}"
+        )
     value = float(value)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{what} must be a finite non-negative float, got {value!r}")
@@ -42,12 +44,17 @@ def _count(value, what: str, least: int) -> int:
 def normalize(spec):
     """Accept a float, a spec tuple/list, a dict {"kind": ..., ...} or an object with `.spec`; return a
     tuple or float. Rates and factors must be finite and >= 0, step counts whole numbers (TypeError
-    for a non-number, ValueError for a bad value), so a schedule is as safe as set_lr(float)."""
+    for a non-number, ValueError for a bad value), so a schedule is as safe as set_lr(float).
+    """
     if hasattr(spec, "spec"):
         spec = spec.spec
     if isinstance(spec, bool):
-        raise TypeError(f"learning rate must be a float or a schedule spec, got {spec!r}")
-    if isinstance(spec, numbers.Real):  # also NumPy scalars (np.float32(1e-3), np.int64(0))
+        raise TypeError(
+            f"learning rate must be a float or a schedule spec, got {spec!r}"
+        )
+    if isinstance(
+        spec, numbers.Real
+    ):  # also NumPy scalars (np.float32(1e-3), np.int64(0))
         return _rate(spec, "learning rate")
     if isinstance(spec, dict):
         spec = dict(spec)
@@ -60,28 +67,61 @@ def normalize(spec):
             "multistep": ("peak", "milestones", "gamma"),
         }
         if kind not in order:
-            raise ValueError(f"unknown schedule kind {kind!r}; expected one of {', '.join(order)}")
+            raise ValueError(
+                f"unknown schedule kind {kind!r}; expected one of {', '.join(order)}"
+            )
         if set(spec) != set(order[kind]):
-            raise ValueError(f"{kind} schedule takes {', '.join(order[kind])}; got {', '.join(map(str, spec))}")
+            raise ValueError(
+                f"{kind} schedule takes {', '.join(order[kind])}; got {', '.join(map(str, spec))}"
+            )
         spec = (kind,) + tuple(spec[k] for k in order[kind])
-    if not isinstance(spec, (tuple, list)) or not spec or not isinstance(spec[0], str) or spec[0] not in KINDS \
-            or len(spec) != 1 + KINDS[spec[0]]:
+    if (
+        not isinstance(spec, (tuple, list))
+        or not spec
+        or not isinstance(spec[0], str)
+        or spec[0] not in KINDS
+        or len(spec) != 1 + KINDS[spec[0]]
+    ):
         raise ValueError(
             f"bad learning-rate schedule {spec!r}; expected a float or e.g. ('linear', peak, final, steps)"
         )
     kind = spec[0]
     if kind == "warmup":
-        return (kind, _rate(spec[1], "warmup peak"), _count(spec[2], "warmup steps", 1), normalize(spec[3]))
+        return (
+            kind,
+            _rate(spec[1], "warmup peak"),
+            _count(spec[2], "warmup steps", 1),
+            normalize(spec[3]),
+        )
     if kind == "multistep":
         if not isinstance(spec[2], (tuple, list)):
-            raise TypeError(f"multistep milestones must be a tuple of step counts, got {spec[2]!r}")
+            raise TypeError(
+                f"multistep milestones must be a tuple of step counts, got {spec[2]!r}"
+            )
         if len(spec[2]) > 1000:
-            raise ValueError(f"multistep takes at most 1000 milestones, got {len(spec[2])}")
+            raise ValueError(
+                f"multistep takes at most 1000 milestones, got {len(spec[2])}"
+            )
         milestones = tuple(_count(m, "multistep milestone", 0) for m in spec[2])
-        return (kind, _rate(spec[1], "multistep peak"), milestones, _rate(spec[3], "multistep gamma"))
+        return (
+            kind,
+            _rate(spec[1], "multistep peak"),
+            milestones,
+            _rate(spec[3], "multistep gamma"),
+        )
     if kind == "step":
-        return (kind, _rate(spec[1], "step peak"), _count(spec[2], "step every", 1), _rate(spec[3], "step gamma"))
-    return (kind, _rate(spec[1], f"{kind} peak"), _rate(spec[2], f"{kind} final"), _count(spec[3], f"{kind} steps", 1))
+        return (
+            kind,
+            _rate(spec[1], "step peak"),
+            _count(spec[2], "step every", 1),
+            _rate(spec[3], "step gamma"),
+        )
+    return (
+        kind,
+        _rate(spec[1], f"{kind} peak"),
+        _rate(spec[2], f"{kind} final"),
+        _count(spec[3], f"{kind} steps", 1),
+    )
 
 
 def lr_at(spec, t: int) -> float:
@@ -94,7 +134,10 @@ def lr_at(spec, t: int) -> float:
         return peak + (final - peak) * min(t - 1, steps) / steps
     if kind == "cosine":
         _, peak, final, steps = spec
-        return final + (peak - final) * (1 + math.cos(math.pi * min(t - 1, steps) / steps)) / 2
+        return (
+            final
+            + (peak - final) * (1 + math.cos(math.pi * min(t - 1, steps) / steps)) / 2
+        )
     if kind == "step":
         _, peak, every, gamma = spec
         return peak * gamma ** ((t - 1) // every)
