@@ -262,7 +262,7 @@ def check_cut(s: KernelSchedule) -> None:
         if i < s.update_from:
             continue
         if any(in_grads(t) for t in k.outs):
-            raise CodegenError(f"{what} is an update kernel that writes the gradient vector")
+            raise CodegenError(f"{what} runs after the first update kernel but writes the gradient vector")
         for t in _inlined(s, k):
             if id(t) in backward and not in_grads(s.views[id(t)].base if id(t) in s.views else t):
                 raise CodegenError(

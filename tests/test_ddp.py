@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import socket
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ import pytest
 import aot
 from aot import nn, ops
 
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.gpu  # needs a WebGPU adapter (lavapipe on CI)
 
 FULL, IN, HID, OUT, STEPS = 8, 3, 8, 2, 10
@@ -148,13 +151,21 @@ def launch(tmp_path, packages, jobs: list[dict], timeout_s: float = 60.0):
         job = dict(job, timeout=timeout_s, ckpt=str(tmp_path / "ckpt_"))
         job.setdefault("packages", str(packages))
         env = dict(
-            os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(len(jobs)), MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port), XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(len(jobs)),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(script), json.dumps(job)], env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True,
+                [sys.executable, str(script), json.dumps(job)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
     STARTED.extend(procs)
@@ -167,7 +178,7 @@ def reports(procs, timeout=300) -> list[dict]:
         stdout, stderr = p.communicate(timeout=timeout)
         assert p.returncode == 0, stderr[-3000:]
         (line,) = [x for x in stdout.splitlines() if x.startswith("REPORT ")]
-        out.append(json.loads(line[len("REPORT "):]))
+        out.append(json.loads(line[len("REPORT ") :]))
     return out
 
 
@@ -219,6 +230,37 @@ def test_mismatched_builds_and_parameters_are_refused_at_start(tmp_path, package
     for r in reports(launch(tmp_path, packages, [rank0, rank1])):
         assert "different parameters or optimizer state" in r[adam]["mismatch"], r
         assert "different builds" in r[sgd]["mismatch"] and "same built package" in r[sgd]["mismatch"], r
+
+
+def test_every_training_build_is_cut_where_the_update_begins():
+    """The scheduler orders the kernels writing the gradient vector before the update and never
+    fuses across (kan_tiny's gradient concat, which used to fuse with the update, is its own
+    kernel); check_cut refuses a schedule that breaks either."""
+    from aot import passes
+    from aot.errors import CodegenError
+    from aot.frontend import trace_program
+    from aot.schedule import ParamArena, check_cut, schedule
+
+    traced = trace_program(runpy.run_path(str(ROOT / "examples" / "kan_tiny.py"))["program"])
+    arena = ParamArena({p.name: p.offset for p in traced.params}, sum(p.size for p in traced.params))
+
+    def fresh():
+        return schedule(passes.run_pipeline(traced.graphs["train"]), arena)
+
+    s = fresh()
+    cut = s.update_from
+    assert 0 < cut < len(s.kernels)
+    before, first = s.kernels[cut - 1], s.kernels[cut]
+    assert before.node.op == "concat" and first.kind == "elementwise"
+    first.first = before.outs + first.first  # fused as _merge_reader would without the cut
+    first.reads = [r for r in dict.fromkeys(before.reads + first.reads) if r not in before.outs]
+    del s.kernels[cut - 1]
+    with pytest.raises(CodegenError, match="writes the gradient vector"):
+        check_cut(s)
+    s = fresh()
+    s.kernels[cut - 1], s.kernels[cut] = s.kernels[cut], s.kernels[cut - 1]  # the update before a gradient
+    with pytest.raises(CodegenError, match="writes the gradient vector"):
+        check_cut(s)
 
 
 # ---- one process ---------------------------------------------------------------------------------
