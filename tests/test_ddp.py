@@ -373,6 +373,19 @@ def test_a_bad_allreduce_result_changes_nothing(pair):
     a.close()
 
 
+def test_gradients_only_programs_reduce_too():
+    """Without an optimizer the cut is at the end: grads() reports the reduced gradients."""
+    m = aot.compile(
+        aot.Program("ddp_noopt", model=MLP, train=aot.Train(mse, {"x": aot.f32(FULL, IN), "y": aot.f32(FULL, OUT)}))
+    )
+    assert m.PROGRAM["entries"]["train"]["update_from"] == len(m.PROGRAM["entries"]["train"]["dispatches"])
+    loss = m.step(**data(0))
+    local = m.grads()
+    assert m.step(**data(0), allreduce=lambda g: g * np.float32(2)) == loss
+    assert all(np.array_equal(m.grads()[k], 2 * v) for k, v in local.items())
+    m.close()
+
+
 def test_adapter_by_index_and_name(pair):
     a, _ = pair
     pkg = sys.modules[type(a).__module__]

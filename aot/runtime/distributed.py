@@ -19,6 +19,10 @@ Launch with `torchrun --nproc-per-node N script.py` (one machine) or `torchrun -
 --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT script.py` on each machine.
 A rank that dies or stops answering makes the others raise (gloo's error, or its timeout,
 `init(timeout_s=...)`) instead of waiting forever.
+
+Random ops (dropout, ops.rand) draw from model.seed, as PyTorch DDP ranks seeded alike do: every
+rank gets the same masks for its rows. For a stream per rank, set `model.seed = base + rank` after
+check_replicas and after every restore (a checkpoint holds rank 0's seed).
 """
 
 from __future__ import annotations
