@@ -129,6 +129,8 @@ def _tables(c: Compiled, opt, state_names) -> dict:
             "index_bounds": index_bounds(g),
             "arenas": {a: n for a, n in p.sizes.items() if n},  # what this entry point needs
         }
+        if "grads" in g.persist:  # dispatches [0, update_from) fill the grads buffer, the rest update
+            entries[key]["update_from"] = len(s.kernels) if s.update_from is None else s.update_from
         for n, k in zip(names, c.kernels[key]):
             if n == k.name:  # first of its source: the others dispatch this one
                 kernel_table[n] = (tuple(k.bindings), k.site)

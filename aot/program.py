@@ -26,7 +26,7 @@ DEPENDENCY_NAMES = frozenset({
 # runtime/model.py's ModelBase) and those API.md §6 announces; a user name taking one of them
 # would replace it.
 GENERATED_NAMES = frozenset({
-    "step", "step_many", "train", "PROGRAM", "WGSL", "step_count", "seed", "adapter",
+    "step", "step_many", "train", "PROGRAM", "WGSL", "step_count", "seed", "adapter", "allreduce",
     "load_safetensors", "save_safetensors", "load_state_dict", "state_dict",
 })
 

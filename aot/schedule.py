@@ -20,7 +20,11 @@ Rules (why in brackets):
   element over the same index space: elementwise into its elementwise reader [Adam's m, v
   and p: one kernel], an elementwise reader into a matmul or reduction epilogue [relu after
   bias, the loss scale], and reductions over the same index space into one loop [LayerNorm's
-  two weight-gradient sums].
+  two weight-gradient sums];
+- a training graph is cut in two: every kernel that writes the flat gradient vector runs before
+  every kernel of the optimizer update (what is computed from that vector), and no kernel does
+  both [the runtime can read the gradients, all-reduce them across processes, upload the result
+  and run the rest: `update_from`, checked on every build by check_cut].
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class KernelSchedule:
     views: dict[int, View]  # every tensor readable from storage
     placed: dict[int, tuple[Tensor, int]]  # owner -> (concat owner it lives in, element offset)
     kernels: list[Kernel]
+    after_grads: set[int] = field(default_factory=set)  # tensors computed from the flat gradient vector
+    update_from: int | None = None  # index of the first update kernel (a training graph's cut)
     param_offsets: dict[str, int] = field(default_factory=dict)  # parameter -> offset in the params buffer
 
 
@@ -195,12 +201,91 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
             kernels.append(Kernel(op_of(n).fusion, t, n))
         else:
             kernels.append(Kernel("elementwise", t, n))
-    s = KernelSchedule(g, owners, views, placed, kernels, dict(params.offsets) if params is not None else {})
+    s = KernelSchedule(g, owners, views, placed, kernels, _after_grads(g))
+    s.param_offsets = dict(params.offsets) if params is not None else {}
     for k in kernels:
         k.reads = kernel_reads(s, k)
     _merge_elementwise(s)
+    if s.after_grads:  # backward kernels first (graph order already has them first: a no-op then)
+        s.kernels.sort(key=lambda k: _is_update(s, k))
     check_order(s)
+    check_cut(s)
     return s
+
+
+def _after_grads(g: Graph) -> set[int]:
+    """Tensors computed from the flat gradient vector g.persist["grads"]: the optimizer update."""
+    flat = g.persist.get("grads")
+    if flat is None or not g.updates:
+        return set()
+    after = {id(flat)}
+    for n in g.nodes:
+        if any(id(x) in after for x in n.inputs):
+            after.add(id(n.out))
+    after.discard(id(flat))
+    return after
+
+
+def _is_update(s: KernelSchedule, k: Kernel) -> bool:
+    return any(id(t) in s.after_grads for t in k.outs)
+
+
+def check_cut(s: KernelSchedule) -> None:
+    """Runs on every build of a training graph with an update: sets s.update_from so that kernels
+    [0, update_from) compute the flat gradient vector and [update_from, end) the update, and checks
+    that the update sees gradients only through that vector's storage (the grads buffer, which the
+    runtime may replace between the two halves) and never writes it."""
+    g = s.graph
+    if not s.after_grads:
+        return
+    flat = g.persist["grads"]
+    base = s.views[id(flat)].base
+    anc = {id(flat)}  # everything the gradients are computed from, ...
+    for n in reversed(g.nodes):
+        if id(n.out) in anc:
+            anc.update(id(x) for x in n.inputs)
+    backward: set[int] = set()  # ... computed (not a leaf), and not index arithmetic on constants
+    varying: set[int] = set()
+    for n in g.nodes:
+        if n.op in ("input", "param", "state") or any(id(x) in varying for x in n.inputs):
+            varying.add(id(n.out))
+            if id(n.out) in anc and op_of(n).fusion != "leaf":
+                backward.add(id(n.out))
+
+    def in_grads(t: Tensor) -> bool:
+        while t is not base and id(t) in s.placed:
+            t = s.placed[id(t)][0]
+        return t is base
+
+    phases = [_is_update(s, k) for k in s.kernels]
+    s.update_from = phases.index(True) if True in phases else len(s.kernels)
+    for i, k in enumerate(s.kernels):
+        what = f"{g.name}: kernel {i} ({k.node.op}, writing {k.out.type_str()})"
+        if i < s.update_from:
+            continue
+        if any(in_grads(t) for t in k.outs):
+            raise CodegenError(f"{what} runs after the first update kernel but writes the gradient vector")
+        for t in _inlined(s, k):
+            if id(t) in backward and not in_grads(s.views[id(t)].base if id(t) in s.views else t):
+                raise CodegenError(
+                    f"{what} is an update kernel that reads or recomputes a gradient ({t.node.op} {t.type_str()}) "
+                    "other than through the flat gradient vector (a fusion rule crossed the cut)"
+                )
+
+
+def _inlined(s: KernelSchedule, k: Kernel) -> list[Tensor]:
+    """Every tensor a kernel's expressions read from storage or compute inline (its outputs' trees)."""
+    stack = [x for t in k.outs for x in t.node.inputs] + (list(k.mm.node.inputs) if k.mm is not None else [])
+    seen: dict[int, Tensor] = {}
+    written = {id(t) for t in k.outs} | ({id(k.mm)} if k.mm is not None else set())
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or id(t) in written:
+            continue
+        seen[id(t)] = t
+        if id(t) not in s.views:
+            stack.extend(t.node.inputs)
+    return list(seen.values())
 
 
 def _written_ids(s: KernelSchedule, k: Kernel) -> set[int]:
@@ -267,7 +352,7 @@ def _merge_reader(s: KernelSchedule, i: int, j: int | None) -> bool:
     if j is None:
         return False
     k1, k2 = s.kernels[i], s.kernels[j]
-    if not _same_space(s, k1, k2):
+    if not _same_space(s, k1, k2) or _is_update(s, k1) != _is_update(s, k2):  # never across the cut
         return False
     written = {id(t) for t in k1.outs}
     if k1.kind == "elementwise":
@@ -297,7 +382,7 @@ def _merge_sibling(s: KernelSchedule, i: int, j: int | None) -> bool:
     for m in range(i + 1, len(s.kernels) if j is None else j + 1):
         k2 = s.kernels[m]
         if k2.kind == "reduce" and k2.reduce_space() == k1.reduce_space() and m != j:
-            if any(id(r) in written for r in k2.reads):
+            if any(id(r) in written for r in k2.reads) or _is_update(s, k1) != _is_update(s, k2):
                 return False
             k2.group = [k1] + k2.group
             k2.reads = list(dict.fromkeys(k1.reads + k2.reads))

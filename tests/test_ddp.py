@@ -1,0 +1,408 @@
+"""Data-parallel training (issue 14): step(allreduce=fn), Model(adapter=...), and the package's
+distributed module over torch.distributed (gloo on 127.0.0.1, real subprocesses, lavapipe).
+
+Two ranks with half of every batch each against one process with the whole batch, 10 steps of
+Adam with gradient clipping and of SGD with momentum and weight decay: the same losses (mean
+over ranks) and parameters; a checkpoint saved by rank 0 and restored by every rank replays the
+same steps bit for bit. A killed rank makes the other raise within the timeout; different builds
+or parameters are refused at start. In one process: step(allreduce=identity) is bit-identical to
+step() (dropout, captures, an lr schedule), a bad allreduce result is refused with nothing
+changed, and the adapter is chosen by index or name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aot
+from aot import nn, ops
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.gpu  # needs a WebGPU adapter (lavapipe on CI)
+
+FULL, IN, HID, OUT, STEPS = 8, 3, 8, 2, 10
+
+
+class MLP(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(IN, HID, init=aot.init.kaiming())
+        self.l2 = nn.Linear(HID, OUT, init=aot.init.randn(0.5))
+
+
+def mse(m, x, y):
+    return ops.mean(ops.square(m.l2(ops.tanh(m.l1(x))) - y))
+
+
+OPTIMIZERS = {
+    "adam": aot.optim.Adam(lr=aot.lr.cosine(3e-2, 1e-3, STEPS), clip_grad_norm=0.05),  # clips every step
+    "sgd": aot.optim.SGD(lr=0.05, momentum=0.9, weight_decay=0.01),
+}
+
+
+def program(opt: str, batch: int, seed: int = 3) -> aot.Program:
+    inputs = {"x": aot.f32(batch, IN), "y": aot.f32(batch, OUT)}
+    return aot.Program(f"ddp_{opt}_{batch}", model=MLP, train=aot.Train(mse, inputs, OPTIMIZERS[opt]), seed=seed)
+
+
+def data(i: int) -> dict:
+    r = np.random.default_rng(100 + i)
+    x = r.normal(size=(FULL, IN)).astype(np.float32)
+    return {"x": x, "y": np.stack([np.sin(x.sum(1)), np.cos(x[:, 0])], 1).astype(np.float32)}
+
+
+WORKER = textwrap.dedent("""
+    import json, os, signal, sys
+    import numpy as np
+    job = json.loads(sys.argv[1])
+    import importlib
+    for name, _, root in job["runs"]:
+        sys.path.insert(0, os.path.join(root or job["packages"], name))  # the project folder holds the package
+    dist = importlib.import_module(job["runs"][0][0] + ".distributed")
+    rank, world = dist.init(timeout_s=job["timeout"])
+    report = {}
+    for name, seed, _ in job["runs"]:
+        pkg = importlib.import_module(name)
+        model = pkg.Model(seed=seed)
+        try:
+            dist.check_replicas(model)
+        except dist.ReplicaMismatch as e:
+            report[name] = {"mismatch": str(e)}
+            continue
+        fn = dist.allreduce_mean()
+        half = job["batch"] // world
+        losses = []
+        for i in range(job["steps"]):
+            r = np.random.default_rng(100 + i)
+            x = r.normal(size=(job["batch"], 3)).astype(np.float32)
+            y = np.stack([np.sin(x.sum(1)), np.cos(x[:, 0])], 1).astype(np.float32)
+            sl = slice(rank * half, (rank + 1) * half)
+            losses.append(dist.mean(model.step(x=x[sl], y=y[sl], allreduce=fn)))
+            print(f"rank {rank} step {i + 1}", flush=True)
+            if rank == job.get("die_rank") and i + 1 == job.get("die_after"):
+                os.kill(os.getpid(), getattr(signal, job.get("signal", "SIGKILL")))
+            if i + 1 == job["steps"] // 2:
+                dist.save(model, job["ckpt"] + name)
+        params = {k: v.tolist() for k, v in model.params().items()}
+        dist.restore(model, job["ckpt"] + name)
+        replay = []
+        for i in range(job["steps"] // 2, job["steps"]):
+            r = np.random.default_rng(100 + i)
+            x = r.normal(size=(job["batch"], 3)).astype(np.float32)
+            y = np.stack([np.sin(x.sum(1)), np.cos(x[:, 0])], 1).astype(np.float32)
+            sl = slice(rank * half, (rank + 1) * half)
+            replay.append(dist.mean(model.step(x=x[sl], y=y[sl], allreduce=fn)))
+        report[name] = {"losses": losses, "replay": replay, "params": params, "steps": model.step_count,
+                        "replay_params": {k: v.tolist() for k, v in model.params().items()}}
+    print("REPORT " + json.dumps(report), flush=True)
+""")
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddp_pkgs")
+    for opt in OPTIMIZERS:
+        for batch in (FULL, FULL // 2):
+            aot.build(program(opt, batch), root)
+    aot.build(program("sgd", FULL // 2, seed=4), root / "other")  # the same name, another build (seed)
+    return root
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_strays():
+    """Workers a failed test leaves running are killed."""
+    yield
+    for p in STARTED:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    STARTED.clear()
+
+
+STARTED: list = []
+
+
+def launch(tmp_path, packages, jobs: list[dict], timeout_s: float = 60.0):
+    """Start one worker per job (rank = position) as torchrun would (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT); returns the Popen objects."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = _free_port()
+    procs = []
+    for rank, job in enumerate(jobs):
+        job = dict(job, timeout=timeout_s, ckpt=str(tmp_path / "ckpt_"))
+        job.setdefault("packages", str(packages))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(len(jobs)),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), json.dumps(job)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    STARTED.extend(procs)
+    return procs
+
+
+def reports(procs, timeout=300) -> list[dict]:
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        assert p.returncode == 0, stderr[-3000:]
+        (line,) = [x for x in stdout.splitlines() if x.startswith("REPORT ")]
+        out.append(json.loads(line[len("REPORT ") :]))
+    return out
+
+
+def test_two_ranks_with_half_batches_match_one_process(tmp_path, packages):
+    names = [f"ddp_{opt}_{FULL // 2}" for opt in OPTIMIZERS]
+    job = {"runs": [[n, None, None] for n in names], "batch": FULL, "steps": STEPS}
+    procs = launch(tmp_path, packages, [job, job])
+    # meanwhile, the reference: one process with the whole batch
+    ref = {}
+    for opt in OPTIMIZERS:
+        model = aot.compile(program(opt, FULL))
+        losses = [model.step(**data(i)) for i in range(STEPS)]
+        ref[f"ddp_{opt}_{FULL // 2}"] = (np.float64(losses), model.params())
+        model.close()
+    r0, r1 = reports(procs)
+    for name, (losses, params) in ref.items():
+        a, b = r0[name], r1[name]
+        assert a == b  # every rank holds the same parameters and reports the same mean losses, bit for bit
+        np.testing.assert_allclose(a["losses"], losses, rtol=1e-6, atol=0)
+        for k, v in params.items():
+            np.testing.assert_allclose(np.float32(a["params"][k]), v, rtol=1e-5, atol=1e-6, err_msg=f"{name} {k}")
+        # restored from rank 0's checkpoint at step 5 by every rank: steps 6..10 again, bit for bit
+        assert a["replay"] == a["losses"][STEPS // 2 :] and a["replay_params"] == a["params"]
+        assert a["steps"] == STEPS
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.slow)])
+def test_a_dead_or_stuck_rank_makes_the_other_fail_within_the_timeout(tmp_path, packages, how):
+    """A killed rank closes its connections (gloo raises at once); a stopped one keeps them open
+    and says nothing (gloo raises after init(timeout_s=...))."""
+    job = {"runs": [[f"ddp_adam_{FULL // 2}", None, None]], "batch": FULL, "steps": 10**6}
+    procs = launch(tmp_path, packages, [job, dict(job, die_rank=1, die_after=3, signal=how)], timeout_s=8.0)
+    deadline = time.monotonic() + 120
+    while "rank 1 step 3" not in (tmp := procs[1].stdout.readline()) and time.monotonic() < deadline:
+        assert tmp, "rank 1 ended before step 3"
+    t0 = time.monotonic()
+    out0, err0 = procs[0].communicate(timeout=60)
+    assert procs[0].returncode not in (0, None), out0[-500:]
+    assert "RuntimeError" in err0 and ("Connection" in err0 or "Timed out" in err0), err0[-3000:]
+    assert time.monotonic() - t0 < 8.0 + 20  # the timeout, and time to notice and exit on a busy machine
+    if how == "SIGKILL":
+        assert procs[1].wait(timeout=10) == -9
+
+
+def test_mismatched_builds_and_parameters_are_refused_at_start(tmp_path, packages):
+    adam, sgd = f"ddp_adam_{FULL // 2}", f"ddp_sgd_{FULL // 2}"
+    rank0 = {"runs": [[adam, None, None], [sgd, None, None]], "batch": FULL, "steps": 2}
+    rank1 = dict(rank0, runs=[[adam, 7, None], [sgd, None, str(packages / "other")]])  # another seed; another build
+    for r in reports(launch(tmp_path, packages, [rank0, rank1])):
+        assert "different parameters or optimizer state" in r[adam]["mismatch"], r
+        assert "different builds" in r[sgd]["mismatch"] and "same built package" in r[sgd]["mismatch"], r
+
+
+def test_every_training_build_is_cut_where_the_update_begins():
+    """The scheduler orders the kernels writing the gradient vector before the update and never
+    fuses across (kan_tiny's gradient concat, which used to fuse with the update, is its own
+    kernel); check_cut refuses a schedule that breaks either."""
+    from aot import passes
+    from aot.errors import CodegenError
+    from aot.frontend import trace_program
+    from aot.schedule import ParamArena, check_cut, schedule
+
+    traced = trace_program(runpy.run_path(str(ROOT / "examples" / "kan_tiny.py"))["program"])
+    arena = ParamArena({p.name: p.offset for p in traced.params}, sum(p.size for p in traced.params))
+
+    def fresh():
+        return schedule(passes.run_pipeline(traced.graphs["train"]), arena)
+
+    s = fresh()
+    cut = s.update_from
+    assert 0 < cut < len(s.kernels)
+    before, first = s.kernels[cut - 1], s.kernels[cut]
+    assert before.node.op == "concat" and first.kind == "elementwise"
+    first.first = before.outs + first.first  # fused as _merge_reader would without the cut
+    first.reads = [r for r in dict.fromkeys(before.reads + first.reads) if r not in before.outs]
+    del s.kernels[cut - 1]
+    with pytest.raises(CodegenError, match="writes the gradient vector"):
+        check_cut(s)
+    s = fresh()
+    s.kernels[cut - 1], s.kernels[cut] = s.kernels[cut], s.kernels[cut - 1]  # the update before a gradient
+    with pytest.raises(CodegenError, match="writes the gradient vector"):
+        check_cut(s)
+
+
+# ---- one process ---------------------------------------------------------------------------------
+
+
+class Drop(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(IN, HID, init=aot.init.kaiming())
+        self.l2 = nn.Linear(HID, OUT)
+
+
+def drop_loss(m, x, y):
+    h = aot.capture("h", ops.dropout(ops.relu(m.l1(x)), 0.3))  # random: the per-step seed must match step()'s
+    return ops.mean(ops.square(m.l2(h) - y))
+
+
+DROP = aot.Program(
+    "ddp_drop",
+    model=Drop,
+    train=aot.Train(
+        drop_loss,
+        {"x": aot.f32(FULL, IN), "y": aot.f32(FULL, OUT)},
+        aot.optim.AdamW(lr=aot.lr.linear(2e-2, 1e-3, 4), weight_decay=0.1, clip_grad_norm=0.5),
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    a = aot.compile(DROP)
+    b = type(a)()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def snapshot(m):
+    return (
+        m.params(),
+        m.grads(),
+        [m._engine.read(a, 0, n) for a, n in m._state_buffers()],
+        m.step_count,
+    )
+
+
+def assert_identical(sa, sb):
+    for x, y in zip(sa[:2], sb[:2]):
+        assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+    assert all(np.array_equal(x, y) for x, y in zip(sa[2], sb[2]))
+    assert sa[3] == sb[3]
+
+
+def test_identity_allreduce_is_bit_identical_to_step(pair):
+    a, b = pair
+    seen = []
+
+    def identity(g):
+        assert g.dtype == np.float32 and g.shape == (a._total,) and g.flags.writeable
+        seen.append(g.copy())
+        return g
+
+    for m in (a, b):
+        m.reset()
+    for i in range(6):  # past the schedule's end at step 5
+        ra = a.step(**data(i), captures=True)
+        rb = b.step(**data(i), captures=True, allreduce=identity)
+        assert ra.loss == rb.loss and np.array_equal(ra.captures["h"], rb.captures["h"])
+        offsets = {p[0]: p[4] for p in b.PROGRAM["params"]}
+        flat = np.concatenate([g.ravel() for _, g in sorted(b.grads().items(), key=lambda kv: offsets[kv[0]])])
+        assert np.array_equal(seen[-1], flat)  # the vector handed over is grads() in layout order
+        assert_identical(snapshot(a), snapshot(b))
+    assert isinstance(b.step(**data(7), allreduce=identity), float)
+
+
+def test_a_bad_allreduce_result_changes_nothing(pair):
+    _, b = pair
+    b.reset()
+    b.step(**data(0))
+    before = snapshot(b)
+    n = b._total
+
+    def boom(g):
+        raise RuntimeError("peer lost")
+
+    bad = {
+        "returns None": (lambda g: None, TypeError, "reduced in place"),
+        "float64": (lambda g: g.astype(np.float64), TypeError, "float32"),
+        "shape": (lambda g: g[:-1], ValueError, f"({n},)"),
+        "2-d": (lambda g: g.reshape(1, -1), ValueError, f"({n},)"),
+        "list": (lambda g: g.tolist(), TypeError, "list"),
+        "zeros first": (lambda g: (g.__imul__(0), None)[1], TypeError, "None"),  # clobbers the array it was given
+        "raises": (boom, RuntimeError, "peer lost"),
+    }
+    for what, (fn, error, text) in bad.items():
+        with pytest.raises(error, match=re.escape(text)):
+            b.step(**data(1), allreduce=fn)
+        assert_identical(before, snapshot(b))
+    with pytest.raises(TypeError, match="function of the flat gradient vector"):
+        b.step(**data(1), allreduce="sum")
+    with pytest.raises(TypeError, match="step_many"):
+        b.step_many(**{k: v[None] for k, v in data(1).items()}, allreduce=lambda g: g)
+    assert_identical(before, snapshot(b))
+    # and the next good step is the step it would have been
+    a = type(b)()
+    a.reset()
+    a.step(**data(0))
+    assert a.step(**data(1)) == b.step(**data(1), allreduce=lambda g: g)
+    assert_identical(snapshot(a), snapshot(b))
+    a.close()
+
+
+def test_gradients_only_programs_reduce_too():
+    """Without an optimizer the cut is at the end: grads() reports the reduced gradients."""
+    m = aot.compile(
+        aot.Program("ddp_noopt", model=MLP, train=aot.Train(mse, {"x": aot.f32(FULL, IN), "y": aot.f32(FULL, OUT)}))
+    )
+    assert m.PROGRAM["entries"]["train"]["update_from"] == len(m.PROGRAM["entries"]["train"]["dispatches"])
+    loss = m.step(**data(0))
+    local = m.grads()
+    assert m.step(**data(0), allreduce=lambda g: g * np.float32(2)) == loss
+    assert all(np.array_equal(m.grads()[k], 2 * v) for k, v in local.items())
+    m.close()
+
+
+def test_adapter_by_index_and_name(pair):
+    a, _ = pair
+    pkg = sys.modules[type(a).__module__]
+    rows = pkg.adapters()
+    assert rows and rows[0]["index"] == 0 and {"name", "type", "backend", "description"} <= set(rows[0])
+    m = type(a)(adapter=0)
+    assert m.adapter["index"] == 0 and m.adapter["name"] == rows[0]["name"]
+    m.close()
+    needle = rows[0]["name"].split()[0].upper()  # a case-insensitive substring
+    m = type(a)(adapter=needle)
+    assert needle.lower() in m.adapter["name"].lower() + m.adapter["description"].lower()
+    m.step(**data(0))
+    m.close()
+    assert a.adapter["index"] is None  # wgpu's own choice
+    with pytest.raises(ValueError, match=r"no adapter's name or description contains it; the adapters are:\n  0: "):
+        type(a)(adapter="no such gpu")
+    with pytest.raises(ValueError, match="no adapter has that index"):
+        type(a)(adapter=len(rows))
+    with pytest.raises(TypeError, match="an index or a name"):
+        type(a)(adapter=1.0)
