@@ -7,9 +7,10 @@ uploads the initial parameters (seed 0).
 
 from .kernels import WGSL
 from .plan import PROGRAM
+from .engine import adapters
 from .model import InferResult, ModelBase, ShaderError, StepResult
 
-__all__ = ["Model", "StepResult", "InferResult", "ShaderError", "PROGRAM"]
+__all__ = ["Model", "StepResult", "InferResult", "ShaderError", "PROGRAM", "adapters"]
 
 
 class Model(ModelBase):
@@ -18,20 +19,32 @@ class Model(ModelBase):
     PROGRAM = PROGRAM
     WGSL = WGSL
 
-    def step(self, *, tokens, targets, mask, captures=False):
+    def step(self, *, tokens, targets, mask, captures=False, allreduce=None):
         """One training step (forward, backward, update) on the GPU; returns the loss as a float.
 
         tokens: i32[128,8]
         targets: i32[128,8]
         mask: f32[128,8]
         With captures=True, returns StepResult(loss, captures).
+        allreduce: a function called between backward and update with the flat gradient vector
+        (float32, 150656 values, grads()' layout order); it returns the reduced vector (mean
+        over processes: see the distributed module), which clipping, weight decay and the
+        optimizer then use.
         """
         return self._step(
-            {"tokens": tokens, "targets": targets, "mask": mask}, captures
+            {"tokens": tokens, "targets": targets, "mask": mask}, captures, allreduce
         )
 
     def step_many(
-        self, batches=None, /, *, tokens=None, targets=None, mask=None, captures=False
+        self,
+        batches=None,
+        /,
+        *,
+        tokens=None,
+        targets=None,
+        mask=None,
+        captures=False,
+        allreduce=None,
     ):
         """K training steps in one call (Keras' steps_per_execution): the inputs of every step
         uploaded at once, the steps recorded back to back with no wait between them, and the K
@@ -43,7 +56,10 @@ class Model(ModelBase):
         with captures=True, StepResult(losses, captures of the last step).
         """
         return self._step_many(
-            batches, {"tokens": tokens, "targets": targets, "mask": mask}, captures
+            batches,
+            {"tokens": tokens, "targets": targets, "mask": mask},
+            captures,
+            allreduce,
         )
 
     def predict(self, *, tokens, captures=False):

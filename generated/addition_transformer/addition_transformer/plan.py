@@ -1329,6 +1329,7 @@ PROGRAM = {
                 "work": 2796352,
                 "state_1": 150656,
             },
+            "update_from": 169,
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],

@@ -7,9 +7,10 @@ uploads the initial parameters (seed 0).
 
 from .kernels import WGSL
 from .plan import PROGRAM
+from .engine import adapters
 from .model import InferResult, ModelBase, ShaderError, StepResult
 
-__all__ = ["Model", "StepResult", "InferResult", "ShaderError", "PROGRAM"]
+__all__ = ["Model", "StepResult", "InferResult", "ShaderError", "PROGRAM", "adapters"]
 
 
 class Model(ModelBase):
@@ -18,16 +19,22 @@ class Model(ModelBase):
     PROGRAM = PROGRAM
     WGSL = WGSL
 
-    def step(self, *, x, y, captures=False):
+    def step(self, *, x, y, captures=False, allreduce=None):
         """One training step (forward, backward, update) on the GPU; returns the loss as a float.
 
         x: f32[256,1]
         y: f32[256,1]
         With captures=True, returns StepResult(loss, captures).
+        allreduce: a function called between backward and update with the flat gradient vector
+        (float32, 4353 values, grads()' layout order); it returns the reduced vector (mean
+        over processes: see the distributed module), which clipping, weight decay and the
+        optimizer then use.
         """
-        return self._step({"x": x, "y": y}, captures)
+        return self._step({"x": x, "y": y}, captures, allreduce)
 
-    def step_many(self, batches=None, /, *, x=None, y=None, captures=False):
+    def step_many(
+        self, batches=None, /, *, x=None, y=None, captures=False, allreduce=None
+    ):
         """K training steps in one call (Keras' steps_per_execution): the inputs of every step
         uploaded at once, the steps recorded back to back with no wait between them, and the K
         losses read back together. Bit-identical to K calls of step(), lr schedule included.
@@ -37,7 +44,7 @@ class Model(ModelBase):
         Every batch is checked before anything runs. Returns the K losses as a float32 array;
         with captures=True, StepResult(losses, captures of the last step).
         """
-        return self._step_many(batches, {"x": x, "y": y}, captures)
+        return self._step_many(batches, {"x": x, "y": y}, captures, allreduce)
 
     def predict(self, *, x, captures=False):
         """Run the `predict` forward graph; returns a f32 array.

@@ -6,7 +6,8 @@ single compute pass and submit, and `run_many`, which records K training steps i
 command buffers (one compute pass per step, each step's inputs copied from a slot of an
 upload area, each loss copied to a slot of a readback ring) with no wait between steps.
 Nothing is allocated per call; run_many's areas are allocated once, at a size that does not
-depend on K.
+depend on K. A training step whose gradients cross the host (run_backward, then run_update or
+restore_grads) records the entry's dispatches in two passes cut at its `update_from`.
 """
 
 from __future__ import annotations
@@ -60,18 +61,20 @@ class Engine:
     """Device, buffers, pipelines and bind groups for one compiled program."""
 
     def __init__(
-        self, name: str, wgsl: dict, kernels: dict, arenas: dict, entries: dict
+        self,
+        name: str,
+        wgsl: dict,
+        kernels: dict,
+        arenas: dict,
+        entries: dict,
+        adapter=None,
     ):
         self.name = name
         self.kernels = kernels
         self.entries = entries
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        if adapter is None:
-            raise RuntimeError(
-                "no WebGPU adapter found: install a GPU driver with Vulkan/Metal/D3D12 support, "
-                "or Mesa's software Vulkan (Debian: apt-get install mesa-vulkan-drivers)"
-            )
+        adapter, index = choose_adapter(adapter)
         self.adapter_info = dict(adapter.info)
+        self.adapter_row = _adapter_row(index, adapter)
         self.device = adapter.request_device_sync(
             label=name, required_limits=_required_limits(name, adapter, arenas, entries)
         )
@@ -89,6 +92,12 @@ class Engine:
         )
         self._groups = {}
         self.raw_recipes, self._many = {}, {}
+        self._halves: dict = (
+            {}
+        )  # (key, 0 or 1) -> the dispatches before / from the entry's update_from
+        self._reduce_area: dict = (
+            {}
+        )  # key -> readback buffer of run_backward; "backup" -> saved grads
         self._waited = (
             0.0  # seconds spent in maps (waiting for the GPU) during the current call
         )
@@ -216,15 +225,39 @@ class Engine:
         raw = self.device.queue.read_buffer(self.buffers[arena], 4 * offset, 4 * count)
         return np.frombuffer(raw, dtype=_NP[dtype]).copy()
 
-    def _record(self, enc, key: str) -> None:
-        """One compute pass with every dispatch of `key`."""
+    def _half(self, key: str, half: int) -> list:
+        """The dispatches of `key` before (half 0) or from (half 1) its update_from; the second
+        half's first dispatch sets its bind group even where the whole list shares the one before.
+        """
+        steps = self._halves.get((key, half))
+        if steps is None:
+            cut = self.entries[key]["update_from"]
+            steps = (
+                self.recipes[key][:cut] if half == 0 else list(self.recipes[key][cut:])
+            )
+            if half == 1 and steps and steps[0][1] is None:
+                group = next(
+                    g
+                    for _, g, _ in reversed(self.recipes[key][: cut + 1])
+                    if g is not None
+                )
+                steps[0] = (steps[0][0], group, steps[0][2])
+            self._halves[(key, half)] = steps
+        return steps
+
+    def _record(self, enc, key: str, half: int | None = None) -> None:
+        """One compute pass with every dispatch of `key` (or one half of them, see _half)."""
+        steps = self.recipes[key] if half is None else self._half(key, half)
+        if not steps:
+            return
         cpass = enc.begin_compute_pass()
-        raw = self.raw_recipes.get(key) if _RAW is not None else None
+        rkey = key if half is None else (key, half)
+        raw = self.raw_recipes.get(rkey) if _RAW is not None else None
         if raw is None and _RAW is not None:
             try:
-                raw = self.raw_recipes[key] = [
+                raw = self.raw_recipes[rkey] = [
                     (p._internal, None if g is None else g._internal, grid)
-                    for p, g, grid in self.recipes[key]
+                    for p, g, grid in steps
                 ]
             except AttributeError:
                 raw = None
@@ -242,7 +275,7 @@ class Engine:
                 cpass.set_bind_group,
                 cpass.dispatch_workgroups,
             )
-            for pipeline, group, grid in self.recipes[key]:
+            for pipeline, group, grid in steps:
                 set_pipeline(pipeline)
                 if group is not None:
                     set_bind_group(0, group)
@@ -268,24 +301,27 @@ class Engine:
         finally:
             buf.unmap()
 
-    def _reads(self, enc, key: str, want_captures: bool) -> list:
+    def _reads(self, enc, key: str, want_captures: bool, rb=None, pos: int = 0) -> list:
+        """Copy outputs (and captures) into the readback buffer `rb` (the entry's own by default)
+        from element `pos` on."""
         e = self.entries[key]
         buffers = self.entry_buffers[key]
         reads = e["outputs"] + (e["captures"] if want_captures else [])
-        rb = self.readback[key]
-        pos = 0
+        rb = self.readback[key] if rb is None else rb
         for _, _, shape, arena, off in reads:
             n = _size(shape)
             enc.copy_buffer_to_buffer(buffers[arena], 4 * off, rb, 4 * pos, 4 * n)
             pos += n
         return reads
 
-    def _unpack(self, key: str, reads: list) -> dict:
-        pos = sum(_size(shape) for _, _, shape, _, _ in reads)
+    def _unpack(self, key: str, reads: list, raw=None, pos: int = 0) -> dict:
+        """The outputs copied by _reads, mapped from the entry's readback buffer (or taken from
+        `raw`, mapped already, from element `pos` on)."""
+        n = sum(_size(shape) for _, _, shape, _, _ in reads)
         out = {}
-        if pos:
-            raw = self._map_read(self.readback[key], 4 * pos)
-            pos = 0
+        if n:
+            if raw is None:
+                raw = self._map_read(self.readback[key], 4 * n)
             for name, dtype, shape, _, _ in reads:
                 n = _size(shape)
                 out[name] = (
@@ -317,6 +353,85 @@ class Engine:
         # host time (upload, encoding, submit, unpacking) and time spent waiting for the GPU (the map)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
+
+    def run_backward(self, key: str, packed: dict, want_captures: bool, total: int):
+        """The first half of a training step whose gradients cross the host: upload, the
+        dispatches before update_from (forward and backward), then one readback holding the flat
+        gradient vector (elements [0, total) of the grads buffer) followed by the outputs (the
+        loss) and captures, all final at this point. The grads buffer is saved on the GPU first,
+        so restore_grads can undo the step. Returns (gradients: a new writable float32 [total]
+        array, outputs/captures)."""
+        t0 = time.perf_counter()
+        self._waited = 0.0
+        e = self.entries[key]
+        if key not in self.recipes:
+            self._prepare(key)
+        buffers = self.entry_buffers[key]
+        reads = e["outputs"] + (e["captures"] if want_captures else [])
+        nbytes = 4 * (total + sum(_size(shape) for _, _, shape, _, _ in reads))
+        rb = self._reduce_area.get(key)
+        if rb is None or rb.size < nbytes:
+            size = 4 * (
+                total
+                + sum(
+                    _size(shape) for _, _, shape, _, _ in e["outputs"] + e["captures"]
+                )
+            )
+            usage = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+            rb = self._reduce_area[key] = self.device.create_buffer(
+                label="grads_readback", size=max(4, size), usage=usage
+            )
+        backup = self._reduce_area.get("backup")
+        if backup is None:
+            usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+            backup = self._reduce_area["backup"] = self.device.create_buffer(
+                label="grads_backup", size=max(4, 4 * total), usage=usage
+            )
+        for arena, data in packed.items():
+            if data.size:
+                self.write(arena, 0, data)
+        enc = self.device.create_command_encoder()
+        if total:
+            enc.copy_buffer_to_buffer(buffers["grads"], 0, backup, 0, 4 * total)
+        self._record(enc, key, 0)
+        if total:
+            enc.copy_buffer_to_buffer(buffers["grads"], 0, rb, 0, 4 * total)
+        self._reads(enc, key, want_captures, rb, total)
+        self.device.queue.submit([enc.finish()])
+        raw = self._map_read(rb, nbytes)
+        grads = np.frombuffer(raw, dtype=np.float32, count=total)
+        if not grads.flags.writeable:
+            grads = grads.copy()
+        out = self._unpack(key, reads, raw, total)
+        self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
+        return grads, out
+
+    def run_update(self, key: str, grads: np.ndarray) -> None:
+        """The second half: upload `grads` (float32 [total], contiguous) over the grads buffer and
+        record the dispatches from update_from on, and the writeback copies. Submitted without
+        waiting: whatever reads the device next is ordered after it."""
+        e = self.entries[key]
+        buffers = self.entry_buffers[key]
+        if grads.size:
+            self.device.queue.write_buffer(buffers["grads"], 0, grads)
+        enc = self.device.create_command_encoder()
+        self._record(enc, key, 1)
+        for src, so, dst, do, n in e["copies"]:
+            enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
+        self.device.queue.submit([enc.finish()])
+
+    def restore_grads(self, key: str, total: int) -> None:
+        """Undo run_backward: the grads buffer as it was before it (the update never ran)."""
+        if total:
+            enc = self.device.create_command_encoder()
+            enc.copy_buffer_to_buffer(
+                self._reduce_area["backup"],
+                0,
+                self.entry_buffers[key]["grads"],
+                0,
+                4 * total,
+            )
+            self.device.queue.submit([enc.finish()])
 
     def many_slots(self, key: str) -> int:
         """Steps per chunk of run_many for this entry: MANY_CHUNK, fewer for large inputs."""
@@ -406,6 +521,80 @@ class Engine:
         out = None if reads is None else self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return losses, out
+
+
+def adapters() -> list[dict]:
+    """The WebGPU adapters wgpu finds, in the order Model(adapter=i) counts them: one dict per
+    adapter with its index, name, type (DiscreteGPU, IntegratedGPU, CPU, ...), backend (Vulkan,
+    Metal, D3D12, OpenGL), description and vendor. A GPU reachable through several backends is
+    listed once per backend."""
+    return [
+        _adapter_row(i, a) for i, a in enumerate(wgpu.gpu.enumerate_adapters_sync())
+    ]
+
+
+def _adapter_row(index, adapter) -> dict:
+    info = adapter.info
+    return {
+        "index": index,
+        "name": info.get("device", ""),
+        "type": info.get("adapter_type", ""),
+        "backend": info.get("backend_type", ""),
+        "description": info.get("description", ""),
+        "vendor": info.get("vendor", ""),
+    }
+
+
+def _adapter_list(found) -> str:
+    rows = [_adapter_row(i, a) for i, a in enumerate(found)]
+    if not rows:
+        return "  (none)"
+    return "\n".join(
+        f"  {r['index']}: {r['name']} [{r['type']}, {r['backend']}] {r['description']}"
+        for r in rows
+    )
+
+
+def choose_adapter(adapter=None):
+    """(wgpu adapter, its index in adapters() or None) for Model(adapter=...): None asks wgpu for
+    its high-performance choice; an int is an index into adapters(); a str picks the first
+    adapter whose name or description contains it, ignoring case."""
+    if adapter is None:
+        found = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        if found is None:
+            raise RuntimeError(
+                "no WebGPU adapter found: install a GPU driver with Vulkan/Metal/D3D12 support, "
+                "or Mesa's software Vulkan (Debian: apt-get install mesa-vulkan-drivers)"
+            )
+        return found, None
+    if (
+        isinstance(adapter, bool)
+        or not isinstance(adapter, str)
+        and not hasattr(adapter, "__index__")
+    ):
+        raise TypeError(
+            f"Model(adapter=...) takes None, an index or a name, got {type(adapter).__name__}"
+        )
+    found = wgpu.gpu.enumerate_adapters_sync()
+    if isinstance(adapter, str):
+        want = adapter.strip().lower()
+        for i, a in enumerate(found):
+            row = _adapter_row(i, a)
+            if want and (
+                want in row["name"].lower() or want in row["description"].lower()
+            ):
+                return a, i
+        raise ValueError(
+            f"Model(adapter={adapter!r}): no adapter's name or description contains it; the adapters are:\n"
+            + _adapter_list(found)
+        )
+    index = adapter.__index__()
+    if not 0 <= index < len(found):
+        raise ValueError(
+            f"Model(adapter={index}): no adapter has that index; the adapters are:\n"
+            + _adapter_list(found)
+        )
+    return found[index], index
 
 
 _NOSYNC = True  # map readbacks with wgpu-py's "READ_NOSYNC" (see Engine._map_read) while it is accepted

@@ -65,7 +65,7 @@ class ModelBase(InteropMixin):
     PROGRAM: dict = {}
     WGSL: dict = {}
 
-    def __init__(self, seed: int | None = None):
+    def __init__(self, seed: int | None = None, adapter: int | str | None = None):
         p = self.PROGRAM
         self._lock = threading.RLock()
         self._closed = False
@@ -76,7 +76,7 @@ class ModelBase(InteropMixin):
         self._params = p["params"]  # (name, shape, init spec, decay, offset)
         self._total = sum(_size(s) for _, s, _, _, _ in self._params)
         self._engine = Engine(
-            p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"]
+            p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"], adapter
         )
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
@@ -106,6 +106,12 @@ class ModelBase(InteropMixin):
     @seed.setter
     def seed(self, value) -> None:
         self._seed = rng.check_seed(value, "seed")
+
+    @property
+    def adapter(self) -> dict:
+        """The adapter this model runs on: index (in adapters(); None when wgpu chose it), name,
+        type, backend, description and vendor."""
+        return dict(self._engine.adapter_row)
 
     @property
     def lr(self):
@@ -361,13 +367,18 @@ class ModelBase(InteropMixin):
         if "train" not in self._program["signatures"]:
             raise RuntimeError(f"{self._program['name']} was built without train=")
 
-    def _step(self, inputs: dict, captures: bool):
+    def _step(self, inputs: dict, captures: bool, allreduce=None):
         with self._lock:
             self._check_train()
+            if allreduce is not None:
+                self._check_allreduce(allreduce)
             key, arrays = self._pick("train", inputs)
             t = self.step_count + 1
             packed = self._pack(key, arrays, self._step_scalars(t))
-            out = self._engine.run(key, packed, captures)
+            if allreduce is None:
+                out = self._engine.run(key, packed, captures)
+            else:
+                out = self._step_reduced(key, packed, captures, allreduce)
             self.step_count = t
             loss = float(out["loss"])
             if captures:
@@ -377,10 +388,61 @@ class ModelBase(InteropMixin):
                 )
             return loss
 
-    def _step_many(self, batches, inputs: dict, captures: bool):
+    def _check_allreduce(self, allreduce) -> None:
+        if not callable(allreduce):
+            raise TypeError(
+                f"step(allreduce=...) takes a function of the flat gradient vector, got {type(allreduce).__name__}"
+            )
+
+    def _step_reduced(self, key: str, packed: dict, captures: bool, allreduce) -> dict:
+        """One step whose gradients pass through allreduce between backward and update: the
+        dispatches before the entry's update_from, one readback of the flat gradient vector
+        (and the loss), allreduce, one upload of its result over the gradients, the rest of the
+        dispatches. Clipping, weight decay, the lr schedule and the optimizer state then see
+        the reduced gradients, as one process would. If allreduce raises or returns something
+        unusable, the gradients of the last step are put back and nothing else has changed.
+        """
+        total = self._total
+        grads, out = self._engine.run_backward(key, packed, captures, total)
+        try:
+            reduced = allreduce(grads)
+            if not isinstance(reduced, np.ndarray):
+                hint = (
+                    " (reduced in place? return the array as well)"
+                    if reduced is None
+                    else (
+                        " (a torch tensor? return the NumPy array it shares memory with, or tensor.numpy())"
+                        if hasattr(reduced, "numpy")
+                        else ""
+                    )
+                )
+                raise TypeError(
+                    f"step(allreduce=...): the function must return the reduced gradients as a float32 NumPy "
+                    f"array of shape ({total},), got {type(reduced).__name__}{hint}; nothing was updated"
+                )
+            if reduced.dtype != np.float32 or reduced.shape != (total,):
+                error = TypeError if reduced.dtype != np.float32 else ValueError
+                raise error(
+                    f"step(allreduce=...): the function must return the reduced gradients as a float32 NumPy "
+                    f"array of shape ({total},) (the shape and dtype it was given), got {_describe(reduced)}; "
+                    "nothing was updated"
+                )
+        except BaseException:
+            self._engine.restore_grads(key, total)
+            raise
+        self._engine.run_update(key, np.ascontiguousarray(reduced))
+        return out
+
+    def _step_many(self, batches, inputs: dict, captures: bool, allreduce=None):
         """K training steps in a few submits; see the generated Model.step_many."""
         with self._lock:
             self._check_train()
+            if allreduce is not None:
+                raise TypeError(
+                    "step_many(allreduce=...) is not supported: step_many records K steps without waiting, "
+                    "and an all-reduce needs each step's gradients on the host between backward and update. "
+                    "Call step(**batch, allreduce=fn) once per batch instead"
+                )
             given = {n: v for n, v in inputs.items() if v is not None}
             if batches is None:
                 key, arrays = self._pick("train", given, stacked=True)

@@ -164,6 +164,7 @@ PROGRAM = {
                 "work": 49472,
                 "state_1": 4353,
             },
+            "update_from": 10,
         },
         "predict[B=1]": {
             "inputs": [("x", "f32", (1, 1), "inputs", 0)],
