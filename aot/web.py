@@ -92,7 +92,7 @@ def _js(value) -> str:
 
 # members of the JS Model (runtime.js) that an infer entry's method would shadow
 JS_MEMBERS = frozenset(
-    "create step params grads loadParams reset setLr currentLr save restore close paramNames seed lr "
+    "create step stepMany params grads loadParams reset setLr currentLr save restore close paramNames seed lr "
     "requiredLimits device stepCount constructor".split()
 )
 

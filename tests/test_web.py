@@ -207,6 +207,54 @@ def test_training_losses_and_infer_match(page, py_models):
     np.testing.assert_allclose(js["one"], py_one.ravel(), rtol=1e-5, atol=1e-6)
 
 
+def test_step_many_is_k_steps(page, py_models):
+    """stepMany, from a list of batches and from stacked inputs, in chunks of 3 steps per submit
+    (7 steps: 3 + 3 + 1), gives step()'s losses and parameters bit for bit, lr schedule included;
+    the losses match the Python package's step_many."""
+    batches = _sine_batches(7)
+    arg = {"batches": [(x.ravel().tolist(), y.ravel().tolist()) for x, y in batches]}
+    js = _js(page, """
+        const feed = ([x, y]) => ({x: {data: Float32Array.from(x), shape: [256, 1]}, y: {data: Float32Array.from(y), shape: [256, 1]}});
+        const K = arg.batches.length;
+        const stack = (i) => Float32Array.from(arg.batches.flatMap((b) => b[i]));
+        const engine = m._engine;
+        const slots = engine.manySlots;
+        const run = async (how) => {
+          m.seed = 5; await m.reset(); m.setLr(["cosine", 5e-3, 1e-4, 6]);
+          let losses;
+          engine.manySlots = () => 3; engine._many = {};  // three steps per command buffer
+          try {
+            if (how === "step") { losses = []; for (const b of arg.batches) losses.push(await m.step(feed(b))); }
+            else if (how === "list") losses = await m.stepMany(arg.batches.map(feed));
+            else {
+              const r = await m.stepMany({x: {data: stack(0), shape: [K, 256, 1]}, y: {data: stack(1), shape: [K, 256, 1]}}, {captures: true});
+              losses = r.losses;
+              if (JSON.stringify(r.captures) !== "{}") throw new Error("unexpected captures");
+            }
+          } finally { engine.manySlots = slots; engine._many = {}; }
+          const p = await m.params();
+          return {type: losses.constructor.name, losses: Array.from(losses), stepCount: m.stepCount, lr: m.currentLr(),
+                  params: Object.fromEntries(Object.entries(p).map(([k, v]) => [k, Array.from(v.data)]))};
+        };
+        return {step: await run("step"), list: await run("list"), stacked: await run("stacked")};""", arg)
+    ref = js["step"]
+    assert ref["stepCount"] == 7
+    for how in ("list", "stacked"):
+        got = js[how]
+        assert got["type"] == "Float32Array" and got["stepCount"] == 7 and got["lr"] == ref["lr"], how
+        assert np.array_equal(_bits(got["losses"]), _bits(ref["losses"])), how
+        for name in ref["params"]:
+            assert np.array_equal(_bits(got["params"][name]), _bits(ref["params"][name])), (how, name)
+    py = py_models["sine_mlp"]
+    py.seed = 5
+    py.reset()
+    py.set_lr(("cosine", 5e-3, 1e-4, 6))
+    py_losses = py.step_many(x=np.stack([x for x, _ in batches]), y=np.stack([y for _, y in batches]))
+    np.testing.assert_allclose(ref["losses"], py_losses, rtol=1e-5)
+    assert py.current_lr() == ref["lr"]
+    py.seed = 0
+
+
 def test_checkpoints_move_both_ways(page, py_models, tmp_path):
     batches = _sine_batches(6)
     arg = {"batches": [(x.ravel().tolist(), y.ravel().tolist()) for x, y in batches]}
@@ -282,6 +330,25 @@ def test_bad_inputs_rejected_with_pythons_messages(browser, site, py_models):
          lambda: py.predict(tokens=np.array([0, 1], np.int32))),
         ("m.predict({tokens: {data: Int32Array.from([9]), shape: [1]}})",
          lambda: py.predict(tokens=np.array([9], np.int32))),
+        # stepMany: the same checks, as Python's step_many words them
+        ("m.stepMany({tokens: {data: Int32Array.from([0, 1, 2, 0, 1, 7]), shape: [2, 3]}, y: {data: new Float32Array(6), shape: [2, 3, 1]}})",
+         lambda: py.step_many(tokens=np.array([[0, 1, 2], [0, 1, 7]], np.int32), y=np.zeros((2, 3, 1), np.float32))),
+        ("m.stepMany({tokens: {data: Int32Array.from([0, 1, 2, 0, 1, 2]), shape: [2, 3]}, y: {data: new Float32Array(9), shape: [3, 3, 1]}})",
+         lambda: py.step_many(tokens=np.zeros((2, 3), np.int32), y=np.zeros((3, 3, 1), np.float32))),
+        ("m.stepMany({tokens: {data: Int32Array.from([0, 1, 2]), shape: [3]}, y: [[0], [0], [0]]})",
+         lambda: py.step_many(tokens=np.array([0, 1, 2], np.int32), y=y)),
+        ("m.stepMany({tokens: {data: new Int32Array(0), shape: [0, 3]}, y: {data: new Float32Array(0), shape: [0, 3, 1]}})",
+         lambda: py.step_many(tokens=np.zeros((0, 3), np.int32), y=np.zeros((0, 3, 1), np.float32))),
+        ("m.stepMany({y: {data: new Float32Array(3), shape: [1, 3, 1]}})",
+         lambda: py._step_many(None, {"y": np.zeros((1, 3, 1), np.float32)}, False)),
+        ("m.stepMany([{tokens: [0, 1, 2], y: [[0], [0], [0]]}, {tokens: [0, 1, 5], y: [[0], [0], [0]]}])",
+         lambda: py.step_many([{"tokens": np.array([0, 1, 2]), "y": y}, {"tokens": np.array([0, 1, 5]), "y": y}])),
+        ("m.stepMany([{tokens: [0, 1, 2], y: [[0], [0], [0]]}, {tokens: [0, 1, 2]}])",
+         lambda: py.step_many([{"tokens": np.array([0, 1, 2]), "y": y}, {"tokens": np.array([0, 1, 2])}])),
+        ("m.stepMany([{tokens: [0, 1, 2], y: [[0], [0], [0]]}, 3])",
+         lambda: py.step_many([{"tokens": np.array([0, 1, 2]), "y": y}, 3])),
+        ("m.stepMany([])", lambda: py.step_many([])),
+        ("m.stepMany(7)", lambda: py.step_many(7)),
     ]
     js = pg.evaluate("""async (calls) => {
         const M = await import('./embed_web.js');
