@@ -383,10 +383,20 @@ function parseNpy(data, bad) {
 
 // ---- the device side (engine.py) ----
 const sizeOf = (shape) => shape.reduce((a, b) => a * b, 1);
+const now = () => (globalThis.performance ? performance.now() : Date.now());
+// engine.py's run_many sizes: steps per command buffer, input bytes per chunk, losses per readback
+const MANY_CHUNK = 32;
+const MANY_UPLOAD_BYTES = 8 << 20;
+const MANY_RING = 4096;
 
 class Engine {
   static async create(name, program, wgsl) {
     const e = new Engine();
+    // where the time goes, in ms (SwiftShader: creating pipelines and barrier-heavy kernels are slow):
+    // create's phases, each entry's _prepare, and the last run's [host, waiting for the GPU]
+    e.timings = { create: {}, prepare: {}, last: null };
+    let t = now();
+    const mark = (phase) => { const t1 = now(); e.timings.create[phase] = t1 - t; t = t1; };
     e.name = name;
     e.program = program;
     e.wgsl = wgsl;
@@ -403,7 +413,9 @@ class Engine {
       if (need > (program.default_limits[key] ?? Infinity)) requiredLimits[key] = need;
     }
     e.requiredLimits = requiredLimits;
+    mark("adapter");
     e.device = await adapter.requestDevice({ label: name, requiredLimits });
+    mark("device");
     e.order = Object.keys(program.arenas);
     e.buffers = {};
     for (const [a, n] of Object.entries(program.arenas)) e.buffers[a] = e._buffer(a, n);
@@ -422,6 +434,8 @@ class Engine {
         throw new ShaderError(`kernel ${k} (from ${program.kernels[k][1]}) failed to compile:\n${text}\n${wgslContext(wgsl[k], errors[0].lineNum)}`);
       }
     });
+    mark("shaderModules");
+    e._many = {};
     for (const [key, en] of Object.entries(program.entries)) {
       const n = [...en.outputs, ...en.captures].reduce((s, o) => s + sizeOf(o[2]), 0);
       e.readback[key] = e.device.createBuffer({ size: Math.max(4, 4 * n), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
@@ -435,6 +449,7 @@ class Engine {
 
   /** Pipelines and bind groups of one entry point, at its first call. */
   async _prepare(key) {
+    const t0 = now();
     const en = this.program.entries[key];
     const buffers = { ...this.buffers };
     for (const [a, n] of Object.entries(en.arenas || {}))
@@ -468,6 +483,7 @@ class Engine {
     const err = await this.device.popErrorScope();
     if (err) throw new ShaderError(`${this.name}: preparing ${key} failed: ${err.message}`);
     this.recipes[key] = steps;
+    this.timings.prepare[key] = now() - t0;
   }
 
   write(arena, offset, data) {
@@ -486,14 +502,8 @@ class Engine {
     return out;
   }
 
-  /** One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures). */
-  async run(key, packed, wantCaptures) {
-    if (!this.recipes[key]) await this._prepare(key);
-    const en = this.program.entries[key];
-    const buffers = this.entryBuffers[key];
-    for (const [arena, data] of Object.entries(packed))
-      if (data.length) this.device.queue.writeBuffer(buffers[arena], 0, data.buffer, data.byteOffset, data.byteLength);
-    const enc = this.device.createCommandEncoder();
+  /** One compute pass with every dispatch of `key`. */
+  _record(enc, key) {
     const pass = enc.beginComputePass();
     for (const [pipeline, group, grid] of this.recipes[key]) {
       pass.setPipeline(pipeline);
@@ -501,7 +511,12 @@ class Engine {
       pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
     }
     pass.end();
-    for (const [src, so, dst, d, n] of en.copies) enc.copyBufferToBuffer(buffers[src], 4 * so, buffers[dst], 4 * d, 4 * n);
+  }
+
+  /** Copies of the outputs (+ captures) into the entry's readback buffer; returns what _unpack reads. */
+  _reads(enc, key, wantCaptures) {
+    const en = this.program.entries[key];
+    const buffers = this.entryBuffers[key];
     const reads = wantCaptures ? [...en.outputs, ...en.captures] : en.outputs;
     const rb = this.readback[key];
     let pos = 0;
@@ -510,13 +525,20 @@ class Engine {
       if (n) enc.copyBufferToBuffer(buffers[arena], 4 * off, rb, 4 * pos, 4 * n);
       pos += n;
     }
-    this.device.queue.submit([enc.finish()]);
+    return reads;
+  }
+
+  async _unpack(key, reads) {
+    const total = reads.reduce((s, r) => s + sizeOf(r[2]), 0);
     const out = {};
-    if (pos) {
-      await rb.mapAsync(GPUMapMode.READ, 0, 4 * pos);
-      const raw = rb.getMappedRange(0, 4 * pos).slice(0);
+    if (total) {
+      const rb = this.readback[key];
+      const t = now();
+      await rb.mapAsync(GPUMapMode.READ, 0, 4 * total);
+      this._waited += now() - t;
+      const raw = rb.getMappedRange(0, 4 * total).slice(0);
       rb.unmap();
-      pos = 0;
+      let pos = 0;
       for (const [name, dtype, shape] of reads) {
         const n = sizeOf(shape);
         const Type = dtype === "i32" ? Int32Array : Float32Array;
@@ -525,6 +547,89 @@ class Engine {
       }
     }
     return out;
+  }
+
+  /** One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures). */
+  async run(key, packed, wantCaptures) {
+    if (!this.recipes[key]) await this._prepare(key);
+    const t0 = now();
+    this._waited = 0;
+    const en = this.program.entries[key];
+    const buffers = this.entryBuffers[key];
+    for (const [arena, data] of Object.entries(packed))
+      if (data.length) this.device.queue.writeBuffer(buffers[arena], 0, data.buffer, data.byteOffset, data.byteLength);
+    const enc = this.device.createCommandEncoder();
+    this._record(enc, key);
+    for (const [src, so, dst, d, n] of en.copies) enc.copyBufferToBuffer(buffers[src], 4 * so, buffers[dst], 4 * d, 4 * n);
+    const reads = this._reads(enc, key, wantCaptures);
+    this.device.queue.submit([enc.finish()]);
+    const out = await this._unpack(key, reads);
+    this.timings.last = [now() - t0 - this._waited, this._waited];
+    return out;
+  }
+
+  /** Steps per chunk of runMany for this entry: MANY_CHUNK, fewer for large inputs (engine.many_slots). */
+  manySlots(key) {
+    const sizes = this.program.entries[key].input_sizes;
+    const perStep = 4 * (sizes.inputs + sizes.inputs_i32);
+    return Math.max(1, Math.min(MANY_CHUNK, Math.floor(MANY_UPLOAD_BYTES / Math.max(perStep, 1))));
+  }
+
+  /** k training steps of `key` (engine.run_many). fill(start, n) -> {arena: typed array [n * input size]}
+   * gives the packed inputs of steps start .. start + n - 1, one row per step laid out as run's.
+   * Chunks of manySlots(key) steps: one upload, one command buffer and one submit each, and no
+   * wait; every step's loss is copied into a ring read back when full and at the end.
+   * Resolves to [losses (Float32Array [k]), outputs/captures of the last step or null]. */
+  async runMany(key, k, fill, wantCaptures) {
+    if (!this.recipes[key]) await this._prepare(key);
+    const t0 = now();
+    this._waited = 0;
+    const en = this.program.entries[key];
+    const buffers = this.entryBuffers[key];
+    const sizes = en.input_sizes;
+    let area = this._many[key];
+    if (!area) {
+      const slots = this.manySlots(key);
+      const stage = {};
+      for (const [a, n] of Object.entries(sizes))
+        if (n) stage[a] = this.device.createBuffer({ label: `${a}_slots`, size: 4 * slots * n, usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
+      const ring = this.device.createBuffer({ label: "loss_ring", size: 4 * MANY_RING, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+      area = this._many[key] = { slots, stage, ring };
+    }
+    const { slots, stage, ring } = area;
+    const [, , , lossArena, lossOff] = en.outputs.find((o) => o[0] === "loss");
+    const lossBuf = buffers[lossArena];
+    const losses = new Float32Array(k);
+    let inRing = 0, start = 0, reads = null;
+    while (start < k) {
+      const n = Math.min(slots, k - start, MANY_RING - inRing);
+      const packed = fill(start, n);
+      for (const [a, rows] of Object.entries(packed))
+        if (stage[a]) this.device.queue.writeBuffer(stage[a], 0, rows.buffer, rows.byteOffset, rows.byteLength);
+      const enc = this.device.createCommandEncoder();
+      for (let i = 0; i < n; i++) {
+        for (const [a, buf] of Object.entries(stage)) enc.copyBufferToBuffer(buf, 4 * i * sizes[a], buffers[a], 0, 4 * sizes[a]);
+        this._record(enc, key);
+        for (const [src, so, dst, d, m] of en.copies) enc.copyBufferToBuffer(buffers[src], 4 * so, buffers[dst], 4 * d, 4 * m);
+        enc.copyBufferToBuffer(lossBuf, 4 * lossOff, ring, 4 * (inRing + i), 4);
+      }
+      const last = start + n === k;
+      if (last && wantCaptures) reads = this._reads(enc, key, true);
+      this.device.queue.submit([enc.finish()]);
+      start += n;
+      inRing += n;
+      if (inRing === MANY_RING || last) {
+        const t = now();
+        await ring.mapAsync(GPUMapMode.READ, 0, 4 * inRing);
+        this._waited += now() - t;
+        losses.set(new Float32Array(ring.getMappedRange(0, 4 * inRing).slice(0)), start - inRing);
+        ring.unmap();
+        inRing = 0;
+      }
+    }
+    const out = reads === null ? null : await this._unpack(key, reads);
+    this.timings.last = [now() - t0 - this._waited, this._waited];
+    return [losses, out];
   }
 
   destroy() {
@@ -586,6 +691,17 @@ function describePlain(flat) {
 function fromPlain(flat) {
   const d = describePlain(flat);
   return d.data === null ? null : d.kind === "i" ? Float64Array.from(flat) : d.data;
+}
+/** Python's type name of what a JS value would be (for step_many's message on a batch that is not a dict). */
+function pyTypeName(v) {
+  if (v === null || v === undefined) return "NoneType";
+  if (typeof v === "number") return Number.isInteger(v) ? "int" : "float";
+  if (typeof v === "bigint") return "int";
+  if (typeof v === "string") return "str";
+  if (typeof v === "boolean") return "bool";
+  if (Array.isArray(v)) return "list";
+  if (ArrayBuffer.isView(v)) return "ndarray";
+  return (v.constructor && v.constructor.name) || "object";
 }
 const describe = (a) => `${a.dtype} array of shape ${pyTuple(a.shape)}`;
 const specStr = (dtype, dims) => `${dtype}[${dims.join(",")}]`;
@@ -700,26 +816,36 @@ export class ModelBase {
   }
   currentLr() { return lrAt(this._lr, this.stepCount + 1 - this._lrOrigin); }
 
-  /** Check inputs against the entry's declaration (model.py's _pick): [variant key, arrays]. */
-  _pick(entry, inputs) {
+  /** Check inputs against the entry's declaration (model.py's _pick): [variant key, arrays].
+   * stacked: each input holds K batches on a new leading axis (stepMany). */
+  _pick(entry, inputs, stacked = false) {
     const decl = this._program.signatures[entry];
-    const shown = entry === "train" ? "step" : entry;
+    // the method's name as the Python package spells it, so that messages are the same
+    const shown = stacked ? "step_many" : entry === "train" ? "step" : entry;
     const given = Object.keys(inputs || {});
     const unknown = given.filter((n) => !(n in decl)).sort();
     if (unknown.length) throw new TypeError(`${shown}(): unknown input(s) ${pyList(unknown)}; expected ${pyList(Object.keys(decl).sort())}`);
     const missing = Object.keys(decl).filter((n) => !given.includes(n)).sort();
     if (missing.length) throw new TypeError(`${shown}(): missing input(s) ${pyList(missing)}`);
     const dims = this._program.dims, sizes = {}, arrays = {};
+    const lead = stacked ? 1 : 0;
+    let k = null;
     for (const [name, [dtype, shape]] of Object.entries(decl)) {
       let a;
       try { a = asArray(inputs[name]); } catch (e) { throw new TypeError(`${shown}(): input ${pyStr(name)} is not array-like: ${e.message}`); }
-      const want = specStr(dtype, shape);
+      let want = specStr(dtype, shape);
+      if (stacked) want = `K stacked ${want}, shape (K, ${shape.join(", ")})`;
       if (!a.kind) throw new TypeError(`${shown}(): input ${pyStr(name)} expects ${want}; got non-numeric ${describe(a)}`);
       if (dtype === "i32" && a.kind === "f") throw new TypeError(`${shown}(): input ${pyStr(name)} expects integer data (${want}); got ${describe(a)}`);
       const note = dimsNote(shape, dims);
-      if (a.shape.length !== shape.length) throw new ValueError(`${shown}(): input ${pyStr(name)} expects ${want}${note}; got ${describe(a)}`);
+      if (a.shape.length !== shape.length + lead) throw new ValueError(`${shown}(): input ${pyStr(name)} expects ${want}${note}; got ${describe(a)}`);
+      if (stacked) {
+        if (k !== null && a.shape[0] !== k)
+          throw new ValueError(`${shown}(): input ${pyStr(name)} expects ${want} with K = ${k} (from an earlier input); got ${describe(a)}`);
+        k = a.shape[0];
+      }
       shape.forEach((d, i) => {
-        const got = a.shape[i];
+        const got = a.shape[i + lead];
         if (typeof d === "string") {
           const ok = dims[d].includes(got);
           if (!ok || (d in sizes && sizes[d] !== got)) {
@@ -734,14 +860,47 @@ export class ModelBase {
       }
       arrays[name] = dtype === "i32" ? Int32Array.from(a.data) : a.data instanceof Float32Array ? a.data : Float32Array.from(a.data);
     }
-    const want = JSON.stringify(Object.keys(sizes).sort().map((k) => [k, sizes[k]]));
-    const found = this._program.variants[entry].find(([s]) => JSON.stringify(Object.keys(s).sort().map((k) => [k, s[k]])) === want);
-    const key = found[1];
+    if (stacked && k === 0) throw new ValueError(`${shown}(): no batches (the stacked inputs have K = 0)`);
+    const key = this._variant(entry, sizes);
     for (const [name, bound] of Object.entries(this._program.entries[key].index_bounds)) {
       for (const v of arrays[name])
         if (v < 0 || v >= bound) throw new ValueError(`${shown}(): input ${pyStr(name)} holds index ${v}, outside [0, ${bound}) (nothing was run)`);
     }
-    return [key, arrays];
+    return [key, arrays, k];
+  }
+  _variant(entry, sizes) {
+    const want = JSON.stringify(Object.keys(sizes).sort().map((k) => [k, sizes[k]]));
+    return this._program.variants[entry].find(([s]) => JSON.stringify(Object.keys(s).sort().map((k) => [k, s[k]])) === want)[1];
+  }
+  /** stepMany(batches): an array (or other iterable) of step()'s input objects, each checked as
+   * step() checks its inputs (the message names the batch), then stacked (model.py's _pick_batches). */
+  _pickBatches(batches) {
+    const items = Array.from(batches);
+    if (!items.length) throw new ValueError("step_many(): no batches (the iterable was empty)");
+    const picked = [];
+    let key0 = null;
+    items.forEach((b, i) => {
+      if (!b || typeof b !== "object" || Array.isArray(b) || ArrayBuffer.isView(b))
+        throw new TypeError(`step_many(): batch ${i} is a ${pyTypeName(b)}, expected a dict of inputs by name`);
+      let key, arrays;
+      try { [key, arrays] = this._pick("train", b); } catch (err) {
+        if (!(err instanceof TypeError || err instanceof ValueError)) throw err;
+        const Err = err instanceof TypeError ? TypeError : ValueError;
+        throw new Err(`step_many(): batch ${i}: ${err.message.replace("step(): ", "")}`);
+      }
+      if (key0 !== null && key !== key0)
+        throw new ValueError(`step_many(): batch ${i} has other sizes (${key}) than batch 0 (${key0}); one call takes one size`);
+      key0 = key;
+      picked.push(arrays);
+    });
+    const stackedArrays = {};
+    for (const n of Object.keys(picked[0])) {
+      const w = picked[0][n].length;
+      const out = new picked[0][n].constructor(w * picked.length);
+      picked.forEach((a, i) => out.set(a[n], i * w));
+      stackedArrays[n] = out;
+    }
+    return [key0, stackedArrays, items.length];
   }
   _pack(key, arrays, extra) {
     const en = this._program.entries[key];
@@ -772,6 +931,43 @@ export class ModelBase {
       const loss = out.loss.data[0];
       if (!captures) return loss;
       return { loss, captures: Object.fromEntries(this._program.entries[key].captures.map(([n]) => [n, out[n]])) };
+    });
+  }
+  /** K training steps in one call (model.py's _step_many): Float32Array of K losses, or
+   * {losses, captures} (captures of the last step) with captures: true. */
+  _stepMany(batches, captures = false) {
+    if (!("train" in this._program.signatures)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
+    let key, arrays, k;
+    try {
+      this._checkOpen();
+      const iterable = batches !== null && typeof batches === "object" && typeof batches[Symbol.iterator] === "function" && !ArrayBuffer.isView(batches);
+      if (iterable) [key, arrays, k] = this._pickBatches(batches);
+      else if (batches === undefined || batches === null || (typeof batches === "object" && !ArrayBuffer.isView(batches))) {
+        [key, arrays, k] = this._pick("train", batches || {}, true);
+      } else throw new TypeError(`step_many(): batches must be an iterable of dicts, got ${pyTypeName(batches)}`);
+    } catch (e) { return Promise.reject(e); }
+    return this._locked(async () => {
+      const t0 = this.stepCount;
+      const en = this._program.entries[key];
+      const sizes = en.input_sizes;
+      const fill = (start, n) => {
+        const rows = { inputs: new Float32Array(n * sizes.inputs), inputs_i32: new Int32Array(n * sizes.inputs_i32) };
+        for (let i = 0; i < n; i++) {
+          const extra = this._trainArgs(t0 + start + i + 1);
+          for (const [name, , shape, arena, off] of en.inputs) {
+            const at = i * sizes[arena] + off;
+            if (name in arrays) {
+              const w = Math.max(sizeOf(shape), 1);
+              rows[arena].set(arrays[name].subarray((start + i) * w, (start + i + 1) * w), at);
+            } else rows[arena][at] = extra[name]; // per-step scalars, converted as _pack converts step()'s
+          }
+        }
+        return rows;
+      };
+      const [losses, out] = await this._engine.runMany(key, k, fill, captures);
+      this.stepCount = t0 + k;
+      if (!captures) return losses;
+      return { losses, captures: Object.fromEntries(en.captures.map(([n]) => [n, out[n]])) };
     });
   }
   /** An infer entry: resolves to {data, shape, dtype}, or {output, captures} with captures: true. */
