@@ -35,8 +35,9 @@ def build(program, outdir="generated", force=False, max_binding_mib=128, target=
     return path
 
 
-def compile(program, max_binding_mib=128):  # noqa: A001 - the API name
-    """Build into a temporary folder and import the package in-process; returns a Model."""
+def compile(program, max_binding_mib=128, kernels="auto"):  # noqa: A001 - the API name
+    """Build into a temporary folder and import the package in-process; returns a Model
+    (`kernels`: "auto", "gpu" or "cpu", the kernel set, as the package's Model(kernels=...))."""
     from .pipeline import compile_model
 
-    return compile_model(program, max_binding_mib=max_binding_mib)
+    return compile_model(program, max_binding_mib=max_binding_mib, kernels=kernels)

@@ -1,5 +1,11 @@
 """(KernelSchedule, Plan) -> one WGSL compute kernel per scheduled kernel, from the templates of its
-family (elementwise, reduce, matmul); the values themselves are rendered by wgsl_expr.py."""
+family (elementwise, reduce, matmul); the values themselves are rendered by wgsl_expr.py.
+
+CPU variants: a CPU adapter (lavapipe, SwiftShader) runs a workgroup's invocations as fibers or
+SIMD lanes, so a workgroup barrier costs far more than on a GPU, and its shader compiler spends
+seconds on the GPU kernels' written-out register tiles. Reductions and matmuls therefore also get
+a CPU variant with the same bindings and grid (the package picks the set at Model() from the
+adapter's type): short rows summed by one invocation, matmul columns by one invocation each."""
 
 from __future__ import annotations
 
@@ -15,6 +21,9 @@ from .views import View, merge_subdims
 from .wgsl_expr import Body, Index, KernelContext, _size
 
 WG = 256
+# Rows this short are summed by one invocation in a reduction's CPU variant; longer rows keep the
+# tree (its rounding grows with log n, a sequential sum's with n).
+CPU_SEQUENTIAL_MAX = 256
 MAX_GROUPS = 65535
 MAX_STORAGE_BINDINGS = 8  # WebGPU's default maxStorageBuffersPerShaderStage
 
@@ -27,6 +36,10 @@ class KernelCode:
     grid: tuple[int, int, int]
     ops: str  # the ops it computes, for comments
     site: str  # user call site of the kernel's main node
+    # the same kernel for CPU adapters (lavapipe, SwiftShader), same bindings and grid, or None
+    # when it is the GPU source: no workgroup barriers where the GPU kernel cooperates through
+    # shared memory or registers (the module doc)
+    wgsl_cpu: str | None = None
 
 
 def _grid(n_groups: int) -> tuple[int, int, int]:
@@ -134,7 +147,20 @@ def _header(name: str, k: Kernel, s: KernelSchedule, writers) -> tuple[list[str]
 
 
 def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> KernelCode:
+    code = _render(name, k, s, plan, names, writers, cpu=False)
+    if k.kind in ("reduce", "matmul"):
+        cpu = _render(name, k, s, plan, names, writers, cpu=True)
+        if cpu.grid != code.grid or cpu.bindings != code.bindings:
+            raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
+        if cpu.wgsl != code.wgsl:
+            code.wgsl_cpu = cpu.wgsl
+    return code
+
+
+def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu: bool) -> KernelCode:
     header, ops, site = _header(name, k, s, writers)
+    if cpu:
+        header = header + ["// CPU variant: " + ("each row summed by one invocation, no barriers" if k.kind == "reduce" else "no shared memory, no barriers")]
     if k.kind == "elementwise":
         kc = KernelContext(s, plan, None)
         body = Body(kc, "    ")
@@ -154,9 +180,9 @@ def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> K
         )
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     elif k.kind == "reduce":
-        code, kc = _reduce(name, header, k, s, plan, ops, site)
+        code, kc = _reduce(name, header, k, s, plan, ops, site, cpu)
     else:
-        code, kc = _matmul(name, header, k, s, plan, ops, site)
+        code, kc = _matmul(name, header, k, s, plan, ops, site, cpu)
     check_hazards(name, k, plan, kc.reads, names)
     if len(code.bindings) > MAX_STORAGE_BINDINGS:
         raise CodegenError(
@@ -191,7 +217,7 @@ def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) 
                 )
 
 
-def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -> KernelCode:
+def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, cpu: bool = False) -> KernelCode:
     members = k.group + [k]
     n_out, n_red = k.reduce_space()
     kc = KernelContext(s, plan, None)
@@ -226,10 +252,16 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
             kc.computed[id(t)] = val
             stores.append(_store(kc, plan, t, val, "o"))
     grid = _grid(n_out if per_wg else -(-n_out // WG))
+    wg = WG
+    if cpu and per_wg and n_red <= CPU_SEQUENTIAL_MAX:
+        # A CPU adapter runs a workgroup's invocations as fibers (lavapipe) or SIMD lanes: each
+        # tree step's barrier costs more than the adds it saves on a short row. One invocation
+        # per workgroup sums the row in order, over the GPU kernel's grid (one workgroup per row).
+        per_wg, wg = False, 1
     wgsl = render(
         "wgsl/reduce.wgsl.j2",
-        header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=WG,
-        accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else WG),
+        header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg,
+        accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else wg),
         outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
     return KernelCode(name, wgsl, kc.bindings(), grid, ops, site), kc
@@ -291,7 +323,7 @@ def _strided_operand(arena: str, offset: int, dims, fold_batch: bool) -> Operand
     return Operand(arena, offset, 0, 0, 0, batch_dims=() if fold_batch else batch, row_dims=rows, col_dims=cols)
 
 
-def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -> KernelCode:
+def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, cpu: bool = False) -> KernelCode:
     mm = k.mm if k.mm is not None else k.out
     a, b = mm.node.inputs
     kc = KernelContext(s, plan, k.out if k.mm is not None else None)
@@ -336,5 +368,5 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
     spec = MatmulSpec(batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi, extra_stores=tuple(extra))
     helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "") + "".join("\n\n" + f for f in prologues)
-    wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
+    wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings, cpu=cpu)
     return KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site), kc

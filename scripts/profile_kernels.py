@@ -10,7 +10,7 @@ Without `timestamp-query-inside-passes` each dispatch gets a pass of its own wit
 `timestamp_writes` (slightly more barriers than the real call); without `timestamp-query` at
 all it falls back to one submit per kernel, waited for (that overstates small kernels: the
 output says which method was used). Prints a table by kernel and by kernel family (the name
-without its kNNN_ prefix, e.g. matmul_add_relu). Timestamps are taken to be nanoseconds
+without its entry and index, e.g. matmul_add_relu). Timestamps are taken to be nanoseconds
 (Vulkan's timestampPeriod on NVIDIA and lavapipe); --tick-ns scales them otherwise.
 """
 
@@ -49,7 +49,7 @@ def _request_timestamps():
 
 
 def family(kname: str) -> str:
-    return re.sub(r"^k\d+_", "", kname)
+    return re.sub(r"^.*?_\d{2,}_", "", kname)
 
 
 def profile_timestamps(e, key, reps, inside):
@@ -125,6 +125,7 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--tick-ns", type=float, default=1.0, help="nanoseconds per timestamp tick")
     ap.add_argument("--no-timestamps", action="store_true", help="time one submit per kernel instead")
+    ap.add_argument("--kernels", default="auto", choices=("auto", "gpu", "cpu"), help="the kernel set (Model(kernels=...))")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -135,7 +136,7 @@ def main():
         _request_timestamps()
     progs = load_programs(args.model)
     prog = progs[args.program] if args.program else next(iter(progs.values()))
-    model = aot.compile(prog)
+    model = aot.compile(prog, kernels=args.kernels)
     e = model._engine
     key = next(k for k in e.entries if k == args.entry or k.startswith(args.entry + "["))
     # realistic data: zeros are valid for every input kind (indices 0 are in range)

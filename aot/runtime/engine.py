@@ -76,12 +76,22 @@ class ShaderError(RuntimeError):
 class Engine:
     """Device, buffers, pipelines and bind groups for one compiled program."""
 
-    def __init__(self, name: str, wgsl: dict, kernels: dict, arenas: dict, entries: dict, adapter=None):
+    def __init__(
+        self, name: str, wgsl: dict, kernels: dict, arenas: dict, entries: dict, adapter=None,
+        wgsl_cpu: dict | None = None, kernel_set: str = "auto",
+    ):
+        if kernel_set not in ("auto", "gpu", "cpu"):
+            raise ValueError(f"Model(kernels=...) must be 'auto', 'gpu' or 'cpu', got {kernel_set!r}")
         self.name = name
         self.kernels = kernels
         self.entries = entries
         adapter, index = choose_adapter(adapter)
         self.adapter_info = dict(adapter.info)
+        if kernel_set == "auto":
+            kernel_set = "cpu" if self.adapter_info.get("adapter_type") == "CPU" else "gpu"
+        self.kernel_set = kernel_set
+        if kernel_set == "cpu":
+            wgsl = {**wgsl, **(wgsl_cpu or {})}
         self.adapter_row = _adapter_row(index, adapter)
         self.device = adapter.request_device_sync(
             label=name, required_limits=_required_limits(name, adapter, arenas, entries)

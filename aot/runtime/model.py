@@ -55,8 +55,9 @@ class ModelBase(InteropMixin):
 
     PROGRAM: dict = {}
     WGSL: dict = {}
+    WGSL_CPU: dict = {}  # the kernels' variants for CPU adapters (kernels/cpu/)
 
-    def __init__(self, seed: int | None = None, adapter: int | str | None = None):
+    def __init__(self, seed: int | None = None, adapter: int | str | None = None, kernels: str = "auto"):
         p = self.PROGRAM
         self._lock = threading.RLock()
         self._closed = False
@@ -64,7 +65,9 @@ class ModelBase(InteropMixin):
         self._seed = rng.check_seed(p["seed"] if seed is None else seed, "Model(seed=...)")
         self._params = p["params"]  # (name, shape, init spec, decay, offset)
         self._total = sum(_size(s) for _, s, _, _, _ in self._params)
-        self._engine = Engine(p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"], adapter)
+        self._engine = Engine(
+            p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"], adapter, self.WGSL_CPU, kernels
+        )
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
         self._lr_origin = 0
@@ -89,6 +92,12 @@ class ModelBase(InteropMixin):
     @seed.setter
     def seed(self, value) -> None:
         self._seed = rng.check_seed(value, "seed")
+
+    @property
+    def kernel_set(self) -> str:
+        """The kernel set in use: "gpu", or "cpu" (variants for CPU adapters, chosen at Model()
+        when the adapter is one, e.g. lavapipe or SwiftShader; force a set with Model(kernels=...))."""
+        return self._engine.kernel_set
 
     @property
     def adapter(self) -> dict:
