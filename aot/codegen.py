@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .attention_codegen import render_attention
 from .errors import CodegenError
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, render_matmul
@@ -114,6 +115,9 @@ def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names) -> KernelCode
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     elif k.kind == "reduce":
         code, kc = _reduce(name, header, k, s, plan, ops, site)
+    elif k.kind == "attention":
+        wgsl, grid, kc = render_attention(header, k, s, plan)
+        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     else:
         code, kc = _matmul(name, header, k, s, plan, ops, site)
     check_hazards(name, k, plan, kc.reads, names)
