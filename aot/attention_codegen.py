@@ -72,7 +72,11 @@ class Rows:
 
     def row_base(self, b: str, r: str) -> str:
         """The address of element (b, r, 0)."""
-        terms = ([f"{self.offset}u"] if self.offset else []) + split_index(_term(b), self.batch) + split_index(_term(r), self.row)
+        terms = (
+            ([f"{self.offset}u"] if self.offset else [])
+            + split_index(_term(b), self.batch)
+            + split_index(_term(r), self.row)
+        )
         return " + ".join(terms) or "0u"
 
     def col_term(self, c: int | str) -> str:
@@ -133,7 +137,9 @@ def _tile_shape(kind: str, nb: int, t_own: int, t_oth: int, vecs: int, scalars: 
     raise CodegenError(f"attention: head rows of {vecs} vec4s do not fit workgroup memory")
 
 
-def render_attention(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan) -> tuple[str, tuple[int, int, int], KernelContext]:
+def render_attention(
+    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
+) -> tuple[str, tuple[int, int, int], KernelContext]:
     """(WGSL source, grid, the kernel's binding/read record) for one attention kernel."""
     members = [m.node for m in k.group] + [k.node]
     kind = KIND[k.node.op]
@@ -185,8 +191,12 @@ def render_attention(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
         raise CodegenError(f"attention: {n_wg} workgroups exceed the WebGPU grid")
 
     # registers: the own row's vectors (scaled where the scores need it) and scalars
-    own_src = {"fwd": [("q", "q", d4, True)], "dq": [("q", "q", d4, True), ("g", "dout", dv4, False)],
-               "dk": [("k", "k", d4, True), ("v", "v", dv4, False)], "dv": [("k", "k", d4, True)]}[kind]
+    own_src = {
+        "fwd": [("q", "q", d4, True)],
+        "dq": [("q", "q", d4, True), ("g", "dout", dv4, False)],
+        "dk": [("k", "k", d4, True), ("v", "v", dv4, False)],
+        "dv": [("k", "k", d4, True)],
+    }[kind]
     own = []
     bases = {}
     for var, src, n, scaled in own_src:
@@ -204,12 +214,19 @@ def render_attention(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
     for arr, src, n in tiles:
         op = ops[src]
         c0 = 0 if n == 1 else "c0"
-        tile_loads.append({
-            "arr": arr, "n": n, "total": g * bt * n,
-            "base": op.row_base("bb", "rr"),
-            "val": _vec(op, "src", c0),
-        })
-    scalar_loads = [{"arr": arr, "total": g * bt, "val": f"{ops[src].buf}[{ops[src].row_base('bb', 'rr')}]"} for arr, src in scalar_tiles]
+        tile_loads.append(
+            {
+                "arr": arr,
+                "n": n,
+                "total": g * bt * n,
+                "base": op.row_base("bb", "rr"),
+                "val": _vec(op, "src", c0),
+            }
+        )
+    scalar_loads = [
+        {"arr": arr, "total": g * bt, "val": f"{ops[src].buf}[{ops[src].row_base('bb', 'rr')}]"}
+        for arr, src in scalar_tiles
+    ]
 
     # outputs: contiguous [batch, rows, cols] (lse: [batch, rows])
     stores = []
@@ -221,10 +238,36 @@ def render_attention(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
     acc = {"fwd": ("o", dv4), "dq": ("dq", d4), "dk": ("dk", d4), "dv": ("dv", dv4)}[kind]
     wgsl = render(
         "wgsl/attention.wgsl.j2",
-        header=header, bindings=kc.binding_text(), kind=kind, causal=causal, scale=wgsl_f32(scale),
-        nb=nb, tq=tq, tk=tk, d=d, dv=dv, d4=d4, dv4=dv4, own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt,
-        threads=threads, row_blocks=row_blocks, n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, bases=bases,
-        tiles=tile_loads, scalar_tiles=scalar_loads, stores=stores, write_o=write_o, acc=acc, wg_bytes=wg_bytes,
+        header=header,
+        bindings=kc.binding_text(),
+        kind=kind,
+        causal=causal,
+        scale=wgsl_f32(scale),
+        nb=nb,
+        tq=tq,
+        tk=tk,
+        d=d,
+        dv=dv,
+        d4=d4,
+        dv4=dv4,
+        own_t=own_t,
+        oth_t=oth_t,
+        br=br,
+        g=g,
+        bt=bt,
+        threads=threads,
+        row_blocks=row_blocks,
+        n_wg=n_wg,
+        gx=gx,
+        own=own,
+        own_scalars=own_scalars,
+        bases=bases,
+        tiles=tile_loads,
+        scalar_tiles=scalar_loads,
+        stores=stores,
+        write_o=write_o,
+        acc=acc,
+        wg_bytes=wg_bytes,
         comps="xyzw",
     )
     return wgsl, (gx, gy, 1), kc

@@ -311,18 +311,16 @@ def _merge_sibling(s: KernelSchedule, i: int, j: int | None) -> bool:
 def _merge_attention(s: KernelSchedule) -> None:
     """A later attention kernel over the same operands and attrs whose op shares the earlier one's
     OpDef.sibling key joins the earlier kernel's group (it reads nothing the earlier one lacks)."""
-    for k1 in s.kernels:
+    for k1 in list(s.kernels):
         key = op_of(k1.node).sibling
-        if k1.kind != "attention" or key is None:
+        if k1.kind != "attention" or key is None or k1 not in s.kernels:
             continue
-        for k2 in [k for k in s.kernels if k is not k1 and k.kind == "attention" and not k.group]:
+        for k2 in s.kernels[s.kernels.index(k1) + 1 :]:
             n1, n2 = k1.node, k2.node
-            if op_of(n2).sibling == key and n2.attrs == n1.attrs and len(n2.inputs) == len(n1.inputs) and all(
-                a is b for a, b in zip(n1.inputs, n2.inputs)
-            ):
-                if s.kernels.index(k2) > s.kernels.index(k1):
-                    k1.group.append(k2)
-                    s.kernels.remove(k2)
+            same = len(n1.inputs) == len(n2.inputs) and all(a is b for a, b in zip(n1.inputs, n2.inputs))
+            if k2.kind == "attention" and not k2.group and same and op_of(n2).sibling == key and n1.attrs == n2.attrs:
+                k1.group.append(k2)
+                s.kernels.remove(k2)
 
 
 def _prologue_split(t: Tensor, views) -> tuple[bool, list[Tensor]]:
