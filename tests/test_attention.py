@@ -24,7 +24,7 @@ import pytest
 import aot
 from aot import interp, nn, ops
 from aot.errors import ShapeError
-from aot.frontend import trace_program
+from aot.grad import append_grads
 from aot.ir import Graph
 from aot.pipeline import compile_program
 from aot.trace import emit, tracing
@@ -120,8 +120,6 @@ def test_interpreter_matches_torch_float64(tq, tk, d, dv, causal):
     q, k, v = rng.normal(size=(2, tq, d)), rng.normal(size=(2, tk, d)), rng.normal(size=(2, tk, dv))
     ct = rng.normal(size=(2, tq, dv))
     g = Graph("attention_f64", meta={"kind": "train"})
-    from aot.grad import append_grads
-
     with tracing(g):
         xs = [emit("input", (), name=n, shape=x.shape, dtype="f32") for n, x in zip("qkv", (q, k, v))]
         cti = emit("input", (), name="ct", shape=ct.shape, dtype="f32")
