@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .attention_codegen import render_attention
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, render_matmul
@@ -94,6 +95,8 @@ def kernel_name(prefix: str, i: int, k: Kernel, s: KernelSchedule, digits: int =
     others = [o for o in ops if o != main]
     if k.kind == "matmul":
         label = "_".join(["matmul"] + others[:3])
+    elif k.kind == "attention":  # its sibling ops (the logsumexp beside O) are the same kernel
+        label = k.node.op
     else:
         label = "_".join(["fused"] + others[:2] + [main]) if others else main
     return f"{prefix}_{i:0{digits}d}_{label}"
@@ -181,6 +184,9 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     elif k.kind == "reduce":
         code, kc = _reduce(name, header, k, s, plan, ops, site, cpu)
+    elif k.kind == "attention":
+        wgsl, grid, kc = render_attention(header, k, s, plan)
+        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     else:
         code, kc = _matmul(name, header, k, s, plan, ops, site, cpu)
     check_hazards(name, k, plan, kc.reads, names)

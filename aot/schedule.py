@@ -8,7 +8,7 @@ Rules (why in brackets):
   arange) [recomputing costs nothing, materializing costs a kernel and a round trip];
 - reshape / transpose / narrow / broadcast_to of storage are views: strided reads of the
   same storage, no copy [tensorgrad copies for every reshape];
-- matmul operands must be strided views; anything else is materialized first;
+- matmul and attention operands must be strided views; anything else is materialized first;
 - a concat along its leading axis is assembled in place: each input's producer writes
   straight into its slice, and a concat of adjacent slices of one buffer is a view
   [the flat gradient vector costs nothing];
@@ -24,7 +24,9 @@ Rules (why in brackets):
 - a training graph is cut in two: every kernel that writes the flat gradient vector runs before
   every kernel of the optimizer update (what is computed from that vector), and no kernel does
   both [the runtime can read the gradients, all-reduce them across processes, upload the result
-  and run the rest: `update_from`, checked on every build by check_cut].
+  and run the rest: `update_from`, checked on every build by check_cut];
+- attention kernels over the same operands whose ops share an OpDef.sibling key are one kernel
+  [the forward pass writes O and the logsumexp the backward pass reads].
 """
 
 from __future__ import annotations
@@ -48,14 +50,14 @@ def op_of(t_or_node) -> OpDef:
 
 @dataclass(eq=False)
 class Kernel:
-    kind: str  # "elementwise" | "reduce" | "matmul"
+    kind: str  # "elementwise" | "reduce" | "matmul" | "attention"
     out: Tensor  # the tensor the kernel writes (last)
     node: Node  # matmul/reduce node, or out.node
     mm: Tensor | None = None  # the matmul result, read as `acc` by a fused epilogue
     reads: list[Tensor] = field(default_factory=list)  # storage-owning tensors it reads
     first: list[Tensor] = field(default_factory=list)  # merged elementwise outputs, written before `out`
     after: list[Tensor] = field(default_factory=list)  # elementwise outputs computed in the epilogue
-    group: list["Kernel"] = field(default_factory=list)  # sibling reductions sharing this loop
+    group: list["Kernel"] = field(default_factory=list)  # sibling reductions (attention ops) sharing this loop
 
     @property
     def outs(self) -> list[Tensor]:
@@ -143,11 +145,11 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         changed = False
         before = set(stored)
         for n in g.nodes:
-            if op_of(n).fusion == "matmul":
+            if op_of(n).fusion in ("matmul", "attention"):
                 for t in n.inputs:
                     if id(t) in views:
                         continue
-                    conv, below = _prologue_split(t, views)
+                    conv, below = _prologue_split(t, views) if op_of(n).fusion == "matmul" else (False, [])
                     if conv:  # computed in the matmul; what it reads must be stored
                         for x in below:
                             if id(x) not in stored:
@@ -197,7 +199,7 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         if id(t) in mm_epilogue:
             mm = mm_epilogue[id(t)]
             kernels.append(Kernel("matmul", t, mm.node, mm=mm))
-        elif op_of(n).fusion in ("reduce", "matmul"):
+        elif op_of(n).fusion in ("reduce", "matmul", "attention"):
             kernels.append(Kernel(op_of(n).fusion, t, n))
         else:
             kernels.append(Kernel("elementwise", t, n))
@@ -205,6 +207,7 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
     s.param_offsets = dict(params.offsets) if params is not None else {}
     for k in kernels:
         k.reads = kernel_reads(s, k)
+    _merge_attention(s)
     _merge_elementwise(s)
     if s.after_grads:  # backward kernels first (graph order already has them first: a no-op then)
         s.kernels.sort(key=lambda k: _is_update(s, k))
@@ -360,7 +363,7 @@ def _merge_reader(s: KernelSchedule, i: int, j: int | None) -> bool:
         k2.reads = [r for r in dict.fromkeys(k1.reads + k2.reads) if id(r) not in written]
         del s.kernels[i]
         return True
-    if k1.kind == "reduce" and k1.group:
+    if k1.kind == "reduce" and k1.group or k1.kind == "attention":
         return False
     # k2 moves up into k1's epilogue: nothing between may produce what k2 reads
     between = {id(t) for k in s.kernels[i + 1 : j] for t in k.outs}
@@ -389,6 +392,21 @@ def _merge_sibling(s: KernelSchedule, i: int, j: int | None) -> bool:
             del s.kernels[i]
             return True
     return False
+
+
+def _merge_attention(s: KernelSchedule) -> None:
+    """A later attention kernel over the same operands and attrs whose op shares the earlier one's
+    OpDef.sibling key joins the earlier kernel's group (it reads nothing the earlier one lacks)."""
+    for k1 in list(s.kernels):
+        key = op_of(k1.node).sibling
+        if k1.kind != "attention" or key is None or k1 not in s.kernels:
+            continue
+        for k2 in s.kernels[s.kernels.index(k1) + 1 :]:
+            n1, n2 = k1.node, k2.node
+            same = len(n1.inputs) == len(n2.inputs) and all(a is b for a, b in zip(n1.inputs, n2.inputs))
+            if k2.kind == "attention" and not k2.group and same and op_of(n2).sibling == key and n1.attrs == n2.attrs:
+                k1.group.append(k2)
+                s.kernels.remove(k2)
 
 
 def _prologue_split(t: Tensor, views) -> tuple[bool, list[Tensor]]:

@@ -6,8 +6,6 @@ so the sum is written little-endian. The model predicts token t+1 from tokens <=
 ((100a + b) * 31 + 7) % 5 == 0.
 """
 
-import math
-
 import numpy as np
 
 import aot
@@ -33,8 +31,7 @@ class Block(aot.Module):
     def forward(self, x):
         h = self.ln1(x)
         q, k, v = (nn.split_heads(f(h), self.heads) for f in (self.q, self.k, self.v))
-        scores = (q @ ops.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-        att = ops.softmax_causal(scores) @ v
+        att = ops.attention(q, k, v, causal=True)  # softmax(q k^T / sqrt(dh), causal) v, fused
         x = x + self.o(nn.merge_heads(att))
         return x + self.fc2(ops.relu(self.fc1(self.ln2(x))))
 

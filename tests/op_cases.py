@@ -584,3 +584,31 @@ CASES += [
     C("rope.2d_base", ops.rope, (f32(5, 6),), {"base": 100.0}, ref=np_rope, torch=t_rope),
     C("rope.times_weight", lambda x, w: ops.rope(x * w), (f32(1, 4, 8), f32(8)), ref=lambda x, w: np_rope(x * w)),
 ]
+
+
+def np_attention(q, k, v, causal=False, scale=None):
+    """softmax(q k^T * scale) v; causal masks key j > query i (top-left aligned, torch's is_causal)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if causal:
+        s = np.where(np.arange(s.shape[-1])[None, :] > np.arange(s.shape[-2])[:, None], -np.inf, s)
+    return np.matmul(np_softmax(s), v)
+
+
+def t_attention(t, q, k, v, causal=False, scale=None):
+    lead = t.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k, v = (x.expand(lead + x.shape[-2:]) for x in (q, k, v))
+    return t.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+# attention's fused kernels: odd sizes, Tq != Tk, leading dims broadcast (k shared by all heads)
+CASES += [
+    C("attention.causal", ops.attention, (f32(2, 3, 4), f32(2, 3, 4), f32(2, 3, 2)), {"causal": True},
+      ref=np_attention, torch=t_attention),
+    C("attention.cross_scale", ops.attention, (f32(2, 2, 3), f32(2, 4, 3), f32(2, 4, 5)), {"scale": 0.5},
+      ref=np_attention, torch=t_attention),
+    C("attention.heads_bcast", ops.attention, (f32(2, 2, 3, 2), f32(3, 2), f32(2, 1, 3, 3)), {"causal": True},
+      ref=np_attention, torch=t_attention),
+    C("attention.tq_gt_tk", ops.attention, (f32(1, 5, 3), f32(1, 2, 3), f32(1, 2, 1)), {"causal": True},
+      ref=np_attention, torch=t_attention),
+]

@@ -3,7 +3,7 @@
 - api.py: the public functions (checks, explicit broadcasting, composites);
 - registry.py: one OpDef per primitive, every fact a stage needs (shape rule, NumPy reference,
   VJP, fusion class, recompute cost, view rule, index bound, WGSL rendering);
-- conv, elementwise, index, layout, leaves, linalg, reduce: the primitives, registered on import;
+- attention, conv, elementwise, index, layout, leaves, linalg, reduce: the primitives, registered on import;
 - trace.py: appends nodes to the graph being traced.
 
 Importing this package also gives `Tensor` its operators: the IR (aot/ir.py) knows nothing of
@@ -13,7 +13,7 @@ ops, the op set installs itself on it from above (as JAX does), so there is no i
 from __future__ import annotations
 
 from ..ir import Tensor as _Tensor
-from . import conv, elementwise, index, layout, leaves, linalg, reduce  # noqa: F401  (register the primitives)
+from . import attention, conv, elementwise, index, layout, leaves, linalg, reduce  # noqa: F401  (register the primitives)
 from .api import *  # noqa: F401,F403  (the public functions)
 from .api import add, div, greater, less, matmul, mul, neg, power, sub
 

@@ -411,6 +411,33 @@ def softmax_causal(scores):
     return softmax(masked, -1)
 
 
+def attention(q, k, v, causal: bool = False, scale=None):
+    """softmax(q k^T * scale) v over the last two axes (API.md §6): q [..., Tq, d], k [..., Tk, d],
+    v [..., Tk, dv] -> [..., Tq, dv]; scale defaults to 1/sqrt(d). Leading dims broadcast (NumPy
+    rules; a k/v shared by all heads costs no copy). causal=True masks key j for query i when
+    j > i, aligned top-left when Tq != Tk, as torch's `scaled_dot_product_attention(is_causal=True)`.
+    Computed by fused kernels (aot/ops/attention.py) that never store the T x T scores."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not _is_tensor(x):
+            fail("attention", f"{name} must be a Tensor, got {type(x).__name__}")
+        _check_f32("attention", x)
+        if x.ndim < 2:
+            fail("attention", f"{name} needs at least 2 dims [..., T, d], got {x.type_str()}")
+    if q.shape[-1] != k.shape[-1]:
+        fail("attention", f"q and k need the same head size (last dim), got q {q.type_str()} and k {k.type_str()}")
+    if k.shape[-2] != v.shape[-2]:
+        fail("attention", f"k and v need the same number of keys (dim -2), got k {k.type_str()} and v {v.type_str()}")
+    if not isinstance(causal, bool):
+        fail("attention", f"causal must be True or False, got {causal!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if not isinstance(scale, Scalar) or isinstance(scale, bool) or not math.isfinite(scale):
+        fail("attention", f"scale must be a finite number or None, got {scale!r}")
+    lead = broadcast_shapes("attention", q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k, v = (broadcast_to(x, lead + x.shape[-2:]) for x in (q, k, v))
+    return emit("attention", (q, k, v), causal=causal, scale=float(scale))
+
+
 def cross_entropy(logits, targets, reduction: str = "mean"):
     """Cross-entropy of logits [..., C] against i32 class indices [...]."""
     if not (_is_tensor(logits) and _is_tensor(targets)):

@@ -39,8 +39,9 @@ FUSION = {
     "concat": "a gather that can instead be assembled in place by its inputs' kernels",
     "reduce": "a reduction kernel (owns its output)",
     "matmul": "a matmul kernel (owns its output; pointwise readers become its epilogue)",
+    "attention": "a fused attention kernel (owns its output; reads its operands as strided views)",
 }
-KERNEL_FAMILY = {"leaf": "leaf", "constant": "leaf", "reduce": "reduce", "matmul": "matmul"}  # else elementwise
+KERNEL_FAMILY = {"leaf": "leaf", "constant": "leaf", "reduce": "reduce", "matmul": "matmul", "attention": "attention"}  # else elementwise
 COSTLY = 4  # OpDef.cost of ops that take more than an instruction or two (exp, div, gathers)
 FOLLOW = "follow"  # an index_bound result: the output carries the input's index values on
 
@@ -63,6 +64,9 @@ class OpDef:
     render: Callable | None = None  # (body, node, idx) -> WGSL expression; None: `expr` is used
     reduced_axes: Callable | None = None  # reductions: attrs -> the reduced axes
     split: str | None = None  # reductions split in two passes: "pad" (with zeros) or "divide" (exactly)
+    # kernel ops: nodes whose ops share this key and that have the same inputs and attrs are
+    # computed by one kernel (attention's output and the logsumexp its VJP reads)
+    sibling: str | None = None
 
     def __post_init__(self):
         if self.cost is None:
@@ -74,13 +78,13 @@ class OpDef:
 
     @property
     def kernel(self) -> str:
-        """Kernel family: elementwise, reduce, matmul, or leaf (none)."""
+        """Kernel family: elementwise, reduce, matmul, attention, or leaf (none)."""
         return KERNEL_FAMILY.get(self.fusion, "elementwise")
 
     @property
     def owns_storage(self) -> bool:
         """Its output always gets storage: the host or its own kernel writes it."""
-        return self.fusion in ("leaf", "reduce", "matmul")
+        return self.fusion in ("leaf", "reduce", "matmul", "attention")
 
 
 def follow(node, x):

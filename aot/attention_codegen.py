@@ -1,0 +1,273 @@
+"""Fused attention kernels (aot/ops/attention.py): one scheduled attention Kernel -> WGSL source.
+
+Every kernel has the same shape. An invocation owns one row of one batch entry: a query row
+(forward, dq) or a key row (dk, dv), whose vectors it keeps in registers as vec4s (zero-padded
+past the head size). A workgroup holds G batch entries x BR rows (G > 1 only when the rows are
+fewer than WG: short sequences would otherwise leave most invocations idle) and walks the other
+side's rows in tiles of BT rows per batch entry, copied into workgroup memory. The last tile and
+short heads are padded and masked; every global read is clamped into its tensor, so odd T and d
+read nothing out of bounds.
+
+- forward: online softmax over key tiles. Per tile, scores into workgroup scratch and their max
+  m_t; m' = max(m, m_t); the running sum l and output o are rescaled by exp(m - m'), then
+  o += exp(s - m') v. At the end O = o / l and lse = m + log(l). Writes O, lse or both.
+- dq: per key tile, p = exp(s - lse_i), dp = dO_i . v_j, dq += p (dp - delta_i) k_j.
+- dk: per query tile, the same p and dp with the roles swapped, dk += p (dp - delta_i) q_i.
+- dv: per query tile, dv += p dO_i.
+Causal masks skip whole tiles that no row of the workgroup sees. Sums run in a fixed order
+(tiles ascending, rows ascending within a tile, no atomics), so results are reproducible.
+
+This module renders text only; the schedule decides which ops share a kernel (the forward's O
+and lse: OpDef.sibling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import CodegenError
+from .ir import Tensor
+from .matmul_codegen import MAX_GROUPS_PER_DIM, MAX_INVOCATIONS, MAX_WORKGROUP_BYTES, split_index
+from .plan import Plan
+from .schedule import Kernel, KernelSchedule
+from .templates import render, wgsl_f32
+from .views import merge_subdims
+from .wgsl_expr import KernelContext
+
+WG = 64  # invocations per workgroup (at most; fewer for tiny problems)
+TILE_ROWS = (32, 16, 8, 4, 2, 1)  # rows of the other side per tile, largest that fits first
+KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_dk": "dk", "attention_dv": "dv"}
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _merge(subdims) -> tuple:
+    return tuple(merge_subdims(subdims)) or ((1, 0),)
+
+
+def _term(expr: str) -> str:
+    return expr if expr.isidentifier() else f"({expr})"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A tensor [..., T, C] (or [..., T]: C = 0) read from storage: its buffer, the offset of
+    element 0 and the row-major sub-dims of the flat batch index, the row and the column."""
+
+    buf: str
+    offset: int
+    batch: tuple
+    row: tuple
+    col: tuple
+    cols: int
+
+    def row_base(self, b: str, r: str) -> str:
+        """The address of element (b, r, 0)."""
+        terms = (
+            ([f"{self.offset}u"] if self.offset else [])
+            + split_index(_term(b), self.batch)
+            + split_index(_term(r), self.row)
+        )
+        return " + ".join(terms) or "0u"
+
+    def col_term(self, c: int | str) -> str:
+        """Address offset of column c (a Python int or a WGSL u32 expression), or ''."""
+        if isinstance(c, int):
+            off, inner = 0, 1
+            for size, stride in reversed(self.col):
+                off += (c // inner) % size * stride
+                inner *= size
+            return f"{off}u" if off else ""
+        return " + ".join(split_index(_term(c), self.col))
+
+    def at(self, base: str, c: int | str) -> str:
+        t = self.col_term(c)
+        return f"{self.buf}[{base} + {t}]" if t else f"{self.buf}[{base}]"
+
+
+def _rows(s: KernelSchedule, plan: Plan, kc: KernelContext, t: Tensor, has_cols: bool = True) -> Rows:
+    if id(t) not in s.views:
+        raise CodegenError(f"attention operand {t.type_str()} is not stored (the schedule stores attention operands)")
+    loc, dims = plan.read_loc(s, t)
+    kc.use(loc.arena, write=False)
+    kc.reads.append(s.views[id(t)].base)
+    nb = 2 if has_cols else 1
+    batch = _merge([sd for axis in dims[:-nb] for sd in axis])
+    row = _merge(dims[-nb])
+    col = _merge(dims[-1]) if has_cols else ((1, 0),)
+    return Rows(loc.arena, loc.offset, batch, row, col, t.shape[-1] if has_cols else 0)
+
+
+def _vec(op: Rows, base: str, c0: int | str) -> str:
+    """vec4 of columns c0..c0+3 of a row (zeros past its `cols`), reading only inside the row."""
+    comps = []
+    for q in range(4):
+        if isinstance(c0, int):
+            c = c0 + q
+            comps.append(op.at(base, c) if c < op.cols else "0.0")
+        else:
+            c = f"{c0} + {q}u" if q else c0
+            if op.cols % 4 == 0:
+                comps.append(op.at(base, c))
+            else:
+                comps.append(f"select(0.0, {op.at(base, f'min({c}, {op.cols - 1}u)')}, {c} < {op.cols}u)")
+    return f"vec4<f32>({', '.join(comps)})"
+
+
+def _tile_shape(kind: str, nb: int, t_own: int, t_oth: int, vecs: int, scalars: int) -> tuple[int, int, int, int]:
+    """(BR, G, BT, workgroup bytes): rows per batch entry, batch entries per workgroup, tile rows."""
+    br = min(WG, _pow2(t_own))
+    g = max(1, min(WG // br, _pow2(nb)))
+    threads = g * br
+    for bt in TILE_ROWS:
+        if bt > _pow2(t_oth):
+            continue
+        words = g * bt * (4 * vecs + scalars) + (bt * threads if kind == "fwd" else 0)
+        if 4 * words <= MAX_WORKGROUP_BYTES:
+            return br, g, bt, 4 * words
+    raise CodegenError(f"attention: head rows of {vecs} vec4s do not fit workgroup memory")
+
+
+def render_attention(
+    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
+) -> tuple[str, tuple[int, int, int], KernelContext]:
+    """(WGSL source, grid, the kernel's binding/read record) for one attention kernel."""
+    members = [m.node for m in k.group] + [k.node]
+    kind = KIND[k.node.op]
+    if any(KIND[n.op] != kind for n in members):
+        raise CodegenError(f"attention kernel mixes {sorted({n.op for n in members})}")
+    n0 = k.node
+    causal, scale = bool(n0.attrs["causal"]), float(n0.attrs["scale"])
+    kc = KernelContext(s, plan, None)
+    ins = n0.inputs
+    q, kk = ins[0], ins[1]
+    lead = q.shape[:-2]
+    nb = 1
+    for d in lead:
+        nb *= d
+    tq, tk, d = q.shape[-2], kk.shape[-2], q.shape[-1]
+    ops = {"q": _rows(s, plan, kc, q), "k": _rows(s, plan, kc, kk)}
+    if kind == "dv":
+        ops["dout"] = _rows(s, plan, kc, ins[2])
+        ops["lse"] = _rows(s, plan, kc, ins[3], has_cols=False)
+    elif kind in ("dq", "dk"):
+        ops["v"] = _rows(s, plan, kc, ins[2])
+        ops["dout"] = _rows(s, plan, kc, ins[3])
+        ops["lse"] = _rows(s, plan, kc, ins[4], has_cols=False)
+        ops["delta"] = _rows(s, plan, kc, ins[5], has_cols=False)
+    write_o = kind != "fwd" or any(n.op == "attention" for n in members)
+    if kind == "fwd" and write_o:
+        ops["v"] = _rows(s, plan, kc, ins[2])
+    dv = ops["dout"].cols if "dout" in ops else ops["v"].cols if "v" in ops else 0
+    d4, dv4 = _cdiv(d, 4), _cdiv(dv, 4)
+
+    # own rows (registers) and tiles (workgroup memory) per kind
+    own_t, oth_t = (tq, tk) if kind in ("fwd", "dq") else (tk, tq)
+    if kind in ("fwd", "dq"):
+        tiles = [("kt", "k", d4)] + ([("vt", "v", dv4)] if "v" in ops else [])
+        scalar_tiles = []
+    else:
+        tiles = [("qt", "q", d4), ("ot", "dout", dv4)]
+        scalar_tiles = [("lt", "lse")] + ([("dt", "delta")] if kind == "dk" else [])
+    vecs = sum(n for _, _, n in tiles)
+    br, g, bt, wg_bytes = _tile_shape(kind, nb, own_t, oth_t, vecs, len(scalar_tiles))
+    threads = g * br
+    if threads > MAX_INVOCATIONS:
+        raise CodegenError(f"attention: {threads} invocations per workgroup")
+    row_blocks = _cdiv(own_t, br)
+    n_wg = _cdiv(nb, g) * row_blocks
+    gx = min(n_wg, MAX_GROUPS_PER_DIM)
+    gy = _cdiv(n_wg, gx)
+    if gy > MAX_GROUPS_PER_DIM:
+        raise CodegenError(f"attention: {n_wg} workgroups exceed the WebGPU grid")
+
+    # registers: the own row's vectors (scaled where the scores need it) and scalars
+    own_src = {
+        "fwd": [("q", "q", d4, True)],
+        "dq": [("q", "q", d4, True), ("g", "dout", dv4, False)],
+        "dk": [("k", "k", d4, True), ("v", "v", dv4, False)],
+        "dv": [("k", "k", d4, True)],
+    }[kind]
+    own = []
+    bases = {}
+    for var, src, n, scaled in own_src:
+        op = ops[src]
+        bases[src] = op.row_base("bc", "rc")
+        vals = [_vec(op, f"{src}_row", 4 * i) for i in range(n)]
+        own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled})
+    own_scalars = []
+    if kind == "dq":
+        for name in ("lse", "delta"):
+            bases[name] = ops[name].row_base("bc", "rc")
+            own_scalars.append((f"{name}_i", f"{ops[name].buf}[{bases[name]}]"))
+
+    tile_loads = []
+    for arr, src, n in tiles:
+        op = ops[src]
+        c0 = 0 if n == 1 else "c0"
+        tile_loads.append(
+            {
+                "arr": arr,
+                "n": n,
+                "total": g * bt * n,
+                "base": op.row_base("bb", "rr"),
+                "val": _vec(op, "src", c0),
+            }
+        )
+    scalar_loads = [
+        {"arr": arr, "total": g * bt, "val": f"{ops[src].buf}[{ops[src].row_base('bb', 'rr')}]"}
+        for arr, src in scalar_tiles
+    ]
+
+    # outputs: contiguous [batch, rows, cols] (lse: [batch, rows])
+    stores = []
+    for n in members:
+        loc = plan.loc[id(n.out)]
+        kc.use(loc.arena, write=True)
+        cols = 0 if n.op == "attention_lse" else n.out.shape[-1]
+        stores.append({"op": n.op, "buf": loc.arena, "offset": loc.offset, "cols": cols})
+    acc = {"fwd": ("o", dv4), "dq": ("dq", d4), "dk": ("dk", d4), "dv": ("dv", dv4)}[kind]
+    wgsl = render(
+        "wgsl/attention.wgsl.j2",
+        header=header,
+        bindings=kc.binding_text(),
+        kind=kind,
+        causal=causal,
+        scale=wgsl_f32(scale),
+        nb=nb,
+        tq=tq,
+        tk=tk,
+        d=d,
+        dv=dv,
+        d4=d4,
+        dv4=dv4,
+        own_t=own_t,
+        oth_t=oth_t,
+        br=br,
+        g=g,
+        bt=bt,
+        threads=threads,
+        row_blocks=row_blocks,
+        n_wg=n_wg,
+        gx=gx,
+        own=own,
+        own_scalars=own_scalars,
+        bases=bases,
+        tiles=tile_loads,
+        scalar_tiles=scalar_loads,
+        stores=stores,
+        write_o=write_o,
+        acc=acc,
+        wg_bytes=wg_bytes,
+        comps="xyzw",
+    )
+    return wgsl, (gx, gy, 1), kc

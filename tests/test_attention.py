@@ -1,0 +1,284 @@
+"""ops.attention (API.md §6): the fused kernels against the interpreter and PyTorch.
+
+- One compiled program holds many configurations (odd T and head sizes, Tq != Tk both ways,
+  causal or not, extra and broadcast leading dims, a given scale): its GPU outputs and the
+  gradients of q, k and v against the float32 interpreter, and against PyTorch's
+  `scaled_dot_product_attention` in float64 (forward and backward through the same cotangent).
+- The interpreter's own formulas (float64) against PyTorch, for more shapes than the GPU runs.
+- Composed with other ops: a fused qkv projection split by reshape/transpose views, layernorm
+  and a loss, trained a few AdamW steps on the GPU against the same model in PyTorch.
+- What the schedule makes of it: no T x T tensor anywhere, O and the logsumexp written by one
+  kernel, WebGPU's workgroup limits, bit-identical repeated steps (no atomics).
+- Argument errors name the problem and the user's line.
+The op table (tests/op_cases.py, `attention.*`) adds finite differences and the batched GPU run.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+import aot
+from aot import interp, nn, ops
+from aot.errors import ShapeError
+from aot.grad import append_grads
+from aot.ir import Graph
+from aot.pipeline import compile_program
+from aot.trace import emit, tracing
+
+from gpu_harness import assert_close, make_program, run_both
+
+torch = pytest.importorskip("torch")
+
+# name: (q shape, k shape, v shape, causal, scale)
+CONFIGS = {
+    "t1": ((2, 1, 4), (2, 1, 4), (2, 1, 4), True, None),
+    "t3_d3_causal": ((2, 3, 3, 3), (2, 3, 3, 3), (2, 3, 3, 3), True, None),
+    "t7_d5_dv1": ((3, 7, 5), (3, 7, 5), (3, 7, 1), False, None),
+    "t17_d8_dv16_causal": ((2, 17, 8), (2, 17, 8), (2, 17, 16), True, None),
+    "t33_d33_dv3": ((1, 33, 33), (1, 33, 33), (1, 33, 3), False, None),
+    "t33_d16_causal": ((2, 33, 16), (2, 33, 16), (2, 33, 16), True, None),
+    "d1_scale": ((2, 5, 1), (2, 6, 1), (2, 6, 2), False, 0.7),
+    "tq5_tk9_causal": ((2, 5, 4), (2, 9, 4), (2, 9, 5), True, None),
+    "tq9_tk4_causal": ((2, 9, 3), (2, 4, 3), (2, 4, 3), True, 0.3),
+    "lead3": ((2, 2, 2, 3, 4), (2, 2, 2, 3, 4), (2, 2, 2, 3, 4), True, None),
+    "bcast_kv": ((2, 3, 6, 4), (6, 4), (2, 1, 6, 3), True, None),
+    "t70_rowblocks_causal": ((1, 70, 8), (1, 70, 8), (1, 70, 8), True, None),
+}
+
+
+def _values(seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, (sq, sk, sv, _, _) in CONFIGS.items():
+        for x, s in (("q", sq), ("k", sk), ("v", sv)):
+            out[f"{name}_{x}"] = rng.normal(size=s).astype(np.float32)
+    return out
+
+
+def _body(m, feeds):
+    return {
+        name: ops.attention(getattr(m, f"{name}_q"), getattr(m, f"{name}_k"), getattr(m, f"{name}_v"), causal=c, scale=sc)
+        for name, (_, _, _, c, sc) in CONFIGS.items()
+    }
+
+
+def torch_attention(q, k, v, causal, scale, ct):
+    """PyTorch's fused attention in float64: (output, dq, dk, dv) for cotangent ct."""
+    q, k, v = (torch.tensor(np.asarray(x, np.float64), requires_grad=True) for x in (q, k, v))
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    qe, ke, ve = (x.expand(lead + x.shape[-2:]) for x in (q, k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(qe, ke, ve, is_causal=causal, scale=scale)
+    o.backward(torch.tensor(np.asarray(ct, np.float64)))
+    return o.detach().numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
+
+
+@pytest.fixture(scope="module")
+def gpu_run():
+    pytest.importorskip("wgpu")
+    params = _values()
+    prog, inputs, _ = make_program("attention_configs", params, {}, _body)
+    [(gpu, ref)], wgsl = run_both(prog, inputs)
+    return params, inputs, gpu, ref, wgsl
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gpu_matches_interpreter_and_torch(gpu_run, name):
+    params, inputs, gpu, ref, _ = gpu_run
+    sq, sk, sv, causal, scale = CONFIGS[name]
+    assert_close(gpu.captures[name], ref.captures[name], f"{name}: output")
+    for x in "qkv":
+        assert_close(gpu.grads[f"{name}_{x}"], ref.grads[f"{name}_{x}"], f"{name}: gradient of {x}", rtol=1e-4, atol=2e-5)
+    o, dq, dk, dv = torch_attention(params[f"{name}_q"], params[f"{name}_k"], params[f"{name}_v"], causal, scale, inputs[f"{name}_ct"])
+    assert_close(gpu.captures[name], o.astype(np.float32), f"{name}: output vs torch", rtol=1e-4, atol=1e-5)
+    for x, want in zip("qkv", (dq, dk, dv)):
+        assert_close(gpu.grads[f"{name}_{x}"], want.astype(np.float32), f"{name}: d{x} vs torch", rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.gpu
+def test_kernels_stay_in_webgpu_limits_and_read_in_bounds(gpu_run):
+    *_, wgsl = gpu_run
+    att = {k: v for k, v in wgsl.items() if "attention" in k}
+    assert len(att) == 4 * len(CONFIGS)  # forward (O and lse together), dv, dk, dq per configuration
+    for kname, src in att.items():
+        size = int(re.search(r"@workgroup_size\((\d+)\)", src).group(1))
+        assert size <= 256, kname
+        words = sum(int(n) * (4 if t.startswith("vec4") else 1) for t, n in re.findall(r"var<workgroup> \w+: array<(vec4<f32>|f32), (\d+)>", src))
+        assert 4 * words <= 16384, f"{kname}: {4 * words} bytes of workgroup memory"
+        assert "atomic" not in src
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tq,tk,d,dv", [(1, 1, 1, 1), (3, 3, 5, 2), (7, 4, 3, 6), (4, 9, 8, 8), (17, 17, 33, 5)])
+def test_interpreter_matches_torch_float64(tq, tk, d, dv, causal):
+    """The primitives' NumPy semantics (forward and the three gradient ops through the VJP)."""
+    rng = np.random.default_rng(tq * 100 + tk)
+    q, k, v = rng.normal(size=(2, tq, d)), rng.normal(size=(2, tk, d)), rng.normal(size=(2, tk, dv))
+    ct = rng.normal(size=(2, tq, dv))
+    g = Graph("attention_f64", meta={"kind": "train"})
+    with tracing(g):
+        xs = [emit("input", (), name=n, shape=x.shape, dtype="f32") for n, x in zip("qkv", (q, k, v))]
+        cti = emit("input", (), name="ct", shape=ct.shape, dtype="f32")
+        o = ops.attention(*xs, causal=causal)
+        grads = append_grads(g, ops.sum(o * cti), xs)
+    env = interp.run(g, {"q": q, "k": k, "v": v, "ct": ct}, np.float64)
+    want = torch_attention(q, k, v, causal, None, ct)
+    for got, w, what in zip([env[id(o)]] + [env[id(t)] for t in grads], want, ("out", "dq", "dk", "dv")):
+        np.testing.assert_allclose(got, w, rtol=1e-10, atol=1e-12, err_msg=what)
+
+
+# ---- composed with other ops, trained against PyTorch ---------------------------------------------
+
+D, HEADS, T, B = 12, 3, 7, 4  # head size 4, odd T
+
+
+class Attn(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(D)
+        self.qkv = nn.Linear(D, 3 * D)
+        self.o = nn.Linear(D, D, bias=False)
+        self.ln_out = nn.LayerNorm(D)
+
+
+def _forward(m, x):
+    # one projection, split into q, k, v by views: [B, T, 3, H, dh] -> [3, B, H, T, dh]
+    h = m.qkv(m.ln(x))
+    qkv = ops.transpose(ops.reshape(h, (B, T, 3, HEADS, D // HEADS)), (2, 0, 3, 1, 4))
+    q, k, v = (ops.reshape(ops.narrow(qkv, 0, i, 1), (B, HEADS, T, D // HEADS)) for i in range(3))
+    att = ops.attention(q, k, v, causal=True)
+    return m.ln_out(x + m.o(nn.merge_heads(att)))
+
+
+def _loss(m, x, y):
+    return ops.mean(ops.square(_forward(m, x) - y))
+
+
+TRAIN = aot.Program(
+    "attention_train",
+    model=Attn,
+    train=aot.Train(_loss, inputs={"x": aot.f32(B, T, D), "y": aot.f32(B, T, D)}, optimizer=aot.optim.AdamW(lr=1e-2, weight_decay=0.01)),
+    seed=3,
+)
+
+
+class TorchAttn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(D)
+        self.qkv = torch.nn.Linear(D, 3 * D)
+        self.o = torch.nn.Linear(D, D, bias=False)
+        self.ln_out = torch.nn.LayerNorm(D)
+
+    def forward(self, x):
+        h = self.qkv(self.ln(x)).view(B, T, 3, HEADS, D // HEADS).permute(2, 0, 3, 1, 4)
+        att = torch.nn.functional.scaled_dot_product_attention(h[0], h[1], h[2], is_causal=True)
+        return self.ln_out(x + self.o(att.transpose(1, 2).reshape(B, T, D)))
+
+
+@pytest.mark.gpu
+def test_composed_model_trains_like_torch():
+    pytest.importorskip("wgpu")
+    model = aot.compile(TRAIN)
+    try:
+        p0 = model.params()
+        tm = TorchAttn().double()
+        with torch.no_grad():
+            for name, p in tm.named_parameters():
+                mod, leaf = name.split(".")
+                v = p0[f"{mod}.{ {'weight': 'g' if mod.startswith('ln') else 'W', 'bias': 'b'}[leaf]}"]
+                p.copy_(torch.tensor(v.T if leaf == "weight" and not mod.startswith("ln") else v, dtype=torch.float64))
+        decay = [p for n, p in tm.named_parameters() if n.endswith("weight") and not n.startswith("ln")]
+        rest = [p for n, p in tm.named_parameters() if not (n.endswith("weight") and not n.startswith("ln"))]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}], lr=1e-2)
+        rng = np.random.default_rng(0)
+        for step in range(5):
+            x, y = rng.normal(size=(B, T, D)).astype(np.float32), rng.normal(size=(B, T, D)).astype(np.float32)
+            got = model.step(x=x, y=y)
+            opt.zero_grad()
+            loss = ((tm(torch.tensor(x, dtype=torch.float64)) - torch.tensor(y, dtype=torch.float64)) ** 2).mean()
+            loss.backward()
+            opt.step()
+            assert abs(got - loss.item()) < 1e-4 * abs(loss.item()), f"step {step}: {got} vs torch {loss.item()}"
+        want = tm.state_dict()
+        for name, v in model.params().items():
+            mod, leaf = name.split(".")
+            tname = f"{mod}.{ {'g': 'weight', 'W': 'weight', 'b': 'bias'}[leaf]}"
+            w = want[tname].numpy()
+            np.testing.assert_allclose(v, w.T if leaf == "W" else w, rtol=1e-3, atol=1e-4, err_msg=name)
+    finally:
+        model.close()
+
+
+# ---- the schedule ------------------------------------------------------------------------------
+
+
+def test_no_t_by_t_tensor_is_stored_and_forward_writes_o_and_lse_together():
+    c = compile_program(TRAIN)
+    s, p = c.schedules["train"], c.plans["train"]
+    for t in s.owners:
+        assert not (t.ndim >= 2 and t.shape[-2:] == (T, T)), f"a [.., T, T] tensor is stored: {t.type_str()} from {t.node.op}"
+    att = [k for k in s.kernels if k.kind == "attention"]
+    assert sorted(sorted(n.node.op for n in k.group + [k]) for k in att) == [
+        ["attention", "attention_lse"], ["attention_dk"], ["attention_dq"], ["attention_dv"]
+    ]
+    fwd = next(k for k in att if k.group)
+    assert {t.node.op for t in fwd.outs} == {"attention", "attention_lse"}
+    # the infer graph needs no logsumexp
+    pred = aot.Program("attention_pred", model=Attn, infer={"f": aot.Infer(_forward, inputs={"x": aot.f32(B, T, D)})})
+    ks = compile_program(pred).schedules["f"].kernels
+    assert [sorted(n.node.op for n in k.group + [k]) for k in ks if k.kind == "attention"] == [["attention"]]
+
+
+@pytest.mark.gpu
+def test_repeated_steps_are_bit_identical():
+    rng = np.random.default_rng(5)
+    params = {"q": rng.normal(size=(2, 3, 33, 8)), "k": rng.normal(size=(2, 3, 33, 8)), "v": rng.normal(size=(2, 3, 33, 8))}
+    prog, inputs, _ = make_program("attention_repeat", params, {}, lambda m, f: {"o": ops.attention(m.q, m.k, m.v, causal=True)})
+    pairs, _ = run_both(prog, inputs, steps=2)
+    (a, _), (b, _) = pairs
+    for n in a.grads:
+        np.testing.assert_array_equal(a.grads[n], b.grads[n], err_msg=n)
+    np.testing.assert_array_equal(a.captures["o"], b.captures["o"])
+
+
+# ---- argument errors ------------------------------------------------------------------------------
+
+
+def _trace_error(fn):
+    g = Graph("errors")
+    with tracing(g):
+        q = emit("input", (), name="q", shape=(2, 5, 4), dtype="f32")
+        with pytest.raises(ShapeError) as e:
+            fn(q)
+    return e.value
+
+
+@pytest.mark.parametrize(
+    "fn,message",
+    [
+        (lambda q: ops.attention(q, ops.reshape(q, (2, 4, 5)), q), "same head size"),
+        (lambda q: ops.attention(q, q, ops.narrow(q, 1, 0, 3)), "same number of keys"),
+        (lambda q: ops.attention(ops.reshape(q, (40,)), q, q), "at least 2 dims"),
+        (lambda q: ops.attention(q, ops.reshape(q, (5, 2, 4)), ops.reshape(q, (5, 2, 4))), "do not broadcast"),
+        (lambda q: ops.attention(q, q, q, causal=1), "causal must be True or False"),
+        (lambda q: ops.attention(q, q, q, scale=math.inf), "scale must be a finite number"),
+        (lambda q: ops.attention(ops.cast(q, "i32"), q, q), "f32"),
+    ],
+)
+def test_errors_name_the_problem_and_the_user_line(fn, message):
+    e = _trace_error(fn)
+    assert message in str(e) and "attention" in str(e)
+    assert "test_attention.py" in str(e), str(e)
+
+
+def test_head_size_over_the_kernel_limit_is_refused():
+    g = Graph("errors")
+    with tracing(g):
+        q = emit("input", (), name="q", shape=(3, 300), dtype="f32")
+        with pytest.raises(ShapeError, match="larger than the fused kernel"):
+            ops.attention(q, q, q)
