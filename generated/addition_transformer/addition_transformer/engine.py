@@ -31,23 +31,44 @@ MANY_UPLOAD_BYTES = (
 MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only when this ring is full
 
 
+class _Raw:
+    """wgpu-native's C entry points for recording, called directly: wgpu-py's wrappers cost
+    2-10 us of Python per call (error capture around each, a descriptor struct built per pass),
+    and a step records 2-3 calls per kernel plus a pass and its copies, which made step_many
+    host-bound (77 us of host per sine_mlp step on an H100 against ~60 us of GPU). Recording
+    errors still surface: wgpu-native reports them at finish(), which goes through wgpu-py.
+    """
+
+    def __init__(self, api):
+        lib, ffi = api.lib, api.ffi
+        self.null = ffi.NULL
+        self.set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        self.set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+        self.dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+        self.copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        self._begin = lib.wgpuCommandEncoderBeginComputePass
+        self._end = lib.wgpuComputePassEncoderEnd
+        self._release = lib.wgpuComputePassEncoderRelease
+        # one descriptor for every pass: no label, no timestamp writes (all fields zero)
+        self._pass_desc = ffi.new("WGPUComputePassDescriptor *")
+
+    def begin(self, enc_internal):
+        return self._begin(enc_internal, self._pass_desc)
+
+    def end(self, pass_internal) -> None:
+        self._end(pass_internal)
+        self._release(pass_internal)
+
+
 def _raw_encoder_calls():
-    """wgpu-native's C entry points for recording a pass, called directly: wgpu-py's wrappers
-    cost ~2 us of Python per call (error capture around each), and a step records 2-3 calls
-    per kernel. Recording errors surface at pass end / finish, which still go through wgpu-py.
-    None (use wgpu-py's public methods) when this wgpu-py does not expose them."""
+    """_Raw, or None (use wgpu-py's public methods) when this wgpu-py does not expose them."""
     try:
         from wgpu.backends.wgpu_native import _api
 
-        lib, null = _api.lib, _api.ffi.NULL
-        calls = (
-            lib.wgpuComputePassEncoderSetPipeline,
-            lib.wgpuComputePassEncoderSetBindGroup,
-            lib.wgpuComputePassEncoderDispatchWorkgroups,
-        )
+        raw = _Raw(_api)
     except Exception:  # another backend or a wgpu-py without these internals
         return None
-    return calls + (null,)
+    return raw
 
 
 _RAW = _raw_encoder_calls()
@@ -68,12 +89,25 @@ class Engine:
         arenas: dict,
         entries: dict,
         adapter=None,
+        wgsl_cpu: dict | None = None,
+        kernel_set: str = "auto",
     ):
+        if kernel_set not in ("auto", "gpu", "cpu"):
+            raise ValueError(
+                f"Model(kernels=...) must be 'auto', 'gpu' or 'cpu', got {kernel_set!r}"
+            )
         self.name = name
         self.kernels = kernels
         self.entries = entries
         adapter, index = choose_adapter(adapter)
         self.adapter_info = dict(adapter.info)
+        if kernel_set == "auto":
+            kernel_set = (
+                "cpu" if self.adapter_info.get("adapter_type") == "CPU" else "gpu"
+            )
+        self.kernel_set = kernel_set
+        if kernel_set == "cpu":
+            wgsl = {**wgsl, **(wgsl_cpu or {})}
         self.adapter_row = _adapter_row(index, adapter)
         self.device = adapter.request_device_sync(
             label=name, required_limits=_required_limits(name, adapter, arenas, entries)
@@ -250,8 +284,25 @@ class Engine:
         steps = self.recipes[key] if half is None else self._half(key, half)
         if not steps:
             return
+        raw = self._raw_recipe(key if half is None else (key, half), steps)
+        if raw is not None:
+            self._record_raw(enc._internal, raw)
+            return
         cpass = enc.begin_compute_pass()
-        rkey = key if half is None else (key, half)
+        set_pipeline, set_bind_group, dispatch = (
+            cpass.set_pipeline,
+            cpass.set_bind_group,
+            cpass.dispatch_workgroups,
+        )
+        for pipeline, group, grid in steps:
+            set_pipeline(pipeline)
+            if group is not None:
+                set_bind_group(0, group)
+            dispatch(*grid)
+        cpass.end()
+
+    def _raw_recipe(self, rkey, steps):
+        """The dispatches of `steps` as wgpu-native handles (cached), or None without _RAW."""
         raw = self.raw_recipes.get(rkey) if _RAW is not None else None
         if raw is None and _RAW is not None:
             try:
@@ -261,26 +312,23 @@ class Engine:
                 ]
             except AttributeError:
                 raw = None
-        if raw is not None:
-            set_pipeline, set_bind_group, dispatch, null = _RAW
-            c = cpass._internal
-            for pipeline, group, (x, y, z) in raw:
-                set_pipeline(c, pipeline)
-                if group is not None:
-                    set_bind_group(c, 0, group, 0, null)
-                dispatch(c, x, y, z)
-        else:
-            set_pipeline, set_bind_group, dispatch = (
-                cpass.set_pipeline,
-                cpass.set_bind_group,
-                cpass.dispatch_workgroups,
-            )
-            for pipeline, group, grid in steps:
-                set_pipeline(pipeline)
-                if group is not None:
-                    set_bind_group(0, group)
-                dispatch(*grid)
-        cpass.end()
+        return raw
+
+    @staticmethod
+    def _record_raw(enc_internal, raw) -> None:
+        c = _RAW.begin(enc_internal)
+        set_pipeline, set_bind_group, dispatch, null = (
+            _RAW.set_pipeline,
+            _RAW.set_bind_group,
+            _RAW.dispatch,
+            _RAW.null,
+        )
+        for pipeline, group, (x, y, z) in raw:
+            set_pipeline(c, pipeline)
+            if group is not None:
+                set_bind_group(c, 0, group, 0, null)
+            dispatch(c, x, y, z)
+        _RAW.end(c)
 
     def _map_read(self, buf, nbytes: int) -> bytes:
         """Map a readback buffer written by the submit just made, copy `nbytes` out, unmap."""
@@ -485,6 +533,11 @@ class Engine:
             for src, so, dst, do, n in e["copies"]
         ]
         losses = np.empty(k, dtype=np.float32)
+        recipe = self._raw_recipe(key, self.recipes[key])
+        if recipe is not None:
+            raw_stage = [(arena, buf._internal) for arena, buf in stage.items()]
+            raw_buffers = {arena: buf._internal for arena, buf in buffers.items()}
+            raw_loss, raw_ring = loss_buf._internal, ring._internal
         in_ring = 0  # losses in the ring not yet read back
         reads = None
         start = 0
@@ -497,15 +550,28 @@ class Engine:
                         stage[arena], 0, np.ascontiguousarray(rows)
                     )
             enc = self.device.create_command_encoder()
-            copy = enc.copy_buffer_to_buffer
-            for i in range(n):
-                for arena, buf in stage.items():
-                    m = sizes[arena]
-                    copy(buf, 4 * i * m, buffers[arena], 0, 4 * m)
-                self._record(enc, key)
-                for args in copy_after:
-                    copy(*args)
-                copy(loss_buf, 4 * loss_off, ring, 4 * (in_ring + i), 4)
+            if (
+                recipe is not None
+            ):  # the same commands through wgpu-native's C entry points
+                c, copy = enc._internal, _RAW.copy
+                for i in range(n):
+                    for arena, buf in raw_stage:
+                        m = sizes[arena]
+                        copy(c, buf, 4 * i * m, raw_buffers[arena], 0, 4 * m)
+                    self._record_raw(c, recipe)
+                    for src, so, dst, do, nb in copy_after:
+                        copy(c, src._internal, so, dst._internal, do, nb)
+                    copy(c, raw_loss, 4 * loss_off, raw_ring, 4 * (in_ring + i), 4)
+            else:
+                copy = enc.copy_buffer_to_buffer
+                for i in range(n):
+                    for arena, buf in stage.items():
+                        m = sizes[arena]
+                        copy(buf, 4 * i * m, buffers[arena], 0, 4 * m)
+                    self._record(enc, key)
+                    for args in copy_after:
+                        copy(*args)
+                    copy(loss_buf, 4 * loss_off, ring, 4 * (in_ring + i), 4)
             last = start + n == k
             if last and want_captures:
                 reads = self._reads(enc, key, True)

@@ -125,433 +125,489 @@ PROGRAM = {
         "state": 150656,
         "inputs": 1027,
         "inputs_i32": 2048,
-        "work": 2796352,
+        "work": 2710336,
         "work_i32": 0,
         "state_1": 150656,
     },
     "kernels": {
         "train_000_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
-            "addition_transformer.py:52",
+            "addition_transformer.py:49",
         ),
-        "train_001_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "train_001_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
         "train_002_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
         "train_003_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
         "train_004_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:33",
         ),
         "train_005_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:33",
         ),
         "train_006_matmul": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_007_attention": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_008_matmul_add": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "train_007_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_008_fused_mul_greater_max": (
+        "train_009_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_010_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:36",
         ),
-        "train_009_fused_mul_greater_exp": (
+        "train_011_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_012_matmul_add_relu": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_013_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_014_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_015_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_016_fused_mul_add_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:32",
         ),
-        "train_010_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_011_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_012_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_013_matmul_add": (
+        "train_017_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
-        ),
-        "train_014_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "train_015_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "train_016_fused_mul_sub_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_017_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
         "train_018_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_019_fused_add_sum": (
+        "train_019_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:33",
         ),
-        "train_020_fused_add_mul_sub": (
+        "train_020_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:33",
         ),
-        "train_021_fused_mul_add_sum": (
+        "train_021_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_022_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_023_matmul": (
+        "train_022_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "train_024_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_025_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_026_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_027_fused_mul_greater_max": (
+        "train_023_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_024_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:36",
         ),
-        "train_028_fused_mul_greater_exp": (
+        "train_025_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_026_matmul_add_relu": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_027_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_028_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_029_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_030_fused_mul_add_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:32",
         ),
-        "train_029_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_030_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_031_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_032_matmul_add": (
+        "train_031_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:32",
         ),
-        "train_033_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "train_034_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "train_035_fused_mul_sub_add": (
+        "train_032_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_036_matmul_add_relu": (
+        "train_033_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_037_matmul": (
+        "train_034_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_038_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_039_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_040_fused_mul_add_sum": (
+        "train_035_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_041_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_042_matmul": (
+        "train_036_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "train_043_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_044_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_045_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_046_fused_mul_greater_max": (
+        "train_037_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_038_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:36",
         ),
-        "train_047_fused_mul_greater_exp": (
+        "train_039_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_040_matmul_add_relu": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_041_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_042_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_043_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_044_fused_mul_add_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:53",
         ),
-        "train_048_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_049_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_050_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_051_matmul_add": (
+        "train_045_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:53",
         ),
-        "train_052_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "train_053_fused_mul_sub_sum": (
+        "train_046_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_047_max": ((("work", "read_write"),), "addition_transformer.py:61"),
+        "train_048_fused_stop_gradient_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:61",
         ),
-        "train_054_fused_mul_sub_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_055_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_056_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_057_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
-        ),
-        "train_058_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
-        ),
-        "train_059_fused_mul_add_sum": (
+        "train_049_fused_stop_gradient_log_sub": (
             (("work", "read_write"),),
-            "addition_transformer.py:56",
+            "addition_transformer.py:61",
         ),
-        "train_060_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
-        ),
-        "train_061_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
-        ),
-        "train_062_max": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "train_063_fused_stop_gradient_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:64",
-        ),
-        "train_064_fused_stop_gradient_log_sub": (
-            (("work", "read_write"),),
-            "addition_transformer.py:64",
-        ),
-        "train_065_fused_one_hot_mul_sum": (
+        "train_050_fused_one_hot_mul_sum": (
             (("inputs_i32", "read"), ("work", "read_write")),
-            "addition_transformer.py:64",
+            "addition_transformer.py:61",
         ),
-        "train_066_fused_neg_mul_sum": (
+        "train_051_fused_neg_mul_sum": (
             (("inputs", "read"), ("work", "read_write")),
-            "addition_transformer.py:66",
+            "addition_transformer.py:63",
         ),
-        "train_067_fused_one_hot_neg_mul": (
+        "train_052_fused_one_hot_neg_mul": (
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
-            "addition_transformer.py:64",
+            "addition_transformer.py:61",
         ),
-        "train_068_sum": ((("work", "read_write"),), "addition_transformer.py:64"),
-        "train_069_fused_exp_mul_sub": (
+        "train_053_sum": ((("work", "read_write"),), "addition_transformer.py:61"),
+        "train_054_fused_exp_mul_sub": (
             (("work", "read_write"),),
-            "addition_transformer.py:64",
+            "addition_transformer.py:61",
         ),
-        "train_070_matmul": (
+        "train_055_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
-        "train_071_matmul": ((("work", "read_write"),), "addition_transformer.py:56"),
-        "train_072_fused_mul_sum": (
+        "train_056_matmul": ((("work", "read_write"),), "addition_transformer.py:53"),
+        "train_057_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
+        ),
+        "train_058_fused_mul_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_059_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_060_fused_neg_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:53",
+        ),
+        "train_061_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:53",
+        ),
+        "train_062_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_063_matmul_equal_sub_mul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_064_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_065_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_066_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_067_fused_mul_sub_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_068_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_069_fused_neg_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "train_070_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "train_071_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_072_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:35",
         ),
         "train_073_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
-        ),
-        "train_074_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
-        ),
-        "train_075_fused_neg_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:56",
+            "addition_transformer.py:34",
         ),
-        "train_076_fused_mul_add": (
+        "train_074_attention_dv": (
             (("work", "read_write"),),
-            "addition_transformer.py:56",
+            "addition_transformer.py:34",
+        ),
+        "train_075_attention_dk": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_076_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
         ),
         "train_077_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_078_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
+        ),
+        "train_078_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
         ),
         "train_079_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
         "train_080_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_081_sum": (
+        "train_081_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_082_fused_mul_sub_sum": (
+        "train_082_matmul_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_083_fused_mul_sub_add": (
+        "train_083_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_084_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_084_fused_neg_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
         "train_085_fused_mul_add": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "train_086_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:32",
         ),
-        "train_087_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:38",
-        ),
-        "train_088_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_089_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_090_fused_mul_sum": (
+        "train_086_fused_neg_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:32",
         ),
-        "train_091_fused_greater_sub_mul": (
+        "train_087_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "train_088_fused_mul_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_089_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_090_matmul_equal_sub_mul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_091_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_092_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_093_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_094_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_095_fused_mul_sub_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_096_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_097_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "train_092_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_093_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_094_matmul": (
+        "train_098_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "train_099_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "train_095_matmul": (
+        "train_100_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
-        ),
-        "train_096_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_097_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_098_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_099_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_100_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:34",
         ),
         "train_101_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_102_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_103_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_104_fused_mul_add": (
+        "train_102_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_105_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+        "train_103_attention_dk": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_104_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_105_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
         ),
         "train_106_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_107_matmul_equal_sub_mul": (
+        "train_107_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_108_sum": (
+        "train_108_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
         "train_109_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_110_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_111_fused_mul_sub_sum": (
+        "train_110_matmul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_111_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "train_112_fused_mul_sub_sum": (
+        "train_112_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "train_113_fused_mul_sub_add": (
+        "train_113_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_114_fused_neg_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
         "train_115_fused_mul_add": (
             (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
         "train_116_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
-        ),
-        "train_117_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:36",
         ),
-        "train_118_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_119_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_120_fused_mul_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
+        "train_117_matmul_equal_sub_mul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
         ),
-        "train_121_fused_greater_sub_mul": (
+        "train_118_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_119_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_120_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_121_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_122_fused_mul_sub_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_123_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_124_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "train_122_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_123_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_124_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_125_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:35",
+        "train_125_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
         ),
         "train_126_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -561,157 +617,89 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "train_128_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_129_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_130_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_131_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_132_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_134_fused_mul_add": (
+        "train_128_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+        ),
+        "train_129_attention_dv": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_130_attention_dk": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_131_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_132_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_133_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_134_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
         ),
         "train_135_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_136_matmul_equal_sub_mul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "train_137_sum": (
+        "train_136_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_138_matmul": (
+        "train_137_matmul_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "train_139_matmul": (
+        "train_138_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "train_140_sum": (
+        "train_139_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "train_141_fused_mul_sub_sum": (
+        "train_140_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "train_142_fused_mul_sub_add": (
+        "train_141_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "train_143_fused_neg_sum": (
+        "train_142_fused_neg_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "train_144_fused_mul_add": (
+        "train_143_fused_mul_add": (
             (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "train_145_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
-        ),
-        "train_146_matmul": (
+        "train_144_sum": ((("work", "read_write"),), "addition_transformer.py:49"),
+        "train_145_pad": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:49",
         ),
-        "train_147_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_148_matmul": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "train_149_fused_mul_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "train_150_fused_greater_sub_mul": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "train_151_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_152_matmul": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_153_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_154_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_155_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_156_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_157_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_158_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_159_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_160_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_161_fused_mul_sub_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_162_fused_mul_sub_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "train_163_fused_neg_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-        ),
-        "train_164_fused_mul_add": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-        ),
-        "train_165_sum": ((("work", "read_write"),), "addition_transformer.py:52"),
-        "train_166_pad": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:52",
-        ),
-        "train_167_one_hot": (
+        "train_146_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
-            "addition_transformer.py:52",
+            "addition_transformer.py:49",
         ),
-        "train_168_matmul_add": (
+        "train_147_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:52",
+            "addition_transformer.py:49",
         ),
-        "train_169_fused_square_pad_sum": (
+        "train_148_fused_square_pad_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
         ),
-        "train_170_sum": ((("work", "read_write"),), "optimizer"),
-        "train_171_fused_sqrt_add_sub": (
+        "train_149_sum": ((("work", "read_write"),), "optimizer"),
+        "train_150_fused_sqrt_add_sub": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -724,411 +712,343 @@ PROGRAM = {
         ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
-            "addition_transformer.py:52",
+            "addition_transformer.py:49",
         ),
-        "predict_N1_01_sum": ((("work", "read_write"),), "addition_transformer.py:34"),
+        "predict_N1_01_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
         "predict_N1_02_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
         "predict_N1_03_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
         "predict_N1_04_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:33",
         ),
         "predict_N1_05_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:33",
         ),
         "predict_N1_06_matmul": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_07_attention": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "predict_N1_08_matmul_add": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N1_07_matmul": (
+        "predict_N1_09_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_10_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "predict_N1_08_fused_mul_greater_max": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N1_09_fused_mul_greater_exp": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N1_10_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "predict_N1_11_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "predict_N1_12_matmul": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N1_13_matmul_add": (
+        "predict_N1_11_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:36",
         ),
-        "predict_N1_14_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "predict_N1_15_fused_mul_sub_sum": (
+        "predict_N1_12_matmul_add_relu": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "predict_N1_13_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "predict_N1_14_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N1_15_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N1_16_fused_mul_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "predict_N1_16_fused_mul_sub_add": (
+        "predict_N1_17_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
-        ),
-        "predict_N1_17_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
         "predict_N1_18_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "predict_N1_19_fused_add_sum": (
+        "predict_N1_19_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:33",
         ),
-        "predict_N1_20_fused_add_mul_sub": (
+        "predict_N1_20_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:33",
         ),
-        "predict_N1_21_fused_mul_sum": (
+        "predict_N1_21_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "predict_N1_22_fused_mul_rsqrt_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "predict_N1_23_matmul": (
+        "predict_N1_22_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N1_24_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "predict_N1_25_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "predict_N1_26_matmul": (
+        "predict_N1_23_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_24_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "predict_N1_27_fused_mul_greater_max": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N1_28_fused_mul_greater_exp": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N1_29_sum": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "predict_N1_30_div": ((("work", "read_write"),), "addition_transformer.py:37"),
-        "predict_N1_31_matmul": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N1_32_matmul_add": (
+        "predict_N1_25_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:36",
         ),
-        "predict_N1_33_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "predict_N1_34_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "predict_N1_35_fused_mul_sub_add": (
+        "predict_N1_26_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N1_36_matmul_add_relu": (
+        "predict_N1_27_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N1_37_matmul": (
+        "predict_N1_28_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "predict_N1_38_fused_add_sum": (
+        "predict_N1_29_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
-        "predict_N1_39_fused_add_mul_sub": (
+        "predict_N1_31_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
-        "predict_N1_41_fused_mul_rsqrt_add": (
+        "predict_N1_32_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:33",
         ),
-        "predict_N1_42_matmul": (
+        "predict_N1_33_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_34_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_36_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N1_43_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "predict_N1_44_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "predict_N1_51_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
-        ),
-        "predict_N1_52_sum": ((("work", "read_write"),), "addition_transformer.py:39"),
-        "predict_N1_53_fused_mul_sub_sum": (
+        "predict_N1_37_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_38_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N1_54_fused_mul_sub_add": (
+        "predict_N1_39_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N1_55_matmul_add_relu": (
+        "predict_N1_40_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N1_56_matmul": (
+        "predict_N1_41_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N1_57_fused_add_sum": (
+        "predict_N1_42_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
-        "predict_N1_58_fused_add_mul_sub": (
+        "predict_N1_43_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
-        "predict_N1_60_fused_mul_rsqrt_add": (
+        "predict_N1_45_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
-        "predict_N1_61_matmul": (
+        "predict_N1_46_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
         "predict_N128_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
-            "addition_transformer.py:52",
+            "addition_transformer.py:49",
         ),
         "predict_N128_01_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
         "predict_N128_02_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
         "predict_N128_03_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
         "predict_N128_04_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:33",
         ),
         "predict_N128_05_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
+            "addition_transformer.py:33",
         ),
         "predict_N128_06_matmul": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_07_attention": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "predict_N128_08_matmul_add": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N128_07_matmul": (
+        "predict_N128_09_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "predict_N128_08_fused_mul_greater_max": (
+        "predict_N128_10_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_09_fused_mul_greater_exp": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N128_10_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N128_11_div": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N128_12_matmul": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N128_13_matmul_add": (
+        "predict_N128_11_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_14_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "predict_N128_15_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "predict_N128_16_fused_mul_sub_add": (
+        "predict_N128_12_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_17_matmul_add_relu": (
+        "predict_N128_13_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_14_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_15_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_16_fused_mul_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_17_fused_mul_rsqrt_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
         ),
         "predict_N128_18_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:33",
         ),
-        "predict_N128_19_fused_add_sum": (
+        "predict_N128_19_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:33",
         ),
-        "predict_N128_20_fused_add_mul_sub": (
+        "predict_N128_20_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:33",
         ),
-        "predict_N128_21_fused_mul_sum": (
+        "predict_N128_21_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "predict_N128_22_fused_mul_rsqrt_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
-        ),
-        "predict_N128_23_matmul": (
+        "predict_N128_22_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N128_24_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "predict_N128_25_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "predict_N128_26_matmul": (
+        "predict_N128_23_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "predict_N128_27_fused_mul_greater_max": (
+        "predict_N128_24_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:37",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_28_fused_mul_greater_exp": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N128_29_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N128_30_div": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N128_31_matmul": (
-            (("work", "read_write"),),
-            "addition_transformer.py:37",
-        ),
-        "predict_N128_32_matmul_add": (
+        "predict_N128_25_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_33_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "predict_N128_34_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:39",
-        ),
-        "predict_N128_35_fused_mul_sub_add": (
+        "predict_N128_26_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_36_matmul_add_relu": (
+        "predict_N128_27_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_37_matmul": (
+        "predict_N128_28_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:32",
         ),
-        "predict_N128_38_fused_add_sum": (
+        "predict_N128_29_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
-        "predict_N128_39_fused_add_mul_sub": (
+        "predict_N128_31_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:32",
         ),
-        "predict_N128_41_fused_mul_rsqrt_add": (
+        "predict_N128_32_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:34",
+            "addition_transformer.py:33",
         ),
-        "predict_N128_42_matmul": (
+        "predict_N128_33_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_34_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_36_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N128_43_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "predict_N128_44_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "predict_N128_51_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:38",
-        ),
-        "predict_N128_52_sum": (
+        "predict_N128_37_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_53_fused_mul_sub_sum": (
+        "predict_N128_38_fused_mul_sub_sum": (
             (("work", "read_write"),),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_54_fused_mul_sub_add": (
+        "predict_N128_39_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_55_matmul_add_relu": (
+        "predict_N128_40_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_56_matmul": (
+        "predict_N128_41_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:39",
+            "addition_transformer.py:36",
         ),
-        "predict_N128_57_fused_add_sum": (
+        "predict_N128_42_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
-        "predict_N128_58_fused_add_mul_sub": (
+        "predict_N128_43_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
-        "predict_N128_60_fused_mul_rsqrt_add": (
+        "predict_N128_45_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
-        "predict_N128_61_matmul": (
+        "predict_N128_46_matmul": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:56",
+            "addition_transformer.py:53",
         ),
     },
     "entries": {
@@ -1142,7 +1062,7 @@ PROGRAM = {
                 ("_decay", "f32", (), "inputs", 1026),
             ],
             "input_sizes": {"inputs": 1027, "inputs_i32": 2048},
-            "outputs": [("loss", "f32", (), "work", 2796288)],
+            "outputs": [("loss", "f32", (), "work", 2710272)],
             "captures": [],
             "dispatches": [
                 ("train_000_fused_gather_add", (256, 1, 1)),
@@ -1152,171 +1072,150 @@ PROGRAM = {
                 ("train_004_matmul", (4, 64, 1)),
                 ("train_005_matmul", (4, 64, 1)),
                 ("train_006_matmul", (4, 64, 1)),
-                ("train_007_matmul", (1, 1, 512)),
-                ("train_008_fused_mul_greater_max", (16, 1, 1)),
-                ("train_009_fused_mul_greater_exp", (128, 1, 1)),
-                ("train_010_sum", (16, 1, 1)),
-                ("train_011_div", (128, 1, 1)),
-                ("train_012_matmul", (1, 1, 512)),
-                ("train_013_matmul_add", (4, 64, 1)),
-                ("train_014_sum", (1024, 1, 1)),
-                ("train_015_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_016_fused_mul_sub_add", (256, 1, 1)),
-                ("train_017_matmul_add_relu", (8, 32, 1)),
+                ("train_007_attention", (64, 1, 1)),
+                ("train_008_matmul_add", (4, 64, 1)),
+                ("train_009_sum", (1024, 1, 1)),
+                ("train_010_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_011_fused_mul_sub_add", (256, 1, 1)),
+                ("train_012_matmul_add_relu", (8, 32, 1)),
+                ("train_013_matmul", (4, 64, 1)),
+                ("train_014_fused_add_sum", (1024, 1, 1)),
+                ("train_015_fused_add_mul_sub", (256, 1, 1)),
+                ("train_016_fused_mul_add_sum", (1024, 1, 1)),
+                ("train_017_fused_mul_add", (256, 1, 1)),
                 ("train_018_matmul", (4, 64, 1)),
-                ("train_019_fused_add_sum", (1024, 1, 1)),
-                ("train_020_fused_add_mul_sub", (256, 1, 1)),
-                ("train_021_fused_mul_add_sum", (1024, 1, 1)),
-                ("train_022_fused_mul_add", (256, 1, 1)),
-                ("train_023_matmul", (4, 64, 1)),
-                ("train_024_matmul", (4, 64, 1)),
-                ("train_025_matmul", (4, 64, 1)),
-                ("train_026_matmul", (1, 1, 512)),
-                ("train_027_fused_mul_greater_max", (16, 1, 1)),
-                ("train_028_fused_mul_greater_exp", (128, 1, 1)),
-                ("train_029_sum", (16, 1, 1)),
-                ("train_030_div", (128, 1, 1)),
-                ("train_031_matmul", (1, 1, 512)),
-                ("train_032_matmul_add", (4, 64, 1)),
-                ("train_033_sum", (1024, 1, 1)),
-                ("train_034_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_035_fused_mul_sub_add", (256, 1, 1)),
-                ("train_036_matmul_add_relu", (8, 32, 1)),
-                ("train_037_matmul", (4, 64, 1)),
-                ("train_038_fused_add_sum", (1024, 1, 1)),
-                ("train_039_fused_add_mul_sub", (256, 1, 1)),
-                ("train_040_fused_mul_add_sum", (1024, 1, 1)),
-                ("train_041_fused_mul_add", (256, 1, 1)),
-                ("train_042_matmul", (4, 64, 1)),
-                ("train_043_matmul", (4, 64, 1)),
-                ("train_044_matmul", (4, 64, 1)),
-                ("train_045_matmul", (1, 1, 512)),
-                ("train_046_fused_mul_greater_max", (16, 1, 1)),
-                ("train_047_fused_mul_greater_exp", (128, 1, 1)),
-                ("train_048_sum", (16, 1, 1)),
-                ("train_049_div", (128, 1, 1)),
-                ("train_050_matmul", (1, 1, 512)),
-                ("train_051_matmul_add", (4, 64, 1)),
-                ("train_052_sum", (1024, 1, 1)),
-                ("train_053_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_054_fused_mul_sub_add", (256, 1, 1)),
-                ("train_055_matmul_add_relu", (8, 32, 1)),
-                ("train_056_matmul", (4, 64, 1)),
-                ("train_057_fused_add_sum", (1024, 1, 1)),
-                ("train_058_fused_add_mul_sub", (256, 1, 1)),
-                ("train_059_fused_mul_add_sum", (1024, 1, 1)),
-                ("train_060_fused_mul_add", (256, 1, 1)),
-                ("train_061_matmul", (1, 64, 1)),
-                ("train_062_max", (4, 1, 1)),
-                ("train_063_fused_stop_gradient_sub_sum", (4, 1, 1)),
-                ("train_064_fused_stop_gradient_log_sub", (48, 1, 1)),
-                ("train_065_fused_one_hot_mul_sum", (4, 1, 1)),
-                ("train_066_fused_neg_mul_sum", (1, 1, 1)),
-                ("train_067_fused_one_hot_neg_mul", (48, 1, 1)),
-                ("train_068_sum", (4, 1, 1)),
-                ("train_069_fused_exp_mul_sub", (48, 1, 1)),
-                ("train_070_matmul", (4, 64, 1)),
-                ("train_071_matmul", (1, 4, 1)),
-                ("train_072_fused_mul_sum", (64, 1, 1)),
-                ("train_073_fused_mul_sum", (1024, 1, 1)),
-                ("train_074_fused_mul_add", (256, 1, 1)),
-                ("train_075_fused_neg_sum", (1024, 1, 1)),
-                ("train_076_fused_mul_add", (256, 1, 1)),
-                ("train_077_matmul", (4, 16, 1)),
-                ("train_078_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_019_matmul", (4, 64, 1)),
+                ("train_020_matmul", (4, 64, 1)),
+                ("train_021_attention", (64, 1, 1)),
+                ("train_022_matmul_add", (4, 64, 1)),
+                ("train_023_sum", (1024, 1, 1)),
+                ("train_024_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_025_fused_mul_sub_add", (256, 1, 1)),
+                ("train_026_matmul_add_relu", (8, 32, 1)),
+                ("train_027_matmul", (4, 64, 1)),
+                ("train_028_fused_add_sum", (1024, 1, 1)),
+                ("train_029_fused_add_mul_sub", (256, 1, 1)),
+                ("train_030_fused_mul_add_sum", (1024, 1, 1)),
+                ("train_031_fused_mul_add", (256, 1, 1)),
+                ("train_032_matmul", (4, 64, 1)),
+                ("train_033_matmul", (4, 64, 1)),
+                ("train_034_matmul", (4, 64, 1)),
+                ("train_035_attention", (64, 1, 1)),
+                ("train_036_matmul_add", (4, 64, 1)),
+                ("train_037_sum", (1024, 1, 1)),
+                ("train_038_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_039_fused_mul_sub_add", (256, 1, 1)),
+                ("train_040_matmul_add_relu", (8, 32, 1)),
+                ("train_041_matmul", (4, 64, 1)),
+                ("train_042_fused_add_sum", (1024, 1, 1)),
+                ("train_043_fused_add_mul_sub", (256, 1, 1)),
+                ("train_044_fused_mul_add_sum", (1024, 1, 1)),
+                ("train_045_fused_mul_add", (256, 1, 1)),
+                ("train_046_matmul", (1, 64, 1)),
+                ("train_047_max", (4, 1, 1)),
+                ("train_048_fused_stop_gradient_sub_sum", (4, 1, 1)),
+                ("train_049_fused_stop_gradient_log_sub", (48, 1, 1)),
+                ("train_050_fused_one_hot_mul_sum", (4, 1, 1)),
+                ("train_051_fused_neg_mul_sum", (1, 1, 1)),
+                ("train_052_fused_one_hot_neg_mul", (48, 1, 1)),
+                ("train_053_sum", (4, 1, 1)),
+                ("train_054_fused_exp_mul_sub", (48, 1, 1)),
+                ("train_055_matmul", (4, 64, 1)),
+                ("train_056_matmul", (1, 4, 1)),
+                ("train_057_fused_mul_sum", (64, 1, 1)),
+                ("train_058_fused_mul_sum", (1024, 1, 1)),
+                ("train_059_fused_mul_add", (256, 1, 1)),
+                ("train_060_fused_neg_sum", (1024, 1, 1)),
+                ("train_061_fused_mul_add", (256, 1, 1)),
+                ("train_062_matmul", (4, 16, 1)),
+                ("train_063_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_064_matmul", (4, 64, 1)),
+                ("train_065_matmul", (16, 4, 1)),
+                ("train_066_sum", (64, 1, 1)),
+                ("train_067_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_068_fused_mul_sub_add", (256, 1, 1)),
+                ("train_069_fused_neg_sum", (1024, 1, 1)),
+                ("train_070_fused_mul_add", (256, 1, 1)),
+                ("train_071_matmul", (4, 64, 1)),
+                ("train_072_matmul", (4, 4, 1)),
+                ("train_073_fused_mul_sum", (16, 1, 1)),
+                ("train_074_attention_dv", (64, 1, 1)),
+                ("train_075_attention_dk", (64, 1, 1)),
+                ("train_076_attention_dq", (64, 1, 1)),
+                ("train_077_matmul", (4, 64, 1)),
+                ("train_078_matmul", (4, 4, 1)),
                 ("train_079_matmul", (4, 64, 1)),
-                ("train_080_matmul", (16, 4, 1)),
-                ("train_081_sum", (64, 1, 1)),
-                ("train_082_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_083_fused_mul_sub_add", (256, 1, 1)),
-                ("train_084_fused_neg_sum", (1024, 1, 1)),
+                ("train_080_matmul", (4, 4, 1)),
+                ("train_081_matmul", (4, 4, 1)),
+                ("train_082_matmul_add", (4, 64, 1)),
+                ("train_083_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_084_fused_mul_sum", (1024, 1, 1)),
                 ("train_085_fused_mul_add", (256, 1, 1)),
-                ("train_086_matmul", (4, 64, 1)),
-                ("train_087_matmul", (4, 4, 1)),
-                ("train_088_matmul", (1, 1, 512)),
-                ("train_089_matmul", (1, 1, 512)),
-                ("train_090_fused_mul_sum", (16, 1, 1)),
-                ("train_091_fused_greater_sub_mul", (128, 1, 1)),
-                ("train_092_matmul", (1, 1, 512)),
-                ("train_093_matmul", (1, 1, 512)),
-                ("train_094_matmul", (4, 64, 1)),
-                ("train_095_matmul", (4, 4, 1)),
-                ("train_096_matmul", (4, 64, 1)),
-                ("train_097_matmul", (4, 4, 1)),
-                ("train_098_matmul", (4, 4, 1)),
-                ("train_099_matmul_add", (4, 64, 1)),
-                ("train_100_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_101_fused_mul_sum", (1024, 1, 1)),
-                ("train_102_fused_mul_add", (256, 1, 1)),
-                ("train_103_fused_neg_sum", (1024, 1, 1)),
-                ("train_104_fused_mul_add", (256, 1, 1)),
-                ("train_105_fused_mul_sum", (64, 1, 1)),
-                ("train_106_matmul", (4, 16, 1)),
-                ("train_107_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_108_sum", (256, 1, 1)),
-                ("train_109_matmul", (4, 64, 1)),
-                ("train_110_matmul", (16, 4, 1)),
-                ("train_111_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_112_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_113_fused_mul_sub_add", (256, 1, 1)),
-                ("train_114_fused_neg_sum", (1024, 1, 1)),
+                ("train_086_fused_neg_sum", (1024, 1, 1)),
+                ("train_087_fused_mul_add", (256, 1, 1)),
+                ("train_088_fused_mul_sum", (64, 1, 1)),
+                ("train_089_matmul", (4, 16, 1)),
+                ("train_090_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_091_sum", (256, 1, 1)),
+                ("train_092_matmul", (4, 64, 1)),
+                ("train_093_matmul", (16, 4, 1)),
+                ("train_094_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_095_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_096_fused_mul_sub_add", (256, 1, 1)),
+                ("train_097_fused_neg_sum", (1024, 1, 1)),
+                ("train_098_fused_mul_add", (256, 1, 1)),
+                ("train_099_matmul", (4, 64, 1)),
+                ("train_100_matmul", (4, 4, 1)),
+                ("train_101_fused_mul_sum", (16, 1, 1)),
+                ("train_102_attention_dv", (64, 1, 1)),
+                ("train_103_attention_dk", (64, 1, 1)),
+                ("train_104_attention_dq", (64, 1, 1)),
+                ("train_105_matmul", (4, 64, 1)),
+                ("train_106_matmul", (4, 4, 1)),
+                ("train_107_matmul", (4, 64, 1)),
+                ("train_108_matmul", (4, 4, 1)),
+                ("train_109_matmul", (4, 4, 1)),
+                ("train_110_matmul_add", (4, 64, 1)),
+                ("train_111_fused_mul_sum", (64, 1, 1)),
+                ("train_112_fused_mul_sum", (1024, 1, 1)),
+                ("train_113_fused_mul_add", (256, 1, 1)),
+                ("train_097_fused_neg_sum", (1024, 1, 1)),
                 ("train_115_fused_mul_add", (256, 1, 1)),
-                ("train_116_matmul", (4, 64, 1)),
-                ("train_117_matmul", (4, 4, 1)),
-                ("train_118_matmul", (1, 1, 512)),
-                ("train_119_matmul", (1, 1, 512)),
-                ("train_120_fused_mul_sum", (16, 1, 1)),
-                ("train_121_fused_greater_sub_mul", (128, 1, 1)),
-                ("train_122_matmul", (1, 1, 512)),
-                ("train_123_matmul", (1, 1, 512)),
-                ("train_124_matmul", (4, 64, 1)),
-                ("train_125_matmul", (4, 4, 1)),
+                ("train_116_matmul", (4, 16, 1)),
+                ("train_117_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_118_sum", (256, 1, 1)),
+                ("train_119_matmul", (4, 64, 1)),
+                ("train_120_matmul", (16, 4, 1)),
+                ("train_121_sum", (64, 1, 1)),
+                ("train_122_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_123_fused_mul_sub_add", (256, 1, 1)),
+                ("train_124_fused_neg_sum", (1024, 1, 1)),
+                ("train_125_fused_mul_add", (256, 1, 1)),
                 ("train_126_matmul", (4, 64, 1)),
                 ("train_127_matmul", (4, 4, 1)),
-                ("train_128_matmul", (4, 4, 1)),
-                ("train_129_matmul_add", (4, 64, 1)),
-                ("train_130_fused_mul_sum", (64, 1, 1)),
-                ("train_131_fused_mul_sum", (1024, 1, 1)),
-                ("train_132_fused_mul_add", (256, 1, 1)),
-                ("train_114_fused_neg_sum", (1024, 1, 1)),
-                ("train_134_fused_mul_add", (256, 1, 1)),
-                ("train_135_matmul", (4, 16, 1)),
-                ("train_136_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_137_sum", (256, 1, 1)),
-                ("train_138_matmul", (4, 64, 1)),
-                ("train_139_matmul", (16, 4, 1)),
-                ("train_140_sum", (64, 1, 1)),
-                ("train_141_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_142_fused_mul_sub_add", (256, 1, 1)),
-                ("train_143_fused_neg_sum", (1024, 1, 1)),
-                ("train_144_fused_mul_add", (256, 1, 1)),
-                ("train_145_matmul", (4, 64, 1)),
-                ("train_146_matmul", (4, 4, 1)),
-                ("train_147_matmul", (1, 1, 512)),
-                ("train_148_matmul", (1, 1, 512)),
-                ("train_149_fused_mul_sum", (16, 1, 1)),
-                ("train_150_fused_greater_sub_mul", (128, 1, 1)),
-                ("train_151_matmul", (1, 1, 512)),
-                ("train_152_matmul", (1, 1, 512)),
-                ("train_153_matmul", (4, 64, 1)),
-                ("train_154_matmul", (4, 4, 1)),
-                ("train_155_matmul", (4, 64, 1)),
-                ("train_156_matmul", (4, 4, 1)),
-                ("train_157_matmul", (4, 4, 1)),
-                ("train_158_matmul_add", (4, 64, 1)),
-                ("train_159_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_160_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_161_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_162_fused_mul_sub_add", (256, 1, 1)),
-                ("train_163_fused_neg_sum", (1024, 1, 1)),
-                ("train_164_fused_mul_add", (256, 1, 1)),
-                ("train_165_sum", (512, 1, 1)),
-                ("train_166_pad", (3, 1, 1)),
-                ("train_167_one_hot", (48, 1, 1)),
-                ("train_168_matmul_add", (4, 1, 1)),
-                ("train_169_fused_square_pad_sum", (37, 1, 1)),
-                ("train_170_sum", (1, 1, 1)),
-                ("train_171_fused_sqrt_add_sub", (589, 1, 1)),
+                ("train_128_fused_mul_sum", (16, 1, 1)),
+                ("train_129_attention_dv", (64, 1, 1)),
+                ("train_130_attention_dk", (64, 1, 1)),
+                ("train_131_attention_dq", (64, 1, 1)),
+                ("train_132_matmul", (4, 64, 1)),
+                ("train_133_matmul", (4, 4, 1)),
+                ("train_134_matmul", (4, 64, 1)),
+                ("train_135_matmul", (4, 4, 1)),
+                ("train_136_matmul", (4, 4, 1)),
+                ("train_137_matmul_add", (4, 64, 1)),
+                ("train_138_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_139_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_140_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_141_fused_mul_sub_add", (256, 1, 1)),
+                ("train_142_fused_neg_sum", (1024, 1, 1)),
+                ("train_143_fused_mul_add", (256, 1, 1)),
+                ("train_144_sum", (512, 1, 1)),
+                ("train_145_pad", (3, 1, 1)),
+                ("train_146_one_hot", (48, 1, 1)),
+                ("train_147_matmul_add", (4, 1, 1)),
+                ("train_148_fused_square_pad_sum", (37, 1, 1)),
+                ("train_149_sum", (1, 1, 1)),
+                ("train_150_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": 12},
@@ -1326,10 +1225,10 @@ PROGRAM = {
                 "state": 150656,
                 "inputs": 1027,
                 "inputs_i32": 2048,
-                "work": 2796352,
+                "work": 2710336,
                 "state_1": 150656,
             },
-            "update_from": 169,
+            "update_from": 148,
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],
@@ -1344,61 +1243,46 @@ PROGRAM = {
                 ("predict_N1_04_matmul", (4, 1, 1)),
                 ("predict_N1_05_matmul", (4, 1, 1)),
                 ("predict_N1_06_matmul", (4, 1, 1)),
-                ("predict_N1_07_matmul", (1, 1, 4)),
-                ("predict_N1_08_fused_mul_greater_max", (1, 1, 1)),
-                ("predict_N1_09_fused_mul_greater_exp", (1, 1, 1)),
-                ("predict_N1_10_sum", (1, 1, 1)),
-                ("predict_N1_11_div", (1, 1, 1)),
-                ("predict_N1_12_matmul", (1, 1, 4)),
-                ("predict_N1_13_matmul_add", (4, 1, 1)),
-                ("predict_N1_14_sum", (8, 1, 1)),
-                ("predict_N1_15_fused_mul_sub_sum", (8, 1, 1)),
-                ("predict_N1_16_fused_mul_sub_add", (2, 1, 1)),
-                ("predict_N1_17_matmul_add_relu", (16, 1, 1)),
+                ("predict_N1_07_attention", (1, 1, 1)),
+                ("predict_N1_08_matmul_add", (4, 1, 1)),
+                ("predict_N1_09_sum", (8, 1, 1)),
+                ("predict_N1_10_fused_mul_sub_sum", (8, 1, 1)),
+                ("predict_N1_11_fused_mul_sub_add", (2, 1, 1)),
+                ("predict_N1_12_matmul_add_relu", (16, 1, 1)),
+                ("predict_N1_13_matmul", (4, 1, 1)),
+                ("predict_N1_14_fused_add_sum", (8, 1, 1)),
+                ("predict_N1_15_fused_add_mul_sub", (2, 1, 1)),
+                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                ("predict_N1_17_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("predict_N1_18_matmul", (4, 1, 1)),
-                ("predict_N1_19_fused_add_sum", (8, 1, 1)),
-                ("predict_N1_20_fused_add_mul_sub", (2, 1, 1)),
-                ("predict_N1_21_fused_mul_sum", (8, 1, 1)),
-                ("predict_N1_22_fused_mul_rsqrt_add", (2, 1, 1)),
-                ("predict_N1_23_matmul", (4, 1, 1)),
-                ("predict_N1_24_matmul", (4, 1, 1)),
-                ("predict_N1_25_matmul", (4, 1, 1)),
-                ("predict_N1_26_matmul", (1, 1, 4)),
-                ("predict_N1_27_fused_mul_greater_max", (1, 1, 1)),
-                ("predict_N1_28_fused_mul_greater_exp", (1, 1, 1)),
-                ("predict_N1_29_sum", (1, 1, 1)),
-                ("predict_N1_30_div", (1, 1, 1)),
-                ("predict_N1_31_matmul", (1, 1, 4)),
-                ("predict_N1_32_matmul_add", (4, 1, 1)),
-                ("predict_N1_33_sum", (8, 1, 1)),
-                ("predict_N1_34_fused_mul_sub_sum", (8, 1, 1)),
-                ("predict_N1_35_fused_mul_sub_add", (2, 1, 1)),
-                ("predict_N1_36_matmul_add_relu", (16, 1, 1)),
-                ("predict_N1_37_matmul", (4, 1, 1)),
-                ("predict_N1_38_fused_add_sum", (8, 1, 1)),
-                ("predict_N1_39_fused_add_mul_sub", (2, 1, 1)),
-                ("predict_N1_21_fused_mul_sum", (8, 1, 1)),
-                ("predict_N1_41_fused_mul_rsqrt_add", (2, 1, 1)),
-                ("predict_N1_42_matmul", (4, 1, 1)),
-                ("predict_N1_43_matmul", (4, 1, 1)),
-                ("predict_N1_44_matmul", (4, 1, 1)),
-                ("predict_N1_26_matmul", (1, 1, 4)),
-                ("predict_N1_27_fused_mul_greater_max", (1, 1, 1)),
-                ("predict_N1_28_fused_mul_greater_exp", (1, 1, 1)),
-                ("predict_N1_29_sum", (1, 1, 1)),
-                ("predict_N1_30_div", (1, 1, 1)),
-                ("predict_N1_31_matmul", (1, 1, 4)),
-                ("predict_N1_51_matmul_add", (4, 1, 1)),
-                ("predict_N1_52_sum", (8, 1, 1)),
-                ("predict_N1_53_fused_mul_sub_sum", (8, 1, 1)),
-                ("predict_N1_54_fused_mul_sub_add", (2, 1, 1)),
-                ("predict_N1_55_matmul_add_relu", (16, 1, 1)),
-                ("predict_N1_56_matmul", (4, 1, 1)),
-                ("predict_N1_57_fused_add_sum", (8, 1, 1)),
-                ("predict_N1_58_fused_add_mul_sub", (2, 1, 1)),
-                ("predict_N1_21_fused_mul_sum", (8, 1, 1)),
-                ("predict_N1_60_fused_mul_rsqrt_add", (2, 1, 1)),
-                ("predict_N1_61_matmul", (1, 1, 1)),
+                ("predict_N1_19_matmul", (4, 1, 1)),
+                ("predict_N1_20_matmul", (4, 1, 1)),
+                ("predict_N1_21_attention", (1, 1, 1)),
+                ("predict_N1_22_matmul_add", (4, 1, 1)),
+                ("predict_N1_23_sum", (8, 1, 1)),
+                ("predict_N1_24_fused_mul_sub_sum", (8, 1, 1)),
+                ("predict_N1_25_fused_mul_sub_add", (2, 1, 1)),
+                ("predict_N1_26_matmul_add_relu", (16, 1, 1)),
+                ("predict_N1_27_matmul", (4, 1, 1)),
+                ("predict_N1_28_fused_add_sum", (8, 1, 1)),
+                ("predict_N1_29_fused_add_mul_sub", (2, 1, 1)),
+                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                ("predict_N1_31_fused_mul_rsqrt_add", (2, 1, 1)),
+                ("predict_N1_32_matmul", (4, 1, 1)),
+                ("predict_N1_33_matmul", (4, 1, 1)),
+                ("predict_N1_34_matmul", (4, 1, 1)),
+                ("predict_N1_21_attention", (1, 1, 1)),
+                ("predict_N1_36_matmul_add", (4, 1, 1)),
+                ("predict_N1_37_sum", (8, 1, 1)),
+                ("predict_N1_38_fused_mul_sub_sum", (8, 1, 1)),
+                ("predict_N1_39_fused_mul_sub_add", (2, 1, 1)),
+                ("predict_N1_40_matmul_add_relu", (16, 1, 1)),
+                ("predict_N1_41_matmul", (4, 1, 1)),
+                ("predict_N1_42_fused_add_sum", (8, 1, 1)),
+                ("predict_N1_43_fused_add_mul_sub", (2, 1, 1)),
+                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                ("predict_N1_45_fused_mul_rsqrt_add", (2, 1, 1)),
+                ("predict_N1_46_matmul", (1, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},
@@ -1417,61 +1301,46 @@ PROGRAM = {
                 ("predict_N128_04_matmul", (4, 64, 1)),
                 ("predict_N128_05_matmul", (4, 64, 1)),
                 ("predict_N128_06_matmul", (4, 64, 1)),
-                ("predict_N128_07_matmul", (1, 1, 512)),
-                ("predict_N128_08_fused_mul_greater_max", (16, 1, 1)),
-                ("predict_N128_09_fused_mul_greater_exp", (128, 1, 1)),
-                ("predict_N128_10_sum", (16, 1, 1)),
-                ("predict_N128_11_div", (128, 1, 1)),
-                ("predict_N128_12_matmul", (1, 1, 512)),
-                ("predict_N128_13_matmul_add", (4, 64, 1)),
-                ("predict_N128_14_sum", (1024, 1, 1)),
-                ("predict_N128_15_fused_mul_sub_sum", (1024, 1, 1)),
-                ("predict_N128_16_fused_mul_sub_add", (256, 1, 1)),
-                ("predict_N128_17_matmul_add_relu", (8, 32, 1)),
+                ("predict_N128_07_attention", (64, 1, 1)),
+                ("predict_N128_08_matmul_add", (4, 64, 1)),
+                ("predict_N128_09_sum", (1024, 1, 1)),
+                ("predict_N128_10_fused_mul_sub_sum", (1024, 1, 1)),
+                ("predict_N128_11_fused_mul_sub_add", (256, 1, 1)),
+                ("predict_N128_12_matmul_add_relu", (8, 32, 1)),
+                ("predict_N128_13_matmul", (4, 64, 1)),
+                ("predict_N128_14_fused_add_sum", (1024, 1, 1)),
+                ("predict_N128_15_fused_add_mul_sub", (256, 1, 1)),
+                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                ("predict_N128_17_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("predict_N128_18_matmul", (4, 64, 1)),
-                ("predict_N128_19_fused_add_sum", (1024, 1, 1)),
-                ("predict_N128_20_fused_add_mul_sub", (256, 1, 1)),
-                ("predict_N128_21_fused_mul_sum", (1024, 1, 1)),
-                ("predict_N128_22_fused_mul_rsqrt_add", (256, 1, 1)),
-                ("predict_N128_23_matmul", (4, 64, 1)),
-                ("predict_N128_24_matmul", (4, 64, 1)),
-                ("predict_N128_25_matmul", (4, 64, 1)),
-                ("predict_N128_26_matmul", (1, 1, 512)),
-                ("predict_N128_27_fused_mul_greater_max", (16, 1, 1)),
-                ("predict_N128_28_fused_mul_greater_exp", (128, 1, 1)),
-                ("predict_N128_29_sum", (16, 1, 1)),
-                ("predict_N128_30_div", (128, 1, 1)),
-                ("predict_N128_31_matmul", (1, 1, 512)),
-                ("predict_N128_32_matmul_add", (4, 64, 1)),
-                ("predict_N128_33_sum", (1024, 1, 1)),
-                ("predict_N128_34_fused_mul_sub_sum", (1024, 1, 1)),
-                ("predict_N128_35_fused_mul_sub_add", (256, 1, 1)),
-                ("predict_N128_36_matmul_add_relu", (8, 32, 1)),
-                ("predict_N128_37_matmul", (4, 64, 1)),
-                ("predict_N128_38_fused_add_sum", (1024, 1, 1)),
-                ("predict_N128_39_fused_add_mul_sub", (256, 1, 1)),
-                ("predict_N128_21_fused_mul_sum", (1024, 1, 1)),
-                ("predict_N128_41_fused_mul_rsqrt_add", (256, 1, 1)),
-                ("predict_N128_42_matmul", (4, 64, 1)),
-                ("predict_N128_43_matmul", (4, 64, 1)),
-                ("predict_N128_44_matmul", (4, 64, 1)),
-                ("predict_N128_26_matmul", (1, 1, 512)),
-                ("predict_N128_27_fused_mul_greater_max", (16, 1, 1)),
-                ("predict_N128_28_fused_mul_greater_exp", (128, 1, 1)),
-                ("predict_N128_29_sum", (16, 1, 1)),
-                ("predict_N128_30_div", (128, 1, 1)),
-                ("predict_N128_31_matmul", (1, 1, 512)),
-                ("predict_N128_51_matmul_add", (4, 64, 1)),
-                ("predict_N128_52_sum", (1024, 1, 1)),
-                ("predict_N128_53_fused_mul_sub_sum", (1024, 1, 1)),
-                ("predict_N128_54_fused_mul_sub_add", (256, 1, 1)),
-                ("predict_N128_55_matmul_add_relu", (8, 32, 1)),
-                ("predict_N128_56_matmul", (4, 64, 1)),
-                ("predict_N128_57_fused_add_sum", (1024, 1, 1)),
-                ("predict_N128_58_fused_add_mul_sub", (256, 1, 1)),
-                ("predict_N128_21_fused_mul_sum", (1024, 1, 1)),
-                ("predict_N128_60_fused_mul_rsqrt_add", (256, 1, 1)),
-                ("predict_N128_61_matmul", (1, 64, 1)),
+                ("predict_N128_19_matmul", (4, 64, 1)),
+                ("predict_N128_20_matmul", (4, 64, 1)),
+                ("predict_N128_21_attention", (64, 1, 1)),
+                ("predict_N128_22_matmul_add", (4, 64, 1)),
+                ("predict_N128_23_sum", (1024, 1, 1)),
+                ("predict_N128_24_fused_mul_sub_sum", (1024, 1, 1)),
+                ("predict_N128_25_fused_mul_sub_add", (256, 1, 1)),
+                ("predict_N128_26_matmul_add_relu", (8, 32, 1)),
+                ("predict_N128_27_matmul", (4, 64, 1)),
+                ("predict_N128_28_fused_add_sum", (1024, 1, 1)),
+                ("predict_N128_29_fused_add_mul_sub", (256, 1, 1)),
+                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                ("predict_N128_31_fused_mul_rsqrt_add", (256, 1, 1)),
+                ("predict_N128_32_matmul", (4, 64, 1)),
+                ("predict_N128_33_matmul", (4, 64, 1)),
+                ("predict_N128_34_matmul", (4, 64, 1)),
+                ("predict_N128_21_attention", (64, 1, 1)),
+                ("predict_N128_36_matmul_add", (4, 64, 1)),
+                ("predict_N128_37_sum", (1024, 1, 1)),
+                ("predict_N128_38_fused_mul_sub_sum", (1024, 1, 1)),
+                ("predict_N128_39_fused_mul_sub_add", (256, 1, 1)),
+                ("predict_N128_40_matmul_add_relu", (8, 32, 1)),
+                ("predict_N128_41_matmul", (4, 64, 1)),
+                ("predict_N128_42_fused_add_sum", (1024, 1, 1)),
+                ("predict_N128_43_fused_add_mul_sub", (256, 1, 1)),
+                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                ("predict_N128_45_fused_mul_rsqrt_add", (256, 1, 1)),
+                ("predict_N128_46_matmul", (1, 64, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},

@@ -64,8 +64,14 @@ class ModelBase(InteropMixin):
 
     PROGRAM: dict = {}
     WGSL: dict = {}
+    WGSL_CPU: dict = {}  # the kernels' variants for CPU adapters (kernels/cpu/)
 
-    def __init__(self, seed: int | None = None, adapter: int | str | None = None):
+    def __init__(
+        self,
+        seed: int | None = None,
+        adapter: int | str | None = None,
+        kernels: str = "auto",
+    ):
         p = self.PROGRAM
         self._lock = threading.RLock()
         self._closed = False
@@ -76,7 +82,14 @@ class ModelBase(InteropMixin):
         self._params = p["params"]  # (name, shape, init spec, decay, offset)
         self._total = sum(_size(s) for _, s, _, _, _ in self._params)
         self._engine = Engine(
-            p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"], adapter
+            p["name"],
+            self.WGSL,
+            p["kernels"],
+            p["arenas"],
+            p["entries"],
+            adapter,
+            self.WGSL_CPU,
+            kernels,
         )
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
@@ -106,6 +119,13 @@ class ModelBase(InteropMixin):
     @seed.setter
     def seed(self, value) -> None:
         self._seed = rng.check_seed(value, "seed")
+
+    @property
+    def kernel_set(self) -> str:
+        """The kernel set in use: "gpu", or "cpu" (variants for CPU adapters, chosen at Model()
+        when the adapter is one, e.g. lavapipe or SwiftShader; force a set with Model(kernels=...)).
+        """
+        return self._engine.kernel_set
 
     @property
     def adapter(self) -> dict:
