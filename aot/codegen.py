@@ -352,9 +352,12 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     flat = f"({' + '.join(terms)})" if len(terms) > 1 else terms[0] if terms else "0u"
 
     def at_c(shape) -> Index:
-        """C's element (bi, row, col) as an index of a tensor of C's shape: coordinates as well
-        as the flat index, so a broadcast bias reads [col], not [(row * N + col) % N]."""
-        lead = shape[:-2] if batch > 1 else shape[:-1]
+        """C's element (bi, row, col) as an index of a tensor of C's size: coordinates as well as
+        the flat index when its dims split as C's do (batch dims, M, N; or rows folded into M, N),
+        so a broadcast bias reads [col], not [(row * N + col) % N]; otherwise the flat index."""
+        lead = tuple(shape[:-2] if batch > 1 else shape[:-1])
+        if not shape or shape[-1] != N or _size(lead) != (batch if batch > 1 else M) or (batch > 1 and shape[-2] != M):
+            return Index(shape, flat=flat)
         lead_coords = Index(lead, flat="bi" if batch > 1 else "row").get_coords(body) if lead else []
         return Index(shape, coords=lead_coords + (["row", "col"] if batch > 1 else ["col"]), flat=flat)
 
