@@ -315,7 +315,6 @@ def render_matmul(
     prefetch: bool | None = None,
     max_groups: int = MAX_GROUPS_PER_DIM,
     unroll_k: bool = True,
-    cpu: bool = False,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz).
 
@@ -329,8 +328,7 @@ def render_matmul(
     choices (`choose_tile`, `choose_prefetch`, WebGPU's grid limit); they exist for benchmarks
     and tests. `unroll_k=False` loops over the K rows of a slab instead of writing them out:
     8-16x less code for a CPU adapter's compiler, 10-35% slower on an H100 (whose compiler does
-    not unroll that loop; scripts/results/bench_matmul_loop_vs_unroll_h100.json). `cpu=True`
-    renders the variant for CPU adapters on the same grid: no shared memory, no barriers.
+    not unroll that loop; scripts/results/bench_matmul_loop_vs_unroll_h100.json).
     """
     _check(spec)
     if tile is None:
@@ -366,9 +364,6 @@ def render_matmul(
         grid=grid_info,
         prefetch=prefetch and spec.K > slab,
         unroll_k=unroll_k,
-        cpu=cpu,
-        cpu_a=_element(spec.a, a, _batch_expr(spec.a, spec.batch), "row", "k"),
-        cpu_b=_element(spec.b, b, _batch_expr(spec.b, spec.batch), "col", "k"),
         # a product shorter than one slab multiplies only its K rows (the rest are zeros)
         k_steps=min(t.BK, spec.K) if t.S == 1 else t.BK,
         comps=["x", "y", "z", "w"],
@@ -389,14 +384,6 @@ def _batch_expr(op: Operand, batch: int) -> str:
     if batch > 1:
         terms += split_index("bi", op.dims("batch", batch))
     return "".join(term + " + " for term in terms)
-
-
-def _element(op: Operand, loader: dict, batch: str, p: str, k: str) -> str:
-    """WGSL of one operand element at (row or col `p`, reduction index `k`) of batch entry bi."""
-    if op.fn:
-        return f"{op.fn}(bi, {p}, {k})" if loader["p_first"] else f"{op.fn}(bi, {k}, {p})"
-    terms = split_index(p, loader["p_dims"]) + split_index(k, loader["k_dims"])
-    return f"{op.buf}[{batch}{' + '.join(terms) or '0u'}]"
 
 
 def _describe(op: Operand, batch: int, rows: int, cols: int, r: str, c: str) -> str:

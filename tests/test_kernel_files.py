@@ -88,3 +88,37 @@ def test_changing_the_loss_leaves_the_infer_kernels_alone(tmp_path):
     changed = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
     # the extra multiply changes the few kernels around the loss, not the whole training step
     assert 0 < len(changed) <= len([k for k in a if k.startswith("train_")]) // 2 + 2, sorted(changed)
+
+
+def test_cpu_variants_have_no_barriers_and_match_the_gpu_kernels(tmp_path):
+    """Reductions over short rows ship a CPU variant (kernels/cpu/) with the same bindings and no
+    workgroup barriers; both sets train alike, and lavapipe picks the CPU set."""
+    import numpy as np
+    import pytest
+
+    proj = aot.build(program(loss_plain), tmp_path)
+    cpu_files = {p.name: p.read_text(encoding="utf-8") for p in (proj / "kfiles" / "kernels" / "cpu").glob("*.wgsl")}
+    gpu_files = kernel_files(proj)
+    assert cpu_files and set(cpu_files) <= set(gpu_files)
+    for fname, src in cpu_files.items():
+        assert "workgroupBarrier" not in src and "var<workgroup>" not in src, fname
+        bindings = [line for line in src.splitlines() if line.startswith("@group(0)")]
+        assert bindings == [line for line in gpu_files[fname].splitlines() if line.startswith("@group(0)")]
+    assert all("sum" in f or "max" in f for f in cpu_files)
+
+    prog = program(loss_plain, name="kfiles_sets")
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.standard_normal((N, D)).astype(np.float32), "y": rng.standard_normal((N, 1)).astype(np.float32)} for _ in range(5)]
+    losses = {}
+    for ks in ("gpu", "cpu"):
+        m = aot.compile(prog, kernels=ks)
+        assert m.kernel_set == ks
+        losses[ks] = [m.step(**b) for b in batches]
+        m.close()
+    np.testing.assert_allclose(losses["cpu"], losses["gpu"], rtol=1e-5)
+    m = aot.compile(prog)
+    if m.adapter["type"] == "CPU":
+        assert m.kernel_set == "cpu"
+    m.close()
+    with pytest.raises(ValueError, match="kernels"):
+        aot.compile(prog, kernels="fast")

@@ -176,7 +176,7 @@ def test_shapes(device, shape):
     check_matmul(device, plain(*shape), np.random.default_rng(1))
 
 
-VARIANTS = {"unrolled": {}, "loop": {"unroll_k": False}, "cpu": {"cpu": True}}
+VARIANTS = {"unrolled": {}, "loop": {"unroll_k": False}}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -188,16 +188,6 @@ def test_every_tile_ragged(device, tile, variant):
     spec = MatmulSpec(1, M, N, K, dense("A", 1, M, K, transposed=True), dense("B", 1, K, N), "C", 0)
     wgsl, _ = check_matmul(device, spec, rng, tile=tile, **VARIANTS[variant])
     assert ("for (var kk" in wgsl) == (variant == "loop")
-    assert ("workgroupBarrier" in wgsl) != (variant == "cpu")
-
-
-@pytest.mark.parametrize("tile, max_groups", [("16x16_2x2_s4", 4), ("128x128_8x8", 2)])
-def test_cpu_variant_batched_folded_and_accumulating(device, tile, max_groups):
-    # the CPU variant on the GPU kernel's grid: batch entries, a grid folded over x/y/z, C +=
-    rng = np.random.default_rng(5)
-    spec = MatmulSpec(3, 70, 21, 10, dense("A", 3, 70, 10), dense("B", 3, 10, 21, transposed=True), "C", 0, accumulate=True)
-    wgsl, grid = check_matmul(device, spec, rng, tile=tile, cpu=True, max_groups=max_groups)
-    assert "let w = wg.x" in wgsl  # the folded grid
 
 
 @pytest.mark.parametrize("unroll_k", [True, False], ids=["unrolled", "loop"])

@@ -87,7 +87,9 @@ def site(tmp_path_factory):
         web.write_web(c, out, f"{prog.name}.py")
     broken = compile_program(_load_example("sine_mlp"))
     kname = next(iter(broken.program["_wgsl"]))
-    broken.program["_wgsl"] = dict(broken.program["_wgsl"], **{kname: broken.program["_wgsl"][kname].replace("fn main", "fn main(", 1)})
+    for table in ("_wgsl", "_wgsl_cpu"):  # whichever set the adapter gets (a CPU variant too)
+        if kname in broken.program[table]:
+            broken.program[table] = dict(broken.program[table], **{kname: broken.program[table][kname].replace("fn main", "fn main(", 1)})
     web.write_web(broken, out, "sine_mlp.py", folder="broken")
     compiled["broken"] = (broken, kname)
     handler = functools.partial(_QuietHandler, directory=str(out))

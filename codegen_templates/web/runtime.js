@@ -390,7 +390,7 @@ const MANY_UPLOAD_BYTES = 8 << 20;
 const MANY_RING = 4096;
 
 class Engine {
-  static async create(name, program, wgsl) {
+  static async create(name, program, wgsl, wgslCpu = {}, kernels = "auto") {
     const e = new Engine();
     // where the time goes, in ms (SwiftShader: creating pipelines and barrier-heavy kernels are slow):
     // create's phases, each entry's _prepare, and the last run's [host, waiting for the GPU]
@@ -404,6 +404,13 @@ class Engine {
     if (!gpu) throw new Error(`${name}: this browser has no WebGPU (navigator.gpu is missing; it needs a secure context: https or localhost)`);
     const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" });
     if (!adapter) throw new Error(`${name}: no WebGPU adapter found (navigator.gpu.requestAdapter() returned null)`);
+    // the kernel set, as the Python package picks it: the CPU variants on a software adapter
+    // (SwiftShader is the browser's fallback adapter), where workgroup barriers are slow
+    const info = adapter.info || {};
+    const software = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter) ||
+      /swiftshader|llvmpipe|lavapipe/i.test(`${info.vendor} ${info.architecture} ${info.device} ${info.description}`);
+    e.kernelSet = kernels === "auto" ? (software ? "cpu" : "gpu") : kernels;
+    if (e.kernelSet === "cpu") e.wgsl = wgsl = { ...wgsl, ...wgslCpu };
     const requiredLimits = {};
     for (const [key, need] of Object.entries(program.limits)) {
       const have = adapter.limits[key];
@@ -713,14 +720,16 @@ function dimsNote(shape, dims) {
 // ---- the Model (model.py's ModelBase) ----
 export class ModelBase {
   /** const model = await Model.create({seed}): acquires a device and uploads the initial parameters. */
-  static async create({ seed } = {}) {
+  static async create({ seed, kernels = "auto" } = {}) {
+    if (!["auto", "gpu", "cpu"].includes(kernels))
+      throw new Error(`Model.create({kernels}) must be "auto", "gpu" or "cpu", got ${JSON.stringify(kernels)}`);
     const m = new this();
     const p = this.PROGRAM;
     m._program = p;
     m._seed = checkSeed(seed === undefined || seed === null ? BigInt(p.seed) : seed, "Model.create({seed})");
     m._params = p.params; // [name, shape, init, decay, offset]
     m._total = m._params.reduce((s, q) => s + sizeOf(q[1]), 0);
-    m._engine = await Engine.create(p.name, p, this.WGSL);
+    m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels);
     m._opt = p.optimizer;
     m._lr = p.lr === null ? null : normalizeLr(p.lr);
     m._lrOrigin = 0;
@@ -751,6 +760,8 @@ export class ModelBase {
   /** The device limits this model asked for beyond WebGPU's defaults ({} when none). */
   get requiredLimits() { return { ...this._engine.requiredLimits }; }
   get device() { return this._engine.device; }
+  /** "gpu", or "cpu": the kernels' variants for software adapters (Model.create({kernels})). */
+  get kernelSet() { return this._engine.kernelSet; }
 
   _split(flat) {
     const out = {};
