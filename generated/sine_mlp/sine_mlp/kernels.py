@@ -25,8 +25,8 @@ KERNELS = {
 }
 
 
-# kernels with a variant for CPU adapters (lavapipe, SwiftShader) in kernels/cpu/: no workgroup
-# barriers where the GPU kernel cooperates through shared memory, loops where it is written out
+# reductions with a variant for CPU adapters (lavapipe, SwiftShader) in kernels/cpu/: each row
+# summed by one invocation, no workgroup barriers (Model(kernels=...) picks the set)
 CPU_VARIANTS = [
     "train_03_fused_add_sub_sum",
     "train_08_sum",
