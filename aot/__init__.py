@@ -15,29 +15,33 @@ __all__ = [
 ]
 
 
-def build(program, outdir="generated", force=False, max_binding_mib=128, target="python"):
+def build(program, outdir="generated", force=False, max_binding_mib=128, target="python", merge_dispatches=True):
     """Build `program` into outdir/<name> (a pip-installable project); returns that path.
 
     Replaces only files an earlier build wrote; other files in the way raise an error naming
     them (an aot.errors.OutputExistsError, a FileExistsError) unless force=True. No GPU buffer
     of the package exceeds max_binding_mib MiB (128: WebGPU's default, so it runs anywhere).
     target="web" writes an ES module and a demo page instead (OUT/<name>/), "all" both (the
-    web project in OUT/<name>-web/)."""
+    web project in OUT/<name>-web/). merge_dispatches=False gives every kernel a dispatch of
+    its own (by default independent kernels share one: fewer dispatches, the same results)."""
     import os
     import warnings
 
     from .pipeline import build as _build, shadowing_files
 
-    path = _build(program, outdir, force=force, max_binding_mib=max_binding_mib, target=target)
+    path = _build(
+        program, outdir, force=force, max_binding_mib=max_binding_mib, target=target, merge_dispatches=merge_dispatches
+    )
     for f in shadowing_files(program.name, [os.getcwd(), outdir]):
         warnings.warn(f"{f} has the package's name: Python started in its folder imports that file "
                       f"for `import {program.name}`, not the package; rename one of them", stacklevel=2)
     return path
 
 
-def compile(program, max_binding_mib=128, kernels="auto"):  # noqa: A001 - the API name
+def compile(program, max_binding_mib=128, kernels="auto", merge_dispatches=True):  # noqa: A001 - the API name
     """Build into a temporary folder and import the package in-process; returns a Model
-    (`kernels`: "auto", "gpu" or "cpu", the kernel set, as the package's Model(kernels=...))."""
+    (`kernels`: "auto", "gpu" or "cpu", the kernel set, as the package's Model(kernels=...);
+    merge_dispatches as in build)."""
     from .pipeline import compile_model
 
-    return compile_model(program, max_binding_mib=max_binding_mib, kernels=kernels)
+    return compile_model(program, max_binding_mib=max_binding_mib, kernels=kernels, merge_dispatches=merge_dispatches)

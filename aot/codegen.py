@@ -11,7 +11,7 @@ results at [4096x1024] @ [1024x1024] there, and summed long K in one sequential 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .attention_codegen import render_attention
 from .errors import CodegenError, printable
@@ -42,6 +42,7 @@ class KernelCode:
     # the same kernel for CPU adapters (lavapipe, SwiftShader), same bindings and grid, or None
     # when it is the GPU source: no workgroup barriers (the module doc)
     wgsl_cpu: str | None = None
+    parts: list["KernelCode"] = field(default_factory=list)  # the kernels a merged dispatch runs (merge.py)
 
 
 def _grid(n_groups: int) -> tuple[int, int, int]:

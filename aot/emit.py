@@ -53,7 +53,12 @@ def _literal(value) -> str:
 
 def _kernel_list(c, wgsl: dict[str, str]) -> list[tuple[str, str]]:
     """(kernel name, what it computes and where from) for each kernel file, in wgsl's order."""
-    about = {k.name: f"{' -> '.join(k.ops.split()) or '-'} ({k.site})" for ks in c.kernels.values() for k in ks}
+    def about(k) -> str:
+        if k.parts:  # a merged dispatch (merge.py): what each of its kernels computes
+            return " | ".join(about(p) for p in k.parts)
+        return f"{' -> '.join(k.ops.split()) or '-'} ({k.site})"
+
+    about = {k.name: about(k) for lists in (c.kernels, c.dispatches) for ks in lists.values() for k in ks}
     return [(kname, about[kname]) for kname in wgsl]
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import codegen, emit, ir, passes
+from . import codegen, emit, ir, merge, passes
 from .frontend import Traced, trace_program
 from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan, state_arena
 from .program import Program
@@ -30,7 +30,10 @@ class Compiled:
     graphs: dict[str, ir.Graph]
     schedules: dict[str, KernelSchedule]
     plans: dict[str, Plan]
-    kernels: dict[str, list[codegen.KernelCode]]
+    kernels: dict[str, list[codegen.KernelCode]]  # one per scheduled kernel
+    # what the package dispatches: the kernels, independent ones merged into one dispatch (merge.py)
+    dispatches: dict[str, list[codegen.KernelCode]] = field(default_factory=dict)
+    cuts: dict[str, int | None] = field(default_factory=dict)  # a training graph's cut, in dispatches
     program: dict = field(default_factory=dict)  # the literal tables the package gets
 
 
@@ -56,8 +59,12 @@ def index_bounds(g: ir.Graph) -> dict[str, int]:
     return out
 
 
-def compile_program(program_or_traced, verify: bool = False, log=None, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB) -> Compiled:
-    """`max_binding_mib`: no buffer the package allocates may exceed it (plan.py)."""
+def compile_program(
+    program_or_traced, verify: bool = False, log=None, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB,
+    merge_dispatches: bool = True,
+) -> Compiled:
+    """`max_binding_mib`: no buffer the package allocates may exceed it (plan.py).
+    `merge_dispatches`: independent kernels share a dispatch (merge.py); off, one per kernel."""
     log = log or (lambda msg: None)
     t0 = time.perf_counter()
     traced = program_or_traced if isinstance(program_or_traced, Traced) else trace_program(program_or_traced)
@@ -69,17 +76,22 @@ def compile_program(program_or_traced, verify: bool = False, log=None, max_bindi
     opt = prog.train.optimizer if prog.train is not None else None
     state_names = opt.state_names() if opt is not None else ()
     state_arenas = {n: state_arena(i) for i, n in enumerate(state_names)}
-    graphs, scheds, plans, kernels = {}, {}, {}, {}
+    graphs, scheds, plans, kernels, dispatches, cuts = {}, {}, {}, {}, {}, {}
     for key, g in traced.graphs.items():
         if verify:
             passes.verify(g, after="trace")
         g = passes.run_pipeline(g, verify=verify)
         s = schedule(g, arena)
         p = plan(s, state_arenas, total, max_binding_mib)
-        ks = codegen.generate(s, p, codegen.entry_prefix(key))
+        prefix = codegen.entry_prefix(key)
+        ks = codegen.generate(s, p, prefix)
         graphs[key], scheds[key], plans[key], kernels[key] = g, s, p, ks
-    log(f"scheduled and generated {sum(map(len, kernels.values()))} kernels ({time.perf_counter() - t0:.2f}s)")
-    c = Compiled(traced, graphs, scheds, plans, kernels)
+        dispatches[key], cuts[key] = merge.merge(s, p, ks, prefix) if merge_dispatches else (ks, s.update_from)
+    log(
+        f"scheduled and generated {sum(map(len, kernels.values()))} kernels in "
+        f"{sum(map(len, dispatches.values()))} dispatches ({time.perf_counter() - t0:.2f}s)"
+    )
+    c = Compiled(traced, graphs, scheds, plans, kernels, dispatches, cuts)
     c.program = _tables(c, opt, state_names)
     return c
 
@@ -118,27 +130,38 @@ def _tables(c: Compiled, opt, state_names) -> dict:
             loc, _ = p.read_loc(s, t)
             return loc.arena, loc.offset
 
-        names = [same_as.setdefault((_code_only(k.wgsl), _code_only(k.wgsl_cpu or "")), k.name) for k in c.kernels[key]]
+        lists = {"dispatches": c.dispatches[key]}
+        if c.dispatches[key] != c.kernels[key]:  # the CPU set dispatches every kernel on its own (merge.py)
+            lists["dispatches_cpu"] = c.kernels[key]
         entries[key] = {
             "inputs": [(n, dt, tuple(shape), loc.arena, loc.offset) for n, dt, shape, loc in p.inputs],
             "input_sizes": {"inputs": p.sizes["inputs"], "inputs_i32": p.sizes["inputs_i32"]},
             "outputs": [(n, t.dtype, t.shape) + where(t) for n, t in g.outputs.items()],
             "captures": [(n, t.dtype, t.shape) + where(t) for n, t in g.captures.items()],
-            "dispatches": [(n, k.grid) for n, k in zip(names, c.kernels[key])],
-            "copies": [(src.arena, src.offset, dst.arena, dst.offset, n) for src, dst, n in p.copies],
-            "index_bounds": index_bounds(g),
-            "arenas": {a: n for a, n in p.sizes.items() if n},  # what this entry point needs
         }
+        for label, ks in lists.items():
+            names = [same_as.setdefault((_code_only(k.wgsl), _code_only(k.wgsl_cpu or "")), k.name) for k in ks]
+            entries[key][label] = [(n, k.grid) for n, k in zip(names, ks)]
+            for n, k in zip(names, ks):
+                if n == k.name:  # first of its source: the others dispatch this one
+                    kernel_table[n] = (tuple(k.bindings), k.site)
+                    # the mark that lets a later build replace the file (emit.GENERATED_MARKS)
+                    mark = f"// @generated by aot from {prog.name}; do not edit\n"
+                    wgsl[n] = mark + k.wgsl
+                    if k.wgsl_cpu is not None:
+                        wgsl_cpu[n] = mark + k.wgsl_cpu
+        entries[key].update(
+            {
+                "copies": [(src.arena, src.offset, dst.arena, dst.offset, n) for src, dst, n in p.copies],
+                "index_bounds": index_bounds(g),
+                "arenas": {a: n for a, n in p.sizes.items() if n},  # what this entry point needs
+            }
+        )
         if "grads" in g.persist:  # dispatches [0, update_from) fill the grads buffer, the rest update
-            entries[key]["update_from"] = len(s.kernels) if s.update_from is None else s.update_from
-        for n, k in zip(names, c.kernels[key]):
-            if n == k.name:  # first of its source: the others dispatch this one
-                kernel_table[n] = (tuple(k.bindings), k.site)
-                # the mark that lets a later build replace the file (emit.GENERATED_MARKS)
-                mark = f"// @generated by aot from {prog.name}; do not edit\n"
-                wgsl[n] = mark + k.wgsl
-                if k.wgsl_cpu is not None:
-                    wgsl_cpu[n] = mark + k.wgsl_cpu
+            n = len(c.dispatches[key])
+            entries[key]["update_from"] = n if c.cuts[key] is None else c.cuts[key]
+            if "dispatches_cpu" in lists:
+                entries[key]["update_from_cpu"] = len(s.kernels) if s.update_from is None else s.update_from
     signatures, variants = {}, {}
     specs = ([("train", prog.train)] if prog.train is not None else []) + list(prog.infer.items())
     for entry, spec in specs:
@@ -170,6 +193,7 @@ TARGETS = ("python", "web", "all")
 def build(
     program: Program, outdir="generated", verify: bool = False, log=None, source_name: str | None = None,
     force: bool = False, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB, target: str = "python",
+    merge_dispatches: bool = True,
 ) -> Path:
     """Build `program` into outdir/<name>/ (pyproject.toml + package); returns that folder.
 
@@ -181,7 +205,7 @@ def build(
     No buffer of the package exceeds `max_binding_mib` (WebGPU's default binding limit)."""
     if target not in TARGETS:
         raise ValueError(f"unknown build target {target!r}; expected one of {', '.join(TARGETS)}")
-    c = compile_program(program, verify=verify, log=log, max_binding_mib=max_binding_mib)
+    c = compile_program(program, verify=verify, log=log, max_binding_mib=max_binding_mib, merge_dispatches=merge_dispatches)
     src = source_name or _source_name(program)
     path = None
     if target in ("python", "all"):
@@ -218,7 +242,10 @@ def _source_name(program: Program) -> str:
 _COMPILED = itertools.count(1)
 
 
-def compile_model(program: Program, seed=None, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB, kernels: str = "auto"):
+def compile_model(
+    program: Program, seed=None, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB, kernels: str = "auto",
+    merge_dispatches: bool = True,
+):
     """aot.compile: build into a temporary folder, import the package, return a Model.
 
     The package is imported under a private module name (`_aot_<name>_<n>`), so a module of
@@ -227,7 +254,7 @@ def compile_model(program: Program, seed=None, max_binding_mib: float = DEFAULT_
     are in memory by then). `kernels`: the kernel set, as Model(kernels=...)."""
     tmp = tempfile.mkdtemp(prefix="aot-")
     try:
-        path = build(program, tmp, max_binding_mib=max_binding_mib)
+        path = build(program, tmp, max_binding_mib=max_binding_mib, merge_dispatches=merge_dispatches)
         name = program.name
         alias = f"_aot_{name}_{next(_COMPILED)}"
         spec = importlib.util.spec_from_file_location(

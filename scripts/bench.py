@@ -59,10 +59,10 @@ def timed(fn, n, warmup=3):
     return ts
 
 
-def bench_aot(program, make_batch, predict_inputs, steps, outdir, k_many):
+def bench_aot(program, make_batch, predict_inputs, steps, outdir, k_many, merge=True):
     t = time.perf_counter()
-    c = compile_program(program)
-    path = build(program, outdir)
+    c = compile_program(program, merge_dispatches=merge)
+    path = build(program, outdir, merge_dispatches=merge, force=True)
     build_s = time.perf_counter() - t
     sys.path.insert(0, str(path))
     for name in [m for m in sys.modules if m == program.name or m.startswith(program.name + ".")]:
@@ -98,7 +98,8 @@ def bench_aot(program, make_batch, predict_inputs, steps, outdir, k_many):
     out = {
         "build_s": round(build_s, 3),
         "kernels_per_step": len(c.kernels["train"]),
-        "kernels_per_predict": {k: len(v) for k, v in c.kernels.items() if k != "train"},
+        "dispatches_per_step": len(c.dispatches["train"]),
+        "dispatches_per_predict": {k: len(v) for k, v in c.dispatches.items() if k != "train"},
         "memory": memory(c),
         "steps_per_s": round(1 / statistics.median(ts), 2),
         "step_ms_median": round(statistics.median(ts) * 1e3, 3),
@@ -286,6 +287,7 @@ def main():
     ap.add_argument("--outdir", default="/tmp/aot-bench")
     ap.add_argument("--k", type=int, default=50, help="steps per step_many call (aot) and per readback (cuda_graph_k)")
     ap.add_argument("--anchors", default="eager,eager_sdpa,compile,cuda_graph", help="PyTorch anchors to run (comma-separated)")
+    ap.add_argument("--compare-unmerged", action="store_true", help="also aot with one dispatch per kernel (merge.py off)")
     args = ap.parse_args()
 
     sine = load("sine_mlp")
@@ -323,6 +325,9 @@ def main():
         print(f"== {name}", flush=True)
         a, params = bench_aot(prog, make_batch, pinputs, args.steps, args.outdir, args.k)
         print(json.dumps(a, indent=1), flush=True)
+        if args.compare_unmerged:
+            a["unmerged"], _ = bench_aot(prog, make_batch, pinputs, args.steps, args.outdir + "-unmerged", args.k, merge=False)
+            print(json.dumps(a["unmerged"], indent=1), flush=True)
         t = bench_torch(kind, params, make_batch, pinputs, args.steps, cfg, args.anchors.split(","), args.k)
         r = {"aot": a, "torch": t, "ratios": ratios(a, t)}
         print(json.dumps(r["ratios"], indent=1), flush=True)

@@ -267,6 +267,28 @@ def test_step_many_is_k_steps(page, py_models):
     py.seed = 0
 
 
+def test_gpu_kernel_set_runs_merged_dispatches(page, py_models):
+    """The GPU set (what a browser on a real GPU picks) dispatches independent kernels together
+    (merge.py): Tint compiles the merged kernels and they train as the CPU set does."""
+    batches = _sine_batches(5)
+    arg = {"batches": [(x.ravel().tolist(), y.ravel().tolist()) for x, y in batches]}
+    js = _js(page, """
+        const g = await M.Model.create({seed: 0, kernels: "gpu"});
+        try {
+          g.setLr(5e-3);
+          const losses = [];
+          for (const [x, y] of arg.batches) losses.push(await g.step({x: {data: Float32Array.from(x), shape: [256, 1]}, y: {data: Float32Array.from(y), shape: [256, 1]}}));
+          return {losses, set: g.kernelSet, n: g._engine.program.entries.train.dispatches.length,
+                  all: M.PROGRAM.entries.train.dispatches_cpu.length};
+        } finally { g.close(); }""", arg)
+    assert js["set"] == "gpu" and js["n"] < js["all"]
+    py = py_models["sine_mlp"]
+    py.seed = 0
+    py.reset()
+    py.set_lr(5e-3)
+    np.testing.assert_allclose(js["losses"], [py.step(x=x, y=y) for x, y in batches], rtol=1e-5)
+
+
 def test_checkpoints_move_both_ways(page, py_models, tmp_path):
     batches = _sine_batches(6)
     arg = {"batches": [(x.ravel().tolist(), y.ravel().tolist()) for x, y in batches]}

@@ -410,7 +410,14 @@ class Engine {
     const software = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter) ||
       /swiftshader|llvmpipe|lavapipe/i.test(`${info.vendor} ${info.architecture} ${info.device} ${info.description}`);
     e.kernelSet = kernels === "auto" ? (software ? "cpu" : "gpu") : kernels;
-    if (e.kernelSet === "cpu") e.wgsl = wgsl = { ...wgsl, ...wgslCpu };
+    if (e.kernelSet === "cpu") {
+      e.wgsl = wgsl = { ...wgsl, ...wgslCpu };
+      // every kernel a dispatch of its own: the GPU set runs independent kernels together, slower here
+      const entries = {};
+      for (const [key, en] of Object.entries(program.entries))
+        entries[key] = en.dispatches_cpu ? { ...en, dispatches: en.dispatches_cpu, update_from: en.update_from_cpu ?? en.update_from } : en;
+      e.program = program = { ...program, entries };
+    }
     const requiredLimits = {};
     for (const [key, need] of Object.entries(program.limits)) {
       const have = adapter.limits[key];

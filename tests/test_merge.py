@@ -1,0 +1,152 @@
+"""merge.py: independent kernels share a dispatch, with the same results as one dispatch each.
+
+Structure (every example, no GPU): the plan accounts for every buffer a kernel binds (else its
+footprint is unknown and it merges with nothing); every pair of kernels that conflict (one writes
+what the other reads or writes) keeps its order in the dispatch list; no dispatch straddles a
+training graph's cut; the transformers lose a fifth of their dispatches or more.
+On the adapter: merged and unmerged builds train bit-identically (losses, parameters, gradients,
+predictions), with both kernel sets.
+"""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aot
+from aot import merge, nn, ops
+from aot.pipeline import compile_program
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ["sine_mlp", "addition_transformer", "mnist_cnn", "kan_tiny", "vae", "nerf_tiny", "makemore", "pokeformer"]
+
+
+def _program(name):
+    return runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["program"]
+
+
+def _order_kept(c, key) -> None:
+    s, p, ks = c.schedules[key], c.plans[key], c.kernels[key]
+    prints = [merge.footprint(k, p, code) for k, code in zip(s.kernels, ks)]
+    pos = {}
+    for d, code in enumerate(c.dispatches[key]):
+        for part in code.parts or [code]:
+            pos[ks.index(part)] = d
+    assert sorted(pos) == list(range(len(ks))), "every kernel is dispatched exactly once"
+    for i in range(len(ks)):
+        assert prints[i].known, f"{ks[i].name}: binds a buffer its footprint does not cover"
+        for j in range(i + 1, len(ks)):
+            if merge.conflicts(prints[i], prints[j]):
+                assert pos[i] < pos[j], f"{ks[j].name} must run after {ks[i].name}"
+    if c.cuts[key] is not None:
+        cut = s.update_from
+        assert all((pos[i] < c.cuts[key]) == (i < cut) for i in pos), "a dispatch straddles the cut"
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_merged_dispatches_keep_every_dependency(name):
+    c = compile_program(_program(name))
+    for key in c.kernels:
+        _order_kept(c, key)
+        for code in c.dispatches[key]:
+            if code.parts:
+                assert len(re.findall(r"^fn main\(", code.wgsl, re.M)) == 1
+                assert len(code.bindings) <= 8
+
+
+def test_merging_cuts_the_transformers_dispatches():
+    """The addition transformer's kernels are all small: a fifth fewer dispatches or better.
+    transformer_large's large kernels keep their own (merge.MAX_WORK); its small ones merge."""
+    for name, most in (("addition_transformer", 0.8), ("transformer_large", 0.97)):
+        c = compile_program(_program(name))
+        n, d = len(c.kernels["train"]), len(c.dispatches["train"])
+        assert d <= most * n, f"{name}: {n} kernels in {d} dispatches"
+        entry = c.program["entries"]["train"]
+        assert entry["update_from"] == c.cuts["train"] < d
+        # the CPU kernel set dispatches each kernel on its own, cut where the schedule is
+        assert len(entry["dispatches_cpu"]) == n and entry["update_from_cpu"] == c.schedules["train"].update_from
+        big = [k for k in c.schedules["train"].kernels if merge.work(k) > merge.MAX_WORK]
+        assert all(len(code.parts) <= 1 or all(merge.work(c.schedules["train"].kernels[c.kernels["train"].index(p)]) <= merge.MAX_WORK for p in code.parts) for code in c.dispatches["train"])
+        assert name == "addition_transformer" or big
+
+
+def test_unmerged_build_dispatches_every_kernel():
+    c = compile_program(_program("sine_mlp"), merge_dispatches=False)
+    assert c.dispatches == c.kernels
+
+
+# --- on the adapter ------------------------------------------------------------------------------
+
+
+class Block(aot.Module):
+    """LayerNorm, attention, an MLP: the row and column reductions, products and their
+    gradients that merging pairs up."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 16, init=aot.init.randn(0.5))
+        self.ln = nn.LayerNorm(16)
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.head = nn.Linear(16, 11)
+
+    def __call__(self, tokens):
+        x = self.emb(tokens)
+        h = self.ln(x)
+        split = lambda t: ops.transpose(ops.reshape(t, (4, 5, 2, 8)), (0, 2, 1, 3))  # noqa: E731
+        a = ops.attention(split(self.q(h)), split(self.k(h)), split(self.v(h)), causal=True)
+        x = x + ops.reshape(ops.transpose(a, (0, 2, 1, 3)), (4, 5, 16))
+        x = x + self.down(ops.relu(self.up(x)))
+        return self.head(x)
+
+
+def _loss(m, tokens, targets):
+    return ops.mean(ops.cross_entropy(m(tokens), targets))
+
+
+BLOCK = aot.Program(
+    "merge_block",
+    model=Block,
+    train=aot.Train(
+        _loss, inputs={"tokens": aot.i32(4, 5), "targets": aot.i32(4, 5)},
+        optimizer=aot.optim.AdamW(lr=1e-2, weight_decay=0.01, clip_grad_norm=1.0),
+    ),
+    infer={"predict": aot.Infer(lambda m, tokens: m(tokens), inputs={"tokens": aot.i32(4, 5)})},
+    seed=3,
+)
+
+
+def _batch(seed):
+    r = np.random.default_rng(seed)
+    return {"tokens": r.integers(0, 11, (4, 5)).astype(np.int32), "targets": r.integers(0, 11, (4, 5)).astype(np.int32)}
+
+
+def _run(model, steps=3):
+    losses = [model.step(**_batch(i)) for i in range(steps)]
+    return losses, model.params(), model.grads(), model.predict(tokens=_batch(9)["tokens"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_merged_training_is_bit_identical(kernels):
+    assert len(compile_program(BLOCK).dispatches["train"]) < len(compile_program(BLOCK).kernels["train"])
+    runs = []
+    for merge_dispatches in (True, False):
+        model = aot.compile(BLOCK, kernels=kernels, merge_dispatches=merge_dispatches)
+        entry = model.PROGRAM["entries"]["train"]
+        expected = entry["dispatches_cpu" if kernels == "cpu" and merge_dispatches else "dispatches"]
+        assert model._engine.entries["train"]["dispatches"] == expected
+        try:
+            runs.append(_run(model))
+        finally:
+            model.close()
+    (la, pa, ga, ya), (lb, pb, gb, yb) = runs
+    assert la == lb
+    for n in pa:
+        np.testing.assert_array_equal(pa[n], pb[n], err_msg=n)
+        np.testing.assert_array_equal(ga[n], gb[n], err_msg=n)
+    np.testing.assert_array_equal(ya, yb)
