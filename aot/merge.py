@@ -40,6 +40,7 @@ MAX_WORKGROUP_BYTES = 16384  # WebGPU's default maxComputeWorkgroupStorageSize
 
 _BINDING = re.compile(r"^@group\(0\) @binding\(\d+\) var<storage, (read|read_write)> (\w+): array<\w+>;\n", re.M)
 _WG_VAR = re.compile(r"^var<workgroup> (\w+): array<(.+), (\d+)>;\n", re.M)
+_WG_DECL = re.compile(r"^(?://.*\n)*var<workgroup> .*\n", re.M)  # with the comment above it
 _FN = re.compile(r"^fn (\w+)\(", re.M)
 _ENTRY = re.compile(r"^@compute @workgroup_size\((\d+)\)\nfn main\((.*)\) \{$", re.M)
 _BUILTIN = re.compile(r"@builtin\((\w+)\) (\w+): ([\w<>]+)")
@@ -70,7 +71,7 @@ def parse(wgsl: str) -> Source:
         raise ValueError("a kernel's source has no single `@compute @workgroup_size(n) fn main(...)`")
     params = _BUILTIN.findall(entry.group(2))
     rest = rest[: entry.start()] + "fn main(" + ", ".join(f"{n}: {ty}" for _, n, ty in params) + ") {" + rest[entry.end() :]
-    body = _WG_VAR.sub("", _BINDING.sub("", rest))
+    body = _WG_DECL.sub("", _BINDING.sub("", rest))
     return Source(header, bindings, int(entry.group(1)), params, wg_vars, body, "Barrier(" in body or "workgroupUniformLoad" in body)
 
 
@@ -123,8 +124,9 @@ def combine(name: str, parts: list[Source], grids: list[tuple[int, int, int]]) -
         f"@group(0) @binding({arena_binding(a)}) var<storage, {acc}> {a}: array<{arena_dtype(a)}>;"
         for a, acc in sorted(access.items(), key=lambda kv: arena_binding(kv[0]))
     ]
-    out.append("")
-    out += [f"var<workgroup> {_pool_name(ty, i)}: array<{ty}, {n}>;" for (ty, i), n in slots.items()]
+    if slots:
+        out += ["", "// workgroup memory, shared by the kernels (a workgroup runs one of them)"]
+        out += [f"var<workgroup> {_pool_name(ty, i)}: array<{ty}, {n}>;" for (ty, i), n in slots.items()]
     for j, (p, mine) in enumerate(zip(parts, renames)):
         mine = dict(mine, **{f: f"k{j}_{f}" for f in _FN.findall(p.body)})
         body = re.sub(r"\b(" + "|".join(map(re.escape, mine)) + r")\b", lambda m: mine[m.group(1)], p.body)
@@ -144,7 +146,12 @@ def combine(name: str, parts: list[Source], grids: list[tuple[int, int, int]]) -
         if start:
             out.append(f"        let v = w - {start}u;")
         gx, gy, gz = g
-        wid = "vec3<u32>(" + (f"{v}, 0u, 0u)" if gy == gz == 1 else f"{v} % {gx}u, {v} / {gx}u % {gy}u, {v} / {gx * gy}u)")
+        if gy == gz == 1:
+            wid = f"vec3<u32>({v}, 0u, 0u)"
+        elif gz == 1:
+            wid = f"vec3<u32>({v} % {gx}u, {v} / {gx}u, 0u)"
+        else:
+            wid = f"vec3<u32>({v} % {gx}u, {v} / {gx}u % {gy}u, {v} / {gx * gy}u)"
         args = []
         for builtin, _, _ in p.params:
             if builtin == "workgroup_id":
