@@ -78,6 +78,17 @@ class ShaderError(RuntimeError):
     """A generated kernel failed to compile on this adapter (please report it)."""
 
 
+def cpu_entry(entry: dict) -> dict:
+    """An entry point as the CPU kernel set runs it: every kernel a dispatch of its own (the GPU
+    set runs independent kernels together, which is slower on a CPU adapter)."""
+    if "dispatches_cpu" not in entry:
+        return entry
+    out = dict(entry, dispatches=entry["dispatches_cpu"])
+    if "update_from_cpu" in entry:
+        out["update_from"] = entry["update_from_cpu"]
+    return out
+
+
 class Engine:
     """Device, buffers, pipelines and bind groups for one compiled program."""
 
@@ -98,7 +109,6 @@ class Engine:
             )
         self.name = name
         self.kernels = kernels
-        self.entries = entries
         adapter, index = choose_adapter(adapter)
         self.adapter_info = dict(adapter.info)
         if kernel_set == "auto":
@@ -108,6 +118,8 @@ class Engine:
         self.kernel_set = kernel_set
         if kernel_set == "cpu":
             wgsl = {**wgsl, **(wgsl_cpu or {})}
+            entries = {key: cpu_entry(en) for key, en in entries.items()}
+        self.entries = entries
         self.adapter_row = _adapter_row(index, adapter)
         self.device = adapter.request_device_sync(
             label=name, required_limits=_required_limits(name, adapter, arenas, entries)

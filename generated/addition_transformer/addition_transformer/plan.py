@@ -143,15 +143,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_004_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_005_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_006_matmul": (
+        "train_004_005_006_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -196,15 +188,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_018_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_019_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_020_matmul": (
+        "train_018_019_020_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -249,15 +233,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_032_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_033_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_034_matmul": (
+        "train_032_033_034_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -332,17 +308,12 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:61",
         ),
-        "train_055_matmul": (
+        "train_055_056_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
-        "train_056_matmul": ((("work", "read_write"),), "addition_transformer.py:53"),
-        "train_057_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "train_058_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
+        "train_057_058_fused_mul_sum": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
         "train_059_fused_mul_add": (
@@ -365,20 +336,12 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_064_matmul": (
-            (("params", "read"), ("work", "read_write")),
+        "train_064_065_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_065_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_066_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_067_fused_mul_sub_sum": (
-            (("params", "read"), ("work", "read_write")),
+        "train_066_067_sum_and_fused_mul_sub_sum": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_068_fused_mul_sub_add": (
@@ -393,60 +356,32 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "train_071_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_072_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_071_072_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_073_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_074_attention_dv": (
+        "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_075_attention_dk": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-        ),
-        "train_076_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-        ),
-        "train_077_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_078_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_077_078_080_081_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_079_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_080_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_081_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
         "train_082_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_083_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_084_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
+        "train_083_084_fused_mul_sub_sum_and_fused_mul_sum": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
         "train_085_fused_mul_add": (
@@ -461,11 +396,7 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
-        "train_088_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_089_matmul": (
+        "train_088_089_fused_mul_sum_and_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -473,24 +404,12 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_091_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_091_092_093_sum_and_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_092_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_093_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_094_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_095_fused_mul_sub_sum": (
-            (("params", "read"), ("work", "read_write")),
+        "train_094_095_fused_mul_sub_sum": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_096_fused_mul_sub_add": (
@@ -505,60 +424,32 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "train_099_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_100_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_099_100_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_101_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_102_attention_dv": (
+        "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_103_attention_dk": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-        ),
-        "train_104_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-        ),
-        "train_105_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_106_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_105_106_108_109_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_107_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_108_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_109_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
         "train_110_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_111_fused_mul_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_112_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
+        "train_111_112_fused_mul_sum": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
         "train_113_fused_mul_add": (
@@ -577,24 +468,12 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_118_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_118_119_120_sum_and_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_119_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_120_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_121_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_122_fused_mul_sub_sum": (
-            (("params", "read"), ("work", "read_write")),
+        "train_121_122_sum_and_fused_mul_sub_sum": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_123_fused_mul_sub_add": (
@@ -609,64 +488,32 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "train_126_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_127_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_126_127_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_128_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_129_attention_dv": (
+        "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_130_attention_dk": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-        ),
-        "train_131_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-        ),
-        "train_132_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_133_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_132_133_135_136_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_134_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_135_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_136_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
         "train_137_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_138_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_139_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_140_fused_mul_sub_sum": (
-            (("params", "read"), ("work", "read_write")),
+        "train_138_139_140_fused_mul_sub_sum": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
         "train_141_fused_mul_sub_add": (
@@ -710,6 +557,255 @@ PROGRAM = {
             ),
             "optimizer",
         ),
+        "train_004_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_005_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_006_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_018_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_019_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_020_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_032_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_033_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_034_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_055_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_056_matmul": ((("work", "read_write"),), "addition_transformer.py:53"),
+        "train_057_fused_mul_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_058_fused_mul_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_064_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_065_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_066_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_067_fused_mul_sub_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_071_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_072_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_074_attention_dv": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_075_attention_dk": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_076_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_077_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_078_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_080_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_081_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_083_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_084_fused_mul_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_088_fused_mul_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_089_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_091_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_092_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_093_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_094_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_095_fused_mul_sub_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_099_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_100_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_102_attention_dv": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_103_attention_dk": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_104_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_105_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_106_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_108_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_109_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_111_fused_mul_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_112_fused_mul_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_118_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_119_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_120_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_121_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_122_fused_mul_sub_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_126_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_127_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_129_attention_dv": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_130_attention_dk": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_131_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+        ),
+        "train_132_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_133_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_135_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_136_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_138_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_139_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_140_fused_mul_sub_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
@@ -723,15 +819,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "predict_N1_04_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N1_05_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N1_06_matmul": (
+        "predict_N1_04_05_06_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -776,15 +864,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "predict_N1_18_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N1_19_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N1_20_matmul": (
+        "predict_N1_18_19_20_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -825,15 +905,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "predict_N1_32_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N1_33_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N1_34_matmul": (
+        "predict_N1_32_33_34_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -874,6 +946,42 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
+        "predict_N1_04_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_05_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_06_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_18_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_19_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_20_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_32_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_33_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N1_34_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
         "predict_N128_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
@@ -890,15 +998,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "predict_N128_04_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N128_05_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N128_06_matmul": (
+        "predict_N128_04_05_06_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -946,15 +1046,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "predict_N128_18_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N128_19_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N128_20_matmul": (
+        "predict_N128_18_19_20_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -998,15 +1090,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "predict_N128_32_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N128_33_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "predict_N128_34_matmul": (
+        "predict_N128_32_33_34_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
@@ -1050,6 +1134,42 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
+        "predict_N128_04_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_05_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_06_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_18_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_19_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_20_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_32_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_33_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "predict_N128_34_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
     },
     "entries": {
         "train": {
@@ -1065,6 +1185,129 @@ PROGRAM = {
             "outputs": [("loss", "f32", (), "work", 2710272)],
             "captures": [],
             "dispatches": [
+                ("train_000_fused_gather_add", (256, 1, 1)),
+                ("train_001_sum", (1024, 1, 1)),
+                ("train_002_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_003_fused_mul_sub_add", (256, 1, 1)),
+                ("train_004_005_006_matmul", (768, 1, 1)),
+                ("train_007_attention", (64, 1, 1)),
+                ("train_008_matmul_add", (4, 64, 1)),
+                ("train_009_sum", (1024, 1, 1)),
+                ("train_010_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_011_fused_mul_sub_add", (256, 1, 1)),
+                ("train_012_matmul_add_relu", (8, 32, 1)),
+                ("train_013_matmul", (4, 64, 1)),
+                ("train_014_fused_add_sum", (1024, 1, 1)),
+                ("train_015_fused_add_mul_sub", (256, 1, 1)),
+                ("train_016_fused_mul_add_sum", (1024, 1, 1)),
+                ("train_017_fused_mul_add", (256, 1, 1)),
+                ("train_018_019_020_matmul", (768, 1, 1)),
+                ("train_021_attention", (64, 1, 1)),
+                ("train_022_matmul_add", (4, 64, 1)),
+                ("train_023_sum", (1024, 1, 1)),
+                ("train_024_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_025_fused_mul_sub_add", (256, 1, 1)),
+                ("train_026_matmul_add_relu", (8, 32, 1)),
+                ("train_027_matmul", (4, 64, 1)),
+                ("train_028_fused_add_sum", (1024, 1, 1)),
+                ("train_029_fused_add_mul_sub", (256, 1, 1)),
+                ("train_030_fused_mul_add_sum", (1024, 1, 1)),
+                ("train_031_fused_mul_add", (256, 1, 1)),
+                ("train_032_033_034_matmul", (768, 1, 1)),
+                ("train_035_attention", (64, 1, 1)),
+                ("train_036_matmul_add", (4, 64, 1)),
+                ("train_037_sum", (1024, 1, 1)),
+                ("train_038_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_039_fused_mul_sub_add", (256, 1, 1)),
+                ("train_040_matmul_add_relu", (8, 32, 1)),
+                ("train_041_matmul", (4, 64, 1)),
+                ("train_042_fused_add_sum", (1024, 1, 1)),
+                ("train_043_fused_add_mul_sub", (256, 1, 1)),
+                ("train_044_fused_mul_add_sum", (1024, 1, 1)),
+                ("train_045_fused_mul_add", (256, 1, 1)),
+                ("train_046_matmul", (1, 64, 1)),
+                ("train_047_max", (4, 1, 1)),
+                ("train_048_fused_stop_gradient_sub_sum", (4, 1, 1)),
+                ("train_049_fused_stop_gradient_log_sub", (48, 1, 1)),
+                ("train_050_fused_one_hot_mul_sum", (4, 1, 1)),
+                ("train_051_fused_neg_mul_sum", (1, 1, 1)),
+                ("train_052_fused_one_hot_neg_mul", (48, 1, 1)),
+                ("train_053_sum", (4, 1, 1)),
+                ("train_054_fused_exp_mul_sub", (48, 1, 1)),
+                ("train_055_056_matmul", (260, 1, 1)),
+                ("train_057_058_fused_mul_sum", (1088, 1, 1)),
+                ("train_059_fused_mul_add", (256, 1, 1)),
+                ("train_060_fused_neg_sum", (1024, 1, 1)),
+                ("train_061_fused_mul_add", (256, 1, 1)),
+                ("train_062_matmul", (4, 16, 1)),
+                ("train_063_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_064_065_matmul", (320, 1, 1)),
+                ("train_066_067_sum_and_fused_mul_sub_sum", (1088, 1, 1)),
+                ("train_068_fused_mul_sub_add", (256, 1, 1)),
+                ("train_069_fused_neg_sum", (1024, 1, 1)),
+                ("train_070_fused_mul_add", (256, 1, 1)),
+                ("train_071_072_matmul", (272, 1, 1)),
+                ("train_073_fused_mul_sum", (16, 1, 1)),
+                (
+                    "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq",
+                    (192, 1, 1),
+                ),
+                ("train_077_078_080_081_matmul", (304, 1, 1)),
+                ("train_079_matmul", (4, 64, 1)),
+                ("train_082_matmul_add", (4, 64, 1)),
+                ("train_083_084_fused_mul_sub_sum_and_fused_mul_sum", (1088, 1, 1)),
+                ("train_085_fused_mul_add", (256, 1, 1)),
+                ("train_086_fused_neg_sum", (1024, 1, 1)),
+                ("train_087_fused_mul_add", (256, 1, 1)),
+                ("train_088_089_fused_mul_sum_and_matmul", (128, 1, 1)),
+                ("train_090_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_091_092_093_sum_and_matmul", (576, 1, 1)),
+                ("train_094_095_fused_mul_sub_sum", (1088, 1, 1)),
+                ("train_096_fused_mul_sub_add", (256, 1, 1)),
+                ("train_097_fused_neg_sum", (1024, 1, 1)),
+                ("train_098_fused_mul_add", (256, 1, 1)),
+                ("train_099_100_matmul", (272, 1, 1)),
+                ("train_101_fused_mul_sum", (16, 1, 1)),
+                (
+                    "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq",
+                    (192, 1, 1),
+                ),
+                ("train_105_106_108_109_matmul", (304, 1, 1)),
+                ("train_107_matmul", (4, 64, 1)),
+                ("train_110_matmul_add", (4, 64, 1)),
+                ("train_111_112_fused_mul_sum", (1088, 1, 1)),
+                ("train_113_fused_mul_add", (256, 1, 1)),
+                ("train_097_fused_neg_sum", (1024, 1, 1)),
+                ("train_115_fused_mul_add", (256, 1, 1)),
+                ("train_116_matmul", (4, 16, 1)),
+                ("train_117_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_118_119_120_sum_and_matmul", (576, 1, 1)),
+                ("train_121_122_sum_and_fused_mul_sub_sum", (1088, 1, 1)),
+                ("train_123_fused_mul_sub_add", (256, 1, 1)),
+                ("train_124_fused_neg_sum", (1024, 1, 1)),
+                ("train_125_fused_mul_add", (256, 1, 1)),
+                ("train_126_127_matmul", (272, 1, 1)),
+                ("train_128_fused_mul_sum", (16, 1, 1)),
+                (
+                    "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq",
+                    (192, 1, 1),
+                ),
+                ("train_132_133_135_136_matmul", (304, 1, 1)),
+                ("train_134_matmul", (4, 64, 1)),
+                ("train_137_matmul_add", (4, 64, 1)),
+                ("train_138_139_140_fused_mul_sub_sum", (1152, 1, 1)),
+                ("train_141_fused_mul_sub_add", (256, 1, 1)),
+                ("train_142_fused_neg_sum", (1024, 1, 1)),
+                ("train_143_fused_mul_add", (256, 1, 1)),
+                ("train_144_sum", (512, 1, 1)),
+                ("train_145_pad", (3, 1, 1)),
+                ("train_146_one_hot", (48, 1, 1)),
+                ("train_147_matmul_add", (4, 1, 1)),
+                ("train_148_fused_square_pad_sum", (37, 1, 1)),
+                ("train_149_sum", (1, 1, 1)),
+                ("train_150_fused_sqrt_add_sub", (589, 1, 1)),
+            ],
+            "dispatches_cpu": [
                 ("train_000_fused_gather_add", (256, 1, 1)),
                 ("train_001_sum", (1024, 1, 1)),
                 ("train_002_fused_mul_sub_sum", (1024, 1, 1)),
@@ -1228,7 +1471,8 @@ PROGRAM = {
                 "work": 2710336,
                 "state_1": 150656,
             },
-            "update_from": 148,
+            "update_from": 109,
+            "update_from_cpu": 148,
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],
@@ -1236,6 +1480,49 @@ PROGRAM = {
             "outputs": [("out", "f32", (1, 8, 12), "work", 0)],
             "captures": [],
             "dispatches": [
+                ("predict_N1_00_fused_gather_add", (2, 1, 1)),
+                ("predict_N1_01_sum", (8, 1, 1)),
+                ("predict_N1_02_fused_mul_sub_sum", (8, 1, 1)),
+                ("predict_N1_03_fused_mul_sub_add", (2, 1, 1)),
+                ("predict_N1_04_05_06_matmul", (12, 1, 1)),
+                ("predict_N1_07_attention", (1, 1, 1)),
+                ("predict_N1_08_matmul_add", (4, 1, 1)),
+                ("predict_N1_09_sum", (8, 1, 1)),
+                ("predict_N1_10_fused_mul_sub_sum", (8, 1, 1)),
+                ("predict_N1_11_fused_mul_sub_add", (2, 1, 1)),
+                ("predict_N1_12_matmul_add_relu", (16, 1, 1)),
+                ("predict_N1_13_matmul", (4, 1, 1)),
+                ("predict_N1_14_fused_add_sum", (8, 1, 1)),
+                ("predict_N1_15_fused_add_mul_sub", (2, 1, 1)),
+                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                ("predict_N1_17_fused_mul_rsqrt_add", (2, 1, 1)),
+                ("predict_N1_18_19_20_matmul", (12, 1, 1)),
+                ("predict_N1_21_attention", (1, 1, 1)),
+                ("predict_N1_22_matmul_add", (4, 1, 1)),
+                ("predict_N1_23_sum", (8, 1, 1)),
+                ("predict_N1_24_fused_mul_sub_sum", (8, 1, 1)),
+                ("predict_N1_25_fused_mul_sub_add", (2, 1, 1)),
+                ("predict_N1_26_matmul_add_relu", (16, 1, 1)),
+                ("predict_N1_27_matmul", (4, 1, 1)),
+                ("predict_N1_28_fused_add_sum", (8, 1, 1)),
+                ("predict_N1_29_fused_add_mul_sub", (2, 1, 1)),
+                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                ("predict_N1_31_fused_mul_rsqrt_add", (2, 1, 1)),
+                ("predict_N1_32_33_34_matmul", (12, 1, 1)),
+                ("predict_N1_21_attention", (1, 1, 1)),
+                ("predict_N1_36_matmul_add", (4, 1, 1)),
+                ("predict_N1_37_sum", (8, 1, 1)),
+                ("predict_N1_38_fused_mul_sub_sum", (8, 1, 1)),
+                ("predict_N1_39_fused_mul_sub_add", (2, 1, 1)),
+                ("predict_N1_40_matmul_add_relu", (16, 1, 1)),
+                ("predict_N1_41_matmul", (4, 1, 1)),
+                ("predict_N1_42_fused_add_sum", (8, 1, 1)),
+                ("predict_N1_43_fused_add_mul_sub", (2, 1, 1)),
+                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                ("predict_N1_45_fused_mul_rsqrt_add", (2, 1, 1)),
+                ("predict_N1_46_matmul", (1, 1, 1)),
+            ],
+            "dispatches_cpu": [
                 ("predict_N1_00_fused_gather_add", (2, 1, 1)),
                 ("predict_N1_01_sum", (8, 1, 1)),
                 ("predict_N1_02_fused_mul_sub_sum", (8, 1, 1)),
@@ -1294,6 +1581,49 @@ PROGRAM = {
             "outputs": [("out", "f32", (128, 8, 12), "work", 0)],
             "captures": [],
             "dispatches": [
+                ("predict_N128_00_fused_gather_add", (256, 1, 1)),
+                ("predict_N128_01_sum", (1024, 1, 1)),
+                ("predict_N128_02_fused_mul_sub_sum", (1024, 1, 1)),
+                ("predict_N128_03_fused_mul_sub_add", (256, 1, 1)),
+                ("predict_N128_04_05_06_matmul", (768, 1, 1)),
+                ("predict_N128_07_attention", (64, 1, 1)),
+                ("predict_N128_08_matmul_add", (4, 64, 1)),
+                ("predict_N128_09_sum", (1024, 1, 1)),
+                ("predict_N128_10_fused_mul_sub_sum", (1024, 1, 1)),
+                ("predict_N128_11_fused_mul_sub_add", (256, 1, 1)),
+                ("predict_N128_12_matmul_add_relu", (8, 32, 1)),
+                ("predict_N128_13_matmul", (4, 64, 1)),
+                ("predict_N128_14_fused_add_sum", (1024, 1, 1)),
+                ("predict_N128_15_fused_add_mul_sub", (256, 1, 1)),
+                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                ("predict_N128_17_fused_mul_rsqrt_add", (256, 1, 1)),
+                ("predict_N128_18_19_20_matmul", (768, 1, 1)),
+                ("predict_N128_21_attention", (64, 1, 1)),
+                ("predict_N128_22_matmul_add", (4, 64, 1)),
+                ("predict_N128_23_sum", (1024, 1, 1)),
+                ("predict_N128_24_fused_mul_sub_sum", (1024, 1, 1)),
+                ("predict_N128_25_fused_mul_sub_add", (256, 1, 1)),
+                ("predict_N128_26_matmul_add_relu", (8, 32, 1)),
+                ("predict_N128_27_matmul", (4, 64, 1)),
+                ("predict_N128_28_fused_add_sum", (1024, 1, 1)),
+                ("predict_N128_29_fused_add_mul_sub", (256, 1, 1)),
+                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                ("predict_N128_31_fused_mul_rsqrt_add", (256, 1, 1)),
+                ("predict_N128_32_33_34_matmul", (768, 1, 1)),
+                ("predict_N128_21_attention", (64, 1, 1)),
+                ("predict_N128_36_matmul_add", (4, 64, 1)),
+                ("predict_N128_37_sum", (1024, 1, 1)),
+                ("predict_N128_38_fused_mul_sub_sum", (1024, 1, 1)),
+                ("predict_N128_39_fused_mul_sub_add", (256, 1, 1)),
+                ("predict_N128_40_matmul_add_relu", (8, 32, 1)),
+                ("predict_N128_41_matmul", (4, 64, 1)),
+                ("predict_N128_42_fused_add_sum", (1024, 1, 1)),
+                ("predict_N128_43_fused_add_mul_sub", (256, 1, 1)),
+                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                ("predict_N128_45_fused_mul_rsqrt_add", (256, 1, 1)),
+                ("predict_N128_46_matmul", (1, 64, 1)),
+            ],
+            "dispatches_cpu": [
                 ("predict_N128_00_fused_gather_add", (256, 1, 1)),
                 ("predict_N128_01_sum", (1024, 1, 1)),
                 ("predict_N128_02_fused_mul_sub_sum", (1024, 1, 1)),

@@ -70,6 +70,37 @@ PROGRAM = {
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
+        "train_03_04_fused_add_sub_sum_and_matmul": (
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("inputs", "read"),
+                ("work", "read_write"),
+            ),
+            "sine_mlp.py:15",
+        ),
+        "train_05_matmul_equal_sub_mul": (
+            (("params", "read"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
+        "train_06_07_matmul_and_matmul_equal_sub_mul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
+        "train_08_09_sum_and_matmul": (
+            (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
+        "train_10_fused_mul_add_sub": (
+            (
+                ("params", "read_write"),
+                ("grads", "read"),
+                ("state", "read_write"),
+                ("inputs", "read"),
+                ("state_1", "read_write"),
+            ),
+            "optimizer",
+        ),
         "train_03_fused_add_sub_sum": (
             (
                 ("params", "read"),
@@ -81,10 +112,6 @@ PROGRAM = {
         ),
         "train_04_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
-            "sine_mlp.py:15",
-        ),
-        "train_05_matmul_equal_sub_mul": (
-            (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
         "train_06_matmul": (
@@ -102,16 +129,6 @@ PROGRAM = {
         "train_09_matmul": (
             (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-        ),
-        "train_10_fused_mul_add_sub": (
-            (
-                ("params", "read_write"),
-                ("grads", "read"),
-                ("state", "read_write"),
-                ("inputs", "read"),
-                ("state_1", "read_write"),
-            ),
-            "optimizer",
         ),
         "predict_B1_00_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
@@ -145,6 +162,16 @@ PROGRAM = {
                 ("train_00_matmul_add_relu", (4, 16, 1)),
                 ("train_01_matmul_add_relu", (4, 16, 1)),
                 ("train_02_matmul_add_sub_mul", (1, 16, 1)),
+                ("train_03_04_fused_add_sub_sum_and_matmul", (5, 1, 1)),
+                ("train_05_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_06_07_matmul_and_matmul_equal_sub_mul", (80, 1, 1)),
+                ("train_08_09_sum_and_matmul", (68, 1, 1)),
+                ("train_10_fused_mul_add_sub", (18, 1, 1)),
+            ],
+            "dispatches_cpu": [
+                ("train_00_matmul_add_relu", (4, 16, 1)),
+                ("train_01_matmul_add_relu", (4, 16, 1)),
+                ("train_02_matmul_add_sub_mul", (1, 16, 1)),
                 ("train_03_fused_add_sub_sum", (1, 1, 1)),
                 ("train_04_matmul", (1, 4, 1)),
                 ("train_05_matmul_equal_sub_mul", (4, 16, 1)),
@@ -164,7 +191,8 @@ PROGRAM = {
                 "work": 49472,
                 "state_1": 4353,
             },
-            "update_from": 10,
+            "update_from": 7,
+            "update_from_cpu": 10,
         },
         "predict[B=1]": {
             "inputs": [("x", "f32", (1, 1), "inputs", 0)],
