@@ -61,7 +61,7 @@ def cmd_build(args) -> int:
         print(f"aot: building {p.name} from {args.model}", flush=True)
         path = build(
             p, args.outdir, verify=args.verify, log=_log, source_name=os.path.basename(args.model), force=args.force,
-            max_binding_mib=args.max_binding_mib, target=args.target,
+            max_binding_mib=args.max_binding_mib, target=args.target, merge_dispatches=not args.no_merge,
         )
         took = f"{time.perf_counter() - t0:.2f}s"
         if args.target == "web":
@@ -94,9 +94,12 @@ def cmd_inspect(args) -> int:
                 continue
             print(format_graph(g))
             plan = c.plans[key]
-            print(f"kernels ({len(c.kernels[key])}):")
+            print(f"kernels ({len(c.kernels[key])}, in {len(c.dispatches[key])} dispatches on GPUs):")
             for k in c.kernels[key]:
                 print(f"  {k.name:<40} grid={k.grid}  {k.site}")
+            for k in c.dispatches[key]:
+                if k.parts:
+                    print(f"  dispatch {k.name}: {', '.join(p.name for p in k.parts)}")
             print(memory_report(c, key))
             if args.wgsl:
                 for k in c.kernels[key]:
@@ -223,6 +226,11 @@ def main(argv=None) -> int:
         "--target", choices=("python", "web", "all"), default="python",
         help="python (default): a pip-installable package in OUT/<name>/; web: an ES module, its WGSL and a demo "
         "page in OUT/<name>/; all: both, the web project in OUT/<name>-web/",
+    )
+    b.add_argument(
+        "--no-merge", action="store_true",
+        help="give every kernel a dispatch of its own (by default independent kernels share one on GPUs: "
+        "fewer dispatches, bit-identical results)",
     )
     b.add_argument(
         "--force", action="store_true",

@@ -1654,11 +1654,13 @@ class Sides:
 
 
 def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
+    """The batch on this adapter, with the GPU kernel set (merged dispatches, workgroup-tree
+    reductions) for even seeds and the CPU set (what lavapipe picks by itself) for odd ones."""
     import aot
 
     try:
         program = build_program(batch, name)
-        model = aot.compile(program)
+        model = aot.compile(program, kernels="cpu" if batch.seed % 2 else "gpu")
     except Exception as e:  # noqa: BLE001 - any exception is a finding
         return Failure("compile", None, "aot.compile", _exc(e))
     side = Sides()
@@ -1995,7 +1997,7 @@ def _check(got, want, atol, what):
 @pytest.mark.gpu
 @pytest.mark.xfail(strict=True, reason={reason!r})
 def test_{name}():
-    model = aot.compile(program)
+    model = aot.compile(program, kernels=KERNELS)
     try:
         if MODULE_PARAMS:
             model.load_params(MODULE_PARAMS, partial=True)
@@ -2104,6 +2106,7 @@ def repro_source(batch: Batch, failure: Failure, name: str, note: str = "") -> s
     L.append(f"ATOL = {{{', '.join(f'{k!r}: {v:.3g}' for k, v in atol.items())}}}")
     L.append(f"LOSS_TOL = [{', '.join(f'{v:.3g}' for v in loss_tol)}]")
     L.append(f"PREDICT_FIRST = {batch.sgd is not None}")
+    L.append(f"KERNELS = {('cpu' if batch.seed % 2 else 'gpu')!r}  # the kernel set it failed with (run_gpu)")
     text = "\n".join(L) + "\n" + REPRO_TEST.format(reason=reason, name=name)
     if failure.kind == "interp-error":  # the package may well be right: a plain regression test
         text = text.replace(f"@pytest.mark.xfail(strict=True, reason={reason!r})\n", "")

@@ -103,7 +103,8 @@ def test_gpu_matches_interpreter_and_torch(gpu_run, name):
 def test_kernels_stay_in_webgpu_limits_and_read_in_bounds(gpu_run):
     *_, wgsl = gpu_run
     att = {k: v for k, v in wgsl.items() if "attention" in k}
-    assert len(att) == 4 * len(CONFIGS)  # forward (O and lse together), dv, dk, dq per configuration
+    single = [k for k, v in att.items() if "independent kernels in one dispatch" not in v]  # merge.py's aside
+    assert len(single) == 4 * len(CONFIGS)  # forward (O and lse together), dv, dk, dq per configuration
     for kname, src in att.items():
         size = int(re.search(r"@workgroup_size\((\d+)\)", src).group(1))
         assert size <= 256, kname
