@@ -42,7 +42,8 @@ class KernelCode:
     # the same kernel for CPU adapters (lavapipe, SwiftShader), same bindings and grid, or None
     # when it is the GPU source: no workgroup barriers (the module doc)
     wgsl_cpu: str | None = None
-    parts: list["KernelCode"] = field(default_factory=list)  # the kernels a merged dispatch runs (merge.py)
+    parts: list["KernelCode"] = field(default_factory=list)  # the kernels it runs (merge.py, chain.py)
+    kind: str = "kernel"  # "kernel"; "merged": parts side by side (merge.py); "chain": parts as stages (chain.py)
 
 
 def _grid(n_groups: int) -> tuple[int, int, int]:
@@ -245,7 +246,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     # max and argmax compare with NaN-propagating helpers (torch: a NaN is the maximum)
     for m in members:
         kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits")}.get(m.node.op, ()))
-    per_wg = n_red >= 256 or (n_red >= 64 and n_out < 2048)
+    per_wg = rows_per_workgroup(n_out, n_red) == 1
     # the results, then elementwise outputs of them at the same element o (the epilogue)
     epi = Body(kc, "    ")
     kc.self_flat = "o"
@@ -273,6 +274,12 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
     return KernelCode(name, wgsl, kc.bindings(), grid, ops, site), kc
+
+
+def rows_per_workgroup(n_out: int, n_red: int) -> int:
+    """A reduction's GPU kernel: one workgroup per output (a strided loop and a tree) when its rows
+    are long, or when there are too few of them to fill the GPU; else one invocation per output."""
+    return 1 if n_red >= 256 or (n_red >= 64 and n_out < 2048) else WG
 
 
 def _store(kc: KernelContext, plan: Plan, t: Tensor, value: str, index: str) -> str:

@@ -111,26 +111,16 @@ def combine(name: str, parts: list[Source], grids: list[tuple[int, int, int]]) -
     """The WGSL of one dispatch running `parts`, each over its own grid, and the dispatch's grid."""
     wg = max(p.wg for p in parts)
     slots, renames = _pools(parts)
-    access: dict[str, str] = {}
-    for p in parts:
-        for a, acc in p.bindings.items():
-            access[a] = "read_write" if "read_write" in (acc, access.get(a)) else "read"
     counts = [gx * gy * gz for gx, gy, gz in grids]
     grid = _grid(sum(counts))
     out = [f"// {name}: {len(parts)} independent kernels in one dispatch, each over its own workgroups"]
     for p in parts:
         out += ["//"] + p.header
-    out += [
-        f"@group(0) @binding({arena_binding(a)}) var<storage, {acc}> {a}: array<{arena_dtype(a)}>;"
-        for a, acc in sorted(access.items(), key=lambda kv: arena_binding(kv[0]))
-    ]
+    out += binding_lines(parts)
     if slots:
         out += ["", "// workgroup memory, shared by the kernels (a workgroup runs one of them)"]
         out += [f"var<workgroup> {_pool_name(ty, i)}: array<{ty}, {n}>;" for (ty, i), n in slots.items()]
-    for j, (p, mine) in enumerate(zip(parts, renames)):
-        mine = dict(mine, **{f: f"k{j}_{f}" for f in _FN.findall(p.body)})
-        body = re.sub(r"\b(" + "|".join(map(re.escape, mine)) + r")\b", lambda m: mine[m.group(1)], p.body)
-        out.append(re.sub(r"\n{3,}", "\n\n", "\n" + body.strip("\n")))
+    out += part_bodies(parts, renames)
     out += [
         "",
         f"@compute @workgroup_size({wg})",
@@ -171,6 +161,29 @@ def combine(name: str, parts: list[Source], grids: list[tuple[int, int, int]]) -
     return "\n".join(out), grid
 
 
+def binding_lines(parts: list[Source]) -> list[str]:
+    """The union of the parts' storage bindings (read_write where any part writes)."""
+    access: dict[str, str] = {}
+    for p in parts:
+        for a, acc in p.bindings.items():
+            access[a] = "read_write" if "read_write" in (acc, access.get(a)) else "read"
+    return [
+        f"@group(0) @binding({arena_binding(a)}) var<storage, {acc}> {a}: array<{arena_dtype(a)}>;"
+        for a, acc in sorted(access.items(), key=lambda kv: arena_binding(kv[0]))
+    ]
+
+
+def part_bodies(parts: list[Source], renames: list[dict[str, str]]) -> list[str]:
+    """Each part's functions, renamed k{j}_<name> (its main becomes k{j}_main), and its workgroup
+    arrays renamed as `renames` says."""
+    out = []
+    for j, (p, mine) in enumerate(zip(parts, renames)):
+        mine = dict(mine, **{f: f"k{j}_{f}" for f in _FN.findall(p.body)})
+        body = re.sub(r"\b(" + "|".join(map(re.escape, mine)) + r")\b", lambda m: mine[m.group(1)], p.body)
+        out.append(re.sub(r"\n{3,}", "\n\n", "\n" + body.strip("\n")))
+    return out
+
+
 def _global(wid: str, wg: int, gy: int, gz: int, v: str) -> str:
     if gy == gz == 1:
         return f"vec3<u32>({v} * {wg}u + lid, 0u, 0u)" if wg > 1 else f"vec3<u32>({v}, 0u, 0u)"
@@ -207,17 +220,23 @@ def conflicts(a: Footprint, b: Footprint) -> bool:
     return not (a.known and b.known) or _overlap(a.writes, b.reads + b.writes) or _overlap(b.writes, a.reads)
 
 
-def group(s: KernelSchedule, p: Plan, codes: list[KernelCode], limit: int = MAX_WORKGROUP_BYTES) -> list[list[int]]:
-    """Kernel indices per dispatch, in dispatch order (greedy, earliest legal dispatch)."""
-    prints = [footprint(k, p, c) for k, c in zip(s.kernels, codes)]
-    gpu = [parse(c.wgsl) for c in codes]
-    cut = s.update_from if s.update_from is not None else len(codes)
-    small = [work(k) <= MAX_WORK for k in s.kernels]
+def group(s: KernelSchedule, p: Plan, units: list[tuple[list[int], KernelCode]], limit: int = MAX_WORKGROUP_BYTES) -> list[list[int]]:
+    """Unit indices per dispatch, in dispatch order (greedy: the earliest legal dispatch). A unit
+    is a kernel, or a row chain of kernels (chain.py) that dispatches as one."""
+    kprints = [footprint(k, p, c) for k, c in zip(s.kernels, _kernel_codes(units, len(s.kernels)))]
+    prints = [
+        Footprint([r for m in ms for r in kprints[m].reads], [w for m in ms for w in kprints[m].writes], all(kprints[m].known for m in ms))
+        for ms, _ in units
+    ]
+    gpu = [parse(code.wgsl) for _, code in units]
+    cut = s.update_from if s.update_from is not None else len(s.kernels)
+    side = [ms[0] < cut for ms, _ in units]
+    small = [sum(work(s.kernels[m]) for m in ms) <= MAX_WORK for ms, _ in units]
     groups: list[list[int]] = []
-    for i in range(len(codes)):
-        last = -1  # the last dispatch this kernel must follow
+    for i in range(len(units)):
+        last = -1  # the last dispatch this unit must follow
         for gi, members in enumerate(groups):
-            if any(conflicts(prints[i], prints[j]) or (i < cut) != (j < cut) for j in members):
+            if any(conflicts(prints[i], prints[j]) or side[i] != side[j] for j in members):
                 last = gi
         for gi in range(last + 1, len(groups) if small[i] else 0):
             if not small[groups[gi][0]]:
@@ -231,7 +250,16 @@ def group(s: KernelSchedule, p: Plan, codes: list[KernelCode], limit: int = MAX_
     return groups
 
 
-def merged_name(names: list[str], prefix: str) -> str:
+def _kernel_codes(units, n: int) -> list[KernelCode]:
+    """Each kernel's own code, by kernel index, from units that may hold several."""
+    out: list = [None] * n
+    for ms, code in units:
+        for m, part in zip(ms, code.parts if code.kind == "chain" else [code]):
+            out[m] = part
+    return out
+
+
+def merged_name(names: list[str], prefix: str, joiner: str = "_and_") -> str:
     """train_055_matmul + train_056_fused_mul_sum -> train_055_056_matmul_and_fused_mul_sum."""
     idx, labels = [], []
     for n in names:
@@ -239,19 +267,22 @@ def merged_name(names: list[str], prefix: str) -> str:
         idx.append(i)
         labels.append(label)
     labels = list(dict.fromkeys(labels))
-    return f"{prefix}_{'_'.join(idx)}_{'_and_'.join(labels[:3])}" + ("_etc" if len(labels) > 3 else "")
+    return f"{prefix}_{'_'.join(idx)}_{joiner.join(labels[:3])}" + ("_etc" if len(labels) > 3 else "")
 
 
-def merge(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> tuple[list[KernelCode], int | None]:
+def merge(
+    s: KernelSchedule, p: Plan, units: list[tuple[list[int], KernelCode]], prefix: str
+) -> tuple[list[KernelCode], int | None]:
     """(the dispatches, the index of the first one at or after the schedule's cut, or None)."""
-    groups = group(s, p, codes)
+    groups = group(s, p, units)
+    kcodes = _kernel_codes(units, len(s.kernels))
     out = []
     for members in groups:
         if len(members) == 1:
-            out.append(codes[members[0]])
+            out.append(units[members[0]][1])
             continue
-        ks = [codes[j] for j in members]
-        name = merged_name([k.name for k in ks], prefix)
+        ks = [units[j][1] for j in members]
+        name = merged_name([kcodes[m].name for j in members for m in units[j][0]], prefix)
         grids = [k.grid for k in ks]
         wgsl, grid = combine(name, [parse(k.wgsl) for k in ks], grids)
         bindings = {}
@@ -261,12 +292,12 @@ def merge(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> t
         out.append(
             KernelCode(
                 name, wgsl, sorted(bindings.items(), key=lambda kv: arena_binding(kv[0])), grid,
-                " | ".join(k.ops for k in ks), ks[0].site, None, parts=ks,
+                " | ".join(k.ops for k in ks), ks[0].site, None, parts=ks, kind="merged",
             )
         )
     cut = None
     if s.update_from is not None:
-        cut = next((gi for gi, m in enumerate(groups) if m[0] >= s.update_from), len(groups))
+        cut = next((gi for gi, m in enumerate(groups) if units[m[0]][0][0] >= s.update_from), len(groups))
     return out, cut
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import codegen, emit, ir, merge, passes
+from . import chain, codegen, emit, ir, merge, passes
 from .frontend import Traced, trace_program
 from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan, state_arena
 from .program import Program
@@ -86,7 +86,10 @@ def compile_program(
         prefix = codegen.entry_prefix(key)
         ks = codegen.generate(s, p, prefix)
         graphs[key], scheds[key], plans[key], kernels[key] = g, s, p, ks
-        dispatches[key], cuts[key] = merge.merge(s, p, ks, prefix) if merge_dispatches else (ks, s.update_from)
+        if merge_dispatches:  # GPU set: row chains as one kernel, then independent kernels side by side
+            dispatches[key], cuts[key] = merge.merge(s, p, chain.fuse(s, p, ks, prefix), prefix)
+        else:
+            dispatches[key], cuts[key] = ks, s.update_from
     log(
         f"scheduled and generated {sum(map(len, kernels.values()))} kernels in "
         f"{sum(map(len, dispatches.values()))} dispatches ({time.perf_counter() - t0:.2f}s)"

@@ -29,22 +29,38 @@ def _program(name):
     return runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["program"]
 
 
+def _placement(c, key) -> dict[int, tuple[int, tuple | None, int]]:
+    """kernel index -> (dispatch, the row chain it is a stage of or None, its stage there)."""
+    ks = c.kernels[key]
+    where = {}
+    for d, code in enumerate(c.dispatches[key]):
+        units = code.parts if code.kind == "merged" else [code]
+        for u in units:
+            stages = u.parts if u.kind == "chain" else [u]
+            for st, part in enumerate(stages):
+                where[ks.index(part)] = (d, (d, u.name) if u.kind == "chain" else None, st)
+    return where
+
+
 def _order_kept(c, key) -> None:
     s, p, ks = c.schedules[key], c.plans[key], c.kernels[key]
     prints = [merge.footprint(k, p, code) for k, code in zip(s.kernels, ks)]
-    pos = {}
-    for d, code in enumerate(c.dispatches[key]):
-        for part in code.parts or [code]:
-            pos[ks.index(part)] = d
+    pos = _placement(c, key)
     assert sorted(pos) == list(range(len(ks))), "every kernel is dispatched exactly once"
     for i in range(len(ks)):
         assert prints[i].known, f"{ks[i].name}: binds a buffer its footprint does not cover"
         for j in range(i + 1, len(ks)):
-            if merge.conflicts(prints[i], prints[j]):
-                assert pos[i] < pos[j], f"{ks[j].name} must run after {ks[i].name}"
+            if not merge.conflicts(prints[i], prints[j]):
+                continue
+            (di, ci, si), (dj, cj, sj) = pos[i], pos[j]
+            if ci is not None and ci == cj:  # stages of one chain: j reads what i wrote, nothing more
+                assert si < sj, f"{ks[j].name} must be a later stage than {ks[i].name}"
+                assert not merge._overlap(prints[j].writes, prints[i].reads + prints[i].writes), ks[j].name
+            else:
+                assert di < dj, f"{ks[j].name} must run after {ks[i].name}"
     if c.cuts[key] is not None:
         cut = s.update_from
-        assert all((pos[i] < c.cuts[key]) == (i < cut) for i in pos), "a dispatch straddles the cut"
+        assert all((pos[i][0] < c.cuts[key]) == (i < cut) for i in pos), "a dispatch straddles the cut"
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -61,7 +77,7 @@ def test_merged_dispatches_keep_every_dependency(name):
 def test_merging_cuts_the_transformers_dispatches():
     """The addition transformer's kernels are all small: a fifth fewer dispatches or better.
     transformer_large's large kernels keep their own (merge.MAX_WORK); its small ones merge."""
-    for name, most in (("addition_transformer", 0.8), ("transformer_large", 0.97)):
+    for name, most in (("addition_transformer", 0.6), ("transformer_large", 0.85)):
         c = compile_program(_program(name))
         n, d = len(c.kernels["train"]), len(c.dispatches["train"])
         assert d <= most * n, f"{name}: {n} kernels in {d} dispatches"
@@ -70,7 +86,11 @@ def test_merging_cuts_the_transformers_dispatches():
         # the CPU kernel set dispatches each kernel on its own, cut where the schedule is
         assert len(entry["dispatches_cpu"]) == n and entry["update_from_cpu"] == c.schedules["train"].update_from
         big = [k for k in c.schedules["train"].kernels if merge.work(k) > merge.MAX_WORK]
-        assert all(len(code.parts) <= 1 or all(merge.work(c.schedules["train"].kernels[c.kernels["train"].index(p)]) <= merge.MAX_WORK for p in code.parts) for code in c.dispatches["train"])
+        for code in c.dispatches["train"]:
+            if code.kind == "merged":  # only small kernels share a dispatch
+                for u in code.parts:
+                    ms = [c.kernels["train"].index(p) for p in (u.parts if u.kind == "chain" else [u])]
+                    assert sum(merge.work(c.schedules["train"].kernels[m]) for m in ms) <= merge.MAX_WORK
         assert name == "addition_transformer" or big
 
 
@@ -150,3 +170,57 @@ def test_merged_training_is_bit_identical(kernels):
         np.testing.assert_array_equal(pa[n], pb[n], err_msg=n)
         np.testing.assert_array_equal(ga[n], gb[n], err_msg=n)
     np.testing.assert_array_equal(ya, yb)
+
+
+# --- row chains: a stage reads only what its own workgroup wrote ---------------------------------
+
+
+class Rows(aot.Module):
+    def __init__(self):
+        super().__init__()
+
+
+def _permuted(s):
+    """s[8] read at other rows through views only (reshape, transpose): what the locality check
+    must see through."""
+    return ops.reshape(ops.transpose(ops.reshape(s, (2, 4)), (1, 0)), (8, 1))
+
+
+ROWS = aot.Program(
+    "merge_rows",
+    model=Rows,
+    infer={
+        # a row sum, then an elementwise kernel that reads it at the same row: one chain
+        "direct": aot.Infer(lambda m, x: x * ops.sum(x, axis=1, keepdims=True), inputs={"x": aot.f32(8, 64)}),
+        # ... at other rows (other workgroups' sums): stays two kernels
+        "permuted": aot.Infer(lambda m, x: x * _permuted(ops.sum(x, axis=1)), inputs={"x": aot.f32(8, 64)}),
+        # ... at other rows through an op that is not a view: stays two kernels
+        "flipped": aot.Infer(lambda m, x: x * ops.flip(ops.sum(x, axis=1, keepdims=True), (0,)), inputs={"x": aot.f32(8, 64)}),
+    },
+)
+
+
+def test_row_chains_only_where_each_workgroup_reads_its_own_rows():
+    c = compile_program(ROWS)
+    kinds = {key.split("[")[0]: [d.kind for d in c.dispatches[key]] for key in c.dispatches}
+    assert kinds["direct"] == ["chain"], kinds
+    assert kinds["permuted"] == ["kernel", "kernel"] and kinds["flipped"] == ["kernel", "kernel"], kinds
+    (code,) = c.dispatches[next(k for k in c.dispatches if k.startswith("direct"))]
+    assert code.wgsl.count("storageBarrier();") == 1 and len(code.parts) == 2
+
+
+@pytest.mark.gpu
+def test_row_chains_compute_what_the_kernels_do():
+    """Each entry twice with other data: a stage reading another workgroup's row would see the
+    last call's value there (or this call's, depending on the order workgroups run)."""
+    rng = np.random.default_rng(0)
+    model = aot.compile(ROWS, kernels="gpu")
+    try:
+        for entry in ("direct", "permuted", "flipped"):
+            for _ in range(3):
+                x = rng.normal(size=(8, 64)).astype(np.float32)
+                s = x.sum(axis=1, dtype=np.float64)
+                want = {"direct": s[:, None], "permuted": s.reshape(2, 4).T.reshape(8, 1), "flipped": s[::-1, None]}[entry]
+                np.testing.assert_allclose(getattr(model, entry)(x=x), x * want, rtol=1e-5, atol=1e-4, err_msg=entry)
+    finally:
+        model.close()

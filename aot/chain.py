@@ -1,0 +1,257 @@
+"""Kernels -> row chains: dependent kernels over the same rows run as one kernel, in stages.
+
+A reduction kernel gives each workgroup a fixed set of rows (one row, or 256 rows: codegen's
+rows_per_workgroup). A later kernel that reads what it wrote only at those rows can run in the
+same workgroup after a barrier instead of in a dispatch of its own: LayerNorm's mean, variance
+and normalization; softmax's max, exp-sum and division; the row sums of their backward passes.
+A dispatch costs a few microseconds whatever it does and these kernels are a chain (each needs
+the last), so this shortens what no merging of independent kernels (merge.py) can.
+
+A stage joins a chain when (each checked here):
+- it is a reduction over the chain's rows with the same rows per workgroup, or an elementwise
+  kernel whose elements are whole rows of them (element i in row i // (n / rows));
+- every element it reads of a chain kernel's output was written by the same workgroup: the index
+  maps are evaluated, point by point, through the pointwise and view ops between its outputs and
+  the reads (any other op on that path, or a read of storage the chain writes that is not one of
+  its outputs, and it does not join);
+- it writes nothing a chain kernel reads or writes (other workgroups may still be reading), and
+  it conflicts with no kernel between the chain and its own place (it moves up to the chain);
+- it is on the chain's side of a training graph's cut.
+Stages are the kernels' own code, called in order, with `storageBarrier()` between them (the
+stores of one stage are visible to the whole workgroup in the next); an elementwise stage walks
+the elements of the workgroup's rows. Results are bit-identical to the kernels run one by one.
+Like merge.py, this is for the GPU kernel set; the CPU set keeps every kernel on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import merge
+from .codegen import WG, KernelCode, rows_per_workgroup
+from .ir import Tensor
+from .plan import Plan, arena_binding
+from .schedule import Kernel, KernelSchedule, op_of
+from .views import View
+
+MAX_STAGES = 6
+MAX_POINTS = 1 << 24  # index maps are evaluated with NumPy: larger kernels stay on their own
+
+
+@dataclass
+class Chain:
+    members: list[int]  # kernel indices, in stage order
+    rows: int  # the rows (outputs of the first reduction)
+    per_wg: int  # rows per workgroup
+    row_of: dict  # id(output tensor) -> (kernel index, elements per row)
+
+
+def view_offsets(v: View, shape) -> np.ndarray:
+    """Flat element offsets in v's base of every element of a tensor of `shape` (row-major)."""
+    total = np.full(tuple(shape), v.offset, dtype=np.int64) if shape else np.array(v.offset, dtype=np.int64)
+    for ax, (d, subdims) in enumerate(zip(shape, v.dims)):
+        c = np.arange(d, dtype=np.int64)
+        off = np.zeros(d, dtype=np.int64)
+        sizes = [n for n, _ in subdims]
+        for k, (n, st) in enumerate(subdims):
+            inner = int(np.prod(sizes[k + 1 :], dtype=np.int64)) if k + 1 < len(sizes) else 1
+            off += (c // inner) % n * st
+        total = total + off.reshape([d if i == ax else 1 for i in range(len(shape))])
+    return total.ravel()
+
+
+class _Unknown(Exception):
+    """An index map through an op the walk does not model."""
+
+
+def _reads(s: KernelSchedule, own: set[int], t: Tensor, idx: np.ndarray, rows: np.ndarray, out: list) -> None:
+    """Storage reads of computing t at flat elements idx, for points in rows: (base, elements, rows)."""
+    if id(t) in s.views and id(t) not in own:
+        v = s.views[id(t)]
+        out.append((v.base, view_offsets(v, t.shape)[idx], rows))
+        return
+    fusion = op_of(t).fusion
+    if fusion == "constant" or (fusion == "reduce" and id(t) in own):  # a result this kernel holds
+        return
+    n = t.node
+    if fusion == "pointwise":
+        for x in n.inputs:
+            if x.size != t.size:
+                raise _Unknown(n.op)
+            _reads(s, own, x, idx, rows, out)
+    elif fusion == "view" and op_of(t).view is not None:
+        x = n.inputs[0]
+        v = op_of(t).view(n, {id(x): View.contiguous(x)})
+        if v is None:
+            raise _Unknown(n.op)
+        _reads(s, own, x, view_offsets(v, t.shape)[idx], rows, out)
+    else:
+        raise _Unknown(n.op)
+
+
+def _points(k: Kernel, rows: int) -> list[tuple[Tensor, np.ndarray, np.ndarray]] | None:
+    """(tensor, its flat elements, the row of each) a stage computes, from which its reads are
+    walked; None if its index space is not whole rows."""
+    if k.kind == "elementwise":
+        n = k.out.size
+        if n % rows or any(t.size != n for t in k.outs):
+            return None
+        i = np.arange(n, dtype=np.int64)
+        return [(t, i, i // (n // rows)) for t in k.outs]
+    if k.kind != "reduce" or k.reduce_space()[0] != rows:
+        return None
+    out = []
+    for m in k.group + [k]:
+        x = m.node.inputs[0]
+        axes = op_of(m.node).reduced_axes(m.node.attrs)
+        coords = np.unravel_index(np.arange(x.size, dtype=np.int64), x.shape) if x.shape else ()
+        kept = [d for i, d in enumerate(x.shape) if i not in axes]
+        o = (
+            np.ravel_multi_index([c for i, c in enumerate(coords) if i not in axes], kept)
+            if kept else np.zeros(x.size, dtype=np.int64)
+        )
+        out.append((x, np.arange(x.size, dtype=np.int64), o.astype(np.int64)))
+        for t in m.after:  # the epilogue, at output element o
+            if t.size != rows:
+                return None
+            i = np.arange(rows, dtype=np.int64)
+            out.append((t, i, i))
+    return out
+
+
+def _local(s: KernelSchedule, k: Kernel, chain: Chain) -> bool:
+    """Every element k reads of a chain output was written by the workgroup that computes it."""
+    pts = _points(k, chain.rows)
+    if pts is None or sum(len(i) for _, i, _ in pts) > MAX_POINTS:
+        return False
+    if k.kind == "reduce" and rows_per_workgroup(*k.reduce_space()) != chain.per_wg:
+        return False
+    own = {id(t) for t in k.outs}
+    reads: list = []
+    try:
+        for t, idx, rows in pts:
+            _reads(s, own, t, idx, rows, reads)
+    except _Unknown:
+        return False
+    for base, elems, rows in reads:
+        if id(base) not in chain.row_of:
+            continue
+        _, per_row = chain.row_of[id(base)]
+        if not np.array_equal(elems // per_row // chain.per_wg, rows // chain.per_wg):
+            return False
+    return True
+
+
+def _span_overlaps(a, b) -> bool:
+    return merge._overlap(a, b)
+
+
+def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> list[tuple[list[int], KernelCode]]:
+    """The kernels as units in dispatch order: (kernel indices, code), a row chain's code being
+    one kernel that runs its members as stages."""
+    prints = [merge.footprint(k, p, c) for k, c in zip(s.kernels, codes)]
+    sources = [merge.parse(c.wgsl) for c in codes]
+    cut = s.update_from if s.update_from is not None else len(codes)
+    units: list[Chain | None] = []  # a Chain, or None for a kernel that heads none
+    members: list[list[int]] = []
+
+    def head(i: int) -> Chain | None:
+        k = s.kernels[i]
+        if k.kind != "reduce" or sources[i].wg != WG or not prints[i].known:
+            return None
+        n_out, n_red = k.reduce_space()
+        if any(t.size != n_out for t in k.outs):
+            return None
+        return Chain([i], n_out, rows_per_workgroup(n_out, n_red), {id(t): (i, 1) for t in k.outs})
+
+    def joins(j: int, c: Chain) -> bool:
+        k = s.kernels[j]
+        if len(c.members) >= MAX_STAGES or k.kind not in ("reduce", "elementwise") or sources[j].wg != WG:
+            return False
+        if (j < cut) != (c.members[0] < cut) or not prints[j].known:
+            return False
+        reads = [r for m in c.members for r in prints[m].reads]
+        writes = [w for m in c.members for w in prints[m].writes]
+        if _span_overlaps(prints[j].writes, reads + writes):
+            return False
+        for b in k.reads:  # what it reads of the chain's memory must be the chain's own outputs
+            loc = p.loc.get(id(b))
+            if loc is None or (
+                _span_overlaps([(loc.arena, loc.offset, loc.offset + max(b.size, 1))], writes) and id(b) not in c.row_of
+            ):
+                return False
+        parts = [sources[m] for m in c.members] + [sources[j]]
+        arenas = {a for q in parts for a in q.bindings}
+        wg_bytes = sum(merge._BYTES.get(ty, 16) * n for q in parts for _, ty, n in q.wg_vars)
+        if len(arenas) > merge.MAX_STORAGE_BINDINGS or wg_bytes > merge.MAX_WORKGROUP_BYTES:
+            return False
+        return _local(s, k, c)
+
+    for j in range(len(codes)):
+        last = max((u for u, ms in enumerate(members) if any(merge.conflicts(prints[j], prints[m]) for m in ms)), default=-1)
+        c = units[last] if last >= 0 else None
+        if c is not None and joins(j, c):
+            k = s.kernels[j]
+            per_row = k.out.size // c.rows if k.kind == "elementwise" else 1
+            c.members.append(j)
+            c.row_of.update({id(t): (j, per_row) for t in k.outs})
+            continue
+        units.append(head(j))
+        members.append(units[-1].members if units[-1] is not None else [j])
+    out = []
+    for c, ms in zip(units, members):
+        out.append((ms, codes[ms[0]] if len(ms) == 1 else render(s, c, [codes[m] for m in ms], prefix)))
+    return out
+
+
+def render(s: KernelSchedule, c: Chain, codes: list[KernelCode], prefix: str) -> KernelCode:
+    parts = [merge.parse(k.wgsl) for k in codes]
+    name = merge.merged_name([k.name for k in codes], prefix, "_then_")
+    renames = [{v: f"k{j}_{v}" for v, _, _ in q.wg_vars} for j, q in enumerate(parts)]
+    what = "one row" if c.per_wg == 1 else f"{c.per_wg} rows"
+    out = [
+        f"// {name}: {len(parts)} kernels over the same {c.rows} rows as stages of one: each workgroup",
+        f"// takes {what} through every stage, a barrier making a stage's stores visible to the next",
+    ]
+    for q in parts:
+        out += ["//"] + q.header
+    out += merge.binding_lines(parts)
+    decls = [f"var<workgroup> {renames[j][v]}: array<{ty}, {n}>;" for j, q in enumerate(parts) for v, ty, n in q.wg_vars]
+    if decls:
+        out += [""] + decls
+    out += merge.part_bodies(parts, renames)
+    grid = codes[0].grid
+    out += [
+        "",
+        f"@compute @workgroup_size({WG})",
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {",
+    ]
+    builtin = {
+        "workgroup_id": "wid", "local_invocation_index": "lid", "local_invocation_id": "vec3<u32>(lid, 0u, 0u)",
+        "global_invocation_id": f"vec3<u32>(wid.x * {WG}u + lid, wid.y, wid.z)",
+    }
+    for j, (m, q, k) in enumerate(zip(c.members, parts, codes)):
+        if j:
+            out.append("    storageBarrier();")
+        if s.kernels[m].kind == "reduce":  # the same rows, so the same grid as the first stage
+            assert k.grid == grid, (k.name, k.grid, grid)
+            out.append(f"    k{j}_main({', '.join(builtin[b] for b, _, _ in q.params)});")
+        else:  # elementwise: the elements of this workgroup's rows, in order
+            span = c.per_wg * (s.kernels[m].out.size // c.rows)
+            w = f"(wid.x + wid.y * {grid[0]}u)" if grid[1] > 1 else "wid.x"
+            out += [
+                f"    for (var e = lid; e < {span}u; e = e + {WG}u) {{",
+                f"        k{j}_main(vec3<u32>({w} * {span}u + e, 0u, 0u));",
+                "    }",
+            ]
+    out += ["}", ""]
+    access: dict[str, str] = {}
+    for k in codes:
+        for a, acc in k.bindings:
+            access[a] = "read_write" if "read_write" in (acc, access.get(a)) else acc
+    return KernelCode(
+        name, "\n".join(out), sorted(access.items(), key=lambda kv: arena_binding(kv[0])), grid,
+        " ; ".join(k.ops for k in codes), codes[0].site, None, parts=codes, kind="chain",
+    )
