@@ -23,7 +23,8 @@ def build(program, outdir="generated", force=False, max_binding_mib=128, target=
     of the package exceeds max_binding_mib MiB (128: WebGPU's default, so it runs anywhere).
     target="web" writes an ES module and a demo page instead (OUT/<name>/), "all" both (the
     web project in OUT/<name>-web/). merge_dispatches=False gives every kernel a dispatch of
-    its own (by default independent kernels share one: fewer dispatches, the same results)."""
+    its own (by default, on GPUs, independent kernels share one and dependent kernels over the
+    same rows run as one: fewer dispatches, the same operations in the same order)."""
     import os
     import warnings
 

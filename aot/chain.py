@@ -19,7 +19,9 @@ A stage joins a chain when (each checked here):
 - it is on the chain's side of a training graph's cut.
 Stages are the kernels' own code, called in order, with `storageBarrier()` between them (the
 stores of one stage are visible to the whole workgroup in the next); an elementwise stage walks
-the elements of the workgroup's rows. Results are bit-identical to the kernels run one by one.
+the elements of the workgroup's rows. The operations and their order are the kernels' own (bit
+for bit the same results on lavapipe; a GPU driver may contract a*b + c into an FMA differently
+in the larger shader: 1-ulp differences measured on an H100).
 Like merge.py, this is for the GPU kernel set; the CPU set keeps every kernel on its own.
 """
 

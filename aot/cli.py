@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     b.add_argument(
         "--no-merge", action="store_true",
         help="give every kernel a dispatch of its own (by default independent kernels share one on GPUs: "
-        "fewer dispatches, bit-identical results)",
+        "and dependent kernels over the same rows run as one: fewer dispatches, the same operations)",
     )
     b.add_argument(
         "--force", action="store_true",

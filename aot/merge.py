@@ -10,7 +10,9 @@ range of workgroups and its own code, called as a function from one entry point.
 Rules (each checked here, not assumed):
 - a kernel joins the earliest dispatch after the last one it conflicts with (it reads what that
   one writes, writes what it reads, or writes where it writes), so every read still sees the
-  value the sequential order gives it: results are bit-identical to the unmerged kernels;
+  value the sequential order gives it: the same operations in the same order, so the same
+  results (bit for bit on lavapipe; a GPU driver may contract a*b + c into an FMA differently
+  inside a larger shader);
 - never across a training graph's cut (the data-parallel split at `update_from`);
 - the parts share a workgroup size; a part with a smaller one joins only if it has no barrier
   (it runs on the first invocations of each workgroup);

@@ -4,8 +4,9 @@ Structure (every example, no GPU): the plan accounts for every buffer a kernel b
 footprint is unknown and it merges with nothing); every pair of kernels that conflict (one writes
 what the other reads or writes) keeps its order in the dispatch list; no dispatch straddles a
 training graph's cut; the transformers lose a fifth of their dispatches or more.
-On the adapter: merged and unmerged builds train bit-identically (losses, parameters, gradients,
-predictions), with both kernel sets.
+On the adapter: merged and unmerged builds train alike (losses, parameters, gradients,
+predictions; bit for bit on lavapipe), with both kernel sets; row chains form only where each
+workgroup reads its own rows, and compute what the kernels one by one do.
 """
 
 from __future__ import annotations
@@ -152,24 +153,32 @@ def _run(model, steps=3):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
-def test_merged_training_is_bit_identical(kernels):
+def test_merged_training_matches_one_kernel_per_dispatch(kernels):
+    """The same operations in the same order, so the same results: bit for bit on a CPU adapter
+    (lavapipe, where CI runs). A GPU driver may contract a*b + c into an FMA differently once a
+    kernel's code sits in a larger shader (a row chain's stages: 1-ulp gradient differences on
+    an H100, which Adam's normalization lifts to ~6e-6 in a bias whose true gradient is 0)."""
     assert len(compile_program(BLOCK).dispatches["train"]) < len(compile_program(BLOCK).kernels["train"])
-    runs = []
+    runs, exact = [], True
     for merge_dispatches in (True, False):
         model = aot.compile(BLOCK, kernels=kernels, merge_dispatches=merge_dispatches)
         entry = model.PROGRAM["entries"]["train"]
         expected = entry["dispatches_cpu" if kernels == "cpu" and merge_dispatches else "dispatches"]
         assert model._engine.entries["train"]["dispatches"] == expected
+        exact = exact and model._engine.adapter_info.get("adapter_type") == "CPU"
         try:
             runs.append(_run(model))
         finally:
             model.close()
     (la, pa, ga, ya), (lb, pb, gb, yb) = runs
-    assert la == lb
+    if exact:
+        assert la == lb
+    np.testing.assert_allclose(la, lb, rtol=1e-6)
     for n in pa:
-        np.testing.assert_array_equal(pa[n], pb[n], err_msg=n)
-        np.testing.assert_array_equal(ga[n], gb[n], err_msg=n)
-    np.testing.assert_array_equal(ya, yb)
+        check = np.testing.assert_array_equal if exact else lambda a, b, err_msg: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5, err_msg=err_msg)
+        check(pa[n], pb[n], err_msg=n)
+        check(ga[n], gb[n], err_msg=n)
+    (np.testing.assert_array_equal if exact else np.testing.assert_allclose)(ya, yb)
 
 
 # --- row chains: a stage reads only what its own workgroup wrote ---------------------------------
