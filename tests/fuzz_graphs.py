@@ -1253,12 +1253,18 @@ class Gen:
 
         if not hasattr(aot.ops, "attention"):  # API.md §6, not in every version
             raise Skip("attention")
-        q = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 2, self.new_f32(rank=int(self.rng.integers(2, 4))))
+        from aot.ops.attention import MAX_HEAD  # a documented limit (a ShapeError), not a finding
+
+        fits = lambda v: self.f32(v) and len(self.shape(v)) >= 2 and self.shape(v)[-1] <= MAX_HEAD  # noqa: E731
+        q = self.pick(fits, self.new_f32(rank=int(self.rng.integers(2, 4))))
+        if self.shape(q)[-1] > MAX_HEAD:
+            raise Skip("attention: head size over MAX_HEAD")
         *lead, t, d = self.shape(q)
         causal = self.chance(0.5)
         tk = t if causal else self.dim()
         k = self.pick(lambda v: self.f32(v) and self.shape(v) == (*lead, tk, d), lambda: self.leaf((*lead, tk, d)), p_new=0.5)
-        v = self.pick(lambda v: self.f32(v) and self.shape(v)[:-1] == (*lead, tk), lambda: self.leaf((*lead, tk, self.dim())), p_new=0.5)
+        v = self.pick(lambda v: self.f32(v) and self.shape(v)[:-1] == (*lead, tk) and self.shape(v)[-1] <= MAX_HEAD,
+                      lambda: self.leaf((*lead, tk, min(self.dim(), MAX_HEAD))), p_new=0.5)
         kw = {"causal": True} if causal else {}
         if self.chance(0.3):
             kw["scale"] = self.choice((0.5, 1.0, 0.25))
