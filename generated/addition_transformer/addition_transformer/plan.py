@@ -134,12 +134,7 @@ PROGRAM = {
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
         ),
-        "train_001_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
-        "train_002_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-        ),
-        "train_003_fused_mul_sub_add": (
+        "train_001_002_003_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -155,12 +150,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "train_009_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_010_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "train_011_fused_mul_sub_add": (
+        "train_009_010_011_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -172,19 +162,11 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_014_fused_add_sum": (
+        "train_014_015_fused_add_sum_then_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_015_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_016_fused_mul_add_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-        ),
-        "train_017_fused_mul_add": (
+        "train_016_017_fused_mul_add_sum_then_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -200,12 +182,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "train_023_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_024_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "train_025_fused_mul_sub_add": (
+        "train_023_024_025_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -217,19 +194,11 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_028_fused_add_sum": (
+        "train_028_029_fused_add_sum_then_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_029_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_030_fused_mul_add_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-        ),
-        "train_031_fused_mul_add": (
+        "train_030_031_fused_mul_add_sum_then_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -245,12 +214,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "train_037_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "train_038_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "train_039_fused_mul_sub_add": (
+        "train_037_038_039_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -262,11 +226,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_042_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "train_043_fused_add_mul_sub": (
+        "train_042_043_fused_add_sum_then_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
@@ -282,12 +242,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
-        "train_047_max": ((("work", "read_write"),), "addition_transformer.py:61"),
-        "train_048_fused_stop_gradient_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:61",
-        ),
-        "train_049_fused_stop_gradient_log_sub": (
+        "train_047_048_049_max_then_fused_stop_gradient_sub_sum_then_fused_stop_gradient_log_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
         ),
@@ -303,8 +258,7 @@ PROGRAM = {
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
         ),
-        "train_053_sum": ((("work", "read_write"),), "addition_transformer.py:61"),
-        "train_054_fused_exp_mul_sub": (
+        "train_053_054_sum_then_fused_exp_mul_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
         ),
@@ -312,19 +266,11 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
-        "train_057_058_fused_mul_sum": (
+        "train_057_058_059_fused_mul_sum_and_fused_mul_add": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
-        "train_059_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "train_060_fused_neg_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:53",
-        ),
-        "train_061_fused_mul_add": (
+        "train_060_061_fused_neg_sum_then_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
         ),
@@ -340,16 +286,8 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_066_067_sum_and_fused_mul_sub_sum": (
+        "train_066_067_068_069_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_068_fused_mul_sub_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_069_fused_neg_sum": (
-            (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
         "train_070_fused_mul_add": (
@@ -380,19 +318,15 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_083_084_fused_mul_sub_sum_and_fused_mul_sum": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+        "train_083_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_085_fused_mul_add": (
+        "train_084_085_fused_mul_sum_then_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_086_fused_neg_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-        ),
-        "train_087_fused_mul_add": (
+        "train_086_087_fused_neg_sum_then_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
@@ -408,19 +342,11 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_094_095_fused_mul_sub_sum": (
+        "train_094_095_096_fused_mul_sub_sum_and_fused_mul_sub_add": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_096_fused_mul_sub_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_097_fused_neg_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "train_098_fused_mul_add": (
+        "train_097_098_fused_neg_sum_then_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
@@ -448,15 +374,11 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_111_112_fused_mul_sum": (
+        "train_111_112_113_fused_mul_sum_and_fused_mul_add": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_113_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_115_fused_mul_add": (
+        "train_114_115_fused_neg_sum_then_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
@@ -472,16 +394,8 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_121_122_sum_and_fused_mul_sub_sum": (
+        "train_121_122_123_124_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_123_fused_mul_sub_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_124_fused_neg_sum": (
-            (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
         "train_125_fused_mul_add": (
@@ -512,16 +426,12 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_138_139_140_fused_mul_sub_sum": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+        "train_138_139_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_141_fused_mul_sub_add": (
+        "train_140_141_142_fused_mul_sub_sum_then_fused_mul_sub_add_then_fused_neg_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_142_fused_neg_sum": (
-            (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
         "train_143_fused_mul_add": (
@@ -557,6 +467,15 @@ PROGRAM = {
             ),
             "optimizer",
         ),
+        "train_001_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
+        "train_002_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "train_003_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
         "train_004_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -568,6 +487,31 @@ PROGRAM = {
         "train_006_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+        ),
+        "train_009_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_010_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "train_011_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_014_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_015_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_016_fused_mul_add_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "train_017_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
         ),
         "train_018_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -581,6 +525,31 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
+        "train_023_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_024_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "train_025_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_028_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_029_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_030_fused_mul_add_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "train_031_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
         "train_032_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -593,6 +562,37 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
+        "train_037_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_038_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "train_039_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_042_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_043_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_047_max": ((("work", "read_write"),), "addition_transformer.py:61"),
+        "train_048_fused_stop_gradient_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:61",
+        ),
+        "train_049_fused_stop_gradient_log_sub": (
+            (("work", "read_write"),),
+            "addition_transformer.py:61",
+        ),
+        "train_053_sum": ((("work", "read_write"),), "addition_transformer.py:61"),
+        "train_054_fused_exp_mul_sub": (
+            (("work", "read_write"),),
+            "addition_transformer.py:61",
+        ),
         "train_055_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
@@ -604,6 +604,18 @@ PROGRAM = {
         ),
         "train_058_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_059_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_060_fused_neg_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:53",
+        ),
+        "train_061_fused_mul_add": (
+            (("work", "read_write"),),
             "addition_transformer.py:53",
         ),
         "train_064_matmul": (
@@ -620,6 +632,14 @@ PROGRAM = {
         ),
         "train_067_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_068_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_069_fused_neg_sum": (
+            (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
         "train_071_matmul": (
@@ -658,12 +678,20 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_083_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
         "train_084_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_085_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_086_fused_neg_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "train_087_fused_mul_add": (
+            (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
         "train_088_fused_mul_sum": (
@@ -692,6 +720,18 @@ PROGRAM = {
         ),
         "train_095_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_096_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_097_fused_neg_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "train_098_fused_mul_add": (
+            (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
         "train_099_matmul": (
@@ -738,6 +778,14 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
+        "train_113_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_115_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
         "train_118_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
@@ -756,6 +804,14 @@ PROGRAM = {
         ),
         "train_122_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_123_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_124_fused_neg_sum": (
+            (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
         "train_126_matmul": (
@@ -806,16 +862,19 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
+        "train_141_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_142_fused_neg_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
         ),
-        "predict_N1_01_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
-        "predict_N1_02_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-        ),
-        "predict_N1_03_fused_mul_sub_add": (
+        "predict_N1_01_02_03_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -831,12 +890,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N1_09_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "predict_N1_10_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N1_11_fused_mul_sub_add": (
+        "predict_N1_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -848,16 +902,8 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N1_14_fused_add_sum": (
+        "predict_N1_14_15_16_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N1_15_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N1_16_fused_mul_sum": (
-            (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
         "predict_N1_17_fused_mul_rsqrt_add": (
@@ -876,12 +922,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N1_23_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "predict_N1_24_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N1_25_fused_mul_sub_add": (
+        "predict_N1_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -893,11 +934,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N1_28_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N1_29_fused_add_mul_sub": (
+        "predict_N1_28_29_30_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -913,12 +950,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N1_37_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
-        "predict_N1_38_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N1_39_fused_mul_sub_add": (
+        "predict_N1_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -930,11 +962,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N1_42_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "predict_N1_43_fused_add_mul_sub": (
+        "predict_N1_42_43_44_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
@@ -945,6 +973,15 @@ PROGRAM = {
         "predict_N1_46_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+        ),
+        "predict_N1_01_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
+        "predict_N1_02_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "predict_N1_03_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
         ),
         "predict_N1_04_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -958,6 +995,27 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
+        "predict_N1_09_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_10_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N1_11_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "predict_N1_14_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N1_15_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N1_16_fused_mul_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
         "predict_N1_18_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -969,6 +1027,23 @@ PROGRAM = {
         "predict_N1_20_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+        ),
+        "predict_N1_23_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_24_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N1_25_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "predict_N1_28_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N1_29_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
         ),
         "predict_N1_32_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -982,19 +1057,28 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
+        "predict_N1_37_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_38_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N1_39_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "predict_N1_42_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "predict_N1_43_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
         "predict_N128_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
         ),
-        "predict_N128_01_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-        ),
-        "predict_N128_02_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-        ),
-        "predict_N128_03_fused_mul_sub_add": (
+        "predict_N128_01_02_03_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -1010,15 +1094,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N128_09_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N128_10_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N128_11_fused_mul_sub_add": (
+        "predict_N128_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -1030,16 +1106,8 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N128_14_fused_add_sum": (
+        "predict_N128_14_15_16_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N128_15_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N128_16_fused_mul_sum": (
-            (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
         "predict_N128_17_fused_mul_rsqrt_add": (
@@ -1058,15 +1126,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N128_23_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N128_24_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N128_25_fused_mul_sub_add": (
+        "predict_N128_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -1078,11 +1138,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N128_28_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N128_29_fused_add_mul_sub": (
+        "predict_N128_28_29_30_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -1098,15 +1154,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
-        "predict_N128_37_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N128_38_fused_mul_sub_sum": (
-            (("work", "read_write"),),
-            "addition_transformer.py:36",
-        ),
-        "predict_N128_39_fused_mul_sub_add": (
+        "predict_N128_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -1118,11 +1166,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N128_42_fused_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "predict_N128_43_fused_add_mul_sub": (
+        "predict_N128_42_43_44_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
@@ -1133,6 +1177,18 @@ PROGRAM = {
         "predict_N128_46_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+        ),
+        "predict_N128_01_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_02_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_03_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
         ),
         "predict_N128_04_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1146,6 +1202,30 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
+        "predict_N128_09_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_10_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_11_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_14_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_15_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_16_fused_mul_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
         "predict_N128_18_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -1158,6 +1238,26 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
+        "predict_N128_23_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_24_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_25_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_28_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_29_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
         "predict_N128_32_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -1169,6 +1269,26 @@ PROGRAM = {
         "predict_N128_34_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+        ),
+        "predict_N128_37_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_38_fused_mul_sub_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_39_fused_mul_sub_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "predict_N128_42_fused_add_sum": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "predict_N128_43_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
         ),
     },
     "entries": {
@@ -1186,65 +1306,63 @@ PROGRAM = {
             "captures": [],
             "dispatches": [
                 ("train_000_fused_gather_add", (256, 1, 1)),
-                ("train_001_sum", (1024, 1, 1)),
-                ("train_002_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_003_fused_mul_sub_add", (256, 1, 1)),
+                (
+                    "train_001_002_003_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (1024, 1, 1),
+                ),
                 ("train_004_005_006_matmul", (768, 1, 1)),
                 ("train_007_attention", (64, 1, 1)),
                 ("train_008_matmul_add", (4, 64, 1)),
-                ("train_009_sum", (1024, 1, 1)),
-                ("train_010_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_011_fused_mul_sub_add", (256, 1, 1)),
+                (
+                    "train_009_010_011_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (1024, 1, 1),
+                ),
                 ("train_012_matmul_add_relu", (8, 32, 1)),
                 ("train_013_matmul", (4, 64, 1)),
-                ("train_014_fused_add_sum", (1024, 1, 1)),
-                ("train_015_fused_add_mul_sub", (256, 1, 1)),
-                ("train_016_fused_mul_add_sum", (1024, 1, 1)),
-                ("train_017_fused_mul_add", (256, 1, 1)),
+                ("train_014_015_fused_add_sum_then_fused_add_mul_sub", (1024, 1, 1)),
+                ("train_016_017_fused_mul_add_sum_then_fused_mul_add", (1024, 1, 1)),
                 ("train_018_019_020_matmul", (768, 1, 1)),
                 ("train_021_attention", (64, 1, 1)),
                 ("train_022_matmul_add", (4, 64, 1)),
-                ("train_023_sum", (1024, 1, 1)),
-                ("train_024_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_025_fused_mul_sub_add", (256, 1, 1)),
+                (
+                    "train_023_024_025_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (1024, 1, 1),
+                ),
                 ("train_026_matmul_add_relu", (8, 32, 1)),
                 ("train_027_matmul", (4, 64, 1)),
-                ("train_028_fused_add_sum", (1024, 1, 1)),
-                ("train_029_fused_add_mul_sub", (256, 1, 1)),
-                ("train_030_fused_mul_add_sum", (1024, 1, 1)),
-                ("train_031_fused_mul_add", (256, 1, 1)),
+                ("train_028_029_fused_add_sum_then_fused_add_mul_sub", (1024, 1, 1)),
+                ("train_030_031_fused_mul_add_sum_then_fused_mul_add", (1024, 1, 1)),
                 ("train_032_033_034_matmul", (768, 1, 1)),
                 ("train_035_attention", (64, 1, 1)),
                 ("train_036_matmul_add", (4, 64, 1)),
-                ("train_037_sum", (1024, 1, 1)),
-                ("train_038_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_039_fused_mul_sub_add", (256, 1, 1)),
+                (
+                    "train_037_038_039_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (1024, 1, 1),
+                ),
                 ("train_040_matmul_add_relu", (8, 32, 1)),
                 ("train_041_matmul", (4, 64, 1)),
-                ("train_042_fused_add_sum", (1024, 1, 1)),
-                ("train_043_fused_add_mul_sub", (256, 1, 1)),
+                ("train_042_043_fused_add_sum_then_fused_add_mul_sub", (1024, 1, 1)),
                 ("train_044_fused_mul_add_sum", (1024, 1, 1)),
                 ("train_045_fused_mul_add", (256, 1, 1)),
                 ("train_046_matmul", (1, 64, 1)),
-                ("train_047_max", (4, 1, 1)),
-                ("train_048_fused_stop_gradient_sub_sum", (4, 1, 1)),
-                ("train_049_fused_stop_gradient_log_sub", (48, 1, 1)),
+                (
+                    "train_047_048_049_max_then_fused_stop_gradient_sub_sum_then_fused_stop_gradient_log_sub",
+                    (4, 1, 1),
+                ),
                 ("train_050_fused_one_hot_mul_sum", (4, 1, 1)),
                 ("train_051_fused_neg_mul_sum", (1, 1, 1)),
                 ("train_052_fused_one_hot_neg_mul", (48, 1, 1)),
-                ("train_053_sum", (4, 1, 1)),
-                ("train_054_fused_exp_mul_sub", (48, 1, 1)),
+                ("train_053_054_sum_then_fused_exp_mul_sub", (4, 1, 1)),
                 ("train_055_056_matmul", (260, 1, 1)),
-                ("train_057_058_fused_mul_sum", (1088, 1, 1)),
-                ("train_059_fused_mul_add", (256, 1, 1)),
-                ("train_060_fused_neg_sum", (1024, 1, 1)),
-                ("train_061_fused_mul_add", (256, 1, 1)),
+                ("train_057_058_059_fused_mul_sum_and_fused_mul_add", (1088, 1, 1)),
+                ("train_060_061_fused_neg_sum_then_fused_mul_add", (1024, 1, 1)),
                 ("train_062_matmul", (4, 16, 1)),
                 ("train_063_matmul_equal_sub_mul", (8, 32, 1)),
                 ("train_064_065_matmul", (320, 1, 1)),
-                ("train_066_067_sum_and_fused_mul_sub_sum", (1088, 1, 1)),
-                ("train_068_fused_mul_sub_add", (256, 1, 1)),
-                ("train_069_fused_neg_sum", (1024, 1, 1)),
+                (
+                    "train_066_067_068_069_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
+                    (1088, 1, 1),
+                ),
                 ("train_070_fused_mul_add", (256, 1, 1)),
                 ("train_071_072_matmul", (272, 1, 1)),
                 ("train_073_fused_mul_sum", (16, 1, 1)),
@@ -1255,17 +1373,17 @@ PROGRAM = {
                 ("train_077_078_080_081_matmul", (304, 1, 1)),
                 ("train_079_matmul", (4, 64, 1)),
                 ("train_082_matmul_add", (4, 64, 1)),
-                ("train_083_084_fused_mul_sub_sum_and_fused_mul_sum", (1088, 1, 1)),
-                ("train_085_fused_mul_add", (256, 1, 1)),
-                ("train_086_fused_neg_sum", (1024, 1, 1)),
-                ("train_087_fused_mul_add", (256, 1, 1)),
+                ("train_083_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_084_085_fused_mul_sum_then_fused_mul_add", (1024, 1, 1)),
+                ("train_086_087_fused_neg_sum_then_fused_mul_add", (1024, 1, 1)),
                 ("train_088_089_fused_mul_sum_and_matmul", (128, 1, 1)),
                 ("train_090_matmul_equal_sub_mul", (8, 32, 1)),
                 ("train_091_092_093_sum_and_matmul", (576, 1, 1)),
-                ("train_094_095_fused_mul_sub_sum", (1088, 1, 1)),
-                ("train_096_fused_mul_sub_add", (256, 1, 1)),
-                ("train_097_fused_neg_sum", (1024, 1, 1)),
-                ("train_098_fused_mul_add", (256, 1, 1)),
+                (
+                    "train_094_095_096_fused_mul_sub_sum_and_fused_mul_sub_add",
+                    (1088, 1, 1),
+                ),
+                ("train_097_098_fused_neg_sum_then_fused_mul_add", (1024, 1, 1)),
                 ("train_099_100_matmul", (272, 1, 1)),
                 ("train_101_fused_mul_sum", (16, 1, 1)),
                 (
@@ -1275,16 +1393,15 @@ PROGRAM = {
                 ("train_105_106_108_109_matmul", (304, 1, 1)),
                 ("train_107_matmul", (4, 64, 1)),
                 ("train_110_matmul_add", (4, 64, 1)),
-                ("train_111_112_fused_mul_sum", (1088, 1, 1)),
-                ("train_113_fused_mul_add", (256, 1, 1)),
-                ("train_097_fused_neg_sum", (1024, 1, 1)),
-                ("train_115_fused_mul_add", (256, 1, 1)),
+                ("train_111_112_113_fused_mul_sum_and_fused_mul_add", (1088, 1, 1)),
+                ("train_114_115_fused_neg_sum_then_fused_mul_add", (1024, 1, 1)),
                 ("train_116_matmul", (4, 16, 1)),
                 ("train_117_matmul_equal_sub_mul", (8, 32, 1)),
                 ("train_118_119_120_sum_and_matmul", (576, 1, 1)),
-                ("train_121_122_sum_and_fused_mul_sub_sum", (1088, 1, 1)),
-                ("train_123_fused_mul_sub_add", (256, 1, 1)),
-                ("train_124_fused_neg_sum", (1024, 1, 1)),
+                (
+                    "train_121_122_123_124_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
+                    (1088, 1, 1),
+                ),
                 ("train_125_fused_mul_add", (256, 1, 1)),
                 ("train_126_127_matmul", (272, 1, 1)),
                 ("train_128_fused_mul_sum", (16, 1, 1)),
@@ -1295,9 +1412,11 @@ PROGRAM = {
                 ("train_132_133_135_136_matmul", (304, 1, 1)),
                 ("train_134_matmul", (4, 64, 1)),
                 ("train_137_matmul_add", (4, 64, 1)),
-                ("train_138_139_140_fused_mul_sub_sum", (1152, 1, 1)),
-                ("train_141_fused_mul_sub_add", (256, 1, 1)),
-                ("train_142_fused_neg_sum", (1024, 1, 1)),
+                ("train_138_139_fused_mul_sub_sum", (128, 1, 1)),
+                (
+                    "train_140_141_142_fused_mul_sub_sum_then_fused_mul_sub_add_then_fused_neg_sum",
+                    (1024, 1, 1),
+                ),
                 ("train_143_fused_mul_add", (256, 1, 1)),
                 ("train_144_sum", (512, 1, 1)),
                 ("train_145_pad", (3, 1, 1)),
@@ -1471,7 +1590,7 @@ PROGRAM = {
                 "work": 2710336,
                 "state_1": 150656,
             },
-            "update_from": 109,
+            "update_from": 81,
             "update_from_cpu": 148,
         },
         "predict[N=1]": {
@@ -1481,44 +1600,51 @@ PROGRAM = {
             "captures": [],
             "dispatches": [
                 ("predict_N1_00_fused_gather_add", (2, 1, 1)),
-                ("predict_N1_01_sum", (8, 1, 1)),
-                ("predict_N1_02_fused_mul_sub_sum", (8, 1, 1)),
-                ("predict_N1_03_fused_mul_sub_add", (2, 1, 1)),
+                (
+                    "predict_N1_01_02_03_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (8, 1, 1),
+                ),
                 ("predict_N1_04_05_06_matmul", (12, 1, 1)),
                 ("predict_N1_07_attention", (1, 1, 1)),
                 ("predict_N1_08_matmul_add", (4, 1, 1)),
-                ("predict_N1_09_sum", (8, 1, 1)),
-                ("predict_N1_10_fused_mul_sub_sum", (8, 1, 1)),
-                ("predict_N1_11_fused_mul_sub_add", (2, 1, 1)),
+                (
+                    "predict_N1_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (8, 1, 1),
+                ),
                 ("predict_N1_12_matmul_add_relu", (16, 1, 1)),
                 ("predict_N1_13_matmul", (4, 1, 1)),
-                ("predict_N1_14_fused_add_sum", (8, 1, 1)),
-                ("predict_N1_15_fused_add_mul_sub", (2, 1, 1)),
-                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                (
+                    "predict_N1_14_15_16_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    (8, 1, 1),
+                ),
                 ("predict_N1_17_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("predict_N1_18_19_20_matmul", (12, 1, 1)),
                 ("predict_N1_21_attention", (1, 1, 1)),
                 ("predict_N1_22_matmul_add", (4, 1, 1)),
-                ("predict_N1_23_sum", (8, 1, 1)),
-                ("predict_N1_24_fused_mul_sub_sum", (8, 1, 1)),
-                ("predict_N1_25_fused_mul_sub_add", (2, 1, 1)),
+                (
+                    "predict_N1_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (8, 1, 1),
+                ),
                 ("predict_N1_26_matmul_add_relu", (16, 1, 1)),
                 ("predict_N1_27_matmul", (4, 1, 1)),
-                ("predict_N1_28_fused_add_sum", (8, 1, 1)),
-                ("predict_N1_29_fused_add_mul_sub", (2, 1, 1)),
-                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                (
+                    "predict_N1_28_29_30_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    (8, 1, 1),
+                ),
                 ("predict_N1_31_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("predict_N1_32_33_34_matmul", (12, 1, 1)),
                 ("predict_N1_21_attention", (1, 1, 1)),
                 ("predict_N1_36_matmul_add", (4, 1, 1)),
-                ("predict_N1_37_sum", (8, 1, 1)),
-                ("predict_N1_38_fused_mul_sub_sum", (8, 1, 1)),
-                ("predict_N1_39_fused_mul_sub_add", (2, 1, 1)),
+                (
+                    "predict_N1_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (8, 1, 1),
+                ),
                 ("predict_N1_40_matmul_add_relu", (16, 1, 1)),
                 ("predict_N1_41_matmul", (4, 1, 1)),
-                ("predict_N1_42_fused_add_sum", (8, 1, 1)),
-                ("predict_N1_43_fused_add_mul_sub", (2, 1, 1)),
-                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                (
+                    "predict_N1_42_43_44_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    (8, 1, 1),
+                ),
                 ("predict_N1_45_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("predict_N1_46_matmul", (1, 1, 1)),
             ],
@@ -1582,44 +1708,51 @@ PROGRAM = {
             "captures": [],
             "dispatches": [
                 ("predict_N128_00_fused_gather_add", (256, 1, 1)),
-                ("predict_N128_01_sum", (1024, 1, 1)),
-                ("predict_N128_02_fused_mul_sub_sum", (1024, 1, 1)),
-                ("predict_N128_03_fused_mul_sub_add", (256, 1, 1)),
+                (
+                    "predict_N128_01_02_03_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (1024, 1, 1),
+                ),
                 ("predict_N128_04_05_06_matmul", (768, 1, 1)),
                 ("predict_N128_07_attention", (64, 1, 1)),
                 ("predict_N128_08_matmul_add", (4, 64, 1)),
-                ("predict_N128_09_sum", (1024, 1, 1)),
-                ("predict_N128_10_fused_mul_sub_sum", (1024, 1, 1)),
-                ("predict_N128_11_fused_mul_sub_add", (256, 1, 1)),
+                (
+                    "predict_N128_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (1024, 1, 1),
+                ),
                 ("predict_N128_12_matmul_add_relu", (8, 32, 1)),
                 ("predict_N128_13_matmul", (4, 64, 1)),
-                ("predict_N128_14_fused_add_sum", (1024, 1, 1)),
-                ("predict_N128_15_fused_add_mul_sub", (256, 1, 1)),
-                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                (
+                    "predict_N128_14_15_16_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    (1024, 1, 1),
+                ),
                 ("predict_N128_17_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("predict_N128_18_19_20_matmul", (768, 1, 1)),
                 ("predict_N128_21_attention", (64, 1, 1)),
                 ("predict_N128_22_matmul_add", (4, 64, 1)),
-                ("predict_N128_23_sum", (1024, 1, 1)),
-                ("predict_N128_24_fused_mul_sub_sum", (1024, 1, 1)),
-                ("predict_N128_25_fused_mul_sub_add", (256, 1, 1)),
+                (
+                    "predict_N128_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (1024, 1, 1),
+                ),
                 ("predict_N128_26_matmul_add_relu", (8, 32, 1)),
                 ("predict_N128_27_matmul", (4, 64, 1)),
-                ("predict_N128_28_fused_add_sum", (1024, 1, 1)),
-                ("predict_N128_29_fused_add_mul_sub", (256, 1, 1)),
-                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                (
+                    "predict_N128_28_29_30_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    (1024, 1, 1),
+                ),
                 ("predict_N128_31_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("predict_N128_32_33_34_matmul", (768, 1, 1)),
                 ("predict_N128_21_attention", (64, 1, 1)),
                 ("predict_N128_36_matmul_add", (4, 64, 1)),
-                ("predict_N128_37_sum", (1024, 1, 1)),
-                ("predict_N128_38_fused_mul_sub_sum", (1024, 1, 1)),
-                ("predict_N128_39_fused_mul_sub_add", (256, 1, 1)),
+                (
+                    "predict_N128_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
+                    (1024, 1, 1),
+                ),
                 ("predict_N128_40_matmul_add_relu", (8, 32, 1)),
                 ("predict_N128_41_matmul", (4, 64, 1)),
-                ("predict_N128_42_fused_add_sum", (1024, 1, 1)),
-                ("predict_N128_43_fused_add_mul_sub", (256, 1, 1)),
-                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                (
+                    "predict_N128_42_43_44_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    (1024, 1, 1),
+                ),
                 ("predict_N128_45_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("predict_N128_46_matmul", (1, 64, 1)),
             ],
