@@ -144,7 +144,7 @@ def _header(name: str, k: Kernel, s: KernelSchedule, writers) -> tuple[list[str]
     ops = [n.op for n in nodes if n.op not in ("reshape", "broadcast_to")]
     site = k.node.site.short if k.node.site else "optimizer" if s.graph.meta.get("kind") == "train" else "-"
     ins = list(dict.fromkeys(_read_label(r, s, writers) for r in reads))
-    outs = ", ".join(t.type_str() for t in k.outs)
+    outs = ", ".join(t.type_str() for t in k.stored_outs)
     lines = [
         f"// {name}: {' -> '.join(ops) if ops else k.node.op}   ({site})",
         f"// writes {outs}; reads {', '.join(ins) if ins else 'nothing'}",
@@ -253,7 +253,8 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     stores = []
     for j, m in enumerate(members):
         kc.computed[id(m.out)] = f"res{j}"
-        stores.append(_store(kc, plan, m.out, f"res{j}", "o"))
+        if id(m.out) not in k.unstored:
+            stores.append(_store(kc, plan, m.out, f"res{j}", "o"))
     for m in members:
         for t in m.after:
             kc.computing = t

@@ -207,7 +207,7 @@ def footprint(k: Kernel, p: Plan, code: KernelCode) -> Footprint:
         loc = p.loc.get(id(t))
         return None if loc is None else (loc.arena, loc.offset, loc.offset + max(t.size, 1))
 
-    reads, writes = [span(t) for t in k.reads], [span(t) for t in k.outs]
+    reads, writes = [span(t) for t in k.reads], [span(t) for t in k.stored_outs]
     known = None not in reads and None not in writes
     touched = {s[0] for s in reads + writes if s is not None}
     known = known and all(a in touched for a, _ in code.bindings)

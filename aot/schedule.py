@@ -58,10 +58,16 @@ class Kernel:
     first: list[Tensor] = field(default_factory=list)  # merged elementwise outputs, written before `out`
     after: list[Tensor] = field(default_factory=list)  # elementwise outputs computed in the epilogue
     group: list["Kernel"] = field(default_factory=list)  # sibling reductions (attention ops) sharing this loop
+    unstored: set[int] = field(default_factory=set)  # ids of results no one reads from memory (_mark_unstored)
 
     @property
     def outs(self) -> list[Tensor]:
         return [t for g in self.group for t in g.outs] + self.first + [self.out] + self.after
+
+    @property
+    def stored_outs(self) -> list[Tensor]:
+        """What the kernel writes to memory: its outputs but the results it keeps in registers."""
+        return [t for t in self.outs if id(t) not in self.unstored]
 
     def reduce_space(self) -> tuple[int, int] | None:
         """(outputs, reduced elements per output) of a reduction kernel."""
@@ -213,7 +219,20 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         s.kernels.sort(key=lambda k: _is_update(s, k))
     check_order(s)
     check_cut(s)
+    _mark_unstored(s)
     return s
+
+
+def _mark_unstored(s: KernelSchedule) -> None:
+    """A reduction's result that only its own epilogue uses (LayerNorm's sum of squares, from which
+    the kernel computes rsqrt(var + eps)) stays in a register: no store, so no write that would
+    keep a later kernel from sharing its dispatch or its row chain (chain.py)."""
+    roots = s.graph.roots()  # read by the runtime, perhaps as a view of another tensor's storage
+    keep = {id(t) for t in roots} | {id(s.views[id(t)].base) for t in roots if id(t) in s.views}
+    keep |= set(s.placed) | {id(b) for k in s.kernels for b in k.reads}
+    for k in s.kernels:
+        if k.kind == "reduce":
+            k.unstored = {id(m.out) for m in k.group + [k] if id(m.out) not in keep}
 
 
 def _after_grads(g: Graph) -> set[int]:
