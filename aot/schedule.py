@@ -200,8 +200,8 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
             continue
         if id(t) not in owner_ids or op_of(n).fusion == "leaf":
             continue
-        if op_of(n).fusion == "concat" and all(id(_strip_reshapes(x)) in placed for x in n.inputs):
-            continue  # assembled in place by its inputs' kernels
+        if op_of(n).fusion == "concat" and all(placed.get(id(_strip_reshapes(x)), (None,))[0] is t for x in n.inputs):
+            continue  # assembled in place by its inputs' kernels (placed in this concat, not another)
         if id(t) in mm_epilogue:
             mm = mm_epilogue[id(t)]
             kernels.append(Kernel("matmul", t, mm.node, mm=mm))

@@ -178,7 +178,9 @@ def test_merged_training_matches_one_kernel_per_dispatch(kernels):
         check = np.testing.assert_array_equal if exact else lambda a, b, err_msg: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5, err_msg=err_msg)
         check(pa[n], pb[n], err_msg=n)
         check(ga[n], gb[n], err_msg=n)
-    (np.testing.assert_array_equal if exact else np.testing.assert_allclose)(ya, yb)
+    if exact:
+        np.testing.assert_array_equal(ya, yb)
+    np.testing.assert_allclose(ya, yb, rtol=1e-4, atol=1e-6)
 
 
 # --- row chains: a stage reads only what its own workgroup wrote ---------------------------------
