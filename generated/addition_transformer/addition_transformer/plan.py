@@ -162,11 +162,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_014_015_fused_add_sum_then_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_016_017_fused_mul_add_sum_then_fused_mul_add": (
+        "train_014_015_016_017_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -194,11 +190,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_028_029_fused_add_sum_then_fused_add_mul_sub": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_030_031_fused_mul_add_sum_then_fused_mul_add": (
+        "train_028_029_030_031_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -226,12 +218,8 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_042_043_fused_add_sum_then_fused_add_mul_sub": (
+        "train_042_043_044_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum": (
             (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "train_044_fused_mul_add_sum": (
-            (("work", "read_write"),),
             "addition_transformer.py:53",
         ),
         "train_045_fused_mul_add": (
@@ -577,6 +565,10 @@ PROGRAM = {
         ),
         "train_043_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "train_044_fused_mul_add_sum": (
+            (("work", "read_write"),),
             "addition_transformer.py:53",
         ),
         "train_047_max": ((("work", "read_write"),), "addition_transformer.py:61"),
@@ -1319,8 +1311,10 @@ PROGRAM = {
                 ),
                 ("train_012_matmul_add_relu", (8, 32, 1)),
                 ("train_013_matmul", (4, 64, 1)),
-                ("train_014_015_fused_add_sum_then_fused_add_mul_sub", (1024, 1, 1)),
-                ("train_016_017_fused_mul_add_sum_then_fused_mul_add", (1024, 1, 1)),
+                (
+                    "train_014_015_016_017_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc",
+                    (1024, 1, 1),
+                ),
                 ("train_018_019_020_matmul", (768, 1, 1)),
                 ("train_021_attention", (64, 1, 1)),
                 ("train_022_matmul_add", (4, 64, 1)),
@@ -1330,8 +1324,10 @@ PROGRAM = {
                 ),
                 ("train_026_matmul_add_relu", (8, 32, 1)),
                 ("train_027_matmul", (4, 64, 1)),
-                ("train_028_029_fused_add_sum_then_fused_add_mul_sub", (1024, 1, 1)),
-                ("train_030_031_fused_mul_add_sum_then_fused_mul_add", (1024, 1, 1)),
+                (
+                    "train_028_029_030_031_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc",
+                    (1024, 1, 1),
+                ),
                 ("train_032_033_034_matmul", (768, 1, 1)),
                 ("train_035_attention", (64, 1, 1)),
                 ("train_036_matmul_add", (4, 64, 1)),
@@ -1341,8 +1337,10 @@ PROGRAM = {
                 ),
                 ("train_040_matmul_add_relu", (8, 32, 1)),
                 ("train_041_matmul", (4, 64, 1)),
-                ("train_042_043_fused_add_sum_then_fused_add_mul_sub", (1024, 1, 1)),
-                ("train_044_fused_mul_add_sum", (1024, 1, 1)),
+                (
+                    "train_042_043_044_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum",
+                    (1024, 1, 1),
+                ),
                 ("train_045_fused_mul_add", (256, 1, 1)),
                 ("train_046_matmul", (1, 64, 1)),
                 (
@@ -1590,7 +1588,7 @@ PROGRAM = {
                 "work": 2710336,
                 "state_1": 150656,
             },
-            "update_from": 81,
+            "update_from": 78,
             "update_from_cpu": 148,
         },
         "predict[N=1]": {

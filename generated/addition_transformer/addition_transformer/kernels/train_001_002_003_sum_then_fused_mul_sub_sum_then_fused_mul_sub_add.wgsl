@@ -6,7 +6,7 @@
 // writes f32[128,8,1]; reads train_000_fused_gather_add
 //
 // train_002_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt   (addition_transformer.py:32)
-// writes f32[128,8,1], f32[128,8,1]; reads train_001_sum, train_000_fused_gather_add
+// writes f32[128,8,1]; reads train_001_sum, train_000_fused_gather_add
 //
 // train_003_fused_mul_sub_add: mul -> sub -> mul -> mul -> add   (addition_transformer.py:32)
 // writes f32[128,8,64]; reads blocks.0.ln1.b, blocks.0.ln1.g, train_002_fused_mul_sub_sum, train_001_sum, train_000_fused_gather_add
@@ -76,7 +76,6 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v11: f32 = res0 * 0.015625;
         let v12: f32 = v11 + 0.00001;
         let v13: f32 = inverseSqrt(v12);
-        work[o] = res0;
         work[2700288u + o] = v13;
     }
 }

@@ -6,7 +6,7 @@
 // writes f32[128,8,1]; reads train_008_matmul_add
 //
 // train_010_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt   (addition_transformer.py:36)
-// writes f32[128,8,1], f32[128,8,1]; reads train_009_sum, train_008_matmul_add
+// writes f32[128,8,1]; reads train_009_sum, train_008_matmul_add
 //
 // train_011_fused_mul_sub_add: mul -> sub -> mul -> mul -> add   (addition_transformer.py:36)
 // writes f32[128,8,64]; reads blocks.0.ln2.b, blocks.0.ln2.g, train_010_fused_mul_sub_sum, train_009_sum, train_008_matmul_add
@@ -76,7 +76,6 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v11: f32 = res0 * 0.015625;
         let v12: f32 = v11 + 0.00001;
         let v13: f32 = inverseSqrt(v12);
-        work[o] = res0;
         work[2702336u + o] = v13;
     }
 }

@@ -2,7 +2,7 @@
 // train_03_04_fused_add_sub_sum_and_matmul: 2 independent kernels in one dispatch, each over its own workgroups
 //
 // train_03_fused_add_sub_sum: add -> sub -> mul -> sum -> mul -> sum   (sine_mlp.py:15)
-// writes f32[], f32[], f32[1]; reads train_02_matmul_add_sub_mul, y, l3.b
+// writes f32[], f32[1]; reads train_02_matmul_add_sub_mul, y, l3.b
 //
 // train_04_matmul: matmul   (sine_mlp.py:15)
 // writes f32[64,1]; reads train_02_matmul_add_sub_mul, train_01_matmul_add_relu
@@ -57,7 +57,6 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         let res0 = wg_f32_0[0];
         let res1 = wg_f32_1[0];
         let v7: f32 = res0 * 0.00390625;
-        work[33024u + o] = res0;
         grads[4352u + o] = res1;
         work[49408u + o] = v7;
     }
