@@ -146,10 +146,6 @@ def _local(s: KernelSchedule, k: Kernel, chain: Chain) -> bool:
     return True
 
 
-def _span_overlaps(a, b) -> bool:
-    return merge._overlap(a, b)
-
-
 def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> list[tuple[list[int], KernelCode]]:
     """The kernels as units in dispatch order: (kernel indices, code), a row chain's code being
     one kernel that runs its members as stages."""
@@ -176,12 +172,12 @@ def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> li
             return False
         reads = [r for m in c.members for r in prints[m].reads]
         writes = [w for m in c.members for w in prints[m].writes]
-        if _span_overlaps(prints[j].writes, reads + writes):
+        if merge.overlap(prints[j].writes, reads + writes):
             return False
         for b in k.reads:  # what it reads of the chain's memory must be the chain's own outputs
             loc = p.loc.get(id(b))
             if loc is None or (
-                _span_overlaps([(loc.arena, loc.offset, loc.offset + max(b.size, 1))], writes) and id(b) not in c.row_of
+                merge.overlap([(loc.arena, loc.offset, loc.offset + max(b.size, 1))], writes) and id(b) not in c.row_of
             ):
                 return False
         parts = [sources[m] for m in c.members] + [sources[j]]

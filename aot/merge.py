@@ -214,12 +214,13 @@ def footprint(k: Kernel, p: Plan, code: KernelCode) -> Footprint:
     return Footprint([s for s in reads if s], [s for s in writes if s], known)
 
 
-def _overlap(a, b) -> bool:
+def overlap(a, b) -> bool:
+    """Two lists of (arena, start, end) element spans share an element."""
     return any(x[0] == y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
 
 
 def conflicts(a: Footprint, b: Footprint) -> bool:
-    return not (a.known and b.known) or _overlap(a.writes, b.reads + b.writes) or _overlap(b.writes, a.reads)
+    return not (a.known and b.known) or overlap(a.writes, b.reads + b.writes) or overlap(b.writes, a.reads)
 
 
 def group(s: KernelSchedule, p: Plan, units: list[tuple[list[int], KernelCode]], limit: int = MAX_WORKGROUP_BYTES) -> list[list[int]]:

@@ -56,7 +56,7 @@ def _order_kept(c, key) -> None:
             (di, ci, si), (dj, cj, sj) = pos[i], pos[j]
             if ci is not None and ci == cj:  # stages of one chain: j reads what i wrote, nothing more
                 assert si < sj, f"{ks[j].name} must be a later stage than {ks[i].name}"
-                assert not merge._overlap(prints[j].writes, prints[i].reads + prints[i].writes), ks[j].name
+                assert not merge.overlap(prints[j].writes, prints[i].reads + prints[i].writes), ks[j].name
             else:
                 assert di < dj, f"{ks[j].name} must run after {ks[i].name}"
     if c.cuts[key] is not None:
