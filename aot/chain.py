@@ -9,7 +9,8 @@ the last), so this shortens what no merging of independent kernels (merge.py) ca
 
 A stage joins a chain when (each checked here):
 - it is a reduction over the chain's rows with the same rows per workgroup, or an elementwise
-  kernel whose elements are whole rows of them (element i in row i // (n / rows));
+  kernel whose elements are whole rows of them (element i in row i // (n / rows)), at most
+  MAX_PER_INVOCATION per invocation of the workgroup that owns them;
 - every element it reads of a chain kernel's output was written by the same workgroup: the index
   maps are evaluated, point by point, through the pointwise and view ops between its outputs and
   the reads (any other op on that path, or a read of storage the chain writes that is not one of
@@ -39,6 +40,10 @@ from .schedule import Kernel, KernelSchedule, op_of
 from .views import View
 
 MAX_STAGES = 6
+# An elementwise stage walks its workgroup's rows with the workgroup's 256 invocations: at most
+# this many elements each, so a chain never trades a wide kernel for a long loop (the optimizer
+# update after the one-row gradient-norm sum: 150k elements in one workgroup took 10 ms on an H100).
+MAX_PER_INVOCATION = 16
 MAX_POINTS = 1 << 24  # index maps are evaluated with NumPy: larger kernels stay on their own
 
 
@@ -169,6 +174,8 @@ def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> li
         if len(c.members) >= MAX_STAGES or k.kind not in ("reduce", "elementwise") or sources[j].wg != WG:
             return False
         if (j < cut) != (c.members[0] < cut) or not prints[j].known:
+            return False
+        if k.kind == "elementwise" and c.per_wg * (k.out.size // c.rows) > MAX_PER_INVOCATION * WG:
             return False
         reads = [r for m in c.members for r in prints[m].reads]
         writes = [w for m in c.members for w in prints[m].writes]

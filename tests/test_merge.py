@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot import merge, nn, ops
+from aot import chain, merge, nn, ops
 from aot.pipeline import compile_program
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +73,9 @@ def test_merged_dispatches_keep_every_dependency(name):
             if code.parts:
                 assert len(re.findall(r"^fn main\(", code.wgsl, re.M)) == 1
                 assert len(code.bindings) <= 8
+            # a chain's elementwise stage never turns a wide kernel into a long loop
+            for span in re.findall(r"for \(var e = lid; e < (\d+)u;", code.wgsl):
+                assert int(span) <= chain.MAX_PER_INVOCATION * 256, (code.name, span)
 
 
 def test_merging_cuts_the_transformers_dispatches():
