@@ -10,7 +10,8 @@ variants    entry point -> {sizes of its symbolic dims: the key of entries}
 entries     per entry point and size variant:
   inputs      (name, dtype, shape, buffer, offset)
   outputs, captures  (name, dtype, shape, buffer, offset) read back after the pass
-  dispatches  (kernel, workgroup grid (x, y, z)) in order
+  dispatches  (kernel, workgroup grid (x, y, z)) in order, as the GPU kernel set runs them
+  dispatches_cpu  the same for the CPU set (each kernel on its own), where the two differ
   copies      (src buffer, src offset, dst buffer, dst offset, elements) after the pass
   index_bounds  i32 input -> the exclusive bound its values must respect
   arenas      elements each buffer needs for this entry point
@@ -125,13 +126,18 @@ PROGRAM = {
         "state": 150656,
         "inputs": 1027,
         "inputs_i32": 2048,
-        "work": 2710336,
+        "work": 2776896,
         "work_i32": 0,
         "state_1": 150656,
     },
     "kernels": {
-        "train_000_fused_gather_add": (
-            (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
+        "train_000_052_fused_gather_add_and_fused_one_hot_neg_mul": (
+            (
+                ("params", "read"),
+                ("inputs", "read"),
+                ("inputs_i32", "read"),
+                ("work", "read_write"),
+            ),
             "addition_transformer.py:49",
         ),
         "train_001_002_003_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -218,11 +224,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_042_043_044_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "train_045_fused_mul_add": (
+        "train_042_043_044_045_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
@@ -234,32 +236,20 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:61",
         ),
-        "train_050_fused_one_hot_mul_sum": (
+        "train_050_053_054_fused_one_hot_mul_sum_and_sum_and_fused_exp_mul_sub": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
         ),
-        "train_051_fused_neg_mul_sum": (
+        "train_051_056_fused_neg_mul_sum_and_matmul": (
             (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:63",
         ),
-        "train_052_fused_one_hot_neg_mul": (
-            (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
-            "addition_transformer.py:61",
-        ),
-        "train_053_054_sum_then_fused_exp_mul_sub": (
-            (("work", "read_write"),),
-            "addition_transformer.py:61",
-        ),
-        "train_055_056_matmul": (
+        "train_055_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
-        "train_057_058_059_fused_mul_sum_and_fused_mul_add": (
+        "train_057_058_059_060_061_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "train_060_061_fused_neg_sum_then_fused_mul_add": (
-            (("work", "read_write"),),
             "addition_transformer.py:53",
         ),
         "train_062_matmul": (
@@ -274,12 +264,8 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_066_067_068_069_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
+        "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_070_fused_mul_add": (
-            (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
         "train_071_072_matmul": (
@@ -294,28 +280,16 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_077_078_080_081_matmul": (
+        "train_077_078_079_080_081_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_079_matmul": (
-            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_082_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_083_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_084_085_fused_mul_sum_then_fused_mul_add": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_086_087_fused_neg_sum_then_fused_mul_add": (
-            (("work", "read_write"),),
+        "train_083_084_085_086_087_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
         "train_088_089_fused_mul_sum_and_matmul": (
@@ -330,12 +304,8 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_094_095_096_fused_mul_sub_sum_and_fused_mul_sub_add": (
+        "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_097_098_fused_neg_sum_then_fused_mul_add": (
-            (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
         "train_099_100_matmul": (
@@ -350,24 +320,16 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_105_106_108_109_matmul": (
+        "train_105_106_107_108_109_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_107_matmul": (
-            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_110_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_111_112_113_fused_mul_sum_and_fused_mul_add": (
+        "train_111_112_113_114_115_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_114_115_fused_neg_sum_then_fused_mul_add": (
-            (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
         "train_116_matmul": (
@@ -382,12 +344,8 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_121_122_123_124_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
+        "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_125_fused_mul_add": (
-            (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
         "train_126_127_matmul": (
@@ -402,40 +360,23 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_132_133_135_136_matmul": (
+        "train_132_133_134_135_136_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_134_matmul": (
-            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_137_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
-        "train_138_139_fused_mul_sub_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_138_139_140_141_142_143_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_140_141_142_fused_mul_sub_sum_then_fused_mul_sub_add_then_fused_neg_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "train_143_fused_mul_add": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-        ),
-        "train_144_sum": ((("work", "read_write"),), "addition_transformer.py:49"),
-        "train_145_pad": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:49",
-        ),
-        "train_146_one_hot": (
+        "train_144_146_sum_and_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
         ),
-        "train_147_matmul_add": (
+        "train_145_147_pad_and_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
         ),
@@ -454,6 +395,10 @@ PROGRAM = {
                 ("state_1", "read_write"),
             ),
             "optimizer",
+        ),
+        "train_000_fused_gather_add": (
+            (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
+            "addition_transformer.py:49",
         ),
         "train_001_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
         "train_002_fused_mul_sub_sum": (
@@ -571,6 +516,10 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:53",
         ),
+        "train_045_fused_mul_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
         "train_047_max": ((("work", "read_write"),), "addition_transformer.py:61"),
         "train_048_fused_stop_gradient_sub_sum": (
             (("work", "read_write"),),
@@ -580,14 +529,22 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:61",
         ),
+        "train_050_fused_one_hot_mul_sum": (
+            (("inputs_i32", "read"), ("work", "read_write")),
+            "addition_transformer.py:61",
+        ),
+        "train_051_fused_neg_mul_sum": (
+            (("inputs", "read"), ("work", "read_write")),
+            "addition_transformer.py:63",
+        ),
+        "train_052_fused_one_hot_neg_mul": (
+            (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
+            "addition_transformer.py:61",
+        ),
         "train_053_sum": ((("work", "read_write"),), "addition_transformer.py:61"),
         "train_054_fused_exp_mul_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
-        ),
-        "train_055_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
         ),
         "train_056_matmul": ((("work", "read_write"),), "addition_transformer.py:53"),
         "train_057_fused_mul_sum": (
@@ -634,6 +591,10 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
+        "train_070_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
         "train_071_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
@@ -662,6 +623,10 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
+        "train_079_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
         "train_080_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -669,6 +634,10 @@ PROGRAM = {
         "train_081_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+        ),
+        "train_083_fused_mul_sub_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:32",
         ),
         "train_084_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
@@ -754,6 +723,10 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
+        "train_107_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
         "train_108_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -772,6 +745,10 @@ PROGRAM = {
         ),
         "train_113_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "train_114_fused_neg_sum": (
+            (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
         "train_115_fused_mul_add": (
@@ -806,6 +783,10 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
+        "train_125_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+        ),
         "train_126_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
@@ -832,6 +813,10 @@ PROGRAM = {
         ),
         "train_133_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_134_matmul": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_135_matmul": (
@@ -861,6 +846,23 @@ PROGRAM = {
         "train_142_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+        ),
+        "train_143_fused_mul_add": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+        ),
+        "train_144_sum": ((("work", "read_write"),), "addition_transformer.py:49"),
+        "train_145_pad": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:49",
+        ),
+        "train_146_one_hot": (
+            (("inputs_i32", "read"), ("work", "read_write")),
+            "addition_transformer.py:49",
+        ),
+        "train_147_matmul_add": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:49",
         ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
@@ -894,11 +896,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N1_14_15_16_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N1_17_fused_mul_rsqrt_add": (
+        "predict_N1_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -926,11 +924,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N1_28_29_30_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N1_31_fused_mul_rsqrt_add": (
+        "predict_N1_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -954,11 +948,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N1_42_43_44_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "predict_N1_45_fused_mul_rsqrt_add": (
+        "predict_N1_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
@@ -1008,6 +998,10 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
+        "predict_N1_17_fused_mul_rsqrt_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
         "predict_N1_18_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -1037,6 +1031,10 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
+        "predict_N1_31_fused_mul_rsqrt_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
         "predict_N1_32_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -1063,6 +1061,14 @@ PROGRAM = {
             "addition_transformer.py:53",
         ),
         "predict_N1_43_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
+        "predict_N1_44_fused_mul_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:53",
+        ),
+        "predict_N1_45_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
@@ -1098,11 +1104,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N128_14_15_16_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N128_17_fused_mul_rsqrt_add": (
+        "predict_N128_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -1130,11 +1132,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N128_28_29_30_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:32",
-        ),
-        "predict_N128_31_fused_mul_rsqrt_add": (
+        "predict_N128_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -1158,11 +1156,7 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "predict_N128_42_43_44_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:53",
-        ),
-        "predict_N128_45_fused_mul_rsqrt_add": (
+        "predict_N128_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
@@ -1218,6 +1212,10 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:32",
         ),
+        "predict_N128_17_fused_mul_rsqrt_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
         "predict_N128_18_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -1247,6 +1245,10 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_29_fused_add_mul_sub": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:32",
+        ),
+        "predict_N128_31_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
@@ -1282,6 +1284,14 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
+        "predict_N128_44_fused_mul_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:53",
+        ),
+        "predict_N128_45_fused_mul_rsqrt_add": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:53",
+        ),
     },
     "entries": {
         "train": {
@@ -1294,10 +1304,13 @@ PROGRAM = {
                 ("_decay", "f32", (), "inputs", 1026),
             ],
             "input_sizes": {"inputs": 1027, "inputs_i32": 2048},
-            "outputs": [("loss", "f32", (), "work", 2710272)],
+            "outputs": [("loss", "f32", (), "work", 2776832)],
             "captures": [],
             "dispatches": [
-                ("train_000_fused_gather_add", (256, 1, 1)),
+                (
+                    "train_000_052_fused_gather_add_and_fused_one_hot_neg_mul",
+                    (304, 1, 1),
+                ),
                 (
                     "train_001_002_003_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add",
                     (1024, 1, 1),
@@ -1338,88 +1351,83 @@ PROGRAM = {
                 ("train_040_matmul_add_relu", (8, 32, 1)),
                 ("train_041_matmul", (4, 64, 1)),
                 (
-                    "train_042_043_044_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum",
+                    "train_042_043_044_045_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc",
                     (1024, 1, 1),
                 ),
-                ("train_045_fused_mul_add", (256, 1, 1)),
                 ("train_046_matmul", (1, 64, 1)),
                 (
                     "train_047_048_049_max_then_fused_stop_gradient_sub_sum_then_fused_stop_gradient_log_sub",
                     (4, 1, 1),
                 ),
-                ("train_050_fused_one_hot_mul_sum", (4, 1, 1)),
-                ("train_051_fused_neg_mul_sum", (1, 1, 1)),
-                ("train_052_fused_one_hot_neg_mul", (48, 1, 1)),
-                ("train_053_054_sum_then_fused_exp_mul_sub", (4, 1, 1)),
-                ("train_055_056_matmul", (260, 1, 1)),
-                ("train_057_058_059_fused_mul_sum_and_fused_mul_add", (1088, 1, 1)),
-                ("train_060_061_fused_neg_sum_then_fused_mul_add", (1024, 1, 1)),
+                (
+                    "train_050_053_054_fused_one_hot_mul_sum_and_sum_and_fused_exp_mul_sub",
+                    (8, 1, 1),
+                ),
+                ("train_051_056_fused_neg_mul_sum_and_matmul", (5, 1, 1)),
+                ("train_055_matmul", (4, 64, 1)),
+                (
+                    "train_057_058_059_060_061_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
+                    (1088, 1, 1),
+                ),
                 ("train_062_matmul", (4, 16, 1)),
                 ("train_063_matmul_equal_sub_mul", (8, 32, 1)),
                 ("train_064_065_matmul", (320, 1, 1)),
                 (
-                    "train_066_067_068_069_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
+                    "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_070_fused_mul_add", (256, 1, 1)),
                 ("train_071_072_matmul", (272, 1, 1)),
                 ("train_073_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_077_078_080_081_matmul", (304, 1, 1)),
-                ("train_079_matmul", (4, 64, 1)),
+                ("train_077_078_079_080_081_matmul", (560, 1, 1)),
                 ("train_082_matmul_add", (4, 64, 1)),
-                ("train_083_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_084_085_fused_mul_sum_then_fused_mul_add", (1024, 1, 1)),
-                ("train_086_087_fused_neg_sum_then_fused_mul_add", (1024, 1, 1)),
+                (
+                    "train_083_084_085_086_087_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc",
+                    (1088, 1, 1),
+                ),
                 ("train_088_089_fused_mul_sum_and_matmul", (128, 1, 1)),
                 ("train_090_matmul_equal_sub_mul", (8, 32, 1)),
                 ("train_091_092_093_sum_and_matmul", (576, 1, 1)),
                 (
-                    "train_094_095_096_fused_mul_sub_sum_and_fused_mul_sub_add",
+                    "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1088, 1, 1),
                 ),
-                ("train_097_098_fused_neg_sum_then_fused_mul_add", (1024, 1, 1)),
                 ("train_099_100_matmul", (272, 1, 1)),
                 ("train_101_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_105_106_108_109_matmul", (304, 1, 1)),
-                ("train_107_matmul", (4, 64, 1)),
+                ("train_105_106_107_108_109_matmul", (560, 1, 1)),
                 ("train_110_matmul_add", (4, 64, 1)),
-                ("train_111_112_113_fused_mul_sum_and_fused_mul_add", (1088, 1, 1)),
-                ("train_114_115_fused_neg_sum_then_fused_mul_add", (1024, 1, 1)),
+                (
+                    "train_111_112_113_114_115_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
+                    (1088, 1, 1),
+                ),
                 ("train_116_matmul", (4, 16, 1)),
                 ("train_117_matmul_equal_sub_mul", (8, 32, 1)),
                 ("train_118_119_120_sum_and_matmul", (576, 1, 1)),
                 (
-                    "train_121_122_123_124_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
+                    "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_125_fused_mul_add", (256, 1, 1)),
                 ("train_126_127_matmul", (272, 1, 1)),
                 ("train_128_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_132_133_135_136_matmul", (304, 1, 1)),
-                ("train_134_matmul", (4, 64, 1)),
+                ("train_132_133_134_135_136_matmul", (560, 1, 1)),
                 ("train_137_matmul_add", (4, 64, 1)),
-                ("train_138_139_fused_mul_sub_sum", (128, 1, 1)),
                 (
-                    "train_140_141_142_fused_mul_sub_sum_then_fused_mul_sub_add_then_fused_neg_sum",
-                    (1024, 1, 1),
+                    "train_138_139_140_141_142_143_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
+                    (1152, 1, 1),
                 ),
-                ("train_143_fused_mul_add", (256, 1, 1)),
-                ("train_144_sum", (512, 1, 1)),
-                ("train_145_pad", (3, 1, 1)),
-                ("train_146_one_hot", (48, 1, 1)),
-                ("train_147_matmul_add", (4, 1, 1)),
+                ("train_144_146_sum_and_one_hot", (560, 1, 1)),
+                ("train_145_147_pad_and_matmul_add", (7, 1, 1)),
                 ("train_148_fused_square_pad_sum", (37, 1, 1)),
                 ("train_149_sum", (1, 1, 1)),
                 ("train_150_fused_sqrt_add_sub", (589, 1, 1)),
@@ -1539,7 +1547,7 @@ PROGRAM = {
                 ("train_111_fused_mul_sum", (64, 1, 1)),
                 ("train_112_fused_mul_sum", (1024, 1, 1)),
                 ("train_113_fused_mul_add", (256, 1, 1)),
-                ("train_097_fused_neg_sum", (1024, 1, 1)),
+                ("train_114_fused_neg_sum", (1024, 1, 1)),
                 ("train_115_fused_mul_add", (256, 1, 1)),
                 ("train_116_matmul", (4, 16, 1)),
                 ("train_117_matmul_equal_sub_mul", (8, 32, 1)),
@@ -1585,16 +1593,16 @@ PROGRAM = {
                 "state": 150656,
                 "inputs": 1027,
                 "inputs_i32": 2048,
-                "work": 2710336,
+                "work": 2776896,
                 "state_1": 150656,
             },
-            "update_from": 78,
+            "update_from": 61,
             "update_from_cpu": 148,
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],
             "input_sizes": {"inputs": 0, "inputs_i32": 8},
-            "outputs": [("out", "f32", (1, 8, 12), "work", 0)],
+            "outputs": [("out", "f32", (1, 8, 12), "work", 512)],
             "captures": [],
             "dispatches": [
                 ("predict_N1_00_fused_gather_add", (2, 1, 1)),
@@ -1612,10 +1620,9 @@ PROGRAM = {
                 ("predict_N1_12_matmul_add_relu", (16, 1, 1)),
                 ("predict_N1_13_matmul", (4, 1, 1)),
                 (
-                    "predict_N1_14_15_16_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    "predict_N1_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc",
                     (8, 1, 1),
                 ),
-                ("predict_N1_17_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("predict_N1_18_19_20_matmul", (12, 1, 1)),
                 ("predict_N1_21_attention", (1, 1, 1)),
                 ("predict_N1_22_matmul_add", (4, 1, 1)),
@@ -1626,10 +1633,9 @@ PROGRAM = {
                 ("predict_N1_26_matmul_add_relu", (16, 1, 1)),
                 ("predict_N1_27_matmul", (4, 1, 1)),
                 (
-                    "predict_N1_28_29_30_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    "predict_N1_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc",
                     (8, 1, 1),
                 ),
-                ("predict_N1_31_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("predict_N1_32_33_34_matmul", (12, 1, 1)),
                 ("predict_N1_21_attention", (1, 1, 1)),
                 ("predict_N1_36_matmul_add", (4, 1, 1)),
@@ -1640,10 +1646,9 @@ PROGRAM = {
                 ("predict_N1_40_matmul_add_relu", (16, 1, 1)),
                 ("predict_N1_41_matmul", (4, 1, 1)),
                 (
-                    "predict_N1_42_43_44_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    "predict_N1_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc",
                     (8, 1, 1),
                 ),
-                ("predict_N1_45_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("predict_N1_46_matmul", (1, 1, 1)),
             ],
             "dispatches_cpu": [
@@ -1691,18 +1696,18 @@ PROGRAM = {
                 ("predict_N1_41_matmul", (4, 1, 1)),
                 ("predict_N1_42_fused_add_sum", (8, 1, 1)),
                 ("predict_N1_43_fused_add_mul_sub", (2, 1, 1)),
-                ("predict_N1_16_fused_mul_sum", (8, 1, 1)),
+                ("predict_N1_44_fused_mul_sum", (8, 1, 1)),
                 ("predict_N1_45_fused_mul_rsqrt_add", (2, 1, 1)),
                 ("predict_N1_46_matmul", (1, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},
-            "arenas": {"params": 150656, "inputs_i32": 8, "work": 3584},
+            "arenas": {"params": 150656, "inputs_i32": 8, "work": 4224},
         },
         "predict[N=128]": {
             "inputs": [("tokens", "i32", (128, 8), "inputs_i32", 0)],
             "input_sizes": {"inputs": 0, "inputs_i32": 1024},
-            "outputs": [("out", "f32", (128, 8, 12), "work", 0)],
+            "outputs": [("out", "f32", (128, 8, 12), "work", 65536)],
             "captures": [],
             "dispatches": [
                 ("predict_N128_00_fused_gather_add", (256, 1, 1)),
@@ -1720,10 +1725,9 @@ PROGRAM = {
                 ("predict_N128_12_matmul_add_relu", (8, 32, 1)),
                 ("predict_N128_13_matmul", (4, 64, 1)),
                 (
-                    "predict_N128_14_15_16_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    "predict_N128_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc",
                     (1024, 1, 1),
                 ),
-                ("predict_N128_17_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("predict_N128_18_19_20_matmul", (768, 1, 1)),
                 ("predict_N128_21_attention", (64, 1, 1)),
                 ("predict_N128_22_matmul_add", (4, 64, 1)),
@@ -1734,10 +1738,9 @@ PROGRAM = {
                 ("predict_N128_26_matmul_add_relu", (8, 32, 1)),
                 ("predict_N128_27_matmul", (4, 64, 1)),
                 (
-                    "predict_N128_28_29_30_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    "predict_N128_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc",
                     (1024, 1, 1),
                 ),
-                ("predict_N128_31_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("predict_N128_32_33_34_matmul", (768, 1, 1)),
                 ("predict_N128_21_attention", (64, 1, 1)),
                 ("predict_N128_36_matmul_add", (4, 64, 1)),
@@ -1748,10 +1751,9 @@ PROGRAM = {
                 ("predict_N128_40_matmul_add_relu", (8, 32, 1)),
                 ("predict_N128_41_matmul", (4, 64, 1)),
                 (
-                    "predict_N128_42_43_44_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum",
+                    "predict_N128_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc",
                     (1024, 1, 1),
                 ),
-                ("predict_N128_45_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("predict_N128_46_matmul", (1, 64, 1)),
             ],
             "dispatches_cpu": [
@@ -1799,13 +1801,13 @@ PROGRAM = {
                 ("predict_N128_41_matmul", (4, 64, 1)),
                 ("predict_N128_42_fused_add_sum", (1024, 1, 1)),
                 ("predict_N128_43_fused_add_mul_sub", (256, 1, 1)),
-                ("predict_N128_16_fused_mul_sum", (1024, 1, 1)),
+                ("predict_N128_44_fused_mul_sum", (1024, 1, 1)),
                 ("predict_N128_45_fused_mul_rsqrt_add", (256, 1, 1)),
                 ("predict_N128_46_matmul", (1, 64, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12},
-            "arenas": {"params": 150656, "inputs_i32": 1024, "work": 458752},
+            "arenas": {"params": 150656, "inputs_i32": 1024, "work": 526336},
         },
     },
 }

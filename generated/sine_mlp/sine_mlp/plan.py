@@ -10,7 +10,8 @@ variants    entry point -> {sizes of its symbolic dims: the key of entries}
 entries     per entry point and size variant:
   inputs      (name, dtype, shape, buffer, offset)
   outputs, captures  (name, dtype, shape, buffer, offset) read back after the pass
-  dispatches  (kernel, workgroup grid (x, y, z)) in order
+  dispatches  (kernel, workgroup grid (x, y, z)) in order, as the GPU kernel set runs them
+  dispatches_cpu  the same for the CPU set (each kernel on its own), where the two differ
   copies      (src buffer, src offset, dst buffer, dst offset, elements) after the pass
   index_bounds  i32 input -> the exclusive bound its values must respect
   arenas      elements each buffer needs for this entry point
@@ -53,7 +54,7 @@ PROGRAM = {
         "state": 4353,
         "inputs": 514,
         "inputs_i32": 0,
-        "work": 49472,
+        "work": 65856,
         "work_i32": 0,
         "state_1": 4353,
     },
@@ -70,17 +71,13 @@ PROGRAM = {
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "train_03_04_fused_add_sub_sum_and_matmul": (
+        "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_sub_mul": (
             (
                 ("params", "read"),
                 ("grads", "read_write"),
                 ("inputs", "read"),
                 ("work", "read_write"),
             ),
-            "sine_mlp.py:15",
-        ),
-        "train_05_matmul_equal_sub_mul": (
-            (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
         "train_06_07_matmul_and_matmul_equal_sub_mul": (
@@ -112,6 +109,10 @@ PROGRAM = {
         ),
         "train_04_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
+        "train_05_matmul_equal_sub_mul": (
+            (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
         "train_06_matmul": (
@@ -156,14 +157,16 @@ PROGRAM = {
                 ("_bc2_sqrt", "f32", (), "inputs", 513),
             ],
             "input_sizes": {"inputs": 514, "inputs_i32": 0},
-            "outputs": [("loss", "f32", (), "work", 49408)],
+            "outputs": [("loss", "f32", (), "work", 65792)],
             "captures": [],
             "dispatches": [
                 ("train_00_matmul_add_relu", (4, 16, 1)),
                 ("train_01_matmul_add_relu", (4, 16, 1)),
                 ("train_02_matmul_add_sub_mul", (1, 16, 1)),
-                ("train_03_04_fused_add_sub_sum_and_matmul", (5, 1, 1)),
-                ("train_05_matmul_equal_sub_mul", (4, 16, 1)),
+                (
+                    "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_sub_mul",
+                    (69, 1, 1),
+                ),
                 ("train_06_07_matmul_and_matmul_equal_sub_mul", (80, 1, 1)),
                 ("train_08_09_sum_and_matmul", (68, 1, 1)),
                 ("train_10_fused_mul_add_sub", (18, 1, 1)),
@@ -188,16 +191,16 @@ PROGRAM = {
                 "grads": 4353,
                 "state": 4353,
                 "inputs": 514,
-                "work": 49472,
+                "work": 65856,
                 "state_1": 4353,
             },
-            "update_from": 7,
+            "update_from": 6,
             "update_from_cpu": 10,
         },
         "predict[B=1]": {
             "inputs": [("x", "f32", (1, 1), "inputs", 0)],
             "input_sizes": {"inputs": 1, "inputs_i32": 0},
-            "outputs": [("out", "f32", (1, 1), "work", 0)],
+            "outputs": [("out", "f32", (1, 1), "work", 128)],
             "captures": [],
             "dispatches": [
                 ("predict_B1_00_matmul_add_relu", (4, 1, 1)),
@@ -206,12 +209,12 @@ PROGRAM = {
             ],
             "copies": [],
             "index_bounds": {},
-            "arenas": {"params": 4353, "inputs": 1, "work": 128},
+            "arenas": {"params": 4353, "inputs": 1, "work": 192},
         },
         "predict[B=256]": {
             "inputs": [("x", "f32", (256, 1), "inputs", 0)],
             "input_sizes": {"inputs": 256, "inputs_i32": 0},
-            "outputs": [("out", "f32", (256, 1), "work", 0)],
+            "outputs": [("out", "f32", (256, 1), "work", 32768)],
             "captures": [],
             "dispatches": [
                 ("train_00_matmul_add_relu", (4, 16, 1)),
@@ -220,7 +223,7 @@ PROGRAM = {
             ],
             "copies": [],
             "index_bounds": {},
-            "arenas": {"params": 4353, "inputs": 256, "work": 32768},
+            "arenas": {"params": 4353, "inputs": 256, "work": 33024},
         },
     },
 }

@@ -16,10 +16,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[131072u + v4];
+    let v5: f32 = work[262144u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[132096u + v4];
+    let v8: f32 = work[263168u + v4];
     let v9: f32 = v8 * 0.015625;
     let v10: f32 = v9 + 0.00001;
     let v11: f32 = inverseSqrt(v10);

@@ -3,7 +3,7 @@
 // writes f32[128,8,256]; reads blocks.0.fc1.b, blocks.0.fc1.W, predict_N128_11_fused_mul_sub_add
 //
 // [1024x64] @ [64x256]
-//   A[m, k] = work[327680 + m * 64 + k]
+//   A[m, k] = work[262144 + m * 64 + k]
 //   B[k, n] = params[17728 + k * 256 + n]
 //   work[m * 256 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
@@ -49,10 +49,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 327680u + (m0 + a_p) * 64u;
-    let a_src1 = 327680u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 327680u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 327680u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 262144u + (m0 + a_p) * 64u;
+    let a_src1 = 262144u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 262144u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 262144u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid % 32u;

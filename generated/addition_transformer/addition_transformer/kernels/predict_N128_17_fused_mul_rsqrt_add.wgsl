@@ -11,12 +11,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[262144u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[131072u + v4];
+    let v5: f32 = work[196608u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v6 + 0.00001;
     let v8: f32 = inverseSqrt(v7);
@@ -25,5 +25,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v11: f32 = v9 * v10;
     let v12: f32 = params[149440u + v3];
     let v13: f32 = v11 + v12;
-    work[65536u + i] = v13;
+    work[i] = v13;
 }

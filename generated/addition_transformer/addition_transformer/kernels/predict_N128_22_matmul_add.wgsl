@@ -3,9 +3,9 @@
 // writes f32[128,8,64]; reads blocks.1.o.W, predict_N128_21_attention, blocks.0.fc2.b, predict_N128_13_matmul, predict_N128_08_matmul_add
 //
 // [1024x64] @ [64x64]
-//   A[m, k] = work[65536 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+//   A[m, k] = work[262144 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[k, n] = params[62784 + k * 64 + n]
-//   work[393216 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[458752 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -20,11 +20,11 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[262144u + (row * 64u + col)]) + ((work[327680u + (row * 64u + col)]) + (params[149312u + col]))) + acc);
+    return (((work[393216u + (row * 64u + col)]) + ((work[327680u + (row * 64u + col)]) + (params[149312u + col]))) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 393216u + row * 64u + col;
+    let i = 458752u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -41,10 +41,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 65536u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 65536u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 65536u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 65536u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 262144u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 262144u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 262144u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 262144u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;

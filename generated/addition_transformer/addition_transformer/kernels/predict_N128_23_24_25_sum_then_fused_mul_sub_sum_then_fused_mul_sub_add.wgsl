@@ -26,7 +26,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[393216u + v2];
+        let v3: f32 = work[458752u + v2];
         acc0 = acc0 + v3;
     }
     k0_part0[lid.x] = acc0;
@@ -39,7 +39,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
     if (lid.x == 0u) {
         let res0 = k0_part0[0];
-        work[o] = res0;
+        work[524288u + o] = res0;
     }
 }
 
@@ -53,9 +53,9 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[393216u + v2];
+        let v3: f32 = work[458752u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[v4];
+        let v5: f32 = work[524288u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
@@ -71,7 +71,7 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
     if (lid.x == 0u) {
         let res0 = k1_part0[0];
-        work[1024u + o] = res0;
+        work[525312u + o] = res0;
     }
 }
 
@@ -81,15 +81,15 @@ fn k2_main(gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[393216u + i];
+    let v0: f32 = work[458752u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[v4];
+    let v5: f32 = work[524288u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[1024u + v4];
+    let v8: f32 = work[525312u + v4];
     let v9: f32 = v8 * 0.015625;
     let v10: f32 = v9 + 0.00001;
     let v11: f32 = inverseSqrt(v10);

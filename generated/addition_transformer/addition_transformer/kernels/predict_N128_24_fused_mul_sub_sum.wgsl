@@ -16,9 +16,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[393216u + v2];
+        let v3: f32 = work[458752u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[v4];
+        let v5: f32 = work[524288u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
@@ -34,6 +34,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[1024u + o] = res0;
+        work[525312u + o] = res0;
     }
 }

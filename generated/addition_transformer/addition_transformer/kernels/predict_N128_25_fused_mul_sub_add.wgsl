@@ -11,15 +11,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[393216u + i];
+    let v0: f32 = work[458752u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[v4];
+    let v5: f32 = work[524288u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[1024u + v4];
+    let v8: f32 = work[525312u + v4];
     let v9: f32 = v8 * 0.015625;
     let v10: f32 = v9 + 0.00001;
     let v11: f32 = inverseSqrt(v10);

@@ -11,8 +11,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[393216u + i];
-    let v1: f32 = work[262144u + i];
+    let v0: f32 = work[458752u + i];
+    let v1: f32 = work[327680u + i];
     let v2: u32 = i / 512u;
     let v3: u32 = (i / 64u) % 8u;
     let v4: u32 = i % 64u;
@@ -20,8 +20,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = v1 + v5;
     let v7: f32 = v0 + v6;
     let v8: u32 = v2 * 8u + v3;
-    let v9: f32 = work[65536u + v8];
+    let v9: f32 = work[393216u + v8];
     let v10: f32 = v9 * 0.015625;
     let v11: f32 = v7 - v10;
-    work[i] = v11;
+    work[262144u + i] = v11;
 }

@@ -5,7 +5,7 @@
 // [1024x256] @ [256x64]
 //   A[m, k] = work[m * 256 + k]
 //   B[k, n] = params[132416 + k * 64 + n]
-//   work[262144 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[327680 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -24,7 +24,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 262144u + row * 64u + col;
+    let i = 327680u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 

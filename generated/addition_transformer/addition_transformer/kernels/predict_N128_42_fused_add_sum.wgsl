@@ -17,8 +17,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[327680u + v2];
-        let v4: f32 = work[262144u + v2];
+        let v3: f32 = work[393216u + v2];
+        let v4: f32 = work[327680u + v2];
         let v5: f32 = params[150464u + r];
         let v6: f32 = v4 + v5;
         let v7: f32 = v3 + v6;
@@ -34,6 +34,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[65536u + o] = res0;
+        work[458752u + o] = res0;
     }
 }

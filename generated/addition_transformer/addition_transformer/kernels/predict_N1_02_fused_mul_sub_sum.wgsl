@@ -15,7 +15,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[v0];
-        let v2: f32 = work[1024u + o];
+        let v2: f32 = work[2048u + o];
         let v3: f32 = v2 * 0.015625;
         let v4: f32 = v1 - v3;
         let v5: f32 = v4 * v4;
@@ -31,6 +31,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[1088u + o] = res0;
+        work[2112u + o] = res0;
     }
 }

@@ -84,7 +84,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (b < 4u && r < 8u) {
         let inv = 1.0 / l;
-        let out0 = 512u + (b * 8u + r) * 16u;
+        let out0 = 2560u + (b * 8u + r) * 16u;
         work[out0] = o0.x * inv;
         work[out0 + 1u] = o0.y * inv;
         work[out0 + 2u] = o0.z * inv;

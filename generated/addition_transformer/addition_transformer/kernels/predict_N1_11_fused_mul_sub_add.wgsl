@@ -11,13 +11,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[2048u + i];
+    let v0: f32 = work[3072u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: f32 = work[v1];
+    let v3: f32 = work[3584u + v1];
     let v4: f32 = v3 * 0.015625;
     let v5: f32 = v0 - v4;
-    let v6: f32 = work[64u + v1];
+    let v6: f32 = work[3648u + v1];
     let v7: f32 = v6 * 0.015625;
     let v8: f32 = v7 + 0.00001;
     let v9: f32 = inverseSqrt(v8);
@@ -26,5 +26,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v12: f32 = v10 * v11;
     let v13: f32 = params[148992u + v2];
     let v14: f32 = v12 + v13;
-    work[2560u + i] = v14;
+    work[2048u + i] = v14;
 }

@@ -3,7 +3,7 @@
 // writes f32[1,8,256]; reads blocks.0.fc1.b, blocks.0.fc1.W, predict_N1_11_fused_mul_sub_add
 //
 // [8x64] @ [64x256]
-//   A[m, k] = work[2560 + m * 64 + k]
+//   A[m, k] = work[2048 + m * 64 + k]
 //   B[k, n] = params[17728 + k * 256 + n]
 //   work[m * 256 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -51,10 +51,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 2560u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 2560u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 2560u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 2560u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = 2048u + min(m0 + a_p, 7u) * 64u;
+    let a_src1 = 2048u + min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = 2048u + min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = 2048u + min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;

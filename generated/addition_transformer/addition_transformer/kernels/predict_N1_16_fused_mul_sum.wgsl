@@ -14,7 +14,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[v0];
+        let v1: f32 = work[2048u + v0];
         let v2: f32 = v1 * v1;
         acc0 = acc0 + v2;
     }
@@ -28,6 +28,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[1024u + o] = res0;
+        work[1536u + o] = res0;
     }
 }

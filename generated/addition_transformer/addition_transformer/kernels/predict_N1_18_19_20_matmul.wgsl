@@ -5,9 +5,9 @@
 // writes f32[1,8,64]; reads blocks.1.q.W, predict_N1_17_fused_mul_rsqrt_add
 //
 // [8x64] @ [64x64]
-//   A[m, k] = work[512 + m * 64 + k]
+//   A[m, k] = work[m * 64 + k]
 //   B[k, n] = params[50496 + k * 64 + n]
-//   work[m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[512 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -16,7 +16,7 @@
 // writes f32[1,8,64]; reads blocks.1.k.W, predict_N1_17_fused_mul_rsqrt_add
 //
 // [8x64] @ [64x64]
-//   A[m, k] = work[512 + m * 64 + k]
+//   A[m, k] = work[m * 64 + k]
 //   B[k, n] = params[54592 + k * 64 + n]
 //   work[1024 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -27,7 +27,7 @@
 // writes f32[1,8,64]; reads blocks.1.v.W, predict_N1_17_fused_mul_rsqrt_add
 //
 // [8x64] @ [64x64]
-//   A[m, k] = work[512 + m * 64 + k]
+//   A[m, k] = work[m * 64 + k]
 //   B[k, n] = params[58688 + k * 64 + n]
 //   work[1536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -47,7 +47,7 @@ fn k0_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn k0_store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 64u) {
-        let i = row * 64u + col;
+        let i = 512u + row * 64u + col;
         work[i] = k0_epilogue(acc, bi, row, col);
     }
 }
@@ -64,10 +64,10 @@ fn k0_main(wg: vec3<u32>, tid: u32) {
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = min(m0 + a_p, 7u) * 64u;
+    let a_src1 = min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -263,10 +263,10 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = min(m0 + a_p, 7u) * 64u;
+    let a_src1 = min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
@@ -462,10 +462,10 @@ fn k2_main(wg: vec3<u32>, tid: u32) {
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = min(m0 + a_p, 7u) * 64u;
+    let a_src1 = min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;

@@ -25,7 +25,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
-    let q_row = bc * 16u + rc * 64u;
+    let q_row = 512u + bc * 16u + rc * 64u;
     let q0 = vec4<f32>(work[q_row], work[q_row + 1u], work[q_row + 2u], work[q_row + 3u]) * 0.25;
     let q1 = vec4<f32>(work[q_row + 4u], work[q_row + 5u], work[q_row + 6u], work[q_row + 7u]) * 0.25;
     let q2 = vec4<f32>(work[q_row + 8u], work[q_row + 9u], work[q_row + 10u], work[q_row + 11u]) * 0.25;
@@ -84,7 +84,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (b < 4u && r < 8u) {
         let inv = 1.0 / l;
-        let out0 = 512u + (b * 8u + r) * 16u;
+        let out0 = 2048u + (b * 8u + r) * 16u;
         work[out0] = o0.x * inv;
         work[out0 + 1u] = o0.y * inv;
         work[out0 + 2u] = o0.z * inv;

@@ -24,7 +24,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[3072u + v0];
+        let v1: f32 = work[3584u + v0];
         acc0 = acc0 + v1;
     }
     k0_part0[lid.x] = acc0;
@@ -37,7 +37,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
     if (lid.x == 0u) {
         let res0 = k0_part0[0];
-        work[o] = res0;
+        work[4096u + o] = res0;
     }
 }
 
@@ -49,8 +49,8 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[3072u + v0];
-        let v2: f32 = work[o];
+        let v1: f32 = work[3584u + v0];
+        let v2: f32 = work[4096u + o];
         let v3: f32 = v2 * 0.015625;
         let v4: f32 = v1 - v3;
         let v5: f32 = v4 * v4;
@@ -66,7 +66,7 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
     if (lid.x == 0u) {
         let res0 = k1_part0[0];
-        work[64u + o] = res0;
+        work[4160u + o] = res0;
     }
 }
 
@@ -76,13 +76,13 @@ fn k2_main(gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[3072u + i];
+    let v0: f32 = work[3584u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: f32 = work[v1];
+    let v3: f32 = work[4096u + v1];
     let v4: f32 = v3 * 0.015625;
     let v5: f32 = v0 - v4;
-    let v6: f32 = work[64u + v1];
+    let v6: f32 = work[4160u + v1];
     let v7: f32 = v6 * 0.015625;
     let v8: f32 = v7 + 0.00001;
     let v9: f32 = inverseSqrt(v8);

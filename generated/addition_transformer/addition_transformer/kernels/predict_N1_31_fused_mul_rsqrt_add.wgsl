@@ -11,10 +11,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[i];
+    let v0: f32 = work[2048u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: f32 = work[1024u + v1];
+    let v3: f32 = work[1536u + v1];
     let v4: f32 = v3 * 0.015625;
     let v5: f32 = v4 + 0.00001;
     let v6: f32 = inverseSqrt(v5);
@@ -23,5 +23,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v9: f32 = v7 * v8;
     let v10: f32 = params[150016u + v2];
     let v11: f32 = v9 + v10;
-    work[512u + i] = v11;
+    work[i] = v11;
 }

@@ -3,7 +3,7 @@
 // writes f32[1,8,64]; reads blocks.2.v.W, predict_N1_31_fused_mul_rsqrt_add
 //
 // [8x64] @ [64x64]
-//   A[m, k] = work[512 + m * 64 + k]
+//   A[m, k] = work[m * 64 + k]
 //   B[k, n] = params[107840 + k * 64 + n]
 //   work[1536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -43,10 +43,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 512u + min(m0 + a_p, 7u) * 64u;
-    let a_src1 = 512u + min(m0 + a_p + 4u, 7u) * 64u;
-    let a_src2 = 512u + min(m0 + a_p + 8u, 7u) * 64u;
-    let a_src3 = 512u + min(m0 + a_p + 12u, 7u) * 64u;
+    let a_src0 = min(m0 + a_p, 7u) * 64u;
+    let a_src1 = min(m0 + a_p + 4u, 7u) * 64u;
+    let a_src2 = min(m0 + a_p + 8u, 7u) * 64u;
+    let a_src3 = min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;

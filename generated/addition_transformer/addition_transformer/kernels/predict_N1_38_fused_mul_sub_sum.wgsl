@@ -14,8 +14,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[2560u + v0];
-        let v2: f32 = work[o];
+        let v1: f32 = work[3072u + v0];
+        let v2: f32 = work[4096u + o];
         let v3: f32 = v2 * 0.015625;
         let v4: f32 = v1 - v3;
         let v5: f32 = v4 * v4;
@@ -31,6 +31,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[64u + o] = res0;
+        work[4160u + o] = res0;
     }
 }

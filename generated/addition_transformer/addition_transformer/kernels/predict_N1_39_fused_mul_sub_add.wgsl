@@ -11,13 +11,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[2560u + i];
+    let v0: f32 = work[3072u + i];
     let v1: u32 = i / 64u;
     let v2: u32 = i % 64u;
-    let v3: f32 = work[v1];
+    let v3: f32 = work[4096u + v1];
     let v4: f32 = v3 * 0.015625;
     let v5: f32 = v0 - v4;
-    let v6: f32 = work[64u + v1];
+    let v6: f32 = work[4160u + v1];
     let v7: f32 = v6 * 0.015625;
     let v8: f32 = v7 + 0.00001;
     let v9: f32 = inverseSqrt(v8);

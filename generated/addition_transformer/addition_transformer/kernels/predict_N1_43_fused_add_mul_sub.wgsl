@@ -11,15 +11,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 512u) {
         return;
     }
-    let v0: f32 = work[2560u + i];
-    let v1: f32 = work[2048u + i];
+    let v0: f32 = work[3072u + i];
+    let v1: f32 = work[2560u + i];
     let v2: u32 = i / 64u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[150464u + v3];
     let v5: f32 = v1 + v4;
     let v6: f32 = v0 + v5;
-    let v7: f32 = work[512u + v2];
+    let v7: f32 = work[3584u + v2];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v6 - v8;
-    work[i] = v9;
+    work[2048u + i] = v9;
 }

@@ -84,7 +84,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (b < 512u && r < 8u) {
         let inv = 1.0 / l;
-        work[2686976u + b * 8u + r] = m + log(l);
+        work[2752512u + b * 8u + r] = m + log(l);
         let out1 = 1376256u + (b * 8u + r) * 16u;
         work[out1] = o0.x * inv;
         work[out1 + 1u] = o0.y * inv;

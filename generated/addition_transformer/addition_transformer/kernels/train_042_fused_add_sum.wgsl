@@ -34,6 +34,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[917504u + o] = res0;
+        work[983040u + o] = res0;
     }
 }

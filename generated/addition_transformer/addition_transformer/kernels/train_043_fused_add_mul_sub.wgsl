@@ -20,7 +20,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = v1 + v5;
     let v7: f32 = v0 + v6;
     let v8: u32 = v2 * 8u + v3;
-    let v9: f32 = work[917504u + v8];
+    let v9: f32 = work[983040u + v8];
     let v10: f32 = v9 * 0.015625;
     let v11: f32 = v7 - v10;
     work[851968u + i] = v11;

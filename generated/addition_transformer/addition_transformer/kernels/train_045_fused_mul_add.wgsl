@@ -15,11 +15,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[995328u + v1 * 8u + v2];
+    let v4: f32 = work[1019904u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: f32 = params[150528u + v3];
     let v7: f32 = v5 * v6;
     let v8: f32 = params[150592u + v3];
     let v9: f32 = v7 + v8;
-    work[786432u + i] = v9;
+    work[917504u + i] = v9;
 }

@@ -35,11 +35,11 @@ fn k0_main(gid: vec3<u32>) {
     var acc0: f32 = k0_f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[917504u + v2];
+        let v3: f32 = work[786432u + v2];
         acc0 = k0_max_nan(acc0, v3);
     }
     let res0 = acc0;
-    work[942080u + o] = res0;
+    work[798720u + o] = res0;
 }
 
 fn k1_main(gid: vec3<u32>) {
@@ -52,15 +52,15 @@ fn k1_main(gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[917504u + v2];
+        let v3: f32 = work[786432u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[942080u + v4];
+        let v5: f32 = work[798720u + v4];
         let v6: f32 = v3 - v5;
         let v7: f32 = exp(v6);
         acc0 = acc0 + v7;
     }
     let res0 = acc0;
-    work[943104u + o] = res0;
+    work[799744u + o] = res0;
 }
 
 fn k2_main(gid: vec3<u32>) {
@@ -69,17 +69,17 @@ fn k2_main(gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: f32 = work[917504u + i];
+    let v0: f32 = work[786432u + i];
     let v1: u32 = i / 96u;
     let v2: u32 = (i / 12u) % 8u;
     let v3: u32 = i % 12u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[942080u + v4];
+    let v5: f32 = work[798720u + v4];
     let v6: f32 = v0 - v5;
-    let v7: f32 = work[943104u + v4];
+    let v7: f32 = work[799744u + v4];
     let v8: f32 = log(v7);
     let v9: f32 = v6 - v8;
-    work[929792u + i] = v9;
+    work[983040u + i] = v9;
 }
 
 @compute @workgroup_size(256)

@@ -26,9 +26,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = f32_bits(0xff800000u);
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[917504u + v2];
+        let v3: f32 = work[786432u + v2];
         acc0 = max_nan(acc0, v3);
     }
     let res0 = acc0;
-    work[942080u + o] = res0;
+    work[798720u + o] = res0;
 }

@@ -10,15 +10,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: f32 = work[917504u + i];
+    let v0: f32 = work[786432u + i];
     let v1: u32 = i / 96u;
     let v2: u32 = (i / 12u) % 8u;
     let v3: u32 = i % 12u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[942080u + v4];
+    let v5: f32 = work[798720u + v4];
     let v6: f32 = v0 - v5;
-    let v7: f32 = work[943104u + v4];
+    let v7: f32 = work[799744u + v4];
     let v8: f32 = log(v7);
     let v9: f32 = v6 - v8;
-    work[929792u + i] = v9;
+    work[983040u + i] = v9;
 }

@@ -15,7 +15,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[929792u + v2];
+        let v3: f32 = work[983040u + v2];
         let v4: u32 = v0 * 8u + v1;
         let v5: i32 = inputs_i32[1024u + v4];
         let v6: f32 = select(0.0, 1.0, v5 == i32(r));
@@ -23,5 +23,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = acc0 + v7;
     }
     let res0 = acc0;
-    work[917504u + o] = res0;
+    work[800768u + o] = res0;
 }

@@ -26,5 +26,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v11: i32 = inputs_i32[1024u + v3];
     let v12: f32 = select(0.0, 1.0, v11 == i32(v2));
     let v13: f32 = v10 * v12;
-    work[917504u + i] = v13;
+    work[995328u + i] = v13;
 }

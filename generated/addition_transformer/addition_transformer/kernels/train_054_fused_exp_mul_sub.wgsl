@@ -10,14 +10,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 12288u) {
         return;
     }
-    let v0: f32 = work[917504u + i];
-    let v1: f32 = work[929792u + i];
+    let v0: f32 = work[995328u + i];
+    let v1: f32 = work[983040u + i];
     let v2: f32 = exp(v1);
     let v3: u32 = i / 96u;
     let v4: u32 = (i / 12u) % 8u;
     let v5: u32 = i % 12u;
-    let v6: f32 = work[942080u + v3 * 8u + v4];
+    let v6: f32 = work[1020928u + v3 * 8u + v4];
     let v7: f32 = v2 * v6;
     let v8: f32 = v0 - v7;
-    work[983040u + i] = v8;
+    work[1007616u + i] = v8;
 }

@@ -3,9 +3,9 @@
 // writes f32[128,8,64]; reads tok_emb.W, train_054_fused_exp_mul_sub
 //
 // [1024x12] @ [12x64]
-//   A[m, k] = work[983040 + m * 12 + k]
+//   A[m, k] = work[1007616 + m * 12 + k]
 //   B[k, n] = params[576 + k * 64 + n]
-//   work[917504 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[786432 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
 // 16x16 threads each accumulate 1x1 outputs in registers while the
 // workgroup walks K 16 rows at a time through shared memory.
@@ -22,7 +22,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 917504u + row * 64u + col;
+    let i = 786432u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -38,7 +38,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 983040u + (m0 + a_p) * 12u;
+    let a_src0 = 1007616u + (m0 + a_p) * 12u;
     let a_st = a_k * 20u + a_p;
     let b_p = tid % 16u;
     let b_k = tid / 16u;

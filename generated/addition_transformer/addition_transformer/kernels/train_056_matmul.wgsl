@@ -3,9 +3,9 @@
 // writes f32[64,12]; reads train_054_fused_exp_mul_sub, train_045_fused_mul_add
 //
 // [64x1024] @ [1024x12]
-//   A[m, k] = work[786432 + m + k * 64]
-//   B[k, n] = work[983040 + k * 12 + n]
-//   work[2709504 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   A[m, k] = work[917504 + m + k * 64]
+//   B[k, n] = work[1007616 + k * 12 + n]
+//   work[2776064 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -24,7 +24,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 64u && col < 12u) {
-        let i = 2709504u + row * 12u + col;
+        let i = 2776064u + row * 12u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -42,12 +42,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 786432u + m0 + a_p;
+    let a_src0 = 917504u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 983040u + min(n0 + b_p, 11u);
+    let b_src0 = 1007616u + min(n0 + b_p, 11u);
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;

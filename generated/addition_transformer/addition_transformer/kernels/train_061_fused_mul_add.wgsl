@@ -10,13 +10,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[786432u + i];
+    let v0: f32 = work[2621440u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[851968u + v4];
+    let v5: f32 = work[2775040u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 + v6;
-    work[2621440u + i] = v7;
+    work[2686976u + i] = v7;
 }

@@ -3,7 +3,7 @@
 // writes f32[128,8,256]; reads train_040_matmul_add_relu, blocks.2.fc2.W, train_061_fused_mul_add
 //
 // [1024x64] @ [64x256]
-//   A[m, k] = work[2621440 + m * 64 + k]
+//   A[m, k] = work[2686976 + m * 64 + k]
 //   B[k, n] = params[132416 + k + n * 64]
 //   work[786432 + m * 256 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 32x32_4x4_s4: each workgroup computes a 32x32 block of C for one batch entry;
@@ -41,10 +41,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 32u;
     let a_k = tid % 32u;
-    let a_src0 = 2621440u + (m0 + a_p) * 64u;
-    let a_src1 = 2621440u + (m0 + a_p + 8u) * 64u;
-    let a_src2 = 2621440u + (m0 + a_p + 16u) * 64u;
-    let a_src3 = 2621440u + (m0 + a_p + 24u) * 64u;
+    let a_src0 = 2686976u + (m0 + a_p) * 64u;
+    let a_src1 = 2686976u + (m0 + a_p + 8u) * 64u;
+    let a_src2 = 2686976u + (m0 + a_p + 16u) * 64u;
+    let a_src3 = 2686976u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
     let b_p = tid / 32u;

@@ -11,28 +11,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[524288u + i];
+    let v0: f32 = work[2621440u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[150080u + v3];
     let v5: f32 = v0 * v4;
-    let v6: f32 = work[2708480u + v1 * 8u + v2];
+    let v6: f32 = work[2774016u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
     let v9: f32 = work[655360u + v8];
     let v10: f32 = v9 * -0.5;
-    let v11: f32 = work[2708480u + v8];
+    let v11: f32 = work[2774016u + v8];
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
     let v15: f32 = v14 * 0.015625;
     let v16: f32 = work[2490368u + i];
-    let v17: f32 = work[2707456u + v8];
+    let v17: f32 = work[2772992u + v8];
     let v18: f32 = v17 * 0.015625;
     let v19: f32 = v16 - v18;
     let v20: f32 = v15 * v19;
     let v21: f32 = v7 + v20;
     let v22: f32 = v21 + v20;
-    work[589824u + i] = v22;
+    work[524288u + i] = v22;
 }

@@ -11,18 +11,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2162688u + i];
+    let v0: f32 = work[2228224u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[149952u + v3];
     let v5: f32 = v0 * v4;
-    let v6: f32 = work[2706432u + v1 * 8u + v2];
+    let v6: f32 = work[2771968u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
-    let v9: f32 = work[589824u + v8];
+    let v9: f32 = work[720896u + v8];
     let v10: f32 = v9 * -0.5;
-    let v11: f32 = work[2706432u + v8];
+    let v11: f32 = work[2771968u + v8];
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;

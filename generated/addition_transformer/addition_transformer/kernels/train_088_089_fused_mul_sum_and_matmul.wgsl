@@ -9,7 +9,7 @@
 //
 // [256x1024] @ [1024x64]
 //   A[m, k] = work[262144 + m + k * 256]
-//   B[k, n] = work[2228224 + k * 64 + n]
+//   B[k, n] = work[2162688 + k * 64 + n]
 //   grads[83264 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -34,12 +34,12 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[2162688u + v2];
+        let v3: f32 = work[2228224u + v2];
         let v4: f32 = work[2097152u + v2];
-        let v5: f32 = work[2706432u + v0 * 8u + v1];
+        let v5: f32 = work[2771968u + v0 * 8u + v1];
         let v6: f32 = v4 * v5;
         let v7: f32 = v3 * v6;
-        let v8: f32 = work[2228224u + v2];
+        let v8: f32 = work[2162688u + v2];
         acc0 = acc0 + v7;
         acc1 = acc1 + v8;
     }
@@ -87,7 +87,7 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 2228224u + n0 + b_p;
+    let b_src0 = 2162688u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;

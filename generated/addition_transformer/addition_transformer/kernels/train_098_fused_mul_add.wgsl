@@ -10,8 +10,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[2228224u + i];
-    let v1: f32 = work[327680u + i];
+    let v0: f32 = work[2162688u + i];
+    let v1: f32 = work[262144u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
@@ -20,5 +20,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = work[393216u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[262144u + i] = v9;
+    work[524288u + i] = v9;
 }

@@ -3,7 +3,7 @@
 // writes f32[128,8,64]; reads blocks.1.o.W, train_098_fused_mul_add
 //
 // [1024x64] @ [64x64]
-//   A[m, k] = work[262144 + m * 64 + k]
+//   A[m, k] = work[524288 + m * 64 + k]
 //   B[k, n] = params[62784 + k + n * 64]
 //   work[327680 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -41,10 +41,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 262144u + (m0 + a_p) * 64u;
-    let a_src1 = 262144u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 262144u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 262144u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 524288u + (m0 + a_p) * 64u;
+    let a_src1 = 524288u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 524288u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 524288u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;

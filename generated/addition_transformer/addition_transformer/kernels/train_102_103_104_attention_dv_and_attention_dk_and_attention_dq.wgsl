@@ -70,7 +70,7 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
         for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
-            wg_f32_0[e] = work[2691072u + bb * 8u + rr];
+            wg_f32_0[e] = work[2756608u + bb * 8u + rr];
         }
         workgroupBarrier();
         for (var i: u32 = 0u; i < 8u; i = i + 1u) {
@@ -84,7 +84,7 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 393216u + (b * 8u + r) * 16u;
+        let out0 = 262144u + (b * 8u + r) * 16u;
         work[out0] = dv0.x;
         work[out0 + 1u] = dv0.y;
         work[out0 + 2u] = dv0.z;
@@ -153,12 +153,12 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
         for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
-            wg_f32_0[e] = work[2691072u + bb * 8u + rr];
+            wg_f32_0[e] = work[2756608u + bb * 8u + rr];
         }
         for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
-            wg_f32_1[e] = work[589824u + bb * 8u + rr];
+            wg_f32_1[e] = work[655360u + bb * 8u + rr];
         }
         workgroupBarrier();
         for (var i: u32 = 0u; i < 8u; i = i + 1u) {
@@ -173,7 +173,7 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 458752u + (b * 8u + r) * 16u;
+        let out0 = 393216u + (b * 8u + r) * 16u;
         work[out0] = dk0.x * 0.25;
         work[out0 + 1u] = dk0.y * 0.25;
         work[out0 + 2u] = dk0.z * 0.25;
@@ -216,8 +216,8 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
     let g1 = vec4<f32>(work[dout_row + 4u], work[dout_row + 5u], work[dout_row + 6u], work[dout_row + 7u]);
     let g2 = vec4<f32>(work[dout_row + 8u], work[dout_row + 9u], work[dout_row + 10u], work[dout_row + 11u]);
     let g3 = vec4<f32>(work[dout_row + 12u], work[dout_row + 13u], work[dout_row + 14u], work[dout_row + 15u]);
-    let lse_i = work[2691072u + bc * 8u + rc];
-    let delta_i = work[589824u + bc * 8u + rc];
+    let lse_i = work[2756608u + bc * 8u + rc];
+    let delta_i = work[655360u + bc * 8u + rc];
     var dq0 = vec4<f32>(0.0);
     var dq1 = vec4<f32>(0.0);
     var dq2 = vec4<f32>(0.0);
@@ -254,7 +254,7 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 524288u + (b * 8u + r) * 16u;
+        let out0 = 458752u + (b * 8u + r) * 16u;
         work[out0] = dq0.x * 0.25;
         work[out0 + 1u] = dq0.y * 0.25;
         work[out0 + 2u] = dq0.z * 0.25;

@@ -55,7 +55,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
-            lt[e] = work[2691072u + bb * 8u + rr];
+            lt[e] = work[2756608u + bb * 8u + rr];
         }
         workgroupBarrier();
         for (var i: u32 = 0u; i < 8u; i = i + 1u) {
@@ -69,7 +69,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 393216u + (b * 8u + r) * 16u;
+        let out0 = 262144u + (b * 8u + r) * 16u;
         work[out0] = dv0.x;
         work[out0 + 1u] = dv0.y;
         work[out0 + 2u] = dv0.z;

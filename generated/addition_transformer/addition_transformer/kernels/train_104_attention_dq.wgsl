@@ -33,8 +33,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let g1 = vec4<f32>(work[dout_row + 4u], work[dout_row + 5u], work[dout_row + 6u], work[dout_row + 7u]);
     let g2 = vec4<f32>(work[dout_row + 8u], work[dout_row + 9u], work[dout_row + 10u], work[dout_row + 11u]);
     let g3 = vec4<f32>(work[dout_row + 12u], work[dout_row + 13u], work[dout_row + 14u], work[dout_row + 15u]);
-    let lse_i = work[2691072u + bc * 8u + rc];
-    let delta_i = work[589824u + bc * 8u + rc];
+    let lse_i = work[2756608u + bc * 8u + rc];
+    let delta_i = work[655360u + bc * 8u + rc];
     var dq0 = vec4<f32>(0.0);
     var dq1 = vec4<f32>(0.0);
     var dq2 = vec4<f32>(0.0);
@@ -71,7 +71,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 524288u + (b * 8u + r) * 16u;
+        let out0 = 458752u + (b * 8u + r) * 16u;
         work[out0] = dq0.x * 0.25;
         work[out0 + 1u] = dq0.y * 0.25;
         work[out0 + 2u] = dq0.z * 0.25;

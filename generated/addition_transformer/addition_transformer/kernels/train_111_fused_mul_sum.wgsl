@@ -19,9 +19,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[458752u + v2];
+        let v3: f32 = work[262144u + v2];
         let v4: f32 = work[1572864u + v2];
-        let v5: f32 = work[2703360u + v0 * 8u + v1];
+        let v5: f32 = work[2768896u + v0 * 8u + v1];
         let v6: f32 = v4 * v5;
         let v7: f32 = v3 * v6;
         acc0 = acc0 + v3;

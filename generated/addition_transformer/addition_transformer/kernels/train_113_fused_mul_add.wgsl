@@ -11,18 +11,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[458752u + i];
+    let v0: f32 = work[262144u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: f32 = params[149376u + v3];
     let v5: f32 = v0 * v4;
-    let v6: f32 = work[2703360u + v1 * 8u + v2];
+    let v6: f32 = work[2768896u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
     let v9: f32 = work[393216u + v8];
     let v10: f32 = v9 * -0.5;
-    let v11: f32 = work[2703360u + v8];
+    let v11: f32 = work[2768896u + v8];
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
@@ -31,5 +31,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v17: f32 = v15 * v16;
     let v18: f32 = v7 + v17;
     let v19: f32 = v18 + v17;
-    work[327680u + i] = v19;
+    work[589824u + i] = v19;
 }

@@ -10,15 +10,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[262144u + i];
-    let v1: f32 = work[327680u + i];
+    let v0: f32 = work[524288u + i];
+    let v1: f32 = work[589824u + i];
     let v2: f32 = v0 + v1;
     let v3: u32 = i / 512u;
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[393216u + v6];
+    let v7: f32 = work[720896u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[524288u + i] = v9;
+    work[655360u + i] = v9;
 }

@@ -10,7 +10,7 @@
 // [1024x256] @ [256x64]
 //   A[m, k] = work[262144 + m * 256 + k]
 //   B[k, n] = params[17728 + k + n * 256]
-//   work[m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[524288 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -66,7 +66,7 @@ fn k1_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn k1_store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 64u + col;
+    let i = 524288u + row * 64u + col;
     work[i] = k1_epilogue(acc, bi, row, col);
 }
 

@@ -19,8 +19,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[524288u + v2];
-        let v4: f32 = work[v2];
+        let v3: f32 = work[655360u + v2];
+        let v4: f32 = work[524288u + v2];
         acc0 = acc0 + v3;
         acc1 = acc1 + v4;
     }

@@ -64,13 +64,13 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
-            let src = 65536u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
+            let src = 131072u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             wg_vec4f_1[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
         for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
-            wg_f32_0[e] = work[2686976u + bb * 8u + rr];
+            wg_f32_0[e] = work[2752512u + bb * 8u + rr];
         }
         workgroupBarrier();
         for (var i: u32 = 0u; i < 8u; i = i + 1u) {
@@ -84,7 +84,7 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 196608u + (b * 8u + r) * 16u;
+        let out0 = (b * 8u + r) * 16u;
         work[out0] = dv0.x;
         work[out0 + 1u] = dv0.y;
         work[out0 + 2u] = dv0.z;
@@ -147,13 +147,13 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
-            let src = 65536u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
+            let src = 131072u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             wg_vec4f_1[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
         for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
-            wg_f32_0[e] = work[2686976u + bb * 8u + rr];
+            wg_f32_0[e] = work[2752512u + bb * 8u + rr];
         }
         for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
@@ -173,7 +173,7 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 262144u + (b * 8u + r) * 16u;
+        let out0 = 196608u + (b * 8u + r) * 16u;
         work[out0] = dk0.x * 0.25;
         work[out0 + 1u] = dk0.y * 0.25;
         work[out0 + 2u] = dk0.z * 0.25;
@@ -211,12 +211,12 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
     let q1 = vec4<f32>(work[q_row + 4u], work[q_row + 5u], work[q_row + 6u], work[q_row + 7u]) * 0.25;
     let q2 = vec4<f32>(work[q_row + 8u], work[q_row + 9u], work[q_row + 10u], work[q_row + 11u]) * 0.25;
     let q3 = vec4<f32>(work[q_row + 12u], work[q_row + 13u], work[q_row + 14u], work[q_row + 15u]) * 0.25;
-    let dout_row = 65536u + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
+    let dout_row = 131072u + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     let g0 = vec4<f32>(work[dout_row], work[dout_row + 1u], work[dout_row + 2u], work[dout_row + 3u]);
     let g1 = vec4<f32>(work[dout_row + 4u], work[dout_row + 5u], work[dout_row + 6u], work[dout_row + 7u]);
     let g2 = vec4<f32>(work[dout_row + 8u], work[dout_row + 9u], work[dout_row + 10u], work[dout_row + 11u]);
     let g3 = vec4<f32>(work[dout_row + 12u], work[dout_row + 13u], work[dout_row + 14u], work[dout_row + 15u]);
-    let lse_i = work[2686976u + bc * 8u + rc];
+    let lse_i = work[2752512u + bc * 8u + rc];
     let delta_i = work[393216u + bc * 8u + rc];
     var dq0 = vec4<f32>(0.0);
     var dq1 = vec4<f32>(0.0);
@@ -254,7 +254,7 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 327680u + (b * 8u + r) * 16u;
+        let out0 = 262144u + (b * 8u + r) * 16u;
         work[out0] = dq0.x * 0.25;
         work[out0 + 1u] = dq0.y * 0.25;
         work[out0 + 2u] = dq0.z * 0.25;

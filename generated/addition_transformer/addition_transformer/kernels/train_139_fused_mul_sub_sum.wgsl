@@ -17,13 +17,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[262144u + v2];
+        let v3: f32 = work[v2];
         let v4: f32 = work[1048576u + v2];
         let v5: u32 = v0 * 8u + v1;
-        let v6: f32 = work[2699264u + v5];
+        let v6: f32 = work[2764800u + v5];
         let v7: f32 = v6 * 0.015625;
         let v8: f32 = v4 - v7;
-        let v9: f32 = work[2700288u + v0 * 8u + v1];
+        let v9: f32 = work[2765824u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
         acc0 = acc0 + v11;

@@ -16,7 +16,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 128u; r = r + 256u) {
         let v2: u32 = r * 512u + v0 * 64u + v1;
-        let v3: f32 = work[65536u + v2];
+        let v3: f32 = work[196608u + v2];
         acc0 = acc0 + v3;
     }
     part0[lid.x] = acc0;
@@ -29,6 +29,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[o] = res0;
+        work[12288u + o] = res0;
     }
 }

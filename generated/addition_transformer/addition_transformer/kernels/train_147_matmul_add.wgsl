@@ -4,7 +4,7 @@
 //
 // [12x1024] @ [1024x64]
 //   A[m, k] = work[m + k * 12]
-//   B[k, n] = work[65536 + k * 64 + n]
+//   B[k, n] = work[196608 + k * 64 + n]
 //   grads[576 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -20,7 +20,7 @@ var<workgroup> tile_b: array<vec2<f32>, 512>;
 var<workgroup> partial: array<f32, 256>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return ((work[2709504u + row + col * 12u]) + acc);
+    return ((work[2776064u + row + col * 12u]) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
@@ -48,7 +48,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 65536u + n0 + b_p;
+    let b_src0 = 196608u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;

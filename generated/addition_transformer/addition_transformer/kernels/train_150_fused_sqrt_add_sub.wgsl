@@ -23,7 +23,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let v0: f32 = grads[i];
-    let v1: f32 = work[150656u];
+    let v1: f32 = work[150720u];
     let v2: f32 = sqrt(v1);
     let v3: f32 = v2 + 0.000001;
     let v4: f32 = 1.0 / v3;

@@ -5,7 +5,7 @@
 // [1x64] @ [64x1]
 //   A[m, k] = work[64 + k]
 //   B[k, n] = params[4160 + k]
-//   work[m] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[128 + m] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -25,7 +25,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 1u && col < 1u) {
-        let i = row;
+        let i = 128u + row;
         work[i] = epilogue(acc, bi, row, col);
     }
 }

@@ -5,7 +5,7 @@
 // [256x64] @ [64x1]
 //   A[m, k] = work[16384 + m * 64 + k]
 //   B[k, n] = params[4160 + k]
-//   work[32768 + m] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[49152 + m] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -26,12 +26,12 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 256u && col < 1u) {
-        let i = 32768u + row;
+        let i = 49152u + row;
         let v = epilogue(acc, bi, row, col);
         work[i] = v;
         let e = row;
         let x0 = (((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + row]))) + ((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + row]))));
-        work[49152u + e] = x0;
+        work[65536u + e] = x0;
     }
 }
 

@@ -18,13 +18,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     var acc1: f32 = 0.0;
     for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
-        let v0: f32 = work[32768u + r];
+        let v0: f32 = work[49152u + r];
         let v1: f32 = params[4352u];
         let v2: f32 = v0 + v1;
         let v3: f32 = inputs[256u + r];
         let v4: f32 = v2 - v3;
         let v5: f32 = v4 * v4;
-        let v6: f32 = work[49152u + r];
+        let v6: f32 = work[65536u + r];
         acc0 = acc0 + v5;
         acc1 = acc1 + v6;
     }
@@ -43,6 +43,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let res1 = part1[0];
         let v7: f32 = res0 * 0.00390625;
         grads[4352u + o] = res1;
-        work[49408u + o] = v7;
+        work[65792u + o] = v7;
     }
 }

@@ -3,7 +3,7 @@
 // writes f32[256,64]; reads train_01_matmul_add_relu, l3.W, train_02_matmul_add_sub_mul
 //
 // [256x1] @ [1x64]
-//   A[m, k] = work[49152 + m]
+//   A[m, k] = work[65536 + m]
 //   B[k, n] = params[4160 + n]
 //   work[32768 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_1x1: each workgroup computes a 16x16 block of C for one batch entry;
@@ -38,7 +38,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 16u;
     let a_k = tid % 16u;
-    let a_src0 = 49152u + m0 + a_p;
+    let a_src0 = 65536u + m0 + a_p;
     let a_st = a_k * 20u + a_p;
     let b_p = tid / 16u;
     let b_k = tid % 16u;

@@ -18,7 +18,7 @@
 // [256x64] @ [64x64]
 //   A[m, k] = work[32768 + m * 64 + k]
 //   B[k, n] = params[64 + k + n * 64]
-//   work[16384 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[49152 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -242,7 +242,7 @@ fn k1_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn k1_store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 16384u + row * 64u + col;
+    let i = 49152u + row * 64u + col;
     work[i] = k1_epilogue(acc, bi, row, col);
 }
 

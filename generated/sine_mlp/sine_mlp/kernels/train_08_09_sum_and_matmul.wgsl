@@ -9,7 +9,7 @@
 //
 // [1x256] @ [256x64]
 //   A[m, k] = inputs[k]
-//   B[k, n] = work[16384 + k * 64 + n]
+//   B[k, n] = work[49152 + k * 64 + n]
 //   grads[m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -34,7 +34,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
         let v0: u32 = r * 64u + o;
         let v1: f32 = work[32768u + v0];
-        let v2: f32 = work[16384u + v0];
+        let v2: f32 = work[49152u + v0];
         acc0 = acc0 + v1;
         acc1 = acc1 + v2;
     }
@@ -84,7 +84,7 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 16384u + n0 + b_p;
+    let b_src0 = 49152u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;

@@ -18,7 +18,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var r: u32 = lid.x; r < 256u; r = r + 256u) {
         let v0: u32 = r * 64u + o;
         let v1: f32 = work[32768u + v0];
-        let v2: f32 = work[16384u + v0];
+        let v2: f32 = work[49152u + v0];
         acc0 = acc0 + v1;
         acc1 = acc1 + v2;
     }

@@ -15,14 +15,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 64u; r = r + 1u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[262144u + v2];
+        let v3: f32 = work[393216u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[v4];
+        let v5: f32 = work[458752u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
         acc0 = acc0 + v8;
     }
     let res0 = acc0;
-    work[1024u + o] = res0;
+    work[459776u + o] = res0;
 }

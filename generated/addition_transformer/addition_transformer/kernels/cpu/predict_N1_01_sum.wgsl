@@ -17,5 +17,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = acc0 + v1;
     }
     let res0 = acc0;
-    work[1024u + o] = res0;
+    work[2048u + o] = res0;
 }

@@ -14,12 +14,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var r: u32 = 0u; r < 64u; r = r + 1u) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[v0];
-        let v2: f32 = work[1024u + o];
+        let v2: f32 = work[2048u + o];
         let v3: f32 = v2 * 0.015625;
         let v4: f32 = v1 - v3;
         let v5: f32 = v4 * v4;
         acc0 = acc0 + v5;
     }
     let res0 = acc0;
-    work[1088u + o] = res0;
+    work[2112u + o] = res0;
 }

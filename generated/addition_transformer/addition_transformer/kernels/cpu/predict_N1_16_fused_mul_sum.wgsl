@@ -13,10 +13,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 64u; r = r + 1u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[v0];
+        let v1: f32 = work[2048u + v0];
         let v2: f32 = v1 * v1;
         acc0 = acc0 + v2;
     }
     let res0 = acc0;
-    work[1024u + o] = res0;
+    work[1536u + o] = res0;
 }

@@ -14,13 +14,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 64u; r = r + 1u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[3072u + v0];
-        let v2: f32 = work[2048u + v0];
+        let v1: f32 = work[3584u + v0];
+        let v2: f32 = work[2560u + v0];
         let v3: f32 = params[149888u + r];
         let v4: f32 = v2 + v3;
         let v5: f32 = v1 + v4;
         acc0 = acc0 + v5;
     }
     let res0 = acc0;
-    work[512u + o] = res0;
+    work[3072u + o] = res0;
 }

@@ -13,9 +13,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 64u; r = r + 1u) {
         let v0: u32 = o * 64u + r;
-        let v1: f32 = work[2560u + v0];
+        let v1: f32 = work[3072u + v0];
         acc0 = acc0 + v1;
     }
     let res0 = acc0;
-    work[o] = res0;
+    work[4096u + o] = res0;
 }

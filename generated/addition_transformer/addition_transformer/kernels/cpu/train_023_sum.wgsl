@@ -19,5 +19,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = acc0 + v3;
     }
     let res0 = acc0;
-    work[2704384u + o] = res0;
+    work[2769920u + o] = res0;
 }

@@ -24,5 +24,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = acc0 + v7;
     }
     let res0 = acc0;
-    work[917504u + o] = res0;
+    work[983040u + o] = res0;
 }

@@ -25,5 +25,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v7: f32 = res0 * 0.015625;
     let v8: f32 = v7 + 0.00001;
     let v9: f32 = inverseSqrt(v8);
-    work[995328u + o] = v9;
+    work[1019904u + o] = v9;
 }

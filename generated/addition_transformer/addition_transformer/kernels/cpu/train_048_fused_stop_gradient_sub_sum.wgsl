@@ -15,13 +15,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 12u; r = r + 1u) {
         let v2: u32 = v0 * 96u + v1 * 12u + r;
-        let v3: f32 = work[917504u + v2];
+        let v3: f32 = work[786432u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[942080u + v4];
+        let v5: f32 = work[798720u + v4];
         let v6: f32 = v3 - v5;
         let v7: f32 = exp(v6);
         acc0 = acc0 + v7;
     }
     let res0 = acc0;
-    work[943104u + o] = res0;
+    work[799744u + o] = res0;
 }

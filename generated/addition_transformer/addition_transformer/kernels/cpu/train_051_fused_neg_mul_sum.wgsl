@@ -18,7 +18,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 8u + v1;
-        let v3: f32 = work[917504u + v2];
+        let v3: f32 = work[800768u + v2];
         let v4: f32 = -v3;
         let v5: f32 = inputs[v2];
         let v6: f32 = v4 * v5;
@@ -35,6 +35,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (lid.x == 0u) {
         let res0 = part0[0];
         let v7: f32 = res0 * 0.0026041667;
-        work[2710272u + o] = v7;
+        work[2776832u + o] = v7;
     }
 }

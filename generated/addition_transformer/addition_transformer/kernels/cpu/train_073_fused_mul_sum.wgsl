@@ -15,12 +15,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = o % 8u;
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 16u; r = r + 1u) {
-        let v3: f32 = work[589824u + v0 * 512u + v1 * 16u + v2 * 64u + r];
+        let v3: f32 = work[655360u + v0 * 512u + v1 * 16u + v2 * 64u + r];
         let v4: u32 = v0 * 512u + v1 * 128u + v2 * 16u + r;
         let v5: f32 = work[2424832u + v4];
         let v6: f32 = v3 * v5;
         acc0 = acc0 + v6;
     }
     let res0 = acc0;
-    work[2621440u + o] = res0;
+    work[2686976u + o] = res0;
 }

@@ -20,12 +20,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[2162688u + v2];
+        let v3: f32 = work[2228224u + v2];
         let v4: f32 = work[2097152u + v2];
-        let v5: f32 = work[2706432u + v0 * 8u + v1];
+        let v5: f32 = work[2771968u + v0 * 8u + v1];
         let v6: f32 = v4 * v5;
         let v7: f32 = v3 * v6;
-        let v8: f32 = work[2228224u + v2];
+        let v8: f32 = work[2162688u + v2];
         acc0 = acc0 + v7;
         acc1 = acc1 + v8;
     }

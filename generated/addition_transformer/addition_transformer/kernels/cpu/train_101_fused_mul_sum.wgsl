@@ -22,5 +22,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = acc0 + v6;
     }
     let res0 = acc0;
-    work[589824u + o] = res0;
+    work[655360u + o] = res0;
 }

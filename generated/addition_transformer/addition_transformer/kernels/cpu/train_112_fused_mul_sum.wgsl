@@ -16,7 +16,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 64u; r = r + 1u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[458752u + v2];
+        let v3: f32 = work[262144u + v2];
         let v4: f32 = params[149376u + r];
         let v5: f32 = v3 * v4;
         let v6: f32 = work[1572864u + v2];

@@ -15,7 +15,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = o % 8u;
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 16u; r = r + 1u) {
-        let v3: f32 = work[65536u + v0 * 512u + v1 * 16u + v2 * 64u + r];
+        let v3: f32 = work[131072u + v0 * 512u + v1 * 16u + v2 * 64u + r];
         let v4: u32 = v0 * 512u + v1 * 128u + v2 * 16u + r;
         let v5: f32 = work[1376256u + v4];
         let v6: f32 = v3 * v5;

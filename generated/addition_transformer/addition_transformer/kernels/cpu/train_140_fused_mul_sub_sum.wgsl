@@ -16,17 +16,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 64u; r = r + 1u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[262144u + v2];
+        let v3: f32 = work[v2];
         let v4: f32 = params[148800u + r];
         let v5: f32 = v3 * v4;
         let v6: f32 = work[1048576u + v2];
         let v7: u32 = v0 * 8u + v1;
-        let v8: f32 = work[2699264u + v7];
+        let v8: f32 = work[2764800u + v7];
         let v9: f32 = v8 * 0.015625;
         let v10: f32 = v6 - v9;
         let v11: f32 = v5 * v10;
         acc0 = acc0 + v11;
     }
     let res0 = acc0;
-    work[65536u + o] = res0;
+    work[262144u + o] = res0;
 }

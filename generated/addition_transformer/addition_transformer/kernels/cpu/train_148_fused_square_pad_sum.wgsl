@@ -32,6 +32,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[o] = res0;
+        work[150656u + o] = res0;
     }
 }

@@ -12,9 +12,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var acc0: f32 = 0.0;
     for (var r: u32 = 0u; r < 37u; r = r + 1u) {
-        let v0: f32 = work[r];
+        let v0: f32 = work[150656u + r];
         acc0 = acc0 + v0;
     }
     let res0 = acc0;
-    work[150656u + o] = res0;
+    work[150720u + o] = res0;
 }

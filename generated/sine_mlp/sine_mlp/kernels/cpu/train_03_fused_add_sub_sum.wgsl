@@ -16,13 +16,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc0: f32 = 0.0;
     var acc1: f32 = 0.0;
     for (var r: u32 = 0u; r < 256u; r = r + 1u) {
-        let v0: f32 = work[32768u + r];
+        let v0: f32 = work[49152u + r];
         let v1: f32 = params[4352u];
         let v2: f32 = v0 + v1;
         let v3: f32 = inputs[256u + r];
         let v4: f32 = v2 - v3;
         let v5: f32 = v4 * v4;
-        let v6: f32 = work[49152u + r];
+        let v6: f32 = work[65536u + r];
         acc0 = acc0 + v5;
         acc1 = acc1 + v6;
     }
@@ -30,5 +30,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let res1 = acc1;
     let v7: f32 = res0 * 0.00390625;
     grads[4352u + o] = res1;
-    work[49408u + o] = v7;
+    work[65792u + o] = v7;
 }
