@@ -28,9 +28,13 @@ ALIGN = 64  # elements: 256-byte aligned tensors keep reads coalesced and offset
 # A slot freed by a tensor's last read at kernel i is reused only by a tensor first written at
 # kernel i + REUSE_GAP + 1 or later: reuse between near neighbours makes them conflict (one writes
 # what the other reads), which keeps them from sharing a dispatch or a row chain (merge.py,
-# chain.py). 2 costs +1.5% memory on the addition transformer and +1% on transformer_large, and
-# takes their dispatches from 81 to 63 and 234 to 214.
+# chain.py). 2 costs +2% memory on the addition transformer and +1% on transformer_large, and
+# takes their dispatches from 81 to 64 and 234 to 214 (sine_mlp: 8 to 7 for 66 KB). Where it
+# costs more than GAP_MAX_COST times the memory and more than GAP_FREE elements (mnist_cnn +1.6 MB,
+# flow_matching_tiny +6.4 MB: 15%) slots are reused at once instead.
 REUSE_GAP = 2
+GAP_MAX_COST = 1.03
+GAP_FREE = 2**18  # elements (1 MiB)
 ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32", "state_1")
 DEFAULT_MAX_BINDING_MIB = 128  # WebGPU's default maxStorageBufferBindingSize (browsers, lavapipe)
 
@@ -173,7 +177,7 @@ def plan(s: KernelSchedule, state_arenas: dict[str, str], param_total: int, max_
         for t, _, _ in items:
             if _align(max(t.size, 1)) > cap:
                 _too_large(g, f"the intermediate {t.node.op} result {t.type_str()}", t, t.size, max_binding_mib)
-        for k, n in enumerate(_pack(items, loc, arena, cap)):
+        for k, n in enumerate(_pack_with_gap(items, loc, arena, cap)):
             sizes[chunk_name(arena, k)] = n
     for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32"):
         if sizes[arena] > cap:
@@ -241,10 +245,19 @@ def _too_large(g, what: str, t: Tensor | None, elements: int, mib: float):
     )
 
 
-def _pack(items, loc, arena, cap: int) -> list[int]:
+def _pack_with_gap(items, loc, arena, cap: int) -> list[int]:
+    """_pack with REUSE_GAP where that costs little memory (GAP_MAX_COST, GAP_FREE), else without."""
+    spaced, tight = {}, {}
+    a, b = _pack(items, spaced, arena, cap, REUSE_GAP), _pack(items, tight, arena, cap, 0)
+    use_gap = len(a) == len(b) and sum(a) <= max(GAP_MAX_COST * sum(b), sum(b) + GAP_FREE)
+    loc.update(spaced if use_gap else tight)
+    return a if use_gap else b
+
+
+def _pack(items, loc, arena, cap: int, gap: int = 0) -> list[int]:
     """Greedy by size: largest first, at the lowest offset free over its whole lifetime (widened
-    by REUSE_GAP), in the first buffer of the arena where it fits under `cap` elements. Returns
-    each buffer's size."""
+    by `gap` kernels), in the first buffer of the arena where it fits under `cap` elements.
+    Returns each buffer's size."""
     bins: list[list[tuple[int, int, int, int]]] = []  # per buffer: offset, size, start, end
     tops: list[int] = []
     for t, start, end in sorted(items, key=lambda iv: (-iv[0].size, iv[1], iv[2])):
@@ -253,7 +266,7 @@ def _pack(items, loc, arena, cap: int) -> list[int]:
             if k == len(bins):
                 bins.append([])
                 tops.append(0)
-            busy = sorted((o, sz) for o, sz, s0, e0 in bins[k] if not (e0 + REUSE_GAP < start or end + REUSE_GAP < s0))
+            busy = sorted((o, sz) for o, sz, s0, e0 in bins[k] if not (e0 + gap < start or end + gap < s0))
             off = 0
             for o, sz in busy:
                 if off + size <= o:
