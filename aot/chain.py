@@ -35,7 +35,7 @@ import numpy as np
 from . import merge
 from .codegen import WG, KernelCode, rows_per_workgroup
 from .ir import Tensor
-from .plan import Plan, arena_binding
+from .plan import Plan
 from .schedule import Kernel, KernelSchedule, op_of
 from .views import View
 
@@ -252,11 +252,7 @@ def render(s: KernelSchedule, c: Chain, codes: list[KernelCode], prefix: str) ->
                 "    }",
             ]
     out += ["}", ""]
-    access: dict[str, str] = {}
-    for k in codes:
-        for a, acc in k.bindings:
-            access[a] = "read_write" if "read_write" in (acc, access.get(a)) else acc
     return KernelCode(
-        name, "\n".join(out), sorted(access.items(), key=lambda kv: arena_binding(kv[0])), grid,
+        name, "\n".join(out), merge.union_bindings(k.bindings for k in codes), grid,
         " ; ".join(k.ops for k in codes), codes[0].site, None, parts=codes, kind="chain",
     )

@@ -53,12 +53,12 @@ def _literal(value) -> str:
 
 def _kernel_list(c, wgsl: dict[str, str]) -> list[tuple[str, str]]:
     """(kernel name, what it computes and where from) for each kernel file, in wgsl's order."""
-    def about(k) -> str:
+    def describe(k) -> str:
         if k.parts:  # what each of its kernels computes: side by side (merge.py) or as stages (chain.py)
-            return (" | " if k.kind == "merged" else " ; then ").join(about(p) for p in k.parts)
+            return (" | " if k.kind == "merged" else " ; then ").join(describe(p) for p in k.parts)
         return f"{' -> '.join(k.ops.split()) or '-'} ({k.site})"
 
-    about = {k.name: about(k) for lists in (c.kernels, c.dispatches) for ks in lists.values() for k in ks}
+    about = {k.name: describe(k) for lists in (c.kernels, c.dispatches) for ks in lists.values() for k in ks}
     return [(kname, about[kname]) for kname in wgsl]
 
 

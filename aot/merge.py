@@ -163,15 +163,21 @@ def combine(name: str, parts: list[Source], grids: list[tuple[int, int, int]]) -
     return "\n".join(out), grid
 
 
-def binding_lines(parts: list[Source]) -> list[str]:
-    """The union of the parts' storage bindings (read_write where any part writes)."""
+def union_bindings(lists) -> list[tuple[str, str]]:
+    """(arena, access) pairs of several kernels as one kernel's bindings, in binding order:
+    read_write where any of them writes."""
     access: dict[str, str] = {}
-    for p in parts:
-        for a, acc in p.bindings.items():
-            access[a] = "read_write" if "read_write" in (acc, access.get(a)) else "read"
+    for pairs in lists:
+        for a, acc in pairs:
+            access[a] = "read_write" if "read_write" in (acc, access.get(a)) else acc
+    return sorted(access.items(), key=lambda kv: arena_binding(kv[0]))
+
+
+def binding_lines(parts: list[Source]) -> list[str]:
+    """The union of the parts' storage bindings as WGSL declarations."""
     return [
         f"@group(0) @binding({arena_binding(a)}) var<storage, {acc}> {a}: array<{arena_dtype(a)}>;"
-        for a, acc in sorted(access.items(), key=lambda kv: arena_binding(kv[0]))
+        for a, acc in union_bindings(p.bindings.items() for p in parts)
     ]
 
 
@@ -288,13 +294,9 @@ def merge(
         name = merged_name([kcodes[m].name for j in members for m in units[j][0]], prefix)
         grids = [k.grid for k in ks]
         wgsl, grid = combine(name, [parse(k.wgsl) for k in ks], grids)
-        bindings = {}
-        for k in ks:
-            for a, acc in k.bindings:
-                bindings[a] = "read_write" if "read_write" in (acc, bindings.get(a)) else acc
         out.append(
             KernelCode(
-                name, wgsl, sorted(bindings.items(), key=lambda kv: arena_binding(kv[0])), grid,
+                name, wgsl, union_bindings(k.bindings for k in ks), grid,
                 " | ".join(k.ops for k in ks), ks[0].site, None, parts=ks, kind="merged",
             )
         )
