@@ -96,6 +96,12 @@ class Body:
             # reshape of a fused sum, say): its storage is written only at the end of the kernel
             if not (base is not t and id(base) in kc.computed):
                 return self.read(t, idx)
+            v = kc.s.views[id(t)]
+            if v.offset == 0 and v.is_contiguous() and t.size == base.size and idx.get_flat(self) == kc.self_flat:
+                # the view's composition is the identity (transposes that undo each other, say): at
+                # the kernel's own element it is that value; following its ops one by one would end
+                # at a permuted index of the base, which is only in memory after the kernel
+                return kc.computed[id(base)]
         od = lookup(t.node.op)
         if od.render is not None:
             return od.render(self, t.node, idx)

@@ -113,7 +113,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: aot.compile: CodegenError: kernel train_03_fused_mul_square_sum reads t12 from memory before it stores it (a fusion rule merged a reader that does not rea')
 def test_fuzz_compile_111b606e():
     model = aot.compile(program, kernels=KERNELS)
     try:

@@ -100,7 +100,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: aot.compile: CodegenError: kernel train_01_fused_mul_concat_cast reads t4 from memory before it stores it (a fusion rule merged a reader that does not rea')
 def test_fuzz_compile_3e85a7bc():
     model = aot.compile(program, kernels=KERNELS)
     try:
