@@ -121,6 +121,8 @@ class Tile:
 # speed on average (worst 84%, on a 3.5 us product).
 # `efficiency` is the measured fraction of the H200's 67 TFLOP/s FMA peak at full occupancy.
 TILES: tuple[Tile, ...] = (
+    Tile("64x128_8x8_k16", 64, 128, 16, 8, 8, occupancy=4, efficiency=0.56),
+    Tile("64x64_8x8_k16", 64, 64, 16, 8, 8, occupancy=6, efficiency=0.51),
     Tile("128x128_8x8", 128, 128, 8, 8, 8, occupancy=2, efficiency=0.46),
     Tile("128x64_8x4", 128, 64, 8, 8, 4, occupancy=3, efficiency=0.45),
     Tile("64x64_8x8", 64, 64, 8, 8, 8, occupancy=6, efficiency=0.45),
@@ -165,6 +167,35 @@ def choose_tile(spec: MatmulSpec) -> Tile:
     return min(TILES, key=lambda t: _estimate(spec, t) * (1 + 5e-5 * t.BK * t.TM * t.TN))
 
 
+# Splitting K over workgroups (passes.split_long_matmuls): S partial products as one batched
+# matmul, then a sum over them. Worth it where the output has too few tiles to fill the GPU.
+SPLIT_MIN_GAIN = 0.15  # the estimate must drop by this fraction (the model is rough)
+_SUM_BYTES_PER_US = 2.5e6  # what the sum over partial products streams (H100 HBM)
+_DISPATCH_US = 4.0  # one more kernel
+
+
+def _plain_spec(batch: int, M: int, N: int, K: int) -> MatmulSpec:
+    return MatmulSpec(batch, M, N, K, Operand("A", 0, M * K, K, 1), Operand("B", 0, K * N, N, 1), "C", 0)
+
+
+def split_count(M: int, N: int, K: int, min_chunk: int = 512, max_split: int = 64) -> int | None:
+    """The number of K chunks (a divisor of K) that makes [M, K] @ [K, N] fastest by the cost
+    model, counting the sum over the partial products; None when no split is estimated at
+    least SPLIT_MIN_GAIN faster. 512x512 outputs with K = 8192 (a transformer's weight
+    gradients): 4 chunks, 190 -> 126 us estimated (measured unsplit: 184 us on an H100)."""
+
+    def estimate(s: int) -> float:
+        spec = _plain_spec(s, M, N, K // s)
+        t = choose_tile(spec)
+        return _estimate(spec, t) + (0.0 if s == 1 else 4 * (s + 1) * M * N / _SUM_BYTES_PER_US + _DISPATCH_US)
+
+    options = [s for s in range(2, min(max_split, K // min_chunk) + 1) if K % s == 0]
+    if not options:
+        return None
+    best = min(options, key=estimate)
+    return best if estimate(best) < (1 - SPLIT_MIN_GAIN) * estimate(1) else None
+
+
 def choose_prefetch(spec: MatmulSpec, t: Tile) -> bool:
     """Whether to hold the next slab in registers while multiplying the current one.
 
@@ -173,6 +204,8 @@ def choose_prefetch(spec: MatmulSpec, t: Tile) -> bool:
     the 64-accumulator tiles 3-7% once 8 or more warps per SM are resident (4096^3 on
     128x128_8x8: 31.2 without, 29.4 with). Measured on an H200.
     """
+    if t.BK >= 16:  # the K-16 tiles were measured with it (4096^3 on 64x128_8x8_k16: 38.1 TFLOP/s)
+        return True
     warps = _resident(spec, t) * t.threads // 32
     return not (t.TM * t.TN >= 64 and warps >= 8)
 
@@ -198,12 +231,12 @@ def _check(spec: MatmulSpec) -> None:
         raise CodegenError("matmul: output region does not fit u32 indexing")
 
 
-def _check_tile(t: Tile) -> None:
+def _check_tile(t: Tile, max_shared: int = MAX_WORKGROUP_BYTES) -> None:
     ok = (
         t.BM % t.TM == 0
         and t.BN % t.TN == 0
         and t.threads <= MAX_INVOCATIONS
-        and _shared_bytes(t, pad_a=True, pad_b=True) <= MAX_WORKGROUP_BYTES
+        and _shared_bytes(t, pad_a=True, pad_b=True) <= max_shared
     )
     if not ok:
         raise CodegenError(f"matmul tile {t} breaks a WebGPU limit")
@@ -315,6 +348,8 @@ def render_matmul(
     prefetch: bool | None = None,
     max_groups: int = MAX_GROUPS_PER_DIM,
     unroll_k: bool = True,
+    double_buffer: bool = False,
+    max_shared: int = MAX_WORKGROUP_BYTES,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz).
 
@@ -329,16 +364,21 @@ def render_matmul(
     and tests. `unroll_k=False` loops over the K rows of a slab instead of writing them out:
     8-16x less code for a CPU adapter's compiler, 10-35% slower on an H100 (whose compiler does
     not unroll that loop; scripts/results/bench_matmul_loop_vs_unroll_h100.json).
+    `double_buffer` keeps two slabs in workgroup memory (one barrier per K step instead of two);
+    `max_shared` is the workgroup memory the kernel may use (WebGPU's default 16 KiB unless the
+    device was created with more).
     """
     _check(spec)
     if tile is None:
         tile = choose_tile(spec)
     elif isinstance(tile, str):
         tile = TILES_BY_NAME[tile]
-    _check_tile(tile)
+    _check_tile(tile, max_shared)
     t = tile
     if prefetch is None:
         prefetch = choose_prefetch(spec, t)
+    double_buffer = double_buffer and spec.K > t.BK * t.S  # one slab: nothing to overlap
+    nbuf = 2 if double_buffer else 1
     slab = t.BK * t.S
     a = _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a", spec.K)
     b = _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b", spec.K)
@@ -371,9 +411,11 @@ def render_matmul(
         a_addr=_describe(spec.a, spec.batch, spec.M, spec.K, "m", "k"),
         b_addr=_describe(spec.b, spec.batch, spec.K, spec.N, "k", "n"),
         c_addr=_describe_out(spec),
-        shared_bytes=4 * (a["words"] + b["words"] + (t.BM * t.BN if t.S > 1 else 0)),
+        shared_bytes=4 * (nbuf * (a["words"] + b["words"]) + (t.BM * t.BN if t.S > 1 else 0)),
+        double_buffer=double_buffer,
+        nbuf=nbuf,
     )
-    if ctx["shared_bytes"] > MAX_WORKGROUP_BYTES:
+    if ctx["shared_bytes"] > max_shared:
         raise CodegenError(f"matmul tile {t.name}: {ctx['shared_bytes']} bytes of workgroup memory")
     return render("wgsl/matmul.wgsl.j2", **ctx), grid
 
@@ -437,6 +479,7 @@ __all__ = [
     "TILES",
     "choose_tile",
     "choose_prefetch",
+    "split_count",
     "render_matmul",
     "flops",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import ops
 from .errors import IRError
 from .ir import DTYPES, Graph, Node, Tensor, format_node, tensor_names
+from .matmul_codegen import split_count
 from .ops.registry import lookup
 from .ops.trace import at_site, tracing
 
@@ -124,8 +125,11 @@ def _split_plan(n):
 # A matmul with few outputs and a long K (a convolution's weight gradient: [O, N*H*W] @
 # [N*H*W, C*k*k]) gives too few workgroups to fill a GPU, each walking all of K: split K.
 SPLIT_K_MIN = 8192  # K below this is walked fast enough by the in-workgroup split-K tiles
-SPLIT_K_MAX_OUTPUTS = 16384  # M*N above this already fills the GPU with tiles
+SPLIT_K_MAX_OUTPUTS = 16384  # up to this many outputs: as many chunks as K allows
 SPLIT_K_CHUNK = 512  # shortest K each partial product walks
+# Larger outputs (a transformer's [512, 8192] @ [8192, 512] weight gradients: 32 tiles of 64x128)
+# are split where the matmul cost model estimates it faster (matmul_codegen.split_count).
+SPLIT_K_MIN_WIDE = 4096
 
 
 def split_long_matmuls(g: Graph) -> Graph:
@@ -157,7 +161,9 @@ def _split_k(n) -> int | None:
     if lookup(n.op).fusion != "matmul" or any(x.ndim != 2 for x in n.inputs):
         return None
     (m, k), nn = n.inputs[0].shape, n.inputs[1].shape[1]
-    if k < SPLIT_K_MIN or m * nn > SPLIT_K_MAX_OUTPUTS:
+    if m * nn > SPLIT_K_MAX_OUTPUTS:
+        return split_count(m, nn, k, SPLIT_K_CHUNK) if k >= SPLIT_K_MIN_WIDE else None
+    if k < SPLIT_K_MIN:
         return None
     s = next((d for d in range(min(64, k // SPLIT_K_CHUNK), 1, -1) if k % d == 0), None)
     return s

@@ -32,6 +32,7 @@ from aot.matmul_codegen import (  # noqa: E402
     TILES,
     MatmulSpec,
     Operand,
+    Tile,
     choose_prefetch,
     choose_tile,
     flops,
@@ -49,6 +50,13 @@ MODEL_SHAPES = [  # (M, K, N)
     (8192, 512, 2048),
     (8192, 2048, 512),
 ]
+# Tiles that need more than WebGPU's default 16 KiB of workgroup memory (--double).
+EXTRA_TILES = (
+    Tile("128x128_8x8_k16", 128, 128, 16, 8, 8),
+    Tile("128x64_8x4_k16", 128, 64, 16, 8, 4),
+    Tile("64x64_8x8_k16", 64, 64, 16, 8, 8),
+    Tile("64x128_8x8_k16", 64, 128, 16, 8, 8),
+)
 TARGET_S = 0.03  # wall time of one timed repetition
 MAX_ITERS = 20000
 
@@ -73,10 +81,12 @@ class Wgpu:
     def __init__(self):
         self.adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
         lim = self.adapter.limits
+        self.max_shared = lim["max-compute-workgroup-storage-size"]
         self.device = self.adapter.request_device_sync(
             required_limits={
                 "max-storage-buffer-binding-size": lim["max-storage-buffer-binding-size"],
                 "max-buffer-size": lim["max-buffer-size"],
+                "max-compute-workgroup-storage-size": self.max_shared,
             }
         )
         self.bindings = "\n".join(
@@ -95,9 +105,10 @@ class Wgpu:
             self.device.create_buffer(size=4 * c_len, usage=U.STORAGE | U.COPY_SRC),
         ]
 
-    def prepare(self, spec: MatmulSpec, tile, prefetch: bool, unroll_k: bool = True):
+    def prepare(self, spec: MatmulSpec, tile, prefetch: bool, unroll_k: bool = True, double_buffer: bool = False):
         src, grid = render_matmul(
-            spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch, unroll_k=unroll_k
+            spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch, unroll_k=unroll_k,
+            double_buffer=double_buffer, max_shared=self.max_shared,
         )
         t0 = time.perf_counter()
         module = self.device.create_shader_module(code=src)
@@ -205,6 +216,10 @@ def main() -> None:
         "--unroll", choices=("loop", "unroll", "both"), default="unroll",
         help="K rows of a slab written out (the GPU kernels), as a loop (the CPU kernels), or both",
     )
+    ap.add_argument(
+        "--double", action="store_true",
+        help="also time the picked tile double-buffered, and the K-16 tiles of EXTRA_TILES (more workgroup memory)",
+    )
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this long")
     args = ap.parse_args()
 
@@ -259,14 +274,20 @@ def main() -> None:
         # prefetch off is only worth a look on the big tiles (long K loops, few threads)
         sweep = [(t, pf) for t in TILES for pf in (True, False) if pf or t.TM * t.TN >= 32]
         configs = sweep if args.sweep else [(chosen, choose_prefetch(spec, chosen))]
+        configs = [(t, pf, False) for t, pf in configs]
+        if args.double:
+            configs += [(chosen, True, True)] + [(t, True, db) for t in EXTRA_TILES for db in (False, True)]
         unrolls = {"loop": [False], "unroll": [True], "both": [False, True]}[args.unroll]
         runs = []
-        for (tile, pf), unroll in [(c, u) for c in configs for u in unrolls]:
+        for (tile, pf, db), unroll in [(c, u) for c in configs for u in unrolls]:
             # prefetch makes no difference to the kernel when K fits in one slab
             same_pf = pf == choose_prefetch(spec, chosen) or K <= chosen.BK * chosen.S
-            entry = {"tile": tile.name, "prefetch": pf, "unroll_k": unroll, "chosen": tile == chosen and same_pf and unroll}
+            entry = {
+                "tile": tile.name, "prefetch": pf, "unroll_k": unroll, "double_buffer": db,
+                "chosen": tile == chosen and same_pf and unroll and not db,
+            }
             try:
-                pipe, bg, grid, entry["compile_s"] = g.prepare(spec, tile, pf, unroll)
+                pipe, bg, grid, entry["compile_s"] = g.prepare(spec, tile, pf, unroll, db)
                 g.run(pipe, bg, grid, 1)
                 if ref is not None:
                     got = g.result((M, N))
@@ -282,7 +303,7 @@ def main() -> None:
             torch_tf = row.get("torch_tflops")
             ratio = entry.get("tflops", 0) / torch_tf if torch_tf else None
             print(
-                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + ('' if unroll else '/loop'):<14} {int(pf):>2} "
+                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + ('' if unroll else '/loop') + ('/db' if db else ''):<14} {int(pf):>2} "
                 f"{entry.get('s', float('nan')) * 1e6:>9.1f} {entry.get('tflops', float('nan')):>9.3f} "
                 f"{torch_tf if torch_tf else float('nan'):>10.3f} "
                 f"{ratio if ratio else float('nan'):>6.2f}{ok}{'  ' + entry['error'] if 'error' in entry else ''}",
@@ -292,7 +313,7 @@ def main() -> None:
         timed = [r for r in runs if "tflops" in r]
         if timed:
             best = max(timed, key=lambda r: r["tflops"])
-            row["best"] = {"tile": best["tile"], "prefetch": best["prefetch"], "tflops": best["tflops"]}
+            row["best"] = {k: best[k] for k in ("tile", "prefetch", "double_buffer", "tflops")}
             pick = next((r for r in timed if r["chosen"]), None)
             if pick is not None:
                 row["chosen"] = {"tile": pick["tile"], "tflops": pick["tflops"]}

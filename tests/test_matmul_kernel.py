@@ -14,6 +14,7 @@ from aot.matmul_codegen import (
     MAX_GROUPS_PER_DIM,
     MAX_INVOCATIONS,
     TILES,
+    TILES_BY_NAME,
     MatmulSpec,
     Operand,
     choose_prefetch,
@@ -32,7 +33,9 @@ def device():
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     if adapter is None:
         pytest.skip("no WebGPU adapter")
-    return adapter.request_device_sync()
+    # the double-buffered variants of the split-K tiles need more than the default 16 KiB
+    shared = adapter.limits["max-compute-workgroup-storage-size"]
+    return adapter.request_device_sync(required_limits={"max-compute-workgroup-storage-size": shared})
 
 
 def bindings_for(buffers: dict[str, np.ndarray], writable: set[str]) -> str:
@@ -176,7 +179,11 @@ def test_shapes(device, shape):
     check_matmul(device, plain(*shape), np.random.default_rng(1))
 
 
-VARIANTS = {"unrolled": {}, "loop": {"unroll_k": False}}
+VARIANTS = {
+    "unrolled": {},
+    "loop": {"unroll_k": False},
+    "double": {"double_buffer": True, "max_shared": 32768},
+}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -186,8 +193,12 @@ def test_every_tile_ragged(device, tile, variant):
     rng = np.random.default_rng(2)
     M, K, N = tile.BM + 3, 2 * tile.BK * tile.S + 5, tile.BN + 7
     spec = MatmulSpec(1, M, N, K, dense("A", 1, M, K, transposed=True), dense("B", 1, K, N), "C", 0)
-    wgsl, _ = check_matmul(device, spec, rng, tile=tile, **VARIANTS[variant])
+    kw = VARIANTS[variant]
+    if kw.get("max_shared", 0) > device.limits["max-compute-workgroup-storage-size"]:
+        pytest.skip("the adapter has less workgroup memory")
+    wgsl, _ = check_matmul(device, spec, rng, tile=tile, **kw)
     assert ("for (var kk" in wgsl) == (variant == "loop")
+    assert ("var cur = 0u;" in wgsl) == (variant == "double")
 
 
 @pytest.mark.parametrize("unroll_k", [True, False], ids=["unrolled", "loop"])
@@ -309,10 +320,12 @@ def test_limits_and_tidiness(shape):
 
 
 def test_tile_choice():
-    """The cost model's picks for the shapes the table comment quotes (measured on an H200)."""
-    assert choose_tile(plain(1, 4096, 4096, 4096)).name == "128x128_8x8"
+    """The cost model's picks for the shapes the table comment quotes (measured on an H100/H200)."""
+    assert choose_tile(plain(1, 4096, 4096, 4096)).name == "64x128_8x8_k16"
     assert choose_tile(plain(1, 512, 8192, 512)).name == "32x32_4x4_s4"  # few outputs, long K
     assert choose_tile(plain(1, 64, 1024, 64)).name == "16x16_2x2_s4"
-    big = choose_tile(plain(1, 4096, 4096, 4096))
+    k16 = choose_tile(plain(1, 4096, 4096, 4096))
+    assert choose_prefetch(plain(1, 4096, 4096, 4096), k16)  # the K-16 tiles were measured with it
+    big = TILES_BY_NAME["128x128_8x8"]
     assert not choose_prefetch(plain(1, 4096, 4096, 4096), big)  # 16 warps per SM hide latency
-    assert choose_prefetch(plain(1, 2048, 8192, 512), TILES[2])  # 64x64_8x8, 4 warps per SM
+    assert choose_prefetch(plain(1, 2048, 8192, 512), TILES_BY_NAME["64x64_8x8"])  # 64x64_8x8, 4 warps per SM

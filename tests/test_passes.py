@@ -10,6 +10,7 @@ from aot import interp, ops
 from aot.pipeline import compile_program
 from aot.ir import Graph, format_graph
 from aot.passes import verify
+from aot.matmul_codegen import split_count
 from aot.passes import cse_consts, dce, split_long_matmuls, split_reductions
 from aot.trace import emit, tracing
 
@@ -56,9 +57,19 @@ def test_long_k_matmul_with_few_outputs_is_split_into_partial_products():
     x = interp.run(g, feeds, np.float64)[id(g.outputs["out"])]
     y = interp.run(s, feeds, np.float64)[id(s.outputs["out"])]
     np.testing.assert_allclose(y, x, rtol=1e-10, atol=1e-9)
-    # wide outputs or short K are left alone
-    assert format_graph(split_long_matmuls(_graph(lambda: ops.matmul(
-        emit("input", (), name="a", shape=(256, 9000), dtype="f32"), emit("input", (), name="b", shape=(9000, 256), dtype="f32"))))).count("matmul") == 1
+    # outputs that fill the GPU, or a short K, are left alone
+    for (m, k, n) in ((4096, 9000, 4096), (256, 1000, 256), (32, 4000, 9)):
+        assert format_graph(split_long_matmuls(_graph(lambda: ops.matmul(
+            emit("input", (), name="a", shape=(m, k), dtype="f32"), emit("input", (), name="b", shape=(k, n), dtype="f32"))))).count("matmul") == 1
+
+
+def test_weight_gradients_with_too_few_tiles_are_split_by_the_cost_model():
+    """A transformer's [512, 8192] @ [8192, 512] weight gradient has 32 tiles of 64x128 for a GPU
+    of 132 SMs: 4 partial products of K = 2048 (estimated 190 -> 126 us on an H100)."""
+    g = _graph(lambda: ops.matmul(
+        emit("input", (), name="a", shape=(512, 8192), dtype="f32"), emit("input", (), name="b", shape=(8192, 512), dtype="f32")))
+    assert "f32[4,512,512] = matmul" in format_graph(split_long_matmuls(g))
+    assert split_count(512, 512, 8192) == 4 and split_count(2048, 512, 8192) is None
 
 
 def test_split_long_matmul_on_the_gpu_matches_the_interpreter():
