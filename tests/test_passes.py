@@ -89,6 +89,25 @@ def test_split_long_matmul_on_the_gpu_matches_the_interpreter():
     assert_all_close(gpu, ref, "split-K weight gradient", rtol=2e-4, atol=2e-4)
 
 
+def test_split_wide_weight_gradient_on_the_gpu_matches_the_interpreter():
+    """x^T @ ct with x [4096, 256] and ct [4096, 128]: 32,768 outputs, K = 4096, split by the
+    cost model into partial products whose sum is the weight gradient."""
+    from gpu_harness import assert_all_close, make_program, run_both
+
+    rng = np.random.default_rng(2)
+    params = {"w": rng.normal(size=(256, 128)) / 16}
+    inputs = {"x": rng.normal(size=(4096, 256))}
+
+    def body(m, f):
+        return {"y": ops.tanh(f["x"] @ m.w)}
+
+    program, feeds, _ = make_program("split_k_wide", params, inputs, body)
+    c = compile_program(program)
+    assert any(n.op == "matmul" and n.out.shape[1:] == (256, 128) and n.out.ndim == 3 for n in c.graphs["train"].nodes)
+    [(gpu, ref)], _ = run_both(program, feeds)
+    assert_all_close(gpu, ref, "split-K wide weight gradient", rtol=2e-4, atol=2e-4)
+
+
 def test_split_reductions_over_outer_axes_keeps_column_layout():
     g = _graph(lambda: ops.max(emit("input", (), name="x", shape=(64, 128, 8), dtype="f32"), axis=(0, 1), keepdims=True))
     s = split_reductions(g)
