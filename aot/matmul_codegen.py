@@ -102,24 +102,30 @@ class Tile:
         return (self.BM // self.TM) * (self.BN // self.TN) * self.S
 
 
-# The tile table. Big products want the 128x128 tile, 8x8 outputs per thread (two vec4 reads
-# of shared memory feed 16 FMAs). A tile only pays if the grid fills the GPU, so smaller
-# outputs step down to 64x64 / 32x32 tiles (more workgroups), and small outputs with a long
-# K (weight gradients) use the in-workgroup split-K tiles (S=4), which cut the number of
-# sequential K steps 4x. `choose_tile` ranks them with the cost model `_estimate`.
+# The tile table. Big products want 8x8 outputs per thread (two vec4 reads of shared memory
+# feed 16 FMAs) and 16 K rows per slab (half the barriers per FMA of 8): 64x128 with K 16 is
+# the largest such tile whose slabs fit WebGPU's default 16 KiB of workgroup memory (12.5 KiB).
+# A tile only pays if the grid fills the GPU, so smaller outputs step down to 64x64 / 32x32
+# tiles (more workgroups), and small outputs with a long K (weight gradients) use the
+# in-workgroup split-K tiles (S=4), which cut the number of sequential K steps 4x; where even
+# those leave the GPU idle, passes.split_long_matmuls splits K over workgroups (split_count).
+# `choose_tile` ranks the tiles with the cost model `_estimate`.
 #
-# Measured on one H200 (scripts/bench_matmul.py, wgpu 0.32 on Vulkan) against torch.matmul
-# (cuBLAS f32, TF32 off), TFLOP/s, with the tile the model picks:
-#   4096^3                          128x128_8x8    31.0 vs 51.4   (--sweep best: the same)
-#   8192x512x2048 fwd / dA          128x128_8x8    30.9 / 30.0 vs 48.5 / 48.7
-#   2048x8192x512 (a weight grad)   128x64_8x4     26.5 vs 51.4   (best 64x64_8x8, 27.3)
-#   512x8192x512  (a weight grad)   32x32_4x4_s4   23.5 vs 46.6   (128x128: 3.1)
-#   1024x64x256                     32x32_4x4_s4    5.7 vs 9.1
-#   64x1024x64    (a weight grad)   16x16_2x2_s4    0.75 vs 1.34  (128x128: 0.10)
-#   256x64x1                        16x16_2x2_s4    4.0 us vs 1.8 us (dispatch-bound)
-# Over the 28 products of the benchmark the picked tile reaches 98.7% of the best tile's
-# speed on average (worst 84%, on a 3.5 us product).
-# `efficiency` is the measured fraction of the H200's 67 TFLOP/s FMA peak at full occupancy.
+# Measured on one H100 (scripts/bench_matmul.py, wgpu 0.32 on Vulkan) against torch.matmul
+# (cuBLAS f32, TF32 off), TFLOP/s, with the tile the model picks
+# (scripts/results/bench_matmul_h100_k16.json):
+#   4096^3                          64x128_8x8_k16  38.1 vs 51.7  (74%; 128x128_8x8: 31.4)
+#   8192x512x2048 fwd / dA          64x128_8x8_k16  37.0 / 36.0 vs 48.1 / 48.6
+#   8192x2048x512 fwd / dA          64x128_8x8_k16  36.7 / 36.5 vs 49.9 / 47.4
+#   2048x8192x512 (a weight grad)   64x128_8x8_k16  32.0 vs 51.2  (128 workgroups: 1 per SM)
+#   512x8192x512  (a weight grad)   32x32_4x4_s4    23.4 vs 46.2  (in a model: split over K)
+#   1024x64x256                     32x32_4x4_s4     5.1 vs 9.1
+#   64x1024x64    (a weight grad)   16x16_2x2_s4     0.69 vs 1.33 (128x128: 0.10)
+#   256x64x1                        16x16_2x2_s4     4.5 us vs 1.8 us (dispatch-bound)
+# Tried (scripts/results/bench_matmul_double_h100.json): two slabs in workgroup memory (one
+# barrier per step) is 5% faster on 128x128_8x8 but 10-25% slower on the K-16 tiles (more
+# registers live); 128x128 with K 16 (16.6 KiB, over the default limit) reaches 37.9.
+# `efficiency` is the measured fraction of the 67 TFLOP/s FMA peak at full occupancy.
 TILES: tuple[Tile, ...] = (
     Tile("64x128_8x8_k16", 64, 128, 16, 8, 8, occupancy=4, efficiency=0.56),
     Tile("64x64_8x8_k16", 64, 64, 16, 8, 8, occupancy=6, efficiency=0.51),
