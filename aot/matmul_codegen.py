@@ -124,7 +124,10 @@ class Tile:
 #   256x64x1                        16x16_2x2_s4     4.5 us vs 1.8 us (dispatch-bound)
 # Tried (scripts/results/bench_matmul_double_h100.json): two slabs in workgroup memory (one
 # barrier per step) is 5% faster on 128x128_8x8 but 10-25% slower on the K-16 tiles (more
-# registers live); 128x128 with K 16 (16.6 KiB, over the default limit) reaches 37.9.
+# registers live); 128x128 with K 16 (16.6 KiB, over the default limit) reaches 37.9-38.2,
+# 128x64 with 8x8 per thread 37.8, 64x128 with K 32 (25 KiB) 19.1: 74% is where this kernel
+# shape levels off (scripts/results/bench_matmul_sweep2_h100.json). Without the prefetch the
+# K-16 tiles lose 2% (4096^3) to 37% (a 2048x512 weight gradient, one workgroup per SM).
 # `efficiency` is the measured fraction of the 67 TFLOP/s FMA peak at full occupancy.
 TILES: tuple[Tile, ...] = (
     Tile("64x128_8x8_k16", 64, 128, 16, 8, 8, occupancy=4, efficiency=0.56),
