@@ -5,6 +5,10 @@ CPU variants: a CPU adapter (lavapipe, SwiftShader) runs a workgroup's invocatio
 SIMD lanes, so a workgroup barrier costs far more than on a GPU. Reductions over short rows
 therefore also get a CPU variant with the same bindings and grid, which sums each row in one
 invocation with no barriers; the package picks the set at Model() from the adapter's type.
+Matmuls get a CPU variant with the tile a CPU runs fastest (matmul_codegen.choose_tile_cpu: the
+GPU's small tiles, chosen to fill 132 SMs, run 2-4x slower there) and a loop over each slab's K
+rows instead of writing them out (as fast there, far less for its shader compiler); its grid may
+differ (the CPU dispatch list carries its own).
 (A barrier-free matmul variant compiled 3x faster on lavapipe but ran 1.2x slower, gave wrong
 results at [4096x1024] @ [1024x1024] there, and summed long K in one sequential chain: not used.)
 """
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from .attention_codegen import render_attention
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
-from .matmul_codegen import MatmulSpec, Operand, render_matmul
+from .matmul_codegen import MatmulSpec, Operand, choose_tile_cpu, render_matmul
 from .plan import Plan
 from .schedule import Kernel, KernelSchedule, op_of
 from .templates import render
@@ -39,9 +43,10 @@ class KernelCode:
     grid: tuple[int, int, int]
     ops: str  # the ops it computes, for comments
     site: str  # user call site of the kernel's main node
-    # the same kernel for CPU adapters (lavapipe, SwiftShader), same bindings and grid, or None
-    # when it is the GPU source: no workgroup barriers (the module doc)
+    # the same kernel for CPU adapters (lavapipe, SwiftShader), same bindings, or None when it is
+    # the GPU source: reductions without workgroup barriers, matmuls with CPU tiles (the module doc)
     wgsl_cpu: str | None = None
+    grid_cpu: tuple[int, int, int] | None = None  # the CPU variant's grid where it differs
     parts: list["KernelCode"] = field(default_factory=list)  # the kernels it runs (merge.py, chain.py)
     kind: str = "kernel"  # "kernel"; "merged": parts side by side (merge.py); "chain": parts as stages (chain.py)
 
@@ -388,4 +393,15 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
     helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "") + "".join("\n\n" + f for f in prologues)
     wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
-    return KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site), kc
+    code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site)
+    # CPU adapters want big tiles (choose_tile_cpu) walked by a loop over each slab's K rows:
+    # as fast there as written out, and 8-16x less code for their shader compiler
+    tile = choose_tile_cpu(spec)
+    cpu, cpu_grid = render_matmul(
+        spec, name, "\n".join(header + ["// CPU variant: a large tile, its K rows walked by a loop"]), bindings,
+        tile=tile, unroll_k=False,
+    )
+    code.wgsl_cpu = cpu
+    if tuple(cpu_grid) != code.grid:
+        code.grid_cpu = tuple(cpu_grid)
+    return code, kc

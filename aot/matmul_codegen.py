@@ -176,6 +176,39 @@ def choose_tile(spec: MatmulSpec) -> Tile:
     return min(TILES, key=lambda t: _estimate(spec, t) * (1 + 5e-5 * t.BK * t.TM * t.TN))
 
 
+# CPU adapters (lavapipe, SwiftShader) run a workgroup's invocations as SIMD lanes of one core,
+# so what pays there is work per invocation, not many workgroups: the GPU's small tiles run
+# 2-4x slower than 64x64_8x8 at the addition transformer's shapes. GFLOP/s of each tile on
+# lavapipe (Mesa 22.3, LLVM 15, 2 cores; scripts/bench_matmul.py --sweep --only 1024x):
+CPU_EFFICIENCY = {
+    "64x128_8x8_k16": 0.55,
+    "64x64_8x8_k16": 0.70,
+    "128x128_8x8": 0.55,
+    "128x64_8x4": 0.50,
+    "64x64_8x8": 0.71,
+    "64x64_4x4": 0.44,
+    "32x32_4x4_s4": 0.38,
+    "32x32_2x2": 0.21,
+    "16x16_2x2_s4": 0.19,
+    "16x16_1x1": 0.11,
+}
+CPU_CORES = 4  # workgroups a CPU adapter runs at once (one per core; small outputs want several)
+
+
+def choose_tile_cpu(spec: MatmulSpec) -> Tile:
+    """The tile for the CPU kernel set: the least estimated time, padded work over the tile's
+    measured rate, in waves of CPU_CORES workgroups."""
+
+    def estimate(t: Tile) -> float:
+        groups = spec.batch * _cdiv(spec.M, t.BM) * _cdiv(spec.N, t.BN)
+        slab = t.BK * t.S
+        k = spec.K if spec.K < slab and t.S == 1 else _cdiv(spec.K, slab) * slab  # rows multiplied
+        work = t.BM * t.BN * k
+        return _cdiv(groups, CPU_CORES) * work / CPU_EFFICIENCY[t.name]
+
+    return min(TILES, key=estimate)
+
+
 # Splitting K over workgroups (passes.split_long_matmuls): S partial products as one batched
 # matmul, then a sum over them. Worth it where the output has too few tiles to fill the GPU.
 SPLIT_MIN_GAIN = 0.15  # the estimate must drop by this fraction (the model is rough)
@@ -488,6 +521,7 @@ __all__ = [
     "TILES",
     "choose_tile",
     "choose_prefetch",
+    "choose_tile_cpu",
     "split_count",
     "render_matmul",
     "flops",

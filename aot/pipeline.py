@@ -134,7 +134,8 @@ def _tables(c: Compiled, opt, state_names) -> dict:
             return loc.arena, loc.offset
 
         lists = {"dispatches": c.dispatches[key]}
-        if c.dispatches[key] != c.kernels[key]:  # the CPU set dispatches every kernel on its own (merge.py)
+        # the CPU set dispatches every kernel on its own (merge.py), with its variants' grids
+        if c.dispatches[key] != c.kernels[key] or any(k.grid_cpu for k in c.kernels[key]):
             lists["dispatches_cpu"] = c.kernels[key]
         entries[key] = {
             "inputs": [(n, dt, tuple(shape), loc.arena, loc.offset) for n, dt, shape, loc in p.inputs],
@@ -144,7 +145,8 @@ def _tables(c: Compiled, opt, state_names) -> dict:
         }
         for label, ks in lists.items():
             names = [same_as.setdefault((_code_only(k.wgsl), _code_only(k.wgsl_cpu or "")), k.name) for k in ks]
-            entries[key][label] = [(n, k.grid) for n, k in zip(names, ks)]
+            cpu = label == "dispatches_cpu"
+            entries[key][label] = [(n, (k.grid_cpu or k.grid) if cpu else k.grid) for n, k in zip(names, ks)]
             for n, k in zip(names, ks):
                 if n == k.name:  # first of its source: the others dispatch this one
                     kernel_table[n] = (tuple(k.bindings), k.site)

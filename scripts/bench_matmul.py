@@ -30,6 +30,7 @@ import wgpu  # noqa: E402
 
 from aot.matmul_codegen import (  # noqa: E402
     TILES,
+    TILES_BY_NAME,
     MatmulSpec,
     Operand,
     Tile,
@@ -222,6 +223,7 @@ def main() -> None:
         "--double", action="store_true",
         help="also time the picked tile double-buffered, and the K-16 tiles of EXTRA_TILES (more workgroup memory)",
     )
+    ap.add_argument("--tiles", default="", help="comma-separated tile names to time (instead of the picked one)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this long")
     args = ap.parse_args()
 
@@ -276,6 +278,8 @@ def main() -> None:
         # prefetch off is only worth a look on the big tiles (long K loops, few threads)
         sweep = [(t, pf) for t in TILES for pf in (True, False) if pf or t.TM * t.TN >= 32]
         configs = sweep if args.sweep else [(chosen, choose_prefetch(spec, chosen))]
+        if args.tiles:
+            configs = [(TILES_BY_NAME[n], True) for n in args.tiles.split(",")]
         configs = [(t, pf, False) for t, pf in configs]
         if args.double:
             configs += [(chosen, True, True)] + [(t, True, db) for t in EXTRA_TILES for db in (False, True)]
