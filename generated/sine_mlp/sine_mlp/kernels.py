@@ -31,8 +31,20 @@ KERNELS = {
 # reductions with a variant for CPU adapters (lavapipe, SwiftShader) in kernels/cpu/: each row
 # summed by one invocation, no workgroup barriers (Model(kernels=...) picks the set)
 CPU_VARIANTS = [
+    "train_00_matmul_add_relu",
+    "train_01_matmul_add_relu",
+    "train_02_matmul_add_sub_mul",
     "train_03_fused_add_sub_sum",
+    "train_04_matmul",
+    "train_05_matmul_equal_sub_mul",
+    "train_06_matmul",
+    "train_07_matmul_equal_sub_mul",
     "train_08_sum",
+    "train_09_matmul",
+    "predict_B1_00_matmul_add_relu",
+    "predict_B1_01_matmul_add_relu",
+    "predict_B1_02_matmul_add",
+    "predict_B256_02_matmul_add",
 ]
 
 
