@@ -92,19 +92,47 @@ def test_changing_the_loss_leaves_the_infer_kernels_alone(tmp_path):
 
 def test_cpu_variants_have_no_barriers_and_match_the_gpu_kernels(tmp_path):
     """Reductions over short rows ship a CPU variant (kernels/cpu/) with the same bindings and no
-    workgroup barriers; both sets train alike, and lavapipe picks the CPU set."""
+    workgroup barriers, matmuls one with the CPU tile and a loop over its K rows (the CPU dispatch
+    list carries that tile's grid); both sets train alike, and lavapipe picks the CPU set."""
     import numpy as np
     import pytest
+
+    from aot.pipeline import compile_program
 
     proj = aot.build(program(loss_plain), tmp_path)
     cpu_files = {p.name: p.read_text(encoding="utf-8") for p in (proj / "kfiles" / "kernels" / "cpu").glob("*.wgsl")}
     gpu_files = kernel_files(proj)
     assert cpu_files and set(cpu_files) <= set(gpu_files)
     for fname, src in cpu_files.items():
-        assert "workgroupBarrier" not in src and "var<workgroup>" not in src, fname
+        if "matmul" in fname:
+            assert "for (var kk" in src or "K rows walked by a loop" in src, fname
+            assert "for (var kk" not in gpu_files[fname], fname
+        else:
+            assert "sum" in fname or "max" in fname, fname
+            assert "workgroupBarrier" not in src and "var<workgroup>" not in src, fname
         bindings = [line for line in src.splitlines() if line.startswith("@group(0)")]
         assert bindings == [line for line in gpu_files[fname].splitlines() if line.startswith("@group(0)")]
-    assert all("sum" in f or "max" in f for f in cpu_files)
+    assert any("matmul" in f for f in cpu_files) and any("sum" in f for f in cpu_files)
+
+    # a [256, 64] @ [64, 64] product: the GPU's 16x16 tiles, the CPU's 64x64 (another grid)
+    wide = aot.Program(
+        "kfiles_wide",
+        model=lambda: nn.Linear(64, 64),
+        train=aot.Train(lambda m, x: ops.mean(ops.square(m(x))), {"x": aot.f32(256, 64)}, optimizer=aot.optim.SGD(lr=0.1)),
+    )
+    c = compile_program(wide, merge_dispatches=False)
+    entry = c.program["entries"]["train"]
+    by_name = {k.name: k for k in c.kernels["train"]}
+    assert any(k.grid_cpu not in (None, k.grid) for k in c.kernels["train"])
+    assert [g for _, g in entry["dispatches"]] == [by_name[n].grid for n, _ in entry["dispatches"]]
+    assert [g for _, g in entry["dispatches_cpu"]] == [by_name[n].grid_cpu or by_name[n].grid for n, _ in entry["dispatches_cpu"]]
+    x = np.random.default_rng(1).standard_normal((256, 64)).astype(np.float32)
+    wide_losses = {}
+    for ks in ("gpu", "cpu"):
+        m = aot.compile(wide, kernels=ks)
+        wide_losses[ks] = [m.step(x=x) for _ in range(3)]
+        m.close()
+    np.testing.assert_allclose(wide_losses["cpu"], wide_losses["gpu"], rtol=1e-5)
 
     prog = program(loss_plain, name="kfiles_sets")
     rng = np.random.default_rng(0)
