@@ -41,12 +41,12 @@ def _load_example(name, attr="program"):
     return runpy.run_path(str(ROOT / "examples" / f"{name}.py"), run_name="__aot_test__")[attr]
 
 
-# examples/addition_transformer.py's model (3 pre-LayerNorm blocks, D 64, 4 heads, MLP 256, T 8) and
-# optimizer (AdamW, clipping, a linear lr schedule), with 4 sequences per batch instead of 128:
-# SwiftShader runs kernels with workgroup barriers (every matmul and reduction) 40-130 times slower
-# per workgroup than barrier-free ones; at 128 sequences a step takes about a minute there, at 8
-# about 5-12 s on 2 busy cores, and creating the training pipelines about 2 minutes at any size.
-TRANSFORMER_B = 4
+# examples/addition_transformer.py as it is (3 pre-LayerNorm blocks, D 64, 4 heads, MLP 256, T 8,
+# AdamW with clipping and a linear lr schedule, 128 sequences per batch). SwiftShader creates its
+# training pipelines in about 70 s and runs a step in about 2.5 s on 2 busy cores with the CPU
+# kernel set (matmuls with CPU tiles, barrier-free short reductions); with the GPU kernels a step
+# took about a minute, and the test ran batches of 4.
+TRANSFORMER_B = 128
 
 
 class Embed(aot.Module):
@@ -421,10 +421,12 @@ def test_addition_transformer_trains_like_python(browser, site, tmp_path):
     time went.
 
     SwiftShader's and lavapipe's float arithmetic differ in the last bits (exp, log, sqrt and
-    fused multiply-adds). At 4 sequences per batch the 20 losses agree within 3e-7 relative; at 8
-    they drifted apart from step 6 on (up to 1e-4: a ReLU input near 0 flipping side, or Adam
-    turning a tiny gradient difference into an lr-sized update), so the step from Python's
-    checkpoint checks one step from the same state as well."""
+    fused multiply-adds), and training amplifies such differences (Adam turns a tiny gradient
+    difference into an lr-sized update; a ReLU input near 0 flips side). At the example's 128
+    sequences the first 7 losses agree within 2e-7 relative and the 20th within 2e-5 (measured:
+    up to 1.7e-5 from step 13 on), so the 20 losses are held to 1e-6 for the first five steps and
+    5e-5 after, and one step from Python's checkpoint after step 19 (the same state on both
+    sides) to 1e-5, as are predict's logits."""
     url, _ = site
     data = _load_example("addition_transformer", "batch")
     rng = np.random.default_rng(11)
@@ -479,7 +481,8 @@ def test_addition_transformer_trains_like_python(browser, site, tmp_path):
     print("page losses / python losses - 1:", np.array(js["losses"]) / np.array(py_losses) - 1)
     for name, a in py_params.items():
         assert np.array_equal(_bits(js["params"][name]), _bits(a.ravel())), name
-    np.testing.assert_allclose(js["losses"], py_losses, rtol=1e-5)
+    np.testing.assert_allclose(js["losses"][:5], py_losses[:5], rtol=1e-6)
+    np.testing.assert_allclose(js["losses"], py_losses, rtol=5e-5)
     assert np.mean(js["losses"][-5:]) < np.mean(js["losses"][:5])
     assert js["restored"] == 19
     assert js["last"] == pytest.approx(py_losses[19], rel=1e-5)
