@@ -96,7 +96,8 @@ def cmd_inspect(args) -> int:
             plan = c.plans[key]
             print(f"kernels ({len(c.kernels[key])}, in {len(c.dispatches[key])} dispatches on GPUs):")
             for k in c.kernels[key]:
-                print(f"  {k.name:<40} grid={k.grid}  {k.site}")
+                cpu = f" (CPU set: {k.grid_cpu})" if k.grid_cpu else ""
+                print(f"  {k.name:<40} grid={k.grid}{cpu}  {k.site}")
             for k in c.dispatches[key]:
                 if k.parts:
                     print(f"  dispatch {k.name}: {', '.join(p.name for p in k.parts)}")
