@@ -176,7 +176,7 @@ def reports(procs, timeout=300) -> list[dict]:
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=timeout)
-        assert p.returncode == 0, stderr[-3000:]
+        assert p.returncode == 0, stderr[-3000:] + "\nstdout: " + stdout[-1000:]
         (line,) = [x for x in stdout.splitlines() if x.startswith("REPORT ")]
         out.append(json.loads(line[len("REPORT ") :]))
     return out
