@@ -29,6 +29,7 @@ check_replicas and after every restore (a checkpoint holds rank 0's seed).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import hashlib
 import os
@@ -82,12 +83,20 @@ def init(
         td.init_process_group(
             "gloo", timeout=datetime.timedelta(seconds=timeout_s), **kw
         )
+        # leave the group before the interpreter tears down: a gloo group still alive at exit can
+        # end the process with "terminate called without an active exception" (SIGABRT)
+        atexit.register(_leave)
     elif td.get_backend() != "gloo":
         raise RuntimeError(
             f"the process group uses the {td.get_backend()} backend; the gradients are NumPy (CPU) memory, "
             "which needs gloo: init_process_group('gloo', ...)"
         )
     return td.get_rank(), td.get_world_size()
+
+
+def _leave() -> None:
+    if td.is_initialized():
+        td.destroy_process_group()
 
 
 def local_adapter(local_rank: int | None = None) -> int | None:
