@@ -84,7 +84,8 @@ class Tile:
     the workgroup (each sums its own BK rows), and their partial sums are added in split
     order at the end: more parallelism for small-output, long-K products (weight gradients).
     `occupancy` is how many workgroups of this shape an SM runs at once (register bound),
-    `efficiency` the fraction of FMA peak one fully occupied SM reaches (measured, H200).
+    `efficiency` the fraction of FMA peak one fully occupied SM reaches (measured, H200), and
+    `cpu_rate` its speed on a CPU adapter (choose_tile_cpu).
     """
 
     name: str
@@ -96,6 +97,7 @@ class Tile:
     S: int = 1
     occupancy: int = 2
     efficiency: float = 0.3
+    cpu_rate: float = 0.1  # GFLOP/s on lavapipe (Mesa 22.3, LLVM 15, 2 cores; bench_matmul.py --sweep --only 1024x)
 
     @property
     def threads(self) -> int:
@@ -130,16 +132,16 @@ class Tile:
 # K-16 tiles lose 2% (4096^3) to 37% (a 2048x512 weight gradient, one workgroup per SM).
 # `efficiency` is the measured fraction of the 67 TFLOP/s FMA peak at full occupancy.
 TILES: tuple[Tile, ...] = (
-    Tile("64x128_8x8_k16", 64, 128, 16, 8, 8, occupancy=4, efficiency=0.56),
-    Tile("64x64_8x8_k16", 64, 64, 16, 8, 8, occupancy=6, efficiency=0.51),
-    Tile("128x128_8x8", 128, 128, 8, 8, 8, occupancy=2, efficiency=0.46),
-    Tile("128x64_8x4", 128, 64, 8, 8, 4, occupancy=3, efficiency=0.45),
-    Tile("64x64_8x8", 64, 64, 8, 8, 8, occupancy=6, efficiency=0.45),
-    Tile("64x64_4x4", 64, 64, 8, 4, 4, occupancy=5, efficiency=0.40),
-    Tile("32x32_4x4_s4", 32, 32, 8, 4, 4, S=4, occupancy=4, efficiency=0.35),
-    Tile("32x32_2x2", 32, 32, 16, 2, 2, occupancy=6, efficiency=0.22),
-    Tile("16x16_2x2_s4", 16, 16, 16, 2, 2, S=4, occupancy=6, efficiency=0.18),
-    Tile("16x16_1x1", 16, 16, 16, 1, 1, occupancy=8, efficiency=0.087),
+    Tile("64x128_8x8_k16", 64, 128, 16, 8, 8, occupancy=4, efficiency=0.56, cpu_rate=0.55),
+    Tile("64x64_8x8_k16", 64, 64, 16, 8, 8, occupancy=6, efficiency=0.51, cpu_rate=0.70),
+    Tile("128x128_8x8", 128, 128, 8, 8, 8, occupancy=2, efficiency=0.46, cpu_rate=0.55),
+    Tile("128x64_8x4", 128, 64, 8, 8, 4, occupancy=3, efficiency=0.45, cpu_rate=0.50),
+    Tile("64x64_8x8", 64, 64, 8, 8, 8, occupancy=6, efficiency=0.45, cpu_rate=0.71),
+    Tile("64x64_4x4", 64, 64, 8, 4, 4, occupancy=5, efficiency=0.40, cpu_rate=0.44),
+    Tile("32x32_4x4_s4", 32, 32, 8, 4, 4, S=4, occupancy=4, efficiency=0.35, cpu_rate=0.38),
+    Tile("32x32_2x2", 32, 32, 16, 2, 2, occupancy=6, efficiency=0.22, cpu_rate=0.21),
+    Tile("16x16_2x2_s4", 16, 16, 16, 2, 2, S=4, occupancy=6, efficiency=0.18, cpu_rate=0.19),
+    Tile("16x16_1x1", 16, 16, 16, 1, 1, occupancy=8, efficiency=0.087, cpu_rate=0.11),
 )
 TILES_BY_NAME = {t.name: t for t in TILES}
 
@@ -178,20 +180,7 @@ def choose_tile(spec: MatmulSpec) -> Tile:
 
 # CPU adapters (lavapipe, SwiftShader) run a workgroup's invocations as SIMD lanes of one core,
 # so what pays there is work per invocation, not many workgroups: the GPU's small tiles run
-# 2-4x slower than 64x64_8x8 at the addition transformer's shapes. GFLOP/s of each tile on
-# lavapipe (Mesa 22.3, LLVM 15, 2 cores; scripts/bench_matmul.py --sweep --only 1024x):
-CPU_EFFICIENCY = {
-    "64x128_8x8_k16": 0.55,
-    "64x64_8x8_k16": 0.70,
-    "128x128_8x8": 0.55,
-    "128x64_8x4": 0.50,
-    "64x64_8x8": 0.71,
-    "64x64_4x4": 0.44,
-    "32x32_4x4_s4": 0.38,
-    "32x32_2x2": 0.21,
-    "16x16_2x2_s4": 0.19,
-    "16x16_1x1": 0.11,
-}
+# 2-4x slower than 64x64_8x8 at the addition transformer's shapes (Tile.cpu_rate).
 CPU_CORES = 4  # workgroups a CPU adapter runs at once (one per core; small outputs want several)
 
 
@@ -204,7 +193,7 @@ def choose_tile_cpu(spec: MatmulSpec) -> Tile:
         slab = t.BK * t.S
         k = spec.K if spec.K < slab and t.S == 1 else _cdiv(spec.K, slab) * slab  # rows multiplied
         work = t.BM * t.BN * k
-        return _cdiv(groups, CPU_CORES) * work / CPU_EFFICIENCY[t.name]
+        return _cdiv(groups, CPU_CORES) * work / t.cpu_rate
 
     return min(TILES, key=estimate)
 

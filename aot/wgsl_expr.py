@@ -91,12 +91,12 @@ class Body:
         if id(t) in kc.computed and idx.get_flat(self) == kc.self_flat:
             return kc.computed[id(t)]  # an earlier output of this kernel, at the same element
         if t is not kc.computing and id(t) in kc.s.views:
-            base = kc.s.views[id(t)].base
+            v = kc.s.views[id(t)]
+            base = v.base
             # a view of a value this kernel has just computed is followed to that value (a
             # reshape of a fused sum, say): its storage is written only at the end of the kernel
             if not (base is not t and id(base) in kc.computed):
                 return self.read(t, idx)
-            v = kc.s.views[id(t)]
             if v.offset == 0 and v.is_contiguous() and t.size == base.size and idx.get_flat(self) == kc.self_flat:
                 # the view's composition is the identity (transposes that undo each other, say): at
                 # the kernel's own element it is that value; following its ops one by one would end
