@@ -94,8 +94,9 @@ def test_shader_compile_errors_name_kernel_line_and_call_site():
     from aot.runtime.engine import Engine, ShaderError
 
     wgsl = "@compute @workgroup_size(1)\nfn main() {\n    let x: f32 = undefined_thing;\n}\n"
-    with pytest.raises(ShaderError) as e:
-        entry = {"dispatches": [("k000_bad", (1, 1, 1))], "outputs": [], "captures": []}
-        Engine("t", {"k000_bad": wgsl}, {"k000_bad": ((), "model.py:12")}, {"work": 4}, {"train": entry})
+    entry = {"dispatches": [("k000_bad", (1, 1, 1))], "outputs": [], "captures": [], "copies": []}
+    engine = Engine("t", {"k000_bad": wgsl}, {"k000_bad": ((), "model.py:12")}, {"work": 4}, {"train": entry})
+    with pytest.raises(ShaderError) as e:  # at the entry point's first call, which makes its pipelines
+        engine.run("train", {}, False)
     msg = str(e.value)
     assert "k000_bad" in msg and "model.py:12" in msg and "undefined_thing" in msg
