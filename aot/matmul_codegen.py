@@ -149,6 +149,12 @@ TILES_BY_NAME = {t.name: t for t in TILES}
 _SMS = 132
 _FMA_PER_SM_US = 128 * 1980  # FMAs per microsecond per SM at boost clock
 _STEP_US = 0.4  # floor of one K step: global load latency + two barriers (measured 0.3-0.47)
+# An SM running fewer than 8 warps hides less of the global-load latency. Measured on an H100
+# (scripts/results/bench_matmul_split_h100.json): a [2048, 8192] @ [8192, 512] product on 128
+# workgroups of 64x128_8x8_k16, 4 warps per SM, 533-541 us; the same work as 2-8 K chunks on
+# 256-1024 workgroups, 450-470 us.
+_FEW_WARPS = 8
+_FEW_WARPS_EFFICIENCY = 0.88
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -167,7 +173,8 @@ def _estimate(spec: MatmulSpec, t: Tile) -> float:
     per_sm = _resident(spec, t)
     waves = _cdiv(groups, _SMS * per_sm)
     steps = _cdiv(spec.K, t.BK * t.S)
-    work = per_sm * t.BM * t.BN * t.BK * t.S / (_FMA_PER_SM_US * t.efficiency)
+    efficiency = t.efficiency * (_FEW_WARPS_EFFICIENCY if per_sm * t.threads < 32 * _FEW_WARPS else 1.0)
+    work = per_sm * t.BM * t.BN * t.BK * t.S / (_FMA_PER_SM_US * efficiency)
     reduce = (t.S - 1) * 0.2
     return waves * (steps * max(_STEP_US, work) + reduce)
 
@@ -200,7 +207,7 @@ def choose_tile_cpu(spec: MatmulSpec) -> Tile:
 
 # Splitting K over workgroups (passes.split_long_matmuls): S partial products as one batched
 # matmul, then a sum over them. Worth it where the output has too few tiles to fill the GPU.
-SPLIT_MIN_GAIN = 0.15  # the estimate must drop by this fraction (the model is rough)
+SPLIT_MIN_GAIN = 0.10  # the estimate must drop by this fraction (the model is rough; measured gains: 12-30%)
 _SUM_BYTES_PER_US = 2.5e6  # what the sum over partial products streams (H100 HBM)
 _DISPATCH_US = 4.0  # one more kernel
 

@@ -138,6 +138,61 @@ class Wgpu:
         self.device.queue.read_buffer(self.bufs[2], 0, 4)
         return time.perf_counter() - t0
 
+    def prepare_split(self, spec: MatmulSpec, tile, prefetch: bool):
+        """spec.batch partial products into a [batch, M, N] buffer, then a kernel summing them
+        into [M, N] (what passes.split_long_matmuls builds), as two pipelines run in turn."""
+        U = wgpu.BufferUsage
+        parts = spec.batch * spec.M * spec.N
+        self.split_bufs = [
+            self.device.create_buffer(size=4 * parts, usage=U.STORAGE),
+            self.device.create_buffer(size=4 * spec.M * spec.N, usage=U.STORAGE | U.COPY_SRC),
+        ]
+        src, grid = render_matmul(
+            spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch,
+            max_shared=self.max_shared,
+        )
+        mm = self.device.create_compute_pipeline(
+            layout="auto", compute={"module": self.device.create_shader_module(code=src), "entry_point": "main"}
+        )
+        mm_bg = self.device.create_bind_group(
+            layout=mm.get_bind_group_layout(0),
+            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(self.bufs[:2] + self.split_bufs[:1])],
+        )
+        mn = spec.M * spec.N
+        sum_src = (
+            "@group(0) @binding(0) var<storage, read> P: array<f32>;\n"
+            "@group(0) @binding(1) var<storage, read_write> D: array<f32>;\n"
+            "@compute @workgroup_size(256)\n"
+            "fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
+            f"    let i = g.x + g.y * 65535u * 256u;\n    if (i >= {mn}u) {{ return; }}\n"
+            f"    var s = 0.0;\n    for (var c = 0u; c < {spec.batch}u; c++) {{ s += P[c * {mn}u + i]; }}\n"
+            "    D[i] = s;\n}\n"
+        )
+        sm = self.device.create_compute_pipeline(
+            layout="auto", compute={"module": self.device.create_shader_module(code=sum_src), "entry_point": "main"}
+        )
+        sm_bg = self.device.create_bind_group(
+            layout=sm.get_bind_group_layout(0),
+            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(self.split_bufs)],
+        )
+        groups = -(-mn // 256)
+        sum_grid = (min(groups, 65535), -(-groups // 65535), 1)
+        return [(mm, mm_bg, grid), (sm, sm_bg, sum_grid)]
+
+    def run_steps(self, steps, iters: int) -> float:
+        enc = self.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for _ in range(iters):
+            for pipe, bg, grid in steps:
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*grid)
+        cp.end()
+        t0 = time.perf_counter()
+        self.device.queue.submit([enc.finish()])
+        self.device.queue.read_buffer(self.split_bufs[1], 0, 4)
+        return time.perf_counter() - t0
+
     def result(self, shape) -> np.ndarray:
         return np.frombuffer(self.device.queue.read_buffer(self.bufs[2]), dtype=np.float32).reshape(shape)
 
@@ -223,6 +278,10 @@ def main() -> None:
         help="also time the picked tile double-buffered, and the K-16 tiles of EXTRA_TILES (more workgroup memory)",
     )
     ap.add_argument("--tiles", default="", help="comma-separated tile names to time (instead of the picked one)")
+    ap.add_argument(
+        "--split", default="",
+        help="comma-separated K chunk counts: also time each product as that many partial products plus their sum",
+    )
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this long")
     args = ap.parse_args()
 
@@ -314,12 +373,44 @@ def main() -> None:
                 f"{ratio if ratio else float('nan'):>6.2f}{ok}{'  ' + entry['error'] if 'error' in entry else ''}",
                 flush=True,
             )
+        for n_split in [int(x) for x in args.split.split(",") if x]:
+            if K % n_split:
+                continue
+            kc = K // n_split
+            a_op = Operand("A", 0, kc * M, 1, M) if ta else Operand("A", 0, kc, K, 1)
+            b_op = Operand("B", 0, kc, 1, K) if tb else Operand("B", 0, kc * N, N, 1)
+            sspec = MatmulSpec(n_split, M, N, kc, a_op, b_op, "C", 0)
+            tile = choose_tile(sspec)
+            entry = {"tile": tile.name, "split": n_split, "prefetch": True, "unroll_k": True, "double_buffer": False, "chosen": False}
+            try:
+                steps = g.prepare_split(sspec, tile, choose_prefetch(sspec, tile))
+                g.run_steps(steps, 1)
+                if ref is not None:
+                    got = np.frombuffer(g.device.queue.read_buffer(g.split_bufs[1]), dtype=np.float32).reshape(M, N)
+                    entry["max_err"] = float(np.abs(got - ref).max() / (np.abs(ref).max() + 1.0))
+                    entry["correct"] = entry["max_err"] < 1e-4
+                entry["s"] = timed(lambda n: g.run_steps(steps, n), args.reps)
+                entry["matmul_s"] = timed(lambda n: g.run_steps(steps[:1], n), args.reps)
+                entry["tflops"] = flops(spec) / entry["s"] / 1e12
+            except Exception as e:
+                entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            runs.append(entry)
+            torch_tf = row.get("torch_tflops")
+            print(
+                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + f'/split{n_split}':<14}    "
+                f"{entry.get('s', float('nan')) * 1e6:>9.1f} {entry.get('tflops', float('nan')):>9.3f} "
+                f"{torch_tf if torch_tf else float('nan'):>10.3f} "
+                f"{entry.get('tflops', 0) / torch_tf if torch_tf else float('nan'):>6.2f}"
+                f"{'' if entry.get('correct', True) else '  WRONG'}{'  ' + entry['error'] if 'error' in entry else ''}"
+                f"  (matmul alone {entry.get('matmul_s', float('nan')) * 1e6:.1f} us)",
+                flush=True,
+            )
         row["runs"] = runs
-        timed = [r for r in runs if "tflops" in r]
-        if timed:
-            best = max(timed, key=lambda r: r["tflops"])
+        measured = [r for r in runs if "tflops" in r]
+        if measured:
+            best = max(measured, key=lambda r: r["tflops"])
             row["best"] = {k: best[k] for k in ("tile", "prefetch", "double_buffer", "tflops")}
-            pick = next((r for r in timed if r["chosen"]), None)
+            pick = next((r for r in measured if r["chosen"]), None)
             if pick is not None:
                 row["chosen"] = {"tile": pick["tile"], "tflops": pick["tflops"]}
                 if "torch_tflops" in row:

@@ -65,11 +65,15 @@ def test_long_k_matmul_with_few_outputs_is_split_into_partial_products():
 
 def test_weight_gradients_with_too_few_tiles_are_split_by_the_cost_model():
     """A transformer's [512, 8192] @ [8192, 512] weight gradient has 32 tiles of 64x128 for a GPU
-    of 132 SMs: 4 partial products of K = 2048 (estimated 190 -> 126 us on an H100)."""
+    of 132 SMs: 8 partial products of K = 1024 (H100: 181 us whole, 142 in 4 chunks, 127 in 8).
+    Its [2048, 8192] @ [8192, 512] ones fill the SMs with one workgroup of 4 warps each: 2 chunks
+    (533-541 -> 474-477 us). [8192, 512] @ [512, 2048] has K too short to split."""
     g = _graph(lambda: ops.matmul(
         emit("input", (), name="a", shape=(512, 8192), dtype="f32"), emit("input", (), name="b", shape=(8192, 512), dtype="f32")))
-    assert "f32[4,512,512] = matmul" in format_graph(split_long_matmuls(g))
-    assert split_count(512, 512, 8192) == 4 and split_count(2048, 512, 8192) is None
+    assert "f32[8,512,512] = matmul" in format_graph(split_long_matmuls(g))
+    assert split_count(512, 512, 8192) == 8
+    assert split_count(2048, 512, 8192) == 2 and split_count(512, 2048, 8192) == 2
+    assert split_count(8192, 512, 2048) is None and split_count(4096, 4096, 4096) is None
 
 
 def test_split_long_matmul_on_the_gpu_matches_the_interpreter():
