@@ -394,12 +394,13 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "") + "".join("\n\n" + f for f in prologues)
     wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
     code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site)
-    # CPU adapters want big tiles (choose_tile_cpu) walked by a loop over each slab's K rows:
-    # as fast there as written out, and 8-16x less code for their shader compiler
+    # CPU adapters want big tiles (choose_tile_cpu) walked by a loop over each slab's K rows and
+    # stored by a loop over each thread's outputs: as fast there as written out, and much less
+    # code for their shader compiler
     tile = choose_tile_cpu(spec)
     cpu, cpu_grid = render_matmul(
-        spec, name, "\n".join(header + ["// CPU variant: a large tile, its K rows walked by a loop"]), bindings,
-        tile=tile, unroll_k=False,
+        spec, name, "\n".join(header + ["// CPU variant: a large tile, its K rows and its stores walked by loops"]), bindings,
+        tile=tile, unroll_k=False, store_loop=True,
     )
     code.wgsl_cpu = cpu
     if tuple(cpu_grid) != code.grid:

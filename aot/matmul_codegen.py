@@ -388,6 +388,7 @@ def render_matmul(
     unroll_k: bool = True,
     double_buffer: bool = False,
     max_shared: int = MAX_WORKGROUP_BYTES,
+    store_loop: bool = False,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz).
 
@@ -404,7 +405,11 @@ def render_matmul(
     not unroll that loop; scripts/results/bench_matmul_loop_vs_unroll_h100.json).
     `double_buffer` keeps two slabs in workgroup memory (one barrier per K step instead of two);
     `max_shared` is the workgroup memory the kernel may use (WebGPU's default 16 KiB unless the
-    device was created with more).
+    device was created with more). `store_loop` copies the accumulators into a private array and
+    stores them in a loop, so the epilogue is written once instead of TM x TN times: for a CPU
+    adapter, whose compiler otherwise spends most of a matmul's compile time on those copies
+    (lavapipe, 64x64_8x8 with a two-input epilogue: 1.55 -> 0.58 s); a GPU keeps such an array
+    in slow local memory.
     """
     _check(spec)
     if tile is None:
@@ -442,6 +447,7 @@ def render_matmul(
         grid=grid_info,
         prefetch=prefetch and spec.K > slab,
         unroll_k=unroll_k,
+        store_loop=store_loop,
         # a product shorter than one slab multiplies only its K rows (the rest are zeros)
         k_steps=min(t.BK, spec.K) if t.S == 1 else t.BK,
         comps=["x", "y", "z", "w"],

@@ -92,7 +92,7 @@ def test_changing_the_loss_leaves_the_infer_kernels_alone(tmp_path):
 
 def test_cpu_variants_have_no_barriers_and_match_the_gpu_kernels(tmp_path):
     """Reductions over short rows ship a CPU variant (kernels/cpu/) with the same bindings and no
-    workgroup barriers, matmuls one with the CPU tile and a loop over its K rows (the CPU dispatch
+    workgroup barriers, matmuls one with the CPU tile and loops over its K rows and stores (the CPU dispatch
     list carries that tile's grid); both sets train alike, and lavapipe picks the CPU set."""
     import numpy as np
     import pytest
@@ -105,7 +105,8 @@ def test_cpu_variants_have_no_barriers_and_match_the_gpu_kernels(tmp_path):
     assert cpu_files and set(cpu_files) <= set(gpu_files)
     for fname, src in cpu_files.items():
         if "matmul" in fname:
-            assert "for (var kk" in src or "K rows walked by a loop" in src, fname
+            assert "for (var kk" in src or "K rows and its stores walked by loops" in src, fname
+            assert src.count("store_c(") <= 2, fname  # its definition and one call, in a loop
             assert "for (var kk" not in gpu_files[fname], fname
         else:
             assert "sum" in fname or "max" in fname, fname

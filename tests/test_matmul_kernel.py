@@ -182,8 +182,10 @@ def test_shapes(device, shape):
 VARIANTS = {
     "unrolled": {},
     "loop": {"unroll_k": False},
+    "cpu": {"unroll_k": False, "store_loop": True},  # the CPU kernel set's variant
     "double": {"double_buffer": True, "max_shared": 32768},
 }
+CPU_VARIANT = VARIANTS["cpu"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -197,7 +199,9 @@ def test_every_tile_ragged(device, tile, variant):
     if kw.get("max_shared", 0) > device.limits["max-compute-workgroup-storage-size"]:
         pytest.skip("the adapter has less workgroup memory")
     wgsl, _ = check_matmul(device, spec, rng, tile=tile, **kw)
-    assert ("for (var kk" in wgsl) == (variant == "loop")
+    assert ("for (var kk" in wgsl) == (variant in ("loop", "cpu"))
+    # the store loop: one call of store_c (so one copy of the epilogue) instead of TM x TN
+    assert wgsl.count("store_c(") - 1 == (1 if variant == "cpu" and tile.TM * tile.TN > 1 else tile.TM * tile.TN)
     assert ("var cur = 0u;" in wgsl) == (variant == "double")
 
 
@@ -238,12 +242,14 @@ def test_batch_with_shared_weights(device):
     check_matmul(device, spec, np.random.default_rng(6))
 
 
-def test_accumulate(device):
+@pytest.mark.parametrize("kw", [{}, CPU_VARIANT], ids=["gpu", "cpu"])
+def test_accumulate(device, kw):
     spec = plain(2, 33, 17, 40, accumulate=True)
-    check_matmul(device, spec, np.random.default_rng(7))
+    check_matmul(device, spec, np.random.default_rng(7), **kw)
 
 
-def test_bias_relu_epilogue(device):
+@pytest.mark.parametrize("kw", [{}, CPU_VARIANT, dict(CPU_VARIANT, tile="64x64_8x8")], ids=["gpu", "cpu", "cpu-64x64"])
+def test_bias_relu_epilogue(device, kw):
     rng = np.random.default_rng(8)
     M, K, N = 50, 12, 70
     act = rng.standard_normal(200).astype(np.float32)
@@ -254,6 +260,7 @@ def test_bias_relu_epilogue(device):
         rng,
         extra={"act": act},
         ref_epilogue=lambda r: np.maximum(r + act[40 : 40 + N].astype(np.float64), 0.0),
+        **kw,
     )
 
 
