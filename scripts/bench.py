@@ -15,6 +15,7 @@ absolute times count only from a GPU.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import runpy
@@ -241,12 +242,19 @@ def bench_torch(kind, params, make_batch, predict_inputs, steps, cfg, anchors, k
     if kind != "mlp":
         runs["eager_sdpa"] = lambda: eager(sdpa=True)
     for name in [a for a in anchors if a in runs]:
+        if dev == "cuda":  # each anchor's own peak: what it allocated beyond the shared batches
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         try:
             r = runs[name]()
             if isinstance(r, tuple):
                 res[name], res[name + "_k"] = r
             else:
                 res[name] = r
+            if dev == "cuda":
+                res[name]["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+                res[name]["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         except Exception as e:  # fail soft: a missing compiler, no CUDA, an unsupported op
             res[name] = {"skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
         print(f"  torch {name}: {res[name]}", flush=True)
@@ -275,6 +283,10 @@ def ratios(a, t) -> dict:
     for label, sps in (("step", a["steps_per_s"]), ("step_many", a["step_many"]["steps_per_s"])):
         out[f"aot_{label}_vs_torch_best"] = round(sps / anchors[best], 3)
         out[f"aot_{label}_vs"] = {n: round(sps / v, 3) for n, v in anchors.items()}
+    # aot's planned buffers (all it allocates for a step) over each anchor's peak of live tensors
+    peaks = {n: v["peak_allocated_bytes"] for n, v in t.items() if isinstance(v, dict) and "peak_allocated_bytes" in v}
+    if peaks:
+        out["aot_planned_bytes_vs_torch_peak"] = {n: round(a["memory"]["planned_bytes"] / v, 3) for n, v in peaks.items()}
     return out
 
 

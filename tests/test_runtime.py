@@ -587,6 +587,37 @@ def test_same_seed_same_params_matching_rng_reference(shared):
     assert (aot_rng.step_seed(0, 1), aot_rng.step_seed(5, 3)) == (151149761, 1425570387)
 
 
+class Wide(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(1024, 700, init=aot.init.randn(0.02))
+        self.b = nn.Linear(700, 600, init=aot.init.randn(0.05))
+
+
+WIDE = aot.Program(
+    "rt_wide",
+    model=Wide,
+    infer={"predict": aot.Infer(lambda m, x: m.b(m.a(x)), inputs={"x": aot.f32(1, 1024)})},
+    seed=3,
+)
+
+
+def test_a_model_over_a_million_parameters_draws_them_in_threads_bit_for_bit():
+    """Model() draws the parameters of a large model in threads (each has its own stream and
+    slice): the values must be exactly those of the reference generator, whatever the order."""
+    from aot.runtime import model as runtime_model
+
+    with aot.compile(WIDE) as m:
+        assert m._total >= runtime_model._PARALLEL_INIT  # the threaded path
+        got = m.params()
+    std = {"a.W": 0.02, "b.W": 0.05}
+    for i, (name, shape) in enumerate([("a.W", (1024, 700)), ("a.b", (700,)), ("b.W", (700, 600)), ("b.b", (600,))]):
+        want = np.zeros(shape, np.float32)
+        if name in std:
+            want = (aot_rng.standard_normal(3, i, int(np.prod(shape))) * std[name]).astype(np.float32).reshape(shape)
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
 def test_different_seed_different_params(shared):
     model, base = shared
     cls = type(model)
