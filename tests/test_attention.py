@@ -47,6 +47,12 @@ CONFIGS = {
     "lead3": ((2, 2, 2, 3, 4), (2, 2, 2, 3, 4), (2, 2, 2, 3, 4), True, None),
     "bcast_kv": ((2, 3, 6, 4), (6, 4), (2, 1, 6, 3), True, None),
     "t70_rowblocks_causal": ((1, 70, 8), (1, 70, 8), (1, 70, 8), True, None),
+    # whole 32-row tiles, Tq != Tk both ways with 32+ rows, broadcast batch dims, a 65-column head
+    "t64_d64_causal": ((2, 64, 64), (2, 64, 64), (2, 64, 64), True, None),
+    "tq40_tk70_causal_dv33": ((2, 40, 20), (2, 70, 20), (2, 70, 33), True, None),
+    "tq70_tk40_causal_scale": ((1, 70, 12), (1, 40, 12), (1, 40, 7), True, 0.4),
+    "bcast_kv_t48": ((2, 2, 48, 8), (48, 8), (2, 1, 48, 8), True, None),
+    "t65_d65": ((1, 65, 65), (1, 65, 65), (1, 65, 4), False, None),
 }
 
 
