@@ -12,8 +12,10 @@ restore_grads) records the entry's dispatches in two passes cut at its `update_f
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -190,7 +192,9 @@ class Engine:
                 runs[-1][1].append((kname, grid))
             else:
                 runs.append((access, [(kname, grid)]))
-        steps = []
+        todo = (
+            []
+        )  # (kernel, grid, layout, bind group or None where the previous one holds)
         for access, members in runs:
             sig = tuple(
                 sorted(access.items(), key=lambda item: self.order.index(item[0]))
@@ -205,13 +209,26 @@ class Engine:
                 )
             layout, group = self._groups[gkey]
             for n, (kname, grid) in enumerate(members):
-                self.pipelines[kname] = self._pipeline(
-                    kname, self.wgsl[kname], self.kernels[kname][1], layout
-                )
                 self.kernel_group[kname] = group
-                steps.append(
-                    (self.pipelines[kname], group if n == 0 else None, tuple(grid))
-                )
+                todo.append((kname, grid, layout, group if n == 0 else None))
+
+        def make(item):
+            kname, _, layout, _ = item
+            return self._pipeline(
+                kname, self.wgsl[kname], self.kernels[kname][1], layout
+            )
+
+        # A driver that compiles at pipeline creation (a GPU's) compiles them on several cores.
+        workers = min(8, os.cpu_count() or 1, len(todo))
+        if workers > 1:
+            with ThreadPoolExecutor(workers) as pool:
+                made = list(pool.map(make, todo))
+        else:
+            made = [make(item) for item in todo]
+        steps = []
+        for (kname, grid, _, group), pipeline in zip(todo, made):
+            self.pipelines[kname] = pipeline
+            steps.append((pipeline, group, tuple(grid)))
         self.recipes[key] = steps
 
     def _layout_and_group(self, sig, buffers):
