@@ -100,3 +100,14 @@ def test_shader_compile_errors_name_kernel_line_and_call_site():
         engine.run("train", {}, False)
     msg = str(e.value)
     assert "k000_bad" in msg and "model.py:12" in msg and "undefined_thing" in msg
+    # among good kernels, whose pipelines are created on several threads: the bad one is named
+    good = "@compute @workgroup_size(1)\nfn main() {\n}\n"
+    names = [f"k{i:03d}_{'bad' if i == 5 else 'ok'}" for i in range(12)]
+    entry = dict(entry, dispatches=[(n, (1, 1, 1)) for n in names])
+    sources = {n: wgsl if n.endswith("bad") else good for n in names}
+    sites = {n: ((), f"model.py:{20 + i}") for i, n in enumerate(names)}
+    engine = Engine("t", sources, sites, {"work": 4}, {"train": entry})
+    with pytest.raises(ShaderError) as e:
+        engine.run("train", {}, False)
+    assert "k005_bad" in str(e.value) and "model.py:25" in str(e.value)
+    assert "train" not in engine.recipes  # nothing was dispatched
