@@ -113,15 +113,19 @@ class Wgpu:
             double_buffer=double_buffer, max_shared=self.max_shared,
         )
         t0 = time.perf_counter()
-        module = self.device.create_shader_module(code=src)
+        pipe, bg = self.compute(src, self.bufs)
+        return pipe, bg, grid, time.perf_counter() - t0
+
+    def compute(self, src: str, bufs: list):
+        """(pipeline, bind group) of WGSL `src` whose bindings 0, 1, ... are `bufs`."""
         pipe = self.device.create_compute_pipeline(
-            layout="auto", compute={"module": module, "entry_point": "main"}
+            layout="auto", compute={"module": self.device.create_shader_module(code=src), "entry_point": "main"}
         )
         bg = self.device.create_bind_group(
             layout=pipe.get_bind_group_layout(0),
-            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(self.bufs)],
+            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)],
         )
-        return pipe, bg, grid, time.perf_counter() - t0
+        return pipe, bg
 
     def run(self, pipe, bg, grid, iters: int) -> float:
         enc = self.device.create_command_encoder()
@@ -151,13 +155,7 @@ class Wgpu:
             spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch,
             max_shared=self.max_shared,
         )
-        mm = self.device.create_compute_pipeline(
-            layout="auto", compute={"module": self.device.create_shader_module(code=src), "entry_point": "main"}
-        )
-        mm_bg = self.device.create_bind_group(
-            layout=mm.get_bind_group_layout(0),
-            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(self.bufs[:2] + self.split_bufs[:1])],
-        )
+        mm, mm_bg = self.compute(src, self.bufs[:2] + self.split_bufs[:1])
         mn = spec.M * spec.N
         sum_src = (
             "@group(0) @binding(0) var<storage, read> P: array<f32>;\n"
@@ -168,13 +166,7 @@ class Wgpu:
             f"    var s = 0.0;\n    for (var c = 0u; c < {spec.batch}u; c++) {{ s += P[c * {mn}u + i]; }}\n"
             "    D[i] = s;\n}\n"
         )
-        sm = self.device.create_compute_pipeline(
-            layout="auto", compute={"module": self.device.create_shader_module(code=sum_src), "entry_point": "main"}
-        )
-        sm_bg = self.device.create_bind_group(
-            layout=sm.get_bind_group_layout(0),
-            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(self.split_bufs)],
-        )
+        sm, sm_bg = self.compute(sum_src, self.split_bufs)
         groups = -(-mn // 256)
         sum_grid = (min(groups, 65535), -(-groups // 65535), 1)
         return [(mm, mm_bg, grid), (sm, sm_bg, sum_grid)]

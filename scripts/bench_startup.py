@@ -12,8 +12,9 @@ follow one unmeasured run that fills them. A CPU adapter (lavapipe) compiles a s
 is first dispatched, so its compile time shows in the first step, not in Model().
 
 Each process reports: import_s, adapter_s (choose the adapter), device_s (request the device),
-model_s (all of Model()), after_device_s (Model() from the device on: buffers, pipelines, bind
-groups), first_step_s, step_s (median of the steps after the first).
+model_s (all of Model()), after_device_s (Model() from the device on: buffers and the initial
+parameters), first_step_s (the training entry's pipelines are made here, and on a CPU adapter
+compiled), step_s (median of the steps after the first).
 """
 
 from __future__ import annotations
