@@ -48,6 +48,10 @@ class Operand:
     # instead of `buf`; the strides above then only say which index is contiguous in the
     # memory it reads, so the tile loads still walk that index across threads.
     fn: str = ""
+    # The same buffer bound a second time as array<vec4<f32>> ("" = not bound so): where the
+    # layout allows (contiguous index of stride 1, every other stride and the offset multiples
+    # of 4), the slab loads read 4 floats at once through it.
+    vec_buf: str = ""
 
     def dims(self, which: str, length: int) -> tuple:
         """((size, stride), ...) of the batch, row or col index, outermost first."""
@@ -293,16 +297,55 @@ def _shared_bytes(t: Tile, pad_a: bool, pad_b: bool) -> int:
     return 4 * words
 
 
+def _vec_loads(
+    op: Operand, p_dims: tuple, k_dims: tuple, batch_dims: tuple, k_inner: bool, inner_len: int, K: int, p_len: int,
+    vec_k_inner: bool,
+) -> bool:
+    """Whether the slab loads of this operand can read vec4s through `op.vec_buf`: 4
+    consecutive elements of the contiguous index are 4 consecutive floats starting at a
+    multiple of 4 for every thread, slab and batch entry (a clamped or guarded read moves by
+    whole vec4s, so the lengths along that index are multiples of 4 too)."""
+    if not op.vec_buf or op.fn or (k_inner and not vec_k_inner):
+        return False
+    inner_dims, outer_dims = (k_dims, p_dims) if k_inner else (p_dims, k_dims)
+    size, stride = inner_dims[-1]
+    others = [st for _, st in inner_dims[:-1] + outer_dims + batch_dims]
+    return (
+        stride == 1
+        and size % 4 == 0
+        and op.offset % 4 == 0
+        and all(st % 4 == 0 for st in others)
+        and inner_len % 4 == 0
+        and (K if k_inner else p_len) % 4 == 0
+    )
+
+
+def _nests(inner: int, outer: int, threads: int) -> bool:
+    """Whether inner x outer reads split evenly over the threads, rows whole or threads whole."""
+    return (inner * outer) % threads == 0 and (threads % inner == 0 or inner % threads == 0)
+
+
 def _loader(
-    op: Operand, p_size: int, p_len: int, p_tile: str, p_first: bool, k_len: int, t: Tile, prefix: str, K: int = 0
+    op: Operand,
+    p_size: int,
+    p_len: int,
+    p_tile: str,
+    p_first: bool,
+    k_len: int,
+    t: Tile,
+    prefix: str,
+    K: int = 0,
+    batch: int = 1,
+    vec_k_inner: bool = False,
 ):
     """How the workgroup's threads copy one operand's slab into shared memory.
 
     The slab is k_len (K) x p_size (M for A, N for B) elements, stored [k][p] with a row
     length of p_size + pad. Consecutive threads take consecutive elements along whichever
     dimension is contiguous in memory, so global reads coalesce for plain and transposed
-    operands alike. Thread `tid` handles elements (p = p_thr + dp, k = k_thr + dk) for each
-    (dp, dk) in `loads`.
+    operands alike; where the layout allows (_vec_loads), each read is a vec4 of 4 neighbours
+    along that dimension. Thread `tid` handles the reads starting at (p = p_thr + dp,
+    k = k_thr + dk) for each (dp, dk) in `loads`; `stores` says where each read's floats go.
     """
     threads = t.threads
     rows, cols = (p_len, K) if p_first else (K, p_len)
@@ -310,19 +353,27 @@ def _loader(
     p_stride, k_stride = p_dims[-1][1], k_dims[-1][1]
     k_inner = k_stride <= p_stride  # k is the contiguous dimension: consecutive threads walk k
     inner_len, outer_len = (k_len, p_size) if k_inner else (p_size, k_len)
-    total = inner_len * outer_len
+    vec = 4 if _vec_loads(op, p_dims, k_dims, op.dims("batch", batch), k_inner, inner_len, K, p_len, vec_k_inner) else 1
+    if vec > 1 and not _nests(inner_len // vec, outer_len, threads):
+        vec = 1  # too few vec4s for every thread to take the same number: scalar loads
+    inner_reads = inner_len // vec
+    total = inner_reads * outer_len
     if total % threads:
         raise CodegenError(
-            f"matmul tile {t.name}: {total}-element slab does not split over {threads} threads"
+            f"matmul tile {t.name}: {total}-read slab does not split over {threads} threads"
         )
-    if threads % inner_len == 0:
-        inner_expr, outer_expr = f"tid % {inner_len}u", f"tid / {inner_len}u"
-        offsets = [(0, q * threads // inner_len) for q in range(total // threads)]
-    elif inner_len % threads == 0:
-        inner_expr, outer_expr = "tid", "0u"
-        offsets = [divmod(q * threads, inner_len)[::-1] for q in range(total // threads)]
+    scale = f" * {vec}u" if vec > 1 else ""
+    if threads % inner_reads == 0:
+        inner_expr, outer_expr = f"tid % {inner_reads}u{scale}", f"tid / {inner_reads}u"
+        if inner_reads == 1:
+            inner_expr = "0u"
+        offsets = [(0, q * threads // inner_reads) for q in range(total // threads)]
+    elif inner_reads % threads == 0:
+        inner_expr, outer_expr = f"tid{scale}", "0u"
+        offsets = [divmod(q * threads, inner_reads)[::-1] for q in range(total // threads)]
     else:
         raise CodegenError(f"matmul tile {t.name}: {inner_len} and {threads} threads do not nest")
+    offsets = [(inner * vec, outer) for inner, outer in offsets]
     if k_inner:
         k_expr, p_expr = inner_expr, outer_expr
         loads = [(outer, inner) for inner, outer in offsets]  # (dp, dk)
@@ -340,16 +391,30 @@ def _loader(
         st = dk * row_len + dp
         if st % width:
             raise CodegenError(f"matmul tile {t.name}: shared store offset {st} not vector aligned")
-        items.append({"src": sources.index(dp), "dk": dk, "st": st // width})
+        # (shared vector index relative to the thread's, lane or None for a whole vector, value)
+        stores = []
+        if vec == 1:
+            stores.append((st // width, None if width == 1 else "lane", ""))
+        elif k_inner:  # the 4 floats are 4 K rows of one column
+            for q in range(4):
+                stores.append(((st + q * row_len) // width, None if width == 1 else "lane", "." + "xyzw"[q]))
+        else:  # 4 neighbours in one K row: whole vectors of the shared tile
+            for q in range(0, 4, width):
+                stores.append(((st + q) // width, None, "" if width == 4 else "." + "xyzw"[q : q + width]))
+        items.append({"src": sources.index(dp), "dk": dk, "st": st // width, "stores": stores})
     return {
         "buf": op.buf,
         "fn": op.fn,
+        "vec": vec,
+        "vec_buf": op.vec_buf,
         "p_first": p_first,
         "p_expr": p_expr,
         "k_expr": k_expr,
         "p_tile": p_tile,
         "p_guard": p_len % p_size != 0,
-        "p_last": p_len - 1,
+        # clamped rows keep a vec4 read inside the operand (and aligned)
+        "p_last": p_len - (vec if not k_inner else 1),
+        "k_last": K - (vec if k_inner else 1),
         "p_dims": p_dims,
         "k_dims": k_dims,
         "sources": sources,
@@ -359,6 +424,16 @@ def _loader(
         "width": width,
         "words": k_len * row_len,
     }
+
+
+def vec_reads(spec: MatmulSpec, tile: Tile, vec_k_inner: bool = False) -> set[str]:
+    """The vec4 bindings (Operand.vec_buf) that render_matmul(spec, tile=tile) reads."""
+    slab = tile.BK * tile.S
+    loaders = (
+        _loader(spec.a, tile.BM, spec.M, "m0", True, slab, tile, "a", spec.K, spec.batch, vec_k_inner),
+        _loader(spec.b, tile.BN, spec.N, "n0", False, slab, tile, "b", spec.K, spec.batch, vec_k_inner),
+    )
+    return {ld["vec_buf"] for ld in loaders if ld["vec"] > 1}
 
 
 def _grid(spec: MatmulSpec, t: Tile, max_groups: int):
@@ -389,6 +464,7 @@ def render_matmul(
     double_buffer: bool = False,
     max_shared: int = MAX_WORKGROUP_BYTES,
     store_loop: bool = False,
+    vec_k_inner: bool = False,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz).
 
@@ -423,8 +499,8 @@ def render_matmul(
     double_buffer = double_buffer and spec.K > t.BK * t.S  # one slab: nothing to overlap
     nbuf = 2 if double_buffer else 1
     slab = t.BK * t.S
-    a = _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a", spec.K)
-    b = _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b", spec.K)
+    a = _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a", spec.K, spec.batch, vec_k_inner)
+    b = _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b", spec.K, spec.batch, vec_k_inner)
     grid_info, grid = _grid(spec, t, max_groups)
     wx, wy = t.BN // t.TN, t.BM // t.TM
     ctx = dict(
@@ -525,6 +601,7 @@ __all__ = [
     "choose_prefetch",
     "choose_tile_cpu",
     "split_count",
+    "vec_reads",
     "render_matmul",
     "flops",
 ]

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 
 from .codegen import MAX_STORAGE_BINDINGS, KernelCode, _grid
-from .plan import Plan, arena_binding, arena_dtype
+from .plan import Plan, arena_binding, arena_dtype, buffer_of, same_access
 from .schedule import Kernel, KernelSchedule
 
 MAX_PARTS = 8  # kernels in one dispatch: beyond this the branch chain outgrows what it saves
@@ -40,7 +40,7 @@ MAX_PARTS = 8  # kernels in one dispatch: beyond this the branch chain outgrows 
 MAX_WORK = 2**24
 MAX_WORKGROUP_BYTES = 16384  # WebGPU's default maxComputeWorkgroupStorageSize
 
-_BINDING = re.compile(r"^@group\(0\) @binding\(\d+\) var<storage, (read|read_write)> (\w+): array<\w+>;\n", re.M)
+_BINDING = re.compile(r"^@group\(0\) @binding\(\d+\) var<storage, (read|read_write)> (\w+): array<[\w<>]+>;\n", re.M)
 _WG_VAR = re.compile(r"^var<workgroup> (\w+): array<(.+), (\d+)>;\n", re.M)
 _WG_DECL = re.compile(r"^(?://.*\n)*var<workgroup> .*\n", re.M)  # with the comment above it
 _FN = re.compile(r"^fn (\w+)\(", re.M)
@@ -170,7 +170,7 @@ def union_bindings(lists) -> list[tuple[str, str]]:
     for pairs in lists:
         for a, acc in pairs:
             access[a] = "read_write" if "read_write" in (acc, access.get(a)) else acc
-    return sorted(access.items(), key=lambda kv: arena_binding(kv[0]))
+    return sorted(same_access(access).items(), key=lambda kv: arena_binding(kv[0]))
 
 
 def binding_lines(parts: list[Source]) -> list[str]:
@@ -216,7 +216,7 @@ def footprint(k: Kernel, p: Plan, code: KernelCode) -> Footprint:
     reads, writes = [span(t) for t in k.reads], [span(t) for t in k.stored_outs]
     known = None not in reads and None not in writes
     touched = {s[0] for s in reads + writes if s is not None}
-    known = known and all(a in touched for a, _ in code.bindings)
+    known = known and all(buffer_of(a) in touched for a, _ in code.bindings)
     return Footprint([s for s in reads if s], [s for s in writes if s], known)
 
 

@@ -44,17 +44,48 @@ def chunk_name(arena: str, k: int) -> str:
     return arena if k == 0 else f"{arena}_{k}"
 
 
+# A buffer bound a second time as array<vec4<f32>> (matmul slab loads read 4 floats at once
+# through it: matmul_codegen.Operand.vec_buf) is named for it, arena + VEC_SUFFIX, and bound at
+# VEC_BINDING_BASE + the arena's binding (WebGPU allows 1000 binding numbers a group).
+VEC_SUFFIX = "_v4"
+VEC_BINDING_BASE = 500
+
+
+def vec_alias(arena: str) -> str:
+    return arena + VEC_SUFFIX
+
+
+def buffer_of(binding_name: str) -> str:
+    """The arena a binding name refers to: itself, or the arena a vec4 alias views."""
+    return binding_name[: -len(VEC_SUFFIX)] if binding_name.endswith(VEC_SUFFIX) else binding_name
+
+
 def arena_binding(arena: str) -> int:
     """Every kernel binds a buffer at the same number (so neighbours share bind groups): the
-    fixed arenas first, then extra scratch buffers interleaved f32/i32 (work_1, work_i32_1, ...)."""
+    fixed arenas first, then extra scratch buffers interleaved f32/i32 (work_1, work_i32_1, ...);
+    vec4 aliases VEC_BINDING_BASE above their arena."""
+    if arena.endswith(VEC_SUFFIX):
+        return VEC_BINDING_BASE + arena_binding(buffer_of(arena))
     if arena in ARENAS:
         return ARENAS.index(arena)
     base, k = arena.rsplit("_", 1)
-    return len(ARENAS) + 2 * (int(k) - 1) + (base == "work_i32")
+    n = len(ARENAS) + 2 * (int(k) - 1) + (base == "work_i32")
+    if n >= VEC_BINDING_BASE:
+        raise CodegenError(f"{arena}: more scratch buffers than binding numbers; build with a larger --max-binding-mib")
+    return n
 
 
 def arena_dtype(arena: str) -> str:
+    if arena.endswith(VEC_SUFFIX):
+        return "vec4<f32>"
     return "i32" if arena == "inputs_i32" or arena.startswith("work_i32") else "f32"
+
+
+def same_access(access: dict[str, str]) -> dict[str, str]:
+    """A kernel's (binding -> access) with every vec4 alias given its arena's access where the
+    kernel binds both: WebGPU rejects a dispatch that sees one buffer as both read-only and
+    writable storage."""
+    return {a: access.get(buffer_of(a), acc) for a, acc in access.items()}
 
 
 @dataclass(frozen=True)

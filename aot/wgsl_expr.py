@@ -15,7 +15,7 @@ from .errors import CodegenError
 from .ir import Tensor
 from .matmul_codegen import split_index
 from .ops.registry import lookup
-from .plan import Plan, arena_binding, arena_dtype
+from .plan import Plan, arena_binding, arena_dtype, same_access
 from .schedule import KernelSchedule
 from .views import contiguous_strides
 
@@ -170,7 +170,8 @@ class KernelContext:
             self.access.setdefault(arena, "read")
 
     def bindings(self) -> list[tuple[str, str]]:
-        return [(a, self.access[a]) for a in sorted(self.access, key=arena_binding)]
+        access = same_access(self.access)
+        return [(a, access[a]) for a in sorted(access, key=arena_binding)]
 
     def binding_text(self) -> str:
         # each buffer has one binding number in every kernel, so neighbouring kernels can share a bind group

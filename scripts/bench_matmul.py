@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import sys
 import time
 
@@ -74,9 +75,11 @@ def cases(quick: bool):
     return out
 
 
-def operand(name: str, rows: int, cols: int, transposed: bool) -> Operand:
-    # transposed: the [rows, cols] operand is a view of a stored [cols, rows] matrix
-    return Operand(name, 0, 0, 1, rows) if transposed else Operand(name, 0, 0, cols, 1)
+def operand(name: str, rows: int, cols: int, transposed: bool, vec: bool = True) -> Operand:
+    # transposed: the [rows, cols] operand is a view of a stored [cols, rows] matrix;
+    # vec: the buffer is also bound as vec4s (binding name + "4"), as the compiler binds it
+    v = name + "4" if vec else ""
+    return Operand(name, 0, 0, 1, rows, vec_buf=v) if transposed else Operand(name, 0, 0, cols, 1, vec_buf=v)
 
 
 class Wgpu:
@@ -96,6 +99,9 @@ class Wgpu:
                 "@group(0) @binding(0) var<storage, read> A: array<f32>;",
                 "@group(0) @binding(1) var<storage, read> B: array<f32>;",
                 "@group(0) @binding(2) var<storage, read_write> C: array<f32>;",
+                # A and B again as vec4s, for the slab loads that read 4 floats at once
+                "@group(0) @binding(3) var<storage, read> A4: array<vec4<f32>>;",
+                "@group(0) @binding(4) var<storage, read> B4: array<vec4<f32>>;",
             ]
         )
 
@@ -107,23 +113,36 @@ class Wgpu:
             self.device.create_buffer(size=4 * c_len, usage=U.STORAGE | U.COPY_SRC),
         ]
 
-    def prepare(self, spec: MatmulSpec, tile, prefetch: bool, unroll_k: bool = True, double_buffer: bool = False):
+    def prepare(self, spec: MatmulSpec, tile, prefetch: bool, unroll_k: bool = True, double_buffer: bool = False, vec_k_inner: bool = False):
+        """(pipeline, bind group, grid, seconds to create the pipeline) of one kernel; it reads
+        A and B through their vec4 bindings where spec's operands name them (vec_buf)."""
         src, grid = render_matmul(
             spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch, unroll_k=unroll_k,
-            double_buffer=double_buffer, max_shared=self.max_shared,
+            double_buffer=double_buffer, max_shared=self.max_shared, vec_k_inner=vec_k_inner,
         )
         t0 = time.perf_counter()
-        pipe, bg = self.compute(src, self.bufs)
+        pipe, bg = self.compute(src, self.bufs + self.bufs[:2])
         return pipe, bg, grid, time.perf_counter() - t0
 
     def compute(self, src: str, bufs: list):
-        """(pipeline, bind group) of WGSL `src` whose bindings 0, 1, ... are `bufs`."""
+        """(pipeline, bind group) of WGSL `src` whose bindings 0, 1, ... are `bufs`; bindings
+        the kernel never indexes are left out of both (an "auto" layout has no place for them)."""
+        lines, used = [], []
+        code = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith("//"))
+        for line in src.splitlines():
+            m = re.match(r"@group\(0\) @binding\((\d+)\) var<[^>]*> (\w+):", line)
+            if m and f"{m.group(2)}[" not in code:
+                continue
+            if m:
+                used.append(int(m.group(1)))
+            lines.append(line)
         pipe = self.device.create_compute_pipeline(
-            layout="auto", compute={"module": self.device.create_shader_module(code=src), "entry_point": "main"}
+            layout="auto",
+            compute={"module": self.device.create_shader_module(code="\n".join(lines)), "entry_point": "main"},
         )
         bg = self.device.create_bind_group(
             layout=pipe.get_bind_group_layout(0),
-            entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs)],
+            entries=[{"binding": i, "resource": {"buffer": bufs[i]}} for i in used],
         )
         return pipe, bg
 
@@ -155,7 +174,7 @@ class Wgpu:
             spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch,
             max_shared=self.max_shared,
         )
-        mm, mm_bg = self.compute(src, self.bufs[:2] + self.split_bufs[:1])
+        mm, mm_bg = self.compute(src, self.bufs[:2] + self.split_bufs[:1] + self.bufs[:2])
         mn = spec.M * spec.N
         sum_src = (
             "@group(0) @binding(0) var<storage, read> P: array<f32>;\n"
@@ -269,6 +288,11 @@ def main() -> None:
         "--double", action="store_true",
         help="also time the picked tile double-buffered, and the K-16 tiles of EXTRA_TILES (more workgroup memory)",
     )
+    ap.add_argument(
+        "--vec", choices=("on", "off", "both", "all"), default="on",
+        help="slab loads as vec4s where the compiler emits them, as scalars, both, or "
+        "all three of those with vec4s also where K is the contiguous index (render_matmul(vec_k_inner=True))",
+    )
     ap.add_argument("--tiles", default="", help="comma-separated tile names to time (instead of the picked one)")
     ap.add_argument(
         "--split", default="",
@@ -304,6 +328,7 @@ def main() -> None:
             print(f"budget spent; skipping {label} and later")
             break
         spec = MatmulSpec(1, M, N, K, operand("A", M, K, ta), operand("B", K, N, tb), "C", 0)
+        scalar_spec = MatmulSpec(1, M, N, K, operand("A", M, K, ta, False), operand("B", K, N, tb, False), "C", 0)
         a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
         g.buffers(a, b, M * N)
@@ -334,16 +359,17 @@ def main() -> None:
         if args.double:
             configs += [(chosen, True, True)] + [(t, True, db) for t in EXTRA_TILES for db in (False, True)]
         unrolls = {"loop": [False], "unroll": [True], "both": [False, True]}[args.unroll]
+        vecs = {"on": [True], "off": [False], "both": [True, False], "all": [True, False, "k"]}[args.vec]
         runs = []
-        for (tile, pf, db), unroll in [(c, u) for c in configs for u in unrolls]:
+        for (tile, pf, db), unroll, vec in [(c, u, v) for c in configs for u in unrolls for v in vecs]:
             # prefetch makes no difference to the kernel when K fits in one slab
             same_pf = pf == choose_prefetch(spec, chosen) or K <= chosen.BK * chosen.S
             entry = {
-                "tile": tile.name, "prefetch": pf, "unroll_k": unroll, "double_buffer": db,
-                "chosen": tile == chosen and same_pf and unroll and not db,
+                "tile": tile.name, "prefetch": pf, "unroll_k": unroll, "double_buffer": db, "vec_loads": {True: "p", False: "none", "k": "all"}[vec],
+                "chosen": tile == chosen and same_pf and unroll and not db and vec is True,
             }
             try:
-                pipe, bg, grid, entry["compile_s"] = g.prepare(spec, tile, pf, unroll, db)
+                pipe, bg, grid, entry["compile_s"] = g.prepare(spec if vec else scalar_spec, tile, pf, unroll, db, vec == "k")
                 g.run(pipe, bg, grid, 1)
                 if ref is not None:
                     got = g.result((M, N))
@@ -359,7 +385,7 @@ def main() -> None:
             torch_tf = row.get("torch_tflops")
             ratio = entry.get("tflops", 0) / torch_tf if torch_tf else None
             print(
-                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + ('' if unroll else '/loop') + ('/db' if db else ''):<14} {int(pf):>2} "
+                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + ('' if unroll else '/loop') + ('/db' if db else '') + {True: '', False: '/f32', 'k': '/v4k'}[vec]:<14} {int(pf):>2} "
                 f"{entry.get('s', float('nan')) * 1e6:>9.1f} {entry.get('tflops', float('nan')):>9.3f} "
                 f"{torch_tf if torch_tf else float('nan'):>10.3f} "
                 f"{ratio if ratio else float('nan'):>6.2f}{ok}{'  ' + entry['error'] if 'error' in entry else ''}",
@@ -369,8 +395,9 @@ def main() -> None:
             if K % n_split:
                 continue
             kc = K // n_split
-            a_op = Operand("A", 0, kc * M, 1, M) if ta else Operand("A", 0, kc, K, 1)
-            b_op = Operand("B", 0, kc, 1, K) if tb else Operand("B", 0, kc * N, N, 1)
+            av, bv = ("A4", "B4") if args.vec != "off" else ("", "")
+            a_op = Operand("A", 0, kc * M, 1, M, vec_buf=av) if ta else Operand("A", 0, kc, K, 1, vec_buf=av)
+            b_op = Operand("B", 0, kc, 1, K, vec_buf=bv) if tb else Operand("B", 0, kc * N, N, 1, vec_buf=bv)
             sspec = MatmulSpec(n_split, M, N, kc, a_op, b_op, "C", 0)
             tile = choose_tile(sspec)
             entry = {"tile": tile.name, "split": n_split, "prefetch": True, "unroll_k": True, "double_buffer": False, "chosen": False}

@@ -20,6 +20,7 @@ from aot.matmul_codegen import (
     choose_prefetch,
     choose_tile,
     render_matmul,
+    vec_reads,
 )
 
 wgpu = pytest.importorskip("wgpu")
@@ -38,16 +39,24 @@ def device():
     return adapter.request_device_sync(required_limits={"max-compute-workgroup-storage-size": shared})
 
 
+def vec_name(name: str) -> str:
+    return name + "4"
+
+
 def bindings_for(buffers: dict[str, np.ndarray], writable: set[str]) -> str:
+    """Each buffer at binding i (dict order), and again as vec4s (name + "4") at 100 + i."""
     lines = []
     for i, name in enumerate(buffers):
         access = "read_write" if name in writable else "read"
         lines.append(f"@group(0) @binding({i}) var<storage, {access}> {name}: array<f32>;")
+        lines.append(f"@group(0) @binding({100 + i}) var<storage, {access}> {vec_name(name)}: array<vec4<f32>>;")
     return "\n".join(lines)
 
 
 def run_kernel(device, wgsl: str, grid, buffers: dict[str, np.ndarray], writable: set[str]):
-    """One dispatch of `wgsl` over `grid`; buffers bind in dict order. Returns the writable ones."""
+    """One dispatch of `wgsl` over `grid`; buffers bind as bindings_for numbers them (those the
+    kernel never indexes are left out: an "auto" layout has no place for them). Returns the
+    writable ones."""
     usage = wgpu.BufferUsage
     gpu_bufs = {
         name: device.create_buffer_with_data(
@@ -56,15 +65,18 @@ def run_kernel(device, wgsl: str, grid, buffers: dict[str, np.ndarray], writable
         )
         for name, arr in buffers.items()
     }
+    code = "\n".join(line for line in wgsl.splitlines() if not line.lstrip().startswith(("//", "@group")))
+    entries = []
+    for i, (name, b) in enumerate(gpu_bufs.items()):
+        for binding, var in ((i, name), (100 + i, vec_name(name))):
+            if f"{var}[" in code:
+                entries.append({"binding": binding, "resource": {"buffer": b}})
     module = device.create_shader_module(code=wgsl)
     pipeline = device.create_compute_pipeline(
         layout="auto", compute={"module": module, "entry_point": "main"}
     )
     layout = pipeline.get_bind_group_layout(0)
-    bind_group = device.create_bind_group(
-        layout=layout,
-        entries=[{"binding": i, "resource": {"buffer": b}} for i, b in enumerate(gpu_bufs.values())],
-    )
+    bind_group = device.create_bind_group(layout=layout, entries=entries)
     encoder = device.create_command_encoder()
     cpass = encoder.begin_compute_pass()
     cpass.set_pipeline(pipeline)
@@ -86,16 +98,27 @@ def dense(
     offset: int = 0,
     transposed: bool = False,
     shared: bool = False,
+    vec: bool = False,
 ):
-    """Operand for a contiguous [batch, rows, cols] array (stored [batch, cols, rows] if transposed)."""
+    """Operand for a contiguous [batch, rows, cols] array (stored [batch, cols, rows] if transposed);
+    vec: also bound as vec4s, for the slab loads to read 4 floats at once where they can."""
     rs, cs = (1, rows) if transposed else (cols, 1)
-    return Operand(name, offset, 0 if shared else rows * cols, rs, cs)
+    return Operand(name, offset, 0 if shared else rows * cols, rs, cs, vec_buf=vec_name(name) if vec else "")
+
+
+def offsets(op: Operand, which: str, n: int) -> np.ndarray:
+    """Element offsets of index 0..n-1 of an operand's batch, row or col (sub-dims row-major)."""
+    out, inner = np.zeros(n, dtype=np.int64), 1
+    for size, stride in reversed(op.dims(which, n)):
+        out += (np.arange(n) // inner % size) * stride
+        inner *= size
+    return out
 
 
 def gather(flat: np.ndarray, op: Operand, batch: int, rows: int, cols: int) -> np.ndarray:
     """The [batch, rows, cols] float64 matrix an Operand describes inside `flat`."""
-    b, r, c = np.meshgrid(np.arange(batch), np.arange(rows), np.arange(cols), indexing="ij")
-    return flat[op.offset + b * op.batch_stride + r * op.row_stride + c * op.col_stride].astype(np.float64)
+    at = offsets(op, "batch", batch)[:, None, None] + offsets(op, "row", rows)[None, :, None] + offsets(op, "col", cols)
+    return flat[op.offset + at].astype(np.float64)
 
 
 def check_matmul(
@@ -114,13 +137,8 @@ def check_matmul(
     B, M, N, K = spec.batch, spec.M, spec.N, spec.K
 
     def extent(op: Operand, rows: int, cols: int) -> int:
-        return (
-            op.offset
-            + (B - 1) * op.batch_stride
-            + (rows - 1) * op.row_stride
-            + (cols - 1) * op.col_stride
-            + 1
-        )
+        ends = (offsets(op, which, n).max() for which, n in (("batch", B), ("row", rows), ("col", cols)))
+        return op.offset + int(sum(ends)) + 1
 
     c_len = out_size or spec.out_offset + B * M * N
     sizes: dict[str, int] = {spec.out_buf: c_len}
@@ -222,6 +240,64 @@ def test_every_tile_exact(device, tile):
     spec = MatmulSpec(2, M, N, K, dense("A", 2, M, K), dense("B", 2, K, N, transposed=True), "C", 0)
     wgsl, _ = check_matmul(device, spec, rng, tile=tile, prefetch=TILES.index(tile) % 2 == 0)
     assert "min(" not in wgsl and "select(" not in wgsl
+
+
+LAYOUTS = {"plain": (False, False), "a_t": (True, False), "b_t": (False, True), "both_t": (True, True)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
+def test_vec4_loads_every_tile(device, tile, layout):
+    # ragged by whole vec4s in every dimension (M, N, K multiples of 4 but not of the tile), batched,
+    # at a vec4-aligned offset; vec4 reads also along K on every other tile (vec_k_inner), so both
+    # ways of storing a vec4 into the [k][p] slab run, with their clamps and guards
+    rng = np.random.default_rng(20 + TILES.index(tile))
+    ta, tb = LAYOUTS[layout]
+    M, K, N = tile.BM + 4, 2 * tile.BK * tile.S + 4, tile.BN + 8
+    a = dense("A", 2, M, K, offset=8, transposed=ta, vec=True)
+    b = dense("B", 2, K, N, offset=4, transposed=tb, vec=True)
+    spec = MatmulSpec(2, M, N, K, a, b, "C", 0)
+    k_inner = TILES.index(tile) % 2 == 1
+    kw = dict(VARIANTS["cpu"]) if layout == "both_t" else {}
+    wgsl, _ = check_matmul(device, spec, rng, tile=tile, vec_k_inner=k_inner, **kw)
+    used = vec_reads(spec, tile, vec_k_inner=k_inner)
+    assert used == {n for n in ("A4", "B4") if f"{n}[" in wgsl}
+    # the contiguous index of A is M when it is transposed, of B it is N unless transposed
+    expect = {"A4"} if (ta or k_inner) else set()
+    if not tb or k_inner:
+        expect.add("B4")
+    loads_split = {  # operands too small for every thread to take whole vec4s keep scalar loads
+        n for n, p, k_len in (("A4", tile.BM, tile.BK * tile.S), ("B4", tile.BN, tile.BK * tile.S))
+        if (p * k_len // 4) % tile.threads
+    }
+    assert used == expect - loads_split
+
+
+def test_vec4_loads_only_where_aligned(device):
+    # an offset, a row stride or a length that is not a multiple of 4 keeps scalar loads
+    rng = np.random.default_rng(30)
+    K = 40
+    for m, n, a, b, vec in (
+        (68, 72, dense("A", 1, 68, K, offset=2, transposed=True, vec=True), dense("B", 1, K, 72, vec=True), {"B4"}),
+        (68, 72, dense("A", 1, 68, K, transposed=True, vec=True), dense("B", 1, K, 72, offset=6, vec=True), {"A4"}),
+        (68, 72, Operand("A", 0, 0, 1, 70, vec_buf="A4"), dense("B", 1, K, 72, vec=True), {"B4"}),  # padded columns
+        (67, 70, dense("A", 1, 67, K, transposed=True, vec=True), dense("B", 1, K, 70, vec=True), set()),
+    ):
+        spec = MatmulSpec(1, m, n, K, a, b, "C", 0)
+        wgsl, _ = check_matmul(device, spec, rng, tile="64x64_8x8_k16")
+        assert {x for x in ("A4", "B4") if f"{x}[" in wgsl} == vec
+
+
+def test_vec4_loads_through_sub_dims(device):
+    # B read through a head merge: [K, N] with N = 4 heads x 12 columns stored [head, K, 12]
+    rng = np.random.default_rng(31)
+    M, K, N, H = 40, 24, 48, 4
+    a = dense("A", 1, M, K, transposed=True, vec=True)
+    b = Operand("B", 0, 0, 0, 0, row_dims=((K, 12),), col_dims=((H, K * 12), (12, 1)), vec_buf="B4")
+    spec = MatmulSpec(1, M, N, K, a, b, "C", 0)
+    buffers_b = rng.standard_normal(H * K * 12 + 3).astype(np.float32)
+    wgsl, out = check_matmul(device, spec, rng, extra={"B": buffers_b}, tile="32x32_4x4_s4")
+    assert "B4[" in wgsl and "A4[" in wgsl
 
 
 def test_transposed_a(device):

@@ -53,6 +53,12 @@ export function pyFloat(x) {
 }
 
 // ---- rng.py: SplitMix64 streams + Box-Muller in float64, rounded once to float32 ----
+// A kernel may bind a buffer a second time as array<vec4<f32>> (its matmuls read 4 floats at
+// once through it), under the buffer's name + VEC_SUFFIX at VEC_BINDING_BASE + its binding.
+const VEC_SUFFIX = "_v4";
+const VEC_BINDING_BASE = 500;
+const bufferOf = (name) => (name.endsWith(VEC_SUFFIX) ? name.slice(0, -VEC_SUFFIX.length) : name);
+
 const M64 = (1n << 64n) - 1n;
 const GOLDEN = 0x9e3779b97f4a7c15n;
 function splitmix64(x) {
@@ -457,6 +463,12 @@ class Engine {
     return e;
   }
 
+  /** A buffer's binding number in every kernel (its vec4 alias's VEC_BINDING_BASE above). */
+  _binding(name) {
+    const base = bufferOf(name);
+    return this.order.indexOf(base) + (base === name ? 0 : VEC_BINDING_BASE);
+  }
+
   _buffer(label, n) {
     return this.device.createBuffer({ label, size: Math.max(4, 4 * n), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC });
   }
@@ -475,13 +487,13 @@ class Engine {
       const layout = this.device.createBindGroupLayout({
         label: k,
         entries: bindings.map(([a, access]) => ({
-          binding: this.order.indexOf(a), visibility: GPUShaderStage.COMPUTE,
+          binding: this._binding(a), visibility: GPUShaderStage.COMPUTE,
           buffer: { type: access === "read_write" ? "storage" : "read-only-storage" },
         })),
       });
       const group = this.device.createBindGroup({
         label: k, layout,
-        entries: bindings.map(([a]) => ({ binding: this.order.indexOf(a), resource: { buffer: buffers[a] } })),
+        entries: bindings.map(([a]) => ({ binding: this._binding(a), resource: { buffer: buffers[bufferOf(a)] } })),
       });
       let pipeline;
       try {
