@@ -145,7 +145,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_004_005_006_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_007_attention": (
@@ -153,7 +153,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_008_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "train_009_010_011_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -161,11 +161,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_012_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_013_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_014_015_016_017_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
@@ -173,7 +173,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_018_019_020_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_021_attention": (
@@ -181,7 +181,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_022_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "train_023_024_025_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -189,11 +189,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_026_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_027_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_028_029_030_031_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
@@ -201,7 +201,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_032_033_034_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_035_attention": (
@@ -209,7 +209,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_036_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "train_037_038_039_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -217,11 +217,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_040_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_041_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_042_043_044_045_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
@@ -241,11 +241,11 @@ PROGRAM = {
             "addition_transformer.py:61",
         ),
         "train_051_056_fused_neg_mul_sum_and_matmul": (
-            (("inputs", "read"), ("work", "read_write")),
+            (("inputs", "read"), ("work", "read_write"), ("work_v4", "read_write")),
             "addition_transformer.py:63",
         ),
         "train_055_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:53",
         ),
         "train_057_058_059_060_061_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
@@ -253,7 +253,11 @@ PROGRAM = {
             "addition_transformer.py:53",
         ),
         "train_062_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_063_matmul_equal_sub_mul": (
@@ -261,7 +265,12 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_064_065_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
@@ -269,7 +278,12 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_071_072_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:35",
         ),
         "train_073_fused_mul_sum": (
@@ -281,7 +295,12 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_077_078_079_080_081_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_082_matmul_add": (
@@ -293,7 +312,11 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_088_089_fused_mul_sum_and_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_090_matmul_equal_sub_mul": (
@@ -301,7 +324,12 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_091_092_093_sum_and_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
@@ -309,7 +337,12 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_099_100_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:35",
         ),
         "train_101_fused_mul_sum": (
@@ -321,7 +354,12 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_105_106_107_108_109_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_110_matmul_add": (
@@ -333,7 +371,11 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_116_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_117_matmul_equal_sub_mul": (
@@ -341,7 +383,12 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_118_119_120_sum_and_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
@@ -349,7 +396,12 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_126_127_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:35",
         ),
         "train_128_fused_mul_sum": (
@@ -361,7 +413,12 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_132_133_134_135_136_matmul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_137_matmul_add": (
@@ -377,7 +434,11 @@ PROGRAM = {
             "addition_transformer.py:49",
         ),
         "train_145_147_pad_and_matmul_add": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:49",
         ),
         "train_148_fused_square_pad_sum": (
@@ -410,15 +471,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_004_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_005_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_006_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_009_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -447,15 +508,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_018_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_019_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_020_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_023_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -484,15 +545,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_032_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_033_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_034_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_037_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -546,7 +607,10 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:61",
         ),
-        "train_056_matmul": ((("work", "read_write"),), "addition_transformer.py:53"),
+        "train_056_matmul": (
+            (("work", "read_write"), ("work_v4", "read_write")),
+            "addition_transformer.py:53",
+        ),
         "train_057_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:53",
@@ -572,7 +636,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_065_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_066_sum": (
@@ -600,7 +668,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "train_072_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:35",
         ),
         "train_074_attention_dv": (
@@ -620,7 +692,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_078_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_079_matmul": (
@@ -628,11 +704,19 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_080_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_081_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_083_fused_mul_sub_sum": (
@@ -660,7 +744,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_089_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_091_sum": (
@@ -672,7 +760,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_093_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_094_fused_mul_sub_sum": (
@@ -700,7 +792,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "train_100_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:35",
         ),
         "train_102_attention_dv": (
@@ -720,7 +816,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_106_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_107_matmul": (
@@ -728,11 +828,19 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_108_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_109_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_111_fused_mul_sum": (
@@ -764,7 +872,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_120_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:36",
         ),
         "train_121_sum": (
@@ -792,7 +904,11 @@ PROGRAM = {
             "addition_transformer.py:35",
         ),
         "train_127_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:35",
         ),
         "train_129_attention_dv": (
@@ -812,7 +928,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_133_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_134_matmul": (
@@ -820,11 +940,19 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_135_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_136_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:33",
         ),
         "train_138_fused_mul_sub_sum": (
@@ -861,7 +989,11 @@ PROGRAM = {
             "addition_transformer.py:49",
         ),
         "train_147_matmul_add": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "addition_transformer.py:49",
         ),
         "predict_N1_00_fused_gather_add": (
@@ -873,7 +1005,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_04_05_06_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_07_attention": (
@@ -881,7 +1013,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "predict_N1_08_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "predict_N1_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -889,11 +1021,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N1_12_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N1_13_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N1_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -901,7 +1033,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_18_19_20_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_21_attention": (
@@ -909,7 +1041,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "predict_N1_22_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "predict_N1_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -917,11 +1049,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N1_26_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N1_27_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N1_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -929,11 +1061,11 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_32_33_34_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_36_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "predict_N1_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -941,11 +1073,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N1_40_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N1_41_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N1_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -966,15 +1098,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_04_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_05_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_06_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_09_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -1003,15 +1135,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_18_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_19_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_20_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_23_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -1036,15 +1168,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_32_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_33_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_34_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N1_37_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -1081,7 +1213,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_04_05_06_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_07_attention": (
@@ -1089,7 +1221,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "predict_N128_08_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "predict_N128_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1097,11 +1229,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N128_12_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N128_13_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N128_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1109,7 +1241,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_18_19_20_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_21_attention": (
@@ -1117,7 +1249,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "predict_N128_22_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "predict_N128_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1125,11 +1257,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N128_26_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N128_27_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N128_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1137,11 +1269,11 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_32_33_34_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_36_matmul_add": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:35",
         ),
         "predict_N128_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1149,11 +1281,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N128_40_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N128_41_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:36",
         ),
         "predict_N128_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1177,15 +1309,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_04_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_05_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_06_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_09_sum": (
@@ -1217,15 +1349,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_18_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_19_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_20_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_23_sum": (
@@ -1253,15 +1385,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_32_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_33_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_34_matmul": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "addition_transformer.py:33",
         ),
         "predict_N128_37_sum": (

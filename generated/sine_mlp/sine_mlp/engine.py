@@ -185,8 +185,12 @@ class Engine:
         runs: list[tuple[dict, list]] = []
         for kname, grid in self.entries[key]["dispatches"]:
             access = dict(self.kernels[kname][0])
+            # a run agrees on each buffer's access, also where one kernel binds it as vec4s
+            modes = (
+                {_buffer_of(a): acc for a, acc in runs[-1][0].items()} if runs else {}
+            )
             if runs and all(
-                runs[-1][0].get(a, acc) == acc for a, acc in access.items()
+                modes.get(_buffer_of(a), acc) == acc for a, acc in access.items()
             ):
                 runs[-1][0].update(access)
                 runs[-1][1].append((kname, grid))
@@ -196,12 +200,11 @@ class Engine:
             []
         )  # (kernel, grid, layout, bind group or None where the previous one holds)
         for access, members in runs:
-            sig = tuple(
-                sorted(access.items(), key=lambda item: self.order.index(item[0]))
-            )
+            sig = tuple(sorted(access.items(), key=lambda item: self._binding(item[0])))
+            bound = {_buffer_of(a) for a in access}
             gkey = (
                 sig,
-                tuple(sorted((a, id(b)) for a, b in own.items() if a in access)),
+                tuple(sorted((a, id(b)) for a, b in own.items() if a in bound)),
             )
             if gkey not in self._groups:
                 self._groups[gkey] = self._layout_and_group(
@@ -231,11 +234,16 @@ class Engine:
             steps.append((pipeline, group, tuple(grid)))
         self.recipes[key] = steps
 
+    def _binding(self, name: str) -> int:
+        """A buffer's binding number in every kernel (its vec4 alias's VEC_BINDING_BASE above)."""
+        base = _buffer_of(name)
+        return self.order.index(base) + (VEC_BINDING_BASE if base != name else 0)
+
     def _layout_and_group(self, sig, buffers):
         bgl = self.device.create_bind_group_layout(
             entries=[
                 {
-                    "binding": self.order.index(arena),
+                    "binding": self._binding(arena),
                     "visibility": wgpu.ShaderStage.COMPUTE,
                     "buffer": {
                         "type": (
@@ -250,11 +258,11 @@ class Engine:
             layout=bgl,
             entries=[
                 {
-                    "binding": self.order.index(arena),
+                    "binding": self._binding(arena),
                     "resource": {
-                        "buffer": buffers[arena],
+                        "buffer": buffers[_buffer_of(arena)],
                         "offset": 0,
-                        "size": buffers[arena].size,
+                        "size": buffers[_buffer_of(arena)].size,
                     },
                 }
                 for arena, _access in sig
@@ -694,6 +702,16 @@ _NOSYNC = True  # map readbacks with wgpu-py's "READ_NOSYNC" (see Engine._map_re
 
 
 WEBGPU_DEFAULT_BINDING = 134217728  # bytes: maxStorageBufferBindingSize without asking
+
+
+# A kernel may bind a buffer a second time as array<vec4<f32>> (its matmuls read 4 floats at
+# once through it), under the buffer's name + VEC_SUFFIX at VEC_BINDING_BASE + its binding.
+VEC_SUFFIX = "_v4"
+VEC_BINDING_BASE = 500
+
+
+def _buffer_of(name: str) -> str:
+    return name[: -len(VEC_SUFFIX)] if name.endswith(VEC_SUFFIX) else name
 
 
 def _required_limits(name: str, adapter, arenas: dict, entries: dict) -> dict | None:

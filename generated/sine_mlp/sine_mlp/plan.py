@@ -64,7 +64,7 @@ PROGRAM = {
             "sine_mlp.py:15",
         ),
         "train_01_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "sine_mlp.py:15",
         ),
         "train_02_matmul_add_sub_mul": (
@@ -77,15 +77,26 @@ PROGRAM = {
                 ("grads", "read_write"),
                 ("inputs", "read"),
                 ("work", "read_write"),
+                ("work_v4", "read_write"),
             ),
             "sine_mlp.py:15",
         ),
         "train_06_07_matmul_and_matmul_equal_sub_mul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "sine_mlp.py:15",
         ),
         "train_08_09_sum_and_matmul": (
-            (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("inputs", "read"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "sine_mlp.py:15",
         ),
         "train_10_fused_mul_add_sub": (
@@ -108,7 +119,11 @@ PROGRAM = {
             "sine_mlp.py:15",
         ),
         "train_04_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "sine_mlp.py:15",
         ),
         "train_05_matmul_equal_sub_mul": (
@@ -116,7 +131,11 @@ PROGRAM = {
             "sine_mlp.py:15",
         ),
         "train_06_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "sine_mlp.py:15",
         ),
         "train_07_matmul_equal_sub_mul": (
@@ -128,7 +147,12 @@ PROGRAM = {
             "sine_mlp.py:15",
         ),
         "train_09_matmul": (
-            (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
+            (
+                ("grads", "read_write"),
+                ("inputs", "read"),
+                ("work", "read_write"),
+                ("work_v4", "read_write"),
+            ),
             "sine_mlp.py:15",
         ),
         "predict_B1_00_matmul_add_relu": (
@@ -136,7 +160,7 @@ PROGRAM = {
             "sine_mlp.py:15",
         ),
         "predict_B1_01_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write")),
+            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
             "sine_mlp.py:15",
         ),
         "predict_B1_02_matmul_add": (
