@@ -192,6 +192,8 @@ def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> li
         wg_bytes = sum(merge._BYTES.get(ty, 16) * n for q in parts for _, ty, n in q.wg_vars)
         if len(arenas) > merge.MAX_STORAGE_BINDINGS or wg_bytes > merge.MAX_WORKGROUP_BYTES:
             return False
+        if merge.writes_a_vec4_view(parts):
+            return False
         return _local(s, k, c)
 
     for j in range(len(codes)):

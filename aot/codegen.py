@@ -345,11 +345,18 @@ def _strided_operand(arena: str, offset: int, dims, fold_batch: bool) -> Operand
 
 
 def _with_vec_reads(spec: MatmulSpec, kc: KernelContext) -> MatmulSpec:
-    """spec with its stored operands read as vec4s through their arena's vec4 alias where either
-    kernel variant's tile can (matmul_codegen.vec_reads) and the kernel has binding numbers to
-    spare: 4-7% faster slab loads on an H100 where the contiguous index is M or N (4096^3:
-    38.3 -> 39.1-40.2 TFLOP/s, weight gradients 32.1 -> 34.4; scripts/results/bench_matmul_vec_all_h100.json)."""
+    """spec with its stored, read-only operands read as vec4s through their arena's vec4 alias
+    where either kernel variant's tile can (matmul_codegen.vec_reads) and the kernel has binding
+    numbers to spare: 2-7% faster slab loads on an H100 where the contiguous index is M or N
+    (4096^3: 38.3 -> 39.1-40.2 TFLOP/s, weight gradients 32.1 -> 34.4;
+    scripts/results/bench_matmul_vec_all_h100.json)."""
     ops = {"a": spec.a, "b": spec.b}
+    # Only where no operand is read through a read_write binding (the output's buffer, or one the
+    # kernel also writes): there vec4 loads ran 1.1-1.6x slower than scalar ones on an H100, also
+    # those of a read-only operand beside a read_write one (weight gradients [2048, 4096] @
+    # [4096, 512] x 2 in transformer_large: 500 -> 579 us; bench_matmul_vec_rw_h100.json).
+    if any(not op.fn and kc.access.get(op.buf) != "read" for op in ops.values()):
+        return spec
     offer = {k: replace(op, vec_buf=vec_alias(op.buf)) if not op.fn else op for k, op in ops.items()}
     trial = replace(spec, a=offer["a"], b=offer["b"])
     used = set()
@@ -365,6 +372,7 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
     mm = k.mm if k.mm is not None else k.out
     a, b = mm.node.inputs
     kc = KernelContext(s, plan, k.out if k.mm is not None else None)
+    kc.share_scratch = False
     kc.acc_tensor = mm
     batch, M, N, K = _size(mm.shape[:-2]), mm.shape[-2], mm.shape[-1], a.shape[-1]
     # weights shared over the batch ([..., M, K] @ [K, N]): one [batch*M, K] @ [K, N]

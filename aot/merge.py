@@ -106,7 +106,19 @@ def _fits(parts: list[Source], limit: int) -> bool:
     if any(p.wg != wg and p.barrier for p in parts):
         return False
     arenas = {a for p in parts for a in p.bindings}
-    return len(arenas) <= MAX_STORAGE_BINDINGS and _pool_bytes(_pools(parts)[0]) <= limit
+    return (
+        len(arenas) <= MAX_STORAGE_BINDINGS
+        and not writes_a_vec4_view(parts)
+        and _pool_bytes(_pools(parts)[0]) <= limit
+    )
+
+
+def writes_a_vec4_view(parts: list[Source]) -> bool:
+    """Whether one part reads a buffer through its vec4 alias (a matmul, only ever read-only) while
+    another writes the buffer: together they would bind it read_write twice, which WebGPU (Dawn)
+    rejects, and a matmul's vec4 reads are slow through read_write bindings anyway."""
+    written = {buffer_of(a) for p in parts for a, acc in p.bindings.items() if acc == "read_write"}
+    return any(a != buffer_of(a) and buffer_of(a) in written for p in parts for a in p.bindings)
 
 
 def combine(name: str, parts: list[Source], grids: list[tuple[int, int, int]]) -> tuple[str, tuple[int, int, int]]:

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import chain, codegen, emit, ir, merge, passes
+from .errors import CodegenError
 from .frontend import Traced, trace_program
-from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, plan, state_arena
+from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, buffer_of, plan, state_arena
 from .program import Program
 from .runtime.schedules import normalize
 from .ops.registry import FOLLOW, lookup
@@ -90,6 +91,10 @@ def compile_program(
             dispatches[key], cuts[key] = merge.merge(s, p, chain.fuse(s, p, ks, prefix), prefix)
         else:
             dispatches[key], cuts[key] = ks, s.update_from
+        for code in dispatches[key]:
+            for a, acc in code.bindings:
+                if a != buffer_of(a) and acc != "read":  # merge.writes_a_vec4_view keeps this from happening
+                    raise CodegenError(f"kernel {code.name} binds the vec4 view {a} read_write")
     log(
         f"scheduled and generated {sum(map(len, kernels.values()))} kernels in "
         f"{sum(map(len, dispatches.values()))} dispatches ({time.perf_counter() - t0:.2f}s)"

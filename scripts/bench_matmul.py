@@ -94,14 +94,18 @@ class Wgpu:
                 "max-compute-workgroup-storage-size": self.max_shared,
             }
         )
+        self.set_access("read")
+
+    def set_access(self, access: str) -> None:
+        """Bind A and B as `read` or `read_write` storage (a model's scratch buffers are read_write)."""
         self.bindings = "\n".join(
             [
-                "@group(0) @binding(0) var<storage, read> A: array<f32>;",
-                "@group(0) @binding(1) var<storage, read> B: array<f32>;",
+                f"@group(0) @binding(0) var<storage, {access}> A: array<f32>;",
+                f"@group(0) @binding(1) var<storage, {access}> B: array<f32>;",
                 "@group(0) @binding(2) var<storage, read_write> C: array<f32>;",
                 # A and B again as vec4s, for the slab loads that read 4 floats at once
-                "@group(0) @binding(3) var<storage, read> A4: array<vec4<f32>>;",
-                "@group(0) @binding(4) var<storage, read> B4: array<vec4<f32>>;",
+                f"@group(0) @binding(3) var<storage, {access}> A4: array<vec4<f32>>;",
+                f"@group(0) @binding(4) var<storage, {access}> B4: array<vec4<f32>>;",
             ]
         )
 
@@ -161,7 +165,7 @@ class Wgpu:
         self.device.queue.read_buffer(self.bufs[2], 0, 4)
         return time.perf_counter() - t0
 
-    def prepare_split(self, spec: MatmulSpec, tile, prefetch: bool):
+    def prepare_split(self, spec: MatmulSpec, tile, prefetch: bool, vec_k_inner: bool = False):
         """spec.batch partial products into a [batch, M, N] buffer, then a kernel summing them
         into [M, N] (what passes.split_long_matmuls builds), as two pipelines run in turn."""
         U = wgpu.BufferUsage
@@ -172,7 +176,7 @@ class Wgpu:
         ]
         src, grid = render_matmul(
             spec, "bench_matmul", "// bench_matmul", self.bindings, tile=tile, prefetch=prefetch,
-            max_shared=self.max_shared,
+            max_shared=self.max_shared, vec_k_inner=vec_k_inner,
         )
         mm, mm_bg = self.compute(src, self.bufs[:2] + self.split_bufs[:1] + self.bufs[:2])
         mn = spec.M * spec.N
@@ -289,9 +293,13 @@ def main() -> None:
         help="also time the picked tile double-buffered, and the K-16 tiles of EXTRA_TILES (more workgroup memory)",
     )
     ap.add_argument(
-        "--vec", choices=("on", "off", "both", "all"), default="on",
-        help="slab loads as vec4s where the compiler emits them, as scalars, both, or "
-        "all three of those with vec4s also where K is the contiguous index (render_matmul(vec_k_inner=True))",
+        "--vec", default="ab",
+        help="comma-separated operand sets whose slab loads may read vec4s (none, a, b, ab; a trailing k: "
+        "also where K is the contiguous index, render_matmul(vec_k_inner=True)); each is timed",
+    )
+    ap.add_argument(
+        "--access", default="read",
+        help="comma-separated: bind A and B as read and/or read_write storage, each timed (a model's scratch is read_write)",
     )
     ap.add_argument("--tiles", default="", help="comma-separated tile names to time (instead of the picked one)")
     ap.add_argument(
@@ -328,7 +336,7 @@ def main() -> None:
             print(f"budget spent; skipping {label} and later")
             break
         spec = MatmulSpec(1, M, N, K, operand("A", M, K, ta), operand("B", K, N, tb), "C", 0)
-        scalar_spec = MatmulSpec(1, M, N, K, operand("A", M, K, ta, False), operand("B", K, N, tb, False), "C", 0)
+        policies = [(p, acc) for p in args.vec.split(",") if p for acc in args.access.split(",") if acc]
         a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
         g.buffers(a, b, M * N)
@@ -359,17 +367,18 @@ def main() -> None:
         if args.double:
             configs += [(chosen, True, True)] + [(t, True, db) for t in EXTRA_TILES for db in (False, True)]
         unrolls = {"loop": [False], "unroll": [True], "both": [False, True]}[args.unroll]
-        vecs = {"on": [True], "off": [False], "both": [True, False], "all": [True, False, "k"]}[args.vec]
         runs = []
-        for (tile, pf, db), unroll, vec in [(c, u, v) for c in configs for u in unrolls for v in vecs]:
+        for (tile, pf, db), unroll, (vec, access) in [(c, u, v) for c in configs for u in unrolls for v in policies]:
             # prefetch makes no difference to the kernel when K fits in one slab
             same_pf = pf == choose_prefetch(spec, chosen) or K <= chosen.BK * chosen.S
             entry = {
-                "tile": tile.name, "prefetch": pf, "unroll_k": unroll, "double_buffer": db, "vec_loads": {True: "p", False: "none", "k": "all"}[vec],
-                "chosen": tile == chosen and same_pf and unroll and not db and vec is True,
+                "tile": tile.name, "prefetch": pf, "unroll_k": unroll, "double_buffer": db, "vec_loads": vec, "access": access,
+                "chosen": tile == chosen and same_pf and unroll and not db and (vec, access) == policies[0],
             }
+            g.set_access(access)
             try:
-                pipe, bg, grid, entry["compile_s"] = g.prepare(spec if vec else scalar_spec, tile, pf, unroll, db, vec == "k")
+                vspec = MatmulSpec(1, M, N, K, operand("A", M, K, ta, "a" in vec), operand("B", K, N, tb, "b" in vec), "C", 0)
+                pipe, bg, grid, entry["compile_s"] = g.prepare(vspec, tile, pf, unroll, db, vec.endswith("k"))
                 g.run(pipe, bg, grid, 1)
                 if ref is not None:
                     got = g.result((M, N))
@@ -385,24 +394,25 @@ def main() -> None:
             torch_tf = row.get("torch_tflops")
             ratio = entry.get("tflops", 0) / torch_tf if torch_tf else None
             print(
-                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + ('' if unroll else '/loop') + ('/db' if db else '') + {True: '', False: '/f32', 'k': '/v4k'}[vec]:<14} {int(pf):>2} "
+                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + ('' if unroll else '/loop') + ('/db' if db else '') + '/' + vec + ('/rw' if access == 'read_write' else ''):<14} {int(pf):>2} "
                 f"{entry.get('s', float('nan')) * 1e6:>9.1f} {entry.get('tflops', float('nan')):>9.3f} "
                 f"{torch_tf if torch_tf else float('nan'):>10.3f} "
                 f"{ratio if ratio else float('nan'):>6.2f}{ok}{'  ' + entry['error'] if 'error' in entry else ''}",
                 flush=True,
             )
-        for n_split in [int(x) for x in args.split.split(",") if x]:
+        for n_split, (vec, access) in [(int(x), v) for x in args.split.split(",") if x for v in policies]:
             if K % n_split:
                 continue
+            g.set_access(access)
             kc = K // n_split
-            av, bv = ("A4", "B4") if args.vec != "off" else ("", "")
+            av, bv = ("A4" if "a" in vec else ""), ("B4" if "b" in vec else "")
             a_op = Operand("A", 0, kc * M, 1, M, vec_buf=av) if ta else Operand("A", 0, kc, K, 1, vec_buf=av)
             b_op = Operand("B", 0, kc, 1, K, vec_buf=bv) if tb else Operand("B", 0, kc * N, N, 1, vec_buf=bv)
             sspec = MatmulSpec(n_split, M, N, kc, a_op, b_op, "C", 0)
             tile = choose_tile(sspec)
-            entry = {"tile": tile.name, "split": n_split, "prefetch": True, "unroll_k": True, "double_buffer": False, "chosen": False}
+            entry = {"tile": tile.name, "split": n_split, "vec_loads": vec, "access": access, "prefetch": True, "unroll_k": True, "double_buffer": False, "chosen": False}
             try:
-                steps = g.prepare_split(sspec, tile, choose_prefetch(sspec, tile))
+                steps = g.prepare_split(sspec, tile, choose_prefetch(sspec, tile), vec.endswith("k"))
                 g.run_steps(steps, 1)
                 if ref is not None:
                     got = np.frombuffer(g.device.queue.read_buffer(g.split_bufs[1]), dtype=np.float32).reshape(M, N)
@@ -416,7 +426,7 @@ def main() -> None:
             runs.append(entry)
             torch_tf = row.get("torch_tflops")
             print(
-                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + f'/split{n_split}':<14}    "
+                f"{label:<22} {M:>5} {K:>5} {N:>5}  {tile.name + f'/split{n_split}/{vec}' + ('/rw' if access == 'read_write' else ''):<14}    "
                 f"{entry.get('s', float('nan')) * 1e6:>9.1f} {entry.get('tflops', float('nan')):>9.3f} "
                 f"{torch_tf if torch_tf else float('nan'):>10.3f} "
                 f"{entry.get('tflops', 0) / torch_tf if torch_tf else float('nan'):>6.2f}"

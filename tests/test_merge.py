@@ -3,7 +3,8 @@
 Structure (every example, no GPU): the plan accounts for every buffer a kernel binds (else its
 footprint is unknown and it merges with nothing); every pair of kernels that conflict (one writes
 what the other reads or writes) keeps its order in the dispatch list; no dispatch straddles a
-training graph's cut; the transformers lose a fifth of their dispatches or more.
+training graph's cut; the transformers lose a fifth of their dispatches or more; read-only and
+vec4 bindings only where nothing in the dispatch writes the buffer.
 On the adapter: merged and unmerged builds train alike (losses, parameters, gradients,
 predictions; bit for bit on lavapipe), with both kernel sets; row chains form only where each
 workgroup reads its own rows, and compute what the kernels one by one do.
@@ -21,6 +22,7 @@ import pytest
 import aot
 from aot import chain, merge, nn, ops
 from aot.pipeline import compile_program
+from aot.plan import buffer_of
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ["sine_mlp", "addition_transformer", "mnist_cnn", "kan_tiny", "vae", "nerf_tiny", "makemore", "pokeformer"]
@@ -64,11 +66,36 @@ def _order_kept(c, key) -> None:
         assert all((pos[i][0] < c.cuts[key]) == (i < cut) for i in pos), "a dispatch straddles the cut"
 
 
+def _bindings_fit_their_use(c, key) -> int:
+    """A matmul binds the scratch it only reads read-only (faster on a GPU), other kernels bind
+    scratch read_write (neighbours share bind groups); a vec4 view (plan.VEC_SUFFIX) is bound
+    read-only, by kernels and dispatches that never write its buffer. Returns the vec4 views bound."""
+    s, p, ks = c.schedules[key], c.plans[key], c.kernels[key]
+    views = 0
+    for k, code in zip(s.kernels, ks):
+        written = {w[0] for w in merge.footprint(k, p, code).writes}
+        for a, acc in code.bindings:
+            base = buffer_of(a)
+            if a != base:
+                views += 1
+                assert k.kind == "matmul" and acc == "read" and base not in written, (code.name, a, acc)
+            elif acc == "read_write":
+                assert base in written or (k.kind != "matmul" and base.startswith("work")), (code.name, a)
+    for code in c.dispatches[key]:
+        written = {buffer_of(a) for a, acc in code.bindings if acc == "read_write"}
+        assert not any(a != buffer_of(a) and buffer_of(a) in written for a, _ in code.bindings), code.name
+    return views
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_merged_dispatches_keep_every_dependency(name):
     c = compile_program(_program(name))
+    views = 0
     for key in c.kernels:
         _order_kept(c, key)
+        views += _bindings_fit_their_use(c, key)
+    if name in ("sine_mlp", "addition_transformer", "makemore"):  # weight-gradient matmuls read scratch only
+        assert views > 0
         for code in c.dispatches[key]:
             if code.parts:
                 assert len(re.findall(r"^fn main\(", code.wgsl, re.M)) == 1
