@@ -145,7 +145,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_004_005_006_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_007_attention": (
@@ -153,7 +153,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_008_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_009_010_011_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -161,11 +161,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_012_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_013_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_014_015_016_017_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
@@ -173,7 +173,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_018_019_020_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_021_attention": (
@@ -181,7 +181,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_022_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_023_024_025_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -189,11 +189,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_026_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_027_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_028_029_030_031_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
@@ -201,7 +201,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_032_033_034_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_035_attention": (
@@ -209,7 +209,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "train_036_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_037_038_039_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -217,11 +217,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_040_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_041_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_042_043_044_045_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
@@ -241,11 +241,11 @@ PROGRAM = {
             "addition_transformer.py:61",
         ),
         "train_051_056_fused_neg_mul_sum_and_matmul": (
-            (("inputs", "read"), ("work", "read_write"), ("work_v4", "read_write")),
+            (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:63",
         ),
         "train_055_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
         ),
         "train_057_058_059_060_061_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
@@ -253,37 +253,31 @@ PROGRAM = {
             "addition_transformer.py:53",
         ),
         "train_062_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_063_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_064_065_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_064_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_065_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_071_072_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_071_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_072_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:35",
         ),
         "train_073_fused_mul_sum": (
@@ -294,13 +288,12 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_077_078_079_080_081_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_077_079_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_078_080_081_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_082_matmul_add": (
@@ -311,38 +304,28 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_088_089_fused_mul_sum_and_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_088_090_fused_mul_sum_and_matmul_equal_sub_mul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_090_matmul_equal_sub_mul": (
-            (("params", "read"), ("work", "read_write")),
+        "train_089_093_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:36",
         ),
-        "train_091_092_093_sum_and_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_091_092_sum_and_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_099_100_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_099_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_100_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:35",
         ),
         "train_101_fused_mul_sum": (
@@ -353,13 +336,12 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_105_106_107_108_109_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_105_107_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_106_108_109_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_110_matmul_add": (
@@ -371,37 +353,31 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_116_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_117_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_118_119_120_sum_and_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_118_119_sum_and_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_120_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_126_127_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_126_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_127_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:35",
         ),
         "train_128_fused_mul_sum": (
@@ -412,13 +388,12 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_132_133_134_135_136_matmul": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_132_134_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+        ),
+        "train_133_135_136_matmul": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_137_matmul_add": (
@@ -433,12 +408,12 @@ PROGRAM = {
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
         ),
-        "train_145_147_pad_and_matmul_add": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+        "train_145_pad": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:49",
+        ),
+        "train_147_matmul_add": (
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:49",
         ),
         "train_148_fused_square_pad_sum": (
@@ -471,15 +446,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_004_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_005_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_006_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_009_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -508,15 +483,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_018_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_019_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_020_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_023_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -545,15 +520,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_032_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_033_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_034_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_037_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -607,10 +582,7 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:61",
         ),
-        "train_056_matmul": (
-            (("work", "read_write"), ("work_v4", "read_write")),
-            "addition_transformer.py:53",
-        ),
+        "train_056_matmul": ((("work", "read_write"),), "addition_transformer.py:53"),
         "train_057_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:53",
@@ -630,18 +602,6 @@ PROGRAM = {
         "train_061_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-        ),
-        "train_064_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_065_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
-            "addition_transformer.py:36",
         ),
         "train_066_sum": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -663,18 +623,6 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "train_071_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_072_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
-            "addition_transformer.py:35",
-        ),
         "train_074_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
@@ -692,11 +640,7 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_078_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_079_matmul": (
@@ -704,19 +648,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_080_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_081_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_083_fused_mul_sub_sum": (
@@ -744,11 +680,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_089_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            "addition_transformer.py:36",
+        ),
+        "train_090_matmul_equal_sub_mul": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_091_sum": (
@@ -760,11 +696,7 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_093_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_094_fused_mul_sub_sum": (
@@ -787,18 +719,6 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "train_099_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_100_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
-            "addition_transformer.py:35",
-        ),
         "train_102_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
@@ -816,11 +736,7 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_106_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_107_matmul": (
@@ -828,19 +744,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_108_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_109_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_111_fused_mul_sum": (
@@ -871,14 +779,6 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_120_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
-            "addition_transformer.py:36",
-        ),
         "train_121_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
@@ -899,18 +799,6 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
-        "train_126_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_127_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
-            "addition_transformer.py:35",
-        ),
         "train_129_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
@@ -928,11 +816,7 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_133_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_134_matmul": (
@@ -940,19 +824,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_135_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_136_matmul": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
+            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:33",
         ),
         "train_138_fused_mul_sub_sum": (
@@ -980,20 +856,8 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_144_sum": ((("work", "read_write"),), "addition_transformer.py:49"),
-        "train_145_pad": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:49",
-        ),
         "train_146_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
-            "addition_transformer.py:49",
-        ),
-        "train_147_matmul_add": (
-            (
-                ("grads", "read_write"),
-                ("work", "read_write"),
-                ("work_v4", "read_write"),
-            ),
             "addition_transformer.py:49",
         ),
         "predict_N1_00_fused_gather_add": (
@@ -1005,7 +869,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_04_05_06_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_07_attention": (
@@ -1013,7 +877,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "predict_N1_08_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "predict_N1_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1021,11 +885,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N1_12_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N1_13_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N1_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1033,7 +897,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_18_19_20_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_21_attention": (
@@ -1041,7 +905,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "predict_N1_22_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "predict_N1_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1049,11 +913,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N1_26_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N1_27_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N1_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1061,11 +925,11 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_32_33_34_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_36_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "predict_N1_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1073,11 +937,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N1_40_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N1_41_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N1_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1098,15 +962,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_04_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_05_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_06_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_09_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -1135,15 +999,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_18_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_19_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_20_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_23_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -1168,15 +1032,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N1_32_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_33_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_34_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N1_37_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
@@ -1213,7 +1077,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_04_05_06_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_07_attention": (
@@ -1221,7 +1085,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "predict_N128_08_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "predict_N128_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1229,11 +1093,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N128_12_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N128_13_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N128_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1241,7 +1105,7 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_18_19_20_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_21_attention": (
@@ -1249,7 +1113,7 @@ PROGRAM = {
             "addition_transformer.py:34",
         ),
         "predict_N128_22_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "predict_N128_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1257,11 +1121,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N128_26_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N128_27_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N128_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1269,11 +1133,11 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_32_33_34_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_36_matmul_add": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "predict_N128_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
@@ -1281,11 +1145,11 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "predict_N128_40_matmul_add_relu": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N128_41_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "predict_N128_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
@@ -1309,15 +1173,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_04_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_05_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_06_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_09_sum": (
@@ -1349,15 +1213,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_18_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_19_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_20_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_23_sum": (
@@ -1385,15 +1249,15 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "predict_N128_32_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_33_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_34_matmul": (
-            (("params", "read"), ("work", "read_write"), ("params_v4", "read")),
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "predict_N128_37_sum": (
@@ -1503,37 +1367,42 @@ PROGRAM = {
                 ),
                 ("train_062_matmul", (4, 16, 1)),
                 ("train_063_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_064_065_matmul", (320, 1, 1)),
+                ("train_064_matmul", (4, 64, 1)),
+                ("train_065_matmul", (16, 4, 1)),
                 (
                     "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_071_072_matmul", (272, 1, 1)),
+                ("train_071_matmul", (4, 64, 1)),
+                ("train_072_matmul", (4, 4, 1)),
                 ("train_073_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_077_078_079_080_081_matmul", (560, 1, 1)),
+                ("train_077_079_matmul", (512, 1, 1)),
+                ("train_078_080_081_matmul", (48, 1, 1)),
                 ("train_082_matmul_add", (4, 64, 1)),
                 (
                     "train_083_084_085_086_087_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_088_089_fused_mul_sum_and_matmul", (128, 1, 1)),
-                ("train_090_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_091_092_093_sum_and_matmul", (576, 1, 1)),
+                ("train_088_090_fused_mul_sum_and_matmul_equal_sub_mul", (320, 1, 1)),
+                ("train_089_093_matmul", (128, 1, 1)),
+                ("train_091_092_sum_and_matmul", (512, 1, 1)),
                 (
                     "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1088, 1, 1),
                 ),
-                ("train_099_100_matmul", (272, 1, 1)),
+                ("train_099_matmul", (4, 64, 1)),
+                ("train_100_matmul", (4, 4, 1)),
                 ("train_101_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_105_106_107_108_109_matmul", (560, 1, 1)),
+                ("train_105_107_matmul", (512, 1, 1)),
+                ("train_106_108_109_matmul", (48, 1, 1)),
                 ("train_110_matmul_add", (4, 64, 1)),
                 (
                     "train_111_112_113_114_115_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
@@ -1541,25 +1410,29 @@ PROGRAM = {
                 ),
                 ("train_116_matmul", (4, 16, 1)),
                 ("train_117_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_118_119_120_sum_and_matmul", (576, 1, 1)),
+                ("train_118_119_sum_and_matmul", (512, 1, 1)),
+                ("train_120_matmul", (16, 4, 1)),
                 (
                     "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_126_127_matmul", (272, 1, 1)),
+                ("train_126_matmul", (4, 64, 1)),
+                ("train_127_matmul", (4, 4, 1)),
                 ("train_128_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_132_133_134_135_136_matmul", (560, 1, 1)),
+                ("train_132_134_matmul", (512, 1, 1)),
+                ("train_133_135_136_matmul", (48, 1, 1)),
                 ("train_137_matmul_add", (4, 64, 1)),
                 (
                     "train_138_139_140_141_142_143_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1152, 1, 1),
                 ),
                 ("train_144_146_sum_and_one_hot", (560, 1, 1)),
-                ("train_145_147_pad_and_matmul_add", (7, 1, 1)),
+                ("train_145_pad", (3, 1, 1)),
+                ("train_147_matmul_add", (4, 1, 1)),
                 ("train_148_fused_square_pad_sum", (37, 1, 1)),
                 ("train_149_sum", (1, 1, 1)),
                 ("train_150_fused_sqrt_add_sub", (589, 1, 1)),
@@ -1728,7 +1601,7 @@ PROGRAM = {
                 "work": 2776896,
                 "state_1": 150656,
             },
-            "update_from": 61,
+            "update_from": 70,
             "update_from_cpu": 148,
         },
         "predict[N=1]": {

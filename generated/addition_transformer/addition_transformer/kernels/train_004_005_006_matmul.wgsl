@@ -35,7 +35,6 @@
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-@group(0) @binding(500) var<storage, read> params_v4: array<vec4<f32>>;
 
 // workgroup memory, shared by the kernels (a workgroup runs one of them)
 var<workgroup> wg_vec2f_0: array<vec2<f32>, 640>;
@@ -69,8 +68,8 @@ fn k0_main(wg: vec3<u32>, tid: u32) {
     let a_src3 = 1114112u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 4u * 4u;
-    let b_k = tid / 4u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = 1344u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
@@ -78,7 +77,10 @@ fn k0_main(wg: vec3<u32>, tid: u32) {
     var a_ld1 = 0.0;
     var a_ld2 = 0.0;
     var a_ld3 = 0.0;
-    var b_ld0 = vec4<f32>(0.0);
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 160u + ty;
@@ -94,13 +96,18 @@ fn k0_main(wg: vec3<u32>, tid: u32) {
         a_ld1 = work[a_src1 + k0 + a_k];
         a_ld2 = work[a_src2 + k0 + a_k];
         a_ld3 = work[a_src3 + k0 + a_k];
-        b_ld0 = params_v4[(b_src0 + (k0 + b_k) * 64u) / 4u];
+        b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
+        b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
+        b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
+        b_ld3 = params[b_src0 + (k0 + b_k + 48u) * 64u];
         wg_vec2f_0[a_st][a_lane] = a_ld0;
         wg_vec2f_0[a_st + 2u][a_lane] = a_ld1;
         wg_vec2f_0[a_st + 4u][a_lane] = a_ld2;
         wg_vec2f_0[a_st + 6u][a_lane] = a_ld3;
-        wg_vec2f_1[b_st] = b_ld0.xy;
-        wg_vec2f_1[b_st + 1u] = b_ld0.zw;
+        wg_vec2f_1[b_st][b_lane] = b_ld0;
+        wg_vec2f_1[b_st + 128u][b_lane] = b_ld1;
+        wg_vec2f_1[b_st + 256u][b_lane] = b_ld2;
+        wg_vec2f_1[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         let a0_0 = wg_vec2f_0[a_rd];
         let b0_0 = wg_vec2f_1[b_rd];
@@ -258,8 +265,8 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     let a_src3 = 1114112u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 4u * 4u;
-    let b_k = tid / 4u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = 5440u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
@@ -267,7 +274,10 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     var a_ld1 = 0.0;
     var a_ld2 = 0.0;
     var a_ld3 = 0.0;
-    var b_ld0 = vec4<f32>(0.0);
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 160u + ty;
@@ -283,13 +293,18 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
         a_ld1 = work[a_src1 + k0 + a_k];
         a_ld2 = work[a_src2 + k0 + a_k];
         a_ld3 = work[a_src3 + k0 + a_k];
-        b_ld0 = params_v4[(b_src0 + (k0 + b_k) * 64u) / 4u];
+        b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
+        b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
+        b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
+        b_ld3 = params[b_src0 + (k0 + b_k + 48u) * 64u];
         wg_vec2f_0[a_st][a_lane] = a_ld0;
         wg_vec2f_0[a_st + 2u][a_lane] = a_ld1;
         wg_vec2f_0[a_st + 4u][a_lane] = a_ld2;
         wg_vec2f_0[a_st + 6u][a_lane] = a_ld3;
-        wg_vec2f_1[b_st] = b_ld0.xy;
-        wg_vec2f_1[b_st + 1u] = b_ld0.zw;
+        wg_vec2f_1[b_st][b_lane] = b_ld0;
+        wg_vec2f_1[b_st + 128u][b_lane] = b_ld1;
+        wg_vec2f_1[b_st + 256u][b_lane] = b_ld2;
+        wg_vec2f_1[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         let a0_0 = wg_vec2f_0[a_rd];
         let b0_0 = wg_vec2f_1[b_rd];
@@ -447,8 +462,8 @@ fn k2_main(wg: vec3<u32>, tid: u32) {
     let a_src3 = 1114112u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 4u * 4u;
-    let b_k = tid / 4u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = 9536u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
@@ -456,7 +471,10 @@ fn k2_main(wg: vec3<u32>, tid: u32) {
     var a_ld1 = 0.0;
     var a_ld2 = 0.0;
     var a_ld3 = 0.0;
-    var b_ld0 = vec4<f32>(0.0);
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 160u + ty;
@@ -472,13 +490,18 @@ fn k2_main(wg: vec3<u32>, tid: u32) {
         a_ld1 = work[a_src1 + k0 + a_k];
         a_ld2 = work[a_src2 + k0 + a_k];
         a_ld3 = work[a_src3 + k0 + a_k];
-        b_ld0 = params_v4[(b_src0 + (k0 + b_k) * 64u) / 4u];
+        b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
+        b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
+        b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
+        b_ld3 = params[b_src0 + (k0 + b_k + 48u) * 64u];
         wg_vec2f_0[a_st][a_lane] = a_ld0;
         wg_vec2f_0[a_st + 2u][a_lane] = a_ld1;
         wg_vec2f_0[a_st + 4u][a_lane] = a_ld2;
         wg_vec2f_0[a_st + 6u][a_lane] = a_ld3;
-        wg_vec2f_1[b_st] = b_ld0.xy;
-        wg_vec2f_1[b_st + 1u] = b_ld0.zw;
+        wg_vec2f_1[b_st][b_lane] = b_ld0;
+        wg_vec2f_1[b_st + 128u][b_lane] = b_ld1;
+        wg_vec2f_1[b_st + 256u][b_lane] = b_ld2;
+        wg_vec2f_1[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         let a0_0 = wg_vec2f_0[a_rd];
         let b0_0 = wg_vec2f_1[b_rd];

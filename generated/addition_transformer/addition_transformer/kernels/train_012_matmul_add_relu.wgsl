@@ -12,7 +12,6 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-@group(0) @binding(500) var<storage, read> params_v4: array<vec4<f32>>;
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -56,8 +55,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src3 = 1507328u + (m0 + a_p + 24u) * 64u;
     let a_st = (a_k * 36u + a_p) / 4u;
     let a_lane = a_p % 4u;
-    let b_p = tid % 8u * 4u;
-    let b_k = tid / 8u;
+    let b_p = tid % 32u;
+    let b_k = tid / 32u;
     let b_src0 = 17728u + n0 + b_p;
     let b_st = (b_k * 32u + b_p) / 4u;
     let b_lane = b_p % 4u;
@@ -65,7 +64,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var a_ld1 = 0.0;
     var a_ld2 = 0.0;
     var a_ld3 = 0.0;
-    var b_ld0 = vec4<f32>(0.0);
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 72u + ty;
@@ -93,21 +95,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = work[a_src1 + a_k];
     a_ld2 = work[a_src2 + a_k];
     a_ld3 = work[a_src3 + a_k];
-    b_ld0 = params_v4[(b_src0 + (b_k) * 256u) / 4u];
+    b_ld0 = params[b_src0 + (b_k) * 256u];
+    b_ld1 = params[b_src0 + (b_k + 8u) * 256u];
+    b_ld2 = params[b_src0 + (b_k + 16u) * 256u];
+    b_ld3 = params[b_src0 + (b_k + 24u) * 256u];
 
     for (var k0 = 0u; k0 < 64u; k0 += 32u) {
         tile_a[a_st][a_lane] = a_ld0;
         tile_a[a_st + 2u][a_lane] = a_ld1;
         tile_a[a_st + 4u][a_lane] = a_ld2;
         tile_a[a_st + 6u][a_lane] = a_ld3;
-        tile_b[b_st] = b_ld0;
+        tile_b[b_st][b_lane] = b_ld0;
+        tile_b[b_st + 64u][b_lane] = b_ld1;
+        tile_b[b_st + 128u][b_lane] = b_ld2;
+        tile_b[b_st + 192u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 32u < 64u) {
             a_ld0 = work[a_src0 + k0 + 32u + a_k];
             a_ld1 = work[a_src1 + k0 + 32u + a_k];
             a_ld2 = work[a_src2 + k0 + 32u + a_k];
             a_ld3 = work[a_src3 + k0 + 32u + a_k];
-            b_ld0 = params_v4[(b_src0 + (k0 + 32u + b_k) * 256u) / 4u];
+            b_ld0 = params[b_src0 + (k0 + 32u + b_k) * 256u];
+            b_ld1 = params[b_src0 + (k0 + 32u + b_k + 8u) * 256u];
+            b_ld2 = params[b_src0 + (k0 + 32u + b_k + 16u) * 256u];
+            b_ld3 = params[b_src0 + (k0 + 32u + b_k + 24u) * 256u];
         }
         let a0_0 = tile_a[a_rd];
         let b0_0 = tile_b[b_rd];

@@ -12,7 +12,6 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-@group(0) @binding(500) var<storage, read> params_v4: array<vec4<f32>>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (2304 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;

@@ -13,7 +13,6 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-@group(0) @binding(500) var<storage, read> params_v4: array<vec4<f32>>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -51,8 +50,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src3 = min(m0 + a_p + 12u, 7u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 4u * 4u;
-    let b_k = tid / 4u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = 103744u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
@@ -60,7 +59,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var a_ld1 = 0.0;
     var a_ld2 = 0.0;
     var a_ld3 = 0.0;
-    var b_ld0 = vec4<f32>(0.0);
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 160u + ty;
@@ -76,13 +78,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         a_ld1 = work[a_src1 + k0 + a_k];
         a_ld2 = work[a_src2 + k0 + a_k];
         a_ld3 = work[a_src3 + k0 + a_k];
-        b_ld0 = params_v4[(b_src0 + (k0 + b_k) * 64u) / 4u];
+        b_ld0 = params[b_src0 + (k0 + b_k) * 64u];
+        b_ld1 = params[b_src0 + (k0 + b_k + 16u) * 64u];
+        b_ld2 = params[b_src0 + (k0 + b_k + 32u) * 64u];
+        b_ld3 = params[b_src0 + (k0 + b_k + 48u) * 64u];
         tile_a[a_st][a_lane] = a_ld0;
         tile_a[a_st + 2u][a_lane] = a_ld1;
         tile_a[a_st + 4u][a_lane] = a_ld2;
         tile_a[a_st + 6u][a_lane] = a_ld3;
-        tile_b[b_st] = b_ld0.xy;
-        tile_b[b_st + 1u] = b_ld0.zw;
+        tile_b[b_st][b_lane] = b_ld0;
+        tile_b[b_st + 128u][b_lane] = b_ld1;
+        tile_b[b_st + 256u][b_lane] = b_ld2;
+        tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         for (var kk = 0u; kk < 16u; kk++) {
             let a_at = a_rd + kk * 10u;

@@ -13,7 +13,6 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-@group(0) @binding(500) var<storage, read> params_v4: array<vec4<f32>>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 68 and 64 floats (4224 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 136>;
@@ -50,8 +49,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src7 = 2162688u + (m0 + a_p + 56u) * 64u;
     let a_st = (a_k * 68u + a_p) / 4u;
     let a_lane = a_p % 4u;
-    let b_p = tid % 16u * 4u;
-    let b_k = tid / 16u;
+    let b_p = tid % 64u;
+    let b_k = tid / 64u;
     let b_src0 = 99648u + n0 + b_p;
     let b_st = (b_k * 64u + b_p) / 4u;
     let b_lane = b_p % 4u;
@@ -63,8 +62,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var a_ld5 = 0.0;
     var a_ld6 = 0.0;
     var a_ld7 = 0.0;
-    var b_ld0 = vec4<f32>(0.0);
-    var b_ld1 = vec4<f32>(0.0);
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
+    var b_ld4 = 0.0;
+    var b_ld5 = 0.0;
+    var b_ld6 = 0.0;
+    var b_ld7 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = ty;
@@ -144,8 +149,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld5 = work[a_src5 + a_k];
     a_ld6 = work[a_src6 + a_k];
     a_ld7 = work[a_src7 + a_k];
-    b_ld0 = params_v4[(b_src0 + (b_k) * 64u) / 4u];
-    b_ld1 = params_v4[(b_src0 + (b_k + 4u) * 64u) / 4u];
+    b_ld0 = params[b_src0 + (b_k) * 64u];
+    b_ld1 = params[b_src0 + (b_k + 1u) * 64u];
+    b_ld2 = params[b_src0 + (b_k + 2u) * 64u];
+    b_ld3 = params[b_src0 + (b_k + 3u) * 64u];
+    b_ld4 = params[b_src0 + (b_k + 4u) * 64u];
+    b_ld5 = params[b_src0 + (b_k + 5u) * 64u];
+    b_ld6 = params[b_src0 + (b_k + 6u) * 64u];
+    b_ld7 = params[b_src0 + (b_k + 7u) * 64u];
 
     for (var k0 = 0u; k0 < 64u; k0 += 8u) {
         tile_a[a_st][a_lane] = a_ld0;
@@ -156,8 +167,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         tile_a[a_st + 10u][a_lane] = a_ld5;
         tile_a[a_st + 12u][a_lane] = a_ld6;
         tile_a[a_st + 14u][a_lane] = a_ld7;
-        tile_b[b_st] = b_ld0;
-        tile_b[b_st + 64u] = b_ld1;
+        tile_b[b_st][b_lane] = b_ld0;
+        tile_b[b_st + 16u][b_lane] = b_ld1;
+        tile_b[b_st + 32u][b_lane] = b_ld2;
+        tile_b[b_st + 48u][b_lane] = b_ld3;
+        tile_b[b_st + 64u][b_lane] = b_ld4;
+        tile_b[b_st + 80u][b_lane] = b_ld5;
+        tile_b[b_st + 96u][b_lane] = b_ld6;
+        tile_b[b_st + 112u][b_lane] = b_ld7;
         workgroupBarrier();
         if (k0 + 8u < 64u) {
             a_ld0 = work[a_src0 + k0 + 8u + a_k];
@@ -168,8 +185,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             a_ld5 = work[a_src5 + k0 + 8u + a_k];
             a_ld6 = work[a_src6 + k0 + 8u + a_k];
             a_ld7 = work[a_src7 + k0 + 8u + a_k];
-            b_ld0 = params_v4[(b_src0 + (k0 + 8u + b_k) * 64u) / 4u];
-            b_ld1 = params_v4[(b_src0 + (k0 + 8u + b_k + 4u) * 64u) / 4u];
+            b_ld0 = params[b_src0 + (k0 + 8u + b_k) * 64u];
+            b_ld1 = params[b_src0 + (k0 + 8u + b_k + 1u) * 64u];
+            b_ld2 = params[b_src0 + (k0 + 8u + b_k + 2u) * 64u];
+            b_ld3 = params[b_src0 + (k0 + 8u + b_k + 3u) * 64u];
+            b_ld4 = params[b_src0 + (k0 + 8u + b_k + 4u) * 64u];
+            b_ld5 = params[b_src0 + (k0 + 8u + b_k + 5u) * 64u];
+            b_ld6 = params[b_src0 + (k0 + 8u + b_k + 6u) * 64u];
+            b_ld7 = params[b_src0 + (k0 + 8u + b_k + 7u) * 64u];
         }
         for (var kk = 0u; kk < 8u; kk++) {
             let a_at = a_rd + kk * 17u;

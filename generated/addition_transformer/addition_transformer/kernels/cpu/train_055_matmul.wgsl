@@ -13,7 +13,6 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-@group(0) @binding(500) var<storage, read> params_v4: array<vec4<f32>>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 68 and 64 floats (8448 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 272>;
@@ -58,8 +57,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src15 = 1007616u + (m0 + a_p + 60u) * 12u;
     let a_st = (a_k * 68u + a_p) / 4u;
     let a_lane = a_p % 4u;
-    let b_p = tid % 16u * 4u;
-    let b_k = tid / 16u;
+    let b_p = tid % 64u;
+    let b_k = tid / 64u;
     let b_src0 = 576u + n0 + b_p;
     let b_st = (b_k * 64u + b_p) / 4u;
     let b_lane = b_p % 4u;
@@ -79,10 +78,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var a_ld13 = 0.0;
     var a_ld14 = 0.0;
     var a_ld15 = 0.0;
-    var b_ld0 = vec4<f32>(0.0);
-    var b_ld1 = vec4<f32>(0.0);
-    var b_ld2 = vec4<f32>(0.0);
-    var b_ld3 = vec4<f32>(0.0);
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
+    var b_ld4 = 0.0;
+    var b_ld5 = 0.0;
+    var b_ld6 = 0.0;
+    var b_ld7 = 0.0;
+    var b_ld8 = 0.0;
+    var b_ld9 = 0.0;
+    var b_ld10 = 0.0;
+    var b_ld11 = 0.0;
+    var b_ld12 = 0.0;
+    var b_ld13 = 0.0;
+    var b_ld14 = 0.0;
+    var b_ld15 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = ty;
@@ -170,10 +181,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         a_ld13 = select(0.0, work[a_src13 + min(k0 + a_k, 11u)], k0 + a_k < 12u);
         a_ld14 = select(0.0, work[a_src14 + min(k0 + a_k, 11u)], k0 + a_k < 12u);
         a_ld15 = select(0.0, work[a_src15 + min(k0 + a_k, 11u)], k0 + a_k < 12u);
-        b_ld0 = select(vec4<f32>(0.0), params_v4[(b_src0 + min(k0 + b_k, 11u) * 64u) / 4u], k0 + b_k < 12u);
-        b_ld1 = select(vec4<f32>(0.0), params_v4[(b_src0 + min(k0 + b_k + 4u, 11u) * 64u) / 4u], k0 + b_k + 4u < 12u);
-        b_ld2 = select(vec4<f32>(0.0), params_v4[(b_src0 + min(k0 + b_k + 8u, 11u) * 64u) / 4u], k0 + b_k + 8u < 12u);
-        b_ld3 = select(vec4<f32>(0.0), params_v4[(b_src0 + min(k0 + b_k + 12u, 11u) * 64u) / 4u], k0 + b_k + 12u < 12u);
+        b_ld0 = select(0.0, params[b_src0 + min(k0 + b_k, 11u) * 64u], k0 + b_k < 12u);
+        b_ld1 = select(0.0, params[b_src0 + min(k0 + b_k + 1u, 11u) * 64u], k0 + b_k + 1u < 12u);
+        b_ld2 = select(0.0, params[b_src0 + min(k0 + b_k + 2u, 11u) * 64u], k0 + b_k + 2u < 12u);
+        b_ld3 = select(0.0, params[b_src0 + min(k0 + b_k + 3u, 11u) * 64u], k0 + b_k + 3u < 12u);
+        b_ld4 = select(0.0, params[b_src0 + min(k0 + b_k + 4u, 11u) * 64u], k0 + b_k + 4u < 12u);
+        b_ld5 = select(0.0, params[b_src0 + min(k0 + b_k + 5u, 11u) * 64u], k0 + b_k + 5u < 12u);
+        b_ld6 = select(0.0, params[b_src0 + min(k0 + b_k + 6u, 11u) * 64u], k0 + b_k + 6u < 12u);
+        b_ld7 = select(0.0, params[b_src0 + min(k0 + b_k + 7u, 11u) * 64u], k0 + b_k + 7u < 12u);
+        b_ld8 = select(0.0, params[b_src0 + min(k0 + b_k + 8u, 11u) * 64u], k0 + b_k + 8u < 12u);
+        b_ld9 = select(0.0, params[b_src0 + min(k0 + b_k + 9u, 11u) * 64u], k0 + b_k + 9u < 12u);
+        b_ld10 = select(0.0, params[b_src0 + min(k0 + b_k + 10u, 11u) * 64u], k0 + b_k + 10u < 12u);
+        b_ld11 = select(0.0, params[b_src0 + min(k0 + b_k + 11u, 11u) * 64u], k0 + b_k + 11u < 12u);
+        b_ld12 = select(0.0, params[b_src0 + min(k0 + b_k + 12u, 11u) * 64u], k0 + b_k + 12u < 12u);
+        b_ld13 = select(0.0, params[b_src0 + min(k0 + b_k + 13u, 11u) * 64u], k0 + b_k + 13u < 12u);
+        b_ld14 = select(0.0, params[b_src0 + min(k0 + b_k + 14u, 11u) * 64u], k0 + b_k + 14u < 12u);
+        b_ld15 = select(0.0, params[b_src0 + min(k0 + b_k + 15u, 11u) * 64u], k0 + b_k + 15u < 12u);
         tile_a[a_st][a_lane] = a_ld0;
         tile_a[a_st + 1u][a_lane] = a_ld1;
         tile_a[a_st + 2u][a_lane] = a_ld2;
@@ -190,10 +213,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         tile_a[a_st + 13u][a_lane] = a_ld13;
         tile_a[a_st + 14u][a_lane] = a_ld14;
         tile_a[a_st + 15u][a_lane] = a_ld15;
-        tile_b[b_st] = b_ld0;
-        tile_b[b_st + 64u] = b_ld1;
-        tile_b[b_st + 128u] = b_ld2;
-        tile_b[b_st + 192u] = b_ld3;
+        tile_b[b_st][b_lane] = b_ld0;
+        tile_b[b_st + 16u][b_lane] = b_ld1;
+        tile_b[b_st + 32u][b_lane] = b_ld2;
+        tile_b[b_st + 48u][b_lane] = b_ld3;
+        tile_b[b_st + 64u][b_lane] = b_ld4;
+        tile_b[b_st + 80u][b_lane] = b_ld5;
+        tile_b[b_st + 96u][b_lane] = b_ld6;
+        tile_b[b_st + 112u][b_lane] = b_ld7;
+        tile_b[b_st + 128u][b_lane] = b_ld8;
+        tile_b[b_st + 144u][b_lane] = b_ld9;
+        tile_b[b_st + 160u][b_lane] = b_ld10;
+        tile_b[b_st + 176u][b_lane] = b_ld11;
+        tile_b[b_st + 192u][b_lane] = b_ld12;
+        tile_b[b_st + 208u][b_lane] = b_ld13;
+        tile_b[b_st + 224u][b_lane] = b_ld14;
+        tile_b[b_st + 240u][b_lane] = b_ld15;
         workgroupBarrier();
         for (var kk = 0u; kk < 12u; kk++) {
             let a_at = a_rd + kk * 17u;

@@ -12,8 +12,8 @@
 // workgroup walks K 32 rows at a time through shared memory (split in 4 groups of 8 rows, summed in group order).
 
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(5) var<storage, read_write> work: array<f32>;
-@group(0) @binding(505) var<storage, read_write> work_v4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> work: array<f32>;
+@group(0) @binding(505) var<storage, read> work_v4: array<vec4<f32>>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 32 and 32 floats (12288 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 256>;
