@@ -119,7 +119,16 @@ def state_arena(i: int) -> str:
     return "state" if i == 0 else f"state_{i}"
 
 
-def plan(s: KernelSchedule, state_arenas: dict[str, str], param_total: int, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB) -> Plan:
+def plan(
+    s: KernelSchedule,
+    state_arenas: dict[str, str],
+    param_total: int,
+    max_binding_mib: float = DEFAULT_MAX_BINDING_MIB,
+    matmuls_apart: bool = True,
+) -> Plan:
+    """Where every tensor lives: the persistent arenas, then scratch packed by liveness into
+    buffers of at most `max_binding_mib`. `matmuls_apart=False` packs without keeping matmul
+    outputs out of their operands' buffers (for comparison: it should cost no memory)."""
     g = s.graph
     cap = int(max_binding_mib * 2**20) // 4 // ALIGN * ALIGN  # elements per buffer
     loc: dict[int, Loc] = {}
@@ -203,12 +212,25 @@ def plan(s: KernelSchedule, state_arenas: dict[str, str], param_total: int, max_
         r = root(b)
         if id(r) in intervals:
             intervals[id(r)][2] = end_of_step
+    # A matmul reads its operands faster through read-only bindings (wgsl_expr.KernelContext), which
+    # it may use only for buffers it does not write: where the work arena spans several buffers,
+    # keep each matmul's output apart from what it reads.
+    apart: dict[int, set[int]] = {}
+    for k in s.kernels:
+        if k.kind != "matmul" or not matmuls_apart:
+            continue
+        outs = {id(root(t)) for t in k.stored_outs}
+        for r in k.reads:
+            for o in outs:
+                if id(root(r)) != o:
+                    apart.setdefault(o, set()).add(id(root(r)))
+                    apart.setdefault(id(root(r)), set()).add(o)
     for arena, dtype in (("work", "f32"), ("work_i32", "i32")):
         items = [iv for iv in intervals.values() if iv[0].dtype == dtype]
         for t, _, _ in items:
             if _align(max(t.size, 1)) > cap:
                 _too_large(g, f"the intermediate {t.node.op} result {t.type_str()}", t, t.size, max_binding_mib)
-        for k, n in enumerate(_pack_with_gap(items, loc, arena, cap)):
+        for k, n in enumerate(_pack_with_gap(items, loc, arena, cap, apart)):
             sizes[chunk_name(arena, k)] = n
     for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32"):
         if sizes[arena] > cap:
@@ -276,36 +298,55 @@ def _too_large(g, what: str, t: Tensor | None, elements: int, mib: float):
     )
 
 
-def _pack_with_gap(items, loc, arena, cap: int) -> list[int]:
+def _pack_with_gap(items, loc, arena, cap: int, apart: dict | None = None) -> list[int]:
     """_pack with REUSE_GAP where that costs little memory (GAP_MAX_COST, GAP_FREE), else without."""
     spaced, tight = {}, {}
-    a, b = _pack(items, spaced, arena, cap, REUSE_GAP), _pack(items, tight, arena, cap, 0)
+    a, b = _pack(items, spaced, arena, cap, REUSE_GAP, apart), _pack(items, tight, arena, cap, 0, apart)
     use_gap = len(a) == len(b) and sum(a) <= max(GAP_MAX_COST * sum(b), sum(b) + GAP_FREE)
     loc.update(spaced if use_gap else tight)
     return a if use_gap else b
 
 
-def _pack(items, loc, arena, cap: int, gap: int = 0) -> list[int]:
+def _pack(items, loc, arena, cap: int, gap: int = 0, apart: dict | None = None) -> list[int]:
     """Greedy by size: largest first, at the lowest offset free over its whole lifetime (widened
     by `gap` kernels), in the first buffer of the arena where it fits under `cap` elements.
-    Returns each buffer's size."""
+    `apart` (tensor id -> ids of tensors it had better not share a buffer with: a matmul's output
+    and what it reads) moves a tensor to a later buffer where it fits with no more growth than in
+    the first, away from those already placed. Returns each buffer's size."""
+    apart = apart or {}
     bins: list[list[tuple[int, int, int, int]]] = []  # per buffer: offset, size, start, end
     tops: list[int] = []
+    where: dict[int, int] = {}  # tensor id -> its buffer
+
+    def first_free(k: int, size: int, start: int, end: int) -> int:
+        busy = sorted((o, sz) for o, sz, s0, e0 in bins[k] if not (e0 + gap < start or end + gap < s0))
+        off = 0
+        for o, sz in busy:
+            if off + size <= o:
+                break
+            off = max(off, o + sz)
+        return off
+
     for t, start, end in sorted(items, key=lambda iv: (-iv[0].size, iv[1], iv[2])):
         size = _align(max(t.size, 1))
-        for k in range(len(bins) + 1):
-            if k == len(bins):
-                bins.append([])
-                tops.append(0)
-            busy = sorted((o, sz) for o, sz, s0, e0 in bins[k] if not (e0 + gap < start or end + gap < s0))
-            off = 0
-            for o, sz in busy:
-                if off + size <= o:
-                    break
-                off = max(off, o + sz)
+        fits = {}  # buffer -> offset, for the existing buffers where t fits
+        for k in range(len(bins)):
+            off = first_free(k, size, start, end)
             if off + size <= cap:
-                break
+                fits[k] = off
+        if fits:
+            k = min(fits)
+            growth = max(0, fits[k] + size - tops[k])
+            avoid = {where[o] for o in apart.get(id(t), ()) if o in where}
+            if k in avoid:
+                k = next((j for j in sorted(fits) if j not in avoid and fits[j] + size - tops[j] <= growth), k)
+            off = fits[k]
+        else:
+            bins.append([])
+            tops.append(0)
+            k, off = len(bins) - 1, 0
         bins[k].append((off, size, start, end))
+        where[id(t)] = k
         loc[id(t)] = Loc(chunk_name(arena, k), off)
         tops[k] = max(tops[k], off + size)
     return tops or [0]
