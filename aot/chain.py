@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import merge
-from .codegen import WG, KernelCode, rows_per_workgroup
+from .codegen import ROW_WG, WG, KernelCode, rows_per_workgroup
 from .ir import Tensor
 from .plan import Plan
 from .schedule import Kernel, KernelSchedule, op_of
@@ -52,6 +52,7 @@ class Chain:
     members: list[int]  # kernel indices, in stage order
     rows: int  # the rows (outputs of the first reduction)
     per_wg: int  # rows per workgroup
+    wg: int  # invocations per workgroup: the first reduction's (WG, or ROW_WG for many short rows)
     row_of: dict  # id(output tensor) -> (kernel index, elements per row)
 
 
@@ -162,20 +163,23 @@ def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> li
 
     def head(i: int) -> Chain | None:
         k = s.kernels[i]
-        if k.kind != "reduce" or sources[i].wg != WG or not prints[i].known:
+        if k.kind != "reduce" or sources[i].wg not in (WG, ROW_WG) or not prints[i].known:
             return None
         n_out, n_red = k.reduce_space()
         if any(t.size != n_out for t in k.outs):
             return None
-        return Chain([i], n_out, rows_per_workgroup(n_out, n_red), {id(t): (i, 1) for t in k.outs})
+        return Chain([i], n_out, rows_per_workgroup(n_out, n_red), sources[i].wg, {id(t): (i, 1) for t in k.outs})
 
     def joins(j: int, c: Chain) -> bool:
         k = s.kernels[j]
-        if len(c.members) >= MAX_STAGES or k.kind not in ("reduce", "elementwise") or sources[j].wg != WG:
+        if len(c.members) >= MAX_STAGES or k.kind not in ("reduce", "elementwise"):
+            return False
+        # a reduction stage has the chain's workgroup; an elementwise one is walked by it
+        if sources[j].wg != (c.wg if k.kind == "reduce" else WG):
             return False
         if (j < cut) != (c.members[0] < cut) or not prints[j].known:
             return False
-        if k.kind == "elementwise" and c.per_wg * (k.out.size // c.rows) > MAX_PER_INVOCATION * WG:
+        if k.kind == "elementwise" and c.per_wg * (k.out.size // c.rows) > MAX_PER_INVOCATION * c.wg:
             return False
         reads = [r for m in c.members for r in prints[m].reads]
         writes = [w for m in c.members for w in prints[m].writes]
@@ -232,12 +236,12 @@ def render(s: KernelSchedule, c: Chain, codes: list[KernelCode], prefix: str) ->
     grid = codes[0].grid
     out += [
         "",
-        f"@compute @workgroup_size({WG})",
+        f"@compute @workgroup_size({c.wg})",
         "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {",
     ]
     builtin = {
         "workgroup_id": "wid", "local_invocation_index": "lid", "local_invocation_id": "vec3<u32>(lid, 0u, 0u)",
-        "global_invocation_id": f"vec3<u32>(wid.x * {WG}u + lid, wid.y, wid.z)",
+        "global_invocation_id": f"vec3<u32>(wid.x * {c.wg}u + lid, wid.y, wid.z)",
     }
     for j, (m, q, k) in enumerate(zip(c.members, parts, codes)):
         if j:
@@ -249,7 +253,7 @@ def render(s: KernelSchedule, c: Chain, codes: list[KernelCode], prefix: str) ->
             span = c.per_wg * (s.kernels[m].out.size // c.rows)
             w = f"(wid.x + wid.y * {grid[0]}u)" if grid[1] > 1 else "wid.x"
             out += [
-                f"    for (var e = lid; e < {span}u; e = e + {WG}u) {{",
+                f"    for (var e = lid; e < {span}u; e = e + {c.wg}u) {{",
                 f"        k{j}_main(vec3<u32>({w} * {span}u + e, 0u, 0u));",
                 "    }",
             ]

@@ -28,6 +28,9 @@ from .views import View, merge_subdims
 from .wgsl_expr import Body, Index, KernelContext, _size
 
 WG = 256
+ROW_WG = 64  # a row reduction's workgroup for many short rows (row_workgroup_size)
+ROW_WG_MIN_ROWS = 4096
+ROW_WG_MAX_LEN = 1024
 # Rows this short are summed by one invocation in a reduction's CPU variant; longer rows keep the
 # tree (its rounding grows with log n, a sequential sum's with n).
 CPU_SEQUENTIAL_MAX = 256
@@ -267,7 +270,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
             kc.computed[id(t)] = val
             stores.append(_store(kc, plan, t, val, "o"))
     grid = _grid(n_out if per_wg else -(-n_out // WG))
-    wg = WG
+    wg = row_workgroup_size(n_out, n_red) if per_wg else WG
     if cpu and per_wg and n_red <= CPU_SEQUENTIAL_MAX:
         # A CPU adapter runs a workgroup's invocations as fibers (lavapipe) or SIMD lanes: each
         # tree step's barrier costs more than the adds it saves on a short row. One invocation
@@ -280,6 +283,14 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
     return KernelCode(name, wgsl, kc.bindings(), grid, ops, site), kc
+
+
+def row_workgroup_size(n_out: int, n_red: int) -> int:
+    """Invocations of a workgroup that reduces one row. Many short rows (a LayerNorm over 8192
+    rows of 512) get ROW_WG: 4x the rows in flight per SM and a tree of 6 barrier steps instead
+    of 8, where the GPU has rows enough to fill it; otherwise WG (a small model's row kernels then
+    still merge with its 256-wide kernels: merge.py)."""
+    return ROW_WG if n_out >= ROW_WG_MIN_ROWS and n_red <= ROW_WG_MAX_LEN else WG
 
 
 def rows_per_workgroup(n_out: int, n_red: int) -> int:

@@ -241,6 +241,48 @@ ROWS = aot.Program(
 )
 
 
+def _layernorm(x):
+    mu = ops.mean(x, axis=1, keepdims=True)
+    d = x - mu
+    return d * ops.rsqrt(ops.mean(d * d, axis=1, keepdims=True) + 1e-5)
+
+
+# 4096 rows of 256-1024 elements: the row kernels and their chain run 64 invocations a row
+# (codegen.ROW_WG), also where a row is not a multiple of 64 long
+MANY_ROWS = aot.Program(
+    "merge_many_rows",
+    model=Rows,
+    infer={
+        "ln": aot.Infer(lambda m, x: _layernorm(x), inputs={"x": aot.f32(4096, 512)}),
+        "ln_ragged": aot.Infer(lambda m, x: _layernorm(x), inputs={"x": aot.f32(4096, 300)}),
+    },
+)
+
+
+def test_many_short_rows_chain_with_64_invocations_a_row():
+    c = compile_program(MANY_ROWS)
+    for key, dispatches in c.dispatches.items():
+        (code,) = dispatches
+        assert code.kind == "chain" and len(code.parts) == 3, key
+        assert "@workgroup_size(64)" in code.wgsl and code.wgsl.count("storageBarrier();") == 2, key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_many_short_rows_chains_compute_a_layernorm(kernels):
+    rng = np.random.default_rng(3)
+    model = aot.compile(MANY_ROWS, kernels=kernels)
+    try:
+        for entry, n in (("ln", 512), ("ln_ragged", 300)):
+            for _ in range(2):
+                x = (rng.normal(size=(4096, n)) * rng.uniform(0.1, 10, size=(4096, 1)) + 3).astype(np.float32)
+                mu = x.mean(axis=1, keepdims=True, dtype=np.float64)
+                want = (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+                np.testing.assert_allclose(getattr(model, entry)(x=x), want, rtol=1e-4, atol=1e-4, err_msg=entry)
+    finally:
+        model.close()
+
+
 def test_row_chains_only_where_each_workgroup_reads_its_own_rows():
     c = compile_program(ROWS)
     kinds = {key.split("[")[0]: [d.kind for d in c.dispatches[key]] for key in c.dispatches}
