@@ -383,7 +383,10 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
     mm = k.mm if k.mm is not None else k.out
     a, b = mm.node.inputs
     kc = KernelContext(s, plan, k.out if k.mm is not None else None)
-    kc.share_scratch = False
+    # A large matmul reads the scratch it does not write through read-only bindings (and vec4s
+    # where it can): faster on a GPU. A small one keeps scratch read_write, as its neighbours bind
+    # it: a small model's step then sets 2 bind groups instead of 25, and its merges stay.
+    kc.share_scratch = not k.large
     kc.acc_tensor = mm
     batch, M, N, K = _size(mm.shape[:-2]), mm.shape[-2], mm.shape[-1], a.shape[-1]
     # weights shared over the batch ([..., M, K] @ [K, N]): one [batch*M, K] @ [K, N]
@@ -426,7 +429,8 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
         extra.append((f"x{j}", expr, loc.arena, loc.offset))
         kc.computed[id(t)] = f"x{j}"
     spec = MatmulSpec(batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi, extra_stores=tuple(extra))
-    spec = _with_vec_reads(spec, kc)
+    if k.large:
+        spec = _with_vec_reads(spec, kc)
     helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "") + "".join("\n\n" + f for f in prologues)
     wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 
 from .codegen import MAX_STORAGE_BINDINGS, KernelCode, _grid
 from .plan import Plan, arena_binding, arena_dtype, buffer_of, same_access
-from .schedule import Kernel, KernelSchedule
+from .schedule import LARGE_MATMUL, Kernel, KernelSchedule
 
 MAX_PARTS = 8  # kernels in one dispatch: beyond this the branch chain outgrows what it saves
 # Kernels larger than this (multiply-adds or elements, `work`) keep a dispatch of their own: they
 # take far longer than the dispatch they would save, and one shader holding two parts is compiled
 # for the needs of both (registers, workgroup memory), which slowed transformer_large's 7% on an H100.
-MAX_WORK = 2**24
+MAX_WORK = LARGE_MATMUL  # a kernel this large dispatches alone
 MAX_WORKGROUP_BYTES = 16384  # WebGPU's default maxComputeWorkgroupStorageSize
 
 _BINDING = re.compile(r"^@group\(0\) @binding\(\d+\) var<storage, (read|read_write)> (\w+): array<[\w<>]+>;\n", re.M)

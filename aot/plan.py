@@ -212,12 +212,12 @@ def plan(
         r = root(b)
         if id(r) in intervals:
             intervals[id(r)][2] = end_of_step
-    # A matmul reads its operands faster through read-only bindings (wgsl_expr.KernelContext), which
+    # A large matmul reads its operands faster through read-only bindings (codegen._matmul), which
     # it may use only for buffers it does not write: where the work arena spans several buffers,
-    # keep each matmul's output apart from what it reads.
+    # keep each one's output apart from what it reads.
     apart: dict[int, set[int]] = {}
     for k in s.kernels:
-        if k.kind != "matmul" or not matmuls_apart:
+        if not k.large or not matmuls_apart:
             continue
         outs = {id(root(t)) for t in k.stored_outs}
         for r in k.reads:

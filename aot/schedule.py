@@ -48,6 +48,9 @@ def op_of(t_or_node) -> OpDef:
     return lookup(n.op)
 
 
+LARGE_MATMUL = 2**24  # multiply-adds (Kernel.large; merge.MAX_WORK is the same size)
+
+
 @dataclass(eq=False)
 class Kernel:
     kind: str  # "elementwise" | "reduce" | "matmul" | "attention"
@@ -68,6 +71,15 @@ class Kernel:
     def stored_outs(self) -> list[Tensor]:
         """What the kernel writes to memory: its outputs but the results it keeps in registers."""
         return [t for t in self.outs if id(t) not in self.unstored]
+
+    @property
+    def large(self) -> bool:
+        """A matmul of more than LARGE_MATMUL multiply-adds: long enough that a dispatch of its own
+        costs nothing (merge.py leaves it alone), and worth read-only operands (codegen._matmul)."""
+        if self.kind != "matmul":
+            return False
+        mm = self.mm if self.mm is not None else self.out
+        return mm.size * mm.node.inputs[0].shape[-1] > LARGE_MATMUL
 
     def reduce_space(self) -> tuple[int, int] | None:
         """(outputs, reduced elements per output) of a reduction kernel."""

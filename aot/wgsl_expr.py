@@ -162,10 +162,11 @@ class KernelContext:
         self.reads: list[Tensor] = []  # storage owners read from memory, for the hazard check
         # Scratch buffers are read_write in every kernel that touches them, so that kernels which
         # only read intermediates can share a bind group with their neighbours that write them.
-        # Matmul kernels turn this off: on an H100 a matmul reading its operands through
+        # Large matmul kernels turn this off: on an H100 a matmul reading its operands through
         # read_write bindings runs 7-15% slower (4096^3: 38.1 -> 32.4 TFLOP/s;
-        # scripts/results/bench_matmul_vec_rw_h100.json), and a bind group switch costs far less
-        # (transformer_large's matmuls: 28.3 -> 27.8 ms a step). Attention kernels measured no gain.
+        # scripts/results/bench_matmul_vec_rw_h100.json), far more than a bind group switch costs
+        # there (transformer_large's matmuls: 28.3 -> 27.8 ms a step); a small model's step would
+        # set 25 bind groups instead of 2. Attention kernels measured no gain.
         self.share_scratch = True
 
     def use(self, arena: str, write: bool):

@@ -79,11 +79,11 @@ def test_scratch_is_split_into_buffers_under_the_limit_and_still_correct():
 
 
 def test_matmul_outputs_are_kept_out_of_their_operands_buffers_at_no_memory_cost():
-    """Where scratch spans several buffers, a matmul's output goes to a buffer it does not read
-    where that costs no memory (so it binds its operands read-only: faster on a GPU;
-    wgsl_expr.KernelContext, plan._pack); and the model trains as the interpreter says."""
-    program = _mlp_program("apart", width=128, depth=8, batch=512)
-    limit_mib = 1.0  # four [512, 128] activations per buffer
+    """Where scratch spans several buffers, a large matmul's output goes to a buffer it does not
+    read where that costs no memory (so it binds its operands read-only: faster on a GPU;
+    codegen._matmul, plan._pack); and the model trains as the interpreter says."""
+    program = _mlp_program("apart", width=128, depth=8, batch=2048)  # every matmul Kernel.large
+    limit_mib = 4.0  # four [2048, 128] activations per buffer
     c = compile_program(program, max_binding_mib=limit_mib)
     s, p = c.schedules["train"], c.plans["train"]
     states = {n: state_arena(i) for i, n in enumerate(program.train.optimizer.state_names())}
@@ -94,19 +94,19 @@ def test_matmul_outputs_are_kept_out_of_their_operands_buffers_at_no_memory_cost
         """Matmul kernels that write a buffer they read."""
         n = 0
         for k in s.kernels:
-            if k.kind == "matmul":
+            if k.large:
                 outs = {pl.loc[id(s.views[id(t)].base)].arena for t in k.stored_outs}
                 n += bool(outs & {pl.loc[id(r)].arena for r in k.reads})
         return n
 
     assert clashes(p) < clashes(together), (clashes(p), clashes(together))  # 8 and 13 when written
     for k, code in zip(s.kernels, c.kernels["train"]):
-        if k.kind == "matmul":  # what it only reads, it binds read-only
+        if k.large:  # what it only reads, it binds read-only
             written = {p.loc[id(s.views[id(t)].base)].arena for t in k.stored_outs}
             assert all(acc == "read" for a, acc in code.bindings if a not in written), code.name
 
     rng = np.random.default_rng(1)
-    feeds = {n: rng.normal(size=(512, 128)).astype(np.float32) for n in ("x", "y")}
+    feeds = {n: rng.normal(size=(2048, 128)).astype(np.float32) for n in ("x", "y")}
     _check_step_against_reference(program, feeds, "matmuls apart", max_binding_mib=limit_mib)
 
 
