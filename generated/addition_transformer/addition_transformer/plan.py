@@ -253,31 +253,23 @@ PROGRAM = {
             "addition_transformer.py:53",
         ),
         "train_062_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_063_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_064_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_065_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_064_065_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_071_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_072_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_071_072_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_073_fused_mul_sum": (
@@ -288,12 +280,8 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_077_079_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_078_080_081_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_077_078_079_080_081_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_082_matmul_add": (
@@ -304,15 +292,15 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
         ),
-        "train_088_090_fused_mul_sum_and_matmul_equal_sub_mul": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+        "train_088_089_fused_mul_sum_and_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_089_093_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_090_matmul_equal_sub_mul": (
+            (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_091_092_sum_and_matmul": (
+        "train_091_092_093_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
@@ -320,12 +308,8 @@ PROGRAM = {
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_099_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_100_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_099_100_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_101_fused_mul_sum": (
@@ -336,12 +320,8 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_105_107_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_106_108_109_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_105_106_107_108_109_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_110_matmul_add": (
@@ -353,31 +333,23 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_116_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_117_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_118_119_sum_and_matmul": (
+        "train_118_119_120_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:36",
-        ),
-        "train_120_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:36",
         ),
         "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
-        "train_126_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:35",
-        ),
-        "train_127_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_126_127_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
         ),
         "train_128_fused_mul_sum": (
@@ -388,12 +360,8 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:34",
         ),
-        "train_132_134_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-        ),
-        "train_133_135_136_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_132_133_134_135_136_matmul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_137_matmul_add": (
@@ -408,12 +376,8 @@ PROGRAM = {
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
         ),
-        "train_145_pad": (
+        "train_145_147_pad_and_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:49",
-        ),
-        "train_147_matmul_add": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
             "addition_transformer.py:49",
         ),
         "train_148_fused_square_pad_sum": (
@@ -603,6 +567,14 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:53",
         ),
+        "train_064_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
+        "train_065_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
         "train_066_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
@@ -623,6 +595,14 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
+        "train_071_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_072_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
         "train_074_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
@@ -640,7 +620,7 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_078_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_079_matmul": (
@@ -648,11 +628,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_080_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_081_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_083_fused_mul_sub_sum": (
@@ -680,11 +660,7 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_089_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
-            "addition_transformer.py:36",
-        ),
-        "train_090_matmul_equal_sub_mul": (
-            (("params", "read"), ("work", "read_write")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_091_sum": (
@@ -696,7 +672,7 @@ PROGRAM = {
             "addition_transformer.py:36",
         ),
         "train_093_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
         "train_094_fused_mul_sub_sum": (
@@ -719,6 +695,14 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
+        "train_099_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_100_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
         "train_102_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
@@ -736,7 +720,7 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_106_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_107_matmul": (
@@ -744,11 +728,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_108_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_109_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_111_fused_mul_sum": (
@@ -779,6 +763,10 @@ PROGRAM = {
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
         ),
+        "train_120_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:36",
+        ),
         "train_121_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
@@ -799,6 +787,14 @@ PROGRAM = {
             (("work", "read_write"),),
             "addition_transformer.py:36",
         ),
+        "train_126_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
+        "train_127_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:35",
+        ),
         "train_129_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
@@ -816,7 +812,7 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_133_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_134_matmul": (
@@ -824,11 +820,11 @@ PROGRAM = {
             "addition_transformer.py:33",
         ),
         "train_135_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_136_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
         ),
         "train_138_fused_mul_sub_sum": (
@@ -856,8 +852,16 @@ PROGRAM = {
             "addition_transformer.py:32",
         ),
         "train_144_sum": ((("work", "read_write"),), "addition_transformer.py:49"),
+        "train_145_pad": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:49",
+        ),
         "train_146_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
+            "addition_transformer.py:49",
+        ),
+        "train_147_matmul_add": (
+            (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
         ),
         "predict_N1_00_fused_gather_add": (
@@ -1367,42 +1371,37 @@ PROGRAM = {
                 ),
                 ("train_062_matmul", (4, 16, 1)),
                 ("train_063_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_064_matmul", (4, 64, 1)),
-                ("train_065_matmul", (16, 4, 1)),
+                ("train_064_065_matmul", (320, 1, 1)),
                 (
                     "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_071_matmul", (4, 64, 1)),
-                ("train_072_matmul", (4, 4, 1)),
+                ("train_071_072_matmul", (272, 1, 1)),
                 ("train_073_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_077_079_matmul", (512, 1, 1)),
-                ("train_078_080_081_matmul", (48, 1, 1)),
+                ("train_077_078_079_080_081_matmul", (560, 1, 1)),
                 ("train_082_matmul_add", (4, 64, 1)),
                 (
                     "train_083_084_085_086_087_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_088_090_fused_mul_sum_and_matmul_equal_sub_mul", (320, 1, 1)),
-                ("train_089_093_matmul", (128, 1, 1)),
-                ("train_091_092_sum_and_matmul", (512, 1, 1)),
+                ("train_088_089_fused_mul_sum_and_matmul", (128, 1, 1)),
+                ("train_090_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_091_092_093_sum_and_matmul", (576, 1, 1)),
                 (
                     "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1088, 1, 1),
                 ),
-                ("train_099_matmul", (4, 64, 1)),
-                ("train_100_matmul", (4, 4, 1)),
+                ("train_099_100_matmul", (272, 1, 1)),
                 ("train_101_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_105_107_matmul", (512, 1, 1)),
-                ("train_106_108_109_matmul", (48, 1, 1)),
+                ("train_105_106_107_108_109_matmul", (560, 1, 1)),
                 ("train_110_matmul_add", (4, 64, 1)),
                 (
                     "train_111_112_113_114_115_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
@@ -1410,29 +1409,25 @@ PROGRAM = {
                 ),
                 ("train_116_matmul", (4, 16, 1)),
                 ("train_117_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_118_119_sum_and_matmul", (512, 1, 1)),
-                ("train_120_matmul", (16, 4, 1)),
+                ("train_118_119_120_sum_and_matmul", (576, 1, 1)),
                 (
                     "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_126_matmul", (4, 64, 1)),
-                ("train_127_matmul", (4, 4, 1)),
+                ("train_126_127_matmul", (272, 1, 1)),
                 ("train_128_fused_mul_sum", (16, 1, 1)),
                 (
                     "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq",
                     (192, 1, 1),
                 ),
-                ("train_132_134_matmul", (512, 1, 1)),
-                ("train_133_135_136_matmul", (48, 1, 1)),
+                ("train_132_133_134_135_136_matmul", (560, 1, 1)),
                 ("train_137_matmul_add", (4, 64, 1)),
                 (
                     "train_138_139_140_141_142_143_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1152, 1, 1),
                 ),
                 ("train_144_146_sum_and_one_hot", (560, 1, 1)),
-                ("train_145_pad", (3, 1, 1)),
-                ("train_147_matmul_add", (4, 1, 1)),
+                ("train_145_147_pad_and_matmul_add", (7, 1, 1)),
                 ("train_148_fused_square_pad_sum", (37, 1, 1)),
                 ("train_149_sum", (1, 1, 1)),
                 ("train_150_fused_sqrt_add_sub", (589, 1, 1)),
@@ -1601,7 +1596,7 @@ PROGRAM = {
                 "work": 2776896,
                 "state_1": 150656,
             },
-            "update_from": 70,
+            "update_from": 61,
             "update_from_cpu": 148,
         },
         "predict[N=1]": {

@@ -71,7 +71,7 @@ PROGRAM = {
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "train_03_05_fused_add_sub_sum_and_matmul_equal_sub_mul": (
+        "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_sub_mul": (
             (
                 ("params", "read"),
                 ("grads", "read_write"),
@@ -80,25 +80,12 @@ PROGRAM = {
             ),
             "sine_mlp.py:15",
         ),
-        "train_04_06_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+        "train_06_07_matmul_and_matmul_equal_sub_mul": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
-        "train_07_matmul_equal_sub_mul": (
-            (("params", "read"), ("work", "read_write")),
-            "sine_mlp.py:15",
-        ),
-        "train_08_sum": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "sine_mlp.py:15",
-        ),
-        "train_09_matmul": (
-            (
-                ("grads", "read_write"),
-                ("inputs", "read"),
-                ("work", "read"),
-                ("work_v4", "read"),
-            ),
+        "train_08_09_sum_and_matmul": (
+            (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
         "train_10_fused_mul_add_sub": (
@@ -121,7 +108,7 @@ PROGRAM = {
             "sine_mlp.py:15",
         ),
         "train_04_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
         "train_05_matmul_equal_sub_mul": (
@@ -129,7 +116,19 @@ PROGRAM = {
             "sine_mlp.py:15",
         ),
         "train_06_matmul": (
-            (("grads", "read_write"), ("work", "read"), ("work_v4", "read")),
+            (("grads", "read_write"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
+        "train_07_matmul_equal_sub_mul": (
+            (("params", "read"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
+        "train_08_sum": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "sine_mlp.py:15",
+        ),
+        "train_09_matmul": (
+            (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
         ),
         "predict_B1_00_matmul_add_relu": (
@@ -164,11 +163,12 @@ PROGRAM = {
                 ("train_00_matmul_add_relu", (4, 16, 1)),
                 ("train_01_matmul_add_relu", (4, 16, 1)),
                 ("train_02_matmul_add_sub_mul", (1, 16, 1)),
-                ("train_03_05_fused_add_sub_sum_and_matmul_equal_sub_mul", (65, 1, 1)),
-                ("train_04_06_matmul", (20, 1, 1)),
-                ("train_07_matmul_equal_sub_mul", (4, 16, 1)),
-                ("train_08_sum", (64, 1, 1)),
-                ("train_09_matmul", (4, 1, 1)),
+                (
+                    "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_sub_mul",
+                    (69, 1, 1),
+                ),
+                ("train_06_07_matmul_and_matmul_equal_sub_mul", (80, 1, 1)),
+                ("train_08_09_sum_and_matmul", (68, 1, 1)),
                 ("train_10_fused_mul_add_sub", (18, 1, 1)),
             ],
             "dispatches_cpu": [
@@ -194,7 +194,7 @@ PROGRAM = {
                 "work": 65856,
                 "state_1": 4353,
             },
-            "update_from": 8,
+            "update_from": 6,
             "update_from_cpu": 10,
         },
         "predict[B=1]": {

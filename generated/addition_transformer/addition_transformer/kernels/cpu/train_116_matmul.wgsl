@@ -12,8 +12,7 @@
 // workgroup walks K 8 rows at a time through shared memory.
 
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(5) var<storage, read> work: array<f32>;
-@group(0) @binding(505) var<storage, read> work_v4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 64 and 64 floats (4096 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 128>;
@@ -38,20 +37,32 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid % 16u * 4u;
-    let a_k = tid / 16u;
+    let a_p = tid % 64u;
+    let a_k = tid / 64u;
     let a_src0 = m0 + a_p;
     let a_st = (a_k * 64u + a_p) / 4u;
     let a_lane = a_p % 4u;
-    let b_p = tid % 16u * 4u;
-    let b_k = tid / 16u;
+    let b_p = tid % 64u;
+    let b_k = tid / 64u;
     let b_src0 = 655360u + n0 + b_p;
     let b_st = (b_k * 64u + b_p) / 4u;
     let b_lane = b_p % 4u;
-    var a_ld0 = vec4<f32>(0.0);
-    var a_ld1 = vec4<f32>(0.0);
-    var b_ld0 = vec4<f32>(0.0);
-    var b_ld1 = vec4<f32>(0.0);
+    var a_ld0 = 0.0;
+    var a_ld1 = 0.0;
+    var a_ld2 = 0.0;
+    var a_ld3 = 0.0;
+    var a_ld4 = 0.0;
+    var a_ld5 = 0.0;
+    var a_ld6 = 0.0;
+    var a_ld7 = 0.0;
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
+    var b_ld4 = 0.0;
+    var b_ld5 = 0.0;
+    var b_ld6 = 0.0;
+    var b_ld7 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = ty;
@@ -123,22 +134,58 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c7_7 = 0.0;
 
     // Registers hold the next slab while the current one is multiplied.
-    a_ld0 = work_v4[(a_src0 + (a_k) * 256u) / 4u];
-    a_ld1 = work_v4[(a_src0 + (a_k + 4u) * 256u) / 4u];
-    b_ld0 = work_v4[(b_src0 + (b_k) * 64u) / 4u];
-    b_ld1 = work_v4[(b_src0 + (b_k + 4u) * 64u) / 4u];
+    a_ld0 = work[a_src0 + (a_k) * 256u];
+    a_ld1 = work[a_src0 + (a_k + 1u) * 256u];
+    a_ld2 = work[a_src0 + (a_k + 2u) * 256u];
+    a_ld3 = work[a_src0 + (a_k + 3u) * 256u];
+    a_ld4 = work[a_src0 + (a_k + 4u) * 256u];
+    a_ld5 = work[a_src0 + (a_k + 5u) * 256u];
+    a_ld6 = work[a_src0 + (a_k + 6u) * 256u];
+    a_ld7 = work[a_src0 + (a_k + 7u) * 256u];
+    b_ld0 = work[b_src0 + (b_k) * 64u];
+    b_ld1 = work[b_src0 + (b_k + 1u) * 64u];
+    b_ld2 = work[b_src0 + (b_k + 2u) * 64u];
+    b_ld3 = work[b_src0 + (b_k + 3u) * 64u];
+    b_ld4 = work[b_src0 + (b_k + 4u) * 64u];
+    b_ld5 = work[b_src0 + (b_k + 5u) * 64u];
+    b_ld6 = work[b_src0 + (b_k + 6u) * 64u];
+    b_ld7 = work[b_src0 + (b_k + 7u) * 64u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 8u) {
-        tile_a[a_st] = a_ld0;
-        tile_a[a_st + 64u] = a_ld1;
-        tile_b[b_st] = b_ld0;
-        tile_b[b_st + 64u] = b_ld1;
+        tile_a[a_st][a_lane] = a_ld0;
+        tile_a[a_st + 16u][a_lane] = a_ld1;
+        tile_a[a_st + 32u][a_lane] = a_ld2;
+        tile_a[a_st + 48u][a_lane] = a_ld3;
+        tile_a[a_st + 64u][a_lane] = a_ld4;
+        tile_a[a_st + 80u][a_lane] = a_ld5;
+        tile_a[a_st + 96u][a_lane] = a_ld6;
+        tile_a[a_st + 112u][a_lane] = a_ld7;
+        tile_b[b_st][b_lane] = b_ld0;
+        tile_b[b_st + 16u][b_lane] = b_ld1;
+        tile_b[b_st + 32u][b_lane] = b_ld2;
+        tile_b[b_st + 48u][b_lane] = b_ld3;
+        tile_b[b_st + 64u][b_lane] = b_ld4;
+        tile_b[b_st + 80u][b_lane] = b_ld5;
+        tile_b[b_st + 96u][b_lane] = b_ld6;
+        tile_b[b_st + 112u][b_lane] = b_ld7;
         workgroupBarrier();
         if (k0 + 8u < 1024u) {
-            a_ld0 = work_v4[(a_src0 + (k0 + 8u + a_k) * 256u) / 4u];
-            a_ld1 = work_v4[(a_src0 + (k0 + 8u + a_k + 4u) * 256u) / 4u];
-            b_ld0 = work_v4[(b_src0 + (k0 + 8u + b_k) * 64u) / 4u];
-            b_ld1 = work_v4[(b_src0 + (k0 + 8u + b_k + 4u) * 64u) / 4u];
+            a_ld0 = work[a_src0 + (k0 + 8u + a_k) * 256u];
+            a_ld1 = work[a_src0 + (k0 + 8u + a_k + 1u) * 256u];
+            a_ld2 = work[a_src0 + (k0 + 8u + a_k + 2u) * 256u];
+            a_ld3 = work[a_src0 + (k0 + 8u + a_k + 3u) * 256u];
+            a_ld4 = work[a_src0 + (k0 + 8u + a_k + 4u) * 256u];
+            a_ld5 = work[a_src0 + (k0 + 8u + a_k + 5u) * 256u];
+            a_ld6 = work[a_src0 + (k0 + 8u + a_k + 6u) * 256u];
+            a_ld7 = work[a_src0 + (k0 + 8u + a_k + 7u) * 256u];
+            b_ld0 = work[b_src0 + (k0 + 8u + b_k) * 64u];
+            b_ld1 = work[b_src0 + (k0 + 8u + b_k + 1u) * 64u];
+            b_ld2 = work[b_src0 + (k0 + 8u + b_k + 2u) * 64u];
+            b_ld3 = work[b_src0 + (k0 + 8u + b_k + 3u) * 64u];
+            b_ld4 = work[b_src0 + (k0 + 8u + b_k + 4u) * 64u];
+            b_ld5 = work[b_src0 + (k0 + 8u + b_k + 5u) * 64u];
+            b_ld6 = work[b_src0 + (k0 + 8u + b_k + 6u) * 64u];
+            b_ld7 = work[b_src0 + (k0 + 8u + b_k + 7u) * 64u];
         }
         for (var kk = 0u; kk < 8u; kk++) {
             let a_at = a_rd + kk * 16u;

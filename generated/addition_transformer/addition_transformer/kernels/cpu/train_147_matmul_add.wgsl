@@ -12,8 +12,7 @@
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
-@group(0) @binding(5) var<storage, read> work: array<f32>;
-@group(0) @binding(505) var<storage, read> work_v4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -43,18 +42,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
     // Slab loads: thread tid copies A[m0 + a_p + dp, k0 + a_k + dk] for a fixed list of
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
-    let a_p = tid % 4u * 4u;
-    let a_k = tid / 4u;
-    let a_src0 = min(m0 + a_p, 8u);
+    let a_p = tid % 16u;
+    let a_k = tid / 16u;
+    let a_src0 = min(m0 + a_p, 11u);
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 4u * 4u;
-    let b_k = tid / 4u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = 196608u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
-    var a_ld0 = vec4<f32>(0.0);
-    var b_ld0 = vec4<f32>(0.0);
+    var a_ld0 = 0.0;
+    var a_ld1 = 0.0;
+    var a_ld2 = 0.0;
+    var a_ld3 = 0.0;
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 128u + ty;
@@ -66,18 +71,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var c1_1 = 0.0;
 
     // Registers hold the next slab while the current one is multiplied.
-    a_ld0 = work_v4[(a_src0 + (a_k) * 12u) / 4u];
-    b_ld0 = work_v4[(b_src0 + (b_k) * 64u) / 4u];
+    a_ld0 = work[a_src0 + (a_k) * 12u];
+    a_ld1 = work[a_src0 + (a_k + 16u) * 12u];
+    a_ld2 = work[a_src0 + (a_k + 32u) * 12u];
+    a_ld3 = work[a_src0 + (a_k + 48u) * 12u];
+    b_ld0 = work[b_src0 + (b_k) * 64u];
+    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
+    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
+    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
-        tile_a[a_st] = a_ld0.xy;
-        tile_a[a_st + 1u] = a_ld0.zw;
-        tile_b[b_st] = b_ld0.xy;
-        tile_b[b_st + 1u] = b_ld0.zw;
+        tile_a[a_st][a_lane] = a_ld0;
+        tile_a[a_st + 128u][a_lane] = a_ld1;
+        tile_a[a_st + 256u][a_lane] = a_ld2;
+        tile_a[a_st + 384u][a_lane] = a_ld3;
+        tile_b[b_st][b_lane] = b_ld0;
+        tile_b[b_st + 128u][b_lane] = b_ld1;
+        tile_b[b_st + 256u][b_lane] = b_ld2;
+        tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
-            a_ld0 = work_v4[(a_src0 + (k0 + 64u + a_k) * 12u) / 4u];
-            b_ld0 = work_v4[(b_src0 + (k0 + 64u + b_k) * 64u) / 4u];
+            a_ld0 = work[a_src0 + (k0 + 64u + a_k) * 12u];
+            a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 12u];
+            a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 12u];
+            a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 12u];
+            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
+            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
+            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
+            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
         }
         for (var kk = 0u; kk < 16u; kk++) {
             let a_at = a_rd + kk * 8u;

@@ -13,8 +13,7 @@
 
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
-@group(0) @binding(5) var<storage, read> work: array<f32>;
-@group(0) @binding(505) var<storage, read> work_v4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 16 and 16 floats (9216 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 512>;
@@ -49,8 +48,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_src0 = 0u;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
-    let b_p = tid % 4u * 4u;
-    let b_k = tid / 4u;
+    let b_p = tid % 16u;
+    let b_k = tid / 16u;
     let b_src0 = 49152u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
@@ -58,7 +57,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var a_ld1 = 0.0;
     var a_ld2 = 0.0;
     var a_ld3 = 0.0;
-    var b_ld0 = vec4<f32>(0.0);
+    var b_ld0 = 0.0;
+    var b_ld1 = 0.0;
+    var b_ld2 = 0.0;
+    var b_ld3 = 0.0;
 
     // Shared-memory read positions of this thread's rows and columns.
     let a_rd = s * 128u + ty;
@@ -74,22 +76,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     a_ld1 = inputs[a_src0 + a_k + 16u];
     a_ld2 = inputs[a_src0 + a_k + 32u];
     a_ld3 = inputs[a_src0 + a_k + 48u];
-    b_ld0 = work_v4[(b_src0 + (b_k) * 64u) / 4u];
+    b_ld0 = work[b_src0 + (b_k) * 64u];
+    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
+    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
+    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
 
     for (var k0 = 0u; k0 < 256u; k0 += 64u) {
         tile_a[a_st][a_lane] = a_ld0;
         tile_a[a_st + 128u][a_lane] = a_ld1;
         tile_a[a_st + 256u][a_lane] = a_ld2;
         tile_a[a_st + 384u][a_lane] = a_ld3;
-        tile_b[b_st] = b_ld0.xy;
-        tile_b[b_st + 1u] = b_ld0.zw;
+        tile_b[b_st][b_lane] = b_ld0;
+        tile_b[b_st + 128u][b_lane] = b_ld1;
+        tile_b[b_st + 256u][b_lane] = b_ld2;
+        tile_b[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 256u) {
             a_ld0 = inputs[a_src0 + k0 + 64u + a_k];
             a_ld1 = inputs[a_src0 + k0 + 64u + a_k + 16u];
             a_ld2 = inputs[a_src0 + k0 + 64u + a_k + 32u];
             a_ld3 = inputs[a_src0 + k0 + 64u + a_k + 48u];
-            b_ld0 = work_v4[(b_src0 + (k0 + 64u + b_k) * 64u) / 4u];
+            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
+            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
+            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
+            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
         }
         for (var kk = 0u; kk < 16u; kk++) {
             let a_at = a_rd + kk * 8u;
