@@ -11,7 +11,8 @@ each thread keeps TM x TN accumulators in scalar `var`s written out by the templ
 (`var acc: array<f32, 64>` spills to memory and runs 30-70x slower; DESIGN.md). The K rows
 of a slab are written out too (unroll_k) or walked by a loop (less code to compile). Summation
 order is fixed (k ascending within a split, splits added in index order): no atomics, so
-results are bit-for-bit reproducible run to run.
+results are bit-for-bit reproducible run to run. Slab loads read 4 floats at once where the
+caller binds the buffer a second time as vec4s (Operand.vec_buf) and the layout allows it.
 
 This module never reads or writes buffers; it only renders text.
 """
@@ -485,7 +486,9 @@ def render_matmul(
     stores them in a loop, so the epilogue is written once instead of TM x TN times: for a CPU
     adapter, whose compiler otherwise spends most of a matmul's compile time on those copies
     (lavapipe, 64x64_8x8 with a two-input epilogue: 1.55 -> 0.58 s); a GPU keeps such an array
-    in slow local memory.
+    in slow local memory. An operand whose `vec_buf` names a vec4 binding of its buffer reads
+    vec4s where its layout allows (_vec_loads): along M or N only, unless `vec_k_inner` (a
+    benchmark option: along K they measured no faster on an H100).
     """
     _check(spec)
     if tile is None:
