@@ -116,9 +116,16 @@ def test_split_reductions_over_outer_axes_keeps_column_layout():
     g = _graph(lambda: ops.max(emit("input", (), name="x", shape=(64, 128, 8), dtype="f32"), axis=(0, 1), keepdims=True))
     s = split_reductions(g)
     assert s.outputs["out"].shape == (1, 1, 8)
-    assert "reshape[shape=(128,64,8)]" in format_graph(s)
+    # a tensor this small gets the shortest chunks (16 rows): its first stage still has few invocations
+    assert "reshape[shape=(512,16,8)]" in format_graph(s)
     x = np.random.default_rng(1).standard_normal((64, 128, 8)).astype(np.float32)
     np.testing.assert_array_equal(interp.run(s, {"x": x})[id(s.outputs["out"])], x.max(axis=(0, 1), keepdims=True))
+
+
+@pytest.mark.parametrize("rows, cols, chunk", [(8192, 512, 16), (8192, 1024, 32), (8192, 2048, 64), (65536, 4096, 64)])
+def test_column_sums_split_into_chunks_for_about_2_18_invocations(rows, cols, chunk):
+    g = _graph(lambda: ops.sum(emit("input", (), name="x", shape=(rows, cols), dtype="f32"), axis=0))
+    assert f"reshape[shape=({rows // chunk},{chunk},{cols})]" in format_graph(split_reductions(g))
 
 
 def test_short_reductions_are_left_alone():
