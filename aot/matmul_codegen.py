@@ -427,14 +427,18 @@ def _loader(
     }
 
 
+def _loaders(spec: MatmulSpec, t: Tile, vec_k_inner: bool) -> tuple[dict, dict]:
+    """The slab loaders of A and B for tile t."""
+    slab = t.BK * t.S
+    return (
+        _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a", spec.K, spec.batch, vec_k_inner),
+        _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b", spec.K, spec.batch, vec_k_inner),
+    )
+
+
 def vec_reads(spec: MatmulSpec, tile: Tile, vec_k_inner: bool = False) -> set[str]:
     """The vec4 bindings (Operand.vec_buf) that render_matmul(spec, tile=tile) reads."""
-    slab = tile.BK * tile.S
-    loaders = (
-        _loader(spec.a, tile.BM, spec.M, "m0", True, slab, tile, "a", spec.K, spec.batch, vec_k_inner),
-        _loader(spec.b, tile.BN, spec.N, "n0", False, slab, tile, "b", spec.K, spec.batch, vec_k_inner),
-    )
-    return {ld["vec_buf"] for ld in loaders if ld["vec"] > 1}
+    return {ld["vec_buf"] for ld in _loaders(spec, tile, vec_k_inner) if ld["vec"] > 1}
 
 
 def _grid(spec: MatmulSpec, t: Tile, max_groups: int):
@@ -502,8 +506,7 @@ def render_matmul(
     double_buffer = double_buffer and spec.K > t.BK * t.S  # one slab: nothing to overlap
     nbuf = 2 if double_buffer else 1
     slab = t.BK * t.S
-    a = _loader(spec.a, t.BM, spec.M, "m0", True, slab, t, "a", spec.K, spec.batch, vec_k_inner)
-    b = _loader(spec.b, t.BN, spec.N, "n0", False, slab, t, "b", spec.K, spec.batch, vec_k_inner)
+    a, b = _loaders(spec, t, vec_k_inner)
     grid_info, grid = _grid(spec, t, max_groups)
     wx, wy = t.BN // t.TN, t.BM // t.TM
     ctx = dict(
