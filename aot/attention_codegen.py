@@ -138,9 +138,12 @@ def _tile_shape(kind: str, nb: int, t_own: int, t_oth: int, vecs: int, scalars: 
 
 
 def render_attention(
-    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
+    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False
 ) -> tuple[str, tuple[int, int, int], KernelContext]:
-    """(WGSL source, grid, the kernel's binding/read record) for one attention kernel."""
+    """(WGSL source, grid, the kernel's binding/read record) for one attention kernel; `cpu`: the
+    CPU adapters' variant on the same grid, which reads the other side one row at a time
+    straight from storage (no workgroup memory and no barriers: a CPU adapter runs a workgroup
+    as one loop over SIMD lanes, which each barrier splits, and its caches hold those rows)."""
     members = [m.node for m in k.group] + [k.node]
     kind = KIND[k.node.op]
     if any(KIND[n.op] != kind for n in members):
@@ -227,6 +230,12 @@ def render_attention(
         {"arr": arr, "total": g * bt, "val": f"{ops[src].buf}[{ops[src].row_base('bb', 'rr')}]"}
         for arr, src in scalar_tiles
     ]
+    # the CPU variant: row rr of this invocation's batch entry, in registers named like the tiles
+    rows = [
+        {"arr": arr, "base": ops[src].row_base("bc", "rr"), "vals": [_vec(ops[src], f"{arr}_row", 4 * i) for i in range(n)]}
+        for arr, src, n in tiles
+    ]
+    scalar_rows = [(arr, f"{ops[src].buf}[{ops[src].row_base('bc', 'rr')}]") for arr, src in scalar_tiles]
 
     # outputs: contiguous [batch, rows, cols] (lse: [batch, rows])
     stores = []
@@ -264,6 +273,9 @@ def render_attention(
         bases=bases,
         tiles=tile_loads,
         scalar_tiles=scalar_loads,
+        cpu=cpu,
+        rows=rows,
+        scalar_rows=scalar_rows,
         stores=stores,
         write_o=write_o,
         acc=acc,

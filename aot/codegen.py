@@ -5,12 +5,12 @@ CPU variants: a CPU adapter (lavapipe, SwiftShader) runs a workgroup's invocatio
 SIMD lanes, so a workgroup barrier costs far more than on a GPU. Reductions over short rows
 therefore also get a CPU variant with the same bindings and grid, which sums each row in one
 invocation with no barriers; the package picks the set at Model() from the adapter's type.
-Matmuls get a CPU variant with the tile a CPU runs fastest (matmul_codegen.choose_tile_cpu: the
-GPU's small tiles, chosen to fill 132 SMs, run 2-4x slower there) and a loop over each slab's K
-rows instead of writing them out (as fast there, far less for its shader compiler); its grid may
-differ (the CPU dispatch list carries its own).
-(A barrier-free matmul variant compiled 3x faster on lavapipe but ran 1.2x slower, gave wrong
-results at [4096x1024] @ [1024x1024] there, and summed long K in one sequential chain: not used.)
+Matmuls get a CPU variant without workgroup memory or barriers (matmul_codegen.render_matmul_cpu:
+each invocation sums its block of outputs over all of K), 1.3-1.5x faster there than the GPU
+tiles and quicker to compile; its grid may differ (the CPU dispatch list carries its own).
+(An earlier barrier-free matmul, one output per invocation, ran 1.2x slower than the tiles and
+gave wrong results at [4096x1024] @ [1024x1024] on lavapipe; the register-blocked one is checked
+at that size's first quarter in tests/test_matmul_kernel.py.)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from .attention_codegen import render_attention
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
-from .matmul_codegen import MatmulSpec, Operand, choose_tile, choose_tile_cpu, render_matmul, vec_reads
+from .matmul_codegen import MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
 from .plan import Plan, vec_alias
 from .schedule import Kernel, KernelSchedule, op_of
 from .templates import render
@@ -160,9 +160,15 @@ def _header(name: str, k: Kernel, s: KernelSchedule, writers) -> tuple[list[str]
     return lines, " ".join(ops), site
 
 
+CPU_HEADER = {
+    "reduce": "// CPU variant: each row summed by one invocation, no barriers",
+    "attention": "// CPU variant: each invocation reads the other side's rows itself, no barriers",
+}
+
+
 def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> KernelCode:
     code = _render(name, k, s, plan, names, writers, cpu=False)
-    if k.kind == "reduce":
+    if k.kind in ("reduce", "attention"):
         cpu = _render(name, k, s, plan, names, writers, cpu=True)
         if cpu.grid != code.grid or cpu.bindings != code.bindings:
             raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
@@ -174,7 +180,7 @@ def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> K
 def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu: bool) -> KernelCode:
     header, ops, site = _header(name, k, s, writers)
     if cpu:
-        header = header + ["// CPU variant: each row summed by one invocation, no barriers"]
+        header = header + [CPU_HEADER[k.kind]]
     if k.kind == "elementwise":
         kc = KernelContext(s, plan, None)
         body = Body(kc, "    ")
@@ -196,7 +202,7 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
     elif k.kind == "reduce":
         code, kc = _reduce(name, header, k, s, plan, ops, site, cpu)
     elif k.kind == "attention":
-        wgsl, grid, kc = render_attention(header, k, s, plan)
+        wgsl, grid, kc = render_attention(header, k, s, plan, cpu)
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     else:
         code, kc = _matmul(name, header, k, s, plan, ops, site)
@@ -371,7 +377,7 @@ def _with_vec_reads(spec: MatmulSpec, kc: KernelContext) -> MatmulSpec:
     offer = {k: replace(op, vec_buf=vec_alias(op.buf)) if not op.fn else op for k, op in ops.items()}
     trial = replace(spec, a=offer["a"], b=offer["b"])
     used = set()
-    for name in sorted(vec_reads(trial, choose_tile(trial)) | vec_reads(trial, choose_tile_cpu(trial))):
+    for name in sorted(vec_reads(trial, choose_tile(trial))):
         if name in kc.access or len(kc.access) < MAX_STORAGE_BINDINGS:
             kc.use(name, write=False)
             used.add(name)
@@ -435,13 +441,9 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "") + "".join("\n\n" + f for f in prologues)
     wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
     code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site)
-    # CPU adapters want big tiles (choose_tile_cpu) walked by a loop over each slab's K rows and
-    # stored by a loop over each thread's outputs: as fast there as written out, and much less
-    # code for their shader compiler
-    tile = choose_tile_cpu(spec)
-    cpu, cpu_grid = render_matmul(
-        spec, name, "\n".join(header + ["// CPU variant: a large tile, its K rows and its stores walked by loops"]), bindings,
-        tile=tile, unroll_k=False, store_loop=True,
+    # CPU adapters get a kernel without workgroup memory or barriers (matmul_codegen.CpuBlock)
+    cpu, cpu_grid = render_matmul_cpu(
+        spec, name, "\n".join(header + ["// CPU variant: no workgroup memory, no barriers"]), bindings
     )
     code.wgsl_cpu = cpu
     if tuple(cpu_grid) != code.grid:

@@ -89,8 +89,7 @@ class Tile:
     the workgroup (each sums its own BK rows), and their partial sums are added in split
     order at the end: more parallelism for small-output, long-K products (weight gradients).
     `occupancy` is how many workgroups of this shape an SM runs at once (register bound),
-    `efficiency` the fraction of FMA peak one fully occupied SM reaches (measured, H200), and
-    `cpu_rate` its speed on a CPU adapter (choose_tile_cpu).
+    `efficiency` the fraction of FMA peak one fully occupied SM reaches (measured, H200).
     """
 
     name: str
@@ -102,7 +101,6 @@ class Tile:
     S: int = 1
     occupancy: int = 2
     efficiency: float = 0.3
-    cpu_rate: float = 0.1  # GFLOP/s on lavapipe (Mesa 22.3, LLVM 15, 2 cores; bench_matmul.py --sweep --only 1024x)
 
     @property
     def threads(self) -> int:
@@ -137,16 +135,16 @@ class Tile:
 # K-16 tiles lose 2% (4096^3) to 37% (a 2048x512 weight gradient, one workgroup per SM).
 # `efficiency` is the measured fraction of the 67 TFLOP/s FMA peak at full occupancy.
 TILES: tuple[Tile, ...] = (
-    Tile("64x128_8x8_k16", 64, 128, 16, 8, 8, occupancy=4, efficiency=0.56, cpu_rate=0.55),
-    Tile("64x64_8x8_k16", 64, 64, 16, 8, 8, occupancy=6, efficiency=0.51, cpu_rate=0.70),
-    Tile("128x128_8x8", 128, 128, 8, 8, 8, occupancy=2, efficiency=0.46, cpu_rate=0.55),
-    Tile("128x64_8x4", 128, 64, 8, 8, 4, occupancy=3, efficiency=0.45, cpu_rate=0.50),
-    Tile("64x64_8x8", 64, 64, 8, 8, 8, occupancy=6, efficiency=0.45, cpu_rate=0.71),
-    Tile("64x64_4x4", 64, 64, 8, 4, 4, occupancy=5, efficiency=0.40, cpu_rate=0.44),
-    Tile("32x32_4x4_s4", 32, 32, 8, 4, 4, S=4, occupancy=4, efficiency=0.35, cpu_rate=0.38),
-    Tile("32x32_2x2", 32, 32, 16, 2, 2, occupancy=6, efficiency=0.22, cpu_rate=0.21),
-    Tile("16x16_2x2_s4", 16, 16, 16, 2, 2, S=4, occupancy=6, efficiency=0.18, cpu_rate=0.19),
-    Tile("16x16_1x1", 16, 16, 16, 1, 1, occupancy=8, efficiency=0.087, cpu_rate=0.11),
+    Tile("64x128_8x8_k16", 64, 128, 16, 8, 8, occupancy=4, efficiency=0.56),
+    Tile("64x64_8x8_k16", 64, 64, 16, 8, 8, occupancy=6, efficiency=0.51),
+    Tile("128x128_8x8", 128, 128, 8, 8, 8, occupancy=2, efficiency=0.46),
+    Tile("128x64_8x4", 128, 64, 8, 8, 4, occupancy=3, efficiency=0.45),
+    Tile("64x64_8x8", 64, 64, 8, 8, 8, occupancy=6, efficiency=0.45),
+    Tile("64x64_4x4", 64, 64, 8, 4, 4, occupancy=5, efficiency=0.40),
+    Tile("32x32_4x4_s4", 32, 32, 8, 4, 4, S=4, occupancy=4, efficiency=0.35),
+    Tile("32x32_2x2", 32, 32, 16, 2, 2, occupancy=6, efficiency=0.22),
+    Tile("16x16_2x2_s4", 16, 16, 16, 2, 2, S=4, occupancy=6, efficiency=0.18),
+    Tile("16x16_1x1", 16, 16, 16, 1, 1, occupancy=8, efficiency=0.087),
 )
 TILES_BY_NAME = {t.name: t for t in TILES}
 
@@ -190,24 +188,68 @@ def choose_tile(spec: MatmulSpec) -> Tile:
     return min(TILES, key=lambda t: _estimate(spec, t) * (1 + 5e-5 * t.BK * t.TM * t.TN))
 
 
-# CPU adapters (lavapipe, SwiftShader) run a workgroup's invocations as SIMD lanes of one core,
-# so what pays there is work per invocation, not many workgroups: the GPU's small tiles run
-# 2-4x slower than 64x64_8x8 at the addition transformer's shapes (Tile.cpu_rate).
+# CPU adapters (lavapipe, SwiftShader) run a workgroup's invocations as SIMD lanes of one core:
+# workgroup memory buys nothing there (the core's caches hold the operands) and every barrier
+# splits the shader into pieces (lavapipe turns it into a coroutine), which costs run time and
+# much more compile time. So the CPU kernel set's matmuls are a kernel of their own
+# (render_matmul_cpu): each invocation sums TM x TN outputs over all of K, nothing shared.
+@dataclass(frozen=True)
+class CpuBlock:
+    """One shape of the CPU matmul: a workgroup of WX x WY invocations computes a BM x BN block
+    of C (BM = WY*TM, BN = WX*TN); each invocation TM consecutive rows and TN columns WX apart,
+    so the SIMD lanes of one row of invocations read neighbouring elements of B and the same
+    element of A. `rate` is its speed and `compile_ms` the time lavapipe takes to compile one
+    such kernel (scripts/bench_matmul_cpu.py)."""
+
+    name: str
+    TM: int
+    TN: int
+    WX: int
+    WY: int
+    rate: float  # GFLOP/s of one workgroup on one core
+    compile_ms: float
+
+    @property
+    def BM(self) -> int:
+        return self.WY * self.TM
+
+    @property
+    def BN(self) -> int:
+        return self.WX * self.TN
+
+
+# Measured on lavapipe (Mesa 22.3, LLVM 15, 256-bit SIMD, 2 cores) at the addition transformer's
+# and the sine MLP's shapes, plain and transposed operands (python scripts/bench_matmul_cpu.py,
+# scripts/results/bench_matmul_cpu_lavapipe.json): medians of compile time and of GFLOP/s over
+# the products of 2^20 or more multiply-adds, halved for one core. Compile time grows with the
+# accumulators (about half of it is the TM x TN output stores), speed too. The GPU tiles that
+# the CPU set used before, with their K loop and store loop: 64x64_8x8 compiled in 288 ms at
+# 1.32 GFLOP/s, 32x32_4x4_s4 in 616 ms at 0.65.
+CPU_BLOCKS: tuple[CpuBlock, ...] = (
+    CpuBlock("8x8", 8, 8, 8, 8, rate=0.95, compile_ms=265),
+    CpuBlock("8x4", 8, 4, 8, 8, rate=0.65, compile_ms=147),
+    CpuBlock("4x4", 4, 4, 8, 8, rate=0.50, compile_ms=83),
+    CpuBlock("2x2", 2, 2, 8, 8, rate=0.26, compile_ms=48),
+    CpuBlock("4x1", 4, 1, 1, 64, rate=0.20, compile_ms=60),  # matrix-vector products
+)
+CPU_BLOCKS_BY_NAME = {b.name: b for b in CPU_BLOCKS}
 CPU_CORES = 4  # workgroups a CPU adapter runs at once (one per core; small outputs want several)
+# A CPU adapter compiles a kernel at its first dispatch (and, with Mesa's shader cache warm,
+# never again): a block that compiles 0.1 s faster pays for itself unless the kernel runs
+# 100 times 1 ms slower. Small products so get the small blocks.
+CPU_CALLS_PER_COMPILE = 100
 
 
-def choose_tile_cpu(spec: MatmulSpec) -> Tile:
-    """The tile for the CPU kernel set: the least estimated time, padded work over the tile's
-    measured rate, in waves of CPU_CORES workgroups."""
+def cpu_seconds(spec: MatmulSpec, blk: CpuBlock) -> float:
+    """Estimated run time of one call on a CPU adapter: the padded work, in waves of CPU_CORES
+    workgroups."""
+    groups = spec.batch * _cdiv(spec.M, blk.BM) * _cdiv(spec.N, blk.BN)
+    return _cdiv(groups, CPU_CORES) * 2 * blk.BM * blk.BN * spec.K / (blk.rate * 1e9)
 
-    def estimate(t: Tile) -> float:
-        groups = spec.batch * _cdiv(spec.M, t.BM) * _cdiv(spec.N, t.BN)
-        slab = t.BK * t.S
-        k = spec.K if spec.K < slab and t.S == 1 else _cdiv(spec.K, slab) * slab  # rows multiplied
-        work = t.BM * t.BN * k
-        return _cdiv(groups, CPU_CORES) * work / t.cpu_rate
 
-    return min(TILES, key=estimate)
+def choose_block_cpu(spec: MatmulSpec) -> CpuBlock:
+    """The CPU block with the least run time over CPU_CALLS_PER_COMPILE calls plus compile time."""
+    return min(CPU_BLOCKS, key=lambda b: CPU_CALLS_PER_COMPILE * cpu_seconds(spec, b) + b.compile_ms / 1e3)
 
 
 # Splitting K over workgroups (passes.split_long_matmuls): S partial products as one batched
@@ -441,7 +483,7 @@ def vec_reads(spec: MatmulSpec, tile: Tile, vec_k_inner: bool = False) -> set[st
     return {ld["vec_buf"] for ld in _loaders(spec, tile, vec_k_inner) if ld["vec"] > 1}
 
 
-def _grid(spec: MatmulSpec, t: Tile, max_groups: int):
+def _grid(spec: MatmulSpec, t: Tile | CpuBlock, max_groups: int):
     tiles_n, tiles_m = _cdiv(spec.N, t.BN), _cdiv(spec.M, t.BM)
     if max(tiles_n, tiles_m, spec.batch) <= max_groups:
         return {"folded": False, "tiles_n": tiles_n, "tiles_m": tiles_m}, (tiles_n, tiles_m, spec.batch)
@@ -468,7 +510,6 @@ def render_matmul(
     unroll_k: bool = True,
     double_buffer: bool = False,
     max_shared: int = MAX_WORKGROUP_BYTES,
-    store_loop: bool = False,
     vec_k_inner: bool = False,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz).
@@ -479,6 +520,8 @@ def render_matmul(
     values `bi`, `row`, `col`. Module-scope names the kernel itself declares: `tile_a`,
     `tile_b`, `partial`, `epilogue`, `store_c`.
 
+    CPU adapters get render_matmul_cpu instead.
+
     `tile` (a Tile or a TILES name), `prefetch` and `max_groups` override the build-time
     choices (`choose_tile`, `choose_prefetch`, WebGPU's grid limit); they exist for benchmarks
     and tests. `unroll_k=False` loops over the K rows of a slab instead of writing them out:
@@ -486,11 +529,7 @@ def render_matmul(
     not unroll that loop; scripts/results/bench_matmul_loop_vs_unroll_h100.json).
     `double_buffer` keeps two slabs in workgroup memory (one barrier per K step instead of two);
     `max_shared` is the workgroup memory the kernel may use (WebGPU's default 16 KiB unless the
-    device was created with more). `store_loop` copies the accumulators into a private array and
-    stores them in a loop, so the epilogue is written once instead of TM x TN times: for a CPU
-    adapter, whose compiler otherwise spends most of a matmul's compile time on those copies
-    (lavapipe, 64x64_8x8 with a two-input epilogue: 1.55 -> 0.58 s); a GPU keeps such an array
-    in slow local memory. An operand whose `vec_buf` names a vec4 binding of its buffer reads
+    device was created with more). An operand whose `vec_buf` names a vec4 binding of its buffer reads
     vec4s where its layout allows (_vec_loads): along M or N only, unless `vec_k_inner` (a
     benchmark option: along K they measured no faster on an H100).
     """
@@ -529,7 +568,6 @@ def render_matmul(
         grid=grid_info,
         prefetch=prefetch and spec.K > slab,
         unroll_k=unroll_k,
-        store_loop=store_loop,
         # a product shorter than one slab multiplies only its K rows (the rest are zeros)
         k_steps=min(t.BK, spec.K) if t.S == 1 else t.BK,
         comps=["x", "y", "z", "w"],
@@ -544,6 +582,106 @@ def render_matmul(
     if ctx["shared_bytes"] > max_shared:
         raise CodegenError(f"matmul tile {t.name}: {ctx['shared_bytes']} bytes of workgroup memory")
     return render("wgsl/matmul.wgsl.j2", **ctx), grid
+
+
+def render_matmul_cpu(
+    spec: MatmulSpec,
+    name: str,
+    header_comment: str,
+    bindings: str,
+    block: CpuBlock | str | None = None,
+    max_groups: int = MAX_GROUPS_PER_DIM,
+) -> tuple[str, tuple[int, int, int]]:
+    """Returns (wgsl_source, workgroup_count_xyz) of the CPU kernel set's matmul: the same
+    product, bindings, epilogue and stores as render_matmul, computed without workgroup memory
+    or barriers (matmul_cpu.wgsl.j2). `block` (a CpuBlock or a CPU_BLOCKS name) overrides
+    choose_block_cpu; `max_groups` WebGPU's grid limit (for tests). Vec4 views are not read:
+    a CPU adapter loads one lane at a time either way."""
+    _check(spec)
+    if block is None:
+        block = choose_block_cpu(spec)
+    elif isinstance(block, str):
+        block = CPU_BLOCKS_BY_NAME[block]
+    blk = block
+    if blk.WX * blk.WY > MAX_INVOCATIONS:
+        raise CodegenError(f"matmul CPU block {blk} breaks a WebGPU limit")
+    grid_info, grid = _grid(spec, blk, max_groups)
+    clamp_m, clamp_n = spec.M % blk.BM != 0, spec.N % blk.BN != 0
+    rows = [_offset_expr("row0", i, spec.M - 1 if clamp_m else None) for i in range(blk.TM)]
+    cols = [_offset_expr("col0", j * blk.WX, spec.N - 1 if clamp_n else None) for j in range(blk.TN)]
+    a = _cpu_reads(spec.a, spec.batch, spec.M, spec.K, rows, "a", "r", p_first=True)
+    b = _cpu_reads(spec.b, spec.batch, spec.N, spec.K, cols, "b", "c", p_first=False)
+    row0 = "m0" + (f" + tid * {blk.TM}u" if blk.WX == 1 else f" + tid / {blk.WX}u * {blk.TM}u") if blk.WY > 1 else "m0"
+    col0 = "n0" + (f" + tid % {blk.WX}u" if blk.WX > 1 else "")
+    ctx = dict(
+        header_comment=header_comment.rstrip("\n"),
+        bindings=bindings.strip("\n"),
+        spec=spec,
+        blk=blk,
+        grid=grid_info,
+        a=a,
+        b=b,
+        row0=row0,
+        col0=col0,
+        # the output e of this invocation's TM x TN (row-major)
+        row_e="row0 + e" if blk.TN == 1 else f"row0 + e / {blk.TN}u",
+        col_e="col0" if blk.TN == 1 else f"col0 + e % {blk.TN}u * {blk.WX}u",
+        clamped=clamp_m or clamp_n,
+        out_index=_out_index(spec),
+        local_index=_out_index(spec, with_offset=False),
+        out_guard=clamp_m or clamp_n,
+        a_addr=_describe(spec.a, spec.batch, spec.M, spec.K, "m", "k"),
+        b_addr=_describe(spec.b, spec.batch, spec.K, spec.N, "k", "n"),
+        c_addr=_describe_out(spec),
+    )
+    return render("wgsl/matmul_cpu.wgsl.j2", **ctx), grid
+
+
+def _offset_expr(base: str, n: int, last: int | None) -> str:
+    """`base + n`, clamped to `last` unless None."""
+    expr = f"{base} + {n}u" if n else base
+    return f"min({expr}, {last}u)" if last is not None else expr
+
+
+def _scaled(expr: str, stride: int) -> str:
+    """expr * stride as WGSL, parenthesised unless expr is a name or a call."""
+    if stride == 0:
+        return "0u"
+    if stride == 1:
+        return expr
+    simple = expr.isidentifier() or (expr.startswith("min(") and expr.endswith(")"))
+    return f"{expr} * {stride}u" if simple else f"({expr}) * {stride}u"
+
+
+def _address(expr: str, dims: tuple) -> str:
+    """Element offset of index `expr` over an operand's sub-dims ("0u" when none)."""
+    if len(dims) == 1:
+        return _scaled(expr, dims[0][1]) if dims[0][0] > 1 else "0u"
+    return " + ".join(split_index(f"({expr})", dims)) or "0u"
+
+
+def _cpu_reads(op: Operand, batch: int, p_len: int, K: int, ps: list, pre: str, tag: str, p_first: bool) -> dict:
+    """How render_matmul_cpu reads one operand: element (p, k) of A (p = row) or B (p = column)
+    for each of the invocation's p positions `ps` (WGSL expressions) at K row `k`. A plain
+    operand's position offsets are added up once (`starts`), the K row's offset once per row
+    (`k_terms`); a computed one (`fn`) is called with the clamped positions."""
+    rows, cols = (p_len, K) if p_first else (K, p_len)
+    if op.fn:
+        starts = [(f"{pre}_{tag}{i}", p) for i, p in enumerate(ps) if not p.isidentifier()]
+        names = [f"{pre}_{tag}{i}" if not p.isidentifier() else p for i, p in enumerate(ps)]
+        calls = [f"{op.fn}(bi, {n}, k)" if p_first else f"{op.fn}(bi, k, {n})" for n in names]
+        return {"starts": starts, "k_terms": [], "reads": calls}
+    p_dims, k_dims = (op.dims("row", rows), op.dims("col", cols)) if p_first else (op.dims("col", cols), op.dims("row", rows))
+    base = _batch_expr(op, batch)
+    starts = []
+    for i, p in enumerate(ps):
+        at = _address(p, p_dims)
+        starts.append((f"{pre}_{tag}{i}", (base[:-3] if at == "0u" and base else base + at) if base or at != "0u" else "0u"))
+    k_at = _address("k", k_dims)
+    k_terms = [(f"{pre}_k", k_at)] if k_at not in ("0u", "k") else []
+    k_name = f" + {pre}_k" if k_terms else " + k" if k_at == "k" else ""
+    reads = [f"{op.buf}[{name}{k_name}]" for name, _ in starts]
+    return {"starts": starts, "k_terms": k_terms, "reads": reads}
 
 
 def _batch_expr(op: Operand, batch: int) -> str:
@@ -605,7 +743,10 @@ __all__ = [
     "TILES",
     "choose_tile",
     "choose_prefetch",
-    "choose_tile_cpu",
+    "CpuBlock",
+    "CPU_BLOCKS",
+    "choose_block_cpu",
+    "render_matmul_cpu",
     "split_count",
     "vec_reads",
     "render_matmul",

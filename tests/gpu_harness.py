@@ -243,12 +243,13 @@ def raw_gpu_step(model, inputs: dict) -> Side:
     return Side(float(out["loss"]), caps, model.grads())
 
 
-def run_both(program, inputs: dict, steps: int = 1, raw: bool = False):
-    """[(gpu Side, reference Side)] for steps 1..steps of `program`, and the WGSL it ran."""
-    model = compile_checked(program)
+def run_both(program, inputs: dict, steps: int = 1, raw: bool = False, kernels: str | None = None):
+    """[(gpu Side, reference Side)] for steps 1..steps of `program`, and the WGSL it ran
+    (`kernels`: the kernel set, as compile_checked picks it when None)."""
+    model = compile_checked(program, kernels)
     try:
         gpu = [(raw_gpu_step if raw else gpu_step)(model, inputs) for _ in range(steps)]
-        wgsl = dict(model.WGSL)
+        wgsl = dict(model.WGSL) | (dict(model.WGSL_CPU) if model.kernel_set == "cpu" else {})
     finally:
         model.close()
     traced = trace_program(program)

@@ -82,12 +82,14 @@ def torch_attention(q, k, v, causal, scale, ct):
     return o.detach().numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
 
 
-@pytest.fixture(scope="module")
-def gpu_run():
+@pytest.fixture(scope="module", params=["gpu", "cpu"])
+def gpu_run(request):
+    """Both kernel sets: the GPU's tiles in workgroup memory, the CPU adapters' row-at-a-time
+    variants (codegen.CPU_HEADER)."""
     pytest.importorskip("wgpu")
     params = _values()
     prog, inputs, _ = make_program("attention_configs", params, {}, _body)
-    [(gpu, ref)], wgsl = run_both(prog, inputs)
+    [(gpu, ref)], wgsl = run_both(prog, inputs, kernels=request.param)
     return params, inputs, gpu, ref, wgsl
 
 
@@ -117,6 +119,10 @@ def test_kernels_stay_in_webgpu_limits_and_read_in_bounds(gpu_run):
         words = sum(int(n) * (4 if t.startswith("vec4") else 1) for t, n in re.findall(r"var<workgroup> \w+: array<(vec4<f32>|f32), (\d+)>", src))
         assert 4 * words <= 16384, f"{kname}: {4 * words} bytes of workgroup memory"
         assert "atomic" not in src
+        if "CPU variant" in src:
+            assert "var<workgroup>" not in src and "Barrier" not in src, kname
+    # the CPU set (one dispatch per kernel) runs a CPU variant of every attention kernel
+    assert sum("CPU variant" in src for src in att.values()) in (0, len(single))
 
 
 @pytest.mark.parametrize("causal", [False, True])

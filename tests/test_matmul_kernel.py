@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from aot.matmul_codegen import (
+    CPU_BLOCKS,
     MAX_GROUPS_PER_DIM,
     MAX_INVOCATIONS,
     TILES,
@@ -18,8 +19,10 @@ from aot.matmul_codegen import (
     MatmulSpec,
     Operand,
     choose_prefetch,
+    choose_block_cpu,
     choose_tile,
     render_matmul,
+    render_matmul_cpu,
     vec_reads,
 )
 
@@ -128,11 +131,13 @@ def check_matmul(
     extra: dict[str, np.ndarray] | None = None,
     ref_epilogue=None,
     out_size: int | None = None,
+    cpu: bool = False,
     **render_kw,
 ):
     """Fill A/B/C buffers, run the kernel, compare with a float64 NumPy reference.
 
-    Everything in C outside the output region must keep its sentinel value.
+    Everything in C outside the output region must keep its sentinel value. cpu: the CPU kernel
+    set's matmul (render_matmul_cpu; render_kw then takes `block` and `max_groups`).
     """
     B, M, N, K = spec.batch, spec.M, spec.N, spec.K
 
@@ -154,9 +159,8 @@ def check_matmul(
         buffers[spec.out_buf] = c_init
     buffers.update(extra or {})
 
-    wgsl, grid = render_matmul(
-        spec, "k000_matmul", HEADER, bindings_for(buffers, {spec.out_buf}), **render_kw
-    )
+    render = render_matmul_cpu if cpu else render_matmul
+    wgsl, grid = render(spec, "k000_matmul", HEADER, bindings_for(buffers, {spec.out_buf}), **render_kw)
     assert max(grid) <= MAX_GROUPS_PER_DIM
     out = run_kernel(device, wgsl, grid, buffers, {spec.out_buf})[spec.out_buf]
 
@@ -181,6 +185,7 @@ def plain(batch, M, K, N, **kw) -> MatmulSpec:
     return MatmulSpec(batch, M, N, K, dense("A", batch, M, K), dense("B", batch, K, N), "C", 0, **kw)
 
 
+CPU = {"cpu": True}  # the CPU kernel set's matmul (render_matmul_cpu)
 SHAPES = [  # (batch, M, K, N)
     (1, 1, 1, 1),
     (1, 256, 1, 64),
@@ -192,18 +197,17 @@ SHAPES = [  # (batch, M, K, N)
 ]
 
 
+@pytest.mark.parametrize("kw", [{}, CPU], ids=["gpu", "cpu"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_shapes(device, shape):
-    check_matmul(device, plain(*shape), np.random.default_rng(1))
+def test_shapes(device, shape, kw):
+    check_matmul(device, plain(*shape), np.random.default_rng(1), **kw)
 
 
 VARIANTS = {
     "unrolled": {},
     "loop": {"unroll_k": False},
-    "cpu": {"unroll_k": False, "store_loop": True},  # the CPU kernel set's variant
     "double": {"double_buffer": True, "max_shared": 32768},
 }
-CPU_VARIANT = VARIANTS["cpu"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -217,9 +221,8 @@ def test_every_tile_ragged(device, tile, variant):
     if kw.get("max_shared", 0) > device.limits["max-compute-workgroup-storage-size"]:
         pytest.skip("the adapter has less workgroup memory")
     wgsl, _ = check_matmul(device, spec, rng, tile=tile, **kw)
-    assert ("for (var kk" in wgsl) == (variant in ("loop", "cpu"))
-    # the store loop: one call of store_c (so one copy of the epilogue) instead of TM x TN
-    assert wgsl.count("store_c(") - 1 == (1 if variant == "cpu" and tile.TM * tile.TN > 1 else tile.TM * tile.TN)
+    assert ("for (var kk" in wgsl) == (variant == "loop")
+    assert wgsl.count("store_c(") - 1 == tile.TM * tile.TN
     assert ("var cur = 0u;" in wgsl) == (variant == "double")
 
 
@@ -258,7 +261,7 @@ def test_vec4_loads_every_tile(device, tile, layout):
     b = dense("B", 2, K, N, offset=4, transposed=tb, vec=True)
     spec = MatmulSpec(2, M, N, K, a, b, "C", 0)
     k_inner = TILES.index(tile) % 2 == 1
-    kw = dict(VARIANTS["cpu"]) if layout == "both_t" else {}
+    kw = dict(VARIANTS["loop"]) if layout == "both_t" else {}
     wgsl, _ = check_matmul(device, spec, rng, tile=tile, vec_k_inner=k_inner, **kw)
     used = vec_reads(spec, tile, vec_k_inner=k_inner)
     assert used == {n for n in ("A4", "B4") if f"{n}[" in wgsl}
@@ -318,13 +321,13 @@ def test_batch_with_shared_weights(device):
     check_matmul(device, spec, np.random.default_rng(6))
 
 
-@pytest.mark.parametrize("kw", [{}, CPU_VARIANT], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("kw", [{}, CPU, dict(CPU, block="2x2")], ids=["gpu", "cpu", "cpu-2x2"])
 def test_accumulate(device, kw):
     spec = plain(2, 33, 17, 40, accumulate=True)
     check_matmul(device, spec, np.random.default_rng(7), **kw)
 
 
-@pytest.mark.parametrize("kw", [{}, CPU_VARIANT, dict(CPU_VARIANT, tile="64x64_8x8")], ids=["gpu", "cpu", "cpu-64x64"])
+@pytest.mark.parametrize("kw", [{}, CPU, dict(CPU, block="8x8")], ids=["gpu", "cpu", "cpu-8x8"])
 def test_bias_relu_epilogue(device, kw):
     rng = np.random.default_rng(8)
     M, K, N = 50, 12, 70
@@ -340,28 +343,32 @@ def test_bias_relu_epilogue(device, kw):
     )
 
 
-def test_offsets_and_sentinels(device):
+@pytest.mark.parametrize("kw", [{}, CPU], ids=["gpu", "cpu"])
+def test_offsets_and_sentinels(device, kw):
     # operands in the middle of larger buffers, strided rows (padding between rows)
     batch, M, K, N = 2, 19, 23, 21
     a = Operand("A", 7, M * (K + 2) + 5, K + 2, 1)
     b = Operand("B", 11, 0, 1, K + 3)  # transposed with padded rows, shared over the batch
     spec = MatmulSpec(batch, M, N, K, a, b, "C", 13)
-    check_matmul(device, spec, np.random.default_rng(9), out_size=13 + batch * M * N + 29)
+    check_matmul(device, spec, np.random.default_rng(9), out_size=13 + batch * M * N + 29, **kw)
 
 
-def test_operands_share_one_binding(device):
+@pytest.mark.parametrize("kw", [{}, CPU], ids=["gpu", "cpu"])
+def test_operands_share_one_binding(device, kw):
     # A and B in the same buffer, and C in it too (disjoint regions)
     M, K, N = 24, 10, 9
     a = Operand("X", 0, 0, K, 1)
     b = Operand("X", M * K, 0, N, 1)
     spec = MatmulSpec(1, M, N, K, a, b, "X", M * K + K * N + 4)
-    check_matmul(device, spec, np.random.default_rng(10), out_size=M * K + K * N + 4 + M * N + 6)
+    check_matmul(device, spec, np.random.default_rng(10), out_size=M * K + K * N + 4 + M * N + 6, **kw)
 
 
-def test_folded_grid(device):
+@pytest.mark.parametrize("kw", [dict(tile="16x16_1x1"), dict(CPU, block="2x2")], ids=["gpu", "cpu"])
+def test_folded_grid(device, kw):
     # more tiles than a grid dimension holds (the limit lowered to 4 to keep it small)
     spec = plain(7, 20, 9, 36)
-    check_matmul(device, spec, np.random.default_rng(11), tile="16x16_1x1", max_groups=4)
+    wgsl, _ = check_matmul(device, spec, np.random.default_rng(11), max_groups=4, **kw)
+    assert "let w = wg.x + wg.y * 4u + wg.z * 16u;" in wgsl
 
 
 def test_deterministic(device):
@@ -412,3 +419,63 @@ def test_tile_choice():
     big = TILES_BY_NAME["128x128_8x8"]
     assert not choose_prefetch(plain(1, 4096, 4096, 4096), big)  # 16 warps per SM hide latency
     assert choose_prefetch(plain(1, 2048, 8192, 512), TILES_BY_NAME["64x64_8x8"])  # 64x64_8x8, 4 warps per SM
+
+
+# ---- the CPU kernel set's matmul (render_matmul_cpu) ------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("block", CPU_BLOCKS, ids=lambda b: b.name)
+def test_cpu_block_ragged(device, block, layout):
+    # ragged in M and N (clamped reads, guarded stores), an odd K, batched with B shared by the
+    # batch entries, every operand layout; no workgroup memory, no barriers
+    rng = np.random.default_rng(40 + CPU_BLOCKS.index(block))
+    ta, tb = LAYOUTS[layout]
+    M, K, N = block.BM + 3, 21, block.BN + 5
+    spec = MatmulSpec(2, M, N, K, dense("A", 2, M, K, transposed=ta), dense("B", 2, K, N, transposed=tb, shared=True), "C", 0)
+    wgsl, _ = check_matmul(device, spec, rng, cpu=True, block=block)
+    assert "var<workgroup>" not in wgsl and "Barrier" not in wgsl
+    assert "min(" in wgsl and "if (row < " in wgsl
+    # one copy of the epilogue: the accumulators are stored by a loop
+    assert wgsl.count("store_c(") - 1 == 1 and wgsl.count("epilogue(acc, bi, row, col)") == 1
+
+
+@pytest.mark.parametrize("block", CPU_BLOCKS, ids=lambda b: b.name)
+def test_cpu_block_exact(device, block):
+    # whole blocks: no clamps, no guards
+    rng = np.random.default_rng(50)
+    M, K, N = 2 * block.BM, 7, block.BN
+    spec = plain(1, M, K, N)
+    wgsl, _ = check_matmul(device, spec, rng, cpu=True, block=block)
+    assert "min(" not in wgsl and "if (row < " not in wgsl
+
+
+def test_cpu_through_sub_dims(device):
+    # A read through a head split ([B*T, H*D] viewed as H heads) and B through a head merge
+    rng = np.random.default_rng(51)
+    M, K, N, H = 40, 24, 48, 4
+    a = Operand("A", 3, 0, 0, 0, row_dims=((4, 10 * K), (10, 1)), col_dims=((K, 10),))
+    b = Operand("B", 0, 0, 0, 0, row_dims=((K, 12),), col_dims=((H, K * 12), (12, 1)))
+    spec = MatmulSpec(1, M, N, K, a, b, "C", 0)
+    extra = {"A": rng.standard_normal(3 + 4 * 10 * K + 3).astype(np.float32), "B": rng.standard_normal(H * K * 12 + 3).astype(np.float32)}
+    for block in ("8x8", "2x2"):
+        check_matmul(device, spec, rng, extra=extra, cpu=True, block=block)
+
+
+def test_cpu_long_k_and_large(device):
+    # a long K summed by one invocation, and the product a barrier-free variant once got wrong on
+    # lavapipe ([4096, 1024] @ [1024, 1024], a one-output-per-invocation kernel): a quarter of it
+    rng = np.random.default_rng(52)
+    check_matmul(device, plain(1, 72, 4099, 40), rng, cpu=True)
+    check_matmul(device, plain(1, 1024, 1024, 1024), rng, cpu=True, block="8x8")
+
+
+def test_cpu_block_choice():
+    """Big products get the 8x8 block, small ones blocks that compile faster, products of few
+    outputs enough workgroups for several cores, matrix-vector products the 4x1 block."""
+    assert choose_block_cpu(plain(1, 1024, 256, 1024)).name == "8x8"
+    assert choose_block_cpu(plain(1, 1024, 64, 64)).name == "8x4"
+    assert choose_block_cpu(plain(1, 64, 1024, 64)).name == "4x4"  # 1 workgroup of 8x8 would leave cores idle
+    assert choose_block_cpu(plain(1, 256, 64, 64)).name == "4x4"
+    assert choose_block_cpu(plain(1, 16, 8, 16)).name == "2x2"
+    assert choose_block_cpu(plain(1, 256, 64, 1)).name == "4x1"
