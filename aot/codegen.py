@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from .attention_codegen import render_attention
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
-from .matmul_codegen import MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
-from .plan import Plan, vec_alias
+from .matmul_codegen import MatmulSpec, Operand, choose_tile, cpu_offset_table, render_matmul, render_matmul_cpu, vec_reads
+from .plan import OFFSETS_BINDING, Plan, vec_alias
 from .schedule import Kernel, KernelSchedule, op_of
 from .templates import render
 from .views import View, merge_subdims
@@ -50,6 +50,8 @@ class KernelCode:
     # the GPU source: reductions without workgroup barriers, matmuls with CPU tiles (the module doc)
     wgsl_cpu: str | None = None
     grid_cpu: tuple[int, int, int] | None = None  # the CPU variant's grid where it differs
+    # the CPU variant's offset table (plan.OFFSETS_BINDING), or () when it writes its offsets in
+    offsets_cpu: tuple[int, ...] = ()
     parts: list["KernelCode"] = field(default_factory=list)  # the kernels it runs (merge.py, chain.py)
     kind: str = "kernel"  # "kernel"; "merged": parts side by side (merge.py); "chain": parts as stages (chain.py)
 
@@ -174,6 +176,7 @@ def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> K
             raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
         if cpu.wgsl != code.wgsl:
             code.wgsl_cpu = cpu.wgsl
+            code.offsets_cpu = cpu.offsets_cpu
     return code
 
 
@@ -202,8 +205,8 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
     elif k.kind == "reduce":
         code, kc = _reduce(name, header, k, s, plan, ops, site, cpu)
     elif k.kind == "attention":
-        wgsl, grid, kc = render_attention(header, k, s, plan, cpu)
-        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
+        wgsl, grid, kc, table = render_attention(header, k, s, plan, cpu, OFFSETS_BINDING if cpu else None)
+        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site, offsets_cpu=table)
     else:
         code, kc = _matmul(name, header, k, s, plan, ops, site)
     check_hazards(name, k, plan, kc.reads, names)
@@ -443,9 +446,11 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
     code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site)
     # CPU adapters get a kernel without workgroup memory or barriers (matmul_codegen.CpuBlock)
     cpu, cpu_grid = render_matmul_cpu(
-        spec, name, "\n".join(header + ["// CPU variant: no workgroup memory, no barriers"]), bindings
+        spec, name, "\n".join(header + ["// CPU variant: no workgroup memory, no barriers"]), bindings,
+        offsets_binding=OFFSETS_BINDING,
     )
     code.wgsl_cpu = cpu
+    code.offsets_cpu = cpu_offset_table(spec) or ()
     if tuple(cpu_grid) != code.grid:
         code.grid_cpu = tuple(cpu_grid)
     return code, kc

@@ -591,12 +591,18 @@ def render_matmul_cpu(
     bindings: str,
     block: CpuBlock | str | None = None,
     max_groups: int = MAX_GROUPS_PER_DIM,
+    offsets_binding: int | None = None,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz) of the CPU kernel set's matmul: the same
     product, bindings, epilogue and stores as render_matmul, computed without workgroup memory
     or barriers (matmul_cpu.wgsl.j2). `block` (a CpuBlock or a CPU_BLOCKS name) overrides
     choose_block_cpu; `max_groups` WebGPU's grid limit (for tests). Vec4 views are not read:
-    a CPU adapter loads one lane at a time either way."""
+    a CPU adapter loads one lane at a time either way.
+
+    With `offsets_binding`, a kernel that cpu_offset_table accepts reads where A, B and C start
+    from a uniform struct bound there (`at`, values cpu_offset_table(spec), set per dispatch)
+    instead of constants: products of one shape and layout then have one text, which the
+    runtime compiles once (a CPU adapter compiles every kernel at its first dispatch)."""
     _check(spec)
     if block is None:
         block = choose_block_cpu(spec)
@@ -606,11 +612,12 @@ def render_matmul_cpu(
     if blk.WX * blk.WY > MAX_INVOCATIONS:
         raise CodegenError(f"matmul CPU block {blk} breaks a WebGPU limit")
     grid_info, grid = _grid(spec, blk, max_groups)
+    table = offsets_binding is not None and cpu_offset_table(spec) is not None
     clamp_m, clamp_n = spec.M % blk.BM != 0, spec.N % blk.BN != 0
     rows = [_offset_expr("row0", i, spec.M - 1 if clamp_m else None) for i in range(blk.TM)]
     cols = [_offset_expr("col0", j * blk.WX, spec.N - 1 if clamp_n else None) for j in range(blk.TN)]
-    a = _cpu_reads(spec.a, spec.batch, spec.M, spec.K, rows, "a", "r", p_first=True)
-    b = _cpu_reads(spec.b, spec.batch, spec.N, spec.K, cols, "b", "c", p_first=False)
+    a = _cpu_reads(spec.a, spec.batch, spec.M, spec.K, rows, "a", "r", True, "at.a" if table else "")
+    b = _cpu_reads(spec.b, spec.batch, spec.N, spec.K, cols, "b", "c", False, "at.b" if table else "")
     row0 = "m0" + (f" + tid * {blk.TM}u" if blk.WX == 1 else f" + tid / {blk.WX}u * {blk.TM}u") if blk.WY > 1 else "m0"
     col0 = "n0" + (f" + tid % {blk.WX}u" if blk.WX > 1 else "")
     ctx = dict(
@@ -623,18 +630,32 @@ def render_matmul_cpu(
         b=b,
         row0=row0,
         col0=col0,
+        # One copy of a real epilogue, in a loop over the outputs (a 64x64_8x8 tile with a
+        # two-input epilogue compiled in 1.55 s written out, 0.58 s so); a bare `acc` is written
+        # out, which compiles 10-30% faster than the loop (lavapipe, the blocks 4x4 to 8x8).
+        store_loop=blk.TM * blk.TN > 1 and (spec.epilogue != "acc" or bool(spec.extra_stores)),
         # the output e of this invocation's TM x TN (row-major)
         row_e="row0 + e" if blk.TN == 1 else f"row0 + e / {blk.TN}u",
         col_e="col0" if blk.TN == 1 else f"col0 + e % {blk.TN}u * {blk.WX}u",
         clamped=clamp_m or clamp_n,
-        out_index=_out_index(spec),
+        out_index=("at.c + " + _out_index(spec, with_offset=False)) if table else _out_index(spec),
         local_index=_out_index(spec, with_offset=False),
         out_guard=clamp_m or clamp_n,
+        offsets_binding=offsets_binding if table else None,
         a_addr=_describe(spec.a, spec.batch, spec.M, spec.K, "m", "k"),
         b_addr=_describe(spec.b, spec.batch, spec.K, spec.N, "k", "n"),
         c_addr=_describe_out(spec),
     )
     return render("wgsl/matmul_cpu.wgsl.j2", **ctx), grid
+
+
+def cpu_offset_table(spec: MatmulSpec) -> tuple[int, int, int] | None:
+    """(A's, B's and C's offset) where render_matmul_cpu can read them from a uniform table:
+    a product whose epilogue is `acc` and whose operands are stored (an epilogue or a computed
+    operand reads other tensors at offsets of its own, written into its text)."""
+    if spec.epilogue != "acc" or spec.extra_stores or spec.a.fn or spec.b.fn:
+        return None
+    return (spec.a.offset, spec.b.offset, spec.out_offset)
 
 
 def _offset_expr(base: str, n: int, last: int | None) -> str:
@@ -660,11 +681,14 @@ def _address(expr: str, dims: tuple) -> str:
     return " + ".join(split_index(f"({expr})", dims)) or "0u"
 
 
-def _cpu_reads(op: Operand, batch: int, p_len: int, K: int, ps: list, pre: str, tag: str, p_first: bool) -> dict:
+def _cpu_reads(
+    op: Operand, batch: int, p_len: int, K: int, ps: list, pre: str, tag: str, p_first: bool, at: str = ""
+) -> dict:
     """How render_matmul_cpu reads one operand: element (p, k) of A (p = row) or B (p = column)
     for each of the invocation's p positions `ps` (WGSL expressions) at K row `k`. A plain
     operand's position offsets are added up once (`starts`), the K row's offset once per row
-    (`k_terms`); a computed one (`fn`) is called with the clamped positions."""
+    (`k_terms`); a computed one (`fn`) is called with the clamped positions. `at`: the WGSL
+    expression of the operand's offset, in place of op.offset."""
     rows, cols = (p_len, K) if p_first else (K, p_len)
     if op.fn:
         starts = [(f"{pre}_{tag}{i}", p) for i, p in enumerate(ps) if not p.isidentifier()]
@@ -672,7 +696,7 @@ def _cpu_reads(op: Operand, batch: int, p_len: int, K: int, ps: list, pre: str, 
         calls = [f"{op.fn}(bi, {n}, k)" if p_first else f"{op.fn}(bi, k, {n})" for n in names]
         return {"starts": starts, "k_terms": [], "reads": calls}
     p_dims, k_dims = (op.dims("row", rows), op.dims("col", cols)) if p_first else (op.dims("col", cols), op.dims("row", rows))
-    base = _batch_expr(op, batch)
+    base = _batch_expr(op, batch, at)
     starts = []
     for i, p in enumerate(ps):
         at = _address(p, p_dims)
@@ -684,9 +708,10 @@ def _cpu_reads(op: Operand, batch: int, p_len: int, K: int, ps: list, pre: str, 
     return {"starts": starts, "k_terms": k_terms, "reads": reads}
 
 
-def _batch_expr(op: Operand, batch: int) -> str:
-    """The start of batch entry `bi` of an operand, as a prefix of an index sum ('' for 0)."""
-    terms = [f"{op.offset}u"] if op.offset else []
+def _batch_expr(op: Operand, batch: int, at: str = "") -> str:
+    """The start of batch entry `bi` of an operand, as a prefix of an index sum ('' for 0);
+    `at`: a WGSL expression of the operand's offset, in place of op.offset."""
+    terms = [at] if at else [f"{op.offset}u"] if op.offset else []
     if batch > 1:
         terms += split_index("bi", op.dims("batch", batch))
     return "".join(term + " + " for term in terms)
@@ -747,6 +772,7 @@ __all__ = [
     "CPU_BLOCKS",
     "choose_block_cpu",
     "render_matmul_cpu",
+    "cpu_offset_table",
     "split_count",
     "vec_reads",
     "render_matmul",

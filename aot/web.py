@@ -65,7 +65,7 @@ def needed_limits(prog: dict, wgsl: dict[str, str]) -> dict[str, int]:
     ]
     need = dict.fromkeys(DEFAULT_LIMITS, 1)
     need["maxStorageBufferBindingSize"] = need["maxBufferSize"] = max([4] + sizes)
-    for kname, (bindings, _site) in prog["kernels"].items():
+    for kname, (bindings, *_about) in prog["kernels"].items():
         need["maxStorageBuffersPerShaderStage"] = max(need["maxStorageBuffersPerShaderStage"], len(bindings))
         for k, v in kernel_needs(wgsl[kname]).items():
             need[k] = max(need[k], v)

@@ -68,23 +68,21 @@ def profile_timestamps(e, key, reps, inside):
         if inside:
             cp = enc.begin_compute_pass()
             write_timestamp(cp, qs, base)
-            group = None
-            for i, (pipeline, g, grid) in enumerate(steps):
-                group = g or group
+            for i, (pipeline, g, grid, dyn) in enumerate(steps):
                 cp.set_pipeline(pipeline)
                 if g is not None:
-                    cp.set_bind_group(0, g)
+                    cp.set_bind_group(0, g, () if dyn is None else (dyn,))
                 cp.dispatch_workgroups(*grid)
                 write_timestamp(cp, qs, base + i + 1)
             cp.end()
         else:
             group = None
-            for i, (pipeline, g, grid) in enumerate(steps):
+            for i, (pipeline, g, grid, dyn) in enumerate(steps):
                 group = g or group
                 tw = {"query_set": qs, "beginning_of_pass_write_index": base + 2 * i, "end_of_pass_write_index": base + 2 * i + 1}
                 cp = enc.begin_compute_pass(timestamp_writes=tw)
                 cp.set_pipeline(pipeline)
-                cp.set_bind_group(0, group)
+                cp.set_bind_group(0, group, () if dyn is None else (dyn,))
                 cp.dispatch_workgroups(*grid)
                 cp.end()
     enc.resolve_query_set(qs, 0, count, resolve, 0)
@@ -105,7 +103,8 @@ def profile_submits(e, key, reps):
             enc = e.device.create_command_encoder()
             cp = enc.begin_compute_pass()
             cp.set_pipeline(e.pipelines[kname])
-            cp.set_bind_group(0, e.kernel_group[kname])
+            dyn = e.kernel_offset[kname]
+            cp.set_bind_group(0, e.kernel_group[kname], () if dyn is None else (dyn,))
             cp.dispatch_workgroups(*grid)
             cp.end()
             t = time.perf_counter()

@@ -106,13 +106,17 @@ def test_cpu_variants_have_no_barriers_and_match_the_gpu_kernels(tmp_path):
     assert cpu_files and set(cpu_files) <= set(gpu_files)
     for fname, src in cpu_files.items():
         if "matmul" in fname:
-            assert src.count("store_c(") == 2, fname  # its definition and one call, in a loop
+            # a real epilogue is written once, in a loop over each invocation's outputs
+            assert src.count("store_c(") == 2 or "fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {\n    return acc;" in src, fname
             assert "workgroupBarrier" in gpu_files[fname], fname
         else:
             assert "sum" in fname or "max" in fname, fname
         assert "workgroupBarrier" not in src and "var<workgroup>" not in src, fname
+        # the same storage bindings; a plain product reads its offsets from the CPU set's table
         bindings = [line for line in src.splitlines() if line.startswith("@group(0)")]
-        assert bindings == [line for line in gpu_files[fname].splitlines() if line.startswith("@group(0)")]
+        table = "@group(0) @binding(400) var<uniform> at: Offsets;"
+        assert (table in bindings) == (fname.endswith("_matmul.wgsl") or "attention" in fname), fname
+        assert [b for b in bindings if b != table] == [line for line in gpu_files[fname].splitlines() if line.startswith("@group(0)")]
     assert any("matmul" in f for f in cpu_files) and any("sum" in f for f in cpu_files)
 
     # a [256, 64] @ [64, 64] product: the GPU's 16x16 tiles, the CPU's 32x32 blocks (another grid)
@@ -151,3 +155,56 @@ def test_cpu_variants_have_no_barriers_and_match_the_gpu_kernels(tmp_path):
     m.close()
     with pytest.raises(ValueError, match="kernels"):
         aot.compile(prog, kernels="fast")
+
+
+class Deep(aot.Module):
+    """Three blocks of the same shapes: their products differ only in where they read and write."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = [nn.Linear(16, 16, bias=False) for _ in range(3)]
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = ops.tanh(b(x))
+        return x
+
+
+def test_cpu_kernels_that_differ_only_in_offsets_share_one_pipeline():
+    """The CPU set's plain products read where their operands start from an offset table (a
+    uniform slot per kernel, bound with a dynamic offset): the runtime compiles each distinct
+    source once, gives every kernel its own slot holding its own offsets, and the model trains
+    as the GPU set does (which writes its offsets in)."""
+    import numpy as np
+
+    from aot.runtime.engine import _code_only
+
+    prog = aot.Program(
+        "kfiles_deep",
+        model=Deep,
+        train=aot.Train(lambda m, x: ops.mean(ops.square(m(x) - 0.5)), {"x": aot.f32(64, 16)}, optimizer=aot.optim.Adam(lr=0.01)),
+    )
+    x = np.random.default_rng(2).standard_normal((64, 16)).astype(np.float32)
+    losses = {}
+    for ks in ("gpu", "cpu"):
+        m = aot.compile(prog, kernels=ks)
+        losses[ks] = [m.step(x=x) for _ in range(4)]
+        e = m._engine
+        tabled = {k: e.kernels[k][2] for k in e.pipelines if e.kernels[k][2]}
+        if ks == "gpu":
+            assert all(dyn is None for dyn in e.kernel_offset.values())
+        else:
+            assert len(tabled) >= 3  # the weight gradients at least (the others fuse an epilogue)
+            by_code = {}
+            for k in tabled:
+                by_code.setdefault(_code_only(e.wgsl[k]), []).append(k)
+            shared = [ks_ for ks_ in by_code.values() if len(ks_) > 1]
+            assert shared, "no two products share a source"
+            for names in shared:
+                assert len({id(e.pipelines[k]) for k in names}) == 1
+                assert len({e.kernel_offset[k] for k in names}) == len(names)  # a slot each
+                assert len({tuple(tabled[k]) for k in names}) == len(names)  # holding its own offsets
+            assert len({id(p) for p in e.pipelines.values()}) < len(e.pipelines)
+        m.close()
+    np.testing.assert_allclose(losses["cpu"], losses["gpu"], rtol=1e-5)
+    assert losses["cpu"][-1] < losses["cpu"][0]

@@ -58,6 +58,12 @@ export function pyFloat(x) {
 const VEC_SUFFIX = "_v4";
 const VEC_BINDING_BASE = 500;
 const bufferOf = (name) => (name.endsWith(VEC_SUFFIX) ? name.slice(0, -VEC_SUFFIX.length) : name);
+// The CPU set's offset tables: a uniform buffer per entry point, a 256-byte slot per kernel that
+// reads where its operands start from one (bound at OFFSETS_BINDING with a dynamic offset).
+const OFFSETS = "offsets";
+const OFFSETS_BINDING = 400;
+const OFFSETS_SLOT_BYTES = 256;
+const codeOnly = (wgsl) => wgsl.split("\n").filter((line) => !line.trimStart().startsWith("//")).join("\n");
 
 const M64 = (1n << 64n) - 1n;
 const GOLDEN = 0x9e3779b97f4a7c15n;
@@ -441,6 +447,7 @@ class Engine {
     for (const [a, n] of Object.entries(program.arenas)) e.buffers[a] = e._buffer(a, n);
     e.modules = {};
     e.recipes = {};
+    e._pipelines = new Map(); // kernel source (comments aside) + bindings -> its pipeline (a promise)
     e.entryBuffers = {};
     e.readback = {};
     // every kernel's WGSL is compiled up front, so a broken kernel is named at create()
@@ -465,6 +472,7 @@ class Engine {
 
   /** A buffer's binding number in every kernel (its vec4 alias's VEC_BINDING_BASE above). */
   _binding(name) {
+    if (name === OFFSETS) return OFFSETS_BINDING;
     const base = bufferOf(name);
     return this.order.indexOf(base) + (base === name ? 0 : VEC_BINDING_BASE);
   }
@@ -481,30 +489,50 @@ class Engine {
     for (const [a, n] of Object.entries(en.arenas || {}))
       if (a.startsWith("work") && 4 * n > this.buffers[a].size) buffers[a] = this._buffer(a, n); // its own scratch
     this.entryBuffers[key] = buffers;
+    // The CPU set's kernels that read where their operands start from an offset table: one
+    // 256-byte slot each in a uniform buffer, picked per dispatch (engine.py _offset_tables)
+    const slots = {};
+    if (this.kernelSet === "cpu")
+      for (const [k] of en.dispatches) {
+        const table = this.program.kernels[k][2];
+        if (table && table.length && !(k in slots)) slots[k] = [OFFSETS_SLOT_BYTES * Object.keys(slots).length, table];
+      }
+    const nSlots = Object.keys(slots).length;
+    if (nSlots) {
+      const data = new Uint32Array(nSlots * OFFSETS_SLOT_BYTES / 4);
+      for (const [at, table] of Object.values(slots)) data.set(table, at / 4);
+      buffers[OFFSETS] = this.device.createBuffer({ label: OFFSETS, size: data.byteLength, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      this.device.queue.writeBuffer(buffers[OFFSETS], 0, data);
+    }
     this.device.pushErrorScope("validation");
     const steps = await Promise.all(en.dispatches.map(async ([k, grid]) => {
-      const [bindings, site] = this.program.kernels[k];
+      const [storage, site] = this.program.kernels[k];
+      const bindings = k in slots ? [...storage, [OFFSETS, "uniform"]] : storage;
+      const type = { read_write: "storage", read: "read-only-storage", uniform: "uniform" };
       const layout = this.device.createBindGroupLayout({
         label: k,
         entries: bindings.map(([a, access]) => ({
           binding: this._binding(a), visibility: GPUShaderStage.COMPUTE,
-          buffer: { type: access === "read_write" ? "storage" : "read-only-storage" },
+          buffer: { type: type[access], hasDynamicOffset: access === "uniform" },
         })),
       });
       const group = this.device.createBindGroup({
         label: k, layout,
-        entries: bindings.map(([a]) => ({ binding: this._binding(a), resource: { buffer: buffers[bufferOf(a)] } })),
+        entries: bindings.map(([a]) => ({
+          binding: this._binding(a),
+          resource: a === OFFSETS ? { buffer: buffers[OFFSETS], size: OFFSETS_SLOT_BYTES } : { buffer: buffers[bufferOf(a)] },
+        })),
       });
-      let pipeline;
-      try {
-        pipeline = await this.device.createComputePipelineAsync({
+      // one pipeline per source (comments aside) and bindings: kernels that differ only in their
+      // offset tables are compiled once
+      const code = codeOnly(this.wgsl[k]) + JSON.stringify(bindings);
+      if (!this._pipelines.has(code))
+        this._pipelines.set(code, this.device.createComputePipelineAsync({
           label: k, layout: this.device.createPipelineLayout({ bindGroupLayouts: [layout] }),
           compute: { module: this.modules[k], entryPoint: "main" },
-        });
-      } catch (err) {
-        throw new ShaderError(`kernel ${k} (from ${site}) failed to compile:\n${err.message}`);
-      }
-      return [pipeline, group, grid];
+        }).catch((err) => { throw new ShaderError(`kernel ${k} (from ${site}) failed to compile:\n${err.message}`); }));
+      const pipeline = await this._pipelines.get(code);
+      return [pipeline, group, grid, k in slots ? [slots[k][0]] : []];
     }));
     const err = await this.device.popErrorScope();
     if (err) throw new ShaderError(`${this.name}: preparing ${key} failed: ${err.message}`);
@@ -531,9 +559,9 @@ class Engine {
   /** One compute pass with every dispatch of `key`. */
   _record(enc, key) {
     const pass = enc.beginComputePass();
-    for (const [pipeline, group, grid] of this.recipes[key]) {
+    for (const [pipeline, group, grid, dyn] of this.recipes[key]) {
       pass.setPipeline(pipeline);
-      pass.setBindGroup(0, group);
+      pass.setBindGroup(0, group, dyn);
       pass.dispatchWorkgroups(grid[0], grid[1], grid[2]);
     }
     pass.end();
