@@ -5,7 +5,8 @@ params      (name, shape, init, weight-decayed, offset in the params buffer)
 torch       name -> (PyTorch name, aot.nn module kind, stored transposed)
 optimizer   (kind, hyperparameters...) as aot.optim's spec(); lr: a number or a schedule
 arenas      buffer -> elements, in binding order (binding i is the i-th buffer)
-kernels     kernel -> ((buffer, access) per binding, the user's call site); WGSL in kernels/
+kernels     kernel -> ((buffer, access) per binding, the user's call site, the offset table of
+            its CPU variant or ()); WGSL in kernels/
 variants    entry point -> {sizes of its symbolic dims: the key of entries}
 entries     per entry point and size variant:
   inputs      (name, dtype, shape, buffer, offset)
@@ -139,252 +140,314 @@ PROGRAM = {
                 ("work", "read_write"),
             ),
             "addition_transformer.py:49",
+            (),
         ),
         "train_001_002_003_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_004_005_006_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_007_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1179648, 1245184, 1310720, 2752512, 1376256),
         ),
         "train_008_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "train_009_010_011_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_012_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_013_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (0, 34112, 262144),
         ),
         "train_014_015_016_017_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_018_019_020_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_021_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1703936, 1769472, 1835008, 2756608, 1900544),
         ),
         "train_022_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "train_023_024_025_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_026_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_027_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (262144, 83264, 524288),
         ),
         "train_028_029_030_031_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_032_033_034_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_035_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (2228224, 2293760, 2359296, 2760704, 2424832),
         ),
         "train_036_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "train_037_038_039_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_040_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_041_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (524288, 132416, 786432),
         ),
         "train_042_043_044_045_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_add_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "train_046_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (917504, 576, 786432),
         ),
         "train_047_048_049_max_then_fused_stop_gradient_sub_sum_then_fused_stop_gradient_log_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
+            (),
         ),
         "train_050_053_054_fused_one_hot_mul_sum_and_sum_and_fused_exp_mul_sub": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
+            (),
         ),
         "train_051_056_fused_neg_mul_sum_and_matmul": (
             (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:63",
+            (),
         ),
         "train_055_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (1007616, 576, 786432),
         ),
         "train_057_058_059_060_061_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "train_062_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (524288, 2686976, 132416),
         ),
         "train_063_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_064_065_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_071_072_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "train_073_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (),
         ),
         "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (),
         ),
         "train_077_078_079_080_081_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_082_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_083_084_085_086_087_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_088_089_fused_mul_sum_and_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_090_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_091_092_093_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_099_100_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "train_101_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (),
         ),
         "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (),
         ),
         "train_105_106_107_108_109_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_110_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_111_112_113_114_115_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_116_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (0, 655360, 34112),
         ),
         "train_117_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_118_119_120_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_126_127_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "train_128_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (),
         ),
         "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (),
         ),
         "train_132_133_134_135_136_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_137_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "train_138_139_140_141_142_143_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_144_146_sum_and_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
+            (),
         ),
         "train_145_147_pad_and_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
+            (),
         ),
         "train_148_fused_square_pad_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
+            (),
         ),
-        "train_149_sum": ((("work", "read_write"),), "optimizer"),
+        "train_149_sum": ((("work", "read_write"),), "optimizer", ()),
         "train_150_fused_sqrt_add_sub": (
             (
                 ("params", "read_write"),
@@ -395,902 +458,1144 @@ PROGRAM = {
                 ("state_1", "read_write"),
             ),
             "optimizer",
+            (),
         ),
         "train_000_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
+            (),
         ),
-        "train_001_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
+        "train_001_sum": ((("work", "read_write"),), "addition_transformer.py:32", ()),
         "train_002_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "train_003_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_004_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1114112, 1344, 1179648),
         ),
         "train_005_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1114112, 5440, 1245184),
         ),
         "train_006_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1114112, 9536, 1310720),
         ),
-        "train_009_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_009_sum": ((("work", "read_write"),), "addition_transformer.py:36", ()),
         "train_010_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_011_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_014_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_015_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_016_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "train_017_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_018_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1638400, 50496, 1703936),
         ),
         "train_019_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1638400, 54592, 1769472),
         ),
         "train_020_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1638400, 58688, 1835008),
         ),
-        "train_023_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_023_sum": ((("work", "read_write"),), "addition_transformer.py:36", ()),
         "train_024_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_025_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_028_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_029_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_030_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "train_031_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_032_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (2162688, 99648, 2228224),
         ),
         "train_033_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (2162688, 103744, 2293760),
         ),
         "train_034_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (2162688, 107840, 2359296),
         ),
-        "train_037_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "train_037_sum": ((("work", "read_write"),), "addition_transformer.py:36", ()),
         "train_038_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_039_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_042_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "train_043_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "train_044_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
+            (),
         ),
         "train_045_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
-        "train_047_max": ((("work", "read_write"),), "addition_transformer.py:61"),
+        "train_047_max": ((("work", "read_write"),), "addition_transformer.py:61", ()),
         "train_048_fused_stop_gradient_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
+            (),
         ),
         "train_049_fused_stop_gradient_log_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
+            (),
         ),
         "train_050_fused_one_hot_mul_sum": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
+            (),
         ),
         "train_051_fused_neg_mul_sum": (
             (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:63",
+            (),
         ),
         "train_052_fused_one_hot_neg_mul": (
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
+            (),
         ),
-        "train_053_sum": ((("work", "read_write"),), "addition_transformer.py:61"),
+        "train_053_sum": ((("work", "read_write"),), "addition_transformer.py:61", ()),
         "train_054_fused_exp_mul_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
+            (),
         ),
-        "train_056_matmul": ((("work", "read_write"),), "addition_transformer.py:53"),
+        "train_056_matmul": (
+            (("work", "read_write"),),
+            "addition_transformer.py:53",
+            (917504, 1007616, 2776064),
+        ),
         "train_057_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "train_058_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "train_059_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "train_060_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
+            (),
         ),
         "train_061_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
+            (),
         ),
         "train_064_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (786432, 116032, 2621440),
         ),
         "train_065_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (2555904, 786432, 116032),
         ),
         "train_066_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_067_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_068_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_069_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_070_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_071_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (589824, 111936, 655360),
         ),
         "train_072_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (2424832, 589824, 111936),
         ),
         "train_074_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (2228224, 2293760, 655360, 2760704, 524288),
         ),
         "train_075_attention_dk": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 720896),
         ),
         "train_076_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 2424832),
         ),
         "train_077_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (524288, 107840, 2555904),
         ),
         "train_078_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (2162688, 524288, 107840),
         ),
         "train_079_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (720896, 103744, 655360),
         ),
         "train_080_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (2162688, 720896, 103744),
         ),
         "train_081_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (2162688, 2424832, 99648),
         ),
         "train_083_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_084_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_085_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_086_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "train_087_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "train_088_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_089_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (262144, 2162688, 83264),
         ),
         "train_091_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_092_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (524288, 66880, 2097152),
         ),
         "train_093_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (2031616, 524288, 66880),
         ),
         "train_094_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_095_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_096_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_097_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_098_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_099_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (524288, 62784, 327680),
         ),
         "train_100_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (1900544, 524288, 62784),
         ),
         "train_102_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1703936, 1769472, 327680, 2756608, 262144),
         ),
         "train_103_attention_dk": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 393216),
         ),
         "train_104_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 458752),
         ),
         "train_105_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (262144, 58688, 589824),
         ),
         "train_106_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1638400, 262144, 58688),
         ),
         "train_107_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (393216, 54592, 327680),
         ),
         "train_108_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1638400, 393216, 54592),
         ),
         "train_109_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1638400, 458752, 50496),
         ),
         "train_111_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_112_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_113_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_114_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "train_115_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "train_118_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_119_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (262144, 17728, 524288),
         ),
         "train_120_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (1507328, 262144, 17728),
         ),
         "train_121_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_122_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_123_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "train_124_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_125_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "train_126_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (65536, 13632, 131072),
         ),
         "train_127_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (1376256, 65536, 13632),
         ),
         "train_129_attention_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1179648, 1245184, 131072, 2752512, 0),
         ),
         "train_130_attention_dk": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 196608),
         ),
         "train_131_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 262144),
         ),
         "train_132_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 9536, 327680),
         ),
         "train_133_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1114112, 0, 9536),
         ),
         "train_134_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (196608, 5440, 131072),
         ),
         "train_135_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1114112, 196608, 5440),
         ),
         "train_136_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (1114112, 262144, 1344),
         ),
         "train_138_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_139_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_140_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_141_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "train_142_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "train_143_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
-        "train_144_sum": ((("work", "read_write"),), "addition_transformer.py:49"),
+        "train_144_sum": ((("work", "read_write"),), "addition_transformer.py:49", ()),
         "train_145_pad": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
+            (),
         ),
         "train_146_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
+            (),
         ),
         "train_147_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
+            (),
         ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
+            (),
         ),
         "predict_N1_01_02_03_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_04_05_06_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "predict_N1_07_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (1024, 1536, 2048, 2560),
         ),
         "predict_N1_08_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "predict_N1_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_12_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_13_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (0, 34112, 2560),
         ),
         "predict_N1_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_18_19_20_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "predict_N1_21_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (512, 1024, 1536, 2048),
         ),
         "predict_N1_22_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "predict_N1_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_26_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_27_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (0, 83264, 2560),
         ),
         "predict_N1_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_32_33_34_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "predict_N1_36_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "predict_N1_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_40_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_41_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (0, 132416, 2560),
         ),
         "predict_N1_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N1_46_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (0, 576, 512),
         ),
-        "predict_N1_01_sum": ((("work", "read_write"),), "addition_transformer.py:32"),
+        "predict_N1_01_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+            (),
+        ),
         "predict_N1_02_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_03_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_04_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (512, 1344, 1024),
         ),
         "predict_N1_05_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (512, 5440, 1536),
         ),
         "predict_N1_06_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (512, 9536, 2048),
         ),
-        "predict_N1_09_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_09_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+            (),
+        ),
         "predict_N1_10_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_11_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_14_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_15_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_16_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_17_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_18_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 50496, 512),
         ),
         "predict_N1_19_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 54592, 1024),
         ),
         "predict_N1_20_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 58688, 1536),
         ),
-        "predict_N1_23_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_23_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+            (),
+        ),
         "predict_N1_24_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_25_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_28_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_29_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_31_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N1_32_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 99648, 512),
         ),
         "predict_N1_33_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 103744, 1024),
         ),
         "predict_N1_34_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 107840, 1536),
         ),
-        "predict_N1_37_sum": ((("work", "read_write"),), "addition_transformer.py:36"),
+        "predict_N1_37_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+            (),
+        ),
         "predict_N1_38_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_39_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N1_42_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N1_43_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N1_44_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N1_45_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N128_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
+            (),
         ),
         "predict_N128_01_02_03_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_04_05_06_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "predict_N128_07_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (131072, 196608, 262144, 327680),
         ),
         "predict_N128_08_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "predict_N128_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_12_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_13_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (0, 34112, 327680),
         ),
         "predict_N128_14_15_16_17_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_18_19_20_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "predict_N128_21_attention": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
+            (65536, 131072, 196608, 262144),
         ),
         "predict_N128_22_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "predict_N128_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_26_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_27_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (0, 83264, 327680),
         ),
         "predict_N128_28_29_30_31_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_32_33_34_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (),
         ),
         "predict_N128_36_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
+            (),
         ),
         "predict_N128_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_40_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_41_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (0, 132416, 327680),
         ),
         "predict_N128_42_43_44_45_fused_add_sum_then_fused_add_mul_sub_then_fused_mul_sum_etc": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N128_46_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (0, 576, 65536),
         ),
         "predict_N128_01_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_02_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_03_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_04_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (65536, 1344, 131072),
         ),
         "predict_N128_05_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (65536, 5440, 196608),
         ),
         "predict_N128_06_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (65536, 9536, 262144),
         ),
         "predict_N128_09_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_10_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_11_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_14_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_15_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_16_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_17_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_18_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 50496, 65536),
         ),
         "predict_N128_19_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 54592, 131072),
         ),
         "predict_N128_20_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 58688, 196608),
         ),
         "predict_N128_23_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_24_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_25_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_28_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_29_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_31_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
+            (),
         ),
         "predict_N128_32_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 99648, 65536),
         ),
         "predict_N128_33_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 103744, 131072),
         ),
         "predict_N128_34_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
+            (0, 107840, 196608),
         ),
         "predict_N128_37_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_38_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_39_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
+            (),
         ),
         "predict_N128_42_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N128_43_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N128_44_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
+            (),
         ),
         "predict_N128_45_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
+            (),
         ),
     },
     "entries": {

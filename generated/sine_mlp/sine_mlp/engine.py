@@ -53,6 +53,11 @@ class _Raw:
         self._release = lib.wgpuComputePassEncoderRelease
         # one descriptor for every pass: no label, no timestamp writes (all fields zero)
         self._pass_desc = ffi.new("WGPUComputePassDescriptor *")
+        self._ffi = ffi
+
+    def offsets(self, dyn):
+        """A dispatch's dynamic offset as the C array set_bind_group takes (None: none)."""
+        return None if dyn is None else self._ffi.new("uint32_t[1]", [dyn])
 
     def begin(self, enc_internal):
         return self._begin(enc_internal, self._pass_desc)
@@ -138,6 +143,9 @@ class Engine:
             {},
             {},
         )
+        self.kernel_offset = (
+            {}
+        )  # kernel -> the dynamic offset of its table's slot, or None
         self._groups = {}
         self.raw_recipes, self._many = {}, {}
         self._halves: dict = (
@@ -181,16 +189,29 @@ class Engine:
     def _prepare(self, key: str) -> None:
         """Pipelines, bind groups and the dispatch list of one entry point."""
         own = {a: self._buffer(a, n) for a, n in self._own_scratch(key).items()}
+        tables = self._offset_tables(key)
+        if tables:
+            own[OFFSETS] = self._offsets_buffer(tables)
         self.entry_buffers[key] = dict(self.buffers, **own)
         runs: list[tuple[dict, list]] = []
         for kname, grid in self.entries[key]["dispatches"]:
             access = dict(self.kernels[kname][0])
+            if kname in tables:
+                # a run of its own, binding its offset table: kernels of one text then share
+                # one layout and one pipeline
+                access[OFFSETS] = "uniform"
+                runs.append((access, [(kname, grid)]))
+                continue
             # a run agrees on each buffer's access, also where one kernel binds it as vec4s
             modes = (
                 {_buffer_of(a): acc for a, acc in runs[-1][0].items()} if runs else {}
             )
-            if runs and all(
-                modes.get(_buffer_of(a), acc) == acc for a, acc in access.items()
+            if (
+                runs
+                and OFFSETS not in modes
+                and all(
+                    modes.get(_buffer_of(a), acc) == acc for a, acc in access.items()
+                )
             ):
                 runs[-1][0].update(access)
                 runs[-1][1].append((kname, grid))
@@ -198,7 +219,7 @@ class Engine:
                 runs.append((access, [(kname, grid)]))
         todo = (
             []
-        )  # (kernel, grid, layout, bind group or None where the previous one holds)
+        )  # (kernel, grid, layout, bind group or None where the previous one holds, dynamic offset)
         for access, members in runs:
             sig = tuple(sorted(access.items(), key=lambda item: self._binding(item[0])))
             bound = {_buffer_of(a) for a in access}
@@ -213,47 +234,92 @@ class Engine:
             layout, group = self._groups[gkey]
             for n, (kname, grid) in enumerate(members):
                 self.kernel_group[kname] = group
-                todo.append((kname, grid, layout, group if n == 0 else None))
+                dyn = tables[kname][0] if kname in tables else None
+                todo.append((kname, grid, layout, group if n == 0 else None, dyn))
+
+        # One pipeline per source (comments aside) and layout: the CPU set's kernels that
+        # differ only in their offset tables are compiled once.
+        first = {}
+        for kname, _, layout, _, _ in todo:
+            first.setdefault(
+                (_code_only(self.wgsl[kname]), id(layout)), (kname, layout)
+            )
 
         def make(item):
-            kname, _, layout, _ = item
+            kname, layout = item
             return self._pipeline(
                 kname, self.wgsl[kname], self.kernels[kname][1], layout
             )
 
         # A driver that compiles at pipeline creation (a GPU's) compiles them on several cores.
-        workers = min(8, os.cpu_count() or 1, len(todo))
+        workers = min(8, os.cpu_count() or 1, len(first))
         if workers > 1:
             with ThreadPoolExecutor(workers) as pool:
-                made = list(pool.map(make, todo))
+                made = dict(zip(first, pool.map(make, first.values())))
         else:
-            made = [make(item) for item in todo]
+            made = {code: make(item) for code, item in first.items()}
         steps = []
-        for (kname, grid, _, group), pipeline in zip(todo, made):
+        for kname, grid, layout, group, dyn in todo:
+            pipeline = made[(_code_only(self.wgsl[kname]), id(layout))]
             self.pipelines[kname] = pipeline
-            steps.append((pipeline, group, tuple(grid)))
+            self.kernel_offset[kname] = dyn
+            steps.append((pipeline, group, tuple(grid), dyn))
         self.recipes[key] = steps
+
+    def _offset_tables(self, key: str) -> dict:
+        """kernel -> (its slot's byte offset, its offset table) for the CPU set's kernels of `key`
+        that read where their operands start from a table (plan.py: OFFSETS_BINDING)."""
+        if self.kernel_set != "cpu":
+            return {}
+        tables = {}
+        for kname, _grid in self.entries[key]["dispatches"]:
+            about = self.kernels[kname]
+            if len(about) > 2 and about[2] and kname not in tables:
+                tables[kname] = (OFFSETS_SLOT_BYTES * len(tables), tuple(about[2]))
+        return tables
+
+    def _offsets_buffer(self, tables: dict):
+        """A uniform buffer holding every table of `tables` in its slot."""
+        words = OFFSETS_SLOT_BYTES // 4
+        data = np.zeros(words * len(tables), dtype=np.uint32)
+        for at, table in tables.values():
+            data[at // 4 : at // 4 + len(table)] = table
+        buf = self.device.create_buffer(
+            label=OFFSETS,
+            size=data.nbytes,
+            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
+        )
+        self.device.queue.write_buffer(buf, 0, data)
+        return buf
 
     def _binding(self, name: str) -> int:
         """A buffer's binding number in every kernel (its vec4 alias's VEC_BINDING_BASE above)."""
+        if name == OFFSETS:
+            return OFFSETS_BINDING
         base = _buffer_of(name)
         return self.order.index(base) + (VEC_BINDING_BASE if base != name else 0)
 
     def _layout_and_group(self, sig, buffers):
+        kinds = {
+            "read_write": {"type": "storage"},
+            "read": {"type": "read-only-storage"},
+        }
+        # an offset table: one slot of the entry's uniform buffer, chosen per dispatch
+        kinds["uniform"] = {"type": "uniform", "has_dynamic_offset": True}
         bgl = self.device.create_bind_group_layout(
             entries=[
                 {
                     "binding": self._binding(arena),
                     "visibility": wgpu.ShaderStage.COMPUTE,
-                    "buffer": {
-                        "type": (
-                            "storage" if access == "read_write" else "read-only-storage"
-                        )
-                    },
+                    "buffer": kinds[access],
                 }
                 for arena, access in sig
             ]
         )
+        size = {
+            a: OFFSETS_SLOT_BYTES if a == OFFSETS else buffers[_buffer_of(a)].size
+            for a, _ in sig
+        }
         group = self.device.create_bind_group(
             layout=bgl,
             entries=[
@@ -262,7 +328,7 @@ class Engine:
                     "resource": {
                         "buffer": buffers[_buffer_of(arena)],
                         "offset": 0,
-                        "size": buffers[_buffer_of(arena)].size,
+                        "size": size[arena],
                     },
                 }
                 for arena, _access in sig
@@ -307,10 +373,10 @@ class Engine:
             if half == 1 and steps and steps[0][1] is None:
                 group = next(
                     g
-                    for _, g, _ in reversed(self.recipes[key][: cut + 1])
+                    for _, g, _, _ in reversed(self.recipes[key][: cut + 1])
                     if g is not None
                 )
-                steps[0] = (steps[0][0], group, steps[0][2])
+                steps[0] = (steps[0][0], group) + steps[0][2:]
             self._halves[(key, half)] = steps
         return steps
 
@@ -329,10 +395,10 @@ class Engine:
             cpass.set_bind_group,
             cpass.dispatch_workgroups,
         )
-        for pipeline, group, grid in steps:
+        for pipeline, group, grid, dyn in steps:
             set_pipeline(pipeline)
             if group is not None:
-                set_bind_group(0, group)
+                set_bind_group(0, group, () if dyn is None else (dyn,))
             dispatch(*grid)
         cpass.end()
 
@@ -342,8 +408,13 @@ class Engine:
         if raw is None and _RAW is not None:
             try:
                 raw = self.raw_recipes[rkey] = [
-                    (p._internal, None if g is None else g._internal, grid)
-                    for p, g, grid in steps
+                    (
+                        p._internal,
+                        None if g is None else g._internal,
+                        grid,
+                        _RAW.offsets(dyn),
+                    )
+                    for p, g, grid, dyn in steps
                 ]
             except AttributeError:
                 raw = None
@@ -358,10 +429,13 @@ class Engine:
             _RAW.dispatch,
             _RAW.null,
         )
-        for pipeline, group, (x, y, z) in raw:
+        for pipeline, group, (x, y, z), dyn in raw:
             set_pipeline(c, pipeline)
             if group is not None:
-                set_bind_group(c, 0, group, 0, null)
+                if dyn is None:
+                    set_bind_group(c, 0, group, 0, null)
+                else:
+                    set_bind_group(c, 0, group, 1, dyn)
             dispatch(c, x, y, z)
         _RAW.end(c)
 
@@ -708,6 +782,19 @@ WEBGPU_DEFAULT_BINDING = 134217728  # bytes: maxStorageBufferBindingSize without
 # once through it), under the buffer's name + VEC_SUFFIX at VEC_BINDING_BASE + its binding.
 VEC_SUFFIX = "_v4"
 VEC_BINDING_BASE = 500
+
+
+# The CPU set's offset tables (a uniform buffer per entry point, a slot per kernel with one).
+OFFSETS = "offsets"
+OFFSETS_BINDING = 400
+OFFSETS_SLOT_BYTES = 256
+
+
+def _code_only(wgsl: str) -> str:
+    """A kernel's source without its comment lines: kernels that differ only there are one."""
+    return "\n".join(
+        line for line in wgsl.splitlines() if not line.lstrip().startswith("//")
+    )
 
 
 def _buffer_of(name: str) -> str:

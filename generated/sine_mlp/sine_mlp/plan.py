@@ -5,7 +5,8 @@ params      (name, shape, init, weight-decayed, offset in the params buffer)
 torch       name -> (PyTorch name, aot.nn module kind, stored transposed)
 optimizer   (kind, hyperparameters...) as aot.optim's spec(); lr: a number or a schedule
 arenas      buffer -> elements, in binding order (binding i is the i-th buffer)
-kernels     kernel -> ((buffer, access) per binding, the user's call site); WGSL in kernels/
+kernels     kernel -> ((buffer, access) per binding, the user's call site, the offset table of
+            its CPU variant or ()); WGSL in kernels/
 variants    entry point -> {sizes of its symbolic dims: the key of entries}
 entries     per entry point and size variant:
   inputs      (name, dtype, shape, buffer, offset)
@@ -62,14 +63,17 @@ PROGRAM = {
         "train_00_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "train_01_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "train_02_matmul_add_sub_mul": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_sub_mul": (
             (
@@ -79,14 +83,17 @@ PROGRAM = {
                 ("work", "read_write"),
             ),
             "sine_mlp.py:15",
+            (),
         ),
         "train_06_07_matmul_and_matmul_equal_sub_mul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "train_08_09_sum_and_matmul": (
             (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "train_10_fused_mul_add_sub": (
             (
@@ -97,6 +104,7 @@ PROGRAM = {
                 ("state_1", "read_write"),
             ),
             "optimizer",
+            (),
         ),
         "train_03_fused_add_sub_sum": (
             (
@@ -106,46 +114,57 @@ PROGRAM = {
                 ("work", "read_write"),
             ),
             "sine_mlp.py:15",
+            (),
         ),
         "train_04_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (16384, 65536, 4160),
         ),
         "train_05_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "train_06_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (0, 32768, 64),
         ),
         "train_07_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "train_08_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "train_09_matmul": (
             (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (0, 49152, 0),
         ),
         "predict_B1_00_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "predict_B1_01_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "predict_B1_02_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
         "predict_B256_02_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
+            (),
         ),
     },
     "entries": {

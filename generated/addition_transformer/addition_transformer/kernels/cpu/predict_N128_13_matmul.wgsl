@@ -14,13 +14,21 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where A, B and C start in their buffers (elements), set for each dispatch: products of this
+// shape share one compiled kernel.
+struct Offsets {
+    a: u32,
+    b: u32,
+    c: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 327680u + row * 64u + col;
+    let i = at.c + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -33,22 +41,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // lanes read neighbouring columns of B).
     let row0 = m0 + tid / 8u * 8u;
     let col0 = n0 + tid % 8u;
-    let a_r0 = row0 * 256u;
-    let a_r1 = (row0 + 1u) * 256u;
-    let a_r2 = (row0 + 2u) * 256u;
-    let a_r3 = (row0 + 3u) * 256u;
-    let a_r4 = (row0 + 4u) * 256u;
-    let a_r5 = (row0 + 5u) * 256u;
-    let a_r6 = (row0 + 6u) * 256u;
-    let a_r7 = (row0 + 7u) * 256u;
-    let b_c0 = 34112u + col0;
-    let b_c1 = 34112u + col0 + 8u;
-    let b_c2 = 34112u + col0 + 16u;
-    let b_c3 = 34112u + col0 + 24u;
-    let b_c4 = 34112u + col0 + 32u;
-    let b_c5 = 34112u + col0 + 40u;
-    let b_c6 = 34112u + col0 + 48u;
-    let b_c7 = 34112u + col0 + 56u;
+    let a_r0 = at.a + row0 * 256u;
+    let a_r1 = at.a + (row0 + 1u) * 256u;
+    let a_r2 = at.a + (row0 + 2u) * 256u;
+    let a_r3 = at.a + (row0 + 3u) * 256u;
+    let a_r4 = at.a + (row0 + 4u) * 256u;
+    let a_r5 = at.a + (row0 + 5u) * 256u;
+    let a_r6 = at.a + (row0 + 6u) * 256u;
+    let a_r7 = at.a + (row0 + 7u) * 256u;
+    let b_c0 = at.b + col0;
+    let b_c1 = at.b + col0 + 8u;
+    let b_c2 = at.b + col0 + 16u;
+    let b_c3 = at.b + col0 + 24u;
+    let b_c4 = at.b + col0 + 32u;
+    let b_c5 = at.b + col0 + 40u;
+    let b_c6 = at.b + col0 + 48u;
+    let b_c7 = at.b + col0 + 56u;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -198,74 +206,68 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c7_7 = fma(a7, b7, c7_7);
     }
 
-    // One copy of the epilogue, in a loop over this invocation's outputs: a CPU adapter's
-    // compiler spends more time on 64 inlined copies than on the product.
-    var out: array<f32, 64>;
-    out[0] = c0_0;
-    out[1] = c0_1;
-    out[2] = c0_2;
-    out[3] = c0_3;
-    out[4] = c0_4;
-    out[5] = c0_5;
-    out[6] = c0_6;
-    out[7] = c0_7;
-    out[8] = c1_0;
-    out[9] = c1_1;
-    out[10] = c1_2;
-    out[11] = c1_3;
-    out[12] = c1_4;
-    out[13] = c1_5;
-    out[14] = c1_6;
-    out[15] = c1_7;
-    out[16] = c2_0;
-    out[17] = c2_1;
-    out[18] = c2_2;
-    out[19] = c2_3;
-    out[20] = c2_4;
-    out[21] = c2_5;
-    out[22] = c2_6;
-    out[23] = c2_7;
-    out[24] = c3_0;
-    out[25] = c3_1;
-    out[26] = c3_2;
-    out[27] = c3_3;
-    out[28] = c3_4;
-    out[29] = c3_5;
-    out[30] = c3_6;
-    out[31] = c3_7;
-    out[32] = c4_0;
-    out[33] = c4_1;
-    out[34] = c4_2;
-    out[35] = c4_3;
-    out[36] = c4_4;
-    out[37] = c4_5;
-    out[38] = c4_6;
-    out[39] = c4_7;
-    out[40] = c5_0;
-    out[41] = c5_1;
-    out[42] = c5_2;
-    out[43] = c5_3;
-    out[44] = c5_4;
-    out[45] = c5_5;
-    out[46] = c5_6;
-    out[47] = c5_7;
-    out[48] = c6_0;
-    out[49] = c6_1;
-    out[50] = c6_2;
-    out[51] = c6_3;
-    out[52] = c6_4;
-    out[53] = c6_5;
-    out[54] = c6_6;
-    out[55] = c6_7;
-    out[56] = c7_0;
-    out[57] = c7_1;
-    out[58] = c7_2;
-    out[59] = c7_3;
-    out[60] = c7_4;
-    out[61] = c7_5;
-    out[62] = c7_6;
-    out[63] = c7_7;
-    for (var e = 0u; e < 64u; e++) {
-        store_c(out[e], bi, row0 + e / 8u, col0 + e % 8u * 8u);
-    }
+    store_c(c0_0, bi, row0, col0);
+    store_c(c0_1, bi, row0, col0 + 8u);
+    store_c(c0_2, bi, row0, col0 + 16u);
+    store_c(c0_3, bi, row0, col0 + 24u);
+    store_c(c0_4, bi, row0, col0 + 32u);
+    store_c(c0_5, bi, row0, col0 + 40u);
+    store_c(c0_6, bi, row0, col0 + 48u);
+    store_c(c0_7, bi, row0, col0 + 56u);
+    store_c(c1_0, bi, row0 + 1u, col0);
+    store_c(c1_1, bi, row0 + 1u, col0 + 8u);
+    store_c(c1_2, bi, row0 + 1u, col0 + 16u);
+    store_c(c1_3, bi, row0 + 1u, col0 + 24u);
+    store_c(c1_4, bi, row0 + 1u, col0 + 32u);
+    store_c(c1_5, bi, row0 + 1u, col0 + 40u);
+    store_c(c1_6, bi, row0 + 1u, col0 + 48u);
+    store_c(c1_7, bi, row0 + 1u, col0 + 56u);
+    store_c(c2_0, bi, row0 + 2u, col0);
+    store_c(c2_1, bi, row0 + 2u, col0 + 8u);
+    store_c(c2_2, bi, row0 + 2u, col0 + 16u);
+    store_c(c2_3, bi, row0 + 2u, col0 + 24u);
+    store_c(c2_4, bi, row0 + 2u, col0 + 32u);
+    store_c(c2_5, bi, row0 + 2u, col0 + 40u);
+    store_c(c2_6, bi, row0 + 2u, col0 + 48u);
+    store_c(c2_7, bi, row0 + 2u, col0 + 56u);
+    store_c(c3_0, bi, row0 + 3u, col0);
+    store_c(c3_1, bi, row0 + 3u, col0 + 8u);
+    store_c(c3_2, bi, row0 + 3u, col0 + 16u);
+    store_c(c3_3, bi, row0 + 3u, col0 + 24u);
+    store_c(c3_4, bi, row0 + 3u, col0 + 32u);
+    store_c(c3_5, bi, row0 + 3u, col0 + 40u);
+    store_c(c3_6, bi, row0 + 3u, col0 + 48u);
+    store_c(c3_7, bi, row0 + 3u, col0 + 56u);
+    store_c(c4_0, bi, row0 + 4u, col0);
+    store_c(c4_1, bi, row0 + 4u, col0 + 8u);
+    store_c(c4_2, bi, row0 + 4u, col0 + 16u);
+    store_c(c4_3, bi, row0 + 4u, col0 + 24u);
+    store_c(c4_4, bi, row0 + 4u, col0 + 32u);
+    store_c(c4_5, bi, row0 + 4u, col0 + 40u);
+    store_c(c4_6, bi, row0 + 4u, col0 + 48u);
+    store_c(c4_7, bi, row0 + 4u, col0 + 56u);
+    store_c(c5_0, bi, row0 + 5u, col0);
+    store_c(c5_1, bi, row0 + 5u, col0 + 8u);
+    store_c(c5_2, bi, row0 + 5u, col0 + 16u);
+    store_c(c5_3, bi, row0 + 5u, col0 + 24u);
+    store_c(c5_4, bi, row0 + 5u, col0 + 32u);
+    store_c(c5_5, bi, row0 + 5u, col0 + 40u);
+    store_c(c5_6, bi, row0 + 5u, col0 + 48u);
+    store_c(c5_7, bi, row0 + 5u, col0 + 56u);
+    store_c(c6_0, bi, row0 + 6u, col0);
+    store_c(c6_1, bi, row0 + 6u, col0 + 8u);
+    store_c(c6_2, bi, row0 + 6u, col0 + 16u);
+    store_c(c6_3, bi, row0 + 6u, col0 + 24u);
+    store_c(c6_4, bi, row0 + 6u, col0 + 32u);
+    store_c(c6_5, bi, row0 + 6u, col0 + 40u);
+    store_c(c6_6, bi, row0 + 6u, col0 + 48u);
+    store_c(c6_7, bi, row0 + 6u, col0 + 56u);
+    store_c(c7_0, bi, row0 + 7u, col0);
+    store_c(c7_1, bi, row0 + 7u, col0 + 8u);
+    store_c(c7_2, bi, row0 + 7u, col0 + 16u);
+    store_c(c7_3, bi, row0 + 7u, col0 + 24u);
+    store_c(c7_4, bi, row0 + 7u, col0 + 32u);
+    store_c(c7_5, bi, row0 + 7u, col0 + 40u);
+    store_c(c7_6, bi, row0 + 7u, col0 + 48u);
+    store_c(c7_7, bi, row0 + 7u, col0 + 56u);
 }

@@ -13,6 +13,14 @@
 // and a barrier would split that loop).
 
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where A, B and C start in their buffers (elements), set for each dispatch: products of this
+// shape share one compiled kernel.
+struct Offsets {
+    a: u32,
+    b: u32,
+    c: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return acc;
@@ -20,7 +28,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 64u && col < 12u) {
-        let i = 2776064u + row * 12u + col;
+        let i = at.c + row * 12u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -35,10 +43,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let row0 = m0 + tid / 8u * 2u;
     let col0 = n0 + tid % 8u;
     // Rows and columns past the edge read the last one (in bounds) and are not stored.
-    let a_r0 = 917504u + row0;
-    let a_r1 = 917504u + row0 + 1u;
-    let b_c0 = 1007616u + min(col0, 11u);
-    let b_c1 = 1007616u + min(col0 + 8u, 11u);
+    let a_r0 = at.a + row0;
+    let a_r1 = at.a + row0 + 1u;
+    let b_c0 = at.b + min(col0, 11u);
+    let b_c1 = at.b + min(col0 + 8u, 11u);
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -57,14 +65,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c1_1 = fma(a1, b1, c1_1);
     }
 
-    // One copy of the epilogue, in a loop over this invocation's outputs: a CPU adapter's
-    // compiler spends more time on 4 inlined copies than on the product.
-    var out: array<f32, 4>;
-    out[0] = c0_0;
-    out[1] = c0_1;
-    out[2] = c1_0;
-    out[3] = c1_1;
-    for (var e = 0u; e < 4u; e++) {
-        store_c(out[e], bi, row0 + e / 2u, col0 + e % 2u * 8u);
-    }
+    store_c(c0_0, bi, row0, col0);
+    store_c(c0_1, bi, row0, col0 + 8u);
+    store_c(c1_0, bi, row0 + 1u, col0);
+    store_c(c1_1, bi, row0 + 1u, col0 + 8u);
 }

@@ -14,13 +14,21 @@
 
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where A, B and C start in their buffers (elements), set for each dispatch: products of this
+// shape share one compiled kernel.
+struct Offsets {
+    a: u32,
+    b: u32,
+    c: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 99648u + row * 64u + col;
+    let i = at.c + row * 64u + col;
     grads[i] = epilogue(acc, bi, row, col);
 }
 
@@ -33,14 +41,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // lanes read neighbouring columns of B).
     let row0 = m0 + tid / 8u * 4u;
     let col0 = n0 + tid % 8u;
-    let a_r0 = 2162688u + row0;
-    let a_r1 = 2162688u + row0 + 1u;
-    let a_r2 = 2162688u + row0 + 2u;
-    let a_r3 = 2162688u + row0 + 3u;
-    let b_c0 = 2424832u + ((col0) / 16u) * 128u + (col0) % 16u;
-    let b_c1 = 2424832u + ((col0 + 8u) / 16u) * 128u + (col0 + 8u) % 16u;
-    let b_c2 = 2424832u + ((col0 + 16u) / 16u) * 128u + (col0 + 16u) % 16u;
-    let b_c3 = 2424832u + ((col0 + 24u) / 16u) * 128u + (col0 + 24u) % 16u;
+    let a_r0 = at.a + row0;
+    let a_r1 = at.a + row0 + 1u;
+    let a_r2 = at.a + row0 + 2u;
+    let a_r3 = at.a + row0 + 3u;
+    let b_c0 = at.b + ((col0) / 16u) * 128u + (col0) % 16u;
+    let b_c1 = at.b + ((col0 + 8u) / 16u) * 128u + (col0 + 8u) % 16u;
+    let b_c2 = at.b + ((col0 + 16u) / 16u) * 128u + (col0 + 16u) % 16u;
+    let b_c3 = at.b + ((col0 + 24u) / 16u) * 128u + (col0 + 24u) % 16u;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -87,26 +95,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c3_3 = fma(a3, b3, c3_3);
     }
 
-    // One copy of the epilogue, in a loop over this invocation's outputs: a CPU adapter's
-    // compiler spends more time on 16 inlined copies than on the product.
-    var out: array<f32, 16>;
-    out[0] = c0_0;
-    out[1] = c0_1;
-    out[2] = c0_2;
-    out[3] = c0_3;
-    out[4] = c1_0;
-    out[5] = c1_1;
-    out[6] = c1_2;
-    out[7] = c1_3;
-    out[8] = c2_0;
-    out[9] = c2_1;
-    out[10] = c2_2;
-    out[11] = c2_3;
-    out[12] = c3_0;
-    out[13] = c3_1;
-    out[14] = c3_2;
-    out[15] = c3_3;
-    for (var e = 0u; e < 16u; e++) {
-        store_c(out[e], bi, row0 + e / 4u, col0 + e % 4u * 8u);
-    }
+    store_c(c0_0, bi, row0, col0);
+    store_c(c0_1, bi, row0, col0 + 8u);
+    store_c(c0_2, bi, row0, col0 + 16u);
+    store_c(c0_3, bi, row0, col0 + 24u);
+    store_c(c1_0, bi, row0 + 1u, col0);
+    store_c(c1_1, bi, row0 + 1u, col0 + 8u);
+    store_c(c1_2, bi, row0 + 1u, col0 + 16u);
+    store_c(c1_3, bi, row0 + 1u, col0 + 24u);
+    store_c(c2_0, bi, row0 + 2u, col0);
+    store_c(c2_1, bi, row0 + 2u, col0 + 8u);
+    store_c(c2_2, bi, row0 + 2u, col0 + 16u);
+    store_c(c2_3, bi, row0 + 2u, col0 + 24u);
+    store_c(c3_0, bi, row0 + 3u, col0);
+    store_c(c3_1, bi, row0 + 3u, col0 + 8u);
+    store_c(c3_2, bi, row0 + 3u, col0 + 16u);
+    store_c(c3_3, bi, row0 + 3u, col0 + 24u);
 }

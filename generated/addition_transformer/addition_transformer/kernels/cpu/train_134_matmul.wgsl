@@ -14,13 +14,21 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where A, B and C start in their buffers (elements), set for each dispatch: products of this
+// shape share one compiled kernel.
+struct Offsets {
+    a: u32,
+    b: u32,
+    c: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return acc;
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 131072u + row * 64u + col;
+    let i = at.c + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -33,18 +41,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // lanes read neighbouring columns of B).
     let row0 = m0 + tid / 8u * 8u;
     let col0 = n0 + tid % 8u;
-    let a_r0 = 196608u + ((row0) / 8u) * 512u + ((row0) % 8u) * 16u;
-    let a_r1 = 196608u + ((row0 + 1u) / 8u) * 512u + ((row0 + 1u) % 8u) * 16u;
-    let a_r2 = 196608u + ((row0 + 2u) / 8u) * 512u + ((row0 + 2u) % 8u) * 16u;
-    let a_r3 = 196608u + ((row0 + 3u) / 8u) * 512u + ((row0 + 3u) % 8u) * 16u;
-    let a_r4 = 196608u + ((row0 + 4u) / 8u) * 512u + ((row0 + 4u) % 8u) * 16u;
-    let a_r5 = 196608u + ((row0 + 5u) / 8u) * 512u + ((row0 + 5u) % 8u) * 16u;
-    let a_r6 = 196608u + ((row0 + 6u) / 8u) * 512u + ((row0 + 6u) % 8u) * 16u;
-    let a_r7 = 196608u + ((row0 + 7u) / 8u) * 512u + ((row0 + 7u) % 8u) * 16u;
-    let b_c0 = 5440u + col0 * 64u;
-    let b_c1 = 5440u + (col0 + 8u) * 64u;
-    let b_c2 = 5440u + (col0 + 16u) * 64u;
-    let b_c3 = 5440u + (col0 + 24u) * 64u;
+    let a_r0 = at.a + ((row0) / 8u) * 512u + ((row0) % 8u) * 16u;
+    let a_r1 = at.a + ((row0 + 1u) / 8u) * 512u + ((row0 + 1u) % 8u) * 16u;
+    let a_r2 = at.a + ((row0 + 2u) / 8u) * 512u + ((row0 + 2u) % 8u) * 16u;
+    let a_r3 = at.a + ((row0 + 3u) / 8u) * 512u + ((row0 + 3u) % 8u) * 16u;
+    let a_r4 = at.a + ((row0 + 4u) / 8u) * 512u + ((row0 + 4u) % 8u) * 16u;
+    let a_r5 = at.a + ((row0 + 5u) / 8u) * 512u + ((row0 + 5u) % 8u) * 16u;
+    let a_r6 = at.a + ((row0 + 6u) / 8u) * 512u + ((row0 + 6u) % 8u) * 16u;
+    let a_r7 = at.a + ((row0 + 7u) / 8u) * 512u + ((row0 + 7u) % 8u) * 16u;
+    let b_c0 = at.b + col0 * 64u;
+    let b_c1 = at.b + (col0 + 8u) * 64u;
+    let b_c2 = at.b + (col0 + 16u) * 64u;
+    let b_c3 = at.b + (col0 + 24u) * 64u;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;
@@ -126,42 +134,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c7_3 = fma(a7, b3, c7_3);
     }
 
-    // One copy of the epilogue, in a loop over this invocation's outputs: a CPU adapter's
-    // compiler spends more time on 32 inlined copies than on the product.
-    var out: array<f32, 32>;
-    out[0] = c0_0;
-    out[1] = c0_1;
-    out[2] = c0_2;
-    out[3] = c0_3;
-    out[4] = c1_0;
-    out[5] = c1_1;
-    out[6] = c1_2;
-    out[7] = c1_3;
-    out[8] = c2_0;
-    out[9] = c2_1;
-    out[10] = c2_2;
-    out[11] = c2_3;
-    out[12] = c3_0;
-    out[13] = c3_1;
-    out[14] = c3_2;
-    out[15] = c3_3;
-    out[16] = c4_0;
-    out[17] = c4_1;
-    out[18] = c4_2;
-    out[19] = c4_3;
-    out[20] = c5_0;
-    out[21] = c5_1;
-    out[22] = c5_2;
-    out[23] = c5_3;
-    out[24] = c6_0;
-    out[25] = c6_1;
-    out[26] = c6_2;
-    out[27] = c6_3;
-    out[28] = c7_0;
-    out[29] = c7_1;
-    out[30] = c7_2;
-    out[31] = c7_3;
-    for (var e = 0u; e < 32u; e++) {
-        store_c(out[e], bi, row0 + e / 4u, col0 + e % 4u * 8u);
-    }
+    store_c(c0_0, bi, row0, col0);
+    store_c(c0_1, bi, row0, col0 + 8u);
+    store_c(c0_2, bi, row0, col0 + 16u);
+    store_c(c0_3, bi, row0, col0 + 24u);
+    store_c(c1_0, bi, row0 + 1u, col0);
+    store_c(c1_1, bi, row0 + 1u, col0 + 8u);
+    store_c(c1_2, bi, row0 + 1u, col0 + 16u);
+    store_c(c1_3, bi, row0 + 1u, col0 + 24u);
+    store_c(c2_0, bi, row0 + 2u, col0);
+    store_c(c2_1, bi, row0 + 2u, col0 + 8u);
+    store_c(c2_2, bi, row0 + 2u, col0 + 16u);
+    store_c(c2_3, bi, row0 + 2u, col0 + 24u);
+    store_c(c3_0, bi, row0 + 3u, col0);
+    store_c(c3_1, bi, row0 + 3u, col0 + 8u);
+    store_c(c3_2, bi, row0 + 3u, col0 + 16u);
+    store_c(c3_3, bi, row0 + 3u, col0 + 24u);
+    store_c(c4_0, bi, row0 + 4u, col0);
+    store_c(c4_1, bi, row0 + 4u, col0 + 8u);
+    store_c(c4_2, bi, row0 + 4u, col0 + 16u);
+    store_c(c4_3, bi, row0 + 4u, col0 + 24u);
+    store_c(c5_0, bi, row0 + 5u, col0);
+    store_c(c5_1, bi, row0 + 5u, col0 + 8u);
+    store_c(c5_2, bi, row0 + 5u, col0 + 16u);
+    store_c(c5_3, bi, row0 + 5u, col0 + 24u);
+    store_c(c6_0, bi, row0 + 6u, col0);
+    store_c(c6_1, bi, row0 + 6u, col0 + 8u);
+    store_c(c6_2, bi, row0 + 6u, col0 + 16u);
+    store_c(c6_3, bi, row0 + 6u, col0 + 24u);
+    store_c(c7_0, bi, row0 + 7u, col0);
+    store_c(c7_1, bi, row0 + 7u, col0 + 8u);
+    store_c(c7_2, bi, row0 + 7u, col0 + 16u);
+    store_c(c7_3, bi, row0 + 7u, col0 + 24u);
 }
