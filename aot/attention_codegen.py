@@ -139,23 +139,21 @@ def _tile_shape(kind: str, nb: int, t_own: int, t_oth: int, vecs: int, scalars: 
 
 
 def render_attention(
-    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False, offsets_binding: int | None = None
-) -> tuple[str, tuple[int, int, int], KernelContext, tuple]:
+    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False
+) -> tuple[str, tuple[int, int, int], KernelContext]:
     """(WGSL source, grid, the kernel's binding/read record) for one attention kernel; `cpu`: the
     CPU adapters' variant on the same grid, which reads the other side one row at a time
     straight from storage (no workgroup memory and no barriers: a CPU adapter runs a workgroup
-    as one loop over SIMD lanes, which each barrier splits, and its caches hold those rows).
-    With `offsets_binding` too, the CPU variant reads where every operand and output starts
-    from a uniform struct bound there (`at`), set per dispatch: the same attention in every
-    block of a model is then one text, compiled once. The last value returned is that table's
-    values (() without one)."""
+    as one loop over SIMD lanes, which each barrier splits, and its caches hold those rows),
+    and where its operands and outputs start from its offset table (KernelContext.start): the
+    same attention in every block of a model is then one text, compiled once."""
     members = [m.node for m in k.group] + [k.node]
     kind = KIND[k.node.op]
     if any(KIND[n.op] != kind for n in members):
         raise CodegenError(f"attention kernel mixes {sorted({n.op for n in members})}")
     n0 = k.node
     causal, scale = bool(n0.attrs["causal"]), float(n0.attrs["scale"])
-    kc = KernelContext(s, plan, None)
+    kc = KernelContext(s, plan, None, table=cpu)
     ins = n0.inputs
     q, kk = ins[0], ins[1]
     lead = q.shape[:-2]
@@ -177,12 +175,8 @@ def render_attention(
         ops["v"] = _rows(s, plan, kc, ins[2])
     dv = ops["dout"].cols if "dout" in ops else ops["v"].cols if "v" in ops else 0
     d4, dv4 = _cdiv(d, 4), _cdiv(dv, 4)
-    table = cpu and offsets_binding is not None
-    fields: list[tuple[str, int]] = []  # the offset table: (field, value)
-    if table:
-        for name in list(ops):
-            fields.append((name, ops[name].offset))
-            ops[name] = replace(ops[name], start=f"at.{name}")
+    if cpu:  # where each operand starts: a field of the offset table
+        ops = {name: replace(op, start=kc.start(op.buf, op.offset)) for name, op in ops.items()}
 
     # own rows (registers) and tiles (workgroup memory) per kind
     own_t, oth_t = (tq, tk) if kind in ("fwd", "dq") else (tk, tq)
@@ -254,11 +248,8 @@ def render_attention(
         loc = plan.loc[id(n.out)]
         kc.use(loc.arena, write=True)
         cols = 0 if n.op == "attention_lse" else n.out.shape[-1]
-        start = f"{loc.offset}u + " if loc.offset else ""
-        if table:
-            fields.append((f"out{len(stores)}", loc.offset))
-            start = f"at.out{len(stores)} + "
-        stores.append({"op": n.op, "buf": loc.arena, "start": start, "cols": cols})
+        start = kc.start(loc.arena, loc.offset)
+        stores.append({"op": n.op, "buf": loc.arena, "start": start + " + " if start else "", "cols": cols})
     acc = {"fwd": ("o", dv4), "dq": ("dq", d4), "dk": ("dk", d4), "dv": ("dv", dv4)}[kind]
     wgsl = render(
         "wgsl/attention.wgsl.j2",
@@ -289,8 +280,6 @@ def render_attention(
         tiles=tile_loads,
         scalar_tiles=scalar_loads,
         cpu=cpu,
-        offsets_binding=offsets_binding if table else None,
-        fields=[f for f, _ in fields],
         rows=rows,
         scalar_rows=scalar_rows,
         stores=stores,
@@ -299,4 +288,4 @@ def render_attention(
         wg_bytes=wg_bytes,
         comps="xyzw",
     )
-    return wgsl, (gx, gy, 1), kc, tuple(v for _, v in fields)
+    return wgsl, (gx, gy, 1), kc

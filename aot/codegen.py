@@ -1,13 +1,18 @@
 """(KernelSchedule, Plan) -> one WGSL compute kernel per scheduled kernel, from the templates of its
 family (elementwise, reduce, matmul); the values themselves are rendered by wgsl_expr.py.
 
-CPU variants: a CPU adapter (lavapipe, SwiftShader) runs a workgroup's invocations as fibers or
-SIMD lanes, so a workgroup barrier costs far more than on a GPU. Reductions over short rows
-therefore also get a CPU variant with the same bindings and grid, which sums each row in one
-invocation with no barriers; the package picks the set at Model() from the adapter's type.
-Matmuls get a CPU variant without workgroup memory or barriers (matmul_codegen.render_matmul_cpu:
-each invocation sums its block of outputs over all of K), 1.3-1.5x faster there than the GPU
-tiles and quicker to compile; its grid may differ (the CPU dispatch list carries its own).
+CPU variants: every kernel also has a variant for CPU adapters (lavapipe, SwiftShader), with
+the same storage bindings; the package picks the set at Model() from the adapter's type.
+- A CPU adapter compiles each kernel at its first dispatch, and a transformer's blocks repeat
+  the same kernels at other offsets: the CPU variant reads where each tensor starts from an
+  offset table (wgsl_expr.KernelContext.start: a uniform struct `at`, one slot per kernel set
+  per dispatch), so kernels that differ only there have one text, compiled once.
+- It runs a workgroup's invocations as fibers or SIMD lanes, so a workgroup barrier costs far
+  more than on a GPU: reductions over short rows sum each row in one invocation; matmuls have
+  no workgroup memory or barriers (matmul_codegen.render_matmul_cpu: each invocation sums its
+  block of outputs over all of K), 1.3-1.5x faster there than the GPU tiles and quicker to
+  compile, on a grid of their own (the CPU dispatch list carries it); attention kernels read
+  the other side a row at a time (attention_codegen).
 (An earlier barrier-free matmul, one output per invocation, ran 1.2x slower than the tiles and
 gave wrong results at [4096x1024] @ [1024x1024] on lavapipe; the register-blocked one is checked
 at that size's first quarter in tests/test_matmul_kernel.py.)
@@ -20,8 +25,8 @@ from dataclasses import dataclass, field, replace
 from .attention_codegen import render_attention
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
-from .matmul_codegen import MatmulSpec, Operand, choose_tile, cpu_offset_table, render_matmul, render_matmul_cpu, vec_reads
-from .plan import OFFSETS_BINDING, Plan, vec_alias
+from .matmul_codegen import MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
+from .plan import Plan, vec_alias
 from .schedule import Kernel, KernelSchedule, op_of
 from .templates import render
 from .views import View, merge_subdims
@@ -46,8 +51,8 @@ class KernelCode:
     grid: tuple[int, int, int]
     ops: str  # the ops it computes, for comments
     site: str  # user call site of the kernel's main node
-    # the same kernel for CPU adapters (lavapipe, SwiftShader), same bindings, or None when it is
-    # the GPU source: reductions without workgroup barriers, matmuls with CPU tiles (the module doc)
+    # the same kernel for CPU adapters (lavapipe, SwiftShader), same storage bindings (the module
+    # doc); None for a merged dispatch, which only the GPU set runs
     wgsl_cpu: str | None = None
     grid_cpu: tuple[int, int, int] | None = None  # the CPU variant's grid where it differs
     # the CPU variant's offset table (plan.OFFSETS_BINDING), or () when it writes its offsets in
@@ -162,30 +167,36 @@ def _header(name: str, k: Kernel, s: KernelSchedule, writers) -> tuple[list[str]
     return lines, " ".join(ops), site
 
 
-CPU_HEADER = {
-    "reduce": "// CPU variant: each row summed by one invocation, no barriers",
-    "attention": "// CPU variant: each invocation reads the other side's rows itself, no barriers",
-}
-
-
 def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> KernelCode:
     code = _render(name, k, s, plan, names, writers, cpu=False)
-    if k.kind in ("reduce", "attention"):
-        cpu = _render(name, k, s, plan, names, writers, cpu=True)
-        if cpu.grid != code.grid or cpu.bindings != code.bindings:
-            raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
-        if cpu.wgsl != code.wgsl:
-            code.wgsl_cpu = cpu.wgsl
-            code.offsets_cpu = cpu.offsets_cpu
+    cpu = _render(name, k, s, plan, names, writers, cpu=True)
+    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind != "matmul"):
+        raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
+    code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
+    if cpu.grid != code.grid:
+        code.grid_cpu = cpu.grid
     return code
 
 
+# The line a CPU variant's header adds, by kernel kind (reductions over short rows also change
+# how they sum: _reduce)
+CPU_HEADER = {
+    "elementwise": "// CPU variant: tensor offsets from the offset table `at`",
+    "reduce": "// CPU variant: tensor offsets from the offset table `at`",
+    "attention": "// CPU variant: each invocation reads the other side's rows itself, no barriers",
+    "matmul": "// CPU variant: no workgroup memory, no barriers",
+}
+CPU_SEQUENTIAL_HEADER = "// CPU variant: each row summed by one invocation, no barriers; tensor offsets from `at`"
+
+
 def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu: bool) -> KernelCode:
+    """The kernel for the GPU set, or (cpu) the CPU set's variant: barrier-free where the GPU's
+    uses workgroup barriers, and reading where its tensors start from an offset table."""
     header, ops, site = _header(name, k, s, writers)
     if cpu:
         header = header + [CPU_HEADER[k.kind]]
     if k.kind == "elementwise":
-        kc = KernelContext(s, plan, None)
+        kc = KernelContext(s, plan, None, table=cpu)
         body = Body(kc, "    ")
         n = k.out.size
         stores = []
@@ -205,10 +216,11 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
     elif k.kind == "reduce":
         code, kc = _reduce(name, header, k, s, plan, ops, site, cpu)
     elif k.kind == "attention":
-        wgsl, grid, kc, table = render_attention(header, k, s, plan, cpu, OFFSETS_BINDING if cpu else None)
-        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site, offsets_cpu=table)
+        wgsl, grid, kc = render_attention(header, k, s, plan, cpu)
+        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     else:
-        code, kc = _matmul(name, header, k, s, plan, ops, site)
+        code, kc = _matmul(name, header, k, s, plan, ops, site, cpu)
+    code.offsets_cpu = tuple(kc.table or ())
     check_hazards(name, k, plan, kc.reads, names)
     if len(code.bindings) > MAX_STORAGE_BINDINGS:
         raise CodegenError(
@@ -246,7 +258,7 @@ def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) 
 def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, cpu: bool = False) -> KernelCode:
     members = k.group + [k]
     n_out, n_red = k.reduce_space()
-    kc = KernelContext(s, plan, None)
+    kc = KernelContext(s, plan, None, table=cpu)
     outer = Body(kc, "    ")
     inner = Body(kc, "        ")
     accs = []
@@ -285,6 +297,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         # tree step's barrier costs more than the adds it saves on a short row. One invocation
         # per workgroup sums the row in order, over the GPU kernel's grid (one workgroup per row).
         per_wg, wg = False, 1
+        header = header[:-1] + [CPU_SEQUENTIAL_HEADER]
     wgsl = render(
         "wgsl/reduce.wgsl.j2",
         header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg,
@@ -311,7 +324,8 @@ def rows_per_workgroup(n_out: int, n_red: int) -> int:
 def _store(kc: KernelContext, plan: Plan, t: Tensor, value: str, index: str) -> str:
     loc = plan.loc[id(t)]
     kc.use(loc.arena, write=True)
-    return f"{loc.arena}[{loc.offset}u + {index}] = {value};" if loc.offset else f"{loc.arena}[{index}] = {value};"
+    start = kc.start(loc.arena, loc.offset)
+    return f"{loc.arena}[{start} + {index}] = {value};" if start else f"{loc.arena}[{index}] = {value};"
 
 
 def _merge(subdims) -> tuple:
@@ -326,7 +340,8 @@ def _operand(plan: Plan, s: KernelSchedule, t: Tensor, kc: KernelContext, fold_b
     loc, dims = plan.read_loc(s, t)
     kc.use(loc.arena, write=False)
     kc.reads.append(s.views[id(t)].base)
-    return _strided_operand(loc.arena, loc.offset, dims, fold_batch)
+    op = _strided_operand(loc.arena, loc.offset, dims, fold_batch)
+    return replace(op, start=kc.start(loc.arena, loc.offset)) if kc.table is not None else op
 
 
 def _prologue(s: KernelSchedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list) -> Operand:
@@ -388,10 +403,10 @@ def _with_vec_reads(spec: MatmulSpec, kc: KernelContext) -> MatmulSpec:
     return replace(spec, a=keep["a"], b=keep["b"])
 
 
-def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -> KernelCode:
+def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, cpu: bool) -> KernelCode:
     mm = k.mm if k.mm is not None else k.out
     a, b = mm.node.inputs
-    kc = KernelContext(s, plan, k.out if k.mm is not None else None)
+    kc = KernelContext(s, plan, k.out if k.mm is not None else None, table=cpu)
     # A large matmul reads the scratch it does not write through read-only bindings (and vec4s
     # where it can): faster on a GPU. A small one keeps scratch read_write, as its neighbours bind
     # it: a small model's step then sets 2 bind groups instead of 25, and its merges stay.
@@ -435,22 +450,20 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site) -
         expr = body.value(t, at_c(t.shape))
         loc = plan.loc[id(t)]
         kc.use(loc.arena, write=True)
-        extra.append((f"x{j}", expr, loc.arena, loc.offset))
+        extra.append((f"x{j}", expr, loc.arena, kc.start(loc.arena, loc.offset) if cpu else loc.offset))
         kc.computed[id(t)] = f"x{j}"
-    spec = MatmulSpec(batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi, extra_stores=tuple(extra))
+    out_start = kc.start(out_loc.arena, out_loc.offset) if cpu else ""
+    spec = MatmulSpec(
+        batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi, extra_stores=tuple(extra), out_start=out_start
+    )
     if k.large:
         spec = _with_vec_reads(spec, kc)
     helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "") + "".join("\n\n" + f for f in prologues)
-    wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
+    if cpu:
+        # CPU adapters get a kernel without workgroup memory or barriers (matmul_codegen.CpuBlock)
+        wgsl, grid = render_matmul_cpu(spec, name, "\n".join(header), bindings)
+    else:
+        wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
     code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site)
-    # CPU adapters get a kernel without workgroup memory or barriers (matmul_codegen.CpuBlock)
-    cpu, cpu_grid = render_matmul_cpu(
-        spec, name, "\n".join(header + ["// CPU variant: no workgroup memory, no barriers"]), bindings,
-        offsets_binding=OFFSETS_BINDING,
-    )
-    code.wgsl_cpu = cpu
-    code.offsets_cpu = cpu_offset_table(spec) or ()
-    if tuple(cpu_grid) != code.grid:
-        code.grid_cpu = tuple(cpu_grid)
     return code, kc

@@ -53,6 +53,9 @@ class Operand:
     # layout allows (contiguous index of stride 1, every other stride and the offset multiples
     # of 4), the slab loads read 4 floats at once through it.
     vec_buf: str = ""
+    # A WGSL expression of `offset` that render_matmul_cpu writes in its place (an offset table's
+    # field, wgsl_expr.KernelContext.start), or "".
+    start: str = ""
 
     def dims(self, which: str, length: int) -> tuple:
         """((size, stride), ...) of the batch, row or col index, outermost first."""
@@ -78,6 +81,9 @@ class MatmulSpec:
     # more outputs of C's shape, computed after C's value `v` at the same element:
     # (name, WGSL f32 expression of v / acc / bi / row / col / earlier names, buffer, element offset)
     extra_stores: tuple = ()
+    # render_matmul_cpu: a WGSL expression of out_offset written in its place (the element
+    # offsets of extra_stores may be such expressions too), or ""
+    out_start: str = ""
 
 
 @dataclass(frozen=True)
@@ -591,18 +597,13 @@ def render_matmul_cpu(
     bindings: str,
     block: CpuBlock | str | None = None,
     max_groups: int = MAX_GROUPS_PER_DIM,
-    offsets_binding: int | None = None,
 ) -> tuple[str, tuple[int, int, int]]:
     """Returns (wgsl_source, workgroup_count_xyz) of the CPU kernel set's matmul: the same
     product, bindings, epilogue and stores as render_matmul, computed without workgroup memory
     or barriers (matmul_cpu.wgsl.j2). `block` (a CpuBlock or a CPU_BLOCKS name) overrides
     choose_block_cpu; `max_groups` WebGPU's grid limit (for tests). Vec4 views are not read:
-    a CPU adapter loads one lane at a time either way.
-
-    With `offsets_binding`, a kernel that cpu_offset_table accepts reads where A, B and C start
-    from a uniform struct bound there (`at`, values cpu_offset_table(spec), set per dispatch)
-    instead of constants: products of one shape and layout then have one text, which the
-    runtime compiles once (a CPU adapter compiles every kernel at its first dispatch)."""
+    a CPU adapter loads one lane at a time either way. Operand.start and spec.out_start, where
+    given, are written in place of the offsets (the CPU set's offset table: codegen)."""
     _check(spec)
     if block is None:
         block = choose_block_cpu(spec)
@@ -612,12 +613,11 @@ def render_matmul_cpu(
     if blk.WX * blk.WY > MAX_INVOCATIONS:
         raise CodegenError(f"matmul CPU block {blk} breaks a WebGPU limit")
     grid_info, grid = _grid(spec, blk, max_groups)
-    table = offsets_binding is not None and cpu_offset_table(spec) is not None
     clamp_m, clamp_n = spec.M % blk.BM != 0, spec.N % blk.BN != 0
     rows = [_offset_expr("row0", i, spec.M - 1 if clamp_m else None) for i in range(blk.TM)]
     cols = [_offset_expr("col0", j * blk.WX, spec.N - 1 if clamp_n else None) for j in range(blk.TN)]
-    a = _cpu_reads(spec.a, spec.batch, spec.M, spec.K, rows, "a", "r", True, "at.a" if table else "")
-    b = _cpu_reads(spec.b, spec.batch, spec.N, spec.K, cols, "b", "c", False, "at.b" if table else "")
+    a = _cpu_reads(spec.a, spec.batch, spec.M, spec.K, rows, "a", "r", True, spec.a.start)
+    b = _cpu_reads(spec.b, spec.batch, spec.N, spec.K, cols, "b", "c", False, spec.b.start)
     row0 = "m0" + (f" + tid * {blk.TM}u" if blk.WX == 1 else f" + tid / {blk.WX}u * {blk.TM}u") if blk.WY > 1 else "m0"
     col0 = "n0" + (f" + tid % {blk.WX}u" if blk.WX > 1 else "")
     ctx = dict(
@@ -638,24 +638,14 @@ def render_matmul_cpu(
         row_e="row0 + e" if blk.TN == 1 else f"row0 + e / {blk.TN}u",
         col_e="col0" if blk.TN == 1 else f"col0 + e % {blk.TN}u * {blk.WX}u",
         clamped=clamp_m or clamp_n,
-        out_index=("at.c + " + _out_index(spec, with_offset=False)) if table else _out_index(spec),
+        out_index=(spec.out_start + " + " + _out_index(spec, with_offset=False)) if spec.out_start else _out_index(spec),
         local_index=_out_index(spec, with_offset=False),
         out_guard=clamp_m or clamp_n,
-        offsets_binding=offsets_binding if table else None,
         a_addr=_describe(spec.a, spec.batch, spec.M, spec.K, "m", "k"),
         b_addr=_describe(spec.b, spec.batch, spec.K, spec.N, "k", "n"),
         c_addr=_describe_out(spec),
     )
     return render("wgsl/matmul_cpu.wgsl.j2", **ctx), grid
-
-
-def cpu_offset_table(spec: MatmulSpec) -> tuple[int, int, int] | None:
-    """(A's, B's and C's offset) where render_matmul_cpu can read them from a uniform table:
-    a product whose epilogue is `acc` and whose operands are stored (an epilogue or a computed
-    operand reads other tensors at offsets of its own, written into its text)."""
-    if spec.epilogue != "acc" or spec.extra_stores or spec.a.fn or spec.b.fn:
-        return None
-    return (spec.a.offset, spec.b.offset, spec.out_offset)
 
 
 def _offset_expr(base: str, n: int, last: int | None) -> str:
@@ -772,7 +762,6 @@ __all__ = [
     "CPU_BLOCKS",
     "choose_block_cpu",
     "render_matmul_cpu",
-    "cpu_offset_table",
     "split_count",
     "vec_reads",
     "render_matmul",

@@ -15,7 +15,7 @@ from .errors import CodegenError
 from .ir import Tensor
 from .matmul_codegen import split_index
 from .ops.registry import lookup
-from .plan import Plan, arena_binding, arena_dtype, same_access
+from .plan import OFFSETS_BINDING, Plan, arena_binding, arena_dtype, same_access
 from .schedule import KernelSchedule
 from .views import contiguous_strides
 
@@ -141,7 +141,8 @@ class Body:
             c = idx.get_coords(self)
             terms = [term for ci, axis in zip(c, dims) for term in split_index(ci, axis)]
             lin = " + ".join(terms) if terms else "0u"
-        addr = lin if not loc.offset else f"{loc.offset}u" if lin == "0u" else f"{loc.offset}u + {lin}"
+        start = kc.start(loc.arena, loc.offset)
+        addr = lin if not start else start if lin == "0u" else f"{start} + {lin}"
         key = ("read", loc.arena, addr)
         if key not in self.cache:
             self.cache[key] = self.let(f"{loc.arena}[{addr}]", t.dtype)
@@ -149,7 +150,7 @@ class Body:
 
 
 class KernelContext:
-    def __init__(self, s: KernelSchedule, plan: Plan, computing: Tensor | None):
+    def __init__(self, s: KernelSchedule, plan: Plan, computing: Tensor | None, table: bool = False):
         self.s = s
         self.plan = plan
         self.computing = computing
@@ -168,6 +169,22 @@ class KernelContext:
         # there (transformer_large's matmuls: 28.3 -> 27.8 ms a step); a small model's step would
         # set 25 bind groups instead of 2. Attention kernels measured no gain.
         self.share_scratch = True
+        # The CPU kernel set's offset table: where the kernel's tensors start in their buffers,
+        # read from a uniform struct (`at`, values set per dispatch) instead of written in, so
+        # that kernels differing only there have one text and the runtime compiles it once (a
+        # CPU adapter compiles every kernel at its first dispatch). None: offsets written in.
+        self.table: list[int] | None = [] if table else None
+        self._fields: dict[tuple[str, int], str] = {}
+
+    def start(self, arena: str, offset: int) -> str:
+        """Where a tensor starts in `arena`, as a WGSL term of an address ("" for a constant 0)."""
+        if self.table is None:
+            return f"{offset}u" if offset else ""
+        key = (arena, offset)
+        if key not in self._fields:
+            self._fields[key] = f"at.o{len(self.table)}"
+            self.table.append(offset)
+        return self._fields[key]
 
     def use(self, arena: str, write: bool):
         if write or (self.share_scratch and arena.startswith("work")):
@@ -181,7 +198,17 @@ class KernelContext:
 
     def binding_text(self) -> str:
         # each buffer has one binding number in every kernel, so neighbouring kernels can share a bind group
-        return "\n".join(
+        lines = [
             f"@group(0) @binding({arena_binding(a)}) var<storage, {acc}> {a}: array<{arena_dtype(a)}>;"
             for a, acc in self.bindings()
-        )
+        ]
+        if self.table:
+            lines += [
+                "// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that",
+                "// differ only there share one compiled pipeline.",
+                "struct Offsets {",
+                *(f"    o{i}: u32," for i in range(len(self.table))),
+                "}",
+                f"@group(0) @binding({OFFSETS_BINDING}) var<uniform> at: Offsets;",
+            ]
+        return "\n".join(lines)
