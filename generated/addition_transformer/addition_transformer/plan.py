@@ -160,7 +160,7 @@ PROGRAM = {
         "train_008_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (1376256, 13632, 1048576, 1441792),
         ),
         "train_009_010_011_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -170,7 +170,7 @@ PROGRAM = {
         "train_012_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (1507328, 17728, 149056, 0),
         ),
         "train_013_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -195,7 +195,7 @@ PROGRAM = {
         "train_022_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (1900544, 62784, 1441792, 262144, 149312, 1966080),
         ),
         "train_023_024_025_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -205,7 +205,7 @@ PROGRAM = {
         "train_026_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2031616, 66880, 149632, 262144),
         ),
         "train_027_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -230,7 +230,7 @@ PROGRAM = {
         "train_036_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (2424832, 111936, 1966080, 524288, 149888, 2490368),
         ),
         "train_037_038_039_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -240,7 +240,7 @@ PROGRAM = {
         "train_040_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2555904, 116032, 150208, 524288),
         ),
         "train_041_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -290,7 +290,7 @@ PROGRAM = {
         "train_063_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2686976, 132416, 524288, 786432),
         ),
         "train_064_065_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -310,7 +310,7 @@ PROGRAM = {
         "train_073_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (),
+            (655360, 2424832, 2686976),
         ),
         "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
@@ -325,7 +325,7 @@ PROGRAM = {
         "train_082_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (),
+            (2424832, 99648, 2555904, 655360, 2228224),
         ),
         "train_083_084_085_086_087_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -340,7 +340,7 @@ PROGRAM = {
         "train_090_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2162688, 83264, 262144, 524288),
         ),
         "train_091_092_093_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -360,7 +360,7 @@ PROGRAM = {
         "train_101_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (),
+            (327680, 1900544, 655360),
         ),
         "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
@@ -375,7 +375,7 @@ PROGRAM = {
         "train_110_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (),
+            (458752, 50496, 589824, 327680, 262144),
         ),
         "train_111_112_113_114_115_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -390,7 +390,7 @@ PROGRAM = {
         "train_117_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (655360, 34112, 0, 262144),
         ),
         "train_118_119_120_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -410,7 +410,7 @@ PROGRAM = {
         "train_128_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (),
+            (131072, 1376256, 393216),
         ),
         "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq": (
             (("work", "read_write"),),
@@ -425,7 +425,7 @@ PROGRAM = {
         "train_137_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (),
+            (262144, 1344, 327680, 131072, 0),
         ),
         "train_138_139_140_141_142_143_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -445,9 +445,9 @@ PROGRAM = {
         "train_148_fused_square_pad_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
-            (),
+            (0, 150656),
         ),
-        "train_149_sum": ((("work", "read_write"),), "optimizer", ()),
+        "train_149_sum": ((("work", "read_write"),), "optimizer", (150656, 150720)),
         "train_150_fused_sqrt_add_sub": (
             (
                 ("params", "read_write"),
@@ -458,23 +458,27 @@ PROGRAM = {
                 ("state_1", "read_write"),
             ),
             "optimizer",
-            (),
+            (0, 150720, 0, 0, 0, 0, 1026, 1024, 1025),
         ),
         "train_000_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (),
+            (0, 576, 0, 1048576),
         ),
-        "train_001_sum": ((("work", "read_write"),), "addition_transformer.py:32", ()),
+        "train_001_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:32",
+            (1048576, 2764800),
+        ),
         "train_002_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (1048576, 2764800, 2765824),
         ),
         "train_003_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (1048576, 2764800, 2765824, 148800, 148864, 1114112),
         ),
         "train_004_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -491,36 +495,40 @@ PROGRAM = {
             "addition_transformer.py:33",
             (1114112, 9536, 1310720),
         ),
-        "train_009_sum": ((("work", "read_write"),), "addition_transformer.py:36", ()),
+        "train_009_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+            (1441792, 2766848),
+        ),
         "train_010_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (1441792, 2766848, 2767872),
         ),
         "train_011_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (1441792, 2766848, 2767872, 148928, 148992, 1507328),
         ),
         "train_014_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (1441792, 262144, 149312, 327680),
         ),
         "train_015_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (1441792, 262144, 149312, 327680, 1572864),
         ),
         "train_016_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (1572864, 2768896),
         ),
         "train_017_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (1572864, 2768896, 149376, 149440, 1638400),
         ),
         "train_018_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -537,36 +545,40 @@ PROGRAM = {
             "addition_transformer.py:33",
             (1638400, 58688, 1835008),
         ),
-        "train_023_sum": ((("work", "read_write"),), "addition_transformer.py:36", ()),
+        "train_023_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+            (1966080, 2769920),
+        ),
         "train_024_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (1966080, 2769920, 2770944),
         ),
         "train_025_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (1966080, 2769920, 2770944, 149504, 149568, 2031616),
         ),
         "train_028_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (1966080, 524288, 149888, 589824),
         ),
         "train_029_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (1966080, 524288, 149888, 589824, 2097152),
         ),
         "train_030_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (2097152, 2771968),
         ),
         "train_031_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (2097152, 2771968, 149952, 150016, 2162688),
         ),
         "train_032_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -583,68 +595,80 @@ PROGRAM = {
             "addition_transformer.py:33",
             (2162688, 107840, 2359296),
         ),
-        "train_037_sum": ((("work", "read_write"),), "addition_transformer.py:36", ()),
+        "train_037_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:36",
+            (2490368, 2772992),
+        ),
         "train_038_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (2490368, 2772992, 2774016),
         ),
         "train_039_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2490368, 2772992, 2774016, 150080, 150144, 2555904),
         ),
         "train_042_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (2490368, 786432, 150464, 983040),
         ),
         "train_043_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (2490368, 786432, 150464, 983040, 851968),
         ),
         "train_044_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (),
+            (851968, 1019904),
         ),
         "train_045_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (851968, 1019904, 150528, 150592, 917504),
         ),
-        "train_047_max": ((("work", "read_write"),), "addition_transformer.py:61", ()),
+        "train_047_max": (
+            (("work", "read_write"),),
+            "addition_transformer.py:61",
+            (786432, 798720),
+        ),
         "train_048_fused_stop_gradient_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
-            (),
+            (786432, 798720, 799744),
         ),
         "train_049_fused_stop_gradient_log_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
-            (),
+            (786432, 798720, 799744, 983040),
         ),
         "train_050_fused_one_hot_mul_sum": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
-            (),
+            (983040, 1024, 800768),
         ),
         "train_051_fused_neg_mul_sum": (
             (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:63",
-            (),
+            (800768, 0, 2776832),
         ),
         "train_052_fused_one_hot_neg_mul": (
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
-            (),
+            (0, 1024, 995328),
         ),
-        "train_053_sum": ((("work", "read_write"),), "addition_transformer.py:61", ()),
+        "train_053_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:61",
+            (995328, 1020928),
+        ),
         "train_054_fused_exp_mul_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
-            (),
+            (995328, 983040, 1020928, 1007616),
         ),
         "train_056_matmul": (
             (("work", "read_write"),),
@@ -654,27 +678,27 @@ PROGRAM = {
         "train_057_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (786432, 851968, 1019904, 150592, 150528),
         ),
         "train_058_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (786432, 150528, 851968, 983040),
         ),
         "train_059_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (786432, 150528, 1019904, 983040, 851968, 2621440),
         ),
         "train_060_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (),
+            (2621440, 2775040),
         ),
         "train_061_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (),
+            (2621440, 2775040, 2686976),
         ),
         "train_064_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -689,27 +713,27 @@ PROGRAM = {
         "train_066_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2686976, 2621440, 150464, 150144),
         ),
         "train_067_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2621440, 150080, 2490368, 2772992, 655360),
         ),
         "train_068_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2621440, 150080, 2774016, 655360, 2490368, 2772992, 524288),
         ),
         "train_069_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (524288, 720896),
         ),
         "train_070_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (2686976, 524288, 720896, 589824),
         ),
         "train_071_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -764,32 +788,32 @@ PROGRAM = {
         "train_083_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (2621440, 2490368, 2772992, 2774016, 2228224, 150080, 150016),
         ),
         "train_084_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (2228224, 149952, 2097152, 720896),
         ),
         "train_085_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (2228224, 149952, 2771968, 720896, 2097152, 524288),
         ),
         "train_086_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (524288, 655360),
         ),
         "train_087_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (589824, 524288, 655360, 2162688),
         ),
         "train_088_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2228224, 2097152, 2771968, 2162688, 149952, 149888),
         ),
         "train_089_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -799,7 +823,7 @@ PROGRAM = {
         "train_091_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (786432, 524288, 150208, 149632),
         ),
         "train_092_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -814,27 +838,27 @@ PROGRAM = {
         "train_094_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2097152, 1966080, 2769920, 2770944, 149568, 149504),
         ),
         "train_095_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2097152, 149504, 1966080, 2769920, 327680),
         ),
         "train_096_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2097152, 149504, 2770944, 327680, 1966080, 2769920, 262144),
         ),
         "train_097_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (262144, 393216),
         ),
         "train_098_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (2162688, 262144, 393216, 524288),
         ),
         "train_099_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -889,32 +913,32 @@ PROGRAM = {
         "train_111_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (262144, 1572864, 2768896, 149440, 149376),
         ),
         "train_112_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (262144, 149376, 1572864, 393216),
         ),
         "train_113_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (262144, 149376, 2768896, 393216, 1572864, 589824),
         ),
         "train_114_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (589824, 720896),
         ),
         "train_115_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (524288, 589824, 720896, 655360),
         ),
         "train_118_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (262144, 149056),
         ),
         "train_119_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -929,27 +953,27 @@ PROGRAM = {
         "train_121_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (655360, 524288, 149312, 148992),
         ),
         "train_122_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (524288, 148928, 1441792, 2766848, 131072),
         ),
         "train_123_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (524288, 148928, 2767872, 131072, 1441792, 2766848, 0),
         ),
         "train_124_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (0, 196608),
         ),
         "train_125_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (655360, 0, 196608, 65536),
         ),
         "train_126_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1004,53 +1028,57 @@ PROGRAM = {
         "train_138_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (524288, 1441792, 2766848, 2767872, 0, 148928, 148864),
         ),
         "train_139_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (0, 1048576, 2764800, 2765824, 148800),
         ),
         "train_140_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (0, 148800, 1048576, 2764800, 262144),
         ),
         "train_141_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (0, 148800, 2765824, 262144, 1048576, 2764800, 131072),
         ),
         "train_142_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (131072, 263168),
         ),
         "train_143_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (65536, 131072, 263168, 196608),
         ),
-        "train_144_sum": ((("work", "read_write"),), "addition_transformer.py:49", ()),
+        "train_144_sum": (
+            (("work", "read_write"),),
+            "addition_transformer.py:49",
+            (196608, 12288),
+        ),
         "train_145_pad": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (),
+            (12288, 0),
         ),
         "train_146_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (),
+            (0, 0),
         ),
         "train_147_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (),
+            (0, 196608, 2776064, 576),
         ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (),
+            (0, 576, 0, 0),
         ),
         "predict_N1_01_02_03_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -1070,7 +1098,7 @@ PROGRAM = {
         "predict_N1_08_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (2560, 13632, 0, 3072),
         ),
         "predict_N1_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -1080,7 +1108,7 @@ PROGRAM = {
         "predict_N1_12_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2048, 17728, 149056, 0),
         ),
         "predict_N1_13_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1105,7 +1133,7 @@ PROGRAM = {
         "predict_N1_22_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (2048, 62784, 3072, 2560, 149312, 3584),
         ),
         "predict_N1_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -1115,7 +1143,7 @@ PROGRAM = {
         "predict_N1_26_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2048, 66880, 149632, 0),
         ),
         "predict_N1_27_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1135,7 +1163,7 @@ PROGRAM = {
         "predict_N1_36_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (2048, 111936, 3584, 2560, 149888, 3072),
         ),
         "predict_N1_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -1145,7 +1173,7 @@ PROGRAM = {
         "predict_N1_40_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (2048, 116032, 150208, 0),
         ),
         "predict_N1_41_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1165,17 +1193,17 @@ PROGRAM = {
         "predict_N1_01_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (0, 2048),
         ),
         "predict_N1_02_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (0, 2048, 2112),
         ),
         "predict_N1_03_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (0, 2048, 2112, 148800, 148864, 512),
         ),
         "predict_N1_04_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1195,37 +1223,37 @@ PROGRAM = {
         "predict_N1_09_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (3072, 3584),
         ),
         "predict_N1_10_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (3072, 3584, 3648),
         ),
         "predict_N1_11_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (3072, 3584, 3648, 148928, 148992, 2048),
         ),
         "predict_N1_14_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (3072, 2560, 149312, 3584),
         ),
         "predict_N1_15_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (3072, 2560, 149312, 3584, 2048),
         ),
         "predict_N1_16_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (2048, 1536),
         ),
         "predict_N1_17_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (2048, 1536, 149376, 149440, 0),
         ),
         "predict_N1_18_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1245,32 +1273,32 @@ PROGRAM = {
         "predict_N1_23_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (3584, 4096),
         ),
         "predict_N1_24_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (3584, 4096, 4160),
         ),
         "predict_N1_25_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (3584, 4096, 4160, 149504, 149568, 2048),
         ),
         "predict_N1_28_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (3584, 2560, 149888, 3072),
         ),
         "predict_N1_29_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (3584, 2560, 149888, 3072, 2048),
         ),
         "predict_N1_31_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (2048, 1536, 149952, 150016, 0),
         ),
         "predict_N1_32_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1290,42 +1318,42 @@ PROGRAM = {
         "predict_N1_37_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (3072, 4096),
         ),
         "predict_N1_38_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (3072, 4096, 4160),
         ),
         "predict_N1_39_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (3072, 4096, 4160, 150080, 150144, 2048),
         ),
         "predict_N1_42_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (3072, 2560, 150464, 3584),
         ),
         "predict_N1_43_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (3072, 2560, 150464, 3584, 2048),
         ),
         "predict_N1_44_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (),
+            (2048, 640),
         ),
         "predict_N1_45_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (2048, 640, 150528, 150592, 0),
         ),
         "predict_N128_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (),
+            (0, 576, 0, 0),
         ),
         "predict_N128_01_02_03_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -1345,7 +1373,7 @@ PROGRAM = {
         "predict_N128_08_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (327680, 13632, 0, 393216),
         ),
         "predict_N128_09_10_11_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -1355,7 +1383,7 @@ PROGRAM = {
         "predict_N128_12_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (262144, 17728, 149056, 0),
         ),
         "predict_N128_13_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1380,7 +1408,7 @@ PROGRAM = {
         "predict_N128_22_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (262144, 62784, 393216, 327680, 149312, 458752),
         ),
         "predict_N128_23_24_25_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -1390,7 +1418,7 @@ PROGRAM = {
         "predict_N128_26_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (262144, 66880, 149632, 0),
         ),
         "predict_N128_27_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1410,7 +1438,7 @@ PROGRAM = {
         "predict_N128_36_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (),
+            (262144, 111936, 458752, 327680, 149888, 393216),
         ),
         "predict_N128_37_38_39_sum_then_fused_mul_sub_sum_then_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
@@ -1420,7 +1448,7 @@ PROGRAM = {
         "predict_N128_40_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (262144, 116032, 150208, 0),
         ),
         "predict_N128_41_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1440,17 +1468,17 @@ PROGRAM = {
         "predict_N128_01_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (0, 262144),
         ),
         "predict_N128_02_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (0, 262144, 263168),
         ),
         "predict_N128_03_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (0, 262144, 263168, 148800, 148864, 65536),
         ),
         "predict_N128_04_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1470,37 +1498,37 @@ PROGRAM = {
         "predict_N128_09_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (393216, 458752),
         ),
         "predict_N128_10_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (393216, 458752, 459776),
         ),
         "predict_N128_11_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (393216, 458752, 459776, 148928, 148992, 262144),
         ),
         "predict_N128_14_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (393216, 327680, 149312, 458752),
         ),
         "predict_N128_15_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (393216, 327680, 149312, 458752, 262144),
         ),
         "predict_N128_16_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (),
+            (262144, 196608),
         ),
         "predict_N128_17_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (262144, 196608, 149376, 149440, 0),
         ),
         "predict_N128_18_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1520,32 +1548,32 @@ PROGRAM = {
         "predict_N128_23_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (458752, 524288),
         ),
         "predict_N128_24_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (458752, 524288, 525312),
         ),
         "predict_N128_25_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (458752, 524288, 525312, 149504, 149568, 262144),
         ),
         "predict_N128_28_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (458752, 327680, 149888, 393216),
         ),
         "predict_N128_29_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (458752, 327680, 149888, 393216, 262144),
         ),
         "predict_N128_31_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (),
+            (262144, 196608, 149952, 150016, 0),
         ),
         "predict_N128_32_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1565,37 +1593,37 @@ PROGRAM = {
         "predict_N128_37_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (393216, 524288),
         ),
         "predict_N128_38_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (),
+            (393216, 524288, 525312),
         ),
         "predict_N128_39_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (),
+            (393216, 524288, 525312, 150080, 150144, 262144),
         ),
         "predict_N128_42_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (393216, 327680, 150464, 458752),
         ),
         "predict_N128_43_fused_add_mul_sub": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (393216, 327680, 150464, 458752, 262144),
         ),
         "predict_N128_44_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (),
+            (262144, 77824),
         ),
         "predict_N128_45_fused_mul_rsqrt_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:53",
-            (),
+            (262144, 77824, 150528, 150592, 0),
         ),
     },
     "entries": {

@@ -28,12 +28,14 @@ KERNELS = {
 }
 
 
-# reductions with a variant for CPU adapters (lavapipe, SwiftShader) in kernels/cpu/: each row
-# summed by one invocation, no workgroup barriers (Model(kernels=...) picks the set)
+# the kernels' variants for CPU adapters (lavapipe, SwiftShader) in kernels/cpu/: where tensors
+# start read from an offset table, no workgroup barriers in matmuls, attention and reductions
+# over short rows (Model(kernels=...) picks the set)
 CPU_VARIANTS = [
     "train_00_matmul_add_relu",
     "train_01_matmul_add_relu",
     "train_02_matmul_add_sub_mul",
+    "train_10_fused_mul_add_sub",
     "train_03_fused_add_sub_sum",
     "train_04_matmul",
     "train_05_matmul_equal_sub_mul",

@@ -63,17 +63,17 @@ PROGRAM = {
         "train_00_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (0, 0, 4224, 0),
         ),
         "train_01_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (0, 64, 4288, 16384),
         ),
         "train_02_matmul_add_sub_mul": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (16384, 4160, 4352, 256, 65536, 49152),
         ),
         "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_sub_mul": (
             (
@@ -104,7 +104,7 @@ PROGRAM = {
                 ("state_1", "read_write"),
             ),
             "optimizer",
-            (),
+            (0, 0, 0, 0, 512, 513),
         ),
         "train_03_fused_add_sub_sum": (
             (
@@ -114,7 +114,7 @@ PROGRAM = {
                 ("work", "read_write"),
             ),
             "sine_mlp.py:15",
-            (),
+            (49152, 4352, 256, 65536, 4352, 65792),
         ),
         "train_04_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -124,7 +124,7 @@ PROGRAM = {
         "train_05_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (65536, 4160, 16384, 32768),
         ),
         "train_06_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -134,12 +134,12 @@ PROGRAM = {
         "train_07_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (32768, 64, 0, 49152),
         ),
         "train_08_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (32768, 49152, 4288, 4224),
         ),
         "train_09_matmul": (
             (("grads", "read_write"), ("inputs", "read"), ("work", "read_write")),
@@ -149,22 +149,22 @@ PROGRAM = {
         "predict_B1_00_matmul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (0, 0, 4224, 0),
         ),
         "predict_B1_01_matmul_add_relu": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (0, 64, 4288, 64),
         ),
         "predict_B1_02_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (64, 4160, 4352, 128),
         ),
         "predict_B256_02_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (),
+            (16384, 4160, 4352, 32768),
         ),
     },
     "entries": {

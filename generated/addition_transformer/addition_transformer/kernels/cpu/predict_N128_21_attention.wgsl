@@ -6,13 +6,13 @@
 // attention (fwd, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
 // 8 batch entries x 8 query rows per workgroup, 8-row tiles of the other side (10240 bytes).
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-// Where each operand and output starts in its buffer (elements), set for each dispatch: the same
-// attention in every block of a model shares one compiled kernel.
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
 struct Offsets {
-    q: u32,
-    k: u32,
-    v: u32,
-    out0: u32,
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
 
@@ -31,7 +31,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
-    let q_row = at.q + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
+    let q_row = at.o0 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     let q0 = vec4<f32>(work[q_row], work[q_row + 1u], work[q_row + 2u], work[q_row + 3u]) * 0.25;
     let q1 = vec4<f32>(work[q_row + 4u], work[q_row + 5u], work[q_row + 6u], work[q_row + 7u]) * 0.25;
     let q2 = vec4<f32>(work[q_row + 8u], work[q_row + 9u], work[q_row + 10u], work[q_row + 11u]) * 0.25;
@@ -46,12 +46,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // key rows after the workgroup's last query are masked for all of its rows
     for (var j: u32 = 0u; j < min(8u, r0 + 8u); j = j + 1u) {
         let rr = min(j, 7u);
-        let kt_row = at.k + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
+        let kt_row = at.o1 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
         let kt0 = vec4<f32>(work[kt_row], work[kt_row + 1u], work[kt_row + 2u], work[kt_row + 3u]);
         let kt1 = vec4<f32>(work[kt_row + 4u], work[kt_row + 5u], work[kt_row + 6u], work[kt_row + 7u]);
         let kt2 = vec4<f32>(work[kt_row + 8u], work[kt_row + 9u], work[kt_row + 10u], work[kt_row + 11u]);
         let kt3 = vec4<f32>(work[kt_row + 12u], work[kt_row + 13u], work[kt_row + 14u], work[kt_row + 15u]);
-        let vt_row = at.v + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
+        let vt_row = at.o2 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
         let vt0 = vec4<f32>(work[vt_row], work[vt_row + 1u], work[vt_row + 2u], work[vt_row + 3u]);
         let vt1 = vec4<f32>(work[vt_row + 4u], work[vt_row + 5u], work[vt_row + 6u], work[vt_row + 7u]);
         let vt2 = vec4<f32>(work[vt_row + 8u], work[vt_row + 9u], work[vt_row + 10u], work[vt_row + 11u]);
@@ -72,7 +72,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (b < 512u && r < 8u) {
         let inv = 1.0 / l;
-        let out0 = at.out0 + (b * 8u + r) * 16u;
+        let out0 = at.o3 + (b * 8u + r) * 16u;
         work[out0] = o0.x * inv;
         work[out0 + 1u] = o0.y * inv;
         work[out0 + 2u] = o0.z * inv;

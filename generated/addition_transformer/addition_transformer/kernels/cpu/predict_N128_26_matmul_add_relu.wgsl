@@ -14,6 +14,15 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
+struct Offsets {
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -24,11 +33,11 @@ fn max_nan(a: f32, b: f32) -> f32 {
 }
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max_nan((acc + (params[149632u + col])), 0.0));
+    return (max_nan((acc + (params[at.o2 + col])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = row * 256u + col;
+    let i = at.o3 + row * 256u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -41,22 +50,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // lanes read neighbouring columns of B).
     let row0 = m0 + tid / 8u * 8u;
     let col0 = n0 + tid % 8u;
-    let a_r0 = 262144u + row0 * 64u;
-    let a_r1 = 262144u + (row0 + 1u) * 64u;
-    let a_r2 = 262144u + (row0 + 2u) * 64u;
-    let a_r3 = 262144u + (row0 + 3u) * 64u;
-    let a_r4 = 262144u + (row0 + 4u) * 64u;
-    let a_r5 = 262144u + (row0 + 5u) * 64u;
-    let a_r6 = 262144u + (row0 + 6u) * 64u;
-    let a_r7 = 262144u + (row0 + 7u) * 64u;
-    let b_c0 = 66880u + col0;
-    let b_c1 = 66880u + col0 + 8u;
-    let b_c2 = 66880u + col0 + 16u;
-    let b_c3 = 66880u + col0 + 24u;
-    let b_c4 = 66880u + col0 + 32u;
-    let b_c5 = 66880u + col0 + 40u;
-    let b_c6 = 66880u + col0 + 48u;
-    let b_c7 = 66880u + col0 + 56u;
+    let a_r0 = at.o0 + row0 * 64u;
+    let a_r1 = at.o0 + (row0 + 1u) * 64u;
+    let a_r2 = at.o0 + (row0 + 2u) * 64u;
+    let a_r3 = at.o0 + (row0 + 3u) * 64u;
+    let a_r4 = at.o0 + (row0 + 4u) * 64u;
+    let a_r5 = at.o0 + (row0 + 5u) * 64u;
+    let a_r6 = at.o0 + (row0 + 6u) * 64u;
+    let a_r7 = at.o0 + (row0 + 7u) * 64u;
+    let b_c0 = at.o1 + col0;
+    let b_c1 = at.o1 + col0 + 8u;
+    let b_c2 = at.o1 + col0 + 16u;
+    let b_c3 = at.o1 + col0 + 24u;
+    let b_c4 = at.o1 + col0 + 32u;
+    let b_c5 = at.o1 + col0 + 40u;
+    let b_c6 = at.o1 + col0 + 48u;
+    let b_c7 = at.o1 + col0 + 56u;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;

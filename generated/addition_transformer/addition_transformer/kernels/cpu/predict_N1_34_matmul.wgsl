@@ -14,12 +14,12 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-// Where A, B and C start in their buffers (elements), set for each dispatch: products of this
-// shape share one compiled kernel.
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
 struct Offsets {
-    a: u32,
-    b: u32,
-    c: u32,
+    o0: u32,
+    o1: u32,
+    o2: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
 
@@ -29,7 +29,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 8u && col < 64u) {
-        let i = at.c + row * 64u + col;
+        let i = at.o2 + row * 64u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -44,10 +44,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let row0 = m0 + tid / 8u * 2u;
     let col0 = n0 + tid % 8u;
     // Rows and columns past the edge read the last one (in bounds) and are not stored.
-    let a_r0 = at.a + min(row0, 7u) * 64u;
-    let a_r1 = at.a + min(row0 + 1u, 7u) * 64u;
-    let b_c0 = at.b + col0;
-    let b_c1 = at.b + col0 + 8u;
+    let a_r0 = at.o0 + min(row0, 7u) * 64u;
+    let a_r1 = at.o0 + min(row0 + 1u, 7u) * 64u;
+    let b_c0 = at.o1 + col0;
+    let b_c1 = at.o1 + col0 + 8u;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;

@@ -14,13 +14,23 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
+struct Offsets {
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
+    o4: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (((work[2555904u + (row * 64u + col)]) + (work[655360u + (row * 64u + col)])) + acc);
+    return (((work[at.o2 + (row * 64u + col)]) + (work[at.o3 + (row * 64u + col)])) + acc);
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 2228224u + row * 64u + col;
+    let i = at.o4 + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -33,18 +43,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // lanes read neighbouring columns of B).
     let row0 = m0 + tid / 8u * 8u;
     let col0 = n0 + tid % 8u;
-    let a_r0 = 2424832u + ((row0) / 8u) * 512u + ((row0) % 8u) * 16u;
-    let a_r1 = 2424832u + ((row0 + 1u) / 8u) * 512u + ((row0 + 1u) % 8u) * 16u;
-    let a_r2 = 2424832u + ((row0 + 2u) / 8u) * 512u + ((row0 + 2u) % 8u) * 16u;
-    let a_r3 = 2424832u + ((row0 + 3u) / 8u) * 512u + ((row0 + 3u) % 8u) * 16u;
-    let a_r4 = 2424832u + ((row0 + 4u) / 8u) * 512u + ((row0 + 4u) % 8u) * 16u;
-    let a_r5 = 2424832u + ((row0 + 5u) / 8u) * 512u + ((row0 + 5u) % 8u) * 16u;
-    let a_r6 = 2424832u + ((row0 + 6u) / 8u) * 512u + ((row0 + 6u) % 8u) * 16u;
-    let a_r7 = 2424832u + ((row0 + 7u) / 8u) * 512u + ((row0 + 7u) % 8u) * 16u;
-    let b_c0 = 99648u + col0 * 64u;
-    let b_c1 = 99648u + (col0 + 8u) * 64u;
-    let b_c2 = 99648u + (col0 + 16u) * 64u;
-    let b_c3 = 99648u + (col0 + 24u) * 64u;
+    let a_r0 = at.o0 + ((row0) / 8u) * 512u + ((row0) % 8u) * 16u;
+    let a_r1 = at.o0 + ((row0 + 1u) / 8u) * 512u + ((row0 + 1u) % 8u) * 16u;
+    let a_r2 = at.o0 + ((row0 + 2u) / 8u) * 512u + ((row0 + 2u) % 8u) * 16u;
+    let a_r3 = at.o0 + ((row0 + 3u) / 8u) * 512u + ((row0 + 3u) % 8u) * 16u;
+    let a_r4 = at.o0 + ((row0 + 4u) / 8u) * 512u + ((row0 + 4u) % 8u) * 16u;
+    let a_r5 = at.o0 + ((row0 + 5u) / 8u) * 512u + ((row0 + 5u) % 8u) * 16u;
+    let a_r6 = at.o0 + ((row0 + 6u) / 8u) * 512u + ((row0 + 6u) % 8u) * 16u;
+    let a_r7 = at.o0 + ((row0 + 7u) / 8u) * 512u + ((row0 + 7u) % 8u) * 16u;
+    let b_c0 = at.o1 + col0 * 64u;
+    let b_c1 = at.o1 + (col0 + 8u) * 64u;
+    let b_c2 = at.o1 + (col0 + 16u) * 64u;
+    let b_c3 = at.o1 + (col0 + 24u) * 64u;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;

@@ -14,13 +14,22 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
+struct Offsets {
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc * (1.0 - (select(0.0, 1.0, (work[262144u + (row * 256u + col)]) == 0.0))));
+    return (acc * (1.0 - (select(0.0, 1.0, (work[at.o2 + (row * 256u + col)]) == 0.0))));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 524288u + row * 256u + col;
+    let i = at.o3 + row * 256u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -33,22 +42,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // lanes read neighbouring columns of B).
     let row0 = m0 + tid / 8u * 8u;
     let col0 = n0 + tid % 8u;
-    let a_r0 = 2162688u + row0 * 64u;
-    let a_r1 = 2162688u + (row0 + 1u) * 64u;
-    let a_r2 = 2162688u + (row0 + 2u) * 64u;
-    let a_r3 = 2162688u + (row0 + 3u) * 64u;
-    let a_r4 = 2162688u + (row0 + 4u) * 64u;
-    let a_r5 = 2162688u + (row0 + 5u) * 64u;
-    let a_r6 = 2162688u + (row0 + 6u) * 64u;
-    let a_r7 = 2162688u + (row0 + 7u) * 64u;
-    let b_c0 = 83264u + col0 * 64u;
-    let b_c1 = 83264u + (col0 + 8u) * 64u;
-    let b_c2 = 83264u + (col0 + 16u) * 64u;
-    let b_c3 = 83264u + (col0 + 24u) * 64u;
-    let b_c4 = 83264u + (col0 + 32u) * 64u;
-    let b_c5 = 83264u + (col0 + 40u) * 64u;
-    let b_c6 = 83264u + (col0 + 48u) * 64u;
-    let b_c7 = 83264u + (col0 + 56u) * 64u;
+    let a_r0 = at.o0 + row0 * 64u;
+    let a_r1 = at.o0 + (row0 + 1u) * 64u;
+    let a_r2 = at.o0 + (row0 + 2u) * 64u;
+    let a_r3 = at.o0 + (row0 + 3u) * 64u;
+    let a_r4 = at.o0 + (row0 + 4u) * 64u;
+    let a_r5 = at.o0 + (row0 + 5u) * 64u;
+    let a_r6 = at.o0 + (row0 + 6u) * 64u;
+    let a_r7 = at.o0 + (row0 + 7u) * 64u;
+    let b_c0 = at.o1 + col0 * 64u;
+    let b_c1 = at.o1 + (col0 + 8u) * 64u;
+    let b_c2 = at.o1 + (col0 + 16u) * 64u;
+    let b_c3 = at.o1 + (col0 + 24u) * 64u;
+    let b_c4 = at.o1 + (col0 + 32u) * 64u;
+    let b_c5 = at.o1 + (col0 + 40u) * 64u;
+    let b_c6 = at.o1 + (col0 + 48u) * 64u;
+    let b_c7 = at.o1 + (col0 + 56u) * 64u;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;

@@ -6,16 +6,16 @@
 // attention (dk, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
 // 8 batch entries x 8 key rows per workgroup, 8-row tiles of the other side (8704 bytes).
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-// Where each operand and output starts in its buffer (elements), set for each dispatch: the same
-// attention in every block of a model shares one compiled kernel.
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
 struct Offsets {
-    q: u32,
-    k: u32,
-    v: u32,
-    dout: u32,
-    lse: u32,
-    delta: u32,
-    out0: u32,
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
+    o4: u32,
+    o5: u32,
+    o6: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
 
@@ -34,12 +34,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
-    let k_row = at.k + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
+    let k_row = at.o1 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     let k0 = vec4<f32>(work[k_row], work[k_row + 1u], work[k_row + 2u], work[k_row + 3u]) * 0.25;
     let k1 = vec4<f32>(work[k_row + 4u], work[k_row + 5u], work[k_row + 6u], work[k_row + 7u]) * 0.25;
     let k2 = vec4<f32>(work[k_row + 8u], work[k_row + 9u], work[k_row + 10u], work[k_row + 11u]) * 0.25;
     let k3 = vec4<f32>(work[k_row + 12u], work[k_row + 13u], work[k_row + 14u], work[k_row + 15u]) * 0.25;
-    let v_row = at.v + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
+    let v_row = at.o2 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     let v0 = vec4<f32>(work[v_row], work[v_row + 1u], work[v_row + 2u], work[v_row + 3u]);
     let v1 = vec4<f32>(work[v_row + 4u], work[v_row + 5u], work[v_row + 6u], work[v_row + 7u]);
     let v2 = vec4<f32>(work[v_row + 8u], work[v_row + 9u], work[v_row + 10u], work[v_row + 11u]);
@@ -51,18 +51,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // query rows before the workgroup's first key see none of its keys
     for (var j: u32 = r0; j < 8u; j = j + 1u) {
         let rr = min(j, 7u);
-        let qt_row = at.q + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
+        let qt_row = at.o0 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
         let qt0 = vec4<f32>(work[qt_row], work[qt_row + 1u], work[qt_row + 2u], work[qt_row + 3u]);
         let qt1 = vec4<f32>(work[qt_row + 4u], work[qt_row + 5u], work[qt_row + 6u], work[qt_row + 7u]);
         let qt2 = vec4<f32>(work[qt_row + 8u], work[qt_row + 9u], work[qt_row + 10u], work[qt_row + 11u]);
         let qt3 = vec4<f32>(work[qt_row + 12u], work[qt_row + 13u], work[qt_row + 14u], work[qt_row + 15u]);
-        let ot_row = at.dout + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
+        let ot_row = at.o3 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
         let ot0 = vec4<f32>(work[ot_row], work[ot_row + 1u], work[ot_row + 2u], work[ot_row + 3u]);
         let ot1 = vec4<f32>(work[ot_row + 4u], work[ot_row + 5u], work[ot_row + 6u], work[ot_row + 7u]);
         let ot2 = vec4<f32>(work[ot_row + 8u], work[ot_row + 9u], work[ot_row + 10u], work[ot_row + 11u]);
         let ot3 = vec4<f32>(work[ot_row + 12u], work[ot_row + 13u], work[ot_row + 14u], work[ot_row + 15u]);
-        let lt = work[at.lse + bc * 8u + rr];
-        let dt = work[at.delta + bc * 8u + rr];
+        let lt = work[at.o4 + bc * 8u + rr];
+        let dt = work[at.o5 + bc * 8u + rr];
         let p = select(0.0, exp(dot(k0, qt0) + dot(k1, qt1) + dot(k2, qt2) + dot(k3, qt3) - lt), r < 8u && j < 8u && r <= j);
         let ds = p * (dot(v0, ot0) + dot(v1, ot1) + dot(v2, ot2) + dot(v3, ot3) - dt);
         dk0 = fma(vec4<f32>(ds), qt0, dk0);
@@ -71,7 +71,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         dk3 = fma(vec4<f32>(ds), qt3, dk3);
     }
     if (b < 512u && r < 8u) {
-        let out0 = at.out0 + (b * 8u + r) * 16u;
+        let out0 = at.o6 + (b * 8u + r) * 16u;
         work[out0] = dk0.x * 0.25;
         work[out0 + 1u] = dk0.y * 0.25;
         work[out0 + 2u] = dk0.z * 0.25;

@@ -15,6 +15,15 @@
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
+struct Offsets {
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -25,12 +34,12 @@ fn max_nan(a: f32, b: f32) -> f32 {
 }
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (max_nan((acc + (params[4224u + col])), 0.0));
+    return (max_nan((acc + (params[at.o2 + col])), 0.0));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 1u && col < 64u) {
-        let i = row * 64u + col;
+        let i = at.o3 + row * 64u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -45,10 +54,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let row0 = m0 + tid / 8u * 2u;
     let col0 = n0 + tid % 8u;
     // Rows and columns past the edge read the last one (in bounds) and are not stored.
-    let a_r0 = 0u;
-    let a_r1 = 0u;
-    let b_c0 = col0;
-    let b_c1 = col0 + 8u;
+    let a_r0 = at.o0;
+    let a_r1 = at.o0;
+    let b_c0 = at.o1 + col0;
+    let b_c1 = at.o1 + col0 + 8u;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;

@@ -14,14 +14,23 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
+struct Offsets {
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[4352u]));
+    return (acc + (params[at.o2]));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 1u && col < 1u) {
-        let i = 128u + row;
+        let i = at.o3 + row;
         work[i] = epilogue(acc, bi, row, col);
     }
 }
@@ -36,10 +45,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let row0 = m0 + tid / 8u * 2u;
     let col0 = n0 + tid % 8u;
     // Rows and columns past the edge read the last one (in bounds) and are not stored.
-    let a_r0 = 64u;
-    let a_r1 = 64u;
-    let b_c0 = 4160u;
-    let b_c1 = 4160u;
+    let a_r0 = at.o0;
+    let a_r1 = at.o0;
+    let b_c0 = at.o1;
+    let b_c1 = at.o1;
 
     var c0_0 = 0.0;
     var c0_1 = 0.0;

@@ -14,13 +14,22 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// Where each tensor starts in its buffer (elements), set for each dispatch: kernels that
+// differ only there share one compiled pipeline.
+struct Offsets {
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
+}
+@group(0) @binding(400) var<uniform> at: Offsets;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (acc + (params[4352u]));
+    return (acc + (params[at.o2]));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 32768u + row;
+    let i = at.o3 + row;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -32,11 +41,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // This invocation's rows are row0 .. row0 + 3 of column col0.
     let row0 = m0 + tid * 4u;
     let col0 = n0;
-    let a_r0 = 16384u + row0 * 64u;
-    let a_r1 = 16384u + (row0 + 1u) * 64u;
-    let a_r2 = 16384u + (row0 + 2u) * 64u;
-    let a_r3 = 16384u + (row0 + 3u) * 64u;
-    let b_c0 = 4160u;
+    let a_r0 = at.o0 + row0 * 64u;
+    let a_r1 = at.o0 + (row0 + 1u) * 64u;
+    let a_r2 = at.o0 + (row0 + 2u) * 64u;
+    let a_r3 = at.o0 + (row0 + 3u) * 64u;
+    let b_c0 = at.o1;
 
     var c0_0 = 0.0;
     var c1_0 = 0.0;
