@@ -53,8 +53,8 @@ class Operand:
     # layout allows (contiguous index of stride 1, every other stride and the offset multiples
     # of 4), the slab loads read 4 floats at once through it.
     vec_buf: str = ""
-    # A WGSL expression of `offset` that render_matmul_cpu writes in its place (an offset table's
-    # field, wgsl_expr.KernelContext.start), or "".
+    # A WGSL expression of `offset` written in its place (an offset table's field,
+    # wgsl_expr.KernelContext.start: the CPU kernel set), or "".
     start: str = ""
 
     def dims(self, which: str, length: int) -> tuple:
@@ -616,8 +616,8 @@ def render_matmul_cpu(
     clamp_m, clamp_n = spec.M % blk.BM != 0, spec.N % blk.BN != 0
     rows = [_offset_expr("row0", i, spec.M - 1 if clamp_m else None) for i in range(blk.TM)]
     cols = [_offset_expr("col0", j * blk.WX, spec.N - 1 if clamp_n else None) for j in range(blk.TN)]
-    a = _cpu_reads(spec.a, spec.batch, spec.M, spec.K, rows, "a", "r", True, spec.a.start)
-    b = _cpu_reads(spec.b, spec.batch, spec.N, spec.K, cols, "b", "c", False, spec.b.start)
+    a = _cpu_reads(spec.a, spec.batch, spec.M, spec.K, rows, "a", "r", p_first=True)
+    b = _cpu_reads(spec.b, spec.batch, spec.N, spec.K, cols, "b", "c", p_first=False)
     row0 = "m0" + (f" + tid * {blk.TM}u" if blk.WX == 1 else f" + tid / {blk.WX}u * {blk.TM}u") if blk.WY > 1 else "m0"
     col0 = "n0" + (f" + tid % {blk.WX}u" if blk.WX > 1 else "")
     ctx = dict(
@@ -671,14 +671,11 @@ def _address(expr: str, dims: tuple) -> str:
     return " + ".join(split_index(f"({expr})", dims)) or "0u"
 
 
-def _cpu_reads(
-    op: Operand, batch: int, p_len: int, K: int, ps: list, pre: str, tag: str, p_first: bool, at: str = ""
-) -> dict:
+def _cpu_reads(op: Operand, batch: int, p_len: int, K: int, ps: list, pre: str, tag: str, p_first: bool) -> dict:
     """How render_matmul_cpu reads one operand: element (p, k) of A (p = row) or B (p = column)
     for each of the invocation's p positions `ps` (WGSL expressions) at K row `k`. A plain
     operand's position offsets are added up once (`starts`), the K row's offset once per row
-    (`k_terms`); a computed one (`fn`) is called with the clamped positions. `at`: the WGSL
-    expression of the operand's offset, in place of op.offset."""
+    (`k_terms`); a computed one (`fn`) is called with the clamped positions."""
     rows, cols = (p_len, K) if p_first else (K, p_len)
     if op.fn:
         starts = [(f"{pre}_{tag}{i}", p) for i, p in enumerate(ps) if not p.isidentifier()]
@@ -686,22 +683,21 @@ def _cpu_reads(
         calls = [f"{op.fn}(bi, {n}, k)" if p_first else f"{op.fn}(bi, k, {n})" for n in names]
         return {"starts": starts, "k_terms": [], "reads": calls}
     p_dims, k_dims = (op.dims("row", rows), op.dims("col", cols)) if p_first else (op.dims("col", cols), op.dims("row", rows))
-    base = _batch_expr(op, batch, at)
+    base = _batch_expr(op, batch)
     starts = []
     for i, p in enumerate(ps):
-        at = _address(p, p_dims)
-        starts.append((f"{pre}_{tag}{i}", (base[:-3] if at == "0u" and base else base + at) if base or at != "0u" else "0u"))
-    k_at = _address("k", k_dims)
-    k_terms = [(f"{pre}_k", k_at)] if k_at not in ("0u", "k") else []
-    k_name = f" + {pre}_k" if k_terms else " + k" if k_at == "k" else ""
+        off = _address(p, p_dims)
+        starts.append((f"{pre}_{tag}{i}", (base[:-3] if off == "0u" and base else base + off) if base or off != "0u" else "0u"))
+    k_off = _address("k", k_dims)
+    k_terms = [(f"{pre}_k", k_off)] if k_off not in ("0u", "k") else []
+    k_name = f" + {pre}_k" if k_terms else " + k" if k_off == "k" else ""
     reads = [f"{op.buf}[{name}{k_name}]" for name, _ in starts]
     return {"starts": starts, "k_terms": k_terms, "reads": reads}
 
 
-def _batch_expr(op: Operand, batch: int, at: str = "") -> str:
-    """The start of batch entry `bi` of an operand, as a prefix of an index sum ('' for 0);
-    `at`: a WGSL expression of the operand's offset, in place of op.offset."""
-    terms = [at] if at else [f"{op.offset}u"] if op.offset else []
+def _batch_expr(op: Operand, batch: int) -> str:
+    """The start of batch entry `bi` of an operand, as a prefix of an index sum ('' for 0)."""
+    terms = [op.start] if op.start else [f"{op.offset}u"] if op.offset else []
     if batch > 1:
         terms += split_index("bi", op.dims("batch", batch))
     return "".join(term + " + " for term in terms)
