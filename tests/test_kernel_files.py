@@ -216,3 +216,29 @@ def test_cpu_kernels_that_differ_only_in_offsets_share_one_pipeline():
         m.close()
     np.testing.assert_allclose(losses["cpu"], losses["gpu"], rtol=1e-5)
     assert losses["cpu"][-1] < losses["cpu"][0]
+
+
+def test_an_entry_point_reuses_the_pipelines_another_compiled():
+    """predict's kernels are train's forward kernels at other offsets: on the CPU set (offset
+    tables) predict compiles nothing train has compiled, and still predicts what the GPU set does."""
+    import numpy as np
+
+    prog = aot.Program(
+        "kfiles_reuse",
+        model=Deep,
+        train=aot.Train(lambda m, x: ops.mean(ops.square(m(x) - 0.5)), {"x": aot.f32(64, 16)}, optimizer=aot.optim.SGD(lr=0.1)),
+        infer={"predict": aot.Infer(lambda m, x: m(x), {"x": aot.f32(64, 16)})},
+    )
+    x = np.random.default_rng(3).standard_normal((64, 16)).astype(np.float32)
+    out = {}
+    for ks in ("gpu", "cpu"):
+        m = aot.compile(prog, kernels=ks)
+        m.step(x=x)
+        e = m._engine
+        before = len(e._compiled)
+        out[ks] = m.predict(x=x)
+        if ks == "cpu":
+            predict = [k for k, _ in e.entries[next(k for k in e.entries if k.startswith("predict"))]["dispatches"]]
+            assert len(predict) >= 3 and len(e._compiled) == before  # nothing new to compile
+        m.close()
+    np.testing.assert_allclose(out["cpu"], out["gpu"], rtol=1e-5, atol=1e-6)
