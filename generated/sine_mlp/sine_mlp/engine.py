@@ -147,6 +147,10 @@ class Engine:
             {}
         )  # kernel -> the dynamic offset of its table's slot, or None
         self._groups = {}
+        self._compiled: dict = {}  # (source without comments, id(layout)) -> pipeline
+        self._layouts: dict = (
+            {}
+        )  # access signature -> (bind group layout, pipeline layout)
         self.raw_recipes, self._many = {}, {}
         self._halves: dict = (
             {}
@@ -237,13 +241,14 @@ class Engine:
                 dyn = tables[kname][0] if kname in tables else None
                 todo.append((kname, grid, layout, group if n == 0 else None, dyn))
 
-        # One pipeline per source (comments aside) and layout: the CPU set's kernels that
-        # differ only in their offset tables are compiled once.
+        # One pipeline per source (comments aside) and layout, for the whole model: the CPU set's
+        # kernels that differ only in their offset tables are compiled once, and an entry point
+        # reuses what an earlier one compiled (predict, the forward kernels of train).
         first = {}
         for kname, _, layout, _, _ in todo:
-            first.setdefault(
-                (_code_only(self.wgsl[kname]), id(layout)), (kname, layout)
-            )
+            code = (_code_only(self.wgsl[kname]), id(layout))
+            if code not in self._compiled:
+                first.setdefault(code, (kname, layout))
 
         def make(item):
             kname, layout = item
@@ -255,12 +260,12 @@ class Engine:
         workers = min(8, os.cpu_count() or 1, len(first))
         if workers > 1:
             with ThreadPoolExecutor(workers) as pool:
-                made = dict(zip(first, pool.map(make, first.values())))
+                self._compiled.update(zip(first, pool.map(make, first.values())))
         else:
-            made = {code: make(item) for code, item in first.items()}
+            self._compiled.update((code, make(item)) for code, item in first.items())
         steps = []
         for kname, grid, layout, group, dyn in todo:
-            pipeline = made[(_code_only(self.wgsl[kname]), id(layout))]
+            pipeline = self._compiled[(_code_only(self.wgsl[kname]), id(layout))]
             self.pipelines[kname] = pipeline
             self.kernel_offset[kname] = dyn
             steps.append((pipeline, group, tuple(grid), dyn))
@@ -299,23 +304,34 @@ class Engine:
         base = _buffer_of(name)
         return self.order.index(base) + (VEC_BINDING_BASE if base != name else 0)
 
+    def _layout(self, sig):
+        """(bind group layout, pipeline layout) of one access signature, made once: kernels of
+        equal signatures in any entry point then share pipelines (_prepare)."""
+        if sig not in self._layouts:
+            kinds = {
+                "read_write": {"type": "storage"},
+                "read": {"type": "read-only-storage"},
+            }
+            # an offset table: one slot of the entry's uniform buffer, chosen per dispatch
+            kinds["uniform"] = {"type": "uniform", "has_dynamic_offset": True}
+            bgl = self.device.create_bind_group_layout(
+                entries=[
+                    {
+                        "binding": self._binding(arena),
+                        "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": kinds[access],
+                    }
+                    for arena, access in sig
+                ]
+            )
+            self._layouts[sig] = (
+                bgl,
+                self.device.create_pipeline_layout(bind_group_layouts=[bgl]),
+            )
+        return self._layouts[sig]
+
     def _layout_and_group(self, sig, buffers):
-        kinds = {
-            "read_write": {"type": "storage"},
-            "read": {"type": "read-only-storage"},
-        }
-        # an offset table: one slot of the entry's uniform buffer, chosen per dispatch
-        kinds["uniform"] = {"type": "uniform", "has_dynamic_offset": True}
-        bgl = self.device.create_bind_group_layout(
-            entries=[
-                {
-                    "binding": self._binding(arena),
-                    "visibility": wgpu.ShaderStage.COMPUTE,
-                    "buffer": kinds[access],
-                }
-                for arena, access in sig
-            ]
-        )
+        bgl, layout = self._layout(sig)
         size = {
             a: OFFSETS_SLOT_BYTES if a == OFFSETS else buffers[_buffer_of(a)].size
             for a, _ in sig
@@ -334,7 +350,7 @@ class Engine:
                 for arena, _access in sig
             ],
         )
-        return self.device.create_pipeline_layout(bind_group_layouts=[bgl]), group
+        return layout, group
 
     def _pipeline(self, kname, source, site, layout):
         try:
