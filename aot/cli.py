@@ -81,7 +81,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .pipeline import compile_program
+    from .pipeline import _code_only, compile_program
     from .ir import format_graph
 
     for p in _select(load_programs(args.model), args.program, args.model):
@@ -101,6 +101,9 @@ def cmd_inspect(args) -> int:
             for k in c.dispatches[key]:
                 if k.parts:
                     print(f"  dispatch {k.name}: {', '.join(p.name for p in k.parts)}")
+            # the CPU set reads offsets from tables: kernels that differ only there compile once
+            texts = {_code_only(k.wgsl_cpu or k.wgsl) for k in c.kernels[key]}
+            print(f"CPU set: {len(c.kernels[key])} dispatches, {len(texts)} distinct kernels to compile")
             print(memory_report(c, key))
             if args.wgsl:
                 for k in c.kernels[key]:

@@ -1,5 +1,6 @@
 """`python -m aot`: build, inspect, help and the errors a user meets first."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -70,6 +71,11 @@ def test_inspect_prints_ir_kernels_and_buffers():
     r = run("inspect", "examples/sine_mlp.py", "--entry", "train")
     assert "kernels (11, in 7 dispatches on GPUs):" in r.stdout
     assert "dispatch train_08_09_sum_and_matmul: train_08_sum, train_09_matmul" in r.stdout
+    assert "CPU set: 11 dispatches, " in r.stdout
+    # the addition transformer's blocks repeat kernels at other offsets: the CPU set compiles each once
+    r = run("inspect", "examples/addition_transformer.py", "--entry", "train")
+    n = int(re.search(r"CPU set: 151 dispatches, (\d+) distinct kernels to compile", r.stdout).group(1))
+    assert n < 100, n
 
 
 def test_build_no_merge_gives_every_kernel_a_dispatch(tmp_path):
