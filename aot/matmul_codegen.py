@@ -637,7 +637,6 @@ def render_matmul_cpu(
         # the output e of this invocation's TM x TN (row-major)
         row_e="row0 + e" if blk.TN == 1 else f"row0 + e / {blk.TN}u",
         col_e="col0" if blk.TN == 1 else f"col0 + e % {blk.TN}u * {blk.WX}u",
-        clamped=clamp_m or clamp_n,
         out_index=(spec.out_start + " + " + _out_index(spec, with_offset=False)) if spec.out_start else _out_index(spec),
         local_index=_out_index(spec, with_offset=False),
         out_guard=clamp_m or clamp_n,

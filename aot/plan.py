@@ -51,12 +51,11 @@ VEC_SUFFIX = "_v4"
 VEC_BINDING_BASE = 500
 
 
-# The CPU kernel set's offset tables (codegen: a kernel of the CPU set may read where its
-# operands start from a uniform struct instead of constants, so kernels that differ only there
-# share one compiled pipeline): one 256-byte slot per such kernel of an entry point, in a uniform
-# buffer bound at OFFSETS_BINDING with a dynamic offset.
+# The CPU kernel set's offset tables (codegen: a kernel of the CPU set reads where its tensors
+# start from a uniform struct instead of constants, so kernels that differ only there share one
+# compiled pipeline): the runtimes give each such kernel of an entry point a 256-byte slot (WebGPU's
+# minUniformBufferOffsetAlignment) of a uniform buffer bound at OFFSETS_BINDING with a dynamic offset.
 OFFSETS_BINDING = 400
-OFFSETS_SLOT_BYTES = 256  # WebGPU's minUniformBufferOffsetAlignment
 
 
 def vec_alias(arena: str) -> str:

@@ -63,6 +63,8 @@ const bufferOf = (name) => (name.endsWith(VEC_SUFFIX) ? name.slice(0, -VEC_SUFFI
 const OFFSETS = "offsets";
 const OFFSETS_BINDING = 400;
 const OFFSETS_SLOT_BYTES = 256;
+// a kernel's access to a binding -> its bind group layout entry's buffer type
+const BUFFER_TYPE = { read_write: "storage", read: "read-only-storage", uniform: "uniform" };
 const codeOnly = (wgsl) => wgsl.split("\n").filter((line) => !line.trimStart().startsWith("//")).join("\n");
 
 const M64 = (1n << 64n) - 1n;
@@ -508,12 +510,11 @@ class Engine {
     const steps = await Promise.all(en.dispatches.map(async ([k, grid]) => {
       const [storage, site] = this.program.kernels[k];
       const bindings = k in slots ? [...storage, [OFFSETS, "uniform"]] : storage;
-      const type = { read_write: "storage", read: "read-only-storage", uniform: "uniform" };
       const layout = this.device.createBindGroupLayout({
         label: k,
         entries: bindings.map(([a, access]) => ({
           binding: this._binding(a), visibility: GPUShaderStage.COMPUTE,
-          buffer: { type: type[access], hasDynamicOffset: access === "uniform" },
+          buffer: { type: BUFFER_TYPE[access], hasDynamicOffset: access === "uniform" },
         })),
       });
       const group = this.device.createBindGroup({
