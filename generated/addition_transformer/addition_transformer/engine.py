@@ -221,9 +221,9 @@ class Engine:
                 runs[-1][1].append((kname, grid))
             else:
                 runs.append((access, [(kname, grid)]))
-        todo = (
-            []
-        )  # (kernel, grid, layout, bind group or None where the previous one holds, dynamic offset)
+        # (kernel, grid, its pipeline's key, layout, bind group or None where the previous one
+        # holds, dynamic offset)
+        todo = []
         for access, members in runs:
             sig = tuple(sorted(access.items(), key=lambda item: self._binding(item[0])))
             bound = {_buffer_of(a) for a in access}
@@ -239,14 +239,14 @@ class Engine:
             for n, (kname, grid) in enumerate(members):
                 self.kernel_group[kname] = group
                 dyn = tables[kname][0] if kname in tables else None
-                todo.append((kname, grid, layout, group if n == 0 else None, dyn))
+                code = (_code_only(self.wgsl[kname]), id(layout))
+                todo.append((kname, grid, code, layout, group if n == 0 else None, dyn))
 
         # One pipeline per source (comments aside) and layout, for the whole model: the CPU set's
         # kernels that differ only in their offset tables are compiled once, and an entry point
         # reuses what an earlier one compiled (predict, the forward kernels of train).
         first = {}
-        for kname, _, layout, _, _ in todo:
-            code = (_code_only(self.wgsl[kname]), id(layout))
+        for kname, _, code, layout, _, _ in todo:
             if code not in self._compiled:
                 first.setdefault(code, (kname, layout))
 
@@ -264,8 +264,8 @@ class Engine:
         else:
             self._compiled.update((code, make(item)) for code, item in first.items())
         steps = []
-        for kname, grid, layout, group, dyn in todo:
-            pipeline = self._compiled[(_code_only(self.wgsl[kname]), id(layout))]
+        for kname, grid, code, _, group, dyn in todo:
+            pipeline = self._compiled[code]
             self.pipelines[kname] = pipeline
             self.kernel_offset[kname] = dyn
             steps.append((pipeline, group, tuple(grid), dyn))
@@ -279,8 +279,9 @@ class Engine:
         tables = {}
         for kname, _grid in self.entries[key]["dispatches"]:
             about = self.kernels[kname]
-            if len(about) > 2 and about[2] and kname not in tables:
-                tables[kname] = (OFFSETS_SLOT_BYTES * len(tables), tuple(about[2]))
+            table = about[2] if len(about) > 2 else ()  # a record of two: no table
+            if table and kname not in tables:
+                tables[kname] = (OFFSETS_SLOT_BYTES * len(tables), tuple(table))
         return tables
 
     def _offsets_buffer(self, tables: dict):
