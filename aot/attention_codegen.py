@@ -36,6 +36,12 @@ from .wgsl_expr import KernelContext
 
 WG = 64  # invocations per workgroup (at most; fewer for tiny problems)
 TILE_ROWS = (32, 16, 8, 4, 2, 1)  # rows of the other side per tile, largest that fits first
+# The GPU variants' inner loops (`python scripts/bench_attention.py --variants ...` times others).
+# On an H100 (transformer_large's attention, fwd + dq + dk + dv, bench_attention_h100.json):
+# dot() chains, one row a step 1486 us; 1 accumulator, 2 rows a step 1405 us; 2 or 4
+# accumulators 1467-1525; scores kept in registers over a written-out tile 1533.
+DOT_CHAINS = 1  # vec4 accumulators per dot product of two rows (0: a chain of dot() calls)
+KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written out
 KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_dk": "dk", "attention_dv": "dv"}
 
 
@@ -188,6 +194,7 @@ def render_attention(
         scalar_tiles = [("lt", "lse")] + ([("dt", "delta")] if kind == "dk" else [])
     vecs = sum(n for _, _, n in tiles)
     br, g, bt, wg_bytes = _tile_shape(kind, nb, own_t, oth_t, vecs, len(scalar_tiles))
+    ku = min(KEYS_PER_STEP, bt)
     threads = g * br
     if threads > MAX_INVOCATIONS:
         raise CodegenError(f"attention: {threads} invocations per workgroup")
@@ -286,6 +293,8 @@ def render_attention(
         write_o=write_o,
         acc=acc,
         wg_bytes=wg_bytes,
+        chains=DOT_CHAINS,
+        ku=ku,
         comps="xyzw",
     )
     return wgsl, (gx, gy, 1), kc

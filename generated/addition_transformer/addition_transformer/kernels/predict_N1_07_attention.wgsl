@@ -58,11 +58,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         var mt = -3.0e38;
-        for (var j: u32 = 0u; j < 8u; j = j + 1u) {
-            let kb = (grow + j) * 4u;
-            let s = dot(q0, kt[kb]) + dot(q1, kt[kb + 1u]) + dot(q2, kt[kb + 2u]) + dot(q3, kt[kb + 3u]);
-            st[j * 32u + tid] = s;
-            mt = select(mt, max(mt, s), j0 + j < 8u && r < 8u && j0 + j <= r);
+        for (var j: u32 = 0u; j < 8u; j = j + 2u) {
+            let kb0 = (grow + j) * 4u;
+            var s0_0 = q0 * kt[kb0];
+            s0_0 = fma(q1, kt[kb0 + 1u], s0_0);
+            s0_0 = fma(q2, kt[kb0 + 2u], s0_0);
+            s0_0 = fma(q3, kt[kb0 + 3u], s0_0);
+            let s0 = s0_0.x + s0_0.y + s0_0.z + s0_0.w;
+            st[j * 32u + tid] = s0;
+            mt = select(mt, max(mt, s0), j0 + j < 8u && r < 8u && j0 + j <= r);
+            let kb1 = (grow + j + 1u) * 4u;
+            var s1_0 = q0 * kt[kb1];
+            s1_0 = fma(q1, kt[kb1 + 1u], s1_0);
+            s1_0 = fma(q2, kt[kb1 + 2u], s1_0);
+            s1_0 = fma(q3, kt[kb1 + 3u], s1_0);
+            let s1 = s1_0.x + s1_0.y + s1_0.z + s1_0.w;
+            st[(j + 1u) * 32u + tid] = s1;
+            mt = select(mt, max(mt, s1), j0 + j + 1u < 8u && r < 8u && j0 + j + 1u <= r);
         }
         let mn = max(m, mt);
         let alpha = exp(m - mn);
@@ -71,14 +83,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         o1 = o1 * alpha;
         o2 = o2 * alpha;
         o3 = o3 * alpha;
-        for (var j: u32 = 0u; j < 8u; j = j + 1u) {
-            let p = select(0.0, exp(st[j * 32u + tid] - mn), j0 + j < 8u && r < 8u && j0 + j <= r);
-            l = l + p;
-            let vb = (grow + j) * 4u;
-            o0 = fma(vec4<f32>(p), vt[vb], o0);
-            o1 = fma(vec4<f32>(p), vt[vb + 1u], o1);
-            o2 = fma(vec4<f32>(p), vt[vb + 2u], o2);
-            o3 = fma(vec4<f32>(p), vt[vb + 3u], o3);
+        for (var j: u32 = 0u; j < 8u; j = j + 2u) {
+            let p0 = select(0.0, exp(st[j * 32u + tid] - mn), j0 + j < 8u && r < 8u && j0 + j <= r);
+            l = l + p0;
+            let vb0 = (grow + j) * 4u;
+            o0 = fma(vec4<f32>(p0), vt[vb0], o0);
+            o1 = fma(vec4<f32>(p0), vt[vb0 + 1u], o1);
+            o2 = fma(vec4<f32>(p0), vt[vb0 + 2u], o2);
+            o3 = fma(vec4<f32>(p0), vt[vb0 + 3u], o3);
+            let p1 = select(0.0, exp(st[(j + 1u) * 32u + tid] - mn), j0 + j + 1u < 8u && r < 8u && j0 + j + 1u <= r);
+            l = l + p1;
+            let vb1 = (grow + j + 1u) * 4u;
+            o0 = fma(vec4<f32>(p1), vt[vb1], o0);
+            o1 = fma(vec4<f32>(p1), vt[vb1 + 1u], o1);
+            o2 = fma(vec4<f32>(p1), vt[vb1 + 2u], o2);
+            o3 = fma(vec4<f32>(p1), vt[vb1 + 3u], o3);
         }
         m = mn;
     }

@@ -73,14 +73,31 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
             wg_f32_0[e] = work[2760704u + bb * 8u + rr];
         }
         workgroupBarrier();
-        for (var i: u32 = 0u; i < 8u; i = i + 1u) {
-            let qb = (grow + i) * 4u;
-            let ob = (grow + i) * 4u;
-            let p = select(0.0, exp(dot(k0, wg_vec4f_0[qb]) + dot(k1, wg_vec4f_0[qb + 1u]) + dot(k2, wg_vec4f_0[qb + 2u]) + dot(k3, wg_vec4f_0[qb + 3u]) - wg_f32_0[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
-            dv0 = fma(vec4<f32>(p), wg_vec4f_1[ob], dv0);
-            dv1 = fma(vec4<f32>(p), wg_vec4f_1[ob + 1u], dv1);
-            dv2 = fma(vec4<f32>(p), wg_vec4f_1[ob + 2u], dv2);
-            dv3 = fma(vec4<f32>(p), wg_vec4f_1[ob + 3u], dv3);
+        for (var i: u32 = 0u; i < 8u; i = i + 2u) {
+            let qb0 = (grow + i) * 4u;
+            let ob0 = (grow + i) * 4u;
+            var kq0_0 = k0 * wg_vec4f_0[qb0];
+            kq0_0 = fma(k1, wg_vec4f_0[qb0 + 1u], kq0_0);
+            kq0_0 = fma(k2, wg_vec4f_0[qb0 + 2u], kq0_0);
+            kq0_0 = fma(k3, wg_vec4f_0[qb0 + 3u], kq0_0);
+            let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
+            let p0 = select(0.0, exp(kq0 - wg_f32_0[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
+            dv0 = fma(vec4<f32>(p0), wg_vec4f_1[ob0], dv0);
+            dv1 = fma(vec4<f32>(p0), wg_vec4f_1[ob0 + 1u], dv1);
+            dv2 = fma(vec4<f32>(p0), wg_vec4f_1[ob0 + 2u], dv2);
+            dv3 = fma(vec4<f32>(p0), wg_vec4f_1[ob0 + 3u], dv3);
+            let qb1 = (grow + i + 1u) * 4u;
+            let ob1 = (grow + i + 1u) * 4u;
+            var kq1_0 = k0 * wg_vec4f_0[qb1];
+            kq1_0 = fma(k1, wg_vec4f_0[qb1 + 1u], kq1_0);
+            kq1_0 = fma(k2, wg_vec4f_0[qb1 + 2u], kq1_0);
+            kq1_0 = fma(k3, wg_vec4f_0[qb1 + 3u], kq1_0);
+            let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
+            let p1 = select(0.0, exp(kq1 - wg_f32_0[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
+            dv0 = fma(vec4<f32>(p1), wg_vec4f_1[ob1], dv0);
+            dv1 = fma(vec4<f32>(p1), wg_vec4f_1[ob1 + 1u], dv1);
+            dv2 = fma(vec4<f32>(p1), wg_vec4f_1[ob1 + 2u], dv2);
+            dv3 = fma(vec4<f32>(p1), wg_vec4f_1[ob1 + 3u], dv3);
         }
     }
     if (b < 512u && r < 8u) {
@@ -161,15 +178,43 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
             wg_f32_1[e] = work[2686976u + bb * 8u + rr];
         }
         workgroupBarrier();
-        for (var i: u32 = 0u; i < 8u; i = i + 1u) {
-            let qb = (grow + i) * 4u;
-            let ob = (grow + i) * 4u;
-            let p = select(0.0, exp(dot(k0, wg_vec4f_0[qb]) + dot(k1, wg_vec4f_0[qb + 1u]) + dot(k2, wg_vec4f_0[qb + 2u]) + dot(k3, wg_vec4f_0[qb + 3u]) - wg_f32_0[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
-            let ds = p * (dot(v0, wg_vec4f_1[ob]) + dot(v1, wg_vec4f_1[ob + 1u]) + dot(v2, wg_vec4f_1[ob + 2u]) + dot(v3, wg_vec4f_1[ob + 3u]) - wg_f32_1[grow + i]);
-            dk0 = fma(vec4<f32>(ds), wg_vec4f_0[qb], dk0);
-            dk1 = fma(vec4<f32>(ds), wg_vec4f_0[qb + 1u], dk1);
-            dk2 = fma(vec4<f32>(ds), wg_vec4f_0[qb + 2u], dk2);
-            dk3 = fma(vec4<f32>(ds), wg_vec4f_0[qb + 3u], dk3);
+        for (var i: u32 = 0u; i < 8u; i = i + 2u) {
+            let qb0 = (grow + i) * 4u;
+            let ob0 = (grow + i) * 4u;
+            var kq0_0 = k0 * wg_vec4f_0[qb0];
+            kq0_0 = fma(k1, wg_vec4f_0[qb0 + 1u], kq0_0);
+            kq0_0 = fma(k2, wg_vec4f_0[qb0 + 2u], kq0_0);
+            kq0_0 = fma(k3, wg_vec4f_0[qb0 + 3u], kq0_0);
+            let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
+            let p0 = select(0.0, exp(kq0 - wg_f32_0[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
+            var vo0_0 = v0 * wg_vec4f_1[ob0];
+            vo0_0 = fma(v1, wg_vec4f_1[ob0 + 1u], vo0_0);
+            vo0_0 = fma(v2, wg_vec4f_1[ob0 + 2u], vo0_0);
+            vo0_0 = fma(v3, wg_vec4f_1[ob0 + 3u], vo0_0);
+            let vo0 = vo0_0.x + vo0_0.y + vo0_0.z + vo0_0.w;
+            let ds0 = p0 * (vo0 - wg_f32_1[grow + i]);
+            dk0 = fma(vec4<f32>(ds0), wg_vec4f_0[qb0], dk0);
+            dk1 = fma(vec4<f32>(ds0), wg_vec4f_0[qb0 + 1u], dk1);
+            dk2 = fma(vec4<f32>(ds0), wg_vec4f_0[qb0 + 2u], dk2);
+            dk3 = fma(vec4<f32>(ds0), wg_vec4f_0[qb0 + 3u], dk3);
+            let qb1 = (grow + i + 1u) * 4u;
+            let ob1 = (grow + i + 1u) * 4u;
+            var kq1_0 = k0 * wg_vec4f_0[qb1];
+            kq1_0 = fma(k1, wg_vec4f_0[qb1 + 1u], kq1_0);
+            kq1_0 = fma(k2, wg_vec4f_0[qb1 + 2u], kq1_0);
+            kq1_0 = fma(k3, wg_vec4f_0[qb1 + 3u], kq1_0);
+            let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
+            let p1 = select(0.0, exp(kq1 - wg_f32_0[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
+            var vo1_0 = v0 * wg_vec4f_1[ob1];
+            vo1_0 = fma(v1, wg_vec4f_1[ob1 + 1u], vo1_0);
+            vo1_0 = fma(v2, wg_vec4f_1[ob1 + 2u], vo1_0);
+            vo1_0 = fma(v3, wg_vec4f_1[ob1 + 3u], vo1_0);
+            let vo1 = vo1_0.x + vo1_0.y + vo1_0.z + vo1_0.w;
+            let ds1 = p1 * (vo1 - wg_f32_1[grow + i + 1u]);
+            dk0 = fma(vec4<f32>(ds1), wg_vec4f_0[qb1], dk0);
+            dk1 = fma(vec4<f32>(ds1), wg_vec4f_0[qb1 + 1u], dk1);
+            dk2 = fma(vec4<f32>(ds1), wg_vec4f_0[qb1 + 2u], dk2);
+            dk3 = fma(vec4<f32>(ds1), wg_vec4f_0[qb1 + 3u], dk3);
         }
     }
     if (b < 512u && r < 8u) {
@@ -242,15 +287,43 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
             wg_vec4f_1[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
         workgroupBarrier();
-        for (var j: u32 = 0u; j < 8u; j = j + 1u) {
-            let kb = (grow + j) * 4u;
-            let vb = (grow + j) * 4u;
-            let p = select(0.0, exp(dot(q0, wg_vec4f_0[kb]) + dot(q1, wg_vec4f_0[kb + 1u]) + dot(q2, wg_vec4f_0[kb + 2u]) + dot(q3, wg_vec4f_0[kb + 3u]) - lse_i), j0 + j < 8u && r < 8u && j0 + j <= r);
-            let ds = p * (dot(g0, wg_vec4f_1[vb]) + dot(g1, wg_vec4f_1[vb + 1u]) + dot(g2, wg_vec4f_1[vb + 2u]) + dot(g3, wg_vec4f_1[vb + 3u]) - delta_i);
-            dq0 = fma(vec4<f32>(ds), wg_vec4f_0[kb], dq0);
-            dq1 = fma(vec4<f32>(ds), wg_vec4f_0[kb + 1u], dq1);
-            dq2 = fma(vec4<f32>(ds), wg_vec4f_0[kb + 2u], dq2);
-            dq3 = fma(vec4<f32>(ds), wg_vec4f_0[kb + 3u], dq3);
+        for (var j: u32 = 0u; j < 8u; j = j + 2u) {
+            let kb0 = (grow + j) * 4u;
+            let vb0 = (grow + j) * 4u;
+            var qk0_0 = q0 * wg_vec4f_0[kb0];
+            qk0_0 = fma(q1, wg_vec4f_0[kb0 + 1u], qk0_0);
+            qk0_0 = fma(q2, wg_vec4f_0[kb0 + 2u], qk0_0);
+            qk0_0 = fma(q3, wg_vec4f_0[kb0 + 3u], qk0_0);
+            let qk0 = qk0_0.x + qk0_0.y + qk0_0.z + qk0_0.w;
+            var gv0_0 = g0 * wg_vec4f_1[vb0];
+            gv0_0 = fma(g1, wg_vec4f_1[vb0 + 1u], gv0_0);
+            gv0_0 = fma(g2, wg_vec4f_1[vb0 + 2u], gv0_0);
+            gv0_0 = fma(g3, wg_vec4f_1[vb0 + 3u], gv0_0);
+            let gv0 = gv0_0.x + gv0_0.y + gv0_0.z + gv0_0.w;
+            let p0 = select(0.0, exp(qk0 - lse_i), j0 + j < 8u && r < 8u && j0 + j <= r);
+            let ds0 = p0 * (gv0 - delta_i);
+            dq0 = fma(vec4<f32>(ds0), wg_vec4f_0[kb0], dq0);
+            dq1 = fma(vec4<f32>(ds0), wg_vec4f_0[kb0 + 1u], dq1);
+            dq2 = fma(vec4<f32>(ds0), wg_vec4f_0[kb0 + 2u], dq2);
+            dq3 = fma(vec4<f32>(ds0), wg_vec4f_0[kb0 + 3u], dq3);
+            let kb1 = (grow + j + 1u) * 4u;
+            let vb1 = (grow + j + 1u) * 4u;
+            var qk1_0 = q0 * wg_vec4f_0[kb1];
+            qk1_0 = fma(q1, wg_vec4f_0[kb1 + 1u], qk1_0);
+            qk1_0 = fma(q2, wg_vec4f_0[kb1 + 2u], qk1_0);
+            qk1_0 = fma(q3, wg_vec4f_0[kb1 + 3u], qk1_0);
+            let qk1 = qk1_0.x + qk1_0.y + qk1_0.z + qk1_0.w;
+            var gv1_0 = g0 * wg_vec4f_1[vb1];
+            gv1_0 = fma(g1, wg_vec4f_1[vb1 + 1u], gv1_0);
+            gv1_0 = fma(g2, wg_vec4f_1[vb1 + 2u], gv1_0);
+            gv1_0 = fma(g3, wg_vec4f_1[vb1 + 3u], gv1_0);
+            let gv1 = gv1_0.x + gv1_0.y + gv1_0.z + gv1_0.w;
+            let p1 = select(0.0, exp(qk1 - lse_i), j0 + j + 1u < 8u && r < 8u && j0 + j + 1u <= r);
+            let ds1 = p1 * (gv1 - delta_i);
+            dq0 = fma(vec4<f32>(ds1), wg_vec4f_0[kb1], dq0);
+            dq1 = fma(vec4<f32>(ds1), wg_vec4f_0[kb1 + 1u], dq1);
+            dq2 = fma(vec4<f32>(ds1), wg_vec4f_0[kb1 + 2u], dq2);
+            dq3 = fma(vec4<f32>(ds1), wg_vec4f_0[kb1 + 3u], dq3);
         }
     }
     if (b < 512u && r < 8u) {

@@ -58,14 +58,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             lt[e] = work[2760704u + bb * 8u + rr];
         }
         workgroupBarrier();
-        for (var i: u32 = 0u; i < 8u; i = i + 1u) {
-            let qb = (grow + i) * 4u;
-            let ob = (grow + i) * 4u;
-            let p = select(0.0, exp(dot(k0, qt[qb]) + dot(k1, qt[qb + 1u]) + dot(k2, qt[qb + 2u]) + dot(k3, qt[qb + 3u]) - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
-            dv0 = fma(vec4<f32>(p), ot[ob], dv0);
-            dv1 = fma(vec4<f32>(p), ot[ob + 1u], dv1);
-            dv2 = fma(vec4<f32>(p), ot[ob + 2u], dv2);
-            dv3 = fma(vec4<f32>(p), ot[ob + 3u], dv3);
+        for (var i: u32 = 0u; i < 8u; i = i + 2u) {
+            let qb0 = (grow + i) * 4u;
+            let ob0 = (grow + i) * 4u;
+            var kq0_0 = k0 * qt[qb0];
+            kq0_0 = fma(k1, qt[qb0 + 1u], kq0_0);
+            kq0_0 = fma(k2, qt[qb0 + 2u], kq0_0);
+            kq0_0 = fma(k3, qt[qb0 + 3u], kq0_0);
+            let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
+            let p0 = select(0.0, exp(kq0 - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
+            dv0 = fma(vec4<f32>(p0), ot[ob0], dv0);
+            dv1 = fma(vec4<f32>(p0), ot[ob0 + 1u], dv1);
+            dv2 = fma(vec4<f32>(p0), ot[ob0 + 2u], dv2);
+            dv3 = fma(vec4<f32>(p0), ot[ob0 + 3u], dv3);
+            let qb1 = (grow + i + 1u) * 4u;
+            let ob1 = (grow + i + 1u) * 4u;
+            var kq1_0 = k0 * qt[qb1];
+            kq1_0 = fma(k1, qt[qb1 + 1u], kq1_0);
+            kq1_0 = fma(k2, qt[qb1 + 2u], kq1_0);
+            kq1_0 = fma(k3, qt[qb1 + 3u], kq1_0);
+            let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
+            let p1 = select(0.0, exp(kq1 - lt[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
+            dv0 = fma(vec4<f32>(p1), ot[ob1], dv0);
+            dv1 = fma(vec4<f32>(p1), ot[ob1 + 1u], dv1);
+            dv2 = fma(vec4<f32>(p1), ot[ob1 + 2u], dv2);
+            dv3 = fma(vec4<f32>(p1), ot[ob1 + 3u], dv3);
         }
     }
     if (b < 512u && r < 8u) {

@@ -69,15 +69,43 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             dt[e] = work[393216u + bb * 8u + rr];
         }
         workgroupBarrier();
-        for (var i: u32 = 0u; i < 8u; i = i + 1u) {
-            let qb = (grow + i) * 4u;
-            let ob = (grow + i) * 4u;
-            let p = select(0.0, exp(dot(k0, qt[qb]) + dot(k1, qt[qb + 1u]) + dot(k2, qt[qb + 2u]) + dot(k3, qt[qb + 3u]) - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
-            let ds = p * (dot(v0, ot[ob]) + dot(v1, ot[ob + 1u]) + dot(v2, ot[ob + 2u]) + dot(v3, ot[ob + 3u]) - dt[grow + i]);
-            dk0 = fma(vec4<f32>(ds), qt[qb], dk0);
-            dk1 = fma(vec4<f32>(ds), qt[qb + 1u], dk1);
-            dk2 = fma(vec4<f32>(ds), qt[qb + 2u], dk2);
-            dk3 = fma(vec4<f32>(ds), qt[qb + 3u], dk3);
+        for (var i: u32 = 0u; i < 8u; i = i + 2u) {
+            let qb0 = (grow + i) * 4u;
+            let ob0 = (grow + i) * 4u;
+            var kq0_0 = k0 * qt[qb0];
+            kq0_0 = fma(k1, qt[qb0 + 1u], kq0_0);
+            kq0_0 = fma(k2, qt[qb0 + 2u], kq0_0);
+            kq0_0 = fma(k3, qt[qb0 + 3u], kq0_0);
+            let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
+            let p0 = select(0.0, exp(kq0 - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
+            var vo0_0 = v0 * ot[ob0];
+            vo0_0 = fma(v1, ot[ob0 + 1u], vo0_0);
+            vo0_0 = fma(v2, ot[ob0 + 2u], vo0_0);
+            vo0_0 = fma(v3, ot[ob0 + 3u], vo0_0);
+            let vo0 = vo0_0.x + vo0_0.y + vo0_0.z + vo0_0.w;
+            let ds0 = p0 * (vo0 - dt[grow + i]);
+            dk0 = fma(vec4<f32>(ds0), qt[qb0], dk0);
+            dk1 = fma(vec4<f32>(ds0), qt[qb0 + 1u], dk1);
+            dk2 = fma(vec4<f32>(ds0), qt[qb0 + 2u], dk2);
+            dk3 = fma(vec4<f32>(ds0), qt[qb0 + 3u], dk3);
+            let qb1 = (grow + i + 1u) * 4u;
+            let ob1 = (grow + i + 1u) * 4u;
+            var kq1_0 = k0 * qt[qb1];
+            kq1_0 = fma(k1, qt[qb1 + 1u], kq1_0);
+            kq1_0 = fma(k2, qt[qb1 + 2u], kq1_0);
+            kq1_0 = fma(k3, qt[qb1 + 3u], kq1_0);
+            let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
+            let p1 = select(0.0, exp(kq1 - lt[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
+            var vo1_0 = v0 * ot[ob1];
+            vo1_0 = fma(v1, ot[ob1 + 1u], vo1_0);
+            vo1_0 = fma(v2, ot[ob1 + 2u], vo1_0);
+            vo1_0 = fma(v3, ot[ob1 + 3u], vo1_0);
+            let vo1 = vo1_0.x + vo1_0.y + vo1_0.z + vo1_0.w;
+            let ds1 = p1 * (vo1 - dt[grow + i + 1u]);
+            dk0 = fma(vec4<f32>(ds1), qt[qb1], dk0);
+            dk1 = fma(vec4<f32>(ds1), qt[qb1 + 1u], dk1);
+            dk2 = fma(vec4<f32>(ds1), qt[qb1 + 2u], dk2);
+            dk3 = fma(vec4<f32>(ds1), qt[qb1 + 3u], dk3);
         }
     }
     if (b < 512u && r < 8u) {

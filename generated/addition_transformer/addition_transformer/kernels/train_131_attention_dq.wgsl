@@ -59,15 +59,43 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             vt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
         workgroupBarrier();
-        for (var j: u32 = 0u; j < 8u; j = j + 1u) {
-            let kb = (grow + j) * 4u;
-            let vb = (grow + j) * 4u;
-            let p = select(0.0, exp(dot(q0, kt[kb]) + dot(q1, kt[kb + 1u]) + dot(q2, kt[kb + 2u]) + dot(q3, kt[kb + 3u]) - lse_i), j0 + j < 8u && r < 8u && j0 + j <= r);
-            let ds = p * (dot(g0, vt[vb]) + dot(g1, vt[vb + 1u]) + dot(g2, vt[vb + 2u]) + dot(g3, vt[vb + 3u]) - delta_i);
-            dq0 = fma(vec4<f32>(ds), kt[kb], dq0);
-            dq1 = fma(vec4<f32>(ds), kt[kb + 1u], dq1);
-            dq2 = fma(vec4<f32>(ds), kt[kb + 2u], dq2);
-            dq3 = fma(vec4<f32>(ds), kt[kb + 3u], dq3);
+        for (var j: u32 = 0u; j < 8u; j = j + 2u) {
+            let kb0 = (grow + j) * 4u;
+            let vb0 = (grow + j) * 4u;
+            var qk0_0 = q0 * kt[kb0];
+            qk0_0 = fma(q1, kt[kb0 + 1u], qk0_0);
+            qk0_0 = fma(q2, kt[kb0 + 2u], qk0_0);
+            qk0_0 = fma(q3, kt[kb0 + 3u], qk0_0);
+            let qk0 = qk0_0.x + qk0_0.y + qk0_0.z + qk0_0.w;
+            var gv0_0 = g0 * vt[vb0];
+            gv0_0 = fma(g1, vt[vb0 + 1u], gv0_0);
+            gv0_0 = fma(g2, vt[vb0 + 2u], gv0_0);
+            gv0_0 = fma(g3, vt[vb0 + 3u], gv0_0);
+            let gv0 = gv0_0.x + gv0_0.y + gv0_0.z + gv0_0.w;
+            let p0 = select(0.0, exp(qk0 - lse_i), j0 + j < 8u && r < 8u && j0 + j <= r);
+            let ds0 = p0 * (gv0 - delta_i);
+            dq0 = fma(vec4<f32>(ds0), kt[kb0], dq0);
+            dq1 = fma(vec4<f32>(ds0), kt[kb0 + 1u], dq1);
+            dq2 = fma(vec4<f32>(ds0), kt[kb0 + 2u], dq2);
+            dq3 = fma(vec4<f32>(ds0), kt[kb0 + 3u], dq3);
+            let kb1 = (grow + j + 1u) * 4u;
+            let vb1 = (grow + j + 1u) * 4u;
+            var qk1_0 = q0 * kt[kb1];
+            qk1_0 = fma(q1, kt[kb1 + 1u], qk1_0);
+            qk1_0 = fma(q2, kt[kb1 + 2u], qk1_0);
+            qk1_0 = fma(q3, kt[kb1 + 3u], qk1_0);
+            let qk1 = qk1_0.x + qk1_0.y + qk1_0.z + qk1_0.w;
+            var gv1_0 = g0 * vt[vb1];
+            gv1_0 = fma(g1, vt[vb1 + 1u], gv1_0);
+            gv1_0 = fma(g2, vt[vb1 + 2u], gv1_0);
+            gv1_0 = fma(g3, vt[vb1 + 3u], gv1_0);
+            let gv1 = gv1_0.x + gv1_0.y + gv1_0.z + gv1_0.w;
+            let p1 = select(0.0, exp(qk1 - lse_i), j0 + j + 1u < 8u && r < 8u && j0 + j + 1u <= r);
+            let ds1 = p1 * (gv1 - delta_i);
+            dq0 = fma(vec4<f32>(ds1), kt[kb1], dq0);
+            dq1 = fma(vec4<f32>(ds1), kt[kb1 + 1u], dq1);
+            dq2 = fma(vec4<f32>(ds1), kt[kb1 + 2u], dq2);
+            dq3 = fma(vec4<f32>(ds1), kt[kb1 + 3u], dq3);
         }
     }
     if (b < 512u && r < 8u) {
