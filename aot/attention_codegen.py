@@ -41,7 +41,7 @@ TILE_ROWS = (32, 16, 8, 4, 2, 1)  # rows of the other side per tile, largest tha
 # dot() chains, one row a step 1486 us; 1 accumulator, 2 rows a step 1405 us; 2 or 4
 # accumulators 1467-1525; scores kept in registers over a written-out tile 1533.
 DOT_CHAINS = 1  # vec4 accumulators per dot product of two rows (0: a chain of dot() calls)
-KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written out
+KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written out (a power of two)
 KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_dk": "dk", "attention_dv": "dv"}
 
 
