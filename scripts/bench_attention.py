@@ -82,9 +82,13 @@ def run_variant(variant: dict, shape, causal, reps: int, w: np.ndarray):
     # the gradients, read back after one step (SGD at lr 0 leaves the parameters as they were)
     model.step(w=w)
     grads = model.grads()
-    ns = profile_timestamps(e, key, reps, "timestamp-query-inside-passes" in set(e.device.features))
+    feats = set(e.device.features)
+    if "timestamp-query" not in feats:
+        model.close()
+        raise SystemExit(f"{e.adapter_info.get('device', 'this adapter')} has no timestamp-query: kernel times cannot be taken")
+    ns = profile_timestamps(e, key, reps, "timestamp-query-inside-passes" in feats)
     kernels = {}
-    for (kname, grid), t in zip(e.entries[key]["dispatches"], ns):
+    for (kname, _grid), t in zip(e.entries[key]["dispatches"], ns):
         if "attention" in kname:
             kernels[kname] = round(t / 1e3, 2)
     model.close()
