@@ -41,7 +41,7 @@ def build(program, outdir="generated", force=False, max_binding_mib=128, target=
 
 def compile(program, max_binding_mib=128, kernels="auto", merge_dispatches=True):  # noqa: A001 - the API name
     """Build into a temporary folder and import the package in-process; returns a Model
-    (`kernels`: "auto", "gpu" or "cpu", the kernel set, as the package's Model(kernels=...);
+    (`kernels`: "auto", "gpu", "subgroup" or "cpu", the kernel set, as the package's Model(kernels=...);
     merge_dispatches as in build)."""
     from .pipeline import compile_model
 

@@ -17,6 +17,12 @@ read nothing out of bounds.
 Causal masks skip whole tiles that no row of the workgroup sees. Sums run in a fixed order
 (tiles ascending, rows ascending within a tile, no atomics), so results are reproducible.
 
+Adapters with subgroup operations (the package's "subgroup" kernel set) run a variant on the same
+grid and bindings (`lanes` > 1, attention_lanes.wgsl.j2): a group of `lanes` neighbouring
+invocations owns `lanes` rows, lane i keeping vec4s i, i + lanes, ... of each, so every vec4 read
+from workgroup memory feeds `lanes` rows; the partial dot products are summed across the group
+with subgroupShuffleXor (every lane ends with the same sums, bit for bit).
+
 This module renders text only; the schedule decides which ops share a kernel (the forward's O
 and lse: OpDef.sibling).
 """
@@ -42,6 +48,12 @@ TILE_ROWS = (32, 16, 8, 4, 2, 1)  # rows of the other side per tile, largest tha
 # accumulators 1467-1525; scores kept in registers over a written-out tile 1533.
 DOT_CHAINS = 1  # vec4 accumulators per dot product of two rows (0: a chain of dot() calls)
 KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written out (a power of two)
+# The subgroup set's variants (attention_lanes.wgsl.j2): LANES lanes of a subgroup share LANES
+# rows, each holding 1/LANES of their columns, so a vec4 read from a tile feeds LANES rows and the
+# partial dot products meet through shuffles. On an H100, same kernels as above: 1 lane 1398-1400
+# us, 2 lanes 1146, 4 lanes 1156 (bench_attention_h100_lanes.json); the same design summing
+# through workgroup memory and barriers instead of shuffles lost (1660-2347 us).
+LANES = 2
 KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_dk": "dk", "attention_dv": "dv"}
 
 
@@ -145,14 +157,16 @@ def _tile_shape(kind: str, nb: int, t_own: int, t_oth: int, vecs: int, scalars: 
 
 
 def render_attention(
-    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False
+    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False, lanes: int = 1
 ) -> tuple[str, tuple[int, int, int], KernelContext]:
     """(WGSL source, grid, the kernel's binding/read record) for one attention kernel; `cpu`: the
     CPU adapters' variant on the same grid, which reads the other side one row at a time
     straight from storage (no workgroup memory and no barriers: a CPU adapter runs a workgroup
     as one loop over SIMD lanes, which each barrier splits, and its caches hold those rows),
     and where its operands and outputs start from its offset table (KernelContext.start): the
-    same attention in every block of a model is then one text, compiled once."""
+    same attention in every block of a model is then one text, compiled once. `lanes` > 1: the
+    subgroup variant (the module doc), where the rows per workgroup and head sizes divide evenly;
+    otherwise the GPU kernel."""
     members = [m.node for m in k.group] + [k.node]
     kind = KIND[k.node.op]
     if any(KIND[n.op] != kind for n in members):
@@ -195,6 +209,8 @@ def render_attention(
     vecs = sum(n for _, _, n in tiles)
     br, g, bt, wg_bytes = _tile_shape(kind, nb, own_t, oth_t, vecs, len(scalar_tiles))
     ku = min(KEYS_PER_STEP, bt)
+    if cpu or br % lanes or d4 % lanes or dv4 % lanes:
+        lanes = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
     threads = g * br
     if threads > MAX_INVOCATIONS:
         raise CodegenError(f"attention: {threads} invocations per workgroup")
@@ -218,12 +234,22 @@ def render_attention(
         op = ops[src]
         bases[src] = op.row_base("bc", "rc")
         vals = [_vec(op, f"{src}_row", 4 * i) for i in range(n)]
-        own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled})
+        if lanes > 1:  # per row rr of the group: this lane's vec4s (c * lanes + ln, column lc = 4 ln)
+            vals = [
+                [_vec(op, f"{src}_row{rr}", f"{4 * c * lanes}u + lc" if c else "lc") for c in range(n // lanes)]
+                for rr in range(lanes)
+            ]
+        bases_l = [op.row_base("bc", f"rci{rr}") for rr in range(lanes)]
+        own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled, "bases": bases_l})
     own_scalars = []
     if kind == "dq":
         for name in ("lse", "delta"):
-            bases[name] = ops[name].row_base("bc", "rc")
-            own_scalars.append((f"{name}_i", f"{ops[name].buf}[{bases[name]}]"))
+            if lanes > 1:
+                rows_at = [f"{ops[name].buf}[{ops[name].row_base('bc', f'rci{rr}')}]" for rr in range(lanes)]
+                own_scalars.append((f"{name}_i", rows_at))
+            else:
+                bases[name] = ops[name].row_base("bc", "rc")
+                own_scalars.append((f"{name}_i", f"{ops[name].buf}[{bases[name]}]"))
 
     tile_loads = []
     for arr, src, n in tiles:
@@ -258,6 +284,19 @@ def render_attention(
         start = kc.start(loc.arena, loc.offset)
         stores.append({"op": n.op, "buf": loc.arena, "start": start + " + " if start else "", "cols": cols})
     acc = {"fwd": ("o", dv4), "dq": ("dq", d4), "dk": ("dk", d4), "dv": ("dv", dv4)}[kind]
+    if lanes > 1:
+        for st in stores:
+            st["cols_lane"] = 4 * acc[1] // lanes  # the columns a lane stores of each row
+        wgsl = render(
+            "wgsl/attention_lanes.wgsl.j2",
+            header=header, bindings=kc.binding_text(), kind=kind, causal=causal, scale=wgsl_f32(scale),
+            nb=nb, tq=tq, tk=tk, d=d, dv=dv, d4=d4, dv4=dv4, n_d=d4 // lanes, n_dv=dv4 // lanes,
+            own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt, threads=threads, row_blocks=row_blocks,
+            n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, tiles=tile_loads,
+            scalar_tiles=scalar_loads, stores=stores, write_o=write_o, acc=acc, wg_bytes=wg_bytes,
+            ku=ku, lanes=lanes, shifts=[1 << i for i in range(lanes.bit_length() - 1)], comps="xyzw",
+        )
+        return wgsl, (gx, gy, 1), kc
     wgsl = render(
         "wgsl/attention.wgsl.j2",
         header=header,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .attention_codegen import render_attention
+from .attention_codegen import LANES, render_attention
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
@@ -57,6 +57,9 @@ class KernelCode:
     grid_cpu: tuple[int, int, int] | None = None  # the CPU variant's grid where it differs
     # the CPU variant's offset table (plan.OFFSETS_BINDING), or () when it writes its offsets in
     offsets_cpu: tuple[int, ...] = ()
+    # the GPU kernel with subgroup operations, for adapters that offer them (the "subgroup" set:
+    # attention, attention_codegen.LANES), same bindings and grid; None where it has none
+    wgsl_subgroup: str | None = None
     parts: list["KernelCode"] = field(default_factory=list)  # the kernels it runs (merge.py, chain.py)
     kind: str = "kernel"  # "kernel"; "merged": parts side by side (merge.py); "chain": parts as stages (chain.py)
 
@@ -175,6 +178,13 @@ def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> K
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
     if cpu.grid != code.grid:
         code.grid_cpu = cpu.grid
+    if k.kind == "attention":
+        header, _, _ = _header(name, k, s, writers)
+        wgsl, grid, kc = render_attention(header + [SUBGROUP_HEADER], k, s, plan, lanes=LANES)
+        if kc.bindings() != code.bindings or grid != code.grid:
+            raise CodegenError(f"kernel {name}: its subgroup variant dispatches differently ({grid} vs {code.grid})")
+        if "subgroupShuffle" in wgsl:  # LANES rows fit this kernel (else it stays the GPU kernel)
+            code.wgsl_subgroup = wgsl
     return code
 
 
@@ -186,6 +196,7 @@ CPU_HEADER = {
     "attention": "// CPU variant: each invocation reads the other side's rows itself, no barriers",
     "matmul": "// CPU variant: no workgroup memory, no barriers",
 }
+SUBGROUP_HEADER = "// subgroup variant: rows shared by lanes of a subgroup, partial sums through shuffles"
 CPU_SEQUENTIAL_HEADER = "// CPU variant: each row summed by one invocation, no barriers; tensor offsets from `at`"
 
 

@@ -306,12 +306,13 @@ def merge(
         name = merged_name([kcodes[m].name for j in members for m in units[j][0]], prefix)
         grids = [k.grid for k in ks]
         wgsl, grid = combine(name, [parse(k.wgsl) for k in ks], grids)
-        out.append(
-            KernelCode(
-                name, wgsl, union_bindings(k.bindings for k in ks), grid,
-                " | ".join(k.ops for k in ks), ks[0].site, None, parts=ks, kind="merged",
-            )
+        code = KernelCode(
+            name, wgsl, union_bindings(k.bindings for k in ks), grid,
+            " | ".join(k.ops for k in ks), ks[0].site, None, parts=ks, kind="merged",
         )
+        if any(k.wgsl_subgroup for k in ks):  # the same dispatch with the parts' subgroup variants
+            code.wgsl_subgroup = combine(name, [parse(k.wgsl_subgroup or k.wgsl) for k in ks], grids)[0]
+        out.append(code)
     cut = None
     if s.update_from is not None:
         cut = next((gi for gi, m in enumerate(groups) if units[m[0]][0][0] >= s.update_from), len(groups))

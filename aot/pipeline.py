@@ -129,7 +129,7 @@ def _code_only(wgsl: str) -> str:
 def _tables(c: Compiled, opt, state_names) -> dict:
     prog = c.traced.program
     arenas = _shared_arenas(c)
-    entries, kernel_table, wgsl, wgsl_cpu = {}, {}, {}, {}
+    entries, kernel_table, wgsl, wgsl_cpu, wgsl_subgroup = {}, {}, {}, {}, {}
     same_as: dict[tuple, str] = {}  # a kernel's code (comments aside) -> the first kernel with that code
     for key, g in c.graphs.items():
         p, s = c.plans[key], c.schedules[key]
@@ -150,7 +150,11 @@ def _tables(c: Compiled, opt, state_names) -> dict:
         }
         for label, ks in lists.items():
             names = [
-                same_as.setdefault((_code_only(k.wgsl), _code_only(k.wgsl_cpu or ""), k.offsets_cpu), k.name) for k in ks
+                same_as.setdefault(
+                    (_code_only(k.wgsl), _code_only(k.wgsl_cpu or ""), _code_only(k.wgsl_subgroup or ""), k.offsets_cpu),
+                    k.name,
+                )
+                for k in ks
             ]
             cpu = label == "dispatches_cpu"
             entries[key][label] = [(n, (k.grid_cpu or k.grid) if cpu else k.grid) for n, k in zip(names, ks)]
@@ -162,6 +166,8 @@ def _tables(c: Compiled, opt, state_names) -> dict:
                     wgsl[n] = mark + k.wgsl
                     if k.wgsl_cpu is not None:
                         wgsl_cpu[n] = mark + k.wgsl_cpu
+                    if k.wgsl_subgroup is not None:
+                        wgsl_subgroup[n] = mark + k.wgsl_subgroup
         entries[key].update(
             {
                 "copies": [(src.arena, src.offset, dst.arena, dst.offset, n) for src, dst, n in p.copies],
@@ -196,6 +202,7 @@ def _tables(c: Compiled, opt, state_names) -> dict:
         "entries": entries,
         "_wgsl": wgsl,
         "_wgsl_cpu": wgsl_cpu,  # the CPU variants of the kernels that have one (codegen's module doc)
+        "_wgsl_subgroup": wgsl_subgroup,  # the subgroup set's variants (KernelCode.wgsl_subgroup)
     }
 
 

@@ -80,7 +80,10 @@ def web_tables(c) -> tuple[dict, dict[str, str], dict[str, str]]:
     Python package's PROGRAM with variants as [sizes, key] pairs (JSON keys are strings), plus
     the checkpoint fingerprint and the device limits the module needs."""
     prog = dict(c.program)
+    # the browser module ships the GPU and CPU sets (WebGPU's subgroups are an optional feature
+    # the JS engine does not request yet)
     wgsl, wgsl_cpu = prog.pop("_wgsl"), prog.pop("_wgsl_cpu")
+    prog.pop("_wgsl_subgroup")
     fingerprint = _model.ModelBase._fingerprint(
         SimpleNamespace(_program=prog, _params=prog["params"], _opt=prog.get("optimizer"))
     )

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 SHAPE = (32, 8, 256, 64)
-KNOBS = {"chains": "DOT_CHAINS", "ku": "KEYS_PER_STEP", "wg": "WG"}
+KNOBS = {"chains": "DOT_CHAINS", "ku": "KEYS_PER_STEP", "wg": "WG", "lanes": "LANES"}
 
 
 def program(shape, causal):

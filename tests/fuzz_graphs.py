@@ -1670,14 +1670,20 @@ def max_binding_mib(seed: int) -> float:
     return SPLIT_SCRATCH_MIB if seed // 2 % 3 == 1 else 128
 
 
+def kernel_set(seed: int) -> str:
+    """The CPU set (what lavapipe picks by itself) for odd seeds; of the even ones, the GPU set
+    (merged dispatches, workgroup-tree reductions) and the subgroup set (the GPU set with its
+    attention rows shared by subgroup lanes) in turn."""
+    return "cpu" if seed % 2 else "subgroup" if seed % 4 == 2 else "gpu"
+
+
 def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
-    """The batch on this adapter, with the GPU kernel set (merged dispatches, workgroup-tree
-    reductions) for even seeds and the CPU set (what lavapipe picks by itself) for odd ones;
-    scratch split over small buffers for a third of them (max_binding_mib)."""
+    """The batch on this adapter, with the kernel set of its seed (kernel_set); scratch split
+    over small buffers for a third of them (max_binding_mib)."""
     import aot
     from aot.errors import CodegenError
 
-    kernels = "cpu" if batch.seed % 2 else "gpu"
+    kernels = kernel_set(batch.seed)
     try:
         program = build_program(batch, name)
         try:
@@ -2131,7 +2137,7 @@ def repro_source(batch: Batch, failure: Failure, name: str, note: str = "") -> s
     L.append(f"ATOL = {{{', '.join(f'{k!r}: {v:.3g}' for k, v in atol.items())}}}")
     L.append(f"LOSS_TOL = [{', '.join(f'{v:.3g}' for v in loss_tol)}]")
     L.append(f"PREDICT_FIRST = {batch.sgd is not None}")
-    L.append(f"KERNELS = {('cpu' if batch.seed % 2 else 'gpu')!r}  # the kernel set it failed with (run_gpu)")
+    L.append(f"KERNELS = {kernel_set(batch.seed)!r}  # the kernel set it failed with (run_gpu)")
     text = "\n".join(L) + "\n" + REPRO_TEST.format(reason=reason, name=name)
     if failure.kind == "interp-error":  # the package may well be right: a plain regression test
         text = text.replace(f"@pytest.mark.xfail(strict=True, reason={reason!r})\n", "")

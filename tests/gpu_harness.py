@@ -249,7 +249,7 @@ def run_both(program, inputs: dict, steps: int = 1, raw: bool = False, kernels: 
     model = compile_checked(program, kernels)
     try:
         gpu = [(raw_gpu_step if raw else gpu_step)(model, inputs) for _ in range(steps)]
-        wgsl = dict(model.WGSL) | (dict(model.WGSL_CPU) if model.kernel_set == "cpu" else {})
+        wgsl = dict(model._engine.wgsl)  # the set it ran
     finally:
         model.close()
     traced = trace_program(program)

@@ -23,6 +23,7 @@ import pytest
 
 import aot
 from aot import interp, nn, ops
+from aot.attention_codegen import LANES
 from aot.errors import ShapeError
 from aot.grad import append_grads
 from aot.ir import Graph
@@ -82,21 +83,24 @@ def torch_attention(q, k, v, causal, scale, ct):
     return o.detach().numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
 
 
-@pytest.fixture(scope="module", params=["gpu", "cpu"])
+@pytest.fixture(scope="module", params=["gpu", "subgroup", "cpu"])
 def gpu_run(request):
-    """Both kernel sets: the GPU's tiles in workgroup memory, the CPU adapters' row-at-a-time
-    variants (codegen.CPU_HEADER)."""
-    pytest.importorskip("wgpu")
+    """Every kernel set: the GPU's tiles in workgroup memory, the same with rows shared by the
+    lanes of a subgroup (attention_lanes.wgsl.j2), the CPU adapters' row-at-a-time variants
+    (codegen.CPU_HEADER)."""
+    wgpu = pytest.importorskip("wgpu")
+    if request.param == "subgroup" and "subgroup" not in wgpu.gpu.request_adapter_sync().features:
+        pytest.skip("this adapter has no subgroup operations")
     params = _values()
     prog, inputs, _ = make_program("attention_configs", params, {}, _body)
     [(gpu, ref)], wgsl = run_both(prog, inputs, kernels=request.param)
-    return params, inputs, gpu, ref, wgsl
+    return params, inputs, gpu, ref, wgsl, request.param
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_gpu_matches_interpreter_and_torch(gpu_run, name):
-    params, inputs, gpu, ref, _ = gpu_run
+    params, inputs, gpu, ref, *_ = gpu_run
     sq, sk, sv, causal, scale = CONFIGS[name]
     assert_close(gpu.captures[name], ref.captures[name], f"{name}: output")
     for x in "qkv":
@@ -109,7 +113,7 @@ def test_gpu_matches_interpreter_and_torch(gpu_run, name):
 
 @pytest.mark.gpu
 def test_kernels_stay_in_webgpu_limits_and_read_in_bounds(gpu_run):
-    *_, wgsl = gpu_run
+    *_, wgsl, kernel_set = gpu_run
     att = {k: v for k, v in wgsl.items() if "attention" in k}
     single = [k for k, v in att.items() if "independent kernels in one dispatch" not in v]  # merge.py's aside
     assert len(single) == 4 * len(CONFIGS)  # forward (O and lse together), dv, dk, dq per configuration
@@ -123,6 +127,16 @@ def test_kernels_stay_in_webgpu_limits_and_read_in_bounds(gpu_run):
             assert "var<workgroup>" not in src and "Barrier" not in src, kname
     # the CPU set (one dispatch per kernel) runs a CPU variant of every attention kernel
     assert sum("CPU variant" in src for src in att.values()) in (0, len(single))
+    # the subgroup set runs its variant wherever the rows and both head sizes split over the
+    # lanes (attention_codegen.LANES); the other sets never use subgroups
+    lanes = [k for k in single if "subgroupShuffleXor" in att[k]]
+    assert all("subgroup variant" in att[k] for k in lanes)
+    n = LANES
+    want = 0
+    for sq, sk, sv, *_ in CONFIGS.values():
+        if -(-sq[-1] // 4) % n == 0 and -(-sv[-1] // 4) % n == 0:  # vec4s of q/k and of v
+            want += 2 * (sq[-2] % n == 0 or sq[-2] > n) + 2 * (sk[-2] % n == 0 or sk[-2] > n)
+    assert len(lanes) == (want if kernel_set == "subgroup" else 0), sorted(lanes)
 
 
 @pytest.mark.parametrize("causal", [False, True])

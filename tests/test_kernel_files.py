@@ -242,3 +242,54 @@ def test_an_entry_point_reuses_the_pipelines_another_compiled():
             assert len(predict) >= 3 and len(e._compiled) == before  # nothing new to compile
         m.close()
     np.testing.assert_allclose(out["cpu"], out["gpu"], rtol=1e-5, atol=1e-6)
+
+
+class Attn(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):  # x [B, T, 16] -> two heads of 8
+        q, k, v = (ops.swapaxes(ops.reshape(ops.narrow(self.qkv(x), -1, 16 * i, 16), (2, 6, 2, 8)), 1, 2) for i in range(3))
+        return ops.attention(q, k, v, causal=True)
+
+
+def test_subgroup_set_swaps_in_the_attention_variants(tmp_path):
+    """Attention kernels ship a variant with subgroup operations (kernels/subgroup/: the same
+    bindings and grid, rows shared by the lanes of a subgroup); Model(kernels="subgroup") runs
+    the GPU set with them, asks the device for the feature, and trains as the GPU set does;
+    a package without any runs "subgroup" as the GPU set."""
+    import numpy as np
+    import pytest
+    import wgpu
+
+    if "subgroup" not in wgpu.gpu.request_adapter_sync().features:
+        pytest.skip("this adapter has no subgroup operations")
+    prog = aot.Program(
+        "kfiles_attn",
+        model=Attn,
+        train=aot.Train(lambda m, x: ops.mean(ops.square(m(x))), {"x": aot.f32(2, 6, 16)}, optimizer=aot.optim.Adam(lr=0.01)),
+    )
+    proj = aot.build(prog, tmp_path)
+    gpu_files = kernel_files(proj, "kfiles_attn")
+    sub = {p.name: p.read_text(encoding="utf-8") for p in (proj / "kfiles_attn" / "kernels" / "subgroup").glob("*.wgsl")}
+    assert sub and all("attention" in f for f in sub)
+    # forward, dq, dk and dv, each with its GPU kernel's bindings
+    assert {f.split("_", 2)[2] for f in sub if "_and_" not in f} == {"attention.wgsl", "attention_dq.wgsl", "attention_dk.wgsl", "attention_dv.wgsl"}
+    for fname, src in sub.items():
+        assert "subgroupShuffleXor" in src and "subgroupShuffleXor" not in gpu_files[fname], fname
+        bindings = [line for line in src.splitlines() if line.startswith("@group(0)")]
+        assert bindings == [line for line in gpu_files[fname].splitlines() if line.startswith("@group(0)")], fname
+    x = np.random.default_rng(3).standard_normal((2, 6, 16)).astype(np.float32)
+    losses = {}
+    for ks in ("gpu", "subgroup"):
+        m = aot.compile(prog, kernels=ks)
+        assert m.kernel_set == ks
+        assert ("subgroup" in m._engine.device.features) == (ks == "subgroup")
+        assert any("subgroupShuffleXor" in t for t in m._engine.wgsl.values()) == (ks == "subgroup")
+        losses[ks] = [m.step(x=x) for _ in range(4)]
+        m.close()
+    np.testing.assert_allclose(losses["subgroup"], losses["gpu"], rtol=1e-5)
+    plain = aot.compile(program(loss_plain, name="kfiles_plain_sub"), kernels="subgroup")
+    assert plain.kernel_set == "subgroup" and not plain.WGSL_SUBGROUP
+    plain.close()

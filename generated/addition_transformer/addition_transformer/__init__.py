@@ -5,7 +5,7 @@ Model() acquires a WebGPU adapter, creates every buffer, pipeline and bind group
 uploads the initial parameters (seed 0).
 """
 
-from .kernels import WGSL, WGSL_CPU
+from .kernels import WGSL, WGSL_CPU, WGSL_SUBGROUP
 from .plan import PROGRAM
 from .engine import adapters
 from .model import InferResult, ModelBase, ShaderError, StepResult
@@ -19,6 +19,7 @@ class Model(ModelBase):
     PROGRAM = PROGRAM
     WGSL = WGSL
     WGSL_CPU = WGSL_CPU
+    WGSL_SUBGROUP = WGSL_SUBGROUP
 
     def step(self, *, tokens, targets, mask, captures=False, allreduce=None):
         """One training step (forward, backward, update) on the GPU; returns the loss as a float.

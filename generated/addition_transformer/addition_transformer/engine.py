@@ -96,6 +96,10 @@ def cpu_entry(entry: dict) -> dict:
     return out
 
 
+KERNEL_SETS = ("auto", "gpu", "subgroup", "cpu")
+SUBGROUP_FEATURE = "subgroup"  # what the "subgroup" set's kernels need of the device
+
+
 class Engine:
     """Device, buffers, pipelines and bind groups for one compiled program."""
 
@@ -109,27 +113,39 @@ class Engine:
         adapter=None,
         wgsl_cpu: dict | None = None,
         kernel_set: str = "auto",
+        wgsl_subgroup: dict | None = None,
     ):
-        if kernel_set not in ("auto", "gpu", "cpu"):
+        if kernel_set not in KERNEL_SETS:
             raise ValueError(
-                f"Model(kernels=...) must be 'auto', 'gpu' or 'cpu', got {kernel_set!r}"
+                f"Model(kernels=...) must be one of {', '.join(map(repr, KERNEL_SETS))}, got {kernel_set!r}"
             )
         self.name = name
         self.kernels = kernels
         adapter, index = choose_adapter(adapter)
         self.adapter_info = dict(adapter.info)
+        has_subgroups = SUBGROUP_FEATURE in adapter.features
         if kernel_set == "auto":
-            kernel_set = (
-                "cpu" if self.adapter_info.get("adapter_type") == "CPU" else "gpu"
+            if self.adapter_info.get("adapter_type") == "CPU":
+                kernel_set = "cpu"
+            else:
+                kernel_set = "subgroup" if wgsl_subgroup and has_subgroups else "gpu"
+        if kernel_set == "subgroup" and not has_subgroups:
+            raise RuntimeError(
+                f"{name}: Model(kernels='subgroup') needs an adapter with WebGPU's '{SUBGROUP_FEATURE}' feature, "
+                f"which {self.adapter_info.get('device') or 'this adapter'} does not offer; use kernels='gpu' or 'auto'"
             )
         self.kernel_set = kernel_set
         if kernel_set == "cpu":
             wgsl = {**wgsl, **(wgsl_cpu or {})}
             entries = {key: cpu_entry(en) for key, en in entries.items()}
+        elif kernel_set == "subgroup":
+            wgsl = {**wgsl, **(wgsl_subgroup or {})}
         self.entries = entries
         self.adapter_row = _adapter_row(index, adapter)
         self.device = adapter.request_device_sync(
-            label=name, required_limits=_required_limits(name, adapter, arenas, entries)
+            label=name,
+            required_limits=_required_limits(name, adapter, arenas, entries),
+            required_features=[SUBGROUP_FEATURE] if kernel_set == "subgroup" else [],
         )
         self.buffers = {a: self._buffer(a, n) for a, n in arenas.items()}
         # Every kernel uses the same binding number for a buffer (its position in `arenas`), so a

@@ -555,6 +555,31 @@ CPU_VARIANTS = [
 ]
 
 
+# the kernels' variants for adapters with subgroup operations in kernels/subgroup/: attention
+# whose rows are shared by lanes of a subgroup (Model(kernels=...) picks the set)
+SUBGROUP_VARIANTS = [
+    "train_007_attention",
+    "train_021_attention",
+    "train_035_attention",
+    "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq",
+    "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq",
+    "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq",
+    "train_074_attention_dv",
+    "train_075_attention_dk",
+    "train_076_attention_dq",
+    "train_102_attention_dv",
+    "train_103_attention_dk",
+    "train_104_attention_dq",
+    "train_129_attention_dv",
+    "train_130_attention_dk",
+    "train_131_attention_dq",
+    "predict_N1_07_attention",
+    "predict_N1_21_attention",
+    "predict_N128_07_attention",
+    "predict_N128_21_attention",
+]
+
+
 def _read(*path: str) -> str:
     return (
         resources.files(__package__)
@@ -565,3 +590,4 @@ def _read(*path: str) -> str:
 
 WGSL = {name: _read(name + ".wgsl") for name in KERNELS}
 WGSL_CPU = {name: _read("cpu", name + ".wgsl") for name in CPU_VARIANTS}
+WGSL_SUBGROUP = {name: _read("subgroup", name + ".wgsl") for name in SUBGROUP_VARIANTS}

@@ -68,6 +68,9 @@ class ModelBase(InteropMixin):
     PROGRAM: dict = {}
     WGSL: dict = {}
     WGSL_CPU: dict = {}  # the kernels' variants for CPU adapters (kernels/cpu/)
+    WGSL_SUBGROUP: dict = (
+        {}
+    )  # their variants with subgroup operations (kernels/subgroup/)
 
     def __init__(
         self,
@@ -93,6 +96,7 @@ class ModelBase(InteropMixin):
             adapter,
             self.WGSL_CPU,
             kernels,
+            self.WGSL_SUBGROUP,
         )
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
@@ -125,9 +129,10 @@ class ModelBase(InteropMixin):
 
     @property
     def kernel_set(self) -> str:
-        """The kernel set in use: "gpu", or "cpu" (variants for CPU adapters, chosen at Model()
-        when the adapter is one, e.g. lavapipe or SwiftShader; force a set with Model(kernels=...)).
-        """
+        """The kernel set in use: "gpu"; "subgroup" (the GPU set with variants that use subgroup
+        operations, chosen at Model() when the adapter offers them and the package has some); or
+        "cpu" (variants for CPU adapters, chosen when the adapter is one, e.g. lavapipe or
+        SwiftShader). Force a set with Model(kernels=...)."""
         return self._engine.kernel_set
 
     @property

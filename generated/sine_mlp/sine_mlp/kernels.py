@@ -50,6 +50,11 @@ CPU_VARIANTS = [
 ]
 
 
+# the kernels' variants for adapters with subgroup operations in kernels/subgroup/: attention
+# whose rows are shared by lanes of a subgroup (Model(kernels=...) picks the set)
+SUBGROUP_VARIANTS = []
+
+
 def _read(*path: str) -> str:
     return (
         resources.files(__package__)
@@ -60,3 +65,4 @@ def _read(*path: str) -> str:
 
 WGSL = {name: _read(name + ".wgsl") for name in KERNELS}
 WGSL_CPU = {name: _read("cpu", name + ".wgsl") for name in CPU_VARIANTS}
+WGSL_SUBGROUP = {name: _read("subgroup", name + ".wgsl") for name in SUBGROUP_VARIANTS}
