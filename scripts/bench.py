@@ -98,6 +98,7 @@ def bench_aot(program, make_batch, predict_inputs, steps, outdir, k_many, merge=
         pred[label] = statistics.median(pt) * 1e3
     out = {
         "build_s": round(build_s, 3),
+        "kernel_set": model.kernel_set,
         "kernels_per_step": len(c.kernels["train"]),
         "dispatches_per_step": len(c.dispatches["train"]),
         "dispatches_per_predict": {k: len(v) for k, v in c.dispatches.items() if k != "train"},

@@ -124,7 +124,7 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--tick-ns", type=float, default=1.0, help="nanoseconds per timestamp tick")
     ap.add_argument("--no-timestamps", action="store_true", help="time one submit per kernel instead")
-    ap.add_argument("--kernels", default="auto", choices=("auto", "gpu", "cpu"), help="the kernel set (Model(kernels=...))")
+    ap.add_argument("--kernels", default="auto", choices=("auto", "gpu", "subgroup", "cpu"), help="the kernel set (Model(kernels=...))")
     ap.add_argument("--out")
     args = ap.parse_args()
 
