@@ -8,7 +8,9 @@ size), causal, f32. A program whose parameters are q, k and v and whose loss is
 sum(attention(q, k, v) * w) is compiled in-process once per variant; its training entry is
 profiled with timestamps between dispatches (scripts/profile_kernels.py) and the attention
 kernels' times are reported (the median of --reps). A variant sets the GPU loop knobs of
-aot/attention_codegen.py: chains (DOT_CHAINS), ku (KEYS_PER_STEP), wg (WG).
+aot/attention_codegen.py: chains (DOT_CHAINS), ku (KEYS_PER_STEP), wg (WG), lanes (LANES: the
+subgroup set's rows per group of lanes; with lanes > 1 and an adapter with subgroup operations
+the subgroup set runs, otherwise the GPU set).
 Before timing, each variant's gradients are checked against the first variant's.
 
 PyTorch (when it and CUDA are present): the same forward and backward with
@@ -73,7 +75,11 @@ def run_variant(variant: dict, shape, causal, reps: int, w: np.ndarray):
     for k, v in variant.items():
         setattr(ac, KNOBS[k], v)
     try:
-        model = aot.compile(program(shape, causal), kernels="gpu")
+        # the GPU set's kernels, or with lanes > 1 the subgroup set's (where the adapter has them)
+        import wgpu
+
+        subgroups = ac.LANES > 1 and "subgroup" in wgpu.gpu.request_adapter_sync(power_preference="high-performance").features
+        model = aot.compile(program(shape, causal), kernels="subgroup" if subgroups else "gpu")
     finally:
         for k, v in saved.items():
             setattr(ac, KNOBS[k], v)
@@ -91,8 +97,9 @@ def run_variant(variant: dict, shape, causal, reps: int, w: np.ndarray):
     for (kname, _grid), t in zip(e.entries[key]["dispatches"], ns):
         if "attention" in kname:
             kernels[kname] = round(t / 1e3, 2)
+    kernel_set = model.kernel_set
     model.close()
-    return kernels, grads
+    return kernels, grads, kernel_set
 
 
 def torch_times(shape, causal, reps: int) -> dict:
@@ -163,15 +170,15 @@ def main():
     results = []
     first = None
     for var in variants:
-        kernels, grads = run_variant(var, shape, causal, args.reps, w)
+        kernels, grads, kernel_set = run_variant(var, shape, causal, args.reps, w)
         err = None
         if first is None:
             first = grads
         else:
             err = max(float(np.max(np.abs(grads[n] - first[n]))) / max(float(np.max(np.abs(first[n]))), 1e-30) for n in first)
         total = round(sum(kernels.values()), 1)
-        results.append({"variant": var, "attention_us": total, "kernels": kernels, "grad_rel_err_vs_first": err})
-        print(f"{json.dumps(var):40s} {total:9.1f} us  " + "  ".join(f"{k.split('_', 2)[-1]} {v}" for k, v in kernels.items())
+        results.append({"variant": var, "kernel_set": kernel_set, "attention_us": total, "kernels": kernels, "grad_rel_err_vs_first": err})
+        print(f"{json.dumps(var):40s} {kernel_set:8s} {total:9.1f} us  " + "  ".join(f"{k.split('_', 2)[-1]} {v}" for k, v in kernels.items())
               + (f"  (grad rel err {err:.2e})" if err is not None else ""), flush=True)
     ref = torch_times(shape, causal, args.reps)
     print(json.dumps(ref))
