@@ -157,16 +157,16 @@ def _tile_shape(kind: str, nb: int, t_own: int, t_oth: int, vecs: int, scalars: 
 
 
 def render_attention(
-    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False, lanes: int = 1
+    header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False, subgroup: bool = False
 ) -> tuple[str, tuple[int, int, int], KernelContext]:
     """(WGSL source, grid, the kernel's binding/read record) for one attention kernel; `cpu`: the
     CPU adapters' variant on the same grid, which reads the other side one row at a time
     straight from storage (no workgroup memory and no barriers: a CPU adapter runs a workgroup
     as one loop over SIMD lanes, which each barrier splits, and its caches hold those rows),
     and where its operands and outputs start from its offset table (KernelContext.start): the
-    same attention in every block of a model is then one text, compiled once. `lanes` > 1: the
-    subgroup variant (the module doc), where the rows per workgroup and head sizes divide evenly;
-    otherwise the GPU kernel."""
+    same attention in every block of a model is then one text, compiled once. `subgroup`: the
+    subgroup variant (the module doc) with LANES lanes a group, where the rows per workgroup and
+    head sizes divide evenly; otherwise the GPU kernel."""
     members = [m.node for m in k.group] + [k.node]
     kind = KIND[k.node.op]
     if any(KIND[n.op] != kind for n in members):
@@ -209,6 +209,7 @@ def render_attention(
     vecs = sum(n for _, _, n in tiles)
     br, g, bt, wg_bytes = _tile_shape(kind, nb, own_t, oth_t, vecs, len(scalar_tiles))
     ku = min(KEYS_PER_STEP, bt)
+    lanes = LANES if subgroup else 1
     if cpu or br % lanes or d4 % lanes or dv4 % lanes:
         lanes = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
     threads = g * br

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .attention_codegen import LANES, render_attention
+from .attention_codegen import render_attention
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
 from .matmul_codegen import MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
@@ -180,7 +180,7 @@ def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> K
         code.grid_cpu = cpu.grid
     if k.kind == "attention":
         header, _, _ = _header(name, k, s, writers)
-        wgsl, grid, kc = render_attention(header + [SUBGROUP_HEADER], k, s, plan, lanes=LANES)
+        wgsl, grid, kc = render_attention(header + [SUBGROUP_HEADER], k, s, plan, subgroup=True)
         if kc.bindings() != code.bindings or grid != code.grid:
             raise CodegenError(f"kernel {name}: its subgroup variant dispatches differently ({grid} vs {code.grid})")
         if "subgroupShuffle" in wgsl:  # LANES rows fit this kernel (else it stays the GPU kernel)
