@@ -123,6 +123,7 @@ class Engine:
         self.kernels = kernels
         adapter, index = choose_adapter(adapter)
         self.adapter_info = dict(adapter.info)
+        forced = kernel_set
         has_subgroups = SUBGROUP_FEATURE in adapter.features
         if kernel_set == "auto":
             if self.adapter_info.get("adapter_type") == "CPU":
@@ -134,12 +135,9 @@ class Engine:
                 f"{name}: Model(kernels='subgroup') needs an adapter with WebGPU's '{SUBGROUP_FEATURE}' feature, "
                 f"which {self.adapter_info.get('device') or 'this adapter'} does not offer; use kernels='gpu' or 'auto'"
             )
-        self.kernel_set = kernel_set
         if kernel_set == "cpu":
             wgsl = {**wgsl, **(wgsl_cpu or {})}
             entries = {key: cpu_entry(en) for key, en in entries.items()}
-        elif kernel_set == "subgroup":
-            wgsl = {**wgsl, **(wgsl_subgroup or {})}
         self.entries = entries
         self.adapter_row = _adapter_row(index, adapter)
         self.device = adapter.request_device_sync(
@@ -147,6 +145,17 @@ class Engine:
             required_limits=_required_limits(name, adapter, arenas, entries),
             required_features=[SUBGROUP_FEATURE] if kernel_set == "subgroup" else [],
         )
+        if kernel_set == "subgroup" and wgsl_subgroup:
+            wrong = _lanes_out_of_order(self.device, wgsl_subgroup.values())
+            if wrong and forced == "subgroup":
+                raise RuntimeError(
+                    f"{name}: Model(kernels='subgroup') cannot run on this adapter: {wrong}; use kernels='gpu'"
+                )
+            if wrong:
+                kernel_set = "gpu"
+            else:
+                wgsl = {**wgsl, **wgsl_subgroup}
+        self.kernel_set = kernel_set
         self.buffers = {a: self._buffer(a, n) for a, n in arenas.items()}
         # Every kernel uses the same binding number for a buffer (its position in `arenas`), so a
         # run of neighbouring kernels that agree on each buffer's access mode shares one explicit
@@ -832,6 +841,53 @@ def _code_only(wgsl: str) -> str:
 
 def _buffer_of(name: str) -> str:
     return name[: -len(VEC_SUFFIX)] if name.endswith(VEC_SUFFIX) else name
+
+
+_WORKGROUP_SIZE = re.compile(r"@workgroup_size\((\d+)\)")
+
+
+def _lanes_out_of_order(device, sources) -> str | None:
+    """The subgroup variants pair invocation i with i ^ 1 through subgroupShuffleXor, which holds
+    where a subgroup is a run of consecutive invocations (every driver we know lays them out so,
+    but WebGPU does not promise it). Checked once on the device for each workgroup size they use,
+    so that a driver that does otherwise gets the GPU set instead of wrong results: None when the
+    lanes pair up, else what went wrong."""
+    sizes = sorted({int(n) for src in sources for n in _WORKGROUP_SIZE.findall(src)})
+    stride = max(sizes)
+    code = "@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n" + "".join(
+        f"@compute @workgroup_size({n})\nfn probe{n}(@builtin(local_invocation_index) i: u32) {{\n"
+        f"    out[{k * stride}u + i] = subgroupShuffleXor(i, 1u);\n}}\n"
+        for k, n in enumerate(sizes)
+    )
+    out = device.create_buffer(
+        size=4 * stride * len(sizes),
+        usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC,
+    )
+    module = device.create_shader_module(label="subgroup lanes probe", code=code)
+    encoder = device.create_command_encoder()
+    for n in sizes:
+        pipeline = device.create_compute_pipeline(
+            layout="auto", compute={"module": module, "entry_point": f"probe{n}"}
+        )
+        group = device.create_bind_group(
+            layout=pipeline.get_bind_group_layout(0),
+            entries=[{"binding": 0, "resource": {"buffer": out}}],
+        )
+        cpass = encoder.begin_compute_pass()
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(1)
+        cpass.end()
+    device.queue.submit([encoder.finish()])
+    got = np.frombuffer(device.queue.read_buffer(out), np.uint32).reshape(
+        len(sizes), stride
+    )
+    out.destroy()
+    for k, n in enumerate(sizes):
+        want = np.arange(n, dtype=np.uint32) ^ 1
+        if not np.array_equal(got[k, :n], want):
+            return f"invocation i of a {n}-invocation workgroup does not find i ^ 1 as its subgroup neighbour"
+    return None
 
 
 def _required_limits(name: str, adapter, arenas: dict, entries: dict) -> dict | None:
