@@ -18,10 +18,11 @@ Causal masks skip whole tiles that no row of the workgroup sees. Sums run in a f
 (tiles ascending, rows ascending within a tile, no atomics), so results are reproducible.
 
 Adapters with subgroup operations (the package's "subgroup" kernel set) run a variant on the same
-grid and bindings (`lanes` > 1, attention_lanes.wgsl.j2): a group of `lanes` neighbouring
-invocations owns `lanes` rows, lane i keeping vec4s i, i + lanes, ... of each, so every vec4 read
-from workgroup memory feeds `lanes` rows; the partial dot products are summed across the group
-with subgroupShuffleXor (every lane ends with the same sums, bit for bit).
+grid and bindings (attention_lanes.wgsl.j2): a group of LANES neighbouring invocations owns
+LANE_ROWS rows, lane i keeping vec4s i, i + LANES, ... of each, so every vec4 read from workgroup
+memory feeds LANE_ROWS rows and an invocation holds half the registers; the partial dot products
+are summed across the group with subgroupShuffleXor (every lane ends with the same sums, bit for
+bit).
 
 This module renders text only; the schedule decides which ops share a kernel (the forward's O
 and lse: OpDef.sibling).
@@ -48,12 +49,15 @@ TILE_ROWS = (32, 16, 8, 4, 2, 1)  # rows of the other side per tile, largest tha
 # accumulators 1467-1525; scores kept in registers over a written-out tile 1533.
 DOT_CHAINS = 1  # vec4 accumulators per dot product of two rows (0: a chain of dot() calls)
 KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written out (a power of two)
-# The subgroup set's variants (attention_lanes.wgsl.j2): LANES lanes of a subgroup share LANES
-# rows, each holding 1/LANES of their columns, so a vec4 read from a tile feeds LANES rows and the
-# partial dot products meet through shuffles. On an H100, same kernels as above: 1 lane 1398-1400
-# us, 2 lanes 1146, 4 lanes 1156 (bench_attention_h100_lanes.json); the same design summing
-# through workgroup memory and barriers instead of shuffles lost (1660-2347 us).
-LANES = 2
+# The subgroup set's variants (attention_lanes.wgsl.j2): LANES lanes of a subgroup share
+# LANE_ROWS rows, each lane holding 1/LANES of their columns, so a vec4 read from a tile feeds
+# LANE_ROWS rows, each lane needs LANE_ROWS / LANES of a row's registers, and the partial dot
+# products meet through shuffles. On an H100, same kernels as above (bench_attention_h100_lanes*.json):
+# the GPU kernel 1396-1401 us; lanes x rows 2x2 1134-1146, 4x2 960-962 (kept), 2x1 983, 8x4
+# 1033, 8x2 1088, 4x4 1148, 4x1 1266; 64 rows a workgroup beat 32 or 128 (1210-1226). The same
+# design summing through workgroup memory and barriers instead of shuffles lost (1660-2347 us).
+LANES = 4
+LANE_ROWS = 2  # at most LANES; the workgroup has LANES / LANE_ROWS invocations a row
 KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_dk": "dk", "attention_dv": "dv"}
 
 
@@ -165,8 +169,8 @@ def render_attention(
     as one loop over SIMD lanes, which each barrier splits, and its caches hold those rows),
     and where its operands and outputs start from its offset table (KernelContext.start): the
     same attention in every block of a model is then one text, compiled once. `subgroup`: the
-    subgroup variant (the module doc) with LANES lanes a group, where the rows per workgroup and
-    head sizes divide evenly; otherwise the GPU kernel."""
+    subgroup variant (the module doc), where the rows per workgroup and head sizes divide
+    evenly among a group's lanes; otherwise the GPU kernel."""
     members = [m.node for m in k.group] + [k.node]
     kind = KIND[k.node.op]
     if any(KIND[n.op] != kind for n in members):
@@ -209,9 +213,9 @@ def render_attention(
     vecs = sum(n for _, _, n in tiles)
     br, g, bt, wg_bytes = _tile_shape(kind, nb, own_t, oth_t, vecs, len(scalar_tiles))
     ku = min(KEYS_PER_STEP, bt)
-    lanes = LANES if subgroup else 1
-    if cpu or br % lanes or d4 % lanes or dv4 % lanes:
-        lanes = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
+    lanes, group_rows = (LANES, LANE_ROWS) if subgroup else (1, 1)
+    if cpu or br % group_rows or d4 % lanes or dv4 % lanes or g * br * lanes // group_rows > MAX_INVOCATIONS:
+        lanes = group_rows = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
     threads = g * br
     if threads > MAX_INVOCATIONS:
         raise CodegenError(f"attention: {threads} invocations per workgroup")
@@ -238,15 +242,15 @@ def render_attention(
         if lanes > 1:  # per row rr of the group: this lane's vec4s (c * lanes + ln, column lc = 4 ln)
             vals = [
                 [_vec(op, f"{src}_row{rr}", f"{4 * c * lanes}u + lc" if c else "lc") for c in range(n // lanes)]
-                for rr in range(lanes)
+                for rr in range(group_rows)
             ]
-        bases_l = [op.row_base("bc", f"rci{rr}") for rr in range(lanes)]
+        bases_l = [op.row_base("bc", f"rci{rr}") for rr in range(group_rows)]
         own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled, "bases": bases_l})
     own_scalars = []
     if kind == "dq":
         for name in ("lse", "delta"):
             if lanes > 1:
-                rows_at = [f"{ops[name].buf}[{ops[name].row_base('bc', f'rci{rr}')}]" for rr in range(lanes)]
+                rows_at = [f"{ops[name].buf}[{ops[name].row_base('bc', f'rci{rr}')}]" for rr in range(group_rows)]
                 own_scalars.append((f"{name}_i", rows_at))
             else:
                 bases[name] = ops[name].row_base("bc", "rc")
@@ -292,10 +296,11 @@ def render_attention(
             "wgsl/attention_lanes.wgsl.j2",
             header=header, bindings=kc.binding_text(), kind=kind, causal=causal, scale=wgsl_f32(scale),
             nb=nb, tq=tq, tk=tk, d=d, dv=dv, d4=d4, dv4=dv4, n_d=d4 // lanes, n_dv=dv4 // lanes,
-            own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt, threads=threads, row_blocks=row_blocks,
+            own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt, threads=threads * lanes // group_rows, nrows=threads,
+            row_blocks=row_blocks,
             n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, tiles=tile_loads,
             scalar_tiles=scalar_loads, stores=stores, write_o=write_o, acc=acc, wg_bytes=wg_bytes,
-            ku=ku, lanes=lanes, shifts=[1 << i for i in range(lanes.bit_length() - 1)], comps="xyzw",
+            ku=ku, lanes=lanes, rows=group_rows, shifts=[1 << i for i in range(lanes.bit_length() - 1)], comps="xyzw",
         )
         return wgsl, (gx, gy, 1), kc
     wgsl = render(

@@ -310,8 +310,11 @@ def merge(
             name, wgsl, union_bindings(k.bindings for k in ks), grid,
             " | ".join(k.ops for k in ks), ks[0].site, None, parts=ks, kind="merged",
         )
-        if any(k.wgsl_subgroup for k in ks):  # the same dispatch with the parts' subgroup variants
-            code.wgsl_subgroup = combine(name, [parse(k.wgsl_subgroup or k.wgsl) for k in ks], grids)[0]
+        # the same dispatch with the parts' subgroup variants (whose workgroups may be larger),
+        # where they still fit together
+        sub = [parse(k.wgsl_subgroup or k.wgsl) for k in ks]
+        if any(k.wgsl_subgroup for k in ks) and _fits(sub, MAX_WORKGROUP_BYTES):
+            code.wgsl_subgroup = combine(name, sub, grids)[0]
         out.append(code)
     cut = None
     if s.update_from is not None:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 SHAPE = (32, 8, 256, 64)
-KNOBS = {"chains": "DOT_CHAINS", "ku": "KEYS_PER_STEP", "wg": "WG", "lanes": "LANES"}
+KNOBS = {"chains": "DOT_CHAINS", "ku": "KEYS_PER_STEP", "wg": "WG", "lanes": "LANES", "rows": "LANE_ROWS"}
 
 
 def program(shape, causal):

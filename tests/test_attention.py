@@ -23,7 +23,7 @@ import pytest
 
 import aot
 from aot import interp, nn, ops
-from aot.attention_codegen import LANES
+from aot.attention_codegen import LANE_ROWS, LANES
 from aot.errors import ShapeError
 from aot.grad import append_grads
 from aot.ir import Graph
@@ -127,15 +127,16 @@ def test_kernels_stay_in_webgpu_limits_and_read_in_bounds(gpu_run):
             assert "var<workgroup>" not in src and "Barrier" not in src, kname
     # the CPU set (one dispatch per kernel) runs a CPU variant of every attention kernel
     assert sum("CPU variant" in src for src in att.values()) in (0, len(single))
-    # the subgroup set runs its variant wherever the rows and both head sizes split over the
-    # lanes (attention_codegen.LANES); the other sets never use subgroups
+    # the subgroup set runs its variant wherever both head sizes split over a group's lanes and
+    # the workgroup's rows over its groups (attention_codegen.LANES, LANE_ROWS); the other sets
+    # never use subgroups
     lanes = [k for k in single if "subgroupShuffleXor" in att[k]]
     assert all("subgroup variant" in att[k] for k in lanes)
-    n = LANES
     want = 0
     for sq, sk, sv, *_ in CONFIGS.values():
-        if -(-sq[-1] // 4) % n == 0 and -(-sv[-1] // 4) % n == 0:  # vec4s of q/k and of v
-            want += 2 * (sq[-2] % n == 0 or sq[-2] > n) + 2 * (sk[-2] % n == 0 or sk[-2] > n)
+        if -(-sq[-1] // 4) % LANES == 0 and -(-sv[-1] // 4) % LANES == 0:  # vec4s of q/k and of v
+            # forward and dq own query rows, dk and dv key rows (a power of two >= LANE_ROWS)
+            want += 2 * (2 * sq[-2] > LANE_ROWS) + 2 * (2 * sk[-2] > LANE_ROWS)
     assert len(lanes) == (want if kernel_set == "subgroup" else 0), sorted(lanes)
 
 

@@ -247,10 +247,10 @@ def test_an_entry_point_reuses_the_pipelines_another_compiled():
 class Attn(aot.Module):
     def __init__(self):
         super().__init__()
-        self.qkv = nn.Linear(16, 48)
+        self.qkv = nn.Linear(32, 96)
 
-    def forward(self, x):  # x [B, T, 16] -> two heads of 8
-        q, k, v = (ops.swapaxes(ops.reshape(ops.narrow(self.qkv(x), -1, 16 * i, 16), (2, 6, 2, 8)), 1, 2) for i in range(3))
+    def forward(self, x):  # x [B, T, 32] -> two heads of 16
+        q, k, v = (ops.swapaxes(ops.reshape(ops.narrow(self.qkv(x), -1, 32 * i, 32), (2, 6, 2, 16)), 1, 2) for i in range(3))
         return ops.attention(q, k, v, causal=True)
 
 
@@ -268,7 +268,7 @@ def test_subgroup_set_swaps_in_the_attention_variants(tmp_path):
     prog = aot.Program(
         "kfiles_attn",
         model=Attn,
-        train=aot.Train(lambda m, x: ops.mean(ops.square(m(x))), {"x": aot.f32(2, 6, 16)}, optimizer=aot.optim.Adam(lr=0.01)),
+        train=aot.Train(lambda m, x: ops.mean(ops.square(m(x))), {"x": aot.f32(2, 6, 32)}, optimizer=aot.optim.Adam(lr=0.01)),
     )
     proj = aot.build(prog, tmp_path)
     gpu_files = kernel_files(proj, "kfiles_attn")
@@ -280,7 +280,7 @@ def test_subgroup_set_swaps_in_the_attention_variants(tmp_path):
         assert "subgroupShuffleXor" in src and "subgroupShuffleXor" not in gpu_files[fname], fname
         bindings = [line for line in src.splitlines() if line.startswith("@group(0)")]
         assert bindings == [line for line in gpu_files[fname].splitlines() if line.startswith("@group(0)")], fname
-    x = np.random.default_rng(3).standard_normal((2, 6, 16)).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((2, 6, 32)).astype(np.float32)
     losses = {}
     for ks in ("gpu", "subgroup"):
         m = aot.compile(prog, kernels=ks)

@@ -5,24 +5,24 @@
 //
 // attention (fwd, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
 // 8 batch entries x 8 query rows per workgroup, 8-row tiles of the other side (10240 bytes);
-// 2 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 2, ... of each.
+// 4 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 4, ... of each.
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> kt: array<vec4<f32>, 256>;
 var<workgroup> vt: array<vec4<f32>, 256>;
-// the group's scores of the current tile, [row of tile][invocation]: lane ln writes its row's
+// the scores of the current tile, [row of tile][row of the workgroup]: lane ln writes row ln's of its group
 var<workgroup> st: array<f32, 512>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let w = wid.x + wid.y * 64u;
     if (w >= 64u) {
         return;
     }
     // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 2 neighbouring lanes)
-    let ln = tid % 2u;
-    let x0 = tid - ln;
+    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    let ln = tid % 4u;
+    let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
     let r0 = w % 1u * 8u;
     let b = b0 + x0 / 8u;
@@ -37,14 +37,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let lc = ln * 4u;
     let q_row0 = 1179648u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let q0_0 = vec4<f32>(work[q_row0 + lc], work[q_row0 + (lc + 1u)], work[q_row0 + (lc + 2u)], work[q_row0 + (lc + 3u)]) * 0.25;
-    let q0_1 = vec4<f32>(work[q_row0 + (8u + lc)], work[q_row0 + (8u + lc + 1u)], work[q_row0 + (8u + lc + 2u)], work[q_row0 + (8u + lc + 3u)]) * 0.25;
     let q_row1 = 1179648u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let q1_0 = vec4<f32>(work[q_row1 + lc], work[q_row1 + (lc + 1u)], work[q_row1 + (lc + 2u)], work[q_row1 + (lc + 3u)]) * 0.25;
-    let q1_1 = vec4<f32>(work[q_row1 + (8u + lc)], work[q_row1 + (8u + lc + 1u)], work[q_row1 + (8u + lc + 2u)], work[q_row1 + (8u + lc + 3u)]) * 0.25;
     var o0_0 = vec4<f32>(0.0);
-    var o0_1 = vec4<f32>(0.0);
     var o1_0 = vec4<f32>(0.0);
-    var o1_1 = vec4<f32>(0.0);
     // running max (finite: -inf is no WGSL constant, and exp(m - m') must not see inf - inf) and sum
     var m0 = -3.0e38;
     var l0 = 0.0;
@@ -55,14 +51,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var t: u32 = 0u; t < t_hi; t = t + 1u) {
         let j0 = t * 8u;
         workgroupBarrier();
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 1245184u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             kt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
@@ -75,30 +71,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j: u32 = 0u; j < 8u; j = j + 2u) {
             let kb0 = (grow + j) * 4u;
             let s0__t0 = kt[kb0 + ln];
-            let s0__t1 = kt[kb0 + 2u + ln];
             var s0_0v = q0_0 * s0__t0;
-            s0_0v = fma(q0_1, s0__t1, s0_0v);
             var s0_0 = s0_0v.x + s0_0v.y + s0_0v.z + s0_0v.w;
             s0_0 = s0_0 + subgroupShuffleXor(s0_0, 1u);
+            s0_0 = s0_0 + subgroupShuffleXor(s0_0, 2u);
             var s0_1v = q1_0 * s0__t0;
-            s0_1v = fma(q1_1, s0__t1, s0_1v);
             var s0_1 = s0_1v.x + s0_1v.y + s0_1v.z + s0_1v.w;
             s0_1 = s0_1 + subgroupShuffleXor(s0_1, 1u);
-            st[j * 64u + tid] = select(s0_0, s0_1, ln == 1u);
+            s0_1 = s0_1 + subgroupShuffleXor(s0_1, 2u);
+            if (ln < 2u) {
+                st[j * 64u + x0 + ln] = select(s0_0, s0_1, ln == 1u);
+            }
             mt0 = select(mt0, max(mt0, s0_0), j0 + j < 8u && ri0 < 8u && j0 + j <= ri0);
             mt1 = select(mt1, max(mt1, s0_1), j0 + j < 8u && ri1 < 8u && j0 + j <= ri1);
             let kb1 = (grow + j + 1u) * 4u;
             let s1__t0 = kt[kb1 + ln];
-            let s1__t1 = kt[kb1 + 2u + ln];
             var s1_0v = q0_0 * s1__t0;
-            s1_0v = fma(q0_1, s1__t1, s1_0v);
             var s1_0 = s1_0v.x + s1_0v.y + s1_0v.z + s1_0v.w;
             s1_0 = s1_0 + subgroupShuffleXor(s1_0, 1u);
+            s1_0 = s1_0 + subgroupShuffleXor(s1_0, 2u);
             var s1_1v = q1_0 * s1__t0;
-            s1_1v = fma(q1_1, s1__t1, s1_1v);
             var s1_1 = s1_1v.x + s1_1v.y + s1_1v.z + s1_1v.w;
             s1_1 = s1_1 + subgroupShuffleXor(s1_1, 1u);
-            st[(j + 1u) * 64u + tid] = select(s1_0, s1_1, ln == 1u);
+            s1_1 = s1_1 + subgroupShuffleXor(s1_1, 2u);
+            if (ln < 2u) {
+                st[(j + 1u) * 64u + x0 + ln] = select(s1_0, s1_1, ln == 1u);
+            }
             mt0 = select(mt0, max(mt0, s1_0), j0 + j + 1u < 8u && ri0 < 8u && j0 + j + 1u <= ri0);
             mt1 = select(mt1, max(mt1, s1_1), j0 + j + 1u < 8u && ri1 < 8u && j0 + j + 1u <= ri1);
         }
@@ -108,12 +106,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let alpha0 = exp(m0 - mn0);
         l0 = l0 * alpha0;
         o0_0 = o0_0 * alpha0;
-        o0_1 = o0_1 * alpha0;
         let mn1 = max(m1, mt1);
         let alpha1 = exp(m1 - mn1);
         l1 = l1 * alpha1;
         o1_0 = o1_0 * alpha1;
-        o1_1 = o1_1 * alpha1;
         for (var j: u32 = 0u; j < 8u; j = j + 2u) {
             let p0_0 = select(0.0, exp(st[j * 64u + x0] - mn0), j0 + j < 8u && ri0 < 8u && j0 + j <= ri0);
             l0 = l0 + p0_0;
@@ -123,9 +119,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let v0_0 = vt[vb0 + ln];
             o0_0 = fma(vec4<f32>(p0_0), v0_0, o0_0);
             o1_0 = fma(vec4<f32>(p0_1), v0_0, o1_0);
-            let v0_1 = vt[vb0 + 2u + ln];
-            o0_1 = fma(vec4<f32>(p0_0), v0_1, o0_1);
-            o1_1 = fma(vec4<f32>(p0_1), v0_1, o1_1);
             let p1_0 = select(0.0, exp(st[(j + 1u) * 64u + x0] - mn0), j0 + j + 1u < 8u && ri0 < 8u && j0 + j + 1u <= ri0);
             l0 = l0 + p1_0;
             let p1_1 = select(0.0, exp(st[(j + 1u) * 64u + x0 + 1u] - mn1), j0 + j + 1u < 8u && ri1 < 8u && j0 + j + 1u <= ri1);
@@ -134,9 +127,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let v1_0 = vt[vb1 + ln];
             o0_0 = fma(vec4<f32>(p1_0), v1_0, o0_0);
             o1_0 = fma(vec4<f32>(p1_1), v1_0, o1_0);
-            let v1_1 = vt[vb1 + 2u + ln];
-            o0_1 = fma(vec4<f32>(p1_0), v1_1, o0_1);
-            o1_1 = fma(vec4<f32>(p1_1), v1_1, o1_1);
         }
         m0 = mn0;
         m1 = mn1;
@@ -152,10 +142,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out1_0 + 1u] = o0_0.y * inv;
             work[out1_0 + 2u] = o0_0.z * inv;
             work[out1_0 + 3u] = o0_0.w * inv;
-            work[out1_0 + 8u] = o0_1.x * inv;
-            work[out1_0 + 9u] = o0_1.y * inv;
-            work[out1_0 + 10u] = o0_1.z * inv;
-            work[out1_0 + 11u] = o0_1.w * inv;
         }
         if (ri1 < 8u) {
             let inv = 1.0 / l1;
@@ -167,10 +153,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out1_1 + 1u] = o1_0.y * inv;
             work[out1_1 + 2u] = o1_0.z * inv;
             work[out1_1 + 3u] = o1_0.w * inv;
-            work[out1_1 + 8u] = o1_1.x * inv;
-            work[out1_1 + 9u] = o1_1.y * inv;
-            work[out1_1 + 10u] = o1_1.z * inv;
-            work[out1_1 + 11u] = o1_1.w * inv;
         }
     }
 }

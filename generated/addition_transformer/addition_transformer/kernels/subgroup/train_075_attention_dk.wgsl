@@ -5,7 +5,7 @@
 //
 // attention (dk, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
 // 8 batch entries x 8 key rows per workgroup, 8-row tiles of the other side (8704 bytes);
-// 2 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 2, ... of each.
+// 4 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 4, ... of each.
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> qt: array<vec4<f32>, 256>;
@@ -13,16 +13,16 @@ var<workgroup> ot: array<vec4<f32>, 256>;
 var<workgroup> lt: array<f32, 64>;
 var<workgroup> dt: array<f32, 64>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let w = wid.x + wid.y * 64u;
     if (w >= 64u) {
         return;
     }
     // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 2 neighbouring lanes)
-    let ln = tid % 2u;
-    let x0 = tid - ln;
+    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    let ln = tid % 4u;
+    let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
     let r0 = w % 1u * 8u;
     let b = b0 + x0 / 8u;
@@ -37,45 +37,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let lc = ln * 4u;
     let k_row0 = 2293760u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let k0_0 = vec4<f32>(work[k_row0 + lc], work[k_row0 + (lc + 1u)], work[k_row0 + (lc + 2u)], work[k_row0 + (lc + 3u)]) * 0.25;
-    let k0_1 = vec4<f32>(work[k_row0 + (8u + lc)], work[k_row0 + (8u + lc + 1u)], work[k_row0 + (8u + lc + 2u)], work[k_row0 + (8u + lc + 3u)]) * 0.25;
     let k_row1 = 2293760u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let k1_0 = vec4<f32>(work[k_row1 + lc], work[k_row1 + (lc + 1u)], work[k_row1 + (lc + 2u)], work[k_row1 + (lc + 3u)]) * 0.25;
-    let k1_1 = vec4<f32>(work[k_row1 + (8u + lc)], work[k_row1 + (8u + lc + 1u)], work[k_row1 + (8u + lc + 2u)], work[k_row1 + (8u + lc + 3u)]) * 0.25;
     let v_row0 = 2359296u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let v0_0 = vec4<f32>(work[v_row0 + lc], work[v_row0 + (lc + 1u)], work[v_row0 + (lc + 2u)], work[v_row0 + (lc + 3u)]);
-    let v0_1 = vec4<f32>(work[v_row0 + (8u + lc)], work[v_row0 + (8u + lc + 1u)], work[v_row0 + (8u + lc + 2u)], work[v_row0 + (8u + lc + 3u)]);
     let v_row1 = 2359296u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let v1_0 = vec4<f32>(work[v_row1 + lc], work[v_row1 + (lc + 1u)], work[v_row1 + (lc + 2u)], work[v_row1 + (lc + 3u)]);
-    let v1_1 = vec4<f32>(work[v_row1 + (8u + lc)], work[v_row1 + (8u + lc + 1u)], work[v_row1 + (8u + lc + 2u)], work[v_row1 + (8u + lc + 3u)]);
     var dk0_0 = vec4<f32>(0.0);
-    var dk0_1 = vec4<f32>(0.0);
     var dk1_0 = vec4<f32>(0.0);
-    var dk1_1 = vec4<f32>(0.0);
     // queries before the workgroup's first key see none of its keys
     let t_lo = r0 / 8u;
     for (var t: u32 = t_lo; t < 1u; t = t + 1u) {
         let j0 = t * 8u;
         workgroupBarrier();
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 2228224u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             qt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 655360u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             ot[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 64u; e = e + 64u) {
+        for (var e: u32 = tid; e < 64u; e = e + 128u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
             lt[e] = work[2760704u + bb * 8u + rr];
         }
-        for (var e: u32 = tid; e < 64u; e = e + 64u) {
+        for (var e: u32 = tid; e < 64u; e = e + 128u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
             dt[e] = work[2686976u + bb * 8u + rr];
@@ -85,63 +79,55 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let qb0 = (grow + i) * 4u;
             let ob0 = (grow + i) * 4u;
             let kq0__t0 = qt[qb0 + ln];
-            let kq0__t1 = qt[qb0 + 2u + ln];
             var kq0_0v = k0_0 * kq0__t0;
-            kq0_0v = fma(k0_1, kq0__t1, kq0_0v);
             var kq0_0 = kq0_0v.x + kq0_0v.y + kq0_0v.z + kq0_0v.w;
             kq0_0 = kq0_0 + subgroupShuffleXor(kq0_0, 1u);
+            kq0_0 = kq0_0 + subgroupShuffleXor(kq0_0, 2u);
             var kq0_1v = k1_0 * kq0__t0;
-            kq0_1v = fma(k1_1, kq0__t1, kq0_1v);
             var kq0_1 = kq0_1v.x + kq0_1v.y + kq0_1v.z + kq0_1v.w;
             kq0_1 = kq0_1 + subgroupShuffleXor(kq0_1, 1u);
+            kq0_1 = kq0_1 + subgroupShuffleXor(kq0_1, 2u);
             let p0_0 = select(0.0, exp(kq0_0 - lt[grow + i]), ri0 < 8u && j0 + i < 8u && ri0 <= j0 + i);
             let p0_1 = select(0.0, exp(kq0_1 - lt[grow + i]), ri1 < 8u && j0 + i < 8u && ri1 <= j0 + i);
             let vo0__t0 = ot[ob0 + ln];
-            let vo0__t1 = ot[ob0 + 2u + ln];
             var vo0_0v = v0_0 * vo0__t0;
-            vo0_0v = fma(v0_1, vo0__t1, vo0_0v);
             var vo0_0 = vo0_0v.x + vo0_0v.y + vo0_0v.z + vo0_0v.w;
             vo0_0 = vo0_0 + subgroupShuffleXor(vo0_0, 1u);
+            vo0_0 = vo0_0 + subgroupShuffleXor(vo0_0, 2u);
             var vo0_1v = v1_0 * vo0__t0;
-            vo0_1v = fma(v1_1, vo0__t1, vo0_1v);
             var vo0_1 = vo0_1v.x + vo0_1v.y + vo0_1v.z + vo0_1v.w;
             vo0_1 = vo0_1 + subgroupShuffleXor(vo0_1, 1u);
+            vo0_1 = vo0_1 + subgroupShuffleXor(vo0_1, 2u);
             let ds0_0 = p0_0 * (vo0_0 - dt[grow + i]);
             let ds0_1 = p0_1 * (vo0_1 - dt[grow + i]);
             dk0_0 = fma(vec4<f32>(ds0_0), kq0__t0, dk0_0);
             dk1_0 = fma(vec4<f32>(ds0_1), kq0__t0, dk1_0);
-            dk0_1 = fma(vec4<f32>(ds0_0), kq0__t1, dk0_1);
-            dk1_1 = fma(vec4<f32>(ds0_1), kq0__t1, dk1_1);
             let qb1 = (grow + i + 1u) * 4u;
             let ob1 = (grow + i + 1u) * 4u;
             let kq1__t0 = qt[qb1 + ln];
-            let kq1__t1 = qt[qb1 + 2u + ln];
             var kq1_0v = k0_0 * kq1__t0;
-            kq1_0v = fma(k0_1, kq1__t1, kq1_0v);
             var kq1_0 = kq1_0v.x + kq1_0v.y + kq1_0v.z + kq1_0v.w;
             kq1_0 = kq1_0 + subgroupShuffleXor(kq1_0, 1u);
+            kq1_0 = kq1_0 + subgroupShuffleXor(kq1_0, 2u);
             var kq1_1v = k1_0 * kq1__t0;
-            kq1_1v = fma(k1_1, kq1__t1, kq1_1v);
             var kq1_1 = kq1_1v.x + kq1_1v.y + kq1_1v.z + kq1_1v.w;
             kq1_1 = kq1_1 + subgroupShuffleXor(kq1_1, 1u);
+            kq1_1 = kq1_1 + subgroupShuffleXor(kq1_1, 2u);
             let p1_0 = select(0.0, exp(kq1_0 - lt[grow + i + 1u]), ri0 < 8u && j0 + i + 1u < 8u && ri0 <= j0 + i + 1u);
             let p1_1 = select(0.0, exp(kq1_1 - lt[grow + i + 1u]), ri1 < 8u && j0 + i + 1u < 8u && ri1 <= j0 + i + 1u);
             let vo1__t0 = ot[ob1 + ln];
-            let vo1__t1 = ot[ob1 + 2u + ln];
             var vo1_0v = v0_0 * vo1__t0;
-            vo1_0v = fma(v0_1, vo1__t1, vo1_0v);
             var vo1_0 = vo1_0v.x + vo1_0v.y + vo1_0v.z + vo1_0v.w;
             vo1_0 = vo1_0 + subgroupShuffleXor(vo1_0, 1u);
+            vo1_0 = vo1_0 + subgroupShuffleXor(vo1_0, 2u);
             var vo1_1v = v1_0 * vo1__t0;
-            vo1_1v = fma(v1_1, vo1__t1, vo1_1v);
             var vo1_1 = vo1_1v.x + vo1_1v.y + vo1_1v.z + vo1_1v.w;
             vo1_1 = vo1_1 + subgroupShuffleXor(vo1_1, 1u);
+            vo1_1 = vo1_1 + subgroupShuffleXor(vo1_1, 2u);
             let ds1_0 = p1_0 * (vo1_0 - dt[grow + i + 1u]);
             let ds1_1 = p1_1 * (vo1_1 - dt[grow + i + 1u]);
             dk0_0 = fma(vec4<f32>(ds1_0), kq1__t0, dk0_0);
             dk1_0 = fma(vec4<f32>(ds1_1), kq1__t0, dk1_0);
-            dk0_1 = fma(vec4<f32>(ds1_0), kq1__t1, dk0_1);
-            dk1_1 = fma(vec4<f32>(ds1_1), kq1__t1, dk1_1);
         }
     }
     if (b < 512u) {
@@ -151,10 +137,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out0_0 + 1u] = dk0_0.y * 0.25;
             work[out0_0 + 2u] = dk0_0.z * 0.25;
             work[out0_0 + 3u] = dk0_0.w * 0.25;
-            work[out0_0 + 8u] = dk0_1.x * 0.25;
-            work[out0_0 + 9u] = dk0_1.y * 0.25;
-            work[out0_0 + 10u] = dk0_1.z * 0.25;
-            work[out0_0 + 11u] = dk0_1.w * 0.25;
         }
         if (ri1 < 8u) {
             let out0_1 = 720896u + (b * 8u + ri1) * 16u + lc;
@@ -162,10 +144,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out0_1 + 1u] = dk1_0.y * 0.25;
             work[out0_1 + 2u] = dk1_0.z * 0.25;
             work[out0_1 + 3u] = dk1_0.w * 0.25;
-            work[out0_1 + 8u] = dk1_1.x * 0.25;
-            work[out0_1 + 9u] = dk1_1.y * 0.25;
-            work[out0_1 + 10u] = dk1_1.z * 0.25;
-            work[out0_1 + 11u] = dk1_1.w * 0.25;
         }
     }
 }

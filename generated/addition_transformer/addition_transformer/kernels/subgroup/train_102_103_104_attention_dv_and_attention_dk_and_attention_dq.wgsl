@@ -7,7 +7,7 @@
 //
 // attention (dv, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
 // 8 batch entries x 8 key rows per workgroup, 8-row tiles of the other side (8448 bytes);
-// 2 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 2, ... of each.
+// 4 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 4, ... of each.
 //
 // train_103_attention_dk: attention_dk   (addition_transformer.py:34)
 // writes f32[128,4,8,16]; reads train_101_fused_mul_sum, train_021_attention, train_099_matmul, train_020_matmul, train_019_matmul, train_018_matmul
@@ -15,7 +15,7 @@
 //
 // attention (dk, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
 // 8 batch entries x 8 key rows per workgroup, 8-row tiles of the other side (8704 bytes);
-// 2 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 2, ... of each.
+// 4 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 4, ... of each.
 //
 // train_104_attention_dq: attention_dq   (addition_transformer.py:34)
 // writes f32[128,4,8,16]; reads train_101_fused_mul_sum, train_021_attention, train_099_matmul, train_020_matmul, train_019_matmul, train_018_matmul
@@ -23,7 +23,7 @@
 //
 // attention (dq, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
 // 8 batch entries x 8 query rows per workgroup, 8-row tiles of the other side (8192 bytes);
-// 2 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 2, ... of each.
+// 4 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 4, ... of each.
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 // workgroup memory, shared by the kernels (a workgroup runs one of them)
@@ -38,9 +38,9 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
         return;
     }
     // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 2 neighbouring lanes)
-    let ln = tid % 2u;
-    let x0 = tid - ln;
+    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    let ln = tid % 4u;
+    let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
     let r0 = w % 1u * 8u;
     let b = b0 + x0 / 8u;
@@ -55,34 +55,30 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
     let lc = ln * 4u;
     let k_row0 = 1769472u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let k0_0 = vec4<f32>(work[k_row0 + lc], work[k_row0 + (lc + 1u)], work[k_row0 + (lc + 2u)], work[k_row0 + (lc + 3u)]) * 0.25;
-    let k0_1 = vec4<f32>(work[k_row0 + (8u + lc)], work[k_row0 + (8u + lc + 1u)], work[k_row0 + (8u + lc + 2u)], work[k_row0 + (8u + lc + 3u)]) * 0.25;
     let k_row1 = 1769472u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let k1_0 = vec4<f32>(work[k_row1 + lc], work[k_row1 + (lc + 1u)], work[k_row1 + (lc + 2u)], work[k_row1 + (lc + 3u)]) * 0.25;
-    let k1_1 = vec4<f32>(work[k_row1 + (8u + lc)], work[k_row1 + (8u + lc + 1u)], work[k_row1 + (8u + lc + 2u)], work[k_row1 + (8u + lc + 3u)]) * 0.25;
     var dv0_0 = vec4<f32>(0.0);
-    var dv0_1 = vec4<f32>(0.0);
     var dv1_0 = vec4<f32>(0.0);
-    var dv1_1 = vec4<f32>(0.0);
     // queries before the workgroup's first key see none of its keys
     let t_lo = r0 / 8u;
     for (var t: u32 = t_lo; t < 1u; t = t + 1u) {
         let j0 = t * 8u;
         workgroupBarrier();
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 1703936u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             wg_vec4f_0[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 327680u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             wg_vec4f_1[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 64u; e = e + 64u) {
+        for (var e: u32 = tid; e < 64u; e = e + 128u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
             wg_f32_0[e] = work[2756608u + bb * 8u + rr];
@@ -92,43 +88,35 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
             let qb0 = (grow + i) * 4u;
             let ob0 = (grow + i) * 4u;
             let kq0__t0 = wg_vec4f_0[qb0 + ln];
-            let kq0__t1 = wg_vec4f_0[qb0 + 2u + ln];
             var kq0_0v = k0_0 * kq0__t0;
-            kq0_0v = fma(k0_1, kq0__t1, kq0_0v);
             var kq0_0 = kq0_0v.x + kq0_0v.y + kq0_0v.z + kq0_0v.w;
             kq0_0 = kq0_0 + subgroupShuffleXor(kq0_0, 1u);
+            kq0_0 = kq0_0 + subgroupShuffleXor(kq0_0, 2u);
             var kq0_1v = k1_0 * kq0__t0;
-            kq0_1v = fma(k1_1, kq0__t1, kq0_1v);
             var kq0_1 = kq0_1v.x + kq0_1v.y + kq0_1v.z + kq0_1v.w;
             kq0_1 = kq0_1 + subgroupShuffleXor(kq0_1, 1u);
+            kq0_1 = kq0_1 + subgroupShuffleXor(kq0_1, 2u);
             let p0_0 = select(0.0, exp(kq0_0 - wg_f32_0[grow + i]), ri0 < 8u && j0 + i < 8u && ri0 <= j0 + i);
             let p0_1 = select(0.0, exp(kq0_1 - wg_f32_0[grow + i]), ri1 < 8u && j0 + i < 8u && ri1 <= j0 + i);
             let o0_0 = wg_vec4f_1[ob0 + ln];
             dv0_0 = fma(vec4<f32>(p0_0), o0_0, dv0_0);
             dv1_0 = fma(vec4<f32>(p0_1), o0_0, dv1_0);
-            let o0_1 = wg_vec4f_1[ob0 + 2u + ln];
-            dv0_1 = fma(vec4<f32>(p0_0), o0_1, dv0_1);
-            dv1_1 = fma(vec4<f32>(p0_1), o0_1, dv1_1);
             let qb1 = (grow + i + 1u) * 4u;
             let ob1 = (grow + i + 1u) * 4u;
             let kq1__t0 = wg_vec4f_0[qb1 + ln];
-            let kq1__t1 = wg_vec4f_0[qb1 + 2u + ln];
             var kq1_0v = k0_0 * kq1__t0;
-            kq1_0v = fma(k0_1, kq1__t1, kq1_0v);
             var kq1_0 = kq1_0v.x + kq1_0v.y + kq1_0v.z + kq1_0v.w;
             kq1_0 = kq1_0 + subgroupShuffleXor(kq1_0, 1u);
+            kq1_0 = kq1_0 + subgroupShuffleXor(kq1_0, 2u);
             var kq1_1v = k1_0 * kq1__t0;
-            kq1_1v = fma(k1_1, kq1__t1, kq1_1v);
             var kq1_1 = kq1_1v.x + kq1_1v.y + kq1_1v.z + kq1_1v.w;
             kq1_1 = kq1_1 + subgroupShuffleXor(kq1_1, 1u);
+            kq1_1 = kq1_1 + subgroupShuffleXor(kq1_1, 2u);
             let p1_0 = select(0.0, exp(kq1_0 - wg_f32_0[grow + i + 1u]), ri0 < 8u && j0 + i + 1u < 8u && ri0 <= j0 + i + 1u);
             let p1_1 = select(0.0, exp(kq1_1 - wg_f32_0[grow + i + 1u]), ri1 < 8u && j0 + i + 1u < 8u && ri1 <= j0 + i + 1u);
             let o1_0 = wg_vec4f_1[ob1 + ln];
             dv0_0 = fma(vec4<f32>(p1_0), o1_0, dv0_0);
             dv1_0 = fma(vec4<f32>(p1_1), o1_0, dv1_0);
-            let o1_1 = wg_vec4f_1[ob1 + 2u + ln];
-            dv0_1 = fma(vec4<f32>(p1_0), o1_1, dv0_1);
-            dv1_1 = fma(vec4<f32>(p1_1), o1_1, dv1_1);
         }
     }
     if (b < 512u) {
@@ -138,10 +126,6 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
             work[out0_0 + 1u] = dv0_0.y;
             work[out0_0 + 2u] = dv0_0.z;
             work[out0_0 + 3u] = dv0_0.w;
-            work[out0_0 + 8u] = dv0_1.x;
-            work[out0_0 + 9u] = dv0_1.y;
-            work[out0_0 + 10u] = dv0_1.z;
-            work[out0_0 + 11u] = dv0_1.w;
         }
         if (ri1 < 8u) {
             let out0_1 = 262144u + (b * 8u + ri1) * 16u + lc;
@@ -149,10 +133,6 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
             work[out0_1 + 1u] = dv1_0.y;
             work[out0_1 + 2u] = dv1_0.z;
             work[out0_1 + 3u] = dv1_0.w;
-            work[out0_1 + 8u] = dv1_1.x;
-            work[out0_1 + 9u] = dv1_1.y;
-            work[out0_1 + 10u] = dv1_1.z;
-            work[out0_1 + 11u] = dv1_1.w;
         }
     }
 }
@@ -163,9 +143,9 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
         return;
     }
     // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 2 neighbouring lanes)
-    let ln = tid % 2u;
-    let x0 = tid - ln;
+    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    let ln = tid % 4u;
+    let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
     let r0 = w % 1u * 8u;
     let b = b0 + x0 / 8u;
@@ -180,45 +160,39 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
     let lc = ln * 4u;
     let k_row0 = 1769472u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let k0_0 = vec4<f32>(work[k_row0 + lc], work[k_row0 + (lc + 1u)], work[k_row0 + (lc + 2u)], work[k_row0 + (lc + 3u)]) * 0.25;
-    let k0_1 = vec4<f32>(work[k_row0 + (8u + lc)], work[k_row0 + (8u + lc + 1u)], work[k_row0 + (8u + lc + 2u)], work[k_row0 + (8u + lc + 3u)]) * 0.25;
     let k_row1 = 1769472u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let k1_0 = vec4<f32>(work[k_row1 + lc], work[k_row1 + (lc + 1u)], work[k_row1 + (lc + 2u)], work[k_row1 + (lc + 3u)]) * 0.25;
-    let k1_1 = vec4<f32>(work[k_row1 + (8u + lc)], work[k_row1 + (8u + lc + 1u)], work[k_row1 + (8u + lc + 2u)], work[k_row1 + (8u + lc + 3u)]) * 0.25;
     let v_row0 = 1835008u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let v0_0 = vec4<f32>(work[v_row0 + lc], work[v_row0 + (lc + 1u)], work[v_row0 + (lc + 2u)], work[v_row0 + (lc + 3u)]);
-    let v0_1 = vec4<f32>(work[v_row0 + (8u + lc)], work[v_row0 + (8u + lc + 1u)], work[v_row0 + (8u + lc + 2u)], work[v_row0 + (8u + lc + 3u)]);
     let v_row1 = 1835008u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let v1_0 = vec4<f32>(work[v_row1 + lc], work[v_row1 + (lc + 1u)], work[v_row1 + (lc + 2u)], work[v_row1 + (lc + 3u)]);
-    let v1_1 = vec4<f32>(work[v_row1 + (8u + lc)], work[v_row1 + (8u + lc + 1u)], work[v_row1 + (8u + lc + 2u)], work[v_row1 + (8u + lc + 3u)]);
     var dk0_0 = vec4<f32>(0.0);
-    var dk0_1 = vec4<f32>(0.0);
     var dk1_0 = vec4<f32>(0.0);
-    var dk1_1 = vec4<f32>(0.0);
     // queries before the workgroup's first key see none of its keys
     let t_lo = r0 / 8u;
     for (var t: u32 = t_lo; t < 1u; t = t + 1u) {
         let j0 = t * 8u;
         workgroupBarrier();
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 1703936u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             wg_vec4f_0[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 327680u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             wg_vec4f_1[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 64u; e = e + 64u) {
+        for (var e: u32 = tid; e < 64u; e = e + 128u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
             wg_f32_0[e] = work[2756608u + bb * 8u + rr];
         }
-        for (var e: u32 = tid; e < 64u; e = e + 64u) {
+        for (var e: u32 = tid; e < 64u; e = e + 128u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
             wg_f32_1[e] = work[655360u + bb * 8u + rr];
@@ -228,63 +202,55 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
             let qb0 = (grow + i) * 4u;
             let ob0 = (grow + i) * 4u;
             let kq0__t0 = wg_vec4f_0[qb0 + ln];
-            let kq0__t1 = wg_vec4f_0[qb0 + 2u + ln];
             var kq0_0v = k0_0 * kq0__t0;
-            kq0_0v = fma(k0_1, kq0__t1, kq0_0v);
             var kq0_0 = kq0_0v.x + kq0_0v.y + kq0_0v.z + kq0_0v.w;
             kq0_0 = kq0_0 + subgroupShuffleXor(kq0_0, 1u);
+            kq0_0 = kq0_0 + subgroupShuffleXor(kq0_0, 2u);
             var kq0_1v = k1_0 * kq0__t0;
-            kq0_1v = fma(k1_1, kq0__t1, kq0_1v);
             var kq0_1 = kq0_1v.x + kq0_1v.y + kq0_1v.z + kq0_1v.w;
             kq0_1 = kq0_1 + subgroupShuffleXor(kq0_1, 1u);
+            kq0_1 = kq0_1 + subgroupShuffleXor(kq0_1, 2u);
             let p0_0 = select(0.0, exp(kq0_0 - wg_f32_0[grow + i]), ri0 < 8u && j0 + i < 8u && ri0 <= j0 + i);
             let p0_1 = select(0.0, exp(kq0_1 - wg_f32_0[grow + i]), ri1 < 8u && j0 + i < 8u && ri1 <= j0 + i);
             let vo0__t0 = wg_vec4f_1[ob0 + ln];
-            let vo0__t1 = wg_vec4f_1[ob0 + 2u + ln];
             var vo0_0v = v0_0 * vo0__t0;
-            vo0_0v = fma(v0_1, vo0__t1, vo0_0v);
             var vo0_0 = vo0_0v.x + vo0_0v.y + vo0_0v.z + vo0_0v.w;
             vo0_0 = vo0_0 + subgroupShuffleXor(vo0_0, 1u);
+            vo0_0 = vo0_0 + subgroupShuffleXor(vo0_0, 2u);
             var vo0_1v = v1_0 * vo0__t0;
-            vo0_1v = fma(v1_1, vo0__t1, vo0_1v);
             var vo0_1 = vo0_1v.x + vo0_1v.y + vo0_1v.z + vo0_1v.w;
             vo0_1 = vo0_1 + subgroupShuffleXor(vo0_1, 1u);
+            vo0_1 = vo0_1 + subgroupShuffleXor(vo0_1, 2u);
             let ds0_0 = p0_0 * (vo0_0 - wg_f32_1[grow + i]);
             let ds0_1 = p0_1 * (vo0_1 - wg_f32_1[grow + i]);
             dk0_0 = fma(vec4<f32>(ds0_0), kq0__t0, dk0_0);
             dk1_0 = fma(vec4<f32>(ds0_1), kq0__t0, dk1_0);
-            dk0_1 = fma(vec4<f32>(ds0_0), kq0__t1, dk0_1);
-            dk1_1 = fma(vec4<f32>(ds0_1), kq0__t1, dk1_1);
             let qb1 = (grow + i + 1u) * 4u;
             let ob1 = (grow + i + 1u) * 4u;
             let kq1__t0 = wg_vec4f_0[qb1 + ln];
-            let kq1__t1 = wg_vec4f_0[qb1 + 2u + ln];
             var kq1_0v = k0_0 * kq1__t0;
-            kq1_0v = fma(k0_1, kq1__t1, kq1_0v);
             var kq1_0 = kq1_0v.x + kq1_0v.y + kq1_0v.z + kq1_0v.w;
             kq1_0 = kq1_0 + subgroupShuffleXor(kq1_0, 1u);
+            kq1_0 = kq1_0 + subgroupShuffleXor(kq1_0, 2u);
             var kq1_1v = k1_0 * kq1__t0;
-            kq1_1v = fma(k1_1, kq1__t1, kq1_1v);
             var kq1_1 = kq1_1v.x + kq1_1v.y + kq1_1v.z + kq1_1v.w;
             kq1_1 = kq1_1 + subgroupShuffleXor(kq1_1, 1u);
+            kq1_1 = kq1_1 + subgroupShuffleXor(kq1_1, 2u);
             let p1_0 = select(0.0, exp(kq1_0 - wg_f32_0[grow + i + 1u]), ri0 < 8u && j0 + i + 1u < 8u && ri0 <= j0 + i + 1u);
             let p1_1 = select(0.0, exp(kq1_1 - wg_f32_0[grow + i + 1u]), ri1 < 8u && j0 + i + 1u < 8u && ri1 <= j0 + i + 1u);
             let vo1__t0 = wg_vec4f_1[ob1 + ln];
-            let vo1__t1 = wg_vec4f_1[ob1 + 2u + ln];
             var vo1_0v = v0_0 * vo1__t0;
-            vo1_0v = fma(v0_1, vo1__t1, vo1_0v);
             var vo1_0 = vo1_0v.x + vo1_0v.y + vo1_0v.z + vo1_0v.w;
             vo1_0 = vo1_0 + subgroupShuffleXor(vo1_0, 1u);
+            vo1_0 = vo1_0 + subgroupShuffleXor(vo1_0, 2u);
             var vo1_1v = v1_0 * vo1__t0;
-            vo1_1v = fma(v1_1, vo1__t1, vo1_1v);
             var vo1_1 = vo1_1v.x + vo1_1v.y + vo1_1v.z + vo1_1v.w;
             vo1_1 = vo1_1 + subgroupShuffleXor(vo1_1, 1u);
+            vo1_1 = vo1_1 + subgroupShuffleXor(vo1_1, 2u);
             let ds1_0 = p1_0 * (vo1_0 - wg_f32_1[grow + i + 1u]);
             let ds1_1 = p1_1 * (vo1_1 - wg_f32_1[grow + i + 1u]);
             dk0_0 = fma(vec4<f32>(ds1_0), kq1__t0, dk0_0);
             dk1_0 = fma(vec4<f32>(ds1_1), kq1__t0, dk1_0);
-            dk0_1 = fma(vec4<f32>(ds1_0), kq1__t1, dk0_1);
-            dk1_1 = fma(vec4<f32>(ds1_1), kq1__t1, dk1_1);
         }
     }
     if (b < 512u) {
@@ -294,10 +260,6 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
             work[out0_0 + 1u] = dk0_0.y * 0.25;
             work[out0_0 + 2u] = dk0_0.z * 0.25;
             work[out0_0 + 3u] = dk0_0.w * 0.25;
-            work[out0_0 + 8u] = dk0_1.x * 0.25;
-            work[out0_0 + 9u] = dk0_1.y * 0.25;
-            work[out0_0 + 10u] = dk0_1.z * 0.25;
-            work[out0_0 + 11u] = dk0_1.w * 0.25;
         }
         if (ri1 < 8u) {
             let out0_1 = 393216u + (b * 8u + ri1) * 16u + lc;
@@ -305,10 +267,6 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
             work[out0_1 + 1u] = dk1_0.y * 0.25;
             work[out0_1 + 2u] = dk1_0.z * 0.25;
             work[out0_1 + 3u] = dk1_0.w * 0.25;
-            work[out0_1 + 8u] = dk1_1.x * 0.25;
-            work[out0_1 + 9u] = dk1_1.y * 0.25;
-            work[out0_1 + 10u] = dk1_1.z * 0.25;
-            work[out0_1 + 11u] = dk1_1.w * 0.25;
         }
     }
 }
@@ -319,9 +277,9 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
         return;
     }
     // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 2 neighbouring lanes)
-    let ln = tid % 2u;
-    let x0 = tid - ln;
+    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    let ln = tid % 4u;
+    let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
     let r0 = w % 1u * 8u;
     let b = b0 + x0 / 8u;
@@ -336,37 +294,31 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
     let lc = ln * 4u;
     let q_row0 = 1703936u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let q0_0 = vec4<f32>(work[q_row0 + lc], work[q_row0 + (lc + 1u)], work[q_row0 + (lc + 2u)], work[q_row0 + (lc + 3u)]) * 0.25;
-    let q0_1 = vec4<f32>(work[q_row0 + (8u + lc)], work[q_row0 + (8u + lc + 1u)], work[q_row0 + (8u + lc + 2u)], work[q_row0 + (8u + lc + 3u)]) * 0.25;
     let q_row1 = 1703936u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let q1_0 = vec4<f32>(work[q_row1 + lc], work[q_row1 + (lc + 1u)], work[q_row1 + (lc + 2u)], work[q_row1 + (lc + 3u)]) * 0.25;
-    let q1_1 = vec4<f32>(work[q_row1 + (8u + lc)], work[q_row1 + (8u + lc + 1u)], work[q_row1 + (8u + lc + 2u)], work[q_row1 + (8u + lc + 3u)]) * 0.25;
     let dout_row0 = 327680u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let g0_0 = vec4<f32>(work[dout_row0 + lc], work[dout_row0 + (lc + 1u)], work[dout_row0 + (lc + 2u)], work[dout_row0 + (lc + 3u)]);
-    let g0_1 = vec4<f32>(work[dout_row0 + (8u + lc)], work[dout_row0 + (8u + lc + 1u)], work[dout_row0 + (8u + lc + 2u)], work[dout_row0 + (8u + lc + 3u)]);
     let dout_row1 = 327680u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let g1_0 = vec4<f32>(work[dout_row1 + lc], work[dout_row1 + (lc + 1u)], work[dout_row1 + (lc + 2u)], work[dout_row1 + (lc + 3u)]);
-    let g1_1 = vec4<f32>(work[dout_row1 + (8u + lc)], work[dout_row1 + (8u + lc + 1u)], work[dout_row1 + (8u + lc + 2u)], work[dout_row1 + (8u + lc + 3u)]);
     let lse_i0 = work[2756608u + bc * 8u + rci0];
     let lse_i1 = work[2756608u + bc * 8u + rci1];
     let delta_i0 = work[655360u + bc * 8u + rci0];
     let delta_i1 = work[655360u + bc * 8u + rci1];
     var dq0_0 = vec4<f32>(0.0);
-    var dq0_1 = vec4<f32>(0.0);
     var dq1_0 = vec4<f32>(0.0);
-    var dq1_1 = vec4<f32>(0.0);
     // keys after the workgroup's last query are masked for all of its rows
     let t_hi = (min(8u, r0 + 8u) + 7u) / 8u;
     for (var t: u32 = 0u; t < t_hi; t = t + 1u) {
         let j0 = t * 8u;
         workgroupBarrier();
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 1769472u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             wg_vec4f_0[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
@@ -378,59 +330,51 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
             let kb0 = (grow + j) * 4u;
             let vb0 = (grow + j) * 4u;
             let qk0__t0 = wg_vec4f_0[kb0 + ln];
-            let qk0__t1 = wg_vec4f_0[kb0 + 2u + ln];
             var qk0_0v = q0_0 * qk0__t0;
-            qk0_0v = fma(q0_1, qk0__t1, qk0_0v);
             var qk0_0 = qk0_0v.x + qk0_0v.y + qk0_0v.z + qk0_0v.w;
             qk0_0 = qk0_0 + subgroupShuffleXor(qk0_0, 1u);
+            qk0_0 = qk0_0 + subgroupShuffleXor(qk0_0, 2u);
             var qk0_1v = q1_0 * qk0__t0;
-            qk0_1v = fma(q1_1, qk0__t1, qk0_1v);
             var qk0_1 = qk0_1v.x + qk0_1v.y + qk0_1v.z + qk0_1v.w;
             qk0_1 = qk0_1 + subgroupShuffleXor(qk0_1, 1u);
+            qk0_1 = qk0_1 + subgroupShuffleXor(qk0_1, 2u);
             let gv0__t0 = wg_vec4f_1[vb0 + ln];
-            let gv0__t1 = wg_vec4f_1[vb0 + 2u + ln];
             var gv0_0v = g0_0 * gv0__t0;
-            gv0_0v = fma(g0_1, gv0__t1, gv0_0v);
             var gv0_0 = gv0_0v.x + gv0_0v.y + gv0_0v.z + gv0_0v.w;
             gv0_0 = gv0_0 + subgroupShuffleXor(gv0_0, 1u);
+            gv0_0 = gv0_0 + subgroupShuffleXor(gv0_0, 2u);
             var gv0_1v = g1_0 * gv0__t0;
-            gv0_1v = fma(g1_1, gv0__t1, gv0_1v);
             var gv0_1 = gv0_1v.x + gv0_1v.y + gv0_1v.z + gv0_1v.w;
             gv0_1 = gv0_1 + subgroupShuffleXor(gv0_1, 1u);
+            gv0_1 = gv0_1 + subgroupShuffleXor(gv0_1, 2u);
             let ds0_0 = select(0.0, exp(qk0_0 - lse_i0), j0 + j < 8u && ri0 < 8u && j0 + j <= ri0) * (gv0_0 - delta_i0);
             let ds0_1 = select(0.0, exp(qk0_1 - lse_i1), j0 + j < 8u && ri1 < 8u && j0 + j <= ri1) * (gv0_1 - delta_i1);
             dq0_0 = fma(vec4<f32>(ds0_0), qk0__t0, dq0_0);
             dq1_0 = fma(vec4<f32>(ds0_1), qk0__t0, dq1_0);
-            dq0_1 = fma(vec4<f32>(ds0_0), qk0__t1, dq0_1);
-            dq1_1 = fma(vec4<f32>(ds0_1), qk0__t1, dq1_1);
             let kb1 = (grow + j + 1u) * 4u;
             let vb1 = (grow + j + 1u) * 4u;
             let qk1__t0 = wg_vec4f_0[kb1 + ln];
-            let qk1__t1 = wg_vec4f_0[kb1 + 2u + ln];
             var qk1_0v = q0_0 * qk1__t0;
-            qk1_0v = fma(q0_1, qk1__t1, qk1_0v);
             var qk1_0 = qk1_0v.x + qk1_0v.y + qk1_0v.z + qk1_0v.w;
             qk1_0 = qk1_0 + subgroupShuffleXor(qk1_0, 1u);
+            qk1_0 = qk1_0 + subgroupShuffleXor(qk1_0, 2u);
             var qk1_1v = q1_0 * qk1__t0;
-            qk1_1v = fma(q1_1, qk1__t1, qk1_1v);
             var qk1_1 = qk1_1v.x + qk1_1v.y + qk1_1v.z + qk1_1v.w;
             qk1_1 = qk1_1 + subgroupShuffleXor(qk1_1, 1u);
+            qk1_1 = qk1_1 + subgroupShuffleXor(qk1_1, 2u);
             let gv1__t0 = wg_vec4f_1[vb1 + ln];
-            let gv1__t1 = wg_vec4f_1[vb1 + 2u + ln];
             var gv1_0v = g0_0 * gv1__t0;
-            gv1_0v = fma(g0_1, gv1__t1, gv1_0v);
             var gv1_0 = gv1_0v.x + gv1_0v.y + gv1_0v.z + gv1_0v.w;
             gv1_0 = gv1_0 + subgroupShuffleXor(gv1_0, 1u);
+            gv1_0 = gv1_0 + subgroupShuffleXor(gv1_0, 2u);
             var gv1_1v = g1_0 * gv1__t0;
-            gv1_1v = fma(g1_1, gv1__t1, gv1_1v);
             var gv1_1 = gv1_1v.x + gv1_1v.y + gv1_1v.z + gv1_1v.w;
             gv1_1 = gv1_1 + subgroupShuffleXor(gv1_1, 1u);
+            gv1_1 = gv1_1 + subgroupShuffleXor(gv1_1, 2u);
             let ds1_0 = select(0.0, exp(qk1_0 - lse_i0), j0 + j + 1u < 8u && ri0 < 8u && j0 + j + 1u <= ri0) * (gv1_0 - delta_i0);
             let ds1_1 = select(0.0, exp(qk1_1 - lse_i1), j0 + j + 1u < 8u && ri1 < 8u && j0 + j + 1u <= ri1) * (gv1_1 - delta_i1);
             dq0_0 = fma(vec4<f32>(ds1_0), qk1__t0, dq0_0);
             dq1_0 = fma(vec4<f32>(ds1_1), qk1__t0, dq1_0);
-            dq0_1 = fma(vec4<f32>(ds1_0), qk1__t1, dq0_1);
-            dq1_1 = fma(vec4<f32>(ds1_1), qk1__t1, dq1_1);
         }
     }
     if (b < 512u) {
@@ -440,10 +384,6 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
             work[out0_0 + 1u] = dq0_0.y * 0.25;
             work[out0_0 + 2u] = dq0_0.z * 0.25;
             work[out0_0 + 3u] = dq0_0.w * 0.25;
-            work[out0_0 + 8u] = dq0_1.x * 0.25;
-            work[out0_0 + 9u] = dq0_1.y * 0.25;
-            work[out0_0 + 10u] = dq0_1.z * 0.25;
-            work[out0_0 + 11u] = dq0_1.w * 0.25;
         }
         if (ri1 < 8u) {
             let out0_1 = 458752u + (b * 8u + ri1) * 16u + lc;
@@ -451,15 +391,11 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
             work[out0_1 + 1u] = dq1_0.y * 0.25;
             work[out0_1 + 2u] = dq1_0.z * 0.25;
             work[out0_1 + 3u] = dq1_0.w * 0.25;
-            work[out0_1 + 8u] = dq1_1.x * 0.25;
-            work[out0_1 + 9u] = dq1_1.y * 0.25;
-            work[out0_1 + 10u] = dq1_1.z * 0.25;
-            work[out0_1 + 11u] = dq1_1.w * 0.25;
         }
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     // workgroups numbered x fastest; each kernel runs on its own range of them
     let w = wid.x;

@@ -5,22 +5,22 @@
 //
 // attention (dq, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
 // 8 batch entries x 8 query rows per workgroup, 8-row tiles of the other side (8192 bytes);
-// 2 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 2, ... of each.
+// 4 lanes of a subgroup share 2 rows; lane ln holds vec4s ln, ln + 4, ... of each.
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> kt: array<vec4<f32>, 256>;
 var<workgroup> vt: array<vec4<f32>, 256>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let w = wid.x + wid.y * 64u;
     if (w >= 64u) {
         return;
     }
     // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 2 neighbouring lanes)
-    let ln = tid % 2u;
-    let x0 = tid - ln;
+    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    let ln = tid % 4u;
+    let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
     let r0 = w % 1u * 8u;
     let b = b0 + x0 / 8u;
@@ -35,37 +35,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let lc = ln * 4u;
     let q_row0 = 1179648u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let q0_0 = vec4<f32>(work[q_row0 + lc], work[q_row0 + (lc + 1u)], work[q_row0 + (lc + 2u)], work[q_row0 + (lc + 3u)]) * 0.25;
-    let q0_1 = vec4<f32>(work[q_row0 + (8u + lc)], work[q_row0 + (8u + lc + 1u)], work[q_row0 + (8u + lc + 2u)], work[q_row0 + (8u + lc + 3u)]) * 0.25;
     let q_row1 = 1179648u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let q1_0 = vec4<f32>(work[q_row1 + lc], work[q_row1 + (lc + 1u)], work[q_row1 + (lc + 2u)], work[q_row1 + (lc + 3u)]) * 0.25;
-    let q1_1 = vec4<f32>(work[q_row1 + (8u + lc)], work[q_row1 + (8u + lc + 1u)], work[q_row1 + (8u + lc + 2u)], work[q_row1 + (8u + lc + 3u)]) * 0.25;
     let dout_row0 = 131072u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let g0_0 = vec4<f32>(work[dout_row0 + lc], work[dout_row0 + (lc + 1u)], work[dout_row0 + (lc + 2u)], work[dout_row0 + (lc + 3u)]);
-    let g0_1 = vec4<f32>(work[dout_row0 + (8u + lc)], work[dout_row0 + (8u + lc + 1u)], work[dout_row0 + (8u + lc + 2u)], work[dout_row0 + (8u + lc + 3u)]);
     let dout_row1 = 131072u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let g1_0 = vec4<f32>(work[dout_row1 + lc], work[dout_row1 + (lc + 1u)], work[dout_row1 + (lc + 2u)], work[dout_row1 + (lc + 3u)]);
-    let g1_1 = vec4<f32>(work[dout_row1 + (8u + lc)], work[dout_row1 + (8u + lc + 1u)], work[dout_row1 + (8u + lc + 2u)], work[dout_row1 + (8u + lc + 3u)]);
     let lse_i0 = work[2752512u + bc * 8u + rci0];
     let lse_i1 = work[2752512u + bc * 8u + rci1];
     let delta_i0 = work[393216u + bc * 8u + rci0];
     let delta_i1 = work[393216u + bc * 8u + rci1];
     var dq0_0 = vec4<f32>(0.0);
-    var dq0_1 = vec4<f32>(0.0);
     var dq1_0 = vec4<f32>(0.0);
-    var dq1_1 = vec4<f32>(0.0);
     // keys after the workgroup's last query are masked for all of its rows
     let t_hi = (min(8u, r0 + 8u) + 7u) / 8u;
     for (var t: u32 = 0u; t < t_hi; t = t + 1u) {
         let j0 = t * 8u;
         workgroupBarrier();
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 1245184u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             kt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 256u; e = e + 64u) {
+        for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
@@ -77,59 +71,51 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let kb0 = (grow + j) * 4u;
             let vb0 = (grow + j) * 4u;
             let qk0__t0 = kt[kb0 + ln];
-            let qk0__t1 = kt[kb0 + 2u + ln];
             var qk0_0v = q0_0 * qk0__t0;
-            qk0_0v = fma(q0_1, qk0__t1, qk0_0v);
             var qk0_0 = qk0_0v.x + qk0_0v.y + qk0_0v.z + qk0_0v.w;
             qk0_0 = qk0_0 + subgroupShuffleXor(qk0_0, 1u);
+            qk0_0 = qk0_0 + subgroupShuffleXor(qk0_0, 2u);
             var qk0_1v = q1_0 * qk0__t0;
-            qk0_1v = fma(q1_1, qk0__t1, qk0_1v);
             var qk0_1 = qk0_1v.x + qk0_1v.y + qk0_1v.z + qk0_1v.w;
             qk0_1 = qk0_1 + subgroupShuffleXor(qk0_1, 1u);
+            qk0_1 = qk0_1 + subgroupShuffleXor(qk0_1, 2u);
             let gv0__t0 = vt[vb0 + ln];
-            let gv0__t1 = vt[vb0 + 2u + ln];
             var gv0_0v = g0_0 * gv0__t0;
-            gv0_0v = fma(g0_1, gv0__t1, gv0_0v);
             var gv0_0 = gv0_0v.x + gv0_0v.y + gv0_0v.z + gv0_0v.w;
             gv0_0 = gv0_0 + subgroupShuffleXor(gv0_0, 1u);
+            gv0_0 = gv0_0 + subgroupShuffleXor(gv0_0, 2u);
             var gv0_1v = g1_0 * gv0__t0;
-            gv0_1v = fma(g1_1, gv0__t1, gv0_1v);
             var gv0_1 = gv0_1v.x + gv0_1v.y + gv0_1v.z + gv0_1v.w;
             gv0_1 = gv0_1 + subgroupShuffleXor(gv0_1, 1u);
+            gv0_1 = gv0_1 + subgroupShuffleXor(gv0_1, 2u);
             let ds0_0 = select(0.0, exp(qk0_0 - lse_i0), j0 + j < 8u && ri0 < 8u && j0 + j <= ri0) * (gv0_0 - delta_i0);
             let ds0_1 = select(0.0, exp(qk0_1 - lse_i1), j0 + j < 8u && ri1 < 8u && j0 + j <= ri1) * (gv0_1 - delta_i1);
             dq0_0 = fma(vec4<f32>(ds0_0), qk0__t0, dq0_0);
             dq1_0 = fma(vec4<f32>(ds0_1), qk0__t0, dq1_0);
-            dq0_1 = fma(vec4<f32>(ds0_0), qk0__t1, dq0_1);
-            dq1_1 = fma(vec4<f32>(ds0_1), qk0__t1, dq1_1);
             let kb1 = (grow + j + 1u) * 4u;
             let vb1 = (grow + j + 1u) * 4u;
             let qk1__t0 = kt[kb1 + ln];
-            let qk1__t1 = kt[kb1 + 2u + ln];
             var qk1_0v = q0_0 * qk1__t0;
-            qk1_0v = fma(q0_1, qk1__t1, qk1_0v);
             var qk1_0 = qk1_0v.x + qk1_0v.y + qk1_0v.z + qk1_0v.w;
             qk1_0 = qk1_0 + subgroupShuffleXor(qk1_0, 1u);
+            qk1_0 = qk1_0 + subgroupShuffleXor(qk1_0, 2u);
             var qk1_1v = q1_0 * qk1__t0;
-            qk1_1v = fma(q1_1, qk1__t1, qk1_1v);
             var qk1_1 = qk1_1v.x + qk1_1v.y + qk1_1v.z + qk1_1v.w;
             qk1_1 = qk1_1 + subgroupShuffleXor(qk1_1, 1u);
+            qk1_1 = qk1_1 + subgroupShuffleXor(qk1_1, 2u);
             let gv1__t0 = vt[vb1 + ln];
-            let gv1__t1 = vt[vb1 + 2u + ln];
             var gv1_0v = g0_0 * gv1__t0;
-            gv1_0v = fma(g0_1, gv1__t1, gv1_0v);
             var gv1_0 = gv1_0v.x + gv1_0v.y + gv1_0v.z + gv1_0v.w;
             gv1_0 = gv1_0 + subgroupShuffleXor(gv1_0, 1u);
+            gv1_0 = gv1_0 + subgroupShuffleXor(gv1_0, 2u);
             var gv1_1v = g1_0 * gv1__t0;
-            gv1_1v = fma(g1_1, gv1__t1, gv1_1v);
             var gv1_1 = gv1_1v.x + gv1_1v.y + gv1_1v.z + gv1_1v.w;
             gv1_1 = gv1_1 + subgroupShuffleXor(gv1_1, 1u);
+            gv1_1 = gv1_1 + subgroupShuffleXor(gv1_1, 2u);
             let ds1_0 = select(0.0, exp(qk1_0 - lse_i0), j0 + j + 1u < 8u && ri0 < 8u && j0 + j + 1u <= ri0) * (gv1_0 - delta_i0);
             let ds1_1 = select(0.0, exp(qk1_1 - lse_i1), j0 + j + 1u < 8u && ri1 < 8u && j0 + j + 1u <= ri1) * (gv1_1 - delta_i1);
             dq0_0 = fma(vec4<f32>(ds1_0), qk1__t0, dq0_0);
             dq1_0 = fma(vec4<f32>(ds1_1), qk1__t0, dq1_0);
-            dq0_1 = fma(vec4<f32>(ds1_0), qk1__t1, dq0_1);
-            dq1_1 = fma(vec4<f32>(ds1_1), qk1__t1, dq1_1);
         }
     }
     if (b < 512u) {
@@ -139,10 +125,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out0_0 + 1u] = dq0_0.y * 0.25;
             work[out0_0 + 2u] = dq0_0.z * 0.25;
             work[out0_0 + 3u] = dq0_0.w * 0.25;
-            work[out0_0 + 8u] = dq0_1.x * 0.25;
-            work[out0_0 + 9u] = dq0_1.y * 0.25;
-            work[out0_0 + 10u] = dq0_1.z * 0.25;
-            work[out0_0 + 11u] = dq0_1.w * 0.25;
         }
         if (ri1 < 8u) {
             let out0_1 = 262144u + (b * 8u + ri1) * 16u + lc;
@@ -150,10 +132,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out0_1 + 1u] = dq1_0.y * 0.25;
             work[out0_1 + 2u] = dq1_0.z * 0.25;
             work[out0_1 + 3u] = dq1_0.w * 0.25;
-            work[out0_1 + 8u] = dq1_1.x * 0.25;
-            work[out0_1 + 9u] = dq1_1.y * 0.25;
-            work[out0_1 + 10u] = dq1_1.z * 0.25;
-            work[out0_1 + 11u] = dq1_1.w * 0.25;
         }
     }
 }
