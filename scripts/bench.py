@@ -60,7 +60,7 @@ def timed(fn, n, warmup=3):
     return ts
 
 
-def bench_aot(program, make_batch, predict_inputs, steps, outdir, k_many, merge=True):
+def bench_aot(program, make_batch, predict_inputs, steps, outdir, k_many, merge=True, kernels="auto"):
     t = time.perf_counter()
     c = compile_program(program, merge_dispatches=merge)
     path = build(program, outdir, merge_dispatches=merge, force=True)
@@ -69,7 +69,7 @@ def bench_aot(program, make_batch, predict_inputs, steps, outdir, k_many, merge=
     for name in [m for m in sys.modules if m == program.name or m.startswith(program.name + ".")]:
         del sys.modules[name]  # an example module of the same name may have been imported
     mod = __import__(program.name)
-    model = mod.Model()
+    model = mod.Model(kernels=kernels)
     params0 = model.params()  # every anchor starts from these
     rng = np.random.default_rng(0)
     batches = [make_batch(rng) for _ in range(8)]
@@ -300,6 +300,7 @@ def main():
     ap.add_argument("--outdir", default="/tmp/aot-bench")
     ap.add_argument("--k", type=int, default=50, help="steps per step_many call (aot) and per readback (cuda_graph_k)")
     ap.add_argument("--anchors", default="eager,eager_sdpa,compile,cuda_graph", help="PyTorch anchors to run (comma-separated)")
+    ap.add_argument("--also-kernels", default="", help="also aot with these kernel sets (comma-separated: gpu, subgroup)")
     ap.add_argument("--compare-unmerged", action="store_true", help="also aot with one dispatch per kernel (merge.py off)")
     args = ap.parse_args()
 
@@ -341,6 +342,9 @@ def main():
         if args.compare_unmerged:
             a["unmerged"], _ = bench_aot(prog, make_batch, pinputs, args.steps, args.outdir + "-unmerged", args.k, merge=False)
             print(json.dumps(a["unmerged"], indent=1), flush=True)
+        for ks in args.also_kernels.split(",") if args.also_kernels else []:
+            a[f"kernels_{ks}"], _ = bench_aot(prog, make_batch, pinputs, args.steps, args.outdir + "-" + ks, args.k, kernels=ks)
+            print(json.dumps(a[f"kernels_{ks}"], indent=1), flush=True)
         t = bench_torch(kind, params, make_batch, pinputs, args.steps, cfg, args.anchors.split(","), args.k)
         r = {"aot": a, "torch": t, "ratios": ratios(a, t)}
         print(json.dumps(r["ratios"], indent=1), flush=True)
