@@ -293,3 +293,23 @@ def test_subgroup_set_swaps_in_the_attention_variants(tmp_path):
     plain = aot.compile(program(loss_plain, name="kfiles_plain_sub"), kernels="subgroup")
     assert plain.kernel_set == "subgroup" and not plain.WGSL_SUBGROUP
     plain.close()
+
+
+def test_the_runtime_checks_that_subgroup_lanes_pair_up():
+    """The subgroup variants assume that invocation i finds i ^ m in its subgroup for each
+    shuffle mask m they use; the runtime checks that on the device at Model(). A mask that
+    reaches past any subgroup (Vulkan's are at most 128 lanes) must be reported, the ones the
+    attention variants use must pass here."""
+    import pytest
+    import wgpu
+
+    from aot.runtime.engine import _lanes_out_of_order
+
+    adapter = wgpu.gpu.request_adapter_sync()
+    if "subgroup" not in adapter.features:
+        pytest.skip("this adapter has no subgroup operations")
+    device = adapter.request_device_sync(required_features=["subgroup"])
+    used = "@workgroup_size(128)\nsubgroupShuffleXor(s0_0, 1u) subgroupShuffleXor(s0_0, 2u)"
+    assert _lanes_out_of_order(device, [used, "@workgroup_size(64)"]) is None
+    wrong = _lanes_out_of_order(device, ["@workgroup_size(256)\nsubgroupShuffleXor(x, 128u)"])
+    assert wrong and "256-invocation workgroup" in wrong and "i ^ 128" in wrong

@@ -844,49 +844,55 @@ def _buffer_of(name: str) -> str:
 
 
 _WORKGROUP_SIZE = re.compile(r"@workgroup_size\((\d+)\)")
+_SHUFFLE_XOR = re.compile(r"subgroupShuffleXor\([^,]+, (\d+)u\)")
 
 
 def _lanes_out_of_order(device, sources) -> str | None:
-    """The subgroup variants pair invocation i with i ^ 1 through subgroupShuffleXor, which holds
-    where a subgroup is a run of consecutive invocations (every driver we know lays them out so,
-    but WebGPU does not promise it). Checked once on the device for each workgroup size they use,
-    so that a driver that does otherwise gets the GPU set instead of wrong results: None when the
-    lanes pair up, else what went wrong."""
+    """The subgroup variants pair invocation i with i ^ m through subgroupShuffleXor, which holds
+    where a subgroup is a run of consecutive invocations at least as long as the groups (every
+    driver we know lays them out so, but WebGPU does not promise it). Checked once on the device
+    for each workgroup size and mask they use, so that a driver that does otherwise gets the GPU
+    set instead of wrong results: None when the lanes pair up, else what went wrong."""
+    sources = list(sources)
     sizes = sorted({int(n) for src in sources for n in _WORKGROUP_SIZE.findall(src)})
+    masks = sorted({int(m) for src in sources for m in _SHUFFLE_XOR.findall(src)})
     stride = max(sizes)
     code = "@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n" + "".join(
-        f"@compute @workgroup_size({n})\nfn probe{n}(@builtin(local_invocation_index) i: u32) {{\n"
-        f"    out[{k * stride}u + i] = subgroupShuffleXor(i, 1u);\n}}\n"
+        f"@compute @workgroup_size({n})\nfn probe{n}_{m}(@builtin(local_invocation_index) i: u32) {{\n"
+        f"    out[{(k * len(masks) + j) * stride}u + i] = subgroupShuffleXor(i, {m}u);\n}}\n"
         for k, n in enumerate(sizes)
+        for j, m in enumerate(masks)
     )
     out = device.create_buffer(
-        size=4 * stride * len(sizes),
+        size=4 * stride * len(sizes) * len(masks),
         usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC,
     )
     module = device.create_shader_module(label="subgroup lanes probe", code=code)
     encoder = device.create_command_encoder()
     for n in sizes:
-        pipeline = device.create_compute_pipeline(
-            layout="auto", compute={"module": module, "entry_point": f"probe{n}"}
-        )
-        group = device.create_bind_group(
-            layout=pipeline.get_bind_group_layout(0),
-            entries=[{"binding": 0, "resource": {"buffer": out}}],
-        )
-        cpass = encoder.begin_compute_pass()
-        cpass.set_pipeline(pipeline)
-        cpass.set_bind_group(0, group)
-        cpass.dispatch_workgroups(1)
-        cpass.end()
+        for m in masks:
+            pipeline = device.create_compute_pipeline(
+                layout="auto",
+                compute={"module": module, "entry_point": f"probe{n}_{m}"},
+            )
+            group = device.create_bind_group(
+                layout=pipeline.get_bind_group_layout(0),
+                entries=[{"binding": 0, "resource": {"buffer": out}}],
+            )
+            cpass = encoder.begin_compute_pass()
+            cpass.set_pipeline(pipeline)
+            cpass.set_bind_group(0, group)
+            cpass.dispatch_workgroups(1)
+            cpass.end()
     device.queue.submit([encoder.finish()])
     got = np.frombuffer(device.queue.read_buffer(out), np.uint32).reshape(
-        len(sizes), stride
+        len(sizes), len(masks), stride
     )
     out.destroy()
     for k, n in enumerate(sizes):
-        want = np.arange(n, dtype=np.uint32) ^ 1
-        if not np.array_equal(got[k, :n], want):
-            return f"invocation i of a {n}-invocation workgroup does not find i ^ 1 as its subgroup neighbour"
+        for j, m in enumerate(masks):
+            if not np.array_equal(got[k, j, :n], np.arange(n, dtype=np.uint32) ^ m):
+                return f"invocation i of a {n}-invocation workgroup does not find i ^ {m} in its subgroup"
     return None
 
 
