@@ -313,3 +313,33 @@ def test_the_runtime_checks_that_subgroup_lanes_pair_up():
     assert _lanes_out_of_order(device, [used, "@workgroup_size(64)"]) is None
     wrong = _lanes_out_of_order(device, ["@workgroup_size(256)\nsubgroupShuffleXor(x, 128u)"])
     assert wrong and "256-invocation workgroup" in wrong and "i ^ 128" in wrong
+
+
+def test_shaders_without_wgpus_runtime_checks_train_as_with_them():
+    """Model() compiles the generated kernels without wgpu's run-time checks (they read in
+    bounds by construction: engine._shader_module); Model(shader_checks=True) keeps them. Both
+    must train to the same numbers, with every kernel set this adapter runs: a kernel that read
+    out of bounds would read other data unclamped and drift from the checked one."""
+    import numpy as np
+    import wgpu
+
+    prog = aot.Program(
+        "kfiles_checks",
+        model=Attn,
+        train=aot.Train(lambda m, x: ops.mean(ops.square(m(x))), {"x": aot.f32(2, 6, 32)}, optimizer=aot.optim.Adam(lr=0.01)),
+    )
+    x = np.random.default_rng(4).standard_normal((2, 6, 32)).astype(np.float32)
+    first = aot.compile(prog, kernels="cpu")
+    cls = type(first)
+    first.close()
+    sets = ["gpu", "cpu"] + ["subgroup"] * ("subgroup" in wgpu.gpu.request_adapter_sync().features)
+    for ks in sets:
+        runs = {}
+        for checks in (False, True):
+            m = cls(kernels=ks, shader_checks=checks)
+            assert m._engine.shader_checks is checks
+            runs[checks] = ([m.step(x=x) for _ in range(3)], m.params())
+            m.close()
+        assert runs[False][0] == runs[True][0], ks
+        for name, value in runs[True][1].items():
+            np.testing.assert_array_equal(runs[False][1][name], value, err_msg=f"{ks}: {name}")

@@ -61,7 +61,9 @@ class ModelBase(InteropMixin):
     WGSL_CPU: dict = {}  # the kernels' variants for CPU adapters (kernels/cpu/)
     WGSL_SUBGROUP: dict = {}  # their variants with subgroup operations (kernels/subgroup/)
 
-    def __init__(self, seed: int | None = None, adapter: int | str | None = None, kernels: str = "auto"):
+    def __init__(
+        self, seed: int | None = None, adapter: int | str | None = None, kernels: str = "auto", shader_checks: bool = False
+    ):
         p = self.PROGRAM
         self._lock = threading.RLock()
         self._closed = False
@@ -71,7 +73,7 @@ class ModelBase(InteropMixin):
         self._total = sum(_size(s) for _, s, _, _, _ in self._params)
         self._engine = Engine(
             p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"], adapter, self.WGSL_CPU, kernels,
-            self.WGSL_SUBGROUP,
+            self.WGSL_SUBGROUP, shader_checks,
         )
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None

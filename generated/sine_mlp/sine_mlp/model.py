@@ -77,6 +77,7 @@ class ModelBase(InteropMixin):
         seed: int | None = None,
         adapter: int | str | None = None,
         kernels: str = "auto",
+        shader_checks: bool = False,
     ):
         p = self.PROGRAM
         self._lock = threading.RLock()
@@ -97,6 +98,7 @@ class ModelBase(InteropMixin):
             self.WGSL_CPU,
             kernels,
             self.WGSL_SUBGROUP,
+            shader_checks,
         )
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
