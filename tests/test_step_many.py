@@ -165,3 +165,47 @@ def test_bad_calls_run_nothing(models, monkeypatch):
     assert not ran
     after = state(b)
     assert after[2] == before[2] and all(np.array_equal(after[0][n], before[0][n]) for n in before[0])
+
+
+class Deep(aot.Module):
+    """Enough layers that step() submits its first dispatches on their own (engine.SPLIT_SUBMIT_MIN)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = [nn.Linear(D, D, init=aot.init.kaiming()) for _ in range(40)]
+        self.norms = [nn.LayerNorm(D) for _ in range(40)]
+
+    def forward(self, x):
+        for lin, norm in zip(self.layers, self.norms):
+            x = x + ops.tanh(lin(norm(x)))
+        return x
+
+
+def test_a_long_step_submitted_in_two_parts_matches_step_many():
+    """An entry point of many dispatches is submitted as its first few and then the rest (the GPU
+    starts while the host records); step() must still equal step_many, which records every step
+    in one pass, bit for bit, with every kernel set this adapter has."""
+    import wgpu
+
+    prog = aot.Program(
+        "sm_deep",
+        model=Deep,
+        train=aot.Train(lambda m, x: ops.mean(ops.square(m(x))), {"x": aot.f32(N, D)}, optimizer=aot.optim.Adam(lr=1e-2)),
+        seed=3,
+    )
+    xs = np.random.default_rng(5).standard_normal((4, N, D)).astype(np.float32)
+    first = aot.compile(prog, kernels="cpu")
+    cls = type(first)
+    first.close()
+    engine_mod = sys.modules[cls.__module__.rsplit(".", 1)[0] + ".engine"]
+    sets = ["gpu", "cpu"] + ["subgroup"] * ("subgroup" in wgpu.gpu.request_adapter_sync().features)
+    for ks in sets:
+        a, b = cls(kernels=ks), cls(kernels=ks)
+        assert len(a._engine.entries["train"]["dispatches"]) >= engine_mod.SPLIT_SUBMIT_MIN, ks
+        stepped = [a.step(x=x) for x in xs]
+        many = list(b.step_many(x=xs))
+        assert stepped == [float(v) for v in many], ks
+        for name, value in a.params().items():
+            np.testing.assert_array_equal(value, b.params()[name], err_msg=f"{ks}: {name}")
+        a.close()
+        b.close()

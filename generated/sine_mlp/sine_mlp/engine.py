@@ -31,6 +31,12 @@ MANY_UPLOAD_BYTES = (
     8 << 20
 )  # at most this much input per chunk: fewer steps per chunk for big batches
 MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only when this ring is full
+# run() of an entry with this many dispatches submits its first FIRST_SUBMIT on their own, so the
+# GPU works while the host records, finishes and submits the rest: transformer_large's step()
+# (229 dispatches) 35.1-35.4 -> 33.9 ms on an H100 (scripts/bench_submit.py); a shorter entry
+# costs less to record than a second submit
+SPLIT_SUBMIT_MIN = 128
+FIRST_SUBMIT = 16
 
 
 class _Raw:
@@ -210,7 +216,7 @@ class Engine:
         self.raw_recipes, self._many = {}, {}
         self._halves: dict = (
             {}
-        )  # (key, 0 or 1) -> the dispatches before / from the entry's update_from
+        )  # (key, (lo, hi)) -> dispatches lo..hi-1 as _record replays them
         self._reduce_area: dict = (
             {}
         )  # key -> readback buffer of run_backward; "backup" -> saved grads
@@ -433,32 +439,34 @@ class Engine:
         raw = self.device.queue.read_buffer(self.buffers[arena], 4 * offset, 4 * count)
         return np.frombuffer(raw, dtype=_NP[dtype]).copy()
 
-    def _half(self, key: str, half: int) -> list:
-        """The dispatches of `key` before (half 0) or from (half 1) its update_from; the second
-        half's first dispatch sets its bind group even where the whole list shares the one before.
-        """
-        steps = self._halves.get((key, half))
+    def _half(self, key: str, half: int) -> tuple[int, int]:
+        """The dispatches of `key` before (half 0) or from (half 1) its update_from."""
+        cut = self.entries[key]["update_from"]
+        return (0, cut) if half == 0 else (cut, len(self.recipes[key]))
+
+    def _span(self, key: str, span: tuple[int, int]) -> list:
+        """Dispatches [lo, hi) of `key`, the first setting its bind group even where the whole
+        list shares the one before (a pass starts with none bound)."""
+        steps = self._halves.get((key, span))
         if steps is None:
-            cut = self.entries[key]["update_from"]
-            steps = (
-                self.recipes[key][:cut] if half == 0 else list(self.recipes[key][cut:])
-            )
-            if half == 1 and steps and steps[0][1] is None:
+            lo, hi = span
+            steps = list(self.recipes[key][lo:hi])
+            if lo and steps and steps[0][1] is None:
                 group = next(
                     g
-                    for _, g, _, _ in reversed(self.recipes[key][: cut + 1])
+                    for _, g, _, _ in reversed(self.recipes[key][: lo + 1])
                     if g is not None
                 )
                 steps[0] = (steps[0][0], group) + steps[0][2:]
-            self._halves[(key, half)] = steps
+            self._halves[(key, span)] = steps
         return steps
 
-    def _record(self, enc, key: str, half: int | None = None) -> None:
-        """One compute pass with every dispatch of `key` (or one half of them, see _half)."""
-        steps = self.recipes[key] if half is None else self._half(key, half)
+    def _record(self, enc, key: str, span: tuple[int, int] | None = None) -> None:
+        """One compute pass with every dispatch of `key` (or dispatches [lo, hi): _span)."""
+        steps = self.recipes[key] if span is None else self._span(key, span)
         if not steps:
             return
-        raw = self._raw_recipe(key if half is None else (key, half), steps)
+        raw = self._raw_recipe(key if span is None else (key, span), steps)
         if raw is not None:
             self._record_raw(enc._internal, raw)
             return
@@ -573,8 +581,17 @@ class Engine:
         for arena, data in packed.items():
             if data.size:
                 self.write(arena, 0, data)
-        enc = self.device.create_command_encoder()
-        self._record(enc, key)
+        count = len(self.recipes[key])
+        if count >= SPLIT_SUBMIT_MIN:
+            # the GPU starts on the first dispatches while the host records the rest
+            enc = self.device.create_command_encoder()
+            self._record(enc, key, (0, FIRST_SUBMIT))
+            self.device.queue.submit([enc.finish()])
+            enc = self.device.create_command_encoder()
+            self._record(enc, key, (FIRST_SUBMIT, count))
+        else:
+            enc = self.device.create_command_encoder()
+            self._record(enc, key)
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
         reads = self._reads(enc, key, want_captures)
@@ -623,7 +640,7 @@ class Engine:
         enc = self.device.create_command_encoder()
         if total:
             enc.copy_buffer_to_buffer(buffers["grads"], 0, backup, 0, 4 * total)
-        self._record(enc, key, 0)
+        self._record(enc, key, self._half(key, 0))
         if total:
             enc.copy_buffer_to_buffer(buffers["grads"], 0, rb, 0, 4 * total)
         self._reads(enc, key, want_captures, rb, total)
@@ -645,7 +662,7 @@ class Engine:
         if grads.size:
             self.device.queue.write_buffer(buffers["grads"], 0, grads)
         enc = self.device.create_command_encoder()
-        self._record(enc, key, 1)
+        self._record(enc, key, self._half(key, 1))
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
         self.device.queue.submit([enc.finish()])
