@@ -8,9 +8,9 @@ size), causal, f32. A program whose parameters are q, k and v and whose loss is
 sum(attention(q, k, v) * w) is compiled in-process once per variant; its training entry is
 profiled with timestamps between dispatches (scripts/profile_kernels.py) and the attention
 kernels' times are reported (the median of --reps). A variant sets the GPU loop knobs of
-aot/attention_codegen.py: chains (DOT_CHAINS), ku (KEYS_PER_STEP), wg (WG), lanes (LANES: the
-subgroup set's rows per group of lanes; with lanes > 1 and an adapter with subgroup operations
-the subgroup set runs, otherwise the GPU set).
+aot/attention_codegen.py: chains (DOT_CHAINS), ku (KEYS_PER_STEP), wg (WG), and the subgroup
+set's lanes (LANES) and rows (LANE_ROWS) a group; with lanes > 1 and an adapter with subgroup
+operations the subgroup set runs, otherwise the GPU set.
 Before timing, each variant's gradients are checked against the first variant's.
 
 PyTorch (when it and CUDA are present): the same forward and backward with

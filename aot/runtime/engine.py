@@ -90,9 +90,10 @@ def _shader_module(device, label: str, code: str, checked: bool):
     they are compiled without (wgpu-native's CreateShaderModuleTrusted): on an H100
     transformer_large's training call took 35.5 -> 33.7 ms of GPU time. `checked` (or a wgpu
     without that entry point): wgpu's checks, for chasing a suspected kernel bug."""
-    if checked or _RAW is None:
-        return device.create_shader_module(label=label, code=code)
     from wgpu.backends.wgpu_native import _api
+
+    if checked or _RAW is None or not hasattr(_api.lib, "wgpuDeviceCreateShaderModuleTrusted"):
+        return device.create_shader_module(label=label, code=code)
 
     src = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
     src[0].chain.next = _api.ffi.NULL
