@@ -95,15 +95,9 @@ def _shader_module(device, label: str, code: str, checked: bool):
     they are compiled without (wgpu-native's CreateShaderModuleTrusted): on an H100
     transformer_large's training call took 35.5 -> 33.7 ms of GPU time. `checked` (or a wgpu
     without that entry point): wgpu's checks, for chasing a suspected kernel bug."""
-    from wgpu.backends.wgpu_native import _api
-
-    if (
-        checked
-        or _RAW is None
-        or not hasattr(_api.lib, "wgpuDeviceCreateShaderModuleTrusted")
-    ):
+    if checked or _RAW is None or _TRUSTED is None:
         return device.create_shader_module(label=label, code=code)
-
+    _api = _TRUSTED
     src = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
     src[0].chain.next = _api.ffi.NULL
     src[0].chain.sType = _api.lib.WGPUSType_ShaderSourceWGSL
@@ -117,6 +111,18 @@ def _shader_module(device, label: str, code: str, checked: bool):
         device._internal, desc, no_checks
     )
     return _api.GPUShaderModule(label, mid, device)
+
+
+def _trusted_api():
+    """wgpu-py's wgpu-native module where that has CreateShaderModuleTrusted, else None."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+    except Exception:  # another backend
+        return None
+    return _api if hasattr(_api.lib, "wgpuDeviceCreateShaderModuleTrusted") else None
+
+
+_TRUSTED = _trusted_api()
 
 
 class ShaderError(RuntimeError):
