@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COLD_ENV = {"MESA_SHADER_CACHE_DISABLE": "true", "__GL_SHADER_DISK_CACHE": "0"}
 
 
-def child(folder: str, name: str, kernels: str, steps: int) -> dict:
+def child(folder: str, name: str, kernels: str, steps: int, shader_checks: bool = False) -> dict:
     """One measured process (runs in the subprocess)."""
     t0 = time.perf_counter()
     sys.path.insert(0, folder)
@@ -60,7 +60,7 @@ def child(folder: str, name: str, kernels: str, steps: int) -> dict:
 
     eng.choose_adapter, eng.Engine._buffer = timed_choose, timed_buffer
     t1 = time.perf_counter()
-    model = pkg.Model(kernels=kernels)
+    model = pkg.Model(kernels=kernels, shader_checks=shader_checks)
     t2 = time.perf_counter()
     sig = model._program["signatures"]["train"]
     dims = model._program["dims"]
@@ -89,7 +89,8 @@ def child(folder: str, name: str, kernels: str, steps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="an example file, e.g. examples/addition_transformer.py")
-    ap.add_argument("--kernels", default="auto", choices=("auto", "gpu", "cpu"))
+    ap.add_argument("--kernels", default="auto", choices=("auto", "gpu", "subgroup", "cpu"))
+    ap.add_argument("--shader-checks", action="store_true", help="Model(shader_checks=True): wgpu's run-time checks in the shaders")
     ap.add_argument("--runs", default="cold,warm", help="comma-separated: cold, warm")
     ap.add_argument("--repeat", type=int, default=2, help="processes per kind of run")
     ap.add_argument("--steps", type=int, default=4)
@@ -97,7 +98,7 @@ def main() -> None:
     ap.add_argument("--child", nargs=2, metavar=("FOLDER", "NAME"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.kernels, args.steps)))
+        print(json.dumps(child(*args.child, args.kernels, args.steps, args.shader_checks)))
         return
 
     sys.path.insert(0, str(ROOT))
@@ -110,13 +111,13 @@ def main() -> None:
     path = build(prog, out_dir, force=True)
     report = {
         "model": args.model, "machine": platform.node(), "python": platform.python_version(),
-        "build_s": time.perf_counter() - t, "kernels": args.kernels, "runs": {},
+        "build_s": time.perf_counter() - t, "kernels": args.kernels, "shader_checks": args.shader_checks, "runs": {},
     }
     print(f"built {prog.name} in {report['build_s']:.1f} s")
 
     def run(env_extra: dict) -> dict:
         cmd = [sys.executable, __file__, args.model, "--kernels", args.kernels, "--steps", str(args.steps),
-               "--child", str(path), prog.name]
+               "--child", str(path), prog.name] + ["--shader-checks"] * args.shader_checks
         res = subprocess.run(cmd, env={**os.environ, **env_extra}, capture_output=True, text=True)
         if res.returncode:
             raise SystemExit(f"measured process failed:\n{res.stdout}\n{res.stderr}")
