@@ -52,13 +52,35 @@ def family(kname: str) -> str:
     return re.sub(r"^.*?_\d{2,}_", "", kname)
 
 
-def profile_timestamps(e, key, reps, inside):
-    import wgpu
-    from wgpu.backends.wgpu_native.extras import write_timestamp
+MAX_QUERIES = 4096  # timestamps one query set may hold (wgpu)
 
+
+def profile_timestamps(e, key, reps, inside):
+    """Each kernel's median GPU time (ticks) over `reps` replays of the entry's dispatches, in
+    as many query sets (and submits) as the timestamps need."""
     steps = e.recipes[key]
     n = len(steps)
     per_rep = n + 1 if inside else 2 * n
+    if per_rep > MAX_QUERIES:
+        raise SystemExit(f"{n} dispatches need {per_rep} timestamps a replay, over one query set's {MAX_QUERIES}")
+    rounds, left = [], reps
+    while left:
+        k = min(left, MAX_QUERIES // per_rep)
+        rounds.append(_timestamp_round(e, steps, k, per_rep, inside))
+        left -= k
+    ticks = np.concatenate(rounds)
+    if inside:
+        d = np.diff(ticks, axis=1)
+    else:
+        d = ticks[:, 1::2] - ticks[:, 0::2]
+    return [float(np.median(d[:, i])) for i in range(n)]
+
+
+def _timestamp_round(e, steps, reps, per_rep, inside):
+    """Timestamps of `reps` replays in one query set: [reps, per_rep] ticks."""
+    import wgpu
+    from wgpu.backends.wgpu_native.extras import write_timestamp
+
     count = per_rep * reps
     qs = e.device.create_query_set(type=wgpu.QueryType.timestamp, count=count)
     resolve = e.device.create_buffer(size=8 * count, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
@@ -88,11 +110,9 @@ def profile_timestamps(e, key, reps, inside):
     enc.resolve_query_set(qs, 0, count, resolve, 0)
     e.device.queue.submit([enc.finish()])
     ticks = np.frombuffer(e.device.queue.read_buffer(resolve), dtype=np.uint64).astype(np.int64).reshape(reps, per_rep)
-    if inside:
-        d = np.diff(ticks, axis=1)
-    else:
-        d = ticks[:, 1::2] - ticks[:, 0::2]
-    return [float(np.median(d[:, i])) for i in range(n)]
+    qs.destroy()
+    resolve.destroy()
+    return ticks
 
 
 def profile_submits(e, key, reps):
