@@ -75,15 +75,12 @@ def needed_limits(prog: dict, wgsl: dict[str, str]) -> dict[str, int]:
     return need
 
 
-def web_tables(c) -> tuple[dict, dict[str, str], dict[str, str]]:
-    """(the program's tables as JSON-ready data, kernel name -> WGSL, the CPU variants): the
-    Python package's PROGRAM with variants as [sizes, key] pairs (JSON keys are strings), plus
-    the checkpoint fingerprint and the device limits the module needs."""
+def web_tables(c) -> tuple[dict, dict[str, str], dict[str, str], dict[str, str]]:
+    """(the program's tables as JSON-ready data, kernel name -> WGSL, the CPU variants, the
+    subgroup variants): the Python package's PROGRAM with variants as [sizes, key] pairs (JSON
+    keys are strings), plus the checkpoint fingerprint and the device limits the module needs."""
     prog = dict(c.program)
-    # the browser module ships the GPU and CPU sets (WebGPU's subgroups are an optional feature
-    # the JS engine does not request yet)
-    wgsl, wgsl_cpu = prog.pop("_wgsl"), prog.pop("_wgsl_cpu")
-    prog.pop("_wgsl_subgroup")
+    wgsl, wgsl_cpu, wgsl_subgroup = prog.pop("_wgsl"), prog.pop("_wgsl_cpu"), prog.pop("_wgsl_subgroup")
     fingerprint = _model.ModelBase._fingerprint(
         SimpleNamespace(_program=prog, _params=prog["params"], _opt=prog.get("optimizer"))
     )
@@ -92,11 +89,12 @@ def web_tables(c) -> tuple[dict, dict[str, str], dict[str, str]]:
     }
     prog["fingerprint"] = fingerprint
     limits = needed_limits(prog, wgsl)
-    for k, v in needed_limits(prog, {**wgsl, **wgsl_cpu}).items():
-        limits[k] = max(limits[k], v)
+    for variants in (wgsl_cpu, wgsl_subgroup):
+        for k, v in needed_limits(prog, {**wgsl, **variants}).items():
+            limits[k] = max(limits[k], v)
     prog["limits"] = limits
     prog["default_limits"] = DEFAULT_LIMITS
-    return json.loads(json.dumps(prog)), wgsl, wgsl_cpu
+    return json.loads(json.dumps(prog)), wgsl, wgsl_cpu, wgsl_subgroup
 
 
 def _js(value) -> str:
@@ -113,7 +111,7 @@ JS_MEMBERS = frozenset(
 
 def web_files(c, source_name: str) -> dict[str, str]:
     """Relative path -> file content of the web project."""
-    prog, wgsl, wgsl_cpu = web_tables(c)
+    prog, wgsl, wgsl_cpu, wgsl_subgroup = web_tables(c)
     name = prog["name"]
     for entry in prog["signatures"]:
         if entry != "train" and (entry in JS_MEMBERS or entry.startswith("_")):
@@ -136,6 +134,7 @@ def web_files(c, source_name: str) -> dict[str, str]:
         program_js=_js(prog),
         wgsl_js=_js(wgsl),
         wgsl_cpu_js=_js(wgsl_cpu),
+        wgsl_subgroup_js=_js(wgsl_subgroup),
         runtime=runtime,
         infer=[e for e in entries if e != "train"],
         n_params=len(prog["params"]),

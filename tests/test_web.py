@@ -74,6 +74,25 @@ EMBED = aot.Program(
 )
 
 
+class AttnWeb(aot.Module):
+    """Attention with two heads of 16: its kernels have subgroup variants (4 lanes share 2 rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, x):
+        q, k, v = (ops.swapaxes(ops.reshape(ops.narrow(self.qkv(x), -1, 32 * i, 32), (2, 6, 2, 16)), 1, 2) for i in range(3))
+        return ops.attention(q, k, v, causal=True)
+
+
+ATTN = aot.Program(
+    "attn_web",
+    model=AttnWeb,
+    train=aot.Train(lambda m, x: ops.mean(ops.square(m(x))), inputs={"x": aot.f32(2, 6, 32)}, optimizer=aot.optim.Adam(lr=1e-2)),
+)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """Web builds of sine_mlp, a tiny embedding model, the addition transformer (batch
@@ -82,7 +101,7 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("web")
     compiled = {}
     transformer = _load_example("addition_transformer", "make_program")("addition_web", b=TRANSFORMER_B)
-    for prog in (_load_example("sine_mlp"), EMBED, transformer):
+    for prog in (_load_example("sine_mlp"), EMBED, transformer, ATTN):
         compiled[prog.name] = c = compile_program(prog)
         web.write_web(c, out, f"{prog.name}.py")
     broken = compile_program(_load_example("sine_mlp"))
@@ -287,6 +306,41 @@ def test_gpu_kernel_set_runs_merged_dispatches(page, py_models):
     py.reset()
     py.set_lr(5e-3)
     np.testing.assert_allclose(js["losses"], [py.step(x=x, y=y) for x, y in batches], rtol=1e-5)
+
+
+def test_subgroup_kernel_set_trains_as_the_gpu_set(page, site):
+    """SwiftShader offers WebGPU's subgroups (4 lanes): Model.create({kernels: "subgroup"}) asks
+    for the feature, checks the lanes pair up, and Tint compiles the attention variants (with the
+    `enable subgroups;` directive naga would reject); they train as the GPU set does in the
+    browser and as the Python package does."""
+    _, compiled = site
+    xs = np.random.default_rng(9).standard_normal((3, 2, 6, 32)).astype(np.float32)
+    js = _js(page, """
+        const A = await import('../attn_web/attn_web.js');
+        const out = {variants: Object.keys(A.WGSL_SUBGROUP)};
+        for (const ks of ["gpu", "subgroup"]) {
+          const a = await A.Model.create({seed: 0, kernels: ks});
+          try {
+            const losses = [];
+            for (const x of arg.xs) losses.push(await a.step({x: {data: Float32Array.from(x), shape: [2, 6, 32]}}));
+            const texts = Object.values(a._engine.wgsl);
+            out[ks] = {losses, set: a.kernelSet, features: [...a.device.features],
+                       shuffles: texts.filter((t) => t.includes("subgroupShuffleXor")).length,
+                       enabled: texts.filter((t) => t.startsWith("enable subgroups;")).length};
+          } finally { a.close(); }
+        }
+        return out;""", {"xs": [x.ravel().tolist() for x in xs]})
+    assert sorted(js["variants"]) == sorted(compiled["attn_web"].program["_wgsl_subgroup"])
+    sub, gpu = js["subgroup"], js["gpu"]
+    assert sub["set"] == "subgroup" and "subgroups" in sub["features"]
+    assert sub["shuffles"] == sub["enabled"] == len(js["variants"]) > 0
+    assert gpu["set"] == "gpu" and gpu["shuffles"] == 0 and "subgroups" not in gpu["features"]
+    np.testing.assert_allclose(sub["losses"], gpu["losses"], rtol=1e-5)
+    py = compile_model(ATTN)
+    try:
+        np.testing.assert_allclose(sub["losses"], [py.step(x=x) for x in xs], rtol=1e-5)
+    finally:
+        py.close()
 
 
 def test_checkpoints_move_both_ways(page, py_models, tmp_path):

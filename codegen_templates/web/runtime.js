@@ -403,8 +403,55 @@ const MANY_CHUNK = 32;
 const MANY_UPLOAD_BYTES = 8 << 20;
 const MANY_RING = 4096;
 
+// Tint wants this directive in every shader that uses subgroup operations (naga, behind the
+// Python package, rejects it), so the subgroup variants get it here.
+const ENABLE_SUBGROUPS = "enable subgroups;\n";
+
+/** engine.py's _lanes_out_of_order: the subgroup variants pair invocation i with i ^ m through
+ * subgroupShuffleXor, which holds where a subgroup is a run of consecutive invocations at least as
+ * long as the groups; checked once on the device for each workgroup size and mask they use.
+ * Resolves to null when the lanes pair up, else what went wrong. */
+async function lanesOutOfOrder(device, sources) {
+  const found = (re) => [...new Set(sources.flatMap((s) => [...s.matchAll(re)].map((m) => Number(m[1]))))].sort((a, b) => a - b);
+  const sizes = found(/@workgroup_size\((\d+)\)/g);
+  const masks = found(/subgroupShuffleXor\([^,]+, (\d+)u\)/g);
+  const stride = Math.max(...sizes);
+  let code = ENABLE_SUBGROUPS + "@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n";
+  sizes.forEach((n, k) => masks.forEach((m, j) => {
+    code += `@compute @workgroup_size(${n})\nfn probe${n}_${m}(@builtin(local_invocation_index) i: u32) {\n` +
+      `    out[${(k * masks.length + j) * stride}u + i] = subgroupShuffleXor(i, ${m}u);\n}\n`;
+  }));
+  const bytes = 4 * stride * sizes.length * masks.length;
+  const out = device.createBuffer({ size: bytes, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC });
+  const rb = device.createBuffer({ size: bytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const module = device.createShaderModule({ label: "subgroup lanes probe", code });
+  const enc = device.createCommandEncoder();
+  for (const n of sizes) for (const m of masks) {
+    const pipeline = device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: `probe${n}_${m}` } });
+    const group = device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries: [{ binding: 0, resource: { buffer: out } }] });
+    const pass = enc.beginComputePass();
+    pass.setPipeline(pipeline);
+    pass.setBindGroup(0, group);
+    pass.dispatchWorkgroups(1);
+    pass.end();
+  }
+  enc.copyBufferToBuffer(out, 0, rb, 0, bytes);
+  device.queue.submit([enc.finish()]);
+  await rb.mapAsync(GPUMapMode.READ);
+  const got = new Uint32Array(rb.getMappedRange().slice(0));
+  rb.unmap();
+  rb.destroy();
+  out.destroy();
+  for (const [k, n] of sizes.entries())
+    for (const [j, m] of masks.entries())
+      for (let i = 0; i < n; i++)
+        if (got[(k * masks.length + j) * stride + i] !== (i ^ m))
+          return `invocation i of a ${n}-invocation workgroup does not find i ^ ${m} in its subgroup`;
+  return null;
+}
+
 class Engine {
-  static async create(name, program, wgsl, wgslCpu = {}, kernels = "auto") {
+  static async create(name, program, wgsl, wgslCpu = {}, kernels = "auto", wgslSubgroup = {}) {
     const e = new Engine();
     // where the time goes, in ms (SwiftShader: creating pipelines and barrier-heavy kernels are slow):
     // create's phases, each entry's _prepare, and the last run's [host, waiting for the GPU]
@@ -423,7 +470,14 @@ class Engine {
     const info = adapter.info || {};
     const software = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter) ||
       /swiftshader|llvmpipe|lavapipe/i.test(`${info.vendor} ${info.architecture} ${info.device} ${info.description}`);
-    e.kernelSet = kernels === "auto" ? (software ? "cpu" : "gpu") : kernels;
+    // and the subgroup set (the GPU set with its attention rows shared by subgroup lanes) where
+    // the adapter offers subgroups and the program has such variants
+    const hasSubgroups = adapter.features.has("subgroups");
+    const variants = Object.keys(wgslSubgroup).length > 0;
+    e.kernelSet = kernels === "auto" ? (software ? "cpu" : variants && hasSubgroups ? "subgroup" : "gpu") : kernels;
+    if (e.kernelSet === "subgroup" && !hasSubgroups)
+      throw new Error(`${name}: Model.create({kernels: "subgroup"}) needs an adapter with WebGPU's "subgroups" feature, ` +
+        `which this one does not offer; use "gpu" or "auto"`);
     if (e.kernelSet === "cpu") {
       e.wgsl = wgsl = { ...wgsl, ...wgslCpu };
       // every kernel a dispatch of its own: the GPU set runs independent kernels together, slower here
@@ -442,8 +496,18 @@ class Engine {
     }
     e.requiredLimits = requiredLimits;
     mark("adapter");
-    e.device = await adapter.requestDevice({ label: name, requiredLimits });
+    e.device = await adapter.requestDevice({
+      label: name, requiredLimits, requiredFeatures: e.kernelSet === "subgroup" ? ["subgroups"] : [],
+    });
     mark("device");
+    if (e.kernelSet === "subgroup" && variants) {
+      const wrong = await lanesOutOfOrder(e.device, Object.values(wgslSubgroup));
+      if (wrong && kernels === "subgroup")
+        throw new Error(`${name}: Model.create({kernels: "subgroup"}) cannot run on this adapter: ${wrong}; use "gpu"`);
+      if (wrong) e.kernelSet = "gpu";
+      else e.wgsl = wgsl = { ...wgsl, ...Object.fromEntries(Object.entries(wgslSubgroup).map(([k, v]) => [k, ENABLE_SUBGROUPS + v])) };
+      mark("subgroupCheck");
+    }
     e.order = Object.keys(program.arenas);
     e.buffers = {};
     for (const [a, n] of Object.entries(program.arenas)) e.buffers[a] = e._buffer(a, n);
@@ -769,15 +833,15 @@ function dimsNote(shape, dims) {
 export class ModelBase {
   /** const model = await Model.create({seed}): acquires a device and uploads the initial parameters. */
   static async create({ seed, kernels = "auto" } = {}) {
-    if (!["auto", "gpu", "cpu"].includes(kernels))
-      throw new Error(`Model.create({kernels}) must be "auto", "gpu" or "cpu", got ${JSON.stringify(kernels)}`);
+    if (!["auto", "gpu", "subgroup", "cpu"].includes(kernels))
+      throw new Error(`Model.create({kernels}) must be "auto", "gpu", "subgroup" or "cpu", got ${JSON.stringify(kernels)}`);
     const m = new this();
     const p = this.PROGRAM;
     m._program = p;
     m._seed = checkSeed(seed === undefined || seed === null ? BigInt(p.seed) : seed, "Model.create({seed})");
     m._params = p.params; // [name, shape, init, decay, offset]
     m._total = m._params.reduce((s, q) => s + sizeOf(q[1]), 0);
-    m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels);
+    m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {});
     m._opt = p.optimizer;
     m._lr = p.lr === null ? null : normalizeLr(p.lr);
     m._lrOrigin = 0;
@@ -808,7 +872,8 @@ export class ModelBase {
   /** The device limits this model asked for beyond WebGPU's defaults ({} when none). */
   get requiredLimits() { return { ...this._engine.requiredLimits }; }
   get device() { return this._engine.device; }
-  /** "gpu", or "cpu": the kernels' variants for software adapters (Model.create({kernels})). */
+  /** "gpu"; "subgroup": the GPU set with variants that use subgroup operations; or "cpu": the
+   * kernels' variants for software adapters (Model.create({kernels})). */
   get kernelSet() { return this._engine.kernelSet; }
 
   _split(flat) {
