@@ -19,8 +19,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (w >= 1u) {
         return;
     }
-    // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    // the group's first row in the workgroup (Model() checked that the lanes of a subgroup are
+    // consecutive invocations, so a group is 4 neighbouring lanes of one subgroup)
     let ln = tid % 4u;
     let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 4u;

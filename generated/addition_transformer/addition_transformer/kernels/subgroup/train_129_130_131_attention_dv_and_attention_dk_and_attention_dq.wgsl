@@ -37,8 +37,8 @@ fn k0_main(wid: vec3<u32>, tid: u32) {
     if (w >= 64u) {
         return;
     }
-    // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    // the group's first row in the workgroup (Model() checked that the lanes of a subgroup are
+    // consecutive invocations, so a group is 4 neighbouring lanes of one subgroup)
     let ln = tid % 4u;
     let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
@@ -142,8 +142,8 @@ fn k1_main(wid: vec3<u32>, tid: u32) {
     if (w >= 64u) {
         return;
     }
-    // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    // the group's first row in the workgroup (Model() checked that the lanes of a subgroup are
+    // consecutive invocations, so a group is 4 neighbouring lanes of one subgroup)
     let ln = tid % 4u;
     let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
@@ -276,8 +276,8 @@ fn k2_main(wid: vec3<u32>, tid: u32) {
     if (w >= 64u) {
         return;
     }
-    // the group's first row in the workgroup (the lanes of a subgroup are consecutive
-    // invocations, so a group is one subgroup's 4 neighbouring lanes)
+    // the group's first row in the workgroup (Model() checked that the lanes of a subgroup are
+    // consecutive invocations, so a group is 4 neighbouring lanes of one subgroup)
     let ln = tid % 4u;
     let x0 = tid / 4u * 2u;
     let b0 = w / 1u * 8u;
