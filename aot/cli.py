@@ -104,6 +104,8 @@ def cmd_inspect(args) -> int:
             # the CPU set reads offsets from tables: kernels that differ only there compile once
             texts = {_code_only(k.wgsl_cpu or k.wgsl) for k in c.kernels[key]}
             print(f"CPU set: {len(c.kernels[key])} dispatches, {len(texts)} distinct kernels to compile")
+            swapped = [k.name for k in c.dispatches[key] if k.wgsl_subgroup]
+            print(f"subgroup set: {len(swapped)} of the GPU set's dispatches run a variant with subgroup operations")
             print(memory_report(c, key))
             if args.wgsl:
                 for k in c.kernels[key]:
