@@ -244,8 +244,8 @@ def render_attention(
                 [_vec(op, f"{src}_row{rr}", f"{4 * c * lanes}u + lc" if c else "lc") for c in range(n // lanes)]
                 for rr in range(group_rows)
             ]
-        bases_l = [op.row_base("bc", f"rci{rr}") for rr in range(group_rows)]
-        own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled, "bases": bases_l})
+        rows_at = [op.row_base("bc", f"rci{rr}") for rr in range(group_rows)] if lanes > 1 else []
+        own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled, "bases": rows_at})
     own_scalars = []
     if kind == "dq":
         for name in ("lse", "delta"):

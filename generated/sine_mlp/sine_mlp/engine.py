@@ -95,9 +95,9 @@ def _shader_module(device, label: str, code: str, checked: bool):
     they are compiled without (wgpu-native's CreateShaderModuleTrusted): on an H100
     transformer_large's training call took 35.5 -> 33.7 ms of GPU time. `checked` (or a wgpu
     without that entry point): wgpu's checks, for chasing a suspected kernel bug."""
-    if checked or _RAW is None or _TRUSTED is None:
-        return device.create_shader_module(label=label, code=code)
     _api = _TRUSTED
+    if checked or _api is None:
+        return device.create_shader_module(label=label, code=code)
     src = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
     src[0].chain.next = _api.ffi.NULL
     src[0].chain.sType = _api.lib.WGPUSType_ShaderSourceWGSL
@@ -225,7 +225,7 @@ class Engine:
             {}
         )  # access signature -> (bind group layout, pipeline layout)
         self.raw_recipes, self._many = {}, {}
-        self._halves: dict = (
+        self._spans: dict = (
             {}
         )  # (key, (lo, hi)) -> dispatches lo..hi-1 as _record replays them
         self._reduce_area: dict = (
@@ -458,7 +458,7 @@ class Engine:
     def _span(self, key: str, span: tuple[int, int]) -> list:
         """Dispatches [lo, hi) of `key`, the first setting its bind group even where the whole
         list shares the one before (a pass starts with none bound)."""
-        steps = self._halves.get((key, span))
+        steps = self._spans.get((key, span))
         if steps is None:
             lo, hi = span
             steps = list(self.recipes[key][lo:hi])
@@ -469,7 +469,7 @@ class Engine:
                     if g is not None
                 )
                 steps[0] = (steps[0][0], group) + steps[0][2:]
-            self._halves[(key, span)] = steps
+            self._spans[(key, span)] = steps
         return steps
 
     def _record(self, enc, key: str, span: tuple[int, int] | None = None) -> None:
