@@ -258,6 +258,18 @@ def _g_reduce_max(axis_of):
     return g
 
 
+def _g_argmax(ins64, ins32, o64, o32, kw):
+    """argmax: the largest element must stand clear of every other one. An exact tie in PyTorch
+    (both precisions) is no tie in a kernel that sums in another order (a mean of softmax rows,
+    all 1/n), so any near tie, exact ones included, makes the index float32 noise."""
+    x64 = ins64[0]
+    axes = _argmax_axes(kw, x64.ndim)
+    if not axes:
+        return True
+    near = (x64.amax(dim=axes, keepdim=True) - x64).abs() < _margin(x64.abs())
+    return bool((near.sum(dim=axes) == 1).all())
+
+
 def _g_cast(ins64, ins32, o64, o32, kw):
     x64, x32 = ins64[0], ins32[0]
     if not x64.dtype.is_floating_point:
@@ -509,7 +521,7 @@ OPS: dict[str, OpSpec] = {
     "sum": OpSpec(_reduce_src("sum"), _reduce_torch("sum")),
     "mean": OpSpec(_reduce_src("mean"), _reduce_torch("mean")),
     "max": OpSpec(_reduce_src("max"), _reduce_torch("max"), _g_reduce_max(_argmax_axes)),
-    "argmax": OpSpec(_reduce_src("argmax"), _argmax_torch, _g_reduce_max(_argmax_axes)),
+    "argmax": OpSpec(_reduce_src("argmax"), _argmax_torch, _g_argmax),
     # layout
     "reshape": OpSpec(lambda a, kw, mod: f"ops.reshape({a[0]}, {kw['shape']!r})", lambda a, kw, f: a[0].reshape(kw["shape"])),
     "transpose": OpSpec(
