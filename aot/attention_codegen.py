@@ -59,6 +59,9 @@ KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written 
 LANES = 4
 LANE_ROWS = 2  # at most LANES; the workgroup has LANES / LANE_ROWS invocations a row
 KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_dk": "dk", "attention_dv": "dv"}
+# the kernel of a group of ops (schedule._merge_attention): dk and dv together walk the queries once
+KINDS = {frozenset(["fwd"]): "fwd", frozenset(["dq"]): "dq", frozenset(["dk"]): "dk", frozenset(["dv"]): "dv",
+         frozenset(["dk", "dv"]): "dkv"}
 
 
 def _pow2(n: int) -> int:
@@ -172,10 +175,10 @@ def render_attention(
     subgroup variant (the module doc), where the rows per workgroup and head sizes divide
     evenly among a group's lanes; otherwise the GPU kernel."""
     members = [m.node for m in k.group] + [k.node]
-    kind = KIND[k.node.op]
-    if any(KIND[n.op] != kind for n in members):
+    kind = KINDS.get(frozenset(KIND[n.op] for n in members))
+    if kind is None:
         raise CodegenError(f"attention kernel mixes {sorted({n.op for n in members})}")
-    n0 = k.node
+    n0 = k.node  # the group's widest inputs (dk's beside dv)
     causal, scale = bool(n0.attrs["causal"]), float(n0.attrs["scale"])
     kc = KernelContext(s, plan, None, table=cpu)
     ins = n0.inputs
@@ -189,7 +192,7 @@ def render_attention(
     if kind == "dv":
         ops["dout"] = _rows(s, plan, kc, ins[2])
         ops["lse"] = _rows(s, plan, kc, ins[3], has_cols=False)
-    elif kind in ("dq", "dk"):
+    elif kind in ("dq", "dk", "dkv"):
         ops["v"] = _rows(s, plan, kc, ins[2])
         ops["dout"] = _rows(s, plan, kc, ins[3])
         ops["lse"] = _rows(s, plan, kc, ins[4], has_cols=False)
@@ -209,7 +212,7 @@ def render_attention(
         scalar_tiles = []
     else:
         tiles = [("qt", "q", d4), ("ot", "dout", dv4)]
-        scalar_tiles = [("lt", "lse")] + ([("dt", "delta")] if kind == "dk" else [])
+        scalar_tiles = [("lt", "lse")] + ([("dt", "delta")] if kind in ("dk", "dkv") else [])
     vecs = sum(n for _, _, n in tiles)
     br, g, bt, wg_bytes = _tile_shape(kind, nb, own_t, oth_t, vecs, len(scalar_tiles))
     ku = min(KEYS_PER_STEP, bt)
@@ -232,6 +235,7 @@ def render_attention(
         "dq": [("q", "q", d4, True), ("g", "dout", dv4, False)],
         "dk": [("k", "k", d4, True), ("v", "v", dv4, False)],
         "dv": [("k", "k", d4, True)],
+        "dkv": [("k", "k", d4, True), ("v", "v", dv4, False)],
     }[kind]
     own = []
     bases = {}
@@ -280,18 +284,26 @@ def render_attention(
     ]
     scalar_rows = [(arr, f"{ops[src].buf}[{ops[src].row_base('bc', 'rr')}]") for arr, src in scalar_tiles]
 
-    # outputs: contiguous [batch, rows, cols] (lse: [batch, rows])
+    # accumulators (name, vec4s) and outputs: contiguous [batch, rows, cols] (lse: [batch, rows]),
+    # each row-shaped one stored from its accumulator times its factor
+    accs = {"fwd": [("o", dv4)], "dq": [("dq", d4)], "dk": [("dk", d4)], "dv": [("dv", dv4)]}
+    accs["dkv"] = accs["dk"] + accs["dv"]
+    store_of = {"attention": ("o", " * inv"), "attention_dq": ("dq", " * " + wgsl_f32(scale)),
+                "attention_dk": ("dk", " * " + wgsl_f32(scale)), "attention_dv": ("dv", "")}
     stores = []
     for n in members:
         loc = plan.loc[id(n.out)]
         kc.use(loc.arena, write=True)
         cols = 0 if n.op == "attention_lse" else n.out.shape[-1]
         start = kc.start(loc.arena, loc.offset)
-        stores.append({"op": n.op, "buf": loc.arena, "start": start + " + " if start else "", "cols": cols})
-    acc = {"fwd": ("o", dv4), "dq": ("dq", d4), "dk": ("dk", d4), "dv": ("dv", dv4)}[kind]
+        acc_name, factor = store_of.get(n.op, ("", ""))
+        stores.append({"op": n.op, "buf": loc.arena, "start": start + " + " if start else "", "cols": cols,
+                       "acc": acc_name, "factor": factor})
     if lanes > 1:
+        vec4s = dict(accs[kind])
         for st in stores:
-            st["cols_lane"] = 4 * acc[1] // lanes  # the columns a lane stores of each row
+            if st["cols"]:
+                st["cols_lane"] = 4 * vec4s[st["acc"]] // lanes  # the columns a lane stores of each row
         wgsl = render(
             "wgsl/attention_lanes.wgsl.j2",
             header=header, bindings=kc.binding_text(), kind=kind, causal=causal, scale=wgsl_f32(scale),
@@ -299,7 +311,7 @@ def render_attention(
             own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt, threads=threads * lanes // group_rows, nrows=threads,
             row_blocks=row_blocks,
             n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, tiles=tile_loads,
-            scalar_tiles=scalar_loads, stores=stores, write_o=write_o, acc=acc, wg_bytes=wg_bytes,
+            scalar_tiles=scalar_loads, stores=stores, write_o=write_o, accs=accs[kind], wg_bytes=wg_bytes,
             ku=ku, lanes=lanes, rows=group_rows, shifts=[1 << i for i in range(lanes.bit_length() - 1)], comps="xyzw",
         )
         return wgsl, (gx, gy, 1), kc
@@ -336,7 +348,7 @@ def render_attention(
         scalar_rows=scalar_rows,
         stores=stores,
         write_o=write_o,
-        acc=acc,
+        accs=accs[kind],
         wg_bytes=wg_bytes,
         chains=DOT_CHAINS,
         ku=ku,

@@ -116,8 +116,9 @@ def kernel_name(prefix: str, i: int, k: Kernel, s: KernelSchedule, digits: int =
     others = [o for o in ops if o != main]
     if k.kind == "matmul":
         label = "_".join(["matmul"] + others[:3])
-    elif k.kind == "attention":  # its sibling ops (the logsumexp beside O) are the same kernel
-        label = k.node.op
+    elif k.kind == "attention":  # its sibling ops are the same kernel: named for the outputs it
+        # writes but the logsumexp beside O (attention, attention_dk_dv)
+        label = "_".join([k.node.op] + [g.node.op.removeprefix("attention_") for g in k.group if g.node.op != "attention_lse"])
     else:
         label = "_".join(["fused"] + others[:2] + [main]) if others else main
     return f"{prefix}_{i:0{digits}d}_{label}"

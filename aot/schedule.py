@@ -25,8 +25,9 @@ Rules (why in brackets):
   every kernel of the optimizer update (what is computed from that vector), and no kernel does
   both [the runtime can read the gradients, all-reduce them across processes, upload the result
   and run the rest: `update_from`, checked on every build by check_cut];
-- attention kernels over the same operands whose ops share an OpDef.sibling key are one kernel
-  [the forward pass writes O and the logsumexp the backward pass reads].
+- attention kernels whose ops share an OpDef.sibling key, the later reading only what the earlier
+  reads, are one kernel [the forward pass writes O and the logsumexp the backward pass reads;
+  dk and dv walk the same queries with the same probabilities].
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def op_of(t_or_node) -> OpDef:
     n = t_or_node.node if isinstance(t_or_node, Tensor) else t_or_node
     return lookup(n.op)
 
+
+# OpDef.sibling keys whose ops keep kernels of their own (scripts/bench_attention.py's `dkv=0`
+# times attention's key-side gradients apart, as they were before they shared a kernel)
+SEPARATE_SIBLINGS: tuple[str, ...] = ()
 
 LARGE_MATMUL = 2**24  # multiply-adds (Kernel.large; merge.MAX_WORK is the same size)
 
@@ -426,16 +431,17 @@ def _merge_sibling(s: KernelSchedule, i: int, j: int | None) -> bool:
 
 
 def _merge_attention(s: KernelSchedule) -> None:
-    """A later attention kernel over the same operands and attrs whose op shares the earlier one's
-    OpDef.sibling key joins the earlier kernel's group (it reads nothing the earlier one lacks)."""
+    """A later attention kernel whose op shares the earlier one's OpDef.sibling key, with the same
+    attrs and inputs that are all inputs of the earlier one, joins the earlier kernel's group:
+    everything it reads exists where the earlier kernel runs, so it moves there."""
     for k1 in list(s.kernels):
         key = op_of(k1.node).sibling
-        if k1.kind != "attention" or key is None or k1 not in s.kernels:
+        if k1.kind != "attention" or key is None or key in SEPARATE_SIBLINGS or k1 not in s.kernels:
             continue
         for k2 in s.kernels[s.kernels.index(k1) + 1 :]:
             n1, n2 = k1.node, k2.node
-            same = len(n1.inputs) == len(n2.inputs) and all(a is b for a, b in zip(n1.inputs, n2.inputs))
-            if k2.kind == "attention" and not k2.group and same and op_of(n2).sibling == key and n1.attrs == n2.attrs:
+            within = {id(t) for t in n1.inputs} >= {id(t) for t in n2.inputs}
+            if k2.kind == "attention" and not k2.group and within and op_of(n2).sibling == key and n1.attrs == n2.attrs:
                 k1.group.append(k2)
                 s.kernels.remove(k2)
 

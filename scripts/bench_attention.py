@@ -10,7 +10,8 @@ profiled with timestamps between dispatches (scripts/profile_kernels.py) and the
 kernels' times are reported (the median of --reps). A variant sets the GPU loop knobs of
 aot/attention_codegen.py: chains (DOT_CHAINS), ku (KEYS_PER_STEP), wg (WG), and the subgroup
 set's lanes (LANES) and rows (LANE_ROWS) a group; with lanes > 1 and an adapter with subgroup
-operations the subgroup set runs, otherwise the GPU set.
+operations the subgroup set runs, otherwise the GPU set. `dkv=0` keeps dk and dv in kernels of
+their own (aot/schedule.py SEPARATE_SIBLINGS), as they were before they shared one.
 Before timing, each variant's gradients are checked against the first variant's.
 
 PyTorch (when it and CUDA are present): the same forward and backward with
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 SHAPE = (32, 8, 256, 64)
-KNOBS = {"chains": "DOT_CHAINS", "ku": "KEYS_PER_STEP", "wg": "WG", "lanes": "LANES", "rows": "LANE_ROWS"}
+KNOBS = {"chains": "DOT_CHAINS", "ku": "KEYS_PER_STEP", "wg": "WG", "lanes": "LANES", "rows": "LANE_ROWS", "dkv": None}
 
 
 def program(shape, causal):
@@ -69,11 +70,14 @@ def parse_variant(text: str) -> dict:
 def run_variant(variant: dict, shape, causal, reps: int, w: np.ndarray):
     import aot
     import aot.attention_codegen as ac
+    import aot.schedule as sch
     from profile_kernels import profile_timestamps
 
-    saved = {k: getattr(ac, v) for k, v in KNOBS.items()}
+    saved = {k: getattr(ac, v) for k, v in KNOBS.items() if v}
     for k, v in variant.items():
-        setattr(ac, KNOBS[k], v)
+        if KNOBS[k]:
+            setattr(ac, KNOBS[k], v)
+    sch.SEPARATE_SIBLINGS = () if variant.get("dkv", 1) else ("attention_keys",)
     try:
         # the GPU set's kernels, or with lanes > 1 the subgroup set's (where the adapter has them)
         import wgpu
@@ -83,6 +87,7 @@ def run_variant(variant: dict, shape, causal, reps: int, w: np.ndarray):
     finally:
         for k, v in saved.items():
             setattr(ac, KNOBS[k], v)
+        sch.SEPARATE_SIBLINGS = ()
     e = model._engine
     key = next(k for k in e.entries if k.startswith("train"))
     # the gradients, read back after one step (SGD at lr 0 leaves the parameters as they were)

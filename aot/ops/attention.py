@@ -16,8 +16,8 @@ Primitives (fusion class "attention": each is a kernel of aot/attention_codegen.
 with delta = rowsum(dO * O) [..., Tq], an ordinary reduction in the graph. With
 P = exp(S - lse) (S the masked, scaled scores) and dS = P * (dO v^T - delta):
   dq = scale * dS k,  dk = scale * dS^T q,  dv = P^T dO.
-dk and dv are separate kernels (one output each) so that a thread holds at most two head
-rows and one accumulator row in registers (k, v, dk and dv together spill at d = 64).
+dk and dv share a kernel (OpDef.sibling "attention_keys": dv reads a subset of dk's inputs):
+one walk over the queries computes P once for both, and the dO rows it reads for dS feed dv.
 The backward primitives are nondiff: aot differentiates once, so nothing asks for their VJP.
 """
 
@@ -145,8 +145,9 @@ def _attention_vjp(ct, n):
     a = n.attrs
     lse = emit("attention_lse", (q, k, v), **a)
     delta = F.sum(ct * n.out, -1)
-    dv = emit("attention_dv", (q, k, ct, lse), **a)
+    # dk first: dv, reading a subset of its inputs, then joins its kernel (schedule._merge_attention)
     dk = emit("attention_dk", (q, k, v, ct, lse, delta), **a)
+    dv = emit("attention_dv", (q, k, ct, lse), **a)
     dq = emit("attention_dq", (q, k, v, ct, lse, delta), **a)
     return dq, dk, dv
 
@@ -154,5 +155,5 @@ def _attention_vjp(ct, n):
 register(OpDef("attention", _attention_shape, _attention_ref, _attention_vjp, "attention", sibling="attention"))
 register(OpDef("attention_lse", _lse_shape, _lse_ref, None, "attention", nondiff=True, sibling="attention"))
 register(OpDef("attention_dq", _grad_shape("dq"), _dq_ref, None, "attention", nondiff=True))
-register(OpDef("attention_dk", _grad_shape("dk"), _dk_ref, None, "attention", nondiff=True))
-register(OpDef("attention_dv", _dv_shape, _dv_ref, None, "attention", nondiff=True))
+register(OpDef("attention_dk", _grad_shape("dk"), _dk_ref, None, "attention", nondiff=True, sibling="attention_keys"))
+register(OpDef("attention_dv", _dv_shape, _dv_ref, None, "attention", nondiff=True, sibling="attention_keys"))

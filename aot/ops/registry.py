@@ -64,8 +64,9 @@ class OpDef:
     render: Callable | None = None  # (body, node, idx) -> WGSL expression; None: `expr` is used
     reduced_axes: Callable | None = None  # reductions: attrs -> the reduced axes
     split: str | None = None  # reductions split in two passes: "pad" (with zeros) or "divide" (exactly)
-    # kernel ops: nodes whose ops share this key and that have the same inputs and attrs are
-    # computed by one kernel (attention's output and the logsumexp its VJP reads)
+    # kernel ops: nodes whose ops share this key, with the same attrs, the later reading only
+    # inputs of the earlier, are computed by one kernel (attention's output and the logsumexp its
+    # VJP reads; dk and dv)
     sibling: str | None = None
 
     def __post_init__(self):

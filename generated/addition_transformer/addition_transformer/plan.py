@@ -312,143 +312,143 @@ PROGRAM = {
             "addition_transformer.py:34",
             (655360, 2424832, 2686976),
         ),
-        "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq": (
+        "train_074_075_attention_dk_dv_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
             (),
         ),
-        "train_077_078_079_080_081_matmul": (
+        "train_076_077_078_079_080_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (),
         ),
-        "train_082_matmul_add": (
+        "train_081_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (2424832, 99648, 2555904, 655360, 2228224),
+            (2555904, 99648, 2424832, 655360, 2228224),
         ),
-        "train_083_084_085_086_087_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc": (
+        "train_082_083_084_085_086_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (),
         ),
-        "train_088_089_fused_mul_sum_and_matmul": (
+        "train_087_088_fused_mul_sum_and_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_090_matmul_equal_sub_mul": (
+        "train_089_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2162688, 83264, 262144, 524288),
         ),
-        "train_091_092_093_sum_and_matmul": (
+        "train_090_091_092_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
+        "train_093_094_095_096_097_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_099_100_matmul": (
+        "train_098_099_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (),
         ),
-        "train_101_fused_mul_sum": (
+        "train_100_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
             (327680, 1900544, 655360),
         ),
-        "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq": (
+        "train_101_102_attention_dk_dv_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
             (),
         ),
-        "train_105_106_107_108_109_matmul": (
+        "train_103_104_105_106_107_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (),
         ),
-        "train_110_matmul_add": (
+        "train_108_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
             (458752, 50496, 589824, 327680, 262144),
         ),
-        "train_111_112_113_114_115_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
+        "train_109_110_111_112_113_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (),
         ),
-        "train_116_matmul": (
+        "train_114_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (0, 655360, 34112),
         ),
-        "train_117_matmul_equal_sub_mul": (
+        "train_115_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (655360, 34112, 0, 262144),
         ),
-        "train_118_119_120_sum_and_matmul": (
+        "train_116_117_118_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
+        "train_119_120_121_122_123_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_126_127_matmul": (
+        "train_124_125_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (),
         ),
-        "train_128_fused_mul_sum": (
+        "train_126_fused_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
             (131072, 1376256, 393216),
         ),
-        "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq": (
+        "train_127_128_attention_dk_dv_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
             (),
         ),
-        "train_132_133_134_135_136_matmul": (
+        "train_129_130_131_132_133_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (),
         ),
-        "train_137_matmul_add": (
+        "train_134_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
             (262144, 1344, 327680, 131072, 0),
         ),
-        "train_138_139_140_141_142_143_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
+        "train_135_136_137_138_139_140_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (),
         ),
-        "train_144_146_sum_and_one_hot": (
+        "train_141_143_sum_and_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
             (),
         ),
-        "train_145_147_pad_and_matmul_add": (
+        "train_142_144_pad_and_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
             (),
         ),
-        "train_148_fused_square_pad_sum": (
+        "train_145_fused_square_pad_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
             (0, 150656),
         ),
-        "train_149_sum": ((("work", "read_write"),), "optimizer", (150656, 150720)),
-        "train_150_fused_sqrt_add_sub": (
+        "train_146_sum": ((("work", "read_write"),), "optimizer", (150656, 150720)),
+        "train_147_fused_sqrt_add_sub": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -745,332 +745,317 @@ PROGRAM = {
             "addition_transformer.py:35",
             (2424832, 589824, 111936),
         ),
-        "train_074_attention_dv": (
+        "train_074_attention_dk_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (2228224, 2293760, 655360, 2760704, 524288),
+            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 524288, 720896),
         ),
-        "train_075_attention_dk": (
+        "train_075_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 720896),
+            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 2555904),
         ),
-        "train_076_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 2424832),
-        ),
-        "train_077_matmul": (
+        "train_076_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (524288, 107840, 2555904),
+            (524288, 107840, 2424832),
         ),
-        "train_078_matmul": (
+        "train_077_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (2162688, 524288, 107840),
         ),
-        "train_079_matmul": (
+        "train_078_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
             (720896, 103744, 655360),
         ),
-        "train_080_matmul": (
+        "train_079_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (2162688, 720896, 103744),
         ),
-        "train_081_matmul": (
+        "train_080_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (2162688, 2424832, 99648),
+            (2162688, 2555904, 99648),
         ),
-        "train_083_fused_mul_sub_sum": (
+        "train_082_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (2621440, 2490368, 2772992, 2774016, 2228224, 150080, 150016),
         ),
-        "train_084_fused_mul_sum": (
+        "train_083_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
             (2228224, 149952, 2097152, 720896),
         ),
-        "train_085_fused_mul_add": (
+        "train_084_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
             (2228224, 149952, 2771968, 720896, 2097152, 524288),
         ),
-        "train_086_fused_neg_sum": (
+        "train_085_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (524288, 655360),
         ),
-        "train_087_fused_mul_add": (
+        "train_086_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (589824, 524288, 655360, 2162688),
         ),
-        "train_088_fused_mul_sum": (
+        "train_087_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2228224, 2097152, 2771968, 2162688, 149952, 149888),
         ),
-        "train_089_matmul": (
+        "train_088_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (262144, 2162688, 83264),
         ),
-        "train_091_sum": (
+        "train_090_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (786432, 524288, 150208, 149632),
         ),
-        "train_092_matmul": (
+        "train_091_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (524288, 66880, 2097152),
         ),
-        "train_093_matmul": (
+        "train_092_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2031616, 524288, 66880),
         ),
-        "train_094_fused_mul_sub_sum": (
+        "train_093_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2097152, 1966080, 2769920, 2770944, 149568, 149504),
         ),
-        "train_095_fused_mul_sub_sum": (
+        "train_094_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2097152, 149504, 1966080, 2769920, 327680),
         ),
-        "train_096_fused_mul_sub_add": (
+        "train_095_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2097152, 149504, 2770944, 327680, 1966080, 2769920, 262144),
         ),
-        "train_097_fused_neg_sum": (
+        "train_096_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
             (262144, 393216),
         ),
-        "train_098_fused_mul_add": (
+        "train_097_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
             (2162688, 262144, 393216, 524288),
         ),
-        "train_099_matmul": (
+        "train_098_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
             (524288, 62784, 327680),
         ),
-        "train_100_matmul": (
+        "train_099_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (1900544, 524288, 62784),
         ),
-        "train_102_attention_dv": (
+        "train_101_attention_dk_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (1703936, 1769472, 327680, 2756608, 262144),
+            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 262144, 393216),
         ),
-        "train_103_attention_dk": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 393216),
-        ),
-        "train_104_attention_dq": (
+        "train_102_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
             (1703936, 1769472, 1835008, 327680, 2756608, 655360, 458752),
         ),
-        "train_105_matmul": (
+        "train_103_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
             (262144, 58688, 589824),
         ),
-        "train_106_matmul": (
+        "train_104_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (1638400, 262144, 58688),
         ),
-        "train_107_matmul": (
+        "train_105_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
             (393216, 54592, 327680),
         ),
-        "train_108_matmul": (
+        "train_106_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (1638400, 393216, 54592),
         ),
-        "train_109_matmul": (
+        "train_107_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (1638400, 458752, 50496),
         ),
-        "train_111_fused_mul_sum": (
+        "train_109_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (262144, 1572864, 2768896, 149440, 149376),
         ),
-        "train_112_fused_mul_sum": (
+        "train_110_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
             (262144, 149376, 1572864, 393216),
         ),
-        "train_113_fused_mul_add": (
+        "train_111_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
             (262144, 149376, 2768896, 393216, 1572864, 589824),
         ),
-        "train_114_fused_neg_sum": (
+        "train_112_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (589824, 720896),
         ),
-        "train_115_fused_mul_add": (
+        "train_113_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (524288, 589824, 720896, 655360),
         ),
-        "train_118_sum": (
+        "train_116_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (262144, 149056),
         ),
-        "train_119_matmul": (
+        "train_117_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (262144, 17728, 524288),
         ),
-        "train_120_matmul": (
+        "train_118_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (1507328, 262144, 17728),
         ),
-        "train_121_sum": (
+        "train_119_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (655360, 524288, 149312, 148992),
         ),
-        "train_122_fused_mul_sub_sum": (
+        "train_120_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (524288, 148928, 1441792, 2766848, 131072),
         ),
-        "train_123_fused_mul_sub_add": (
+        "train_121_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (524288, 148928, 2767872, 131072, 1441792, 2766848, 0),
         ),
-        "train_124_fused_neg_sum": (
+        "train_122_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
             (0, 196608),
         ),
-        "train_125_fused_mul_add": (
+        "train_123_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
             (655360, 0, 196608, 65536),
         ),
-        "train_126_matmul": (
+        "train_124_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
             (65536, 13632, 131072),
         ),
-        "train_127_matmul": (
+        "train_125_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (1376256, 65536, 13632),
         ),
-        "train_129_attention_dv": (
+        "train_127_attention_dk_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (1179648, 1245184, 131072, 2752512, 0),
+            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 0, 196608),
         ),
-        "train_130_attention_dk": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 196608),
-        ),
-        "train_131_attention_dq": (
+        "train_128_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
             (1179648, 1245184, 1310720, 131072, 2752512, 393216, 262144),
         ),
-        "train_132_matmul": (
+        "train_129_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
             (0, 9536, 327680),
         ),
-        "train_133_matmul": (
+        "train_130_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (1114112, 0, 9536),
         ),
-        "train_134_matmul": (
+        "train_131_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
             (196608, 5440, 131072),
         ),
-        "train_135_matmul": (
+        "train_132_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (1114112, 196608, 5440),
         ),
-        "train_136_matmul": (
+        "train_133_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (1114112, 262144, 1344),
         ),
-        "train_138_fused_mul_sub_sum": (
+        "train_135_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (524288, 1441792, 2766848, 2767872, 0, 148928, 148864),
         ),
-        "train_139_fused_mul_sub_sum": (
+        "train_136_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (0, 1048576, 2764800, 2765824, 148800),
         ),
-        "train_140_fused_mul_sub_sum": (
+        "train_137_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
             (0, 148800, 1048576, 2764800, 262144),
         ),
-        "train_141_fused_mul_sub_add": (
+        "train_138_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
             (0, 148800, 2765824, 262144, 1048576, 2764800, 131072),
         ),
-        "train_142_fused_neg_sum": (
+        "train_139_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (131072, 263168),
         ),
-        "train_143_fused_mul_add": (
+        "train_140_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (65536, 131072, 263168, 196608),
         ),
-        "train_144_sum": (
+        "train_141_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:49",
             (196608, 12288),
         ),
-        "train_145_pad": (
+        "train_142_pad": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
             (12288, 0),
         ),
-        "train_146_one_hot": (
+        "train_143_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
             (0, 0),
         ),
-        "train_147_matmul_add": (
+        "train_144_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
             (0, 196608, 2776064, 576),
@@ -1711,59 +1696,50 @@ PROGRAM = {
                 ),
                 ("train_071_072_matmul", (272, 1, 1)),
                 ("train_073_fused_mul_sum", (16, 1, 1)),
+                ("train_074_075_attention_dk_dv_and_attention_dq", (128, 1, 1)),
+                ("train_076_077_078_079_080_matmul", (560, 1, 1)),
+                ("train_081_matmul_add", (4, 64, 1)),
                 (
-                    "train_074_075_076_attention_dv_and_attention_dk_and_attention_dq",
-                    (192, 1, 1),
-                ),
-                ("train_077_078_079_080_081_matmul", (560, 1, 1)),
-                ("train_082_matmul_add", (4, 64, 1)),
-                (
-                    "train_083_084_085_086_087_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc",
+                    "train_082_083_084_085_086_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_088_089_fused_mul_sum_and_matmul", (128, 1, 1)),
-                ("train_090_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_091_092_093_sum_and_matmul", (576, 1, 1)),
+                ("train_087_088_fused_mul_sum_and_matmul", (128, 1, 1)),
+                ("train_089_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_090_091_092_sum_and_matmul", (576, 1, 1)),
                 (
-                    "train_094_095_096_097_098_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
+                    "train_093_094_095_096_097_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1088, 1, 1),
                 ),
-                ("train_099_100_matmul", (272, 1, 1)),
-                ("train_101_fused_mul_sum", (16, 1, 1)),
+                ("train_098_099_matmul", (272, 1, 1)),
+                ("train_100_fused_mul_sum", (16, 1, 1)),
+                ("train_101_102_attention_dk_dv_and_attention_dq", (128, 1, 1)),
+                ("train_103_104_105_106_107_matmul", (560, 1, 1)),
+                ("train_108_matmul_add", (4, 64, 1)),
                 (
-                    "train_102_103_104_attention_dv_and_attention_dk_and_attention_dq",
-                    (192, 1, 1),
-                ),
-                ("train_105_106_107_108_109_matmul", (560, 1, 1)),
-                ("train_110_matmul_add", (4, 64, 1)),
-                (
-                    "train_111_112_113_114_115_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
+                    "train_109_110_111_112_113_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
                     (1088, 1, 1),
                 ),
-                ("train_116_matmul", (4, 16, 1)),
-                ("train_117_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_118_119_120_sum_and_matmul", (576, 1, 1)),
+                ("train_114_matmul", (4, 16, 1)),
+                ("train_115_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_116_117_118_sum_and_matmul", (576, 1, 1)),
                 (
-                    "train_121_122_123_124_125_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
+                    "train_119_120_121_122_123_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_126_127_matmul", (272, 1, 1)),
-                ("train_128_fused_mul_sum", (16, 1, 1)),
+                ("train_124_125_matmul", (272, 1, 1)),
+                ("train_126_fused_mul_sum", (16, 1, 1)),
+                ("train_127_128_attention_dk_dv_and_attention_dq", (128, 1, 1)),
+                ("train_129_130_131_132_133_matmul", (560, 1, 1)),
+                ("train_134_matmul_add", (4, 64, 1)),
                 (
-                    "train_129_130_131_attention_dv_and_attention_dk_and_attention_dq",
-                    (192, 1, 1),
-                ),
-                ("train_132_133_134_135_136_matmul", (560, 1, 1)),
-                ("train_137_matmul_add", (4, 64, 1)),
-                (
-                    "train_138_139_140_141_142_143_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
+                    "train_135_136_137_138_139_140_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1152, 1, 1),
                 ),
-                ("train_144_146_sum_and_one_hot", (560, 1, 1)),
-                ("train_145_147_pad_and_matmul_add", (7, 1, 1)),
-                ("train_148_fused_square_pad_sum", (37, 1, 1)),
-                ("train_149_sum", (1, 1, 1)),
-                ("train_150_fused_sqrt_add_sub", (589, 1, 1)),
+                ("train_141_143_sum_and_one_hot", (560, 1, 1)),
+                ("train_142_144_pad_and_matmul_add", (7, 1, 1)),
+                ("train_145_fused_square_pad_sum", (37, 1, 1)),
+                ("train_146_sum", (1, 1, 1)),
+                ("train_147_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "dispatches_cpu": [
                 ("train_000_fused_gather_add", (256, 1, 1)),
@@ -1840,83 +1816,80 @@ PROGRAM = {
                 ("train_071_matmul", (2, 16, 1)),
                 ("train_072_matmul", (2, 2, 1)),
                 ("train_073_fused_mul_sum", (16, 1, 1)),
-                ("train_074_attention_dv", (64, 1, 1)),
-                ("train_075_attention_dk", (64, 1, 1)),
-                ("train_076_attention_dq", (64, 1, 1)),
-                ("train_077_matmul", (2, 16, 1)),
-                ("train_078_matmul", (2, 2, 1)),
-                ("train_079_matmul", (2, 16, 1)),
+                ("train_074_attention_dk_dv", (64, 1, 1)),
+                ("train_075_attention_dq", (64, 1, 1)),
+                ("train_076_matmul", (2, 16, 1)),
+                ("train_077_matmul", (2, 2, 1)),
+                ("train_078_matmul", (2, 16, 1)),
+                ("train_079_matmul", (2, 2, 1)),
                 ("train_080_matmul", (2, 2, 1)),
-                ("train_081_matmul", (2, 2, 1)),
-                ("train_082_matmul_add", (2, 16, 1)),
-                ("train_083_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_084_fused_mul_sum", (1024, 1, 1)),
-                ("train_085_fused_mul_add", (256, 1, 1)),
-                ("train_086_fused_neg_sum", (1024, 1, 1)),
-                ("train_087_fused_mul_add", (256, 1, 1)),
-                ("train_088_fused_mul_sum", (64, 1, 1)),
-                ("train_089_matmul", (1, 4, 1)),
-                ("train_090_matmul_equal_sub_mul", (4, 16, 1)),
-                ("train_091_sum", (256, 1, 1)),
-                ("train_092_matmul", (1, 16, 1)),
-                ("train_093_matmul", (4, 1, 1)),
-                ("train_094_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_095_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_096_fused_mul_sub_add", (256, 1, 1)),
-                ("train_097_fused_neg_sum", (1024, 1, 1)),
-                ("train_098_fused_mul_add", (256, 1, 1)),
-                ("train_099_matmul", (2, 16, 1)),
-                ("train_100_matmul", (2, 2, 1)),
-                ("train_101_fused_mul_sum", (16, 1, 1)),
-                ("train_102_attention_dv", (64, 1, 1)),
-                ("train_103_attention_dk", (64, 1, 1)),
-                ("train_104_attention_dq", (64, 1, 1)),
+                ("train_081_matmul_add", (2, 16, 1)),
+                ("train_082_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_083_fused_mul_sum", (1024, 1, 1)),
+                ("train_084_fused_mul_add", (256, 1, 1)),
+                ("train_085_fused_neg_sum", (1024, 1, 1)),
+                ("train_086_fused_mul_add", (256, 1, 1)),
+                ("train_087_fused_mul_sum", (64, 1, 1)),
+                ("train_088_matmul", (1, 4, 1)),
+                ("train_089_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_090_sum", (256, 1, 1)),
+                ("train_091_matmul", (1, 16, 1)),
+                ("train_092_matmul", (4, 1, 1)),
+                ("train_093_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_094_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_095_fused_mul_sub_add", (256, 1, 1)),
+                ("train_096_fused_neg_sum", (1024, 1, 1)),
+                ("train_097_fused_mul_add", (256, 1, 1)),
+                ("train_098_matmul", (2, 16, 1)),
+                ("train_099_matmul", (2, 2, 1)),
+                ("train_100_fused_mul_sum", (16, 1, 1)),
+                ("train_101_attention_dk_dv", (64, 1, 1)),
+                ("train_102_attention_dq", (64, 1, 1)),
+                ("train_103_matmul", (2, 16, 1)),
+                ("train_104_matmul", (2, 2, 1)),
                 ("train_105_matmul", (2, 16, 1)),
                 ("train_106_matmul", (2, 2, 1)),
-                ("train_107_matmul", (2, 16, 1)),
-                ("train_108_matmul", (2, 2, 1)),
-                ("train_109_matmul", (2, 2, 1)),
-                ("train_110_matmul_add", (2, 16, 1)),
-                ("train_111_fused_mul_sum", (64, 1, 1)),
-                ("train_112_fused_mul_sum", (1024, 1, 1)),
+                ("train_107_matmul", (2, 2, 1)),
+                ("train_108_matmul_add", (2, 16, 1)),
+                ("train_109_fused_mul_sum", (64, 1, 1)),
+                ("train_110_fused_mul_sum", (1024, 1, 1)),
+                ("train_111_fused_mul_add", (256, 1, 1)),
+                ("train_112_fused_neg_sum", (1024, 1, 1)),
                 ("train_113_fused_mul_add", (256, 1, 1)),
-                ("train_114_fused_neg_sum", (1024, 1, 1)),
-                ("train_115_fused_mul_add", (256, 1, 1)),
-                ("train_116_matmul", (1, 4, 1)),
-                ("train_117_matmul_equal_sub_mul", (4, 16, 1)),
-                ("train_118_sum", (256, 1, 1)),
-                ("train_119_matmul", (1, 16, 1)),
-                ("train_120_matmul", (4, 1, 1)),
-                ("train_121_sum", (64, 1, 1)),
-                ("train_122_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_123_fused_mul_sub_add", (256, 1, 1)),
-                ("train_124_fused_neg_sum", (1024, 1, 1)),
-                ("train_125_fused_mul_add", (256, 1, 1)),
-                ("train_126_matmul", (2, 16, 1)),
-                ("train_127_matmul", (2, 2, 1)),
-                ("train_128_fused_mul_sum", (16, 1, 1)),
-                ("train_129_attention_dv", (64, 1, 1)),
-                ("train_130_attention_dk", (64, 1, 1)),
-                ("train_131_attention_dq", (64, 1, 1)),
-                ("train_132_matmul", (2, 16, 1)),
+                ("train_114_matmul", (1, 4, 1)),
+                ("train_115_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_116_sum", (256, 1, 1)),
+                ("train_117_matmul", (1, 16, 1)),
+                ("train_118_matmul", (4, 1, 1)),
+                ("train_119_sum", (64, 1, 1)),
+                ("train_120_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_121_fused_mul_sub_add", (256, 1, 1)),
+                ("train_122_fused_neg_sum", (1024, 1, 1)),
+                ("train_123_fused_mul_add", (256, 1, 1)),
+                ("train_124_matmul", (2, 16, 1)),
+                ("train_125_matmul", (2, 2, 1)),
+                ("train_126_fused_mul_sum", (16, 1, 1)),
+                ("train_127_attention_dk_dv", (64, 1, 1)),
+                ("train_128_attention_dq", (64, 1, 1)),
+                ("train_129_matmul", (2, 16, 1)),
+                ("train_130_matmul", (2, 2, 1)),
+                ("train_131_matmul", (2, 16, 1)),
+                ("train_132_matmul", (2, 2, 1)),
                 ("train_133_matmul", (2, 2, 1)),
-                ("train_134_matmul", (2, 16, 1)),
-                ("train_135_matmul", (2, 2, 1)),
-                ("train_136_matmul", (2, 2, 1)),
-                ("train_137_matmul_add", (2, 16, 1)),
-                ("train_138_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_139_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_140_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_141_fused_mul_sub_add", (256, 1, 1)),
-                ("train_142_fused_neg_sum", (1024, 1, 1)),
-                ("train_143_fused_mul_add", (256, 1, 1)),
-                ("train_144_sum", (512, 1, 1)),
-                ("train_145_pad", (3, 1, 1)),
-                ("train_146_one_hot", (48, 1, 1)),
-                ("train_147_matmul_add", (4, 1, 1)),
-                ("train_148_fused_square_pad_sum", (37, 1, 1)),
-                ("train_149_sum", (1, 1, 1)),
-                ("train_150_fused_sqrt_add_sub", (589, 1, 1)),
+                ("train_134_matmul_add", (2, 16, 1)),
+                ("train_135_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_136_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_137_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_138_fused_mul_sub_add", (256, 1, 1)),
+                ("train_139_fused_neg_sum", (1024, 1, 1)),
+                ("train_140_fused_mul_add", (256, 1, 1)),
+                ("train_141_sum", (512, 1, 1)),
+                ("train_142_pad", (3, 1, 1)),
+                ("train_143_one_hot", (48, 1, 1)),
+                ("train_144_matmul_add", (4, 1, 1)),
+                ("train_145_fused_square_pad_sum", (37, 1, 1)),
+                ("train_146_sum", (1, 1, 1)),
+                ("train_147_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": 12},
@@ -1930,7 +1903,7 @@ PROGRAM = {
                 "state_1": 150656,
             },
             "update_from": 61,
-            "update_from_cpu": 148,
+            "update_from_cpu": 145,
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],
