@@ -219,7 +219,9 @@ def render_attention(
     lanes, group_rows = (LANES, LANE_ROWS) if subgroup else (1, 1)
     if cpu or br % group_rows or d4 % lanes or dv4 % lanes or g * br * lanes // group_rows > MAX_INVOCATIONS:
         lanes = group_rows = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
-    threads = g * br
+    # the GPU kernel of dk and dv: one half of the invocations each (attention.wgsl.j2 `split`)
+    split = kind == "dkv" and not cpu and lanes == 1
+    threads = g * br * (2 if split else 1)
     if threads > MAX_INVOCATIONS:
         raise CodegenError(f"attention: {threads} invocations per workgroup")
     row_blocks = _cdiv(own_t, br)
@@ -287,7 +289,7 @@ def render_attention(
     # accumulators (name, vec4s) and outputs: contiguous [batch, rows, cols] (lse: [batch, rows]),
     # each row-shaped one stored from its accumulator times its factor
     accs = {"fwd": [("o", dv4)], "dq": [("dq", d4)], "dk": [("dk", d4)], "dv": [("dv", dv4)]}
-    accs["dkv"] = accs["dk"] + accs["dv"]
+    accs["dkv"] = [("a", max(d4, dv4))] if split else accs["dk"] + accs["dv"]
     store_of = {"attention": ("o", " * inv"), "attention_dq": ("dq", " * " + wgsl_f32(scale)),
                 "attention_dk": ("dk", " * " + wgsl_f32(scale)), "attention_dv": ("dv", "")}
     stores = []
@@ -298,7 +300,7 @@ def render_attention(
         start = kc.start(loc.arena, loc.offset)
         acc_name, factor = store_of.get(n.op, ("", ""))
         stores.append({"op": n.op, "buf": loc.arena, "start": start + " + " if start else "", "cols": cols,
-                       "acc": acc_name, "factor": factor})
+                       "acc": "a" if split else acc_name, "factor": factor, "half": int(n.op == "attention_dv")})
     if lanes > 1:
         vec4s = dict(accs[kind])
         for st in stores:
@@ -308,7 +310,7 @@ def render_attention(
             "wgsl/attention_lanes.wgsl.j2",
             header=header, bindings=kc.binding_text(), kind=kind, causal=causal, scale=wgsl_f32(scale),
             nb=nb, tq=tq, tk=tk, d=d, dv=dv, d4=d4, dv4=dv4, n_d=d4 // lanes, n_dv=dv4 // lanes,
-            own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt, threads=threads * lanes // group_rows, nrows=threads,
+            own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt, threads=g * br * lanes // group_rows, nrows=g * br,
             row_blocks=row_blocks,
             n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, tiles=tile_loads,
             scalar_tiles=scalar_loads, stores=stores, write_o=write_o, accs=accs[kind], wg_bytes=wg_bytes,
@@ -335,6 +337,8 @@ def render_attention(
         g=g,
         bt=bt,
         threads=threads,
+        nrows=g * br,
+        split=split,
         row_blocks=row_blocks,
         n_wg=n_wg,
         gx=gx,
