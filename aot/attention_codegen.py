@@ -149,15 +149,16 @@ def _vec(op: Rows, base: str, c0: int | str) -> str:
     return f"vec4<f32>({', '.join(comps)})"
 
 
-def _tile_shape(kind: str, nb: int, t_own: int, t_oth: int, vecs: int, scalars: int) -> tuple[int, int, int, int]:
-    """(BR, G, BT, workgroup bytes): rows per batch entry, batch entries per workgroup, tile rows."""
+def _tile_shape(nb: int, t_own: int, t_oth: int, vecs: int, scalars: int, scratch: bool) -> tuple[int, int, int, int]:
+    """(BR, G, BT, workgroup bytes): rows per batch entry, batch entries per workgroup, tile rows.
+    `scratch`: a float per own row and tile row besides (the forward's scores, dkv's P)."""
     br = min(WG, _pow2(t_own))
     g = max(1, min(WG // br, _pow2(nb)))
     threads = g * br
     for bt in TILE_ROWS:
         if bt > _pow2(t_oth):
             continue
-        words = g * bt * (4 * vecs + scalars) + (bt * threads if kind == "fwd" else 0)
+        words = g * bt * (4 * vecs + scalars) + (bt * threads if scratch else 0)
         if 4 * words <= MAX_WORKGROUP_BYTES:
             return br, g, bt, 4 * words
     raise CodegenError(f"attention: head rows of {vecs} vec4s do not fit workgroup memory")
@@ -214,13 +215,16 @@ def render_attention(
         tiles = [("qt", "q", d4), ("ot", "dout", dv4)]
         scalar_tiles = [("lt", "lse")] + ([("dt", "delta")] if kind in ("dk", "dkv") else [])
     vecs = sum(n for _, _, n in tiles)
-    br, g, bt, wg_bytes = _tile_shape(kind, nb, own_t, oth_t, vecs, len(scalar_tiles))
-    ku = min(KEYS_PER_STEP, bt)
+    br, g, bt, wg_bytes = _tile_shape(nb, own_t, oth_t, vecs, len(scalar_tiles), kind == "fwd")
     lanes, group_rows = (LANES, LANE_ROWS) if subgroup else (1, 1)
     if cpu or br % group_rows or d4 % lanes or dv4 % lanes or g * br * lanes // group_rows > MAX_INVOCATIONS:
         lanes = group_rows = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
-    # the GPU kernel of dk and dv: one half of the invocations each (attention.wgsl.j2 `split`)
+    # the GPU kernel of dk and dv: one half of the invocations each, dv's reading P from the
+    # other's scratch (attention.wgsl.j2 `split`); rows per workgroup (the grid) as in every set
     split = kind == "dkv" and not cpu and lanes == 1
+    if split:
+        _, _, bt, wg_bytes = _tile_shape(nb, own_t, oth_t, vecs, len(scalar_tiles), True)
+    ku = min(KEYS_PER_STEP, bt)
     threads = g * br * (2 if split else 1)
     if threads > MAX_INVOCATIONS:
         raise CodegenError(f"attention: {threads} invocations per workgroup")

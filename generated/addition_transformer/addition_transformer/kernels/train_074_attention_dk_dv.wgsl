@@ -3,13 +3,15 @@
 // writes f32[128,4,8,16], f32[128,4,8,16]; reads train_073_fused_mul_sum, train_035_attention, train_071_matmul, train_034_matmul, train_033_matmul, train_032_matmul
 //
 // attention (dkv, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
-// 8 batch entries x 8 key rows per workgroup, 8-row tiles of the other side (8704 bytes).
+// 8 batch entries x 8 key rows per workgroup, 8-row tiles of the other side (10752 bytes).
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> qt: array<vec4<f32>, 256>;
 var<workgroup> ot: array<vec4<f32>, 256>;
 var<workgroup> lt: array<f32, 64>;
 var<workgroup> dt: array<f32, 64>;
+// P of the current tile, [row of tile][key row of the workgroup]: the dk half writes, the dv half reads
+var<workgroup> pt: array<f32, 512>;
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -82,6 +84,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 kq0_0 = fma(k3, qt[qb0 + 3u], kq0_0);
                 let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
                 let p0 = select(0.0, exp(kq0 - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
+                pt[i * 64u + x] = p0;
                 var vo0_0 = v0 * ot[ob0];
                 vo0_0 = fma(v1, ot[ob0 + 1u], vo0_0);
                 vo0_0 = fma(v2, ot[ob0 + 2u], vo0_0);
@@ -100,6 +103,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 kq1_0 = fma(k3, qt[qb1 + 3u], kq1_0);
                 let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
                 let p1 = select(0.0, exp(kq1 - lt[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
+                pt[(i + 1u) * 64u + x] = p1;
                 var vo1_0 = v0 * ot[ob1];
                 vo1_0 = fma(v1, ot[ob1 + 1u], vo1_0);
                 vo1_0 = fma(v2, ot[ob1 + 2u], vo1_0);
@@ -111,28 +115,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 a2 = fma(vec4<f32>(ds1), qt[qb1 + 2u], a2);
                 a3 = fma(vec4<f32>(ds1), qt[qb1 + 3u], a3);
             }
-        } else {
+        }
+        workgroupBarrier();
+        if (h == 1u) {
             for (var i: u32 = 0u; i < 8u; i = i + 2u) {
-                let qb0 = (grow + i) * 4u;
+                let p0 = pt[i * 64u + x];
                 let ob0 = (grow + i) * 4u;
-                var kq0_0 = k0 * qt[qb0];
-                kq0_0 = fma(k1, qt[qb0 + 1u], kq0_0);
-                kq0_0 = fma(k2, qt[qb0 + 2u], kq0_0);
-                kq0_0 = fma(k3, qt[qb0 + 3u], kq0_0);
-                let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
-                let p0 = select(0.0, exp(kq0 - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
                 a0 = fma(vec4<f32>(p0), ot[ob0], a0);
                 a1 = fma(vec4<f32>(p0), ot[ob0 + 1u], a1);
                 a2 = fma(vec4<f32>(p0), ot[ob0 + 2u], a2);
                 a3 = fma(vec4<f32>(p0), ot[ob0 + 3u], a3);
-                let qb1 = (grow + i + 1u) * 4u;
+                let p1 = pt[(i + 1u) * 64u + x];
                 let ob1 = (grow + i + 1u) * 4u;
-                var kq1_0 = k0 * qt[qb1];
-                kq1_0 = fma(k1, qt[qb1 + 1u], kq1_0);
-                kq1_0 = fma(k2, qt[qb1 + 2u], kq1_0);
-                kq1_0 = fma(k3, qt[qb1 + 3u], kq1_0);
-                let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
-                let p1 = select(0.0, exp(kq1 - lt[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
                 a0 = fma(vec4<f32>(p1), ot[ob1], a0);
                 a1 = fma(vec4<f32>(p1), ot[ob1 + 1u], a1);
                 a2 = fma(vec4<f32>(p1), ot[ob1 + 2u], a2);
