@@ -10,7 +10,7 @@ profiled with timestamps between dispatches (scripts/profile_kernels.py) and the
 kernels' times are reported (the median of --reps). A variant sets the GPU loop knobs of
 aot/attention_codegen.py: chains (DOT_CHAINS), ku (KEYS_PER_STEP), wg (WG), and the subgroup
 set's lanes (LANES) and rows (LANE_ROWS) a group; with lanes > 1 and an adapter with subgroup
-operations the subgroup set runs, otherwise the GPU set. `dkv=0` keeps dk and dv in kernels of
+operations the subgroup set runs, otherwise the GPU set (`--kernels` picks one for all). `dkv=0` keeps dk and dv in kernels of
 their own (aot/schedule.py SEPARATE_SIBLINGS), as they were before they shared one.
 Before timing, each variant's gradients are checked against the first variant's.
 
@@ -67,7 +67,7 @@ def parse_variant(text: str) -> dict:
     return out
 
 
-def run_variant(variant: dict, shape, causal, reps: int, w: np.ndarray):
+def run_variant(variant: dict, shape, causal, reps: int, w: np.ndarray, kernels: str | None = None):
     import aot
     import aot.attention_codegen as ac
     import aot.schedule as sch
@@ -83,7 +83,7 @@ def run_variant(variant: dict, shape, causal, reps: int, w: np.ndarray):
         import wgpu
 
         subgroups = ac.LANES > 1 and "subgroup" in wgpu.gpu.request_adapter_sync(power_preference="high-performance").features
-        model = aot.compile(program(shape, causal), kernels="subgroup" if subgroups else "gpu")
+        model = aot.compile(program(shape, causal), kernels=kernels or ("subgroup" if subgroups else "gpu"))
     finally:
         for k, v in saved.items():
             setattr(ac, KNOBS[k], v)
@@ -162,6 +162,7 @@ def main():
     ap.add_argument("--shape", default=",".join(map(str, SHAPE)), help="B,H,T,d")
     ap.add_argument("--no-causal", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--kernels", choices=("gpu", "subgroup", "cpu"), help="this kernel set for every variant (default: by lanes)")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -175,7 +176,7 @@ def main():
     results = []
     first = None
     for var in variants:
-        kernels, grads, kernel_set = run_variant(var, shape, causal, args.reps, w)
+        kernels, grads, kernel_set = run_variant(var, shape, causal, args.reps, w, args.kernels)
         err = None
         if first is None:
             first = grads
