@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COLD_ENV = {"MESA_SHADER_CACHE_DISABLE": "true", "__GL_SHADER_DISK_CACHE": "0"}
 
 
-def child(folder: str, name: str, kernels: str, steps: int, shader_checks: bool = False) -> dict:
+def child(folder: str, name: str, kernels: str, steps: int, shader_checks: bool = False, workers: int | None = None) -> dict:
     """One measured process (runs in the subprocess)."""
     t0 = time.perf_counter()
     sys.path.insert(0, folder)
@@ -42,6 +42,8 @@ def child(folder: str, name: str, kernels: str, steps: int, shader_checks: bool 
     import numpy as np
 
     eng = sys.modules[name + ".engine"]
+    if workers:
+        eng.COMPILE_WORKERS = workers
     marks = {}
     choose = eng.choose_adapter
 
@@ -94,11 +96,12 @@ def main() -> None:
     ap.add_argument("--runs", default="cold,warm", help="comma-separated: cold, warm")
     ap.add_argument("--repeat", type=int, default=2, help="processes per kind of run")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--compile-workers", type=int, help="threads making pipelines (the engine's COMPILE_WORKERS, default 8)")
     ap.add_argument("--out")
     ap.add_argument("--child", nargs=2, metavar=("FOLDER", "NAME"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.kernels, args.steps, args.shader_checks)))
+        print(json.dumps(child(*args.child, args.kernels, args.steps, args.shader_checks, args.compile_workers)))
         return
 
     sys.path.insert(0, str(ROOT))
@@ -111,13 +114,15 @@ def main() -> None:
     path = build(prog, out_dir, force=True)
     report = {
         "model": args.model, "machine": platform.node(), "python": platform.python_version(),
-        "build_s": time.perf_counter() - t, "kernels": args.kernels, "shader_checks": args.shader_checks, "runs": {},
+        "build_s": time.perf_counter() - t, "kernels": args.kernels, "shader_checks": args.shader_checks,
+        "compile_workers": args.compile_workers, "runs": {},
     }
     print(f"built {prog.name} in {report['build_s']:.1f} s")
 
     def run(env_extra: dict) -> dict:
         cmd = [sys.executable, __file__, args.model, "--kernels", args.kernels, "--steps", str(args.steps),
                "--child", str(path), prog.name] + ["--shader-checks"] * args.shader_checks
+        cmd += ["--compile-workers", str(args.compile_workers)] if args.compile_workers else []
         res = subprocess.run(cmd, env={**os.environ, **env_extra}, capture_output=True, text=True)
         if res.returncode:
             raise SystemExit(f"measured process failed:\n{res.stdout}\n{res.stderr}")

@@ -33,6 +33,7 @@ MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only wh
 # costs less to record than a second submit
 SPLIT_SUBMIT_MIN = 128
 FIRST_SUBMIT = 16
+COMPILE_WORKERS = 8  # threads making an entry point's pipelines (scripts/bench_startup.py --compile-workers)
 
 
 class _Raw:
@@ -270,7 +271,7 @@ class Engine:
             return self._pipeline(kname, self.wgsl[kname], self.kernels[kname][1], layout)
 
         # A driver that compiles at pipeline creation (a GPU's) compiles them on several cores.
-        workers = min(8, os.cpu_count() or 1, len(first))
+        workers = min(COMPILE_WORKERS, os.cpu_count() or 1, len(first))
         if workers > 1:
             with ThreadPoolExecutor(workers) as pool:
                 self._compiled.update(zip(first, pool.map(make, first.values())))
