@@ -33,7 +33,10 @@ MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only wh
 # costs less to record than a second submit
 SPLIT_SUBMIT_MIN = 128
 FIRST_SUBMIT = 16
-COMPILE_WORKERS = 8  # threads making an entry point's pipelines (scripts/bench_startup.py --compile-workers)
+# threads making an entry point's pipelines, at most one per core: transformer_large's cold first
+# step on an H100 host of 16 cores takes 31-40 s on one, 5.1-5.4 s on 8, 2.5-2.7 s on 16
+# (scripts/bench_startup.py --compile-workers, scripts/results/startup_large_h100_w*.json)
+COMPILE_WORKERS = 64
 
 
 class _Raw:
@@ -270,11 +273,13 @@ class Engine:
             kname, layout = item
             return self._pipeline(kname, self.wgsl[kname], self.kernels[kname][1], layout)
 
-        # A driver that compiles at pipeline creation (a GPU's) compiles them on several cores.
+        # A driver that compiles at pipeline creation (a GPU's) compiles them on every core, the
+        # longest sources first so that no long compile starts last.
         workers = min(COMPILE_WORKERS, os.cpu_count() or 1, len(first))
         if workers > 1:
+            order = sorted(first, key=lambda code: -len(code[0]))
             with ThreadPoolExecutor(workers) as pool:
-                self._compiled.update(zip(first, pool.map(make, first.values())))
+                self._compiled.update(zip(order, pool.map(make, [first[code] for code in order])))
         else:
             self._compiled.update((code, make(item)) for code, item in first.items())
         steps = []

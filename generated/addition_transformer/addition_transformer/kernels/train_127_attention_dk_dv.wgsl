@@ -75,7 +75,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         if (h == 0u) {
-            for (var i: u32 = 0u; i < 8u; i = i + 2u) {
+            for (var i: u32 = 0u; i < 8u; i = i + 1u) {
                 let qb0 = (grow + i) * 4u;
                 let ob0 = (grow + i) * 4u;
                 var kq0_0 = k0 * qt[qb0];
@@ -95,42 +95,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 a1 = fma(vec4<f32>(ds0), qt[qb0 + 1u], a1);
                 a2 = fma(vec4<f32>(ds0), qt[qb0 + 2u], a2);
                 a3 = fma(vec4<f32>(ds0), qt[qb0 + 3u], a3);
-                let qb1 = (grow + i + 1u) * 4u;
-                let ob1 = (grow + i + 1u) * 4u;
-                var kq1_0 = k0 * qt[qb1];
-                kq1_0 = fma(k1, qt[qb1 + 1u], kq1_0);
-                kq1_0 = fma(k2, qt[qb1 + 2u], kq1_0);
-                kq1_0 = fma(k3, qt[qb1 + 3u], kq1_0);
-                let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
-                let p1 = select(0.0, exp(kq1 - lt[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
-                pt[(i + 1u) * 64u + x] = p1;
-                var vo1_0 = v0 * ot[ob1];
-                vo1_0 = fma(v1, ot[ob1 + 1u], vo1_0);
-                vo1_0 = fma(v2, ot[ob1 + 2u], vo1_0);
-                vo1_0 = fma(v3, ot[ob1 + 3u], vo1_0);
-                let vo1 = vo1_0.x + vo1_0.y + vo1_0.z + vo1_0.w;
-                let ds1 = p1 * (vo1 - dt[grow + i + 1u]);
-                a0 = fma(vec4<f32>(ds1), qt[qb1], a0);
-                a1 = fma(vec4<f32>(ds1), qt[qb1 + 1u], a1);
-                a2 = fma(vec4<f32>(ds1), qt[qb1 + 2u], a2);
-                a3 = fma(vec4<f32>(ds1), qt[qb1 + 3u], a3);
             }
         }
         workgroupBarrier();
         if (h == 1u) {
-            for (var i: u32 = 0u; i < 8u; i = i + 2u) {
+            for (var i: u32 = 0u; i < 8u; i = i + 1u) {
                 let p0 = pt[i * 64u + x];
                 let ob0 = (grow + i) * 4u;
                 a0 = fma(vec4<f32>(p0), ot[ob0], a0);
                 a1 = fma(vec4<f32>(p0), ot[ob0 + 1u], a1);
                 a2 = fma(vec4<f32>(p0), ot[ob0 + 2u], a2);
                 a3 = fma(vec4<f32>(p0), ot[ob0 + 3u], a3);
-                let p1 = pt[(i + 1u) * 64u + x];
-                let ob1 = (grow + i + 1u) * 4u;
-                a0 = fma(vec4<f32>(p1), ot[ob1], a0);
-                a1 = fma(vec4<f32>(p1), ot[ob1 + 1u], a1);
-                a2 = fma(vec4<f32>(p1), ot[ob1 + 2u], a2);
-                a3 = fma(vec4<f32>(p1), ot[ob1 + 3u], a3);
             }
         }
     }
