@@ -29,6 +29,7 @@ Like merge.py, this is for the GPU kernel set; the CPU set keeps every kernel on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -58,97 +59,130 @@ class Chain:
 
 def view_offsets(v: View, shape) -> np.ndarray:
     """Flat element offsets in v's base of every element of a tensor of `shape` (row-major)."""
-    total = np.full(tuple(shape), v.offset, dtype=np.int64) if shape else np.array(v.offset, dtype=np.int64)
-    for ax, (d, subdims) in enumerate(zip(shape, v.dims)):
+    total = np.array([v.offset], dtype=np.int64)
+    for d, subdims in zip(shape, v.dims):
         c = np.arange(d, dtype=np.int64)
         off = np.zeros(d, dtype=np.int64)
         sizes = [n for n, _ in subdims]
         for k, (n, st) in enumerate(subdims):
             inner = int(np.prod(sizes[k + 1 :], dtype=np.int64)) if k + 1 < len(sizes) else 1
             off += (c // inner) % n * st
-        total = total + off.reshape([d if i == ax else 1 for i in range(len(shape))])
-    return total.ravel()
+        # axis by axis, each a row-major outer sum with the ones before: one pass over the
+        # result at the last axis instead of one per axis
+        total = np.add.outer(total, off).ravel()
+    return total
 
 
 class _Unknown(Exception):
     """An index map through an op the walk does not model."""
 
 
-def _reads(s: KernelSchedule, own: set[int], t: Tensor, idx: np.ndarray, rows: np.ndarray, out: list) -> None:
-    """Storage reads of computing t at flat elements idx, for points in rows: (base, elements, rows)."""
+def _reaches(s: KernelSchedule, own: set[int], t: Tensor, want: set[int], memo: dict) -> bool:
+    """Whether computing t reads the storage of a base in `want` (ids), through the pointwise and
+    view ops the walk models; _Unknown past any other op, whatever it reads."""
+    if id(t) in memo:
+        return memo[id(t)]
+    if id(t) in s.views and id(t) not in own:
+        found = id(s.views[id(t)].base) in want
+    else:
+        fusion, n = op_of(t).fusion, t.node
+        if fusion == "constant" or (fusion == "reduce" and id(t) in own):
+            found = False
+        elif fusion == "pointwise":
+            if any(x.size != t.size for x in n.inputs):
+                raise _Unknown(n.op)
+            found = any([_reaches(s, own, x, want, memo) for x in n.inputs])  # every input checked
+        elif fusion == "view" and op_of(t).view is not None:
+            if op_of(t).view(n, {id(n.inputs[0]): View.contiguous(n.inputs[0])}) is None:
+                raise _Unknown(n.op)
+            found = _reaches(s, own, n.inputs[0], want, memo)
+        else:
+            raise _Unknown(n.op)
+    memo[id(t)] = found
+    return found
+
+
+def _reads(s: KernelSchedule, own: set[int], t: Tensor, idx: np.ndarray | None, rows: np.ndarray, out: list, memo: dict) -> None:
+    """Storage reads of computing t at flat elements idx (None: all of them, in order), for
+    points in rows: (base, elements, rows), of the subtrees `memo` (_reaches) marks only."""
+    if not memo[id(t)]:
+        return
     if id(t) in s.views and id(t) not in own:
         v = s.views[id(t)]
-        out.append((v.base, view_offsets(v, t.shape)[idx], rows))
-        return
-    fusion = op_of(t).fusion
-    if fusion == "constant" or (fusion == "reduce" and id(t) in own):  # a result this kernel holds
+        at = view_offsets(v, t.shape)
+        out.append((v.base, at if idx is None else at[idx], rows))
         return
     n = t.node
-    if fusion == "pointwise":
+    if op_of(t).fusion == "pointwise":
         for x in n.inputs:
-            if x.size != t.size:
-                raise _Unknown(n.op)
-            _reads(s, own, x, idx, rows, out)
-    elif fusion == "view" and op_of(t).view is not None:
+            _reads(s, own, x, idx, rows, out, memo)
+    else:  # a view (_reaches let no other op through)
         x = n.inputs[0]
-        v = op_of(t).view(n, {id(x): View.contiguous(x)})
-        if v is None:
-            raise _Unknown(n.op)
-        _reads(s, own, x, view_offsets(v, t.shape)[idx], rows, out)
-    else:
-        raise _Unknown(n.op)
+        at = view_offsets(op_of(t).view(n, {id(x): View.contiguous(x)}), t.shape)
+        _reads(s, own, x, at if idx is None else at[idx], rows, out, memo)
 
 
-def _points(k: Kernel, rows: int) -> list[tuple[Tensor, np.ndarray, np.ndarray]] | None:
-    """(tensor, its flat elements, the row of each) a stage computes, from which its reads are
-    walked; None if its index space is not whole rows."""
+def _row_index(shape, axes) -> np.ndarray:
+    """The output row of every element of a tensor of `shape` reduced over `axes`, in order: a
+    row-major index over the kept axes (stride 0 along the reduced ones)."""
+    strides, stride = [0] * len(shape), 1
+    for i in reversed(range(len(shape))):
+        if i not in axes:
+            strides[i], stride = stride, stride * shape[i]
+    total = np.zeros(1, dtype=np.int64)
+    for d, st in zip(shape, strides):
+        total = np.add.outer(total, np.arange(d, dtype=np.int64) * st).ravel()
+    return total
+
+
+def _points(k: Kernel, rows: int) -> list[tuple[Tensor, int, Callable[[], np.ndarray]]] | None:
+    """(tensor, its element count, the row of each of its elements in order) for what a stage
+    computes, from which its reads are walked; None if its index space is not whole rows. The
+    rows are a function: they are made only for tensors that read the chain."""
     if k.kind == "elementwise":
         n = k.out.size
         if n % rows or any(t.size != n for t in k.outs):
             return None
-        i = np.arange(n, dtype=np.int64)
-        return [(t, i, i // (n // rows)) for t in k.outs]
+        return [(t, n, lambda: np.arange(n, dtype=np.int64) // (n // rows)) for t in k.outs]
     if k.kind != "reduce" or k.reduce_space()[0] != rows:
         return None
     out = []
     for m in k.group + [k]:
         x = m.node.inputs[0]
         axes = op_of(m.node).reduced_axes(m.node.attrs)
-        coords = np.unravel_index(np.arange(x.size, dtype=np.int64), x.shape) if x.shape else ()
-        kept = [d for i, d in enumerate(x.shape) if i not in axes]
-        o = (
-            np.ravel_multi_index([c for i, c in enumerate(coords) if i not in axes], kept)
-            if kept else np.zeros(x.size, dtype=np.int64)
-        )
-        out.append((x, np.arange(x.size, dtype=np.int64), o.astype(np.int64)))
+        out.append((x, x.size, lambda x=x, axes=axes: _row_index(x.shape, axes)))
         for t in m.after:  # the epilogue, at output element o
             if t.size != rows:
                 return None
-            i = np.arange(rows, dtype=np.int64)
-            out.append((t, i, i))
+            out.append((t, rows, lambda: np.arange(rows, dtype=np.int64)))
     return out
 
 
 def _local(s: KernelSchedule, k: Kernel, chain: Chain) -> bool:
     """Every element k reads of a chain output was written by the workgroup that computes it."""
     pts = _points(k, chain.rows)
-    if pts is None or sum(len(i) for _, i, _ in pts) > MAX_POINTS:
+    if pts is None or sum(n for _, n, _ in pts) > MAX_POINTS:
         return False
     if k.kind == "reduce" and rows_per_workgroup(*k.reduce_space()) != chain.per_wg:
         return False
     own = {id(t) for t in k.outs}
-    reads: list = []
+    memo: dict = {}  # id(tensor) -> whether it reads a chain output (only those are walked)
     try:
-        for t, idx, rows in pts:
-            _reads(s, own, t, idx, rows, reads)
+        for t, _, _ in pts:
+            _reaches(s, own, t, set(chain.row_of), memo)
     except _Unknown:
         return False
-    for base, elems, rows in reads:
-        if id(base) not in chain.row_of:
+    for t, _, row_of_point in pts:
+        if not memo[id(t)]:
             continue
-        _, per_row = chain.row_of[id(base)]
-        if not np.array_equal(elems // per_row // chain.per_wg, rows // chain.per_wg):
-            return False
+        reads: list = []
+        rows = row_of_point()
+        _reads(s, own, t, None, rows, reads, memo)
+        block = rows // chain.per_wg  # the workgroup that computes each point
+        for base, elems, _ in reads:
+            _, per_row = chain.row_of[id(base)]
+            if not np.array_equal(elems // (per_row * chain.per_wg), block):
+                return False
     return True
 
 
