@@ -109,41 +109,41 @@ def main() -> None:
     from aot.pipeline import build
 
     prog = next(iter(load_programs(args.model).values()))
-    out_dir = tempfile.mkdtemp(prefix="aot-startup-")
-    t = time.perf_counter()
-    path = build(prog, out_dir, force=True)
-    report = {
-        "model": args.model, "machine": platform.node(), "python": platform.python_version(),
-        "build_s": time.perf_counter() - t, "kernels": args.kernels, "shader_checks": args.shader_checks,
-        "compile_workers": args.compile_workers, "runs": {},
-    }
-    print(f"built {prog.name} in {report['build_s']:.1f} s")
+    with tempfile.TemporaryDirectory(prefix="aot-startup-") as out_dir:  # the package, removed after
+        t = time.perf_counter()
+        path = build(prog, out_dir, force=True)
+        report = {
+            "model": args.model, "machine": platform.node(), "python": platform.python_version(),
+            "build_s": time.perf_counter() - t, "kernels": args.kernels, "shader_checks": args.shader_checks,
+            "compile_workers": args.compile_workers, "runs": {},
+        }
+        print(f"built {prog.name} in {report['build_s']:.1f} s")
 
-    def run(env_extra: dict) -> dict:
-        cmd = [sys.executable, __file__, args.model, "--kernels", args.kernels, "--steps", str(args.steps),
-               "--child", str(path), prog.name] + ["--shader-checks"] * args.shader_checks
-        cmd += ["--compile-workers", str(args.compile_workers)] if args.compile_workers else []
-        res = subprocess.run(cmd, env={**os.environ, **env_extra}, capture_output=True, text=True)
-        if res.returncode:
-            raise SystemExit(f"measured process failed:\n{res.stdout}\n{res.stderr}")
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        def run(env_extra: dict) -> dict:
+            cmd = [sys.executable, __file__, args.model, "--kernels", args.kernels, "--steps", str(args.steps),
+                   "--child", str(path), prog.name] + ["--shader-checks"] * args.shader_checks
+            cmd += ["--compile-workers", str(args.compile_workers)] if args.compile_workers else []
+            res = subprocess.run(cmd, env={**os.environ, **env_extra}, capture_output=True, text=True)
+            if res.returncode:
+                raise SystemExit(f"measured process failed:\n{res.stdout}\n{res.stderr}")
+            return json.loads(res.stdout.strip().splitlines()[-1])
 
-    for kind in [k for k in args.runs.split(",") if k]:
-        if kind == "warm":
-            run({})  # fills the shader caches
-        rows = [run(COLD_ENV if kind == "cold" else {}) for _ in range(args.repeat)]
-        report["runs"][kind] = rows
-        for r in rows:
-            print(
-                f"{kind:>4}: import {r['import_s']:.2f}  adapter {r['adapter_s']:.2f}  device {r['device_s']:.2f}  "
-                f"Model() {r['model_s']:.2f} (after device {r['after_device_s']:.2f})  "
-                f"first step {r['first_step_s']:.2f}  step {r['step_s'] or float('nan'):.3f} s  "
-                f"[{r['kernel_set']} set on {r['adapter']}]",
-                flush=True,
-            )
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {args.out}")
+        for kind in [k for k in args.runs.split(",") if k]:
+            if kind == "warm":
+                run({})  # fills the shader caches
+            rows = [run(COLD_ENV if kind == "cold" else {}) for _ in range(args.repeat)]
+            report["runs"][kind] = rows
+            for r in rows:
+                print(
+                    f"{kind:>4}: import {r['import_s']:.2f}  adapter {r['adapter_s']:.2f}  device {r['device_s']:.2f}  "
+                    f"Model() {r['model_s']:.2f} (after device {r['after_device_s']:.2f})  "
+                    f"first step {r['first_step_s']:.2f}  step {r['step_s'] or float('nan'):.3f} s  "
+                    f"[{r['kernel_set']} set on {r['adapter']}]",
+                    flush=True,
+                )
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+            print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
