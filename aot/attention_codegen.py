@@ -60,6 +60,10 @@ KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written 
 # the GPU kernel 1396-1401 us; lanes x rows 2x2 1134-1146, 4x2 960-962 (kept), 2x1 983, 8x4
 # 1033, 8x2 1088, 4x4 1148, 4x1 1266; 64 rows a workgroup beat 32 or 128 (1210-1226). The same
 # design summing through workgroup memory and barriers instead of shuffles lost (1660-2347 us).
+# The GPU set's dk+dv kernel keeps k, v, dk and dv of its row in one invocation up to this many
+# floats (a head size of 32); larger heads split them over two invocations (render_attention).
+# On an H100 at head size 64 (bench_attention.py lanes=1): 723 us in one, 573 split, 593 apart.
+DKV_ROW_FLOATS = 128
 LANES = 4
 LANE_ROWS = 2  # at most LANES; the workgroup has LANES / LANE_ROWS invocations a row
 KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_dk": "dk", "attention_dv": "dv"}
@@ -223,9 +227,10 @@ def render_attention(
     lanes, group_rows = (LANES, LANE_ROWS) if subgroup else (1, 1)
     if cpu or br % group_rows or d4 % lanes or dv4 % lanes or g * br * lanes // group_rows > MAX_INVOCATIONS:
         lanes = group_rows = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
-    # the GPU kernel of dk and dv: one half of the invocations each, dv's reading P from the
-    # other's scratch (attention.wgsl.j2 `split`); rows per workgroup (the grid) as in every set
-    split = kind == "dkv" and not cpu and lanes == 1
+    # the GPU kernel of dk and dv: where k, v, dk and dv would outgrow an invocation's registers,
+    # one half of the invocations each, dv's reading P from the other's scratch (attention.wgsl.j2
+    # `split`); rows per workgroup (the grid) as in every set
+    split = kind == "dkv" and not cpu and lanes == 1 and 8 * (d4 + dv4) > DKV_ROW_FLOATS
     if split:
         _, _, bt, wg_bytes = _tile_shape(nb, own_t, oth_t, vecs, len(scalar_tiles), True)
     # one query a step in that kernel: its dk half holds k, v and dk (H100, bench_attention.py

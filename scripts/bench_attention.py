@@ -8,7 +8,7 @@ size), causal, f32. A program whose parameters are q, k and v and whose loss is
 sum(attention(q, k, v) * w) is compiled in-process once per variant; its training entry is
 profiled with timestamps between dispatches (scripts/profile_kernels.py) and the attention
 kernels' times are reported (the median of --reps). A variant sets the GPU loop knobs of
-aot/attention_codegen.py: chains (DOT_CHAINS), ku (KEYS_PER_STEP), wg (WG), and the subgroup
+aot/attention_codegen.py: chains (DOT_CHAINS), ku (KEYS_PER_STEP), wg (WG), dkv_floats (DKV_ROW_FLOATS), and the subgroup
 set's lanes (LANES) and rows (LANE_ROWS) a group; with lanes > 1 and an adapter with subgroup
 operations the subgroup set runs, otherwise the GPU set (`--kernels` picks one for all). `dkv=0` keeps dk and dv in kernels of
 their own (aot/schedule.py SEPARATE_SIBLINGS), as they were before they shared one.
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 SHAPE = (32, 8, 256, 64)
-KNOBS = {"chains": "DOT_CHAINS", "ku": "KEYS_PER_STEP", "wg": "WG", "lanes": "LANES", "rows": "LANE_ROWS", "dkv": None}
+KNOBS = {"chains": "DOT_CHAINS", "ku": "KEYS_PER_STEP", "wg": "WG", "lanes": "LANES", "rows": "LANE_ROWS", "dkv_floats": "DKV_ROW_FLOATS", "dkv": None}
 
 
 def program(shape, causal):

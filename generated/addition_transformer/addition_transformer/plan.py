@@ -312,15 +312,10 @@ PROGRAM = {
             "addition_transformer.py:34",
             (655360, 2424832, 2686976),
         ),
-        "train_074_attention_dk_dv": (
+        "train_074_075_attention_dk_dv_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 524288, 720896),
-        ),
-        "train_075_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 2555904),
+            (),
         ),
         "train_076_077_078_079_080_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -367,15 +362,10 @@ PROGRAM = {
             "addition_transformer.py:34",
             (327680, 1900544, 655360),
         ),
-        "train_101_attention_dk_dv": (
+        "train_101_102_attention_dk_dv_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 262144, 393216),
-        ),
-        "train_102_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 458752),
+            (),
         ),
         "train_103_104_105_106_107_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -422,15 +412,10 @@ PROGRAM = {
             "addition_transformer.py:34",
             (131072, 1376256, 393216),
         ),
-        "train_127_attention_dk_dv": (
+        "train_127_128_attention_dk_dv_and_attention_dq": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 0, 196608),
-        ),
-        "train_128_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 262144),
+            (),
         ),
         "train_129_130_131_132_133_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -760,6 +745,16 @@ PROGRAM = {
             "addition_transformer.py:35",
             (2424832, 589824, 111936),
         ),
+        "train_074_attention_dk_dv": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 524288, 720896),
+        ),
+        "train_075_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 2555904),
+        ),
         "train_076_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -870,6 +865,16 @@ PROGRAM = {
             "addition_transformer.py:35",
             (1900544, 524288, 62784),
         ),
+        "train_101_attention_dk_dv": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 262144, 393216),
+        ),
+        "train_102_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 458752),
+        ),
         "train_103_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
@@ -969,6 +974,16 @@ PROGRAM = {
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (1376256, 65536, 13632),
+        ),
+        "train_127_attention_dk_dv": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 0, 196608),
+        ),
+        "train_128_attention_dq": (
+            (("work", "read_write"),),
+            "addition_transformer.py:34",
+            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 262144),
         ),
         "train_129_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -1681,8 +1696,7 @@ PROGRAM = {
                 ),
                 ("train_071_072_matmul", (272, 1, 1)),
                 ("train_073_fused_mul_sum", (16, 1, 1)),
-                ("train_074_attention_dk_dv", (64, 1, 1)),
-                ("train_075_attention_dq", (64, 1, 1)),
+                ("train_074_075_attention_dk_dv_and_attention_dq", (128, 1, 1)),
                 ("train_076_077_078_079_080_matmul", (560, 1, 1)),
                 ("train_081_matmul_add", (4, 64, 1)),
                 (
@@ -1698,8 +1712,7 @@ PROGRAM = {
                 ),
                 ("train_098_099_matmul", (272, 1, 1)),
                 ("train_100_fused_mul_sum", (16, 1, 1)),
-                ("train_101_attention_dk_dv", (64, 1, 1)),
-                ("train_102_attention_dq", (64, 1, 1)),
+                ("train_101_102_attention_dk_dv_and_attention_dq", (128, 1, 1)),
                 ("train_103_104_105_106_107_matmul", (560, 1, 1)),
                 ("train_108_matmul_add", (4, 64, 1)),
                 (
@@ -1715,8 +1728,7 @@ PROGRAM = {
                 ),
                 ("train_124_125_matmul", (272, 1, 1)),
                 ("train_126_fused_mul_sum", (16, 1, 1)),
-                ("train_127_attention_dk_dv", (64, 1, 1)),
-                ("train_128_attention_dq", (64, 1, 1)),
+                ("train_127_128_attention_dk_dv_and_attention_dq", (128, 1, 1)),
                 ("train_129_130_131_132_133_matmul", (560, 1, 1)),
                 ("train_134_matmul_add", (4, 64, 1)),
                 (
@@ -1890,7 +1902,7 @@ PROGRAM = {
                 "work": 2776896,
                 "state_1": 150656,
             },
-            "update_from": 64,
+            "update_from": 61,
             "update_from_cpu": 145,
         },
         "predict[N=1]": {

@@ -3,17 +3,15 @@
 // writes f32[128,4,8,16], f32[128,4,8,16]; reads train_073_fused_mul_sum, train_035_attention, train_071_matmul, train_034_matmul, train_033_matmul, train_032_matmul
 //
 // attention (dkv, causal): 512 x softmax([8x16] @ [16x8] * 0.25) @ [8x16];
-// 8 batch entries x 8 key rows per workgroup, 8-row tiles of the other side (10752 bytes).
+// 8 batch entries x 8 key rows per workgroup, 8-row tiles of the other side (8704 bytes).
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
 var<workgroup> qt: array<vec4<f32>, 256>;
 var<workgroup> ot: array<vec4<f32>, 256>;
 var<workgroup> lt: array<f32, 64>;
 var<workgroup> dt: array<f32, 64>;
-// P of the current tile, [row of tile][key row of the workgroup]: the dk half writes, the dv half reads
-var<workgroup> pt: array<f32, 512>;
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let w = wid.x + wid.y * 64u;
     if (w >= 64u) {
@@ -21,15 +19,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let b0 = w / 1u * 8u;
     let r0 = w % 1u * 8u;
-    // invocations 0..63 accumulate dk, 64..127 dv of the same rows
-    let h = tid / 64u;
-    let x = tid % 64u;
-    let b = b0 + x / 8u;
-    let r = r0 + x % 8u;
+    let b = b0 + tid / 8u;
+    let r = r0 + tid % 8u;
     let bc = min(b, 511u);
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
-    let grow = x / 8u * 8u;
+    let grow = tid / 8u * 8u;
     let k_row = 2293760u + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     let k0 = vec4<f32>(work[k_row], work[k_row + 1u], work[k_row + 2u], work[k_row + 3u]) * 0.25;
     let k1 = vec4<f32>(work[k_row + 4u], work[k_row + 5u], work[k_row + 6u], work[k_row + 7u]) * 0.25;
@@ -40,113 +35,125 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let v1 = vec4<f32>(work[v_row + 4u], work[v_row + 5u], work[v_row + 6u], work[v_row + 7u]);
     let v2 = vec4<f32>(work[v_row + 8u], work[v_row + 9u], work[v_row + 10u], work[v_row + 11u]);
     let v3 = vec4<f32>(work[v_row + 12u], work[v_row + 13u], work[v_row + 14u], work[v_row + 15u]);
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
+    var dk0 = vec4<f32>(0.0);
+    var dk1 = vec4<f32>(0.0);
+    var dk2 = vec4<f32>(0.0);
+    var dk3 = vec4<f32>(0.0);
+    var dv0 = vec4<f32>(0.0);
+    var dv1 = vec4<f32>(0.0);
+    var dv2 = vec4<f32>(0.0);
+    var dv3 = vec4<f32>(0.0);
     // queries before the workgroup's first key see none of its keys
     let t_lo = r0 / 8u;
     for (var t: u32 = t_lo; t < 1u; t = t + 1u) {
         let j0 = t * 8u;
         workgroupBarrier();
-        for (var e: u32 = tid; e < 256u; e = e + 128u) {
+        for (var e: u32 = tid; e < 256u; e = e + 64u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 2228224u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             qt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 256u; e = e + 128u) {
+        for (var e: u32 = tid; e < 256u; e = e + 64u) {
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 655360u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             ot[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
-        for (var e: u32 = tid; e < 64u; e = e + 128u) {
+        for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
             lt[e] = work[2760704u + bb * 8u + rr];
         }
-        for (var e: u32 = tid; e < 64u; e = e + 128u) {
+        for (var e: u32 = tid; e < 64u; e = e + 64u) {
             let bb = min(b0 + e / 8u, 511u);
             let rr = min(j0 + e % 8u, 7u);
             dt[e] = work[2686976u + bb * 8u + rr];
         }
         workgroupBarrier();
-        if (h == 0u) {
-            for (var i: u32 = 0u; i < 8u; i = i + 1u) {
-                let qb0 = (grow + i) * 4u;
-                let ob0 = (grow + i) * 4u;
-                var kq0_0 = k0 * qt[qb0];
-                kq0_0 = fma(k1, qt[qb0 + 1u], kq0_0);
-                kq0_0 = fma(k2, qt[qb0 + 2u], kq0_0);
-                kq0_0 = fma(k3, qt[qb0 + 3u], kq0_0);
-                let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
-                let p0 = select(0.0, exp(kq0 - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
-                pt[i * 64u + x] = p0;
-                var vo0_0 = v0 * ot[ob0];
-                vo0_0 = fma(v1, ot[ob0 + 1u], vo0_0);
-                vo0_0 = fma(v2, ot[ob0 + 2u], vo0_0);
-                vo0_0 = fma(v3, ot[ob0 + 3u], vo0_0);
-                let vo0 = vo0_0.x + vo0_0.y + vo0_0.z + vo0_0.w;
-                let ds0 = p0 * (vo0 - dt[grow + i]);
-                a0 = fma(vec4<f32>(ds0), qt[qb0], a0);
-                a1 = fma(vec4<f32>(ds0), qt[qb0 + 1u], a1);
-                a2 = fma(vec4<f32>(ds0), qt[qb0 + 2u], a2);
-                a3 = fma(vec4<f32>(ds0), qt[qb0 + 3u], a3);
-            }
-        }
-        workgroupBarrier();
-        if (h == 1u) {
-            for (var i: u32 = 0u; i < 8u; i = i + 1u) {
-                let p0 = pt[i * 64u + x];
-                let ob0 = (grow + i) * 4u;
-                a0 = fma(vec4<f32>(p0), ot[ob0], a0);
-                a1 = fma(vec4<f32>(p0), ot[ob0 + 1u], a1);
-                a2 = fma(vec4<f32>(p0), ot[ob0 + 2u], a2);
-                a3 = fma(vec4<f32>(p0), ot[ob0 + 3u], a3);
-            }
+        for (var i: u32 = 0u; i < 8u; i = i + 2u) {
+            let qb0 = (grow + i) * 4u;
+            let ob0 = (grow + i) * 4u;
+            var kq0_0 = k0 * qt[qb0];
+            kq0_0 = fma(k1, qt[qb0 + 1u], kq0_0);
+            kq0_0 = fma(k2, qt[qb0 + 2u], kq0_0);
+            kq0_0 = fma(k3, qt[qb0 + 3u], kq0_0);
+            let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
+            let p0 = select(0.0, exp(kq0 - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
+            var vo0_0 = v0 * ot[ob0];
+            vo0_0 = fma(v1, ot[ob0 + 1u], vo0_0);
+            vo0_0 = fma(v2, ot[ob0 + 2u], vo0_0);
+            vo0_0 = fma(v3, ot[ob0 + 3u], vo0_0);
+            let vo0 = vo0_0.x + vo0_0.y + vo0_0.z + vo0_0.w;
+            let ds0 = p0 * (vo0 - dt[grow + i]);
+            dk0 = fma(vec4<f32>(ds0), qt[qb0], dk0);
+            dk1 = fma(vec4<f32>(ds0), qt[qb0 + 1u], dk1);
+            dk2 = fma(vec4<f32>(ds0), qt[qb0 + 2u], dk2);
+            dk3 = fma(vec4<f32>(ds0), qt[qb0 + 3u], dk3);
+            dv0 = fma(vec4<f32>(p0), ot[ob0], dv0);
+            dv1 = fma(vec4<f32>(p0), ot[ob0 + 1u], dv1);
+            dv2 = fma(vec4<f32>(p0), ot[ob0 + 2u], dv2);
+            dv3 = fma(vec4<f32>(p0), ot[ob0 + 3u], dv3);
+            let qb1 = (grow + i + 1u) * 4u;
+            let ob1 = (grow + i + 1u) * 4u;
+            var kq1_0 = k0 * qt[qb1];
+            kq1_0 = fma(k1, qt[qb1 + 1u], kq1_0);
+            kq1_0 = fma(k2, qt[qb1 + 2u], kq1_0);
+            kq1_0 = fma(k3, qt[qb1 + 3u], kq1_0);
+            let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
+            let p1 = select(0.0, exp(kq1 - lt[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
+            var vo1_0 = v0 * ot[ob1];
+            vo1_0 = fma(v1, ot[ob1 + 1u], vo1_0);
+            vo1_0 = fma(v2, ot[ob1 + 2u], vo1_0);
+            vo1_0 = fma(v3, ot[ob1 + 3u], vo1_0);
+            let vo1 = vo1_0.x + vo1_0.y + vo1_0.z + vo1_0.w;
+            let ds1 = p1 * (vo1 - dt[grow + i + 1u]);
+            dk0 = fma(vec4<f32>(ds1), qt[qb1], dk0);
+            dk1 = fma(vec4<f32>(ds1), qt[qb1 + 1u], dk1);
+            dk2 = fma(vec4<f32>(ds1), qt[qb1 + 2u], dk2);
+            dk3 = fma(vec4<f32>(ds1), qt[qb1 + 3u], dk3);
+            dv0 = fma(vec4<f32>(p1), ot[ob1], dv0);
+            dv1 = fma(vec4<f32>(p1), ot[ob1 + 1u], dv1);
+            dv2 = fma(vec4<f32>(p1), ot[ob1 + 2u], dv2);
+            dv3 = fma(vec4<f32>(p1), ot[ob1 + 3u], dv3);
         }
     }
     if (b < 512u && r < 8u) {
-        if (h == 1u) {
-            let out0 = 524288u + (b * 8u + r) * 16u;
-            work[out0] = a0.x;
-            work[out0 + 1u] = a0.y;
-            work[out0 + 2u] = a0.z;
-            work[out0 + 3u] = a0.w;
-            work[out0 + 4u] = a1.x;
-            work[out0 + 5u] = a1.y;
-            work[out0 + 6u] = a1.z;
-            work[out0 + 7u] = a1.w;
-            work[out0 + 8u] = a2.x;
-            work[out0 + 9u] = a2.y;
-            work[out0 + 10u] = a2.z;
-            work[out0 + 11u] = a2.w;
-            work[out0 + 12u] = a3.x;
-            work[out0 + 13u] = a3.y;
-            work[out0 + 14u] = a3.z;
-            work[out0 + 15u] = a3.w;
-        }
-        if (h == 0u) {
-            let out1 = 720896u + (b * 8u + r) * 16u;
-            work[out1] = a0.x * 0.25;
-            work[out1 + 1u] = a0.y * 0.25;
-            work[out1 + 2u] = a0.z * 0.25;
-            work[out1 + 3u] = a0.w * 0.25;
-            work[out1 + 4u] = a1.x * 0.25;
-            work[out1 + 5u] = a1.y * 0.25;
-            work[out1 + 6u] = a1.z * 0.25;
-            work[out1 + 7u] = a1.w * 0.25;
-            work[out1 + 8u] = a2.x * 0.25;
-            work[out1 + 9u] = a2.y * 0.25;
-            work[out1 + 10u] = a2.z * 0.25;
-            work[out1 + 11u] = a2.w * 0.25;
-            work[out1 + 12u] = a3.x * 0.25;
-            work[out1 + 13u] = a3.y * 0.25;
-            work[out1 + 14u] = a3.z * 0.25;
-            work[out1 + 15u] = a3.w * 0.25;
-        }
+        let out0 = 524288u + (b * 8u + r) * 16u;
+        work[out0] = dv0.x;
+        work[out0 + 1u] = dv0.y;
+        work[out0 + 2u] = dv0.z;
+        work[out0 + 3u] = dv0.w;
+        work[out0 + 4u] = dv1.x;
+        work[out0 + 5u] = dv1.y;
+        work[out0 + 6u] = dv1.z;
+        work[out0 + 7u] = dv1.w;
+        work[out0 + 8u] = dv2.x;
+        work[out0 + 9u] = dv2.y;
+        work[out0 + 10u] = dv2.z;
+        work[out0 + 11u] = dv2.w;
+        work[out0 + 12u] = dv3.x;
+        work[out0 + 13u] = dv3.y;
+        work[out0 + 14u] = dv3.z;
+        work[out0 + 15u] = dv3.w;
+        let out1 = 720896u + (b * 8u + r) * 16u;
+        work[out1] = dk0.x * 0.25;
+        work[out1 + 1u] = dk0.y * 0.25;
+        work[out1 + 2u] = dk0.z * 0.25;
+        work[out1 + 3u] = dk0.w * 0.25;
+        work[out1 + 4u] = dk1.x * 0.25;
+        work[out1 + 5u] = dk1.y * 0.25;
+        work[out1 + 6u] = dk1.z * 0.25;
+        work[out1 + 7u] = dk1.w * 0.25;
+        work[out1 + 8u] = dk2.x * 0.25;
+        work[out1 + 9u] = dk2.y * 0.25;
+        work[out1 + 10u] = dk2.z * 0.25;
+        work[out1 + 11u] = dk2.w * 0.25;
+        work[out1 + 12u] = dk3.x * 0.25;
+        work[out1 + 13u] = dk3.y * 0.25;
+        work[out1 + 14u] = dk3.z * 0.25;
+        work[out1 + 15u] = dk3.w * 0.25;
     }
 }
