@@ -62,7 +62,9 @@ KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written 
 # design summing through workgroup memory and barriers instead of shuffles lost (1660-2347 us).
 # The GPU set's dk+dv kernel keeps k, v, dk and dv of its row in one invocation up to this many
 # floats (a head size of 32); larger heads split them over two invocations (render_attention).
-# On an H100 at head size 64 (bench_attention.py lanes=1): 723 us in one, 573 split, 593 apart.
+# On an H100 (bench_attention.py lanes=1, bench_attention_h100_dkv_*.json), dk+dv in one
+# invocation / split / dk and dv apart: head 64: 723 / 573 / 593 us; head 32: 323 / 496 / 467;
+# head 16: 34 / 48 / 50.
 DKV_ROW_FLOATS = 128
 LANES = 4
 LANE_ROWS = 2  # at most LANES; the workgroup has LANES / LANE_ROWS invocations a row
