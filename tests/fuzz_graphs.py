@@ -386,14 +386,58 @@ def _rope(args, kw, fdt):
     return x * c + T.cat([-x[..., half:], x[..., :half]], -1) * s
 
 
+def _attention_probs(q, k, scale, causal):
+    T = _torch()
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(T.ones(s.shape[-2:], dtype=T.bool).triu(1), float("-inf"))
+    return s.softmax(-1)
+
+
+_FLASH_BACKWARD = None
+
+
+def _flash_backward():
+    """attention whose backward is computed as fused kernels do (flash attention, aot's): dS =
+    P (dO v^T - delta) with delta = rowsum(dO * O) summed apart from dO v^T. Where the softmax
+    saturates, the exact dS cancels to ~0 but these two sums round differently in float32, and
+    dq, dk carry that rounding times |k|, |q|: far above float32's error of the composed formula
+    (the fuzzer's float64 reference), and no bug. The float32 run uses this, so a case's
+    float32 error (its tolerance) includes it."""
+    global _FLASH_BACKWARD
+    if _FLASH_BACKWARD is None:
+        T = _torch()
+
+        class FlashBackward(T.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, scale, causal):
+                p = _attention_probs(q, k, scale, causal)
+                o = p @ v
+                ctx.save_for_backward(q, k, v, p, o)
+                ctx.scale = scale
+                return o
+
+            @staticmethod
+            def backward(ctx, do):
+                q, k, v, p, o = ctx.saved_tensors
+                delta = (do * o).sum(-1, keepdim=True)
+                ds = p * (do @ v.transpose(-1, -2) - delta)
+                dq = (ds @ k) * ctx.scale
+                dk = (ds.transpose(-1, -2) @ q) * ctx.scale
+                dv = p.transpose(-1, -2) @ do
+                return dq.sum_to_size(q.shape), dk.sum_to_size(k.shape), dv.sum_to_size(v.shape), None, None
+
+        _FLASH_BACKWARD = FlashBackward
+    return _FLASH_BACKWARD
+
+
 def _attention(args, kw, fdt):
     T = _torch()
     q, k, v = args
     scale = kw.get("scale") or 1.0 / math.sqrt(q.shape[-1])
-    s = (q @ k.transpose(-1, -2)) * scale
-    if kw.get("causal"):
-        s = s.masked_fill(T.ones(s.shape[-2:], dtype=T.bool).triu(1), float("-inf"))
-    return s.softmax(-1) @ v
+    if fdt == T.float32:
+        return _flash_backward().apply(q, k, v, scale, bool(kw.get("causal")))
+    return _attention_probs(q, k, scale, kw.get("causal")) @ v
 
 
 def _module_torch(args, kw, fdt):
