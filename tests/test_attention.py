@@ -54,6 +54,9 @@ CONFIGS = {
     "tq70_tk40_causal_scale": ((1, 70, 12), (1, 40, 12), (1, 40, 7), True, 0.4),
     "bcast_kv_t48": ((2, 2, 48, 8), (48, 8), (2, 1, 48, 8), True, None),
     "t65_d65": ((1, 65, 65), (1, 65, 65), (1, 65, 4), False, None),
+    # the GPU set's dk+dv kernel split over two invocations a row (head size over 32) with several
+    # batch entries a workgroup
+    "t9_d48_causal": ((3, 9, 48), (3, 9, 48), (3, 9, 48), True, None),
 }
 
 
