@@ -329,8 +329,10 @@ def row_workgroup_size(n_out: int, n_red: int) -> int:
 
 def rows_per_workgroup(n_out: int, n_red: int) -> int:
     """A reduction's GPU kernel: one workgroup per output (a strided loop and a tree) when its rows
-    are long, or when there are too few of them to fill the GPU; else one invocation per output."""
-    return 1 if n_red >= 256 or (n_red >= 64 and n_out < 2048) else WG
+    are long, or when there are too few of them to fill the GPU; else one invocation per output.
+    [2048 outputs of 128 (transformer_large's second bias-gradient stage): 35 us on 8 workgroups,
+    15 us on 2048 (H100, scripts/results/profile_large_h100_sum_rows.json)]"""
+    return 1 if n_red >= 256 or (n_red >= 64 and n_out < 4096) else WG
 
 
 def _store(kc: KernelContext, plan: Plan, t: Tensor, value: str, index: str) -> str:
