@@ -86,6 +86,14 @@ def _raw_encoder_calls():
 _RAW = _raw_encoder_calls()
 
 
+def cores() -> int:
+    """The cores this process may run on (its affinity: a container's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _shader_module(device, label: str, code: str, checked: bool):
     """A shader module of generated WGSL. wgpu by default adds its own run-time checks to every
     shader: each array index clamped into bounds and each loop given an iteration limit. The
@@ -275,7 +283,7 @@ class Engine:
 
         # A driver that compiles at pipeline creation (a GPU's) compiles them on every core, the
         # longest sources first so that no long compile starts last.
-        workers = min(COMPILE_WORKERS, os.cpu_count() or 1, len(first))
+        workers = min(COMPILE_WORKERS, cores(), len(first))
         if workers > 1:
             order = sorted(first, key=lambda code: -len(code[0]))
             with ThreadPoolExecutor(workers) as pool:

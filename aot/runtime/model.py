@@ -24,7 +24,7 @@ except ImportError:  # Windows: an open file cannot be deleted there, which is a
     fcntl = None
 
 from . import rng, schedules
-from .engine import _NP, Engine, ShaderError, _size  # noqa: F401  (ShaderError: the package re-exports it)
+from .engine import _NP, Engine, ShaderError, _size, cores  # noqa: F401  (ShaderError: the package re-exports it)
 from .interop import InteropMixin
 
 _PARALLEL_INIT = 1 << 20  # parameters from which Model() draws them in threads
@@ -177,7 +177,7 @@ class ModelBase(InteropMixin):
         # drawn in any order: NumPy releases the GIL in its loops, and threads cut a large model's
         # Model() (transformer_large, 19M parameters: about 1 s in one thread) by the core count.
         order = sorted(range(len(self._params)), key=lambda i: -_size(self._params[i][1]))
-        workers = min(8, os.cpu_count() or 1, len(order))
+        workers = min(8, cores(), len(order))
         if workers > 1 and self._total >= _PARALLEL_INIT:
             with ThreadPoolExecutor(workers) as pool:
                 list(pool.map(init, order))

@@ -33,6 +33,7 @@ from .engine import (
     Engine,
     ShaderError,
     _size,
+    cores,
 )  # noqa: F401  (ShaderError: the package re-exports it)
 from .interop import InteropMixin
 
@@ -227,7 +228,7 @@ class ModelBase(InteropMixin):
         order = sorted(
             range(len(self._params)), key=lambda i: -_size(self._params[i][1])
         )
-        workers = min(8, os.cpu_count() or 1, len(order))
+        workers = min(8, cores(), len(order))
         if workers > 1 and self._total >= _PARALLEL_INIT:
             with ThreadPoolExecutor(workers) as pool:
                 list(pool.map(init, order))
