@@ -68,9 +68,12 @@ KEYS_PER_STEP = 2  # rows of the other side per step of the tile loops, written 
 DKV_ROW_FLOATS = 128
 LANES = 4
 LANE_ROWS = 2  # at most LANES; the workgroup has LANES / LANE_ROWS invocations a row
-KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_dk": "dk", "attention_dv": "dv"}
-# the kernel of a group of ops (schedule._merge_attention): dk and dv together walk the queries once
-KINDS = {frozenset(["fwd"]): "fwd", frozenset(["dq"]): "dq", frozenset(["dk"]): "dk", frozenset(["dv"]): "dv",
+KIND = {"attention": "fwd", "attention_lse": "fwd", "attention_dq": "dq", "attention_delta": "delta",
+        "attention_dk": "dk", "attention_dv": "dv"}
+# the kernel of a group of ops (schedule._merge_attention): dq writes the delta it computes; dk and
+# dv together walk the queries once; delta alone (dq not wanted) walks nothing
+KINDS = {frozenset(["fwd"]): "fwd", frozenset(["dq"]): "dq", frozenset(["dq", "delta"]): "dq",
+         frozenset(["delta"]): "delta", frozenset(["dk"]): "dk", frozenset(["dv"]): "dv",
          frozenset(["dk", "dv"]): "dkv"}
 
 
@@ -199,7 +202,7 @@ def render_attention(
     for d in lead:
         nb *= d
     tq, tk, d = q.shape[-2], kk.shape[-2], q.shape[-1]
-    ops = {"q": _rows(s, plan, kc, q), "k": _rows(s, plan, kc, kk)}
+    ops = {"q": _rows(s, plan, kc, q), "k": _rows(s, plan, kc, kk)} if kind != "delta" else {}
     if kind == "dv":
         ops["dout"] = _rows(s, plan, kc, ins[2])
         ops["lse"] = _rows(s, plan, kc, ins[3], has_cols=False)
@@ -207,7 +210,13 @@ def render_attention(
         ops["v"] = _rows(s, plan, kc, ins[2])
         ops["dout"] = _rows(s, plan, kc, ins[3])
         ops["lse"] = _rows(s, plan, kc, ins[4], has_cols=False)
-        ops["delta"] = _rows(s, plan, kc, ins[5], has_cols=False)
+        if kind == "dq":  # O, whose rows give delta
+            ops["o"] = _rows(s, plan, kc, ins[5])
+        else:
+            ops["delta"] = _rows(s, plan, kc, ins[5], has_cols=False)
+    elif kind == "delta":
+        ops["dout"] = _rows(s, plan, kc, ins[3])
+        ops["o"] = _rows(s, plan, kc, ins[5])
     write_o = kind != "fwd" or any(n.op == "attention" for n in members)
     if kind == "fwd" and write_o:
         ops["v"] = _rows(s, plan, kc, ins[2])
@@ -217,8 +226,10 @@ def render_attention(
         ops = {name: replace(op, start=kc.start(op.buf, op.offset)) for name, op in ops.items()}
 
     # own rows (registers) and tiles (workgroup memory) per kind
-    own_t, oth_t = (tq, tk) if kind in ("fwd", "dq") else (tk, tq)
-    if kind in ("fwd", "dq"):
+    own_t, oth_t = (tq, tk) if kind in ("fwd", "dq", "delta") else (tk, tq)
+    if kind == "delta":  # its own rows only
+        tiles, scalar_tiles = [], []
+    elif kind in ("fwd", "dq"):
         tiles = [("kt", "k", d4)] + ([("vt", "v", dv4)] if "v" in ops else [])
         scalar_tiles = []
     else:
@@ -226,7 +237,7 @@ def render_attention(
         scalar_tiles = [("lt", "lse")] + ([("dt", "delta")] if kind in ("dk", "dkv") else [])
     vecs = sum(n for _, _, n in tiles)
     br, g, bt, wg_bytes = _tile_shape(nb, own_t, oth_t, vecs, len(scalar_tiles), kind == "fwd")
-    lanes, group_rows = (LANES, LANE_ROWS) if subgroup else (1, 1)
+    lanes, group_rows = (LANES, LANE_ROWS) if subgroup and kind != "delta" else (1, 1)
     if cpu or br % group_rows or d4 % lanes or dv4 % lanes or g * br * lanes // group_rows > MAX_INVOCATIONS:
         lanes = group_rows = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
     # the GPU kernel of dk and dv: where k, v, dk and dv would outgrow an invocation's registers,
@@ -251,7 +262,8 @@ def render_attention(
     # registers: the own row's vectors (scaled where the scores need it) and scalars
     own_src = {
         "fwd": [("q", "q", d4, True)],
-        "dq": [("q", "q", d4, True), ("g", "dout", dv4, False)],
+        "dq": [("q", "q", d4, True), ("g", "dout", dv4, False), ("orow", "o", dv4, False)],
+        "delta": [("g", "dout", dv4, False), ("orow", "o", dv4, False)],
         "dk": [("k", "k", d4, True), ("v", "v", dv4, False)],
         "dv": [("k", "k", d4, True)],
         "dkv": [("k", "k", d4, True), ("v", "v", dv4, False)],
@@ -271,13 +283,20 @@ def render_attention(
         own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled, "bases": rows_at})
     own_scalars = []
     if kind == "dq":
-        for name in ("lse", "delta"):
-            if lanes > 1:
-                rows_at = [f"{ops[name].buf}[{ops[name].row_base('bc', f'rci{rr}')}]" for rr in range(group_rows)]
-                own_scalars.append((f"{name}_i", rows_at))
-            else:
-                bases[name] = ops[name].row_base("bc", "rc")
-                own_scalars.append((f"{name}_i", f"{ops[name].buf}[{bases[name]}]"))
+        if lanes > 1:
+            rows_at = [f"{ops['lse'].buf}[{ops['lse'].row_base('bc', f'rci{rr}')}]" for rr in range(group_rows)]
+            own_scalars.append(("lse_i", rows_at))
+        else:
+            bases["lse"] = ops["lse"].row_base("bc", "rc")
+            own_scalars.append(("lse_i", f"{ops['lse'].buf}[{bases['lse']}]"))
+    # delta = rowsum(dO * O) of the own row (a group's lanes sum their shares: `group_sums`)
+    group_sums = []
+    if kind in ("dq", "delta"):
+        if lanes > 1:
+            parts = [" + ".join(f"dot(g{rr}_{c}, orow{rr}_{c})" for c in range(dv4 // lanes)) for rr in range(group_rows)]
+            group_sums.append(("delta_i", parts))
+        else:
+            own_scalars.append(("delta_i", " + ".join(f"dot(g{c}, orow{c})" for c in range(dv4))))
 
     tile_loads = []
     for arr, src, n in tiles:
@@ -305,7 +324,7 @@ def render_attention(
 
     # accumulators (name, vec4s) and outputs: contiguous [batch, rows, cols] (lse: [batch, rows]),
     # each row-shaped one stored from its accumulator times its factor
-    accs = {"fwd": [("o", dv4)], "dq": [("dq", d4)], "dk": [("dk", d4)], "dv": [("dv", dv4)]}
+    accs = {"fwd": [("o", dv4)], "dq": [("dq", d4)], "delta": [], "dk": [("dk", d4)], "dv": [("dv", dv4)]}
     accs["dkv"] = [("a", max(d4, dv4))] if split else accs["dk"] + accs["dv"]
     store_of = {"attention": ("o", " * inv"), "attention_dq": ("dq", " * " + wgsl_f32(scale)),
                 "attention_dk": ("dk", " * " + wgsl_f32(scale)), "attention_dv": ("dv", "")}
@@ -313,7 +332,7 @@ def render_attention(
     for n in members:
         loc = plan.loc[id(n.out)]
         kc.use(loc.arena, write=True)
-        cols = 0 if n.op == "attention_lse" else n.out.shape[-1]
+        cols = 0 if n.op in ("attention_lse", "attention_delta") else n.out.shape[-1]
         start = kc.start(loc.arena, loc.offset)
         acc_name, factor = store_of.get(n.op, ("", ""))
         stores.append({"op": n.op, "buf": loc.arena, "start": start + " + " if start else "", "cols": cols,
@@ -329,7 +348,7 @@ def render_attention(
             nb=nb, tq=tq, tk=tk, d=d, dv=dv, d4=d4, dv4=dv4, n_d=d4 // lanes, n_dv=dv4 // lanes,
             own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt, threads=g * br * lanes // group_rows, nrows=g * br,
             row_blocks=row_blocks,
-            n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, tiles=tile_loads,
+            n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, group_sums=group_sums, tiles=tile_loads,
             scalar_tiles=scalar_loads, stores=stores, write_o=write_o, accs=accs[kind], wg_bytes=wg_bytes,
             ku=ku, lanes=lanes, rows=group_rows, shifts=[1 << i for i in range(lanes.bit_length() - 1)], comps="xyzw",
         )

@@ -247,27 +247,33 @@ def test_composed_model_trains_like_torch():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernels", ["gpu", "subgroup", "cpu"])
-def test_key_gradients_alone_have_kernels_of_their_own(kernels):
-    """Where only v (or only k) is trained, dv (dk) is the key side's one output: its kernel runs
-    alone, not merged with a sibling that nothing reads."""
+def test_gradients_alone_have_kernels_of_their_own(kernels):
+    """Where only v, only k or only q is trained, the kernels that nothing else reads run alone:
+    dv; dk with delta (the dq kernel's sibling, here with no dq to share with); dq, computing
+    delta for itself."""
     wgpu = pytest.importorskip("wgpu")
     if kernels == "subgroup" and "subgroup" not in wgpu.gpu.request_adapter_sync().features:
         pytest.skip("this adapter has no subgroup operations")
     rng = np.random.default_rng(3)
     shape = (2, 2, 40, 16)  # head size 16: four vec4s, so the subgroup set runs its variant
-    params = {"v1": rng.normal(size=shape), "k2": rng.normal(size=shape)}
-    inputs = {name: rng.normal(size=shape) for name in ("q1", "k1", "q2", "v2")}
+    params = {"v1": rng.normal(size=shape), "k2": rng.normal(size=shape), "q3": rng.normal(size=shape)}
+    inputs = {name: rng.normal(size=shape) for name in ("q1", "k1", "q2", "v2", "k3", "v3")}
 
     def body(m, f):
-        return {"o1": ops.attention(f["q1"], f["k1"], m.v1, causal=True), "o2": ops.attention(f["q2"], m.k2, f["v2"])}
+        return {
+            "o1": ops.attention(f["q1"], f["k1"], m.v1, causal=True),
+            "o2": ops.attention(f["q2"], m.k2, f["v2"]),
+            "o3": ops.attention(m.q3, f["k3"], f["v3"], causal=True),
+        }
 
     prog, inputs, _ = make_program("attention_alone", params, inputs, body)
     [(gpu, ref)], wgsl = run_both(prog, inputs, kernels=kernels)
     single = [k for k, v in wgsl.items() if "attention" in k and "independent kernels in one dispatch" not in v]
     att = sorted(re.sub(r"^train_\d+_", "", k) for k in single)
-    assert att == ["attention", "attention", "attention_dk", "attention_dv"], att
+    assert att == ["attention"] * 3 + ["attention_delta", "attention_dk", "attention_dq", "attention_dv"], att
     # output: its operands, causal, the trained one and its place in torch_attention's (o, dq, dk, dv)
-    for name, (q, k, v, causal, pn, at) in {"o1": ("q1", "k1", "v1", True, "v1", 3), "o2": ("q2", "k2", "v2", False, "k2", 2)}.items():
+    cases = {"o1": ("q1", "k1", "v1", True, "v1", 3), "o2": ("q2", "k2", "v2", False, "k2", 2), "o3": ("q3", "k3", "v3", True, "q3", 1)}
+    for name, (q, k, v, causal, pn, at) in cases.items():
         assert_close(gpu.grads[pn], ref.grads[pn], f"gradient of {pn}", rtol=1e-4, atol=2e-5)
         vals = [params[n] if n in params else inputs[n] for n in (q, k, v)]
         want = torch_attention(*vals, causal, None, inputs[f"{name}_ct"])[at]
@@ -284,7 +290,7 @@ def test_no_t_by_t_tensor_is_stored_and_forward_writes_o_and_lse_together_dk_dv_
         assert not (t.ndim >= 2 and t.shape[-2:] == (T, T)), f"a [.., T, T] tensor is stored: {t.type_str()} from {t.node.op}"
     att = [k for k in s.kernels if k.kind == "attention"]
     assert sorted(sorted(n.node.op for n in k.group + [k]) for k in att) == [
-        ["attention", "attention_lse"], ["attention_dk", "attention_dv"], ["attention_dq"]
+        ["attention", "attention_lse"], ["attention_delta", "attention_dq"], ["attention_dk", "attention_dv"]
     ]
     fwd = next(k for k in att if k.node.op == "attention")
     assert {t.node.op for t in fwd.outs} == {"attention", "attention_lse"}

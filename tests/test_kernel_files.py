@@ -274,8 +274,8 @@ def test_subgroup_set_swaps_in_the_attention_variants(tmp_path):
     gpu_files = kernel_files(proj, "kfiles_attn")
     sub = {p.name: p.read_text(encoding="utf-8") for p in (proj / "kfiles_attn" / "kernels" / "subgroup").glob("*.wgsl")}
     assert sub and all("attention" in f for f in sub)
-    # forward, dq, dk with dv, each with its GPU kernel's bindings
-    assert {f.split("_", 2)[2] for f in sub if "_and_" not in f} == {"attention.wgsl", "attention_dq.wgsl", "attention_dk_dv.wgsl"}
+    # forward, dq with delta, dk with dv, each with its GPU kernel's bindings
+    assert {f.split("_", 2)[2] for f in sub if "_and_" not in f} == {"attention.wgsl", "attention_dq_delta.wgsl", "attention_dk_dv.wgsl"}
     for fname, src in sub.items():
         assert "subgroupShuffleXor" in src and "subgroupShuffleXor" not in gpu_files[fname], fname
         bindings = [line for line in src.splitlines() if line.startswith("@group(0)")]

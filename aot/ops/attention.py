@@ -10,14 +10,16 @@ Primitives (fusion class "attention": each is a kernel of aot/attention_codegen.
   attention      (q, k, v)                  -> O   [..., Tq, dv]
   attention_lse  (q, k, v)                  -> lse [..., Tq]  logsumexp of each scaled score row;
                  its kernel is attention's (OpDef.sibling): one pass writes O and lse
-  attention_dq   (q, k, v, dO, lse, delta)  -> dq  [..., Tq, d]
-  attention_dk   (q, k, v, dO, lse, delta)  -> dk  [..., Tk, d]
-  attention_dv   (q, k, dO, lse)            -> dv  [..., Tk, dv]
-with delta = rowsum(dO * O) [..., Tq], an ordinary reduction in the graph. With
-P = exp(S - lse) (S the masked, scaled scores) and dS = P * (dO v^T - delta):
+  attention_dq    (q, k, v, dO, lse, O)      -> dq    [..., Tq, d]
+  attention_delta (q, k, v, dO, lse, O)      -> delta [..., Tq]  rowsum(dO * O)
+  attention_dk    (q, k, v, dO, lse, delta)  -> dk    [..., Tk, d]
+  attention_dv    (q, k, dO, lse)            -> dv    [..., Tk, dv]
+With P = exp(S - lse) (S the masked, scaled scores) and dS = P * (dO v^T - delta):
   dq = scale * dS k,  dk = scale * dS^T q,  dv = P^T dO.
-dk and dv share a kernel (OpDef.sibling "attention_keys": dv reads a subset of dk's inputs):
-one walk over the queries computes P once for both, and the dO rows it reads for dS feed dv.
+The dq kernel computes delta from the dO and O rows it owns (no reduction of its own) and
+writes it for dk where both are wanted (OpDef.sibling "attention_queries"); dk and dv share a
+kernel (OpDef.sibling "attention_keys": dv reads a subset of dk's inputs): one walk over the
+queries computes P once for both, and the dO rows it reads for dS feed dv.
 The backward primitives are nondiff: aot differentiates once, so nothing asks for their VJP.
 """
 
@@ -27,7 +29,6 @@ import numpy as np
 
 from .registry import Bad, OpDef, register
 from .trace import emit
-from . import api as F
 
 MAX_HEAD = 256  # d and dv: a kernel thread keeps up to three rows of this length in registers
 
@@ -78,13 +79,21 @@ def _lse_shape(q, k, v, causal, scale):
     return sq[:-1], "f32"
 
 
-def _grad_shape(which):
-    def rule(q, k, v, do, lse, delta, causal, scale):
-        sq, sk, sv = _qkv(q, k, v)
+def _dk_shape(q, k, v, do, lse, delta, causal, scale):
+    sq, sk, sv = _qkv(q, k, v)
+    _rows("dO", do, sq[:-1] + (sv[-1],))
+    _rows("lse", lse, sq[:-1])
+    _rows("delta", delta, sq[:-1])
+    return sk, "f32"
+
+
+def _queries_shape(which):
+    def rule(q, k, v, do, lse, o, causal, scale):
+        sq, _, sv = _qkv(q, k, v)
         _rows("dO", do, sq[:-1] + (sv[-1],))
         _rows("lse", lse, sq[:-1])
-        _rows("delta", delta, sq[:-1])
-        return (sq if which == "dq" else sk), "f32"
+        _rows("O", o, sq[:-1] + (sv[-1],))
+        return (sq if which == "dq" else sq[:-1]), "f32"
 
     return rule
 
@@ -127,7 +136,12 @@ def _ds(q, k, v, do, lse, delta, causal, scale):
     return p * (np.matmul(do, np.swapaxes(v, -1, -2)) - delta[..., None])
 
 
-def _dq_ref(q, k, v, do, lse, delta, causal, scale):
+def _delta_ref(q, k, v, do, lse, o, causal, scale):
+    return (do * o).sum(-1)
+
+
+def _dq_ref(q, k, v, do, lse, o, causal, scale):
+    delta = _delta_ref(q, k, v, do, lse, o, causal, scale)
     return np.matmul(_ds(q, k, v, do, lse, delta, causal, scale), k) * np.asarray(scale, q.dtype)
 
 
@@ -144,16 +158,18 @@ def _attention_vjp(ct, n):
     q, k, v = n.inputs
     a = n.attrs
     lse = emit("attention_lse", (q, k, v), **a)
-    delta = F.sum(ct * n.out, -1)
-    # dk first: dv, reading a subset of its inputs, then joins its kernel (schedule._merge_attention)
+    # the first of each pair heads the kernel the second joins (schedule._merge_attention): delta
+    # with dq (the same inputs), dv with dk (a subset of its inputs)
+    dq = emit("attention_dq", (q, k, v, ct, lse, n.out), **a)
+    delta = emit("attention_delta", (q, k, v, ct, lse, n.out), **a)
     dk = emit("attention_dk", (q, k, v, ct, lse, delta), **a)
     dv = emit("attention_dv", (q, k, ct, lse), **a)
-    dq = emit("attention_dq", (q, k, v, ct, lse, delta), **a)
     return dq, dk, dv
 
 
 register(OpDef("attention", _attention_shape, _attention_ref, _attention_vjp, "attention", sibling="attention"))
 register(OpDef("attention_lse", _lse_shape, _lse_ref, None, "attention", nondiff=True, sibling="attention"))
-register(OpDef("attention_dq", _grad_shape("dq"), _dq_ref, None, "attention", nondiff=True))
-register(OpDef("attention_dk", _grad_shape("dk"), _dk_ref, None, "attention", nondiff=True, sibling="attention_keys"))
+register(OpDef("attention_dq", _queries_shape("dq"), _dq_ref, None, "attention", nondiff=True, sibling="attention_queries"))
+register(OpDef("attention_delta", _queries_shape("delta"), _delta_ref, None, "attention", nondiff=True, sibling="attention_queries"))
+register(OpDef("attention_dk", _dk_shape, _dk_ref, None, "attention", nondiff=True, sibling="attention_keys"))
 register(OpDef("attention_dv", _dv_shape, _dv_ref, None, "attention", nondiff=True, sibling="attention_keys"))

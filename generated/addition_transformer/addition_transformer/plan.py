@@ -127,7 +127,7 @@ PROGRAM = {
         "state": 150656,
         "inputs": 1027,
         "inputs_i32": 2048,
-        "work": 2776896,
+        "work": 2779968,
         "work_i32": 0,
         "state_1": 150656,
     },
@@ -307,148 +307,148 @@ PROGRAM = {
             "addition_transformer.py:35",
             (),
         ),
-        "train_073_fused_mul_sum": (
+        "train_073_attention_dq_delta": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (655360, 2424832, 2686976),
+            (2228224, 2293760, 2359296, 655360, 2760704, 2424832, 2764800, 524288),
         ),
-        "train_074_075_attention_dk_dv_and_attention_dq": (
+        "train_074_attention_dk_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (),
+            (2228224, 2293760, 2359296, 655360, 2760704, 2764800, 720896, 2555904),
         ),
-        "train_076_077_078_079_080_matmul": (
+        "train_075_076_077_078_079_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (),
         ),
-        "train_081_matmul_add": (
+        "train_080_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (2555904, 99648, 2424832, 655360, 2228224),
+            (524288, 99648, 2686976, 655360, 2228224),
         ),
-        "train_082_083_084_085_086_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc": (
+        "train_081_082_083_084_085_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (),
         ),
-        "train_087_088_fused_mul_sum_and_matmul": (
+        "train_086_087_fused_mul_sum_and_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_089_matmul_equal_sub_mul": (
+        "train_088_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2162688, 83264, 262144, 524288),
         ),
-        "train_090_091_092_sum_and_matmul": (
+        "train_089_090_091_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_093_094_095_096_097_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
+        "train_092_093_094_095_096_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_098_099_matmul": (
+        "train_097_098_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (),
         ),
-        "train_100_fused_mul_sum": (
+        "train_099_attention_dq_delta": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (327680, 1900544, 655360),
+            (1703936, 1769472, 1835008, 327680, 2756608, 1900544, 655360, 262144),
         ),
-        "train_101_102_attention_dk_dv_and_attention_dq": (
+        "train_100_attention_dk_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (),
+            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 393216, 458752),
         ),
-        "train_103_104_105_106_107_matmul": (
+        "train_101_102_103_104_105_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (),
         ),
-        "train_108_matmul_add": (
+        "train_106_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (458752, 50496, 589824, 327680, 262144),
+            (262144, 50496, 589824, 327680, 393216),
         ),
-        "train_109_110_111_112_113_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
+        "train_107_108_109_110_111_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (),
         ),
-        "train_114_matmul": (
+        "train_112_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (0, 655360, 34112),
         ),
-        "train_115_matmul_equal_sub_mul": (
+        "train_113_matmul_equal_sub_mul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (655360, 34112, 0, 262144),
         ),
-        "train_116_117_118_sum_and_matmul": (
+        "train_114_115_116_sum_and_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_119_120_121_122_123_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
+        "train_117_118_119_120_121_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (),
         ),
-        "train_124_125_matmul": (
+        "train_122_123_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (),
         ),
-        "train_126_fused_mul_sum": (
+        "train_124_attention_dq_delta": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (131072, 1376256, 393216),
+            (1179648, 1245184, 1310720, 131072, 2752512, 1376256, 393216, 0),
         ),
-        "train_127_128_attention_dk_dv_and_attention_dq": (
+        "train_125_attention_dk_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (),
+            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 196608, 262144),
         ),
-        "train_129_130_131_132_133_matmul": (
+        "train_126_127_128_129_130_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
             (),
         ),
-        "train_134_matmul_add": (
+        "train_131_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (262144, 1344, 327680, 131072, 0),
+            (0, 1344, 327680, 131072, 196608),
         ),
-        "train_135_136_137_138_139_140_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
+        "train_132_133_134_135_136_137_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (),
         ),
-        "train_141_143_sum_and_one_hot": (
+        "train_138_140_sum_and_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
             (),
         ),
-        "train_142_144_pad_and_matmul_add": (
+        "train_139_141_pad_and_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
             (),
         ),
-        "train_145_fused_square_pad_sum": (
+        "train_142_fused_square_pad_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
-            (0, 150656),
+            (0, 196608),
         ),
-        "train_146_sum": ((("work", "read_write"),), "optimizer", (150656, 150720)),
-        "train_147_fused_sqrt_add_sub": (
+        "train_143_sum": ((("work", "read_write"),), "optimizer", (196608, 196672)),
+        "train_144_fused_sqrt_add_sub": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -458,7 +458,7 @@ PROGRAM = {
                 ("state_1", "read_write"),
             ),
             "optimizer",
-            (0, 150720, 0, 0, 0, 0, 1026, 1024, 1025),
+            (0, 196672, 0, 0, 0, 0, 1026, 1024, 1025),
         ),
         "train_000_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
@@ -468,17 +468,17 @@ PROGRAM = {
         "train_001_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (1048576, 2764800),
+            (1048576, 2768896),
         ),
         "train_002_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (1048576, 2764800, 2765824),
+            (1048576, 2768896, 2769920),
         ),
         "train_003_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (1048576, 2764800, 2765824, 148800, 148864, 1114112),
+            (1048576, 2768896, 2769920, 148800, 148864, 1114112),
         ),
         "train_004_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -498,17 +498,17 @@ PROGRAM = {
         "train_009_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (1441792, 2766848),
+            (1441792, 2770944),
         ),
         "train_010_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (1441792, 2766848, 2767872),
+            (1441792, 2770944, 2771968),
         ),
         "train_011_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (1441792, 2766848, 2767872, 148928, 148992, 1507328),
+            (1441792, 2770944, 2771968, 148928, 148992, 1507328),
         ),
         "train_014_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
@@ -523,12 +523,12 @@ PROGRAM = {
         "train_016_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (1572864, 2768896),
+            (1572864, 2772992),
         ),
         "train_017_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (1572864, 2768896, 149376, 149440, 1638400),
+            (1572864, 2772992, 149376, 149440, 1638400),
         ),
         "train_018_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -548,17 +548,17 @@ PROGRAM = {
         "train_023_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (1966080, 2769920),
+            (1966080, 2774016),
         ),
         "train_024_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (1966080, 2769920, 2770944),
+            (1966080, 2774016, 2775040),
         ),
         "train_025_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (1966080, 2769920, 2770944, 149504, 149568, 2031616),
+            (1966080, 2774016, 2775040, 149504, 149568, 2031616),
         ),
         "train_028_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
@@ -573,12 +573,12 @@ PROGRAM = {
         "train_030_fused_mul_add_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (2097152, 2771968),
+            (2097152, 2776064),
         ),
         "train_031_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (2097152, 2771968, 149952, 150016, 2162688),
+            (2097152, 2776064, 149952, 150016, 2162688),
         ),
         "train_032_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -598,17 +598,17 @@ PROGRAM = {
         "train_037_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (2490368, 2772992),
+            (2490368, 2777088),
         ),
         "train_038_fused_mul_sub_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (2490368, 2772992, 2774016),
+            (2490368, 2777088, 2778112),
         ),
         "train_039_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (2490368, 2772992, 2774016, 150080, 150144, 2555904),
+            (2490368, 2777088, 2778112, 150080, 150144, 2555904),
         ),
         "train_042_fused_add_sum": (
             (("params", "read"), ("work", "read_write")),
@@ -653,7 +653,7 @@ PROGRAM = {
         "train_051_fused_neg_mul_sum": (
             (("inputs", "read"), ("work", "read_write")),
             "addition_transformer.py:63",
-            (800768, 0, 2776832),
+            (800768, 0, 2779904),
         ),
         "train_052_fused_one_hot_neg_mul": (
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
@@ -673,7 +673,7 @@ PROGRAM = {
         "train_056_matmul": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (917504, 1007616, 2776064),
+            (917504, 1007616, 2779136),
         ),
         "train_057_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -693,12 +693,12 @@ PROGRAM = {
         "train_060_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (2621440, 2775040),
+            (2621440, 2764800),
         ),
         "train_061_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (2621440, 2775040, 2686976),
+            (2621440, 2764800, 2686976),
         ),
         "train_064_matmul": (
             (("params", "read"), ("work", "read_write")),
@@ -718,12 +718,12 @@ PROGRAM = {
         "train_067_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (2621440, 150080, 2490368, 2772992, 655360),
+            (2621440, 150080, 2490368, 2777088, 655360),
         ),
         "train_068_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (2621440, 150080, 2774016, 655360, 2490368, 2772992, 524288),
+            (2621440, 150080, 2778112, 655360, 2490368, 2777088, 524288),
         ),
         "train_069_fused_neg_sum": (
             (("work", "read_write"),),
@@ -745,320 +745,290 @@ PROGRAM = {
             "addition_transformer.py:35",
             (2424832, 589824, 111936),
         ),
-        "train_074_attention_dk_dv": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 524288, 720896),
-        ),
-        "train_075_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (2228224, 2293760, 2359296, 655360, 2760704, 2686976, 2555904),
+        "train_075_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+            (720896, 107840, 2686976),
         ),
         "train_076_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-            (524288, 107840, 2424832),
-        ),
-        "train_077_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (2162688, 524288, 107840),
+            (2162688, 720896, 107840),
         ),
-        "train_078_matmul": (
+        "train_077_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (720896, 103744, 655360),
+            (2555904, 103744, 655360),
+        ),
+        "train_078_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+            (2162688, 2555904, 103744),
         ),
         "train_079_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (2162688, 720896, 103744),
+            (2162688, 524288, 99648),
         ),
-        "train_080_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-            (2162688, 2555904, 99648),
-        ),
-        "train_082_fused_mul_sub_sum": (
+        "train_081_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (2621440, 2490368, 2772992, 2774016, 2228224, 150080, 150016),
+            (2621440, 2490368, 2777088, 2778112, 2228224, 150080, 150016),
         ),
-        "train_083_fused_mul_sum": (
+        "train_082_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
             (2228224, 149952, 2097152, 720896),
         ),
-        "train_084_fused_mul_add": (
+        "train_083_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (2228224, 149952, 2771968, 720896, 2097152, 524288),
+            (2228224, 149952, 2776064, 720896, 2097152, 524288),
         ),
-        "train_085_fused_neg_sum": (
+        "train_084_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (524288, 655360),
         ),
-        "train_086_fused_mul_add": (
+        "train_085_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (589824, 524288, 655360, 2162688),
         ),
-        "train_087_fused_mul_sum": (
+        "train_086_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (2228224, 2097152, 2771968, 2162688, 149952, 149888),
+            (2228224, 2097152, 2776064, 2162688, 149952, 149888),
         ),
-        "train_088_matmul": (
+        "train_087_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (262144, 2162688, 83264),
         ),
-        "train_090_sum": (
+        "train_089_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (786432, 524288, 150208, 149632),
         ),
-        "train_091_matmul": (
+        "train_090_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (524288, 66880, 2097152),
         ),
-        "train_092_matmul": (
+        "train_091_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2031616, 524288, 66880),
         ),
-        "train_093_fused_mul_sub_sum": (
+        "train_092_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (2097152, 1966080, 2769920, 2770944, 149568, 149504),
+            (2097152, 1966080, 2774016, 2775040, 149568, 149504),
         ),
-        "train_094_fused_mul_sub_sum": (
+        "train_093_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (2097152, 149504, 1966080, 2769920, 327680),
+            (2097152, 149504, 1966080, 2774016, 327680),
         ),
-        "train_095_fused_mul_sub_add": (
+        "train_094_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (2097152, 149504, 2770944, 327680, 1966080, 2769920, 262144),
+            (2097152, 149504, 2775040, 327680, 1966080, 2774016, 262144),
         ),
-        "train_096_fused_neg_sum": (
+        "train_095_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
             (262144, 393216),
         ),
-        "train_097_fused_mul_add": (
+        "train_096_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
             (2162688, 262144, 393216, 524288),
         ),
-        "train_098_matmul": (
+        "train_097_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
             (524288, 62784, 327680),
         ),
-        "train_099_matmul": (
+        "train_098_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (1900544, 524288, 62784),
         ),
-        "train_101_attention_dk_dv": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 262144, 393216),
+        "train_101_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+            (393216, 58688, 589824),
         ),
-        "train_102_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (1703936, 1769472, 1835008, 327680, 2756608, 655360, 458752),
+        "train_102_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+            (1638400, 393216, 58688),
         ),
         "train_103_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (262144, 58688, 589824),
+            (458752, 54592, 327680),
         ),
         "train_104_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (1638400, 262144, 58688),
+            (1638400, 458752, 54592),
         ),
         "train_105_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-            (393216, 54592, 327680),
-        ),
-        "train_106_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (1638400, 393216, 54592),
+            (1638400, 262144, 50496),
         ),
-        "train_107_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-            (1638400, 458752, 50496),
-        ),
-        "train_109_fused_mul_sum": (
+        "train_107_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (262144, 1572864, 2768896, 149440, 149376),
+            (393216, 1572864, 2772992, 149440, 149376),
         ),
-        "train_110_fused_mul_sum": (
+        "train_108_fused_mul_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (262144, 149376, 1572864, 393216),
+            (393216, 149376, 1572864, 458752),
         ),
-        "train_111_fused_mul_add": (
+        "train_109_fused_mul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (262144, 149376, 2768896, 393216, 1572864, 589824),
+            (393216, 149376, 2772992, 458752, 1572864, 589824),
         ),
-        "train_112_fused_neg_sum": (
+        "train_110_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (589824, 720896),
         ),
-        "train_113_fused_mul_add": (
+        "train_111_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
             (524288, 589824, 720896, 655360),
         ),
-        "train_116_sum": (
+        "train_114_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (262144, 149056),
         ),
-        "train_117_matmul": (
+        "train_115_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (262144, 17728, 524288),
         ),
-        "train_118_matmul": (
+        "train_116_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (1507328, 262144, 17728),
         ),
-        "train_119_sum": (
+        "train_117_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:36",
             (655360, 524288, 149312, 148992),
         ),
-        "train_120_fused_mul_sub_sum": (
+        "train_118_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (524288, 148928, 1441792, 2766848, 131072),
+            (524288, 148928, 1441792, 2770944, 131072),
         ),
-        "train_121_fused_mul_sub_add": (
+        "train_119_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (524288, 148928, 2767872, 131072, 1441792, 2766848, 0),
+            (524288, 148928, 2771968, 131072, 1441792, 2770944, 0),
         ),
-        "train_122_fused_neg_sum": (
+        "train_120_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
             (0, 196608),
         ),
-        "train_123_fused_mul_add": (
+        "train_121_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
             (655360, 0, 196608, 65536),
         ),
-        "train_124_matmul": (
+        "train_122_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
             (65536, 13632, 131072),
         ),
-        "train_125_matmul": (
+        "train_123_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
             (1376256, 65536, 13632),
         ),
-        "train_127_attention_dk_dv": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 0, 196608),
-        ),
-        "train_128_attention_dq": (
-            (("work", "read_write"),),
-            "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 262144),
-        ),
-        "train_129_matmul": (
+        "train_126_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (0, 9536, 327680),
+            (196608, 9536, 327680),
+        ),
+        "train_127_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+            (1114112, 196608, 9536),
+        ),
+        "train_128_matmul": (
+            (("params", "read"), ("work", "read_write")),
+            "addition_transformer.py:33",
+            (262144, 5440, 131072),
+        ),
+        "train_129_matmul": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:33",
+            (1114112, 262144, 5440),
         ),
         "train_130_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (1114112, 0, 9536),
+            (1114112, 0, 1344),
         ),
-        "train_131_matmul": (
-            (("params", "read"), ("work", "read_write")),
-            "addition_transformer.py:33",
-            (196608, 5440, 131072),
-        ),
-        "train_132_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-            (1114112, 196608, 5440),
-        ),
-        "train_133_matmul": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:33",
-            (1114112, 262144, 1344),
-        ),
-        "train_135_fused_mul_sub_sum": (
+        "train_132_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (524288, 1441792, 2766848, 2767872, 0, 148928, 148864),
+            (524288, 1441792, 2770944, 2771968, 196608, 148928, 148864),
         ),
-        "train_136_fused_mul_sub_sum": (
+        "train_133_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (0, 1048576, 2764800, 2765824, 148800),
+            (196608, 1048576, 2768896, 2769920, 148800),
         ),
-        "train_137_fused_mul_sub_sum": (
+        "train_134_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (0, 148800, 1048576, 2764800, 262144),
+            (196608, 148800, 1048576, 2768896, 262144),
         ),
-        "train_138_fused_mul_sub_add": (
+        "train_135_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (0, 148800, 2765824, 262144, 1048576, 2764800, 131072),
+            (196608, 148800, 2769920, 262144, 1048576, 2768896, 0),
         ),
-        "train_139_fused_neg_sum": (
+        "train_136_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (131072, 263168),
+            (0, 263168),
         ),
-        "train_140_fused_mul_add": (
+        "train_137_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (65536, 131072, 263168, 196608),
+            (65536, 0, 263168, 131072),
         ),
-        "train_141_sum": (
+        "train_138_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:49",
-            (196608, 12288),
+            (131072, 196608),
         ),
-        "train_142_pad": (
+        "train_139_pad": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (12288, 0),
+            (196608, 0),
         ),
-        "train_143_one_hot": (
+        "train_140_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
             (0, 0),
         ),
-        "train_144_matmul_add": (
+        "train_141_matmul_add": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (0, 196608, 2776064, 576),
+            (0, 131072, 2779136, 576),
         ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
@@ -1622,7 +1592,7 @@ PROGRAM = {
                 ("_decay", "f32", (), "inputs", 1026),
             ],
             "input_sizes": {"inputs": 1027, "inputs_i32": 2048},
-            "outputs": [("loss", "f32", (), "work", 2776832)],
+            "outputs": [("loss", "f32", (), "work", 2779904)],
             "captures": [],
             "dispatches": [
                 (
@@ -1695,51 +1665,51 @@ PROGRAM = {
                     (1088, 1, 1),
                 ),
                 ("train_071_072_matmul", (272, 1, 1)),
-                ("train_073_fused_mul_sum", (16, 1, 1)),
-                ("train_074_075_attention_dk_dv_and_attention_dq", (128, 1, 1)),
-                ("train_076_077_078_079_080_matmul", (560, 1, 1)),
-                ("train_081_matmul_add", (4, 64, 1)),
+                ("train_073_attention_dq_delta", (64, 1, 1)),
+                ("train_074_attention_dk_dv", (64, 1, 1)),
+                ("train_075_076_077_078_079_matmul", (560, 1, 1)),
+                ("train_080_matmul_add", (4, 64, 1)),
                 (
-                    "train_082_083_084_085_086_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc",
+                    "train_081_082_083_084_085_fused_mul_sub_sum_and_fused_mul_sum_and_fused_mul_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_087_088_fused_mul_sum_and_matmul", (128, 1, 1)),
-                ("train_089_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_090_091_092_sum_and_matmul", (576, 1, 1)),
+                ("train_086_087_fused_mul_sum_and_matmul", (128, 1, 1)),
+                ("train_088_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_089_090_091_sum_and_matmul", (576, 1, 1)),
                 (
-                    "train_093_094_095_096_097_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
+                    "train_092_093_094_095_096_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1088, 1, 1),
                 ),
-                ("train_098_099_matmul", (272, 1, 1)),
-                ("train_100_fused_mul_sum", (16, 1, 1)),
-                ("train_101_102_attention_dk_dv_and_attention_dq", (128, 1, 1)),
-                ("train_103_104_105_106_107_matmul", (560, 1, 1)),
-                ("train_108_matmul_add", (4, 64, 1)),
+                ("train_097_098_matmul", (272, 1, 1)),
+                ("train_099_attention_dq_delta", (64, 1, 1)),
+                ("train_100_attention_dk_dv", (64, 1, 1)),
+                ("train_101_102_103_104_105_matmul", (560, 1, 1)),
+                ("train_106_matmul_add", (4, 64, 1)),
                 (
-                    "train_109_110_111_112_113_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
+                    "train_107_108_109_110_111_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
                     (1088, 1, 1),
                 ),
-                ("train_114_matmul", (4, 16, 1)),
-                ("train_115_matmul_equal_sub_mul", (8, 32, 1)),
-                ("train_116_117_118_sum_and_matmul", (576, 1, 1)),
+                ("train_112_matmul", (4, 16, 1)),
+                ("train_113_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_114_115_116_sum_and_matmul", (576, 1, 1)),
                 (
-                    "train_119_120_121_122_123_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
+                    "train_117_118_119_120_121_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
                     (1088, 1, 1),
                 ),
-                ("train_124_125_matmul", (272, 1, 1)),
-                ("train_126_fused_mul_sum", (16, 1, 1)),
-                ("train_127_128_attention_dk_dv_and_attention_dq", (128, 1, 1)),
-                ("train_129_130_131_132_133_matmul", (560, 1, 1)),
-                ("train_134_matmul_add", (4, 64, 1)),
+                ("train_122_123_matmul", (272, 1, 1)),
+                ("train_124_attention_dq_delta", (64, 1, 1)),
+                ("train_125_attention_dk_dv", (64, 1, 1)),
+                ("train_126_127_128_129_130_matmul", (560, 1, 1)),
+                ("train_131_matmul_add", (4, 64, 1)),
                 (
-                    "train_135_136_137_138_139_140_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
+                    "train_132_133_134_135_136_137_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
                     (1152, 1, 1),
                 ),
-                ("train_141_143_sum_and_one_hot", (560, 1, 1)),
-                ("train_142_144_pad_and_matmul_add", (7, 1, 1)),
-                ("train_145_fused_square_pad_sum", (37, 1, 1)),
-                ("train_146_sum", (1, 1, 1)),
-                ("train_147_fused_sqrt_add_sub", (589, 1, 1)),
+                ("train_138_140_sum_and_one_hot", (560, 1, 1)),
+                ("train_139_141_pad_and_matmul_add", (7, 1, 1)),
+                ("train_142_fused_square_pad_sum", (37, 1, 1)),
+                ("train_143_sum", (1, 1, 1)),
+                ("train_144_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "dispatches_cpu": [
                 ("train_000_fused_gather_add", (256, 1, 1)),
@@ -1815,81 +1785,78 @@ PROGRAM = {
                 ("train_070_fused_mul_add", (256, 1, 1)),
                 ("train_071_matmul", (2, 16, 1)),
                 ("train_072_matmul", (2, 2, 1)),
-                ("train_073_fused_mul_sum", (16, 1, 1)),
+                ("train_073_attention_dq_delta", (64, 1, 1)),
                 ("train_074_attention_dk_dv", (64, 1, 1)),
-                ("train_075_attention_dq", (64, 1, 1)),
-                ("train_076_matmul", (2, 16, 1)),
-                ("train_077_matmul", (2, 2, 1)),
-                ("train_078_matmul", (2, 16, 1)),
+                ("train_075_matmul", (2, 16, 1)),
+                ("train_076_matmul", (2, 2, 1)),
+                ("train_077_matmul", (2, 16, 1)),
+                ("train_078_matmul", (2, 2, 1)),
                 ("train_079_matmul", (2, 2, 1)),
-                ("train_080_matmul", (2, 2, 1)),
-                ("train_081_matmul_add", (2, 16, 1)),
-                ("train_082_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_083_fused_mul_sum", (1024, 1, 1)),
-                ("train_084_fused_mul_add", (256, 1, 1)),
-                ("train_085_fused_neg_sum", (1024, 1, 1)),
-                ("train_086_fused_mul_add", (256, 1, 1)),
-                ("train_087_fused_mul_sum", (64, 1, 1)),
-                ("train_088_matmul", (1, 4, 1)),
-                ("train_089_matmul_equal_sub_mul", (4, 16, 1)),
-                ("train_090_sum", (256, 1, 1)),
-                ("train_091_matmul", (1, 16, 1)),
-                ("train_092_matmul", (4, 1, 1)),
-                ("train_093_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_094_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_095_fused_mul_sub_add", (256, 1, 1)),
-                ("train_096_fused_neg_sum", (1024, 1, 1)),
-                ("train_097_fused_mul_add", (256, 1, 1)),
-                ("train_098_matmul", (2, 16, 1)),
-                ("train_099_matmul", (2, 2, 1)),
-                ("train_100_fused_mul_sum", (16, 1, 1)),
-                ("train_101_attention_dk_dv", (64, 1, 1)),
-                ("train_102_attention_dq", (64, 1, 1)),
+                ("train_080_matmul_add", (2, 16, 1)),
+                ("train_081_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_082_fused_mul_sum", (1024, 1, 1)),
+                ("train_083_fused_mul_add", (256, 1, 1)),
+                ("train_084_fused_neg_sum", (1024, 1, 1)),
+                ("train_085_fused_mul_add", (256, 1, 1)),
+                ("train_086_fused_mul_sum", (64, 1, 1)),
+                ("train_087_matmul", (1, 4, 1)),
+                ("train_088_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_089_sum", (256, 1, 1)),
+                ("train_090_matmul", (1, 16, 1)),
+                ("train_091_matmul", (4, 1, 1)),
+                ("train_092_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_093_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_094_fused_mul_sub_add", (256, 1, 1)),
+                ("train_095_fused_neg_sum", (1024, 1, 1)),
+                ("train_096_fused_mul_add", (256, 1, 1)),
+                ("train_097_matmul", (2, 16, 1)),
+                ("train_098_matmul", (2, 2, 1)),
+                ("train_099_attention_dq_delta", (64, 1, 1)),
+                ("train_100_attention_dk_dv", (64, 1, 1)),
+                ("train_101_matmul", (2, 16, 1)),
+                ("train_102_matmul", (2, 2, 1)),
                 ("train_103_matmul", (2, 16, 1)),
                 ("train_104_matmul", (2, 2, 1)),
-                ("train_105_matmul", (2, 16, 1)),
-                ("train_106_matmul", (2, 2, 1)),
-                ("train_107_matmul", (2, 2, 1)),
-                ("train_108_matmul_add", (2, 16, 1)),
-                ("train_109_fused_mul_sum", (64, 1, 1)),
-                ("train_110_fused_mul_sum", (1024, 1, 1)),
+                ("train_105_matmul", (2, 2, 1)),
+                ("train_106_matmul_add", (2, 16, 1)),
+                ("train_107_fused_mul_sum", (64, 1, 1)),
+                ("train_108_fused_mul_sum", (1024, 1, 1)),
+                ("train_109_fused_mul_add", (256, 1, 1)),
+                ("train_110_fused_neg_sum", (1024, 1, 1)),
                 ("train_111_fused_mul_add", (256, 1, 1)),
-                ("train_112_fused_neg_sum", (1024, 1, 1)),
-                ("train_113_fused_mul_add", (256, 1, 1)),
-                ("train_114_matmul", (1, 4, 1)),
-                ("train_115_matmul_equal_sub_mul", (4, 16, 1)),
-                ("train_116_sum", (256, 1, 1)),
-                ("train_117_matmul", (1, 16, 1)),
-                ("train_118_matmul", (4, 1, 1)),
-                ("train_119_sum", (64, 1, 1)),
-                ("train_120_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_121_fused_mul_sub_add", (256, 1, 1)),
-                ("train_122_fused_neg_sum", (1024, 1, 1)),
-                ("train_123_fused_mul_add", (256, 1, 1)),
-                ("train_124_matmul", (2, 16, 1)),
-                ("train_125_matmul", (2, 2, 1)),
-                ("train_126_fused_mul_sum", (16, 1, 1)),
-                ("train_127_attention_dk_dv", (64, 1, 1)),
-                ("train_128_attention_dq", (64, 1, 1)),
-                ("train_129_matmul", (2, 16, 1)),
+                ("train_112_matmul", (1, 4, 1)),
+                ("train_113_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_114_sum", (256, 1, 1)),
+                ("train_115_matmul", (1, 16, 1)),
+                ("train_116_matmul", (4, 1, 1)),
+                ("train_117_sum", (64, 1, 1)),
+                ("train_118_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_119_fused_mul_sub_add", (256, 1, 1)),
+                ("train_120_fused_neg_sum", (1024, 1, 1)),
+                ("train_121_fused_mul_add", (256, 1, 1)),
+                ("train_122_matmul", (2, 16, 1)),
+                ("train_123_matmul", (2, 2, 1)),
+                ("train_124_attention_dq_delta", (64, 1, 1)),
+                ("train_125_attention_dk_dv", (64, 1, 1)),
+                ("train_126_matmul", (2, 16, 1)),
+                ("train_127_matmul", (2, 2, 1)),
+                ("train_128_matmul", (2, 16, 1)),
+                ("train_129_matmul", (2, 2, 1)),
                 ("train_130_matmul", (2, 2, 1)),
-                ("train_131_matmul", (2, 16, 1)),
-                ("train_132_matmul", (2, 2, 1)),
-                ("train_133_matmul", (2, 2, 1)),
-                ("train_134_matmul_add", (2, 16, 1)),
-                ("train_135_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_136_fused_mul_sub_sum", (64, 1, 1)),
-                ("train_137_fused_mul_sub_sum", (1024, 1, 1)),
-                ("train_138_fused_mul_sub_add", (256, 1, 1)),
-                ("train_139_fused_neg_sum", (1024, 1, 1)),
-                ("train_140_fused_mul_add", (256, 1, 1)),
-                ("train_141_sum", (512, 1, 1)),
-                ("train_142_pad", (3, 1, 1)),
-                ("train_143_one_hot", (48, 1, 1)),
-                ("train_144_matmul_add", (4, 1, 1)),
-                ("train_145_fused_square_pad_sum", (37, 1, 1)),
-                ("train_146_sum", (1, 1, 1)),
-                ("train_147_fused_sqrt_add_sub", (589, 1, 1)),
+                ("train_131_matmul_add", (2, 16, 1)),
+                ("train_132_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_133_fused_mul_sub_sum", (64, 1, 1)),
+                ("train_134_fused_mul_sub_sum", (1024, 1, 1)),
+                ("train_135_fused_mul_sub_add", (256, 1, 1)),
+                ("train_136_fused_neg_sum", (1024, 1, 1)),
+                ("train_137_fused_mul_add", (256, 1, 1)),
+                ("train_138_sum", (512, 1, 1)),
+                ("train_139_pad", (3, 1, 1)),
+                ("train_140_one_hot", (48, 1, 1)),
+                ("train_141_matmul_add", (4, 1, 1)),
+                ("train_142_fused_square_pad_sum", (37, 1, 1)),
+                ("train_143_sum", (1, 1, 1)),
+                ("train_144_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": 12},
@@ -1899,11 +1866,11 @@ PROGRAM = {
                 "state": 150656,
                 "inputs": 1027,
                 "inputs_i32": 2048,
-                "work": 2776896,
+                "work": 2779968,
                 "state_1": 150656,
             },
             "update_from": 61,
-            "update_from_cpu": 145,
+            "update_from_cpu": 142,
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],

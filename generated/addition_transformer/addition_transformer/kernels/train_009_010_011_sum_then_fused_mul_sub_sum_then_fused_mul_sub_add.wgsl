@@ -39,7 +39,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
     if (lid.x == 0u) {
         let res0 = k0_part0[0];
-        work[2766848u + o] = res0;
+        work[2770944u + o] = res0;
     }
 }
 
@@ -55,7 +55,7 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[1441792u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[2766848u + v4];
+        let v5: f32 = work[2770944u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
@@ -76,7 +76,7 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v11: f32 = res0 * 0.015625;
         let v12: f32 = v11 + 0.00001;
         let v13: f32 = inverseSqrt(v12);
-        work[2767872u + o] = v13;
+        work[2771968u + o] = v13;
     }
 }
 
@@ -91,10 +91,10 @@ fn k2_main(gid: vec3<u32>) {
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[2766848u + v4];
+    let v5: f32 = work[2770944u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[2767872u + v1 * 8u + v2];
+    let v8: f32 = work[2771968u + v1 * 8u + v2];
     let v9: f32 = v7 * v8;
     let v10: f32 = params[148928u + v3];
     let v11: f32 = v9 * v10;

@@ -15,7 +15,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
-    let v4: f32 = work[2768896u + v1 * 8u + v2];
+    let v4: f32 = work[2772992u + v1 * 8u + v2];
     let v5: f32 = v0 * v4;
     let v6: f32 = params[149376u + v3];
     let v7: f32 = v5 * v6;

@@ -29,6 +29,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[2769920u + o] = res0;
+        work[2774016u + o] = res0;
     }
 }

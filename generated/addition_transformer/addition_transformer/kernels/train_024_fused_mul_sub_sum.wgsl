@@ -18,7 +18,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[1966080u + v2];
         let v4: u32 = v0 * 8u + v1;
-        let v5: f32 = work[2769920u + v4];
+        let v5: f32 = work[2774016u + v4];
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
@@ -39,6 +39,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v11: f32 = res0 * 0.015625;
         let v12: f32 = v11 + 0.00001;
         let v13: f32 = inverseSqrt(v12);
-        work[2770944u + o] = v13;
+        work[2775040u + o] = v13;
     }
 }

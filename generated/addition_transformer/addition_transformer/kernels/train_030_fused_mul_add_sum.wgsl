@@ -35,6 +35,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v7: f32 = res0 * 0.015625;
         let v8: f32 = v7 + 0.00001;
         let v9: f32 = inverseSqrt(v8);
-        work[2771968u + o] = v9;
+        work[2776064u + o] = v9;
     }
 }

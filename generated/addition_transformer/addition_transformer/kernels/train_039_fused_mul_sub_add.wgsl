@@ -16,10 +16,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[2772992u + v4];
+    let v5: f32 = work[2777088u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 - v6;
-    let v8: f32 = work[2774016u + v1 * 8u + v2];
+    let v8: f32 = work[2778112u + v1 * 8u + v2];
     let v9: f32 = v7 * v8;
     let v10: f32 = params[150080u + v3];
     let v11: f32 = v9 * v10;

@@ -10,7 +10,7 @@
 // [64x1024] @ [1024x12]
 //   A[m, k] = work[917504 + m + k * 64]
 //   B[k, n] = work[1007616 + k * 12 + n]
-//   work[2776064 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[2779136 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -49,7 +49,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     if (lid.x == 0u) {
         let res0 = wg_f32_0[0];
         let v7: f32 = res0 * 0.0026041667;
-        work[2776832u + o] = v7;
+        work[2779904u + o] = v7;
     }
 }
 
@@ -59,7 +59,7 @@ fn k1_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn k1_store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 64u && col < 12u) {
-        let i = 2776064u + row * 12u + col;
+        let i = 2779136u + row * 12u + col;
         work[i] = k1_epilogue(acc, bi, row, col);
     }
 }

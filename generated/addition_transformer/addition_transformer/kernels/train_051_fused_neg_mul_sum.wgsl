@@ -34,6 +34,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (lid.x == 0u) {
         let res0 = part0[0];
         let v7: f32 = res0 * 0.0026041667;
-        work[2776832u + o] = v7;
+        work[2779904u + o] = v7;
     }
 }

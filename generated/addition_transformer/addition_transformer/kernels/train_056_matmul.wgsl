@@ -5,7 +5,7 @@
 // [64x1024] @ [1024x12]
 //   A[m, k] = work[917504 + m + k * 64]
 //   B[k, n] = work[1007616 + k * 12 + n]
-//   work[2776064 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[2779136 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -24,7 +24,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     if (row < 64u && col < 12u) {
-        let i = 2776064u + row * 12u + col;
+        let i = 2779136u + row * 12u + col;
         work[i] = epilogue(acc, bi, row, col);
     }
 }

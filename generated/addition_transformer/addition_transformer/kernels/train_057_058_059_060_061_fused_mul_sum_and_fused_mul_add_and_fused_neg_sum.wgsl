@@ -147,7 +147,7 @@ fn k1_k2_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
     if (lid.x == 0u) {
         let res0 = wg_f32_1[0];
-        work[2775040u + o] = res0;
+        work[2764800u + o] = res0;
     }
 }
 
@@ -162,7 +162,7 @@ fn k1_k3_main(gid: vec3<u32>) {
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[2775040u + v4];
+    let v5: f32 = work[2764800u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 + v6;
     work[2686976u + i] = v7;

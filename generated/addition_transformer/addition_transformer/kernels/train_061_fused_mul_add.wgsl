@@ -15,7 +15,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
     let v4: u32 = v1 * 8u + v2;
-    let v5: f32 = work[2775040u + v4];
+    let v5: f32 = work[2764800u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v0 + v6;
     work[2686976u + i] = v7;

@@ -22,7 +22,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v5: f32 = v3 * v4;
         let v6: f32 = work[2490368u + v2];
         let v7: u32 = v0 * 8u + v1;
-        let v8: f32 = work[2772992u + v7];
+        let v8: f32 = work[2777088u + v7];
         let v9: f32 = v8 * 0.015625;
         let v10: f32 = v6 - v9;
         let v11: f32 = v5 * v10;

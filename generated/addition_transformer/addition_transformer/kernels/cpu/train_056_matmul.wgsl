@@ -6,7 +6,7 @@
 // [64x1024] @ [1024x12]
 //   A[m, k] = work[917504 + m + k * 64]
 //   B[k, n] = work[1007616 + k * 12 + n]
-//   work[2776064 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[2779136 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // CPU block 2x2: each workgroup computes a 16x16 block of C for one batch entry; each of
 // its 8x8 invocations sums 2x2 outputs over all of K by itself, with no
 // workgroup memory and no barriers (a CPU adapter runs the invocations as SIMD lanes of one loop,
