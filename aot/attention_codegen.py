@@ -11,7 +11,9 @@ read nothing out of bounds.
 - forward: online softmax over key tiles. Per tile, scores into workgroup scratch and their max
   m_t; m' = max(m, m_t); the running sum l and output o are rescaled by exp(m - m'), then
   o += exp(s - m') v. At the end O = o / l and lse = m + log(l). Writes O, lse or both.
-- dq: per key tile, p = exp(s - lse_i), dp = dO_i . v_j, dq += p (dp - delta_i) k_j.
+- dq: delta_i = dO_i . O_i from its own rows (written out too where dk wants it: the sibling op
+  attention_delta, alone a kernel of its own rows), then per key tile p = exp(s - lse_i),
+  dp = dO_i . v_j, dq += p (dp - delta_i) k_j.
 - dk: per query tile, the same p and dp with the roles swapped, dk += p (dp - delta_i) q_i.
 - dv: per query tile, dv += p dO_i.
 - dkv: dk and dv of the same key rows in one walk (schedule: OpDef.sibling), when both are
