@@ -688,8 +688,15 @@ def run_case(case: Case, check: bool = True, sgd: tuple | None = None) -> CaseRu
                 for n in params:
                     envs[fdt][n] = T.from_numpy(np.array(run.params[s][n])).to(fdt).requires_grad_(True)
         for op in case.ops:
-            a64, o64 = eval_op(op, envs[T.float64], T.float64)
-            a32, o32 = eval_op(op, envs[T.float32], T.float32)
+            try:
+                a64, o64 = eval_op(op, envs[T.float64], T.float64)
+                a32, o32 = eval_op(op, envs[T.float32], T.float32)
+            except (RuntimeError, IndexError):
+                # an index that was in range when the graph was drawn left it at a later step, the
+                # parameters having moved under SGD (seed 61497: one_hot of an argmax): no case
+                if check:
+                    return None
+                raise
             if check:
                 with T.no_grad():
                     d = lambda xs: [x.detach() if isinstance(x, T.Tensor) else x for x in xs]  # noqa: E731
