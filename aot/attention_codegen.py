@@ -268,8 +268,9 @@ def render_attention(
         "delta": [("g", "dout", dv4, False), ("orow", "o", dv4, False)],
         "dk": [("k", "k", d4, True), ("v", "v", dv4, False)],
         "dv": [("k", "k", d4, True)],
-        "dkv": [("k", "k", d4, True), ("v", "v", dv4, False)],
-    }[kind]
+    }
+    own_src["dkv"] = own_src["dk"]  # k and v, for dk's scores and dS
+    own_src = own_src[kind]
     own = []
     bases = {}
     for var, src, n, scaled in own_src:

@@ -102,24 +102,24 @@ def _reaches(s: KernelSchedule, own: set[int], t: Tensor, want: set[int], memo: 
     return found
 
 
-def _reads(s: KernelSchedule, own: set[int], t: Tensor, idx: np.ndarray | None, rows: np.ndarray, out: list, memo: dict) -> None:
-    """Storage reads of computing t at flat elements idx (None: all of them, in order), for
-    points in rows: (base, elements, rows), of the subtrees `memo` (_reaches) marks only."""
+def _reads(s: KernelSchedule, own: set[int], t: Tensor, idx: np.ndarray | None, out: list, memo: dict) -> None:
+    """Storage reads of computing t at flat elements idx (None: all of them, in order): (base,
+    the element read for each point), of the subtrees `memo` (_reaches) marks only."""
     if not memo[id(t)]:
         return
     if id(t) in s.views and id(t) not in own:
         v = s.views[id(t)]
         at = view_offsets(v, t.shape)
-        out.append((v.base, at if idx is None else at[idx], rows))
+        out.append((v.base, at if idx is None else at[idx]))
         return
     n = t.node
     if op_of(t).fusion == "pointwise":
         for x in n.inputs:
-            _reads(s, own, x, idx, rows, out, memo)
+            _reads(s, own, x, idx, out, memo)
     else:  # a view (_reaches let no other op through)
         x = n.inputs[0]
         at = view_offsets(op_of(t).view(n, {id(x): View.contiguous(x)}), t.shape)
-        _reads(s, own, x, at if idx is None else at[idx], rows, out, memo)
+        _reads(s, own, x, at if idx is None else at[idx], out, memo)
 
 
 def _row_index(shape, axes) -> np.ndarray:
@@ -176,10 +176,9 @@ def _local(s: KernelSchedule, k: Kernel, chain: Chain) -> bool:
         if not memo[id(t)]:
             continue
         reads: list = []
-        rows = row_of_point()
-        _reads(s, own, t, None, rows, reads, memo)
-        block = rows // chain.per_wg  # the workgroup that computes each point
-        for base, elems, _ in reads:
+        _reads(s, own, t, None, reads, memo)
+        block = row_of_point() // chain.per_wg  # the workgroup that computes each point
+        for base, elems in reads:
             _, per_row = chain.row_of[id(base)]
             if not np.array_equal(elems // (per_row * chain.per_wg), block):
                 return False
