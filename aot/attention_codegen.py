@@ -360,6 +360,7 @@ def render_attention(
         "wgsl/attention.wgsl.j2",
         header=header,
         bindings=kc.binding_text(),
+        one_buf=kc.bindings()[0][0],
         kind=kind,
         causal=causal,
         scale=wgsl_f32(scale),

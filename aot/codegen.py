@@ -314,6 +314,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         "wgsl/reduce.wgsl.j2",
         header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg,
         accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else wg),
+        one_buf=kc.bindings()[0][0] if cpu else "",
         outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
     return KernelCode(name, wgsl, kc.bindings(), grid, ops, site), kc

@@ -630,13 +630,7 @@ def render_matmul_cpu(
         b=b,
         row0=row0,
         col0=col0,
-        # One copy of a real epilogue, in a loop over the outputs (a 64x64_8x8 tile with a
-        # two-input epilogue compiled in 1.55 s written out, 0.58 s so); a bare `acc` is written
-        # out, which compiles 10-30% faster than the loop (lavapipe, the blocks 4x4 to 8x8).
-        store_loop=blk.TM * blk.TN > 1 and (spec.epilogue != "acc" or bool(spec.extra_stores)),
-        # the output e of this invocation's TM x TN (row-major)
-        row_e="row0 + e" if blk.TN == 1 else f"row0 + e / {blk.TN}u",
-        col_e="col0" if blk.TN == 1 else f"col0 + e % {blk.TN}u * {blk.WX}u",
+        one_buf=spec.out_buf,
         out_index=(spec.out_start + " + " + _out_index(spec, with_offset=False)) if spec.out_start else _out_index(spec),
         local_index=_out_index(spec, with_offset=False),
         out_guard=clamp_m or clamp_n,

@@ -20,8 +20,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (o >= 8u) {
         return;
     }
+    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
+    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
+    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
+    // stays a loop.
+    let one = select(1u, 2u, arrayLength(&params) == 0u);
     var acc0: f32 = 0.0;
-    for (var r: u32 = 0u; r < 64u; r = r + 1u) {
+    for (var r: u32 = 0u; r < 64u; r = r + one) {
         let v0: u32 = o * 64u + r;
         let v1: f32 = work[at.o0 + v0];
         let v2: f32 = work[at.o1 + v0];

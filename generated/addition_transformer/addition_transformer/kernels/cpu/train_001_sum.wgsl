@@ -17,10 +17,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (o >= 1024u) {
         return;
     }
+    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
+    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
+    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
+    // stays a loop.
+    let one = select(1u, 2u, arrayLength(&work) == 0u);
     let v0: u32 = o / 8u;
     let v1: u32 = o % 8u;
     var acc0: f32 = 0.0;
-    for (var r: u32 = 0u; r < 64u; r = r + 1u) {
+    for (var r: u32 = 0u; r < 64u; r = r + one) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[at.o0 + v2];
         acc0 = acc0 + v3;

@@ -44,8 +44,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // running max (finite: -inf is no WGSL constant, and exp(m - m') must not see inf - inf) and sum
     var m = -3.0e38;
     var l = 0.0;
+    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
+    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
+    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
+    // stays a loop.
+    let one = select(1u, 2u, arrayLength(&work) == 0u);
     // key rows after the workgroup's last query are masked for all of its rows
-    for (var j: u32 = 0u; j < min(8u, r0 + 8u); j = j + 1u) {
+    for (var j: u32 = 0u; j < min(8u, r0 + 8u); j = j + one) {
         let rr = min(j, 7u);
         let kt_row = at.o1 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
         let kt0 = vec4<f32>(work[kt_row], work[kt_row + 1u], work[kt_row + 2u], work[kt_row + 3u]);

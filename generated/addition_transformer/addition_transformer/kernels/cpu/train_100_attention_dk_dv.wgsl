@@ -53,8 +53,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var dv1 = vec4<f32>(0.0);
     var dv2 = vec4<f32>(0.0);
     var dv3 = vec4<f32>(0.0);
+    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
+    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
+    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
+    // stays a loop.
+    let one = select(1u, 2u, arrayLength(&work) == 0u);
     // query rows before the workgroup's first key see none of its keys
-    for (var j: u32 = r0; j < 8u; j = j + 1u) {
+    for (var j: u32 = r0; j < 8u; j = j + one) {
         let rr = min(j, 7u);
         let qt_row = at.o0 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
         let qt0 = vec4<f32>(work[qt_row], work[qt_row + 1u], work[qt_row + 2u], work[qt_row + 3u]);

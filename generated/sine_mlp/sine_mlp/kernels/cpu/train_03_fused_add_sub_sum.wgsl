@@ -24,9 +24,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (o >= 1u) {
         return;
     }
+    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
+    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
+    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
+    // stays a loop.
+    let one = select(1u, 2u, arrayLength(&params) == 0u);
     var acc0: f32 = 0.0;
     var acc1: f32 = 0.0;
-    for (var r: u32 = 0u; r < 256u; r = r + 1u) {
+    for (var r: u32 = 0u; r < 256u; r = r + one) {
         let v0: f32 = work[at.o0 + r];
         let v1: f32 = params[at.o1];
         let v2: f32 = v0 + v1;
