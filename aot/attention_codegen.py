@@ -283,7 +283,8 @@ def render_attention(
                 for rr in range(group_rows)
             ]
         rows_at = [op.row_base("bc", f"rci{rr}") for rr in range(group_rows)] if lanes > 1 else []
-        own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled, "bases": rows_at})
+        own.append({"var": var, "src": src, "n": n, "vals": vals, "scaled": scaled, "bases": rows_at,
+                    "chunk": _vec(op, f"{src}_row", "4u * c")})
     own_scalars = []
     if kind == "dq":
         if lanes > 1:
@@ -318,9 +319,9 @@ def render_attention(
         {"arr": arr, "total": g * bt, "val": f"{ops[src].buf}[{ops[src].row_base('bb', 'rr')}]"}
         for arr, src in scalar_tiles
     ]
-    # the CPU variant: row rr of this invocation's batch entry, in registers named like the tiles
+    # the CPU variant: row rr of this invocation's batch entry, its vec4 c (named like the tiles)
     rows = [
-        {"arr": arr, "base": ops[src].row_base("bc", "rr"), "vals": [_vec(ops[src], f"{arr}_row", 4 * i) for i in range(n)]}
+        {"arr": arr, "base": ops[src].row_base("bc", "rr"), "chunk": _vec(ops[src], f"{arr}_row", "4u * c")}
         for arr, src, n in tiles
     ]
     scalar_rows = [(arr, f"{ops[src].buf}[{ops[src].row_base('bc', 'rr')}]") for arr, src in scalar_tiles]
@@ -361,6 +362,8 @@ def render_attention(
         header=header,
         bindings=kc.binding_text(),
         one_buf=kc.bindings()[0][0],
+        # the CPU variant's pick functions: vec4 c of a row of so many
+        pick_sizes=sorted({n for n in (d4, dv4) if n > 1}) if kind != "delta" else [],
         kind=kind,
         causal=causal,
         scale=wgsl_f32(scale),

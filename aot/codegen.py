@@ -36,9 +36,12 @@ WG = 256
 ROW_WG = 64  # a row reduction's workgroup for many short rows (row_workgroup_size)
 ROW_WG_MIN_ROWS = 4096
 ROW_WG_MAX_LEN = 1024
-# Rows this short are summed by one invocation in a reduction's CPU variant; longer rows keep the
-# tree (its rounding grows with log n, a sequential sum's with n).
-CPU_SEQUENTIAL_MAX = 256
+# A reduction's CPU variant sums each row in one invocation, in order (no workgroup memory, no
+# barriers: a CPU adapter runs a workgroup's invocations as fibers or SIMD lanes, and each tree
+# step's barrier splits them; on Mesa 25 a tree's kernel also compiled 3x longer). A longer row
+# is summed CPU_SUM_CHUNK rows at a time into its total, so that rounding grows with
+# CPU_SUM_CHUNK + n / CPU_SUM_CHUNK rather than n (a tree's grows with log n).
+CPU_SUM_CHUNK = 256
 MAX_GROUPS = 65535
 MAX_STORAGE_BINDINGS = 8  # WebGPU's default maxStorageBuffersPerShaderStage
 
@@ -304,17 +307,16 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
             stores.append(_store(kc, plan, t, val, "o"))
     grid = _grid(n_out if per_wg else -(-n_out // WG))
     wg = row_workgroup_size(n_out, n_red) if per_wg else WG
-    if cpu and per_wg and n_red <= CPU_SEQUENTIAL_MAX:
-        # A CPU adapter runs a workgroup's invocations as fibers (lavapipe) or SIMD lanes: each
-        # tree step's barrier costs more than the adds it saves on a short row. One invocation
-        # per workgroup sums the row in order, over the GPU kernel's grid (one workgroup per row).
+    if cpu and per_wg:
+        # one invocation per workgroup sums the row in order, over the GPU kernel's grid (one
+        # workgroup per row)
         per_wg, wg = False, 1
         header = header[:-1] + [CPU_SEQUENTIAL_HEADER]
     wgsl = render(
         "wgsl/reduce.wgsl.j2",
         header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg,
         accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else wg),
-        one_buf=kc.bindings()[0][0] if cpu else "",
+        one_buf=kc.bindings()[0][0] if cpu else "", chunk=CPU_SUM_CHUNK if cpu else 0,
         outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
     return KernelCode(name, wgsl, kc.bindings(), grid, ops, site), kc

@@ -228,7 +228,8 @@ def test_elementwise_and_reduce_beyond_65535_workgroups(adapter):
 
 RED_SIZES = [1, 63, 64, 255, 256, 300, 5000]
 _PER_WG = re.compile(r"for \(var r: u32 = lid\.x; r < (\d+)u")
-_SEQUENTIAL = re.compile(r"for \(var r: u32 = 0u; r < (\d+)u; r = r \+ 1u\)")
+_SEQUENTIAL = re.compile(r"for \(var r: u32 = 0u; r < (\d+)u; r = r \+ (?:1u|one)\)")
+_CHUNKED = re.compile(r"if \(r % 256u == 255u \|\| r == (\d+)u\)")
 
 
 def _variants(wgsl: dict[str, str]) -> set[tuple[str, int]]:
@@ -236,13 +237,15 @@ def _variants(wgsl: dict[str, str]) -> set[tuple[str, int]]:
     for src in wgsl.values():
         out |= {("per_wg", int(n)) for n in _PER_WG.findall(src)}
         out |= {("sequential", int(n)) for n in _SEQUENTIAL.findall(src)}
+        out |= {("chunked", int(n) + 1) for n in _CHUNKED.findall(src)}
     return out
 
 
-def test_reductions_of_every_size(adapter):
-    """sum / mean / max / argmax over 1..5000 elements along the last and the first axis; with
-    3 outputs per reduction the compiler picks one workgroup per output from 64 elements up,
-    with 2048 outputs one invocation per output below 256 elements."""
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_reductions_of_every_size(adapter, kernels):
+    """sum / mean / max / argmax over 1..5000 elements along the last and the first axis. GPU
+    set: with 3 outputs per reduction one workgroup per output from 64 elements up. CPU set:
+    every row summed in order by one invocation, in sums of 256 rows over 256."""
     rng = np.random.default_rng(5)
     params, inputs = {}, {}
     for n in RED_SIZES:
@@ -273,9 +276,14 @@ def test_reductions_of_every_size(adapter):
         return out
 
     program, inputs, _ = make_program("reductions", params, inputs, body)
-    [(gpu, ref)], wgsl = run_both(program, inputs)
-    got = _variants(wgsl)
-    want = {("sequential", n) for n in (1, 63, 64, 255)} | {("per_wg", n) for n in (64, 255, 256, 300, 5000)}
+    [(gpu, ref)], wgsl = run_both(program, inputs, kernels=kernels)
+    # merged dispatches and chains are GPU-only (the CPU set's sources sit beside them)
+    got = _variants({k: v for k, v in wgsl.items() if kernels == "gpu" or not ("_and_" in k or "_then_" in k)})
+    if kernels == "gpu":
+        want = {("sequential", n) for n in (1, 63)} | {("per_wg", n) for n in (64, 255, 256, 300, 5000)}
+    else:
+        want = {("sequential", n) for n in RED_SIZES} | {("chunked", n) for n in (300, 5000)}
+        assert not any(kind == "per_wg" for kind, _ in got)
     assert want <= got, f"reduce variants not generated: {sorted(want - got)}"
     for name in ref.captures:
         n = int(re.findall(r"\d+", name)[-1])
@@ -289,9 +297,10 @@ def test_reductions_of_every_size(adapter):
     assert_loss_close(gpu, ref, "reductions")
 
 
-def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int):
-    """The reduce template on its own, forced into one variant: x [n_out, n_red] in `inputs`."""
-    wg = codegen.WG
+def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int, cpu: bool = False):
+    """The reduce template on its own, forced into one variant: x [n_out, n_red] in `inputs`
+    (cpu: the CPU set's, one invocation a workgroup, loops stepping by `one`, sums in chunks)."""
+    wg = 1 if cpu else codegen.WG
     grid = codegen._grid(n_out if per_wg else -(-n_out // wg))
     out_arena, out_type = ("work_i32", "i32") if op == "argmax" else ("work", "f32")
     wgsl = render(
@@ -304,14 +313,15 @@ def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int):
         helpers={"max": ["f32_bits", "is_nan_f32", "max_nan"], "argmax": ["f32_bits", "gt_nan", "is_nan_f32"]}.get(op, []),
         wg=wg, accs=[{"op": op, "val": "v0"}], per_wg=per_wg, n_out=n_out, n_red=n_red,
         row=grid[0] * (1 if per_wg else wg), outer=[], inner=["        let v0: f32 = inputs[o * %du + r];" % n_red],
-        epilogue=[], stores=[f"{out_arena}[o] = res0;"],
+        epilogue=[], stores=[f"{out_arena}[o] = res0;"], one_buf="inputs" if cpu else "",
+        chunk=codegen.CPU_SUM_CHUNK if cpu else 0,
     )
     return wgsl, grid, out_arena
 
 
-@pytest.mark.parametrize("per_wg", [True, False], ids=["per_wg", "sequential"])
+@pytest.mark.parametrize("per_wg,cpu", [(True, False), (False, False), (False, True)], ids=["per_wg", "sequential", "cpu"])
 @pytest.mark.parametrize("op", ["sum", "max", "argmax"])
-def test_reduce_template_in_both_variants(device, op, per_wg):
+def test_reduce_template_in_both_variants(device, op, per_wg, cpu):
     """Small integers sum exactly in any order, so both variants must match NumPy bit for bit.
     Row 0 is all negative with its maximum repeated (max starts from -inf, not 0; argmax keeps
     the first), row 1 has one maximum in the middle, row 2 is one long tie."""
@@ -319,7 +329,7 @@ def test_reduce_template_in_both_variants(device, op, per_wg):
         rng = np.random.default_rng(n)
         x = np.stack([rng.integers(-9, -1, n), rng.integers(-2, 3, n), np.full(n, 1.0)]).astype(np.float32)
         x[1, n // 2] = 7.0
-        wgsl, grid, arena = _reduce_kernel(op, per_wg, 3, n)
+        wgsl, grid, arena = _reduce_kernel(op, per_wg, 3, n, cpu)
         dtype = np.int32 if op == "argmax" else np.float32
         out = run_wgsl(device, wgsl, grid, {"inputs": x.ravel(), arena: np.full(3, -77, dtype)})[arena]
         want = {"sum": x.sum(-1), "max": x.max(-1), "argmax": np.argmax(x, -1).astype(np.int32)}[op]

@@ -18,6 +18,15 @@ struct Offsets {
 @group(0) @binding(400) var<uniform> at: Offsets;
 
 
+// vec4 c of v0 .. v3, without an array (one indexed by c would live in memory)
+fn pick4(c: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>) -> vec4<f32> {
+    var v = v0;
+    v = select(v, v1, c == 1u);
+    v = select(v, v2, c == 2u);
+    v = select(v, v3, c == 3u);
+    return v;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let w = wid.x + wid.y * 64u;
@@ -32,11 +41,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
+    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
+    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
+    // stays a loop.
+    let one = select(1u, 2u, arrayLength(&work) == 0u);
     let q_row = at.o0 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
-    let q0 = vec4<f32>(work[q_row], work[q_row + 1u], work[q_row + 2u], work[q_row + 3u]) * 0.25;
-    let q1 = vec4<f32>(work[q_row + 4u], work[q_row + 5u], work[q_row + 6u], work[q_row + 7u]) * 0.25;
-    let q2 = vec4<f32>(work[q_row + 8u], work[q_row + 9u], work[q_row + 10u], work[q_row + 11u]) * 0.25;
-    let q3 = vec4<f32>(work[q_row + 12u], work[q_row + 13u], work[q_row + 14u], work[q_row + 15u]) * 0.25;
+    var q0 = vec4<f32>(0.0);
+    var q1 = vec4<f32>(0.0);
+    var q2 = vec4<f32>(0.0);
+    var q3 = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c += one) {
+        let q_c = vec4<f32>(work[q_row + (4u * c)], work[q_row + (4u * c + 1u)], work[q_row + (4u * c + 2u)], work[q_row + (4u * c + 3u)]) * 0.25;
+        q0 = select(q0, q_c, c == 0u);
+        q1 = select(q1, q_c, c == 1u);
+        q2 = select(q2, q_c, c == 2u);
+        q3 = select(q3, q_c, c == 3u);
+    }
     var o0 = vec4<f32>(0.0);
     var o1 = vec4<f32>(0.0);
     var o2 = vec4<f32>(0.0);
@@ -44,35 +65,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // running max (finite: -inf is no WGSL constant, and exp(m - m') must not see inf - inf) and sum
     var m = -3.0e38;
     var l = 0.0;
-    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
-    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
-    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
-    // stays a loop.
-    let one = select(1u, 2u, arrayLength(&work) == 0u);
     // key rows after the workgroup's last query are masked for all of its rows
     for (var j: u32 = 0u; j < min(8u, r0 + 8u); j = j + one) {
         let rr = min(j, 7u);
         let kt_row = at.o1 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
-        let kt0 = vec4<f32>(work[kt_row], work[kt_row + 1u], work[kt_row + 2u], work[kt_row + 3u]);
-        let kt1 = vec4<f32>(work[kt_row + 4u], work[kt_row + 5u], work[kt_row + 6u], work[kt_row + 7u]);
-        let kt2 = vec4<f32>(work[kt_row + 8u], work[kt_row + 9u], work[kt_row + 10u], work[kt_row + 11u]);
-        let kt3 = vec4<f32>(work[kt_row + 12u], work[kt_row + 13u], work[kt_row + 14u], work[kt_row + 15u]);
         let vt_row = at.o2 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
-        let vt0 = vec4<f32>(work[vt_row], work[vt_row + 1u], work[vt_row + 2u], work[vt_row + 3u]);
-        let vt1 = vec4<f32>(work[vt_row + 4u], work[vt_row + 5u], work[vt_row + 6u], work[vt_row + 7u]);
-        let vt2 = vec4<f32>(work[vt_row + 8u], work[vt_row + 9u], work[vt_row + 10u], work[vt_row + 11u]);
-        let vt3 = vec4<f32>(work[vt_row + 12u], work[vt_row + 13u], work[vt_row + 14u], work[vt_row + 15u]);
         // online softmax one key at a time
-        let s = dot(q0, kt0) + dot(q1, kt1) + dot(q2, kt2) + dot(q3, kt3);
+        var s = 0.0;
+        for (var c = 0u; c < 4u; c += one) {
+            s += dot(pick4(c, q0, q1, q2, q3), vec4<f32>(work[kt_row + (4u * c)], work[kt_row + (4u * c + 1u)], work[kt_row + (4u * c + 2u)], work[kt_row + (4u * c + 3u)]));
+        }
         if (j < 8u && r < 8u && j <= r) {
             let mn = max(m, s);
             let alpha = exp(m - mn);
             let p = exp(s - mn);
             l = fma(l, alpha, p);
-            o0 = fma(vec4<f32>(p), vt0, o0 * alpha);
-            o1 = fma(vec4<f32>(p), vt1, o1 * alpha);
-            o2 = fma(vec4<f32>(p), vt2, o2 * alpha);
-            o3 = fma(vec4<f32>(p), vt3, o3 * alpha);
+            for (var c = 0u; c < 4u; c += one) {
+                let o_c = fma(vec4<f32>(p), vec4<f32>(work[vt_row + (4u * c)], work[vt_row + (4u * c + 1u)], work[vt_row + (4u * c + 2u)], work[vt_row + (4u * c + 3u)]), pick4(c, o0, o1, o2, o3) * alpha);
+                o0 = select(o0, o_c, c == 0u);
+                o1 = select(o1, o_c, c == 1u);
+                o2 = select(o2, o_c, c == 2u);
+                o3 = select(o3, o_c, c == 3u);
+            }
             m = mn;
         }
     }
@@ -80,21 +94,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let inv = 1.0 / l;
         work[at.o3 + b * 8u + r] = m + log(l);
         let out1 = at.o4 + (b * 8u + r) * 16u;
-        work[out1] = o0.x * inv;
-        work[out1 + 1u] = o0.y * inv;
-        work[out1 + 2u] = o0.z * inv;
-        work[out1 + 3u] = o0.w * inv;
-        work[out1 + 4u] = o1.x * inv;
-        work[out1 + 5u] = o1.y * inv;
-        work[out1 + 6u] = o1.z * inv;
-        work[out1 + 7u] = o1.w * inv;
-        work[out1 + 8u] = o2.x * inv;
-        work[out1 + 9u] = o2.y * inv;
-        work[out1 + 10u] = o2.z * inv;
-        work[out1 + 11u] = o2.w * inv;
-        work[out1 + 12u] = o3.x * inv;
-        work[out1 + 13u] = o3.y * inv;
-        work[out1 + 14u] = o3.z * inv;
-        work[out1 + 15u] = o3.w * inv;
+        for (var c = 0u; c < 4u; c += one) {
+            let v = pick4(c, o0, o1, o2, o3) * inv;
+            work[out1 + 4u * c] = v.x;
+            work[out1 + 4u * c + 1u] = v.y;
+            work[out1 + 4u * c + 2u] = v.z;
+            work[out1 + 4u * c + 3u] = v.w;
+        }
     }
 }

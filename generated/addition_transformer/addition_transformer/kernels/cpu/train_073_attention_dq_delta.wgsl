@@ -21,6 +21,15 @@ struct Offsets {
 @group(0) @binding(400) var<uniform> at: Offsets;
 
 
+// vec4 c of v0 .. v3, without an array (one indexed by c would live in memory)
+fn pick4(c: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>) -> vec4<f32> {
+    var v = v0;
+    v = select(v, v1, c == 1u);
+    v = select(v, v2, c == 2u);
+    v = select(v, v3, c == 3u);
+    return v;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let w = wid.x + wid.y * 64u;
@@ -35,70 +44,85 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
+    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
+    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
+    // stays a loop.
+    let one = select(1u, 2u, arrayLength(&work) == 0u);
     let q_row = at.o0 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
-    let q0 = vec4<f32>(work[q_row], work[q_row + 1u], work[q_row + 2u], work[q_row + 3u]) * 0.25;
-    let q1 = vec4<f32>(work[q_row + 4u], work[q_row + 5u], work[q_row + 6u], work[q_row + 7u]) * 0.25;
-    let q2 = vec4<f32>(work[q_row + 8u], work[q_row + 9u], work[q_row + 10u], work[q_row + 11u]) * 0.25;
-    let q3 = vec4<f32>(work[q_row + 12u], work[q_row + 13u], work[q_row + 14u], work[q_row + 15u]) * 0.25;
+    var q0 = vec4<f32>(0.0);
+    var q1 = vec4<f32>(0.0);
+    var q2 = vec4<f32>(0.0);
+    var q3 = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c += one) {
+        let q_c = vec4<f32>(work[q_row + (4u * c)], work[q_row + (4u * c + 1u)], work[q_row + (4u * c + 2u)], work[q_row + (4u * c + 3u)]) * 0.25;
+        q0 = select(q0, q_c, c == 0u);
+        q1 = select(q1, q_c, c == 1u);
+        q2 = select(q2, q_c, c == 2u);
+        q3 = select(q3, q_c, c == 3u);
+    }
     let dout_row = at.o3 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
-    let g0 = vec4<f32>(work[dout_row], work[dout_row + 1u], work[dout_row + 2u], work[dout_row + 3u]);
-    let g1 = vec4<f32>(work[dout_row + 4u], work[dout_row + 5u], work[dout_row + 6u], work[dout_row + 7u]);
-    let g2 = vec4<f32>(work[dout_row + 8u], work[dout_row + 9u], work[dout_row + 10u], work[dout_row + 11u]);
-    let g3 = vec4<f32>(work[dout_row + 12u], work[dout_row + 13u], work[dout_row + 14u], work[dout_row + 15u]);
+    var g0 = vec4<f32>(0.0);
+    var g1 = vec4<f32>(0.0);
+    var g2 = vec4<f32>(0.0);
+    var g3 = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c += one) {
+        let g_c = vec4<f32>(work[dout_row + (4u * c)], work[dout_row + (4u * c + 1u)], work[dout_row + (4u * c + 2u)], work[dout_row + (4u * c + 3u)]);
+        g0 = select(g0, g_c, c == 0u);
+        g1 = select(g1, g_c, c == 1u);
+        g2 = select(g2, g_c, c == 2u);
+        g3 = select(g3, g_c, c == 3u);
+    }
     let o_row = at.o5 + bc * 128u + rc * 16u;
-    let orow0 = vec4<f32>(work[o_row], work[o_row + 1u], work[o_row + 2u], work[o_row + 3u]);
-    let orow1 = vec4<f32>(work[o_row + 4u], work[o_row + 5u], work[o_row + 6u], work[o_row + 7u]);
-    let orow2 = vec4<f32>(work[o_row + 8u], work[o_row + 9u], work[o_row + 10u], work[o_row + 11u]);
-    let orow3 = vec4<f32>(work[o_row + 12u], work[o_row + 13u], work[o_row + 14u], work[o_row + 15u]);
+    var orow0 = vec4<f32>(0.0);
+    var orow1 = vec4<f32>(0.0);
+    var orow2 = vec4<f32>(0.0);
+    var orow3 = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c += one) {
+        let orow_c = vec4<f32>(work[o_row + (4u * c)], work[o_row + (4u * c + 1u)], work[o_row + (4u * c + 2u)], work[o_row + (4u * c + 3u)]);
+        orow0 = select(orow0, orow_c, c == 0u);
+        orow1 = select(orow1, orow_c, c == 1u);
+        orow2 = select(orow2, orow_c, c == 2u);
+        orow3 = select(orow3, orow_c, c == 3u);
+    }
     let lse_i = work[at.o4 + bc * 8u + rc];
     let delta_i = dot(g0, orow0) + dot(g1, orow1) + dot(g2, orow2) + dot(g3, orow3);
     var dq0 = vec4<f32>(0.0);
     var dq1 = vec4<f32>(0.0);
     var dq2 = vec4<f32>(0.0);
     var dq3 = vec4<f32>(0.0);
-    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
-    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
-    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
-    // stays a loop.
-    let one = select(1u, 2u, arrayLength(&work) == 0u);
     // key rows after the workgroup's last query are masked for all of its rows
     for (var j: u32 = 0u; j < min(8u, r0 + 8u); j = j + one) {
         let rr = min(j, 7u);
         let kt_row = at.o1 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
-        let kt0 = vec4<f32>(work[kt_row], work[kt_row + 1u], work[kt_row + 2u], work[kt_row + 3u]);
-        let kt1 = vec4<f32>(work[kt_row + 4u], work[kt_row + 5u], work[kt_row + 6u], work[kt_row + 7u]);
-        let kt2 = vec4<f32>(work[kt_row + 8u], work[kt_row + 9u], work[kt_row + 10u], work[kt_row + 11u]);
-        let kt3 = vec4<f32>(work[kt_row + 12u], work[kt_row + 13u], work[kt_row + 14u], work[kt_row + 15u]);
         let vt_row = at.o2 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
-        let vt0 = vec4<f32>(work[vt_row], work[vt_row + 1u], work[vt_row + 2u], work[vt_row + 3u]);
-        let vt1 = vec4<f32>(work[vt_row + 4u], work[vt_row + 5u], work[vt_row + 6u], work[vt_row + 7u]);
-        let vt2 = vec4<f32>(work[vt_row + 8u], work[vt_row + 9u], work[vt_row + 10u], work[vt_row + 11u]);
-        let vt3 = vec4<f32>(work[vt_row + 12u], work[vt_row + 13u], work[vt_row + 14u], work[vt_row + 15u]);
-        let p = select(0.0, exp(dot(q0, kt0) + dot(q1, kt1) + dot(q2, kt2) + dot(q3, kt3) - lse_i), j < 8u && r < 8u && j <= r);
-        let ds = p * (dot(g0, vt0) + dot(g1, vt1) + dot(g2, vt2) + dot(g3, vt3) - delta_i);
-        dq0 = fma(vec4<f32>(ds), kt0, dq0);
-        dq1 = fma(vec4<f32>(ds), kt1, dq1);
-        dq2 = fma(vec4<f32>(ds), kt2, dq2);
-        dq3 = fma(vec4<f32>(ds), kt3, dq3);
+        var qk = 0.0;
+        for (var c = 0u; c < 4u; c += one) {
+            qk += dot(pick4(c, q0, q1, q2, q3), vec4<f32>(work[kt_row + (4u * c)], work[kt_row + (4u * c + 1u)], work[kt_row + (4u * c + 2u)], work[kt_row + (4u * c + 3u)]));
+        }
+        let p = select(0.0, exp(qk - lse_i), j < 8u && r < 8u && j <= r);
+        var gv = 0.0;
+        for (var c = 0u; c < 4u; c += one) {
+            gv += dot(pick4(c, g0, g1, g2, g3), vec4<f32>(work[vt_row + (4u * c)], work[vt_row + (4u * c + 1u)], work[vt_row + (4u * c + 2u)], work[vt_row + (4u * c + 3u)]));
+        }
+        let ds = p * (gv - delta_i);
+        for (var c = 0u; c < 4u; c += one) {
+            let dq_c = fma(vec4<f32>(ds), vec4<f32>(work[kt_row + (4u * c)], work[kt_row + (4u * c + 1u)], work[kt_row + (4u * c + 2u)], work[kt_row + (4u * c + 3u)]), pick4(c, dq0, dq1, dq2, dq3));
+            dq0 = select(dq0, dq_c, c == 0u);
+            dq1 = select(dq1, dq_c, c == 1u);
+            dq2 = select(dq2, dq_c, c == 2u);
+            dq3 = select(dq3, dq_c, c == 3u);
+        }
     }
     if (b < 512u && r < 8u) {
         work[at.o6 + b * 8u + r] = delta_i;
         let out1 = at.o7 + (b * 8u + r) * 16u;
-        work[out1] = dq0.x * 0.25;
-        work[out1 + 1u] = dq0.y * 0.25;
-        work[out1 + 2u] = dq0.z * 0.25;
-        work[out1 + 3u] = dq0.w * 0.25;
-        work[out1 + 4u] = dq1.x * 0.25;
-        work[out1 + 5u] = dq1.y * 0.25;
-        work[out1 + 6u] = dq1.z * 0.25;
-        work[out1 + 7u] = dq1.w * 0.25;
-        work[out1 + 8u] = dq2.x * 0.25;
-        work[out1 + 9u] = dq2.y * 0.25;
-        work[out1 + 10u] = dq2.z * 0.25;
-        work[out1 + 11u] = dq2.w * 0.25;
-        work[out1 + 12u] = dq3.x * 0.25;
-        work[out1 + 13u] = dq3.y * 0.25;
-        work[out1 + 14u] = dq3.z * 0.25;
-        work[out1 + 15u] = dq3.w * 0.25;
+        for (var c = 0u; c < 4u; c += one) {
+            let v = pick4(c, dq0, dq1, dq2, dq3) * 0.25;
+            work[out1 + 4u * c] = v.x;
+            work[out1 + 4u * c + 1u] = v.y;
+            work[out1 + 4u * c + 2u] = v.z;
+            work[out1 + 4u * c + 3u] = v.w;
+        }
     }
 }

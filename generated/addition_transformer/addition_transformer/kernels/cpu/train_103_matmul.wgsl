@@ -32,7 +32,8 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     work[i] = epilogue(acc, bi, row, col);
 }
 
-// Register r{i} of r0 .. r7, without an array (one indexed by i would live in memory).
+// r_i of r0 .. r7 (one column's accumulators, by row), without an array: one indexed by i
+// would live in memory.
 fn pick(i: u32, r0: f32, r1: f32, r2: f32, r3: f32, r4: f32, r5: f32, r6: f32, r7: f32) -> f32 {
     var v = r0;
     v = select(v, r1, i == 1u);

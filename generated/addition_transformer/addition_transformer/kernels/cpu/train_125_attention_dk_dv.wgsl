@@ -21,6 +21,15 @@ struct Offsets {
 @group(0) @binding(400) var<uniform> at: Offsets;
 
 
+// vec4 c of v0 .. v3, without an array (one indexed by c would live in memory)
+fn pick4(c: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>) -> vec4<f32> {
+    var v = v0;
+    v = select(v, v1, c == 1u);
+    v = select(v, v2, c == 2u);
+    v = select(v, v3, c == 3u);
+    return v;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let w = wid.x + wid.y * 64u;
@@ -35,16 +44,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
+    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
+    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
+    // stays a loop.
+    let one = select(1u, 2u, arrayLength(&work) == 0u);
     let k_row = at.o1 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
-    let k0 = vec4<f32>(work[k_row], work[k_row + 1u], work[k_row + 2u], work[k_row + 3u]) * 0.25;
-    let k1 = vec4<f32>(work[k_row + 4u], work[k_row + 5u], work[k_row + 6u], work[k_row + 7u]) * 0.25;
-    let k2 = vec4<f32>(work[k_row + 8u], work[k_row + 9u], work[k_row + 10u], work[k_row + 11u]) * 0.25;
-    let k3 = vec4<f32>(work[k_row + 12u], work[k_row + 13u], work[k_row + 14u], work[k_row + 15u]) * 0.25;
+    var k0 = vec4<f32>(0.0);
+    var k1 = vec4<f32>(0.0);
+    var k2 = vec4<f32>(0.0);
+    var k3 = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c += one) {
+        let k_c = vec4<f32>(work[k_row + (4u * c)], work[k_row + (4u * c + 1u)], work[k_row + (4u * c + 2u)], work[k_row + (4u * c + 3u)]) * 0.25;
+        k0 = select(k0, k_c, c == 0u);
+        k1 = select(k1, k_c, c == 1u);
+        k2 = select(k2, k_c, c == 2u);
+        k3 = select(k3, k_c, c == 3u);
+    }
     let v_row = at.o2 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
-    let v0 = vec4<f32>(work[v_row], work[v_row + 1u], work[v_row + 2u], work[v_row + 3u]);
-    let v1 = vec4<f32>(work[v_row + 4u], work[v_row + 5u], work[v_row + 6u], work[v_row + 7u]);
-    let v2 = vec4<f32>(work[v_row + 8u], work[v_row + 9u], work[v_row + 10u], work[v_row + 11u]);
-    let v3 = vec4<f32>(work[v_row + 12u], work[v_row + 13u], work[v_row + 14u], work[v_row + 15u]);
+    var v0 = vec4<f32>(0.0);
+    var v1 = vec4<f32>(0.0);
+    var v2 = vec4<f32>(0.0);
+    var v3 = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c += one) {
+        let v_c = vec4<f32>(work[v_row + (4u * c)], work[v_row + (4u * c + 1u)], work[v_row + (4u * c + 2u)], work[v_row + (4u * c + 3u)]);
+        v0 = select(v0, v_c, c == 0u);
+        v1 = select(v1, v_c, c == 1u);
+        v2 = select(v2, v_c, c == 2u);
+        v3 = select(v3, v_c, c == 3u);
+    }
     var dk0 = vec4<f32>(0.0);
     var dk1 = vec4<f32>(0.0);
     var dk2 = vec4<f32>(0.0);
@@ -53,71 +81,53 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var dv1 = vec4<f32>(0.0);
     var dv2 = vec4<f32>(0.0);
     var dv3 = vec4<f32>(0.0);
-    // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
-    // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
-    // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
-    // stays a loop.
-    let one = select(1u, 2u, arrayLength(&work) == 0u);
     // query rows before the workgroup's first key see none of its keys
     for (var j: u32 = r0; j < 8u; j = j + one) {
         let rr = min(j, 7u);
         let qt_row = at.o0 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
-        let qt0 = vec4<f32>(work[qt_row], work[qt_row + 1u], work[qt_row + 2u], work[qt_row + 3u]);
-        let qt1 = vec4<f32>(work[qt_row + 4u], work[qt_row + 5u], work[qt_row + 6u], work[qt_row + 7u]);
-        let qt2 = vec4<f32>(work[qt_row + 8u], work[qt_row + 9u], work[qt_row + 10u], work[qt_row + 11u]);
-        let qt3 = vec4<f32>(work[qt_row + 12u], work[qt_row + 13u], work[qt_row + 14u], work[qt_row + 15u]);
         let ot_row = at.o3 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
-        let ot0 = vec4<f32>(work[ot_row], work[ot_row + 1u], work[ot_row + 2u], work[ot_row + 3u]);
-        let ot1 = vec4<f32>(work[ot_row + 4u], work[ot_row + 5u], work[ot_row + 6u], work[ot_row + 7u]);
-        let ot2 = vec4<f32>(work[ot_row + 8u], work[ot_row + 9u], work[ot_row + 10u], work[ot_row + 11u]);
-        let ot3 = vec4<f32>(work[ot_row + 12u], work[ot_row + 13u], work[ot_row + 14u], work[ot_row + 15u]);
         let lt = work[at.o4 + bc * 8u + rr];
         let dt = work[at.o5 + bc * 8u + rr];
-        let p = select(0.0, exp(dot(k0, qt0) + dot(k1, qt1) + dot(k2, qt2) + dot(k3, qt3) - lt), r < 8u && j < 8u && r <= j);
-        let ds = p * (dot(v0, ot0) + dot(v1, ot1) + dot(v2, ot2) + dot(v3, ot3) - dt);
-        dk0 = fma(vec4<f32>(ds), qt0, dk0);
-        dk1 = fma(vec4<f32>(ds), qt1, dk1);
-        dk2 = fma(vec4<f32>(ds), qt2, dk2);
-        dk3 = fma(vec4<f32>(ds), qt3, dk3);
-        dv0 = fma(vec4<f32>(p), ot0, dv0);
-        dv1 = fma(vec4<f32>(p), ot1, dv1);
-        dv2 = fma(vec4<f32>(p), ot2, dv2);
-        dv3 = fma(vec4<f32>(p), ot3, dv3);
+        var kq = 0.0;
+        for (var c = 0u; c < 4u; c += one) {
+            kq += dot(pick4(c, k0, k1, k2, k3), vec4<f32>(work[qt_row + (4u * c)], work[qt_row + (4u * c + 1u)], work[qt_row + (4u * c + 2u)], work[qt_row + (4u * c + 3u)]));
+        }
+        let p = select(0.0, exp(kq - lt), r < 8u && j < 8u && r <= j);
+        var vo = 0.0;
+        for (var c = 0u; c < 4u; c += one) {
+            let ot_c = vec4<f32>(work[ot_row + (4u * c)], work[ot_row + (4u * c + 1u)], work[ot_row + (4u * c + 2u)], work[ot_row + (4u * c + 3u)]);
+            vo += dot(pick4(c, v0, v1, v2, v3), ot_c);
+            let dv_c = fma(vec4<f32>(p), ot_c, pick4(c, dv0, dv1, dv2, dv3));
+            dv0 = select(dv0, dv_c, c == 0u);
+            dv1 = select(dv1, dv_c, c == 1u);
+            dv2 = select(dv2, dv_c, c == 2u);
+            dv3 = select(dv3, dv_c, c == 3u);
+        }
+        let ds = p * (vo - dt);
+        for (var c = 0u; c < 4u; c += one) {
+            let dk_c = fma(vec4<f32>(ds), vec4<f32>(work[qt_row + (4u * c)], work[qt_row + (4u * c + 1u)], work[qt_row + (4u * c + 2u)], work[qt_row + (4u * c + 3u)]), pick4(c, dk0, dk1, dk2, dk3));
+            dk0 = select(dk0, dk_c, c == 0u);
+            dk1 = select(dk1, dk_c, c == 1u);
+            dk2 = select(dk2, dk_c, c == 2u);
+            dk3 = select(dk3, dk_c, c == 3u);
+        }
     }
     if (b < 512u && r < 8u) {
         let out0 = at.o6 + (b * 8u + r) * 16u;
-        work[out0] = dv0.x;
-        work[out0 + 1u] = dv0.y;
-        work[out0 + 2u] = dv0.z;
-        work[out0 + 3u] = dv0.w;
-        work[out0 + 4u] = dv1.x;
-        work[out0 + 5u] = dv1.y;
-        work[out0 + 6u] = dv1.z;
-        work[out0 + 7u] = dv1.w;
-        work[out0 + 8u] = dv2.x;
-        work[out0 + 9u] = dv2.y;
-        work[out0 + 10u] = dv2.z;
-        work[out0 + 11u] = dv2.w;
-        work[out0 + 12u] = dv3.x;
-        work[out0 + 13u] = dv3.y;
-        work[out0 + 14u] = dv3.z;
-        work[out0 + 15u] = dv3.w;
+        for (var c = 0u; c < 4u; c += one) {
+            let v = pick4(c, dv0, dv1, dv2, dv3);
+            work[out0 + 4u * c] = v.x;
+            work[out0 + 4u * c + 1u] = v.y;
+            work[out0 + 4u * c + 2u] = v.z;
+            work[out0 + 4u * c + 3u] = v.w;
+        }
         let out1 = at.o7 + (b * 8u + r) * 16u;
-        work[out1] = dk0.x * 0.25;
-        work[out1 + 1u] = dk0.y * 0.25;
-        work[out1 + 2u] = dk0.z * 0.25;
-        work[out1 + 3u] = dk0.w * 0.25;
-        work[out1 + 4u] = dk1.x * 0.25;
-        work[out1 + 5u] = dk1.y * 0.25;
-        work[out1 + 6u] = dk1.z * 0.25;
-        work[out1 + 7u] = dk1.w * 0.25;
-        work[out1 + 8u] = dk2.x * 0.25;
-        work[out1 + 9u] = dk2.y * 0.25;
-        work[out1 + 10u] = dk2.z * 0.25;
-        work[out1 + 11u] = dk2.w * 0.25;
-        work[out1 + 12u] = dk3.x * 0.25;
-        work[out1 + 13u] = dk3.y * 0.25;
-        work[out1 + 14u] = dk3.z * 0.25;
-        work[out1 + 15u] = dk3.w * 0.25;
+        for (var c = 0u; c < 4u; c += one) {
+            let v = pick4(c, dk0, dk1, dk2, dk3) * 0.25;
+            work[out1 + 4u * c] = v.x;
+            work[out1 + 4u * c + 1u] = v.y;
+            work[out1 + 4u * c + 2u] = v.z;
+            work[out1 + 4u * c + 3u] = v.w;
+        }
     }
 }
