@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 from .errors import CodegenError
 from .ir import Tensor
-from .matmul_codegen import MAX_GROUPS_PER_DIM, MAX_INVOCATIONS, MAX_WORKGROUP_BYTES, split_index
+from .matmul_codegen import LOOP_MAX, MAX_GROUPS_PER_DIM, MAX_INVOCATIONS, MAX_WORKGROUP_BYTES, split_index
 from .plan import Plan
 from .schedule import Kernel, KernelSchedule
 from .templates import render, wgsl_f32
@@ -321,9 +321,14 @@ def render_attention(
     ]
     # the CPU variant: row rr of this invocation's batch entry, its vec4 c (named like the tiles)
     rows = [
-        {"arr": arr, "base": ops[src].row_base("bc", "rr"), "chunk": _vec(ops[src], f"{arr}_row", "4u * c")}
+        {"arr": arr, "base": ops[src].row_base("bc", "rr"), "vals": [_vec(ops[src], f"{arr}_row", 4 * i) for i in range(n)],
+         "chunk": _vec(ops[src], f"{arr}_row", "4u * c")}
         for arr, src, n in tiles
     ]
+    # Each step of the CPU walk reads the other side's rows a vec4 an inner-loop step (a copy of
+    # each access instead of one per vec4: lavapipe compiles each copy), unless the walk's loop
+    # steps would pass LOOP_MAX (at most three inner loops a step, over the rows' vec4s).
+    chunk_walk = oth_t * (1 + 2 * d4 + dv4) + 4 * max(d4, dv4) < LOOP_MAX
     scalar_rows = [(arr, f"{ops[src].buf}[{ops[src].row_base('bc', 'rr')}]") for arr, src in scalar_tiles]
 
     # accumulators (name, vec4s) and outputs: contiguous [batch, rows, cols] (lse: [batch, rows]),
@@ -362,6 +367,7 @@ def render_attention(
         header=header,
         bindings=kc.binding_text(),
         one_buf=kc.bindings()[0][0],
+        chunk_walk=chunk_walk,
         # the CPU variant's pick functions: vec4 c of a row of so many
         pick_sizes=sorted({n for n in (d4, dv4) if n > 1}) if kind != "delta" else [],
         kind=kind,

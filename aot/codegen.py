@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from .attention_codegen import render_attention
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
-from .matmul_codegen import MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
+from .matmul_codegen import LOOP_MAX, MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
 from .plan import Plan, vec_alias
 from .schedule import Kernel, KernelSchedule, op_of
 from .templates import render
@@ -36,12 +36,19 @@ WG = 256
 ROW_WG = 64  # a row reduction's workgroup for many short rows (row_workgroup_size)
 ROW_WG_MIN_ROWS = 4096
 ROW_WG_MAX_LEN = 1024
-# A reduction's CPU variant sums each row in one invocation, in order (no workgroup memory, no
-# barriers: a CPU adapter runs a workgroup's invocations as fibers or SIMD lanes, and each tree
-# step's barrier splits them; on Mesa 25 a tree's kernel also compiled 3x longer). A longer row
-# is summed CPU_SUM_CHUNK rows at a time into its total, so that rounding grows with
-# CPU_SUM_CHUNK + n / CPU_SUM_CHUNK rather than n (a tree's grows with log n).
+# A reduction's CPU variant sums a row of up to CPU_SEQUENTIAL_MAX elements in one invocation, in
+# order (no workgroup memory, no barriers: a CPU adapter runs a workgroup's invocations as fibers
+# or SIMD lanes, and each tree step's barrier splits them; on Mesa 25 a tree's kernel also
+# compiled 3x longer). A row over CPU_SUM_CHUNK is summed CPU_SUM_CHUNK elements at a time in an
+# inner loop, so that rounding grows with CPU_SUM_CHUNK + n / CPU_SUM_CHUNK rather than n (a
+# tree's grows with log n). Longer rows keep the tree, whose invocations loop n / 256 times: Mesa
+# 22's lavapipe ends an invocation's loops after LOOP_MAX steps in all.
+CPU_SEQUENTIAL_MAX = 8192
 CPU_SUM_CHUNK = 256
+assert CPU_SEQUENTIAL_MAX + CPU_SEQUENTIAL_MAX // CPU_SUM_CHUNK < LOOP_MAX
+# The CPU matmul walks all of K in each invocation (then a store loop over its block's rows): a
+# longer K runs the GPU kernel in the CPU set too.
+CPU_MATMUL_MAX_K = LOOP_MAX - 64
 MAX_GROUPS = 65535
 MAX_STORAGE_BINDINGS = 8  # WebGPU's default maxStorageBuffersPerShaderStage
 
@@ -177,6 +184,8 @@ def _header(name: str, k: Kernel, s: KernelSchedule, writers) -> tuple[list[str]
 def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> KernelCode:
     code = _render(name, k, s, plan, names, writers, cpu=False)
     cpu = _render(name, k, s, plan, names, writers, cpu=True)
+    if k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K:
+        cpu = code  # its GPU kernel, whose invocations loop K / slab times
     if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind != "matmul"):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
@@ -307,7 +316,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
             stores.append(_store(kc, plan, t, val, "o"))
     grid = _grid(n_out if per_wg else -(-n_out // WG))
     wg = row_workgroup_size(n_out, n_red) if per_wg else WG
-    if cpu and per_wg:
+    if cpu and per_wg and n_red <= CPU_SEQUENTIAL_MAX:
         # one invocation per workgroup sums the row in order, over the GPU kernel's grid (one
         # workgroup per row)
         per_wg, wg = False, 1

@@ -28,6 +28,10 @@ from aot.templates import render
 MAX_INVOCATIONS = 256
 MAX_WORKGROUP_BYTES = 16384
 MAX_GROUPS_PER_DIM = 65535
+# Mesa 22's lavapipe (llvmpipe's loop limiter) ends an invocation's loops after 65535 steps in
+# all, silently (Mesa 25 has no such limit): the CPU kernel set keeps each invocation's loop
+# steps under it.
+LOOP_MAX = 65535
 U32_MAX = 2**32 - 1
 
 
@@ -749,6 +753,7 @@ __all__ = [
     "choose_prefetch",
     "CpuBlock",
     "CPU_BLOCKS",
+    "LOOP_MAX",
     "choose_block_cpu",
     "render_matmul_cpu",
     "split_count",

@@ -12,12 +12,19 @@ all it falls back to one submit per kernel, waited for (that overstates small ke
 output says which method was used). Prints a table by kernel and by kernel family (the name
 without its entry and index, e.g. matmul_add_relu). Timestamps are taken to be nanoseconds
 (Vulkan's timestampPeriod on NVIDIA and lavapipe); --tick-ns scales them otherwise.
+
+    MESA_SHADER_CACHE_DISABLE=true python scripts/profile_kernels.py examples/addition_transformer.py --compile
+
+--compile times what a CPU adapter spends compiling instead: lavapipe compiles a pipeline at
+its first dispatch, so each pipeline's cost is its first dispatch (one submit, waited for) less
+the median of three more; kernels that share a pipeline (the CPU set's offset tables) count once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -115,24 +122,71 @@ def _timestamp_round(e, steps, reps, per_rep, inside):
     return ticks
 
 
+def _submit_one(e, kname, grid) -> float:
+    """Seconds of one submit of one dispatch, waited for."""
+    enc = e.device.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(e.pipelines[kname])
+    dyn = e.kernel_offset[kname]
+    cp.set_bind_group(0, e.kernel_group[kname], () if dyn is None else (dyn,))
+    cp.dispatch_workgroups(*grid)
+    cp.end()
+    t = time.perf_counter()
+    e.device.queue.submit([enc.finish()])
+    e.device.queue.read_buffer(e.buffers["params"], 0, 4)
+    return time.perf_counter() - t
+
+
 def profile_submits(e, key, reps):
-    out = []
+    return [
+        statistics.median(_submit_one(e, kname, grid) for _ in range(reps)) * 1e9
+        for kname, grid in e.entries[key]["dispatches"]
+    ]
+
+
+def profile_compile(e, key):
+    """[(kernel, grid, ms)] for the first kernel of each pipeline of the entry: its first dispatch
+    less its warm time (the entry's pipelines made, none dispatched yet)."""
+    e._prepare(key)
+    seen, rows = set(), []
     for kname, grid in e.entries[key]["dispatches"]:
-        ts = []
-        for _ in range(reps):
-            enc = e.device.create_command_encoder()
-            cp = enc.begin_compute_pass()
-            cp.set_pipeline(e.pipelines[kname])
-            dyn = e.kernel_offset[kname]
-            cp.set_bind_group(0, e.kernel_group[kname], () if dyn is None else (dyn,))
-            cp.dispatch_workgroups(*grid)
-            cp.end()
-            t = time.perf_counter()
-            e.device.queue.submit([enc.finish()])
-            e.device.queue.read_buffer(e.buffers["params"], 0, 4)
-            ts.append(time.perf_counter() - t)
-        out.append(statistics.median(ts) * 1e9)
-    return out
+        first = _submit_one(e, kname, grid)
+        if id(e.pipelines[kname]) in seen:
+            continue
+        seen.add(id(e.pipelines[kname]))
+        warm = statistics.median(_submit_one(e, kname, grid) for _ in range(3))
+        rows.append((kname, grid, 1e3 * (first - warm)))
+    return rows
+
+
+def print_compile(e, key, args):
+    rows = [
+        {"kernel": k, "family": family(k), "grid": list(g), "compile_ms": round(ms, 1)}
+        for k, g, ms in profile_compile(e, key)
+    ]
+    total = sum(r["compile_ms"] for r in rows)
+    dev = e.adapter_info.get("device", "?")
+    desc = e.adapter_info.get("description", "")
+    print(f"{key}: {len(rows)} pipelines, {total / 1e3:.2f} s of compiling at first dispatch on {dev} ({desc}), {e.kernel_set} set")
+    print(f"\n{'ms':>8}  kernel (the first of its pipeline)")
+    for r in sorted(rows, key=lambda r: -r["compile_ms"])[: args.top]:
+        print(f"{r['compile_ms']:8.1f}  {r['kernel']}")
+    kinds = defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        kind = next((w for w in ("attention", "matmul") if w in r["kernel"]), None)
+        kind = kind or ("reduction" if re.search(r"_(sum|max|argmax)(_|$)", r["kernel"]) else "other")
+        kinds[kind][0] += 1
+        kinds[kind][1] += r["compile_ms"]
+    print(f"\n{'ms':>8} {'count':>6}  kind")
+    for name, (cnt, ms) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        print(f"{ms:8.1f} {cnt:6d}  {name}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "entry": key, "adapter": e.adapter_info, "kernel_set": e.kernel_set,
+            "mesa_shader_cache_disabled": os.environ.get("MESA_SHADER_CACHE_DISABLE") == "true",
+            "total_compile_ms": round(total, 1), "pipelines": rows,
+        }, indent=1) + "\n")
+        print(f"wrote {args.out}")
 
 
 def main():
@@ -145,13 +199,14 @@ def main():
     ap.add_argument("--tick-ns", type=float, default=1.0, help="nanoseconds per timestamp tick")
     ap.add_argument("--no-timestamps", action="store_true", help="time one submit per kernel instead")
     ap.add_argument("--kernels", default="auto", choices=("auto", "gpu", "subgroup", "cpu"), help="the kernel set (Model(kernels=...))")
+    ap.add_argument("--compile", action="store_true", help="time each pipeline's compile at its first dispatch (CPU adapters)")
     ap.add_argument("--out")
     args = ap.parse_args()
 
     import aot
     from aot.cli import load_programs
 
-    if not args.no_timestamps:
+    if not args.no_timestamps and not args.compile:
         _request_timestamps()
     progs = load_programs(args.model)
     prog = progs[args.program] if args.program else next(iter(progs.values()))
@@ -163,6 +218,8 @@ def main():
         "inputs": np.zeros(e.entries[key]["input_sizes"]["inputs"], np.float32),
         "inputs_i32": np.zeros(e.entries[key]["input_sizes"]["inputs_i32"], np.int32),
     }
+    if args.compile:
+        return print_compile(e, key, args)
     e.run(key, packed, False)  # compile every pipeline first
     feats = set(e.device.features)
     if args.no_timestamps or "timestamp-query" not in feats:

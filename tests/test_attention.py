@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot import interp, nn, ops
+from aot import attention_codegen, interp, nn, ops
 from aot.attention_codegen import LANE_ROWS, LANES
 from aot.errors import ShapeError
 from aot.grad import append_grads
@@ -86,18 +86,29 @@ def torch_attention(q, k, v, causal, scale, ct):
     return o.detach().numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
 
 
-@pytest.fixture(scope="module", params=["gpu", "subgroup", "cpu"])
+@pytest.fixture(scope="module", params=["gpu", "subgroup", "cpu", "cpu_whole_rows"])
 def gpu_run(request):
     """Every kernel set: the GPU's tiles in workgroup memory, the same with rows shared by the
     lanes of a subgroup (attention_lanes.wgsl.j2), the CPU adapters' row-at-a-time variants
-    (codegen.CPU_HEADER)."""
+    (codegen.CPU_HEADER), which read each row a vec4 a loop step, and those that read rows whole
+    (a walk whose inner loops would pass lavapipe's loop limit: attention_codegen.LOOP_MAX)."""
     wgpu = pytest.importorskip("wgpu")
     if request.param == "subgroup" and "subgroup" not in wgpu.gpu.request_adapter_sync().features:
         pytest.skip("this adapter has no subgroup operations")
     params = _values()
     prog, inputs, _ = make_program("attention_configs", params, {}, _body)
-    [(gpu, ref)], wgsl = run_both(prog, inputs, kernels=request.param)
-    return params, inputs, gpu, ref, wgsl, request.param
+    kernels = request.param.replace("_whole_rows", "")
+    limit = attention_codegen.LOOP_MAX
+    if request.param == "cpu_whole_rows":
+        attention_codegen.LOOP_MAX = 0
+    try:
+        [(gpu, ref)], wgsl = run_both(prog, inputs, kernels=kernels)
+    finally:
+        attention_codegen.LOOP_MAX = limit
+    walks = [v for k, v in wgsl.items() if "attention" in k and "CPU variant" in v and "for (var j" in v]
+    assert all(("let kt0 = " in v or "let qt0 = " in v) == (request.param == "cpu_whole_rows") for v in walks)
+    assert walks or not request.param.startswith("cpu")
+    return params, inputs, gpu, ref, wgsl, kernels
 
 
 @pytest.mark.gpu

@@ -229,7 +229,7 @@ def test_elementwise_and_reduce_beyond_65535_workgroups(adapter):
 RED_SIZES = [1, 63, 64, 255, 256, 300, 5000]
 _PER_WG = re.compile(r"for \(var r: u32 = lid\.x; r < (\d+)u")
 _SEQUENTIAL = re.compile(r"for \(var r: u32 = 0u; r < (\d+)u; r = r \+ (?:1u|one)\)")
-_CHUNKED = re.compile(r"if \(r % 256u == 255u \|\| r == (\d+)u\)")
+_CHUNKED = re.compile(r"for \(var r: u32 = r0; r < min\(r0 \+ 256u, (\d+)u\); r = r \+ one\)")
 
 
 def _variants(wgsl: dict[str, str]) -> set[tuple[str, int]]:
@@ -237,18 +237,20 @@ def _variants(wgsl: dict[str, str]) -> set[tuple[str, int]]:
     for src in wgsl.values():
         out |= {("per_wg", int(n)) for n in _PER_WG.findall(src)}
         out |= {("sequential", int(n)) for n in _SEQUENTIAL.findall(src)}
-        out |= {("chunked", int(n) + 1) for n in _CHUNKED.findall(src)}
+        out |= {("chunked", int(n)) for n in _CHUNKED.findall(src)}
     return out
 
 
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
 def test_reductions_of_every_size(adapter, kernels):
-    """sum / mean / max / argmax over 1..5000 elements along the last and the first axis. GPU
-    set: with 3 outputs per reduction one workgroup per output from 64 elements up. CPU set:
-    every row summed in order by one invocation, in sums of 256 rows over 256."""
+    """sum / mean / max / argmax over 1..70000 elements along the last and the first axis. GPU
+    set: with 3 outputs per reduction one workgroup per output from 64 elements up. CPU set: a
+    row of up to 8192 summed in order by one invocation, 256 rows at a time (an inner loop) over
+    256; a longer one by a tree (Mesa 22's lavapipe ends an invocation's loops after 65535 steps)."""
     rng = np.random.default_rng(5)
     params, inputs = {}, {}
-    for n in RED_SIZES:
+    sizes = RED_SIZES + [70000]
+    for n in sizes:
         params[f"x{n}"] = rng.uniform(-2, 2, (3, n))
         params[f"t{n}"] = rng.uniform(-2, 2, (n, 3))  # reduced along axis 0: strided reads
         params[f"z{n}"] = rng.integers(-3, 3, (3, n)).astype(np.float64)  # ties everywhere
@@ -259,7 +261,7 @@ def test_reductions_of_every_size(adapter, kernels):
 
     def body(m, f):
         out = {}
-        for n in RED_SIZES:
+        for n in sizes:
             x, t, z = getattr(m, f"x{n}"), getattr(m, f"t{n}"), getattr(m, f"z{n}")
             out[f"sum{n}"] = ops.sum(x, -1)
             out[f"mean{n}"] = ops.mean(ops.square(x), -1, keepdims=True)
@@ -277,13 +279,13 @@ def test_reductions_of_every_size(adapter, kernels):
 
     program, inputs, _ = make_program("reductions", params, inputs, body)
     [(gpu, ref)], wgsl = run_both(program, inputs, kernels=kernels)
-    # merged dispatches and chains are GPU-only (the CPU set's sources sit beside them)
-    got = _variants({k: v for k, v in wgsl.items() if kernels == "gpu" or not ("_and_" in k or "_then_" in k)})
+    # the CPU set's sources sit beside the GPU set's merged dispatches and chains
+    got = _variants({k: v for k, v in wgsl.items() if kernels == "gpu" or "// CPU variant" in v})
     if kernels == "gpu":
-        want = {("sequential", n) for n in (1, 63)} | {("per_wg", n) for n in (64, 255, 256, 300, 5000)}
+        want = {("sequential", n) for n in (1, 63)} | {("per_wg", n) for n in (64, 255, 256, 300, 5000, 70000)}
     else:
-        want = {("sequential", n) for n in RED_SIZES} | {("chunked", n) for n in (300, 5000)}
-        assert not any(kind == "per_wg" for kind, _ in got)
+        want = {("sequential", n) for n in RED_SIZES if n <= 256} | {("chunked", n) for n in (300, 5000)}
+        assert {n for kind, n in got if kind == "per_wg"} == {70000}
     assert want <= got, f"reduce variants not generated: {sorted(want - got)}"
     for name in ref.captures:
         n = int(re.findall(r"\d+", name)[-1])
@@ -325,7 +327,9 @@ def test_reduce_template_in_both_variants(device, op, per_wg, cpu):
     """Small integers sum exactly in any order, so both variants must match NumPy bit for bit.
     Row 0 is all negative with its maximum repeated (max starts from -inf, not 0; argmax keeps
     the first), row 1 has one maximum in the middle, row 2 is one long tie."""
-    for n in RED_SIZES:
+    # 70000 elements: a tree's invocations loop 274 times each (Mesa 22's lavapipe ends an
+    # invocation's loops after 65535 steps in all: the CPU set sums no row that long in one)
+    for n in RED_SIZES + ([70000] if per_wg else []):
         rng = np.random.default_rng(n)
         x = np.stack([rng.integers(-9, -1, n), rng.integers(-2, 3, n), np.full(n, 1.0)]).astype(np.float32)
         x[1, n // 2] = 7.0
@@ -533,3 +537,30 @@ def test_kernels_stay_within_eight_storage_bindings():
             assert all(int(i) == arena_binding(a) for i, _, a in declared), k.name  # fixed numbers
             arenas |= {a for a, _ in k.bindings}
     assert {"params", "grads", "state", "inputs", "inputs_i32", "work"} <= arenas
+
+
+@pytest.mark.parametrize("max_k", [None, 100])
+def test_cpu_set_matmul_longer_than_the_loop_limit(adapter, monkeypatch, max_k):
+    """A matmul over a K longer than the CPU set's matmul may walk (Mesa 22's lavapipe ends an
+    invocation's loops after 65535 steps) runs the GPU kernel, or a split into shorter products;
+    either way the product is right. K = 70000 (split), and K = 300 over a limit of 100."""
+    rng = np.random.default_rng(11)
+    K = 70000 if max_k is None else 300
+    if max_k is not None:
+        monkeypatch.setattr(codegen, "CPU_MATMUL_MAX_K", max_k)
+    params = {"w": rng.uniform(-1, 1, (K, 4))}
+    inputs = {"x": rng.uniform(-1, 1, (8, K))}
+
+    def body(m, f):
+        return {"y": f["x"] @ m.w}
+
+    program, inputs, _ = make_program("long_k", params, inputs, body)
+    [(gpu, ref)], wgsl = run_both(program, inputs, kernels="cpu")
+    for src in wgsl.values():
+        if "// CPU variant" in src:
+            assert all(int(k) <= codegen.CPU_MATMUL_MAX_K for k in re.findall(r"for \(var k = 0u; k < (\d+)u", src))
+    if max_k is not None:  # the forward product: the GPU kernel in both sets
+        forward = [v for n, v in wgsl.items() if "matmul" in n and "[8x300] @ [300x4]" in v]
+        assert forward and all("// CPU variant" not in v for v in forward)
+    assert_close(gpu.captures["y"], ref.captures["y"], "x @ w", rtol=1e-4, atol=1e-3)
+    assert_close(gpu.grads["w"], ref.grads["w"], "gradient of w", rtol=1e-4, atol=1e-4)

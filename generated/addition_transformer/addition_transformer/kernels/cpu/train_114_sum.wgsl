@@ -24,18 +24,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     // stays a loop.
     let one = select(1u, 2u, arrayLength(&grads) == 0u);
     var acc0: f32 = 0.0;
-    var part0: f32 = 0.0;  // of the current 256 rows
-    for (var r: u32 = 0u; r < 1024u; r = r + one) {
-        let v0: u32 = r / 8u;
-        let v1: u32 = r % 8u;
-        let v2: u32 = v0 * 2048u + v1 * 256u + o;
-        let v3: f32 = work[at.o0 + v2];
-        part0 = part0 + v3;
-        // a sum of 256 rows at a time joins the total: rounding grows with 256 + n / 256, not n
-        if (r % 256u == 255u || r == 1023u) {
-            acc0 = acc0 + part0;
-            part0 = 0.0;
+    // 256 rows at a time into a partial sum: rounding grows with 256 + n / 256, not n
+    for (var r0: u32 = 0u; r0 < 1024u; r0 = r0 + 256u * one) {
+        var part0: f32 = 0.0;
+        for (var r: u32 = r0; r < min(r0 + 256u, 1024u); r = r + one) {
+            let v0: u32 = r / 8u;
+            let v1: u32 = r % 8u;
+            let v2: u32 = v0 * 2048u + v1 * 256u + o;
+            let v3: f32 = work[at.o0 + v2];
+            part0 = part0 + v3;
         }
+        acc0 = acc0 + part0;
     }
     let res0 = acc0;
     grads[at.o1 + o] = res0;

@@ -24,19 +24,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     // stays a loop.
     let one = select(1u, 2u, arrayLength(&grads) == 0u);
     var acc0: f32 = 0.0;
-    var part0: f32 = 0.0;  // of the current 256 rows
-    for (var r: u32 = 0u; r < 4096u; r = r + one) {
-        let v0: u32 = o * 4096u + r;
-        let v1: u32 = min(v0, 150655u);
-        let v2: f32 = grads[at.o0 + v1];
-        let v3: f32 = v2 * v2;
-        let v4: f32 = select(0.0, v3, (v0 >= 0u && v0 < 150656u));
-        part0 = part0 + v4;
-        // a sum of 256 rows at a time joins the total: rounding grows with 256 + n / 256, not n
-        if (r % 256u == 255u || r == 4095u) {
-            acc0 = acc0 + part0;
-            part0 = 0.0;
+    // 256 rows at a time into a partial sum: rounding grows with 256 + n / 256, not n
+    for (var r0: u32 = 0u; r0 < 4096u; r0 = r0 + 256u * one) {
+        var part0: f32 = 0.0;
+        for (var r: u32 = r0; r < min(r0 + 256u, 4096u); r = r + one) {
+            let v0: u32 = o * 4096u + r;
+            let v1: u32 = min(v0, 150655u);
+            let v2: f32 = grads[at.o0 + v1];
+            let v3: f32 = v2 * v2;
+            let v4: f32 = select(0.0, v3, (v0 >= 0u && v0 < 150656u));
+            part0 = part0 + v4;
         }
+        acc0 = acc0 + part0;
     }
     let res0 = acc0;
     work[at.o1 + o] = res0;
