@@ -232,9 +232,14 @@ class CpuBlock:
 # and the sine MLP's shapes, plain and transposed operands (python scripts/bench_matmul_cpu.py,
 # scripts/results/bench_matmul_cpu_lavapipe.json): medians of compile time and of GFLOP/s over
 # the products of 2^20 or more multiply-adds, halved for one core. Compile time grows with the
-# accumulators (about half of it is the TM x TN output stores), speed too. The GPU tiles that
-# the CPU set used before, with their K loop and store loop: 64x64_8x8 compiled in 288 ms at
-# 1.32 GFLOP/s, 32x32_4x4_s4 in 616 ms at 0.65.
+# accumulators (then about half of it was the TM x TN output stores, written out), speed too.
+# The GPU tiles that the CPU set used before, with their K loop and store loop: 64x64_8x8
+# compiled in 288 ms at 1.32 GFLOP/s, 32x32_4x4_s4 in 616 ms at 0.65. Since the stores became
+# one loop over the block (bench_matmul_cpu_lavapipe_m22_loops.json, ..._m25_loops.json, a quiet
+# machine): compile 44 / 34 / 28 / 23 / 25 ms on Mesa 22 and 107 / 76 / 51 / 34 / 37 on Mesa 25
+# (was 384 / 179 / 92 / 40 / 43), at 7.5 / 5.0 / 4.1 / 2.2 / 1.6 GFLOP/s on two cores (Mesa 22;
+# 12.4 / 9.9 / 8.1 / 3.5 / 2.5 on Mesa 25). Rescaled to those figures the choice moved toward
+# 4x4 blocks: 0.16 s less compiling on Mesa 25, steps 10% slower on Mesa 22; not taken.
 CPU_BLOCKS: tuple[CpuBlock, ...] = (
     CpuBlock("8x8", 8, 8, 8, 8, rate=0.95, compile_ms=265),
     CpuBlock("8x4", 8, 4, 8, 8, rate=0.65, compile_ms=147),

@@ -43,11 +43,10 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     }
 }
 
-// r_i of r0 .. r1 (one column's accumulators, by row), without an array: one indexed by i
-// would live in memory.
-fn pick(i: u32, r0: f32, r1: f32) -> f32 {
-    var v = r0;
-    v = select(v, r1, i == 1u);
+// v_i of v0 .. v1, without an array (one indexed by i would live in memory)
+fn pick2(i: u32, v0: f32, v1: f32) -> f32 {
+    var v = v0;
+    v = select(v, v1, i == 1u);
     return v;
 }
 
@@ -87,10 +86,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c1_1 = fma(a1, b1, c1_1);
     }
 
-    // One row of this invocation's outputs a loop step: 2 copies of store_c (and of the
-    // epilogue's reads) instead of 4.
+    // One output a loop step: one copy of store_c (and of the epilogue's reads) instead of
+    // 4; row i's registers picked first, then its column j's.
     for (var i = 0u; i < 2u; i += one) {
-        store_c(pick(i, c0_0, c1_0), bi, row0 + i, col0);
-        store_c(pick(i, c0_1, c1_1), bi, row0 + i, col0 + 8u);
+        let row_0 = pick2(i, c0_0, c1_0);
+        let row_1 = pick2(i, c0_1, c1_1);
+        for (var j = 0u; j < 2u; j += one) {
+            store_c(pick2(j, row_0, row_1), bi, row0 + i, col0 + j * 8u);
+        }
     }
 }

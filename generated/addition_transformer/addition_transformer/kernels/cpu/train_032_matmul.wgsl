@@ -32,17 +32,25 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     work[i] = epilogue(acc, bi, row, col);
 }
 
-// r_i of r0 .. r7 (one column's accumulators, by row), without an array: one indexed by i
-// would live in memory.
-fn pick(i: u32, r0: f32, r1: f32, r2: f32, r3: f32, r4: f32, r5: f32, r6: f32, r7: f32) -> f32 {
-    var v = r0;
-    v = select(v, r1, i == 1u);
-    v = select(v, r2, i == 2u);
-    v = select(v, r3, i == 3u);
-    v = select(v, r4, i == 4u);
-    v = select(v, r5, i == 5u);
-    v = select(v, r6, i == 6u);
-    v = select(v, r7, i == 7u);
+// v_i of v0 .. v7, without an array (one indexed by i would live in memory)
+fn pick8(i: u32, v0: f32, v1: f32, v2: f32, v3: f32, v4: f32, v5: f32, v6: f32, v7: f32) -> f32 {
+    var v = v0;
+    v = select(v, v1, i == 1u);
+    v = select(v, v2, i == 2u);
+    v = select(v, v3, i == 3u);
+    v = select(v, v4, i == 4u);
+    v = select(v, v5, i == 5u);
+    v = select(v, v6, i == 6u);
+    v = select(v, v7, i == 7u);
+    return v;
+}
+
+// v_i of v0 .. v3, without an array (one indexed by i would live in memory)
+fn pick4(i: u32, v0: f32, v1: f32, v2: f32, v3: f32) -> f32 {
+    var v = v0;
+    v = select(v, v1, i == 1u);
+    v = select(v, v2, i == 2u);
+    v = select(v, v3, i == 3u);
     return v;
 }
 
@@ -153,12 +161,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c7_3 = fma(a7, b3, c7_3);
     }
 
-    // One row of this invocation's outputs a loop step: 4 copies of store_c (and of the
-    // epilogue's reads) instead of 32.
+    // One output a loop step: one copy of store_c (and of the epilogue's reads) instead of
+    // 32; row i's registers picked first, then its column j's.
     for (var i = 0u; i < 8u; i += one) {
-        store_c(pick(i, c0_0, c1_0, c2_0, c3_0, c4_0, c5_0, c6_0, c7_0), bi, row0 + i, col0);
-        store_c(pick(i, c0_1, c1_1, c2_1, c3_1, c4_1, c5_1, c6_1, c7_1), bi, row0 + i, col0 + 8u);
-        store_c(pick(i, c0_2, c1_2, c2_2, c3_2, c4_2, c5_2, c6_2, c7_2), bi, row0 + i, col0 + 16u);
-        store_c(pick(i, c0_3, c1_3, c2_3, c3_3, c4_3, c5_3, c6_3, c7_3), bi, row0 + i, col0 + 24u);
+        let row_0 = pick8(i, c0_0, c1_0, c2_0, c3_0, c4_0, c5_0, c6_0, c7_0);
+        let row_1 = pick8(i, c0_1, c1_1, c2_1, c3_1, c4_1, c5_1, c6_1, c7_1);
+        let row_2 = pick8(i, c0_2, c1_2, c2_2, c3_2, c4_2, c5_2, c6_2, c7_2);
+        let row_3 = pick8(i, c0_3, c1_3, c2_3, c3_3, c4_3, c5_3, c6_3, c7_3);
+        for (var j = 0u; j < 4u; j += one) {
+            store_c(pick4(j, row_0, row_1, row_2, row_3), bi, row0 + i, col0 + j * 8u);
+        }
     }
 }

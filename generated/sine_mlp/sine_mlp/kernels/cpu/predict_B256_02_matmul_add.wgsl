@@ -33,13 +33,12 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     work[i] = epilogue(acc, bi, row, col);
 }
 
-// r_i of r0 .. r3 (one column's accumulators, by row), without an array: one indexed by i
-// would live in memory.
-fn pick(i: u32, r0: f32, r1: f32, r2: f32, r3: f32) -> f32 {
-    var v = r0;
-    v = select(v, r1, i == 1u);
-    v = select(v, r2, i == 2u);
-    v = select(v, r3, i == 3u);
+// v_i of v0 .. v3, without an array (one indexed by i would live in memory)
+fn pick4(i: u32, v0: f32, v1: f32, v2: f32, v3: f32) -> f32 {
+    var v = v0;
+    v = select(v, v1, i == 1u);
+    v = select(v, v2, i == 2u);
+    v = select(v, v3, i == 3u);
     return v;
 }
 
@@ -78,9 +77,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         c3_0 = fma(a3, b0, c3_0);
     }
 
-    // One row of this invocation's outputs a loop step: 1 copies of store_c (and of the
-    // epilogue's reads) instead of 4.
+    // One output a loop step: one copy of store_c (and of the epilogue's reads) instead of
+    // 4; row i's registers picked first, then its column j's.
     for (var i = 0u; i < 4u; i += one) {
-        store_c(pick(i, c0_0, c1_0, c2_0, c3_0), bi, row0 + i, col0);
+        let row_0 = pick4(i, c0_0, c1_0, c2_0, c3_0);
+        for (var j = 0u; j < 1u; j += one) {
+            store_c(row_0, bi, row0 + i, col0 + j * 1u);
+        }
     }
 }
