@@ -159,6 +159,21 @@ def profile_compile(e, key):
     return rows
 
 
+def _kind(row: dict) -> str:
+    name = row["kernel"]
+    kind = next((w for w in ("attention", "matmul") if w in name), None)
+    return kind or ("reduction" if re.search(r"_(sum|max|argmax)(_|$)", name) else "other")
+
+
+def _totals(rows: list[dict], group, field: str) -> list[tuple[str, int, float]]:
+    """(group, rows, sum of `field`) per group of rows, largest sum first."""
+    out = defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        out[group(r)][0] += 1
+        out[group(r)][1] += r[field]
+    return sorted(((name, n, v) for name, (n, v) in out.items()), key=lambda t: -t[2])
+
+
 def print_compile(e, key, args):
     rows = [
         {"kernel": k, "family": family(k), "grid": list(g), "compile_ms": round(ms, 1)}
@@ -171,14 +186,8 @@ def print_compile(e, key, args):
     print(f"\n{'ms':>8}  kernel (the first of its pipeline)")
     for r in sorted(rows, key=lambda r: -r["compile_ms"])[: args.top]:
         print(f"{r['compile_ms']:8.1f}  {r['kernel']}")
-    kinds = defaultdict(lambda: [0, 0.0])
-    for r in rows:
-        kind = next((w for w in ("attention", "matmul") if w in r["kernel"]), None)
-        kind = kind or ("reduction" if re.search(r"_(sum|max|argmax)(_|$)", r["kernel"]) else "other")
-        kinds[kind][0] += 1
-        kinds[kind][1] += r["compile_ms"]
     print(f"\n{'ms':>8} {'count':>6}  kind")
-    for name, (cnt, ms) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+    for name, cnt, ms in _totals(rows, _kind, "compile_ms"):
         print(f"{ms:8.1f} {cnt:6d}  {name}")
     if args.out:
         Path(args.out).write_text(json.dumps({
@@ -245,12 +254,8 @@ def main():
     print(f"\n{'us':>10} {'%':>6}  kernel (grid)")
     for r in sorted(rows, key=lambda r: -r["us"])[: args.top]:
         print(f"{r['us']:10.2f} {100 * r['us'] / max(total, 1e-9):5.1f}%  {r['kernel']} {tuple(r['grid'])}")
-    fam = defaultdict(lambda: [0, 0.0])
-    for r in rows:
-        fam[r["family"]][0] += 1
-        fam[r["family"]][1] += r["us"]
     print(f"\n{'us':>10} {'%':>6} {'count':>6}  kernel family")
-    for name, (cnt, us) in sorted(fam.items(), key=lambda kv: -kv[1][1]):
+    for name, cnt, us in _totals(rows, lambda r: r["family"], "us"):
         print(f"{us:10.2f} {100 * us / max(total, 1e-9):5.1f}% {cnt:6d}  {name}")
     if args.out:
         Path(args.out).write_text(
