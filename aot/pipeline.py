@@ -23,6 +23,7 @@ from .program import Program
 from .runtime.schedules import normalize
 from .ops.registry import FOLLOW, lookup
 from .schedule import ParamArena, KernelSchedule, schedule
+from .views import View
 
 
 @dataclass
@@ -38,26 +39,48 @@ class Compiled:
     program: dict = field(default_factory=dict)  # the literal tables the package gets
 
 
-def index_bounds(g: ir.Graph) -> dict[str, int]:
-    """i32 inputs used as indices -> exclusive upper bound, so the runtime can reject bad data."""
+def index_bounds(g: ir.Graph) -> dict[str, int | list]:
+    """i32 inputs used as indices -> what the runtime checks before it runs anything: the
+    exclusive bound on every value, or, where index ops read only part of the input (a slice of
+    it, say) or parts with different bounds, a list of [bound, offset, [[size, stride], ...]]:
+    the elements of the flattened input at offset + sum(i * stride) must lie in [0, bound).
+    Elements no index op reads may hold anything, as in PyTorch."""
     users = g.users()
-    out: dict[str, int] = {}
+    out: dict[str, int | list] = {}
     for name, t in g.inputs.items():
         if t.dtype != "i32":
             continue
-        stack, bound = [t], None
+        whole = (0, ((t.size, 1),))
+        checks: dict[tuple, int] = {}
+        stack = [(t, View.contiguous(t))]
         while stack:
-            x = stack.pop()
+            x, v = stack.pop()
             for u in users.get(id(x), []):
                 rule = lookup(u.op).index_bound  # OpDef.index_bound: FOLLOW, a bound or None
                 b = rule(u, x) if rule is not None else None
                 if b == FOLLOW:
-                    stack.append(u.out)
+                    stack.append((u.out, _passed_on(u, x, v)))
                 elif b is not None:
-                    bound = b if bound is None else min(bound, b)
-        if bound is not None:
-            out[name] = bound
+                    used = (v.offset, tuple(v.flat_dims())) if v is not None else whole
+                    checks[used] = min(checks.get(used, b), b)
+        if list(checks) == [whole]:
+            out[name] = checks[whole]
+        elif checks:
+            out[name] = [[b, off, [list(sd) for sd in dims]] for (off, dims), b in sorted(checks.items())]
     return out
+
+
+def _passed_on(n: ir.Node, x: ir.Tensor, v: View | None) -> View | None:
+    """Where n's output (which carries x's index values) sits in the input, given x's View v;
+    None where that is no single view (the whole input is checked then)."""
+    if v is None:
+        return None
+    op = lookup(n.op)
+    if op.view is None:  # elementwise (stop_gradient, cast): element i is x's element i
+        return v
+    if len(n.inputs) != 1:  # concat: checked whole
+        return None
+    return op.view(n, {id(x): v})
 
 
 def compile_program(

@@ -845,3 +845,43 @@ def test_kernels_clamp_indices_that_bypass_validation(shared):
         assert m.step_count == 1
         for k, v in m.params().items():
             assert np.isfinite(v).all() and v.shape == p0[k].shape, k
+
+
+class Packed(aot.Module):
+    """Two categorical features packed in one i32 input: column 0 indexes 5 rows, column 1 3."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Embedding(5, 2)
+        self.b = nn.Embedding(3, 2)
+
+
+def packed_loss(m, x):
+    col0, col1 = ops.split(x, 1, axis=1)  # [6, 1] each
+    return ops.sum(ops.square(m.a(ops.reshape(col0, (6,))) + m.b(ops.reshape(col1, (6,)))))
+
+
+def test_index_bounds_apply_where_index_ops_read(tmp_path):
+    """An input read in parts by index ops of different sizes is checked part by part (as PyTorch
+    would index): 4 is a valid row for column 0 and not for column 1; the check names the input,
+    the value and the bound, runs nothing, and the same holds for step_many."""
+    program = aot.Program("packed", model=Packed, train=aot.Train(packed_loss, inputs={"x": aot.i32(6, 2)}, optimizer=None))
+    model = aot.compile(program)
+    try:
+        key = next(iter(model._program["variants"]["train"].values()))
+        # per column: [bound, offset, [[size, stride]]]
+        assert model._program["entries"][key]["index_bounds"]["x"] == [[5, 0, [[6, 2]]], [3, 1, [[6, 2]]]]
+        x = np.array([[4, 2], [0, 0], [3, 1], [4, 0], [1, 2], [2, 1]], np.int32)
+        ref = interp.Reference(trace_program(program))
+        np.testing.assert_allclose(model.step(x=x), ref.step(x=x), rtol=1e-5)
+        for bad, value, bound in ((np.where(x == 2, 3, x), 3, 3), (np.where(x == 4, 5, x), 5, 5), (-x, -4, 5)):
+            before = model.params()
+            with pytest.raises(ValueError, match=rf"input 'x' holds index {value}, outside \[0, {bound}\) \(nothing was run\)"):
+                model.step(x=bad)
+            with pytest.raises(ValueError, match=rf"input 'x' holds index {value}, outside \[0, {bound}\)"):
+                model.step_many(x=np.stack([x, bad]))
+            after = model.params()
+            assert all(np.array_equal(before[k], after[k]) for k in before)
+        model.step_many(x=np.stack([x, x[::-1]]))
+    finally:
+        model.close()

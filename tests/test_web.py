@@ -65,11 +65,18 @@ def _embed_loss(m, tokens, y):
     return ops.mean(d * d)
 
 
+def _pair_forward(m, pair):
+    """Column 0 indexes the 5 embeddings, column 1 a one-hot of 4: each checked against its own."""
+    c0, c1 = (ops.reshape(c, (3,)) for c in ops.split(pair, 1, axis=1))
+    return m.out(m.emb(c0) + ops.one_hot(c1, 4))
+
+
 EMBED = aot.Program(
     "embed_web",
     model=Embed,
     train=aot.Train(_embed_loss, inputs={"tokens": aot.i32(3), "y": aot.f32(3, 1)}, optimizer=aot.optim.AdamW(lr=1e-2)),
-    infer={"predict": aot.Infer(_embed_forward, inputs={"tokens": aot.i32("N")})},
+    infer={"predict": aot.Infer(_embed_forward, inputs={"tokens": aot.i32("N")}),
+           "pair": aot.Infer(_pair_forward, inputs={"pair": aot.i32(3, 2)})},
     dims={"N": (1, 3)},
 )
 
@@ -437,6 +444,9 @@ def test_bad_inputs_rejected_with_pythons_messages(browser, site, py_models):
          lambda: py.step_many([{"tokens": np.array([0, 1, 2]), "y": y}, 3])),
         ("m.stepMany([])", lambda: py.step_many([])),
         ("m.stepMany(7)", lambda: py.step_many(7)),
+        # an input whose columns index tables of 5 and 4
+        ("m.pair({pair: [[4, 4], [0, 0], [1, 2]]})", lambda: py.pair(pair=np.array([[4, 4], [0, 0], [1, 2]]))),
+        ("m.pair({pair: [[5, 3], [0, 0], [1, 2]]})", lambda: py.pair(pair=np.array([[5, 3], [0, 0], [1, 2]]))),
     ]
     js = pg.evaluate("""async (calls) => {
         const M = await import('./embed_web.js');
@@ -448,12 +458,15 @@ def test_bad_inputs_rejected_with_pythons_messages(browser, site, py_models):
           catch (e) { out.push([e.name, e.message]); }
         }
         const after = Array.from((await m.params())["emb.W"].data);
-        return {out, steps: m.stepCount, same: JSON.stringify(before) === JSON.stringify(after)};
+        const pair = Array.from((await m.pair({pair: [[4, 3], [0, 0], [1, 2]]})).data);  // in bounds column by column
+        return {out, steps: m.stepCount, same: JSON.stringify(before) === JSON.stringify(after), pair};
     }""", [c for c, _ in cases])
     pg.close()
     assert js["steps"] == 0 and js["same"]  # nothing was dispatched
     for (call, py_call), (name, message) in zip(cases, js["out"]):
         assert (name, message) == _py_error(py_call), call
+    want = py.pair(pair=np.array([[4, 3], [0, 0], [1, 2]], np.int32))
+    np.testing.assert_allclose(js["pair"], np.asarray(want).ravel(), rtol=1e-5, atol=1e-6)
 
 
 def test_broken_kernel_is_named(browser, site):

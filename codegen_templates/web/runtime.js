@@ -803,6 +803,30 @@ function asArray(value) {
   if (!flatten(value, shape, flat, 0)) throw new Error("the nested arrays are ragged");
   return { ...describePlain(flat), shape };
 }
+/** [bound, value] for each value of an i32 input that index ops read (model.py's _indexed):
+ * `checks` is one bound for all of it, or [bound, offset, [[size, stride], ...]] per part, in each
+ * of its `batches` (stepMany's stacked inputs) alike. */
+function* indexed(data, checks, batches) {
+  if (typeof checks === "number") {
+    for (const v of data) yield [checks, v];
+    return;
+  }
+  const per = data.length / batches;
+  for (let bt = 0; bt < batches; bt++) {
+    for (const [bound, offset, dims] of checks) {
+      const count = dims.reduce((n, [size]) => n * size, 1);
+      for (let e = 0; e < count; e++) {
+        let at = bt * per + offset;
+        for (let d = dims.length - 1, rest = e; d >= 0; d--) {
+          at += (rest % dims[d][0]) * dims[d][1];
+          rest = Math.floor(rest / dims[d][0]);
+        }
+        yield [bound, data[at]];
+      }
+    }
+  }
+}
+
 function describePlain(flat) {
   if (!flat.every((v) => typeof v === "number")) return { data: null, dtype: "object", kind: "" };
   return flat.every((v) => Number.isInteger(v)) ? { data: flat, dtype: "int64", kind: "i" } : { data: Float64Array.from(flat), dtype: "float64", kind: "f" };
@@ -986,9 +1010,10 @@ export class ModelBase {
     }
     if (stacked && k === 0) throw new ValueError(`${shown}(): no batches (the stacked inputs have K = 0)`);
     const key = this._variant(entry, sizes);
-    for (const [name, bound] of Object.entries(this._program.entries[key].index_bounds)) {
-      for (const v of arrays[name])
+    for (const [name, checks] of Object.entries(this._program.entries[key].index_bounds)) {
+      for (const [bound, v] of indexed(arrays[name], checks, stacked ? k : 1)) {
         if (v < 0 || v >= bound) throw new ValueError(`${shown}(): input ${pyStr(name)} holds index ${v}, outside [0, ${bound}) (nothing was run)`);
+      }
     }
     return [key, arrays, k];
   }

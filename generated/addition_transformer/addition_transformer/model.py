@@ -52,6 +52,25 @@ class InferResult:
     captures: dict
 
 
+def _indexed(a: np.ndarray, checks, stacked: bool):
+    """(bound, the elements of `a` that index ops read with that bound) for an entry's
+    index_bounds of one input: a bound for all of it, or [bound, offset, [[size, stride], ...]]
+    per part (pipeline.index_bounds); each batch of a stacked input alike."""
+    if isinstance(checks, int):
+        yield checks, a
+        return
+    rows = np.ascontiguousarray(a).reshape(a.shape[0] if stacked else 1, -1)
+    for bound, offset, dims in checks:
+        if rows.size == 0:
+            continue
+        yield bound, np.lib.stride_tricks.as_strided(
+            rows[:, offset:],
+            shape=(rows.shape[0], *(n for n, _ in dims)),
+            strides=(rows.strides[0], *(st * rows.itemsize for _, st in dims)),
+            writeable=False,
+        )
+
+
 def _describe(a) -> str:
     a = np.asarray(a) if not isinstance(a, np.ndarray) else a
     return f"{a.dtype} array of shape {tuple(a.shape)}"
@@ -364,13 +383,13 @@ class ModelBase(InteropMixin):
             raise ValueError(f"{method}(): no batches (the stacked inputs have K = 0)")
         key = self._program["variants"][entry][tuple(sorted(sizes.items()))]
         e = self._program["entries"][key]
-        for name, bound in e["index_bounds"].items():
-            a = arrays[name]
-            if a.size and (a.min() < 0 or a.max() >= bound):
-                bad = a[(a < 0) | (a >= bound)].ravel()[0]
-                raise ValueError(
-                    f"{method}(): input {name!r} holds index {int(bad)}, outside [0, {bound}) (nothing was run)"
-                )
+        for name, checks in e["index_bounds"].items():
+            for bound, used in _indexed(arrays[name], checks, stacked):
+                if used.size and (used.min() < 0 or used.max() >= bound):
+                    bad = used[(used < 0) | (used >= bound)].ravel()[0]
+                    raise ValueError(
+                        f"{method}(): input {name!r} holds index {int(bad)}, outside [0, {bound}) (nothing was run)"
+                    )
         return key, arrays
 
     def _pack(self, key: str, arrays: dict, extra: dict) -> dict:

@@ -14,7 +14,8 @@ entries     per entry point and size variant:
   dispatches  (kernel, workgroup grid (x, y, z)) in order, as the GPU kernel set runs them
   dispatches_cpu  the same for the CPU set (each kernel on its own), where the two differ
   copies      (src buffer, src offset, dst buffer, dst offset, elements) after the pass
-  index_bounds  i32 input -> the exclusive bound its values must respect
+  index_bounds  i32 input -> the exclusive bound its values must respect, or per part of it
+              that index ops read: [bound, offset, [[size, stride], ...]] (flat elements)
   arenas      elements each buffer needs for this entry point
 """
 
