@@ -49,6 +49,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
     // stays a loop.
     let one = select(1u, 2u, arrayLength(&work) == 0u);
+    // this invocation's rows, a vec4 a loop step (one copy of each read), into vec4 registers
     let q_row = at.o0 + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     var q0 = vec4<f32>(0.0);
     var q1 = vec4<f32>(0.0);
