@@ -420,7 +420,10 @@ def _flash_backward():
             @staticmethod
             def backward(ctx, do):
                 q, k, v, p, o = ctx.saved_tensors
-                delta = (do * o).sum(-1, keepdim=True)
+                # delta summed in sequence, last column first: an order of its own, as in any
+                # fused kernel (PyTorch may sum it as it sums dO v^T, exactly cancelling where the
+                # kernels do not: seed 64290, attention over one key)
+                delta = (do * o).flip(-1).cumsum(-1)[..., -1:]
                 ds = p * (do @ v.transpose(-1, -2) - delta)
                 dq = (ds @ k) * ctx.scale
                 dk = (ds.transpose(-1, -2) @ q) * ctx.scale
