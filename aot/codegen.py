@@ -183,9 +183,9 @@ def _header(name: str, k: Kernel, s: KernelSchedule, writers) -> tuple[list[str]
 
 def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> KernelCode:
     code = _render(name, k, s, plan, names, writers, cpu=False)
-    cpu = _render(name, k, s, plan, names, writers, cpu=True)
-    if k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K:
-        cpu = code  # its GPU kernel, whose invocations loop K / slab times
+    long_k = k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K
+    # a K too long for the CPU matmul: the CPU set runs the GPU kernel, whose invocations loop K / slab times
+    cpu = code if long_k else _render(name, k, s, plan, names, writers, cpu=True)
     if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind != "matmul"):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
