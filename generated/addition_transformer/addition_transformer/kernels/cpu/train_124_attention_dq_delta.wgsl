@@ -98,8 +98,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let kt_row = at.o1 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
         let vt_row = at.o2 + (bc / 4u) * 512u + (bc % 4u) * 16u + rr * 64u;
         var qk = 0.0;
+        var krow0 = vec4<f32>(0.0);
+        var krow1 = vec4<f32>(0.0);
+        var krow2 = vec4<f32>(0.0);
+        var krow3 = vec4<f32>(0.0);
         for (var c = 0u; c < 4u; c += one) {
-            qk += dot(pick4(c, q0, q1, q2, q3), vec4<f32>(work[kt_row + (4u * c)], work[kt_row + (4u * c + 1u)], work[kt_row + (4u * c + 2u)], work[kt_row + (4u * c + 3u)]));
+            let krow_c = vec4<f32>(work[kt_row + (4u * c)], work[kt_row + (4u * c + 1u)], work[kt_row + (4u * c + 2u)], work[kt_row + (4u * c + 3u)]);
+            qk += dot(pick4(c, q0, q1, q2, q3), krow_c);
+            krow0 = select(krow0, krow_c, c == 0u);
+            krow1 = select(krow1, krow_c, c == 1u);
+            krow2 = select(krow2, krow_c, c == 2u);
+            krow3 = select(krow3, krow_c, c == 3u);
         }
         let p = select(0.0, exp(qk - lse_i), j < 8u && r < 8u && j <= r);
         var gv = 0.0;
@@ -108,7 +117,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let ds = p * (gv - delta_i);
         for (var c = 0u; c < 4u; c += one) {
-            let dq_c = fma(vec4<f32>(ds), vec4<f32>(work[kt_row + (4u * c)], work[kt_row + (4u * c + 1u)], work[kt_row + (4u * c + 2u)], work[kt_row + (4u * c + 3u)]), pick4(c, dq0, dq1, dq2, dq3));
+            let dq_c = fma(vec4<f32>(ds), pick4(c, krow0, krow1, krow2, krow3), pick4(c, dq0, dq1, dq2, dq3));
             dq0 = select(dq0, dq_c, c == 0u);
             dq1 = select(dq1, dq_c, c == 1u);
             dq2 = select(dq2, dq_c, c == 2u);

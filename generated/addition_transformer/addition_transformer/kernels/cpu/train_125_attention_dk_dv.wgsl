@@ -90,8 +90,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let lt = work[at.o4 + bc * 8u + rr];
         let dt = work[at.o5 + bc * 8u + rr];
         var kq = 0.0;
+        var qrow0 = vec4<f32>(0.0);
+        var qrow1 = vec4<f32>(0.0);
+        var qrow2 = vec4<f32>(0.0);
+        var qrow3 = vec4<f32>(0.0);
         for (var c = 0u; c < 4u; c += one) {
-            kq += dot(pick4(c, k0, k1, k2, k3), vec4<f32>(work[qt_row + (4u * c)], work[qt_row + (4u * c + 1u)], work[qt_row + (4u * c + 2u)], work[qt_row + (4u * c + 3u)]));
+            let qrow_c = vec4<f32>(work[qt_row + (4u * c)], work[qt_row + (4u * c + 1u)], work[qt_row + (4u * c + 2u)], work[qt_row + (4u * c + 3u)]);
+            kq += dot(pick4(c, k0, k1, k2, k3), qrow_c);
+            qrow0 = select(qrow0, qrow_c, c == 0u);
+            qrow1 = select(qrow1, qrow_c, c == 1u);
+            qrow2 = select(qrow2, qrow_c, c == 2u);
+            qrow3 = select(qrow3, qrow_c, c == 3u);
         }
         let p = select(0.0, exp(kq - lt), r < 8u && j < 8u && r <= j);
         var vo = 0.0;
@@ -106,7 +115,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let ds = p * (vo - dt);
         for (var c = 0u; c < 4u; c += one) {
-            let dk_c = fma(vec4<f32>(ds), vec4<f32>(work[qt_row + (4u * c)], work[qt_row + (4u * c + 1u)], work[qt_row + (4u * c + 2u)], work[qt_row + (4u * c + 3u)]), pick4(c, dk0, dk1, dk2, dk3));
+            let dk_c = fma(vec4<f32>(ds), pick4(c, qrow0, qrow1, qrow2, qrow3), pick4(c, dk0, dk1, dk2, dk3));
             dk0 = select(dk0, dk_c, c == 0u);
             dk1 = select(dk1, dk_c, c == 1u);
             dk2 = select(dk2, dk_c, c == 2u);
