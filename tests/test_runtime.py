@@ -885,3 +885,33 @@ def test_index_bounds_apply_where_index_ops_read(tmp_path):
         model.step_many(x=np.stack([x, x[::-1]]))
     finally:
         model.close()
+
+
+def test_primed_cffi_type_names_are_the_types_cffi_parses():
+    """The engine fills cffi's cache of wgpu type names at import instead of letting cffi parse
+    each one (10 ms a name). A wrong entry would make wgpu-py build descriptors of the wrong
+    layout, so a sample of the names (and every spelling of a few that wgpu-py allocates) is
+    parsed here for real and must give the very same C type object."""
+    import random
+
+    from cffi import model
+    from wgpu.backends.wgpu_native import _api
+
+    from aot.runtime import engine
+
+    ffi = _api.ffi
+    names = engine._ffi_type_names(model, ffi._parser._declarations)
+    assert len(names) > 1000
+    missing = [n for n in names if n not in ffi._parsed_types]
+    assert len(missing) < 20, f"not primed: {missing[:10]}"  # only types cffi cannot build
+    used = [
+        s.format(t)
+        for t in ("WGPUBindGroupEntry", "WGPUComputePipelineDescriptor", "WGPUChainedStruct", "uint32_t", "char")
+        for s in engine._SPELLINGS
+    ]
+    sample = used + random.Random(0).sample(sorted(set(names) - set(missing)), 40)
+    for key in sample:
+        primed = ffi._parsed_types.pop(key)
+        with ffi._lock:
+            parsed = ffi._typeof_locked(key)
+        assert parsed[0] is primed[0] and parsed[1] is primed[1], key

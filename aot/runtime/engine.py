@@ -83,6 +83,66 @@ def _raw_encoder_calls():
     return raw
 
 
+# C types as wgpu-py and this module spell them when they allocate (ffi.new, ffi.cast)
+_PRIMITIVES = ("char", "int32_t", "uint8_t", "uint32_t", "uint64_t", "intptr_t", "uintptr_t", "size_t", "float")
+_SPELLINGS = ("{}", "{} *", "{} * ", "{}*", "{}[]", "{} []", "{}[1]")
+
+
+def _ffi_type_names(model, declared: dict) -> dict:
+    """name as code spells it -> cffi model type, for every typedef of the header and a few C
+    primitives: the type itself, a pointer to it, an array of it. Callback (function) types are
+    left out: code spells them out in full."""
+    types = {name[8:]: tp for name, (tp, _quals) in declared.items() if name.startswith("typedef ")}
+    types.update((p, model.PrimitiveType(p)) for p in _PRIMITIVES)
+    out = {"void *": model.voidp_type}
+    for name, tp in types.items():
+        if isinstance(tp, (model.RawFunctionType, model.FunctionPtrType)):
+            continue
+        for spelling in _SPELLINGS:
+            if "*" in spelling:
+                built = model.PointerType(tp)
+            elif "[" in spelling:
+                built = model.ArrayType(tp, 1 if spelling.endswith("[1]") else None)
+            else:
+                built = tp
+            out[spelling.format(name)] = built
+    return out
+
+
+def _prime_ffi_types() -> int:
+    """Fill cffi's cache of parsed type names for wgpu's types, without parsing them.
+
+    cffi turns a type name such as "WGPUBindGroupEntry[]" into a C type by running its C parser
+    over a preamble that declares every typedef of the header (about 430 for wgpu.h): 10 ms a
+    name, once per process. wgpu-py allocates its descriptors by name, so a cold start parsed
+    about 45 names: 0.45 s of Python, most of Model() (0.31 -> 0.10 s on lavapipe) and 0.15 s of
+    the first step. Every name's type is known from the header wgpu-py declared, so its entry is
+    built from that declaration instead: the very C type object a parse gives (test_runtime
+    compares them), 1,600 names in about 15 ms at import. Returns how many names it added; 0
+    where this cffi or wgpu-py does not look as expected (cffi then parses as before)."""
+    try:
+        from cffi import model
+        from wgpu.backends.wgpu_native import _api
+
+        ffi = _api.ffi
+        parsed = ffi._parsed_types
+        names = _ffi_type_names(model, ffi._parser._declarations)
+    except Exception:  # another backend, or cffi internals that changed
+        return 0
+    added = 0
+    with ffi._lock:  # the lock cffi's own parse holds while it fills the cache
+        for key, tp in names.items():
+            if key in parsed:
+                continue
+            try:
+                parsed[key] = (ffi._get_cached_btype(tp), False)  # False: not a function type
+            except Exception:  # a type cffi cannot build (an array of an opaque struct): a parse fails alike
+                continue
+            added += 1
+    return added
+
+
+_PRIMED = _prime_ffi_types()
 _RAW = _raw_encoder_calls()
 
 
