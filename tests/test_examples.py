@@ -106,3 +106,24 @@ def test_addition_transformer_loss_halves(transformer):
         if np.mean(losses[-5:]) < first / 2:
             break
     assert np.mean(losses[-5:]) < first / 2, f"loss {first:.3f} -> {np.mean(losses[-5:]):.3f} after {len(losses)} steps"
+
+
+def test_mnist_mlp_matches_the_interpreter_and_learns():
+    mod = load("mnist_mlp")
+    model = aot.compile(mod["program"])
+    try:
+        ref = Reference(trace_program(mod["program"]))
+        rng = np.random.default_rng(0)
+        first = None
+        for _ in range(3):
+            b = mod["batch"](rng)
+            got = model.step(**b)
+            np.testing.assert_allclose(got, ref.step(**b), rtol=1e-4)
+            first = got if first is None else first
+        grads = model.grads()
+        for k, v in ref.last_grads.items():
+            np.testing.assert_allclose(grads[k], v, rtol=0, atol=1e-4 * np.abs(v).max() + 1e-9, err_msg=k)
+        losses = [model.step(**mod["batch"](rng)) for _ in range(60)]
+        assert np.mean(losses[-5:]) < 0.5 * first, f"loss {first:.3f} -> {np.mean(losses[-5:]):.3f}"
+    finally:
+        model.close()
