@@ -96,11 +96,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var qrow3 = vec4<f32>(0.0);
         for (var c = 0u; c < 4u; c += one) {
             let qrow_c = vec4<f32>(work[qt_row + (4u * c)], work[qt_row + (4u * c + 1u)], work[qt_row + (4u * c + 2u)], work[qt_row + (4u * c + 3u)]);
-            kq += dot(pick4(c, k0, k1, k2, k3), qrow_c);
             qrow0 = select(qrow0, qrow_c, c == 0u);
             qrow1 = select(qrow1, qrow_c, c == 1u);
             qrow2 = select(qrow2, qrow_c, c == 2u);
             qrow3 = select(qrow3, qrow_c, c == 3u);
+            kq += dot(pick4(c, k0, k1, k2, k3), qrow_c);
         }
         let p = select(0.0, exp(kq - lt), r < 8u && j < 8u && r <= j);
         var vo = 0.0;

@@ -104,11 +104,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var krow3 = vec4<f32>(0.0);
         for (var c = 0u; c < 4u; c += one) {
             let krow_c = vec4<f32>(work[kt_row + (4u * c)], work[kt_row + (4u * c + 1u)], work[kt_row + (4u * c + 2u)], work[kt_row + (4u * c + 3u)]);
-            qk += dot(pick4(c, q0, q1, q2, q3), krow_c);
             krow0 = select(krow0, krow_c, c == 0u);
             krow1 = select(krow1, krow_c, c == 1u);
             krow2 = select(krow2, krow_c, c == 2u);
             krow3 = select(krow3, krow_c, c == 3u);
+            qk += dot(pick4(c, q0, q1, q2, q3), krow_c);
         }
         let p = select(0.0, exp(qk - lse_i), j < 8u && r < 8u && j <= r);
         var gv = 0.0;
