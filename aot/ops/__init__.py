@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..ir import Tensor as _Tensor
 from . import attention, conv, elementwise, index, layout, leaves, linalg, reduce  # noqa: F401  (register the primitives)
 from .api import *  # noqa: F401,F403  (the public functions)
+from .creation import *  # noqa: F401,F403  (full, zeros, ones and their *_like forms)
 from .api import add, div, greater, less, matmul, mul, neg, power, sub
 
 
