@@ -5,13 +5,15 @@ Public surface only (API.md); the stages live in their own modules.
 
 from . import init, lr, nn, ops, optim
 from .errors import AotError, CodegenError, IRError, ShapeError, TraceError
+from .buffers import assign
 from .ir import Tensor
 from .module import Module
+from .ops.trace import is_training
 from .program import Infer, Program, Train, capture, f32, i32
 
 __all__ = [
     "AotError", "CodegenError", "IRError", "Infer", "Module", "Program", "ShapeError", "Tensor",
-    "TraceError", "Train", "capture", "f32", "i32", "init", "lr", "nn", "ops", "optim",
+    "TraceError", "Train", "assign", "capture", "f32", "i32", "init", "is_training", "lr", "nn", "ops", "optim",
 ]
 
 

@@ -153,11 +153,11 @@ def generate(s: KernelSchedule, plan: Plan, prefix: str = "k") -> list[KernelCod
 def _read_label(t: Tensor, s: KernelSchedule, writers: dict[int, str]) -> str:
     """What a kernel reads, as the package's reader knows it: a parameter, input or optimizer
     state by its name, an intermediate by the kernel that wrote it."""
-    if t.node.op in ("param", "input", "state"):
+    if t.node.op in ("param", "input", "state", "buffer"):
         return printable(t.node.attrs["name"])
     v = s.views.get(id(t))
     base = v.base if v is not None else t
-    if base.node.op in ("input", "state"):
+    if base.node.op in ("input", "state", "buffer"):
         return printable(base.node.attrs["name"])
     if base.node.op == "param":  # a view of the flat parameter buffer: the parameter it starts in
         starts = [(off, name) for name, off in s.param_offsets.items() if off <= v.offset]

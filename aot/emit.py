@@ -31,6 +31,7 @@ RUNTIME_FILES = {
     "model.py": _model.__file__,
     "engine.py": _engine.__file__,
     "interop.py": _interop.__file__,
+    "state.py": str(Path(_engine.__file__).with_name("state.py")),
     "rng.py": _rng.__file__,
     "schedules.py": _schedules.__file__,
     "distributed.py": str(Path(_engine.__file__).with_name("distributed.py")),  # imports torch: never imported here

@@ -8,7 +8,7 @@ factory is called once per trace); parameter names and shapes must agree across 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import optim as _optim
 from .errors import InvalidNameError, ShapeError, TraceError
@@ -38,12 +38,30 @@ class ParamEntry:
         return n
 
 
+@dataclass(frozen=True)
+class BufferEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "f32" (in the buffers arena) or "i32" (buffers_i32)
+    init: tuple  # spec tuple evaluated by runtime/rng.py
+    offset: int  # element offset in its arena
+    torch: tuple[str, str] = ("", "")  # PyTorch's name for it and the aot.nn module kind ("" for a bare buffer)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
 @dataclass
 class Traced:
     program: Program
     params: list[ParamEntry]  # declaration order
     graphs: dict[str, Graph]  # "train", "predict" or "predict[B=1]" ...
     variants: dict[str, dict]  # entry point -> {graph key: {dim: size}}
+    buffers: list[BufferEntry] = field(default_factory=list)  # declaration order
 
 
 def _variants(program: Program, inputs) -> list[dict[str, int]]:
@@ -67,24 +85,28 @@ def _trace_model(program: Program, g: Graph):
     if not isinstance(model, Module):
         raise TraceError(f"Program {program.name!r}: model= must return an aot.Module, got {type(model).__name__}")
     named = model.named_params()
+    buffers = model.named_buffers()
     seen, names = {}, set()
-    for name, info in named:
-        if id(info.tensor) in seen:
-            raise TraceError(f"parameter {name!r} is also reachable as {seen[id(info.tensor)]!r}", info.site)
-        if name in names:
-            raise InvalidNameError(f"two parameters are named {name!r}", info.site, hint="rename a module attribute or dict key")
-        try:  # checkpoints store each parameter as a zip member named after it
-            name.encode("utf-8")
-        except UnicodeError:
-            raise InvalidNameError(f"parameter name {name!r} cannot be written as UTF-8", info.site) from None
-        if "\x00" in name:
-            raise InvalidNameError(f"parameter name {name!r} contains a NUL character", info.site)
-        seen[id(info.tensor)] = name
-        names.add(name)
-        info.tensor.node.attrs["name"] = name
+    for what, table in (("parameter", named), ("buffer", buffers)):
+        for name, info in table:
+            if id(info.tensor) in seen:
+                raise TraceError(f"{what} {name!r} is also reachable as {seen[id(info.tensor)]!r}", info.site)
+            if name in names:
+                raise InvalidNameError(f"two {what}s are named {name!r}", info.site, hint="rename a module attribute or dict key")
+            try:  # checkpoints store each parameter as a zip member named after it
+                name.encode("utf-8")
+            except UnicodeError:
+                raise InvalidNameError(f"{what} name {name!r} cannot be written as UTF-8", info.site) from None
+            if "\x00" in name:
+                raise InvalidNameError(f"{what} name {name!r} contains a NUL character", info.site)
+            seen[id(info.tensor)] = name
+            names.add(name)
+            info.tensor.node.attrs["name"] = name
     for n in g.nodes:
-        if n.op == "param" and not n.attrs["name"]:
-            raise TraceError("a parameter was declared on a module that is not an attribute of the model", n.site)
+        if n.op in ("param", "buffer") and not n.attrs["name"]:
+            what = "parameter" if n.op == "param" else "buffer"
+            raise TraceError(f"a {what} was declared on a module that is not an attribute of the model", n.site)
+    g.meta["buffers"] = buffers
     return model, named
 
 
@@ -111,6 +133,21 @@ def _torch_entry(name: str, info) -> tuple[str, str, bool]:
     return ((prefix + "." if prefix else "") + leaf, kind, transpose)
 
 
+def _buffer_table(named) -> list[BufferEntry]:
+    """f32 buffers packed in declaration order in one arena, i32 buffers in another."""
+    offsets = {"f32": 0, "i32": 0}
+    out = []
+    for name, info in named:
+        t = info.tensor
+        torch = (name, "")
+        if info.torch is not None:
+            prefix = name.rpartition(".")[0]
+            torch = ((prefix + "." if prefix else "") + info.torch[1], info.torch[0])
+        out.append(BufferEntry(name, t.shape, t.dtype, info.init.spec(t.shape), offsets[t.dtype], torch))
+        offsets[t.dtype] += t.size
+    return out
+
+
 def _trace_entry(program: Program, key: str, kind: str, spec, sizes):
     g = Graph(f"{program.name}.{key}", meta={"kind": kind, "sizes": sizes})
     with tracing(g):
@@ -130,13 +167,20 @@ def trace_program(program: Program) -> Traced:
     variants: dict[str, dict] = {}
     params: list[ParamEntry] | None = None
 
-    def check_params(named, key):
-        nonlocal params
+    buffers: list[BufferEntry] | None = None
+
+    def check_params(named, key, g):
+        nonlocal params, buffers
         table = _layout(named)
         if params is None:
             params = table
         elif [(p.name, p.shape) for p in table] != [(p.name, p.shape) for p in params]:
             raise TraceError(f"{program.name}.{key}: the model factory built different parameters than for the first entry point")
+        btable = _buffer_table(g.meta.pop("buffers"))
+        if buffers is None:
+            buffers = btable
+        elif [(b.name, b.shape, b.dtype) for b in btable] != [(b.name, b.shape, b.dtype) for b in buffers]:
+            raise TraceError(f"{program.name}.{key}: the model factory built different buffers than for the first entry point")
         return {n: info.tensor for n, info in named}
 
     if program.train is not None:
@@ -155,7 +199,7 @@ def trace_program(program: Program) -> Traced:
                     site or _fn_site(tr.fn),
                     hint="reduce it, e.g. ops.mean(...)",
                 )
-            tensors = check_params(named, key)
+            tensors = check_params(named, key, g)
             g.outputs["loss"] = loss
             order = sorted(params, key=lambda p: p.offset)
             wrt = [tensors[p.name] for p in order]
@@ -176,8 +220,8 @@ def trace_program(program: Program) -> Traced:
             g, named, out = _trace_entry(program, key, "infer", inf, sizes)
             if not isinstance(out, Tensor):
                 raise TraceError(f"{program.name}.{entry}: the forward function must return a Tensor, got {type(out).__name__}")
-            check_params(named, key)
+            check_params(named, key, g)
             g.outputs["out"] = out
             graphs[key] = g
             variants[entry][key] = sizes
-    return Traced(program, params or [], graphs, variants)
+    return Traced(program, params or [], graphs, variants, buffers or [])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .buffers import UPDATE_PREFIX
 from .frontend import Traced
 from .ir import Graph
 from .ops.registry import lookup
@@ -20,7 +21,7 @@ def run(g: Graph, leaves: dict[str, np.ndarray], dtype=np.float32) -> dict[int, 
     env: dict[int, np.ndarray] = {}
     fdt = np.dtype(dtype)
     for n in g.nodes:
-        if n.op in ("input", "param", "state"):
+        if n.op in ("input", "param", "state", "buffer"):
             name = n.attrs["name"]
             if name not in leaves:
                 raise KeyError(f"{g.name}: no value given for {n.op} {name!r}")
@@ -56,6 +57,13 @@ class Reference:
         total = sum(p.size for p in self.order)
         names = self.opt.state_names() if self.opt is not None else ()
         self.state = {n: np.zeros(total, dtype=self.dtype) for n in names}
+        # buffers: the package's streams (runtime/state.py: after the parameters')
+        n = len(self.traced.params)
+        self.buffers = {
+            b.name: (np.rint(init_param(b.init, b.shape, self.seed, n + j)).astype(np.int32) if b.dtype == "i32"
+                     else init_param(b.init, b.shape, self.seed, n + j).astype(self.dtype))
+            for j, b in enumerate(self.traced.buffers)
+        }
         self.step_count = 0
         self.last_grads: dict[str, np.ndarray] = {}
 
@@ -69,7 +77,7 @@ class Reference:
     def step(self, **inputs) -> float:
         g = self._graph("train", inputs)
         t = self.step_count + 1
-        leaves = dict(inputs, **self.params, **self.state)
+        leaves = dict(inputs, **self.params, **self.state, **self.buffers)
         if self.opt is not None:
             lr = lr_at(self.lr_spec, t)
             leaves.update(optimizer_scalars(self.opt.spec(), lr, t))
@@ -82,6 +90,8 @@ class Reference:
             if name == "params":
                 for p in self.order:
                     self.params[p.name] = val[p.offset : p.offset + p.size].reshape(p.shape).copy()
+            elif name.startswith(UPDATE_PREFIX):
+                self.buffers[name[len(UPDATE_PREFIX) :]] = val.copy()
             else:
                 self.state[name] = val.copy()
         self.step_count = t
@@ -91,6 +101,6 @@ class Reference:
         g = self._graph(entry, inputs)
         # the generated package's numbering of infer calls' random streams (runtime/model.py)
         self.infer_calls = getattr(self, "infer_calls", 0) + 1
-        leaves = dict(inputs, **self.params, _rng=np.int32(step_seed(self.seed, -self.infer_calls)))
+        leaves = dict(inputs, **self.params, **self.buffers, _rng=np.int32(step_seed(self.seed, -self.infer_calls)))
         env = run(g, leaves, self.dtype)
         return env[id(g.outputs["out"])]

@@ -1,7 +1,7 @@
 """The IR: tensors are opaque handles, nodes are typed op records, a graph is a flat node list.
 
 Invariants: `Graph.nodes` is in topological order; every tensor has exactly one producing
-node (leaves are `input`, `param`, `state`, `const`, `arange` nodes); shapes are static
+node (leaves are `input`, `param`, `state`, `buffer`, `const`, `arange` nodes); shapes are static
 tuples of ints; dtypes are "f32" or "i32". Names of intermediates (t0, t1, ...) are
 assigned only when printing, from position, so they never depend on creation order.
 """
@@ -14,7 +14,7 @@ from typing import Any
 from .errors import Site
 
 DTYPES = ("f32", "i32")
-LEAF_OPS = ("input", "param", "state", "const", "arange")
+LEAF_OPS = ("input", "param", "state", "buffer", "const", "arange")
 
 
 class Tensor:
@@ -98,6 +98,10 @@ class Graph:
     def state(self) -> dict[str, Tensor]:
         return self.leaves("state")
 
+    @property
+    def buffers(self) -> dict[str, Tensor]:
+        return self.leaves("buffer")
+
     def roots(self) -> list[Tensor]:
         """Tensors the graph must compute: outputs, captures, grads and writebacks."""
         seen: dict[int, Tensor] = {}
@@ -127,7 +131,7 @@ def tensor_names(g: Graph) -> dict[int, str]:
     names: dict[int, str] = {}
     k = 0
     for n in g.nodes:
-        if n.op in ("input", "param", "state"):
+        if n.op in ("input", "param", "state", "buffer"):
             names[id(n.out)] = n.attrs["name"]
         else:
             names[id(n.out)] = f"t{k}"
@@ -137,7 +141,7 @@ def tensor_names(g: Graph) -> dict[int, str]:
 
 def format_node(n: Node, names: dict[int, str]) -> str:
     # a leaf's name, shape and dtype are already on the binder
-    attrs = {k: v for k, v in n.attrs.items() if not (n.op in ("input", "param", "state") and k in ("name", "shape", "dtype"))}
+    attrs = {k: v for k, v in n.attrs.items() if not (n.op in ("input", "param", "state", "buffer") and k in ("name", "shape", "dtype"))}
     a = "[" + ",".join(f"{k}={_fmt_attr(attrs[k])}" for k in sorted(attrs)) + "]" if attrs else ""
     args = ", ".join(names.get(id(t), "?") for t in n.inputs)
     text = f"{names[id(n.out)]}: {n.out.type_str()} = {n.op}{a}{(' ' + args) if args else ''}"

@@ -4,6 +4,7 @@ input graph as it was (a node whose inputs change is copied, with a new output t
 from __future__ import annotations
 
 from . import ops
+from .buffers import UPDATE_PREFIX
 from .errors import IRError
 from .ir import DTYPES, Graph, Node, Tensor, format_node, tensor_names
 from .matmul_codegen import split_count
@@ -173,9 +174,10 @@ def _split_k(n) -> int | None:
 
 
 def snapshot_captured_leaves(g: Graph) -> Graph:
-    """A capture that is a parameter or optimizer state (or a view or concat of them) in a graph that
-    updates them is read back after the update has overwritten it: copy it first, right where
-    it is captured, so the capture shows the value the forward pass used."""
+    """A capture that is a parameter, buffer or optimizer state (or a view or concat of them) in a
+    graph that updates them is read back after the update has overwritten it: copy it first, right
+    where it is captured, so the capture shows the value the forward pass used. The same for a
+    buffer's new value (aot.assign) that is such a leaf: the writeback copies it after the pass."""
     if not g.updates:
         return g
 
@@ -187,9 +189,10 @@ def snapshot_captured_leaves(g: Graph) -> Graph:
             return leaf_view(t.node.inputs[0])
         if fusion == "concat":
             return all(leaf_view(x) for x in t.node.inputs)
-        return t.node.op in ("param", "state")
+        return t.node.op in ("param", "state", "buffer")
 
     targets = {id(t) for t in g.captures.values() if leaf_view(t)}
+    targets |= {id(t) for k, t in g.updates.items() if k.startswith(UPDATE_PREFIX) and leaf_view(t)}
     if not targets:
         return g
     nodes, copies = [], {}
@@ -202,6 +205,7 @@ def snapshot_captured_leaves(g: Graph) -> Graph:
             copies[id(n.out)] = out
     out = _rebuild(g, nodes, lambda t: t)
     out.captures = {k: copies.get(id(t), t) for k, t in g.captures.items()}
+    out.updates = {k: copies.get(id(t), t) if k.startswith(UPDATE_PREFIX) else t for k, t in g.updates.items()}
     return out
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from . import chain, codegen, emit, ir, merge, passes
 from .errors import CodegenError
 from .frontend import Traced, trace_program
-from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, Plan, arena_binding, buffer_of, plan, state_arena
+from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, BufferTable, Plan, arena_binding, buffer_of, plan, state_arena
 from .program import Program
 from .runtime.schedules import normalize
 from .ops.registry import FOLLOW, lookup
@@ -100,13 +100,14 @@ def compile_program(
     opt = prog.train.optimizer if prog.train is not None else None
     state_names = opt.state_names() if opt is not None else ()
     state_arenas = {n: state_arena(i) for i, n in enumerate(state_names)}
+    buffer_table = BufferTable.of(traced.buffers)
     graphs, scheds, plans, kernels, dispatches, cuts = {}, {}, {}, {}, {}, {}
     for key, g in traced.graphs.items():
         if verify:
             passes.verify(g, after="trace")
         g = passes.run_pipeline(g, verify=verify)
         s = schedule(g, arena)
-        p = plan(s, state_arenas, total, max_binding_mib)
+        p = plan(s, state_arenas, total, max_binding_mib, buffers=buffer_table)
         prefix = codegen.entry_prefix(key)
         ks = codegen.generate(s, p, prefix)
         graphs[key], scheds[key], plans[key], kernels[key] = g, s, p, ks
@@ -214,6 +215,8 @@ def _tables(c: Compiled, opt, state_names) -> dict:
         "params": [(p.name, p.shape, p.init, p.decay, p.offset) for p in c.traced.params],
         # aot name -> (PyTorch name, aot.nn module kind or "", stored transposed): load_state_dict's map
         "torch": {p.name: p.torch for p in c.traced.params},
+        # Module.buffer: (name, shape, dtype, init spec, offset in buffers / buffers_i32, PyTorch name)
+        "buffers": [(b.name, b.shape, b.dtype, b.init, b.offset, b.torch[0]) for b in c.traced.buffers],
         "optimizer": opt.spec() if opt is not None else None,
         "lr": normalize(opt.lr) if opt is not None else None,
         "state": list(state_names),

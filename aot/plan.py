@@ -8,6 +8,8 @@ Buffers ("arenas") are fixed per package, so every kernel binds at most seven of
               a buffer of its own so that no state buffer is larger than the parameters)
   inputs      f32 inputs and per-step scalars, packed; inputs_i32 the i32 inputs
   work        intermediates, reused by liveness; work_i32 the i32 ones
+  buffers     the model's buffers (Module.buffer), flat in declaration order; buffers_i32 the
+              i32 ones (only in programs that have them: bindings after the fixed ones)
 No buffer may exceed the storage-binding limit (WebGPU's default: 128 MiB), so intermediates
 spill into more buffers of that size when they must (work_1, work_2, ...; work_i32_1, ...): a
 tensor lives whole in one of them, placed first-fit over its lifetime. A kernel binds only the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .buffers import UPDATE_PREFIX
 from .errors import CodegenError
 from .ir import Tensor
 from .schedule import KernelSchedule, _identity_reads, op_of
@@ -36,6 +39,9 @@ REUSE_GAP = 2
 GAP_MAX_COST = 1.03
 GAP_FREE = 2**18  # elements (1 MiB)
 ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32", "state_1")
+# Module.buffer storage, f32 and i32: bound after ARENAS (so a program without buffers keeps its
+# binding numbers), and allocated only by programs that have them.
+BUFFER_ARENAS = ("buffers", "buffers_i32")
 DEFAULT_MAX_BINDING_MIB = 128  # WebGPU's default maxStorageBufferBindingSize (browsers, lavapipe)
 
 
@@ -75,8 +81,10 @@ def arena_binding(arena: str) -> int:
         return VEC_BINDING_BASE + arena_binding(buffer_of(arena))
     if arena in ARENAS:
         return ARENAS.index(arena)
+    if arena in BUFFER_ARENAS:
+        return len(ARENAS) + BUFFER_ARENAS.index(arena)
     base, k = arena.rsplit("_", 1)
-    n = len(ARENAS) + 2 * (int(k) - 1) + (base == "work_i32")
+    n = len(ARENAS) + len(BUFFER_ARENAS) + 2 * (int(k) - 1) + (base == "work_i32")
     if n >= VEC_BINDING_BASE:
         raise CodegenError(f"{arena}: more scratch buffers than binding numbers; build with a larger --max-binding-mib")
     return n
@@ -85,7 +93,7 @@ def arena_binding(arena: str) -> int:
 def arena_dtype(arena: str) -> str:
     if arena.endswith(VEC_SUFFIX):
         return "vec4<f32>"
-    return "i32" if arena == "inputs_i32" or arena.startswith("work_i32") else "f32"
+    return "i32" if arena in ("inputs_i32", "buffers_i32") or arena.startswith("work_i32") else "f32"
 
 
 def same_access(access: dict[str, str]) -> dict[str, str]:
@@ -126,12 +134,31 @@ def state_arena(i: int) -> str:
     return "state" if i == 0 else f"state_{i}"
 
 
+@dataclass
+class BufferTable:
+    """Where each Module.buffer lives (name -> Loc in buffers / buffers_i32) and the arenas' sizes."""
+
+    locs: dict[str, Loc] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # only the arenas the program uses
+
+    @classmethod
+    def of(cls, entries) -> "BufferTable":
+        """From the front end's BufferEntry list."""
+        t = cls()
+        for b in entries:
+            arena = BUFFER_ARENAS[b.dtype == "i32"]
+            t.locs[b.name] = Loc(arena, b.offset)
+            t.sizes[arena] = max(t.sizes.get(arena, 0), b.offset + b.size)
+        return t
+
+
 def plan(
     s: KernelSchedule,
     state_arenas: dict[str, str],
     param_total: int,
     max_binding_mib: float = DEFAULT_MAX_BINDING_MIB,
     matmuls_apart: bool = True,
+    buffers: BufferTable | None = None,
 ) -> Plan:
     """Where every tensor lives: the persistent arenas, then scratch packed by liveness into
     buffers of at most `max_binding_mib`. `matmuls_apart=False` packs without keeping matmul
@@ -139,8 +166,10 @@ def plan(
     g = s.graph
     cap = int(max_binding_mib * 2**20) // 4 // ALIGN * ALIGN  # elements per buffer
     loc: dict[int, Loc] = {}
+    buffers = buffers or BufferTable()
     sizes = dict.fromkeys(ARENAS, 0)
     sizes["params"] = param_total
+    sizes.update(buffers.sizes)
     for t in s.owners:
         if t.node.op == "param":  # the params arena sentinel
             loc[id(t)] = Loc("params", 0)
@@ -157,6 +186,8 @@ def plan(
             arena = state_arenas[n.attrs["name"]]
             loc[id(n.out)] = Loc(arena, 0)
             sizes[arena] = max(sizes[arena], n.out.size)
+        elif n.op == "buffer":
+            loc[id(n.out)] = buffers.locs[n.attrs["name"]]
 
     index = {id(t): i for i, k in enumerate(s.kernels) for t in k.outs}
     readers: dict[int, list[int]] = {}
@@ -176,7 +207,10 @@ def plan(
     # writebacks: in place when safe, else a copy after the pass
     copies = []
     for name, t in g.updates.items():
-        dst = Loc("params", 0) if name == "params" else loc[id(_state_leaf(g, name))]
+        if name.startswith(UPDATE_PREFIX):  # aot.assign: the buffer's storage
+            dst = buffers.locs[name[len(UPDATE_PREFIX) :]]
+        else:
+            dst = Loc("params", 0) if name == "params" else loc[id(_state_leaf(g, name))]
         target_base = _target_base(s, g, name)
         v = s.views.get(id(t))
         src_owner = v.base if v is not None else None
@@ -239,7 +273,7 @@ def plan(
                 _too_large(g, f"the intermediate {t.node.op} result {t.type_str()}", t, t.size, max_binding_mib)
         for k, n in enumerate(_pack_with_gap(items, loc, arena, cap, apart)):
             sizes[chunk_name(arena, k)] = n
-    for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32"):
+    for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32") + tuple(buffers.sizes):
         if sizes[arena] > cap:
             _too_large(g, f"the {arena} buffer", None, sizes[arena], max_binding_mib)
     for t in s.owners:
@@ -276,21 +310,27 @@ def _state_leaf(g, name):
     raise CodegenError(f"{g.name}: update of unknown state {name!r}")
 
 
-def _target_base(s: KernelSchedule, g, name) -> Tensor:
+def _target_base(s: KernelSchedule, g, name) -> Tensor | None:
+    """The storage owner an update overwrites; None for a buffer the graph never reads."""
     if name == "params":
         return next(t for t in s.owners if t.node.op == "param")
+    if name.startswith(UPDATE_PREFIX):
+        bname = name[len(UPDATE_PREFIX) :]
+        return next((n.out for n in g.nodes if n.op == "buffer" and n.attrs["name"] == bname), None)
     return _state_leaf(g, name)
 
 
-def _in_place_ok(s: KernelSchedule, index, readers, owner: Tensor, target: Tensor) -> bool:
+def _in_place_ok(s: KernelSchedule, index, readers, owner: Tensor, target: Tensor | None) -> bool:
     """The writer must be the last kernel to read the target, and read it only elementwise."""
     w = index.get(id(owner))
     if w is None:
         return False
-    if any(i > w for i in readers.get(id(target), [])):
-        return False
     k = s.kernels[w]
     if k.kind != "elementwise" or owner.ndim != 1:
+        return False
+    if target is None:  # nothing reads the old value
+        return True
+    if any(i > w for i in readers.get(id(target), [])):
         return False
     return all(_identity_reads(s, out, target) for out in k.outs)
 

@@ -286,7 +286,7 @@ def check_cut(s: KernelSchedule) -> None:
     backward: set[int] = set()  # ... computed (not a leaf), and not index arithmetic on constants
     varying: set[int] = set()
     for n in g.nodes:
-        if n.op in ("input", "param", "state") or any(id(x) in varying for x in n.inputs):
+        if n.op in ("input", "param", "state", "buffer") or any(id(x) in varying for x in n.inputs):
             varying.add(id(n.out))
             if id(n.out) in anc and op_of(n).fusion != "leaf":
                 backward.add(id(n.out))

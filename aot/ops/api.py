@@ -12,7 +12,7 @@ import math
 from typing import Sequence
 
 from ..ir import Tensor
-from .trace import current, emit, fail
+from .trace import current, emit, fail, is_training
 
 import numbers
 
@@ -540,8 +540,7 @@ def dropout(x, p: float):
     _check_tensor("dropout", x)
     if not 0.0 <= p < 1.0:
         fail("dropout", f"p must be in [0, 1), got {p}")
-    g = current()
-    if g.meta.get("kind") != "train" or p == 0.0:
+    if not is_training() or p == 0.0:
         return x
     keep = greater(_uniform(x.shape, _next_salt()), p)  # P(u > p) = 1 - p
     return x * keep * (1.0 / (1.0 - p))

@@ -1,4 +1,4 @@
-"""Leaf nodes: user inputs, parameters and optimizer state (values supplied by the runtime)."""
+"""Leaf nodes: user inputs, parameters, buffers and optimizer state (values supplied by the runtime)."""
 
 from __future__ import annotations
 
@@ -15,5 +15,5 @@ def _no_ref(**attrs):
     raise RuntimeError("leaf values are supplied by the caller")
 
 
-for _op in ("input", "param", "state"):
+for _op in ("input", "param", "state", "buffer"):
     register(OpDef(_op, _leaf_shape, _no_ref, None, "leaf", nondiff=True))

@@ -44,6 +44,18 @@ def current() -> Graph:
     return _STACK[-1]
 
 
+def is_training() -> bool:
+    """True while a training entry is traced, False while an infer entry is (modules branch on it
+    as PyTorch's do on `self.training`). Outside tracing there is no mode: TraceError."""
+    if not _STACK:
+        raise TraceError(
+            "aot.is_training() has no answer outside tracing",
+            capture_site(),
+            hint="call it inside the model's forward or the loss/forward functions given to aot.Train / aot.Infer",
+        )
+    return _STACK[-1].meta.get("kind") == "train"
+
+
 def emit(op_name: str, inputs: tuple[Tensor, ...] | list[Tensor], **attrs) -> Tensor:
     """Append one node to the current graph after checking its shape rule."""
     g = current()
