@@ -36,6 +36,7 @@ from .engine import (
     cores,
 )  # noqa: F401  (ShaderError: the package re-exports it)
 from .interop import InteropMixin
+from .state import BuffersMixin
 
 _PARALLEL_INIT = 1 << 20  # parameters from which Model() draws them in threads
 
@@ -80,10 +81,11 @@ def _spec_str(dtype, dims) -> str:
     return f"{dtype}[{','.join(str(d) for d in dims)}]"
 
 
-class ModelBase(InteropMixin):
+class ModelBase(InteropMixin, BuffersMixin):
     """Everything a generated Model shares; the subclass supplies the program's tables.
     PyTorch state_dicts and safetensors (load_state_dict, state_dict, load_safetensors,
-    save_safetensors) come from InteropMixin (interop.py)."""
+    save_safetensors) come from InteropMixin (interop.py), buffers (buffers, load_buffers)
+    from BuffersMixin (state.py)."""
 
     PROGRAM: dict = {}
     WGSL: dict = {}
@@ -205,32 +207,45 @@ class ModelBase(InteropMixin):
         """
         with self._lock:
             self._check_open()
-            known = {n: (s, o) for n, s, _, _, o in self._params}
-            unknown = sorted(set(values) - set(known))
-            if unknown:
-                raise KeyError(
-                    f"load_params: unknown parameter(s) {unknown}; this model has {sorted(known)}"
+            self._write_params(self._check_params(values, partial))
+
+    def _check_params(self, values: dict, partial: bool) -> dict:
+        """{name: float32 array} for load_params' `values`, or the error it raises."""
+        known = {n: (s, o) for n, s, _, _, o in self._params}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            hint = (
+                " (buffers load with load_buffers)"
+                if set(unknown) <= set(self.buffer_names)
+                else ""
+            )
+            raise KeyError(
+                f"load_params: unknown parameter(s) {unknown}{hint}; this model has {sorted(known)}"
+            )
+        missing = sorted(set(known) - set(values))
+        if missing and not partial:
+            raise KeyError(
+                f"load_params: missing parameter(s) {missing} (pass partial=True to load a subset)"
+            )
+        arrays = {}
+        for n, v in values.items():
+            shape, _ = known[n]
+            a = np.asarray(v)
+            if a.dtype.kind not in "fiub":
+                raise TypeError(
+                    f"load_params: {n!r} must be numeric, got {_describe(a)}"
                 )
-            missing = sorted(set(known) - set(values))
-            if missing and not partial:
-                raise KeyError(
-                    f"load_params: missing parameter(s) {missing} (pass partial=True to load a subset)"
+            if tuple(a.shape) != tuple(shape):
+                raise ValueError(
+                    f"load_params: {n!r} expects shape {tuple(shape)}, got {tuple(a.shape)}"
                 )
-            arrays = {}
-            for n, v in values.items():
-                shape, _ = known[n]
-                a = np.asarray(v)
-                if a.dtype.kind not in "fiub":
-                    raise TypeError(
-                        f"load_params: {n!r} must be numeric, got {_describe(a)}"
-                    )
-                if tuple(a.shape) != tuple(shape):
-                    raise ValueError(
-                        f"load_params: {n!r} expects shape {tuple(shape)}, got {tuple(a.shape)}"
-                    )
-                arrays[n] = a.astype(np.float32)
-            for n, a in arrays.items():
-                self._engine.write("params", known[n][1], a.ravel())
+            arrays[n] = a.astype(np.float32)
+        return arrays
+
+    def _write_params(self, arrays: dict) -> None:
+        where = {n: o for n, _, _, _, o in self._params}
+        for n, a in arrays.items():
+            self._engine.write("params", where[n], a.ravel())
 
     def _init_params(self) -> np.ndarray:
         flat = np.zeros(max(self._total, 1), dtype=np.float32)
@@ -266,12 +281,13 @@ class ModelBase(InteropMixin):
         ]
 
     def reset(self, params: bool = True, optimizer: bool = True) -> None:
-        """params: back to the seed's initial values; optimizer: zero state and step_count
-        (the learning rate set with set_lr is kept)."""
+        """params: parameters and buffers back to the seed's initial values; optimizer: zero
+        state and step_count (the learning rate set with set_lr is kept)."""
         with self._lock:
             self._check_open()
             if params:
                 self._engine.write("params", 0, self._init_params())
+                self._write_buffers(self._init_buffers())
             if optimizer:
                 for arena, n in self._state_buffers():
                     self._engine.write(arena, 0, np.zeros(n, dtype=np.float32))
@@ -602,17 +618,20 @@ class ModelBase(InteropMixin):
 
     # ---- checkpoints --------------------------------------------------------------------
     def _fingerprint(self) -> str:
-        text = repr(
-            (
-                self._program["name"],
-                [(n, tuple(s)) for n, s, *_ in self._params],
-                self._opt,
-            )
+        parts = (
+            self._program["name"],
+            [(n, tuple(s)) for n, s, *_ in self._params],
+            self._opt,
         )
+        if (
+            self._buffer_table
+        ):  # a program without buffers keeps the fingerprint of older checkpoints
+            parts += ([(n, tuple(s), dt) for n, s, dt, *_ in self._buffer_table],)
+        text = repr(parts)
         return hashlib.sha1(text.encode()).hexdigest()
 
     def save(self, path) -> None:
-        """Write params, optimizer state, step count, lr schedule position and seed to `path` (.npz).
+        """Write params, buffers, optimizer state, step count, lr schedule position and seed to `path` (.npz).
         The file is written under a temporary name of its own and renamed over `path`, so a crash
         never leaves a torn checkpoint and, of several saves to one path, the last to finish wins whole.
         """
@@ -633,6 +652,8 @@ class ModelBase(InteropMixin):
             }
             for n, a in self.params().items():
                 data["param/" + n] = a
+            for n, a in self.buffers().items():
+                data["buffer/" + n] = a
             _replace_atomically(path, lambda f: np.savez(f, **data))
 
     def _write_atomically(self, path: str, write) -> None:
@@ -640,7 +661,7 @@ class ModelBase(InteropMixin):
         _replace_atomically(path, write)
 
     def _checkpoint_layout(self) -> dict:
-        """Checkpoint member -> (kind, shape); kind "f4" is a float32 array, "i8" an int64 scalar,
+        """Checkpoint member -> (kind, shape); kind "f4" is a float32 array, "i4" an int32 array, "i8" an int64 scalar,
         "seed" a uint64 scalar (int64 in older checkpoints), ("str", n) a string of at most n characters.
         """
         layout = {
@@ -655,6 +676,8 @@ class ModelBase(InteropMixin):
         }
         for n, s, *_ in self._params:
             layout["param/" + n] = ("f4", tuple(s))
+        for n, s, dt, *_ in self._buffer_table:
+            layout["buffer/" + n] = ("f4" if dt == "f32" else "i4", tuple(s))
         return layout
 
     def restore(self, path) -> None:
@@ -677,9 +700,11 @@ class ModelBase(InteropMixin):
             flat = np.zeros(max(self._total, 1), dtype=np.float32)
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
+            buffers = {n: z["buffer/" + n] for n in self.buffer_names}
             # everything is valid: only now does the model change
             if self._total:
                 self._engine.write("params", 0, flat[: self._total])
+            self._write_named_buffers(buffers)
             state, pos = z["__state__"], 0
             for arena, n in self._state_buffers():
                 self._engine.write(arena, 0, state[pos : pos + n])
@@ -887,7 +912,7 @@ def _read_checkpoint(path, layout: dict, program: str, fingerprint: str) -> dict
 
 def _nbytes(kind, shape) -> int:
     n = _size(shape)
-    if kind == "f4":
+    if kind in ("f4", "i4"):
         return 4 * n
     if kind in ("i8", "seed"):
         return 8
@@ -929,9 +954,10 @@ def _read_members(
     unknown = sorted(set(names) - set(layout))
     missing = sorted(set(layout) - set(names))
     for what, found in (("unknown", unknown), ("missing", missing)):
-        params = [m[len("param/") :] for m in found if m.startswith("param/")]
-        if params:
-            raise KeyError(f"{path}: {what} parameter(s) {params} in the checkpoint")
+        for prefix, kind in (("param/", "parameter"), ("buffer/", "buffer")):
+            named = [m[len(prefix) :] for m in found if m.startswith(prefix)]
+            if named:
+                raise KeyError(f"{path}: {what} {kind}(s) {named} in the checkpoint")
         if found:
             raise ValueError(f"{path}: damaged checkpoint: {what} member(s) {found}")
     for member in layout:
@@ -945,6 +971,7 @@ def _read_members(
 
 _NPY_DESCR = {
     "f4": ("<f4", ">f4"),
+    "i4": ("<i4", ">i4"),
     "i8": ("<i8", ">i8"),
     "seed": ("<u8", ">u8", "<i8", ">i8"),
 }
@@ -1019,6 +1046,7 @@ def _read_npy(path, zf, info, member: str, kind, shape):
                 if descr not in _NPY_DESCR[kind]:
                     want = {
                         "f4": "float32",
+                        "i4": "int32",
                         "i8": "an int64 scalar",
                         "seed": "a uint64 scalar",
                     }[kind]
@@ -1045,8 +1073,8 @@ def _read_npy(path, zf, info, member: str, kind, shape):
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
         raise bad(f"is damaged ({e})") from None
     values = np.frombuffer(data, dtype=dtype)
-    if kind == "f4":
-        a = values.astype(np.float32)
+    if kind in ("f4", "i4"):
+        a = values.astype(np.float32 if kind == "f4" else np.int32)
         return a.reshape(shape[::-1]).T.copy() if fortran else a.reshape(shape)
     if kind in ("i8", "seed"):
         return int(values[0])

@@ -3,6 +3,7 @@
 
 params      (name, shape, init, weight-decayed, offset in the params buffer)
 torch       name -> (PyTorch name, aot.nn module kind, stored transposed)
+buffers     (name, shape, dtype, init, offset in the buffers / buffers_i32 buffer, PyTorch name)
 optimizer   (kind, hyperparameters...) as aot.optim's spec(); lr: a number or a schedule
 arenas      buffer -> elements, in binding order (binding i is the i-th buffer)
 kernels     kernel -> ((buffer, access) per binding, the user's call site, the offset table of
@@ -106,6 +107,7 @@ PROGRAM = {
         "ln_f.g": ("ln_f.weight", "LayerNorm", False),
         "ln_f.b": ("ln_f.bias", "LayerNorm", False),
     },
+    "buffers": [],
     "optimizer": ("adamw", 0.9, 0.999, 1e-08, 0.01, 1.0),
     "lr": ("linear", 0.005, 0.0005, 1500),
     "state": ["adam.m", "adam.v"],

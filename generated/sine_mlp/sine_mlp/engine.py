@@ -747,6 +747,11 @@ class Engine:
         enc = self.device.create_command_encoder()
         if total:
             enc.copy_buffer_to_buffer(buffers["grads"], 0, backup, 0, 4 * total)
+        for (
+            arena,
+            saved,
+        ) in self._buffer_backups().items():  # the first half may update them in place
+            enc.copy_buffer_to_buffer(buffers[arena], 0, saved, 0, saved.size)
         self._record(enc, key, self._half(key, 0))
         if total:
             enc.copy_buffer_to_buffer(buffers["grads"], 0, rb, 0, 4 * total)
@@ -775,9 +780,10 @@ class Engine:
         self.device.queue.submit([enc.finish()])
 
     def restore_grads(self, key: str, total: int) -> None:
-        """Undo run_backward: the grads buffer as it was before it (the update never ran)."""
+        """Undo run_backward: the grads buffer, and the model's buffers (Module.buffer), as they
+        were before it (the update never ran)."""
+        enc = self.device.create_command_encoder()
         if total:
-            enc = self.device.create_command_encoder()
             enc.copy_buffer_to_buffer(
                 self._reduce_area["backup"],
                 0,
@@ -785,7 +791,23 @@ class Engine:
                 0,
                 4 * total,
             )
-            self.device.queue.submit([enc.finish()])
+        for arena, saved in self._buffer_backups().items():
+            enc.copy_buffer_to_buffer(saved, 0, self.buffers[arena], 0, saved.size)
+        self.device.queue.submit([enc.finish()])
+
+    def _buffer_backups(self) -> dict:
+        """Copies of the buffers and buffers_i32 arenas (those the program has) for run_backward."""
+        out = {}
+        for arena in ("buffers", "buffers_i32"):
+            if arena in self.buffers:
+                key = "backup_" + arena
+                if key not in self._reduce_area:
+                    usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+                    self._reduce_area[key] = self.device.create_buffer(
+                        label=key, size=self.buffers[arena].size, usage=usage
+                    )
+                out[arena] = self._reduce_area[key]
+        return out
 
     def many_slots(self, key: str) -> int:
         """Steps per chunk of run_many for this entry: MANY_CHUNK, fewer for large inputs."""

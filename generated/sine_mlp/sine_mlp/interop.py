@@ -282,7 +282,9 @@ def encode_header(
             raise TypeError(
                 f"tensor {name!r}: {a.dtype} cannot be written to safetensors"
             )
-        a = np.ascontiguousarray(a, dtype=np.dtype(_DTYPES[code]))
+        a = np.asarray(
+            a, dtype=np.dtype(_DTYPES[code]), order="C"
+        )  # (ascontiguousarray makes a 0-d array 1-d)
         header[name] = {
             "dtype": code,
             "shape": list(a.shape),
@@ -494,28 +496,56 @@ def to_numpy(name: str, value) -> np.ndarray:
 class InteropMixin:
     """PyTorch state_dicts and safetensors for a generated Model (issue 10).
 
-    Uses the Model's params(), load_params(), _lock, _check_open(), _params, _program["torch"]
-    and _write_atomically(path, write) (save()'s temporary file + rename)."""
+    Uses the Model's params(), buffers(), _check_params/_write_params, _check_buffers/
+    _write_named_buffers, _lock, _check_open(), _params, _buffer_table, _program["torch"] and
+    _write_atomically(path, write) (save()'s temporary file + rename). Buffers (Module.buffer)
+    travel with the parameters, as in a torch state_dict: after them, i32 ones as int64 in
+    layout="torch" (PyTorch's dtype for BatchNorm's num_batches_tracked)."""
 
     def _layout_params(self):
-        return [(n, tuple(s)) for n, s, *_ in self._params]
+        return [(n, tuple(s)) for n, s, *_ in self._params] + [
+            (n, tuple(s)) for n, s, *_ in self._buffer_table
+        ]
 
     def _torch_table(self) -> dict:
-        return self._program.get("torch") or {}
+        table = dict(self._program.get("torch") or {})
+        for n, _, _, _, _, tname in self._buffer_table:
+            table[n] = (tname or n, "", False)
+        return table
+
+    def _int_buffers(self) -> set:
+        return {n for n, _, dt, *_ in self._buffer_table if dt == "i32"}
+
+    def _load_tensors(self, values: dict, what: str) -> None:
+        """Load {aot name: array} into parameters and buffers: all checked before any is written."""
+        bnames = set(self.buffer_names)
+        params = self._check_params(
+            {n: a for n, a in values.items() if n not in bnames}, True
+        )
+        buffers = self._check_buffers(
+            what, {n: a for n, a in values.items() if n in bnames}, True
+        )
+        self._write_params(params)
+        self._write_named_buffers(buffers)
 
     def state_dict(self, layout: str = "torch", *, rename=None) -> dict:
-        """The parameters as {name: float32 array}: layout="torch" uses PyTorch's names and layouts
-        (`l1.weight` = `l1.W`.T for nn.Linear, `ln.weight` = `ln.g`, ...), ready for a torch module's
-        load_state_dict after torch.from_numpy; layout="aot" is params(). rename (a function or a
-        dict of prefix rewrites) maps the names as they go out."""
+        """The parameters and buffers as {name: array} (float32; an i32 buffer int64 in layout="torch",
+        int32 in "aot"): layout="torch" uses PyTorch's names and layouts (`l1.weight` = `l1.W`.T for
+        nn.Linear, `ln.weight` = `ln.g`, ...), ready for a torch module's load_state_dict after
+        torch.from_numpy; layout="aot" is params() and buffers(). rename (a function or a dict of
+        prefix rewrites) maps the names as they go out."""
         with self._lock:
             self._check_open()
             plan = plan_save(
                 "state_dict", self._layout_params(), self._torch_table(), layout, rename
             )
-            params = self.params()
+            values = dict(self.params(), **self.buffers())
+            if layout == "torch":
+                values.update(
+                    {n: values[n].astype(np.int64) for n in self._int_buffers()}
+                )
             return {
-                dst: np.ascontiguousarray(params[n].T) if t else params[n]
+                dst: np.ascontiguousarray(values[n].T) if t else values[n]
                 for dst, n, t in plan
             }
 
@@ -551,12 +581,12 @@ class InteropMixin:
                 None if rename is None else renamed.__getitem__,
                 partial,
             )
-            self.load_params(
+            self._load_tensors(
                 {
                     n: arrays[src].T if t else arrays[src]
                     for src, (n, t) in plan.items()
                 },
-                partial=True,
+                "load_state_dict",
             )
 
     def load_safetensors(
@@ -581,21 +611,33 @@ class InteropMixin:
                     rename,
                     partial,
                 )
+                ints = self._int_buffers()
                 for src in plan:
                     dtype = st.entries[src][0]
-                    if dtype not in _FLOATS:
+                    if plan[src][0] in ints:
+                        if dtype in _FLOATS or dtype.startswith("F8"):
+                            raise TypeError(
+                                f"{what}: tensor {src!r} is {dtype}, but buffer {plan[src][0]!r} is i32; integer tensors load"
+                            )
+                    elif dtype not in _FLOATS:
+                        kind = (
+                            "buffer"
+                            if plan[src][0] in self.buffer_names
+                            else "parameter"
+                        )
                         raise TypeError(
-                            f"{what}: tensor {src!r} is {dtype}, but parameter {plan[src][0]!r} is f32 (this model "
+                            f"{what}: tensor {src!r} is {dtype}, but {kind} {plan[src][0]!r} is f32 (this model "
                             f"has no integer parameters); float tensors ({', '.join(_FLOATS)}) load"
                         )
                 values = {}
                 for src, (n, t) in plan.items():
-                    a = st.array(src)
+                    a = st.raw(src) if n in ints else st.array(src)
                     values[n] = a.T if t else a
-            self.load_params(values, partial=True)
+                self._load_tensors(values, what)
 
     def save_safetensors(self, path, *, layout: str = "aot", rename=None) -> None:
-        """Write the parameters to a safetensors file (float32; layout="torch": PyTorch's names and
+        """Write the parameters and buffers to a safetensors file (float32, i32 buffers I32 in layout="aot"
+        and I64 in "torch"; layout="torch": PyTorch's names and
         layouts, loadable by safetensors.torch.load_file + a torch module's load_state_dict). Keys are
         sorted, the header padded to 8 bytes and __metadata__ says format "pt", the program and the
         layout. Written to a temporary file and renamed over `path`, as save() does."""

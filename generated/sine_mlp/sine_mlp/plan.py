@@ -3,6 +3,7 @@
 
 params      (name, shape, init, weight-decayed, offset in the params buffer)
 torch       name -> (PyTorch name, aot.nn module kind, stored transposed)
+buffers     (name, shape, dtype, init, offset in the buffers / buffers_i32 buffer, PyTorch name)
 optimizer   (kind, hyperparameters...) as aot.optim's spec(); lr: a number or a schedule
 arenas      buffer -> elements, in binding order (binding i is the i-th buffer)
 kernels     kernel -> ((buffer, access) per binding, the user's call site, the offset table of
@@ -38,6 +39,7 @@ PROGRAM = {
         "l3.W": ("l3.weight", "Linear", True),
         "l3.b": ("l3.bias", "Linear", False),
     },
+    "buffers": [],
     "optimizer": ("adam", 0.9, 0.999, 1e-08, 0.0, None),
     "lr": 0.005,
     "state": ["adam.m", "adam.v"],
