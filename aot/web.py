@@ -82,7 +82,7 @@ def web_tables(c) -> tuple[dict, dict[str, str], dict[str, str], dict[str, str]]
     prog = dict(c.program)
     wgsl, wgsl_cpu, wgsl_subgroup = prog.pop("_wgsl"), prog.pop("_wgsl_cpu"), prog.pop("_wgsl_subgroup")
     fingerprint = _model.ModelBase._fingerprint(
-        SimpleNamespace(_program=prog, _params=prog["params"], _opt=prog.get("optimizer"))
+        SimpleNamespace(_program=prog, _params=prog["params"], _opt=prog.get("optimizer"), _buffer_table=prog.get("buffers") or [])
     )
     prog["variants"] = {
         entry: [[dict(sizes), key] for sizes, key in v.items()] for entry, v in prog["variants"].items()
@@ -104,7 +104,8 @@ def _js(value) -> str:
 
 # members of the JS Model (runtime.js) that an infer entry's method would shadow
 JS_MEMBERS = frozenset(
-    "create step stepMany params grads loadParams reset setLr currentLr save restore close paramNames seed lr "
+    "create step stepMany params grads loadParams buffers loadBuffers bufferNames reset setLr currentLr save restore "
+    "close paramNames seed lr "
     "requiredLimits device stepCount kernelSet constructor".split()
 )
 

@@ -100,6 +100,36 @@ ATTN = aot.Program(
 )
 
 
+class BufWeb(aot.Module):
+    """Buffers (Module.buffer): a running mean, a scale the backward pass reads and an i32 counter."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(3, 4)
+        self.rm = self.buffer(4)
+        self.scale = self.buffer(4, init=aot.init.ones())
+        self.n = self.buffer((), dtype="i32")
+
+    def forward(self, x):
+        h = self.l(x)
+        if aot.is_training():
+            aot.assign(self.rm, self.rm * 0.9 + ops.mean(h, 0) * 0.1)
+            aot.assign(self.scale, self.scale * 0.5 + ops.mean(ops.square(h), 0))
+            aot.assign(self.n, ops.cast(ops.cast(self.n, "f32") + 1.0, "i32"))
+            return h * self.scale
+        return (h - self.rm) * self.scale
+
+
+BUF = aot.Program(
+    "buf_web",
+    model=BufWeb,
+    train=aot.Train(lambda m, x, y: ops.mean(ops.square(m(x) - y)), inputs={"x": aot.f32(5, 3), "y": aot.f32(5, 4)},
+                    optimizer=aot.optim.SGD(lr=0.05)),
+    infer={"predict": aot.Infer(lambda m, x: m(x), inputs={"x": aot.f32(5, 3)})},
+    seed=2,
+)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """Web builds of sine_mlp, a tiny embedding model, the addition transformer (batch
@@ -108,7 +138,7 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("web")
     compiled = {}
     transformer = _load_example("addition_transformer", "make_program")("addition_web", b=TRANSFORMER_B)
-    for prog in (_load_example("sine_mlp"), EMBED, transformer, ATTN):
+    for prog in (_load_example("sine_mlp"), EMBED, transformer, ATTN, BUF):
         compiled[prog.name] = c = compile_program(prog)
         web.write_web(c, out, f"{prog.name}.py")
     broken = compile_program(_load_example("sine_mlp"))
@@ -389,6 +419,72 @@ def test_checkpoints_move_both_ways(page, py_models, tmp_path):
             return r;""", {"npz": base64.b64encode((tmp_path / f).read_bytes()).decode(), "x": x.ravel().tolist(), "y": y.ravel().tolist()})
         assert got["step"] == 4 and got["seed"] == "3" and got["lr"] == ["cosine", 0.005, 1e-05, 10], f
         assert got["loss"] == pytest.approx(py_next, rel=1e-5), f
+
+
+def test_buffers_train_save_and_restore_like_python(browser, site, tmp_path):
+    """Buffers in the page: their initial values, 3 steps and a stepMany of 2 against the Python
+    package (losses and buffers), predict reading them, a checkpoint each way, reset and loadBuffers."""
+    url, _ = site
+    r = np.random.default_rng(3)
+    xs, ys = r.normal(size=(5, 5, 3)).astype(np.float32), r.normal(size=(5, 5, 4)).astype(np.float32)
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        py = compile_model(BUF)
+    except RuntimeError as e:
+        pytest.skip(f"no WebGPU adapter for the Python package: {e}")
+    try:
+        py_losses = [py.step(x=x, y=y) for x, y in zip(xs[:3], ys[:3])] + list(py.step_many(x=xs[3:], y=ys[3:]))
+        py_buffers, py_out = py.buffers(), py.predict(x=xs[0])
+        py.save(tmp_path / "py.npz")
+        pg = browser.new_page()
+        pg.goto(f"{url}/buf_web/index.html?steps=0")
+        pg.wait_for_function("document.body.dataset.state", timeout=300000)
+        assert pg.evaluate("document.body.dataset.state") == "done", pg.evaluate("window.demo.error")
+        js = pg.evaluate("""async (arg) => {
+            const m = window.demo.model;
+            const flat = (d) => Object.fromEntries(Object.entries(d).map(([k, v]) => [k, [Array.from(v.data), v.shape, v.dtype]]));
+            const feed = (i) => ({x: {data: Float32Array.from(arg.xs[i]), shape: [5, 3]}, y: {data: Float32Array.from(arg.ys[i]), shape: [5, 4]}});
+            const r = {names: m.bufferNames, init: flat(await m.buffers()), losses: []};
+            for (let i = 0; i < 3; i++) r.losses.push(await m.step(feed(i)));
+            r.losses.push(...await m.stepMany([feed(3), feed(4)]));
+            r.buffers = flat(await m.buffers());
+            r.out = Array.from((await m.predict({x: feed(0).x})).data);
+            const bytes = await m.save();
+            let s = ""; for (const b of bytes) s += String.fromCharCode(b);
+            r.npz = btoa(s);
+            await m.reset();
+            r.reset = flat(await m.buffers());
+            const bin = atob(arg.py); const py = new Uint8Array(bin.length);
+            for (let i = 0; i < bin.length; i++) py[i] = bin.charCodeAt(i);
+            await m.restore(py);
+            r.restored = flat(await m.buffers());
+            await m.loadBuffers({n: 7, rm: [1, 2, 3, 4]}, {partial: true});
+            r.loaded = flat(await m.buffers());
+            try { await m.loadBuffers({n: 1.5}, {partial: true}); } catch (e) { r.error = e.message; }
+            return r;
+        }""", {"xs": xs.reshape(5, -1).tolist(), "ys": ys.reshape(5, -1).tolist(),
+               "py": base64.b64encode((tmp_path / "py.npz").read_bytes()).decode()})
+        assert js["names"] == ["rm", "scale", "n"]
+        assert js["init"]["scale"] == [[1, 1, 1, 1], [4], "f32"] and js["init"]["n"] == [[0], [], "i32"]
+        np.testing.assert_allclose(js["losses"], py_losses, rtol=1e-5)
+        for name, (data, shape, dtype) in js["buffers"].items():
+            assert shape == list(py_buffers[name].shape) and dtype == {"float32": "f32", "int32": "i32"}[str(py_buffers[name].dtype)]
+            np.testing.assert_allclose(data, py_buffers[name].ravel(), rtol=1e-5, err_msg=name)
+        assert js["buffers"]["n"][0] == [5]
+        np.testing.assert_allclose(js["out"], py_out.ravel(), rtol=1e-5, atol=1e-6)
+        assert js["reset"]["n"][0] == [0] and js["reset"]["scale"][0] == [1, 1, 1, 1]
+        for name, (data, _, _) in js["restored"].items():  # the Python checkpoint, bit for bit
+            assert np.array_equal(np.asarray(data, py_buffers[name].dtype), py_buffers[name].ravel()), name
+        assert js["loaded"]["n"][0] == [7] and js["loaded"]["rm"][0] == [1, 2, 3, 4]
+        assert "not whole numbers" in js["error"]
+        (tmp_path / "web.npz").write_bytes(base64.b64decode(js["npz"]))
+        py.reset()
+        py.restore(tmp_path / "web.npz")
+        assert py.buffers()["n"] == 5 and py.buffers()["n"].dtype == np.int32
+        np.testing.assert_allclose(py.buffers()["scale"], py_buffers["scale"], rtol=1e-5)
+        pg.close()
+    finally:
+        py.close()
 
 
 def _py_error(fn):

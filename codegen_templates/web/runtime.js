@@ -290,6 +290,12 @@ function npyF32(data, shape) {
   for (let i = 0; i < data.length; i++) dv.setFloat32(4 * i, data[i], true);
   return npyBytes("<f4", shape, body);
 }
+function npyI32(data, shape) {
+  const body = new Uint8Array(4 * data.length);
+  const dv = new DataView(body.buffer);
+  for (let i = 0; i < data.length; i++) dv.setInt32(4 * i, data[i], true);
+  return npyBytes("<i4", shape, body);
+}
 /** A zip of stored (uncompressed) members, as np.savez writes. */
 export function zipStored(members) {
   const chunks = [], central = [];
@@ -854,6 +860,13 @@ function dimsNote(shape, dims) {
 }
 
 // ---- the Model (model.py's ModelBase) ----
+// a buffer's dtype -> the buffer holding it and its array type (plan.BUFFER_ARENAS)
+const BUFFER_ARENAS = { f32: ["buffers", Float32Array], i32: ["buffers_i32", Int32Array] };
+/** np.rint: to the nearest integer, ties to even (an i32 buffer's initial values). */
+function rintEven(x) {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
 export class ModelBase {
   /** const model = await Model.create({seed}): acquires a device and uploads the initial parameters. */
   static async create({ seed, kernels = "auto" } = {}) {
@@ -864,6 +877,7 @@ export class ModelBase {
     m._program = p;
     m._seed = checkSeed(seed === undefined || seed === null ? BigInt(p.seed) : seed, "Model.create({seed})");
     m._params = p.params; // [name, shape, init, decay, offset]
+    m._buffers = p.buffers || []; // [name, shape, dtype, init, offset in buffers / buffers_i32, PyTorch name]
     m._total = m._params.reduce((s, q) => s + sizeOf(q[1]), 0);
     m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {});
     m._opt = p.optimizer;
@@ -890,6 +904,7 @@ export class ModelBase {
   }
 
   get paramNames() { return this._params.map((q) => q[0]); }
+  get bufferNames() { return this._buffers.map((b) => b[0]); }
   get seed() { return this._seed; }
   set seed(v) { this._seed = checkSeed(v, "seed"); }
   get lr() { return this._lr; }
@@ -935,6 +950,62 @@ export class ModelBase {
       for (const [n, a] of Object.entries(arrays)) this._engine.write("params", known[n][1], a);
     });
   }
+  // ---- buffers (Module.buffer; state.py): f32 ones in the `buffers` buffer, i32 ones in `buffers_i32`
+  async _readBuffers() {
+    const out = {};
+    for (const [dt, [arena, Type]] of Object.entries(BUFFER_ARENAS)) {
+      const n = this._program.arenas[arena] || 0;
+      out[dt] = n ? await this._engine.read(arena, 0, n, Type) : new Type(0);
+    }
+    return out;
+  }
+  /** {name: {data: Float32Array or Int32Array, shape, dtype}}: a copy of every buffer. */
+  buffers() {
+    return this._locked(async () => {
+      const flat = await this._readBuffers();
+      const out = {};
+      for (const [n, s, dt, , o] of this._buffers) out[n] = { data: flat[dt].slice(o, o + sizeOf(s)), shape: [...s], dtype: dt };
+      return out;
+    });
+  }
+  /** Overwrite buffers by name, as loadParams overwrites parameters; checked whole first. */
+  loadBuffers(values, { partial = false } = {}) {
+    return this._locked(async () => {
+      const known = Object.fromEntries(this._buffers.map(([n, s, dt, , o]) => [n, [s, dt, o]]));
+      const names = Object.keys(values);
+      const unknown = names.filter((n) => !(n in known)).sort();
+      if (unknown.length) {
+        const hint = unknown.every((n) => this.paramNames.includes(n)) ? " (parameters load with load_params)" : "";
+        throw new KeyError(`load_buffers: unknown buffer(s) ${pyList(unknown)}${hint}; this model has ${pyList(Object.keys(known).sort())}`);
+      }
+      const missing = Object.keys(known).filter((n) => !(n in values)).sort();
+      if (missing.length && !partial) throw new KeyError(`load_buffers: missing buffer(s) ${pyList(missing)} (pass partial=True to load a subset)`);
+      const arrays = {};
+      for (const n of names) {
+        const [shape, dt] = known[n];
+        const a = asArray(values[n]);
+        if (!a.kind) throw new TypeError(`load_buffers: ${pyStr(n)} must be numeric, got ${describe(a)}`);
+        if (pyTuple(a.shape) !== pyTuple(shape)) throw new ValueError(`load_buffers: ${pyStr(n)} expects shape ${pyTuple(shape)}, got ${pyTuple(a.shape)}`);
+        if (dt === "i32") {
+          const vals = Array.from(a.data, Number);
+          if (!vals.every(Number.isInteger)) throw new ValueError(`load_buffers: ${pyStr(n)} is an i32 buffer; got values that are not whole numbers`);
+          if (!vals.every((v) => v >= -(2 ** 31) && v <= 2 ** 31 - 1)) throw new ValueError(`load_buffers: ${pyStr(n)} is an i32 buffer; got values outside the i32 range`);
+          arrays[n] = Int32Array.from(vals);
+        } else arrays[n] = Float32Array.from(a.data, Number);
+      }
+      for (const [n, a] of Object.entries(arrays)) this._engine.write(BUFFER_ARENAS[known[n][1]][0], known[n][2], a);
+    });
+  }
+  /** {dtype: flat initial contents}: buffer j from its init spec on stream len(params) + j (state.py). */
+  _initBuffers() {
+    const flat = {};
+    for (const [dt, [arena, Type]] of Object.entries(BUFFER_ARENAS)) flat[dt] = new Type(this._program.arenas[arena] || 0);
+    this._buffers.forEach(([, s, dt, spec, o], j) => {
+      const v = initParam(spec, sizeOf(s), this._seed, this._params.length + j);
+      flat[dt].set(dt === "i32" ? Int32Array.from(v, rintEven) : v, o);
+    });
+    return flat;
+  }
   _initParams() {
     const flat = new Float32Array(Math.max(this._total, 1));
     this._params.forEach(([, s, spec, , o], i) => flat.set(initParam(spec, sizeOf(s), this._seed, i), o));
@@ -943,10 +1014,13 @@ export class ModelBase {
   _stateBuffers() {
     return Object.entries(this._program.arenas).filter(([a, n]) => n && (a === "state" || a.startsWith("state_")));
   }
-  /** params: back to the seed's initial values; optimizer: zero state and stepCount. */
+  /** params: parameters and buffers back to the seed's initial values; optimizer: zero state and stepCount. */
   reset({ params = true, optimizer = true } = {}) {
     return this._locked(async () => {
-      if (params) this._engine.write("params", 0, this._initParams().subarray(0, this._total));
+      if (params) {
+        this._engine.write("params", 0, this._initParams().subarray(0, this._total));
+        for (const [dt, a] of Object.entries(this._initBuffers())) this._engine.write(BUFFER_ARENAS[dt][0], 0, a);
+      }
       if (optimizer) {
         for (const [a, n] of this._stateBuffers()) this._engine.write(a, 0, new Float32Array(n));
         if (this._hasGrads && this._total) this._engine.write("grads", 0, new Float32Array(this._total));
@@ -1134,7 +1208,7 @@ export class ModelBase {
   }
 
   // ---- checkpoints: the Python package's .npz, both ways ----
-  /** Params, optimizer state, step count, lr schedule position and seed as .npz bytes (a Uint8Array). */
+  /** Params, buffers, optimizer state, step count, lr schedule position and seed as .npz bytes (a Uint8Array). */
   save() {
     return this._locked(async () => {
       const members = [
@@ -1153,6 +1227,9 @@ export class ModelBase {
       members.push(["__state__.npy", npyF32(state, [state.length])]);
       const flat = await this._engine.read("params", 0, this._total);
       for (const [n, s, , , o] of this._params) members.push([`param/${n}.npy`, npyF32(flat.subarray(o, o + sizeOf(s)), s)]);
+      const bflat = await this._readBuffers();
+      for (const [n, s, dt, , o] of this._buffers)
+        members.push([`buffer/${n}.npy`, (dt === "i32" ? npyI32 : npyF32)(bflat[dt].subarray(o, o + sizeOf(s)), s)]);
       return zipStored(members);
     });
   }
@@ -1171,6 +1248,7 @@ export class ModelBase {
       const layout = { __program__: "str", __fingerprint__: "str", __step_count__: "i8", __seed__: "seed", __lr__: "str", __lr_origin__: "i8",
         __state__: ["f4", [this._stateBuffers().reduce((s, [, n]) => s + n, 0)]] };
       for (const [n, s] of this._params) layout["param/" + n] = ["f4", s];
+      for (const [n, s, dt] of this._buffers) layout["buffer/" + n] = [dt === "i32" ? "i4" : "f4", s];
       const read = async (member) => {
         const kind = layout[member];
         const mbad = (why) => bad(`checkpoint member ${pyStr(member)} ${why}`);
@@ -1191,14 +1269,15 @@ export class ModelBase {
         }
         const shape = kind[1];
         if (pyTuple(npy.shape) !== pyTuple(shape)) throw mbad(`has shape ${pyTuple(npy.shape)}, expected ${pyTuple(shape)}`);
-        if (npy.descr !== "<f4") throw mbad(`has dtype ${pyStr(npy.descr)}, expected float32`);
+        const int = kind[0] === "i4";
+        if (npy.descr !== (int ? "<i4" : "<f4")) throw mbad(`has dtype ${pyStr(npy.descr)}, expected ${int ? "int32" : "float32"}`);
         const n = sizeOf(shape);
         if (npy.body.length !== 4 * n) throw mbad("is truncated");
-        const a = new Float32Array(n);
-        for (let i = 0; i < n; i++) a[i] = dv.getFloat32(4 * i, true);
+        const a = int ? new Int32Array(n) : new Float32Array(n);
+        for (let i = 0; i < n; i++) a[i] = int ? dv.getInt32(4 * i, true) : dv.getFloat32(4 * i, true);
         if (npy.fortran && shape.length > 1) { // column-major on disk
           const strides = shape.map((_, i) => sizeOf(shape.slice(0, i)));
-          const c = new Float32Array(n), idx = new Array(shape.length).fill(0);
+          const c = new a.constructor(n), idx = new Array(shape.length).fill(0);
           for (let k = 0; k < n; k++) {
             c[k] = a[idx.reduce((s, v, i) => s + v * strides[i], 0)];
             for (let d = shape.length - 1; d >= 0; d--) { if (++idx[d] < shape[d]) break; idx[d] = 0; }
@@ -1213,6 +1292,8 @@ export class ModelBase {
       for (const [what, found] of [["unknown", [...names.keys()].filter((m) => !(m in layout)).sort()], ["missing", Object.keys(layout).filter((m) => !names.has(m)).sort()]]) {
         const ps = found.filter((m) => m.startsWith("param/")).map((m) => m.slice(6));
         if (ps.length) throw new KeyError(`${path}: ${what} parameter(s) ${pyList(ps)} in the checkpoint`);
+        const bs = found.filter((m) => m.startsWith("buffer/")).map((m) => m.slice(7));
+        if (bs.length) throw new KeyError(`${path}: ${what} buffer(s) ${pyList(bs)} in the checkpoint`);
         if (found.length) throw bad(`damaged checkpoint: ${what} member(s) ${pyList(found)}`);
       }
       const v = {};
@@ -1234,6 +1315,7 @@ export class ModelBase {
       if (this._total) this._engine.write("params", 0, flat.subarray(0, this._total));
       let pos = 0;
       for (const [a, n] of this._stateBuffers()) { this._engine.write(a, 0, v.__state__.subarray(pos, pos + n)); pos += n; }
+      for (const [n, , dt, , o] of this._buffers) this._engine.write(BUFFER_ARENAS[dt][0], o, v["buffer/" + n]);
       this.stepCount = Number(stepCount);
       this._seed = seed;
       this._lr = lr;
