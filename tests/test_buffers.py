@@ -434,3 +434,24 @@ class _Plain(aot.Module):
     def __init__(self):
         super().__init__()
         self.l = nn.Linear(DIN, D)
+
+
+@pytest.mark.gpu
+def test_distributed_checksum_counts_buffers_and_broadcast_keeps_them(models, tmp_path):
+    """distributed.state_checksum covers the buffers (check_replicas refuses ranks whose buffers
+    differ); broadcast_buffers in a one-rank group leaves them as they are, dtypes included."""
+    from aot.runtime import distributed as dist
+
+    a, _ = models
+    a.reset()
+    before = dist.state_checksum(a)
+    a.load_buffers({"n": 3}, partial=True)
+    assert dist.state_checksum(a) != before
+    values = a.buffers()
+    dist.init(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        dist.broadcast_buffers(a)
+    finally:
+        dist._leave()
+    for n, v in a.buffers().items():
+        assert np.array_equal(v, values[n]) and v.dtype == values[n].dtype, n
