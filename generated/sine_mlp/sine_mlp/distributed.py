@@ -22,6 +22,11 @@ Launch with `torchrun --nproc-per-node N script.py` (one machine) or `torchrun -
 A rank that dies or stops answering makes the others raise (gloo's error, or its timeout,
 `init(timeout_s=...)`) instead of waiting forever.
 
+Buffers (Module.buffer: running statistics, say) are each rank's own: a training step updates them
+from that rank's share of the batch. broadcast_buffers(model) gives every rank rank 0's (PyTorch
+DDP's broadcast_buffers=True does so before every forward); call it before evaluating or saving,
+or after every step for DDP's behaviour.
+
 Random ops (dropout, ops.rand) draw from model.seed, as PyTorch DDP ranks seeded alike do: every
 rank gets the same masks for its rows. For a stream per rank, set `model.seed = base + rank` after
 check_replicas and after every restore (a checkpoint holds rank 0's seed).
@@ -150,8 +155,8 @@ def build_checksum(model) -> str:
 
 
 def state_checksum(model) -> str:
-    """SHA-256 of what training continues from: the parameters, the optimizer state, the step
-    count and the learning-rate spec."""
+    """SHA-256 of what training continues from: the parameters, the buffers, the optimizer state,
+    the step count and the learning-rate spec."""
     h = hashlib.sha256(repr((model.step_count, model.lr)).encode())
     for name, value in model.params().items():
         h.update(
@@ -159,6 +164,13 @@ def state_checksum(model) -> str:
             + b"\0"
             + np.ascontiguousarray(value, dtype=np.float32).tobytes()
         )
+    for (
+        name,
+        value,
+    ) in (
+        model.buffers().items()
+    ):  # none in a program without buffers: the same checksum
+        h.update(name.encode() + b"\0" + value.tobytes())
     for arena, n in model._state_buffers():
         h.update(model._engine.read(arena, 0, n).tobytes())
     return h.hexdigest()
@@ -166,7 +178,7 @@ def state_checksum(model) -> str:
 
 def check_replicas(model, group=None) -> None:
     """Raise ReplicaMismatch on every rank unless all ranks run the same build with the same
-    parameters and optimizer state: two checksums, compared in one all-reduce (of each
+    parameters, buffers and optimizer state: two checksums, compared in one all-reduce (of each
     checksum's leading 58 bits and their negations, by max: equal everywhere iff max == -min).
     """
     build, state = build_checksum(model), state_checksum(model)
@@ -190,6 +202,23 @@ def check_replicas(model, group=None) -> None:
             f"(this rank's checksum is {state[:16]}, step {model.step_count}). Create every Model with the "
             "same seed, or restore the same checkpoint on every rank"
         )
+
+
+def broadcast_buffers(model, src: int = 0, group=None) -> None:
+    """Every rank's buffers (model.buffers()) become rank `src`'s: one broadcast per dtype."""
+    values = model.buffers()
+    out = {}
+    for dtype in (np.float32, np.int32):
+        names = [n for n, v in values.items() if v.dtype == dtype]
+        if not names:
+            continue
+        flat = np.concatenate([values[n].ravel() for n in names])
+        td.broadcast(torch.from_numpy(flat), src=src, group=group)
+        pos = 0
+        for n in names:
+            out[n] = flat[pos : pos + values[n].size].reshape(values[n].shape)
+            pos += values[n].size
+    model.load_buffers(out, partial=True)
 
 
 def _agree(ok: bool, group) -> bool:
