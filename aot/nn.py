@@ -56,17 +56,18 @@ class Embedding(Module):
 
 
 class Conv2d(Module):
-    """NCHW convolution; W f32[out, in/groups, k, k] (PyTorch's layout), b f32[out]."""
+    """NCHW convolution; W f32[out, in/groups, k, k] (PyTorch's layout), b f32[out]; dilation as torch's."""
 
-    def __init__(self, in_ch: int, out_ch: int, k, stride=1, padding=0, groups: int = 1, bias: bool = True, init=None, decay=None):
+    def __init__(self, in_ch: int, out_ch: int, k, stride=1, padding=0, groups: int = 1, bias: bool = True, init=None, decay=None,
+                 dilation=1):
         super().__init__()
-        self.stride, self.padding, self.groups = stride, padding, groups
+        self.stride, self.padding, self.groups, self.dilation = stride, padding, groups, dilation
         kh, kw = (k, k) if isinstance(k, int) else k
         self.W = self._torch_param("Conv2d", "weight", (out_ch, in_ch // groups, kh, kw), init=init, decay=decay)
         self.b = self._torch_param("Conv2d", "bias", (out_ch,), init=_init.zeros()) if bias else None
 
     def forward(self, x):
-        y = ops.conv2d(x, self.W, self.stride, self.padding, self.groups)
+        y = ops.conv2d(x, self.W, self.stride, self.padding, self.groups, self.dilation)
         return y + ops.reshape(self.b, (-1, 1, 1)) if self.b is not None else y
 
 
@@ -88,3 +89,7 @@ def merge_heads(x):
     r = len(lead)
     y = ops.transpose(x, tuple(range(r)) + (r + 1, r, r + 2))
     return ops.reshape(y, (*lead, t, n * dh))
+
+
+# the torch.nn counterparts of the spatial ops (Conv1d, ConvTranspose2d, pooling, Dropout2d, Upsample)
+from .nn_conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, ConvTranspose2d, Dropout2d, Upsample  # noqa: E402,F401

@@ -465,7 +465,35 @@ def _pool_torch(args, kw, fdt):
 
 def _conv_torch(args, kw, fdt):
     T = _torch()
-    return T.nn.functional.conv2d(args[0], args[1], None, kw.get("stride", 1), kw.get("padding", 0), kw.get("groups", 1))
+    return T.nn.functional.conv2d(args[0], args[1], None, kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1), kw.get("groups", 1))
+
+
+# Tensor.__getitem__ keys as data: ints, None, "...", ("s", start, stop, step) for a slice, "i"
+# for the index tensor (the op's second argument)
+def _key_src(key, idx):
+    def one(k):
+        if isinstance(k, tuple):
+            a, b, c = (("" if v is None else str(v)) for v in k[1:])
+            return f"{a}:{b}" + (f":{c}" if c else "")
+        return {"...": "...", "i": idx, None: "None"}.get(k, repr(k)) if not isinstance(k, int) else repr(k)
+
+    return ", ".join(one(k) for k in key) + ("," if len(key) == 1 else "")
+
+
+def _getitem_torch(args, kw, fdt):
+    def one(k):
+        if isinstance(k, tuple):
+            return slice(*k[1:])
+        return {"...": Ellipsis, "i": args[1].long() if len(args) > 1 else None}[k] if isinstance(k, str) else k
+
+    return args[0][tuple(one(k) for k in kw["key"])]
+
+
+def _spatial_torch(name):
+    def f(args, kw, fdt):
+        return getattr(_torch().nn.functional, name)(*args, **kw)
+
+    return f
 
 
 def _cmp(f):
@@ -615,7 +643,22 @@ OPS: dict[str, OpSpec] = {
         _cross_entropy,
         _g_index(lambda ins, kw: ins[0].shape[-1]),
     ),
-    "conv2d": OpSpec(lambda a, kw, mod: f"ops.conv2d({a[0]}, {a[1]}{_kwsrc(kw, ['stride', 'padding', 'groups'])})", _conv_torch),
+    "conv2d": OpSpec(lambda a, kw, mod: f"ops.conv2d({a[0]}, {a[1]}{_kwsrc(kw, ['stride', 'padding', 'groups', 'dilation'])})", _conv_torch),
+    # spatial ops and indexing (aot/ops/spatial.py, convs.py, indexing.py)
+    "getitem": OpSpec(lambda a, kw, mod: f"{a[0]}[{_key_src(kw['key'], a[1] if len(a) > 1 else None)}]", _getitem_torch,
+                      lambda ins64, ins32, o64, o32, kw: len(ins64) < 2 or _g_index(lambda ins, kw: kw["high"])(ins64, ins32, o64, o32, kw)),
+    "pad": OpSpec(lambda a, kw, mod: f"ops.pad({a[0]}{_kwsrc(kw, ['pad', 'mode', 'value'])})", _spatial_torch("pad")),
+    "avg_pool2d": OpSpec(lambda a, kw, mod: f"ops.avg_pool2d({a[0]}{_kwsrc(kw, ['kernel_size', 'stride', 'padding', 'ceil_mode', 'count_include_pad'])})",
+                         _spatial_torch("avg_pool2d")),
+    "adaptive_avg_pool2d": OpSpec(lambda a, kw, mod: f"ops.adaptive_avg_pool2d({a[0]}{_kwsrc(kw, ['output_size'])})",
+                                  _spatial_torch("adaptive_avg_pool2d")),
+    "interpolate": OpSpec(lambda a, kw, mod: f"ops.interpolate({a[0]}{_kwsrc(kw, ['size', 'scale_factor', 'mode', 'align_corners'])})",
+                          _spatial_torch("interpolate")),
+    "conv1d": OpSpec(lambda a, kw, mod: f"ops.conv1d({', '.join(a)}{_kwsrc(kw, ['stride', 'padding', 'dilation', 'groups'])})",
+                     _spatial_torch("conv1d")),
+    "conv_transpose2d": OpSpec(
+        lambda a, kw, mod: f"ops.conv_transpose2d({', '.join(a)}{_kwsrc(kw, ['stride', 'padding', 'output_padding', 'groups', 'dilation'])})",
+        _spatial_torch("conv_transpose2d")),
     "max_pool2d": OpSpec(lambda a, kw, mod: f"ops.max_pool2d({a[0]}{_kwsrc(kw, ['k', 'stride', 'padding'])})", _pool_torch, _g_pool),
     "split_heads": OpSpec(lambda a, kw, mod: f"nn.split_heads({a[0]}, {kw['n']})", lambda a, kw, f: _split_heads(a[0], kw["n"])),
     "merge_heads": OpSpec(lambda a, kw, mod: f"nn.merge_heads({a[0]})", lambda a, kw, f: _merge_heads(a[0])),
@@ -1310,6 +1353,8 @@ class Gen:
         pad = self.choice((0, 0, 1, (1, 0)))
         wt = self.leaf((out, c // groups, kh, kw_), kind="param")
         kwargs = {}
+        if self.chance(0.2):
+            kwargs["dilation"] = self.choice((2, (1, 2)))
         if stride != 1:
             kwargs["stride"] = stride
         if pad != 0:
@@ -1317,6 +1362,104 @@ class Gen:
         if groups != 1:
             kwargs["groups"] = groups
         return self.emit("conv2d", (x, wt), kwargs)
+
+    def a_getitem(self):
+        x = self.pick(lambda v: len(self.shape(v)) >= 1, self.new_f32(rank=int(self.rng.integers(1, 4))))
+        s = self.shape(x)
+        key, args, high = [], [x], 0
+        if self.chance(0.3):
+            key.append(None)
+        for d in s:
+            r = self.rng.random()
+            if r < 0.25:
+                key.append(int(self.rng.integers(-d, d)))
+                continue
+            if r < 0.4 and not high and self.dtype(x) == "f32":
+                args.append(self.index(d, (self.dim(1, 4),)))
+                key.append("i")
+                high = d
+            elif r < 0.8:
+                step = self.choice((None, 2, 3)) if d > 1 else None
+                start = self.choice((None, 1, -2)) if d > 2 else None
+                stop = self.choice((None, -1)) if d > 2 and self.chance(0.3) else None
+                key.append(("s", start, stop, step))
+            else:
+                key.append(("s", None, None, None))
+            if self.chance(0.15):
+                key.append(None)
+        if len(key) > 1 and self.chance(0.3) and key[-1] == ("s", None, None, None):
+            key[-1] = "..."
+        return self.emit("getitem", tuple(args), {"key": tuple(key), "high": high} if high else {"key": tuple(key)})
+
+    def a_spatial(self):
+        r = self.rng.random()
+        if r < 0.25:
+            x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 2 and min(self.shape(v)[-2:]) >= 2,
+                          self.new_f32(shape=(self.dim(1, 2), self.dim(1, 3), self.dim(2, 5), self.dim(2, 5))))
+            s = self.shape(x)
+            mode = self.choice(("constant", "constant", "reflect", "replicate", "circular")) if len(s) in (3, 4) else "constant"
+            lim = min(s[-2:]) - 1 if mode == "reflect" else 2
+            pads = tuple(int(self.rng.integers(-1 if mode == "constant" else 0, lim + 1)) for _ in range(4 if len(s) >= 3 else 2))
+            kw = {"pad": pads, "mode": mode} if mode != "constant" else {"pad": pads}
+            if mode == "constant" and self.chance(0.3):
+                kw["value"] = 0.5
+            return self.emit("pad", (x,), kw)
+        if r < 0.55:
+            x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) == 4 and min(self.shape(v)[2:]) >= 2,
+                          lambda: self.leaf((self.dim(1, 2), self.dim(1, 3), self.dim(2, 6), self.dim(2, 6))), p_new=0.5)
+            h, w = self.shape(x)[2:]
+            q = self.rng.random()
+            if q < 0.4:
+                k = self.choice((2, 3)) if min(h, w) >= 3 else 2
+                kw = {"kernel_size": k}
+                if self.chance(0.5):
+                    kw["stride"] = self.choice((1, 2))
+                if self.chance(0.4):
+                    kw["padding"] = 1
+                if self.chance(0.3):
+                    kw["ceil_mode"] = True
+                if self.chance(0.3):
+                    kw["count_include_pad"] = False
+                return self.emit("avg_pool2d", (x,), kw)
+            if q < 0.6:
+                return self.emit("adaptive_avg_pool2d", (x,), {"output_size": (self.dim(1, 4), self.dim(1, 4))})
+            if self.chance(0.5):
+                kw = {"size": (self.dim(1, 7), self.dim(1, 7))}
+            else:
+                kw = {"scale_factor": self.choice((2, 0.5, 1.5, (2, 3)))}
+            if self.chance(0.5):
+                kw["mode"] = "bilinear"
+                kw["align_corners"] = self.chance(0.5)
+            return self.emit("interpolate", (x,), kw)
+        if r < 0.75:
+            x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) == 3 and self.shape(v)[2] >= 3,
+                          lambda: self.leaf((self.dim(1, 2), self.dim(1, 4), self.dim(3, 8))), p_new=0.5)
+            c = self.shape(x)[1]
+            groups = self.choice([g for g in (1, 2) if c % g == 0])
+            wt = self.leaf((groups * self.dim(1, 3), c // groups, self.choice((1, 2, 3))), kind="param")
+            args = (x, wt, self.leaf((self.shape(wt)[0],), kind="param")) if self.chance(0.5) else (x, wt)
+            kw = {k: v for k, v in (("stride", self.choice((1, 2))), ("padding", self.choice((0, 1))),
+                                   ("dilation", self.choice((1, 2))), ("groups", groups)) if v != (0 if k == "padding" else 1)}
+            return self.emit("conv1d", args, kw)
+        x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) == 4,
+                      lambda: self.leaf((self.dim(1, 2), self.dim(1, 4), self.dim(1, 4), self.dim(1, 4))), p_new=0.5)
+        c = self.shape(x)[1]
+        groups = self.choice([g for g in (1, 2) if c % g == 0])
+        wt = self.leaf((c, self.dim(1, 3), self.choice((1, 2, 3)), self.choice((1, 2, 3))), kind="param")
+        kw = {}
+        stride = self.choice((1, 2, (2, 1)))
+        if stride != 1:
+            kw["stride"] = stride
+            if self.chance(0.4):
+                kw["output_padding"] = 1
+        if self.chance(0.3):
+            kw["padding"] = 1
+        if self.chance(0.2):
+            kw["dilation"] = 2
+        if groups != 1:
+            kw["groups"] = groups
+        args = (x, wt, self.leaf((self.shape(wt)[1] * groups,), kind="param")) if self.chance(0.5) else (x, wt)
+        return self.emit("conv_transpose2d", args, kw)
 
     def a_rope(self):
         x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 2 and self.shape(v)[-1] % 2 == 0,
@@ -1382,7 +1525,7 @@ class Gen:
     ACTIONS = (("unary", 14), ("binary", 16), ("where", 5), ("reduce", 9), ("argmax", 3), ("reshape", 4), ("transpose", 4),
                ("narrow", 3), ("broadcast", 3), ("concat", 5), ("stack", 3), ("split", 3), ("matmul", 6), ("index", 7),
                ("softmax", 4), ("cross_entropy", 2), ("causal", 1), ("module", 3), ("heads", 1), ("conv", 2),
-               ("rope", 1), ("attention", 2), ("bcast_reduce", 3), ("long_k", 0.6))
+               ("rope", 1), ("attention", 2), ("bcast_reduce", 3), ("long_k", 0.6), ("getitem", 3), ("spatial", 3))
 
     def build(self, n_ops: int):
         names = [a for a, _ in self.ACTIONS]

@@ -612,3 +612,9 @@ CASES += [
     C("attention.tq_gt_tk", ops.attention, (f32(1, 5, 3), f32(1, 2, 3), f32(1, 2, 1)), {"causal": True},
       ref=np_attention, torch=t_attention),
 ]
+
+
+# spatial ops, indexing and convolutions (tests/op_cases_spatial.py)
+from op_cases_spatial import cases as _spatial_cases  # noqa: E402
+
+CASES += _spatial_cases()

@@ -4,6 +4,8 @@
 - registry.py: one OpDef per primitive, every fact a stage needs (shape rule, NumPy reference,
   VJP, fusion class, recompute cost, view rule, index bound, WGSL rendering);
 - attention, conv, elementwise, index, layout, leaves, linalg, reduce: the primitives, registered on import;
+- spatial.py (pad's torch form, pooling, interpolate, dropout2d), convs.py (conv1d,
+  conv_transpose2d), indexing.py (Tensor.__getitem__ and its strided `slice` primitive);
 - trace.py: appends nodes to the graph being traced.
 
 Importing this package also gives `Tensor` its operators: the IR (aot/ir.py) knows nothing of
@@ -17,6 +19,9 @@ from . import attention, conv, elementwise, index, layout, leaves, linalg, reduc
 from .api import *  # noqa: F401,F403  (the public functions)
 from .creation import *  # noqa: F401,F403  (full, zeros, ones and their *_like forms)
 from .api import add, div, greater, less, matmul, mul, neg, power, sub
+from .convs import conv1d, conv_transpose2d  # noqa: F401
+from .indexing import getitem
+from .spatial import adaptive_avg_pool2d, avg_pool2d, dropout2d, interpolate, pad  # noqa: F401  (pad: both call forms)
 
 
 def _install_operators(T) -> None:
@@ -36,6 +41,7 @@ def _install_operators(T) -> None:
     T.__neg__ = lambda a: neg(a)
     T.__lt__ = lambda a, b: less(a, b)
     T.__gt__ = lambda a, b: greater(a, b)
+    T.__getitem__ = lambda x, key: getitem(x, key)
 
 
 _install_operators(_Tensor)

@@ -562,16 +562,22 @@ def _check_window(op, x, k, stride, padding):
         fail(op, f"kernel {list(k)} does not fit the input {x.type_str()} padded by {list(padding)}")
 
 
-def unfold(x, k, stride, padding, value: float = 0.0):
-    return emit("unfold", (x,), k=tuple(k), stride=tuple(stride), padding=tuple(padding), value=float(value))
+def _dil(dilation) -> dict:
+    # dilation is an attribute only where it is not (1, 1): graphs without it read as before
+    return {} if tuple(dilation) == (1, 1) else {"dilation": tuple(int(d) for d in dilation)}
 
 
-def fold(cols, size, stride, padding):
-    return emit("fold", (cols,), size=tuple(size), stride=tuple(stride), padding=tuple(padding))
+def unfold(x, k, stride, padding, value: float = 0.0, dilation=(1, 1)):
+    return emit("unfold", (x,), k=tuple(k), stride=tuple(stride), padding=tuple(padding), value=float(value), **_dil(dilation))
 
 
-def conv2d(x, w, stride=1, padding=0, groups: int = 1):
-    """NCHW convolution: x[N, C, H, W], w[O, C/groups, kh, kw] (PyTorch's layout) -> [N, O, OH, OW]."""
+def fold(cols, size, stride, padding, dilation=(1, 1)):
+    return emit("fold", (cols,), size=tuple(size), stride=tuple(stride), padding=tuple(padding), **_dil(dilation))
+
+
+def conv2d(x, w, stride=1, padding=0, groups: int = 1, dilation=1):
+    """NCHW convolution: x[N, C, H, W], w[O, C/groups, kh, kw] (PyTorch's layout) -> [N, O, OH, OW];
+    dilation spaces the kernel taps (torch's)."""
     if not (_is_tensor(x) and _is_tensor(w)):
         fail("conv2d", "expects (x, w) Tensors")
     _check_f32("conv2d", x)
@@ -579,13 +585,16 @@ def conv2d(x, w, stride=1, padding=0, groups: int = 1):
     if x.ndim != 4 or w.ndim != 4:
         fail("conv2d", f"expects x[N,C,H,W] and w[O,C/groups,kh,kw], got {x.type_str()} and {w.type_str()}")
     s, p = _pair(stride, "stride", "conv2d"), _pair(padding, "padding", "conv2d")
+    d = _pair(dilation, "dilation", "conv2d")
     n, c, _, _ = x.shape
     o, cg, kh, kw = w.shape
-    if groups < 1 or c % groups or o % groups or cg != c // groups:
+    if not isinstance(groups, int) or groups < 1 or c % groups or o % groups or cg != c // groups:
         fail("conv2d", f"w {w.type_str()} does not fit x {x.type_str()} with groups={groups}",
              "w must be [out, in/groups, kh, kw] and groups must divide in and out")
-    _check_window("conv2d", x, (kh, kw), s, p)
-    cols = unfold(x, (kh, kw), s, p)  # [N, C, kh, kw, OH, OW]
+    if _b.min(d) < 1:
+        fail("conv2d", f"dilation must be >= 1, got {d}")
+    _check_window("conv2d", x, (d[0] * (kh - 1) + 1, d[1] * (kw - 1) + 1), s, p)
+    cols = unfold(x, (kh, kw), s, p, 0.0, d)  # [N, C, kh, kw, OH, OW]
     oh, ow = cols.shape[4], cols.shape[5]
     og = o // groups
     # [N, G, cg*kh*kw, OH*OW] -> [G, N*OH*OW, cg*kh*kw] @ [G, cg*kh*kw, og] -> [G, N*OH*OW, og]
@@ -595,7 +604,7 @@ def conv2d(x, w, stride=1, padding=0, groups: int = 1):
     out = matmul(lhs, rhs) if groups > 1 else matmul(reshape(lhs, lhs.shape[1:]), reshape(rhs, rhs.shape[1:]))
     out = reshape(out, (groups, n, oh, ow, og))
     out = reshape(transpose(out, (1, 0, 4, 2, 3)), (n, o, oh, ow))
-    if groups == 1 and s == (1, 1) and p[0] < kh and p[1] < kw:
+    if groups == 1 and s == (1, 1) and d == (1, 1) and p[0] < kh and p[1] < kw:
         return custom_vjp(out, (x, w), lambda ct, out, ins: _conv2d_vjp(ct, x, w, p))
     return out
 
