@@ -212,3 +212,118 @@ def test_package_matches_torch_and_resumes_exactly(torch, tmp_path, name):
             np.testing.assert_array_equal(again[n], got[n], err_msg=n)
     finally:
         model.close()
+
+
+# ---- groups: errors, set_lr(group=), the layout ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, err, match",
+    [
+        (lambda: aot.optim.Adam(groups={"params": "l1.*"}), TypeError, "list of dicts"),
+        (lambda: aot.optim.Adam(groups=[{"lr": 1.0}]), ValueError, "no 'params'"),
+        (lambda: aot.optim.Adam(groups=[{"params": "l1.*", "momentum": 0.9}]), ValueError, "'momentum' cannot be set per group"),
+        (lambda: aot.optim.SGD(groups=[{"params": "l1.*", "clip_grad_norm": 1.0}]), ValueError, "'clip_grad_norm' cannot"),
+        (lambda: aot.optim.Adagrad(groups=[{"params": "l1.*", "initial_accumulator_value": 1.0}]), ValueError, "cannot be set"),
+        (lambda: aot.optim.Adam(groups=[{"params": []}]), TypeError, "non-empty list"),
+        (lambda: aot.optim.Adam(groups=[{"params": "l1.*", "betas": 0.9}]), TypeError, "pair of floats"),
+        (lambda: aot.optim.SGD(groups=[{"params": "l1.*", "nesterov": 1}]), TypeError, "must be a bool"),
+        (lambda: aot.optim.Adam(groups=[{"params": "l1.*", "lr": -1.0}]), ValueError, "non-negative"),
+    ],
+)
+def test_bad_groups_are_refused_on_construction(make, err, match):
+    with pytest.raises(err, match=match):
+        make()
+
+
+@pytest.mark.parametrize(
+    "opt, match",
+    [
+        (aot.optim.Adam(groups=[{"params": "l1.*"}, {"params": ["scale", "l1.b"]}]),
+         r"'l1.b' is matched by group 0 \('l1.\*'\) and group 1 \('scale', ...\)"),
+        (aot.optim.Adam(groups=[{"params": "encoder.*"}]), r"group 0 \('encoder.\*'\) matches no parameter"),
+        (aot.optim.Adam(groups=[{"params": "l1.*"}, {"params": "l1.*"}]), "both list the pattern"),
+        (aot.optim.RMSprop(groups=[{"params": "l1.*", "momentum": -1.0}]), "invalid momentum"),
+        (aot.optim.Adadelta(rho=1.5), "invalid rho"),
+    ],
+)
+def test_bad_groups_are_refused_when_traced(opt, match):
+    with pytest.raises(ValueError, match=match):
+        trace_program(program("bad_groups", opt))
+
+
+def test_layout_keeps_each_group_together():
+    """The default group first, then the groups in order; decayed params first within each."""
+    opt = aot.optim.AdamW(groups=[{"params": ["scale", "l1.*"], "lr": 1.0}, {"params": "l2.b"}])
+    order = [p.name for p in sorted(trace_program(program("layout", opt)).params, key=lambda p: p.offset)]
+    assert order[:2] == ["l2.W", "l1.W"] and set(order[2:4]) == {"l1.b", "scale"} and order[4] == "l2.b"
+    plain = [p.name for p in sorted(trace_program(program("layout", aot.optim.AdamW())).params, key=lambda p: p.offset)]
+    assert set(plain[:2]) == {"l1.W", "l2.W"}  # decayed first, as without groups before
+
+
+@pytest.mark.gpu
+def test_set_lr_per_group_and_its_checkpoint(tmp_path):
+    """set_lr(lr, group=i) changes only group i's lr (a schedule from its own step 1 on),
+    group=None every group's; current_lr(group) reports it; restore brings them back."""
+    opt = aot.optim.SGD(lr=0.1, groups=[{"params": "l1.*", "lr": 0.01}, {"params": "l2.*", "lr": aot.lr.step(0.5, 2, 0.1)}])
+    model = aot.compile(program("set_lr_groups", opt))
+    try:
+        assert [model.current_lr(g) for g in ("default", 0, 1)] == [0.1, 0.01, 0.5]
+        b = batches(6)
+        init, g0 = model.params(), None
+        model.step(**b[0])
+        grads = model.grads()
+        moved = model.params()
+        for n, lr in (("l1.W", 0.01), ("l2.W", 0.5), ("scale", 0.1)):  # plain SGD: p - lr * g
+            np.testing.assert_allclose(moved[n], init[n] - np.float32(lr) * grads[n], rtol=1e-6, atol=1e-8, err_msg=n)
+        model.set_lr(aot.lr.linear(0.2, 0.0, 4), group=0)
+        assert [model.current_lr(g) for g in ("default", 0, 1)] == [0.1, 0.2, 0.5]
+        model.step(**b[1])
+        assert model.current_lr(0) == pytest.approx(0.15) and model.current_lr(1) == pytest.approx(0.05)
+        model.save(tmp_path / "g.npz")
+        model.set_lr(0.3)  # every group
+        assert [model.current_lr(g) for g in ("default", 0, 1)] == [0.3, 0.3, 0.3]
+        with pytest.raises(IndexError, match="out of range: the optimizer has 2 parameter group"):
+            model.set_lr(0.1, group=2)
+        with pytest.raises(TypeError, match="group must be an int"):
+            model.set_lr(0.1, group="l1.*")
+        model.restore(tmp_path / "g.npz")
+        assert model.current_lr(0) == pytest.approx(0.15) and model.current_lr(1) == pytest.approx(0.05)
+        assert model.current_lr() == 0.1
+    finally:
+        model.close()
+
+
+def test_web_runtime_computes_the_same_step_scalars(tmp_path):
+    """codegen_templates/web/runtime.js's stepScalars mirrors schedules.step_scalars (every
+    optimizer kind, groups with their own specs and lrs), run by Node where it is installed."""
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from aot.optim_groups import group_table
+    from aot.runtime.schedules import lr_at, normalize, step_scalars
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    src = Path(__file__).resolve().parent.parent / "codegen_templates" / "web" / "runtime.js"
+    (tmp_path / "runtime.mjs").write_text(src.read_text())
+    calls = []
+    for name, c in CASES.items():
+        opt = c[0]
+        groups = [[list(spec), lr] for spec, lr in group_table(opt) or []]
+        for t in (1, 2, 7):
+            lrs = [lr_at(normalize(lr), t) for _, lr in groups]
+            calls.append(([list(opt.spec()), lr_at(normalize(opt.lr), t), t, groups, lrs],
+                          step_scalars(opt.spec(), lr_at(normalize(opt.lr), t), t, groups, lrs)))
+    script = (
+        "import('./runtime.mjs').then((M) => { const calls = JSON.parse(process.argv[1]);"
+        "console.log(JSON.stringify(calls.map((a) => M.stepScalars(...a)))); });"
+    )
+    out = subprocess.run([node, "-e", script, json.dumps([a for a, _ in calls])], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for got, (_, want) in zip(json.loads(out.stdout), calls):
+        assert got == want  # float64 on both sides, the same operations
