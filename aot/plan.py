@@ -5,7 +5,8 @@ Buffers ("arenas") are fixed per package, so every kernel binds at most seven of
   params      all parameters, flat in layout order (shared by every entry point)
   grads       the flat gradient vector of the last step
   state       optimizer state, flat, as long as params: adam.m | sgd.momentum (state_1: adam.v,
-              a buffer of its own so that no state buffer is larger than the parameters)
+              a buffer of its own so that no state buffer is larger than the parameters;
+              state_2: a third vector, adam.vmax or RMSprop's, only in programs that have one)
   inputs      f32 inputs and per-step scalars, packed; inputs_i32 the i32 inputs
   work        intermediates, reused by liveness; work_i32 the i32 ones
   buffers     the model's buffers (Module.buffer), flat in declaration order; buffers_i32 the

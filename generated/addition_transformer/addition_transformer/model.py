@@ -746,17 +746,7 @@ class ModelBase(InteropMixin, BuffersMixin):
                 path, z, self._opt is not None
             )
             group_lrs = [
-                list(
-                    _checkpoint_values(
-                        path,
-                        {
-                            **z,
-                            "__lr__": z[f"__lr_g{i}__"],
-                            "__lr_origin__": z[f"__lr_origin_g{i}__"],
-                        },
-                        True,
-                    )[2:]
-                )
+                _group_lr_values(path, z, i, step_count)
                 for i in range(len(self._group_lrs))
             ]
             flat = np.zeros(max(self._total, 1), dtype=np.float32)
@@ -832,6 +822,24 @@ def _checkpoint_values(path, z: dict, has_optimizer: bool):
     if (lr is None) == has_optimizer:
         raise bad("__lr__", f"is {lr!r}, which does not fit this model's optimizer")
     return step_count, seed, lr, origin
+
+
+def _group_lr_values(path, z: dict, i: int, step_count: int) -> list:
+    """[lr spec, origin] of parameter group i in a read checkpoint, checked like __lr__'s."""
+    origin = z[f"__lr_origin_g{i}__"]
+    if not 0 <= origin <= step_count:
+        raise ValueError(
+            f"{path}: checkpoint member '__lr_origin_g{i}__' must be in [0, step count {step_count}], got {origin}"
+        )
+    try:
+        lr = _parse_lr(z[f"__lr_g{i}__"])
+        if lr is None:
+            raise ValueError("None is not a learning rate")
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{path}: checkpoint member '__lr_g{i}__' is not a learning rate or schedule: {e}"
+        ) from None
+    return [lr, origin]
 
 
 def _parse_lr(text: str):
