@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from . import optim as _optim
+from . import optim_groups as _optim_groups
 from .errors import InvalidNameError, ShapeError, TraceError
 from .grad import append_grads
 from .ir import Graph, Tensor
@@ -110,9 +111,11 @@ def _trace_model(program: Program, g: Graph):
     return model, named
 
 
-def _layout(named) -> list[ParamEntry]:
-    """Decayed params first (so AdamW/SGD decay covers one leading range), declaration order within."""
-    order = [x for x in named if x[1].decay] + [x for x in named if not x[1].decay]
+def _layout(named, opt=None) -> list[ParamEntry]:
+    """Grouped by the optimizer's parameter groups, decayed params first within each (so a
+    group's weight decay covers one range: optim_groups.layout_keys), declaration order within."""
+    keys = _optim_groups.layout_keys(opt, [n for n, _ in named], [info.decay for _, info in named])
+    order = [x for _, x in sorted(zip(keys, named), key=lambda kx: kx[0])]
     offsets, off = {}, 0
     for name, info in order:
         offsets[name] = off
@@ -171,7 +174,7 @@ def trace_program(program: Program) -> Traced:
 
     def check_params(named, key, g):
         nonlocal params, buffers
-        table = _layout(named)
+        table = _layout(named, program.train.optimizer if program.train is not None else None)
         if params is None:
             params = table
         elif [(p.name, p.shape) for p in table] != [(p.name, p.shape) for p in params]:
@@ -209,8 +212,9 @@ def trace_program(program: Program) -> Traced:
             with tracing(g), at_site(None):
                 g.persist["grads"] = _optim.flat(grads)
             if tr.optimizer is not None:
-                n_decay = sum(1 for p in order if p.decay)
-                _optim.append_update(g, tr.optimizer, wrt, g.persist["grads"], n_decay, reached)
+                _optim.append_update(
+                    g, tr.optimizer, wrt, g.persist["grads"], [p.decay for p in order], reached, [p.name for p in order]
+                )
             graphs[key] = g
             variants["train"][key] = sizes
     for entry, inf in program.infer.items():

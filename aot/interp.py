@@ -13,7 +13,8 @@ from .frontend import Traced
 from .ir import Graph
 from .ops.registry import lookup
 from .runtime.rng import init_param, step_seed
-from .runtime.schedules import lr_at, normalize, optimizer_scalars
+from .optim_groups import group_table
+from .runtime.schedules import lr_at, normalize, step_scalars
 
 
 def run(g: Graph, leaves: dict[str, np.ndarray], dtype=np.float32) -> dict[int, np.ndarray]:
@@ -79,8 +80,9 @@ class Reference:
         t = self.step_count + 1
         leaves = dict(inputs, **self.params, **self.state, **self.buffers)
         if self.opt is not None:
-            lr = lr_at(self.lr_spec, t)
-            leaves.update(optimizer_scalars(self.opt.spec(), lr, t))
+            groups = group_table(self.opt)
+            group_lrs = [lr_at(lr, t) for _, lr in groups or ()]
+            leaves.update(step_scalars(self.opt.spec(), lr_at(self.lr_spec, t), t, groups, group_lrs))
         leaves["_rng"] = np.int32(step_seed(self.seed, t))
         leaves = {k: np.asarray(v, dtype=self.dtype) if np.asarray(v).dtype.kind == "f" else np.asarray(v) for k, v in leaves.items()}
         env = run(g, leaves, self.dtype)

@@ -18,6 +18,7 @@ from pathlib import Path
 from . import chain, codegen, emit, ir, merge, passes
 from .errors import CodegenError
 from .frontend import Traced, trace_program
+from .optim_groups import group_table
 from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, BufferTable, Plan, arena_binding, buffer_of, plan, state_arena
 from .program import Program
 from .runtime.schedules import normalize
@@ -220,6 +221,7 @@ def _tables(c: Compiled, opt, state_names) -> dict:
         "optimizer": opt.spec() if opt is not None else None,
         "lr": normalize(opt.lr) if opt is not None else None,
         "state": list(state_names),
+        **({"groups": g} if (g := group_table(opt)) is not None else {}),  # per-group (spec, lr)
         "dims": {k: tuple(v) for k, v in prog.dims.items()},
         "signatures": signatures,
         "variants": variants,

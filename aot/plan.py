@@ -5,7 +5,8 @@ Buffers ("arenas") are fixed per package, so every kernel binds at most seven of
   params      all parameters, flat in layout order (shared by every entry point)
   grads       the flat gradient vector of the last step
   state       optimizer state, flat, as long as params: adam.m | sgd.momentum (state_1: adam.v,
-              a buffer of its own so that no state buffer is larger than the parameters)
+              a buffer of its own so that no state buffer is larger than the parameters;
+              state_2: a third vector, adam.vmax or RMSprop's, only in programs that have one)
   inputs      f32 inputs and per-step scalars, packed; inputs_i32 the i32 inputs
   work        intermediates, reused by liveness; work_i32 the i32 ones
   buffers     the model's buffers (Module.buffer), flat in declaration order; buffers_i32 the
@@ -42,6 +43,9 @@ ARENAS = ("params", "grads", "state", "inputs", "inputs_i32", "work", "work_i32"
 # Module.buffer storage, f32 and i32: bound after ARENAS (so a program without buffers keeps its
 # binding numbers), and allocated only by programs that have them.
 BUFFER_ARENAS = ("buffers", "buffers_i32")
+# a third optimizer state vector (Adam(amsgrad=True), RMSprop(centered=True, momentum>0)): bound
+# after the buffer arenas and listed only by programs that have one, like them
+OPTIONAL_ARENAS = ("state_2",)
 DEFAULT_MAX_BINDING_MIB = 128  # WebGPU's default maxStorageBufferBindingSize (browsers, lavapipe)
 
 
@@ -83,8 +87,10 @@ def arena_binding(arena: str) -> int:
         return ARENAS.index(arena)
     if arena in BUFFER_ARENAS:
         return len(ARENAS) + BUFFER_ARENAS.index(arena)
+    if arena in OPTIONAL_ARENAS:
+        return len(ARENAS) + len(BUFFER_ARENAS) + OPTIONAL_ARENAS.index(arena)
     base, k = arena.rsplit("_", 1)
-    n = len(ARENAS) + len(BUFFER_ARENAS) + 2 * (int(k) - 1) + (base == "work_i32")
+    n = len(ARENAS) + len(BUFFER_ARENAS) + len(OPTIONAL_ARENAS) + 2 * (int(k) - 1) + (base == "work_i32")
     if n >= VEC_BINDING_BASE:
         raise CodegenError(f"{arena}: more scratch buffers than binding numbers; build with a larger --max-binding-mib")
     return n
@@ -185,7 +191,7 @@ def plan(
         elif n.op == "state":
             arena = state_arenas[n.attrs["name"]]
             loc[id(n.out)] = Loc(arena, 0)
-            sizes[arena] = max(sizes[arena], n.out.size)
+            sizes[arena] = max(sizes.get(arena, 0), n.out.size)
         elif n.op == "buffer":
             loc[id(n.out)] = buffers.locs[n.attrs["name"]]
 
@@ -273,7 +279,8 @@ def plan(
                 _too_large(g, f"the intermediate {t.node.op} result {t.type_str()}", t, t.size, max_binding_mib)
         for k, n in enumerate(_pack_with_gap(items, loc, arena, cap, apart)):
             sizes[chunk_name(arena, k)] = n
-    for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32") + tuple(buffers.sizes):
+    optional = tuple(a for a in OPTIONAL_ARENAS if a in sizes)
+    for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32") + tuple(buffers.sizes) + optional:
         if sizes[arena] > cap:
             _too_large(g, f"the {arena} buffer", None, sizes[arena], max_binding_mib)
     for t in s.owners:

@@ -186,7 +186,16 @@ export function optimizerScalars(opt, lr, t) {
     const [, b1, b2] = opt;
     return { _lr: lr, _step_size: lr / (1.0 - b1 ** t), _bc2_sqrt: Math.sqrt(1.0 - b2 ** t), _decay: 1.0 - lr * opt[4] };
   }
+  if (opt[0] === "adagrad") return { _lr: lr / (1.0 + (t - 1) * opt[1]) };
   return { _lr: lr };
+}
+/** schedules.step_scalars: the default group's scalars, then group i's as name + "_g" + i. */
+export function stepScalars(opt, lr, t, groups, groupLrs) {
+  const out = optimizerScalars(opt, lr, t);
+  groups.forEach(([spec], i) => {
+    for (const [k, v] of Object.entries(optimizerScalars(spec, groupLrs[i], t))) out[`${k}_g${i}`] = v;
+  });
+  return out;
 }
 /** repr() of a normalized schedule, as the Python package writes it into a checkpoint's __lr__. */
 function lrRepr(spec) {
@@ -883,6 +892,9 @@ export class ModelBase {
     m._opt = p.optimizer;
     m._lr = p.lr === null ? null : normalizeLr(p.lr);
     m._lrOrigin = 0;
+    // parameter groups: [lr spec, origin] of each (setLr(lr, group))
+    m._groups = p.groups || [];
+    m._groupLrs = m._groups.map(([, lr]) => [normalizeLr(lr), 0]);
     m._staging = {};
     m.stepCount = 0;
     m._inferCalls = 0;
@@ -1026,17 +1038,32 @@ export class ModelBase {
         if (this._hasGrads && this._total) this._engine.write("grads", 0, new Float32Array(this._total));
         this.stepCount = 0;
         this._lrOrigin = 0;
+        for (const g of this._groupLrs) g[1] = 0;
       }
     });
   }
   /** A float, or a schedule such as ["linear", 5e-3, 5e-4, 1500] or {kind: "cosine", peak, final, steps}. */
-  setLr(lr) {
+  /** With parameter groups: group i sets groups[i]'s lr, "default" the ungrouped params', null every group's. */
+  setLr(lr, group = null) {
     this._checkOpen();
     if (this._opt === null) throw new Error("this program was built without an optimizer (optimizer=None)");
-    this._lr = normalizeLr(lr);
-    this._lrOrigin = this.stepCount;
+    const which = this._groupIndex(group);
+    lr = normalizeLr(lr);
+    if (which === null || which === "default") { this._lr = lr; this._lrOrigin = this.stepCount; }
+    this._groupLrs.forEach((g, i) => { if (which === null || which === i) { g[0] = lr; g[1] = this.stepCount; } });
   }
-  currentLr() { return lrAt(this._lr, this.stepCount + 1 - this._lrOrigin); }
+  currentLr(group = "default") {
+    const which = this._groupIndex(group);
+    if (which === null) throw new TypeError("currentLr(null): name one group, an int or 'default'");
+    const [lr, origin] = which === "default" ? [this._lr, this._lrOrigin] : this._groupLrs[which];
+    return lrAt(lr, this.stepCount + 1 - origin);
+  }
+  _groupIndex(group) {
+    if (group === null || group === undefined || group === "default") return group ?? null;
+    if (!Number.isInteger(group)) throw new TypeError(`group must be an int index into the optimizer's groups, 'default' or null, got ${group}`);
+    if (group < 0 || group >= this._groupLrs.length) throw new RangeError(`group ${group} out of range: the optimizer has ${this._groupLrs.length} parameter group(s)`);
+    return group;
+  }
 
   /** Check inputs against the entry's declaration (model.py's _pick): [variant key, arrays].
    * stacked: each input holds K batches on a new leading axis (stepMany). */
@@ -1138,7 +1165,10 @@ export class ModelBase {
   }
   _trainArgs(t) {
     const extra = { _rng: stepSeed(this._seed, t) };
-    if (this._opt !== null) Object.assign(extra, optimizerScalars(this._opt, lrAt(this._lr, t - this._lrOrigin), t));
+    if (this._opt !== null) {
+      const groupLrs = this._groupLrs.map(([lr, o]) => lrAt(lr, t - o));
+      Object.assign(extra, stepScalars(this._opt, lrAt(this._lr, t - this._lrOrigin), t, this._groups, groupLrs));
+    }
     return extra;
   }
   /** One training step; resolves to the loss (a number), or {loss, captures} with captures: true. */
@@ -1219,6 +1249,9 @@ export class ModelBase {
         ["__lr__.npy", npyString(lrRepr(this._lr))],
         ["__lr_origin__.npy", npyScalar64(this._lrOrigin, "<i8")],
       ];
+      this._groupLrs.forEach(([lr, o], i) => {
+        members.push([`__lr_g${i}__.npy`, npyString(lrRepr(lr))], [`__lr_origin_g${i}__.npy`, npyScalar64(o, "<i8")]);
+      });
       const parts = [];
       for (const [a, n] of this._stateBuffers()) parts.push(await this._engine.read(a, 0, n));
       const state = new Float32Array(parts.reduce((s, x) => s + x.length, 0));
@@ -1247,6 +1280,7 @@ export class ModelBase {
       if (!names.has("__fingerprint__") || !names.has("__program__")) throw bad("not an aot checkpoint (it has no __program__/__fingerprint__ members)");
       const layout = { __program__: "str", __fingerprint__: "str", __step_count__: "i8", __seed__: "seed", __lr__: "str", __lr_origin__: "i8",
         __state__: ["f4", [this._stateBuffers().reduce((s, [, n]) => s + n, 0)]] };
+      this._groupLrs.forEach((_, i) => { layout[`__lr_g${i}__`] = "str"; layout[`__lr_origin_g${i}__`] = "i8"; });
       for (const [n, s] of this._params) layout["param/" + n] = ["f4", s];
       for (const [n, s, dt] of this._buffers) layout["buffer/" + n] = [dt === "i32" ? "i4" : "f4", s];
       const read = async (member) => {
@@ -1309,6 +1343,15 @@ export class ModelBase {
         throw mb("__lr__", `is not a learning rate or schedule: ${e.message}`);
       }
       if ((lr === null) === (this._opt !== null)) throw mb("__lr__", `is ${lrRepr(lr)}, which does not fit this model's optimizer`);
+      const groupLrs = this._groupLrs.map((_, i) => {
+        const go = v[`__lr_origin_g${i}__`];
+        if (!(go >= 0n && go <= stepCount)) throw mb(`__lr_origin_g${i}__`, `must be in [0, step count ${stepCount}], got ${go}`);
+        let glr;
+        try { glr = normalizeLr(parsePyLiteral(v[`__lr_g${i}__`])); } catch (e) {
+          throw mb(`__lr_g${i}__`, `is not a learning rate or schedule: ${e.message}`);
+        }
+        return [glr, Number(go)];
+      });
       // everything is valid: only now does the model change
       const flat = new Float32Array(Math.max(this._total, 1));
       for (const [n, s, , , o] of this._params) flat.set(v["param/" + n], o);
@@ -1320,6 +1363,7 @@ export class ModelBase {
       this._seed = seed;
       this._lr = lr;
       this._lrOrigin = Number(origin);
+      this._groupLrs = groupLrs;
     });
   }
 

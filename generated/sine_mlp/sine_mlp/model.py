@@ -125,6 +125,9 @@ class ModelBase(InteropMixin, BuffersMixin):
         self._opt = p.get("optimizer")
         self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
         self._lr_origin = 0
+        # parameter groups (aot/optim_groups.py): [lr spec, origin] of each, set_lr(group=i)
+        self._groups = p.get("groups") or []
+        self._group_lrs = [[schedules.normalize(lr), 0] for _, lr in self._groups]
         self._staging: dict[str, dict] = {}
         self._seed_block = (
             None  # (seed, first step, rng.step_seed of the next 256 steps)
@@ -299,23 +302,55 @@ class ModelBase(InteropMixin, BuffersMixin):
                     )
                 self.step_count = 0
                 self._lr_origin = 0
+                for g in self._group_lrs:
+                    g[1] = 0
 
-    def set_lr(self, lr) -> None:
+    def set_lr(self, lr, group=None) -> None:
         """A float, or a schedule spec such as ("linear", 5e-3, 5e-4, 1500) or an aot.lr schedule.
         A schedule starts at its own step 1 on the next step; step_count keeps counting.
-        """
+        With parameter groups, `group=i` sets groups[i]'s lr, `group="default"` the lr of the
+        params no group matches, and group=None every group's."""
         with self._lock:
             self._check_open()
             if self._opt is None:
                 raise RuntimeError(
                     "this program was built without an optimizer (optimizer=None)"
                 )
-            self._lr = schedules.normalize(lr)
-            self._lr_origin = self.step_count
+            which = self._group_index(group)
+            lr = schedules.normalize(lr)
+            if which is None or which == "default":
+                self._lr, self._lr_origin = lr, self.step_count
+            for i, g in enumerate(self._group_lrs):
+                if which is None or which == i:
+                    g[:] = [lr, self.step_count]
 
-    def current_lr(self) -> float:
-        """The learning rate the next step will use."""
-        return schedules.lr_at(self._lr, self.step_count + 1 - self._lr_origin)
+    def current_lr(self, group="default") -> float:
+        """The learning rate the next step will use (of groups[group] for an int `group`)."""
+        which = self._group_index(group)
+        if which is None:
+            raise TypeError(
+                "current_lr(group=None): name one group, an int or 'default'"
+            )
+        lr, origin = (
+            (self._lr, self._lr_origin)
+            if which == "default"
+            else self._group_lrs[which]
+        )
+        return schedules.lr_at(lr, self.step_count + 1 - origin)
+
+    def _group_index(self, group):
+        """None, "default" or an index into the optimizer's groups (IndexError/TypeError else)."""
+        if group is None or group == "default":
+            return group
+        if isinstance(group, bool) or not isinstance(group, int):
+            raise TypeError(
+                f"group must be an int index into the optimizer's groups, 'default' or None, got {group!r}"
+            )
+        if not 0 <= group < len(self._group_lrs):
+            raise IndexError(
+                f"group {group} out of range: the optimizer has {len(self._group_lrs)} parameter group(s)"
+            )
+        return group
 
     # ---- calls --------------------------------------------------------------------------
     def _check_open(self):
@@ -441,7 +476,10 @@ class ModelBase(InteropMixin, BuffersMixin):
         extra = {"_rng": self._train_seed(t)}
         if self._opt is not None:
             lr = schedules.lr_at(self._lr, t - self._lr_origin)
-            extra.update(schedules.optimizer_scalars(tuple(self._opt), lr, t))
+            group_lrs = [schedules.lr_at(g, t - o) for g, o in self._group_lrs]
+            extra.update(
+                schedules.step_scalars(tuple(self._opt), lr, t, self._groups, group_lrs)
+            )
         return extra
 
     def _check_train(self):
@@ -627,6 +665,10 @@ class ModelBase(InteropMixin, BuffersMixin):
             self._buffer_table
         ):  # a program without buffers keeps the fingerprint of older checkpoints
             parts += ([(n, tuple(s), dt) for n, s, dt, *_ in self._buffer_table],)
+        if self._program.get(
+            "groups"
+        ):  # programs without groups keep their fingerprints
+            parts += ([tuple(spec) for spec, _ in self._program["groups"]],)
         text = repr(parts)
         return hashlib.sha1(text.encode()).hexdigest()
 
@@ -650,6 +692,9 @@ class ModelBase(InteropMixin, BuffersMixin):
                     + [self._engine.read(a, 0, n) for a, n in self._state_buffers()]
                 ),
             }
+            for i, (lr, origin) in enumerate(self._group_lrs):
+                data[f"__lr_g{i}__"] = np.array(repr(lr))
+                data[f"__lr_origin_g{i}__"] = np.array(origin, dtype=np.int64)
             for n, a in self.params().items():
                 data["param/" + n] = a
             for n, a in self.buffers().items():
@@ -674,6 +719,9 @@ class ModelBase(InteropMixin, BuffersMixin):
             "__lr_origin__": ("i8", ()),
             "__state__": ("f4", (sum(n for _, n in self._state_buffers()),)),
         }
+        for i in range(len(self._group_lrs)):
+            layout[f"__lr_g{i}__"] = (("str", _MAX_LR_TEXT), ())
+            layout[f"__lr_origin_g{i}__"] = ("i8", ())
         for n, s, *_ in self._params:
             layout["param/" + n] = ("f4", tuple(s))
         for n, s, dt, *_ in self._buffer_table:
@@ -697,6 +745,10 @@ class ModelBase(InteropMixin, BuffersMixin):
             step_count, seed, lr, origin = _checkpoint_values(
                 path, z, self._opt is not None
             )
+            group_lrs = [
+                _group_lr_values(path, z, i, step_count)
+                for i in range(len(self._group_lrs))
+            ]
             flat = np.zeros(max(self._total, 1), dtype=np.float32)
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
@@ -713,6 +765,7 @@ class ModelBase(InteropMixin, BuffersMixin):
             self._seed = seed
             self._lr = lr
             self._lr_origin = origin
+            self._group_lrs = group_lrs
 
     def close(self) -> None:
         """Release the GPU resources; calling it again does nothing."""
@@ -769,6 +822,24 @@ def _checkpoint_values(path, z: dict, has_optimizer: bool):
     if (lr is None) == has_optimizer:
         raise bad("__lr__", f"is {lr!r}, which does not fit this model's optimizer")
     return step_count, seed, lr, origin
+
+
+def _group_lr_values(path, z: dict, i: int, step_count: int) -> list:
+    """[lr spec, origin] of parameter group i in a read checkpoint, checked like __lr__'s."""
+    origin = z[f"__lr_origin_g{i}__"]
+    if not 0 <= origin <= step_count:
+        raise ValueError(
+            f"{path}: checkpoint member '__lr_origin_g{i}__' must be in [0, step count {step_count}], got {origin}"
+        )
+    try:
+        lr = _parse_lr(z[f"__lr_g{i}__"])
+        if lr is None:
+            raise ValueError("None is not a learning rate")
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{path}: checkpoint member '__lr_g{i}__' is not a learning rate or schedule: {e}"
+        ) from None
+    return [lr, origin]
 
 
 def _parse_lr(text: str):

@@ -155,7 +155,10 @@ def lr_at(spec, t: int) -> float:
 def optimizer_scalars(opt: tuple, lr: float, t: int) -> dict[str, float]:
     """Per-step scalar inputs of the update, computed in float64 as torch.optim does on the host.
 
-    opt is ("adam" | "adamw", b1, b2, eps, weight_decay, clip) or ("sgd", momentum, nesterov, weight_decay, clip).
+    opt is ("adam" | "adamw", b1, b2, eps, weight_decay, clip[, "amsgrad"]), ("sgd", momentum,
+    nesterov, weight_decay, clip), ("adadelta", rho, eps, weight_decay, clip), ("rmsprop",
+    alpha, eps, weight_decay, momentum, centered, clip) or ("adagrad", lr_decay, weight_decay,
+    initial_accumulator_value, eps, clip).
     """
     if opt[0] in ("adam", "adamw"):
         b1, b2 = opt[1], opt[2]
@@ -165,4 +168,25 @@ def optimizer_scalars(opt: tuple, lr: float, t: int) -> dict[str, float]:
             "_bc2_sqrt": math.sqrt(1.0 - b2**t),
             "_decay": 1.0 - lr * opt[4],
         }
+    if opt[0] == "adagrad":  # torch.optim.Adagrad's clr
+        return {"_lr": lr / (1.0 + (t - 1) * opt[1])}
     return {"_lr": lr}
+
+
+def scalar_name(name: str, group: int, n_groups: int) -> str:
+    """The input that carries per-step scalar `name` of parameter group `group` (optim_groups.py);
+    the default group (index n_groups) keeps the plain name."""
+    return name if group == n_groups else f"{name}_g{group}"
+
+
+def step_scalars(
+    opt: tuple, lr, t: int, groups=None, group_lrs=None
+) -> dict[str, float]:
+    """All per-step scalars of update t: the default group's at lr `lr` (a schedule already
+    evaluated at its own step), group i's from groups[i] = (spec, ...) at lr group_lrs[i].
+    """
+    out = optimizer_scalars(opt, lr, t)
+    for i, ((spec, _), glr) in enumerate(zip(groups or (), group_lrs or ())):
+        for k, v in optimizer_scalars(tuple(spec), glr, t).items():
+            out[scalar_name(k, i, len(groups))] = v
+    return out
