@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 B, DIN, D = 5, 3, 4
 MOM = 0.1
 SHIFT = np.float32([1.0, -2.0, 0.5, 3.0])
+NAMES = ["rm", "scale", "n", "shift", "prev_b", "prev_rm"]
 
 
 class Net(aot.Module):
@@ -35,6 +36,8 @@ class Net(aot.Module):
         self.scale = self.buffer(D, init=aot.init.ones())  # multiplies the output: the backward reads it
         self.n = self.buffer((), dtype="i32")  # steps taken
         self.shift = self.buffer(D, init=aot.init.literal(SHIFT))  # no other read in training: updated in place
+        self.prev_b = self.buffer(D)  # the bias before this step's update (a parameter the optimizer overwrites)
+        self.prev_rm = self.buffer(D)  # rm before this step's update (a buffer assigned in the same step)
 
     def forward(self, x):
         h = self.l(x)
@@ -43,6 +46,8 @@ class Net(aot.Module):
             aot.assign(self.scale, self.scale * 0.5 + ops.mean(ops.square(h), 0))
             aot.assign(self.n, ops.cast(ops.cast(self.n, "f32") + 1.0, "i32"))
             aot.assign(self.shift, self.shift * 0.5)
+            aot.assign(self.prev_b, self.l.b)
+            aot.assign(self.prev_rm, self.rm)
             return h * self.scale
         return (h - self.rm) * self.scale + self.shift
 
@@ -71,12 +76,16 @@ class TorchNet(torch.nn.Module):
         self.register_buffer("scale", torch.ones(D))
         self.register_buffer("n", torch.zeros((), dtype=torch.int64))
         self.register_buffer("shift", torch.tensor(SHIFT))
+        self.register_buffer("prev_b", torch.zeros(D))
+        self.register_buffer("prev_rm", torch.zeros(D))
 
     def forward(self, x):
         h = x @ self.W + self.b
         if self.training:
             out = h * self.scale  # the old value: the updates below replace the buffers
             with torch.no_grad():
+                self.prev_b = self.b.detach().clone()
+                self.prev_rm = self.rm.clone()
                 self.shift = self.shift * 0.5
                 self.rm = self.rm * (1 - MOM) + h.mean(0) * MOM
                 self.scale = self.scale * 0.5 + (h * h).mean(0)
@@ -106,7 +115,8 @@ def assert_buffers(m, ref, rtol=1e-5):
     assert got["n"].dtype == np.int32 and got["n"] == ref.n.item()
     np.testing.assert_allclose(got["rm"], ref.rm.numpy(), rtol=rtol, atol=1e-6)
     np.testing.assert_allclose(got["scale"], ref.scale.numpy(), rtol=rtol, atol=1e-6)
-    np.testing.assert_allclose(got["shift"], ref.shift.numpy(), rtol=rtol, atol=1e-6)
+    for name in ("shift", "prev_b", "prev_rm"):
+        np.testing.assert_allclose(got[name], getattr(ref, name).numpy(), rtol=rtol, atol=1e-6, err_msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +134,10 @@ def models():
 def test_graph_and_reference_interpreter():
     traced = trace_program(PROGRAM)
     assert [(b.name, b.shape, b.dtype, b.offset) for b in traced.buffers] == [
-        ("rm", (D,), "f32", 0), ("scale", (D,), "f32", D), ("n", (), "i32", 0), ("shift", (D,), "f32", 2 * D)
+        ("rm", (D,), "f32", 0), ("scale", (D,), "f32", D), ("n", (), "i32", 0), ("shift", (D,), "f32", 2 * D),
+        ("prev_b", (D,), "f32", 3 * D), ("prev_rm", (D,), "f32", 4 * D),
     ]
-    assert set(traced.graphs["train"].updates) == {"buffer:rm", "buffer:scale", "buffer:n", "buffer:shift", "params"}
+    assert set(traced.graphs["train"].updates) == {"buffer:" + n for n in NAMES} | {"params"}
     assert not traced.graphs["predict"].updates
     assert all(p.name in ("l.W", "l.b") for p in traced.params)  # buffers are no parameters: no gradient
     ref = Reference(traced)
@@ -263,11 +274,21 @@ def test_unnamed_and_doubly_reachable_buffers():
 
 
 @pytest.mark.gpu
-def test_steps_and_step_many_match_torch_and_predict_reads_buffers(models):
-    a, b = models
-    for m in (a, b):
-        m.reset()
-    assert a.buffer_names == ["rm", "scale", "n", "shift"]
+@pytest.mark.parametrize("kernels", ["auto", "gpu"])
+def test_steps_and_step_many_match_torch_and_predict_reads_buffers(models, kernels):
+    """With the adapter's own kernel set (the CPU set on lavapipe) and the GPU set (merged dispatches
+    and row chains: the buffers' writers and readers must stay ordered there too)."""
+    a = models[0] if kernels == "auto" else type(models[0])(kernels=kernels)
+    try:
+        _steps_match_torch(a)
+    finally:
+        if a is not models[0]:
+            a.close()
+
+
+def _steps_match_torch(a):
+    a.reset()
+    assert a.buffer_names == NAMES
     init = a.buffers()
     assert np.array_equal(init["rm"], np.zeros(D, np.float32)) and np.array_equal(init["scale"], np.ones(D, np.float32))
     assert init["n"].dtype == np.int32 and init["n"].shape == () and init["n"] == 0
@@ -313,7 +334,7 @@ def test_save_restore_reset(models, tmp_path):
     a.step_many(x=xs[:2], y=ys[:2])
     a.save(tmp_path / "ck.npz")
     with np.load(tmp_path / "ck.npz") as z:
-        assert {"buffer/rm", "buffer/scale", "buffer/n", "buffer/shift"} <= set(z.files) and z["buffer/n"].dtype == np.int32
+        assert {"buffer/" + n for n in NAMES} <= set(z.files) and z["buffer/n"].dtype == np.int32
     after = a.step_many(x=xs[2:], y=ys[2:])
     b.reset()
     b.restore(tmp_path / "ck.npz")
@@ -328,7 +349,7 @@ def test_save_restore_reset(models, tmp_path):
     # a checkpoint without the buffers is refused, and the model is left as it was
     with np.load(tmp_path / "ck.npz") as z:
         np.savez(tmp_path / "old.npz", **{k: z[k] for k in z.files if not k.startswith("buffer/")})
-    with pytest.raises(KeyError, match=r"missing buffer\(s\) \['n', 'rm', 'scale', 'shift'\]"):
+    with pytest.raises(KeyError, match=r"missing buffer\(s\) \['n', 'prev_b', 'prev_rm', 'rm', 'scale', 'shift'\]"):
         b.restore(tmp_path / "old.npz")
     assert b.buffers()["n"] == 0
 
@@ -340,20 +361,22 @@ def test_state_dict_and_safetensors_round_trip(models, tmp_path):
     xs, ys = data(2, seed=5)
     a.step_many(x=xs, y=ys)
     sd = a.state_dict()
-    assert list(sd) == ["l.weight", "l.bias", "rm", "scale", "n", "shift"]
+    assert list(sd) == ["l.weight", "l.bias"] + NAMES
     assert sd["n"].dtype == np.int64 and sd["n"] == 2 and sd["rm"].dtype == np.float32
     assert a.state_dict(layout="aot")["n"].dtype == np.int32
     ref = TorchNet({"l.W": np.zeros((DIN, D), np.float32), "l.b": np.zeros(D, np.float32)})
     ref.load_state_dict(
         {"W": torch.tensor(sd["l.weight"].T), "b": torch.tensor(sd["l.bias"])}
-        | {k: torch.from_numpy(sd[k]) for k in ("rm", "scale", "n", "shift")}
+        | {k: torch.from_numpy(sd[k]) for k in NAMES}
     )
     b.reset()
     b.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()})
     for n, v in a.buffers().items():
         assert np.array_equal(b.buffers()[n], v) and b.buffers()[n].dtype == v.dtype, n
-    with pytest.raises(KeyError, match=r"missing parameter\(s\) \['n'"):
+    with pytest.raises(KeyError, match=r"missing buffer\(s\) \['n'\]"):
         b.load_state_dict({k: v for k, v in sd.items() if k != "n"})
+    with pytest.raises(KeyError, match=r"missing parameter\(s\) and buffer\(s\) \['l.bias', 'n'\]"):
+        b.load_state_dict({k: v for k, v in sd.items() if k not in ("n", "l.bias")})
     for layout in ("aot", "torch"):
         b.reset()
         a.save_safetensors(tmp_path / f"{layout}.safetensors", layout=layout)

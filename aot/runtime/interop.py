@@ -298,10 +298,13 @@ def _listing(names, limit: int = 10) -> str:
     return ", ".join(repr(n) for n in names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def plan_load(what: str, incoming: dict, params, table: dict, layout: str, rename, partial: bool) -> dict:
+def plan_load(
+    what: str, incoming: dict, params, table: dict, layout: str, rename, partial: bool, buffers=frozenset()
+) -> dict:
     """Check incoming tensors against the model; returns {incoming name: (aot name, transposed?)}.
 
-    incoming: {name: shape} as found (file or dict); params: [(aot name, shape)]. Unknown names
+    incoming: {name: shape} as found (file or dict); params: [(aot name, shape)], the buffers
+    among them named in `buffers` (for messages). Unknown names
     (and, unless partial, missing ones) raise KeyError, a wrong shape ValueError, two names that
     rename to one ValueError. Nothing is read or converted here."""
     names = layout_names(params, table, layout)
@@ -335,7 +338,9 @@ def plan_load(what: str, incoming: dict, params, table: dict, layout: str, renam
         )
     missing = [n for n in names if n not in source_of]
     if missing and not partial:
-        raise KeyError(f"{what}: missing parameter(s) [{_listing(missing)}] (pass partial=True to load a subset)")
+        kinds = {"buffer" if names[n][0] in buffers else "parameter" for n in missing}
+        kind = " and ".join(f"{k}(s)" for k in sorted(kinds, reverse=True))
+        raise KeyError(f"{what}: missing {kind} [{_listing(missing)}] (pass partial=True to load a subset)")
     plan = {}
     for dst, src in source_of.items():
         aot_name, transpose = names[dst]
@@ -449,7 +454,7 @@ class InteropMixin:
             arrays = {k: to_numpy(k, v) for k, v in sd.items() if renamed[k] is not None}
             plan = plan_load(
                 "load_state_dict", {k: a.shape for k, a in arrays.items()}, self._layout_params(), self._torch_table(),
-                layout, None if rename is None else renamed.__getitem__, partial,
+                layout, None if rename is None else renamed.__getitem__, partial, set(self.buffer_names),
             )
             self._load_tensors({n: arrays[src].T if t else arrays[src] for src, (n, t) in plan.items()}, "load_state_dict")
 
@@ -466,7 +471,7 @@ class InteropMixin:
                 what = f"load_safetensors({st.where})"
                 plan = plan_load(
                     what, {k: e[1] for k, e in st.entries.items()}, self._layout_params(), self._torch_table(),
-                    layout, rename, partial,
+                    layout, rename, partial, set(self.buffer_names),
                 )
                 ints = self._int_buffers()
                 for src in plan:
