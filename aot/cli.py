@@ -115,15 +115,15 @@ def cmd_inspect(args) -> int:
 
 
 def _read_npz(path: str) -> tuple[dict, str | None]:
-    """({name: array}, program name or None): an aot checkpoint's parameters (its `param/...`
-    members), or every array of a plain .npz. Nothing is unpickled."""
+    """({name: array}, program name or None): an aot checkpoint's parameters and buffers (its
+    `param/...` and `buffer/...` members), or every array of a plain .npz. Nothing is unpickled."""
     import numpy as np
 
     try:
         with np.load(path, allow_pickle=False) as z:
             names = list(z.files)
             if "__program__" in names and any(n.startswith("param/") for n in names):
-                arrays = {n[len("param/") :]: z[n] for n in names if n.startswith("param/")}
+                arrays = {n.split("/", 1)[1]: z[n] for n in names if n.startswith(("param/", "buffer/"))}
                 return arrays, str(z["__program__"])
             return {n: z[n] for n in names}, None
     except (ValueError, OSError, EOFError) as e:  # object arrays, damaged or non-zip files
@@ -148,6 +148,7 @@ def cmd_convert(args) -> int:
     if args.program and not args.model:
         raise SystemExit("aot: --program needs --model")
     params = table = None
+    int_buffers: set = set()
     program = None
     if args.model:
         from .frontend import trace_program
@@ -157,8 +158,10 @@ def cmd_convert(args) -> int:
             raise SystemExit(f"aot: {args.model} defines several programs ({', '.join(progs)}); choose one with --program")
         (prog,) = _select(progs, args.program, args.model)
         traced = trace_program(prog)
-        params = [(p.name, p.shape) for p in traced.params]
+        params = [(p.name, p.shape) for p in traced.params] + [(b.name, b.shape) for b in traced.buffers]
         table = {p.name: p.torch for p in traced.params}
+        table.update({b.name: (b.torch[0], b.torch[1], False) for b in traced.buffers})
+        int_buffers = {b.name for b in traced.buffers if b.dtype == "i32"}
         program = prog.name
     what = f"convert {src}"
     try:
@@ -170,6 +173,8 @@ def cmd_convert(args) -> int:
                 interop.plan_load(what, {n: a.shape for n, a in arrays.items()}, params, table, "aot", None, False)
                 plan = interop.plan_save(what, params, table, args.layout, None)
                 out = {o: np.ascontiguousarray(arrays[n].T) if t else arrays[n] for o, n, t in plan}
+                if args.layout == "torch":  # as state_dict(layout="torch"): PyTorch's int64 counters
+                    out.update({o: arrays[n].astype(np.int64) for o, n, _ in plan if n in int_buffers})
             meta = {"format": "pt", "aot_layout": args.layout}
             if program:
                 meta["aot_program"] = program
@@ -253,9 +258,11 @@ def main(argv=None) -> int:
     c = sub.add_parser(
         "convert",
         help="convert parameters between .npz (an aot checkpoint or plain arrays) and .safetensors",
-        description="Convert parameters: .npz -> .safetensors (the params of an aot checkpoint written by "
-        "Model.save, or every array of a plain .npz) or .safetensors -> .npz (plain arrays, for "
-        "model.load_params(dict(np.load(...)))). Each tensor keeps its dtype (BF16 becomes float32).",
+        description="Convert parameters: .npz -> .safetensors (the params and buffers of an aot checkpoint "
+        "written by Model.save, or every array of a plain .npz) or .safetensors -> .npz (plain arrays, for "
+        "model.load_params(dict(np.load(...))), or load_state_dict(..., layout='aot') where there are "
+        "buffers). Each tensor keeps its dtype (BF16 becomes float32; an i32 buffer int64 in --layout torch, "
+        "as state_dict writes it).",
         epilog="--layout torch (PyTorch's names and layouts: l1.W becomes l1.weight, transposed) needs the model, "
         "since only the aot.nn module that declared a parameter says what PyTorch calls it: pass "
         "--model model.py, and --program NAME if the file defines several programs. With --model the names "

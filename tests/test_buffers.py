@@ -11,6 +11,7 @@ the allreduce path; bad loads. Trace-level tests (no GPU) cover assign's and is_
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -478,3 +479,34 @@ def test_distributed_checksum_counts_buffers_and_broadcast_keeps_them(models, tm
         dist._leave()
     for n, v in a.buffers().items():
         assert np.array_equal(v, values[n]) and v.dtype == values[n].dtype, n
+
+
+def test_convert_carries_buffers(tmp_path, capsys):
+    """python -m aot convert: a checkpoint's buffers go to safetensors with the parameters (an i32
+    buffer as int64 in the torch layout, as state_dict writes it) and come back."""
+    from aot import cli
+
+    model_file = tmp_path / "bufmodel.py"
+    model_file.write_text(
+        "import sys\nsys.path.insert(0, %r)\nfrom test_buffers import PROGRAM as program\n" % str(Path(__file__).parent)
+    )
+    traced = trace_program(PROGRAM)
+    r = np.random.default_rng(0)
+    members = {"__program__": np.array("buf_net")}
+    members.update({"param/" + p.name: r.normal(size=p.shape).astype(np.float32) for p in traced.params})
+    members.update({"buffer/" + b.name: (np.array(7, np.int32) if b.dtype == "i32" else r.normal(size=b.shape).astype(np.float32))
+                    for b in traced.buffers})
+    np.savez(tmp_path / "ck.npz", **members)
+    st, back = str(tmp_path / "t.safetensors"), str(tmp_path / "back.npz")
+    assert cli.main(["convert", str(tmp_path / "ck.npz"), st, "--layout", "torch", "--model", str(model_file)]) == 0
+    from aot.runtime.interop import SafetensorsFile
+
+    with SafetensorsFile(st) as f:
+        assert f.entries["n"][0] == "I64" and f.raw("n") == 7 and f.entries["l.weight"][1] == (D, DIN)
+        np.testing.assert_array_equal(f.raw("rm"), members["buffer/rm"])
+    assert cli.main(["convert", st, back, "--layout", "torch", "--model", str(model_file)]) == 0
+    with np.load(back) as z:
+        assert set(z.files) == {m.split("/", 1)[1] for m in members if "/" in m}
+        np.testing.assert_array_equal(z["l.W"], members["param/l.W"])
+        assert z["n"] == 7
+    capsys.readouterr()
