@@ -49,6 +49,7 @@ class Net(aot.Module):
             aot.assign(self.shift, self.shift * 0.5)
             aot.assign(self.prev_b, self.l.b)
             aot.assign(self.prev_rm, self.rm)
+            aot.capture("old_rm", self.rm)  # read back after the step: the value the step read
             return h * self.scale
         return (h - self.rm) * self.scale + self.shift
 
@@ -300,8 +301,11 @@ def _steps_match_torch(a):
     got = np.float32([a.step(x=x, y=y) for x, y in zip(xs[:3], ys[:3])])
     np.testing.assert_allclose(got, want, rtol=1e-5)  # the backward read the old scale
     assert_buffers(a, ref)
+    before = a.buffers()["rm"]
+    res = a.step(x=xs[3], y=ys[3], captures=True)
+    assert np.array_equal(res.captures["old_rm"], before) and not np.array_equal(a.buffers()["rm"], before)
     want = torch_steps(ref, opt, xs[3:], ys[3:])
-    got = a.step_many(x=xs[3:], y=ys[3:])
+    got = np.concatenate([[res.loss], a.step_many(x=xs[4:], y=ys[4:])])
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert_buffers(a, ref)
     for n, v in a.params().items():
