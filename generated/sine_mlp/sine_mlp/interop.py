@@ -384,11 +384,19 @@ def _listing(names, limit: int = 10) -> str:
 
 
 def plan_load(
-    what: str, incoming: dict, params, table: dict, layout: str, rename, partial: bool
+    what: str,
+    incoming: dict,
+    params,
+    table: dict,
+    layout: str,
+    rename,
+    partial: bool,
+    buffers=frozenset(),
 ) -> dict:
     """Check incoming tensors against the model; returns {incoming name: (aot name, transposed?)}.
 
-    incoming: {name: shape} as found (file or dict); params: [(aot name, shape)]. Unknown names
+    incoming: {name: shape} as found (file or dict); params: [(aot name, shape)], the buffers
+    among them named in `buffers` (for messages). Unknown names
     (and, unless partial, missing ones) raise KeyError, a wrong shape ValueError, two names that
     rename to one ValueError. Nothing is read or converted here."""
     names = layout_names(params, table, layout)
@@ -427,8 +435,10 @@ def plan_load(
         )
     missing = [n for n in names if n not in source_of]
     if missing and not partial:
+        kinds = {"buffer" if names[n][0] in buffers else "parameter" for n in missing}
+        kind = " and ".join(f"{k}(s)" for k in sorted(kinds, reverse=True))
         raise KeyError(
-            f"{what}: missing parameter(s) [{_listing(missing)}] (pass partial=True to load a subset)"
+            f"{what}: missing {kind} [{_listing(missing)}] (pass partial=True to load a subset)"
         )
     plan = {}
     for dst, src in source_of.items():
@@ -580,6 +590,7 @@ class InteropMixin:
                 layout,
                 None if rename is None else renamed.__getitem__,
                 partial,
+                set(self.buffer_names),
             )
             self._load_tensors(
                 {
@@ -610,6 +621,7 @@ class InteropMixin:
                     layout,
                     rename,
                     partial,
+                    set(self.buffer_names),
                 )
                 ints = self._int_buffers()
                 for src in plan:
