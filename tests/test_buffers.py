@@ -20,6 +20,7 @@ import aot
 from aot import nn, ops
 from aot.frontend import trace_program
 from aot.interp import Reference
+from aot.pipeline import compile_program
 
 torch = pytest.importorskip("torch")
 
@@ -142,6 +143,12 @@ def test_graph_and_reference_interpreter():
     assert set(traced.graphs["train"].updates) == {"buffer:" + n for n in NAMES} | {"params"}
     assert not traced.graphs["predict"].updates
     assert all(p.name in ("l.W", "l.b") for p in traced.params)  # buffers are no parameters: no gradient
+    # the planner: `scale`, which the backward pass reads after its new value is computed, is copied
+    # into place after the pass; `shift`, read by nothing else, is written in place by its kernel
+    c = compile_program(PROGRAM, verify=True)
+    copied = {(dst, off) for _, _, dst, off, _ in c.program["entries"]["train"]["copies"]}
+    where = {b.name: ("buffers" if b.dtype == "f32" else "buffers_i32", b.offset) for b in traced.buffers}
+    assert where["scale"] in copied and where["shift"] not in copied
     ref = Reference(traced)
     t = TorchNet(ref.params)
     opt = torch.optim.SGD(t.parameters(), lr=0.05)
