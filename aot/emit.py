@@ -34,6 +34,7 @@ RUNTIME_FILES = {
     "state.py": str(Path(_engine.__file__).with_name("state.py")),
     "rng.py": _rng.__file__,
     "schedules.py": _schedules.__file__,
+    "trains.py": str(Path(_engine.__file__).with_name("trains.py")),
     "distributed.py": str(Path(_engine.__file__).with_name("distributed.py")),  # imports torch: never imported here
 }
 
@@ -90,6 +91,8 @@ def package_files(c, source_name: str) -> dict[str, str]:
             "args": list(sig),
             "doc": _signature_doc(sig, prog["dims"]),
             "out": None if out is None else f"{out.dtype}",
+            # a training entry of a dict train= (step_<name>): its name
+            "train_name": entry[len("train_"):] if entry in prog.get("trains", {}) and entry != "train" else None,
         }
     n_kernels = {key: len(ks) for key, ks in c.kernels.items()}
     ctx = dict(

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 
 from . import optim as _optim
 from . import optim_groups as _optim_groups
+from .entries import TrainLayout, layout_order, layouts, trained_by
 from .errors import InvalidNameError, ShapeError, TraceError
 from .grad import append_grads
 from .ir import Graph, Tensor
 from .module import Module
-from .program import Program, check_names
+from .program import Program, check_names, train_entries
+from .ops import broadcast_to
 from .ops.trace import at_site, emit, tracing
 
 
@@ -30,6 +32,7 @@ class ParamEntry:
     # PyTorch's name for it, the aot.nn module kind that declared it ("" for a bare param) and
     # whether aot stores it transposed (Linear's W is weight.T): the package's state_dict tables
     torch: tuple[str, str, bool] = ("", "", False)
+    trainable: bool = True  # False: frozen (param(trainable=False) or Module.freeze())
 
     @property
     def size(self) -> int:
@@ -63,6 +66,8 @@ class Traced:
     graphs: dict[str, Graph]  # "train", "predict" or "predict[B=1]" ...
     variants: dict[str, dict]  # entry point -> {graph key: {dim: size}}
     buffers: list[BufferEntry] = field(default_factory=list)  # declaration order
+    # training entry ("train" or "train_<name>") -> the range it updates (entries.py)
+    trains: dict[str, TrainLayout] = field(default_factory=dict)
 
 
 def _variants(program: Program, inputs) -> list[dict[str, int]]:
@@ -111,19 +116,31 @@ def _trace_model(program: Program, g: Graph):
     return model, named
 
 
-def _layout(named, opt=None) -> list[ParamEntry]:
-    """Grouped by the optimizer's parameter groups, decayed params first within each (so a
-    group's weight decay covers one range: optim_groups.layout_keys), declaration order within."""
-    keys = _optim_groups.layout_keys(opt, [n for n, _ in named], [info.decay for _, info in named])
-    order = [x for _, x in sorted(zip(keys, named), key=lambda kx: kx[0])]
+def _layout(named, chosen: dict[str, set[str]], trains: dict) -> tuple[list[ParamEntry], dict[str, TrainLayout]]:
+    """Grouped by the training entries that train each param (entries.layout_order: with one entry,
+    trainable before frozen), then by the parameter groups of the first such entry's optimizer,
+    decayed params first within a group (so a group's weight decay covers one range:
+    optim_groups.layout_keys), declaration order within that."""
+    decay = {n: info.decay for n, info in named}
+    inner = {}
+    for entry, names in chosen.items():
+        members = [n for n, _ in named if n in names and n not in inner]
+        opt = trains[entry].optimizer
+        keys = _optim_groups.layout_keys(opt, [n for n, _ in named if n in names], [decay[n] for n, _ in named if n in names])
+        by_name = dict(zip([n for n, _ in named if n in names], keys))
+        inner.update({n: by_name[n] for n in members})
+    order = layout_order(named, chosen, inner)
     offsets, off = {}, 0
     for name, info in order:
         offsets[name] = off
         off += info.tensor.size
-    return [
-        ParamEntry(name, info.tensor.shape, info.init.spec(info.tensor.shape), info.decay, offsets[name], _torch_entry(name, info))
+    table = [
+        ParamEntry(name, info.tensor.shape, info.init.spec(info.tensor.shape), info.decay, offsets[name],
+                   _torch_entry(name, info), info.trainable)
         for name, info in named
     ]
+    sizes = {name: info.tensor.size for name, info in named}
+    return table, layouts([n for n, _ in order], sizes, chosen)
 
 
 def _torch_entry(name: str, info) -> tuple[str, str, bool]:
@@ -169,16 +186,20 @@ def trace_program(program: Program) -> Traced:
     graphs: dict[str, Graph] = {}
     variants: dict[str, dict] = {}
     params: list[ParamEntry] | None = None
+    trains = train_entries(program)
+    ranges: dict[str, TrainLayout] = {}
 
     buffers: list[BufferEntry] | None = None
 
     def check_params(named, key, g):
-        nonlocal params, buffers
-        table = _layout(named, program.train.optimizer if program.train is not None else None)
+        nonlocal params, ranges, buffers
         if params is None:
-            params = table
-        elif [(p.name, p.shape) for p in table] != [(p.name, p.shape) for p in params]:
-            raise TraceError(f"{program.name}.{key}: the model factory built different parameters than for the first entry point")
+            params, ranges = _layout(named, trained_by(trains, named), trains)
+        elif [(n, info.tensor.shape, info.trainable) for n, info in named] != [(p.name, p.shape, p.trainable) for p in params]:
+            raise TraceError(
+                f"{program.name}.{key}: the model factory built different parameters (names, shapes or frozen "
+                "flags) than for the first entry point"
+            )
         btable = _buffer_table(g.meta.pop("buffers"))
         if buffers is None:
             buffers = btable
@@ -186,37 +207,19 @@ def trace_program(program: Program) -> Traced:
             raise TraceError(f"{program.name}.{key}: the model factory built different buffers than for the first entry point")
         return {n: info.tensor for n, info in named}
 
-    if program.train is not None:
-        tr = program.train
+    for entry, tr in trains.items():
         if tr.optimizer is not None:
             _optim.check(tr.optimizer)
-        variants["train"] = {}
+        variants[entry] = {}
         for sizes in _variants(program, tr.inputs):
-            key = _key("train", sizes)
+            key = _key(entry, sizes)
             g, named, loss = _trace_entry(program, key, "train", tr, sizes)
-            if not isinstance(loss, Tensor) or loss.shape != () or loss.dtype != "f32":
-                got = loss.type_str() if isinstance(loss, Tensor) else type(loss).__name__
-                site = loss.node.site if isinstance(loss, Tensor) else None
-                raise ShapeError(
-                    f"{program.name}: the loss function must return a 0-d f32 Tensor, got {got}",
-                    site or _fn_site(tr.fn),
-                    hint="reduce it, e.g. ops.mean(...)",
-                )
+            _check_loss(program, entry, tr, loss)
             tensors = check_params(named, key, g)
             g.outputs["loss"] = loss
-            order = sorted(params, key=lambda p: p.offset)
-            wrt = [tensors[p.name] for p in order]
-            reached: list[bool] = []
-            grads = append_grads(g, loss, wrt, reached)
-            g.grads = {p.name: gt for p, gt in zip(order, grads)}
-            with tracing(g), at_site(None):
-                g.persist["grads"] = _optim.flat(grads)
-            if tr.optimizer is not None:
-                _optim.append_update(
-                    g, tr.optimizer, wrt, g.persist["grads"], [p.decay for p in order], reached, [p.name for p in order]
-                )
+            _append_training(g, tr, params, ranges[entry], tensors, loss)
             graphs[key] = g
-            variants["train"][key] = sizes
+            variants[entry][key] = sizes
     for entry, inf in program.infer.items():
         variants[entry] = {}
         for sizes in _variants(program, inf.inputs):
@@ -228,4 +231,42 @@ def trace_program(program: Program) -> Traced:
             g.outputs["out"] = out
             graphs[key] = g
             variants[entry][key] = sizes
-    return Traced(program, params or [], graphs, variants, buffers or [])
+    return Traced(program, params or [], graphs, variants, buffers or [], ranges)
+
+
+def _check_loss(program: Program, entry: str, tr, loss) -> None:
+    if not isinstance(loss, Tensor) or loss.shape != () or loss.dtype != "f32":
+        got = loss.type_str() if isinstance(loss, Tensor) else type(loss).__name__
+        site = loss.node.site if isinstance(loss, Tensor) else None
+        where = program.name if entry == "train" else f"{program.name}.{entry}"
+        raise ShapeError(
+            f"{where}: the loss function must return a 0-d f32 Tensor, got {got}",
+            site or _fn_site(tr.fn),
+            hint="reduce it, e.g. ops.mean(...)",
+        )
+
+
+def _append_training(g: Graph, tr, params: list[ParamEntry], lay: TrainLayout, tensors: dict, loss: Tensor) -> None:
+    """Gradients of the entry's parameters and its update, over its range [lay.start, lay.end) of
+    the flat vector. Parameters outside its set get no gradient at all (their backward chains are
+    not traced); those inside the range but not trained by it (entries.py) a zero."""
+    order = [p for p in sorted(params, key=lambda p: p.offset) if lay.start <= p.offset < lay.end]
+    members = set(lay.members)
+    trained = [p for p in order if p.name in members]
+    reached_m: list[bool] = []
+    grads_m = append_grads(g, loss, [tensors[p.name] for p in trained], reached_m)
+    by_name = {p.name: (gt, r) for p, gt, r in zip(trained, grads_m, reached_m)}
+    with tracing(g), at_site(None):
+        grads = [by_name[p.name][0] if p.name in by_name else _zeros(p.shape) for p in order]
+        g.persist["grads"] = _optim.flat(grads)
+    reached = [by_name[p.name][1] if p.name in by_name else False for p in order]
+    g.grads = {p.name: by_name[p.name][0] for p in trained}
+    # where the entry's slices live (plan.py): its params, its gradient vector and its state
+    g.meta["train_range"] = (lay.start, lay.end, lay.offset)
+    if tr.optimizer is not None:
+        _optim.append_update(g, tr.optimizer, [tensors[p.name] for p in order], g.persist["grads"],
+                             [p.decay for p in order], reached, [p.name for p in order])
+
+
+def _zeros(shape) -> Tensor:
+    return broadcast_to(emit("const", (), value=0.0, dtype="f32"), tuple(shape))

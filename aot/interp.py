@@ -46,6 +46,8 @@ class Reference:
         self.seed = traced.program.seed if seed is None else seed
         self.order = sorted(traced.params, key=lambda p: p.offset)
         tr = traced.program.train
+        if isinstance(tr, dict):
+            raise NotImplementedError("Reference runs programs with one training entry (train=aot.Train(...))")
         self.opt = tr.optimizer if tr is not None else None
         self.lr_spec = normalize(self.opt.lr) if self.opt is not None else None
         self.reset()
@@ -55,7 +57,8 @@ class Reference:
             p.name: init_param(p.init, p.shape, self.seed, i).astype(self.dtype)
             for i, p in enumerate(self.traced.params)
         }
-        total = sum(p.size for p in self.order)
+        lay = self.traced.trains.get("train")
+        total = lay.size if lay is not None else sum(p.size for p in self.order)  # frozen params have no state
         names = self.opt.state_names() if self.opt is not None else ()
         self.state = {n: np.zeros(total, dtype=self.dtype) for n in names}
         # buffers: the package's streams (runtime/state.py: after the parameters')
@@ -90,8 +93,10 @@ class Reference:
         for name, t_ in g.updates.items():
             val = env[id(t_)]
             if name == "params":
+                start, end, _ = g.meta["train_range"]
                 for p in self.order:
-                    self.params[p.name] = val[p.offset : p.offset + p.size].reshape(p.shape).copy()
+                    if start <= p.offset < end:
+                        self.params[p.name] = val[p.offset - start : p.offset - start + p.size].reshape(p.shape).copy()
             elif name.startswith(UPDATE_PREFIX):
                 self.buffers[name[len(UPDATE_PREFIX) :]] = val.copy()
             else:

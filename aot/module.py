@@ -24,6 +24,8 @@ class ParamInfo:
     site: object
     # set by aot.nn modules: (module kind, PyTorch's name for it in that module, stored transposed?)
     torch: tuple[str, str, bool] | None = None
+    # False: frozen (no gradient, no optimizer state, never updated; still saved and read)
+    trainable: bool = True
 
 
 @dataclass
@@ -56,8 +58,9 @@ class Module:
             pass
         object.__setattr__(self, name, value)
 
-    def param(self, shape, init: _init.Init | None = None, decay: bool | None = None) -> Tensor:
-        """Declare a parameter f32[shape]; `decay` defaults to the init's (False for zeros/ones)."""
+    def param(self, shape, init: _init.Init | None = None, decay: bool | None = None, trainable: bool = True) -> Tensor:
+        """Declare a parameter f32[shape]; `decay` defaults to the init's (False for zeros/ones).
+        trainable=False freezes it: no training entry computes its gradient or updates it."""
         init = init or _init.randn()
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         if not isinstance(init, _init.Init):
@@ -67,8 +70,28 @@ class Module:
             raise TraceError(f"init.literal has shape {list(lit_shape)} but the param is {list(shape)}", capture_site())
         current()  # only inside tracing
         t = emit("param", (), name="", shape=shape, dtype="f32")
-        self._params[id(t)] = ParamInfo(t, init, init.default_decay if decay is None else bool(decay), capture_site())
+        if not isinstance(trainable, bool):
+            raise TraceError(f"param(trainable=...) must be True or False, got {trainable!r}", capture_site())
+        self._params[id(t)] = ParamInfo(
+            t, init, init.default_decay if decay is None else bool(decay), capture_site(), trainable=trainable
+        )
         return t
+
+    def freeze(self) -> "Module":
+        """Mark every parameter of this module and its children frozen (trainable=False), as
+        torch's requires_grad_(False); call it in the model factory once the tree is built.
+        Returns self, so `self.base = Base().freeze()` reads naturally."""
+        return self._set_trainable(False)
+
+    def unfreeze(self) -> "Module":
+        """Undo freeze(): every parameter of this subtree trainable again (returns self)."""
+        return self._set_trainable(True)
+
+    def _set_trainable(self, flag: bool) -> "Module":
+        for m in _modules(self):
+            for info in m._params.values():
+                info.trainable = flag
+        return self
 
     def _torch_param(self, kind: str, torch_name: str, shape, transpose: bool = False, **kw) -> Tensor:
         """param() for the aot.nn modules, recording which PyTorch parameter of the same module
@@ -137,6 +160,17 @@ class Module:
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+
+def _modules(value) -> list:
+    """Every Module in a subtree (lists, tuples and dicts of modules included)."""
+    if isinstance(value, Module):
+        return [value] + [m for child in value._children.values() for m in _modules(child)]
+    if isinstance(value, (list, tuple)):
+        return [m for v in value for m in _modules(v)]
+    if isinstance(value, dict):
+        return [m for v in value.values() for m in _modules(v)]
+    return []
 
 
 def _walk(value, prefix: str, table: str = "_params", what: str = "parameter"):

@@ -20,7 +20,7 @@ from .errors import CodegenError
 from .frontend import Traced, trace_program
 from .optim_groups import group_table
 from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, BufferTable, Plan, arena_binding, buffer_of, plan, state_arena
-from .program import Program
+from .program import Program, train_entries
 from .runtime.schedules import normalize
 from .ops.registry import FOLLOW, lookup
 from .schedule import ParamArena, KernelSchedule, schedule
@@ -98,9 +98,9 @@ def compile_program(
     log(f"traced {len(traced.graphs)} graph(s), {n_nodes} nodes, {len(traced.params)} params ({time.perf_counter() - t0:.2f}s)")
     total = sum(p.size for p in traced.params)
     arena = ParamArena({p.name: p.offset for p in traced.params}, total)
-    opt = prog.train.optimizer if prog.train is not None else None
+    trains = train_entries(prog)
+    opt = prog.train.optimizer if "train" in trains else None
     state_names = opt.state_names() if opt is not None else ()
-    state_arenas = {n: state_arena(i) for i, n in enumerate(state_names)}
     buffer_table = BufferTable.of(traced.buffers)
     graphs, scheds, plans, kernels, dispatches, cuts = {}, {}, {}, {}, {}, {}
     for key, g in traced.graphs.items():
@@ -108,7 +108,7 @@ def compile_program(
             passes.verify(g, after="trace")
         g = passes.run_pipeline(g, verify=verify)
         s = schedule(g, arena)
-        p = plan(s, state_arenas, total, max_binding_mib, buffers=buffer_table)
+        p = plan(s, _state_arenas(trains, key), total, max_binding_mib, buffers=buffer_table)
         prefix = codegen.entry_prefix(key)
         ks = codegen.generate(s, p, prefix)
         graphs[key], scheds[key], plans[key], kernels[key] = g, s, p, ks
@@ -127,6 +127,36 @@ def compile_program(
     c = Compiled(traced, graphs, scheds, plans, kernels, dispatches, cuts)
     c.program = _tables(c, opt, state_names)
     return c
+
+
+def _state_arenas(trains: dict, key: str) -> dict[str, str]:
+    """A training graph's optimizer state name -> its buffer (each entry's state at its own offset
+    of the same buffers: entries.py); {} for an infer graph."""
+    tr = trains.get(key.split("[", 1)[0])
+    opt = tr.optimizer if tr is not None else None
+    return {n: state_arena(i) for i, n in enumerate(opt.state_names())} if opt is not None else {}
+
+
+def train_tables(c: Compiled) -> dict:
+    """PROGRAM["trains"]: per training entry, what the runtime keeps apart (API.md: several
+    training entries): its name, optimizer, lr, state names, its range of the flat parameter
+    vector, where its gradients and state start, and the parameters it trains."""
+    out = {}
+    for entry, tr in train_entries(c.traced.program).items():
+        lay = c.traced.trains[entry]
+        opt = tr.optimizer
+        out[entry] = {
+            "name": "train" if entry == "train" else entry[len("train_"):],
+            "optimizer": opt.spec() if opt is not None else None,
+            "lr": normalize(opt.lr) if opt is not None else None,
+            "state": list(opt.state_names()) if opt is not None else [],
+            "start": lay.start,
+            "size": lay.size,
+            "offset": lay.offset,
+            "params": list(lay.members),
+            **({"groups": g} if (g := group_table(opt)) is not None else {}),  # per-group (spec, lr)
+        }
+    return out
 
 
 def _shared_arenas(c: Compiled) -> dict[str, int]:
@@ -206,11 +236,11 @@ def _tables(c: Compiled, opt, state_names) -> dict:
             if "dispatches_cpu" in lists:
                 entries[key]["update_from_cpu"] = len(s.kernels) if s.update_from is None else s.update_from
     signatures, variants = {}, {}
-    specs = ([("train", prog.train)] if prog.train is not None else []) + list(prog.infer.items())
+    specs = list(train_entries(prog).items()) + list(prog.infer.items())
     for entry, spec in specs:
         signatures[entry] = {n: (s.dtype, tuple(s.dims)) for n, s in spec.inputs.items()}
         variants[entry] = {tuple(sorted(sizes.items())): key for key, sizes in c.traced.variants[entry].items()}
-    return {
+    tables = {
         "name": prog.name,
         "seed": int(prog.seed),
         "params": [(p.name, p.shape, p.init, p.decay, p.offset) for p in c.traced.params],
@@ -232,6 +262,12 @@ def _tables(c: Compiled, opt, state_names) -> dict:
         "_wgsl_cpu": wgsl_cpu,  # the CPU variants of the kernels that have one (codegen's module doc)
         "_wgsl_subgroup": wgsl_subgroup,  # the subgroup set's variants (KernelCode.wgsl_subgroup)
     }
+    trains = train_tables(c)
+    total = sum(p.size for p in c.traced.params)
+    # one training entry over every parameter is what the runtime assumes without this table
+    if trains and (list(trains) != ["train"] or trains["train"]["size"] != total):
+        tables["trains"] = trains
+    return tables
 
 
 TARGETS = ("python", "web", "all")

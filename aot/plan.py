@@ -181,6 +181,8 @@ def plan(
             loc[id(t)] = Loc("params", 0)
 
     # inputs: packed in declaration order, f32 and i32 separately
+    # a training entry's slices (frontend: its range of the params, its offset in grads and state)
+    p_start, p_end, slot = g.meta.get("train_range", (0, param_total, 0))
     inputs = []
     for n in g.nodes:
         if n.op == "input":
@@ -190,8 +192,8 @@ def plan(
             sizes[arena] += max(n.out.size, 1)
         elif n.op == "state":
             arena = state_arenas[n.attrs["name"]]
-            loc[id(n.out)] = Loc(arena, 0)
-            sizes[arena] = max(sizes.get(arena, 0), n.out.size)
+            loc[id(n.out)] = Loc(arena, slot)
+            sizes[arena] = max(sizes.get(arena, 0), slot + n.out.size)
         elif n.op == "buffer":
             loc[id(n.out)] = buffers.locs[n.attrs["name"]]
 
@@ -204,11 +206,11 @@ def plan(
     # the flat gradient vector lives in the persistent grads arena
     if "grads" in g.persist:
         v = s.views.get(id(g.persist["grads"]))
-        if v is None or v.offset != 0 or not v.is_contiguous(g.persist["grads"].shape) or v.base.size != param_total:
+        if v is None or v.offset != 0 or not v.is_contiguous(g.persist["grads"].shape) or v.base.size != p_end - p_start:
             raise CodegenError(f"{g.name}: the flat gradient vector is not a contiguous buffer")
         if id(v.base) not in loc:
-            loc[id(v.base)] = Loc("grads", 0)
-            sizes["grads"] = param_total
+            loc[id(v.base)] = Loc("grads", slot)
+            sizes["grads"] = slot + p_end - p_start
 
     # writebacks: in place when safe, else a copy after the pass
     copies = []
@@ -216,7 +218,7 @@ def plan(
         if name.startswith(UPDATE_PREFIX):  # aot.assign: the buffer's storage
             dst = buffers.locs[name[len(UPDATE_PREFIX) :]]
         else:
-            dst = Loc("params", 0) if name == "params" else loc[id(_state_leaf(g, name))]
+            dst = Loc("params", p_start) if name == "params" else loc[id(_state_leaf(g, name))]
         target_base = _target_base(s, g, name)
         v = s.views.get(id(t))
         src_owner = v.base if v is not None else None
@@ -227,7 +229,7 @@ def plan(
             and id(src_owner) not in loc
             and id(src_owner) not in s.placed
             and op_of(src_owner).fusion != "leaf"
-            and _in_place_ok(s, index, readers, src_owner, target_base)
+            and _in_place_ok(s, index, readers, src_owner, target_base, dst.offset if name == "params" else 0)
         ):
             loc[id(src_owner)] = dst
         else:
@@ -327,8 +329,9 @@ def _target_base(s: KernelSchedule, g, name) -> Tensor | None:
     return _state_leaf(g, name)
 
 
-def _in_place_ok(s: KernelSchedule, index, readers, owner: Tensor, target: Tensor | None) -> bool:
-    """The writer must be the last kernel to read the target, and read it only elementwise."""
+def _in_place_ok(s: KernelSchedule, index, readers, owner: Tensor, target: Tensor | None, offset: int = 0) -> bool:
+    """The writer must be the last kernel to read the target, and read it only elementwise
+    (at its own index, from `offset` on: a training entry's slice of the params)."""
     w = index.get(id(owner))
     if w is None:
         return False
@@ -339,7 +342,7 @@ def _in_place_ok(s: KernelSchedule, index, readers, owner: Tensor, target: Tenso
         return True
     if any(i > w for i in readers.get(id(target), [])):
         return False
-    return all(_identity_reads(s, out, target) for out in k.outs)
+    return all(_identity_reads(s, out, target, offset) for out in k.outs)
 
 
 def _too_large(g, what: str, t: Tensor | None, elements: int, mib: float):

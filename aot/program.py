@@ -66,9 +66,20 @@ class Train:
     inputs: dict[str, InputSpec]
     optimizer: Any = None
     site: Site | None = field(default=None, repr=False, compare=False)  # where it was declared
+    # the parameters this entry trains: None for every trainable one, else an fnmatch pattern or a
+    # list of them over dotted names ("generator.*"); the rest get no gradient and no update here
+    params: Any = None
 
     def __post_init__(self):
         self.site = self.site or capture_site()
+        pats = [self.params] if isinstance(self.params, str) else self.params
+        if pats is not None:
+            if not isinstance(pats, (list, tuple)) or not pats or not all(isinstance(p, str) and p for p in pats):
+                raise TraceError(
+                    f"Train(params=...) must be None, a pattern or a non-empty list of patterns (str), got {self.params!r}",
+                    self.site,
+                )
+            self.params = tuple(pats)
 
 
 @dataclass
@@ -85,7 +96,7 @@ class Infer:
 class Program:
     name: str
     model: Callable
-    train: Train | None = None
+    train: Train | dict[str, Train] | None = None  # a dict: several training entries, step_<name>
     infer: dict[str, Infer] = field(default_factory=dict)
     dims: dict[str, tuple] = field(default_factory=dict)
     seed: int = 0
@@ -104,7 +115,15 @@ class Program:
             if not sizes or not all(isinstance(s, int) and s > 0 for s in sizes):
                 raise TraceError(f"dims[{k!r}] must be a tuple of positive sizes, got {v!r}", site)
             self.dims[k] = tuple(sorted(set(sizes)))
-        entries = ([("train", self.train)] if self.train else []) + list(self.infer.items())
+        if isinstance(self.train, dict):
+            if not self.train:
+                raise TraceError(f"Program {self.name!r}: train= is an empty dict", site)
+            for k, v in self.train.items():
+                if not isinstance(v, Train):
+                    raise TraceError(f"train[{k!r}] must be an aot.Train, got {type(v).__name__}", site)
+        elif self.train is not None and not isinstance(self.train, Train):
+            raise TraceError(f"train= must be an aot.Train or a dict of them, got {type(self.train).__name__}", site)
+        entries = list(train_entries(self).items()) + list(self.infer.items())
         for entry, spec in entries:
             for iname, ispec in spec.inputs.items():
                 if not isinstance(ispec, InputSpec):
@@ -116,6 +135,24 @@ class Program:
                             site,
                             hint=f"add dims={{{d!r}: (sizes...)}} to the Program",
                         )
+
+
+def train_entries(program: "Program") -> dict[str, Train]:
+    """The training entries by table name: {"train": t} for train=t (the step/step_many methods),
+    {"train_<name>": t} for each item of a dict (step_<name>/step_many_<name>)."""
+    if program.train is None:
+        return {}
+    if isinstance(program.train, Train):
+        return {"train": program.train}
+    return {"train_" + k: v for k, v in program.train.items()}
+
+
+def train_methods(entry: str) -> tuple[str, str]:
+    """(step method, step_many method) of a training entry's table name."""
+    if entry == "train":
+        return "step", "step_many"
+    name = entry[len("train_"):]
+    return "step_" + name, "step_many_" + name
 
 
 def check_program_name(name, site=None) -> None:
@@ -169,10 +206,30 @@ def check_name(kind: str, name, site=None, reserved: frozenset | None = None) ->
 def check_names(program: "Program") -> None:
     """Every user-given name of `program` (inputs, entry points); captures are checked when traced."""
     reserved = reserved_names()
-    specs = ([("step", program.train)] if program.train is not None else []) + list(program.infer.items())
+    trains = train_entries(program)
+    taken: dict[str, str] = {}  # generated method or table name -> what it belongs to
+    specs = []
+    for entry, spec in trains.items():
+        step, many = train_methods(entry)
+        if entry != "train":
+            check_name("training entry", entry[len("train_"):], spec.site or program.site, reserved)
+            for m in (step, many, entry):
+                if m in reserved:
+                    raise InvalidNameError(f"training entry name {entry[6:]!r} cannot be used: the generated Model "
+                                           f"uses {m!r} itself", spec.site or program.site, hint="rename the entry")
+                if m in taken:
+                    raise InvalidNameError(f"training entry {entry[6:]!r}: the name {m!r} it needs is also {taken[m]}'s",
+                                           spec.site or program.site, hint="rename one of the entries")
+                taken[m] = f"training entry {entry[6:]!r}"
+        specs.append((step, spec))
+    for entry, spec in program.infer.items():
+        check_name("entry point", entry, program.site, reserved)
+        if entry in taken:
+            raise InvalidNameError(f"entry point name {entry!r} cannot be used: {taken[entry]} needs it "
+                                   "(its methods step_<name>, step_many_<name> and its table name train_<name>)",
+                                   program.site, hint="rename the entry point")
+        specs.append((entry, spec))
     for entry, spec in specs:
-        if spec is not program.train:
-            check_name("entry point", entry, program.site, reserved)
         for iname in spec.inputs:
             check_name(f"{entry}() input", iname, spec.site or program.site, reserved)
 

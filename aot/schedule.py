@@ -465,14 +465,15 @@ def _prologue_split(t: Tensor, views) -> tuple[bool, list[Tensor]]:
     return found, below
 
 
-def _identity_reads(s: KernelSchedule, out: Tensor, target: Tensor) -> bool:
-    """Every read of target's storage in out's expression is at out's own flat index."""
+def _identity_reads(s: KernelSchedule, out: Tensor, target: Tensor, offset: int = 0) -> bool:
+    """Every read of target's storage in out's expression is at out's own flat index (plus
+    `offset`: out is written there)."""
     stack = [(out, True, True)]
     while stack:
         t, ident, top = stack.pop()
         v = s.views.get(id(t))
         if v is not None and not top:
-            if v.base is target and not (ident and v.offset == 0 and v.is_contiguous() and t.size == out.size):
+            if v.base is target and not (ident and v.offset == offset and v.is_contiguous() and t.size == out.size):
                 return False
             continue
         n = t.node

@@ -106,16 +106,31 @@ def _js(value) -> str:
 JS_MEMBERS = frozenset(
     "create step stepMany params grads loadParams buffers loadBuffers bufferNames reset setLr currentLr save restore "
     "close paramNames seed lr "
-    "requiredLimits device stepCount kernelSet constructor".split()
+    "requiredLimits device stepCount kernelSet constructor trainEntries stepCounts".split()
 )
+
+
+def js_train_methods(name: str) -> tuple[str, str]:
+    """The JS methods of training entry `name` (Python's step_<name>, step_many_<name>), in the JS
+    Model's camelCase: stepD, stepManyD for "d"; stepFake_real for "fake_real"."""
+    cap = name[:1].upper() + name[1:]
+    return "step" + cap, "stepMany" + cap
 
 
 def web_files(c, source_name: str) -> dict[str, str]:
     """Relative path -> file content of the web project."""
     prog, wgsl, wgsl_cpu, wgsl_subgroup = web_tables(c)
     name = prog["name"]
+    trains = {e: t["name"] for e, t in prog.get("trains", {}).items() if e != "train"}
+    methods = {}  # JS method -> what it runs
+    for e, tname in trains.items():
+        for m in js_train_methods(tname):
+            if m in JS_MEMBERS or m in methods or m in prog["signatures"]:
+                raise ValueError(f"{name}: training entry {tname!r}'s JS method {m} collides with another member; "
+                                 "rename it for the web target")
+            methods[m] = e
     for entry in prog["signatures"]:
-        if entry != "train" and (entry in JS_MEMBERS or entry.startswith("_")):
+        if entry != "train" and entry not in trains and (entry in JS_MEMBERS or entry.startswith("_") or entry in methods):
             raise ValueError(
                 f"{name}: infer entry {entry!r} would shadow the JS Model's {entry}; rename it for the web target"
             )
@@ -125,6 +140,9 @@ def web_files(c, source_name: str) -> dict[str, str]:
         entries[entry] = {
             "args": list(sig),
             "doc": emit._signature_doc({n: tuple(v) for n, v in sig.items()}, prog["dims"]),
+            # a training entry of a dict train=: its name and JS methods (stepD, stepManyD)
+            "train_name": trains.get(entry),
+            "js": js_train_methods(trains[entry]) if entry in trains else None,
         }
     runtime = RUNTIME_JS.read_text(encoding="utf-8")
     ctx = dict(
@@ -137,7 +155,7 @@ def web_files(c, source_name: str) -> dict[str, str]:
         wgsl_cpu_js=_js(wgsl_cpu),
         wgsl_subgroup_js=_js(wgsl_subgroup),
         runtime=runtime,
-        infer=[e for e in entries if e != "train"],
+        infer=[e for e in entries if e != "train" and e not in trains],
         n_params=len(prog["params"]),
         total=sum(math.prod(p[1]) for p in prog["params"]),
     )

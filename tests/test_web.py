@@ -127,6 +127,29 @@ BUF = aot.Program(
                     optimizer=aot.optim.SGD(lr=0.05)),
     infer={"predict": aot.Infer(lambda m, x: m(x), inputs={"x": aot.f32(5, 3)})},
     seed=2,
+class GanWeb(aot.Module):
+    """Two training entries and a frozen parameter (test_train_entries_in_the_page)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gen = nn.Linear(2, 3, init=aot.init.randn(0.5))
+        self.disc = nn.Linear(3, 1, init=aot.init.randn(0.5))
+        self.shift = self.param((3,), init=aot.init.randn(0.5), trainable=False)
+
+    def fake(self, z):
+        return self.gen(z) + self.shift
+
+
+GAN_WEB = aot.Program(
+    "gan_web",
+    model=GanWeb,
+    train={
+        "d": aot.Train(lambda m, z, x: ops.mean(ops.square(m.disc(x) - 1.0)) + ops.mean(ops.square(m.disc(m.fake(z)))),
+                       inputs={"z": aot.f32(4, 2), "x": aot.f32(4, 3)}, optimizer=aot.optim.Adam(lr=1e-2), params="disc.*"),
+        "g": aot.Train(lambda m, z: ops.mean(ops.square(m.disc(m.fake(z)) - 1.0)), inputs={"z": aot.f32(4, 2)},
+                       optimizer=aot.optim.SGD(lr=0.1, momentum=0.9), params="gen.*"),
+    },
+    infer={"sample": aot.Infer(lambda m, z: m.fake(z), inputs={"z": aot.f32(4, 2)})},
 )
 
 
@@ -138,7 +161,7 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("web")
     compiled = {}
     transformer = _load_example("addition_transformer", "make_program")("addition_web", b=TRANSFORMER_B)
-    for prog in (_load_example("sine_mlp"), EMBED, transformer, ATTN, BUF):
+    for prog in (_load_example("sine_mlp"), EMBED, transformer, ATTN, BUF, GAN_WEB):
         compiled[prog.name] = c = compile_program(prog)
         web.write_web(c, out, f"{prog.name}.py")
     broken = compile_program(_load_example("sine_mlp"))
@@ -742,3 +765,64 @@ def test_limits_asked_only_when_needed(page):
     assert got["plain"] == {}  # sine_mlp fits WebGPU's defaults: nothing asked
     assert got["more"] == {"maxStorageBuffersPerShaderStage": 9} and got["granted"] >= 9
     assert "needs maxComputeWorkgroupStorageSize = 1099511627776, but this adapter allows" in got["err"]
+
+
+def test_train_entries_in_the_page(browser, site, tmp_path):
+    """Several training entries in the page: stepD/stepG/stepManyD (Python's step_d, step_g,
+    step_many_d) give the Python package's losses, each entry's own step count and lr, grads per
+    entry, the frozen parameter unchanged; a page checkpoint (both entries' optimizer state, counts
+    and lr) restored in Python continues as the page does."""
+    url, _ = site
+    rng = np.random.default_rng(5)
+    zs, xs = rng.standard_normal((5, 4, 2)).astype(np.float32), rng.standard_normal((5, 4, 3)).astype(np.float32)
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        py = compile_model(GAN_WEB)
+    except RuntimeError as e:
+        pytest.skip(f"no WebGPU adapter for the Python package: {e}")
+    try:
+        py_losses = [py.step_d(z=zs[0], x=xs[0]), py.step_g(z=zs[1])] + list(py.step_many_d(z=zs[2:4], x=xs[2:4]))
+        py_grads = py.grads(entry="d")
+        pg = browser.new_page()
+        try:
+            pg.goto(f"{url}/gan_web/index.html?steps=0")
+            pg.wait_for_function("document.body.dataset.state", timeout=300000)
+            assert pg.evaluate("document.body.dataset.state") == "done", pg.evaluate("window.demo.error")
+            js = pg.evaluate("""async (arg) => {
+                const m = window.demo.model;
+                const f = (a, shape) => ({data: Float32Array.from(a), shape});
+                const z = (i) => f(arg.zs[i], [4, 2]), x = (i) => f(arg.xs[i], [4, 3]);
+                const shift0 = Array.from((await m.params()).shift.data);
+                const losses = [await m.stepD({z: z(0), x: x(0)}), await m.stepG({z: z(1)})];
+                losses.push(...(await m.stepManyD([{z: z(2), x: x(2)}, {z: z(3), x: x(3)}])));
+                const g = await m.grads("d");
+                let err = "";
+                try { m.setLr(1e-3); } catch (e) { err = e.message; }
+                m.setLr(0.05, "g");
+                const bytes = await m.save();
+                const next = await m.stepG({z: z(4)});
+                let s = ""; for (const b of bytes) s += String.fromCharCode(b);
+                const counts = m.stepCounts, stepCount = m.stepCount;
+                await m.reset({params: false, entry: "g"});
+                const gG = Object.values(await m.grads("g")).flatMap((v) => Array.from(v.data));
+                return {losses, grads: Object.fromEntries(Object.entries(g).map(([k, v]) => [k, Array.from(v.data)])),
+                        counts, stepCount, entries: m.trainEntries, lr: m.lr, err, afterReset: [m.stepCounts, m.stepCount, gG],
+                        shift: [shift0, Array.from((await m.params()).shift.data)], npz: btoa(s), next};
+            }""", {"zs": zs.reshape(5, -1).tolist(), "xs": xs.reshape(5, -1).tolist()})
+        finally:
+            pg.close()
+        np.testing.assert_allclose(js["losses"], py_losses, rtol=1e-5)
+        assert sorted(js["grads"]) == ["disc.W", "disc.b"]
+        for k, v in js["grads"].items():
+            np.testing.assert_allclose(v, py_grads[k].ravel(), rtol=1e-4, atol=1e-6)
+        assert js["counts"] == {"d": 3, "g": 2} and js["stepCount"] == 5 and js["entries"] == ["d", "g"]  # after next
+        assert js["lr"] == {"d": 0.01, "g": 0.05} and "several training entries" in js["err"]
+        assert js["shift"][0] == js["shift"][1]
+        assert js["afterReset"][:2] == [{"d": 3, "g": 0}, 5] and not any(js["afterReset"][2])
+        path = tmp_path / "gan_page.npz"
+        path.write_bytes(base64.b64decode(js["npz"]))
+        py.restore(path)
+        assert py.step_counts == {"d": 3, "g": 1} and py.lr == {"d": 0.01, "g": 0.05}
+        assert py.step_g(z=zs[4]) == pytest.approx(js["next"], rel=1e-5)
+    finally:
+        py.close()

@@ -581,10 +581,10 @@ class Engine:
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
 
-    def run_backward(self, key: str, packed: dict, want_captures: bool, total: int):
+    def run_backward(self, key: str, packed: dict, want_captures: bool, total: int, offset: int = 0):
         """The first half of a training step whose gradients cross the host: upload, the
         dispatches before update_from (forward and backward), then one readback holding the flat
-        gradient vector (elements [0, total) of the grads buffer) followed by the outputs (the
+        gradient vector (elements [offset, offset + total) of the grads buffer) followed by the outputs (the
         loss) and captures, all final at this point. The grads buffer is saved on the GPU first,
         so restore_grads can undo the step. Returns (gradients: a new writable float32 [total]
         array, outputs/captures)."""
@@ -604,7 +604,7 @@ class Engine:
                 label="grads_readback", size=max(4, size), usage=usage
             )
         backup = self._reduce_area.get("backup")
-        if backup is None:
+        if backup is None or backup.size < 4 * total:  # training entries' gradient vectors differ in size
             usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
             backup = self._reduce_area["backup"] = self.device.create_buffer(
                 label="grads_backup", size=max(4, 4 * total), usage=usage
@@ -614,12 +614,12 @@ class Engine:
                 self.write(arena, 0, data)
         enc = self.device.create_command_encoder()
         if total:
-            enc.copy_buffer_to_buffer(buffers["grads"], 0, backup, 0, 4 * total)
+            enc.copy_buffer_to_buffer(buffers["grads"], 4 * offset, backup, 0, 4 * total)
         for arena, saved in self._buffer_backups().items():  # the first half may update them in place
             enc.copy_buffer_to_buffer(buffers[arena], 0, saved, 0, saved.size)
         self._record(enc, key, self._half(key, 0))
         if total:
-            enc.copy_buffer_to_buffer(buffers["grads"], 0, rb, 0, 4 * total)
+            enc.copy_buffer_to_buffer(buffers["grads"], 4 * offset, rb, 0, 4 * total)
         self._reads(enc, key, want_captures, rb, total)
         self.device.queue.submit([enc.finish()])
         raw = self._map_read(rb, nbytes)
@@ -630,26 +630,27 @@ class Engine:
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return grads, out
 
-    def run_update(self, key: str, grads: np.ndarray) -> None:
-        """The second half: upload `grads` (float32 [total], contiguous) over the grads buffer and
+    def run_update(self, key: str, grads: np.ndarray, offset: int = 0) -> None:
+        """The second half: upload `grads` (float32 [total], contiguous) over the grads buffer (from
+        element `offset` on: a training entry's gradient vector) and
         record the dispatches from update_from on, and the writeback copies. Submitted without
         waiting: whatever reads the device next is ordered after it."""
         e = self.entries[key]
         buffers = self.entry_buffers[key]
         if grads.size:
-            self.device.queue.write_buffer(buffers["grads"], 0, grads)
+            self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
         enc = self.device.create_command_encoder()
         self._record(enc, key, self._half(key, 1))
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
         self.device.queue.submit([enc.finish()])
 
-    def restore_grads(self, key: str, total: int) -> None:
+    def restore_grads(self, key: str, total: int, offset: int = 0) -> None:
         """Undo run_backward: the grads buffer, and the model's buffers (Module.buffer), as they
         were before it (the update never ran)."""
         enc = self.device.create_command_encoder()
         if total:
-            enc.copy_buffer_to_buffer(self._reduce_area["backup"], 0, self.entry_buffers[key]["grads"], 0, 4 * total)
+            enc.copy_buffer_to_buffer(self._reduce_area["backup"], 0, self.entry_buffers[key]["grads"], 4 * offset, 4 * total)
         for arena, saved in self._buffer_backups().items():
             enc.copy_buffer_to_buffer(saved, 0, self.buffers[arena], 0, saved.size)
         self.device.queue.submit([enc.finish()])

@@ -27,6 +27,7 @@ from . import rng, schedules
 from .engine import _NP, Engine, ShaderError, _size, cores  # noqa: F401  (ShaderError: the package re-exports it)
 from .interop import InteropMixin
 from .state import BuffersMixin
+from .trains import TrainsMixin, train_entries
 
 _PARALLEL_INIT = 1 << 20  # parameters from which Model() draws them in threads
 
@@ -71,7 +72,7 @@ def _spec_str(dtype, dims) -> str:
     return f"{dtype}[{','.join(str(d) for d in dims)}]"
 
 
-class ModelBase(InteropMixin, BuffersMixin):
+class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
     """Everything a generated Model shares; the subclass supplies the program's tables.
     PyTorch state_dicts and safetensors (load_state_dict, state_dict, load_safetensors,
     save_safetensors) come from InteropMixin (interop.py), buffers (buffers, load_buffers)
@@ -96,18 +97,14 @@ class ModelBase(InteropMixin, BuffersMixin):
             p["name"], self.WGSL, p["kernels"], p["arenas"], p["entries"], adapter, self.WGSL_CPU, kernels,
             self.WGSL_SUBGROUP, shader_checks,
         )
-        self._opt = p.get("optimizer")
-        self._lr = schedules.normalize(p["lr"]) if p.get("lr") is not None else None
-        self._lr_origin = 0
-        # parameter groups (aot/optim_groups.py): [lr spec, origin] of each, set_lr(group=i)
-        self._groups = p.get("groups") or []
-        self._group_lrs = [[schedules.normalize(lr), 0] for _, lr in self._groups]
+        self._opt = p.get("optimizer")  # the single training entry's (None with several: trains.py)
+        self._trains = train_entries(p, self._total)
         self._staging: dict[str, dict] = {}
         self._seed_block = None  # (seed, first step, rng.step_seed of the next 256 steps)
-        self.step_count = 0
+        self.step_count = 0  # training steps of every entry (numbers their random streams)
         self._infer_calls = 0  # numbers the random streams of infer calls (ops.rand/randn/categorical)
         # an Infer-only program has no gradient arena (it is 0 long)
-        self._has_grads = p["arenas"].get("grads", 0) >= self._total
+        self._has_grads = bool(self._trains)
         self.reset(params=True, optimizer=True)
 
     # ---- introspection ------------------------------------------------------------------
@@ -138,11 +135,6 @@ class ModelBase(InteropMixin, BuffersMixin):
         type, backend, description and vendor."""
         return dict(self._engine.adapter_row)
 
-    @property
-    def lr(self):
-        """The learning-rate spec in use (a float or a schedule tuple)."""
-        return self._lr
-
     def __enter__(self):
         return self
 
@@ -157,14 +149,15 @@ class ModelBase(InteropMixin, BuffersMixin):
             flat = self._engine.read("params", 0, self._total)
             return {n: flat[o : o + _size(s)].reshape(s).copy() for n, s, _, _, o in self._params}
 
-    def grads(self) -> dict:
-        """Gradients of the last step (before clipping), zeros before the first step."""
+    def grads(self, entry: str | None = None) -> dict:
+        """Gradients of the training entry's last step (before clipping), zeros before its first
+        step, for the parameters it trains (frozen ones have none). entry: which training entry
+        (None: the only one)."""
         with self._lock:
             self._check_open()
             if not self._has_grads:
                 raise RuntimeError(f"{self._program['name']} was built without train=: it has no gradients")
-            flat = self._engine.read("grads", 0, self._total)
-            return {n: flat[o : o + _size(s)].reshape(s).copy() for n, s, _, _, o in self._params}
+            return self._entry_grads(entry)
 
     def load_params(self, values: dict, partial: bool = False) -> None:
         """Overwrite parameters by name. Unknown names (and, unless partial, missing ones) raise
@@ -224,58 +217,31 @@ class ModelBase(InteropMixin, BuffersMixin):
         holds them concatenated as `__state__`."""
         return [(a, n) for a, n in self._program["arenas"].items() if n and (a == "state" or a.startswith("state_"))]
 
-    def reset(self, params: bool = True, optimizer: bool = True) -> None:
+    def reset(self, params: bool = True, optimizer: bool = True, entry: str | None = None) -> None:
         """params: parameters and buffers back to the seed's initial values; optimizer: zero
-        state and step_count (the learning rate set with set_lr is kept)."""
+        state and step_count (the learning rate set with set_lr is kept). entry: reset only that
+        training entry's optimizer (its state, gradients and step count, as a new torch optimizer;
+        step_count, which numbers every entry's steps, keeps counting); params= still means every
+        parameter."""
         with self._lock:
             self._check_open()
+            one = self._train_entry(entry, "reset") if entry is not None else None
             if params:
                 self._engine.write("params", 0, self._init_params())
                 self._write_buffers(self._init_buffers())
-            if optimizer:
+            if optimizer and one is not None:
+                self._reset_entry(one)
+            elif optimizer:
                 for arena, n in self._state_buffers():
                     self._engine.write(arena, 0, np.zeros(n, dtype=np.float32))
-                if self._has_grads and self._total:  # no last step: grads() reads zeros, as on a new model
-                    self._engine.write("grads", 0, np.zeros(self._total, dtype=np.float32))
+                n_grads = self._program["arenas"].get("grads", 0)
+                if self._has_grads and n_grads:  # no last step: grads() reads zeros, as on a new model
+                    self._engine.write("grads", 0, np.zeros(n_grads, dtype=np.float32))
                 self.step_count = 0
-                self._lr_origin = 0
-                for g in self._group_lrs:
-                    g[1] = 0
-
-    def set_lr(self, lr, group=None) -> None:
-        """A float, or a schedule spec such as ("linear", 5e-3, 5e-4, 1500) or an aot.lr schedule.
-        A schedule starts at its own step 1 on the next step; step_count keeps counting.
-        With parameter groups, `group=i` sets groups[i]'s lr, `group="default"` the lr of the
-        params no group matches, and group=None every group's."""
-        with self._lock:
-            self._check_open()
-            if self._opt is None:
-                raise RuntimeError("this program was built without an optimizer (optimizer=None)")
-            which = self._group_index(group)
-            lr = schedules.normalize(lr)
-            if which is None or which == "default":
-                self._lr, self._lr_origin = lr, self.step_count
-            for i, g in enumerate(self._group_lrs):
-                if which is None or which == i:
-                    g[:] = [lr, self.step_count]
-
-    def current_lr(self, group="default") -> float:
-        """The learning rate the next step will use (of groups[group] for an int `group`)."""
-        which = self._group_index(group)
-        if which is None:
-            raise TypeError("current_lr(group=None): name one group, an int or 'default'")
-        lr, origin = (self._lr, self._lr_origin) if which == "default" else self._group_lrs[which]
-        return schedules.lr_at(lr, self.step_count + 1 - origin)
-
-    def _group_index(self, group):
-        """None, "default" or an index into the optimizer's groups (IndexError/TypeError else)."""
-        if group is None or group == "default":
-            return group
-        if isinstance(group, bool) or not isinstance(group, int):
-            raise TypeError(f"group must be an int index into the optimizer's groups, 'default' or None, got {group!r}")
-        if not 0 <= group < len(self._group_lrs):
-            raise IndexError(f"group {group} out of range: the optimizer has {len(self._group_lrs)} parameter group(s)")
-        return group
+                for e in self._trains.values():
+                    e.count = e.lr_origin = 0
+                    for g in e.group_lrs:
+                        g[1] = 0
 
     # ---- calls --------------------------------------------------------------------------
     def _check_open(self):
@@ -287,7 +253,7 @@ class ModelBase(InteropMixin, BuffersMixin):
         declared dtypes). stacked: each input holds K batches on a new leading axis (step_many)."""
         decl = self._program["signatures"][entry]  # name -> (dtype, dims)
         # the method the user called, for messages
-        method = "step_many" if stacked else "step" if entry == "train" else entry
+        method = _method(entry, stacked)
         unknown = sorted(set(inputs) - set(decl))
         if unknown:
             raise TypeError(f"{method}(): unknown input(s) {unknown}; expected {sorted(decl)}")
@@ -370,34 +336,33 @@ class ModelBase(InteropMixin, BuffersMixin):
             block = self._seed_block = (self._seed, t, _step_seeds(self._seed, t, 256))
         return int(block[2][t - block[1]])
 
-    def _step_scalars(self, t: int) -> dict:
-        """The per-step inputs of training step t (1, 2, ...): its random seed, and the lr and
-        bias corrections of the optimizer (see schedules.optimizer_scalars)."""
-        extra = {"_rng": self._train_seed(t)}
-        if self._opt is not None:
-            lr = schedules.lr_at(self._lr, t - self._lr_origin)
-            group_lrs = [schedules.lr_at(g, t - o) for g, o in self._group_lrs]
-            extra.update(schedules.step_scalars(tuple(self._opt), lr, t, self._groups, group_lrs))
-        return extra
+    def _step_scalars(self, t: int, e=None, i: int = 1) -> dict:
+        """The per-step inputs of training step t (1, 2, ... over every entry), the i-th step of
+        entry e from now: its random seed, and the lr and bias corrections of the entry's
+        optimizer (see schedules.optimizer_scalars) at the entry's own step count."""
+        e = e or self._train_entry()
+        return {"_rng": self._train_seed(t), **self._opt_scalars(e, e.count + i)}
 
-    def _check_train(self):
+    def _check_train(self, entry: str = "train"):
         self._check_open()
-        if "train" not in self._program["signatures"]:
+        if entry not in self._program["signatures"]:
             raise RuntimeError(f"{self._program['name']} was built without train=")
 
-    def _step(self, inputs: dict, captures: bool, allreduce=None):
+    def _step(self, inputs: dict, captures: bool, allreduce=None, entry: str = "train"):
         with self._lock:
-            self._check_train()
+            self._check_train(entry)
             if allreduce is not None:
                 self._check_allreduce(allreduce)
-            key, arrays = self._pick("train", inputs)
+            key, arrays = self._pick(entry, inputs)
+            e = self._trains[entry]
             t = self.step_count + 1
-            packed = self._pack(key, arrays, self._step_scalars(t))
+            packed = self._pack(key, arrays, self._step_scalars(t, e))
             if allreduce is None:
                 out = self._engine.run(key, packed, captures)
             else:
-                out = self._step_reduced(key, packed, captures, allreduce)
+                out = self._step_reduced(key, packed, captures, allreduce, e)
             self.step_count = t
+            e.count += 1
             loss = float(out["loss"])
             if captures:
                 return StepResult(loss, {n: out[n] for n, *_ in self._program["entries"][key]["captures"]})
@@ -409,15 +374,15 @@ class ModelBase(InteropMixin, BuffersMixin):
                 f"step(allreduce=...) takes a function of the flat gradient vector, got {type(allreduce).__name__}"
             )
 
-    def _step_reduced(self, key: str, packed: dict, captures: bool, allreduce) -> dict:
+    def _step_reduced(self, key: str, packed: dict, captures: bool, allreduce, e) -> dict:
         """One step whose gradients pass through allreduce between backward and update: the
         dispatches before the entry's update_from, one readback of the flat gradient vector
         (and the loss), allreduce, one upload of its result over the gradients, the rest of the
         dispatches. Clipping, weight decay, the lr schedule and the optimizer state then see
         the reduced gradients, as one process would. If allreduce raises or returns something
         unusable, the gradients of the last step are put back and nothing else has changed."""
-        total = self._total
-        grads, out = self._engine.run_backward(key, packed, captures, total)
+        total = e.size  # the entry's gradient vector: grads[e.offset : e.offset + e.size]
+        grads, out = self._engine.run_backward(key, packed, captures, total, e.offset)
         try:
             reduced = allreduce(grads)
             if not isinstance(reduced, np.ndarray):
@@ -442,28 +407,30 @@ class ModelBase(InteropMixin, BuffersMixin):
                     "nothing was updated"
                 )
         except BaseException:
-            self._engine.restore_grads(key, total)
+            self._engine.restore_grads(key, total, e.offset)
             raise
-        self._engine.run_update(key, np.ascontiguousarray(reduced))
+        self._engine.run_update(key, np.ascontiguousarray(reduced), e.offset)
         return out
 
-    def _step_many(self, batches, inputs: dict, captures: bool, allreduce=None):
+    def _step_many(self, batches, inputs: dict, captures: bool, allreduce=None, entry: str = "train"):
         """K training steps in a few submits; see the generated Model.step_many."""
         with self._lock:
-            self._check_train()
+            self._check_train(entry)
             if allreduce is not None:
                 raise TypeError(
                     "step_many(allreduce=...) is not supported: step_many records K steps without waiting, "
                     "and an all-reduce needs each step's gradients on the host between backward and update. "
                     "Call step(**batch, allreduce=fn) once per batch instead"
                 )
+            method = _method(entry, True)
             given = {n: v for n, v in inputs.items() if v is not None}
             if batches is None:
-                key, arrays = self._pick("train", given, stacked=True)
+                key, arrays = self._pick(entry, given, stacked=True)
             else:
                 if given:
-                    raise TypeError(f"step_many(): pass batches or stacked inputs {sorted(given)}, not both")
-                key, arrays = self._pick_batches(batches)
+                    raise TypeError(f"{method}(): pass batches or stacked inputs {sorted(given)}, not both")
+                key, arrays = self._pick_batches(batches, entry)
+            tr = self._trains[entry]
             k = len(next(iter(arrays.values()))) if arrays else 0
             t0 = self.step_count
             e = self._program["entries"][key]
@@ -474,7 +441,7 @@ class ModelBase(InteropMixin, BuffersMixin):
                     "inputs": np.zeros((n, sizes["inputs"]), dtype=np.float32),
                     "inputs_i32": np.zeros((n, sizes["inputs_i32"]), dtype=np.int32),
                 }
-                extras = [self._step_scalars(t) for t in range(t0 + start + 1, t0 + start + n + 1)]
+                extras = [self._step_scalars(t0 + j, tr, j) for j in range(start + 1, start + n + 1)]
                 for name, dtype, shape, arena, off in e["inputs"]:
                     width = max(_size(shape), 1)
                     if name in arrays:
@@ -486,37 +453,39 @@ class ModelBase(InteropMixin, BuffersMixin):
 
             losses, out = self._engine.run_many(key, k, fill, captures)
             self.step_count = t0 + k
+            tr.count += k
             if captures:
                 return StepResult(losses, {n: out[n] for n, *_ in e["captures"]})
             return losses
 
-    def _pick_batches(self, batches):
+    def _pick_batches(self, batches, entry: str = "train"):
         """step_many(batches): an iterable of dicts of one step's inputs, each validated as
         step() validates its inputs (the message names the batch), then stacked."""
+        step, many = _method(entry, False), _method(entry, True)
         if isinstance(batches, dict):
             raise TypeError(
-                "step_many(): batches is an iterable of dicts (one per step); for stacked arrays "
+                f"{many}(): batches is an iterable of dicts (one per step); for stacked arrays "
                 "pass them by name: step_many(x=..., ...)"
             )
         try:
             items = list(batches)
         except TypeError:
             raise TypeError(
-                f"step_many(): batches must be an iterable of dicts, got {type(batches).__name__}"
+                f"{many}(): batches must be an iterable of dicts, got {type(batches).__name__}"
             ) from None
         if not items:
-            raise ValueError("step_many(): no batches (the iterable was empty)")
+            raise ValueError(f"{many}(): no batches (the iterable was empty)")
         picked, key0 = [], None
         for i, b in enumerate(items):
             if not isinstance(b, dict):
-                raise TypeError(f"step_many(): batch {i} is a {type(b).__name__}, expected a dict of inputs by name")
+                raise TypeError(f"{many}(): batch {i} is a {type(b).__name__}, expected a dict of inputs by name")
             try:
-                key, arrays = self._pick("train", b)
+                key, arrays = self._pick(entry, b)
             except (TypeError, ValueError) as err:
-                raise type(err)(f"step_many(): batch {i}: {str(err).replace('step(): ', '', 1)}") from None
+                raise type(err)(f"{many}(): batch {i}: {str(err).replace(step + '(): ', '', 1)}") from None
             if key0 is not None and key != key0:
                 raise ValueError(
-                    f"step_many(): batch {i} has other sizes ({key}) than batch 0 ({key0}); one call takes one size"
+                    f"{many}(): batch {i} has other sizes ({key}) than batch 0 ({key0}); one call takes one size"
                 )
             key0 = key
             picked.append(arrays)
@@ -535,6 +504,10 @@ class ModelBase(InteropMixin, BuffersMixin):
             return out["out"]
 
     # ---- checkpoints --------------------------------------------------------------------
+    def _single_entry(self):
+        """The training entry of a program with one (its count is step_count), else None."""
+        return next(iter(self._trains.values())) if len(self._trains) == 1 else None
+
     def _fingerprint(self) -> str:
         parts = (self._program["name"], [(n, tuple(s)) for n, s, *_ in self._params], self._opt)
         if self._buffer_table:  # a program without buffers keeps the fingerprint of older checkpoints
@@ -542,6 +515,9 @@ class ModelBase(InteropMixin, BuffersMixin):
         if self._program.get("groups"):  # programs without groups keep their fingerprints
             parts += ([tuple(spec) for spec, _ in self._program["groups"]],)
         text = repr(parts)
+        trains = self._program.get("trains")
+        if trains is not None:  # several training entries, or frozen parameters: which trains what
+            text += repr([(t["name"], t["optimizer"], t["params"], t.get("groups")) for t in trains.values()])
         return hashlib.sha1(text.encode()).hexdigest()
 
     def save(self, path) -> None:
@@ -551,18 +527,20 @@ class ModelBase(InteropMixin, BuffersMixin):
         with self._lock:
             self._check_open()
             path = os.fspath(path)
+            one = self._single_entry()
             data = {
                 "__program__": np.array(self._program["name"]),
                 "__fingerprint__": np.array(self._fingerprint()),
                 "__step_count__": np.array(self.step_count, dtype=np.int64),
                 "__seed__": np.array(self.seed, dtype=np.uint64),
-                "__lr__": np.array(repr(self._lr)),
-                "__lr_origin__": np.array(self._lr_origin, dtype=np.int64),
+                "__lr__": np.array(repr(one.lr if one else None)),
+                "__lr_origin__": np.array(one.lr_origin if one else 0, dtype=np.int64),
+                **self._trains_save(),
                 "__state__": np.concatenate(
                     [np.zeros(0, np.float32)] + [self._engine.read(a, 0, n) for a, n in self._state_buffers()]
                 ),
             }
-            for i, (lr, origin) in enumerate(self._group_lrs):
+            for i, (lr, origin) in enumerate(one.group_lrs if one else ()):
                 data[f"__lr_g{i}__"] = np.array(repr(lr))
                 data[f"__lr_origin_g{i}__"] = np.array(origin, dtype=np.int64)
             for n, a in self.params().items():
@@ -588,13 +566,15 @@ class ModelBase(InteropMixin, BuffersMixin):
             "__lr_origin__": ("i8", ()),
             "__state__": ("f4", (sum(n for _, n in self._state_buffers()),)),
         }
-        for i in range(len(self._group_lrs)):
+        one = self._single_entry()
+        for i in range(len(one.group_lrs) if one else 0):
             layout[f"__lr_g{i}__"] = (("str", _MAX_LR_TEXT), ())
             layout[f"__lr_origin_g{i}__"] = ("i8", ())
         for n, s, *_ in self._params:
             layout["param/" + n] = ("f4", tuple(s))
         for n, s, dt, *_ in self._buffer_table:
             layout["buffer/" + n] = ("f4" if dt == "f32" else "i4", tuple(s))
+        layout.update(self._trains_layout(_MAX_LR_TEXT))
         return layout
 
     def restore(self, path) -> None:
@@ -608,8 +588,10 @@ class ModelBase(InteropMixin, BuffersMixin):
             self._check_open()
             layout = self._checkpoint_layout()
             z = _read_checkpoint(path, layout, self._program["name"], self._fingerprint())
-            step_count, seed, lr, origin = _checkpoint_values(path, z, self._opt is not None)
-            group_lrs = [_group_lr_values(path, z, i, step_count) for i in range(len(self._group_lrs))]
+            one = self._single_entry()
+            step_count, seed, lr, origin = _checkpoint_values(path, z, one is not None and one.opt is not None)
+            group_lrs = [_group_lr_values(path, z, i, step_count) for i in range(len(one.group_lrs) if one else 0)]
+            entries = self._trains_read(path, z, _parse_lr)
             flat = np.zeros(max(self._total, 1), dtype=np.float32)
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
@@ -624,9 +606,10 @@ class ModelBase(InteropMixin, BuffersMixin):
                 pos += n
             self.step_count = step_count
             self._seed = seed
-            self._lr = lr
-            self._lr_origin = origin
-            self._group_lrs = group_lrs
+            if one is not None:
+                one.count, one.lr, one.lr_origin, one.group_lrs = step_count, lr, origin, group_lrs
+            for e, count, e_lr, e_origin, e_groups in entries:
+                e.count, e.lr, e.lr_origin, e.group_lrs = count, e_lr, e_origin, e_groups
 
     def close(self) -> None:
         """Release the GPU resources; calling it again does nothing."""
@@ -647,6 +630,16 @@ def _step_seeds(seed: int, t: int, n: int) -> np.ndarray:
     if high:
         word ^= rng._splitmix64(np.array([high], dtype=np.uint64))[0]
     return (rng._splitmix64(word) & np.uint64(0x7FFFFFFF)).astype(np.int64)
+
+
+def _method(entry: str, stacked: bool) -> str:
+    """The generated method that runs `entry` (for messages): step/step_many, step_<name>/
+    step_many_<name> for a training entry "train_<name>", the entry's own name otherwise."""
+    if entry == "train":
+        return "step_many" if stacked else "step"
+    if entry.startswith("train_"):
+        return ("step_many_" if stacked else "step_") + entry[len("train_"):]
+    return entry
 
 
 def _dims_note(shape, dims) -> str:

@@ -868,6 +868,33 @@ function dimsNote(shape, dims) {
   return syms.length ? " with " + syms.map((d) => `${d} in ${pyTuple(dims[d])}`).join(", ") : "";
 }
 
+/** The method that runs `entry`, as the Python package names it (model.py's _method). */
+function methodName(entry, stacked) {
+  if (entry === "train") return stacked ? "step_many" : "step";
+  if (entry.startsWith("train_")) return (stacked ? "step_many_" : "step_") + entry.slice(6);
+  return entry;
+}
+/** None, "default" or an index into the entry's optimizer's groups (trains.py's _group_index). */
+function groupIndex(e, group) {
+  if (group === null || group === undefined || group === "default") return group ?? null;
+  if (!Number.isInteger(group)) throw new TypeError(`group must be an int index into the optimizer's groups, 'default' or null, got ${group}`);
+  if (group < 0 || group >= e.groupLrs.length) throw new RangeError(`group ${group} out of range: the optimizer has ${e.groupLrs.length} parameter group(s)`);
+  return group;
+}
+/** Table name -> training entry state (trains.py's train_entries): own optimizer, lr, counts. */
+function trainEntries(p, total) {
+  let tables = p.trains;
+  if (!tables) {
+    if (!("train" in p.signatures)) return {};
+    tables = { train: { name: "train", optimizer: p.optimizer, lr: p.lr, start: 0, size: total, offset: 0, params: p.params.map((q) => q[0]), state: p.state || [], groups: p.groups || [] } };
+  }
+  return Object.fromEntries(Object.entries(tables).map(([k, t]) => [k, {
+    name: t.name, opt: t.optimizer, lr: t.lr === null ? null : normalizeLr(t.lr), start: t.start, size: t.size,
+    offset: t.offset, params: t.params, nState: t.state.length, count: 0, lrOrigin: 0,
+    groups: t.groups || [], groupLrs: (t.groups || []).map(([, lr]) => [normalizeLr(lr), 0]),
+  }]));
+}
+
 // ---- the Model (model.py's ModelBase) ----
 // a buffer's dtype -> the buffer holding it and its array type (plan.BUFFER_ARENAS)
 const BUFFER_ARENAS = { f32: ["buffers", Float32Array], i32: ["buffers_i32", Int32Array] };
@@ -889,17 +916,13 @@ export class ModelBase {
     m._buffers = p.buffers || []; // [name, shape, dtype, init, offset in buffers / buffers_i32, PyTorch name]
     m._total = m._params.reduce((s, q) => s + sizeOf(q[1]), 0);
     m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {});
-    m._opt = p.optimizer;
-    m._lr = p.lr === null ? null : normalizeLr(p.lr);
-    m._lrOrigin = 0;
-    // parameter groups: [lr spec, origin] of each (setLr(lr, group))
-    m._groups = p.groups || [];
-    m._groupLrs = m._groups.map(([, lr]) => [normalizeLr(lr), 0]);
+    m._opt = p.optimizer; // the single training entry's (null with several: _trains)
+    m._trains = trainEntries(p, m._total);
     m._staging = {};
     m.stepCount = 0;
     m._inferCalls = 0;
     m._closed = false;
-    m._hasGrads = (p.arenas.grads || 0) >= m._total;
+    m._hasGrads = Object.keys(m._trains).length > 0;
     m._queue = Promise.resolve();
     await m.reset();
     return m;
@@ -919,7 +942,28 @@ export class ModelBase {
   get bufferNames() { return this._buffers.map((b) => b[0]); }
   get seed() { return this._seed; }
   set seed(v) { this._seed = checkSeed(v, "seed"); }
-  get lr() { return this._lr; }
+  /** The lr spec in use; with several training entries, {name: spec} (model.py's lr). */
+  get lr() {
+    const es = Object.values(this._trains);
+    if (es.length > 1) return Object.fromEntries(es.map((e) => [e.name, e.lr]));
+    return es.length ? es[0].lr : null;
+  }
+  /** The training entries' names: ["train"] for one aot.Train, else the dict's keys. */
+  get trainEntries() { return Object.values(this._trains).map((e) => e.name); }
+  /** {name: steps} of each training entry (its optimizer's step count); stepCount is their sum. */
+  get stepCounts() { return Object.fromEntries(Object.values(this._trains).map((e) => [e.name, e.count])); }
+  /** The entry a call means (trains.py's _train_entry): by name, or the only one when null. */
+  _trainEntry(entry, method) {
+    const es = Object.values(this._trains), names = es.map((e) => e.name).join(", ");
+    if (!es.length) throw new Error(`${method}(): ${this._program.name} was built without train=: it has no optimizer`);
+    if (entry === undefined || entry === null) {
+      if (es.length === 1) return es[0];
+      throw new TypeError(`${method}(): this model has several training entries (${names}); say which with entry=`);
+    }
+    const e = es.find((x) => x.name === entry);
+    if (!e) throw new KeyError(`${method}(): no training entry ${pyStr(entry)}; this model has ${names}`);
+    return e;
+  }
   /** The device limits this model asked for beyond WebGPU's defaults ({} when none). */
   get requiredLimits() { return { ...this._engine.requiredLimits }; }
   get device() { return this._engine.device; }
@@ -936,11 +980,18 @@ export class ModelBase {
   params() {
     return this._locked(async () => this._split(await this._engine.read("params", 0, this._total)));
   }
-  /** Gradients of the last step (before clipping), zeros before the first step. */
-  grads() {
+  /** Gradients of the training entry's last step (before clipping), zeros before its first, for
+   * the parameters it trains (frozen ones have none); entry: which one (null: the only one). */
+  grads(entry = null) {
     return this._locked(async () => {
       if (!this._hasGrads) throw new Error(`${this._program.name} was built without train=: it has no gradients`);
-      return this._split(await this._engine.read("grads", 0, this._total));
+      const e = this._trainEntry(entry, "grads");
+      const flat = e.size ? await this._engine.read("grads", e.offset, e.size) : new Float32Array(0);
+      const out = {};
+      for (const [n, s, , , o] of this._params) {
+        if (e.params.includes(n)) out[n] = { data: flat.slice(o - e.start, o - e.start + sizeOf(s)), shape: [...s], dtype: "f32" };
+      }
+      return out;
     });
   }
   /** Overwrite parameters by name ({name: {data, shape} or nested arrays}); checked whole first. */
@@ -1026,43 +1077,51 @@ export class ModelBase {
   _stateBuffers() {
     return Object.entries(this._program.arenas).filter(([a, n]) => n && (a === "state" || a.startsWith("state_")));
   }
-  /** params: parameters and buffers back to the seed's initial values; optimizer: zero state and stepCount. */
-  reset({ params = true, optimizer = true } = {}) {
+  /** params: parameters and buffers back to the seed's initial values; optimizer: zero state and
+   * stepCount; entry: only that training entry's optimizer (its state, gradients and count; model.py's reset). */
+  reset({ params = true, optimizer = true, entry = null } = {}) {
     return this._locked(async () => {
+      const one = entry === null || entry === undefined ? null : this._trainEntry(entry, "reset");
       if (params) {
         this._engine.write("params", 0, this._initParams().subarray(0, this._total));
         for (const [dt, a] of Object.entries(this._initBuffers())) this._engine.write(BUFFER_ARENAS[dt][0], 0, a);
       }
-      if (optimizer) {
+      if (optimizer && one) {
+        const zeros = new Float32Array(one.size);
+        const arenas = this._stateBuffers().slice(0, one.nState).map(([a]) => a).concat(one.size ? ["grads"] : []);
+        for (const a of arenas) this._engine.write(a, one.offset, zeros);
+        one.count = one.lrOrigin = 0;
+        for (const g of one.groupLrs) g[1] = 0;
+      } else if (optimizer) {
         for (const [a, n] of this._stateBuffers()) this._engine.write(a, 0, new Float32Array(n));
-        if (this._hasGrads && this._total) this._engine.write("grads", 0, new Float32Array(this._total));
+        const nGrads = this._program.arenas.grads || 0;
+        if (this._hasGrads && nGrads) this._engine.write("grads", 0, new Float32Array(nGrads));
         this.stepCount = 0;
-        this._lrOrigin = 0;
-        for (const g of this._groupLrs) g[1] = 0;
+        for (const e of Object.values(this._trains)) {
+          e.count = e.lrOrigin = 0;
+          for (const g of e.groupLrs) g[1] = 0;
+        }
       }
     });
   }
   /** A float, or a schedule such as ["linear", 5e-3, 5e-4, 1500] or {kind: "cosine", peak, final, steps}. */
-  /** With parameter groups: group i sets groups[i]'s lr, "default" the ungrouped params', null every group's. */
-  setLr(lr, group = null) {
+  /** With parameter groups: group i sets groups[i]'s lr, "default" the ungrouped params', null every
+   * group's; entry: which training entry (null: the only one). */
+  setLr(lr, group = null, entry = null) {
     this._checkOpen();
-    if (this._opt === null) throw new Error("this program was built without an optimizer (optimizer=None)");
-    const which = this._groupIndex(group);
+    const e = this._trainEntry(entry, "set_lr");
+    if (e.opt === null) throw new Error("this program was built without an optimizer (optimizer=None)");
+    const which = groupIndex(e, group);
     lr = normalizeLr(lr);
-    if (which === null || which === "default") { this._lr = lr; this._lrOrigin = this.stepCount; }
-    this._groupLrs.forEach((g, i) => { if (which === null || which === i) { g[0] = lr; g[1] = this.stepCount; } });
+    if (which === null || which === "default") { e.lr = lr; e.lrOrigin = e.count; }
+    e.groupLrs.forEach((g, i) => { if (which === null || which === i) { g[0] = lr; g[1] = e.count; } });
   }
-  currentLr(group = "default") {
-    const which = this._groupIndex(group);
+  currentLr(group = "default", entry = null) {
+    const e = this._trainEntry(entry, "current_lr");
+    const which = groupIndex(e, group);
     if (which === null) throw new TypeError("currentLr(null): name one group, an int or 'default'");
-    const [lr, origin] = which === "default" ? [this._lr, this._lrOrigin] : this._groupLrs[which];
-    return lrAt(lr, this.stepCount + 1 - origin);
-  }
-  _groupIndex(group) {
-    if (group === null || group === undefined || group === "default") return group ?? null;
-    if (!Number.isInteger(group)) throw new TypeError(`group must be an int index into the optimizer's groups, 'default' or null, got ${group}`);
-    if (group < 0 || group >= this._groupLrs.length) throw new RangeError(`group ${group} out of range: the optimizer has ${this._groupLrs.length} parameter group(s)`);
-    return group;
+    const [lr, origin] = which === "default" ? [e.lr, e.lrOrigin] : e.groupLrs[which];
+    return lrAt(lr, e.count + 1 - origin);
   }
 
   /** Check inputs against the entry's declaration (model.py's _pick): [variant key, arrays].
@@ -1070,7 +1129,7 @@ export class ModelBase {
   _pick(entry, inputs, stacked = false) {
     const decl = this._program.signatures[entry];
     // the method's name as the Python package spells it, so that messages are the same
-    const shown = stacked ? "step_many" : entry === "train" ? "step" : entry;
+    const shown = methodName(entry, stacked);
     const given = Object.keys(inputs || {});
     const unknown = given.filter((n) => !(n in decl)).sort();
     if (unknown.length) throw new TypeError(`${shown}(): unknown input(s) ${pyList(unknown)}; expected ${pyList(Object.keys(decl).sort())}`);
@@ -1124,22 +1183,23 @@ export class ModelBase {
   }
   /** stepMany(batches): an array (or other iterable) of step()'s input objects, each checked as
    * step() checks its inputs (the message names the batch), then stacked (model.py's _pick_batches). */
-  _pickBatches(batches) {
+  _pickBatches(batches, entry = "train") {
+    const many = methodName(entry, true), one = methodName(entry, false);
     const items = Array.from(batches);
-    if (!items.length) throw new ValueError("step_many(): no batches (the iterable was empty)");
+    if (!items.length) throw new ValueError(`${many}(): no batches (the iterable was empty)`);
     const picked = [];
     let key0 = null;
     items.forEach((b, i) => {
       if (!b || typeof b !== "object" || Array.isArray(b) || ArrayBuffer.isView(b))
-        throw new TypeError(`step_many(): batch ${i} is a ${pyTypeName(b)}, expected a dict of inputs by name`);
+        throw new TypeError(`${many}(): batch ${i} is a ${pyTypeName(b)}, expected a dict of inputs by name`);
       let key, arrays;
-      try { [key, arrays] = this._pick("train", b); } catch (err) {
+      try { [key, arrays] = this._pick(entry, b); } catch (err) {
         if (!(err instanceof TypeError || err instanceof ValueError)) throw err;
         const Err = err instanceof TypeError ? TypeError : ValueError;
-        throw new Err(`step_many(): batch ${i}: ${err.message.replace("step(): ", "")}`);
+        throw new Err(`${many}(): batch ${i}: ${err.message.replace(`${one}(): `, "")}`);
       }
       if (key0 !== null && key !== key0)
-        throw new ValueError(`step_many(): batch ${i} has other sizes (${key}) than batch 0 (${key0}); one call takes one size`);
+        throw new ValueError(`${many}(): batch ${i} has other sizes (${key}) than batch 0 (${key0}); one call takes one size`);
       key0 = key;
       picked.push(arrays);
     });
@@ -1163,24 +1223,29 @@ export class ModelBase {
     }
     return packed;
   }
-  _trainArgs(t) {
+  /** Per-step inputs of training step t (over every entry), the i-th step of entry e from now:
+   * its random seed and e's optimizer scalars at e's own step count (model.py's _step_scalars). */
+  _trainArgs(t, e, i = 1) {
     const extra = { _rng: stepSeed(this._seed, t) };
-    if (this._opt !== null) {
-      const groupLrs = this._groupLrs.map(([lr, o]) => lrAt(lr, t - o));
-      Object.assign(extra, stepScalars(this._opt, lrAt(this._lr, t - this._lrOrigin), t, this._groups, groupLrs));
+    if (e.opt !== null) {
+      const te = e.count + i;
+      const groupLrs = e.groupLrs.map(([lr, o]) => lrAt(lr, te - o));
+      Object.assign(extra, stepScalars(e.opt, lrAt(e.lr, te - e.lrOrigin), te, e.groups, groupLrs));
     }
     return extra;
   }
   /** One training step; resolves to the loss (a number), or {loss, captures} with captures: true. */
-  _step(inputs, captures = false) {
-    if (!("train" in this._program.signatures)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
+  _step(inputs, captures = false, entry = "train") {
+    if (!(entry in this._program.signatures)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
     let picked;
-    try { this._checkOpen(); picked = this._pick("train", inputs); } catch (e) { return Promise.reject(e); }
+    try { this._checkOpen(); picked = this._pick(entry, inputs); } catch (e) { return Promise.reject(e); }
     return this._locked(async () => {
       const [key, arrays] = picked;
+      const e = this._trains[entry];
       const t = this.stepCount + 1;
-      const out = await this._engine.run(key, this._pack(key, arrays, this._trainArgs(t)), captures);
+      const out = await this._engine.run(key, this._pack(key, arrays, this._trainArgs(t, e)), captures);
       this.stepCount = t;
+      e.count += 1;
       const loss = out.loss.data[0];
       if (!captures) return loss;
       return { loss, captures: Object.fromEntries(this._program.entries[key].captures.map(([n]) => [n, out[n]])) };
@@ -1188,25 +1253,26 @@ export class ModelBase {
   }
   /** K training steps in one call (model.py's _step_many): Float32Array of K losses, or
    * {losses, captures} (captures of the last step) with captures: true. */
-  _stepMany(batches, captures = false) {
-    if (!("train" in this._program.signatures)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
+  _stepMany(batches, captures = false, entry = "train") {
+    if (!(entry in this._program.signatures)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
     let key, arrays, k;
     try {
       this._checkOpen();
       const iterable = batches !== null && typeof batches === "object" && typeof batches[Symbol.iterator] === "function" && !ArrayBuffer.isView(batches);
-      if (iterable) [key, arrays, k] = this._pickBatches(batches);
+      if (iterable) [key, arrays, k] = this._pickBatches(batches, entry);
       else if (batches === undefined || batches === null || (typeof batches === "object" && !ArrayBuffer.isView(batches))) {
-        [key, arrays, k] = this._pick("train", batches || {}, true);
-      } else throw new TypeError(`step_many(): batches must be an iterable of dicts, got ${pyTypeName(batches)}`);
+        [key, arrays, k] = this._pick(entry, batches || {}, true);
+      } else throw new TypeError(`${methodName(entry, true)}(): batches must be an iterable of dicts, got ${pyTypeName(batches)}`);
     } catch (e) { return Promise.reject(e); }
     return this._locked(async () => {
       const t0 = this.stepCount;
+      const tr = this._trains[entry];
       const en = this._program.entries[key];
       const sizes = en.input_sizes;
       const fill = (start, n) => {
         const rows = { inputs: new Float32Array(n * sizes.inputs), inputs_i32: new Int32Array(n * sizes.inputs_i32) };
         for (let i = 0; i < n; i++) {
-          const extra = this._trainArgs(t0 + start + i + 1);
+          const extra = this._trainArgs(t0 + start + i + 1, tr, start + i + 1);
           for (const [name, , shape, arena, off] of en.inputs) {
             const at = i * sizes[arena] + off;
             if (name in arrays) {
@@ -1219,6 +1285,7 @@ export class ModelBase {
       };
       const [losses, out] = await this._engine.runMany(key, k, fill, captures);
       this.stepCount = t0 + k;
+      tr.count += k;
       if (!captures) return losses;
       return { losses, captures: Object.fromEntries(en.captures.map(([n]) => [n, out[n]])) };
     });
@@ -1241,17 +1308,27 @@ export class ModelBase {
   /** Params, buffers, optimizer state, step count, lr schedule position and seed as .npz bytes (a Uint8Array). */
   save() {
     return this._locked(async () => {
+      const es = Object.values(this._trains);
+      const one = es.length === 1 ? es[0] : null, several = es.length > 1 ? es : [];
       const members = [
         ["__program__.npy", npyString(this._program.name)],
         ["__fingerprint__.npy", npyString(this._program.fingerprint)],
         ["__step_count__.npy", npyScalar64(this.stepCount, "<i8")],
         ["__seed__.npy", npyScalar64(this._seed, "<u8")],
-        ["__lr__.npy", npyString(lrRepr(this._lr))],
-        ["__lr_origin__.npy", npyScalar64(this._lrOrigin, "<i8")],
+        ["__lr__.npy", npyString(lrRepr(one ? one.lr : null))],
+        ["__lr_origin__.npy", npyScalar64(one ? one.lrOrigin : 0, "<i8")],
       ];
-      this._groupLrs.forEach(([lr, o], i) => {
+      (one ? one.groupLrs : []).forEach(([lr, o], i) => {
         members.push([`__lr_g${i}__.npy`, npyString(lrRepr(lr))], [`__lr_origin_g${i}__.npy`, npyScalar64(o, "<i8")]);
       });
+      for (const e of several) {
+        members.push([`__train__/${e.name}/step_count.npy`, npyScalar64(e.count, "<i8")]);
+        members.push([`__train__/${e.name}/lr.npy`, npyString(lrRepr(e.lr))]);
+        members.push([`__train__/${e.name}/lr_origin.npy`, npyScalar64(e.lrOrigin, "<i8")]);
+        e.groupLrs.forEach(([lr, o], i) => {
+          members.push([`__train__/${e.name}/lr_g${i}.npy`, npyString(lrRepr(lr))], [`__train__/${e.name}/lr_origin_g${i}.npy`, npyScalar64(o, "<i8")]);
+        });
+      }
       const parts = [];
       for (const [a, n] of this._stateBuffers()) parts.push(await this._engine.read(a, 0, n));
       const state = new Float32Array(parts.reduce((s, x) => s + x.length, 0));
@@ -1280,9 +1357,15 @@ export class ModelBase {
       if (!names.has("__fingerprint__") || !names.has("__program__")) throw bad("not an aot checkpoint (it has no __program__/__fingerprint__ members)");
       const layout = { __program__: "str", __fingerprint__: "str", __step_count__: "i8", __seed__: "seed", __lr__: "str", __lr_origin__: "i8",
         __state__: ["f4", [this._stateBuffers().reduce((s, [, n]) => s + n, 0)]] };
-      this._groupLrs.forEach((_, i) => { layout[`__lr_g${i}__`] = "str"; layout[`__lr_origin_g${i}__`] = "i8"; });
       for (const [n, s] of this._params) layout["param/" + n] = ["f4", s];
       for (const [n, s, dt] of this._buffers) layout["buffer/" + n] = [dt === "i32" ? "i4" : "f4", s];
+      const es = Object.values(this._trains);
+      const one = es.length === 1 ? es[0] : null, several = es.length > 1 ? es : [];
+      (one ? one.groupLrs : []).forEach((_, i) => { layout[`__lr_g${i}__`] = "str"; layout[`__lr_origin_g${i}__`] = "i8"; });
+      for (const e of several) {
+        Object.assign(layout, { [`__train__/${e.name}/step_count`]: "i8", [`__train__/${e.name}/lr`]: "str", [`__train__/${e.name}/lr_origin`]: "i8" });
+        e.groupLrs.forEach((_, i) => Object.assign(layout, { [`__train__/${e.name}/lr_g${i}`]: "str", [`__train__/${e.name}/lr_origin_g${i}`]: "i8" }));
+      }
       const read = async (member) => {
         const kind = layout[member];
         const mbad = (why) => bad(`checkpoint member ${pyStr(member)} ${why}`);
@@ -1342,8 +1425,8 @@ export class ModelBase {
       try { const x = parsePyLiteral(v.__lr__); lr = x === null ? null : normalizeLr(x); } catch (e) {
         throw mb("__lr__", `is not a learning rate or schedule: ${e.message}`);
       }
-      if ((lr === null) === (this._opt !== null)) throw mb("__lr__", `is ${lrRepr(lr)}, which does not fit this model's optimizer`);
-      const groupLrs = this._groupLrs.map((_, i) => {
+      if ((lr === null) === (one !== null && one.opt !== null)) throw mb("__lr__", `is ${lrRepr(lr)}, which does not fit this model's optimizer`);
+      const groupLrs = (one ? one.groupLrs : []).map((_, i) => {
         const go = v[`__lr_origin_g${i}__`];
         if (!(go >= 0n && go <= stepCount)) throw mb(`__lr_origin_g${i}__`, `must be in [0, step count ${stepCount}], got ${go}`);
         let glr;
@@ -1351,6 +1434,26 @@ export class ModelBase {
           throw mb(`__lr_g${i}__`, `is not a learning rate or schedule: ${e.message}`);
         }
         return [glr, Number(go)];
+      });
+      const entryValues = several.map((e) => {
+        const key = `__train__/${e.name}/`, count = v[key + "step_count"], o = v[key + "lr_origin"];
+        if (!(count >= 0n && count < 2n ** 62n)) throw mb(key + "step_count", `must be a step count >= 0, got ${count}`);
+        if (!(o >= 0n && o <= count)) throw mb(key + "lr_origin", `must be in [0, ${count}], got ${o}`);
+        let elr;
+        try { const x = parsePyLiteral(v[key + "lr"]); elr = x === null ? null : normalizeLr(x); } catch (err) {
+          throw mb(key + "lr", `is not a learning rate or schedule: ${err.message}`);
+        }
+        if ((elr === null) !== (e.opt === null)) throw mb(key + "lr", `is ${lrRepr(elr)}, which does not fit the entry's optimizer`);
+        const groups = e.groupLrs.map((_, i) => {
+          const go = v[key + `lr_origin_g${i}`];
+          if (!(go >= 0n && go <= count)) throw mb(key + `lr_origin_g${i}`, `must be in [0, ${count}], got ${go}`);
+          let glr;
+          try { glr = normalizeLr(parsePyLiteral(v[key + `lr_g${i}`])); } catch (err) {
+            throw mb(key + `lr_g${i}`, `is not a learning rate or schedule: ${err.message}`);
+          }
+          return [glr, Number(go)];
+        });
+        return [e, Number(count), elr, Number(o), groups];
       });
       // everything is valid: only now does the model change
       const flat = new Float32Array(Math.max(this._total, 1));
@@ -1361,9 +1464,8 @@ export class ModelBase {
       for (const [n, , dt, , o] of this._buffers) this._engine.write(BUFFER_ARENAS[dt][0], o, v["buffer/" + n]);
       this.stepCount = Number(stepCount);
       this._seed = seed;
-      this._lr = lr;
-      this._lrOrigin = Number(origin);
-      this._groupLrs = groupLrs;
+      if (one) [one.count, one.lr, one.lrOrigin, one.groupLrs] = [Number(stepCount), lr, Number(origin), groupLrs];
+      for (const [e, count, elr, o, groups] of entryValues) [e.count, e.lr, e.lrOrigin, e.groupLrs] = [count, elr, o, groups];
     });
   }
 
