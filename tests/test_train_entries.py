@@ -63,7 +63,7 @@ def gan_program(name="gan_entries"):
         name,
         Gan,
         train={
-            "d": aot.Train(d_loss, {"z": aot.f32(B, 3), "x": aot.f32(B, 4)}, aot.optim.Adam(lr=D_SCHED), params=["disc.*", "scale"]),
+            "d": aot.Train(d_loss, {"z": aot.f32(B, 3), "x": aot.f32(B, 4)}, aot.optim.Adam(lr=D_SCHED, groups=[{"params": "scale", "lr": 5e-3}]), params=["disc.*", "scale"]),
             "g": aot.Train(g_loss, {"z": aot.f32(B, 3)}, aot.optim.AdamW(lr=1e-2, weight_decay=G_WD), params=["gen.*", "scale"]),
         },
         infer={"sample": aot.Infer(lambda m, z: m.generate(z), {"z": aot.f32(B, 3)})},
@@ -83,7 +83,9 @@ class TorchGan:
         self.torch = torch
         self.p = {n: torch.tensor(v.astype(np.float64), requires_grad=True) for n, v in init.items()}
         p = self.p
-        self.opt_d = torch.optim.Adam([p["disc.0.W"], p["disc.0.b"], p["disc.1.W"], p["disc.1.b"], p["scale"]], lr=1.0)
+        # d's optimizer has a parameter group of its own for the shared scale
+        self.opt_d = torch.optim.Adam([{"params": [p["disc.0.W"], p["disc.0.b"], p["disc.1.W"], p["disc.1.b"]]},
+                                       {"params": [p["scale"]], "lr": 5e-3}], lr=1.0)
         # AdamW decays the weights only (aot: the randn-initialized params; zeros/ones are not)
         self.opt_g = torch.optim.AdamW(
             [{"params": [p["gen.0.W"], p["gen.1.W"]], "weight_decay": G_WD},
@@ -101,8 +103,7 @@ class TorchGan:
 
     def step_d(self, z, x):
         self.t_d += 1
-        for grp in self.opt_d.param_groups:
-            grp["lr"] = D_SCHED(self.t_d)  # the schedule follows d's own step count
+        self.opt_d.param_groups[0]["lr"] = D_SCHED(self.t_d)  # the schedule follows d's own step count
         self.opt_d.zero_grad()
         z, x = self.torch.tensor(z), self.torch.tensor(x)
         loss = ((self.judge(x) - 1) ** 2).mean() + (self.judge(self.generate(z)) ** 2).mean()
@@ -213,6 +214,7 @@ def test_gan_save_restore_set_lr_and_allreduce(gan, tmp_path):
     gan.step_d(z=zs[0], x=xs[0])
     gan.step_g(z=zs[1])
     gan.set_lr(3e-3, entry="g")
+    gan.set_lr(4e-3, group=0, entry="d")
     gan.step_g(z=zs[2])
     path = tmp_path / "gan.npz"
     gan.save(path)
@@ -230,6 +232,7 @@ def test_gan_save_restore_set_lr_and_allreduce(gan, tmp_path):
     gan.restore(path)
     assert gan.step_counts == counts and gan.lr == lrs and gan.lr["g"] == 3e-3
     assert gan.buffers()["d_steps"].tolist() == [1]
+    assert gan.current_lr(group=0, entry="d") == 4e-3 and gan.current_lr(entry="d") == D_SCHED(2)
     seen = []
     second = tail(lambda v: (seen.append(v.shape), v)[1])
     assert seen == [(gan.PROGRAM["trains"]["train_g"]["size"],)]
