@@ -1,0 +1,144 @@
+"""Normalization layers with torch.nn's constructor arguments, parameter names and semantics.
+
+Every statistic is a mean over the last axis of a row view of the input (LayerNorm: the
+normalized dims; GroupNorm: one row per (sample, group); InstanceNorm: one per (sample,
+channel)), so the forward pass and its derived backward run as row kernels that chain.py
+strings into few dispatches, as it does for LayerNorm. Variances are biased (divided by the
+row length), as torch normalizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import init as _init
+from . import ops
+from .module import Module
+from .ops.trace import fail
+
+
+def _row_norm(x, eps: float):
+    """(x - mean) / sqrt(var + eps) over the last axis of x (biased variance)."""
+    mu = ops.mean(x, -1, keepdims=True)
+    d = x - mu
+    var = ops.mean(d * d, -1, keepdims=True)
+    return d * ops.rsqrt(var + eps)
+
+
+def _check_input(op: str, x, min_ndim: int, want: str):
+    if not hasattr(x, "shape") or not hasattr(x, "type_str"):
+        fail(op, f"expects a Tensor, got {type(x).__name__}")
+    if x.dtype != "f32":
+        fail(op, f"expects an f32 input, got {x.type_str()}")
+    if x.ndim < min_ndim:
+        fail(op, f"expects {want}, got {x.type_str()}")
+
+
+def _channel_shape(x, channel_axis: int):
+    """[C, 1, ..., 1]: a per-channel vector broadcast against x's axes after channel_axis."""
+    return (x.shape[channel_axis],) + (1,) * (x.ndim - channel_axis - 1)
+
+
+def _affine(y, weight, bias, shape):
+    if weight is not None:
+        y = y * ops.reshape(weight, shape)
+    if bias is not None:
+        y = y + ops.reshape(bias, shape)
+    return y
+
+
+class LayerNorm(Module):
+    """torch.nn.LayerNorm(normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
+    normalizes over the last len(normalized_shape) dims. Parameters `g` (torch's weight, ones)
+    and `b` (torch's bias, zeros), each of shape normalized_shape; `LayerNorm(dim)` as before."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+            fail("LayerNorm", f"normalized_shape must be a positive int or a tuple of them, got {normalized_shape!r}")
+        self.normalized_shape, self.eps = shape, float(eps)
+        self.g = self._torch_param("LayerNorm", "weight", shape, init=_init.ones()) if elementwise_affine else None
+        self.b = (
+            self._torch_param("LayerNorm", "bias", shape, init=_init.zeros()) if elementwise_affine and bias else None
+        )
+
+    def forward(self, x):
+        k = len(self.normalized_shape)
+        _check_input("LayerNorm", x, k, f"[..., {', '.join(map(str, self.normalized_shape))}]")
+        if tuple(x.shape[-k:]) != self.normalized_shape:
+            fail(
+                "LayerNorm",
+                f"the last {k} dim(s) of {x.type_str()} must be normalized_shape {list(self.normalized_shape)}",
+            )
+        if k == 1:
+            y = _row_norm(x, self.eps)
+        else:
+            y = ops.reshape(_row_norm(ops.reshape(x, (*x.shape[:-k], -1)), self.eps), x.shape)
+        if self.g is not None:
+            y = y * self.g
+        return y + self.b if self.b is not None else y
+
+
+class GroupNorm(Module):
+    """torch.nn.GroupNorm(num_groups, num_channels, eps=1e-5, affine=True) on [N, C, *]: each
+    sample's channels are split into num_groups groups, each normalized over its channels and
+    all spatial positions; then a per-channel weight (ones) and bias (zeros)."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups:
+            fail("GroupNorm", f"num_channels {num_channels} must be divisible by num_groups {num_groups}")
+        self.num_groups, self.num_channels, self.eps = int(num_groups), int(num_channels), float(eps)
+        self.weight = self._torch_param("GroupNorm", "weight", (num_channels,), init=_init.ones()) if affine else None
+        self.bias = self._torch_param("GroupNorm", "bias", (num_channels,), init=_init.zeros()) if affine else None
+
+    def forward(self, x):
+        _check_input("GroupNorm", x, 2, f"[N, {self.num_channels}, *]")
+        if x.shape[1] != self.num_channels:
+            fail("GroupNorm", f"expects {self.num_channels} channels (dim 1), got {x.type_str()}")
+        n = x.shape[0]
+        y = ops.reshape(_row_norm(ops.reshape(x, (n, self.num_groups, -1)), self.eps), x.shape)
+        return _affine(y, self.weight, self.bias, _channel_shape(x, 1))
+
+
+class _InstanceNorm(Module):
+    """torch.nn.InstanceNormNd: each (sample, channel) normalized over its spatial positions;
+    an unbatched input [C, *] is one sample. affine gives a per-channel weight and bias."""
+
+    kind, spatial = "", 0
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = False,
+        track_running_stats: bool = False,
+    ):
+        super().__init__()
+        if track_running_stats:
+            fail(self.kind, "track_running_stats=True is not supported yet (needs buffers); use BatchNorm for running stats")
+        self.num_features, self.eps, self.momentum = int(num_features), float(eps), momentum
+        self.weight = self._torch_param(self.kind, "weight", (num_features,), init=_init.ones()) if affine else None
+        self.bias = self._torch_param(self.kind, "bias", (num_features,), init=_init.zeros()) if affine else None
+
+    def forward(self, x):
+        s = self.spatial
+        _check_input(self.kind, x, s + 1, f"[N, C, {s} spatial dim(s)] or [C, {s} spatial dim(s)]")
+        if x.ndim not in (s + 1, s + 2):
+            fail(self.kind, f"expects [N, C, {s} spatial dim(s)] or unbatched [C, ...], got {x.type_str()}")
+        c = x.ndim - s - 1
+        if x.shape[c] != self.num_features:
+            fail(self.kind, f"expects {self.num_features} channels (dim {c}), got {x.type_str()}")
+        rows = math.prod(x.shape[: c + 1])
+        y = ops.reshape(_row_norm(ops.reshape(x, (rows, -1)), self.eps), x.shape)
+        return _affine(y, self.weight, self.bias, _channel_shape(x, c))
+
+
+class InstanceNorm1d(_InstanceNorm):
+    kind, spatial = "InstanceNorm1d", 1
+
+
+class InstanceNorm2d(_InstanceNorm):
+    kind, spatial = "InstanceNorm2d", 2
