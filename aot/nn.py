@@ -5,6 +5,12 @@ from __future__ import annotations
 from . import init as _init
 from . import ops
 from .module import Module
+from .nn_attention import (  # noqa: F401  (re-exported)
+    MultiheadAttention,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 from .nn_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm  # noqa: F401  (re-exported)
 
 

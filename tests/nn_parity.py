@@ -43,13 +43,17 @@ def aot_grads_torch_layout(model) -> dict:
     return out
 
 
-def train_side_by_side(torch, model, tmod, torch_loss, batches, lr=1e-2, captures=None, check_grads=True):
-    """Load tmod's state into `model`, take len(batches) Adam(lr) steps on both, and compare the
-    per-step losses, the first step's gradients (and `captures`: {capture name: fn(torch outputs)}
-    against the torch loss's second return value, a dict), and the final state_dicts."""
+def train_side_by_side(torch, model, tmod, torch_loss, batches, lr=1e-2, momentum=None, check_grads=True):
+    """Load tmod's state into `model`, take len(batches) Adam(lr) steps (SGD(lr, momentum) when
+    momentum is given: the model's own optimizer must be the same) on both, and compare the
+    per-step losses, the first step's gradients, the captures of the first step against the
+    torch loss's second return value (a dict of outputs by capture name), and the final state_dicts."""
     model.reset()
     model.load_state_dict(tmod.state_dict())
-    opt = torch.optim.Adam(tmod.parameters(), lr=lr)
+    if momentum is None:
+        opt = torch.optim.Adam(tmod.parameters(), lr=lr)
+    else:
+        opt = torch.optim.SGD(tmod.parameters(), lr=lr, momentum=momentum)
     a_losses, t_losses = [], []
     for t, b in enumerate(batches):
         opt.zero_grad()
