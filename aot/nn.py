@@ -11,7 +11,7 @@ from .nn_attention import (  # noqa: F401  (re-exported)
     TransformerEncoder,
     TransformerEncoderLayer,
 )
-from .nn_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm  # noqa: F401  (re-exported)
+from .nn_norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm  # noqa: F401  (re-exported)
 
 
 class Linear(Module):

@@ -142,3 +142,82 @@ class InstanceNorm1d(_InstanceNorm):
 
 class InstanceNorm2d(_InstanceNorm):
     kind, spatial = "InstanceNorm2d", 2
+
+
+def _update_running(m, mean, var_unbiased):
+    """Training step's new running statistics and count, assigned to m's buffers (torch's rule:
+    running = (1 - f) * running + f * batch, f = momentum, or 1 / num_batches_tracked after this
+    step's increment when momentum is None: a cumulative average)."""
+    from .buffers import assign
+
+    count = ops.cast(m.num_batches_tracked, "f32") + 1.0  # i32 has no arithmetic; exact below 2**24
+    assign(m.num_batches_tracked, ops.cast(count, "i32"))
+    f = m.momentum if m.momentum is not None else 1.0 / count
+    assign(m.running_mean, (1.0 - f) * m.running_mean + f * mean)
+    assign(m.running_var, (1.0 - f) * m.running_var + f * var_unbiased)
+
+
+class _BatchNorm(Module):
+    """torch.nn.BatchNormNd: per channel (dim 1), over the batch and every other dim. Training
+    entries normalize with the batch statistics (biased variance) and, with track_running_stats,
+    update running_mean / running_var (unbiased variance) / num_batches_tracked as torch does;
+    infer entries use the running statistics (batch statistics without track_running_stats)."""
+
+    kind, ndims, shapes = "", (), ""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+    ):
+        super().__init__()
+        if momentum is not None and not 0.0 <= momentum <= 1.0:
+            fail(self.kind, f"momentum must be in [0, 1] or None, got {momentum!r}")
+        C = self.num_features = int(num_features)
+        self.eps, self.momentum, self.track_running_stats = float(eps), momentum, bool(track_running_stats)
+        self.weight = self._torch_param(self.kind, "weight", (C,), init=_init.ones()) if affine else None
+        self.bias = self._torch_param(self.kind, "bias", (C,), init=_init.zeros()) if affine else None
+        if track_running_stats:
+            self.running_mean = self._torch_buffer(self.kind, "running_mean", (C,), init=_init.zeros())
+            self.running_var = self._torch_buffer(self.kind, "running_var", (C,), init=_init.ones())
+            self.num_batches_tracked = self._torch_buffer(self.kind, "num_batches_tracked", (), init=_init.zeros(), dtype="i32")
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def forward(self, x):
+        from .ops.trace import is_training
+
+        want = self.shapes.format(C=self.num_features)
+        _check_input(self.kind, x, 2, want)
+        if x.ndim not in self.ndims:
+            fail(self.kind, f"expects {want} ({x.ndim} dims given), got {x.type_str()}")
+        if x.shape[1] != self.num_features:
+            fail(self.kind, f"expects {self.num_features} channels (dim 1), got {x.type_str()}")
+        shape = _channel_shape(x, 1)
+        training = is_training()
+        if training or not self.track_running_stats:
+            axes = (0,) + tuple(range(2, x.ndim))
+            n = math.prod(x.shape[a] for a in axes)
+            if n == 1 and training:
+                fail(self.kind, f"expects more than 1 value per channel when training, got {x.type_str()}")
+            mu = ops.mean(x, axes, keepdims=True)
+            d = x - mu
+            var = ops.mean(d * d, axes, keepdims=True)
+            y = d * ops.rsqrt(var + self.eps)
+            if training and self.track_running_stats:
+                flat = (self.num_features,)
+                _update_running(self, ops.reshape(mu, flat), ops.reshape(var, flat) * (n / max(n - 1, 1)))
+        else:
+            y = (x - ops.reshape(self.running_mean, shape)) * ops.reshape(ops.rsqrt(self.running_var + self.eps), shape)
+        return _affine(y, self.weight, self.bias, shape)
+
+
+class BatchNorm1d(_BatchNorm):
+    kind, ndims, shapes = "BatchNorm1d", (2, 3), "[N, {C}] or [N, {C}, L]"
+
+
+class BatchNorm2d(_BatchNorm):
+    kind, ndims, shapes = "BatchNorm2d", (4,), "[N, {C}, H, W]"
