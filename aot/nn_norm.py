@@ -104,7 +104,11 @@ class GroupNorm(Module):
 
 class _InstanceNorm(Module):
     """torch.nn.InstanceNormNd: each (sample, channel) normalized over its spatial positions;
-    an unbatched input [C, *] is one sample. affine gives a per-channel weight and bias."""
+    an unbatched input [C, *] is one sample. affine gives a per-channel weight and bias.
+    track_running_stats keeps running_mean / running_var (torch's buffers): a training step
+    moves them by momentum towards the average over samples of the instance statistics
+    (unbiased variance; momentum=None leaves them, as torch passes 0), infer entries normalize
+    with them; num_batches_tracked is kept but, as in torch, never counted."""
 
     kind, spatial = "", 0
 
@@ -117,23 +121,39 @@ class _InstanceNorm(Module):
         track_running_stats: bool = False,
     ):
         super().__init__()
-        if track_running_stats:
-            fail(self.kind, "track_running_stats=True is not supported yet (needs buffers); use BatchNorm for running stats")
-        self.num_features, self.eps, self.momentum = int(num_features), float(eps), momentum
-        self.weight = self._torch_param(self.kind, "weight", (num_features,), init=_init.ones()) if affine else None
-        self.bias = self._torch_param(self.kind, "bias", (num_features,), init=_init.zeros()) if affine else None
+        C = self.num_features = int(num_features)
+        self.eps, self.momentum, self.track_running_stats = float(eps), momentum, bool(track_running_stats)
+        self.weight = self._torch_param(self.kind, "weight", (C,), init=_init.ones()) if affine else None
+        self.bias = self._torch_param(self.kind, "bias", (C,), init=_init.zeros()) if affine else None
+        _running_buffers(self)
 
     def forward(self, x):
+        from .ops.trace import is_training
+
         s = self.spatial
         _check_input(self.kind, x, s + 1, f"[N, C, {s} spatial dim(s)] or [C, {s} spatial dim(s)]")
         if x.ndim not in (s + 1, s + 2):
             fail(self.kind, f"expects [N, C, {s} spatial dim(s)] or unbatched [C, ...], got {x.type_str()}")
         c = x.ndim - s - 1
-        if x.shape[c] != self.num_features:
+        # torch only warns about a channel count that nothing uses (no affine, no running stats)
+        if x.shape[c] != self.num_features and (self.weight is not None or self.track_running_stats):
             fail(self.kind, f"expects {self.num_features} channels (dim {c}), got {x.type_str()}")
-        rows = math.prod(x.shape[: c + 1])
-        y = ops.reshape(_row_norm(ops.reshape(x, (rows, -1)), self.eps), x.shape)
-        return _affine(y, self.weight, self.bias, _channel_shape(x, c))
+        shape = _channel_shape(x, c)
+        if self.track_running_stats and not is_training():
+            y = (x - ops.reshape(self.running_mean, shape)) * ops.reshape(ops.rsqrt(self.running_var + self.eps), shape)
+            return _affine(y, self.weight, self.bias, shape)
+        rows = ops.reshape(x, (math.prod(x.shape[: c + 1]), -1))
+        y = ops.reshape(_row_norm(rows, self.eps), x.shape)
+        if self.track_running_stats and self.momentum:
+            n = rows.shape[1]
+            if n == 1:
+                fail(self.kind, f"expects more than 1 spatial element when training, got {x.type_str()}")
+            mu = ops.mean(rows, -1, keepdims=True)
+            d = rows - mu
+            var = ops.mean(d * d, -1) * (n / (n - 1))
+            per = (-1, self.num_features)  # [N, C]: averaged over the samples
+            _update_running(self, ops.mean(ops.reshape(mu, per), 0), ops.mean(ops.reshape(var, per), 0), count=False)
+        return _affine(y, self.weight, self.bias, shape)
 
 
 class InstanceNorm1d(_InstanceNorm):
@@ -144,15 +164,28 @@ class InstanceNorm2d(_InstanceNorm):
     kind, spatial = "InstanceNorm2d", 2
 
 
-def _update_running(m, mean, var_unbiased):
+def _running_buffers(m) -> None:
+    """torch's running_mean (zeros), running_var (ones) and num_batches_tracked (i32 0) buffers,
+    or None for each without track_running_stats."""
+    if m.track_running_stats:
+        C = m.num_features
+        m.running_mean = m._torch_buffer(m.kind, "running_mean", (C,), init=_init.zeros())
+        m.running_var = m._torch_buffer(m.kind, "running_var", (C,), init=_init.ones())
+        m.num_batches_tracked = m._torch_buffer(m.kind, "num_batches_tracked", (), init=_init.zeros(), dtype="i32")
+    else:
+        m.running_mean = m.running_var = m.num_batches_tracked = None
+
+
+def _update_running(m, mean, var_unbiased, count: bool = True):
     """Training step's new running statistics and count, assigned to m's buffers (torch's rule:
     running = (1 - f) * running + f * batch, f = momentum, or 1 / num_batches_tracked after this
     step's increment when momentum is None: a cumulative average)."""
     from .buffers import assign
 
-    count = ops.cast(m.num_batches_tracked, "f32") + 1.0  # i32 has no arithmetic; exact below 2**24
-    assign(m.num_batches_tracked, ops.cast(count, "i32"))
-    f = m.momentum if m.momentum is not None else 1.0 / count
+    if count:
+        t = ops.cast(m.num_batches_tracked, "f32") + 1.0  # i32 has no arithmetic; exact below 2**24
+        assign(m.num_batches_tracked, ops.cast(t, "i32"))
+    f = m.momentum if m.momentum is not None else 1.0 / t
     assign(m.running_mean, (1.0 - f) * m.running_mean + f * mean)
     assign(m.running_var, (1.0 - f) * m.running_var + f * var_unbiased)
 
@@ -180,12 +213,7 @@ class _BatchNorm(Module):
         self.eps, self.momentum, self.track_running_stats = float(eps), momentum, bool(track_running_stats)
         self.weight = self._torch_param(self.kind, "weight", (C,), init=_init.ones()) if affine else None
         self.bias = self._torch_param(self.kind, "bias", (C,), init=_init.zeros()) if affine else None
-        if track_running_stats:
-            self.running_mean = self._torch_buffer(self.kind, "running_mean", (C,), init=_init.zeros())
-            self.running_var = self._torch_buffer(self.kind, "running_var", (C,), init=_init.ones())
-            self.num_batches_tracked = self._torch_buffer(self.kind, "num_batches_tracked", (), init=_init.zeros(), dtype="i32")
-        else:
-            self.running_mean = self.running_var = self.num_batches_tracked = None
+        _running_buffers(self)
 
     def forward(self, x):
         from .ops.trace import is_training

@@ -1,4 +1,4 @@
-"""BatchNorm1d and BatchNorm2d against torch.nn (issue 30): batch statistics in training entries,
+"""BatchNorm1d and BatchNorm2d (and InstanceNorm with track_running_stats) against torch.nn (issue 30): batch statistics in training entries,
 running_mean / running_var / num_batches_tracked updated every step as torch updates them
 (momentum and momentum=None's cumulative average), running statistics in infer entries (torch's
 eval mode), batch statistics always without track_running_stats. The package and its torch twin
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.gpu  # needs a WebGPU adapter (lavapipe on CI)
 torch = pytest.importorskip("torch")
 
 SHAPES = {"x4": (4, 3, 2, 3), "x2": (6, 5), "x3": (3, 4, 5)}
-OUTS = {"bn2": SHAPES["x4"], "bn_nt": SHAPES["x4"], "bn1": SHAPES["x2"], "bn1l": SHAPES["x3"]}
+OUTS = {"bn2": SHAPES["x4"], "bn_nt": SHAPES["x4"], "bn1": SHAPES["x2"], "bn1l": SHAPES["x3"], "in_t": SHAPES["x4"],
+        "in_tn": SHAPES["x3"]}
 
 
 class BN(aot.Module):
@@ -32,11 +33,14 @@ class BN(aot.Module):
         self.bn_nt = nn.BatchNorm2d(3, track_running_stats=False)
         self.bn1 = nn.BatchNorm1d(5, momentum=None)
         self.bn1l = nn.BatchNorm1d(4, affine=False, momentum=0.3, eps=1e-3)
+        self.in_t = nn.InstanceNorm2d(3, affine=True, track_running_stats=True, momentum=0.2)
+        self.in_tn = nn.InstanceNorm1d(4, track_running_stats=True, momentum=None)
 
 
 def outputs(m, x4, x2, x3):
     h4 = x4 * m.s4
-    return {"bn2": m.bn2(h4), "bn_nt": m.bn_nt(h4), "bn1": m.bn1(x2), "bn1l": m.bn1l(x3)}
+    return {"bn2": m.bn2(h4), "bn_nt": m.bn_nt(h4), "bn1": m.bn1(x2), "bn1l": m.bn1l(x3), "in_t": m.in_t(h4),
+            "in_tn": m.in_tn(x3)}  # fmt: skip
 
 
 def loss(m, **b):
@@ -73,10 +77,14 @@ class TorchBN(torch.nn.Module):
         self.bn_nt = torch.nn.BatchNorm2d(3, track_running_stats=False)
         self.bn1 = torch.nn.BatchNorm1d(5, momentum=None)
         self.bn1l = torch.nn.BatchNorm1d(4, affine=False, momentum=0.3, eps=1e-3)
+        self.in_t = torch.nn.InstanceNorm2d(3, affine=True, track_running_stats=True, momentum=0.2)
+        self.in_tn = torch.nn.InstanceNorm1d(4, track_running_stats=True, momentum=None)
 
     def outs(self, b):
         h4 = b["x4"] * self.s4
-        return {"bn2": self.bn2(h4), "bn_nt": self.bn_nt(h4), "bn1": self.bn1(b["x2"]), "bn1l": self.bn1l(b["x3"])}
+        x3 = b["x3"]
+        return {"bn2": self.bn2(h4), "bn_nt": self.bn_nt(h4), "bn1": self.bn1(b["x2"]), "bn1l": self.bn1l(x3),
+                "in_t": self.in_t(h4), "in_tn": self.in_tn(x3)}  # fmt: skip
 
 
 def torch_loss(t, b):
@@ -115,7 +123,8 @@ def test_batchnorm_trains_like_torch_and_predicts_like_eval_mode(model):
     and num_batches_tracked; then the infer entry against torch's eval mode."""
     tmod = randomize(torch, TorchBN(), seed=1).train()
     train_side_by_side(torch, model, tmod, torch_loss, batches(10))
-    assert int(model.state_dict()["bn2.num_batches_tracked"]) == 10
+    sd = model.state_dict()
+    assert int(sd["bn2.num_batches_tracked"]) == 10 and int(sd["in_t.num_batches_tracked"]) == 0  # as torch
     x = batches(1, seed=9)[0]
     tmod.eval()
     with torch.no_grad():

@@ -175,7 +175,6 @@ def _trace(make, fn, **inputs):
         (lambda: nn.GroupNorm(2, 6), lambda m, x: m(x), {"x": aot.f32(6)}, r"expects \[N, 6, \*\]"),
         (lambda: nn.InstanceNorm2d(3), lambda m, x: m(x), {"x": aot.f32(2, 3, 4)}, "expects 3 channels"),
         (lambda: nn.InstanceNorm2d(3), lambda m, x: m(x), {"x": aot.f32(1, 2, 3, 4, 4)}, "expects .N, C, 2 spatial"),
-        (lambda: nn.InstanceNorm2d(3, track_running_stats=True), None, {}, "track_running_stats"),
         (lambda: nn.LayerNorm((3, 4)), lambda m, x: m(x), {"x": aot.f32(2, 4, 3)}, r"normalized_shape \[3, 4\]"),
         (lambda: nn.LayerNorm(0), None, {}, "normalized_shape must be a positive int"),
         (lambda: nn.Embedding(5, 3, padding_idx=5), None, {}, r"padding_idx must be an int in \[-5, 5\)"),
