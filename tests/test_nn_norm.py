@@ -173,7 +173,7 @@ def _trace(make, fn, **inputs):
         (lambda: nn.GroupNorm(4, 6), None, {}, "num_channels 6 must be divisible by num_groups 4"),
         (lambda: nn.GroupNorm(2, 6), lambda m, x: m(x), {"x": aot.f32(2, 4, 3)}, r"expects 6 channels \(dim 1\)"),
         (lambda: nn.GroupNorm(2, 6), lambda m, x: m(x), {"x": aot.f32(6)}, r"expects \[N, 6, \*\]"),
-        (lambda: nn.InstanceNorm2d(3), lambda m, x: m(x), {"x": aot.f32(2, 3, 4)}, "expects 3 channels"),
+        (lambda: nn.InstanceNorm2d(3, affine=True), lambda m, x: m(x), {"x": aot.f32(2, 3, 4)}, "expects 3 channels"),
         (lambda: nn.InstanceNorm2d(3), lambda m, x: m(x), {"x": aot.f32(1, 2, 3, 4, 4)}, "expects .N, C, 2 spatial"),
         (lambda: nn.LayerNorm((3, 4)), lambda m, x: m(x), {"x": aot.f32(2, 4, 3)}, r"normalized_shape \[3, 4\]"),
         (lambda: nn.LayerNorm(0), None, {}, "normalized_shape must be a positive int"),
