@@ -51,46 +51,59 @@ class Attn(aot.Module):
         self.enc_drop = nn.TransformerEncoderLayer(E, H, dim_feedforward=12, dropout=0.3)
 
 
-def outputs(m, x, xb, xu, mem, kk, vv, kpm, kpm_s, amask, bmask, causal):
-    x, xb, mem = x * m.sx, xb * m.sxb, mem * m.smem
+def outputs(m, b, part):
+    x, xb, mem = b["x"] * m.sx, b["xb"] * m.sxb, b["mem"] * m.smem
+    kpm, kpm_s, causal = b["kpm"], b["kpm_s"], b["causal"]
     o = {}
+    if part == "layers":
+        o["enc1"] = m.enc1(xb, src_key_padding_mask=kpm)
+        o["enc"] = m.enc(x, mask=causal, is_causal=True)
+        o["dec"] = m.dec(x, mem, tgt_mask=causal, memory_key_padding_mask=kpm_s)
+        return o
+    xu = b["xu"]
     o["sa"], o["sa_w"] = m.mha(x, x, x)
     o["causal"] = m.mha(x, x, x, need_weights=False, is_causal=True)[0]
     o["hint"] = m.mha(x, x, x, need_weights=False, attn_mask=causal, is_causal=True)[0]
-    o["masked"], o["masked_w"] = m.mha(x, x, x, key_padding_mask=kpm, attn_mask=amask, average_attn_weights=False)
-    o["kv"], o["kv_w"] = m.mha_kv(xb, kk, vv, attn_mask=bmask)
+    o["masked"], o["masked_w"] = m.mha(x, x, x, key_padding_mask=kpm, attn_mask=b["amask"], average_attn_weights=False)
+    o["kv"], o["kv_w"] = m.mha_kv(xb, b["kk"], b["vv"], attn_mask=b["bmask"])
     o["unb"], o["unb_w"] = m.mha(xu, xu, xu)
     o["nb"] = m.mha_nb(x, mem, mem, key_padding_mask=kpm_s, need_weights=False)[0]
     o["plain"] = m.mha(x, mem, mem, need_weights=False)[0]
-    o["enc1"] = m.enc1(xb, src_key_padding_mask=kpm)
-    o["enc"] = m.enc(x, mask=causal, is_causal=True)
-    o["dec"] = m.dec(x, mem, tgt_mask=causal, memory_key_padding_mask=kpm_s)
     return o
 
 
-def loss(m, kpm, kpm_s, amask, bmask, causal, **b):
-    total = 0.0
-    outs = outputs(m, *(b[k] for k in SHAPES), kpm, kpm_s, amask, bmask, causal)
-    for name, out in outs.items():
-        aot.capture(name, out)
-        total = total + ops.sum(out * b["ct_" + name])
-    return total
+# each part's inputs and outputs: one program per part (the kernel count of one program with
+# both made its first step take a minute on lavapipe)
+PARTS = {
+    "mha": (tuple(SHAPES) + ("kpm", "kpm_s", "amask", "bmask", "causal"),
+            ("sa", "sa_w", "causal", "hint", "masked", "masked_w", "kv", "kv_w", "unb", "unb_w", "nb", "plain")),
+    "layers": (("x", "xb", "mem", "kpm", "kpm_s", "causal"), ("enc1", "enc", "dec")),
+}  # fmt: skip
+DECLS = {k: aot.f32(*s) for k, s in SHAPES.items()}
+DECLS.update(kpm=aot.i32(N, L), kpm_s=aot.i32(N, S), amask=aot.f32(L, L), bmask=aot.i32(N * H, L, S),
+             causal=aot.i32(L, L))  # fmt: skip
+DECLS.update({"ct_" + k: aot.f32(*s) for k, s in OUTS.items()})
 
 
-INPUTS = {k: aot.f32(*s) for k, s in SHAPES.items()}
-INPUTS.update(kpm=aot.i32(N, L), kpm_s=aot.i32(N, S), amask=aot.f32(L, L), bmask=aot.i32(N * H, L, S),
-              causal=aot.i32(L, L))  # fmt: skip
-INPUTS.update({"ct_" + k: aot.f32(*s) for k, s in OUTS.items()})
+def program(part, kernels):
+    names, outs = PARTS[part]
 
+    def loss(m, **b):
+        total = 0.0
+        for name, out in outputs(m, b, part).items():
+            aot.capture(name, out)
+            total = total + ops.sum(out * b["ct_" + name])
+        return total
 
-def program(kernels):
+    inputs = {k: DECLS[k] for k in names + tuple("ct_" + o for o in outs)}
+    infer = {"encode": aot.Infer(lambda m, x: m.enc_drop(x), inputs={"x": aot.f32(L, N, E)})} if part == "layers" else {}
     return aot.Program(
-        f"nn_attention_{kernels}",
+        f"nn_attention_{part}_{kernels}",
         model=Attn,
         # SGD: the key part of in_proj_bias has a zero gradient in exact arithmetic (softmax ignores a
         # per-row constant); Adam would blow its rounding noise up to +-lr steps
-        train=aot.Train(loss, inputs=INPUTS, optimizer=aot.optim.SGD(lr=2e-3, momentum=0.5)),
-        infer={"encode": aot.Infer(lambda m, x: m.enc_drop(x), inputs={"x": aot.f32(L, N, E)})},
+        train=aot.Train(loss, inputs=inputs, optimizer=aot.optim.SGD(lr=2e-3, momentum=0.5)),
+        infer=infer,
         seed=6,
     )
 
@@ -111,23 +124,33 @@ class TorchAttn(torch.nn.Module):
         self.enc_drop = T.TransformerEncoderLayer(E, H, dim_feedforward=12, dropout=0.3)
 
 
-def torch_loss(t, b):
+def torch_outputs(t, b, part):
     x, xb, mem = b["x"] * t.sx, b["xb"] * t.sxb, b["mem"] * t.smem
-    xu, kk, vv = b["xu"], b["kk"], b["vv"]
-    kpm, kpm_s, bmask, causal = (b[k].bool() for k in ("kpm", "kpm_s", "bmask", "causal"))
+    kpm, kpm_s, causal = (b[k].bool() for k in ("kpm", "kpm_s", "causal"))
     o = {}
+    if part == "layers":
+        o["enc1"] = t.enc1(xb, src_key_padding_mask=kpm)
+        o["enc"] = t.enc(x, mask=causal, is_causal=True)
+        o["dec"] = t.dec(x, mem, tgt_mask=causal, memory_key_padding_mask=kpm_s)
+        return o
+    xu = b["xu"]
     o["sa"], o["sa_w"] = t.mha(x, x, x)
     o["causal"] = t.mha(x, x, x, need_weights=False, attn_mask=causal, is_causal=True)[0]
     o["hint"] = o["causal"]
     o["masked"], o["masked_w"] = t.mha(x, x, x, key_padding_mask=kpm, attn_mask=b["amask"], average_attn_weights=False)
-    o["kv"], o["kv_w"] = t.mha_kv(xb, kk, vv, attn_mask=bmask)
+    o["kv"], o["kv_w"] = t.mha_kv(xb, b["kk"], b["vv"], attn_mask=b["bmask"].bool())
     o["unb"], o["unb_w"] = t.mha(xu, xu, xu)
     o["nb"] = t.mha_nb(x, mem, mem, key_padding_mask=kpm_s, need_weights=False)[0]
     o["plain"] = t.mha(x, mem, mem, need_weights=False)[0]
-    o["enc1"] = t.enc1(xb, src_key_padding_mask=kpm)
-    o["enc"] = t.enc(x, mask=causal, is_causal=True)
-    o["dec"] = t.dec(x, mem, tgt_mask=causal, memory_key_padding_mask=kpm_s)
-    return sum((v * b["ct_" + k]).sum() for k, v in o.items()), o
+    return o
+
+
+def torch_loss_of(part):
+    def torch_loss(t, b):
+        o = torch_outputs(t, b, part)
+        return sum((v * b["ct_" + k]).sum() for k, v in o.items()), o
+
+    return torch_loss
 
 
 def batches(n, seed=0):
@@ -149,9 +172,13 @@ def batches(n, seed=0):
     return out
 
 
-@pytest.fixture(scope="module", params=["gpu", "cpu"])
+# the layers (LayerNorm chains, merged dispatches) in the GPU set, the MHA variants in the CPU set;
+# both reach the fused and the explicit path (tests/test_attention.py covers the kernel in both)
+@pytest.fixture(scope="module", params=[("mha", "cpu"), ("layers", "gpu")], ids=lambda p: p[0])
 def model(request):
-    m = aot.compile(program(request.param), kernels=request.param)
+    part, kernels = request.param
+    m = aot.compile(program(part, kernels), kernels=kernels)
+    m.part = part
     yield m
     m.close()
 
@@ -161,11 +188,16 @@ def test_attention_modules_train_like_torch(model):
     tmod = randomize(torch, TorchAttn(), seed=3)
     tmod.train()
     warnings.filterwarnings("ignore", "Support for mismatched key_padding_mask")  # i32 and f32 masks, as intended
-    train_side_by_side(torch, model, tmod, torch_loss, batches(10), lr=2e-3, momentum=0.5)
+    names, outs = PARTS[model.part]
+    keep = set(names) | {"ct_" + o for o in outs}
+    data = [{k: v for k, v in b.items() if k in keep} for b in batches(10)]
+    train_side_by_side(torch, model, tmod, torch_loss_of(model.part), data, lr=2e-3, momentum=0.5)
 
 
 def test_infer_entry_is_torch_eval_mode(model):
     """enc_drop has dropout=0.3: an infer entry is torch's .eval() (no dropout, same values)."""
+    if model.part != "layers":
+        pytest.skip("the layers' program has the infer entry")
     tmod = randomize(torch, TorchAttn(), seed=4).eval()
     model.load_state_dict(tmod.state_dict())
     x = np.random.default_rng(7).normal(size=(L, N, E)).astype(np.float32)
@@ -186,12 +218,13 @@ def test_state_dict_names_and_layouts_are_torchs(model):
 def test_fused_kernel_serves_maskless_calls():
     """need_weights=False without masks (is_causal included) runs ops.attention; weights, masks
     or dropout take the explicit path."""
-    prog = program("trace")
-    g = trace_program(prog).graphs["train"]
-    causal = [n for n in g.nodes if n.op == "attention"]
-    assert {n.attrs["causal"] for n in causal} == {True, False}
-    # mha's causal and hint calls, enc's two layers (the hint); mha's plain cross-attention
-    assert sum(n.attrs["causal"] for n in causal) == 4 and len(causal) == 5
+    calls = {}
+    for part in PARTS:
+        g = trace_program(program(part, "trace")).graphs["train"]
+        calls[part] = sorted(n.attrs["causal"] for n in g.nodes if n.op == "attention")
+    # mha: the causal and hint calls, the plain cross-attention; layers: enc's two layers (the
+    # hint; enc1 and dec have key padding masks, dec's self-attention a mask without the hint)
+    assert calls == {"mha": [False, True, True], "layers": [True, True]}
 
 
 # ---- shapes and errors (tracing only) -------------------------------------------------------------
