@@ -4,7 +4,7 @@ Weights are stored as aot's Linear stores them, [in, out] (torch's weight transp
 package's state_dict/load_state_dict transpose them back), so a projection is one plain matmul.
 Attention runs in the fused kernel (ops.attention: no L x S score tensor) when nothing asks for
 the scores: no attn_mask or key_padding_mask (is_causal is the kernel's own mask), no dropout on
-the weights and need_weights=False. Otherwise the explicit path computes the scores, adds or
+the weights (dropout=0, or an infer entry) and need_weights=False. Otherwise the explicit path computes the scores, adds or
 applies the masks and takes a softmax, as torch's own explicit path does.
 
 Masks: an i32 mask is torch's bool mask (nonzero: this key may not be attended to); an f32 mask
@@ -19,7 +19,8 @@ import math
 from . import init as _init
 from . import ops
 from .module import Module
-from .ops.trace import fail
+from .nn_norm import LayerNorm
+from .ops.trace import fail, is_training
 
 NEG = -1e30
 
@@ -77,7 +78,7 @@ class MultiheadAttention(Module):
         batch_first: bool = False,
     ):
         super().__init__()
-        from .nn import Linear
+        from .nn import Linear  # aot.nn imports this module
 
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
             fail("MultiheadAttention", f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
@@ -151,9 +152,10 @@ class MultiheadAttention(Module):
                  f"{value.type_str()} for query {query.type_str()} (as [N, T, E])")  # fmt: skip
         q, k, v = (_heads(x, self.num_heads) for x in self._project(query, key, value))
         H = self.num_heads
-        fused = key_padding_mask is None and attn_mask is None and not need_weights and self.dropout == 0.0
+        p_drop = self.dropout if is_training() else 0.0  # an infer entry is torch's eval mode
+        fused = key_padding_mask is None and attn_mask is None and not need_weights and p_drop == 0.0
         if is_causal and attn_mask is not None and key_padding_mask is None and not need_weights:
-            fused, attn_mask = self.dropout == 0.0, None  # torch uses the hint as SDPA's is_causal here
+            fused, attn_mask = p_drop == 0.0, None  # torch uses the hint as SDPA's is_causal here
         weights = None
         if fused:
             o = ops.attention(q, k, v, causal=bool(is_causal))
@@ -169,7 +171,7 @@ class MultiheadAttention(Module):
                 scores = _mask_scores(
                     op + " key_padding_mask", scores, key_padding_mask, want, lambda m: ops.reshape(m, (n, 1, 1, S))
                 )
-            p = ops.dropout(ops.softmax(scores, -1), self.dropout) if self.dropout else ops.softmax(scores, -1)
+            p = ops.dropout(ops.softmax(scores, -1), p_drop) if p_drop else ops.softmax(scores, -1)
             o = ops.matmul(p, v)
             if need_weights:
                 weights = ops.mean(p, 1) if average_attn_weights else p
@@ -222,8 +224,7 @@ class _TransformerLayer(Module):
         bias: bool = True,
     ):
         super().__init__()
-        from .nn import Linear
-        from .nn_norm import LayerNorm
+        from .nn import Linear  # aot.nn imports this module
 
         # kept off the module tree, so TransformerEncoder can build more layers like this one
         args = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,

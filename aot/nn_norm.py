@@ -13,8 +13,9 @@ import math
 
 from . import init as _init
 from . import ops
+from .buffers import assign
 from .module import Module
-from .ops.trace import fail
+from .ops.trace import fail, is_training
 
 
 def _row_norm(x, eps: float):
@@ -128,8 +129,6 @@ class _InstanceNorm(Module):
         _running_buffers(self)
 
     def forward(self, x):
-        from .ops.trace import is_training
-
         s = self.spatial
         _check_input(self.kind, x, s + 1, f"[N, C, {s} spatial dim(s)] or [C, {s} spatial dim(s)]")
         if x.ndim not in (s + 1, s + 2):
@@ -180,8 +179,6 @@ def _update_running(m, mean, var_unbiased, count: bool = True):
     """Training step's new running statistics and count, assigned to m's buffers (torch's rule:
     running = (1 - f) * running + f * batch, f = momentum, or 1 / num_batches_tracked after this
     step's increment when momentum is None: a cumulative average)."""
-    from .buffers import assign
-
     if count:
         t = ops.cast(m.num_batches_tracked, "f32") + 1.0  # i32 has no arithmetic; exact below 2**24
         assign(m.num_batches_tracked, ops.cast(t, "i32"))
@@ -216,8 +213,6 @@ class _BatchNorm(Module):
         _running_buffers(self)
 
     def forward(self, x):
-        from .ops.trace import is_training
-
         want = self.shapes.format(C=self.num_features)
         _check_input(self.kind, x, 2, want)
         if x.ndim not in self.ndims:

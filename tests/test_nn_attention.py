@@ -262,3 +262,27 @@ MHA = lambda: nn.MultiheadAttention(8, 2)  # noqa: E731
 def test_bad_arguments_and_shapes_raise_shape_errors(make, fn, inputs, match):
     with pytest.raises(aot.ShapeError, match=match):  # fn None: the constructor refuses
         _trace(make, fn or (lambda m, x: x), **(inputs or {"x": aot.f32(1)}))
+
+
+def test_dropout_takes_the_explicit_path_in_training_only():
+    """With dropout, a training entry drops attention weights (explicit path, torch's order) and
+    the feed-forward activations; an infer entry has no dropout and uses the fused kernel."""
+
+    def f(m, x):
+        return m.enc_drop(x)
+
+    prog = aot.Program(
+        "nn_attn_drop",
+        model=Attn,
+        train=aot.Train(lambda m, x: ops.sum(f(m, x)), inputs={"x": aot.f32(L, N, E)}, optimizer=None),
+        infer={"f": aot.Infer(f, inputs={"x": aot.f32(L, N, E)})},
+    )
+    graphs = trace_program(prog).graphs
+    train_ops = [n.op for n in graphs["train"].nodes]
+    infer_ops = [n.op for n in graphs["f"].nodes]
+    # weights [N, H, L, L], linear1's output, and after self-attention and the feed-forward
+    assert sorted(n.attrs["shape"] for n in graphs["train"].nodes if n.op == "rand") == sorted(
+        [(N, H, L, L), (L, N, 12), (L, N, E), (L, N, E)]
+    )
+    assert "attention" not in train_ops
+    assert "rand" not in infer_ops and infer_ops.count("attention") == 1
