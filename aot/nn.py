@@ -7,6 +7,7 @@ from . import ops
 from .module import Module
 from .nn_attention import (  # noqa: F401  (re-exported)
     MultiheadAttention,
+    TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
     TransformerEncoderLayer,

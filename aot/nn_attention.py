@@ -302,7 +302,7 @@ class TransformerEncoder(Module):
     torch's are copies of the first: load a state_dict to start from torch's), then `norm`."""
 
     def __init__(self, encoder_layer, num_layers: int, norm=None, enable_nested_tensor: bool = True, mask_check: bool = True):
-        super().__init__()
+        super().__init__()  # enable_nested_tensor and mask_check are torch's fast-path switches: nothing here
         if not isinstance(encoder_layer, TransformerEncoderLayer):
             fail("TransformerEncoder", f"encoder_layer must be an nn.TransformerEncoderLayer, got {type(encoder_layer).__name__}")
         if num_layers < 1:
@@ -315,4 +315,35 @@ class TransformerEncoder(Module):
         x = src
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
+        return self.norm(x) if self.norm is not None else x
+
+
+class TransformerDecoder(Module):
+    """torch.nn.TransformerDecoder(decoder_layer, num_layers, norm=None): `layers.0` is the given
+    layer, `layers.1...` new layers with its arguments (as TransformerEncoder), then `norm`."""
+
+    def __init__(self, decoder_layer, num_layers: int, norm=None):
+        super().__init__()
+        if not isinstance(decoder_layer, TransformerDecoderLayer):
+            fail("TransformerDecoder", f"decoder_layer must be an nn.TransformerDecoderLayer, got {type(decoder_layer).__name__}")
+        if num_layers < 1:
+            fail("TransformerDecoder", f"num_layers must be at least 1, got {num_layers}")
+        self.layers = [decoder_layer] + [TransformerDecoderLayer(**decoder_layer._args) for _ in range(num_layers - 1)]
+        self.norm = norm
+
+    def forward(
+        self,
+        tgt,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        tgt_key_padding_mask=None,
+        memory_key_padding_mask=None,
+        tgt_is_causal: bool = False,
+        memory_is_causal: bool = False,
+    ):
+        x = tgt
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                      tgt_is_causal, memory_is_causal)  # fmt: skip
         return self.norm(x) if self.norm is not None else x

@@ -31,7 +31,7 @@ L, N, E, H, S = 4, 2, 8, 2, 5
 SHAPES = {"x": (L, N, E), "xb": (N, L, E), "xu": (L, E), "mem": (S, N, E), "kk": (N, S, 6), "vv": (N, S, 5)}
 OUTS = {"sa_w": (N, L, L), "sa": (L, N, E), "causal": (L, N, E), "hint": (L, N, E), "masked": (L, N, E),
         "masked_w": (N, H, L, L), "kv": (N, L, E), "kv_w": (N, L, S), "unb": (L, E), "unb_w": (L, L), "nb": (L, N, E), "plain": (L, N, E),
-        "enc1": (N, L, E), "enc": (L, N, E), "dec": (L, N, E)}  # fmt: skip
+        "enc1": (N, L, E), "enc": (L, N, E), "dec": (L, N, E), "decs": (L, N, E)}  # fmt: skip
 
 
 class Attn(aot.Module):
@@ -48,6 +48,7 @@ class Attn(aot.Module):
         layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=12, dropout=0.0)
         self.enc = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(E))
         self.dec = nn.TransformerDecoderLayer(E, H, dim_feedforward=12, dropout=0.0)
+        self.decs = nn.TransformerDecoder(nn.TransformerDecoderLayer(E, H, 12, 0.0, norm_first=True), 2)
         self.enc_drop = nn.TransformerEncoderLayer(E, H, dim_feedforward=12, dropout=0.3)
 
 
@@ -59,6 +60,7 @@ def outputs(m, b, part):
         o["enc1"] = m.enc1(xb, src_key_padding_mask=kpm)
         o["enc"] = m.enc(x, mask=causal, is_causal=True)
         o["dec"] = m.dec(x, mem, tgt_mask=causal, memory_key_padding_mask=kpm_s)
+        o["decs"] = m.decs(x, mem, tgt_mask=causal, tgt_is_causal=True, memory_mask=b["mmask"])
         return o
     xu = b["xu"]
     o["sa"], o["sa_w"] = m.mha(x, x, x)
@@ -77,11 +79,11 @@ def outputs(m, b, part):
 PARTS = {
     "mha": (tuple(SHAPES) + ("kpm", "kpm_s", "amask", "bmask", "causal"),
             ("sa", "sa_w", "causal", "hint", "masked", "masked_w", "kv", "kv_w", "unb", "unb_w", "nb", "plain")),
-    "layers": (("x", "xb", "mem", "kpm", "kpm_s", "causal"), ("enc1", "enc", "dec")),
+    "layers": (("x", "xb", "mem", "kpm", "kpm_s", "causal", "mmask"), ("enc1", "enc", "dec", "decs")),
 }  # fmt: skip
 DECLS = {k: aot.f32(*s) for k, s in SHAPES.items()}
 DECLS.update(kpm=aot.i32(N, L), kpm_s=aot.i32(N, S), amask=aot.f32(L, L), bmask=aot.i32(N * H, L, S),
-             causal=aot.i32(L, L))  # fmt: skip
+             causal=aot.i32(L, L), mmask=aot.f32(L, S))  # fmt: skip
 DECLS.update({"ct_" + k: aot.f32(*s) for k, s in OUTS.items()})
 
 
@@ -121,6 +123,7 @@ class TorchAttn(torch.nn.Module):
         layer = T.TransformerEncoderLayer(E, H, dim_feedforward=12, dropout=0.0)
         self.enc = T.TransformerEncoder(layer, 2, norm=T.LayerNorm(E), enable_nested_tensor=False)
         self.dec = T.TransformerDecoderLayer(E, H, dim_feedforward=12, dropout=0.0)
+        self.decs = T.TransformerDecoder(T.TransformerDecoderLayer(E, H, 12, 0.0, norm_first=True), 2)
         self.enc_drop = T.TransformerEncoderLayer(E, H, dim_feedforward=12, dropout=0.3)
 
 
@@ -132,6 +135,8 @@ def torch_outputs(t, b, part):
         o["enc1"] = t.enc1(xb, src_key_padding_mask=kpm)
         o["enc"] = t.enc(x, mask=causal, is_causal=True)
         o["dec"] = t.dec(x, mem, tgt_mask=causal, memory_key_padding_mask=kpm_s)
+        o["decs"] = t.decs(x, mem, tgt_mask=causal.float().masked_fill(causal, float("-inf")), tgt_is_causal=True,
+                           memory_mask=b["mmask"])  # fmt: skip
         return o
     xu = b["xu"]
     o["sa"], o["sa_w"] = t.mha(x, x, x)
@@ -166,7 +171,8 @@ def batches(n, seed=0):
         bmask[..., 2] = 0
         causal = np.triu(np.ones((L, L), np.int32), 1)
         amask = r.normal(size=(L, L)).astype(np.float32)
-        b.update(kpm=kpm, kpm_s=kpm_s, amask=amask, bmask=bmask, causal=causal)
+        mmask = r.normal(size=(L, S)).astype(np.float32)
+        b.update(kpm=kpm, kpm_s=kpm_s, amask=amask, bmask=bmask, causal=causal, mmask=mmask)
         b.update({"ct_" + k: r.normal(size=s).astype(np.float32) for k, s in OUTS.items()})
         out.append(b)
     return out
@@ -222,9 +228,10 @@ def test_fused_kernel_serves_maskless_calls():
     for part in PARTS:
         g = trace_program(program(part, "trace")).graphs["train"]
         calls[part] = sorted(n.attrs["causal"] for n in g.nodes if n.op == "attention")
-    # mha: the causal and hint calls, the plain cross-attention; layers: enc's two layers (the
-    # hint; enc1 and dec have key padding masks, dec's self-attention a mask without the hint)
-    assert calls == {"mha": [False, True, True], "layers": [True, True]}
+    # mha: the causal and hint calls, the plain cross-attention; layers: enc's and decs' two layers
+    # each (the hint; enc1 and dec have key padding masks, dec's self-attention a mask without the
+    # hint, decs' memory attention an f32 mask)
+    assert calls == {"mha": [False, True, True], "layers": [True] * 4}
 
 
 # ---- shapes and errors (tracing only) -------------------------------------------------------------

@@ -183,3 +183,32 @@ def _trace(make, fn, **inputs):
 def test_bad_arguments_and_shapes_raise_shape_errors(make, fn, inputs, match):
     with pytest.raises(aot.ShapeError, match=match):  # fn None: the constructor refuses
         _trace(make, fn or (lambda m, x: x), **(inputs or {"x": aot.f32(1)}))
+
+
+def test_group_and_instance_norm_fuse_like_layer_norm():
+    """The same graph around GroupNorm, InstanceNorm2d or a LayerNorm over (C, H, W): the norms are
+    row kernels, so their forward and backward take no more kernels or GPU dispatches than
+    LayerNorm's (`python -m aot inspect` prints these counts)."""
+    from aot.pipeline import compile_program
+
+    norms = {
+        "ln": lambda: nn.LayerNorm((4, 3, 3)),
+        "gn": lambda: nn.GroupNorm(2, 4),
+        "in": lambda: nn.InstanceNorm2d(4, affine=True),
+    }
+
+    class M(aot.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.s = self.param((8, 4, 3, 3))
+            self.n = norms[kind]()
+
+    def counts(kind):
+        loss = lambda m, x: ops.mean(ops.square(m.n(x * m.s)) * x)  # noqa: E731
+        train = aot.Train(loss, inputs={"x": aot.f32(8, 4, 3, 3)}, optimizer=aot.optim.SGD(lr=0.1))
+        c = compile_program(aot.Program(f"fuse_{kind}", model=lambda: M(kind), train=train))
+        return len(c.kernels["train"]), len(c.dispatches["train"])
+
+    ln, gn, inorm = counts("ln"), counts("gn"), counts("in")
+    for got in (gn, inorm):  # (kernels, dispatches), each no more than LayerNorm's
+        assert got[0] <= ln[0] and got[1] <= ln[1], (ln, gn, inorm)
