@@ -13,6 +13,8 @@ from .nn_attention import (  # noqa: F401  (re-exported)
     TransformerEncoderLayer,
 )
 from .nn_norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm  # noqa: F401  (re-exported)
+from .nn_norm import _alias
+from .ops.trace import fail
 
 
 class Linear(Module):
@@ -47,12 +49,14 @@ class Embedding(Module):
     is a literal, as torch keeps a given `_weight`) and gets no gradient, so training never
     changes it; its output is whatever the row holds (a loaded state_dict's value)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None, init=None, decay=None):
+    def __init__(self, num_embeddings=None, embedding_dim=None, padding_idx=None, init=None, decay=None, *,
+                 vocab=None, dim=None):  # fmt: skip
         super().__init__()
+        # vocab= and dim= are the names API.md §2 gave first: still taken
+        num_embeddings = _alias("Embedding", "num_embeddings", num_embeddings, "vocab", vocab)
+        embedding_dim = _alias("Embedding", "embedding_dim", embedding_dim, "dim", dim)
         if padding_idx is not None:
             if not isinstance(padding_idx, int) or not -num_embeddings <= padding_idx < num_embeddings:
-                from .ops.trace import fail
-
                 fail("Embedding", f"padding_idx must be an int in [-{num_embeddings}, {num_embeddings}), got {padding_idx!r}")
             padding_idx %= num_embeddings
             init = init or _init.randn()

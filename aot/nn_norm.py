@@ -26,6 +26,15 @@ def _row_norm(x, eps: float):
     return d * ops.rsqrt(var + eps)
 
 
+def _alias(op: str, name: str, value, old_name: str, old_value):
+    """A constructor argument that also goes by the name API.md §2 first gave it."""
+    if value is not None and old_value is not None:
+        fail(op, f"pass {name} or {old_name} (its older name), not both")
+    if value is None and old_value is None:
+        fail(op, f"missing the argument {name}")
+    return value if value is not None else old_value
+
+
 def _check_input(op: str, x, min_ndim: int, want: str):
     if not hasattr(x, "shape") or not hasattr(x, "type_str"):
         fail(op, f"expects a Tensor, got {type(x).__name__}")
@@ -53,8 +62,10 @@ class LayerNorm(Module):
     normalizes over the last len(normalized_shape) dims. Parameters `g` (torch's weight, ones)
     and `b` (torch's bias, zeros), each of shape normalized_shape; `LayerNorm(dim)` as before."""
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True):
+    def __init__(self, normalized_shape=None, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 *, dim=None):  # fmt: skip
         super().__init__()
+        normalized_shape = _alias("LayerNorm", "normalized_shape", normalized_shape, "dim", dim)  # API.md §2's name
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
             fail("LayerNorm", f"normalized_shape must be a positive int or a tuple of them, got {normalized_shape!r}")

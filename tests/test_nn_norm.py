@@ -178,6 +178,8 @@ def _trace(make, fn, **inputs):
         (lambda: nn.LayerNorm((3, 4)), lambda m, x: m(x), {"x": aot.f32(2, 4, 3)}, r"normalized_shape \[3, 4\]"),
         (lambda: nn.LayerNorm(0), None, {}, "normalized_shape must be a positive int"),
         (lambda: nn.Embedding(5, 3, padding_idx=5), None, {}, r"padding_idx must be an int in \[-5, 5\)"),
+        (lambda: nn.Embedding(5, 3, dim=3), None, {}, "pass embedding_dim or dim .its older name., not both"),
+        (lambda: nn.LayerNorm(), None, {}, "missing the argument normalized_shape"),
     ],
 )
 def test_bad_arguments_and_shapes_raise_shape_errors(make, fn, inputs, match):
@@ -212,3 +214,16 @@ def test_group_and_instance_norm_fuse_like_layer_norm():
     ln, gn, inorm = counts("ln"), counts("gn"), counts("in")
     for got in (gn, inorm):  # (kernels, dispatches), each no more than LayerNorm's
         assert got[0] <= ln[0] and got[1] <= ln[1], (ln, gn, inorm)
+
+
+def test_api_md_keyword_names_still_work():
+    """API.md §2 named them Embedding(vocab, dim) and LayerNorm(dim, eps): keywords still taken."""
+
+    class M(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Embedding(vocab=5, dim=3)
+            self.ln = nn.LayerNorm(dim=3, eps=1e-3)
+
+    prog = aot.Program("nn_alias", model=M, infer={"f": aot.Infer(lambda m, i: m.ln(m.e(i)), inputs={"i": aot.i32(2)})})
+    assert {p.name: p.shape for p in trace_program(prog).params} == {"e.W": (5, 3), "ln.g": (3,), "ln.b": (3,)}
