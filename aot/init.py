@@ -13,7 +13,7 @@ import numpy as np
 @dataclass(frozen=True)
 class Init:
     kind: str
-    value: float = 0.0
+    value: float | tuple = 0.0  # zero_range: (inner Init, begin, end)
     data: bytes | None = None
     default_decay: bool = True
 
@@ -26,6 +26,9 @@ class Init:
             return ("randn", float(self.value) / math.sqrt(max(fan_in, 1)))
         if self.kind in ("zeros", "ones"):
             return (self.kind,)
+        if self.kind == "zero_range":
+            inner, begin, end = self.value
+            return ("zero_range", inner.spec(shape), begin, end)
         return ("literal", base64.b64encode(self.data).decode("ascii"))
 
 
@@ -50,3 +53,8 @@ def literal(array) -> Init:
     init = Init("literal", data=a.tobytes())
     object.__setattr__(init, "_shape", a.shape)
     return init
+
+
+def zero_range(inner: Init, begin: int, end: int) -> Init:
+    """`inner` with flat elements [begin, end) set to zero (Embedding's padding row)."""
+    return Init("zero_range", (inner, int(begin), int(end)), default_decay=inner.default_decay)

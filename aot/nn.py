@@ -5,6 +5,16 @@ from __future__ import annotations
 from . import init as _init
 from . import ops
 from .module import Module
+from .nn_attention import (  # noqa: F401  (re-exported)
+    MultiheadAttention,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
+from .nn_norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm  # noqa: F401  (re-exported)
+from .nn_norm import _alias
+from .ops.trace import fail
 
 
 class Linear(Module):
@@ -22,20 +32,6 @@ class Linear(Module):
         return y + self.b if self.b is not None else y
 
 
-class LayerNorm(Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.g = self._torch_param("LayerNorm", "weight", (dim,), init=_init.ones())
-        self.b = self._torch_param("LayerNorm", "bias", (dim,), init=_init.zeros())
-
-    def forward(self, x):
-        mu = ops.mean(x, -1, keepdims=True)
-        d = x - mu
-        var = ops.mean(d * d, -1, keepdims=True)
-        return d * ops.rsqrt(var + self.eps) * self.g + self.b
-
-
 class RMSNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -47,12 +43,38 @@ class RMSNorm(Module):
 
 
 class Embedding(Module):
-    def __init__(self, vocab: int, dim: int, init=None, decay=None):
+    """Rows of W f32[num_embeddings, embedding_dim] (torch's weight) picked by i32 indices.
+
+    padding_idx (torch's; negative counts from the end): that row starts at zeros (unless init
+    is a literal, as torch keeps a given `_weight`) and gets no gradient, so training never
+    changes it; its output is whatever the row holds (a loaded state_dict's value)."""
+
+    def __init__(self, num_embeddings=None, embedding_dim=None, padding_idx=None, init=None, decay=None, *,
+                 vocab=None, dim=None):  # fmt: skip
         super().__init__()
-        self.W = self._torch_param("Embedding", "weight", (vocab, dim), init=init, decay=decay)
+        # vocab= and dim= are the names API.md §2 gave first: still taken
+        num_embeddings = _alias("Embedding", "num_embeddings", num_embeddings, "vocab", vocab)
+        embedding_dim = _alias("Embedding", "embedding_dim", embedding_dim, "dim", dim)
+        if padding_idx is not None:
+            if not isinstance(padding_idx, int) or not -num_embeddings <= padding_idx < num_embeddings:
+                fail("Embedding", f"padding_idx must be an int in [-{num_embeddings}, {num_embeddings}), got {padding_idx!r}")
+            padding_idx %= num_embeddings
+            init = init or _init.randn()
+            if init.kind != "literal":
+                rows = (padding_idx * embedding_dim, (padding_idx + 1) * embedding_dim)
+                init = _init.zero_range(init, *rows)
+        self.padding_idx = padding_idx
+        self.W = self._torch_param("Embedding", "weight", (num_embeddings, embedding_dim), init=init, decay=decay)
 
     def forward(self, idx):
-        return ops.embedding(self.W, idx)
+        out = ops.embedding(self.W, idx)
+        if self.padding_idx is None:
+            return out
+        # positions that read the padding row pass no gradient back (torch's rule); the value is
+        # the row itself either way
+        keep = ops.less(idx, self.padding_idx) + ops.greater(idx, self.padding_idx)
+        keep = ops.broadcast_to(ops.reshape(keep, (*idx.shape, 1)), out.shape)
+        return ops.where(keep, out, ops.stop_gradient(out))
 
 
 class Conv2d(Module):

@@ -107,7 +107,8 @@ def batches(adapter):
 
 
 # ops whose outputs or gradients sum many terms (reductions, matmuls, normalizations)
-_SUMMING = {"sum", "mean", "matmul", "conv2d", "Conv2d", "Linear", "LayerNorm", "RMSNorm", "cross_entropy",
+_SUMMING = {"sum", "mean", "matmul", "conv2d", "Conv2d", "Linear", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm2d",
+            "InstanceNorm1d", "cross_entropy",
             "softmax", "log_softmax", "softmax_causal", "fold", "embedding", "Embedding", "take_along_axis"}
 
 

@@ -107,6 +107,12 @@ export function standardNormal(seed, stream, n) {
 }
 function initParam(spec, size, seed, stream) {
   const kind = spec[0];
+  if (kind === "zero_range") {
+    // the inner spec's values with flat elements [begin, end) zeroed (Embedding's padding row)
+    const inner = initParam(spec[1], size, seed, stream);
+    inner.fill(0, spec[2], spec[3]);
+    return inner;
+  }
   const out = new Float32Array(size);
   if (kind === "randn") {
     const z = standardNormal(seed, stream, size);

@@ -64,9 +64,15 @@ def standard_normal(seed: int, stream: int, n: int) -> np.ndarray:
 def init_param(
     spec: tuple, shape: tuple[int, ...], seed: int, stream: int
 ) -> np.ndarray:
-    """Materialize one parameter from its init spec: ("randn", std) | ("zeros",) | ("ones",) | ("literal", b64)."""
+    """Materialize one parameter from its init spec: ("randn", std) | ("zeros",) | ("ones",) | ("literal", b64)
+    | ("zero_range", inner spec, begin, end): inner's values with flat elements [begin, end) zeroed.
+    """
     n = int(np.prod(shape)) if shape else 1
     kind = spec[0]
+    if kind == "zero_range":
+        out = init_param(tuple(spec[1]), shape, seed, stream)
+        out.reshape(-1)[int(spec[2]) : int(spec[3])] = 0.0
+        return out
     if kind == "randn":
         return (
             (standard_normal(seed, stream, n) * float(spec[1]))
