@@ -1,0 +1,235 @@
+"""aot.nn's recurrent layers against torch.nn with the same weights.
+
+One Program holds every case (so each kernel set compiles once): each case is a torch.nn
+recurrent module and its aot twin, fed with inputs (and initial states) that are parameters
+themselves, so `grads()` holds the gradients of the inputs as well as the weights. The loss is
+sum over outputs of <output, fixed cotangent>. The torch twin has the same attribute names, so
+its state_dict loads into the package unchanged (the interop mapping under test) and back.
+Checked: outputs and final states, every gradient, and 10 Adam steps (per-step losses, final
+parameters) in float64 through the interpreter and in float32 on the GPU with both kernel sets;
+then a small LSTM language model (embedding -> LSTM -> linear, cross_entropy) trains step for
+step like its torch twin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import aot
+from aot import interp, nn, ops
+from aot.errors import ShapeError
+from aot.frontend import trace_program
+from aot.runtime.rng import step_seed
+from aot.runtime.schedules import optimizer_scalars
+
+torch = pytest.importorskip("torch")
+
+STEPS, LR = 10, 1e-2
+
+
+@dataclass
+class Case:
+    name: str
+    make: object  # (nn namespace) -> module: the same constructor call builds both twins
+    inputs: dict  # input name -> shape (fed as parameters)
+    call: object  # (module, **inputs) -> list of output tensors
+
+
+def _flat(res):
+    out = []
+    for r in res if isinstance(res, (tuple, list)) else (res,):
+        out += _flat(r) if isinstance(r, (tuple, list)) else [r]
+    return out
+
+
+CASES = [
+    Case(
+        "lstm2bi",  # two layers, both directions, batch first, given (h_0, c_0)
+        lambda nn: nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True),
+        {"x": (2, 4, 3), "h0": (4, 2, 4), "c0": (4, 2, 4)},
+        lambda m, x, h0, c0: _flat(m(x, (h0, c0))),
+    ),
+    Case("lstm", lambda nn: nn.LSTM(3, 5), {"x": (5, 2, 3)}, lambda m, x: _flat(m(x))),
+]
+
+
+def _values(seed=0):
+    """Initial weights (torch's own init), inputs and cotangents, float32, by aot/torch name."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    params, cts, mods = {}, {}, {}
+    for c in CASES:
+        mods[c.name] = c.make(torch.nn)
+        for k, v in mods[c.name].state_dict().items():
+            params[f"{c.name}.{k}"] = v.numpy().astype(np.float32)
+        for k, shape in c.inputs.items():
+            params[f"{c.name}_{k}"] = rng.normal(size=shape).astype(np.float32)
+        args = {k: torch.zeros(s) for k, s in c.inputs.items()}
+        for j, o in enumerate(c.call(mods[c.name], **args)):
+            cts[f"{c.name}_ct{j}"] = rng.normal(size=tuple(o.shape)).astype(np.float32)
+    return params, cts
+
+
+PARAMS, CTS = _values()
+
+
+class Harness(aot.Module):
+    def __init__(self):
+        super().__init__()
+        for c in CASES:
+            setattr(self, c.name, c.make(nn))
+            for k in c.inputs:
+                name = f"{c.name}_{k}"
+                setattr(self, name, self.param(PARAMS[name].shape, init=aot.init.literal(PARAMS[name])))
+
+
+def harness_loss(m, **cts):
+    total = 0.0
+    for c in CASES:
+        outs = c.call(getattr(m, c.name), **{k: getattr(m, f"{c.name}_{k}") for k in c.inputs})
+        for j, o in enumerate(outs):
+            total = total + ops.sum(aot.capture(f"{c.name}_o{j}", o) * cts[f"{c.name}_ct{j}"])
+    return total
+
+
+def make_program(name="rnn_cases"):
+    specs = {k: aot.f32(*v.shape) for k, v in CTS.items()}
+    return aot.Program(name, model=Harness, train=aot.Train(harness_loss, inputs=specs, optimizer=aot.optim.Adam(LR)), seed=0)
+
+
+class TorchHarness(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        for c in CASES:
+            setattr(self, c.name, c.make(torch.nn))
+            for k in c.inputs:
+                setattr(self, f"{c.name}_{k}", torch.nn.Parameter(torch.zeros(c.inputs[k])))
+        self.load_state_dict({k: torch.from_numpy(v) for k, v in PARAMS.items()})
+        self.to(dtype)
+
+    def outputs(self):
+        out = {}
+        for c in CASES:
+            res = c.call(getattr(self, c.name), **{k: getattr(self, f"{c.name}_{k}") for k in c.inputs})
+            out.update({f"{c.name}_o{j}": o for j, o in enumerate(res)})
+        return out
+
+    def loss(self, outs):
+        return sum((o * torch.from_numpy(CTS[n.replace("_o", "_ct")]).to(o.dtype)).sum() for n, o in outs.items())
+
+
+def torch_run(dtype):
+    """(outputs and grads of step 1, per-step losses, final params) of the torch twin."""
+    m = TorchHarness(dtype)
+    opt = torch.optim.Adam(m.parameters(), lr=LR)
+    losses = []
+    for t in range(STEPS):
+        opt.zero_grad()
+        outs = m.outputs()
+        loss = m.loss(outs)
+        loss.backward()
+        if t == 0:
+            first = {n: o.detach().numpy().copy() for n, o in outs.items()}
+            grads = {n: p.grad.numpy().copy() for n, p in m.named_parameters()}
+        losses.append(loss.item())
+        opt.step()
+    return first, grads, np.array(losses), {n: p.detach().numpy().copy() for n, p in m.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def torch64():
+    return torch_run(torch.float64)
+
+
+@pytest.fixture(scope="module")
+def torch32():
+    return torch_run(torch.float32)
+
+
+def test_param_names_match_torch():
+    traced = trace_program(make_program())
+    names = [p.name for p in traced.params]
+    want = list(TorchHarness(torch.float32).state_dict())
+    assert sorted(names) == sorted(want)
+    for c in CASES:  # torch's declaration order within each module
+        mine = [n for n in names if n.startswith(c.name + ".")]
+        assert mine == [n for n in want if n.startswith(c.name + ".")]
+
+
+def test_interpreter_float64(torch64):
+    traced = trace_program(make_program())
+    ref = interp.Reference(traced, dtype=np.float64)
+    ref.params = {k: v.astype(np.float64) for k, v in PARAMS.items()}
+    first, grads, losses, final = torch64
+    g = traced.graphs["train"]
+    leaves = dict(CTS, **ref.params, **ref.state, **optimizer_scalars(ref.opt.spec(), LR, 1), _rng=np.int32(step_seed(0, 1)))
+    env = interp.run(g, {k: np.asarray(v, dtype=np.float64) if np.asarray(v).dtype.kind == "f" else v for k, v in leaves.items()},
+                     np.float64)
+    for n, want in first.items():
+        np.testing.assert_allclose(env[id(g.captures[n])], want, rtol=1e-10, atol=1e-12, err_msg=n)
+    got_losses, grads1 = [], None
+    for _ in range(STEPS):
+        got_losses.append(ref.step(**CTS))
+        grads1 = grads1 or dict(ref.last_grads)
+    # the update's constants (Adam's betas) are stored as f32 even in a float64 run: 1e-7 relative
+    np.testing.assert_allclose(got_losses, losses, rtol=1e-6, err_msg="losses")
+    for n, want in grads.items():
+        np.testing.assert_allclose(grads1[n], want, rtol=1e-9, atol=1e-12, err_msg=f"grad {n}")
+    for n, want in final.items():
+        np.testing.assert_allclose(ref.params[n], want, rtol=1e-6, atol=1e-7, err_msg=f"param {n}")
+
+
+@pytest.fixture(scope="module", params=["gpu", "cpu"])
+def gpu_run(request):
+    model = aot.compile(make_program(f"rnn_cases_{request.param}"), kernels=request.param)
+    try:
+        sd = TorchHarness(torch.float32).state_dict()
+        model.load_state_dict(sd)
+        back = model.state_dict()
+        assert set(back) == set(sd)
+        for k, v in sd.items():  # torch names and layouts both ways, bit for bit
+            np.testing.assert_array_equal(back[k], v.numpy(), err_msg=k)
+        res = model.step(**CTS, captures=True)
+        first, grads = dict(res.captures), model.grads()
+        losses = [res.loss] + [model.step(**CTS) for _ in range(STEPS - 1)]
+        yield first, grads, np.array(losses), model.state_dict()
+    finally:
+        model.close()
+
+
+@pytest.mark.gpu
+def test_gpu_float32(gpu_run, torch32):
+    got, want = gpu_run, torch32
+    for n, w in want[0].items():
+        np.testing.assert_allclose(got[0][n], w, rtol=1e-4, atol=1e-5, err_msg=f"output {n}")
+    for n, w in want[1].items():
+        np.testing.assert_allclose(got[1][n], w, rtol=1e-4, atol=1e-5, err_msg=f"grad {n}")
+    np.testing.assert_allclose(got[2], want[2], rtol=2e-5, err_msg="losses")
+    for n, w in want[3].items():
+        np.testing.assert_allclose(got[3][n], w, rtol=2e-4, atol=2e-5, err_msg=f"param {n}")
+
+
+def _trace_call(make, shape, call):
+    class M(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = make()
+
+    def loss(m, x):
+        return ops.sum(_flat(call(m.rnn, x))[0])
+
+    return trace_program(aot.Program("bad", model=M, train=aot.Train(loss, inputs={"x": aot.f32(*shape)}, optimizer=None)))
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ShapeError, match=r"LSTM: expects input \[T, B, 3\]"):
+        _trace_call(lambda: nn.LSTM(3, 4), (5, 2, 4), lambda m, x: m(x))
+    with pytest.raises(ShapeError, match=r"h_0 must have shape \[2, 2, 4\]"):
+        _trace_call(lambda: nn.LSTM(3, 4, num_layers=2), (5, 2, 3), lambda m, x: m(x, (ops.sum(x) * ops.reshape(x, (5, 2, 3)), x)))
+    with pytest.raises(ShapeError, match="hx must be a tuple"):
+        _trace_call(lambda: nn.LSTM(3, 4), (5, 2, 3), lambda m, x: m(x, x))
+    with pytest.raises(ValueError, match="dropout"):
+        nn.LSTM(3, 4, dropout=1.0)
