@@ -53,6 +53,27 @@ CASES = [
         lambda m, x, h0, c0: _flat(m(x, (h0, c0))),
     ),
     Case("lstm", lambda nn: nn.LSTM(3, 5), {"x": (5, 2, 3)}, lambda m, x: _flat(m(x))),
+    Case(  # unbatched input and state, no biases
+        "lstm_nb",
+        lambda nn: nn.LSTM(3, 4, bias=False),
+        {"x": (3, 3), "h0": (1, 4), "c0": (1, 4)},
+        lambda m, x, h0, c0: _flat(m(x, (h0, c0))),
+    ),
+    Case("gru2bi", lambda nn: nn.GRU(3, 4, num_layers=2, bidirectional=True), {"x": (4, 2, 3), "h0": (4, 2, 4)}, lambda m, x, h0: _flat(m(x, h0))),
+    Case("gru", lambda nn: nn.GRU(3, 4, batch_first=True), {"x": (2, 4, 3)}, lambda m, x: _flat(m(x))),
+    Case(
+        "rnn_relu",
+        lambda nn: nn.RNN(3, 4, num_layers=2, nonlinearity="relu", batch_first=True),
+        {"x": (2, 4, 3), "h0": (2, 2, 4)},
+        lambda m, x, h0: _flat(m(x, h0)),
+    ),
+    Case("rnn_bi", lambda nn: nn.RNN(3, 4, bidirectional=True, bias=False), {"x": (4, 2, 3)}, lambda m, x: _flat(m(x))),
+    Case("lstmcell", lambda nn: nn.LSTMCell(3, 4), {"x": (2, 3), "h": (2, 4), "c": (2, 4)}, lambda m, x, h, c: _flat(m(x, (h, c)))),
+    Case("lstmcell0", lambda nn: nn.LSTMCell(3, 4), {"x": (3,)}, lambda m, x: _flat(m(x))),
+    Case("grucell", lambda nn: nn.GRUCell(3, 4), {"x": (2, 3), "h": (2, 4)}, lambda m, x, h: [m(x, h)]),
+    Case("grucell0", lambda nn: nn.GRUCell(3, 4, bias=False), {"x": (2, 3)}, lambda m, x: [m(x)]),
+    Case("rnncell", lambda nn: nn.RNNCell(3, 4, nonlinearity="relu"), {"x": (3,), "h": (4,)}, lambda m, x, h: [m(x, h)]),
+    Case("rnncell0", lambda nn: nn.RNNCell(3, 4), {"x": (2, 3)}, lambda m, x: [m(x)]),
 ]
 
 
