@@ -31,10 +31,10 @@ def _gate(x, k: int, h: int):
     return ops.narrow(x, -1, k * h, h)
 
 
-def _lstm_step(xw, h, c, w_hh, b_hh):
-    """One LSTM step from xw = x W_ih^T (+ biases): gates i, f, g, o (torch's order)."""
-    n = w_hh.shape[1]
-    gates = xw if h is None else xw + ops.matmul(h, _weights_t(w_hh))
+def _lstm_step(xw, h, c, w_hh_t, b_hh):
+    """One LSTM step from xw = x W_ih^T (+ biases) and w_hh_t = W_hh^T: gates i, f, g, o (torch's order)."""
+    n = w_hh_t.shape[0]
+    gates = xw if h is None else xw + ops.matmul(h, w_hh_t)
     if b_hh is not None:
         gates = gates + b_hh
     i, f, g, o = (_gate(gates, k, n) for k in range(4))
@@ -44,10 +44,10 @@ def _lstm_step(xw, h, c, w_hh, b_hh):
     return ops.sigmoid(o) * ops.tanh(c_new), c_new
 
 
-def _gru_step(xw, h, w_hh, b_hh):
+def _gru_step(xw, h, w_hh_t, b_hh):
     """One GRU step: r, z, n with n = tanh(x W_in + b_in + r * (h W_hn + b_hn)) (torch's form)."""
-    n = w_hh.shape[1]
-    hw = None if h is None else ops.matmul(h, _weights_t(w_hh))
+    n = w_hh_t.shape[0]
+    hw = None if h is None else ops.matmul(h, w_hh_t)
     if b_hh is not None:
         hw = ops.broadcast_to(b_hh, xw.shape) if hw is None else hw + b_hh
     if hw is None:  # h0 = 0 and no bias: the hidden side contributes nothing
@@ -61,8 +61,8 @@ def _gru_step(xw, h, w_hh, b_hh):
     return out if h is None else out + z * h
 
 
-def _rnn_step(xw, h, w_hh, b_hh, relu: bool):
-    pre = xw if h is None else xw + ops.matmul(h, _weights_t(w_hh))
+def _rnn_step(xw, h, w_hh_t, b_hh, relu: bool):
+    pre = xw if h is None else xw + ops.matmul(h, w_hh_t)
     if b_hh is not None:
         pre = pre + b_hh
     return ops.relu(pre) if relu else ops.tanh(pre)
@@ -96,14 +96,15 @@ def _run_direction(mode, xw, h, c, w_hh, b_hh, reverse: bool):
     """Steps over xw [T, B, G*H]: (per-position outputs [B, H] in time order, last h, last c)."""
     steps = range(xw.shape[0] - 1, -1, -1) if reverse else range(xw.shape[0])
     outs = [None] * xw.shape[0]
+    w_t = _weights_t(w_hh)  # one view for every step: its gradient is then one sum (aot/grad.py)
     for t in steps:
         x_t = ops.reshape(ops.narrow(xw, 0, t, 1), xw.shape[1:])
         if mode == "LSTM":
-            h, c = _lstm_step(x_t, h, c, w_hh, b_hh)
+            h, c = _lstm_step(x_t, h, c, w_t, b_hh)
         elif mode == "GRU":
-            h = _gru_step(x_t, h, w_hh, b_hh)
+            h = _gru_step(x_t, h, w_t, b_hh)
         else:
-            h = _rnn_step(x_t, h, w_hh, b_hh, mode == "RNN_RELU")
+            h = _rnn_step(x_t, h, w_t, b_hh, mode == "RNN_RELU")
         outs[t] = h
     return outs, h, c
 
@@ -252,12 +253,12 @@ class _CellBase(Module):
                 fail("LSTMCell", "hx must be a tuple (h_0, c_0)")
             h0 = self._state(None if hx is None else hx[0], x.shape[0], batched, "h_0")
             c0 = self._state(None if hx is None else hx[1], x.shape[0], batched, "c_0")
-            h, c = _lstm_step(xw, h0, c0, w_hh, b_step)
+            h, c = _lstm_step(xw, h0, c0, _weights_t(w_hh), b_step)
             return unbatch(h), unbatch(c)
         h0 = self._state(hx, x.shape[0], batched, "hx")
         if self.mode == "GRU":
-            return unbatch(_gru_step(xw, h0, w_hh, b_step))
-        return unbatch(_rnn_step(xw, h0, w_hh, b_step, self.mode == "RNN_RELU"))
+            return unbatch(_gru_step(xw, h0, _weights_t(w_hh), b_step))
+        return unbatch(_rnn_step(xw, h0, _weights_t(w_hh), b_step, self.mode == "RNN_RELU"))
 
 
 class LSTMCell(_CellBase):

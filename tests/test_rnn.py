@@ -13,7 +13,9 @@ step like its torch twin.
 
 from __future__ import annotations
 
+import runpy
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -254,3 +256,68 @@ def test_errors_name_the_problem():
         _trace_call(lambda: nn.LSTM(3, 4), (5, 2, 3), lambda m, x: m(x, x))
     with pytest.raises(ValueError, match="dropout"):
         nn.LSTM(3, 4, dropout=1.0)
+
+
+# ---- examples/lstm_lm.py, step for step against its torch twin ---------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.gpu
+def test_lstm_language_model_trains_like_torch():
+    """Embedding -> LSTM -> Linear, masked cross_entropy, Adam with clipping: the example's program
+    (at batch 4) and its twin from the same weights (the twin's state_dict, loaded as it is)."""
+    lm = runpy.run_path(str(EXAMPLES / "lstm_lm.py"))
+    twin = runpy.run_path(str(EXAMPLES / "lstm_lm_torch.py"))
+    torch.manual_seed(1)
+    tm = twin["CharLSTM"]()
+    sd = {k: v.detach().clone() for k, v in tm.state_dict().items()}
+    rng = np.random.default_rng(5)
+    train, _ = lm["names_data"].split_names()
+    batches = [lm["batch"](rng, train, size=4) for _ in range(STEPS)]
+    opt = torch.optim.Adam(tm.parameters(), lr=1e-2)
+    want = []
+    for b in batches:
+        opt.zero_grad()
+        loss = twin["loss"](tm, *(torch.from_numpy(b[k]) for k in ("tokens", "targets", "mask")))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
+        opt.step()
+        want.append(loss.item())
+    model = aot.compile(lm["make_program"]("lstm_lm_test", b=4))
+    try:
+        model.load_state_dict(sd)
+        got = [model.step(**b) for b in batches]
+        final = model.state_dict()
+        back = twin["from_aot"](model.params()).state_dict()  # the twin's own mapping, for bench.py
+    finally:
+        model.close()
+    np.testing.assert_allclose(got, want, rtol=2e-5, err_msg="per-step losses")
+    for k, v in tm.state_dict().items():
+        np.testing.assert_allclose(final[k], v.numpy(), rtol=2e-4, atol=2e-5, err_msg=k)
+        np.testing.assert_array_equal(back[k].numpy(), final[k], err_msg=k)
+
+
+def test_dropout_between_layers_in_training_entries_only():
+    """Dropout masks come from aot's own random streams (no torch parity possible): a training
+    entry draws one mask per layer boundary; an infer entry is torch's eval() output."""
+    torch.manual_seed(2)
+    tm = torch.nn.LSTM(3, 4, num_layers=3, dropout=0.5).double().eval()
+
+    class M(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(3, 4, num_layers=3, dropout=0.5)
+
+    def loss(m, x):
+        return ops.sum(m.lstm(x)[0])
+
+    program = aot.Program("rnn_drop", model=M, train=aot.Train(loss, inputs={"x": aot.f32(5, 2, 3)}, optimizer=None),
+                          infer={"predict": aot.Infer(lambda m, x: m.lstm(x)[0], inputs={"x": aot.f32(5, 2, 3)})})
+    traced = trace_program(program)
+    assert sum(n.op == "rand" for n in traced.graphs["train"].nodes) == 2
+    assert not any(n.op == "rand" for n in traced.graphs["predict"].nodes)
+    ref = interp.Reference(traced, dtype=np.float64)
+    ref.params = {f"lstm.{k}": v.detach().numpy() for k, v in tm.state_dict().items()}
+    x = np.random.default_rng(3).normal(size=(5, 2, 3))
+    np.testing.assert_allclose(ref.predict(x=x), tm(torch.from_numpy(x))[0].detach().numpy(), rtol=1e-10, atol=1e-12)
