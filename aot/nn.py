@@ -115,3 +115,5 @@ def merge_heads(x):
 
 # the torch.nn counterparts of the spatial ops (Conv1d, ConvTranspose2d, pooling, Dropout2d, Upsample)
 from .nn_conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, ConvTranspose2d, Dropout2d, Upsample  # noqa: E402,F401
+# recurrent layers (LSTM, GRU, RNN and their cells)
+from .nn_rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell  # noqa: E402,F401

@@ -66,6 +66,7 @@ VEC_BINDING_BASE = 500
 # compiled pipeline): the runtimes give each such kernel of an entry point a 256-byte slot (WebGPU's
 # minUniformBufferOffsetAlignment) of a uniform buffer bound at OFFSETS_BINDING with a dynamic offset.
 OFFSETS_BINDING = 400
+OFFSETS_SLOT_WORDS = 64  # 256 bytes: a kernel's table holds at most 64 offsets (the rest are written in)
 
 
 def vec_alias(arena: str) -> str:

@@ -110,13 +110,18 @@ class KernelSchedule:
     param_offsets: dict[str, int] = field(default_factory=dict)  # parameter -> offset in the params buffer
 
 
-def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
+def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None", placed=None):
     views: dict[int, View] = {}
     owners: list[Tensor] = [params.tensor] if params is not None else []
+    pos = {id(n.out): i for i, n in enumerate(g.nodes)} if placed else {}
     for n in g.nodes:
         t = n.out
         if params is not None and n.op == "param":
             views[id(t)] = View.contiguous(params.tensor, params.offsets[n.attrs["name"]], t.shape)
+            continue
+        v = _placed_concat_view(n, placed, pos) if placed and op_of(n).fusion == "concat" else None
+        if v is not None:
+            views[id(t)] = v
             continue
         if op_of(n).owns_storage:
             views[id(t)] = View.contiguous(t)
@@ -129,6 +134,28 @@ def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None"):
             views[id(t)] = View.contiguous(t)
             owners.append(t)
     return views, owners
+
+
+def _placed_concat_view(n: Node, placed, pos) -> View | None:
+    """A leading-axis concat whose pieces all live, adjacent and in order, in another concat's
+    storage (placed there) is a view of that storage: an RNN's hidden states, stacked into its
+    output, are also the rows its weight gradient reads [one home for each piece, no copy].
+    Only where every piece of that storage is computed before this concat: its readers wait
+    for the whole of it (check_order)."""
+    t = n.out
+    if any(d != 1 for d in t.shape[: n.attrs["axis"]]):
+        return None
+    homes = [placed.get(id(_strip_reshapes(x))) for x in n.inputs]
+    if any(h is None for h in homes) or any(h[0] is not homes[0][0] for h in homes) or homes[0][0] is t:
+        return None
+    if any(pos[id(_strip_reshapes(x))] > pos[id(t)] for x in homes[0][0].node.inputs):
+        return None
+    at = homes[0][1]
+    for x, (_, off) in zip(n.inputs, homes):
+        if off != at:
+            return None
+        at += x.size
+    return View.contiguous(homes[0][0], homes[0][1], t.shape)
 
 
 def _strip_reshapes(t: Tensor) -> Tensor:
@@ -163,8 +190,10 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
             stored.add(id(t))
 
     placed: dict[int, tuple[Tensor, int]] = {}
+    # a piece of several concats lives in the largest (the others may then be views of it)
+    concats = sorted((n for n in g.nodes if op_of(n).fusion == "concat"), key=lambda n: -n.out.size)
     while True:
-        views, owners = _compute_views(g, stored, params)
+        views, owners = _compute_views(g, stored, params, placed)
         changed = False
         before = set(stored)
         for n in g.nodes:
@@ -187,9 +216,10 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
                     if id(u) not in stored:
                         stored.add(id(u))
                         changed = True
-        for n in g.nodes:
-            if op_of(n).fusion == "concat" and id(n.out) in stored:
-                changed |= _place_concat(n, views, stored, placed, roots)
+        for n in concats:
+            if id(n.out) in stored and _place_concat(n, views, stored, placed, roots):
+                changed = True  # it stored pieces to place next round: no smaller concat takes them first
+                break
         if not changed:
             break
     # A placement made in an early round is void if a later round turned its tensor into a view
@@ -202,6 +232,7 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
             if mine and not all(id(y) in views and views[id(y)].base is y for y in ys):
                 for y in mine:
                     del placed[id(y)]
+    views, owners = _compute_views(g, stored, params, placed)  # concats of placed pieces, as placed now
 
     owner_ids = {id(t) for t in owners}
     mm_epilogue = _matmul_epilogues(g, users, owner_ids, roots)
@@ -483,6 +514,11 @@ def _identity_reads(s: KernelSchedule, out: Tensor, target: Tensor, offset: int 
     return True
 
 
+def _leading(n: Node) -> bool:
+    """A concat along its leading axis (nothing but size-1 dims before it): pieces lie whole, one after another."""
+    return all(d == 1 for d in n.out.shape[: n.attrs["axis"]])
+
+
 def _place_concat(n, views, stored, placed, roots) -> bool:
     """Try to assemble a leading-axis concat in place. Returns True if `stored` changed."""
     t, axis = n.out, n.attrs["axis"]
@@ -503,8 +539,8 @@ def _place_concat(n, views, stored, placed, roots) -> bool:
     changed = False
     for x in n.inputs:
         y = _strip_reshapes(x)
-        if op_of(y).fusion in ("leaf", "concat") or id(y) in placed:
-            return changed
+        if op_of(y).fusion == "leaf" or (op_of(y).fusion == "concat" and _leading(y.node)) or id(y) in placed:
+            return changed  # (a concat along an inner axis is computed by a kernel, like any piece)
         if id(y) not in stored:
             stored.add(id(y))
             changed = True

@@ -15,7 +15,7 @@ from .errors import CodegenError
 from .ir import Tensor
 from .matmul_codegen import split_index
 from .ops.registry import lookup
-from .plan import OFFSETS_BINDING, Plan, arena_binding, arena_dtype, same_access
+from .plan import OFFSETS_BINDING, OFFSETS_SLOT_WORDS, Plan, arena_binding, arena_dtype, same_access
 from .schedule import KernelSchedule
 from .views import contiguous_strides
 
@@ -181,6 +181,9 @@ class KernelContext:
         if self.table is None:
             return f"{offset}u" if offset else ""
         key = (arena, offset)
+        if key not in self._fields and len(self.table) >= OFFSETS_SLOT_WORDS:
+            # the slot is full (a concat of many pieces): the rest are written in, as in the GPU set
+            return f"{offset}u" if offset else ""
         if key not in self._fields:
             self._fields[key] = f"at.o{len(self.table)}"
             self.table.append(offset)
