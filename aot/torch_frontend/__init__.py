@@ -1,0 +1,160 @@
+"""`aot.from_torch`: a PyTorch module and loss -> an `aot.Program` (torch is needed to build only).
+
+The Program's model is an aot.Module holding the torch module's parameters (and buffers) under
+their `state_dict()` names, in PyTorch's layouts, starting from the module's values at the
+from_torch call. Its entry points replay graphs captured with torch.export (export.py) through
+aot ops (replay.py, ops_map.py, ops_nn.py); aot derives the gradients and appends the update the
+torch optimizer translates to (optim_map.py). torch is imported only when from_torch is called.
+"""
+
+from __future__ import annotations
+
+from ..errors import Site, TraceError, capture_site
+from ..module import Module
+from ..program import Infer, InputSpec, Program, Train
+from .. import init as _init
+from .. import ops
+
+
+class TorchModel(Module):
+    """The torch module's tensors as aot params named by their state_dict names."""
+
+    def __init__(self, decls):
+        super().__init__()
+        self._frozen = set()
+        for name, array, decay, frozen in decls:
+            t = self.param(array.shape, init=_init.literal(array), decay=decay)
+            self.__dict__[name] = t
+            if frozen:
+                self._frozen.add(name)
+
+    def tensor(self, name: str):
+        t = self.__dict__[name]
+        # frozen (requires_grad=False, not in the optimizer, buffers): the loss never reaches it, so
+        # it gets no update, no decay and no optimizer state (what torch.optim does with grad None)
+        return ops.stop_gradient(t) if name in self._frozen else t
+
+
+class _Entry:
+    """An entry point's function: exports the torch code once per input shapes, replays it."""
+
+    def __init__(self, module, fn, inputs: dict, kind: str, what: str, site, kinds: dict):
+        self.module, self.fn, self.names, self.kind, self.what, self.site = module, fn, list(inputs), kind, what, site
+        self.kinds = kinds  # state_dict name -> "param" | "float buffer" | "int buffer"
+        self.cache: dict = {}
+        code = getattr(fn, "__code__", None)
+        self.fn_site = Site(code.co_filename, code.co_firstlineno, code.co_name) if code else site
+
+    def __call__(self, model: TorchModel, **inputs):
+        import torch
+
+        from .export import capture
+        from .ops_map import const
+        from .replay import replay
+
+        key = tuple(tuple(inputs[n].shape) for n in self.names)
+        cap = self.cache.get(key)
+        if cap is None:
+            gen = torch.Generator().manual_seed(0)
+            examples = [
+                torch.zeros(t.shape, dtype=torch.long) if t.dtype == "i32" else torch.randn(t.shape, generator=gen)
+                for t in (inputs[n] for n in self.names)
+            ]
+            cap = self.cache[key] = capture(self.module, self.fn, self.names, examples, self.kind == "train", self.what, self.fn_site)
+        leaves = {}
+        for ph, name in cap.params.items():
+            t = model.tensor(name)
+            leaves[ph] = ops.cast(t, "i32") if self.kinds[name] == "int buffer" else t
+        for ph, name in cap.inputs.items():
+            leaves[ph] = inputs[name]
+        for ph, arr in cap.constants.items():
+            flat = arr.reshape(-1)
+            if flat.size and not (flat == flat[0]).all():
+                raise TraceError(f"from_torch: {self.what} makes a tensor constant of shape {list(arr.shape)} in its code",
+                                 self.fn_site, "register it on the module (register_buffer) so it becomes model state")
+            leaves[ph] = const(flat[0].item() if flat.size else 0, arr.shape, "i32" if arr.dtype.kind in "iub" else "f32")
+        user, buffers = replay(cap, leaves, self.kind == "train", self.what)
+        if buffers:
+            raise TraceError(
+                f"from_torch: {self.what} updates the buffers {', '.join(sorted(buffers))} (BatchNorm running statistics "
+                "in train mode); aot cannot write buffers yet", self.fn_site,
+                "put the normalization layers in eval mode for training (module.bn.eval()) or use LayerNorm/GroupNorm")
+        if len(user) != 1:
+            raise TraceError(f"from_torch: {self.what} returns {len(user)} values; an aot entry point returns one tensor",
+                             self.fn_site, "return a single tensor")
+        out = user[0]
+        if self.kind == "train" and not (hasattr(out, "shape") and out.shape == () and out.dtype == "f32"):
+            got = out.type_str() if hasattr(out, "type_str") else type(out).__name__
+            raise TraceError(f"from_torch: the loss must return a 0-d float tensor, got {got}", self.fn_site,
+                             "reduce it, e.g. .mean()")
+        return out
+
+
+def _entries(infer, site):
+    out = {}
+    for name, spec in infer.items():
+        if isinstance(spec, Infer):
+            fn, inputs = spec.fn, spec.inputs
+        elif isinstance(spec, (tuple, list)) and len(spec) == 2 and callable(spec[0]) and isinstance(spec[1], dict):
+            fn, inputs = spec
+        else:
+            raise TraceError(f"from_torch: infer[{name!r}] must be (fn, inputs) or aot.Infer(fn, inputs)", site)
+        out[name] = (fn, inputs)
+    return out
+
+
+def from_torch(module, loss, inputs, optimizer=None, infer={}, dims={}, name=None, *,  # noqa: B006 - read only
+               scheduler=None, clip_grad_norm=None, seed=0) -> Program:
+    """An aot.Program training `module` with `loss(module, **inputs)` (PyTorch code) and the
+    torch `optimizer` (Adam, AdamW or SGD; its param groups' weight decay kept; `scheduler` a
+    StepLR, MultiStepLR, ExponentialLR, LinearLR or CosineAnnealingLR made for it), plus infer
+    entries `infer={name: (fn, inputs)}` run in eval mode. `inputs` are aot.f32/aot.i32
+    declarations (torch int64 index tensors are i32 inputs). Parameters and buffers keep their
+    state_dict names and layouts and start from the module's current values."""
+    site = capture_site()
+    try:
+        import torch
+    except ImportError:
+        raise ImportError("aot.from_torch needs PyTorch at build time: pip install aot[torch]") from None
+    from .optim_map import translate
+
+    if not isinstance(module, torch.nn.Module):
+        raise TraceError(f"from_torch: module must be a torch.nn.Module, got {type(module).__name__}", site)
+    if loss is None and not infer:
+        raise TraceError("from_torch: give a loss, infer entries, or both", site)
+    for n, s in list(inputs.items()) + [(n, s) for _, (_, i) in _entries(infer, site).items() for n, s in i.items()]:
+        if not isinstance(s, InputSpec):
+            raise TraceError(f"from_torch: input {n!r} must be declared with aot.f32(...) or aot.i32(...)", site)
+    params = dict(module.named_parameters())
+    names = {id(p): n for n, p in params.items()}
+    opt, decay, updated = translate(optimizer, scheduler, names, clip_grad_norm, site)
+    decls, kinds = [], {}
+    for n, p in params.items():
+        if p.dtype != torch.float32:
+            raise TraceError(f"from_torch: parameter {n!r} is {p.dtype}; aot trains float32 parameters", site,
+                             "convert the module with module.float()")
+        frozen = not p.requires_grad or n not in updated
+        decls.append((n, p.detach().cpu().numpy().copy(), decay.get(n, opt is not None and not decay), frozen))
+        kinds[n] = "param"
+    for n, b in module.named_buffers():
+        if b.dtype not in (torch.float32, torch.int64, torch.int32, torch.bool):
+            raise TraceError(f"from_torch: buffer {n!r} is {b.dtype}; aot holds float32 and int32 state", site)
+        decls.append((n, b.detach().cpu().numpy().astype("float32"), False, True))
+        kinds[n] = "float buffer" if b.dtype == torch.float32 else "int buffer"
+    for n, *_ in decls:
+        if n in ("_params", "_children", "_frozen"):
+            raise TraceError(f"from_torch: the module's {n!r} clashes with aot.Module's own attributes", site)
+
+    train = None
+    if loss is not None:
+        train = Train(_Entry(module, loss, inputs, "train", "the loss", site, kinds), dict(inputs), opt, site=site)
+    entries = {
+        k: Infer(_Entry(module, fn, i, "infer", f"infer entry {k!r}", site, kinds), dict(i), site=site)
+        for k, (fn, i) in _entries(infer, site).items()
+    }
+
+    def model():
+        return TorchModel(decls)
+
+    model.__module__ = type(module).__module__  # the package records the model's source file
+    return Program(name or type(module).__name__.lower(), model, train, entries, dict(dims), seed, site=site)
