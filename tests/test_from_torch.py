@@ -229,3 +229,52 @@ def test_refusals_of_shapes_and_dtypes():
         aot.from_torch(m, lambda m, x: m(x).sum(), {"x": aot.f32(2, 2)})
     with pytest.raises(aot.TraceError, match="aot.f32"):
         aot.from_torch(nn.Linear(2, 1), lambda m, x: m(x).sum(), {"x": (2, 2)})
+
+
+# ---- the example, compiled for the GPU adapter: steps, predictions and state_dict round trips ----
+
+
+@pytest.mark.gpu
+def test_example_mnist_on_gpu_and_state_dict_round_trip():
+    import runpy
+    from pathlib import Path
+
+    ex = runpy.run_path(str(Path(__file__).resolve().parent.parent / "examples" / "from_torch_mnist.py"))
+    assert ex["program"].name == "from_torch_mnist"
+    prog, net = ex["make_program"](width=0.125, image=12, batch=8, name="ft_mnist_small")
+    ref = Reference(trace_program(prog))
+    model = aot.compile(prog)
+    try:
+        assert model.param_names == [n for n, _ in net.named_parameters()]
+        # the package starts from the module's values, under its state_dict names and layouts
+        for n, v in net.state_dict().items():
+            np.testing.assert_array_equal(model.state_dict()[n], v.numpy())
+        batches = mnist_batches(np.random.default_rng(5), 3)
+        for b in batches:  # dropout masks included: the package draws what the interpreter draws
+            b32 = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in b.items()}
+            assert model.step(**b32) == pytest.approx(ref.step(**b32), rel=1e-4)
+        x = batches[0]["x"].astype(np.float32)
+        sd = model.state_dict()
+        net.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()})  # strict: every name matches
+        net.eval()
+        with torch.no_grad():
+            want = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(model.predict(x=x), want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(model.predict(x=x[:1]), want[:1], rtol=1e-4, atol=1e-5)
+        # and back: a torch checkpoint loads into the package
+        with torch.no_grad():
+            for p in net.parameters():
+                p.mul_(0.5)
+            want = net(torch.from_numpy(x)).numpy()
+        model.load_state_dict(net.state_dict())
+        np.testing.assert_allclose(model.predict(x=x), want, rtol=1e-4, atol=1e-5)
+    finally:
+        model.close()
+
+
+def test_import_aot_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, aot; assert callable(aot.from_torch); assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
