@@ -38,9 +38,10 @@ class TorchModel(Module):
 class _Entry:
     """An entry point's function: exports the torch code once per input shapes, replays it."""
 
-    def __init__(self, module, fn, inputs: dict, kind: str, what: str, site, kinds: dict):
+    def __init__(self, module, fn, inputs: dict, kind: str, what: str, site, kinds: dict, aliases: dict):
         self.module, self.fn, self.names, self.kind, self.what, self.site = module, fn, list(inputs), kind, what, site
         self.kinds = kinds  # state_dict name -> "param" | "float buffer" | "int buffer"
+        self.aliases = aliases  # every name of a shared (tied) tensor -> the name aot keeps for it
         self.cache: dict = {}
         code = getattr(fn, "__code__", None)
         self.fn_site = Site(code.co_filename, code.co_firstlineno, code.co_name) if code else site
@@ -63,6 +64,7 @@ class _Entry:
             cap = self.cache[key] = capture(self.module, self.fn, self.names, examples, self.kind == "train", self.what, self.fn_site)
         leaves = {}
         for ph, name in cap.params.items():
+            name = self.aliases.get(name, name)
             t = model.tensor(name)
             leaves[ph] = ops.cast(t, "i32") if self.kinds[name] == "int buffer" else t
         for ph, name in cap.inputs.items():
@@ -145,11 +147,17 @@ def from_torch(module, loss, inputs, optimizer=None, infer={}, dims={}, name=Non
         if n in ("_params", "_children", "_frozen"):
             raise TraceError(f"from_torch: the module's {n!r} clashes with aot.Module's own attributes", site)
 
+    # a tensor reachable under several names (tied weights) is one aot param, under its first name
+    first = {}
+    for n, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
+        first.setdefault(id(t), n)
+    aliases = {n: first[id(t)] for n, t in list(module.named_parameters(remove_duplicate=False))
+               + list(module.named_buffers(remove_duplicate=False)) if first[id(t)] != n}
     train = None
     if loss is not None:
-        train = Train(_Entry(module, loss, inputs, "train", "the loss", site, kinds), dict(inputs), opt, site=site)
+        train = Train(_Entry(module, loss, inputs, "train", "the loss", site, kinds, aliases), dict(inputs), opt, site=site)
     entries = {
-        k: Infer(_Entry(module, fn, i, "infer", f"infer entry {k!r}", site, kinds), dict(i), site=site)
+        k: Infer(_Entry(module, fn, i, "infer", f"infer entry {k!r}", site, kinds, aliases), dict(i), site=site)
         for k, (fn, i) in _entries(infer, site).items()
     }
 

@@ -115,6 +115,28 @@ for _name, _fn in {
     aten(_name + ".default")(_unary(_fn))
 
 
+def _log1p(x):
+    """log(1 + x) to float32 accuracy for tiny x too: log(u) * x / (u - 1) with u = 1 + x rounded
+    (the rounding error of u cancels), x itself where u rounds to 1; gradient 1 / (1 + x)."""
+    u = x + 1.0
+    y = ops.where(ops.equal(u, 1.0), x, ops.log(u) * x / ops.where(ops.equal(u, 1.0), 1.0, u - 1.0))
+    return ops.api.custom_vjp(y, (x,), lambda ct, y, ins: (ct / (ins[0] + 1.0),))
+
+
+def _expm1(x):
+    """exp(x) - 1 to float32 accuracy near 0: (u - 1) * x / log(u) with u = exp(x) where |x| < 0.5
+    (x where u rounds to 1), u - 1 elsewhere; gradient exp(x)."""
+    u = ops.exp(x)
+    small = ops.less(ops.abs(x), 0.5)
+    safe = ops.where(ops.equal(u, 1.0), 1.0, ops.where(small, u, 2.0))  # log(safe) != 0 where it is used
+    y = ops.where(ops.equal(u, 1.0), x, ops.where(small, (u - 1.0) * x / ops.log(safe), u - 1.0))
+    return ops.api.custom_vjp(y, (x,), lambda ct, y, ins: (ct * ops.exp(ins[0]),))
+
+
+aten("log1p.default")(_unary(lambda x: getattr(ops, "log1p", _log1p)(x)))
+aten("expm1.default")(_unary(lambda x: getattr(ops, "expm1", _expm1)(x)))
+
+
 @aten("pow.Tensor_Scalar")
 def _pow(cx, x, p):
     return ops.square(f32(x)) if p == 2 else ops.power(f32(x), num(p))
@@ -497,3 +519,21 @@ def _index_select(cx, x, d, idx):
     d = dim(x, d)
     y = ops.embedding(ops.swapaxes(f32(x), 0, d) if d else f32(x), idx)
     return ops.swapaxes(y, 0, d) if d else y
+
+
+# ---- random: aot's own streams (new draws every call, reproducible from the model's seed) ----------
+
+
+@aten("randn.default", "randn_like.default")
+def _randn(cx, x, **kw):
+    return ops.randn(x.shape if is_t(x) else tuple(x))
+
+
+@aten("rand.default", "rand_like.default")
+def _rand(cx, x, **kw):
+    return ops.rand(x.shape if is_t(x) else tuple(x))
+
+
+@aten("bernoulli.p")
+def _bernoulli(cx, x, p=0.5, **kw):
+    return ops.less(ops.rand(x.shape), num(p))
