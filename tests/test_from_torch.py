@@ -304,9 +304,9 @@ def test_gpt(explicit):
 
     torch.manual_seed(4)
     m = GPT(explicit=explicit, tie=not explicit)
-    prog, ref, tm = parity(m, gpt_loss, GPT_INPUTS, gpt_batches(np.random.default_rng(4)), gpt_optimizer,
-                           lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 20, 1e-4), clip=1.0)
-    traced = trace_program(prog)
+    _, ref, _ = parity(m, gpt_loss, GPT_INPUTS, gpt_batches(np.random.default_rng(4)), gpt_optimizer,
+                       lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 20, 1e-4), clip=1.0)
+    traced = ref.traced
     ops_used = {name for name, _, _ in traced.graphs["train"].meta["torch_ops"]}
     assert ("aten.scaled_dot_product_attention.default" in ops_used) != explicit
     decayed = {p.name for p in traced.params if p.decay}
@@ -341,3 +341,56 @@ def test_vae_randn_like_draws_fresh_normal_noise():
     assert abs(a.mean()) < 0.05 and abs(a.std() - 1) < 0.05 and not np.array_equal(a, b)
     x = vae_batches(np.random.default_rng(6), 1)[0]["x"]
     assert np.isfinite(ref.step(x=x))
+
+
+# ---- op zoo: each case is one parameter through one or a few ATen ops; its gradient names it ------
+
+IDX = [[2, 0], [1, 1]]
+ZOO = {  # name -> (param shape, fn(p) -> tensor)
+    "slice_step_select": ((4, 7), lambda p: p[1:, 1:6:2] * p[-1][None, :3]),
+    "cat_stack_flip": ((3, 4), lambda p: torch.stack([torch.cat([p, p * 2], 0), torch.cat([p.flip(0), p], 0)], 1)),
+    "clamp_where_cmp": ((3, 5), lambda p: torch.where((p > 0.1) & (p <= 0.9) | (p == 0), p.clamp(-0.5, 0.5), p * p)
+                        + (p >= 0).float() * p.clamp_min(0.2) + (p != p.max()).float()),
+    "var_std_amin_max": ((3, 6), lambda p: p.var(1) + p.std(0, correction=0).sum() + p.amin(1) + p.max(1).values),
+    "constants_gather_index": ((3, 4), lambda p: torch.gather(p, 1, torch.tensor(IDX)) + p[torch.tensor([2, 0])][:2, :2]
+                               + p.index_select(1, torch.tensor([3, 1]))[:2]),
+    "pad": ((2, 3, 4), lambda p: F.pad(p, (1, 2)) + F.pad(p, (1, 2), value=0.5) + F.pad(p, (2, 1, 0, 0), "constant", 0.0)),
+    "pools": ((2, 2, 6, 6), lambda p: F.avg_pool2d(p, 2).sum() + F.adaptive_avg_pool2d(p, 1).sum()
+              + F.avg_pool2d(p, 3, 2, 1, count_include_pad=False).sum() + F.max_pool2d(p, 3, 2, 1).sum()),
+    "norms": ((2, 4, 3, 3), lambda p: F.group_norm(p, 2) + F.layer_norm(p, (3, 3)) + F.instance_norm(p)),
+    "conv1d_conv2d_groups": ((2, 4, 6), lambda p: F.conv1d(p, p[0, :, :3].reshape(2, 2, 3), stride=2, padding=1, groups=2).sum()
+                             + F.conv2d(p[:, None], p[:1, None, :3, :3], padding=1).sum()),
+    "activations": ((3, 5), lambda p: F.leaky_relu(p, 0.1) + F.hardtanh(p) + F.elu(p) + F.softplus(p) + F.silu(p)
+                    + F.mish(p) + F.hardswish(p) + F.hardsigmoid(p) + F.logsigmoid(p) + F.gelu(p) + torch.log1p(p * p)
+                    + torch.expm1(p) + p.abs().sqrt() + torch.rsqrt(p * p + 1) + p.sin() * p.cos()),
+    "softmaxes": ((3, 5), lambda p: F.softmax(p, 0) * F.log_softmax(p, 1) + torch.logsumexp(p, 1, keepdim=True)),
+    "matmuls": ((2, 3, 4), lambda p: (p @ p[0].T).sum() + torch.einsum("bij,bkj->bik", p, p).sum() + (p[0] @ p[1].T).sum()),
+    "reductions": ((2, 3, 4), lambda p: p.sum((0, 2), keepdim=True) * p.mean(-1, keepdim=True) + p.prod(1, keepdim=True)),
+    "shapes": ((2, 3, 4), lambda p: p.transpose(0, 2).reshape(4, 6).unsqueeze(0).expand(2, 4, 6).permute(2, 0, 1)
+               * p.repeat(1, 1, 2).view(2, 3, 2, 4).sum(2).flatten().reshape(6, 2, 2)[:, :1].squeeze(1).repeat(1, 2)[:, None]),
+    "losses": ((4, 5), lambda p: F.mse_loss(p, p.flip(0).detach()) + F.l1_loss(p, 0 * p) + F.huber_loss(p, p * 0.5, delta=0.3)
+               + F.binary_cross_entropy_with_logits(p, torch.sigmoid(p.detach())) + F.kl_div(F.log_softmax(p, 1),
+               F.softmax(p.flip(1), 1).detach(), reduction="batchmean") + F.cross_entropy(p, torch.tensor([1, 0, 4, 2]),
+               label_smoothing=0.1) + F.nll_loss(F.log_softmax(p, 1), torch.tensor([0, 1, 2, 3]), weight=(torch.arange(5.0) + 1).to(p.dtype))
+               + F.cosine_similarity(p, p.flip(1)).sum()),
+    "div_modes_triu": ((3, 3), lambda p: torch.div(p, 0.3, rounding_mode="floor").detach() * p
+                       + torch.div(p, 0.3, rounding_mode="trunc").detach() + torch.triu(p, 1) + torch.tril(p)),
+}
+
+
+class Zoo(nn.Module):
+    def __init__(self, names):
+        super().__init__()
+        g = torch.Generator().manual_seed(7)
+        self.p = nn.ParameterDict({n: nn.Parameter(torch.randn(ZOO[n][0], generator=g)) for n in names})
+        self.w = {n: torch.randn(ZOO[n][1](self.p[n].detach()).shape, generator=g) for n in names}
+
+
+def zoo_loss(m, x):
+    return sum((ZOO[n][1](p) * m.w[n]).sum() for n, p in m.p.items()) + x.sum()
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_op_zoo(name):
+    z = Zoo([name])
+    parity(z, zoo_loss, {"x": aot.f32(1)}, [{"x": np.zeros(1)}], lambda m: torch.optim.SGD(m.parameters(), lr=0.01))

@@ -50,7 +50,6 @@ class _Entry:
         import torch
 
         from .export import capture
-        from .ops_map import const
         from .replay import replay
 
         key = tuple(tuple(inputs[n].shape) for n in self.names)
@@ -70,11 +69,7 @@ class _Entry:
         for ph, name in cap.inputs.items():
             leaves[ph] = inputs[name]
         for ph, arr in cap.constants.items():
-            flat = arr.reshape(-1)
-            if flat.size and not (flat == flat[0]).all():
-                raise TraceError(f"from_torch: {self.what} makes a tensor constant of shape {list(arr.shape)} in its code",
-                                 self.fn_site, "register it on the module (register_buffer) so it becomes model state")
-            leaves[ph] = const(flat[0].item() if flat.size else 0, arr.shape, "i32" if arr.dtype.kind in "iub" else "f32")
+            leaves[ph] = self._constant(arr)
         user, buffers = replay(cap, leaves, self.kind == "train", self.what)
         if buffers:
             raise TraceError(
@@ -90,6 +85,20 @@ class _Entry:
             raise TraceError(f"from_torch: the loss must return a 0-d float tensor, got {got}", self.fn_site,
                              "reduce it, e.g. .mean()")
         return out
+
+
+    def _constant(self, arr):
+        """A tensor made in the torch code (torch.tensor([...])): small ones become graph constants."""
+        from .ops_map import const
+
+        dtype = "i32" if arr.dtype.kind in "iub" else "f32"
+        flat = arr.reshape(-1)
+        if not flat.size or (flat == flat[0]).all():
+            return const(flat[0].item() if flat.size else 0, arr.shape, dtype)
+        if flat.size > 256:
+            raise TraceError(f"from_torch: {self.what} makes a tensor constant of shape {list(arr.shape)} in its code",
+                             self.fn_site, "register it on the module (register_buffer) so it becomes model state")
+        return ops.reshape(ops.concat([ops.reshape(const(v.item(), (), dtype), (1,)) for v in flat], 0), arr.shape)
 
 
 def _entries(infer, site):

@@ -38,6 +38,14 @@ def f32(x):
     return ops.cast(x, "f32") if is_t(x) and x.dtype != "f32" else x
 
 
+class NaN:
+    """torch's NaN scalar constant: WGSL has no NaN literal, so only where(isnan(y), nan, z) takes it
+    (as where(isnan(y), y, z), which is the same)."""
+
+
+NAN = NaN()
+
+
 def num(x):
     """A Python number, with +-inf and nan replaced by +-FLT_MAX (WGSL literals are finite)."""
     x = float(x) if isinstance(x, bool) else x
@@ -177,6 +185,13 @@ def _hardtanh(cx, x, lo=-1.0, hi=1.0):
     return _clamp(cx, x, lo, hi)
 
 
+@aten("elu.default")
+def _elu(cx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    x = f32(x)
+    neg = getattr(ops, "expm1", _expm1)(x * num(input_scale)) * num(alpha)
+    return ops.where(ops.greater(x, 0.0), x, neg) * num(scale) if scale != 1 else ops.where(ops.greater(x, 0.0), x, neg)
+
+
 @aten("leaky_relu.default")
 def _leaky(cx, x, slope=0.01):
     x = f32(x)
@@ -238,6 +253,12 @@ def _xor(cx, a, b):
 
 @aten("where.self")
 def _where(cx, c, a, b):
+    if a is NAN or b is NAN:
+        cond = cx.node.args[0]
+        if str(getattr(cond, "target", "")) != "aten.isnan.default":
+            cx.fail("a NaN constant is supported only as where(isnan(y), nan, z)")
+        y = cx.value_of(cond.args[0])
+        a, b = (y if a is NAN else a), (y if b is NAN else b)
     out = cx.out_dtype()
     a = f32(a) if out == "f32" and is_t(a) else (num(a) if not is_t(a) else a)
     b = f32(b) if out == "f32" and is_t(b) else (num(b) if not is_t(b) else b)
@@ -256,7 +277,7 @@ def _isnan(cx, x):
 
 @aten("scalar_tensor.default")
 def _scalar_tensor(cx, v, **kw):
-    return const(v, (), cx.out_dtype())
+    return NAN if isinstance(v, float) and math.isnan(v) else const(v, (), cx.out_dtype())
 
 
 @aten("full.default")
@@ -330,6 +351,16 @@ def _expand(cx, x, size, implicit=False):
     size = list(size)
     x = ops.reshape(x, (1,) * (len(size) - x.ndim) + x.shape)
     return ops.broadcast_to(x, tuple(x.shape[i] if s == -1 else s for i, s in enumerate(size)))
+
+
+@aten("repeat.default")
+def _repeat(cx, x, reps):
+    reps = list(reps)
+    x = ops.reshape(x, (1,) * (len(reps) - x.ndim) + x.shape)
+    # (1, s0, 1, s1, ...) broadcast to (r0, s0, r1, s1, ...), then merged pairwise
+    pairs = ops.reshape(x, tuple(v for s in x.shape for v in (1, s)))
+    pairs = ops.broadcast_to(pairs, tuple(v for r, s in zip(reps, x.shape) for v in (r, s)))
+    return ops.reshape(pairs, tuple(r * s for r, s in zip(reps, x.shape)))
 
 
 @aten("unsqueeze.default")
@@ -433,6 +464,47 @@ def _mean(cx, x, dims=None, keepdim=False, dtype=None):
 @aten("amax.default")
 def _amax(cx, x, dims=(), keepdim=False):
     return ops.max(x, _dims(x, dims), keepdims=keepdim)
+
+
+@aten("max.default")
+def _max_all(cx, x):
+    return ops.max(x)
+
+
+@aten("min.default")
+def _min_all(cx, x):
+    return ops.neg(ops.max(ops.neg(f32(x))))
+
+
+@aten("prod.dim_int", "prod.default")
+def _prod(cx, x, d=None, keepdim=False, dtype=None):
+    x = f32(x)
+    if d is None:
+        x, d = ops.reshape(x, (-1,)), 0
+    d = dim(x, d)
+    if x.shape[d] > 64:
+        cx.fail(f"prod over {x.shape[d]} elements is not supported (at most 64)")
+    # a product of slices: exact values and gradients, zeros included
+    parts = ops.split(x, 1, d)
+    y = parts[0]
+    for part in parts[1:]:
+        y = y * part
+    return y if keepdim else ops.reshape(y, x.shape[:d] + x.shape[d + 1:])
+
+
+@aten("linalg_vector_norm.default")
+def _vector_norm(cx, x, order=2, dims=None, keepdim=False, dtype=None):
+    a = ops.abs(f32(x))
+    dims = _dims(x, dims)
+    if order == 2:
+        return ops.sqrt(ops.sum(a * a, dims, keepdims=keepdim))
+    if order == 1:
+        return ops.sum(a, dims, keepdims=keepdim)
+    if order == math.inf:
+        return ops.max(a, dims, keepdims=keepdim)
+    if isinstance(order, (int, float)) and order > 0:
+        return ops.power(ops.sum(ops.power(a, float(order)), dims, keepdims=keepdim), 1.0 / order)
+    cx.fail(f"vector norm of order {order} is not supported", "use ord 1, 2, inf or a positive p")
 
 
 @aten("amin.default")

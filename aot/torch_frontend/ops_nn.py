@@ -162,6 +162,15 @@ def _bn_train(cx, x, w, b, rm, rv, training, momentum, eps):
     return y, mu, rstd, new_rm, new_rv
 
 
+@aten("_native_batch_norm_legit.no_stats")
+def _bn_no_stats(cx, x, w, b, training, momentum, eps):
+    axes = (0,) + tuple(range(2, x.ndim))
+    mu = ops.mean(x, axes)
+    d = x - _channel(mu, x.ndim)
+    rstd = ops.rsqrt(ops.mean(d * d, axes) + num(eps))
+    return _bn_apply(x, w, b, mu, rstd), mu, rstd
+
+
 @aten("scaled_dot_product_attention.default")
 def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if dropout_p and cx.training:

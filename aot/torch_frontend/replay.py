@@ -16,7 +16,7 @@ from ..errors import ShapeError, TraceError
 from ..ops.trace import at_site, current
 from . import ops_nn  # noqa: F401  (registers the nn ops)
 from .export import Captured, torch_site
-from .ops_map import TABLE, const, is_t
+from .ops_map import NAN, TABLE, NaN, const, is_t
 from .ops_nn import Unavailable
 
 
@@ -39,8 +39,12 @@ def kind_of(val) -> str | None:
 class Ctx:
     """What a mapping function may ask about the node it maps."""
 
-    def __init__(self, node, name: str, site, training: bool, kinds: dict):
-        self.node, self.name, self.site, self.training, self._kinds = node, name, site, training, kinds
+    def __init__(self, node, name: str, site, training: bool, kinds: dict, env: dict):
+        self.node, self.name, self.site, self.training, self._kinds, self._env = node, name, site, training, kinds, env
+
+    def value_of(self, fx_node):
+        """The aot value of another node of the graph (one this node reads)."""
+        return self._env[fx_node]
 
     def fail(self, message: str, hint: str | None = None):
         raise TraceError(f"from_torch: {self.name}: {message}", self.site, hint)
@@ -59,7 +63,7 @@ def _coerce(cx: Ctx, out, val):
         vals = val if isinstance(val, (tuple, list)) else [None] * len(out)
         return tuple(_coerce(cx, o, v) for o, v in zip(out, vals))
     k = kind_of(val)
-    if k is None or isinstance(out, Unavailable) or out is None:
+    if k is None or isinstance(out, (Unavailable, NaN)) or out is None:
         return out
     if k not in ("float", "int", "bool"):
         cx.fail(f"makes a {k} tensor; aot computes in float32 and int32",
@@ -113,7 +117,9 @@ def replay(cap: Captured, leaves: dict, training: bool, what: str):
         args = torch.fx.node.map_arg(node.args, value)
         kwargs = torch.fx.node.map_arg(node.kwargs, value)
         fn = TABLE.get(name)
-        cx = Ctx(node, name, site, training, kinds)
+        cx = Ctx(node, name, site, training, kinds, env)
+        if name != "aten.where.self" and any(a is NAN for a in list(args) + list(kwargs.values())):
+            cx.fail("a NaN constant is supported only as where(isnan(y), nan, z)")
         if fn is None:
             cx.fail("this ATen op has no aot mapping",
                     "docs/API.md 'From PyTorch' lists the ops aot maps; write this part with those ops")
