@@ -9,6 +9,7 @@ torch optimizer translates to (optim_map.py). torch is imported only when from_t
 
 from __future__ import annotations
 
+from ..buffers import assign
 from ..errors import Site, TraceError, capture_site
 from ..module import Module
 from ..program import Infer, InputSpec, Program, Train
@@ -17,30 +18,33 @@ from .. import ops
 
 
 class TorchModel(Module):
-    """The torch module's tensors as aot params named by their state_dict names."""
+    """The torch module's parameters and buffers as aot params and buffers named by their
+    state_dict names (any text is a valid aot name), in PyTorch's layouts."""
 
     def __init__(self, decls):
         super().__init__()
         self._frozen = set()
-        for name, array, decay, frozen in decls:
-            t = self.param(array.shape, init=_init.literal(array), decay=decay)
+        for name, array, kind, decay, frozen in decls:
+            if kind == "param":
+                t = self.param(array.shape, init=_init.literal(array), decay=decay)
+            else:  # "f32" or "i32" buffer
+                t = self.buffer(array.shape, init=_init.literal(array), dtype=kind)
             self.__dict__[name] = t
             if frozen:
                 self._frozen.add(name)
 
     def tensor(self, name: str):
         t = self.__dict__[name]
-        # frozen (requires_grad=False, not in the optimizer, buffers): the loss never reaches it, so
-        # it gets no update, no decay and no optimizer state (what torch.optim does with grad None)
+        # frozen (requires_grad=False, or in no optimizer group): the loss never reaches it, so it
+        # gets no update, no decay and no optimizer state (what torch.optim does with grad None)
         return ops.stop_gradient(t) if name in self._frozen else t
 
 
 class _Entry:
     """An entry point's function: exports the torch code once per input shapes, replays it."""
 
-    def __init__(self, module, fn, inputs: dict, kind: str, what: str, site, kinds: dict, aliases: dict):
+    def __init__(self, module, fn, inputs: dict, kind: str, what: str, site, aliases: dict):
         self.module, self.fn, self.names, self.kind, self.what, self.site = module, fn, list(inputs), kind, what, site
-        self.kinds = kinds  # state_dict name -> "param" | "float buffer" | "int buffer"
         self.aliases = aliases  # every name of a shared (tied) tensor -> the name aot keeps for it
         self.cache: dict = {}
         code = getattr(fn, "__code__", None)
@@ -63,19 +67,15 @@ class _Entry:
             cap = self.cache[key] = capture(self.module, self.fn, self.names, examples, self.kind == "train", self.what, self.fn_site)
         leaves = {}
         for ph, name in cap.params.items():
-            name = self.aliases.get(name, name)
-            t = model.tensor(name)
-            leaves[ph] = ops.cast(t, "i32") if self.kinds[name] == "int buffer" else t
+            leaves[ph] = model.tensor(self.aliases.get(name, name))
         for ph, name in cap.inputs.items():
             leaves[ph] = inputs[name]
         for ph, arr in cap.constants.items():
             leaves[ph] = self._constant(arr)
         user, buffers = replay(cap, leaves, self.kind == "train", self.what)
-        if buffers:
-            raise TraceError(
-                f"from_torch: {self.what} updates the buffers {', '.join(sorted(buffers))} (BatchNorm running statistics "
-                "in train mode); aot cannot write buffers yet", self.fn_site,
-                "put the normalization layers in eval mode for training (module.bn.eval()) or use LayerNorm/GroupNorm")
+        for name, value in buffers.items():  # BatchNorm's running statistics, step counters
+            t = model.tensor(self.aliases.get(name, name))
+            assign(t, ops.cast(value, t.dtype))
         if len(user) != 1:
             raise TraceError(f"from_torch: {self.what} returns {len(user)} values; an aot entry point returns one tensor",
                              self.fn_site, "return a single tensor")
@@ -139,19 +139,18 @@ def from_torch(module, loss, inputs, optimizer=None, infer={}, dims={}, name=Non
     params = dict(module.named_parameters())
     names = {id(p): n for n, p in params.items()}
     opt, decay, updated = translate(optimizer, scheduler, names, clip_grad_norm, site)
-    decls, kinds = [], {}
+    decls = []
     for n, p in params.items():
         if p.dtype != torch.float32:
             raise TraceError(f"from_torch: parameter {n!r} is {p.dtype}; aot trains float32 parameters", site,
                              "convert the module with module.float()")
         frozen = not p.requires_grad or n not in updated
-        decls.append((n, p.detach().cpu().numpy().copy(), decay.get(n, opt is not None and not decay), frozen))
-        kinds[n] = "param"
+        decls.append((n, p.detach().cpu().numpy().copy(), "param", decay.get(n, opt is not None and not decay), frozen))
     for n, b in module.named_buffers():
         if b.dtype not in (torch.float32, torch.int64, torch.int32, torch.bool):
             raise TraceError(f"from_torch: buffer {n!r} is {b.dtype}; aot holds float32 and int32 state", site)
-        decls.append((n, b.detach().cpu().numpy().astype("float32"), False, True))
-        kinds[n] = "float buffer" if b.dtype == torch.float32 else "int buffer"
+        kind = "i32" if b.dtype in (torch.int64, torch.int32) else "f32"  # bool masks are f32 0/1
+        decls.append((n, b.detach().cpu().numpy().astype("float32"), kind, False, False))
     for n, *_ in decls:
         if n in ("_params", "_children", "_frozen"):
             raise TraceError(f"from_torch: the module's {n!r} clashes with aot.Module's own attributes", site)
@@ -164,9 +163,9 @@ def from_torch(module, loss, inputs, optimizer=None, infer={}, dims={}, name=Non
                + list(module.named_buffers(remove_duplicate=False)) if first[id(t)] != n}
     train = None
     if loss is not None:
-        train = Train(_Entry(module, loss, inputs, "train", "the loss", site, kinds, aliases), dict(inputs), opt, site=site)
+        train = Train(_Entry(module, loss, inputs, "train", "the loss", site, aliases), dict(inputs), opt, site=site)
     entries = {
-        k: Infer(_Entry(module, fn, i, "infer", f"infer entry {k!r}", site, kinds, aliases), dict(i), site=site)
+        k: Infer(_Entry(module, fn, i, "infer", f"infer entry {k!r}", site, aliases), dict(i), site=site)
         for k, (fn, i) in _entries(infer, site).items()
     }
 
