@@ -378,6 +378,10 @@ ZOO = {  # name -> (param shape, fn(p) -> tensor)
                + F.cosine_similarity(p, p.flip(1)).sum()),
     "div_modes_triu": ((3, 3), lambda p: torch.div(p, 0.3, rounding_mode="floor").detach() * p
                        + torch.div(p, 0.3, rounding_mode="trunc").detach() + torch.triu(p, 1) + torch.tril(p)),
+    "misc": ((4, 6), lambda p: sum(p.chunk(2, 1)).repeat(1, 2) * torch.stack(p.unbind(0)[:2] * 2).sum(0)
+             + (p.argmax(1, keepdim=True) == torch.arange(6)).float() * p + (p > 0).any(1, keepdim=True) * p
+             + (p > -2).all(0) * (1 - p) + 1 / (p * p + 1) + torch.pow(p * p + 1, p) + torch.erf(p) * p.sign()
+             + torch.maximum(p, p.flip(0)) - torch.minimum(p, 0.5 * p) + torch.isnan(p).float()),
 }
 
 
