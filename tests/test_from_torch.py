@@ -46,7 +46,10 @@ def parity(module, loss, inputs, batches, make_opt, make_sched=None, clip=None, 
         topt.zero_grad()
         tl = loss(tm, **to_torch(batch))
         tl.backward()
-        grads = {n: p.grad.numpy() if p.grad is not None else np.zeros(p.shape) for n, p in tm.named_parameters()}
+        # a parameter the optimizer does not hold is frozen in aot: no gradient reaches it (zeros)
+        held = {id(p) for g in topt.param_groups for p in g["params"]}
+        grads = {n: p.grad.numpy() if p.grad is not None and id(p) in held else np.zeros(p.shape)
+                 for n, p in tm.named_parameters()}
         # float64 on both sides, but aot's constants (betas, 1/n, ...) are float32 numbers: gradients
         # that cancel to 0 in exact arithmetic (a bias before BatchNorm) come out ~1e-8 of the others
         scale = max(np.abs(gr).max() for gr in grads.values()) + 1e-12
@@ -432,3 +435,20 @@ def test_batchnorm_running_stats_and_eval():
     tm.eval()
     np.testing.assert_allclose(ref.predict("predict", x=batches[0]["x"]), tm(torch.tensor(batches[0]["x"])).detach().numpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_frozen_and_unoptimized_params_stay_put():
+    torch.manual_seed(9)
+    m = MicroMLP()
+    m.layers[0].weight.requires_grad_(False)
+    rng = np.random.default_rng(9)
+    batches = [dict(zip(("x", "y"), moons(32, rng))) for _ in range(3)]
+
+    def make_opt(mm):  # layers.2.bias is in no group: torch never updates it
+        return torch.optim.Adam([p for n, p in mm.named_parameters() if p.requires_grad and n != "layers.2.bias"], lr=0.05)
+
+    w0, b0 = m.layers[0].weight.detach().numpy().copy(), m.layers[2].bias.detach().numpy().copy()
+    _, ref, _ = parity(m, moons_loss, {"x": aot.f32(32, 2), "y": aot.f32(32, 1)}, batches, make_opt)
+    np.testing.assert_array_equal(ref.params["layers.0.weight"], w0)
+    np.testing.assert_array_equal(ref.params["layers.2.bias"], b0)
+    assert not np.array_equal(ref.params["layers.1.weight"], m.layers[1].weight.detach().numpy())
