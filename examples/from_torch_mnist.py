@@ -6,7 +6,7 @@ The package trains with `model.step(x=images, y=labels)` (x f32[64, 1, 28, 28], 
 predicts class log-probabilities with `model.predict(x=...)` (1 or 64 images) on any WebGPU
 adapter, without torch; `model.state_dict()` loads into `Net` with `load_state_dict`, and
 `model.load_state_dict(net.state_dict())` starts from a torch checkpoint. The optimizer is the
-example's Adadelta replaced by Adam (aot translates Adam, AdamW and SGD) with its StepLR.
+example's: Adadelta(lr=1.0) with StepLR(gamma=0.7) once an epoch (938 steps of 64 images).
 """
 
 import torch
@@ -48,11 +48,11 @@ def predict(net, x):
     return net(x)
 
 
-def make_program(width=1.0, image=28, batch=64, lr=1e-3, name="from_torch_mnist", seed=1):
+def make_program(width=1.0, image=28, batch=64, lr=1.0, name="from_torch_mnist", seed=1):
     torch.manual_seed(seed)
     net = Net(width, image)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.7)  # the example's gamma, per ~epoch
+    opt = torch.optim.Adadelta(net.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=60000 // batch + 1, gamma=0.7)  # an epoch
     return aot.from_torch(
         net, loss, {"x": aot.f32(batch, 1, image, image), "y": aot.i32(batch)}, opt, scheduler=sched,
         infer={"predict": (predict, {"x": aot.f32("B", 1, image, image)})}, dims={"B": (1, batch)}, name=name,

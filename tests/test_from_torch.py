@@ -220,15 +220,15 @@ def test_unsupported_op_points_at_user_line():
 
 
 @pytest.mark.parametrize("make, what", [
-    (lambda p: torch.optim.RMSprop(p, lr=1e-3), "RMSprop is not supported"),
-    (lambda p: torch.optim.Adam(p, lr=1e-3, weight_decay=0.1), "AdamW"),
-    (lambda p: torch.optim.Adam(p, lr=1e-3, amsgrad=True), "amsgrad"),
+    (lambda p: torch.optim.NAdam(p, lr=1e-3), "NAdam is not supported"),
+    (lambda p: torch.optim.Adam(p, lr=1e-3, maximize=True), "maximize"),
+    (lambda p: torch.optim.Adam([{"params": [p[0]], "amsgrad": True}, {"params": p[1:]}], lr=1e-3), "amsgrad"),
     (lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, dampening=0.1), "dampening"),
 ])
 def test_unsupported_optimizer_settings_refused(make, what):
     m = nn.Linear(2, 1)
     with pytest.raises(aot.TraceError, match=what):
-        aot.from_torch(m, lambda m, x: m(x).sum(), {"x": aot.f32(2, 2)}, make(m.parameters()))
+        aot.from_torch(m, lambda m, x: m(x).sum(), {"x": aot.f32(2, 2)}, make(list(m.parameters())))
 
 
 def test_refusals_of_shapes_and_dtypes():
@@ -452,3 +452,27 @@ def test_frozen_and_unoptimized_params_stay_put():
     np.testing.assert_array_equal(ref.params["layers.0.weight"], w0)
     np.testing.assert_array_equal(ref.params["layers.2.bias"], b0)
     assert not np.array_equal(ref.params["layers.1.weight"], m.layers[1].weight.detach().numpy())
+
+
+def two_groups(cls, **kw):
+    """Layer 0 in a group of its own (its own lr and weight decay), the rest in another."""
+    def make(m):
+        first = list(m.layers[0].parameters())
+        rest = [p for p in m.parameters() if all(p is not q for q in first)]
+        return cls([{"params": first, "lr": 0.02, "weight_decay": 0.1}, {"params": rest}], **kw)
+    return make
+
+
+@pytest.mark.parametrize("make, sched", [
+    (lambda m: torch.optim.Adam(m.parameters(), lr=0.02, weight_decay=0.05, amsgrad=True), None),
+    (lambda m: torch.optim.RMSprop(m.parameters(), lr=0.01, momentum=0.5, centered=True, weight_decay=0.01), None),
+    (lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1), None),
+    (lambda m: torch.optim.Adadelta(m.parameters(), lr=1.0, rho=0.8), None),
+    (two_groups(torch.optim.SGD, lr=0.05, momentum=0.9), lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.9)),
+    (two_groups(torch.optim.AdamW, lr=0.01, betas=(0.8, 0.9)), None),
+], ids=["adam_l2_amsgrad", "rmsprop_centered", "adagrad", "adadelta", "sgd_groups_explr", "adamw_groups"])
+def test_optimizers_and_groups(make, sched):
+    torch.manual_seed(10)
+    rng = np.random.default_rng(10)
+    batches = [dict(zip(("x", "y"), moons(32, rng))) for _ in range(STEPS)]
+    parity(MicroMLP(), moons_loss, {"x": aot.f32(32, 2), "y": aot.f32(32, 1)}, batches, make, sched)

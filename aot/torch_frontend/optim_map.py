@@ -1,8 +1,9 @@
 """torch.optim optimizers and lr schedulers -> aot.optim and aot.lr (exact translations only).
 
-What cannot be expressed exactly (AMSGrad, dampening, maximize, Adam's coupled weight decay,
-per-group learning rates, schedulers aot has no equivalent of) is refused with a message
-naming the setting and what to use instead.
+SGD, Adam, AdamW, Adadelta, RMSprop and Adagrad with their param groups (each a group of aot's
+optimizer with all of its settings); what cannot be expressed exactly (dampening, maximize,
+settings that differ between groups where aot keeps one, schedulers aot has no equivalent of)
+is refused with a message naming the setting and what to use instead.
 """
 
 from __future__ import annotations
@@ -16,13 +17,28 @@ def _refuse(what: str, hint: str, site):
     raise TraceError(f"from_torch: {what}", site, hint)
 
 
+# torch.optim class name -> (aot class name, torch group keys aot takes per group (torch name ->
+# aot name), torch settings that must be one value for the whole optimizer in aot)
+OPTIMIZERS = {
+    "SGD": ("SGD", {"lr": "lr", "momentum": "momentum", "nesterov": "nesterov", "weight_decay": "weight_decay"}, ()),
+    "Adam": ("Adam", {"lr": "lr", "betas": "betas", "eps": "eps", "weight_decay": "weight_decay"}, ("amsgrad",)),
+    "AdamW": ("AdamW", {"lr": "lr", "betas": "betas", "eps": "eps", "weight_decay": "weight_decay"}, ("amsgrad",)),
+    "Adadelta": ("Adadelta", {"lr": "lr", "rho": "rho", "eps": "eps", "weight_decay": "weight_decay"}, ()),
+    "RMSprop": ("RMSprop", {"lr": "lr", "alpha": "alpha", "eps": "eps", "weight_decay": "weight_decay",
+                            "momentum": "momentum", "centered": "centered"}, ()),
+    "Adagrad": ("Adagrad", {"lr": "lr", "lr_decay": "lr_decay", "eps": "eps", "weight_decay": "weight_decay"},
+                ("initial_accumulator_value",)),
+}
+
+
 def translate(optimizer, scheduler, names: dict[int, str], clip_grad_norm, site):
-    """(aot optimizer or None, {param name: decayed}, names of the params it updates)."""
+    """(aot optimizer or None, {param name: decayed}, names of the params it updates). Each torch
+    param group becomes an aot group listing its params with all of the group's settings."""
     if optimizer is None:
         if scheduler is not None:
             _refuse("scheduler= needs an optimizer", "pass the optimizer the scheduler was made for", site)
         return None, {}, set(names.values())
-    if isinstance(optimizer, (_optim.Adam, _optim.SGD)):  # an aot optimizer: decay flags as aot's defaults
+    if isinstance(optimizer, _optim._Optimizer):  # an aot optimizer: decay flags as aot's defaults
         if scheduler is not None:
             _refuse("scheduler= is for torch.optim optimizers", "give the aot optimizer an aot.lr schedule as lr=", site)
         if clip_grad_norm is not None:
@@ -30,63 +46,50 @@ def translate(optimizer, scheduler, names: dict[int, str], clip_grad_norm, site)
         return optimizer, {}, set(names.values())
     import torch
 
-    kinds = {torch.optim.SGD: "SGD", torch.optim.Adam: "Adam", torch.optim.AdamW: "AdamW"}
-    kind = kinds.get(type(optimizer))
-    if kind is None:
+    kind = type(optimizer).__name__ if type(optimizer).__module__.startswith("torch.optim") else None
+    if kind not in OPTIMIZERS or type(optimizer) is not getattr(torch.optim, kind, None):
         _refuse(f"optimizer {type(optimizer).__name__} is not supported",
-                "use torch.optim.Adam, AdamW or SGD (or an aot.optim optimizer)", site)
+                f"use one of torch.optim.{', '.join(OPTIMIZERS)} (or an aot.optim optimizer)", site)
+    aot_kind, keys, shared = OPTIMIZERS[kind]
     groups = optimizer.param_groups
-    decay, updated = {}, set()
+    decay, updated, aot_groups = {}, set(), []
     for gi, group in enumerate(groups):
+        for flag in ("maximize", "differentiable"):
+            if group.get(flag):
+                _refuse(f"{kind}({flag}=True) is not supported",
+                        "negate the loss instead" if flag == "maximize" else f"leave {flag} False", site)
+        if group.get("dampening"):
+            _refuse("SGD(dampening=...) is not supported", "use dampening=0", site)
+        if kind == "AdamW" and group.get("weight_decay") and not group.get("decoupled_weight_decay", True):
+            _refuse("AdamW without decoupled weight decay is not supported", "use AdamW's default", site)
+        gnames = []
         for p in group["params"]:
             if id(p) not in names:
                 _refuse(f"optimizer group {gi} holds a tensor that is not a parameter of the module",
                         "build the optimizer from module.parameters()", site)
-            updated.add(names[id(p)])
+            gnames.append(names[id(p)])
             decay[names[id(p)]] = bool(group.get("weight_decay", 0.0))
-    first = groups[0]
-
-    def same(key, why):
+        updated.update(gnames)
+        base = float(group["initial_lr" if scheduler is not None else "lr"])
+        settings = {aot: group[t] for t, aot in keys.items() if t in group}
+        settings["lr"] = schedule(scheduler, optimizer, base, site) if scheduler is not None else base
+        if kind == "Adam" and group.get("decoupled_weight_decay"):
+            aot_kind = "AdamW"
+        if gnames:
+            aot_groups.append(dict(settings, params=gnames))
+    for key in shared:
         values = {repr(g.get(key)) for g in groups}
         if len(values) > 1:
-            _refuse(f"optimizer param groups differ in {key} ({', '.join(sorted(values))}); {why}",
-                    "use one value for all groups", site)
-
-    for g in groups:
-        if g.get("maximize"):
-            _refuse(f"{kind}(maximize=True) is not supported", "negate the loss instead", site)
-        if g.get("differentiable"):
-            _refuse(f"{kind}(differentiable=True) is not supported", "leave differentiable False", site)
-    lr_key = "initial_lr" if scheduler is not None else "lr"
-    same(lr_key, "aot takes one learning rate")
-    wds = {float(g.get("weight_decay", 0.0)) for g in groups} - {0.0}
-    if len(wds) > 1:
-        _refuse(f"optimizer param groups use several weight decays {sorted(wds)}",
-                "aot decays a set of params by one weight_decay: use one value (and 0 for the rest)", site)
-    wd = wds.pop() if wds else 0.0
-    lr = schedule(scheduler, optimizer, float(first[lr_key]), site) if scheduler is not None else float(first["lr"])
+            _refuse(f"optimizer param groups differ in {key} ({', '.join(sorted(values))}); aot's {aot_kind} takes "
+                    "one value for all params", "use one value for all groups", site)
+    first = {k: v for k, v in aot_groups[0].items() if k != "params"} if aot_groups else {"lr": 0.0}
+    extra = {k: groups[0][k] for k in shared if k in groups[0]}
+    cls = getattr(_optim, aot_kind)
     clip = None if clip_grad_norm is None else float(clip_grad_norm)
-    if kind == "SGD":
-        for key in ("momentum", "nesterov"):
-            same(key, "aot's SGD takes one value")
-        if any(g.get("dampening", 0) for g in groups):
-            _refuse("SGD(dampening=...) is not supported", "use dampening=0", site)
-        opt = _optim.SGD(lr=lr, momentum=float(first["momentum"]), nesterov=bool(first["nesterov"]),
-                         weight_decay=wd, clip_grad_norm=clip)
-    else:
-        for key in ("betas", "eps", "amsgrad"):
-            same(key, f"aot's {kind} takes one value")
-        if first.get("amsgrad"):
-            _refuse(f"{kind}(amsgrad=True) is not supported", "use amsgrad=False", site)
-        decoupled = kind == "AdamW" or bool(first.get("decoupled_weight_decay"))
-        if wd and not decoupled:
-            _refuse("Adam(weight_decay=...) adds an L2 term to the gradient, which aot's Adam has not",
-                    "use torch.optim.AdamW (decoupled decay) or weight_decay=0", site)
-        betas = tuple(float(b) for b in first["betas"])
-        if decoupled:
-            opt = _optim.AdamW(lr=lr, betas=betas, eps=float(first["eps"]), weight_decay=wd, clip_grad_norm=clip)
-        else:
-            opt = _optim.Adam(lr=lr, betas=betas, eps=float(first["eps"]), clip_grad_norm=clip)
+    try:
+        opt = cls(**first, **extra, clip_grad_norm=clip, groups=aot_groups if len(aot_groups) > 1 else ())
+    except (TypeError, ValueError) as e:
+        _refuse(f"{kind}'s settings do not translate: {e}", "use settings aot.optim." + aot_kind + " takes", site)
     return opt, decay, updated
 
 
