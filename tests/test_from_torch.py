@@ -385,6 +385,15 @@ ZOO = {  # name -> (param shape, fn(p) -> tensor)
              + (p.argmax(1, keepdim=True) == torch.arange(6)).float() * p + (p > 0).any(1, keepdim=True) * p
              + (p > -2).all(0) * (1 - p) + 1 / (p * p + 1) + torch.pow(p * p + 1, p) + torch.erf(p) * p.sign()
              + torch.maximum(p, p.flip(0)) - torch.minimum(p, 0.5 * p) + torch.isnan(p).float()),
+    "resize_pad_modes": ((1, 2, 5, 5), lambda p: F.interpolate(p, scale_factor=2).sum() + F.interpolate(p, size=(7, 8), mode="bilinear").sum()
+                         * F.interpolate(p, size=(3, 4), mode="bilinear", align_corners=True).sum() + F.pad(p, (1, 2, 2, 1), mode="reflect").sum()
+                         * F.pad(p, (1, 2, 0, 1), mode="replicate").mean() + F.pad(p, (1, 1, 2, 1), mode="circular").pow(2).sum()
+                         + F.pixel_shuffle(p[:, :1].repeat(1, 4, 1, 1), 2).sin().sum()),
+    "conv_transpose_dilated": ((1, 2, 5, 5), lambda p: F.conv_transpose2d(p, p[0, :, :3, :3].reshape(2, 1, 3, 3).repeat(1, 3, 1, 1),
+                               stride=2, padding=1, output_padding=1).pow(2).sum() + F.conv2d(p, p[:1, :, :2, :2].repeat(3, 1, 1, 1),
+                               dilation=2, padding=1).pow(2).sum() + F.conv_transpose1d(p[:, :, 0], p[0, :, 0, :3].reshape(2, 1, 3)).pow(2).sum()),
+    "pool_modes_cumsum_index": ((2, 2, 7, 7), lambda p: F.adaptive_avg_pool2d(p, (3, 2)).sum() * F.avg_pool2d(p, 3, 2, ceil_mode=True).mean()
+                                + p.cumsum(3).sin().sum() + p[:, [1, 0, 1]].pow(2).sum() + p[torch.tensor([1, 0]), torch.tensor([[0], [1]])].sin().sum()),
 }
 
 

@@ -578,12 +578,64 @@ def _gather(cx, x, d, idx, sparse_grad=False):
     return ops.take_along_axis(f32(x), idx, d)
 
 
-@aten("index.Tensor")
+@aten("index.Tensor", "_unsafe_index.Tensor")
 def _index(cx, x, indices):
-    if len(indices) == 1 and is_t(indices[0]) and indices[0].dtype == "i32":
-        return ops.embedding(f32(x), indices[0])
-    cx.fail("indexing with anything but one integer index tensor on the first axis is not supported",
-            "index the first axis with one integer tensor (x[idx]), or use torch.gather")
+    """x[..., i, j, ...] with integer tensors (None: the whole axis). Several index tensors on
+    adjacent axes are broadcast together and combined into one flat index over those axes."""
+    at = [a for a, i in enumerate(indices) if i is not None]
+    if any(not is_t(indices[a]) or indices[a].dtype != "i32" for a in at):
+        cx.fail("only integer index tensors are supported (a boolean mask has a data-dependent shape)",
+                "use torch.where(mask, x, other) instead of x[mask]")
+    if at != list(range(at[0], at[-1] + 1)):
+        cx.fail("index tensors on non-adjacent axes are not supported", "index one axis at a time")
+    lead = (slice(None),) * at[0]
+    if len(at) == 1:
+        return ops.getitem(x, lead + (indices[at[0]],))
+    shape = ops.api.broadcast_shapes("index", *[indices[a].shape for a in at])
+    flat, stride = None, 1
+    for a in reversed(at):  # row-major flat index over the indexed axes, in f32 (exact below 2**24)
+        term = ops.broadcast_to(f32(indices[a]), shape) * float(stride)
+        flat = term if flat is None else flat + term
+        stride *= x.shape[a]
+    merged = ops.reshape(x, x.shape[:at[0]] + (stride,) + x.shape[at[-1] + 1:])
+    return ops.getitem(merged, lead + (ops.cast(flat, "i32"),))
+
+
+@aten("slice_scatter.default")
+def _slice_scatter(cx, x, src, d=0, start=None, end=None, step=1):
+    d = dim(x, d)
+    start, end, step = slice(start, end, step).indices(x.shape[d])
+    if step != 1:
+        cx.fail("slice_scatter with a step is not supported")
+    src = ops.cast(src, x.dtype)
+    parts = [ops.narrow(x, d, 0, start), src, ops.narrow(x, d, end, x.shape[d] - end)]
+    return ops.concat([q for q in parts if q.shape[d]], d)
+
+
+@aten("copy.default")
+def _copy(cx, dst, src, non_blocking=False):
+    return ops.broadcast_to(ops.cast(src, dst.dtype) if is_t(src) else const(src, (), dst.dtype), dst.shape)
+
+
+@aten("empty.memory_format", "empty.default", "new_empty.default", "new_zeros.default")
+def _empty(cx, size, *args, **kw):
+    size = args[0] if is_t(size) else size  # new_empty(x, size)
+    return const(0.0, tuple(size), cx.out_dtype())
+
+
+@aten("cumsum.default")
+def _cumsum(cx, x, d, dtype=None):
+    x, d = f32(x), dim(x, d)
+    if hasattr(ops, "cumsum"):
+        return ops.cumsum(x, d)
+    n = x.shape[d]
+    if n > 2048:
+        cx.fail(f"cumsum over {n} elements is not supported (at most 2048)")
+    # a matmul with the upper-triangular ones: y[..., j] = sum over i <= j of x[..., i]
+    i = ops.arange(n, "f32")
+    tri = 1.0 - ops.greater(ops.broadcast_to(ops.reshape(i, (n, 1)), (n, n)), ops.broadcast_to(ops.reshape(i, (1, n)), (n, n)))
+    y = ops.matmul(ops.swapaxes(x, d, -1), tri)
+    return ops.swapaxes(y, d, -1)
 
 
 @aten("index_select.default")

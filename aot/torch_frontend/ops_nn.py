@@ -36,18 +36,17 @@ def _channel(t, ndim):
 
 @aten("convolution.default")
 def _conv(cx, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed:
-        cx.fail("transposed convolution (ConvTranspose) is not supported yet", "use Conv2d, or upsample then convolve")
-    if any(d != 1 for d in dilation):
-        cx.fail(f"convolution with dilation={list(dilation)} is not supported yet", "use dilation=1")
-    if x.ndim == 3:  # Conv1d as a 2-D convolution over [N, C, 1, L]
-        y = ops.conv2d(ops.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2])), ops.reshape(w, w.shape[:2] + (1, w.shape[2])),
-                       (1, stride[0]), (0, padding[0]), groups)
-        y = ops.reshape(y, (y.shape[0], y.shape[1], y.shape[3]))
-    elif x.ndim == 4:
-        y = ops.conv2d(x, w, _pair(stride, "stride", cx), _pair(padding, "padding", cx), groups)
-    else:
+    if x.ndim not in (3, 4):
         cx.fail(f"convolution over {x.ndim - 2} spatial dims is not supported", "use Conv1d or Conv2d")
+    if transposed:
+        if x.ndim == 3:  # ConvTranspose1d as a 2-D one over [N, C, 1, L]
+            y = ops.conv_transpose2d(ops.reshape(x, x.shape[:2] + (1, x.shape[2])), ops.reshape(w, w.shape[:2] + (1, w.shape[2])),
+                                     b, (1, stride[0]), (0, padding[0]), (0, output_padding[0]), groups, (1, dilation[0]))
+            return ops.reshape(y, y.shape[:2] + (y.shape[3],))
+        return ops.conv_transpose2d(x, w, b, tuple(stride), tuple(padding), tuple(output_padding), groups, tuple(dilation))
+    if x.ndim == 3:
+        return ops.conv1d(x, w, b, stride[0], padding[0], dilation[0], groups)
+    y = ops.conv2d(x, w, _pair(stride, "stride", cx), _pair(padding, "padding", cx), groups, _pair(dilation, "dilation", cx))
     return y + _channel(b, y.ndim) if b is not None else y
 
 
@@ -64,27 +63,28 @@ def _max_pool(cx, x, k, stride=(), padding=0, dilation=1, ceil_mode=False):
 
 @aten("avg_pool2d.default")
 def _avg_pool(cx, x, k, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    if ceil_mode:
-        cx.fail("avg_pool2d(ceil_mode=True) is not supported", "use ceil_mode=False")
     kk = _pair(k, "kernel_size", cx)
-    s, p = (_pair(stride, "stride", cx) if stride else kk), _pair(padding, "padding", cx)
-    total = ops.sum(ops.api.unfold(x, kk, s, p), (2, 3))
-    if divisor_override:
-        return total * (1.0 / divisor_override)
-    if count_include_pad or p == (0, 0):
-        return total * (1.0 / (kk[0] * kk[1]))
-    ones = ops.broadcast_to(const(1.0), (1, 1) + x.shape[2:])
-    return total / ops.sum(ops.api.unfold(ones, kk, s, p), (2, 3))
+    return ops.avg_pool2d(x, kk, _pair(stride, "stride", cx) if stride else kk, _pair(padding, "padding", cx),
+                          ceil_mode, count_include_pad, divisor_override)
 
 
 @aten("_adaptive_avg_pool2d.default", "adaptive_avg_pool2d.default")
 def _adaptive_avg(cx, x, size):
-    h, w = x.shape[-2:]
-    oh, ow = _pair(size, "output_size", cx)
-    if h % oh or w % ow:
-        cx.fail(f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow}: only sizes that divide the input are supported")
-    y = ops.reshape(x, x.shape[:-2] + (oh, h // oh, ow, w // ow))
-    return ops.mean(y, (-3, -1))
+    return ops.adaptive_avg_pool2d(x, tuple(size))
+
+
+@aten("upsample_nearest2d.vec", "upsample_nearest2d.default")
+def _up_nearest(cx, x, size=None, scales=None, *rest):
+    if scales is not None and size is None:
+        return ops.interpolate(x, scale_factor=tuple(scales), mode="nearest")
+    return ops.interpolate(x, size=tuple(size), mode="nearest")
+
+
+@aten("upsample_bilinear2d.vec", "upsample_bilinear2d.default")
+def _up_bilinear(cx, x, size, align_corners, scales=None, *rest):
+    if scales is not None and size is None:
+        return ops.interpolate(x, scale_factor=tuple(scales), mode="bilinear", align_corners=align_corners)
+    return ops.interpolate(x, size=tuple(size), mode="bilinear", align_corners=align_corners)
 
 
 @aten("_softmax.default")
