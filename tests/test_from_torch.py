@@ -341,10 +341,14 @@ def test_vae_randn_like_draws_fresh_normal_noise():
     torch.manual_seed(6)
     m = VAE()
     prog = aot.from_torch(m, lambda m, x: vae_loss(m, x), {"x": aot.f32(8, 16)}, torch.optim.Adam(m.parameters()),
-                          infer={"noise": (lambda m, x: torch.randn_like(x), {"x": aot.f32(64, 64)})}, name="vae")
+                          infer={"noise": (lambda m, x: torch.randn_like(x), {"x": aot.f32(64, 64)}),
+                                 "drop2d": (lambda m, x: F.dropout2d(x, 0.5, True), {"x": aot.f32(4, 64, 3, 3)})},
+                          name="vae")
     ref = Reference(trace_program(prog))
     a, b = ref.predict("noise", x=np.zeros((64, 64))), ref.predict("noise", x=np.zeros((64, 64)))
     assert abs(a.mean()) < 0.05 and abs(a.std() - 1) < 0.05 and not np.array_equal(a, b)
+    d = ref.predict("drop2d", x=np.ones((4, 64, 3, 3)))  # whole channels dropped, the rest scaled by 2
+    assert set(np.unique(d)) == {0.0, 2.0} and (d.min((2, 3)) == d.max((2, 3))).all() and 0.35 < (d == 0).mean() < 0.65
     x = vae_batches(np.random.default_rng(6), 1)[0]["x"]
     assert np.isfinite(ref.step(x=x))
 
