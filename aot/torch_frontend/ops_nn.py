@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from .. import ops
-from .ops_map import F32_MAX, aten, const, f32, num
+from .ops_map import F32_MAX, aten, f32, num
 
 
 class Unavailable:
