@@ -366,7 +366,8 @@ ZOO = {  # name -> (param shape, fn(p) -> tensor)
                                + p.index_select(1, torch.tensor([3, 1]))[:2]),
     "pad": ((2, 3, 4), lambda p: F.pad(p, (1, 2)) + F.pad(p, (1, 2), value=0.5) + F.pad(p, (2, 1, 0, 0), "constant", 0.0)),
     "pools": ((2, 2, 6, 6), lambda p: F.avg_pool2d(p, 2).sum() + F.adaptive_avg_pool2d(p, 1).sum()
-              + F.avg_pool2d(p, 3, 2, 1, count_include_pad=False).sum() + F.max_pool2d(p, 3, 2, 1).sum()),
+              + F.avg_pool2d(p, 3, 2, 1, count_include_pad=False).sum() + F.max_pool2d(p, 3, 2, 1).sum()
+              + F.max_pool2d(p, 4, 3, 1, ceil_mode=True).pow(2).sum() + F.max_pool2d(p[..., :5], 2, ceil_mode=True).sum()),
     "norms": ((2, 4, 3, 3), lambda p: F.group_norm(p, 2) + F.layer_norm(p, (3, 3)) + F.instance_norm(p)),
     "conv1d_conv2d_groups": ((2, 4, 6), lambda p: F.conv1d(p, p[0, :, :3].reshape(2, 2, 3), stride=2, padding=1, groups=2).sum()
                              + F.conv2d(p[:, None], p[:1, None, :3, :3], padding=1).sum()),
@@ -489,3 +490,36 @@ def test_optimizers_and_groups(make, sched):
     rng = np.random.default_rng(10)
     batches = [dict(zip(("x", "y"), moons(32, rng))) for _ in range(STEPS)]
     parity(MicroMLP(), moons_loss, {"x": aot.f32(32, 2), "y": aot.f32(32, 1)}, batches, make, sched)
+
+
+def test_export_failure_is_a_trace_error():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(2, 2)
+
+        def forward(self, x):
+            y = self.l(x)
+            return y * 2 if y.sum() > 0 else y  # data-dependent Python control flow
+
+    prog = aot.from_torch(Branchy(), lambda m, x: m(x).sum(), {"x": aot.f32(2, 2)}, name="branchy")
+    with pytest.raises(aot.TraceError, match="torch.export could not capture the loss") as e:
+        trace_program(prog)
+    assert "test_from_torch.py" in str(e.value)  # the loss function's line
+
+
+def test_inspect_lists_aten_to_aot_ops(tmp_path, capsys):
+    from aot.cli import main
+
+    src = tmp_path / "tiny_torch.py"
+    src.write_text(
+        "import torch, aot\n"
+        "net = torch.nn.Linear(3, 2)\n"
+        "program = aot.from_torch(net, lambda m, x: torch.relu(m(x)).mean(), {'x': aot.f32(4, 3)},\n"
+        "                         torch.optim.SGD(net.parameters(), lr=0.1), name='tiny_torch')\n"
+    )
+    assert main(["inspect", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "ATen ops (" in out
+    assert any(line.split()[:3] == ["aten.addmm.default", "->", "matmul"] for line in out.splitlines())
+    assert any(line.split()[:3] == ["aten.relu.default", "->", "relu"] and "tiny_torch.py:3" in line for line in out.splitlines())

@@ -52,13 +52,27 @@ def _conv(cx, x, w, b, stride, padding, dilation, transposed, output_padding, gr
 
 @aten("max_pool2d_with_indices.default")
 def _max_pool(cx, x, k, stride=(), padding=0, dilation=1, ceil_mode=False):
-    if ceil_mode:
-        cx.fail("max_pool2d(ceil_mode=True) is not supported", "use ceil_mode=False (pad the input instead)")
     if _pair(dilation, "dilation", cx) != (1, 1):
         cx.fail("max_pool2d with dilation is not supported", "use dilation=1")
     kk = _pair(k, "kernel_size", cx)
-    y = ops.max_pool2d(x, kk, _pair(stride, "stride", cx) if stride else kk, _pair(padding, "padding", cx))
-    return y, Unavailable("max_pool2d's indices", "use return_indices=False")
+    s, p = (_pair(stride, "stride", cx) if stride else kk), _pair(padding, "padding", cx)
+    gone = Unavailable("max_pool2d's indices", "use return_indices=False")
+    if not ceil_mode:
+        return ops.max_pool2d(x, kk, s, p), gone
+    # ceil_mode: torch's output size (a last window must start inside the input or its left
+    # padding); the windows that run past the end read -FLT_MAX padding, which never wins a max
+    y = x
+    for a in (0, 1):
+        n = x.shape[2 + a] + 2 * p[a]
+        out = -(-(n - kk[a]) // s[a]) + 1
+        if (out - 1) * s[a] >= x.shape[2 + a] + p[a]:
+            out -= 1
+        extra = max(0, (out - 1) * s[a] + kk[a] - n)
+        y = ops.pad(y, 2 + a, p[a], p[a] + extra)
+    ones = ops.broadcast_to(ops.api._const(1.0, "f32"), x.shape)
+    inside = ops.pad(ops.pad(ones, 2, p[0], y.shape[2] - x.shape[2] - p[0]), 3, p[1], y.shape[3] - x.shape[3] - p[1])
+    y = ops.where(inside, y, -F32_MAX)
+    return ops.max_pool2d(y, kk, s, 0), gone
 
 
 @aten("avg_pool2d.default")
