@@ -9,12 +9,19 @@ torch optimizer translates to (optim_map.py). torch is imported only when from_t
 
 from __future__ import annotations
 
+import inspect
+
 from ..buffers import assign
 from ..errors import Site, TraceError, capture_site
 from ..module import Module
 from ..program import Infer, InputSpec, Program, Train
 from .. import init as _init
 from .. import ops
+
+
+# aot.Module.param(trainable=False) where this aot has it (frozen params get no gradient at all);
+# else a frozen param is read through stop_gradient, which the optimizer then leaves alone too
+_TRAINABLE = "trainable" in inspect.signature(Module.param).parameters
 
 
 class TorchModel(Module):
@@ -25,7 +32,10 @@ class TorchModel(Module):
         super().__init__()
         self._frozen = set()
         for name, array, kind, decay, frozen in decls:
-            if kind == "param":
+            if kind == "param" and frozen and _TRAINABLE:
+                t = self.param(array.shape, init=_init.literal(array), decay=decay, trainable=False)
+                frozen = False
+            elif kind == "param":
                 t = self.param(array.shape, init=_init.literal(array), decay=decay)
             else:  # "f32" or "i32" buffer
                 t = self.buffer(array.shape, init=_init.literal(array), dtype=kind)
@@ -114,14 +124,40 @@ def _entries(infer, site):
     return out
 
 
+def _train_specs(loss, inputs, optimizer, scheduler, site):
+    """[(entry name or None, loss_fn, inputs, torch optimizer, scheduler)]: one for a plain loss,
+    one per name for `loss={name: (loss_fn, optimizer)}` (inputs and scheduler may be dicts by name)."""
+    if loss is None:
+        return []
+    if not isinstance(loss, dict):
+        if isinstance(scheduler, dict):
+            raise TraceError("from_torch: scheduler= is a dict, but there is one loss", site, "pass the scheduler itself")
+        return [(None, loss, inputs, optimizer, scheduler)]
+    if optimizer is not None:
+        raise TraceError("from_torch: with a dict of losses each entry brings its optimizer: "
+                         "loss={name: (loss_fn, optimizer)}; leave optimizer= out", site)
+    per_entry = bool(inputs) and set(inputs) == set(loss) and all(isinstance(v, dict) for v in inputs.values())
+    out = []
+    for ename, spec in loss.items():
+        if not (isinstance(spec, (tuple, list)) and len(spec) == 2 and callable(spec[0])):
+            raise TraceError(f"from_torch: loss[{ename!r}] must be (loss_fn, optimizer)", site)
+        sched = scheduler.get(ename) if isinstance(scheduler, dict) else scheduler
+        if sched is not None and not isinstance(scheduler, dict) and len(loss) > 1:
+            raise TraceError("from_torch: with several losses give scheduler={entry: scheduler}", site)
+        out.append((ename, spec[0], inputs[ename] if per_entry else inputs, spec[1], sched))
+    return out
+
+
 def from_torch(module, loss, inputs, optimizer=None, infer={}, dims={}, name=None, *,  # noqa: B006 - read only
                scheduler=None, clip_grad_norm=None, seed=0) -> Program:
     """An aot.Program training `module` with `loss(module, **inputs)` (PyTorch code) and the
-    torch `optimizer` (Adam, AdamW or SGD; its param groups' weight decay kept; `scheduler` a
-    StepLR, MultiStepLR, ExponentialLR, LinearLR or CosineAnnealingLR made for it), plus infer
-    entries `infer={name: (fn, inputs)}` run in eval mode. `inputs` are aot.f32/aot.i32
-    declarations (torch int64 index tensors are i32 inputs). Parameters and buffers keep their
-    state_dict names and layouts and start from the module's current values."""
+    torch `optimizer` (SGD, Adam, AdamW, Adadelta, RMSprop or Adagrad, param groups kept;
+    `scheduler` a StepLR, MultiStepLR, ExponentialLR, LinearLR or CosineAnnealingLR made for it),
+    plus infer entries `infer={name: (fn, inputs)}` run in eval mode. `loss={name: (loss_fn,
+    optimizer)}` gives several training entries (`step_<name>`; `inputs` and `scheduler` may then
+    be dicts by entry name), each training the params its optimizer holds. `inputs` are
+    aot.f32/aot.i32 declarations (torch int64 index tensors are i32 inputs). Parameters and
+    buffers keep their state_dict names and layouts and start from the module's current values."""
     site = capture_site()
     try:
         import torch
@@ -133,19 +169,24 @@ def from_torch(module, loss, inputs, optimizer=None, infer={}, dims={}, name=Non
         raise TraceError(f"from_torch: module must be a torch.nn.Module, got {type(module).__name__}", site)
     if loss is None and not infer:
         raise TraceError("from_torch: give a loss, infer entries, or both", site)
-    for n, s in list(inputs.items()) + [(n, s) for _, (_, i) in _entries(infer, site).items() for n, s in i.items()]:
+    specs = _train_specs(loss, inputs, optimizer, scheduler, site)
+    declared = [i for _, _, i, _, _ in specs] + [i for _, (_, i) in _entries(infer, site).items()]
+    for n, s in [(n, s) for i in declared for n, s in i.items()]:
         if not isinstance(s, InputSpec):
             raise TraceError(f"from_torch: input {n!r} must be declared with aot.f32(...) or aot.i32(...)", site)
     params = dict(module.named_parameters())
     names = {id(p): n for n, p in params.items()}
-    opt, decay, updated = translate(optimizer, scheduler, names, clip_grad_norm, site)
+    translated = [translate(o, sc, names, clip_grad_norm, site) for _, _, _, o, sc in specs]
+    updated = set().union(*[u for _, _, u in translated]) if translated else set()
+    decay = {n: d for _, dd, _ in translated for n, d in dd.items()}
+    default_decay = any(o is not None for o, _, _ in translated) and not decay
     decls = []
     for n, p in params.items():
         if p.dtype != torch.float32:
             raise TraceError(f"from_torch: parameter {n!r} is {p.dtype}; aot trains float32 parameters", site,
                              "convert the module with module.float()")
         frozen = not p.requires_grad or n not in updated
-        decls.append((n, p.detach().cpu().numpy().copy(), "param", decay.get(n, opt is not None and not decay), frozen))
+        decls.append((n, p.detach().cpu().numpy().copy(), "param", decay.get(n, default_decay), frozen))
     for n, b in module.named_buffers():
         if b.dtype not in (torch.float32, torch.int64, torch.int32, torch.bool):
             raise TraceError(f"from_torch: buffer {n!r} is {b.dtype}; aot holds float32 and int32 state", site)
@@ -161,9 +202,17 @@ def from_torch(module, loss, inputs, optimizer=None, infer={}, dims={}, name=Non
         first.setdefault(id(t), n)
     aliases = {n: first[id(t)] for n, t in list(module.named_parameters(remove_duplicate=False))
                + list(module.named_buffers(remove_duplicate=False)) if first[id(t)] != n}
-    train = None
-    if loss is not None:
-        train = Train(_Entry(module, loss, inputs, "train", "the loss", site, aliases), dict(inputs), opt, site=site)
+    train = {}
+    for (ename, fn, ins, _, _), (opt, _, upd) in zip(specs, translated):
+        what = "the loss" if ename is None else f"the loss of training entry {ename!r}"
+        entry = _Entry(module, fn, ins, "train", what, site, aliases)
+        if ename is None:
+            train = Train(entry, dict(ins), opt, site=site)
+        elif "params" not in Train.__dataclass_fields__:
+            raise TraceError("from_torch: several training entries need aot.Train(params=...), which this aot lacks", site)
+        else:  # the entry trains what its optimizer holds (exact names: no pattern characters in them)
+            trained = sorted(n for n in upd if n in params and params[n].requires_grad)
+            train[ename] = Train(entry, dict(ins), opt, params=trained, site=site)
     entries = {
         k: Infer(_Entry(module, fn, i, "infer", f"infer entry {k!r}", site, aliases), dict(i), site=site)
         for k, (fn, i) in _entries(infer, site).items()
@@ -173,4 +222,4 @@ def from_torch(module, loss, inputs, optimizer=None, infer={}, dims={}, name=Non
         return TorchModel(decls)
 
     model.__module__ = type(module).__module__  # the package records the model's source file
-    return Program(name or type(module).__name__.lower(), model, train, entries, dict(dims), seed, site=site)
+    return Program(name or type(module).__name__.lower(), model, train or None, entries, dict(dims), seed, site=site)
