@@ -10,10 +10,12 @@ from .ir import Tensor
 from .module import Module
 from .ops.trace import is_training
 from .program import Infer, Program, Train, capture, f32, i32
+from .torch_frontend import from_torch
 
 __all__ = [
     "AotError", "CodegenError", "IRError", "Infer", "Module", "Program", "ShapeError", "Tensor",
-    "TraceError", "Train", "assign", "capture", "f32", "i32", "init", "is_training", "lr", "nn", "ops", "optim",
+    "TraceError", "Train", "assign", "capture", "f32", "from_torch", "i32", "init", "is_training", "lr", "nn",
+    "ops", "optim",
 ]
 
 

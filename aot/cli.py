@@ -93,6 +93,11 @@ def cmd_inspect(args) -> int:
             if args.entry and key != args.entry and not key.startswith(args.entry + "["):
                 continue
             print(format_graph(g))
+            torch_ops = c.traced.graphs[key].meta.get("torch_ops")
+            if torch_ops:  # aot.from_torch: which aot ops each exported ATen op became
+                print(f"ATen ops ({len(torch_ops)}) -> aot ops:")
+                for aten, aot_ops, site in torch_ops:
+                    print(f"  {aten:<44} -> {' '.join(aot_ops) or '(no op: a view or identity)':<40} {site}")
             plan = c.plans[key]
             print(f"kernels ({len(c.kernels[key])}, in {len(c.dispatches[key])} dispatches on GPUs):")
             for k in c.kernels[key]:
