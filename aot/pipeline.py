@@ -22,7 +22,7 @@ from .optim_groups import group_table
 from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, BufferTable, Plan, arena_binding, buffer_of, plan, state_arena
 from .program import Program, train_entries
 from .runtime.schedules import normalize
-from .ops.registry import FOLLOW, lookup
+from .ops.registry import FOLLOW, Replaces, lookup
 from .schedule import ParamArena, KernelSchedule, schedule
 from .views import View
 
@@ -45,29 +45,37 @@ def index_bounds(g: ir.Graph) -> dict[str, int | list]:
     exclusive bound on every value, or, where index ops read only part of the input (a slice of
     it, say) or parts with different bounds, a list of [bound, offset, [[size, stride], ...]]:
     the elements of the flattened input at offset + sum(i * stride) must lie in [0, bound).
-    Elements no index op reads may hold anything, as in PyTorch."""
+    Elements no index op reads may hold anything, as in PyTorch. A part read through an op that
+    replaces one value before indexing (Replaces: ignore_index) may also hold that value: its
+    check is [bound, offset, [[size, stride], ...], value]."""
     users = g.users()
     out: dict[str, int | list] = {}
     for name, t in g.inputs.items():
         if t.dtype != "i32":
             continue
         whole = (0, ((t.size, 1),))
-        checks: dict[tuple, int] = {}
-        stack = [(t, View.contiguous(t))]
+        checks: dict[tuple, int] = {}  # (part, allowed value or None) -> bound
+        stack = [(t, View.contiguous(t), None)]
         while stack:
-            x, v = stack.pop()
+            x, v, allowed = stack.pop()
             for u in users.get(id(x), []):
-                rule = lookup(u.op).index_bound  # OpDef.index_bound: FOLLOW, a bound or None
+                rule = lookup(u.op).index_bound  # OpDef.index_bound: FOLLOW, Replaces, a bound or None
                 b = rule(u, x) if rule is not None else None
                 if b == FOLLOW:
-                    stack.append((u.out, _passed_on(u, x, v)))
+                    stack.append((u.out, _passed_on(u, x, v), allowed))
+                elif isinstance(b, Replaces):
+                    stack.append((u.out, _passed_on(u, x, v), b.value))
                 elif b is not None:
                     used = (v.offset, tuple(v.flat_dims())) if v is not None else whole
-                    checks[used] = min(checks.get(used, b), b)
-        if list(checks) == [whole]:
-            out[name] = checks[whole]
+                    checks[used, allowed] = min(checks.get((used, allowed), b), b)
+        if list(checks) == [(whole, None)]:
+            out[name] = checks[whole, None]
         elif checks:
-            out[name] = [[b, off, [list(sd) for sd in dims]] for (off, dims), b in sorted(checks.items())]
+            order = sorted(checks.items(), key=lambda kv: (kv[0][0], kv[0][1] is not None, kv[0][1] or 0))
+            out[name] = [
+                [b, off, [list(sd) for sd in dims]] + ([allowed] if allowed is not None else [])
+                for ((off, dims), allowed), b in order
+            ]
     return out
 
 

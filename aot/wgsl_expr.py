@@ -114,7 +114,7 @@ class Body:
             raise CodegenError(f"no WGSL rendering for op {n.op!r}")
         args = [self.value(x, idx) for x in n.inputs]
         expr = od.expr(n.attrs) if callable(od.expr) else od.expr
-        for h in ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan"):
+        for h in ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "log1p_f32", "expm1_f32"):
             if h in expr:
                 self.helper(h)
         return self.let(expr.format(*args), n.out.dtype)

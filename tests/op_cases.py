@@ -629,3 +629,8 @@ CASES += [
 from op_cases_spatial import cases as _spatial_cases  # noqa: E402
 
 CASES += _spatial_cases()
+
+# activations, reductions and losses beyond API.md §2 (tests/op_cases_math.py)
+from op_cases_math import cases as _math_cases  # noqa: E402
+
+CASES += _math_cases()

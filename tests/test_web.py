@@ -71,12 +71,18 @@ def _pair_forward(m, pair):
     return m.out(m.emb(c0) + ops.one_hot(c1, 4))
 
 
+def _nll_forward(m, tokens, targets):
+    """Targets of 4 classes, -100 (ignore_index) allowed besides: the check lets that value through."""
+    return ops.cross_entropy(m.emb(tokens), targets, reduction="none")
+
+
 EMBED = aot.Program(
     "embed_web",
     model=Embed,
     train=aot.Train(_embed_loss, inputs={"tokens": aot.i32(3), "y": aot.f32(3, 1)}, optimizer=aot.optim.AdamW(lr=1e-2)),
     infer={"predict": aot.Infer(_embed_forward, inputs={"tokens": aot.i32("N")}),
-           "pair": aot.Infer(_pair_forward, inputs={"pair": aot.i32(3, 2)})},
+           "pair": aot.Infer(_pair_forward, inputs={"pair": aot.i32(3, 2)}),
+           "nll": aot.Infer(_nll_forward, inputs={"tokens": aot.i32(3), "targets": aot.i32(3)})},
     dims={"N": (1, 3)},
 )
 
@@ -566,6 +572,9 @@ def test_bad_inputs_rejected_with_pythons_messages(browser, site, py_models):
         # an input whose columns index tables of 5 and 4
         ("m.pair({pair: [[4, 4], [0, 0], [1, 2]]})", lambda: py.pair(pair=np.array([[4, 4], [0, 0], [1, 2]]))),
         ("m.pair({pair: [[5, 3], [0, 0], [1, 2]]})", lambda: py.pair(pair=np.array([[5, 3], [0, 0], [1, 2]]))),
+        # cross_entropy's targets: -100 is ignore_index, every other value must be a class
+        ("m.nll({tokens: [0, 1, 2], targets: [0, -100, 4]})", lambda: py.nll(tokens=np.array([0, 1, 2]), targets=np.array([0, -100, 4]))),
+        ("m.nll({tokens: [0, 1, 2], targets: [-1, -100, 3]})", lambda: py.nll(tokens=np.array([0, 1, 2]), targets=np.array([-1, -100, 3]))),
     ]
     js = pg.evaluate("""async (calls) => {
         const M = await import('./embed_web.js');
@@ -578,7 +587,8 @@ def test_bad_inputs_rejected_with_pythons_messages(browser, site, py_models):
         }
         const after = Array.from((await m.params())["emb.W"].data);
         const pair = Array.from((await m.pair({pair: [[4, 3], [0, 0], [1, 2]]})).data);  // in bounds column by column
-        return {out, steps: m.stepCount, same: JSON.stringify(before) === JSON.stringify(after), pair};
+        const nll = Array.from((await m.nll({tokens: [0, 1, 2], targets: [3, -100, 0]})).data);
+        return {out, steps: m.stepCount, same: JSON.stringify(before) === JSON.stringify(after), pair, nll};
     }""", [c for c, _ in cases])
     pg.close()
     assert js["steps"] == 0 and js["same"]  # nothing was dispatched
@@ -586,6 +596,9 @@ def test_bad_inputs_rejected_with_pythons_messages(browser, site, py_models):
         assert (name, message) == _py_error(py_call), call
     want = py.pair(pair=np.array([[4, 3], [0, 0], [1, 2]], np.int32))
     np.testing.assert_allclose(js["pair"], np.asarray(want).ravel(), rtol=1e-5, atol=1e-6)
+    want = np.asarray(py.nll(tokens=np.array([0, 1, 2], np.int32), targets=np.array([3, -100, 0], np.int32)))
+    assert want[1] == 0 and want[0] > 0 and want[2] > 0  # the ignored target contributes 0
+    np.testing.assert_allclose(js["nll"], want.ravel(), rtol=1e-5, atol=1e-6)
 
 
 def test_broken_kernel_is_named(browser, site):

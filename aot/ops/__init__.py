@@ -6,6 +6,8 @@
 - attention, conv, elementwise, index, layout, leaves, linalg, reduce: the primitives, registered on import;
 - spatial.py (pad's torch form, pooling, interpolate, dropout2d), convs.py (conv1d,
   conv_transpose2d), indexing.py (Tensor.__getitem__ and its strided `slice` primitive);
+- activations.py, reductions.py, losses.py: torch.nn.functional's activations, reductions and
+  losses (cross_entropy among them), re-exported here;
 - trace.py: appends nodes to the graph being traced.
 
 Importing this package also gives `Tensor` its operators: the IR (aot/ir.py) knows nothing of
@@ -18,6 +20,9 @@ from ..ir import Tensor as _Tensor
 from . import attention, conv, elementwise, index, layout, leaves, linalg, reduce  # noqa: F401  (register the primitives)
 from .api import *  # noqa: F401,F403  (the public functions)
 from .creation import *  # noqa: F401,F403  (full, zeros, ones and their *_like forms)
+from .activations import *  # noqa: F401,F403  (activations and elementwise math beyond API.md §2)
+from .reductions import *  # noqa: F401,F403  (reductions beyond API.md §2)
+from .losses import *  # noqa: F401,F403  (losses; cross_entropy among them)
 from .api import add, div, greater, less, matmul, mul, neg, power, sub
 from .convs import conv1d, conv_transpose2d  # noqa: F401
 from .indexing import getitem

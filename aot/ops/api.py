@@ -438,21 +438,7 @@ def attention(q, k, v, causal: bool = False, scale=None):
     return emit("attention", (q, k, v), causal=causal, scale=float(scale))
 
 
-def cross_entropy(logits, targets, reduction: str = "mean"):
-    """Cross-entropy of logits [..., C] against i32 class indices [...]."""
-    if not (_is_tensor(logits) and _is_tensor(targets)):
-        fail("cross_entropy", "expects (logits, targets) Tensors")
-    _check_f32("cross_entropy", logits)
-    if targets.dtype != "i32":
-        fail("cross_entropy", f"targets must be i32 class indices, got {targets.type_str()}")
-    if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
-        fail("cross_entropy", f"targets must have shape logits.shape[:-1] = {list(logits.shape[:-1])}, got {targets.type_str()}")
-    if reduction not in ("mean", "sum", "none"):
-        fail("cross_entropy", f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    nll = neg(sum(log_softmax(logits, -1) * one_hot(targets, logits.shape[-1]), -1))
-    if reduction == "none":
-        return nll
-    return mean(nll) if reduction == "mean" else sum(nll)
+# cross_entropy lives with the other losses (losses.py)
 
 
 def _uniform(shape, salt: int):

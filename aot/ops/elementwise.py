@@ -85,6 +85,10 @@ _unary(
     COSTLY,
 )
 _unary("square", np.square, lambda ct, n: (ct * 2.0 * n.inputs[0],), "{0} * {0}")
+# log(1 + x) and exp(x) - 1 stay accurate where their value is tiny (log1p(1e-10) = 1e-10,
+# not 0); the WGSL helpers switch to series near 0, where log() and exp() of f32 lose it
+_unary("log1p", np.log1p, lambda ct, n: (ct / (n.inputs[0] + 1.0),), "log1p_f32({0})", COSTLY)
+_unary("expm1", np.expm1, lambda ct, n: (ct * (n.out + 1.0),), "expm1_f32({0})", COSTLY)
 
 
 def _power_expr(attrs):

@@ -60,7 +60,7 @@ class OpDef:
     view: Callable | None = None  # (node, views: id -> View) -> the output's View or None
     prologue: bool | None = None  # a matmul may compute it while loading tiles (None: cost == 0)
     same_order: bool = False  # output element i is input element i, flat (pointwise ops, reshape)
-    index_bound: Callable | None = None  # (node, i32 input) -> bound on its values, FOLLOW or None
+    index_bound: Callable | None = None  # (node, i32 input) -> bound on its values, FOLLOW, Replaces or None
     render: Callable | None = None  # (body, node, idx) -> WGSL expression; None: `expr` is used
     reduced_axes: Callable | None = None  # reductions: attrs -> the reduced axes
     split: str | None = None  # reductions split in two passes: "pad" (with zeros) or "divide" (exactly)
@@ -86,6 +86,14 @@ class OpDef:
     def owns_storage(self) -> bool:
         """Its output always gets storage: the host or its own kernel writes it."""
         return self.fusion in ("leaf", "reduce", "matmul", "attention")
+
+
+@dataclass(frozen=True)
+class Replaces:
+    """An index_bound result: the output carries the input's index values on, except `value`,
+    which the op replaces by a valid index (ignore_index): the runtime lets `value` through."""
+
+    value: int
 
 
 def follow(node, x):

@@ -825,8 +825,9 @@ function asArray(value) {
   return { ...describePlain(flat), shape };
 }
 /** [bound, value] for each value of an i32 input that index ops read (model.py's _indexed):
- * `checks` is one bound for all of it, or [bound, offset, [[size, stride], ...]] per part, in each
- * of its `batches` (stepMany's stacked inputs) alike. */
+ * `checks` is one bound for all of it, or [bound, offset, [[size, stride], ...]] per part (with a
+ * fourth item where the part may also hold that one value, an ignore_index), in each of its
+ * `batches` (stepMany's stacked inputs) alike. */
 function* indexed(data, checks, batches) {
   if (typeof checks === "number") {
     for (const v of data) yield [checks, v];
@@ -834,7 +835,7 @@ function* indexed(data, checks, batches) {
   }
   const per = data.length / batches;
   for (let bt = 0; bt < batches; bt++) {
-    for (const [bound, offset, dims] of checks) {
+    for (const [bound, offset, dims, allowed] of checks) {
       const count = dims.reduce((n, [size]) => n * size, 1);
       for (let e = 0; e < count; e++) {
         let at = bt * per + offset;
@@ -842,7 +843,7 @@ function* indexed(data, checks, batches) {
           at += (rest % dims[d][0]) * dims[d][1];
           rest = Math.floor(rest / dims[d][0]);
         }
-        yield [bound, data[at]];
+        if (data[at] !== allowed) yield [bound, data[at]];
       }
     }
   }

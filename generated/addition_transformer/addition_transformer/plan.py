@@ -135,7 +135,7 @@ PROGRAM = {
         "state_1": 150656,
     },
     "kernels": {
-        "train_000_052_fused_gather_add_and_fused_one_hot_neg_mul": (
+        "train_000_052_fused_gather_add_and_fused_equal_sub_where": (
             (
                 ("params", "read"),
                 ("inputs", "read"),
@@ -265,13 +265,13 @@ PROGRAM = {
             "addition_transformer.py:61",
             (),
         ),
-        "train_050_053_054_fused_one_hot_mul_sum_and_sum_and_fused_exp_mul_sub": (
+        "train_050_053_054_fused_ignore_index_one_hot_sum_and_sum_and_fused_exp_mul_sub": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
             (),
         ),
-        "train_051_056_fused_neg_mul_sum_and_matmul": (
-            (("inputs", "read"), ("work", "read_write")),
+        "train_051_056_fused_equal_sub_sum_and_matmul": (
+            (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:63",
             (),
         ),
@@ -648,20 +648,20 @@ PROGRAM = {
             "addition_transformer.py:61",
             (786432, 798720, 799744, 983040),
         ),
-        "train_050_fused_one_hot_mul_sum": (
+        "train_050_fused_ignore_index_one_hot_sum": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
-            (983040, 1024, 800768),
+            (1024, 983040, 800768),
         ),
-        "train_051_fused_neg_mul_sum": (
-            (("inputs", "read"), ("work", "read_write")),
+        "train_051_fused_equal_sub_sum": (
+            (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:63",
-            (800768, 0, 2779904),
+            (1024, 800768, 0, 2779904),
         ),
-        "train_052_fused_one_hot_neg_mul": (
+        "train_052_fused_equal_sub_where": (
             (("inputs", "read"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
-            (0, 1024, 995328),
+            (1024, 0, 995328),
         ),
         "train_053_sum": (
             (("work", "read_write"),),
@@ -1599,7 +1599,7 @@ PROGRAM = {
             "captures": [],
             "dispatches": [
                 (
-                    "train_000_052_fused_gather_add_and_fused_one_hot_neg_mul",
+                    "train_000_052_fused_gather_add_and_fused_equal_sub_where",
                     (304, 1, 1),
                 ),
                 (
@@ -1651,10 +1651,10 @@ PROGRAM = {
                     (4, 1, 1),
                 ),
                 (
-                    "train_050_053_054_fused_one_hot_mul_sum_and_sum_and_fused_exp_mul_sub",
+                    "train_050_053_054_fused_ignore_index_one_hot_sum_and_sum_and_fused_exp_mul_sub",
                     (8, 1, 1),
                 ),
-                ("train_051_056_fused_neg_mul_sum_and_matmul", (5, 1, 1)),
+                ("train_051_056_fused_equal_sub_sum_and_matmul", (5, 1, 1)),
                 ("train_055_matmul", (4, 64, 1)),
                 (
                     "train_057_058_059_060_061_fused_mul_sum_and_fused_mul_add_and_fused_neg_sum",
@@ -1765,9 +1765,9 @@ PROGRAM = {
                 ("train_047_max", (4, 1, 1)),
                 ("train_048_fused_stop_gradient_sub_sum", (4, 1, 1)),
                 ("train_049_fused_stop_gradient_log_sub", (48, 1, 1)),
-                ("train_050_fused_one_hot_mul_sum", (4, 1, 1)),
-                ("train_051_fused_neg_mul_sum", (1, 1, 1)),
-                ("train_052_fused_one_hot_neg_mul", (48, 1, 1)),
+                ("train_050_fused_ignore_index_one_hot_sum", (4, 1, 1)),
+                ("train_051_fused_equal_sub_sum", (1, 1, 1)),
+                ("train_052_fused_equal_sub_where", (48, 1, 1)),
                 ("train_053_sum", (4, 1, 1)),
                 ("train_054_fused_exp_mul_sub", (48, 1, 1)),
                 ("train_055_matmul", (2, 32, 1)),
@@ -1862,7 +1862,7 @@ PROGRAM = {
                 ("train_144_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "copies": [],
-            "index_bounds": {"tokens": 12, "targets": 12},
+            "index_bounds": {"tokens": 12, "targets": [[12, 0, [[1024, 1]], -100]]},
             "arenas": {
                 "params": 150656,
                 "grads": 150656,

@@ -57,20 +57,22 @@ class InferResult:
 def _indexed(a: np.ndarray, checks, stacked: bool):
     """(bound, the elements of `a` that index ops read with that bound) for an entry's
     index_bounds of one input: a bound for all of it, or [bound, offset, [[size, stride], ...]]
-    per part (pipeline.index_bounds); each batch of a stacked input alike."""
+    per part (pipeline.index_bounds), with a fourth item where the part may also hold that one
+    value (an ignore_index); each batch of a stacked input alike."""
     if isinstance(checks, int):
         yield checks, a
         return
     rows = np.ascontiguousarray(a).reshape(a.shape[0] if stacked else 1, -1)
-    for bound, offset, dims in checks:
+    for bound, offset, dims, *allowed in checks:
         if rows.size == 0:
             continue
-        yield bound, np.lib.stride_tricks.as_strided(
+        used = np.lib.stride_tricks.as_strided(
             rows[:, offset:],
             shape=(rows.shape[0], *(n for n, _ in dims)),
             strides=(rows.strides[0], *(st * rows.itemsize for _, st in dims)),
             writeable=False,
         )
+        yield bound, (used[used != allowed[0]] if allowed else used)
 
 
 def _describe(a) -> str:
