@@ -563,6 +563,109 @@ def _lazy(name):
     return lambda x: getattr(_torch(), name)(x)
 
 
+def _call_src(name, keys=()):
+    """ops.<name>(args..., key=value...) for the kwargs in `keys` that the op record has."""
+    return lambda a, kw, mod: f"ops.{name}({', '.join(a)}{_kwsrc(kw, keys)})"
+
+
+def _fn_torch(name, keys=(), rename=None, lib=None):
+    """torch.nn.functional.<name> (or torch.<name> with lib="torch") with the record's kwargs
+    (aot's names mapped to torch's by `rename`)."""
+    def run(args, kw, fdt):
+        T = _torch()
+        f = getattr(T if lib == "torch" else T.nn.functional, name)
+        return f(*args, **{(rename or {}).get(k, k): kw[k] for k in keys if k in kw})
+
+    return run
+
+
+def _reduce2_torch(name):
+    def run(args, kw, fdt):
+        T = _torch()
+        x = args[0]
+        dims = _axes(kw.get("axis"), x.ndim)
+        keep = kw.get("keepdims", False)
+        if name == "cumsum":
+            return x.cumsum(kw["axis"] % x.ndim)
+        if name == "norm":
+            return T.linalg.vector_norm(x, kw.get("p", 2), dim=dims, keepdim=keep)
+        if name == "prod":  # torch.prod takes one dim: multiply them off one by one
+            for d in sorted(dims, reverse=True):
+                x = x.prod(d, keepdim=True)
+            return x if keep else x.reshape([n for i, n in enumerate(args[0].shape) if i not in dims])
+        if name == "min":
+            return x.amin(dim=dims, keepdim=keep)
+        if name == "logsumexp":
+            return T.logsumexp(x, dims, keepdim=keep)
+        return getattr(T, name)(x, dims, keepdim=keep, correction=kw.get("correction", 1))
+
+    return run
+
+
+def _nll_torch(logits):
+    def run(args, kw, fdt):
+        F = _torch().nn.functional
+        x, tgt = args[0], args[1]
+        c = x.shape[-1]
+        w = args[2] if len(args) > 2 else None
+        if logits:
+            out = F.cross_entropy(x.reshape(-1, c), tgt.reshape(-1), w, ignore_index=kw.get("ignore_index", -100),
+                                  reduction=kw.get("reduction", "mean"), label_smoothing=kw.get("label_smoothing", 0.0))
+        else:
+            out = F.nll_loss(x.reshape(-1, c), tgt.reshape(-1), w, ignore_index=kw.get("ignore_index", -100),
+                             reduction=kw.get("reduction", "mean"))
+        return out.reshape(tgt.shape) if kw.get("reduction") == "none" else out
+
+    return run
+
+
+def _g_near(points, i=0, scale=1.0):
+    """A kink at each of `points` (of input i, times scale): clear of it or exactly on it."""
+    def g(ins64, ins32, o64, o32, kw):
+        x64, x32 = ins64[i] * scale, ins32[i] * scale
+        return all(_clean_kink(x64 - p, x32 - p, x64.abs()) for p in points(kw))
+
+    return g
+
+
+def _g_diff(points):
+    """Losses of d = input - target with kinks at |d| in `points`."""
+    def g(ins64, ins32, o64, o32, kw):
+        d64, d32 = ins64[0] - ins64[1], ins32[0] - ins32[1]
+        return all(_clean_kink(d64.abs() - p, d32.abs() - p, d64.abs()) for p in points(kw))
+
+    return g
+
+
+def _g_reduce2(ins64, ins32, o64, o32, kw):
+    x64, x32 = ins64[0], ins32[0]
+    dims = _axes(kw.get("axis"), x64.ndim)
+    if not dims:
+        return True
+    op = kw["_op"]
+    if op == "min":
+        return _clean_kink(x64 - x64.amin(dim=dims, keepdim=True), x32 - x32.amin(dim=dims, keepdim=True), x64.abs())
+    if op == "std":  # sqrt near 0
+        return bool(x64.var(dims, keepdim=False, correction=kw.get("correction", 1)).min() >= 1e-2)
+    if op == "norm":
+        p = kw.get("p", 2)
+        if p == 1:
+            return _clean_kink(x64, x32, x64.abs())
+        return bool(_torch().linalg.vector_norm(x64, p, dim=dims).min() >= 0.05) and (p >= 1 or bool(x64.abs().min() >= 0.05))
+    return True
+
+
+def _g_cosine(ins64, ins32, o64, o32, kw):
+    T = _torch()
+    a, b = T.broadcast_tensors(ins64[0], ins64[1])
+    d = kw.get("dim", 1)
+    return bool(T.linalg.vector_norm(a, dim=d).min() >= 0.1) and bool(T.linalg.vector_norm(b, dim=d).min() >= 0.1)
+
+
+def _clamp_points(kw):
+    return [v for v in (kw.get("min"), kw.get("max")) if v is not None]
+
+
 OPS: dict[str, OpSpec] = {
     # elementwise unary
     "neg": OpSpec(_unary_src("neg"), _unary_torch(lambda x: -x)),
@@ -664,6 +767,38 @@ OPS: dict[str, OpSpec] = {
     "merge_heads": OpSpec(lambda a, kw, mod: f"nn.merge_heads({a[0]})", lambda a, kw, f: _merge_heads(a[0])),
     "rope": OpSpec(lambda a, kw, mod: f"ops.rope({a[0]}{_kwsrc(kw, ['base'])})", _rope),
     "attention": OpSpec(lambda a, kw, mod: f"ops.attention({a[0]}, {a[1]}, {a[2]}{_kwsrc(kw, ['causal', 'scale'])})", _attention),
+    # activations, reductions and losses beyond API.md §2 (aot/ops/activations.py, reductions.py, losses.py)
+    "leaky_relu": OpSpec(_call_src("leaky_relu", ["negative_slope"]), _fn_torch("leaky_relu", ["negative_slope"]), _g_kink),
+    "elu": OpSpec(_call_src("elu", ["alpha"]), _fn_torch("elu", ["alpha"]), _g_kink),
+    "softplus": OpSpec(_call_src("softplus", ["beta", "threshold"]), _fn_torch("softplus", ["beta", "threshold"]),
+                       _g_near(lambda kw: [kw.get("threshold", 20.0) / kw.get("beta", 1.0)])),
+    "mish": OpSpec(_call_src("mish"), _fn_torch("mish")),
+    "hardswish": OpSpec(_call_src("hardswish"), _fn_torch("hardswish"), _g_near(lambda kw: [-3.0, 3.0])),
+    "hardsigmoid": OpSpec(_call_src("hardsigmoid"), _fn_torch("hardsigmoid"), _g_near(lambda kw: [-3.0, 3.0])),
+    "logsigmoid": OpSpec(_call_src("logsigmoid"), _fn_torch("logsigmoid")),
+    "clamp": OpSpec(_call_src("clamp", ["min", "max"]), _fn_torch("clamp", ["min", "max"], lib="torch"), _g_near(_clamp_points)),
+    "log1p": OpSpec(_call_src("log1p"), _fn_torch("log1p", lib="torch"), _g_min(-0.95)),
+    "expm1": OpSpec(_call_src("expm1"), _fn_torch("expm1", lib="torch"), _g_absmax(8.0)),
+    **{n: OpSpec(_call_src(n, ["axis", "keepdims", "correction", "p"]), _reduce2_torch(n), _g_reduce2)
+       for n in ("logsumexp", "var", "std", "min", "prod", "norm")},
+    "cumsum": OpSpec(_call_src("cumsum", ["axis"]), _reduce2_torch("cumsum")),
+    "nll_loss": OpSpec(_call_src("nll_loss", ["ignore_index", "reduction"]), _nll_torch(False),
+                       _g_index(lambda ins, kw: ins[0].shape[-1])),
+    "cross_entropy2": OpSpec(lambda a, kw, mod: f"ops.cross_entropy({', '.join(a[:2])}{_kwsrc(kw, ['reduction'])}"
+                             f"{', weight=' + a[2] if len(a) > 2 else ''}{_kwsrc(kw, ['ignore_index', 'label_smoothing'])})",
+                             _nll_torch(True), _g_index(lambda ins, kw: ins[0].shape[-1])),
+    "binary_cross_entropy": OpSpec(_call_src("binary_cross_entropy", ["reduction"]), _fn_torch("binary_cross_entropy", ["reduction"]),
+                                   lambda ins64, ins32, o64, o32, kw: bool(ins64[0].min() >= 0.05) and bool(ins64[0].max() <= 0.95)),
+    "binary_cross_entropy_with_logits": OpSpec(_call_src("binary_cross_entropy_with_logits", ["reduction"]),
+                                               _fn_torch("binary_cross_entropy_with_logits", ["reduction"])),
+    "mse_loss": OpSpec(_call_src("mse_loss", ["reduction"]), _fn_torch("mse_loss", ["reduction"])),
+    "l1_loss": OpSpec(_call_src("l1_loss", ["reduction"]), _fn_torch("l1_loss", ["reduction"]), _g_diff(lambda kw: [0.0])),
+    "smooth_l1_loss": OpSpec(_call_src("smooth_l1_loss", ["reduction", "beta"]), _fn_torch("smooth_l1_loss", ["reduction", "beta"]),
+                             _g_diff(lambda kw: [0.0, kw.get("beta", 1.0)])),
+    "huber_loss": OpSpec(_call_src("huber_loss", ["reduction", "delta"]), _fn_torch("huber_loss", ["reduction", "delta"]),
+                         _g_diff(lambda kw: [kw.get("delta", 1.0)])),
+    "kl_div": OpSpec(_call_src("kl_div", ["reduction", "log_target"]), _fn_torch("kl_div", ["reduction", "log_target"])),
+    "cosine_similarity": OpSpec(_call_src("cosine_similarity", ["dim"]), _fn_torch("cosine_similarity", ["dim"]), _g_cosine),
     "module": OpSpec(lambda a, kw, mod: f"{mod}({a[0]})", _module_torch),
 }
 
@@ -910,6 +1045,8 @@ class Gen:
             v = r.uniform(-1.0, 1.0, shape)
         elif domain == "gain":
             v = r.uniform(0.5, 1.5, shape)
+        elif domain == "prob":
+            v = r.uniform(0.1, 0.9, shape)
         else:
             v = r.uniform(-2.0, 2.0, shape)
         return np.asarray(v, dtype=np.float32)
@@ -1006,6 +1143,8 @@ class Gen:
         "nonzero": lambda x: x.abs().min() >= 0.05,
         "small": lambda x: x.abs().max() <= 4,
         "real": lambda x: True,
+        "prob": lambda x: (x.min() >= 0.05) & (x.max() <= 0.95),
+        "log1p": lambda x: x.min() >= -0.9,
     }
 
     def a_unary(self):
@@ -1522,10 +1661,97 @@ class Gen:
             kw["keepdims"] = True
         return self.emit(self.choice(("sum", "sum", "mean", "max")), (z,), kw)
 
+    ACTIVATIONS = ("leaky_relu", "elu", "softplus", "mish", "hardswish", "hardsigmoid", "logsigmoid", "clamp", "log1p", "expm1")
+
+    def a_activation(self):
+        op = self.choice(self.ACTIVATIONS)
+        dom = {"log1p": "log1p", "expm1": "small"}.get(op, "real")
+        x = self.pick(lambda v: self.f32(v) and self.all(v, self.PRED[dom]), self.new_f32("small" if dom == "log1p" else dom))
+        kw = {}
+        if op == "leaky_relu" and self.chance(0.5):
+            kw["negative_slope"] = self.choice((0.2, 0.5))
+        elif op == "elu" and self.chance(0.5):
+            kw["alpha"] = self.choice((0.5, 2.0))
+        elif op == "softplus" and self.chance(0.5):
+            kw = {"beta": self.choice((2.0, 0.5)), "threshold": self.choice((1.0, 3.0, 20.0))}
+        elif op in ("hardswish", "hardsigmoid") and self.chance(0.6):
+            x = self.emit("mul", (x, 3.0))  # reach both kinks and the flat parts
+        elif op == "clamp":
+            lo, hi = self.choice((-0.5, None, -1.0, 0.0)), self.choice((1.0, None, 0.5))
+            kw = {k: v for k, v in (("min", lo), ("max", hi)) if v is not None} or {"min": -0.5}
+        return self.emit(op, (x,), kw)
+
+    def a_reduce2(self):
+        op = self.choice(("logsumexp", "var", "std", "min", "prod", "cumsum", "norm", "logsumexp", "norm"))
+        x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 1 and self.all(v, self.PRED["small"]),
+                      self.new_f32("small" if op == "prod" else "real", rank=int(self.rng.integers(1, 4))))
+        nd = len(self.shape(x))
+        if op == "cumsum":
+            return self.emit("cumsum", (x,), {"axis": int(self.rng.integers(nd)) - (nd if self.chance(0.3) else 0)})
+        kw = {"axis": self.axis_spec(nd), "_op": op}
+        if self.chance(0.4):
+            kw["keepdims"] = True
+        if op in ("var", "std"):
+            n = math.prod(self.shape(x)[a] for a in _axes(kw["axis"], nd))
+            if self.chance(0.3) or n < 2:
+                kw["correction"] = 0
+        if op == "norm" and self.chance(0.6):
+            kw["p"] = self.choice((1, 3, 0.5, 2.0))
+        if op == "prod" and math.prod(self.shape(x)[a] for a in _axes(kw["axis"], nd)) > 12:
+            raise Skip("prod of many values")
+        return self.emit(op, (x,), kw)
+
+    def a_loss(self):
+        r = self.rng.random()
+        red = {} if self.chance(0.3) else {"reduction": self.choice(("mean", "sum", "none"))}
+        if r < 0.3:  # class-index losses
+            x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 1 and self.shape(v)[-1] >= 2,
+                          self.new_f32(rank=int(self.rng.integers(1, 4))))
+            s = self.shape(x)
+            kw = dict(red)
+            if self.chance(0.4):
+                kw["ignore_index"] = int(self.rng.integers(s[-1]))
+            args = (x, self.index(s[-1], s[:-1]))
+            if self.chance(0.3):
+                args += (self.leaf((s[-1],), domain="positive", kind="input"),)
+            if self.chance(0.5):
+                return self.emit("nll_loss", args, kw)
+            if self.chance(0.5):
+                kw["label_smoothing"] = self.choice((0.1, 0.3))
+            return self.emit("cross_entropy2", args, kw)
+        x = self.pick(lambda v: self.f32(v) and len(self.shape(v)) >= 1, self.new_f32(rank=int(self.rng.integers(1, 4))))
+        shape = self.shape(x)
+        if r < 0.45:
+            p = self.pick(lambda v: self.f32(v) and self.shape(v) == shape and self.all(v, self.PRED["prob"]),
+                          lambda: self.leaf(shape, domain="prob"), p_new=0.6)
+            t = self.leaf(shape, domain="prob", kind="input")
+            if self.chance(0.5):
+                return self.emit("binary_cross_entropy", (p, t), red)
+            return self.emit("binary_cross_entropy_with_logits", (x, t), red)
+        if r < 0.6:
+            t = self.leaf(shape, domain="positive", kind="input")
+            kw = dict(red) if self.chance(0.5) else {"reduction": "batchmean"}
+            if self.chance(0.3):
+                kw["log_target"] = True
+                t = self.leaf(shape, domain="small", kind="input")
+            return self.emit("kl_div", (x, t), kw)
+        if r < 0.75:
+            other = self.pick(lambda v: self.f32(v) and self.shape(v) == shape, lambda: self.leaf(shape), p_new=0.6)
+            return self.emit("cosine_similarity", (x, other), {"dim": int(self.rng.integers(len(shape))) - (len(shape) if self.chance(0.3) else 0)})
+        op = self.choice(("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"))
+        t = self.pick(lambda v: self.f32(v) and self.shape(v) == shape and v != x, lambda: self.leaf(shape), p_new=0.5)
+        kw = dict(red)
+        if op == "smooth_l1_loss" and self.chance(0.4):
+            kw["beta"] = self.choice((0.5, 2.0))
+        if op == "huber_loss" and self.chance(0.4):
+            kw["delta"] = self.choice((0.5, 2.0))
+        return self.emit(op, (x, t), kw)
+
     ACTIONS = (("unary", 14), ("binary", 16), ("where", 5), ("reduce", 9), ("argmax", 3), ("reshape", 4), ("transpose", 4),
                ("narrow", 3), ("broadcast", 3), ("concat", 5), ("stack", 3), ("split", 3), ("matmul", 6), ("index", 7),
                ("softmax", 4), ("cross_entropy", 2), ("causal", 1), ("module", 3), ("heads", 1), ("conv", 2),
-               ("rope", 1), ("attention", 2), ("bcast_reduce", 3), ("long_k", 0.6), ("getitem", 3), ("spatial", 3))
+               ("rope", 1), ("attention", 2), ("bcast_reduce", 3), ("long_k", 0.6), ("getitem", 3), ("spatial", 3),
+               ("activation", 4), ("reduce2", 4), ("loss", 3))
 
     def build(self, n_ops: int):
         names = [a for a, _ in self.ACTIONS]
