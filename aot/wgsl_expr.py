@@ -128,6 +128,8 @@ class Body:
         self.kc.helpers.add(name)
         if name in NAN_HELPERS:
             self.kc.helpers.add("is_nan_f32")
+        if name == "tanh_f32":
+            self.kc.helpers.add("expm1_f32")
 
     def read(self, t: Tensor, idx: Index) -> str:
         kc = self.kc
