@@ -16,7 +16,8 @@ entries     per entry point and size variant:
   dispatches_cpu  the same for the CPU set (each kernel on its own), where the two differ
   copies      (src buffer, src offset, dst buffer, dst offset, elements) after the pass
   index_bounds  i32 input -> the exclusive bound its values must respect, or per part of it
-              that index ops read: [bound, offset, [[size, stride], ...]] (flat elements)
+              that index ops read: [bound, offset, [[size, stride], ...]] (flat elements), with a
+              4th item where that part may also hold one other value (an ignore_index)
   arenas      elements each buffer needs for this entry point
 """
 
