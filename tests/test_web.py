@@ -133,6 +133,9 @@ BUF = aot.Program(
                     optimizer=aot.optim.SGD(lr=0.05)),
     infer={"predict": aot.Infer(lambda m, x: m(x), inputs={"x": aot.f32(5, 3)})},
     seed=2,
+)
+
+
 class GanWeb(aot.Module):
     """Two training entries and a frozen parameter (test_train_entries_in_the_page)."""
 
@@ -811,7 +814,7 @@ def test_train_entries_in_the_page(browser, site, tmp_path):
                 const g = await m.grads("d");
                 let err = "";
                 try { m.setLr(1e-3); } catch (e) { err = e.message; }
-                m.setLr(0.05, "g");
+                m.setLr(0.05, null, "g");
                 const bytes = await m.save();
                 const next = await m.stepG({z: z(4)});
                 let s = ""; for (const b of bytes) s += String.fromCharCode(b);
