@@ -524,3 +524,53 @@ def test_inspect_lists_aten_to_aot_ops(tmp_path, capsys):
     assert "ATen ops (" in out
     assert any(line.split()[:3] == ["aten.addmm.default", "->", "matmul"] for line in out.splitlines())
     assert any(line.split()[:3] == ["aten.relu.default", "->", "relu"] and "tiny_torch.py:3" in line for line in out.splitlines())
+
+
+# ---- several training entries: a GAN, each entry with its own torch optimizer --------------------
+
+
+class GAN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gen = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+        self.disc = nn.Sequential(nn.Linear(2, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+
+
+def d_loss(m, real, z):
+    fake = m.gen(z).detach()
+    ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+    return F.binary_cross_entropy_with_logits(m.disc(real), ones) + F.binary_cross_entropy_with_logits(m.disc(fake), zeros)
+
+
+def g_loss(m, real, z):
+    return F.binary_cross_entropy_with_logits(m.disc(m.gen(z)), torch.ones(z.shape[0], 1))
+
+
+@pytest.mark.gpu
+def test_gan_two_training_entries():
+    if "params" not in aot.Train.__dataclass_fields__:
+        pytest.skip("this aot has no several training entries yet (train-entries)")
+    torch.manual_seed(11)
+    net = GAN()
+    opts = {"d": lambda m: torch.optim.Adam(m.disc.parameters(), lr=0.01, betas=(0.5, 0.999)),
+            "g": lambda m: torch.optim.SGD(m.gen.parameters(), lr=0.05, momentum=0.5)}
+    ins = {"real": aot.f32(8, 2), "z": aot.f32(8, 3)}
+    prog = aot.from_torch(net, {"d": (d_loss, opts["d"](net)), "g": (g_loss, opts["g"](net))}, ins, name="gan")
+    model = aot.compile(prog)
+    try:
+        tm = copy.deepcopy(net)
+        topts = {k: f(tm) for k, f in opts.items()}
+        rng = np.random.default_rng(11)
+        for i in range(5):
+            b = {"real": (rng.normal(size=(8, 2)) + 2.0).astype(np.float32), "z": rng.normal(size=(8, 3)).astype(np.float32)}
+            for entry, fn in (("d", d_loss), ("g", g_loss)):
+                got = getattr(model, f"step_{entry}")(**b)
+                topts[entry].zero_grad()
+                tl = fn(tm, **to_torch(b))
+                tl.backward()
+                topts[entry].step()
+                assert got == pytest.approx(tl.item(), rel=1e-4), f"step {i} entry {entry}"
+        for n, v in tm.state_dict().items():
+            np.testing.assert_allclose(model.state_dict()[n], v.numpy(), rtol=1e-4, atol=1e-5, err_msg=n)
+    finally:
+        model.close()
