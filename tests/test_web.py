@@ -127,6 +127,9 @@ BUF = aot.Program(
                     optimizer=aot.optim.SGD(lr=0.05)),
     infer={"predict": aot.Infer(lambda m, x: m(x), inputs={"x": aot.f32(5, 3)})},
     seed=2,
+)
+
+
 class GanWeb(aot.Module):
     """Two training entries and a frozen parameter (test_train_entries_in_the_page)."""
 
