@@ -190,12 +190,14 @@ def _update_running(m, mean, var_unbiased, count: bool = True):
     """Training step's new running statistics and count, assigned to m's buffers (torch's rule:
     running = (1 - f) * running + f * batch, f = momentum, or 1 / num_batches_tracked after this
     step's increment when momentum is None: a cumulative average)."""
+    # each update is rebound to the attribute, so a module called twice in one step chains its
+    # updates as torch's in-place ones do (aot/buffers.py)
     if count:
         t = ops.cast(m.num_batches_tracked, "f32") + 1.0  # i32 has no arithmetic; exact below 2**24
-        assign(m.num_batches_tracked, ops.cast(t, "i32"))
+        m.num_batches_tracked = assign(m.num_batches_tracked, ops.cast(t, "i32"))
     f = m.momentum if m.momentum is not None else 1.0 / t
-    assign(m.running_mean, (1.0 - f) * m.running_mean + f * mean)
-    assign(m.running_var, (1.0 - f) * m.running_var + f * var_unbiased)
+    m.running_mean = assign(m.running_mean, (1.0 - f) * m.running_mean + f * mean)
+    m.running_var = assign(m.running_var, (1.0 - f) * m.running_var + f * var_unbiased)
 
 
 class _BatchNorm(Module):
