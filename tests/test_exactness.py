@@ -1,0 +1,113 @@
+"""Exact where PyTorch is exact (issue 32): values and gradients at inf, NaN and 0 equal
+torch float32's, on both kernel sets. Every case of the issue sits in one Program (one
+compile per kernel set), its outputs captured and its gradients taken against chosen
+cotangents (some inf or NaN), and everything is compared with torch's autograd."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import aot
+from aot import ops
+
+from gpu_harness import compile_checked, make_program
+
+INF, NAN = np.inf, np.nan
+POWERS = (0.0, -5.0, 0.5, -0.5, 3.0, 6.0, 7.0, -2.0, 2.5, -1.5)
+
+PARAMS = {
+    "w": [1.0, -1.0, 2.0, -2.0, 0.0],
+    "a": [NAN, 1.0, 2.0, 3.0],
+    "b": [1.0, NAN, 2.0, 1.0],
+    "tab": np.arange(12, dtype=np.float32).reshape(4, 3) * 0.25 - 1.0,
+    "xl": np.arange(10, dtype=np.float32).reshape(2, 5) * 0.5 - 2.0,
+    "lg": np.arange(12, dtype=np.float32).reshape(3, 4) * 0.3 - 1.5,
+    "px": [0.0, -0.0, 2.0, 0.5, 3.0],
+}
+INPUTS = {
+    "idx": np.array([0, 2, 2], np.int32),
+    "tidx": np.array([[2, 3, 2], [0, 0, 4]], np.int32),
+    "tgt": np.array([1, 0, 3], np.int32),
+    # masked logits: -inf away from the target, as a policy masks invalid actions
+    "lmask": np.array([[-INF, 0, -INF, 0], [0, -INF, -INF, -INF], [0, 0, -INF, 0]], np.float32),
+}
+# cotangents chosen to hit the corners; the other outputs get the harness's random ones
+CTS = {
+    # rows 1 and 2 both select table row 2: +inf and -inf meet there (NaN), inf + finite = inf
+    "emb": np.array([[1.0, 2.0, NAN], [INF, INF, 0.5], [-INF, 1.0, 2.0]], np.float32),
+    "tala": np.array([[INF, 1.0, 2.0], [0.5, NAN, -INF]], np.float32),
+}
+
+
+def _cases(o, is_torch):
+    """{output name: (function of the leaves dict)}, written once for aot and once for torch."""
+    if is_torch:
+        F = torch.nn.functional
+
+        def emb(t, i):
+            return F.embedding(i.long(), t)
+
+        def tala(x, i):
+            return torch.take_along_dim(x, i.long(), 1)
+
+        def ce(lg, t):
+            return F.cross_entropy(lg, t.long(), reduction="none")
+
+        sqrt, relu, absf, maxi, mini = torch.sqrt, torch.relu, torch.abs, torch.maximum, torch.minimum
+        zero = lambda like: torch.zeros_like(like)  # noqa: E731
+    else:
+        emb, ce = ops.embedding, lambda lg, t: ops.cross_entropy(lg, t, reduction="none")
+        tala = lambda x, i: ops.take_along_axis(x, i, 1)  # noqa: E731
+        sqrt, relu, absf, maxi, mini = ops.sqrt, ops.relu, ops.abs, ops.maximum, ops.minimum
+        zero = lambda like: 0.0  # noqa: E731
+    out = {
+        "relu": sqrt(relu(o["w"])),  # the issue's sum(sqrt(relu(w))): gradient 0, not NaN, at w <= 0
+        "maxo": sqrt(maxi(o["w"], zero(o["w"]))),
+        "mino": sqrt(-mini(o["w"], zero(o["w"]))),
+        "absq": sqrt(absf(o["w"])),  # torch multiplies here (grad * sgn): NaN at 0 both sides
+        "mm": maxi(o["a"], o["b"]),  # a NaN operand passes the gradient to both
+        "mn": mini(o["a"], o["b"]),
+        "emb": emb(o["tab"], o["idx"]),
+        "tala": tala(o["xl"], o["tidx"]),
+        "ce": ce(o["lg"] + o["lmask"], o["tgt"]),
+    }
+    for k, p in enumerate(POWERS):
+        out[f"pow{k}"] = o["px"] ** p
+    return out
+
+
+def _torch_side(cts):
+    leaves = {n: torch.tensor(np.asarray(v, np.float32), requires_grad=True) for n, v in PARAMS.items()}
+    feeds = {n: torch.tensor(v) for n, v in INPUTS.items()}
+    outs = _cases({**leaves, **feeds}, True)
+    loss = sum((t * torch.tensor(cts[n])).sum() for n, t in outs.items())
+    loss.backward()
+    return float(loss.detach()), {n: t.detach().numpy() for n, t in outs.items()}, {n: t.grad.numpy() for n, t in leaves.items()}
+
+
+@pytest.fixture(scope="module")
+def program():
+    def body(m, feeds):
+        return _cases({**{n: getattr(m, n) for n in PARAMS}, **feeds}, False)
+
+    return make_program("exactness", PARAMS, INPUTS, body, cts=CTS)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_values_and_gradients_equal_torch_at_inf_nan_zero(program, kernels):
+    prog, inputs, _ = program
+    cts = {n[: -len("_ct")]: v for n, v in inputs.items() if n.endswith("_ct")}
+    t_loss, t_outs, t_grads = _torch_side(cts)
+    model = compile_checked(prog, kernels)
+    try:
+        res = model.step(**inputs, captures=True)
+        grads = model.grads()
+    finally:
+        model.close()
+    for n, want in t_outs.items():
+        np.testing.assert_allclose(res.captures[n], want, rtol=2e-6, atol=1e-7, err_msg=f"{kernels}: output {n}")
+    for n, want in t_grads.items():
+        np.testing.assert_allclose(grads[n], want, rtol=2e-6, atol=1e-6, err_msg=f"{kernels}: gradient of {n}")
+    assert np.isnan(res.loss) and np.isnan(t_loss)  # the NaN outputs reach the loss on both sides
