@@ -31,6 +31,7 @@ INPUTS = {
     "tidx": np.array([[2, 3, 2], [0, 0, 4]], np.int32),
     "tgt": np.array([1, 0, 3], np.int32),
     # masked logits: -inf away from the target, as a policy masks invalid actions
+    "xs": np.array([INF, NAN, -INF, 0.0, -0.0, 1.5], np.float32),
     "lmask": np.array([[-INF, 0, -INF, 0], [0, -INF, -INF, -INF], [0, 0, -INF, 0]], np.float32),
 }
 # cotangents chosen to hit the corners; the other outputs get the harness's random ones
@@ -55,12 +56,12 @@ def _cases(o, is_torch):
         def ce(lg, t):
             return F.cross_entropy(lg, t.long(), reduction="none")
 
-        sqrt, relu, absf, maxi, mini = torch.sqrt, torch.relu, torch.abs, torch.maximum, torch.minimum
+        sqrt, relu, absf, maxi, mini, exp = torch.sqrt, torch.relu, torch.abs, torch.maximum, torch.minimum, torch.exp
         zero = lambda like: torch.zeros_like(like)  # noqa: E731
     else:
         emb, ce = ops.embedding, lambda lg, t: ops.cross_entropy(lg, t, reduction="none")
         tala = lambda x, i: ops.take_along_axis(x, i, 1)  # noqa: E731
-        sqrt, relu, absf, maxi, mini = ops.sqrt, ops.relu, ops.abs, ops.maximum, ops.minimum
+        sqrt, relu, absf, maxi, mini, exp = ops.sqrt, ops.relu, ops.abs, ops.maximum, ops.minimum, ops.exp
         zero = lambda like: 0.0  # noqa: E731
     out = {
         "relu": sqrt(relu(o["w"])),  # the sum(sqrt(relu(w))): gradient 0, not NaN, at w <= 0
@@ -73,6 +74,9 @@ def _cases(o, is_torch):
         "tala": tala(o["xl"], o["tidx"]),
         "ce": ce(o["lg"] + o["lmask"], o["tgt"]),
     }
+    # what shader compilers fold to 0 (IEEE: NaN for inf and NaN x)
+    x = o["xs"]
+    out.update(ssub=x - x, mz=x * 0.0, zm=0.0 * x, mnz=x * -0.0, zd=0.0 / x, addneg=x + (-x), chain=exp(x * 0.0) + (x - x))
     for k, p in enumerate(POWERS):
         out[f"pow{k}"] = o["px"] ** p
     return out

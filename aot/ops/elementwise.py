@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from ..templates import wgsl_f32, wgsl_i32
-from .registry import COSTLY, FOLLOW, Bad, OpDef, follow, register
+from .registry import COSTLY, FOLLOW, Bad, OpDef, follow, lookup, register
 from . import api as F
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -140,19 +140,52 @@ register(
 )
 
 
-def _binary(name, ref, vjp, expr, cost=1):
-    register(OpDef(name, _f32_only(name), ref, vjp, "pointwise", expr=expr, cost=cost))
+def _binary(name, ref, vjp, expr, cost=1, render=None):
+    register(OpDef(name, _f32_only(name), ref, vjp, "pointwise", expr=expr, cost=cost, render=render))
 
 
-_binary("add", lambda a, b: a + b, lambda ct, n: (ct, ct), "{0} + {1}")
-_binary("sub", lambda a, b: a - b, lambda ct, n: (ct, F.neg(ct)), "{0} - {1}")
-_binary("mul", lambda a, b: a * b, lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]), "{0} * {1}")
+# Shader compilers fold x * 0.0, 0.0 / x, x - x and x + (-x) to 0 (WGSL lets them assume finite
+# floats), which turns inf and NaN into 0 where IEEE and torch give NaN. Those patterns, as this
+# kernel's text has them, are written with helpers that decide by the bits, which no compiler folds.
+_ZERO = ("0.0", "-0.0")
+
+
+def _is_neg_of(body, b: str, a: str) -> bool:
+    return b == f"(-{a})" or body.cache.get(("let", f"-{a}")) == b
+
+
+def _opaque_arith(op):
+    def render(body, n, idx):
+        a, b = (body.value(x, idx) for x in n.inputs)
+        call = None
+        if op == "mul" and (a in _ZERO) != (b in _ZERO):
+            call = "times_zero_f32(%s, %s)" % ((b, a) if a in _ZERO else (a, b))
+        elif op == "div" and a in _ZERO and b not in _ZERO:
+            call = f"zero_div_f32({a}, {b})"
+        elif op == "sub" and a == b and a not in _ZERO:
+            call = f"self_sub_f32({a})"
+        elif op == "add" and (_is_neg_of(body, b, a) or _is_neg_of(body, a, b)):
+            call = "self_sub_f32(%s)" % (a if _is_neg_of(body, b, a) else b)
+        if call is None:
+            return body.let(lookup(op).expr.format(a, b), "f32")
+        body.helper(call.split("(")[0])
+        return body.let(call, "f32")
+
+    return render
+
+
+_binary("add", lambda a, b: a + b, lambda ct, n: (ct, ct), "{0} + {1}", render=_opaque_arith("add"))
+_binary("sub", lambda a, b: a - b, lambda ct, n: (ct, F.neg(ct)), "{0} - {1}", render=_opaque_arith("sub"))
+_binary(
+    "mul", lambda a, b: a * b, lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]), "{0} * {1}", render=_opaque_arith("mul")
+)
 _binary(
     "div",
     lambda a, b: a / b,
     lambda ct, n: (ct / n.inputs[1], F.neg(ct * n.out / n.inputs[1])),
     "{0} / {1}",
     COSTLY,
+    render=_opaque_arith("div"),
 )
 
 
