@@ -115,3 +115,69 @@ def test_values_and_gradients_equal_torch_at_inf_nan_zero(program, kernels):
     for n, want in t_grads.items():
         np.testing.assert_allclose(grads[n], want, rtol=2e-6, atol=1e-6, err_msg=f"{kernels}: gradient of {n}")
     assert np.isnan(res.loss) and np.isnan(t_loss)  # the NaN outputs reach the loss on both sides
+
+
+# ---- valid programs that were refused ----------------------------------------------------------
+
+
+def _run_against_reference(prog, inputs, kernels):
+    from gpu_harness import assert_all_close, run_both
+
+    [(gpu, ref)], _ = run_both(prog, inputs, kernels=kernels)
+    assert_all_close(gpu, ref, f"{prog.name} ({kernels})", rtol=2e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_attention_short_rows_over_many_heads(kernels):
+    """Single-query attention pooling, head 64, over 24 batch*head entries: each workgroup took
+    32 entries' tiles and they did not fit workgroup memory ("head rows ... do not fit")."""
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(4, 6, 1, 64)).astype(np.float32)
+    kv = {n: rng.normal(size=(4, 6, 2, 64)).astype(np.float32) for n in ("k", "v")}
+    prog, inputs, _ = make_program(
+        f"attn_pool_{kernels}", {"q": q}, kv, lambda m, f: {"o": ops.attention(m.q, f["k"], f["v"])}
+    )
+    _run_against_reference(prog, inputs, kernels)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_params_concatenated_with_an_input_through_two_reshapes(kernels):
+    """The flat gradient vector came out as adjacent slices of the concat's cotangent, which also
+    holds the input's slice: "the flat gradient vector is not a contiguous buffer"."""
+    rng = np.random.default_rng(4)
+    params = {"a": rng.normal(size=(2, 3)), "b": rng.normal(size=(2, 3))}
+
+    def body(m, f):
+        c = ops.concat([m.a, m.b, f["x"]], 0)
+        return {"s": ops.square(ops.reshape(c, (3, 6))), "r": ops.reshape(c, (18,)) * f["y"]}
+
+    prog, inputs, _ = make_program(f"concat_flat_{kernels}", params, {"x": rng.normal(size=(2, 3)), "y": rng.normal(size=18)}, body)
+    _run_against_reference(prog, inputs, kernels)
+
+
+def test_program_without_parameters():
+    """A loss of inputs alone (and an optimizer with nothing to update) builds, trains, infers,
+    saves and restores; it failed with an internal concat error on the empty gradient vector."""
+
+    class Empty(aot.Module):
+        pass
+
+    def loss(m, x):
+        aot.capture("y", x * 2.0)
+        return ops.sum(x * x)
+
+    prog = aot.Program(
+        "noparams", model=Empty, train=aot.Train(loss, inputs={"x": aot.f32(3)}, optimizer=aot.optim.Adam(lr=0.1)),
+        infer={"predict": aot.Infer(lambda m, x: x + 1.0, inputs={"x": aot.f32(3)})},
+    )
+    model = aot.compile(prog)
+    try:
+        x = np.arange(3, dtype=np.float32)
+        res = model.step(x=x, captures=True)
+        assert res.loss == 5.0 and model.params() == {} and model.grads() == {}
+        np.testing.assert_array_equal(res.captures["y"], 2 * x)
+        np.testing.assert_array_equal(model.step_many(x=np.stack([x, x + 1])), np.array([5.0, 14.0], np.float32))
+        np.testing.assert_array_equal(model.predict(x=x), x + 1)
+        assert model.step_count == 3
+    finally:
+        model.close()
