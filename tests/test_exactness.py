@@ -181,3 +181,25 @@ def test_program_without_parameters():
         assert model.step_count == 3
     finally:
         model.close()
+
+
+# ---- messages and contract ------------------------------------------------------------------------
+
+
+def test_cross_entropy_wrong_targets_names_both_shapes(graph):
+    from aot.ops.trace import emit
+
+    logits = emit("input", (), name="lg", shape=(3, 4), dtype="f32")
+    targets = emit("input", (), name="t", shape=(4,), dtype="i32")
+    with pytest.raises(aot.ShapeError, match=r"shape\[:-1\] = \[3\].*got i32\[4\] for input f32\[3,4\]"):
+        ops.cross_entropy(logits, targets)
+
+
+def test_docs_list_the_reserved_names():
+    from pathlib import Path
+
+    from aot.program import GENERATED_NAMES
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "API.md").read_text()
+    for name in sorted(GENERATED_NAMES | {"self", "captures", "out", "loss"}):
+        assert f"`{name}`" in doc, f"docs/API.md does not list the reserved name {name!r}"
