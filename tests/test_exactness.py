@@ -5,6 +5,8 @@ cotangents (some inf or NaN), and everything is compared with torch's autograd."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -203,3 +205,41 @@ def test_docs_list_the_reserved_names():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "API.md").read_text()
     for name in sorted(GENERATED_NAMES | {"self", "captures", "out", "loss"}):
         assert f"`{name}`" in doc, f"docs/API.md does not list the reserved name {name!r}"
+
+
+# ---- build start-up ---------------------------------------------------------------------------------
+
+_BUILD_SCRIPT = """
+import sys, black
+import aot
+from aot import ops
+formatted = []
+original = black.format_str
+black.format_str = lambda src, **kw: formatted.append(src) or original(src, **kw)
+class M(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = self.param((3,))
+prog = aot.Program("startup_probe", model=M, train=aot.Train(lambda m, x: ops.sum(m.w * x), inputs={"x": aot.f32(3)}))
+aot.build(prog, sys.argv[1])
+loaded = sorted(m for m in ("wgpu", "_cffi_backend") if m in sys.modules)
+assert not loaded, f"a build loaded {loaded}"
+runtime = [s[:60] for s in formatted if "class Engine" in s or "class ModelBase" in s]
+assert sys.argv[2] == "fresh" or not runtime, f"black ran over runtime files again: {runtime}"
+"""
+
+
+def test_build_needs_no_device_modules_and_formats_runtime_files_once(tmp_path):
+    """A build imports neither wgpu nor cffi (engine.py is copied by path), and black's output for
+    the copied runtime files is kept on disk: a fresh process's build formats none of them."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, AOT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    for mode, out in (("fresh", "a"), ("cached", "b")):
+        r = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT, str(tmp_path / out), mode], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert list((tmp_path / "cache" / "black").glob("*.py"))
+    for f in (tmp_path / "a" / "startup_probe").rglob("*.py"):  # byte-identical from the cache
+        assert f.read_bytes() == (tmp_path / "b" / "startup_probe" / f.relative_to(tmp_path / "a" / "startup_probe")).read_bytes()
