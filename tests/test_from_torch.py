@@ -312,7 +312,7 @@ def test_gpt(explicit):
 
     torch.manual_seed(4)
     m = GPT(explicit=explicit, tie=not explicit)
-    _, ref, _ = parity(m, gpt_loss, GPT_INPUTS, gpt_batches(np.random.default_rng(4)), gpt_optimizer,
+    _, ref, _ = parity(m, gpt_loss, GPT_INPUTS, gpt_batches(np.random.default_rng(4), 6), gpt_optimizer,
                        lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 20, 1e-4), clip=1.0)
     traced = ref.traced
     ops_used = {name for name, _, _ in traced.graphs["train"].meta["torch_ops"]}
@@ -418,9 +418,9 @@ def zoo_loss(m, x):
 
 def test_op_zoo():
     # one program for every case (one export, one trace): a wrong mapping shows as the gradient of
-    # its case's parameter, p.<case>, and two SGD steps check the values the gradients lead to
+    # its case's parameter, p.<case>
     z = Zoo(list(ZOO))
-    parity(z, zoo_loss, {"x": aot.f32(1)}, [{"x": np.zeros(1)}] * 2, lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
+    parity(z, zoo_loss, {"x": aot.f32(1)}, [{"x": np.zeros(1)}], lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
 
 
 # ---- BatchNorm: batch statistics and running-stat updates in training, running stats in eval -------
@@ -444,11 +444,11 @@ def test_batchnorm_running_stats_and_eval():
     torch.manual_seed(8)
     net = BNNet()
     rng = np.random.default_rng(8)
-    batches = [{"x": rng.normal(size=(6, 1, 6, 6)), "y": rng.integers(0, 3, 6).astype(np.int32)} for _ in range(STEPS)]
+    batches = [{"x": rng.normal(size=(6, 1, 6, 6)), "y": rng.integers(0, 3, 6).astype(np.int32)} for _ in range(6)]
     _, ref, tm = parity(net, lambda m, x, y: F.cross_entropy(m(x), y), {"x": aot.f32(6, 1, 6, 6), "y": aot.i32(6)},
                         batches, lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
                         infer={"predict": (lambda m, x: m(x), {"x": aot.f32(6, 1, 6, 6)})})
-    assert ref.buffers["bn1.num_batches_tracked"] == STEPS
+    assert ref.buffers["bn1.num_batches_tracked"] == 6
     tm.eval()
     np.testing.assert_allclose(ref.predict("predict", x=batches[0]["x"]), tm(torch.tensor(batches[0]["x"])).detach().numpy(),
                                rtol=1e-5, atol=1e-6)
