@@ -487,7 +487,10 @@ def two_groups(cls, **kw):
     (lambda m: torch.optim.Adadelta(m.parameters(), lr=1.0, rho=0.8), None),
     (two_groups(torch.optim.SGD, lr=0.05, momentum=0.9), lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.9)),
     (two_groups(torch.optim.AdamW, lr=0.01, betas=(0.8, 0.9)), None),
-], ids=["adam_l2_amsgrad", "rmsprop_centered", "adagrad", "adadelta", "sgd_groups_explr", "adamw_groups"])
+    (lambda m: torch.optim.SGD(m.parameters(), lr=0.3), lambda o: torch.optim.lr_scheduler.SequentialLR(o, [
+        torch.optim.lr_scheduler.LinearLR(o, 0.1, 1.0, 3), torch.optim.lr_scheduler.ExponentialLR(o, 0.8),
+        torch.optim.lr_scheduler.CosineAnnealingLR(o, 4, 0.01)], milestones=[3, 6])),
+], ids=["adam_l2_amsgrad", "rmsprop_centered", "adagrad", "adadelta", "sgd_groups_explr", "adamw_groups", "sequential_lr"])
 def test_optimizers_and_groups(make, sched):
     torch.manual_seed(10)
     rng = np.random.default_rng(10)
@@ -593,3 +596,11 @@ def test_aot_optimizer_and_infer_only_programs():
     assert only.train is None
     np.testing.assert_allclose(Reference(trace_program(only), dtype=np.float64).predict("f", x=np.ones((3, 2))),
                                m.double()(torch.ones(3, 2, dtype=torch.float64)).detach().numpy(), rtol=1e-6)
+
+
+def test_lr_sequential_schedule():
+    s = aot.lr.sequential(aot.lr.linear(0.1, 1.0, 4), 5, aot.lr.step(1.0, 2, 0.5))
+    assert [s(t) for t in range(1, 10)] == pytest.approx([0.1, 0.325, 0.55, 0.775, 1.0, 1.0, 1.0, 0.5, 0.5])
+    assert s.spec == ("sequential", ("linear", 0.1, 1.0, 4), 5, ("step", 1.0, 2, 0.5))
+    with pytest.raises(ValueError, match="sequential steps"):
+        aot.lr.sequential(0.1, 0, 0.2)
