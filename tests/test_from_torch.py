@@ -604,3 +604,31 @@ def test_lr_sequential_schedule():
     assert s.spec == ("sequential", ("linear", 0.1, 1.0, 4), 5, ("step", 1.0, 2, 0.5))
     with pytest.raises(ValueError, match="sequential steps"):
         aot.lr.sequential(0.1, 0, 0.2)
+
+
+class Layers(nn.Module):
+    """torch.nn's composite layers in one model: their ATen decompositions must all map."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.lstm = nn.LSTM(8, 6, batch_first=True)
+        self.gru = nn.GRU(6, 4, num_layers=2, batch_first=True, bidirectional=True)
+
+    def forward(self, x):
+        x = self.enc(x)
+        x = x + self.mha(x, x, x, need_weights=False)[0]
+        return self.gru(self.lstm(x)[0])[0]
+
+
+def test_torch_nn_layers_transformer_mha_lstm_gru():
+    torch.manual_seed(13)
+    m = Layers()
+    rng = np.random.default_rng(13)
+    x0 = rng.normal(size=(2, 5, 8))
+    _, ref, tm = parity(m, lambda m, x: m(x).pow(2).mean(), {"x": aot.f32(2, 5, 8)}, [{"x": x0}] * 2,
+                        lambda m: torch.optim.Adam(m.parameters(), lr=0.01),
+                        infer={"f": (lambda m, x: m(x), {"x": aot.f32(2, 5, 8)})})
+    tm.eval()  # the encoder layer's eval fast path is a different ATen graph
+    np.testing.assert_allclose(ref.predict("f", x=x0), tm(torch.tensor(x0)).detach().numpy(), rtol=1e-6, atol=1e-9)
