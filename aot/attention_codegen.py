@@ -169,14 +169,20 @@ def _tile_shape(nb: int, t_own: int, t_oth: int, vecs: int, scalars: int, scratc
     `scratch`: a float per own row and tile row besides (the forward's scores, dkv's P)."""
     br = min(WG, _pow2(t_own))
     g = max(1, min(WG // br, _pow2(nb)))
-    threads = g * br
-    for bt in TILE_ROWS:
-        if bt > _pow2(t_oth):
-            continue
-        words = g * bt * (4 * vecs + scalars) + (bt * threads if scratch else 0)
-        if 4 * words <= MAX_WORKGROUP_BYTES:
-            return br, g, bt, 4 * words
-    raise CodegenError(f"attention: head rows of {vecs} vec4s do not fit workgroup memory")
+    # short rows put many batch entries in a workgroup, each with its own tiles: where even a
+    # tile of one row each does not fit, fewer entries share the workgroup (single-query
+    # attention pooling over many heads, say)
+    while True:
+        threads = g * br
+        for bt in TILE_ROWS:
+            if bt > _pow2(t_oth):
+                continue
+            words = g * bt * (4 * vecs + scalars) + (bt * threads if scratch else 0)
+            if 4 * words <= MAX_WORKGROUP_BYTES:
+                return br, g, bt, 4 * words
+        if g == 1:
+            raise CodegenError(f"attention: head rows of {vecs} vec4s do not fit workgroup memory")
+        g //= 2
 
 
 def render_attention(

@@ -56,7 +56,7 @@ def trained_by(trains: dict, named) -> dict[str, set[str]]:
                         hint=f"the parameters are {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}",
                     )
                 chosen |= hit & trainable
-        if not chosen:
+        if not chosen and names:  # a model without parameters trains a loss alone (issue 32)
             raise TraceError(
                 f"{label}: there is no trainable parameter for it to train (all frozen or none matched)", tr.site
             )
@@ -92,8 +92,8 @@ def layouts(order, sizes: dict[str, int], chosen: dict[str, set[str]]) -> dict[s
         o += sizes[n]
     out, base = {}, 0
     for entry, names in chosen.items():
-        start = min(offs[n] for n in names)
-        end = max(offs[n] + sizes[n] for n in names)
+        start = min((offs[n] for n in names), default=0)  # no names: a model without parameters
+        end = max((offs[n] + sizes[n] for n in names), default=0)
         members = tuple(n for n in order if n in names)
         out[entry] = TrainLayout(entry, start, end, base, members)
         base += end - start

@@ -256,13 +256,16 @@ def _append_training(g: Graph, tr, params: list[ParamEntry], lay: TrainLayout, t
     reached_m: list[bool] = []
     grads_m = append_grads(g, loss, [tensors[p.name] for p in trained], reached_m)
     by_name = {p.name: (gt, r) for p, gt, r in zip(trained, grads_m, reached_m)}
+    g.meta["train_range"] = (lay.start, lay.end, lay.offset)
+    if not order:  # no parameters: a loss (and captures) alone, no gradient vector, no update
+        g.grads = {}
+        return
     with tracing(g), at_site(None):
         grads = [by_name[p.name][0] if p.name in by_name else _zeros(p.shape) for p in order]
         g.persist["grads"] = _optim.flat(grads)
     reached = [by_name[p.name][1] if p.name in by_name else False for p in order]
     g.grads = {p.name: by_name[p.name][0] for p in trained}
     # where the entry's slices live (plan.py): its params, its gradient vector and its state
-    g.meta["train_range"] = (lay.start, lay.end, lay.offset)
     if tr.optimizer is not None:
         _optim.append_update(g, tr.optimizer, [tensors[p.name] for p in order], g.persist["grads"],
                              [p.decay for p in order], reached, [p.name for p in order])

@@ -35,3 +35,9 @@ def step(peak: float, every: int, gamma: float) -> LrSchedule:
 
 def multistep(peak: float, milestones, gamma: float) -> LrSchedule:
     return LrSchedule(normalize(("multistep", peak, tuple(milestones), gamma)))
+
+
+def sequential(first, steps: int, after) -> LrSchedule:
+    """`first` (a float or schedule) for updates 1..steps, then `after` from its own update 1
+    (torch.optim.lr_scheduler.SequentialLR with one milestone; nest for more)."""
+    return LrSchedule(normalize(("sequential", first, steps, after)))

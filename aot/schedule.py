@@ -114,12 +114,18 @@ def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None", plac
     views: dict[int, View] = {}
     owners: list[Tensor] = [params.tensor] if params is not None else []
     pos = {id(n.out): i for i, n in enumerate(g.nodes)} if placed else {}
+    # persistent tensors (the flat gradient vector) are whole buffers to the runtime: a view that
+    # is only part of its base (adjacent slices of one gradient that also holds an input's) is
+    # stored by a kernel of its own instead
+    whole = {id(t) for t in g.persist.values()}
     for n in g.nodes:
         t = n.out
         if params is not None and n.op == "param":
             views[id(t)] = View.contiguous(params.tensor, params.offsets[n.attrs["name"]], t.shape)
             continue
         v = _placed_concat_view(n, placed, pos) if placed and op_of(n).fusion == "concat" else None
+        if v is not None and id(t) in whole and not _covers(v, t):
+            v = None
         if v is not None:
             views[id(t)] = v
             continue
@@ -128,12 +134,19 @@ def _compute_views(g: Graph, stored: set[int], params: "ParamArena | None", plac
             owners.append(t)
             continue
         v = op_of(n).view(n, views) if op_of(n).view is not None else None
+        if v is not None and id(t) in whole and not _covers(v, t):
+            v = None
         if v is not None and (id(t) not in stored or v.is_contiguous(t.shape)):
             views[id(t)] = v
         elif id(t) in stored:
             views[id(t)] = View.contiguous(t)
             owners.append(t)
     return views, owners
+
+
+def _covers(v: View, t: Tensor) -> bool:
+    """`t`, read through view `v`, is the whole of its base in order."""
+    return v.offset == 0 and v.is_contiguous(t.shape) and v.base.size == t.size
 
 
 def _placed_concat_view(n: Node, placed, pos) -> View | None:

@@ -19,7 +19,18 @@ from .plan import OFFSETS_BINDING, OFFSETS_SLOT_WORDS, Plan, arena_binding, aren
 from .schedule import KernelSchedule
 from .views import contiguous_strides
 
-NAN_HELPERS = ("tanh_f32", "max_nan", "min_nan", "gt_nan")  # helpers that call is_nan_f32
+# helpers a pointwise `expr` may call, and the helpers each of them calls in turn
+EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32", "fp_flag_f32",
+                "log1p_f32", "expm1_f32")
+HELPER_DEPS = {
+    "tanh_f32": ("is_nan_f32", "expm1_f32"),
+    "max_nan": ("is_nan_f32",),
+    "min_nan": ("is_nan_f32",),
+    "gt_nan": ("is_nan_f32",),
+    "pow_abs_f32": ("is_nan_f32",),
+    "pow_int_f32": ("pow_abs_f32",),
+    "pow_frac_f32": ("pow_abs_f32",),
+}
 
 
 class Index:
@@ -114,8 +125,8 @@ class Body:
             raise CodegenError(f"no WGSL rendering for op {n.op!r}")
         args = [self.value(x, idx) for x in n.inputs]
         expr = od.expr(n.attrs) if callable(od.expr) else od.expr
-        for h in ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "log1p_f32", "expm1_f32"):
-            if h in expr:
+        for h in EXPR_HELPERS:
+            if h + "(" in expr:
                 self.helper(h)
         return self.let(expr.format(*args), n.out.dtype)
 
@@ -126,10 +137,8 @@ class Body:
     def helper(self, name: str) -> None:
         """Make a WGSL helper function (_helpers.wgsl.j2) available to this kernel."""
         self.kc.helpers.add(name)
-        if name in NAN_HELPERS:
-            self.kc.helpers.add("is_nan_f32")
-        if name == "tanh_f32":
-            self.kc.helpers.add("expm1_f32")
+        for dep in HELPER_DEPS.get(name, ()):
+            self.helper(dep)
 
     def read(self, t: Tensor, idx: Index) -> str:
         kc = self.kc

@@ -209,3 +209,34 @@ def test_a_long_step_submitted_in_two_parts_matches_step_many():
             np.testing.assert_array_equal(value, b.params()[name], err_msg=f"{ks}: {name}")
         a.close()
         b.close()
+
+
+def test_no_inputs_takes_k_steps():
+    """A training entry without inputs (its data drawn with ops.randn each step) takes one step per
+    batch of step_many([{}] * K), bit-identical to K step() calls; it took none (issue 32)."""
+
+    class Fit(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param((3,), init=aot.init.literal(np.array([0.5, -1.0, 2.0], np.float32)))
+
+    def loss(m):
+        x = ops.randn((4, 3))
+        return ops.mean(ops.square(x * m.w - x))
+
+    prog = aot.Program("sm_noinputs", model=Fit, train=aot.Train(loss, inputs={}, optimizer=aot.optim.SGD(lr=0.1)), seed=2)
+    a = aot.compile(prog, kernels="cpu")
+    b = type(a)()
+    try:
+        want = [a.step() for _ in range(3)]
+        got = b.step_many([{}] * 3)
+        assert b.step_count == 3 and got.shape == (3,)
+        np.testing.assert_array_equal(got, np.array(want, np.float32))
+        np.testing.assert_array_equal(b.params()["w"], a.params()["w"])
+        assert not np.array_equal(a.params()["w"], np.array([0.5, -1.0, 2.0], np.float32))
+        with pytest.raises(TypeError, match=r"takes no inputs.*step_many\(\[\{\}\] \* K\)"):
+            b.step_many()
+        assert b.step_count == 3
+    finally:
+        a.close()
+        b.close()

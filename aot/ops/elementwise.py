@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from ..templates import wgsl_f32, wgsl_i32
-from .registry import COSTLY, FOLLOW, Bad, OpDef, follow, register
+from .registry import COSTLY, FOLLOW, Bad, OpDef, follow, lookup, register
 from . import api as F
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -71,10 +71,12 @@ _unary(
 # relu'(0) = 0, as in PyTorch. Written with the output (y != 0 iff x > 0, or x is NaN, whose
 # gradient torch passes through), so backward keeps y, which the next layer needs anyway, and
 # the pre-activation can die in the matmul epilogue. WGSL's max may drop a NaN: max_nan keeps it.
+# The cotangent is selected, not multiplied by a 0/1 mask: an inf cotangent where y = 0 (from
+# sqrt(relu(x)), say) gives 0 as torch's threshold_backward does, not inf * 0 = NaN.
 _unary(
     "relu",
     lambda x: np.maximum(x, 0).astype(x.dtype),
-    lambda ct, n: (ct * (1.0 - F.equal(n.out, 0.0)),),
+    lambda ct, n: (F.where(F.equal(n.out, 0.0), 0.0, ct),),
     "max_nan({0}, 0.0)",
 )
 _unary(
@@ -92,16 +94,20 @@ _unary("expm1", np.expm1, lambda ct, n: (ct * (n.out + 1.0),), "expm1_f32({0})",
 
 
 def _power_expr(attrs):
+    # WGSL's pow is undefined for bases <= 0 (and is exp2(p * log2(x)) on most drivers): products
+    # and sqrt where they are exact, else helpers (_helpers.wgsl.j2) that give torch's values at
+    # 0 and inf (0 ** -5 = inf, (-0) ** -5 = -inf) and NaN for fractional powers of negatives.
     p = attrs["p"]
+    if p == 0:
+        return "1.0"  # torch: x ** 0 = 1 for every x, NaN included
     if float(p).is_integer() and 1 <= abs(p) <= 4:
         prod = " * ".join(["{0}"] * int(abs(p)))
         return prod if p > 0 else f"1.0 / ({prod})"
+    if abs(p) == 0.5:  # correctly rounded, and sqrt(-0) = -0 as torch's x ** 0.5 gives
+        return "sqrt({0})" if p > 0 else "1.0 / sqrt({0})"
     if float(p).is_integer():
-        # WGSL pow() is undefined for negative bases: take |x| and restore the sign for odd p
-        mag = "pow(abs({0}), %s)" % _lit(p)
-        return "sign({0}) * " + mag if int(p) % 2 else mag
-    # fractional powers of negative bases are NaN, as in NumPy
-    return "pow({0}, %s)" % _lit(p)
+        return "pow_int_f32({0}, %s, %s)" % (_lit(p), "true" if int(p) % 2 else "false")
+    return "pow_frac_f32({0}, %s)" % _lit(p)
 
 
 def _lit(v):
@@ -113,7 +119,8 @@ register(
         "power",
         _f32_only("power"),
         lambda x, p: np.power(x, x.dtype.type(p)),
-        lambda ct, n: (ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
+        # torch's pow_backward: the factor is 0 for p = 0 (not 0 * x ** -1, NaN at x = 0)
+        lambda ct, n: (ct * 0.0 if n.attrs["p"] == 0 else ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
         "pointwise",
         expr=_power_expr,
         cost=COSTLY,
@@ -133,37 +140,70 @@ register(
 )
 
 
-def _binary(name, ref, vjp, expr, cost=1):
-    register(OpDef(name, _f32_only(name), ref, vjp, "pointwise", expr=expr, cost=cost))
+def _binary(name, ref, vjp, expr, cost=1, render=None):
+    register(OpDef(name, _f32_only(name), ref, vjp, "pointwise", expr=expr, cost=cost, render=render))
 
 
-_binary("add", lambda a, b: a + b, lambda ct, n: (ct, ct), "{0} + {1}")
-_binary("sub", lambda a, b: a - b, lambda ct, n: (ct, F.neg(ct)), "{0} - {1}")
-_binary("mul", lambda a, b: a * b, lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]), "{0} * {1}")
+# Shader compilers fold x * 0.0, 0.0 / x, x - x and x + (-x) to 0 (WGSL lets them assume finite
+# floats), which turns inf and NaN into 0 where IEEE and torch give NaN. Those patterns, as this
+# kernel's text has them, are written with helpers that decide by the bits, which no compiler folds.
+_ZERO = ("0.0", "-0.0")
+
+
+def _is_neg_of(body, b: str, a: str) -> bool:
+    return b == f"(-{a})" or body.cache.get(("let", f"-{a}")) == b
+
+
+def _opaque_arith(op):
+    def render(body, n, idx):
+        a, b = (body.value(x, idx) for x in n.inputs)
+        call = None
+        if op == "mul" and (a in _ZERO) != (b in _ZERO):
+            call = "times_zero_f32(%s, %s)" % ((b, a) if a in _ZERO else (a, b))
+        elif op == "div" and a in _ZERO and b not in _ZERO:
+            call = f"zero_div_f32({a}, {b})"
+        elif op == "sub" and a == b and a not in _ZERO:
+            call = f"self_sub_f32({a})"
+        elif op == "add" and (_is_neg_of(body, b, a) or _is_neg_of(body, a, b)):
+            call = "self_sub_f32(%s)" % (a if _is_neg_of(body, b, a) else b)
+        if call is None:
+            return body.let(lookup(op).expr.format(a, b), "f32")
+        body.helper(call.split("(")[0])
+        return body.let(call, "f32")
+
+    return render
+
+
+_binary("add", lambda a, b: a + b, lambda ct, n: (ct, ct), "{0} + {1}", render=_opaque_arith("add"))
+_binary("sub", lambda a, b: a - b, lambda ct, n: (ct, F.neg(ct)), "{0} - {1}", render=_opaque_arith("sub"))
+_binary(
+    "mul", lambda a, b: a * b, lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]), "{0} * {1}", render=_opaque_arith("mul")
+)
 _binary(
     "div",
     lambda a, b: a / b,
     lambda ct, n: (ct / n.inputs[1], F.neg(ct * n.out / n.inputs[1])),
     "{0} / {1}",
     COSTLY,
+    render=_opaque_arith("div"),
 )
 
 
-def _minmax_vjp(pick_first):
-    # Ties split the gradient evenly between the operands, as torch.maximum does.
+def _minmax_vjp(loses):
+    # torch.maximum's rule, selected rather than multiplied by masks (an inf cotangent must give
+    # 0 to the losing operand, not NaN): ties split the gradient evenly, the losing operand gets
+    # 0, and where the comparison is false both ways (a NaN operand) both get the gradient.
     def vjp(ct, n):
         a, b = n.inputs
-        first = pick_first(a, b)
-        tie = F.equal(a, b)
-        wa = first + 0.5 * tie
-        return ct * wa, ct * (1.0 - wa)
+        share = F.where(F.equal(a, b), ct * 0.5, ct)
+        return F.where(loses(a, b), 0.0, share), F.where(loses(b, a), 0.0, share)
 
     return vjp
 
 
 # NaN in either operand gives NaN (torch.maximum / np.maximum); WGSL's max/min need not
-_binary("maximum", np.maximum, _minmax_vjp(lambda a, b: F.greater(a, b)), "max_nan({0}, {1})")
-_binary("minimum", np.minimum, _minmax_vjp(lambda a, b: F.less(a, b)), "min_nan({0}, {1})")
+_binary("maximum", np.maximum, _minmax_vjp(lambda a, b: F.less(a, b)), "max_nan({0}, {1})")
+_binary("minimum", np.minimum, _minmax_vjp(lambda a, b: F.greater(a, b)), "min_nan({0}, {1})")
 
 
 def _cmp(name, ref, op):
@@ -250,7 +290,12 @@ def _const_ref(value, dtype):
 
 def _const_wgsl(body, n, idx):
     v = n.attrs["value"]
-    return wgsl_f32(v) if n.out.dtype == "f32" else wgsl_i32(v)
+    if n.out.dtype != "f32":
+        return wgsl_i32(v)
+    if math.isfinite(v):
+        return wgsl_f32(v)
+    # WGSL has no inf or NaN literal: the bits, as gradients that select need them
+    return "bitcast<f32>(%s)" % ("0x7fc00000u" if math.isnan(v) else "0x7f800000u" if v > 0 else "0xff800000u")
 
 
 register(OpDef("const", _const_shape, _const_ref, None, "constant", nondiff=True, render=_const_wgsl))

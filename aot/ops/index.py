@@ -3,7 +3,8 @@
 Out-of-range indices never touch memory outside a tensor: gather and take_along_axis
 clamp to [0, n-1] and one_hot gives an all-zero row (the runtime also rejects such
 inputs before dispatching, API.md §5). Gradients are expressed with one_hot and matmul,
-so they are deterministic (no scatter, no atomics).
+so they are deterministic (no scatter, no atomics); exact.mask_matmul keeps an inf or NaN
+cotangent in the rows its index selects, as PyTorch's index_add does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from ..templates import wgsl_f32
 from .registry import COSTLY, Bad, OpDef, register
 from . import api as F
+from .exact import mask_matmul
 
 
 def _arange_shape(n, dtype):
@@ -84,7 +86,7 @@ def _gather_vjp(ct, n):
     rest = table.shape[1:]
     width = int(np.prod(rest)) if rest else 1
     oh = F.reshape(F.one_hot(idx, rows), (-1, rows))
-    dt = F.matmul(F.transpose(oh, (1, 0)), F.reshape(ct, (-1, width)))
+    dt = mask_matmul(F.transpose(oh, (1, 0)), F.reshape(ct, (-1, width)), mask="a")
     return F.reshape(dt, table.shape), None
 
 
@@ -132,7 +134,7 @@ def _tala_vjp(ct, n):
     idx_t = F.transpose(idx, perm) if axis != last else idx
     j, size = ct_t.shape[-1], x.shape[axis]
     lhs = F.reshape(ct_t, ct_t.shape[:-1] + (1, j))
-    dx = F.matmul(lhs, F.one_hot(idx_t, size))
+    dx = mask_matmul(lhs, F.one_hot(idx_t, size), mask="b")
     dx = F.reshape(dx, ct_t.shape[:-1] + (size,))
     return (F.transpose(dx, inv) if axis != last else dx), None
 

@@ -427,13 +427,18 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             method = _method(entry, True)
             given = {n: v for n, v in inputs.items() if v is not None}
             if batches is None:
+                if not inputs:
+                    raise TypeError(
+                        f"{method}(): the training entry takes no inputs, so K cannot come from them: "
+                        f"pass one empty dict per step, {method}([{{}}] * K)"
+                    )
                 key, arrays = self._pick(entry, given, stacked=True)
+                k = len(next(iter(arrays.values())))
             else:
                 if given:
                     raise TypeError(f"{method}(): pass batches or stacked inputs {sorted(given)}, not both")
-                key, arrays = self._pick_batches(batches, entry)
+                key, arrays, k = self._pick_batches(batches, entry)
             tr = self._trains[entry]
-            k = len(next(iter(arrays.values()))) if arrays else 0
             t0 = self.step_count
             e = self._program["entries"][key]
             sizes = e["input_sizes"]
@@ -491,7 +496,9 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 )
             key0 = key
             picked.append(arrays)
-        return key0, {n: np.stack([a[n] for a in picked]) for n in picked[0]}
+        # K is the number of batches: a training entry without inputs (its data drawn with
+        # ops.randn, say) has empty batches and still takes K steps
+        return key0, {n: np.stack([a[n] for a in picked]) for n in picked[0]}, len(items)
 
     def _infer(self, entry: str, inputs: dict, captures: bool):
         with self._lock:

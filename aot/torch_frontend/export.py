@@ -96,7 +96,8 @@ def capture(module, fn, names: list[str], examples: list, train: bool, what: str
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TraceError(
             f"from_torch: torch.export could not capture {what}: {type(e).__name__}: {first}", site,
-            hint="aot needs a graph with static shapes and no data-dependent Python control flow",
+            hint="torch.export runs the code on example tensors of the declared input shapes: check those shapes, "
+                 "and that no Python branch or shape depends on tensor values",
         ) from e
     finally:
         module.train(was)

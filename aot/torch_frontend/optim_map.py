@@ -95,15 +95,30 @@ def translate(optimizer, scheduler, names: dict[int, str], clip_grad_norm, site)
 
 def schedule(sched, optimizer, base: float, site):
     """An aot.lr schedule equal to torch's `sched` when it is stepped once after every optimizer step."""
-    import torch
-
-    S = torch.optim.lr_scheduler
     if getattr(sched, "optimizer", None) is not optimizer:
         _refuse("scheduler= was made for another optimizer", "pass the optimizer the scheduler steps", site)
     if getattr(sched, "last_epoch", 0) != 0:
         _refuse(f"{type(sched).__name__} has already been stepped ({sched.last_epoch} times)",
                 "pass a freshly made scheduler", site)
+    return _one(sched, base, site)
+
+
+def _one(sched, base: float, site):
+    import torch
+
+    S = torch.optim.lr_scheduler
     t = type(sched)
+    if t is S.SequentialLR:
+        # the first scheduler up to the first milestone, then each next one from its own epoch 0
+        # (torch steps it with step(0) there): nested ("sequential", first, steps, after) specs
+        scheds, ms = list(sched._schedulers), list(sched._milestones)
+        out = _one(scheds[-1], base, site)
+        for i in reversed(range(len(ms))):
+            steps = ms[i] - (ms[i - 1] if i else 0)
+            if steps < 1:
+                _refuse(f"SequentialLR milestones {ms} must be increasing and positive", "fix the milestones", site)
+            out = _lr.sequential(_one(scheds[i], base, site), steps, out)
+        return out
     if t is S.StepLR:
         return _lr.step(base, sched.step_size, sched.gamma)
     if t is S.ExponentialLR:
@@ -116,5 +131,5 @@ def schedule(sched, optimizer, base: float, site):
         # equal for the first T_max + 1 steps; past T_max torch's lr rises again, aot's stays at eta_min
         return _lr.cosine(base, float(sched.eta_min), sched.T_max)
     _refuse(f"lr scheduler {t.__name__} is not supported",
-            "use StepLR, MultiStepLR, ExponentialLR, LinearLR or CosineAnnealingLR, or an aot.lr schedule "
+            "use StepLR, MultiStepLR, ExponentialLR, LinearLR, CosineAnnealingLR or a SequentialLR of them, or an aot.lr schedule "
             "with an aot optimizer", site)

@@ -130,8 +130,11 @@ def replay(cap: Captured, leaves: dict, training: bool, what: str):
         except TraceError as e:
             if str(e).startswith("from_torch:"):
                 raise
+            # an aot op refused the mapped call: say so at the user's torch line, keeping aot's hint
+            lines = str(e).splitlines()
+            hint = next((ln.strip()[len("hint: "):] for ln in lines if ln.strip().startswith("hint: ")), None)
             cls = ShapeError if isinstance(e, ShapeError) else TraceError
-            raise cls(f"from_torch: {name}: {str(e).splitlines()[0]}", site, e.args and None) from None
+            raise cls(f"from_torch: {name}: {lines[0]}", site, hint) from None
         env[node] = out
         log.append((name, [n.op for n in g.nodes[before:]], site.short if site else ""))
     user, buffers = [], {}

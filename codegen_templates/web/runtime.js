@@ -142,7 +142,7 @@ export function stepSeed(seed, t) {
 // ---- schedules.py ----
 const SCHEDULE_ORDER = {
   linear: ["peak", "final", "steps"], cosine: ["peak", "final", "steps"], warmup: ["peak", "steps", "after"],
-  step: ["peak", "every", "gamma"], multistep: ["peak", "milestones", "gamma"],
+  step: ["peak", "every", "gamma"], multistep: ["peak", "milestones", "gamma"], sequential: ["first", "steps", "after"],
 };
 function rate(v, what) {
   if (typeof v !== "number") throw new TypeError(`${what} must be a finite non-negative float, got ${typeof v} ${v}`);
@@ -167,6 +167,7 @@ export function normalizeLr(spec) {
     throw new ValueError(`bad learning-rate schedule ${JSON.stringify(spec)}; expected a float or e.g. ('linear', peak, final, steps)`);
   const k = spec[0];
   if (k === "warmup") return [k, rate(spec[1], "warmup peak"), count(spec[2], "warmup steps", 1), normalizeLr(spec[3])];
+  if (k === "sequential") return [k, normalizeLr(spec[1]), count(spec[2], "sequential steps", 1), normalizeLr(spec[3])];
   if (k === "multistep") {
     if (!Array.isArray(spec[2])) throw new TypeError(`multistep milestones must be a tuple of step counts, got ${spec[2]}`);
     if (spec[2].length > 1000) throw new ValueError(`multistep takes at most 1000 milestones, got ${spec[2].length}`);
@@ -184,6 +185,7 @@ export function lrAt(spec, t) {
   if (k === "step") { const [, peak, every, gamma] = spec; return peak * gamma ** Math.floor((t - 1) / every); }
   if (k === "multistep") { const [, peak, ms, gamma] = spec; return peak * gamma ** ms.filter((m) => m <= t - 1).length; }
   if (k === "warmup") { const [, peak, steps, after] = spec; return t <= steps ? (peak * t) / steps : lrAt(after, t - steps); }
+  if (k === "sequential") { const [, first, steps, after] = spec; return t <= steps ? lrAt(first, t) : lrAt(after, t - steps); }
   throw new ValueError(`unknown schedule ${JSON.stringify(spec)}`);
 }
 /** schedules.optimizer_scalars: the update's per-step scalars, in float64. */
@@ -208,6 +210,7 @@ function lrRepr(spec) {
   if (spec === null) return "None";
   if (typeof spec === "number") return pyFloat(spec);
   const k = spec[0];
+  if (k === "sequential") return "(" + [pyStr(k), lrRepr(spec[1]), String(spec[2]), lrRepr(spec[3])].join(", ") + ")";
   const parts = [pyStr(k), pyFloat(spec[1])];
   if (k === "warmup") parts.push(String(spec[2]), lrRepr(spec[3]));
   else if (k === "multistep") parts.push(pyTuple(spec[2]), pyFloat(spec[3]));

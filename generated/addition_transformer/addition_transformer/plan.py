@@ -291,7 +291,7 @@ PROGRAM = {
             "addition_transformer.py:36",
             (524288, 2686976, 132416),
         ),
-        "train_063_matmul_equal_sub_mul": (
+        "train_063_matmul_equal_where": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2686976, 132416, 524288, 786432),
@@ -341,7 +341,7 @@ PROGRAM = {
             "addition_transformer.py:36",
             (),
         ),
-        "train_088_matmul_equal_sub_mul": (
+        "train_088_matmul_equal_where": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (2162688, 83264, 262144, 524288),
@@ -391,7 +391,7 @@ PROGRAM = {
             "addition_transformer.py:36",
             (0, 655360, 34112),
         ),
-        "train_113_matmul_equal_sub_mul": (
+        "train_113_matmul_equal_where": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
             (655360, 34112, 0, 262144),
@@ -414,12 +414,12 @@ PROGRAM = {
         "train_124_attention_dq_delta": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 131072, 2752512, 1376256, 393216, 0),
+            (1179648, 1245184, 1310720, 65536, 2752512, 1376256, 393216, 0),
         ),
         "train_125_attention_dk_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 196608, 262144),
+            (1179648, 1245184, 1310720, 65536, 2752512, 393216, 131072, 262144),
         ),
         "train_126_127_128_129_130_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -429,30 +429,45 @@ PROGRAM = {
         "train_131_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (0, 1344, 327680, 131072, 196608),
+            (0, 1344, 327680, 65536, 131072),
         ),
-        "train_132_133_134_135_136_137_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
-            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
+        "train_132_133_134_135_136_139_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
+            (
+                ("params", "read"),
+                ("grads", "read_write"),
+                ("inputs_i32", "read"),
+                ("work", "read_write"),
+            ),
             "addition_transformer.py:32",
             (),
         ),
-        "train_138_140_sum_and_one_hot": (
-            (("inputs_i32", "read"), ("work", "read_write")),
+        "train_137_140_fused_add_mul_sum_and_fused_add_mul_concat": (
+            (("work", "read_write"),),
             "addition_transformer.py:49",
             (),
         ),
-        "train_139_141_pad_and_matmul_add": (
+        "train_138_pad": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (),
+            (339968, 0),
         ),
-        "train_142_fused_square_pad_sum": (
+        "train_141_matmul": (
+            (("work", "read_write"),),
+            "addition_transformer.py:49",
+            (327680, 0, 339968),
+        ),
+        "train_142_fused_greater_where_add": (
+            (("grads", "read_write"), ("work", "read_write")),
+            "addition_transformer.py:49",
+            (2779136, 340032, 340096, 339968, 576),
+        ),
+        "train_143_fused_square_pad_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
             (0, 196608),
         ),
-        "train_143_sum": ((("work", "read_write"),), "optimizer", (196608, 196672)),
-        "train_144_fused_sqrt_add_sub": (
+        "train_144_sum": ((("work", "read_write"),), "optimizer", (196608, 150656)),
+        "train_145_fused_sqrt_add_sub": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -462,7 +477,7 @@ PROGRAM = {
                 ("state_1", "read_write"),
             ),
             "optimizer",
-            (0, 196672, 0, 0, 0, 0, 1026, 1024, 1025),
+            (0, 150656, 0, 0, 0, 0, 1026, 1024, 1025),
         ),
         "train_000_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
@@ -932,47 +947,47 @@ PROGRAM = {
         "train_118_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (524288, 148928, 1441792, 2770944, 131072),
+            (524288, 148928, 1441792, 2770944, 65536),
         ),
         "train_119_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (524288, 148928, 2771968, 131072, 1441792, 2770944, 0),
+            (524288, 148928, 2771968, 65536, 1441792, 2770944, 0),
         ),
         "train_120_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (0, 196608),
+            (0, 131072),
         ),
         "train_121_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (655360, 0, 196608, 65536),
+            (655360, 0, 131072, 196608),
         ),
         "train_122_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (65536, 13632, 131072),
+            (196608, 13632, 65536),
         ),
         "train_123_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (1376256, 65536, 13632),
+            (1376256, 196608, 13632),
         ),
         "train_126_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (196608, 9536, 327680),
+            (131072, 9536, 327680),
         ),
         "train_127_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (1114112, 196608, 9536),
+            (1114112, 131072, 9536),
         ),
         "train_128_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (262144, 5440, 131072),
+            (262144, 5440, 65536),
         ),
         "train_129_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -987,52 +1002,42 @@ PROGRAM = {
         "train_132_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (524288, 1441792, 2770944, 2771968, 196608, 148928, 148864),
+            (524288, 1441792, 2770944, 2771968, 131072, 148928, 148864),
         ),
         "train_133_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (196608, 1048576, 2768896, 2769920, 148800),
+            (131072, 1048576, 2768896, 2769920, 148800),
         ),
         "train_134_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (196608, 148800, 1048576, 2768896, 262144),
+            (131072, 148800, 1048576, 2768896, 0),
         ),
         "train_135_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (196608, 148800, 2769920, 262144, 1048576, 2768896, 0),
+            (131072, 148800, 2769920, 0, 1048576, 2768896, 262144),
         ),
         "train_136_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (0, 263168),
+            (262144, 342272),
         ),
-        "train_137_fused_mul_add": (
-            (("work", "read_write"),),
-            "addition_transformer.py:32",
-            (65536, 0, 263168, 131072),
-        ),
-        "train_138_sum": (
+        "train_137_fused_add_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:49",
-            (131072, 196608),
+            (196608, 262144, 342272, 339968),
         ),
-        "train_139_pad": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:49",
-            (196608, 0),
-        ),
-        "train_140_one_hot": (
+        "train_139_one_hot": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (0, 0),
+            (0, 327680),
         ),
-        "train_141_matmul_add": (
-            (("grads", "read_write"), ("work", "read_write")),
+        "train_140_fused_add_mul_concat": (
+            (("work", "read_write"),),
             "addition_transformer.py:49",
-            (0, 131072, 2779136, 576),
+            (196608, 262144, 342272, 0),
         ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
@@ -1662,7 +1667,7 @@ PROGRAM = {
                     (1088, 1, 1),
                 ),
                 ("train_062_matmul", (4, 16, 1)),
-                ("train_063_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_063_matmul_equal_where", (8, 32, 1)),
                 ("train_064_065_matmul", (320, 1, 1)),
                 (
                     "train_066_067_068_069_070_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
@@ -1678,7 +1683,7 @@ PROGRAM = {
                     (1088, 1, 1),
                 ),
                 ("train_086_087_fused_mul_sum_and_matmul", (128, 1, 1)),
-                ("train_088_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_088_matmul_equal_where", (8, 32, 1)),
                 ("train_089_090_091_sum_and_matmul", (576, 1, 1)),
                 (
                     "train_092_093_094_095_096_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
@@ -1694,7 +1699,7 @@ PROGRAM = {
                     (1088, 1, 1),
                 ),
                 ("train_112_matmul", (4, 16, 1)),
-                ("train_113_matmul_equal_sub_mul", (8, 32, 1)),
+                ("train_113_matmul_equal_where", (8, 32, 1)),
                 ("train_114_115_116_sum_and_matmul", (576, 1, 1)),
                 (
                     "train_117_118_119_120_121_sum_and_fused_mul_sub_sum_and_fused_mul_sub_add_etc",
@@ -1706,14 +1711,19 @@ PROGRAM = {
                 ("train_126_127_128_129_130_matmul", (560, 1, 1)),
                 ("train_131_matmul_add", (4, 64, 1)),
                 (
-                    "train_132_133_134_135_136_137_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
-                    (1152, 1, 1),
+                    "train_132_133_134_135_136_139_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
+                    (1200, 1, 1),
                 ),
-                ("train_138_140_sum_and_one_hot", (560, 1, 1)),
-                ("train_139_141_pad_and_matmul_add", (7, 1, 1)),
-                ("train_142_fused_square_pad_sum", (37, 1, 1)),
-                ("train_143_sum", (1, 1, 1)),
-                ("train_144_fused_sqrt_add_sub", (589, 1, 1)),
+                (
+                    "train_137_140_fused_add_mul_sum_and_fused_add_mul_concat",
+                    (1280, 1, 1),
+                ),
+                ("train_138_pad", (3, 1, 1)),
+                ("train_141_matmul", (12, 1, 1)),
+                ("train_142_fused_greater_where_add", (3, 1, 1)),
+                ("train_143_fused_square_pad_sum", (37, 1, 1)),
+                ("train_144_sum", (1, 1, 1)),
+                ("train_145_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "dispatches_cpu": [
                 ("train_000_fused_gather_add", (256, 1, 1)),
@@ -1779,7 +1789,7 @@ PROGRAM = {
                 ("train_060_fused_neg_sum", (1024, 1, 1)),
                 ("train_061_fused_mul_add", (256, 1, 1)),
                 ("train_062_matmul", (1, 4, 1)),
-                ("train_063_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_063_matmul_equal_where", (4, 16, 1)),
                 ("train_064_matmul", (1, 16, 1)),
                 ("train_065_matmul", (4, 1, 1)),
                 ("train_066_sum", (64, 1, 1)),
@@ -1804,7 +1814,7 @@ PROGRAM = {
                 ("train_085_fused_mul_add", (256, 1, 1)),
                 ("train_086_fused_mul_sum", (64, 1, 1)),
                 ("train_087_matmul", (1, 4, 1)),
-                ("train_088_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_088_matmul_equal_where", (4, 16, 1)),
                 ("train_089_sum", (256, 1, 1)),
                 ("train_090_matmul", (1, 16, 1)),
                 ("train_091_matmul", (4, 1, 1)),
@@ -1829,7 +1839,7 @@ PROGRAM = {
                 ("train_110_fused_neg_sum", (1024, 1, 1)),
                 ("train_111_fused_mul_add", (256, 1, 1)),
                 ("train_112_matmul", (1, 4, 1)),
-                ("train_113_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_113_matmul_equal_where", (4, 16, 1)),
                 ("train_114_sum", (256, 1, 1)),
                 ("train_115_matmul", (1, 16, 1)),
                 ("train_116_matmul", (4, 1, 1)),
@@ -1853,14 +1863,15 @@ PROGRAM = {
                 ("train_134_fused_mul_sub_sum", (1024, 1, 1)),
                 ("train_135_fused_mul_sub_add", (256, 1, 1)),
                 ("train_136_fused_neg_sum", (1024, 1, 1)),
-                ("train_137_fused_mul_add", (256, 1, 1)),
-                ("train_138_sum", (512, 1, 1)),
-                ("train_139_pad", (3, 1, 1)),
-                ("train_140_one_hot", (48, 1, 1)),
-                ("train_141_matmul_add", (4, 1, 1)),
-                ("train_142_fused_square_pad_sum", (37, 1, 1)),
-                ("train_143_sum", (1, 1, 1)),
-                ("train_144_fused_sqrt_add_sub", (589, 1, 1)),
+                ("train_137_fused_add_mul_sum", (512, 1, 1)),
+                ("train_138_pad", (3, 1, 1)),
+                ("train_139_one_hot", (48, 1, 1)),
+                ("train_140_fused_add_mul_concat", (768, 1, 1)),
+                ("train_141_matmul", (12, 1, 1)),
+                ("train_142_fused_greater_where_add", (3, 1, 1)),
+                ("train_143_fused_square_pad_sum", (37, 1, 1)),
+                ("train_144_sum", (1, 1, 1)),
+                ("train_145_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": [[12, 0, [[1024, 1]], -100]]},
@@ -1873,8 +1884,8 @@ PROGRAM = {
                 "work": 2779968,
                 "state_1": 150656,
             },
-            "update_from": 61,
-            "update_from_cpu": 142,
+            "update_from": 63,
+            "update_from_cpu": 143,
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],

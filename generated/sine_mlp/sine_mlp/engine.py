@@ -19,10 +19,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-try:
-    import wgpu
-except ImportError as e:  # pragma: no cover - the package declares wgpu as a dependency
-    raise ImportError("this model needs wgpu-py: pip install wgpu") from e
+
+class _LazyWgpu:
+    """wgpu, imported at its first use: importing it loads the native library and primes cffi's
+    type names, which a build (that imports this module for the Model's names) never needs.
+    """
+
+    def __getattr__(self, name):
+        try:
+            import wgpu as module
+        except (
+            ImportError
+        ) as e:  # pragma: no cover - the package declares wgpu as a dependency
+            raise ImportError("this model needs wgpu-py: pip install wgpu") from e
+        globals()["wgpu"] = module
+        return getattr(module, name)
+
+
+wgpu = _LazyWgpu()
 
 _NP = {"f32": np.float32, "i32": np.int32}
 
@@ -167,8 +181,19 @@ def _prime_ffi_types() -> int:
     return added
 
 
-_PRIMED = _prime_ffi_types()
-_RAW = _raw_encoder_calls()
+# Both need wgpu's native module: filled when the first Engine opens a device, so that importing
+# this module (a build does, for the Model's names) loads no native library and primes nothing.
+_PRIMED: int | None = None
+_RAW = None
+_TRUSTED = None
+
+
+def _ready_native() -> None:
+    global _PRIMED, _RAW, _TRUSTED
+    if _PRIMED is None:
+        _PRIMED = _prime_ffi_types()
+        _RAW = _raw_encoder_calls()
+        _TRUSTED = _trusted_api()
 
 
 def cores() -> int:
@@ -214,9 +239,6 @@ def _trusted_api():
     return _api if hasattr(_api.lib, "wgpuDeviceCreateShaderModuleTrusted") else None
 
 
-_TRUSTED = _trusted_api()
-
-
 class ShaderError(RuntimeError):
     """A generated kernel failed to compile on this adapter (please report it)."""
 
@@ -252,6 +274,7 @@ class Engine:
         wgsl_subgroup: dict | None = None,
         shader_checks: bool = False,
     ):
+        _ready_native()
         if kernel_set not in KERNEL_SETS:
             raise ValueError(
                 f"Model(kernels=...) must be one of {', '.join(map(repr, KERNEL_SETS))}, got {kernel_set!r}"

@@ -79,7 +79,7 @@ PROGRAM = {
             "sine_mlp.py:15",
             (16384, 4160, 4352, 256, 65536, 49152),
         ),
-        "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_sub_mul": (
+        "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_where": (
             (
                 ("params", "read"),
                 ("grads", "read_write"),
@@ -89,7 +89,7 @@ PROGRAM = {
             "sine_mlp.py:15",
             (),
         ),
-        "train_06_07_matmul_and_matmul_equal_sub_mul": (
+        "train_06_07_matmul_and_matmul_equal_where": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "sine_mlp.py:15",
             (),
@@ -125,7 +125,7 @@ PROGRAM = {
             "sine_mlp.py:15",
             (16384, 65536, 4160),
         ),
-        "train_05_matmul_equal_sub_mul": (
+        "train_05_matmul_equal_where": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
             (65536, 4160, 16384, 32768),
@@ -135,7 +135,7 @@ PROGRAM = {
             "sine_mlp.py:15",
             (0, 32768, 64),
         ),
-        "train_07_matmul_equal_sub_mul": (
+        "train_07_matmul_equal_where": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
             (32768, 64, 0, 49152),
@@ -187,10 +187,10 @@ PROGRAM = {
                 ("train_01_matmul_add_relu", (4, 16, 1)),
                 ("train_02_matmul_add_sub_mul", (1, 16, 1)),
                 (
-                    "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_sub_mul",
+                    "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_where",
                     (69, 1, 1),
                 ),
-                ("train_06_07_matmul_and_matmul_equal_sub_mul", (80, 1, 1)),
+                ("train_06_07_matmul_and_matmul_equal_where", (80, 1, 1)),
                 ("train_08_09_sum_and_matmul", (68, 1, 1)),
                 ("train_10_fused_mul_add_sub", (18, 1, 1)),
             ],
@@ -200,9 +200,9 @@ PROGRAM = {
                 ("train_02_matmul_add_sub_mul", (1, 1, 1)),
                 ("train_03_fused_add_sub_sum", (1, 1, 1)),
                 ("train_04_matmul", (1, 4, 1)),
-                ("train_05_matmul_equal_sub_mul", (4, 16, 1)),
+                ("train_05_matmul_equal_where", (4, 16, 1)),
                 ("train_06_matmul", (2, 2, 1)),
-                ("train_07_matmul_equal_sub_mul", (2, 8, 1)),
+                ("train_07_matmul_equal_where", (2, 8, 1)),
                 ("train_08_sum", (64, 1, 1)),
                 ("train_09_matmul", (4, 1, 1)),
                 ("train_10_fused_mul_add_sub", (18, 1, 1)),

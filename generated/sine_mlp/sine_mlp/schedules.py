@@ -4,7 +4,8 @@
 
 A schedule spec is a float or a tuple: ("linear", peak, final, steps), ("cosine", peak,
 final, steps), ("warmup", peak, steps, after), ("step", peak, every, gamma),
-("multistep", peak, (milestones...), gamma). `t` is the update being applied, 1, 2, ...
+("multistep", peak, (milestones...), gamma), ("sequential", first, steps, after) (`first` for
+updates 1..steps, then `after` from its own update 1: torch's SequentialLR). `t` is the update being applied, 1, 2, ...
 (PyTorch's scheduler conventions, API.md §1).
 """
 
@@ -13,7 +14,14 @@ from __future__ import annotations
 import math
 import numbers
 
-KINDS = {"linear": 3, "cosine": 3, "warmup": 3, "step": 3, "multistep": 3}
+KINDS = {
+    "linear": 3,
+    "cosine": 3,
+    "warmup": 3,
+    "step": 3,
+    "multistep": 3,
+    "sequential": 3,
+}
 
 
 def _rate(value, what: str) -> float:
@@ -65,6 +73,7 @@ def normalize(spec):
             "warmup": ("peak", "steps", "after"),
             "step": ("peak", "every", "gamma"),
             "multistep": ("peak", "milestones", "gamma"),
+            "sequential": ("first", "steps", "after"),
         }
         if kind not in order:
             raise ValueError(
@@ -91,6 +100,13 @@ def normalize(spec):
             kind,
             _rate(spec[1], "warmup peak"),
             _count(spec[2], "warmup steps", 1),
+            normalize(spec[3]),
+        )
+    if kind == "sequential":
+        return (
+            kind,
+            normalize(spec[1]),
+            _count(spec[2], "sequential steps", 1),
             normalize(spec[3]),
         )
     if kind == "multistep":
@@ -149,6 +165,9 @@ def lr_at(spec, t: int) -> float:
         if t <= steps:
             return peak * t / steps
         return lr_at(after, t - steps)
+    if kind == "sequential":
+        _, first, steps, after = spec
+        return lr_at(first, t) if t <= steps else lr_at(after, t - steps)
     raise ValueError(f"unknown schedule {spec!r}")
 
 

@@ -2,7 +2,7 @@
 // train_064_065_matmul: 2 independent kernels in one dispatch, each over its own workgroups
 //
 // train_064_matmul: matmul   (addition_transformer.py:36)
-// writes f32[128,8,64]; reads blocks.2.fc1.W, train_063_matmul_equal_sub_mul
+// writes f32[128,8,64]; reads blocks.2.fc1.W, train_063_matmul_equal_where
 //
 // [1024x256] @ [256x64]
 //   A[m, k] = work[786432 + m * 256 + k]
@@ -13,7 +13,7 @@
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 //
 // train_065_matmul: matmul   (addition_transformer.py:36)
-// writes f32[64,256]; reads train_063_matmul_equal_sub_mul, train_039_fused_mul_sub_add
+// writes f32[64,256]; reads train_063_matmul_equal_where, train_039_fused_mul_sub_add
 //
 // [64x1024] @ [1024x256]
 //   A[m, k] = work[2555904 + m + k * 64]

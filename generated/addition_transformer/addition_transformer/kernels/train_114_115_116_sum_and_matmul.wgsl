@@ -2,10 +2,10 @@
 // train_114_115_116_sum_and_matmul: 3 independent kernels in one dispatch, each over its own workgroups
 //
 // train_114_sum: sum   (addition_transformer.py:36)
-// writes f32[256]; reads train_113_matmul_equal_sub_mul
+// writes f32[256]; reads train_113_matmul_equal_where
 //
 // train_115_matmul: matmul   (addition_transformer.py:36)
-// writes f32[128,8,64]; reads blocks.0.fc1.W, train_113_matmul_equal_sub_mul
+// writes f32[128,8,64]; reads blocks.0.fc1.W, train_113_matmul_equal_where
 //
 // [1024x256] @ [256x64]
 //   A[m, k] = work[262144 + m * 256 + k]
@@ -16,7 +16,7 @@
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 //
 // train_116_matmul: matmul   (addition_transformer.py:36)
-// writes f32[64,256]; reads train_113_matmul_equal_sub_mul, train_011_fused_mul_sub_add
+// writes f32[64,256]; reads train_113_matmul_equal_where, train_011_fused_mul_sub_add
 //
 // [64x1024] @ [1024x256]
 //   A[m, k] = work[1507328 + m + k * 64]

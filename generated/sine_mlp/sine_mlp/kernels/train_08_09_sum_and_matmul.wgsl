@@ -2,10 +2,10 @@
 // train_08_09_sum_and_matmul: 2 independent kernels in one dispatch, each over its own workgroups
 //
 // train_08_sum: sum -> sum   (sine_mlp.py:15)
-// writes f32[64], f32[64]; reads train_07_matmul_equal_sub_mul, train_05_matmul_equal_sub_mul
+// writes f32[64], f32[64]; reads train_07_matmul_equal_where, train_05_matmul_equal_where
 //
 // train_09_matmul: matmul   (sine_mlp.py:15)
-// writes f32[1,64]; reads train_07_matmul_equal_sub_mul, x
+// writes f32[1,64]; reads train_07_matmul_equal_where, x
 //
 // [1x256] @ [256x64]
 //   A[m, k] = inputs[k]

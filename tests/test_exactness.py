@@ -1,0 +1,245 @@
+"""Exact where PyTorch is exact (issue 32): values and gradients at inf, NaN and 0 equal
+torch float32's, on both kernel sets. Every case of the issue sits in one Program (one
+compile per kernel set), its outputs captured and its gradients taken against chosen
+cotangents (some inf or NaN), and everything is compared with torch's autograd."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import aot
+from aot import ops
+
+from gpu_harness import compile_checked, make_program
+
+INF, NAN = np.inf, np.nan
+POWERS = (0.0, -5.0, 0.5, -0.5, 3.0, 6.0, 7.0, -2.0, 2.5, -1.5)
+
+PARAMS = {
+    "w": [1.0, -1.0, 2.0, -2.0, 0.0],
+    "a": [NAN, 1.0, 2.0, 3.0],
+    "b": [1.0, NAN, 2.0, 1.0],
+    "tab": np.arange(12, dtype=np.float32).reshape(4, 3) * 0.25 - 1.0,
+    "xl": np.arange(10, dtype=np.float32).reshape(2, 5) * 0.5 - 2.0,
+    "lg": np.arange(12, dtype=np.float32).reshape(3, 4) * 0.3 - 1.5,
+    "px": [0.0, -0.0, 2.0, 0.5, 3.0],
+}
+INPUTS = {
+    "idx": np.array([0, 2, 2], np.int32),
+    "tidx": np.array([[2, 3, 2], [0, 0, 4]], np.int32),
+    "tgt": np.array([1, 0, 3], np.int32),
+    # masked logits: -inf away from the target, as a policy masks invalid actions
+    "xs": np.array([INF, NAN, -INF, 0.0, -0.0, 1.5], np.float32),
+    "lmask": np.array([[-INF, 0, -INF, 0], [0, -INF, -INF, -INF], [0, 0, -INF, 0]], np.float32),
+}
+# cotangents chosen to hit the corners; the other outputs get the harness's random ones
+CTS = {
+    # rows 1 and 2 both select table row 2: +inf and -inf meet there (NaN), inf + finite = inf
+    "emb": np.array([[1.0, 2.0, NAN], [INF, INF, 0.5], [-INF, 1.0, 2.0]], np.float32),
+    "tala": np.array([[INF, 1.0, 2.0], [0.5, NAN, -INF]], np.float32),
+}
+
+
+def _cases(o, is_torch):
+    """{output name: (function of the leaves dict)}, written once for aot and once for torch."""
+    if is_torch:
+        F = torch.nn.functional
+
+        def emb(t, i):
+            return F.embedding(i.long(), t)
+
+        def tala(x, i):
+            return torch.take_along_dim(x, i.long(), 1)
+
+        def ce(lg, t):
+            return F.cross_entropy(lg, t.long(), reduction="none")
+
+        sqrt, relu, absf, maxi, mini, exp = torch.sqrt, torch.relu, torch.abs, torch.maximum, torch.minimum, torch.exp
+        zero = lambda like: torch.zeros_like(like)  # noqa: E731
+    else:
+        emb, ce = ops.embedding, lambda lg, t: ops.cross_entropy(lg, t, reduction="none")
+        tala = lambda x, i: ops.take_along_axis(x, i, 1)  # noqa: E731
+        sqrt, relu, absf, maxi, mini, exp = ops.sqrt, ops.relu, ops.abs, ops.maximum, ops.minimum, ops.exp
+        zero = lambda like: 0.0  # noqa: E731
+    out = {
+        "relu": sqrt(relu(o["w"])),  # the issue's sum(sqrt(relu(w))): gradient 0, not NaN, at w <= 0
+        "maxo": sqrt(maxi(o["w"], zero(o["w"]))),
+        "mino": sqrt(-mini(o["w"], zero(o["w"]))),
+        "absq": sqrt(absf(o["w"])),  # torch multiplies here (grad * sgn): NaN at 0 both sides
+        "mm": maxi(o["a"], o["b"]),  # a NaN operand passes the gradient to both
+        "mn": mini(o["a"], o["b"]),
+        "emb": emb(o["tab"], o["idx"]),
+        "tala": tala(o["xl"], o["tidx"]),
+        "ce": ce(o["lg"] + o["lmask"], o["tgt"]),
+    }
+    # what shader compilers fold to 0 (IEEE: NaN for inf and NaN x)
+    x = o["xs"]
+    out.update(ssub=x - x, mz=x * 0.0, zm=0.0 * x, mnz=x * -0.0, zd=0.0 / x, addneg=x + (-x), chain=exp(x * 0.0) + (x - x))
+    for k, p in enumerate(POWERS):
+        out[f"pow{k}"] = o["px"] ** p
+    return out
+
+
+def _torch_side(cts):
+    leaves = {n: torch.tensor(np.asarray(v, np.float32), requires_grad=True) for n, v in PARAMS.items()}
+    feeds = {n: torch.tensor(v) for n, v in INPUTS.items()}
+    outs = _cases({**leaves, **feeds}, True)
+    loss = sum((t * torch.tensor(cts[n])).sum() for n, t in outs.items())
+    loss.backward()
+    return float(loss.detach()), {n: t.detach().numpy() for n, t in outs.items()}, {n: t.grad.numpy() for n, t in leaves.items()}
+
+
+@pytest.fixture(scope="module")
+def program():
+    def body(m, feeds):
+        return _cases({**{n: getattr(m, n) for n in PARAMS}, **feeds}, False)
+
+    return make_program("exactness", PARAMS, INPUTS, body, cts=CTS)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_values_and_gradients_equal_torch_at_inf_nan_zero(program, kernels):
+    prog, inputs, _ = program
+    cts = {n[: -len("_ct")]: v for n, v in inputs.items() if n.endswith("_ct")}
+    t_loss, t_outs, t_grads = _torch_side(cts)
+    model = compile_checked(prog, kernels)
+    try:
+        res = model.step(**inputs, captures=True)
+        grads = model.grads()
+    finally:
+        model.close()
+    for n, want in t_outs.items():
+        np.testing.assert_allclose(res.captures[n], want, rtol=2e-6, atol=1e-7, err_msg=f"{kernels}: output {n}")
+    for n, want in t_grads.items():
+        np.testing.assert_allclose(grads[n], want, rtol=2e-6, atol=1e-6, err_msg=f"{kernels}: gradient of {n}")
+    assert np.isnan(res.loss) and np.isnan(t_loss)  # the NaN outputs reach the loss on both sides
+
+
+# ---- valid programs that were refused ----------------------------------------------------------
+
+
+def _run_against_reference(prog, inputs, kernels):
+    from gpu_harness import assert_all_close, run_both
+
+    [(gpu, ref)], _ = run_both(prog, inputs, kernels=kernels)
+    assert_all_close(gpu, ref, f"{prog.name} ({kernels})", rtol=2e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_attention_short_rows_over_many_heads(kernels):
+    """Single-query attention pooling, head 64, over 24 batch*head entries: each workgroup took
+    32 entries' tiles and they did not fit workgroup memory ("head rows ... do not fit")."""
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(4, 6, 1, 64)).astype(np.float32)
+    kv = {n: rng.normal(size=(4, 6, 2, 64)).astype(np.float32) for n in ("k", "v")}
+    prog, inputs, _ = make_program(
+        f"attn_pool_{kernels}", {"q": q}, kv, lambda m, f: {"o": ops.attention(m.q, f["k"], f["v"])}
+    )
+    _run_against_reference(prog, inputs, kernels)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_params_concatenated_with_an_input_through_two_reshapes(kernels):
+    """The flat gradient vector came out as adjacent slices of the concat's cotangent, which also
+    holds the input's slice: "the flat gradient vector is not a contiguous buffer"."""
+    rng = np.random.default_rng(4)
+    params = {"a": rng.normal(size=(2, 3)), "b": rng.normal(size=(2, 3))}
+
+    def body(m, f):
+        c = ops.concat([m.a, m.b, f["x"]], 0)
+        return {"s": ops.square(ops.reshape(c, (3, 6))), "r": ops.reshape(c, (18,)) * f["y"]}
+
+    prog, inputs, _ = make_program(f"concat_flat_{kernels}", params, {"x": rng.normal(size=(2, 3)), "y": rng.normal(size=18)}, body)
+    _run_against_reference(prog, inputs, kernels)
+
+
+def test_program_without_parameters():
+    """A loss of inputs alone (and an optimizer with nothing to update) builds, trains, infers,
+    saves and restores; it failed with an internal concat error on the empty gradient vector."""
+
+    class Empty(aot.Module):
+        pass
+
+    def loss(m, x):
+        aot.capture("y", x * 2.0)
+        return ops.sum(x * x)
+
+    prog = aot.Program(
+        "noparams", model=Empty, train=aot.Train(loss, inputs={"x": aot.f32(3)}, optimizer=aot.optim.Adam(lr=0.1)),
+        infer={"predict": aot.Infer(lambda m, x: x + 1.0, inputs={"x": aot.f32(3)})},
+    )
+    model = aot.compile(prog)
+    try:
+        x = np.arange(3, dtype=np.float32)
+        res = model.step(x=x, captures=True)
+        assert res.loss == 5.0 and model.params() == {} and model.grads() == {}
+        np.testing.assert_array_equal(res.captures["y"], 2 * x)
+        np.testing.assert_array_equal(model.step_many(x=np.stack([x, x + 1])), np.array([5.0, 14.0], np.float32))
+        np.testing.assert_array_equal(model.predict(x=x), x + 1)
+        assert model.step_count == 3
+    finally:
+        model.close()
+
+
+# ---- messages and contract ------------------------------------------------------------------------
+
+
+def test_cross_entropy_wrong_targets_names_both_shapes(graph):
+    from aot.ops.trace import emit
+
+    logits = emit("input", (), name="lg", shape=(3, 4), dtype="f32")
+    targets = emit("input", (), name="t", shape=(4,), dtype="i32")
+    with pytest.raises(aot.ShapeError, match=r"shape\[:-1\] = \[3\].*got i32\[4\] for input f32\[3,4\]"):
+        ops.cross_entropy(logits, targets)
+
+
+def test_docs_list_the_reserved_names():
+    from pathlib import Path
+
+    from aot.program import GENERATED_NAMES
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "API.md").read_text()
+    for name in sorted(GENERATED_NAMES | {"self", "captures", "out", "loss"}):
+        assert f"`{name}`" in doc, f"docs/API.md does not list the reserved name {name!r}"
+
+
+# ---- build start-up ---------------------------------------------------------------------------------
+
+_BUILD_SCRIPT = """
+import sys, black
+import aot
+from aot import ops
+formatted = []
+original = black.format_str
+black.format_str = lambda src, **kw: formatted.append(src) or original(src, **kw)
+class M(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = self.param((3,))
+prog = aot.Program("startup_probe", model=M, train=aot.Train(lambda m, x: ops.sum(m.w * x), inputs={"x": aot.f32(3)}))
+aot.build(prog, sys.argv[1])
+loaded = sorted(m for m in ("wgpu", "_cffi_backend") if m in sys.modules)
+assert not loaded, f"a build loaded {loaded}"
+runtime = [s[:60] for s in formatted if "class Engine" in s or "class ModelBase" in s]
+assert sys.argv[2] == "fresh" or not runtime, f"black ran over runtime files again: {runtime}"
+"""
+
+
+def test_build_needs_no_device_modules_and_formats_runtime_files_once(tmp_path):
+    """A build imports neither wgpu nor cffi (engine.py is copied by path), and black's output for
+    the copied runtime files is kept on disk: a fresh process's build formats none of them."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, AOT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    for mode, out in (("fresh", "a"), ("cached", "b")):
+        r = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT, str(tmp_path / out), mode], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert list((tmp_path / "cache" / "black").glob("*.py"))
+    for f in (tmp_path / "a" / "startup_probe").rglob("*.py"):  # byte-identical from the cache
+        assert f.read_bytes() == (tmp_path / "b" / "startup_probe" / f.relative_to(tmp_path / "a" / "startup_probe")).read_bytes()
