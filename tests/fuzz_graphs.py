@@ -48,6 +48,8 @@ from typing import Callable
 
 import numpy as np
 
+import fuzz_nn
+
 # ---- case data ----------------------------------------------------------------------------------
 
 
@@ -800,6 +802,8 @@ OPS: dict[str, OpSpec] = {
     "kl_div": OpSpec(_call_src("kl_div", ["reduction", "log_target"]), _fn_torch("kl_div", ["reduction", "log_target"])),
     "cosine_similarity": OpSpec(_call_src("cosine_similarity", ["dim"]), _fn_torch("cosine_similarity", ["dim"]), _g_cosine),
     "module": OpSpec(lambda a, kw, mod: f"{mod}({a[0]})", _module_torch),
+    # torch.nn modules with torch.nn as the oracle (tests/fuzz_nn.py)
+    "nnmod": OpSpec(fuzz_nn.nnmod_src, fuzz_nn.nnmod_torch, fuzz_nn.guard),
 }
 
 MODULE_GUARDS = {"LayerNorm": _g_norm(False), "RMSNorm": _g_norm(True)}
@@ -836,6 +840,12 @@ class CaseRun:
     vals: list  # [{variable: array}]
     params: list = field(default_factory=list)  # [{param: value at step s}] (+ after the last step)
     zero_tol: dict = field(default_factory=dict)  # param -> tolerance where its gradient is exactly 0
+    # cases with buffers (BatchNorm): their float64 values, initial then after each step, by
+    # "<module>.<buffer>"; float32's error is err["buf:<name>"]
+    buffers: list = field(default_factory=list)
+    # modal cases (BatchNorm): the infer entry's outputs at each step (eval mode, the running
+    # statistics and parameters `predict` sees then); float32's error is err["eval:<output>"]
+    eval_outs: list = field(default_factory=list)
 
 
 def _leaf_tensor(leaf: Leaf, step: int, fdt):
@@ -847,9 +857,24 @@ def _leaf_tensor(leaf: Leaf, step: int, fdt):
     return v.requires_grad_(True) if leaf.kind != "input" else v
 
 
-def eval_op(op: Op, env: dict, fdt):
+def eval_op(op: Op, env: dict, fdt, state: dict | None = None, eval_mode: bool = False):
+    """The op's arguments and outputs in PyTorch. `state`: module name -> its buffers (torch
+    tensors that a training-mode BatchNorm updates in place); eval_mode: torch's module.eval()."""
     args = [env[a] if isinstance(a, str) else a for a in op.args]
-    return args, _as_tuple(OPS[op.op].torch(args, op.kw, fdt))
+    kw = op.kw
+    if op.op == "nnmod" and (state is not None or eval_mode):
+        kw = dict(kw, _state=None if state is None else state.get(kw["mod"]), _eval=eval_mode)
+    return args, _as_tuple(OPS[op.op].torch(args, kw, fdt))
+
+
+def stateful(case: Case) -> list:
+    """The case's nnmod ops that own buffers (BatchNorm with track_running_stats)."""
+    return [op for op in case.ops if op.op == "nnmod" and op.kw.get("bufs")]
+
+
+def modal(case: Case) -> bool:
+    """Whether an infer entry computes something else than the training forward (BatchNorm)."""
+    return any(op.op == "nnmod" and op.kw["cls"].startswith("BatchNorm") for op in case.ops)
 
 
 def run_case(case: Case, check: bool = True, sgd: tuple | None = None) -> CaseRun | None:
@@ -861,17 +886,54 @@ def run_case(case: Case, check: bool = True, sgd: tuple | None = None) -> CaseRu
     run = CaseRun([], [], [], {}, [])
     run.params = [{n: case.leaves[n].values[0] for n in params}]
     momentum_buf: dict = {}
+    states = {fdt: {op.kw["mod"]: fuzz_nn.init_state(op.kw, fdt) for op in stateful(case)} for fdt in (T.float64, T.float32)}
+    has_modes = modal(case)
+
+    def leaves_at(s, fdt):
+        env = {n: _leaf_tensor(l, s, fdt) for n, l in case.leaves.items()}
+        if s and sgd is not None:
+            for n in params:
+                env[n] = T.from_numpy(np.array(run.params[s][n])).to(fdt).requires_grad_(True)
+        return env
+
+    def snapshot():
+        out = {}
+        for mod, bufs in states[T.float64].items():
+            for b, v in bufs.items():
+                out[f"{mod}.{b}"] = v.numpy().astype(np.int32 if not v.dtype.is_floating_point else np.float64)
+                if v.dtype.is_floating_point:
+                    e = float(np.max(np.abs(states[T.float32][mod][b].numpy().astype(np.float64) - out[f"{mod}.{b}"])))
+                    run.err["buf:" + f"{mod}.{b}"] = max(run.err.get("buf:" + f"{mod}.{b}", 0.0), e)
+        return out
+
+    def eval_pass(s) -> bool:
+        """The infer entry's view at step s (eval mode, the buffers as they are now)."""
+        res = {}
+        with T.no_grad():
+            for fdt in (T.float64, T.float32):
+                env = leaves_at(s, fdt)
+                for op in case.ops:
+                    env.update(zip(op.outs, eval_op(op, env, fdt, states[fdt], eval_mode=True)[1]))
+                res[fdt] = {o: env[o].detach().numpy() for o in case.outputs}
+        run.eval_outs.append(res[T.float64])
+        for o, v64 in res[T.float64].items():
+            v32 = res[T.float32][o]
+            err = float(np.max(np.abs(v32.astype(np.float64) - v64))) if v64.size and v64.dtype.kind == "f" else 0.0
+            run.err["eval:" + o] = max(run.err.get("eval:" + o, 0.0), err)
+            big = float(np.max(np.abs(v64))) if v64.size and v64.dtype.kind == "f" else 0.0
+            if check and (not np.all(np.isfinite(v64)) or big > LIMIT or err > 1e-4 * big + 1e-5):
+                return False
+        return True
+
+    run.buffers.append(snapshot())
     for s in range(case.steps):
-        envs = {}
-        for fdt in (T.float64, T.float32):
-            envs[fdt] = {n: _leaf_tensor(l, s, fdt) for n, l in case.leaves.items()}
-            if s and sgd is not None:
-                for n in params:
-                    envs[fdt][n] = T.from_numpy(np.array(run.params[s][n])).to(fdt).requires_grad_(True)
+        if has_modes and sgd is not None and not eval_pass(s):  # predict runs before the step
+            return None
+        envs = {fdt: leaves_at(s, fdt) for fdt in (T.float64, T.float32)}
         for op in case.ops:
             try:
-                a64, o64 = eval_op(op, envs[T.float64], T.float64)
-                a32, o32 = eval_op(op, envs[T.float32], T.float32)
+                a64, o64 = eval_op(op, envs[T.float64], T.float64, states[T.float64])
+                a32, o32 = eval_op(op, envs[T.float32], T.float32, states[T.float32])
             except (RuntimeError, IndexError):
                 # an index that was in range when the graph was drawn left it at a later step, the
                 # parameters having moved under SGD (seed 61497: one_hot of an argmax): no case
@@ -914,6 +976,9 @@ def run_case(case: Case, check: bool = True, sgd: tuple | None = None) -> CaseRu
             run.params.append(new)
         else:
             run.params.append(run.params[s])
+        run.buffers.append(snapshot())
+        if has_modes and sgd is None and not eval_pass(s):  # predict runs after the step
+            return None
         run.outs.append(o64)
         run.grads.append(g64)
         run.loss.append(l64)
@@ -1627,6 +1692,10 @@ class Gen:
             kw["scale"] = self.choice((0.5, 1.0, 0.25))
         return self.emit("attention", (q, k, v), kw)
 
+    def a_nn(self):
+        """A torch.nn module (tests/fuzz_nn.py): norms, BatchNorm, MultiheadAttention, RNNs, ..."""
+        return fuzz_nn.action(self)
+
     def a_long_k(self):
         """A matmul with K >= 8192 (aot splits K over a batched matmul and a sum), or one whose
         weight gradient has that K: x[K, a] @ w[a, b], reduced right away to stay small."""
@@ -1751,7 +1820,7 @@ class Gen:
                ("narrow", 3), ("broadcast", 3), ("concat", 5), ("stack", 3), ("split", 3), ("matmul", 6), ("index", 7),
                ("softmax", 4), ("cross_entropy", 2), ("causal", 1), ("module", 3), ("heads", 1), ("conv", 2),
                ("rope", 1), ("attention", 2), ("bcast_reduce", 3), ("long_k", 0.6), ("getitem", 3), ("spatial", 3),
-               ("activation", 4), ("reduce2", 4), ("loss", 3))
+               ("activation", 4), ("reduce2", 4), ("loss", 3), ("nn", 3))
 
     def build(self, n_ops: int):
         names = [a for a, _ in self.ACTIONS]
@@ -1797,7 +1866,7 @@ def dce(case: Case) -> Case:
             live.update(a for a in op.args if isinstance(a, str))
     ops.reverse()
     leaves = {n: l for n, l in case.leaves.items() if n in live}
-    mods = {op.kw["mod"] for op in ops if op.op == "module"}
+    mods = {op.kw["mod"] for op in ops if op.op in ("module", "nnmod")}
     modules = {m: v for m, v in case.modules.items() if m in mods}
     cts = {o: v for o, v in case.cts.items() if o in case.outputs}
     return Case(leaves, modules, ops, list(case.outputs), cts, case.steps)
@@ -1929,7 +1998,7 @@ def batch_source(batch: Batch, name: str = "fuzz_prog", inline: bool = False) ->
                 L.append(f"        self.{p}{n} = self.param({l.shape!r}, init=aot.init.literal(P[{p + n!r}]))")
                 body += 1
         for m, (cls, ctor) in c.modules.items():
-            L.append(f"        self.{p}{m} = nn.{cls}({', '.join(repr(a) for a in ctor)})")
+            L.append(f"        self.{p}{m} = {fuzz_nn.ctor_src(cls, ctor)}")
             body += 1
     if not body:
         L.append("        self.anchor = self.param((1,), init=aot.init.zeros())")
@@ -1949,7 +2018,7 @@ def batch_source(batch: Batch, name: str = "fuzz_prog", inline: bool = False) ->
 
         for op in c.ops:
             args = [ref(a) for a in op.args]
-            mod = f"m.{p}{op.kw['mod']}" if op.op == "module" else None
+            mod = f"m.{p}{op.kw['mod']}" if op.op in ("module", "nnmod") else None
             lhs = ", ".join(p + o for o in op.outs)
             L.append(f"    {lhs} = {OPS[op.op].src(args, op.kw, mod)}")
         results += [p + o for o in c.outputs]
@@ -2069,8 +2138,8 @@ def compare(got, want, err32: float, zero_tol: float = 0.0) -> str | None:
 
 def expected_predict(batch: Batch, runs: list, step: int):
     parts = predict_parts(batch)
-    vals = [runs[k].outs[step][o] for k, o in parts]
-    err = max(runs[k].err[o] for k, o in parts)
+    vals = [(runs[k].eval_outs or runs[k].outs)[step][o] for k, o in parts]
+    err = max(runs[k].err.get("eval:" + o, runs[k].err[o]) for k, o in parts)
     if len(parts) == 1:
         return vals[0], err
     return np.concatenate([v.reshape(-1) for v in vals]), err
@@ -2101,6 +2170,7 @@ class Sides:
     grads: list = field(default_factory=list)
     predict: list = field(default_factory=list)
     params: list = field(default_factory=list)  # after each step (SGD batches)
+    buffers: list = field(default_factory=list)  # after each step (batches with buffers)
     replay: tuple | None = None  # (loss, captures, grads) of step 1 again after model.reset()
 
 
@@ -2140,6 +2210,7 @@ def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
     except Exception as e:  # noqa: BLE001 - any exception is a finding
         return Failure("compile", None, "aot.compile", _exc(e))
     side = Sides()
+    has_buffers = any(stateful(c) for c in batch.cases)
     try:
         mods = param_values(batch, ("modparam",))
         if mods:
@@ -2153,7 +2224,9 @@ def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
             side.grads.append(model.grads())
             if batch.sgd is not None:
                 side.params.append(model.params())
-            elif batch.infer:
+            if has_buffers:
+                side.buffers.append(model.buffers())
+            if batch.sgd is None and batch.infer:
                 side.predict.append(np.asarray(model.predict(**feeds(batch, s, with_cts=False))))
         # step 1 again after a reset, with every buffer holding later steps' values: bit for bit
         model.reset(params=True, optimizer=True)
@@ -2185,8 +2258,15 @@ def run_interp(batch: Batch, runs: list) -> Sides | Failure:
     from aot.frontend import trace_program
 
     ref = replace(batch, capture=True, infer=True, sgd=None)
-    train_leaves = [dict(feeds(batch, s), **step_params(batch, runs, s), _rng=np.int32(0)) for s in range(batch.steps)]
-    infer_leaves = [dict(feeds(batch, s, with_cts=False), **step_params(batch, runs, s), _rng=np.int32(0)) for s in range(batch.steps)]
+    def bufs(s):  # the buffers (as float32 / int32) at step s's start
+        return {batch.prefix(k) + n: np.asarray(v, dtype=np.int32 if v.dtype.kind in "iu" else np.float32)
+                for k, r in enumerate(runs) for n, v in r.buffers[s].items()}
+
+    # predict sees the buffers before step s in SGD batches (it runs first), after it otherwise
+    at = (lambda s: s) if batch.sgd is not None else (lambda s: s + 1)
+    train_leaves = [dict(feeds(batch, s), **step_params(batch, runs, s), **bufs(s), _rng=np.int32(0)) for s in range(batch.steps)]
+    infer_leaves = [dict(feeds(batch, s, with_cts=False), **step_params(batch, runs, s), **bufs(at(s)), _rng=np.int32(0))
+                    for s in range(batch.steps)]
     side = Sides()
     try:
         traced = trace_program(build_program(ref, "fuzz_ref"))
@@ -2237,6 +2317,14 @@ def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: b
                     msg = "missing" if got is None else compare(got, want.astype(np.float64), err)
                     if msg:
                         out.append(Failure(kind, k, f"step {s + 1}: parameter {p + n} after the update", msg, (s + 1, "parameter", n)))
+        if kind == "gpu" and side.buffers:
+            for k, (c, run) in enumerate(zip(batch.cases, runs)):
+                p = batch.prefix(k)
+                for n, want in run.buffers[s + 1].items():
+                    got = side.buffers[s].get(p + n)
+                    msg = "missing" if got is None else compare(got, want, run.err.get("buf:" + n, 0.0))
+                    if msg:
+                        out.append(Failure(kind, k, f"step {s + 1}: buffer {p + n} after the step", msg, (s + 1, "buffer", n)))
         if predict:
             want, err = expected_predict(batch, runs, s)
             msg = compare(side.predict[s], want, err)
@@ -2454,7 +2542,7 @@ def shrink(batch: Batch, failure: Failure, budget_s: float = 240.0, log=None) ->
 
 def signature(batch: Batch, failure: Failure) -> str:
     """Failures with the same signature are taken to be one bug."""
-    ops = sorted({(op.kw.get("cls") if op.op == "module" else op.op) for c in batch.cases for op in c.ops})
+    ops = sorted({(op.kw.get("cls") if op.op in ("module", "nnmod") else op.op) for c in batch.cases for op in c.ops})
     return failure.family() + "|" + ",".join(ops)
 
 
