@@ -2,7 +2,7 @@
 fuzzer itself can see a bug: its oracle flags a wrong gradient, shrinking keeps a failure and a
 reproducer is a standalone pytest file. `scripts/fuzz.py --minutes N` runs the same for longer.
 
-Each seed is one Program of 3..6 random graphs, 2 or 3 steps with fresh inputs (sometimes with
+Each seed is one Program of 3..6 random graphs (torch.nn modules among the actions: tests/fuzz_nn.py), 2 or 3 steps with fresh inputs (sometimes with
 SGD updates, sometimes an Infer entry), then step 1 replayed after reset(); a failure message
 carries each failing graph as standalone source (`python scripts/fuzz.py --seed S --minutes 0`
 shrinks seed S's failures into tests/fuzz_repros/).
@@ -104,3 +104,35 @@ def test_shrink_keeps_the_failure_and_writes_a_standalone_repro(monkeypatch, tmp
     text = path.read_text()
     assert "xfail(strict=True" in text and "import aot" in text and "fuzz_graphs" not in text.split('"""')[2]
     compile(text, str(path), "exec")
+
+
+def _batchnorm_case():
+    """A one-op case: BatchNorm1d(3) in training entries, the running statistics after each step."""
+    rng = np.random.default_rng(1)
+    x = fg.Leaf("x0", "input", "f32", (4, 3), [rng.uniform(-2, 2, (4, 3)).astype(np.float32) for _ in range(2)])
+    ctor = (3, {"momentum": 0.5})
+    params, bufs = fg.fuzz_nn.table("BatchNorm1d", ctor)
+    leaves = {"x0": x}
+    for aname, shape, _t, _tr in params:
+        leaves[f"m1.{aname}"] = fg.Leaf(f"m1.{aname}", "modparam", "f32", shape, [rng.uniform(0.5, 1.5, shape).astype(np.float32)])
+    kw = {"cls": "BatchNorm1d", "mod": "m1", "ctor": ctor, "n_in": 1, "kwt": (), "call": {}, "form": "x",
+          "tnames": tuple((t, tr) for _a, _s, t, tr in params), "bufs": tuple(n for n, _s, _d in bufs)}
+    ops = [fg.Op(("v2",), "nnmod", ("x0", *[n for n in leaves if n != "x0"]), kw)]
+    cts = {"v2": [rng.normal(size=(4, 3)).astype(np.float32) for _ in range(2)]}
+    return fg.Case(leaves, {"m1": ("BatchNorm1d", ctor)}, ops, ["v2"], cts, 2)
+
+
+def test_oracle_flags_wrong_running_stats_and_a_train_mode_predict():
+    """BatchNorm in the fuzzer: the running statistics torch.nn keeps are checked after each step,
+    and predict is held to eval mode (running statistics), not to the training forward."""
+    case = _batchnorm_case()
+    run = fg.run_case(case)
+    assert run is not None and run.buffers[2]["m1.num_batches_tracked"] == 2
+    batch = fg.Batch([case], infer=True)
+    side = fg.Sides(loss=list(run.loss), captures=[dict(o) for o in run.outs], grads=[dict(g) for g in run.grads],
+                    predict=[o["v2"] for o in run.eval_outs], buffers=[dict(b) for b in run.buffers[1:]])
+    assert fg._side_failures("gpu", batch, [run], side, True, True) == []
+    side.buffers[1]["m1.running_var"] = run.buffers[1]["m1.running_var"]  # a step's update lost
+    side.predict[0] = run.outs[0]["v2"]  # predict normalized with the batch's statistics
+    whats = sorted(f.what for f in fg._side_failures("gpu", batch, [run], side, True, True))
+    assert whats == ["step 1: predict", "step 2: buffer m1.running_var after the step"]
