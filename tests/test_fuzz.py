@@ -2,7 +2,8 @@
 fuzzer itself can see a bug: its oracle flags a wrong gradient, shrinking keeps a failure and a
 reproducer is a standalone pytest file. `scripts/fuzz.py --minutes N` runs the same for longer.
 
-Each seed is one Program of 3..6 random graphs (torch.nn modules among the actions: tests/fuzz_nn.py), 2 or 3 steps with fresh inputs (sometimes with
+Each seed is one Program of 3..6 random graphs (torch.nn modules among their actions:
+tests/fuzz_nn.py), 2 or 3 steps with fresh inputs (sometimes with
 SGD updates, sometimes an Infer entry), then step 1 replayed after reset(); a failure message
 carries each failing graph as standalone source (`python scripts/fuzz.py --seed S --minutes 0`
 shrinks seed S's failures into tests/fuzz_repros/).
