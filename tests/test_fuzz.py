@@ -24,11 +24,7 @@ import fuzz_graphs as fg  # noqa: E402
 # 40 seeds 45 s at load 2.5, 100 seeds 5.7 min at load 5, 50 seeds 4 min at load 8
 SEEDS = range(60)
 # seeds that hit a bug already reported in tests/fuzz_repros/ (not strict: a fix makes them pass)
-KNOWN: dict[int, str] = {
-    # found when the torch.nn action shifted the draws (fuzz_nn.py); a pre-existing fusion bug:
-    # prod(keepdims) -> maximum -> cross_entropy and a split of a transpose feeding attention
-    43: "CodegenError: kernel (sum, f32[]) reads a concat that no earlier kernel has written (a fusion rule moved its writer later)",
-}
+KNOWN: dict[int, str] = {}
 
 
 @pytest.fixture(scope="module")
