@@ -13,23 +13,9 @@ from .nn_attention import (  # noqa: F401  (re-exported)
     TransformerEncoderLayer,
 )
 from .nn_norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm  # noqa: F401  (re-exported)
+from .nn_linear import Linear  # noqa: F401  (re-exported)
 from .nn_norm import _alias
 from .ops.trace import fail
-
-
-class Linear(Module):
-    """y = x @ W + b with W f32[in, out] (PyTorch's weight.T) and b f32[out]."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, init=None, decay=None):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        # tensorgrad's default (randn 0.02), not PyTorch's uniform: keeps the ported samples comparable
-        self.W = self._torch_param("Linear", "weight", (in_features, out_features), transpose=True, init=init, decay=decay)
-        self.b = self._torch_param("Linear", "bias", (out_features,), init=_init.zeros()) if bias else None
-
-    def forward(self, x):
-        y = ops.matmul(x, self.W)
-        return y + self.b if self.b is not None else y
 
 
 class RMSNorm(Module):

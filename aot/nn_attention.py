@@ -19,6 +19,7 @@ import math
 from . import init as _init
 from . import ops
 from .module import Module
+from .nn_linear import Linear
 from .nn_norm import LayerNorm
 from .ops.trace import fail, is_training
 
@@ -78,7 +79,6 @@ class MultiheadAttention(Module):
         batch_first: bool = False,
     ):
         super().__init__()
-        from .nn import Linear  # aot.nn imports this module
 
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
             fail("MultiheadAttention", f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
@@ -224,7 +224,6 @@ class _TransformerLayer(Module):
         bias: bool = True,
     ):
         super().__init__()
-        from .nn import Linear  # aot.nn imports this module
 
         # kept off the module tree, so TransformerEncoder can build more layers like this one
         args = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
