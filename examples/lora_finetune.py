@@ -27,32 +27,55 @@ R, ALPHA, LETTER, STEPS = 4, 8.0, "m", 300
 D, HEADS = makemore.D, makemore.HEADS
 
 
+class LoRA(aot.Module):
+    """The low-rank update x @ A @ B * (ALPHA / R); B starts at zero, so the update starts at zero."""
+
+    def __init__(self, dim=D, rank=R):
+        super().__init__()
+        self.A = self.param((dim, rank))
+        self.B = self.param((rank, dim), init=aot.init.zeros(), decay=True)
+
+    def forward(self, x):
+        return (x @ self.A) @ self.B * (ALPHA / R)
+
+
 class LoRAAttention(makemore.Attention):
-    """makemore's attention with adapters beside its (frozen) q and v projections."""
+    """makemore's attention with adapters beside its query and value projections."""
 
     def __init__(self):
         super().__init__()
-        self.freeze()  # the base projections; the adapters below are declared after, trainable
-        self.q_A = self.param((D, R))
-        self.q_B = self.param((R, D), init=aot.init.zeros(), decay=True)
-        self.v_A = self.param((D, R))
-        self.v_B = self.param((R, D), init=aot.init.zeros(), decay=True)
+        self.q_lora = LoRA()
+        self.v_lora = LoRA()
 
     def forward(self, x):
-        s = ALPHA / R
-        q = self.q(x) + (x @ self.q_A) @ self.q_B * s
-        k = self.k(x)
-        v = self.v(x) + (x @ self.v_A) @ self.v_B * s
-        q, k, v = (nn.split_heads(t, HEADS) for t in (q, k, v))
+        q = self.q(x) + self.q_lora(x)
+        v = self.v(x) + self.v_lora(x)
+        q, k, v = (nn.split_heads(t, HEADS) for t in (q, self.k(x), v))
         return self.o(nn.merge_heads(ops.attention(q, k, v, causal=True)))
 
 
-class LoRATransformer(makemore.Transformer):
+class LoRABlock(makemore.Block):
     def __init__(self):
-        super().__init__()
-        self.freeze()  # embeddings, LayerNorms, MLPs: everything of the base
+        aot.Module.__init__(self)  # makemore.Block's own __init__ would build a plain Attention
+        self.ln1 = nn.LayerNorm(D)
+        self.attn = LoRAAttention()
+        self.ln2 = nn.LayerNorm(D)
+        self.mlp = makemore.MLP()
+
+
+class LoRATransformer(makemore.Transformer):
+    """makemore's transformer, names unchanged, every base weight frozen, the adapters trainable."""
+
+    def __init__(self):
+        aot.Module.__init__(self)
+        self.tok_emb = self.param((makemore.VOCAB, D))
+        self.pos_emb = self.param((makemore.SEQ_LEN, D))
+        self.layers = [LoRABlock() for _ in range(makemore.LAYERS)]
+        self.lnf = nn.LayerNorm(D)
+        self.freeze()
         for block in self.layers:
-            block.attn = LoRAAttention()
+            block.attn.q_lora.unfreeze()
+            block.attn.v_lora.unfreeze()
 
 
 base_program = makemore.make_program("lora_base")
