@@ -101,3 +101,69 @@ def test_resnet20_matches_torch():
         want = torch.softmax(net(tt(x, torch.float64)), -1).numpy()
     np.testing.assert_allclose(model.predict(x=x), want, rtol=1e-3, atol=1e-4)  # running statistics
     print("resnet20 parity: worst relative state error", err)
+
+
+# ---- DCGAN: two training entries ----------------------------------------------------------------
+
+
+def test_dcgan_matches_torch():
+    ex, tw = load("dcgan"), load("dcgan_torch")
+    steps, b, nz, width = 4, 8, 8, 8
+    model = aot.compile(ex["make_program"]("dcgan_parity", b=b, nz=nz, ngf=width, ndf=width))
+    sd0 = model.state_dict()
+    start = {k: np.asarray(v, np.float64) for k, v in sd0.items()}
+    nets = twins(lambda: tw["GAN"](nz, width, width), sd0)
+    opts = {dt: tw["optimizers"](net) for dt, net in nets.items()}
+    rng = np.random.default_rng(0)
+    for t in range(steps):
+        batch = ex["batch"](rng, b, nz)
+        got = (model.step_d(**batch), model.step_g(z=batch["z"]))
+        losses = {dt: tw["train_step"](net, *opts[dt], tt(batch["x"], dt), tt(batch["z"], dt)) for dt, net in nets.items()}
+        for i in range(2):
+            check_step(got[i], {dt: v[i] for dt, v in losses.items()}, (t, "dg"[i]))
+    err = compare_state(model.state_dict(), nets, start)
+    z = rng.standard_normal((1, nz, 1, 1)).astype(np.float32)
+    net = nets[torch.float64].eval()
+    with torch.no_grad():
+        want = net.G(tt(z, torch.float64)).numpy()
+    np.testing.assert_allclose(model.generate(z=z), want, rtol=1e-3, atol=1e-4)
+    print("dcgan parity: worst relative state error", err)
+
+
+# ---- LoRA on a frozen transformer ---------------------------------------------------------------
+
+
+def test_lora_finetunes_only_the_adapters(tmp_path):
+    ex = load("lora_finetune")
+    mm = load("makemore")
+    train, _ = __import__("names_data").split_names()
+    rng = np.random.default_rng(0)
+    with aot.compile(ex["base_program"]) as base:
+        for _ in range(3):
+            base.step(**mm["batch"](rng, train))
+        base.save_safetensors(tmp_path / "base.safetensors")
+        base_params = base.params()
+    model = aot.compile(ex["program"])
+    model.load_safetensors(tmp_path / "base.safetensors", partial=True)
+    before = model.params()
+    adapters = [n for n in before if "_lora." in n]
+    assert len(adapters) == 4 * mm["LAYERS"] and all(n.endswith((".A", ".B")) for n in adapters)
+    for n, v in base_params.items():
+        np.testing.assert_array_equal(before[n], v, err_msg=n)
+    pool = ex["letter_names"](train)
+    batch = mm["batch"](rng, pool)
+    # B = 0: the adapted model starts exactly where the base is
+    np.testing.assert_array_equal(model.predict(tokens=batch["tokens"][:1]), base_predict(ex, base_params, batch))
+    losses = [model.step(**mm["batch"](rng, pool)) for _ in range(30)]
+    after = model.params()
+    for n in base_params:
+        np.testing.assert_array_equal(after[n], before[n], err_msg=f"{n} is frozen but moved")
+    assert all(not np.array_equal(after[n], before[n]) for n in adapters if n.endswith(".B"))
+    assert set(model.grads()) == set(adapters)  # no gradient is computed for the frozen base
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
+
+
+def base_predict(ex, params, batch):
+    with aot.compile(ex["base_program"]) as base:
+        base.load_params(params)
+        return base.predict(tokens=batch["tokens"][:1])
