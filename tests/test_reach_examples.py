@@ -143,6 +143,8 @@ def test_lora_finetunes_only_the_adapters(tmp_path):
             base.step(**mm["batch"](rng, train))
         base.save_safetensors(tmp_path / "base.safetensors")
         base_params = base.params()
+        probe = mm["batch"](rng, train)["tokens"][:1]
+        base_logits = base.predict(tokens=probe)
     model = aot.compile(ex["program"])
     model.load_safetensors(tmp_path / "base.safetensors", partial=True)
     before = model.params()
@@ -151,9 +153,9 @@ def test_lora_finetunes_only_the_adapters(tmp_path):
     for n, v in base_params.items():
         np.testing.assert_array_equal(before[n], v, err_msg=n)
     pool = ex["letter_names"](train)
-    batch = mm["batch"](rng, pool)
-    # B = 0: the adapted model starts exactly where the base is
-    np.testing.assert_array_equal(model.predict(tokens=batch["tokens"][:1]), base_predict(ex, base_params, batch))
+    # B = 0: the adapted model starts where the base is (its attention is the fused kernel, the
+    # base's the explicit softmax: equal up to rounding)
+    np.testing.assert_allclose(model.predict(tokens=probe), base_logits, rtol=1e-4, atol=1e-5)
     losses = [model.step(**mm["batch"](rng, pool)) for _ in range(30)]
     after = model.params()
     for n in base_params:
@@ -162,8 +164,3 @@ def test_lora_finetunes_only_the_adapters(tmp_path):
     assert set(model.grads()) == set(adapters)  # no gradient is computed for the frozen base
     assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
 
-
-def base_predict(ex, params, batch):
-    with aot.compile(ex["base_program"]) as base:
-        base.load_params(params)
-        return base.predict(tokens=batch["tokens"][:1])
