@@ -256,8 +256,14 @@ def test_errors_name_the_problem():
         _trace_call(lambda: nn.LSTM(3, 4, num_layers=2), (5, 2, 3), lambda m, x: m(x, (ops.sum(x) * ops.reshape(x, (5, 2, 3)), x)))
     with pytest.raises(ShapeError, match="hx must be a tuple"):
         _trace_call(lambda: nn.LSTM(3, 4), (5, 2, 3), lambda m, x: m(x, x))
+    with pytest.raises(ShapeError, match=r"GRUCell: hx must have shape \[2, 4\]"):
+        _trace_call(lambda: nn.GRUCell(3, 4), (2, 3), lambda m, x: m(x, x))
+    with pytest.raises(ShapeError, match=r"RNNCell: expects input \[B, 3\]"):
+        _trace_call(lambda: nn.RNNCell(3, 4), (2, 5), lambda m, x: m(x))
     with pytest.raises(ValueError, match="dropout"):
         nn.LSTM(3, 4, dropout=1.0)
+    with pytest.raises(ValueError, match="nonlinearity"):
+        nn.RNN(3, 4, nonlinearity="sigmoid")
 
 
 # ---- examples/lstm_lm.py, step for step against its torch twin ---------------------------------
