@@ -49,23 +49,12 @@ def _transpose_shape(x, perm):
     return tuple(x[0][p] for p in perm), x[1]
 
 
-def _transpose_vjp(ct, n):
-    """The inverse permutation; for a weight used transposed (x @ W^T, torch's layout) whose
-    gradient is G = X^T @ Y, G^T is computed as Y^T @ X: no transpose kernel."""
-    perm = n.attrs["perm"]
-    if perm == (1, 0) and ct.node.op == "matmul" and all(x.ndim == 2 for x in ct.node.inputs):
-        xt, y = ct.node.inputs
-        if xt.node.op == "transpose":  # X^T @ Y: a weight gradient, computed for this use alone
-            return (F.matmul(F.transpose(y, (1, 0)), xt.node.inputs[0]),)
-    return (F.transpose(ct, tuple(int(i) for i in np.argsort(perm))),)
-
-
 register(
     OpDef(
         "transpose",
         _transpose_shape,
         lambda x, perm: np.transpose(x, perm),
-        _transpose_vjp,
+        lambda ct, n: (F.transpose(ct, tuple(int(i) for i in np.argsort(n.attrs["perm"]))),),
         "view",
         view=lambda n, views: _unary_view(_transpose_view, n, views),
         index_bound=follow,

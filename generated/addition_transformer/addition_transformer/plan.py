@@ -692,7 +692,7 @@ PROGRAM = {
         "train_056_matmul": (
             (("work", "read_write"),),
             "addition_transformer.py:53",
-            (1007616, 917504, 2779136),
+            (917504, 1007616, 2779136),
         ),
         "train_057_fused_mul_sum": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -1782,7 +1782,7 @@ PROGRAM = {
                 ("train_053_sum", (4, 1, 1)),
                 ("train_054_fused_exp_mul_sub", (48, 1, 1)),
                 ("train_055_matmul", (2, 32, 1)),
-                ("train_056_matmul", (4, 1, 1)),
+                ("train_056_matmul", (1, 4, 1)),
                 ("train_057_fused_mul_sum", (64, 1, 1)),
                 ("train_058_fused_mul_sum", (1024, 1, 1)),
                 ("train_059_fused_mul_add", (256, 1, 1)),

@@ -5,12 +5,12 @@
 // writes f32[]; reads mask, train_050_fused_ignore_index_one_hot_sum, targets
 //
 // train_056_matmul: matmul   (addition_transformer.py:53)
-// writes f32[12,64]; reads train_045_fused_mul_add, train_054_fused_exp_mul_sub
+// writes f32[64,12]; reads train_054_fused_exp_mul_sub, train_045_fused_mul_add
 //
-// [12x1024] @ [1024x64]
-//   A[m, k] = work[1007616 + m + k * 12]
-//   B[k, n] = work[917504 + k * 64 + n]
-//   work[2779136 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+// [64x1024] @ [1024x12]
+//   A[m, k] = work[917504 + m + k * 64]
+//   B[k, n] = work[1007616 + k * 12 + n]
+//   work[2779136 + m * 12 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -63,8 +63,8 @@ fn k1_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn k1_store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    if (row < 12u && col < 64u) {
-        let i = 2779136u + row * 64u + col;
+    if (row < 64u && col < 12u) {
+        let i = 2779136u + row * 12u + col;
         work[i] = k1_epilogue(acc, bi, row, col);
     }
 }
@@ -81,12 +81,12 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid % 16u;
     let a_k = tid / 16u;
-    let a_src0 = 1007616u + min(m0 + a_p, 11u);
+    let a_src0 = 917504u + m0 + a_p;
     let a_st = (a_k * 16u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 917504u + n0 + b_p;
+    let b_src0 = 1007616u + min(n0 + b_p, 11u);
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -108,14 +108,14 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     var c1_1 = 0.0;
 
     // Registers hold the next slab while the current one is multiplied.
-    a_ld0 = work[a_src0 + (a_k) * 12u];
-    a_ld1 = work[a_src0 + (a_k + 16u) * 12u];
-    a_ld2 = work[a_src0 + (a_k + 32u) * 12u];
-    a_ld3 = work[a_src0 + (a_k + 48u) * 12u];
-    b_ld0 = work[b_src0 + (b_k) * 64u];
-    b_ld1 = work[b_src0 + (b_k + 16u) * 64u];
-    b_ld2 = work[b_src0 + (b_k + 32u) * 64u];
-    b_ld3 = work[b_src0 + (b_k + 48u) * 64u];
+    a_ld0 = work[a_src0 + (a_k) * 64u];
+    a_ld1 = work[a_src0 + (a_k + 16u) * 64u];
+    a_ld2 = work[a_src0 + (a_k + 32u) * 64u];
+    a_ld3 = work[a_src0 + (a_k + 48u) * 64u];
+    b_ld0 = work[b_src0 + (b_k) * 12u];
+    b_ld1 = work[b_src0 + (b_k + 16u) * 12u];
+    b_ld2 = work[b_src0 + (b_k + 32u) * 12u];
+    b_ld3 = work[b_src0 + (b_k + 48u) * 12u];
 
     for (var k0 = 0u; k0 < 1024u; k0 += 64u) {
         wg_vec2f_0[a_st][a_lane] = a_ld0;
@@ -128,14 +128,14 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
         wg_vec2f_1[b_st + 384u][b_lane] = b_ld3;
         workgroupBarrier();
         if (k0 + 64u < 1024u) {
-            a_ld0 = work[a_src0 + (k0 + 64u + a_k) * 12u];
-            a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 12u];
-            a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 12u];
-            a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 12u];
-            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 64u];
-            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 64u];
-            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 64u];
-            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 64u];
+            a_ld0 = work[a_src0 + (k0 + 64u + a_k) * 64u];
+            a_ld1 = work[a_src0 + (k0 + 64u + a_k + 16u) * 64u];
+            a_ld2 = work[a_src0 + (k0 + 64u + a_k + 32u) * 64u];
+            a_ld3 = work[a_src0 + (k0 + 64u + a_k + 48u) * 64u];
+            b_ld0 = work[b_src0 + (k0 + 64u + b_k) * 12u];
+            b_ld1 = work[b_src0 + (k0 + 64u + b_k + 16u) * 12u];
+            b_ld2 = work[b_src0 + (k0 + 64u + b_k + 32u) * 12u];
+            b_ld3 = work[b_src0 + (k0 + 64u + b_k + 48u) * 12u];
         }
         let a0_0 = wg_vec2f_0[a_rd];
         let b0_0 = wg_vec2f_1[b_rd];
@@ -274,6 +274,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         k0_main(vec3<u32>(w, 0u, 0u), vec3<u32>(lid, 0u, 0u));
     } else if (w < 5u) {
         let v = w - 1u;
-        k1_main(vec3<u32>(v, 0u, 0u), lid);
+        k1_main(vec3<u32>(v % 1u, v / 1u, 0u), lid);
     }
 }
