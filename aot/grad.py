@@ -6,10 +6,12 @@ sums cotangents of tensors with several uses. Backward nodes carry the
 call site of the forward node they differentiate. A parameter that cannot reach the loss
 gets an explicit zero gradient.
 
-Two kinds of contributions are summed in one op instead of a chain of adds (sum_parts):
+Three kinds of contributions are summed in one op instead of a chain of adds (sum_parts):
 - a weight shared by several matmuls (an RNN's W_hh, used at every step) gets X_i^T @ Y_i from
   each; their sum is one matmul concat(X)^T @ concat(Y) over the stacked rows, one kernel
   instead of one per use plus a buffer each for the pieces;
+- the reductions that are the cotangents of several broadcasts of one tensor (a bias added at
+  every step) are one reduction over the stacked cotangents;
 - pads along one axis over disjoint ranges (the cotangents of narrows: an RNN's time steps
   of the input projection, the pieces of a split) tile their tensor: a concat of the pieces,
   which the schedule assembles in place.
@@ -18,7 +20,8 @@ Two kinds of contributions are summed in one op instead of a chain of adds (sum_
 from __future__ import annotations
 
 from .ir import Graph, Tensor
-from .ops import add, broadcast_to, concat, matmul, transpose
+from .ops import add, broadcast_to, concat, matmul, reshape, transpose
+from .ops import sum as ops_sum
 from .ops.registry import lookup
 from .ops.trace import at_site, emit, tracing
 
@@ -88,6 +91,10 @@ def _kind(n, t: Tensor, c: Tensor):
             return ("mm",)
     if n.op == "narrow" and c.node.op == "pad":
         return ("pad", c.node.attrs["axis"])
+    if n.op == "broadcast_to":
+        s = c.node.inputs[0] if c.node.op == "reshape" else c
+        if s.node.op == "sum" and 0 in s.node.attrs["axes"]:
+            return ("bsum", s.node.attrs["axes"], s.node.attrs["keepdims"], s.node.inputs[0].shape)
     return None
 
 
@@ -108,6 +115,12 @@ def sum_parts(parts: list[Tensor], kind_of: dict, site_of: dict) -> Tensor:
                 xs = [c.node.inputs[0].node.inputs[0] for c in reversed(group)]
                 ys = [c.node.inputs[1] for c in reversed(group)]
                 terms.append(matmul(transpose(concat(xs, 0), (1, 0)), concat(ys, 0)))
+            elif key[0] == "bsum" and len(group) > 1:
+                # a tensor broadcast in several places (a GRU's b_hh at every step): one reduction
+                # over the stacked cotangents, in forward order like the matmul group
+                cs = [(c.node.inputs[0] if c.node.op == "reshape" else c).node.inputs[0] for c in reversed(group)]
+                total = ops_sum(concat(cs, 0), axis=key[1], keepdims=key[2])
+                terms.append(reshape(total, group[0].shape))
             elif key[0] == "pad":
                 terms += _tile(key[1], group)
             else:

@@ -233,8 +233,10 @@ class _CellBase(Module):
         if hx is None:
             return None
         want = (batch, self.hidden_size) if batched else (self.hidden_size,)
-        if not hasattr(hx, "node") or tuple(hx.shape) != want:
-            fail(self._kind + "Cell", f"{what} must have shape {list(want)}, got {getattr(hx, 'type_str', lambda: hx)()}")
+        if not hasattr(hx, "node"):
+            fail(self._kind + "Cell", f"{what} must be a Tensor, got {type(hx).__name__}")
+        if tuple(hx.shape) != want:
+            fail(self._kind + "Cell", f"{what} must have shape {list(want)}, got {hx.type_str()}")
         return hx if batched else ops.reshape(hx, (1, self.hidden_size))
 
     def forward(self, input, hx=None):

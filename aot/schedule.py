@@ -438,6 +438,8 @@ def _merge_reader(s: KernelSchedule, i: int, j: int | None) -> bool:
     if not _same_space(s, k1, k2) or _is_update(s, k1) != _is_update(s, k2):  # never across the cut
         return False
     written = {id(t) for t in k1.outs}
+    if any(id(r) in _written_ids(s, k1) and id(r) not in written for r in k2.reads):
+        return False  # k2 reads a concat that k1 writes pieces of: from memory, before k1 stores them
     if k1.kind == "elementwise":
         k2.first = k1.outs + k2.first
         k2.reads = [r for r in dict.fromkeys(k1.reads + k2.reads) if id(r) not in written]

@@ -2,7 +2,8 @@
 
     python scripts/bench.py [--out bench.json] [--steps 50] [--k 50] [--large] [--only NAME] [--anchors eager,compile,...]
 
-For each model: build time, kernels per training step and per predict, GPU bytes (planned,
+Models: sine_mlp, addition_transformer, lstm_lm (examples/lstm_lm.py against its twin
+examples/lstm_lm_torch.py), and with --large transformer_large. For each model: build time, kernels per training step and per predict, GPU bytes (planned,
 one-buffer-per-tensor, and the lower bound params + grads + optimizer state + largest live
 activation set), training steps/s through step() and through step_many (K steps per call), per-step host
 overhead (the time spent outside waiting for the GPU), predict latency; and the same model in
@@ -162,6 +163,13 @@ def bench_torch(kind, params, make_batch, predict_inputs, steps, cfg, anchors, k
 
             def loss_fn(m, b):
                 return ((m(b["x"]) - b["y"]) ** 2).mean()
+        elif kind == "lstm":  # examples/lstm_lm.py: Adam 1e-2, clipped at 1.0 (train_step clips)
+            twin = load("lstm_lm_torch")
+            model = twin["from_aot"](params).to(dev)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2, capturable=capturable)
+
+            def loss_fn(m, b):
+                return twin["loss"](m, b["tokens"], b["targets"], b["mask"])
         else:
             model = tr.from_aot(tr.Transformer(**cfg), params).to(dev)
             if sdpa:
@@ -240,7 +248,7 @@ def bench_torch(kind, params, make_batch, predict_inputs, steps, cfg, anchors, k
 
     res = {"device": torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu", "torch": torch.__version__}
     runs = {"eager": lambda: eager(), "compile": lambda: eager(compiled=True), "cuda_graph": graph}
-    if kind != "mlp":
+    if kind == "transformer":
         runs["eager_sdpa"] = lambda: eager(sdpa=True)
     for name in [a for a in anchors if a in runs]:
         if dev == "cuda":  # each anchor's own peak: what it allocated beyond the shared batches
@@ -296,7 +304,7 @@ def main():
     ap.add_argument("--out", default="bench.json")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--large", action="store_true", help="also the D=512, T=256, 6-block, B=32 transformer")
-    ap.add_argument("--only", choices=["sine_mlp", "addition_transformer", "large"], help="run one model")
+    ap.add_argument("--only", choices=["sine_mlp", "addition_transformer", "lstm_lm", "large"], help="run one model")
     ap.add_argument("--outdir", default="/tmp/aot-bench")
     ap.add_argument("--k", type=int, default=50, help="steps per step_many call (aot) and per readback (cuda_graph_k)")
     ap.add_argument("--anchors", default="eager,eager_sdpa,compile,cuda_graph", help="PyTorch anchors to run (comma-separated)")
@@ -306,6 +314,7 @@ def main():
 
     sine = load("sine_mlp")
     addt = load("addition_transformer")
+    lstm = load("lstm_lm")
 
     def sine_batch(rng):
         x = rng.uniform(-np.pi, np.pi, (256, 1)).astype(np.float32)
@@ -326,6 +335,8 @@ def main():
         "addition_transformer": (addt["program"], "transformer", addt["batch"],
                                  {"N=1": {"tokens": np.zeros((1, 8), np.int32)}, "N=128": {"tokens": np.zeros((128, 8), np.int32)}},
                                  {}),
+        "lstm_lm": (lstm["program"], "lstm", tok_batch(lstm["B"], lstm["T"], lstm["VOCAB"]),
+                    {"N=1": {"tokens": np.zeros((1, lstm["T"]), np.int32)}}, {}),
     }
     if args.large or args.only == "large":
         cfg = dict(vocab=12, d=512, layers=6, heads=8, mlp=2048, t=256)

@@ -13,6 +13,7 @@ step like its torch twin.
 
 from __future__ import annotations
 
+import re
 import runpy
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ import aot
 from aot import interp, nn, ops
 from aot.errors import ShapeError
 from aot.frontend import trace_program
+from aot.passes import dce
 from aot.runtime.rng import step_seed
 from aot.runtime.schedules import optimizer_scalars
 
@@ -254,8 +256,14 @@ def test_errors_name_the_problem():
         _trace_call(lambda: nn.LSTM(3, 4, num_layers=2), (5, 2, 3), lambda m, x: m(x, (ops.sum(x) * ops.reshape(x, (5, 2, 3)), x)))
     with pytest.raises(ShapeError, match="hx must be a tuple"):
         _trace_call(lambda: nn.LSTM(3, 4), (5, 2, 3), lambda m, x: m(x, x))
+    with pytest.raises(ShapeError, match=r"GRUCell: hx must have shape \[2, 4\]"):
+        _trace_call(lambda: nn.GRUCell(3, 4), (2, 3), lambda m, x: m(x, x))
+    with pytest.raises(ShapeError, match=r"RNNCell: expects input \[B, 3\]"):
+        _trace_call(lambda: nn.RNNCell(3, 4), (2, 5), lambda m, x: m(x))
     with pytest.raises(ValueError, match="dropout"):
         nn.LSTM(3, 4, dropout=1.0)
+    with pytest.raises(ValueError, match="nonlinearity"):
+        nn.RNN(3, 4, nonlinearity="sigmoid")
 
 
 # ---- examples/lstm_lm.py, step for step against its torch twin ---------------------------------
@@ -321,3 +329,73 @@ def test_dropout_between_layers_in_training_entries_only():
     ref.params = {f"lstm.{k}": v.detach().numpy() for k, v in tm.state_dict().items()}
     x = np.random.default_rng(3).normal(size=(5, 2, 3))
     np.testing.assert_allclose(ref.predict(x=x), tm(torch.from_numpy(x))[0].detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ---- the compiler rules the layers rely on (aot/grad.py, aot/schedule.py), on their own ---------
+
+
+def test_shared_weight_and_narrow_gradients_match_torch():
+    """sum_parts: a weight read by several matmuls (2-D and batched rows, with a plain use mixed
+    in, and transposed uses) gets one matmul over the stacked rows; narrows of one tensor tile
+    into a concat (adjacent pieces, gaps, an overlapping piece, another axis). float64."""
+    rng = np.random.default_rng(7)
+    vals = {"w": rng.normal(size=(4, 5)), "u": rng.normal(size=(5, 4)), "v": rng.normal(size=(10, 3)),
+            "x1": rng.normal(size=(3, 4)), "x2": rng.normal(size=(2, 4)), "x3": rng.normal(size=(2, 3, 4))}
+
+    def f(F, mm, t, narrow, w, u, v, x1, x2, x3):
+        y = F.sum(mm(x1, w) ** 2) + F.sum(mm(x2, w) * 3.0) + F.sum(F.tanh(mm(x3, w))) + F.sum(w * w)
+        y = y + F.sum(mm(x1, t(u)) ** 2) + F.sum(F.sin(mm(x2, t(u))))  # a weight in torch's layout
+        pieces = [narrow(v, 0, 0, 2), narrow(v, 0, 2, 3), narrow(v, 0, 7, 2), narrow(v, 0, 1, 3), narrow(v, 1, 0, 2)]
+        for k, p in enumerate(pieces):
+            y = y + F.sum(F.sin(p * (k + 1.0)))
+        return y
+
+    class P(aot.Module):
+        def __init__(self):
+            super().__init__()
+            for k, a in vals.items():
+                setattr(self, k, self.param(a.shape, init=aot.init.literal(a)))
+
+    def loss(m):
+        return f(ops, ops.matmul, lambda a: ops.transpose(a, (1, 0)), ops.narrow, *(getattr(m, k) for k in vals))
+
+    traced = trace_program(aot.Program("sum_parts", model=P, train=aot.Train(loss, inputs={}, optimizer=None)))
+    g = dce(traced.graphs["train"])
+    mms = [n for n in g.nodes if n.op == "matmul" and n.out.shape == (4, 5)]
+    assert len(mms) == 3 and sum(n.inputs[1].node.op == "concat" for n in mms) == 1  # w: one for 3 uses; u: 2
+    ref = interp.Reference(traced, dtype=np.float64)
+    ref.params = dict(vals)
+    ref.step()
+    ts = {k: torch.tensor(a, requires_grad=True) for k, a in vals.items()}
+    f(torch, torch.matmul, lambda a: a.T, torch.narrow, *ts.values()).backward()
+    for k, t in ts.items():
+        np.testing.assert_allclose(ref.last_grads[k], t.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
+
+
+def test_lstm_steps_are_two_kernels_each_way():
+    """Per time step the forward pass runs the h @ W_hh matmul (input projection and bias in its
+    epilogue) and one kernel of gate math, the backward pass the same two, and nothing copies
+    the stacked states or gate gradients (concats of placed pieces are views)."""
+    from aot.pipeline import compile_program
+
+    t = 8
+
+    class M(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(3, 8)
+
+    def loss(m, x, y):
+        return ops.mean(ops.square(m.rnn(x)[0] - y))
+
+    c = compile_program(aot.Program("lstm_count", model=M, train=aot.Train(
+        loss, inputs={"x": aot.f32(t, 2, 3), "y": aot.f32(t, 2, 8)}, optimizer=aot.optim.Adam(1e-3)),
+        infer={"predict": aot.Infer(lambda m, x: m.rnn(x)[0], inputs={"x": aot.f32(t, 2, 3)})}))
+    assert len(c.kernels["predict"]) == 2 * t  # projection, step 0's gates (h0 = 0), then 2 a step
+    train = c.kernels["train"]
+    assert len(train) <= 4 * t + 10, [k.name for k in train]
+    # (the optimizer's flat gradient vector copies b_ih's and b_hh's one gradient, and the weight
+    # gradients come transposed into torch's [4H, in] layout: once per layer, not a step's work)
+    copies = [k.name for k in train if re.fullmatch(r"train_\d+_concat", k.name) and "optimizer" not in str(k.site)]
+    assert not copies
+    assert len([k for k in train if re.fullmatch(r"train_\d+_transpose", k.name)]) <= 2
