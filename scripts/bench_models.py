@@ -79,15 +79,23 @@ def dcgan_case():
 
 def lstm_lm_case():
     ex, tw = load("lstm_lm"), load("lstm_lm_torch")
-    names = list(ex["program"].infer)  # noqa: F841  (the twin's contract is documented in its file)
+    import names_data
+
+    train, _ = names_data.split_names()
     return {
         "program": ex["program"],
-        "batch": ex["batch"],
+        "batch": lambda rng: ex["batch"](rng, train),
         "entries": {"step": lambda b: b},
-        "torch_module": lambda: tw["make_module"](),
-        "torch_opts": lambda m, capturable: [_capturable(tw["make_optimizer"](m), capturable)],
-        "torch_iter": lambda m, opts, b: [_torch_step(opts[0], lambda: tw["loss"](m, **b), clip=tw.get("CLIP"), params=m.parameters())],
+        "torch_module": lambda: tw["CharLSTM"](),
+        "torch_opts": lambda m, capturable: [torch_optim().Adam(m.parameters(), lr=1e-2, capturable=capturable)],
+        "torch_iter": lambda m, opts, b: [_torch_step(opts[0], lambda: tw["loss"](m, **b), clip=1.0, params=m.parameters())],
     }
+
+
+def torch_optim():
+    import torch
+
+    return torch.optim
 
 
 CASES = {"resnet20": resnet20_case, "dcgan": dcgan_case, "lstm_lm": lstm_lm_case}
