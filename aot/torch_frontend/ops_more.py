@@ -1,0 +1,71 @@
+"""More core-ATen mappings, for the public models of tests/torch_models.py (ViT, MLP-Mixer, a
+minDiffusion U-Net, word_language_model, a char GRU). Registered into ops_map.TABLE after ops_nn
+(same conventions: see ops_map.py); an entry here that takes over an ATen op ops_nn maps hands
+the cases it does not add back to ops_nn's function.
+
+- transposed convolution (ConvTranspose1d/2d): kernel == stride without padding (the U-Net's
+  upsampling) is one matmul and a reshape; every other case is the textbook identity, the input
+  dilated by the stride with zeros, padded by kernel - 1 - padding and convolved at stride 1
+  with the kernel flipped and its in/out channels swapped.
+- nearest and bilinear upsampling by integer factors (nn.Upsample): broadcast and reshape; the
+  bilinear case as the fixed 2-tap blend torch computes with align_corners=False.
+"""
+
+from __future__ import annotations
+
+from .. import ops
+from . import ops_nn  # noqa: F401  (ops_nn's entries first: the conv entry below wraps its own)
+from .ops_map import TABLE, _pad, aten
+
+_conv_plain = TABLE["aten.convolution.default"]
+
+
+def _dilate(x, axis: int, s: int):
+    """Zeros between the entries of one axis: n entries -> (n - 1) * s + 1."""
+    if s == 1:
+        return x
+    n = x.shape[axis]
+    y = ops.reshape(x, x.shape[: axis + 1] + (1,) + x.shape[axis + 1:])
+    y = ops.pad(y, axis + 1, 0, s - 1)
+    y = ops.reshape(y, x.shape[:axis] + (n * s,) + x.shape[axis + 1:])
+    return ops.narrow(y, axis, 0, (n - 1) * s + 1)
+
+
+def _conv_transpose2d(x, w, stride, padding, output_padding, groups):
+    """x [N, Cin, H, W], w [Cin, Cout/groups, kh, kw] (torch's ConvTranspose layout)."""
+    n, cin, h, wd = x.shape
+    _, cog, kh, kw = w.shape
+    (sh, sw), (ph, pw), (oh, ow) = stride, padding, output_padding
+    if (kh, kw) == (sh, sw) and (ph, pw, oh, ow) == (0, 0, 0, 0) and groups == 1:
+        # each input pixel paints its own kh x kw tile: [N*H*W, Cin] @ [Cin, Cout*kh*kw]
+        rows = ops.reshape(ops.transpose(x, (0, 2, 3, 1)), (n * h * wd, cin))
+        y = ops.matmul(rows, ops.reshape(w, (cin, cog * kh * kw)))
+        y = ops.transpose(ops.reshape(y, (n, h, wd, cog, kh, kw)), (0, 3, 1, 4, 2, 5))
+        return ops.reshape(y, (n, cog, h * kh, wd * kw))
+    xd = _dilate(_dilate(x, 2, sh), 3, sw)
+    # kernel - 1 - padding on each side (negative crops), output_padding more at the end
+    xd = _pad(None, xd, [kw - 1 - pw, kw - 1 - pw + ow, kh - 1 - ph, kh - 1 - ph + oh])
+    wf = ops.flip(w, (2, 3))
+    wf = ops.reshape(wf, (groups, cin // groups, cog, kh, kw))
+    wf = ops.reshape(ops.transpose(wf, (0, 2, 1, 3, 4)), (groups * cog, cin // groups, kh, kw))
+    return ops.conv2d(xd, wf, (1, 1), (0, 0), groups)
+
+
+@aten("convolution.default")
+def _conv(cx, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if not transposed:
+        return _conv_plain(cx, x, w, b, stride, padding, dilation, transposed, output_padding, groups)
+    if any(d != 1 for d in dilation):
+        cx.fail(f"transposed convolution with dilation={list(dilation)} is not supported", "use dilation=1")
+    if x.ndim == 3:  # ConvTranspose1d as a 2-D one over [N, C, 1, L]
+        y = _conv_transpose2d(ops.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2])),
+                              ops.reshape(w, w.shape[:2] + (1, w.shape[2])), (1, stride[0]), (0, padding[0]),
+                              (0, output_padding[0]), groups)
+        y = ops.reshape(y, (y.shape[0], y.shape[1], y.shape[3]))
+    elif x.ndim == 4:
+        two = [tuple(v) * (2 if len(v) == 1 else 1) for v in (stride, padding, output_padding)]
+        y = _conv_transpose2d(x, w, *two, groups)
+    else:
+        cx.fail(f"transposed convolution over {x.ndim - 2} spatial dims is not supported",
+                "use ConvTranspose1d or ConvTranspose2d")
+    return y + ops.reshape(b, (1, -1) + (1,) * (y.ndim - 2)) if b is not None else y

