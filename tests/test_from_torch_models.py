@@ -34,7 +34,7 @@ def no_dropout(m):
     for mod in m.modules():
         if isinstance(mod, nn.Dropout):
             mod.p = 0.0
-        if isinstance(mod, nn.RNNBase):
+        if isinstance(mod, (nn.RNNBase, nn.MultiheadAttention)):
             mod.dropout = 0.0
     return m
 

@@ -13,11 +13,15 @@ the cases it does not add back to ops_nn's function.
 
 from __future__ import annotations
 
+import contextlib
+import math
+
 from .. import ops
 from . import ops_nn  # noqa: F401  (ops_nn's entries first: the conv entry below wraps its own)
-from .ops_map import TABLE, _pad, aten
+from .ops_map import F32_MAX, TABLE, _pad, aten, f32, num
 
 _conv_plain = TABLE["aten.convolution.default"]
+_sdpa_plain = TABLE["aten.scaled_dot_product_attention.default"]
 
 
 def _dilate(x, axis: int, s: int):
@@ -69,3 +73,53 @@ def _conv(cx, x, w, b, stride, padding, dilation, transposed, output_padding, gr
         cx.fail(f"transposed convolution over {x.ndim - 2} spatial dims is not supported",
                 "use ConvTranspose1d or ConvTranspose2d")
     return y + ops.reshape(b, (1, -1) + (1,) * (y.ndim - 2)) if b is not None else y
+
+
+@aten("scaled_dot_product_attention.default")
+def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Attention dropout (nn.MultiheadAttention(dropout=p) in training): the probabilities are
+    formed explicitly and dropped as torch does; everything else is ops_nn's fused attention."""
+    if not (dropout_p and cx.training):
+        return _sdpa_plain(cx, q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        return _sdpa_plain(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)  # its refusal
+    if attn_mask is not None and is_causal:
+        cx.fail("scaled_dot_product_attention takes attn_mask or is_causal=True, not both")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = ops.matmul(f32(q), ops.swapaxes(f32(k), -1, -2)) * num(scale)
+    if is_causal:
+        tq, tk = s.shape[-2:]
+        # key j is seen by query i where j <= i (top-left aligned, as torch)
+        attn_mask = 1.0 - ops.greater(ops.reshape(ops.arange(tk, "f32"), (1, tk)), ops.reshape(ops.arange(tq, "f32"), (tq, 1)))
+    if attn_mask is not None:
+        if is_causal or cx.tkind(attn_mask) == "bool":
+            s = ops.where(ops.broadcast_to(f32(attn_mask), s.shape), s, -F32_MAX)
+        else:
+            s = s + f32(attn_mask)
+    return ops.matmul(ops.dropout(ops.softmax(s, -1), float(dropout_p)), f32(v))
+
+
+# ---- what torch.export cannot trace as written ------------------------------------------------
+
+
+@contextlib.contextmanager
+def export_patches():
+    """Scoped stand-ins for torch functions that branch on tensor values, while export traces.
+
+    nn.TransformerEncoder/Decoder ask `_detect_is_causal_mask` whether a mask given without an
+    is_causal hint is the causal one, by comparing its values (`bool((mask == causal).all())`),
+    which export cannot trace. The answer only picks a faster kernel: with False the layers apply
+    the mask exactly as given, so the traced math is the same either way.
+    """
+    from torch.nn.modules import transformer
+
+    original = transformer._detect_is_causal_mask
+
+    def detect(mask, is_causal=None, size=None):
+        return is_causal is True
+
+    transformer._detect_is_causal_mask = detect
+    try:
+        yield
+    finally:
+        transformer._detect_is_causal_mask = original
