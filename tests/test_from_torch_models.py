@@ -26,6 +26,15 @@ import torch_models as M  # noqa: E402
 STEPS = 10
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    # these models are tiny: torch's thread pool only contends with the interpreter (4x slower on 2 cores)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def to_torch(batch):
     return {k: torch.tensor(v).long() if v.dtype.kind in "iu" else torch.tensor(v) for k, v in batch.items()}
 
