@@ -218,3 +218,38 @@ def test_char_gru_parity():
     _, _, worst = parity(M.CharGRU(), M.char_loss, {"x": aot.i32(3, 8), "y": aot.i32(3, 8)}, b,
                          lambda m: torch.optim.Adam(m.parameters(), lr=3e-3))
     print("chargru", worst)
+
+
+# ---- the ATen mappings these models needed (aot/torch_frontend/ops_more.py), case by case ----------
+
+
+class Upsamplers(nn.Module):
+    """Every transposed-convolution and upsampling form ops_more maps, on one [2, 4, 5, 5] input."""
+
+    def __init__(self):
+        super().__init__()
+        self.ct = nn.ModuleList([
+            nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1),
+            nn.ConvTranspose2d(4, 4, 3, stride=2, padding=3),  # kernel - 1 - padding < 0: cropped
+            nn.ConvTranspose2d(4, 6, (2, 3), stride=(1, 2), groups=2, bias=False),
+            nn.ConvTranspose2d(4, 3, 2, 2),  # kernel == stride: the matmul form
+        ])
+        self.ct1 = nn.ConvTranspose1d(4, 3, 4, stride=3, padding=1, output_padding=2)
+        self.w = nn.Parameter(torch.randn(4, 5, 5) * 0.5)
+
+    def forward(self, x):
+        x = x * self.w
+        outs = [c(x) for c in self.ct] + [self.ct1(x.flatten(2)[:, :, :7])]
+        outs += [nn.Upsample(scale_factor=2)(x), F.interpolate(x, size=(10, 15)), nn.Upsample(scale_factor=2, mode="bilinear")(x),
+                 F.interpolate(x, scale_factor=3, mode="bilinear"), F.interpolate(x[:, :, 0], scale_factor=4, mode="linear"),
+                 x[:, :, torch.tensor([[4, -1], [0, 2]])], x[..., torch.tensor([1, -2, 1])]]
+        # a different weight for every output element, so each one's gradient is checked
+        return sum((o * torch.cos(torch.arange(o.numel(), dtype=o.dtype) * 0.37).view(o.shape)).sum() for o in outs)
+
+
+def test_conv_transpose_and_upsample_mappings():
+    torch.manual_seed(16)
+    rng = np.random.default_rng(16)
+    batches = [{"x": rng.normal(size=(2, 4, 5, 5))} for _ in range(2)]
+    parity(Upsamplers(), lambda m, x: m(x), {"x": aot.f32(2, 4, 5, 5)}, batches,
+           lambda m: torch.optim.SGD(m.parameters(), lr=0.01))

@@ -7,8 +7,14 @@ the cases it does not add back to ops_nn's function.
   upsampling) is one matmul and a reshape; every other case is the textbook identity, the input
   dilated by the stride with zeros, padded by kernel - 1 - padding and convolved at stride 1
   with the kernel flipped and its in/out channels swapped.
-- nearest and bilinear upsampling by integer factors (nn.Upsample): broadcast and reshape; the
-  bilinear case as the fixed 2-tap blend torch computes with align_corners=False.
+- nearest and (bi)linear upsampling by whole-number factors (nn.Upsample, F.interpolate): each
+  output phase is a copy or a fixed 2-tap blend of the input and its neighbour (align_corners=False,
+  the edge repeated as torch clamps), interleaved by stack and reshape.
+- x[:, idx]: one integer index tensor on an axis other than the first (what torch's linear
+  interpolation decomposes to).
+- attention dropout in training (nn.MultiheadAttention(dropout=p), SDPA's dropout_p).
+- export_patches(): torch functions that read tensor values while export traces, answered
+  without them where the answer cannot change the math (nn.Transformer's causal-mask check).
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ import math
 
 from .. import ops
 from . import ops_nn  # noqa: F401  (ops_nn's entries first: the conv entry below wraps its own)
-from .ops_map import F32_MAX, TABLE, _pad, aten, f32, num
+from .ops_map import F32_MAX, TABLE, _pad, aten, f32, is_t, num
 
 _conv_plain = TABLE["aten.convolution.default"]
 _sdpa_plain = TABLE["aten.scaled_dot_product_attention.default"]
+_index_plain = TABLE["aten.index.Tensor"]
 
 
 def _dilate(x, axis: int, s: int):
@@ -97,6 +104,71 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         else:
             s = s + f32(attn_mask)
     return ops.matmul(ops.dropout(ops.softmax(s, -1), float(dropout_p)), f32(v))
+
+
+def _factors(cx, x, output_size, scale_factors):
+    """The integer upsampling factor of each spatial axis (refused otherwise)."""
+    spatial = x.shape[2:]
+    if output_size is not None:
+        out = [int(v) for v in output_size]
+    else:
+        out = [int(n * f) for n, f in zip(spatial, scale_factors)]  # torch floors in * scale
+    if len(out) != len(spatial) or any(o % n for o, n in zip(out, spatial)):
+        cx.fail(f"upsampling {list(spatial)} to {out}: only whole-number factors are supported",
+                "use scale_factor=2 (or another integer), or sizes that are multiples of the input's")
+    return [o // n for o, n in zip(out, spatial)]
+
+
+def _interleave(parts, axis):
+    """parts[r][..., i, ...] -> y[..., i * len(parts) + r, ...]."""
+    y = ops.stack(parts, axis + 1) if len(parts) > 1 else ops.reshape(parts[0], parts[0].shape[: axis + 1] + (1,) + parts[0].shape[axis + 1:])
+    return ops.reshape(y, y.shape[:axis] + (y.shape[axis] * y.shape[axis + 1],) + y.shape[axis + 2:])
+
+
+@aten("upsample_nearest2d.vec", "upsample_nearest1d.vec")
+def _upsample_nearest(cx, x, output_size=None, scale_factors=None):
+    y = x
+    for axis, k in zip(range(2, x.ndim), _factors(cx, x, output_size, scale_factors)):
+        if k > 1:
+            y = _interleave([y] * k, axis)
+    return y
+
+
+@aten("upsample_bilinear2d.vec", "upsample_linear1d.vec")
+def _upsample_linear(cx, x, output_size=None, align_corners=False, scale_factors=None):
+    if align_corners:
+        cx.fail("interpolate(align_corners=True) is not supported", "use align_corners=False (the default)")
+    y = f32(x)
+    for axis, k in zip(range(2, x.ndim), _factors(cx, x, output_size, scale_factors)):
+        if k == 1:
+            continue
+        n = y.shape[axis]
+        # neighbours with the edge repeated: torch clamps its source index to [0, n - 1]
+        prev = ops.concat([ops.narrow(y, axis, 0, 1), ops.narrow(y, axis, 0, n - 1)], axis) if n > 1 else y
+        nxt = ops.concat([ops.narrow(y, axis, 1, n - 1), ops.narrow(y, axis, n - 1, 1)], axis) if n > 1 else y
+        parts = []
+        for r in range(k):  # output i * k + r reads source i + d, d = (r + 0.5) / k - 0.5 in (-0.5, 0.5)
+            d = (r + 0.5) / k - 0.5
+            parts.append(y * (1.0 + d) + prev * (-d) if d < 0 else (y * (1.0 - d) + nxt * d if d > 0 else y))
+        y = _interleave(parts, axis)
+    return y
+
+
+@aten("index.Tensor")
+def _index(cx, x, indices):
+    """x[:, ..., idx] (one integer index tensor on any axis, the others whole): the axis brought to
+    the front, rows gathered (embedding), the index's shape put where the axis was."""
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if len(used) != 1 or used[0] == 0 or not is_t(indices[used[0]]) or indices[used[0]].dtype != "i32":
+        return _index_plain(cx, x, indices)
+    d, idx = used[0], indices[used[0]]
+    # torch accepts negative indices; aot's embedding reads [0, n): wrap them first
+    n = x.shape[d]
+    flat = ops.reshape(idx, (-1,))
+    flat = ops.cast(ops.cast(flat, "f32") + ops.less(ops.cast(flat, "f32"), 0.0) * float(n), "i32")
+    y = ops.embedding(ops.swapaxes(f32(x), 0, d), flat)  # [k, x1.., x0, ..]
+    y = ops.swapaxes(y, 0, d)  # [x0, .., k, ..]
+    return ops.reshape(y, x.shape[:d] + idx.shape + x.shape[d + 1:])
 
 
 # ---- what torch.export cannot trace as written ------------------------------------------------
