@@ -91,7 +91,8 @@ def close(got, want64, want32, what, rtol=1e-5, k=4.0):
     if bad.any():
         i = np.argmax(np.where(bad, err - tol, -np.inf))
         raise AssertionError(f"{what}: {bad.sum()} of {bad.size} off; worst: aot {got.flat[i]:.9g}, torch64 "
-                             f"{want64.flat[i]:.9g}, torch32 {want32.flat[i]:.9g}, tolerance {tol.flat[i]:.3g} (max |torch64| {scale:.3g})")
+                             f"{want64.flat[i]:.9g}, torch32 {want32.flat[i]:.9g}, tolerance {tol.flat[i]:.3g} "
+                             f"(max |torch64| {scale:.3g})")
     return float(err.max() / (scale + 1e-30)), float(np.abs(want32 - want64).max(initial=0.0) / (scale + 1e-30))
 
 

@@ -3,7 +3,8 @@
 A kernel reading more tensors than that (the optimizer's concat of a U-Net's 100 gradients)
 made a table larger than the 256-byte slot the runtimes bind, and lavapipe refused the
 dispatch ("bound with size 256 where the shader expects 400"). The starts past the slot are
-now written into the kernel's text.
+written into the kernel's text (wgsl_expr.KernelContext.start): a direct regression test, with
+a parameter count past the slot and the update checked on the CPU kernel set.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Many(aot.Module):
 
 def _loss(m, x):
     # each parameter's gradient is its own kernel's output: the update concatenates N of them
-    return sum(ops.sum(ops.square(p * ops.reshape(ops.narrow(x, 0, i, 1), (2,)))) for i, p in enumerate(getattr(m, f"p{j}") for j in range(N)))
+    return sum(ops.sum(ops.square(getattr(m, f"p{i}") * ops.reshape(ops.narrow(x, 0, i, 1), (2,)))) for i in range(N))
 
 
 def _program():
