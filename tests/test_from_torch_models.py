@@ -314,7 +314,7 @@ def test_attention_dropout_is_unbiased_and_fresh_each_step():
     assert abs(losses.mean() - want) < 4 * losses.std() / np.sqrt(len(losses)), (losses.mean(), want)
 
 
-# ---- on the GPU adapter, dropout on: the package steps as the interpreter does and learns ---------
+# ---- on the GPU adapter (dropout on where the model has it): steps as the interpreter, learns -------
 
 GPU_CASES = {  # name -> (make module, loss, inputs, batch, optimizer, clip)
     "vit": (lambda: M.ViT(dropout=0.1), M.classify_loss, VIT_INPUTS, lambda rng: images(rng, 1, 4)[0], vit_opt, None),
@@ -322,12 +322,19 @@ GPU_CASES = {  # name -> (make module, loss, inputs, batch, optimizer, clip)
                 lambda rng: tokens_next(rng, 1, 8, 3, 11, True)[0], wlm_opt, 0.25),
     "transformer_lm": (lambda: M.TransformerModel(11, 8, 2, 16, 2, dropout=0.2), M.transformer_lm_loss, LM_INPUTS,
                        lambda rng: tokens_next(rng, 1, 8, 3, 11, True)[0], wlm_opt, 0.25),
+    "mixer": (M.MLPMixer, M.classify_loss, VIT_INPUTS, lambda rng: images(rng, 1, 4)[0],
+              lambda m: torch.optim.Adam(m.parameters(), lr=3e-3), None),
+    "unet_ddpm": (lambda: M.DDPM(M.UNet(feat=8)), M.ddpm_loss, UNET_INPUTS, lambda rng: unet_batches(rng, 1)[0],
+                  lambda m: torch.optim.Adam(m.parameters(), lr=2e-3), None),
+    "char_gru": (M.CharGRU, M.char_loss, {"x": aot.i32(3, 8), "y": aot.i32(3, 8)},
+                 lambda rng: {"x": (d := tokens_next(rng, 1, 8, 3, 12, False)[0])["data"], "y": d["targets"]},
+                 lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), None),
 }
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(GPU_CASES))
-def test_model_trains_on_gpu_with_dropout(name):
+def test_model_trains_on_gpu(name):
     make, loss, inputs, batch, make_opt, clip = GPU_CASES[name]
     torch.manual_seed(18)
     m = make()
