@@ -335,3 +335,32 @@ class CharGRU(nn.Module):
 def char_loss(m, x, y):
     logits, _ = m(x)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
+# ---- for a benchmark: each model at the tests' size or its published size class ---------------------
+
+
+def make(name: str, size: str = "tiny", batch: int = 4):
+    """(module, loss, inputs) for `name` at size "tiny" (the tests' sizes) or "full" (ViT-Ti/4
+    and a Mixer-S-like net on 32x32 images, minDiffusion's U-Net width 128 on 16x16, the
+    example's word LMs at width 200 on 35-token BPTT windows, a char GRU of width 256).
+    inputs: {name: ("f32" | "i32", shape)}."""
+    tiny = size == "tiny"
+    img = {"x": ("f32", (batch, 3, 8, 8) if tiny else (batch, 3, 32, 32)), "y": ("i32", (batch,))}
+    side = 8 if tiny else 16
+    seq = {k: ("i32", (8, batch) if tiny else (35, batch)) for k in ("data", "targets")}
+    table = {
+        "vit": (lambda: ViT() if tiny else ViT(32, 4, layers=12, heads=3, dim=192, hidden=768, dropout=0.1),
+                classify_loss, img),
+        "mixer": (lambda: MLPMixer() if tiny else MLPMixer(32, 4, layers=8, dim=256, token_hidden=128, channel_hidden=1024),
+                  classify_loss, img),
+        "unet_ddpm": (lambda: DDPM(UNet(feat=16 if tiny else 128, image=side)), ddpm_loss,
+                      {"x": ("f32", (batch, 1, side, side)), "ts": ("i32", (batch,)), "eps": ("f32", (batch, 1, side, side))}),
+        "lstm_lm": (lambda: RNNModel("LSTM", *((11, 8, 8) if tiny else (10000, 200, 200)), 2, 0.2), rnn_lm_loss, seq),
+        "transformer_lm": (lambda: TransformerModel(*((11, 8, 2, 16) if tiny else (10000, 200, 2, 200)), 2, 0.2),
+                           transformer_lm_loss, seq),
+        "char_gru": (lambda: CharGRU() if tiny else CharGRU(vocab=65, emb=64, hidden=256), char_loss,
+                     {k: ("i32", (batch, 8) if tiny else (batch, 128)) for k in ("x", "y")}),
+    }
+    factory, loss, inputs = table[name]
+    return factory(), loss, inputs
