@@ -9,15 +9,18 @@ arguments so the tests run them tiny and a benchmark can run them full size.
 - MLPMixer (Tolstikhin et al.): per-patch Conv2d stem, blocks of a token-mixing MLP (applied
   across patches through a transpose) and a channel-mixing MLP, each after a LayerNorm, global
   average pooling, linear head.
-- UNet (minDiffusion's NaiveUnet, with GroupNorm + SiLU and a sinusoidal time embedding): conv
-  blocks, MaxPool2d down, ConvTranspose2d up, skip concatenation; `ddpm_loss` is DDPM's epsilon
-  MSE with the alphas-bar schedule held as buffers and indexed by the sampled timestep.
+- UNet (minDiffusion's NaiveUnet with one level less, SiLU where it has ReLU): conv blocks with
+  GroupNorm, MaxPool2d down, ConvTranspose2d up, skip concatenation, a sine time embedding
+  (TimeSiren); `ddpm_loss` is DDPM's epsilon MSE with the alphas-bar schedule held as buffers
+  and indexed by the sampled timestep.
 - RNNModel and TransformerModel (pytorch/examples word_language_model): Embedding -> LSTM/GRU
   -> Linear with dropout and optional weight tying; Embedding * sqrt(d) + a sinusoidal
   positional-encoding buffer -> nn.TransformerEncoder with a causal mask -> Linear; both end
   in log_softmax and are trained with NLLLoss.
 - CharGRU (a char-rnn language model): Embedding -> 2-layer batch-first GRU -> Linear,
   cross-entropy on the next character.
+
+`make(name, size)` gives each at the tests' size or its published size class (for a benchmark).
 """
 
 from __future__ import annotations
