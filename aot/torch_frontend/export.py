@@ -85,10 +85,13 @@ def capture(module, fn, names: list[str], examples: list, train: bool, what: str
     anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
     if anchor is not None:
         anchor(fn)
+    from .ops_more import export_patches
+
     was = module.training
     module.train(train)
     try:
-        ep = torch.export.export(Entry(), tuple(examples), strict=False)
+        with export_patches():
+            ep = torch.export.export(Entry(), tuple(examples), strict=False)
         ep = ep.run_decompositions(_table())
     except TraceError:
         raise

@@ -14,7 +14,7 @@ import operator
 from .. import ops
 from ..errors import ShapeError, TraceError
 from ..ops.trace import at_site, current
-from . import ops_nn, ops_shape  # noqa: F401  (register their ops)
+from . import ops_nn, ops_shape, ops_more  # noqa: F401  (register their ops; ops_more wraps some of theirs, so last)
 from .export import Captured, torch_site
 from .ops_map import NAN, TABLE, NaN, const, is_t
 from .ops_nn import Unavailable
