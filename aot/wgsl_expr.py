@@ -33,6 +33,16 @@ HELPER_DEPS = {
 }
 
 
+MAX_DEPTH = 60  # value() levels one rendering recurses before handing the rest to its outermost call
+
+
+class _Deep(BaseException):
+    """Raised through op renders (never caught by their `except Exception`) to Body.value's outermost call."""
+
+    def __init__(self, body, t, idx, key):
+        self.body, self.t, self.idx, self.key = body, t, idx, key
+
+
 class Index:
     """A position in a tensor: per-dim u32 coordinates, a flat row-major index, or both."""
 
@@ -82,6 +92,8 @@ class Body:
         self.indent = indent
         self.inline = inline
         self.cache: dict[tuple, str] = {}
+        self._memo: dict | None = None  # values rendered by the outermost value() call now running
+        self._depth = 0
 
     def let(self, expr: str, ty: str) -> str:
         if self.inline:
@@ -96,6 +108,45 @@ class Body:
         return name
 
     def value(self, t: Tensor, idx: Index) -> str:
+        # Rendering follows the expression tree by recursion (op renders call value() on their
+        # inputs), one Python frame or more per op: a chain of 600 fused ops would exceed the
+        # interpreter's limit. So a value more than MAX_DEPTH levels down is not rendered there:
+        # _Deep carries it up to the outermost call, which renders it first (from a fresh
+        # depth), keeps it in a memo and retries; the retry finds it there. Each piece of a long
+        # chain is rendered about twice; the text is the same as by recursion (lets are cached by
+        # their expression, so a retry reuses the names the first try made).
+        key = (id(t), idx.shape, tuple(idx.coords) if idx.coords is not None else None, idx.flat)
+        if self._memo is not None:
+            hit = self._memo.get(key)
+            if hit is not None:
+                return hit[1]
+            if self._depth >= MAX_DEPTH:
+                raise _Deep(self, t, idx, key)
+            self._depth += 1
+            try:
+                out = self._value(t, idx)
+            finally:
+                self._depth -= 1
+            self._memo[key] = (idx, out)
+            return out
+        self._memo, self._depth = {}, 0
+        try:
+            todo = [(t, idx, key)]
+            while todo:
+                u, ui, ukey = todo[-1]
+                self._depth = 0
+                try:
+                    self._memo[ukey] = (ui, self._value(u, ui))
+                    todo.pop()
+                except _Deep as deep:
+                    if deep.body is not self:
+                        raise
+                    todo.append((deep.t, deep.idx, deep.key))
+            return self._memo[key][1]
+        finally:
+            self._memo = None
+
+    def _value(self, t: Tensor, idx: Index) -> str:
         kc = self.kc
         if kc.acc_tensor is not None and t is kc.acc_tensor:
             return "acc"
