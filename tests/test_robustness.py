@@ -101,3 +101,77 @@ def test_fused_kernel_with_more_operands_than_an_offset_table_holds():
             np.testing.assert_allclose(model.f(**feeds), want, rtol=1e-6)
         finally:
             model.close()
+
+
+def _u32_lets_in_range(wgsl: str) -> list[str]:
+    """The u32 `let`s of a kernel evaluated without wrapping at its last row (`o`) and last step
+    (`r`): those that exceed 2**32 - 1 (each would wrap on the GPU)."""
+    import re
+
+    env = {"min": min, "max": max}
+    m = re.search(r"if \((o|i) >= (\d+)u\)", wgsl)
+    if m:
+        env[m.group(1)] = int(m.group(2)) - 1
+    m = re.search(r"for \(var r: u32 = [^;]*; r < (\d+)u", wgsl)
+    if m:
+        env["r"] = int(m.group(1)) - 1
+    bad = []
+    for name, expr in re.findall(r"let (v\d+): u32 = ([^;]*);", wgsl):
+        try:
+            env[name] = value = eval(re.sub(r"(\d+)u\b", r"\1", expr).replace("/", "//"), env)  # noqa: S307 - our own kernel text
+        except NameError:
+            continue
+        if value >= 2**32:
+            bad.append(f"{name} = {expr} = {value}")
+    return bad
+
+
+def test_row_sum_over_a_view_past_u32_keeps_indices_in_range(tmp_path):
+    """sum over rows of a broadcast view of 65 x 2**26 elements (more than 2**32): the split
+    reduction reshaped it through one flat u32 index and row 64 read row 0. Every index the
+    kernels compute now stays below 2**32 (the reshape maps axes group by group)."""
+    program = aot.Program(
+        "big_rows", model=_W,
+        infer={"f": aot.Infer(lambda m, x: ops.sum(ops.broadcast_to(x, (65, 2**26)) * 2.0, axis=1), inputs={"x": aot.f32(65, 1)})},
+    )
+    out = aot.build(program, str(tmp_path))
+    kernels = sorted((out / "big_rows" / "kernels").rglob("*.wgsl"))
+    assert kernels
+    for f in kernels:
+        assert _u32_lets_in_range(f.read_text()) == [], f.name
+
+
+def test_reshape_by_axis_groups_matches_numpy(monkeypatch):
+    """The grouped reshape index (used past 2**31 elements) forced on small tensors: splits,
+    merges and a reshape with no common grouping (flat index) give NumPy's values."""
+    import aot.wgsl_expr as wx
+
+    monkeypatch.setattr(wx, "FLAT_RESHAPE_MAX", 1)
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+
+    def f(m, x):
+        y = ops.reshape(x * 1.5, (6, 20))  # merge, merge
+        z = ops.reshape(ops.transpose(y, (1, 0)), (4, 5, 3, 2))  # split after a transpose (strided)
+        w = ops.reshape(x + 1.0, (2, 12, 5))  # merge of the middle axes
+        v = ops.reshape(x - 1.0, (5, 24))  # no common grouping: the flat index
+        return ops.sum(z, axis=(2, 3)) + ops.sum(ops.reshape(w, (2, 3, 4, 5)), axis=(0, 1)) + ops.reshape(ops.sum(v, axis=1), (1, 5))
+
+    program = aot.Program("grouped_reshape", model=_W, infer={"f": aot.Infer(f, inputs={"x": aot.f32(2, 3, 4, 5)})})
+    model = aot.compile(program)
+    try:
+        y = (x * 1.5).reshape(6, 20)
+        want = y.T.reshape(4, 5, 3, 2).sum((2, 3)) + (x + 1.0).sum((0, 1)) + (x - 1.0).reshape(5, 24).sum(1).reshape(1, 5)
+        np.testing.assert_allclose(model.f(x=x), want, rtol=1e-5)
+    finally:
+        model.close()
+
+
+def test_argmax_past_i32_is_a_build_error():
+    """argmax over 2**32 elements emitted the literal 4294967296u and failed at its first call;
+    its result is an i32 index, so the build now refuses an axis longer than 2**31."""
+    program = aot.Program(
+        "big_argmax", model=_W,
+        infer={"f": aot.Infer(lambda m, x: ops.argmax(ops.reshape(ops.broadcast_to(x, (2**16, 2**16)), (2**32,))), inputs={"x": aot.f32(1, 1)})},
+    )
+    with pytest.raises(aot.ShapeError, match=r"2\*\*31"):
+        aot.compile(program)
