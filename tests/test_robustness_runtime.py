@@ -109,3 +109,42 @@ def test_interrupt_in_step_many_stops_at_a_step_boundary(models, tmp_path):
     a.step_many(data[done:])
     b.step_many(data[done:])
     _same_state(a, b)
+
+
+def test_load_state_dict_refuses_int_and_bool_tensors(models):
+    """int8 quantized weights loaded as -7.0 and bool masks as 1.0; README promises TypeError.
+    Nothing changes when refused."""
+    a, _ = models
+    before = a.params()
+    sd = a.state_dict()
+    for bad in (np.full(sd["l1.weight"].shape, -7, np.int8), np.ones(sd["l1.weight"].shape, bool)):
+        with pytest.raises(TypeError, match="l1.weight.*f32; float tensors load"):
+            a.load_state_dict(dict(sd, **{"l1.weight": bad}))
+    _same_state_dict(before, a.params())
+    a.load_state_dict({k: v.astype(np.float64) for k, v in sd.items()})  # float widths convert
+    _same_state_dict(before, a.params())
+
+
+def _same_state_dict(x, y):
+    for k in x:
+        np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def test_load_safetensors_reads_the_file(models, tmp_path):
+    """The file was memory-mapped: rewritten (truncated) by another process while a load read it,
+    the process died of SIGBUS. It is now read whole; a file smaller than a page loads its values."""
+    import os
+
+    a, _ = models
+    path = tmp_path / "small.safetensors"
+    a.save_safetensors(path)
+    assert os.path.getsize(path) < 4096
+    want = a.params()
+    from aot.runtime.interop import SafetensorsFile
+
+    with SafetensorsFile(path) as st:
+        with open(path, "r+b") as f:  # another writer truncates the file under the reader
+            f.truncate(16)
+        got = {n: st.array(n) for n in st.entries}
+    for n, v in want.items():
+        np.testing.assert_array_equal(got[n], v, err_msg=n)
