@@ -20,6 +20,7 @@ at that size's first quarter in tests/test_matmul_kernel.py.)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from .attention_codegen import render_attention
@@ -182,6 +183,26 @@ def _header(name: str, k: Kernel, s: KernelSchedule, writers) -> tuple[list[str]
 
 
 def _kernel(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> KernelCode:
+    try:
+        code = _kernel_sets(name, k, s, plan, names, writers)
+    except CodegenError as e:
+        if str(e).startswith(f"kernel {name}"):
+            raise
+        raise CodegenError(f"kernel {name} ({k.node.op} at {k.node.site.short if k.node.site else '?'}): {e}") from None
+    for text in (code.wgsl, code.wgsl_cpu, code.wgsl_subgroup):
+        big = [m for m in _U32_LITERAL.findall(text or "") if int(m) >= 2**32]
+        if big:  # a count or stride past u32: the kernel cannot index what it was asked to
+            raise CodegenError(
+                f"kernel {name} ({k.node.op}, writing {k.out.type_str()}) would need the integer {big[0]}, more than a "
+                "u32 holds: make the tensors it indexes smaller than 2**32 elements"
+            )
+    return code
+
+
+_U32_LITERAL = re.compile(r"\b(\d+)u\b")
+
+
+def _kernel_sets(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers) -> KernelCode:
     code = _render(name, k, s, plan, names, writers, cpu=False)
     long_k = k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K
     # a K too long for the CPU matmul: the CPU set runs the GPU kernel, whose invocations loop K / slab times

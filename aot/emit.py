@@ -9,11 +9,13 @@ validated before. A build replaces or removes only files listed in the project's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
 import os
 import pprint
+import threading
 from pathlib import Path, PurePosixPath
 
 import black
@@ -156,7 +158,39 @@ def write_project(root: Path, files: dict[str, str], force: bool = False) -> Pat
     """Write `files` (relative path -> text) into root with the manifest rules of write_package
     (shared by every build target)."""
     root = Path(root)
-    files = dict(files)
+    with _build_lock(root):
+        return _write_project(root, dict(files), force)
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path):
+    """Hold an exclusive lock on the project folder while one build writes it: builds of one
+    output folder from several threads or processes take turns, so the tree is always one whole
+    build (interleaved, two different programs of one name left files of both). The folder's
+    own descriptor is locked (flock conflicts between descriptors, in one process or several)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: threads of this process still take turns
+        fcntl = None
+    if root.exists() and not root.is_dir():
+        raise OutputExistsError(f"cannot build into {root}: it is a file, not a folder")
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        else:
+            with _THREAD_LOCK:
+                yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+_THREAD_LOCK = threading.Lock()
+
+
+def _write_project(root: Path, files: dict[str, str], force: bool) -> Path:
     previous = _read_manifest(root)
     _check_the_way(root, list(files) + [MANIFEST], previous, force)
     root.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from .buffers import UPDATE_PREFIX
 from .errors import CodegenError
+from .intervals import Bin
 from .ir import Tensor
 from .schedule import KernelSchedule, _identity_reads, op_of
 
@@ -372,18 +373,12 @@ def _pack(items, loc, arena, cap: int, gap: int = 0, apart: dict | None = None) 
     and what it reads) moves a tensor to a later buffer where it fits with no more growth than in
     the first, away from those already placed. Returns each buffer's size."""
     apart = apart or {}
-    bins: list[list[tuple[int, int, int, int]]] = []  # per buffer: offset, size, start, end
+    bins: list[Bin] = []  # per buffer: what is placed there (offset, size, start, end)
     tops: list[int] = []
     where: dict[int, int] = {}  # tensor id -> its buffer
 
     def first_free(k: int, size: int, start: int, end: int) -> int:
-        busy = sorted((o, sz) for o, sz, s0, e0 in bins[k] if not (e0 + gap < start or end + gap < s0))
-        off = 0
-        for o, sz in busy:
-            if off + size <= o:
-                break
-            off = max(off, o + sz)
-        return off
+        return bins[k].first_free(size, start, end, gap)
 
     for t, start, end in sorted(items, key=lambda iv: (-iv[0].size, iv[1], iv[2])):
         size = _align(max(t.size, 1))
@@ -400,10 +395,10 @@ def _pack(items, loc, arena, cap: int, gap: int = 0, apart: dict | None = None) 
                 k = next((j for j in sorted(fits) if j not in avoid and fits[j] + size - tops[j] <= growth), k)
             off = fits[k]
         else:
-            bins.append([])
+            bins.append(Bin())
             tops.append(0)
             k, off = len(bins) - 1, 0
-        bins[k].append((off, size, start, end))
+        bins[k].add(off, size, start, end)
         where[id(t)] = k
         loc[id(t)] = Loc(chunk_name(arena, k), off)
         tops[k] = max(tops[k], off + size)

@@ -155,6 +155,9 @@ def train_methods(entry: str) -> tuple[str, str]:
     return "step_" + name, "step_many_" + name
 
 
+MAX_NAME = 100  # characters in a Program name (check_program_name)
+
+
 def check_program_name(name, site=None) -> None:
     """A program's name becomes a package name: `import <name>` must find it and nothing else."""
     why = None
@@ -164,6 +167,10 @@ def check_program_name(name, site=None) -> None:
         why = "it must be an ASCII Python identifier (letters, digits, '_'; not starting with a digit)"
     elif keyword.iskeyword(name):
         why = "it is a Python keyword"
+    elif len(name) > MAX_NAME:
+        # files are named after it (<name>-web/, <name>-0.1.0-py3-none-any.whl, kernel files), and a
+        # file name has at most 255 bytes: a long name built for seconds, then failed writing one
+        why = f"it has {len(name)} characters; at most {MAX_NAME} (folders and files are named after it)"
     elif name in sys.stdlib_module_names:
         why = "it is the name of a standard library module, which `import` would no longer find"
     elif name.lower() in DEPENDENCY_NAMES:

@@ -405,44 +405,79 @@ def check_order(s: KernelSchedule) -> None:
         written |= {id(t) for t in k.outs}
 
 
+class _Facts:
+    """What the merge loop asks of a kernel, kept per kernel and updated by each merge (a union)
+    instead of recomputed from its outputs: a long chain merges into one kernel of thousands of
+    outputs, and recomputing these at every merge made building quadratic in the chain's length."""
+
+    def __init__(self, s: KernelSchedule):
+        self.s = s
+        self.known: dict[int, tuple[set[int], set[int], bool]] = {}
+
+    def get(self, k: Kernel) -> tuple[set[int], set[int], bool]:
+        """(ids of k's outputs, ids of the storage it writes (_written_ids), whether it is an update kernel)."""
+        f = self.known.get(id(k))
+        if f is None:
+            outs = k.outs
+            f = self.known[id(k)] = ({id(t) for t in outs}, _written_ids(self.s, k), _is_update(self.s, k))
+        return f
+
+    def merge(self, into: Kernel, other: Kernel) -> None:
+        """`into` now computes `other`'s outputs too (`other` leaves the schedule or was absorbed)."""
+        a, b = self.get(into), self.get(other)
+        del self.known[id(other)]
+        # the smaller set into the larger: a chain's kernel grows by one output at a time
+        self.known[id(into)] = (_union(a[0], b[0]), _union(a[1], b[1]), a[2])
+
+
+def _union(x: set, y: set) -> set:
+    """x | y, made by adding the smaller set to the larger (which is changed)."""
+    if len(x) < len(y):
+        x, y = y, x
+    x |= y
+    return x
+
+
 def _merge_elementwise(s: KernelSchedule) -> None:
     """Merge kernels until nothing changes (rules in the module docstring). A merge keeps
     every output stored, so later readers are unaffected; it never moves a computation
     before a kernel that produces one of its inputs."""
+    facts = _Facts(s)
     changed = True
     while changed:
         changed = False
         for i, k1 in enumerate(s.kernels):
-            written = _written_ids(s, k1)
+            written = facts.get(k1)[1]
             j = next((j for j in range(i + 1, len(s.kernels)) if any(id(r) in written for r in s.kernels[j].reads)), None)
-            if _merge_reader(s, i, j) or _merge_sibling(s, i, j):
+            if _merge_reader(s, i, j, facts) or _merge_sibling(s, i, j, facts):
                 changed = True
                 break
 
 
-def _same_space(s: KernelSchedule, k1: Kernel, k2: Kernel) -> bool:
+def _same_space(s: KernelSchedule, k1: Kernel, k2: Kernel, facts: _Facts) -> bool:
     """k2 is elementwise over k1's output elements and reads k1's outputs element for element."""
     return (
         k2.kind == "elementwise"
         and not k2.group
         and k2.out.size == k1.out.size
         and all(t.size == k2.out.size for t in k2.outs)
-        and all(_identity_reads(s, out, t) for out in k2.outs for t in k1.outs)
+        and all(_identity_reads(s, out, facts.get(k1)[0]) for out in k2.outs)
     )
 
 
-def _merge_reader(s: KernelSchedule, i: int, j: int | None) -> bool:
+def _merge_reader(s: KernelSchedule, i: int, j: int | None, facts: _Facts) -> bool:
     if j is None:
         return False
     k1, k2 = s.kernels[i], s.kernels[j]
-    if not _same_space(s, k1, k2) or _is_update(s, k1) != _is_update(s, k2):  # never across the cut
+    if not _same_space(s, k1, k2, facts) or facts.get(k1)[2] != facts.get(k2)[2]:  # never across the cut
         return False
-    written = {id(t) for t in k1.outs}
-    if any(id(r) in _written_ids(s, k1) and id(r) not in written for r in k2.reads):
+    written, k1_storage = facts.get(k1)[0], facts.get(k1)[1]
+    if any(id(r) in k1_storage and id(r) not in written for r in k2.reads):
         return False  # k2 reads a concat that k1 writes pieces of: from memory, before k1 stores them
     if k1.kind == "elementwise":
         k2.first = k1.outs + k2.first
         k2.reads = [r for r in dict.fromkeys(k1.reads + k2.reads) if id(r) not in written]
+        facts.merge(k2, k1)
         del s.kernels[i]
         return True
     if k1.kind == "reduce" and k1.group or k1.kind == "attention":
@@ -453,24 +488,26 @@ def _merge_reader(s: KernelSchedule, i: int, j: int | None) -> bool:
         return False
     k1.after += k2.first + [k2.out] + k2.after
     k1.reads = list(dict.fromkeys(k1.reads + [r for r in k2.reads if id(r) not in written]))
+    facts.merge(k1, k2)
     del s.kernels[j]
     return True
 
 
-def _merge_sibling(s: KernelSchedule, i: int, j: int | None) -> bool:
+def _merge_sibling(s: KernelSchedule, i: int, j: int | None, facts: _Facts) -> bool:
     """Move reduction k1 into the next reduction k2 with the same index space, if k2 does not
     need k1's results and nothing before k2 does."""
     k1 = s.kernels[i]
     if k1.kind != "reduce" or k1.group:
         return False
-    written = _written_ids(s, k1)
+    written = facts.get(k1)[1]
     for m in range(i + 1, len(s.kernels) if j is None else j + 1):
         k2 = s.kernels[m]
         if k2.kind == "reduce" and k2.reduce_space() == k1.reduce_space() and m != j:
-            if any(id(r) in written for r in k2.reads) or _is_update(s, k1) != _is_update(s, k2):
+            if any(id(r) in written for r in k2.reads) or facts.get(k1)[2] != facts.get(k2)[2]:
                 return False
             k2.group = [k1] + k2.group
             k2.reads = list(dict.fromkeys(k1.reads + k2.reads))
+            facts.merge(k2, k1)
             del s.kernels[i]
             return True
     return False
@@ -511,15 +548,22 @@ def _prologue_split(t: Tensor, views) -> tuple[bool, list[Tensor]]:
     return found, below
 
 
-def _identity_reads(s: KernelSchedule, out: Tensor, target: Tensor, offset: int = 0) -> bool:
-    """Every read of target's storage in out's expression is at out's own flat index (plus
-    `offset`: out is written there)."""
+def _identity_reads(s: KernelSchedule, out: Tensor, target: Tensor | set[int], offset: int = 0) -> bool:
+    """Every read of target's storage (of each tensor in a set of ids) in out's expression is at
+    out's own flat index (plus `offset`: out is written there). One walk for all targets, each
+    (node, identity) visited once: a merged kernel has thousands of outputs in a long chain, and
+    shared subexpressions would otherwise be walked once per path."""
+    targets = target if isinstance(target, set) else {id(target)}
     stack = [(out, True, True)]
+    seen = set()
     while stack:
         t, ident, top = stack.pop()
+        if (id(t), ident, top) in seen:
+            continue
+        seen.add((id(t), ident, top))
         v = s.views.get(id(t))
         if v is not None and not top:
-            if v.base is target and not (ident and v.offset == offset and v.is_contiguous() and t.size == out.size):
+            if id(v.base) in targets and not (ident and v.offset == offset and v.is_contiguous() and t.size == out.size):
                 return False
             continue
         n = t.node

@@ -33,6 +33,19 @@ HELPER_DEPS = {
 }
 
 
+MAX_DEPTH = 60  # value() levels one rendering recurses before handing the rest to its outermost call
+
+
+FLAT_RESHAPE_MAX = 2**31  # reshapes of larger tensors map axes group by group (reshape_index)
+
+
+class _Deep(BaseException):
+    """Raised through op renders (never caught by their `except Exception`) to Body.value's outermost call."""
+
+    def __init__(self, body, t, idx, key):
+        self.body, self.t, self.idx, self.key = body, t, idx, key
+
+
 class Index:
     """A position in a tensor: per-dim u32 coordinates, a flat row-major index, or both."""
 
@@ -43,6 +56,7 @@ class Index:
 
     def get_flat(self, body) -> str:
         if self.flat is None:
+            _check_u32(self.shape)
             terms = [f"{c} * {st}u" if st != 1 else c for c, st, d in zip(self.coords, contiguous_strides(self.shape), self.shape) if d != 1]
             expr = " + ".join(terms) if terms else "0u"
             # one plain coordinate (size-1 dims added or dropped) is the flat index itself: keeping
@@ -52,6 +66,7 @@ class Index:
 
     def get_coords(self, body) -> list[str]:
         if self.coords is None:
+            _check_u32(self.shape)
             f = self.flat
             out = []
             for d, st in zip(self.shape, contiguous_strides(self.shape)):
@@ -64,6 +79,50 @@ class Index:
                     out.append(body.let(q if st * d == _size(self.shape) else f"({q}) % {d}u", "u32"))
             self.coords = out
         return self.coords
+
+
+def _check_u32(shape) -> None:
+    """A flat index is a u32: a tensor of more than 2**32 elements (a broadcast view, say) has
+    positions it cannot name, and the arithmetic would wrap silently (row 64 of a 65 x 2**26 view
+    read row 0)."""
+    if _size(shape) > 2**32:
+        raise CodegenError(
+            f"a kernel needs a flat index into a tensor of shape {list(shape)} ({_size(shape)} elements), more "
+            "than a u32 index can name (2**32): make that tensor smaller, or reduce it in steps (sum over "
+            "one axis, then the next)"
+        )
+
+
+def reshape_index(body, idx: Index, shape) -> Index:
+    """The position in a tensor of `shape` (a reshape's input) of position idx of its output.
+    Through the flat index, except for tensors near the u32 limit: there the dimensions are
+    matched in groups of equal product (a split or merge of axes) and each group is converted on
+    its own, so no index exceeds the group's size (the flat index again where the shapes share
+    no grouping: then _check_u32 refuses a tensor too large for it)."""
+    if _size(shape) < FLAT_RESHAPE_MAX:
+        return Index(shape, flat=idx.get_flat(body))
+    out_shape, coords = idx.shape, idx.get_coords(body)
+    res: list[str] = []
+    i = j = 0
+    while i < len(out_shape) or j < len(shape):
+        gi, gj, pi, pj = [i], [j], out_shape[i] if i < len(out_shape) else 1, shape[j] if j < len(shape) else 1
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj and i < len(out_shape):
+                gi.append(i)
+                pi *= out_shape[i]
+                i += 1
+            elif pj < pi and j < len(shape):
+                gj.append(j)
+                pj *= shape[j]
+                j += 1
+            else:
+                return Index(shape, flat=idx.get_flat(body))
+        gi = [a for a in gi if a < len(out_shape)]
+        gj = [b for b in gj if b < len(shape)]
+        flat = Index(tuple(out_shape[a] for a in gi), coords=[coords[a] for a in gi]).get_flat(body) if gi else "0u"
+        res += Index(tuple(shape[b] for b in gj), flat=flat).get_coords(body) if gj else []
+    return Index(shape, coords=res)
 
 
 def _size(shape):
@@ -82,6 +141,8 @@ class Body:
         self.indent = indent
         self.inline = inline
         self.cache: dict[tuple, str] = {}
+        self._memo: dict | None = None  # values rendered by the outermost value() call now running
+        self._depth = 0
 
     def let(self, expr: str, ty: str) -> str:
         if self.inline:
@@ -96,6 +157,45 @@ class Body:
         return name
 
     def value(self, t: Tensor, idx: Index) -> str:
+        # Rendering follows the expression tree by recursion (op renders call value() on their
+        # inputs), one Python frame or more per op: a chain of 600 fused ops would exceed the
+        # interpreter's limit. So a value more than MAX_DEPTH levels down is not rendered there:
+        # _Deep carries it up to the outermost call, which renders it first (from a fresh
+        # depth), keeps it in a memo and retries; the retry finds it there. Each piece of a long
+        # chain is rendered about twice; the text is the same as by recursion (lets are cached by
+        # their expression, so a retry reuses the names the first try made).
+        key = (id(t), idx.shape, tuple(idx.coords) if idx.coords is not None else None, idx.flat)
+        if self._memo is not None:
+            hit = self._memo.get(key)
+            if hit is not None:
+                return hit[1]
+            if self._depth >= MAX_DEPTH:
+                raise _Deep(self, t, idx, key)
+            self._depth += 1
+            try:
+                out = self._value(t, idx)
+            finally:
+                self._depth -= 1
+            self._memo[key] = (idx, out)
+            return out
+        self._memo, self._depth = {}, 0
+        try:
+            todo = [(t, idx, key)]
+            while todo:
+                u, ui, ukey = todo[-1]
+                self._depth = 0
+                try:
+                    self._memo[ukey] = (ui, self._value(u, ui))
+                    todo.pop()
+                except _Deep as deep:
+                    if deep.body is not self:
+                        raise
+                    todo.append((deep.t, deep.idx, deep.key))
+            return self._memo[key][1]
+        finally:
+            self._memo = None
+
+    def _value(self, t: Tensor, idx: Index) -> str:
         kc = self.kc
         if kc.acc_tensor is not None and t is kc.acc_tensor:
             return "acc"
@@ -133,6 +233,10 @@ class Body:
     def index(self, shape, coords=None, flat=None) -> Index:
         """A position in a tensor of `shape` (for render functions: they import nothing from here)."""
         return Index(shape, coords, flat)
+
+    def reshape_index(self, idx: Index, shape) -> Index:
+        """Where position idx of a reshape's output is in its input of `shape` (reshape_index)."""
+        return reshape_index(self, idx, shape)
 
     def helper(self, name: str) -> None:
         """Make a WGSL helper function (_helpers.wgsl.j2) available to this kernel."""

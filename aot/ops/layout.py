@@ -38,7 +38,7 @@ register(
         view=lambda n, views: _unary_view(_reshape_view, n, views),
         same_order=True,
         index_bound=follow,
-        render=lambda body, n, idx: body.value(n.inputs[0], body.index(n.inputs[0].shape, flat=idx.get_flat(body))),
+        render=lambda body, n, idx: body.value(n.inputs[0], body.reshape_index(idx, n.inputs[0].shape)),
     )
 )
 

@@ -71,6 +71,8 @@ register(
 def _argmax_shape(x, axis, keepdims):
     if x[1] != "f32":
         raise Bad(f"expects an f32 operand, got {x[1]}")
+    if x[0][axis] > 2**31:  # the result is an i32 index (and the kernel counts along the axis in a u32)
+        raise Bad(f"the axis has {x[0][axis]} elements; an i32 index names at most 2**31", "argmax over a smaller axis (reshape, then argmax per chunk)")
     return _reduced_shape(x[0], (axis,), keepdims), "i32"
 
 

@@ -12,8 +12,11 @@ restore_grads) records the entry's dispatches in two passes cut at its `update_f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -878,6 +881,7 @@ class Engine:
         """
         t0 = time.perf_counter()
         self._waited = 0.0
+        self.many_done = 0  # steps submitted so far: what the model has run if this call is interrupted
         e = self.entries[key]
         if key not in self.recipes:
             self._prepare(key)
@@ -933,7 +937,11 @@ class Engine:
             last = start + n == k
             if last and want_captures:
                 reads = self._reads(enc, key, True)
-            self.device.queue.submit([enc.finish()])
+            with (
+                _sigint_deferred()
+            ):  # a Ctrl-C here must not separate the submit from its count
+                self.device.queue.submit([enc.finish()])
+                self.many_done = start + n
             start += n
             in_ring += n
             if in_ring == ring_slots or last:
@@ -945,6 +953,26 @@ class Engine:
         out = None if reads is None else self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return losses, out
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block until it ends, then raise it: in the
+    main thread, where Python runs signal handlers; elsewhere nothing changes."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def adapters() -> list[dict]:

@@ -11,7 +11,7 @@ nothing is guessed from names here.
 The safetensors format: 8 bytes of little-endian u64 N, N bytes of JSON header
 ({name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}),
 then the data, every tensor's bytes at its offsets from the end of the header. A file is
-memory-mapped and its header checked whole (length, JSON, every entry's dtype, shape and
+read whole (not memory-mapped: see SafetensorsFile) and its header checked whole (length, JSON, every entry's dtype, shape and
 offsets, and that the tensors tile the data exactly) before any tensor is touched; a
 model's load then checks names and shapes before converting anything, and writes nothing
 unless everything is valid.
@@ -67,7 +67,7 @@ LAYOUTS = ("aot", "torch")
 
 
 class SafetensorsFile:
-    """A checked safetensors file (memory-mapped) or buffer.
+    """A checked safetensors file (read into memory) or buffer.
 
     `.entries` maps each tensor name to (dtype, shape, begin, end) in file order of the header,
     `.metadata` is the `__metadata__` dict (or {}). Construction refuses, with ValueError, any
@@ -91,7 +91,10 @@ class SafetensorsFile:
                 raise ValueError(
                     f"{self.where}: not a safetensors file ({size} bytes; the header length alone takes 8)"
                 )
-            buf = np.memmap(path, dtype=np.uint8, mode="r")
+            # read, not memory-mapped: a mapped file rewritten or truncated by another process kills
+            # this one with SIGBUS when a tensor is touched (and a file under one page read as zeros)
+            with open(path, "rb") as f:
+                buf = np.frombuffer(f.read(), dtype=np.uint8)
         self._buf = buf
         self.entries, self.metadata, self._start = _parse(self.where, buf)
 
@@ -592,6 +595,21 @@ class InteropMixin:
                 partial,
                 set(self.buffer_names),
             )
+            ints = self._int_buffers()
+            for src, (n, _) in plan.items():
+                # exact dtype rules, as load_safetensors': an int8 quantized weight or a bool mask
+                # into a float parameter is a mistake, not a conversion (it loaded as -7.0, 1.0)
+                kind = arrays[src].dtype.kind
+                if n in ints and kind not in "iu":
+                    raise TypeError(
+                        f"load_state_dict: {src!r} is {arrays[src].dtype}, but buffer {n!r} is i32; integer tensors load"
+                    )
+                if n not in ints and kind != "f":
+                    what = "buffer" if n in self.buffer_names else "parameter"
+                    raise TypeError(
+                        f"load_state_dict: {src!r} is {arrays[src].dtype}, but {what} {n!r} is f32; float tensors load "
+                        "(convert it first if that is what you mean: dequantize, or .float())"
+                    )
             self._load_tensors(
                 {
                     n: arrays[src].T if t else arrays[src]
@@ -603,7 +621,7 @@ class InteropMixin:
     def load_safetensors(
         self, path_or_bytes, *, layout: str = "aot", rename=None, partial: bool = False
     ) -> None:
-        """Load parameters from a safetensors file (memory-mapped) or bytes. F32, F16, BF16 and F64
+        """Load parameters from a safetensors file (read whole) or bytes. F32, F16, BF16 and F64
         tensors convert to float32. layout="torch" reads PyTorch's names and layouts (a file saved from
         a torch model's state_dict); rename and partial as for load_state_dict. The header is checked
         whole (sizes, offsets, dtypes) and then every name and shape, before anything is converted: a

@@ -569,7 +569,15 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                     rows[arena][:, off : off + width] = v
                 return rows
 
-            losses, out = self._engine.run_many(key, k, fill, captures)
+            try:
+                losses, out = self._engine.run_many(key, k, fill, captures)
+            except BaseException:
+                # interrupted (Ctrl-C, say) after some chunks were submitted: the GPU runs those, so
+                # the model is at that step boundary, and step_count says so (save/restore resume exactly)
+                done = getattr(self._engine, "many_done", 0)
+                self.step_count = t0 + done
+                tr.count += done
+                raise
             self.step_count = t0 + k
             tr.count += k
             if captures:
@@ -586,13 +594,13 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 "pass them by name: step_many(x=..., ...)"
             )
         try:
-            items = list(batches)
+            items = iter(batches)
         except TypeError:
             raise TypeError(
                 f"{many}(): batches must be an iterable of dicts, got {type(batches).__name__}"
             ) from None
-        if not items:
-            raise ValueError(f"{many}(): no batches (the iterable was empty)")
+        # each batch is validated and copied as it is taken: a data loader that refills one set of
+        # arrays for every batch would otherwise give K references to its last batch
         picked, key0 = [], None
         for i, b in enumerate(items):
             if not isinstance(b, dict):
@@ -610,13 +618,15 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                     f"{many}(): batch {i} has other sizes ({key}) than batch 0 ({key0}); one call takes one size"
                 )
             key0 = key
-            picked.append(arrays)
+            picked.append({n: np.array(a, copy=True) for n, a in arrays.items()})
+        if not picked:
+            raise ValueError(f"{many}(): no batches (the iterable was empty)")
         # K is the number of batches: a training entry without inputs (its data drawn with
         # ops.randn, say) has empty batches and still takes K steps
         return (
             key0,
             {n: np.stack([a[n] for a in picked]) for n in picked[0]},
-            len(items),
+            len(picked),
         )
 
     def _infer(self, entry: str, inputs: dict, captures: bool):

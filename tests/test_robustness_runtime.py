@@ -1,0 +1,150 @@
+"""Issue 33 (robust under real use), the Python runtime: step_many with a data loader that refills
+one set of arrays, Ctrl-C during step_many, checkpoints, imported tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aot
+from aot import nn, ops
+
+
+class _Net(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(3, 4)
+        self.l2 = nn.Linear(4, 1)
+
+
+def _loss(m, x, y):
+    return ops.mean(ops.square(m.l2(ops.tanh(m.l1(x))) - y))
+
+
+@pytest.fixture(scope="module")
+def program():
+    return aot.Program(
+        "robust_rt", model=_Net, seed=5,
+        train=aot.Train(_loss, inputs={"x": aot.f32(2, 3), "y": aot.f32(2, 1)}, optimizer=aot.optim.Adam(lr=0.05)),
+    )
+
+
+@pytest.fixture(scope="module")
+def models(program):
+    """Two models of one program (same seed): one is driven one way, the twin another."""
+    a, b = aot.compile(program), aot.compile(program)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _batches(k, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(size=(2, 3)).astype(np.float32), "y": rng.normal(size=(2, 1)).astype(np.float32)} for _ in range(k)]
+
+
+def _same_state(a, b):
+    for name, v in a.params().items():
+        np.testing.assert_array_equal(v, b.params()[name], err_msg=name)
+
+
+def test_step_many_copies_each_batch_when_taken(models, tmp_path):
+    """A data loader that refills one dict of arrays for every batch (yielding the same objects):
+    step_many listed the iterable first and trained K times on the last batch."""
+    a, b = models
+    start = tmp_path / "start.ckpt"
+    a.save(start)
+    b.restore(start)
+    data = _batches(5)
+    buf = {"x": np.empty((2, 3), np.float32), "y": np.empty((2, 1), np.float32)}
+
+    def loader():
+        for d in data:
+            buf["x"][...] = d["x"]
+            buf["y"][...] = d["y"]
+            yield buf
+
+    losses = a.step_many(loader())
+    want = [b.step(**d) for d in data]
+    np.testing.assert_allclose(losses, np.asarray(want, np.float32).reshape(-1), rtol=1e-6)
+    _same_state(a, b)
+
+
+def test_interrupt_in_step_many_stops_at_a_step_boundary(models, tmp_path):
+    """KeyboardInterrupt during step_many after some chunks were submitted: step_count said the
+    call never happened while the parameters had moved thousands of steps; now step_count is the
+    number of steps run, and save/restore then resumes exactly."""
+    a, b = models
+    start = tmp_path / "start.ckpt"
+    a.save(start)
+    b.restore(start)
+    t0 = a.step_count
+    slots = a._engine.many_slots(next(k for k in a._program["entries"] if k.startswith("train")))
+    k = 2 * slots + 3
+    data = _batches(k, seed=1)
+    taken = []
+    real = a._step_scalars
+
+    def interrupting(t, e=None, i=1):
+        taken.append(t)
+        if len(taken) > slots:  # while filling the second chunk
+            raise KeyboardInterrupt
+        return real(t, e, i)
+
+    a._step_scalars = interrupting
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            a.step_many(data)
+    finally:
+        del a._step_scalars
+    done = a.step_count - t0
+    assert done == slots
+    for d in data[:done]:
+        b.step(**d)
+    assert b.step_count == a.step_count
+    _same_state(a, b)
+    mid = tmp_path / "mid.ckpt"
+    a.save(mid)
+    a.restore(mid)
+    a.step_many(data[done:])
+    b.step_many(data[done:])
+    _same_state(a, b)
+
+
+def test_load_state_dict_refuses_int_and_bool_tensors(models):
+    """int8 quantized weights loaded as -7.0 and bool masks as 1.0; README promises TypeError.
+    Nothing changes when refused."""
+    a, _ = models
+    before = a.params()
+    sd = a.state_dict()
+    for bad in (np.full(sd["l1.weight"].shape, -7, np.int8), np.ones(sd["l1.weight"].shape, bool)):
+        with pytest.raises(TypeError, match="l1.weight.*f32; float tensors load"):
+            a.load_state_dict(dict(sd, **{"l1.weight": bad}))
+    _same_state_dict(before, a.params())
+    a.load_state_dict({k: v.astype(np.float64) for k, v in sd.items()})  # float widths convert
+    _same_state_dict(before, a.params())
+
+
+def _same_state_dict(x, y):
+    for k in x:
+        np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def test_load_safetensors_reads_the_file(models, tmp_path):
+    """The file was memory-mapped: rewritten (truncated) by another process while a load read it,
+    the process died of SIGBUS. It is now read whole; a file smaller than a page loads its values."""
+    import os
+
+    a, _ = models
+    path = tmp_path / "small.safetensors"
+    a.save_safetensors(path)
+    assert os.path.getsize(path) < 4096
+    want = a.params()
+    from aot.runtime.interop import SafetensorsFile
+
+    with SafetensorsFile(path) as st:
+        with open(path, "r+b") as f:  # another writer truncates the file under the reader
+            f.truncate(16)
+        got = {n: st.array(n) for n in st.entries}
+    for n, v in want.items():
+        np.testing.assert_array_equal(got[n], v, err_msg=n)
