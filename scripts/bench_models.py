@@ -2,6 +2,10 @@
 in one run, from the same initial parameters; writes JSON.
 
     python scripts/bench_models.py [--only resnet20,dcgan,lstm_lm] [--steps 30] [--k 20] [--out FILE]
+    python scripts/bench_models.py --only ft_vit,ft_mixer,ft_char_gru,ft_transformer_lm,ft_lstm_lm
+
+The ft_* cases are issue 31's public models (tests/torch_models.py at their full size) compiled
+unchanged by `aot.from_torch`, against the same torch module (Adam, batch 32, random data).
 
 Each case pairs an example (an aot Program) with its PyTorch twin (examples/*_torch.py). aot's
 package is built, its `state_dict()` is loaded into the twin, and then both train on the same
@@ -98,7 +102,43 @@ def torch_optim():
     return torch.optim
 
 
-CASES = {"resnet20": resnet20_case, "dcgan": dcgan_case, "lstm_lm": lstm_lm_case}
+# from_torch: the public models of tests/torch_models.py at their "full" size, compiled unchanged
+FROM_TORCH = {"vit": {"y": 10}, "mixer": {"y": 10}, "char_gru": {"x": 65, "y": 65},
+              "transformer_lm": {"data": 10000, "targets": 10000}, "lstm_lm": {"data": 10000, "targets": 10000}}
+
+
+def from_torch_case(name, batch=32):
+    import copy
+
+    import torch
+
+    import aot
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from torch_models import make
+
+    torch.manual_seed(0)
+    module, loss, spec = make(name, "full", batch=batch)
+    template = copy.deepcopy(module)
+    decl = {k: (aot.f32 if dt == "f32" else aot.i32)(*shape) for k, (dt, shape) in spec.items()}
+    program = aot.from_torch(module, loss, decl, torch.optim.Adam(module.parameters(), lr=1e-3), name=f"ft_{name}")
+
+    def make_batch(rng):
+        return {k: rng.integers(0, FROM_TORCH[name][k], shape).astype(np.int32) if dt == "i32"
+                else rng.standard_normal(shape).astype(np.float32) for k, (dt, shape) in spec.items()}
+
+    return {
+        "program": program,
+        "batch": make_batch,
+        "entries": {"step": lambda b: b},
+        "torch_module": lambda: copy.deepcopy(template),
+        "torch_opts": lambda m, capturable: [torch.optim.Adam(m.parameters(), lr=1e-3, capturable=capturable)],
+        "torch_iter": lambda m, opts, b: [_torch_step(opts[0], lambda: loss(m, **b))],
+    }
+
+
+CASES = {"resnet20": resnet20_case, "dcgan": dcgan_case, "lstm_lm": lstm_lm_case,
+         **{f"ft_{n}": (lambda n=n: from_torch_case(n)) for n in FROM_TORCH}}
 
 
 def _capturable(opt, capturable):
@@ -168,7 +208,7 @@ def bench_torch(case, sd, batches, steps, anchors):
 
     def setup(capturable=False):
         m = case["torch_module"]()
-        m.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in sd.items()})
+        m.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in sd.items()}, strict=False)  # tied weights: one name
         m = m.to(dev).train()
         return m, case["torch_opts"](m, capturable)
 
@@ -236,7 +276,7 @@ def ratios(a, t):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default=",".join(CASES))
+    ap.add_argument("--only", default="resnet20,dcgan,lstm_lm", help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--k", type=int, default=20)
     ap.add_argument("--anchors", default="eager,compile,cuda_graph")
