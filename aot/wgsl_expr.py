@@ -27,9 +27,12 @@ HELPER_DEPS = {
     "max_nan": ("is_nan_f32",),
     "min_nan": ("is_nan_f32",),
     "gt_nan": ("is_nan_f32",),
-    "pow_abs_f32": ("is_nan_f32",),
+    "pow_abs_f32": ("is_nan_f32", "f32_bits"),
     "pow_int_f32": ("pow_abs_f32",),
-    "pow_frac_f32": ("pow_abs_f32",),
+    "pow_frac_f32": ("pow_abs_f32", "f32_bits"),
+    "times_zero_f32": ("f32_bits",),
+    "zero_div_f32": ("f32_bits",),
+    "self_sub_f32": ("f32_bits",),
 }
 
 

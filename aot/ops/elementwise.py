@@ -294,8 +294,10 @@ def _const_wgsl(body, n, idx):
         return wgsl_i32(v)
     if math.isfinite(v):
         return wgsl_f32(v)
-    # WGSL has no inf or NaN literal: the bits, as gradients that select need them
-    return "bitcast<f32>(%s)" % ("0x7fc00000u" if math.isnan(v) else "0x7f800000u" if v > 0 else "0xff800000u")
+    # WGSL has no inf or NaN literal, and a constant expression that evaluates to one is a
+    # shader-creation error in Tint (Chrome): the bits, through a function call (never constant)
+    body.helper("f32_bits")
+    return "f32_bits(%s)" % ("0x7fc00000u" if math.isnan(v) else "0x7f800000u" if v > 0 else "0xff800000u")
 
 
 register(OpDef("const", _const_shape, _const_ref, None, "constant", nondiff=True, render=_const_wgsl))

@@ -12,7 +12,8 @@
 // writes f32[128,8,12]; reads train_048_fused_stop_gradient_sub_sum, train_047_max, train_046_matmul
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
-// a float from its bits at run time (-inf cannot be a WGSL constant)
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
 fn k0_f32_bits(b: u32) -> f32 {
     return bitcast<f32>(b);
 }

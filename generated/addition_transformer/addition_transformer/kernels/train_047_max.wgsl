@@ -2,7 +2,8 @@
 // train_047_max: max   (addition_transformer.py:61)
 // writes f32[128,8,1]; reads train_046_matmul
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
-// a float from its bits at run time (-inf cannot be a WGSL constant)
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
 fn f32_bits(b: u32) -> f32 {
     return bitcast<f32>(b);
 }

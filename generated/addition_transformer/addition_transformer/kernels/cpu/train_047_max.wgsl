@@ -10,7 +10,8 @@ struct Offsets {
     o1: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
-// a float from its bits at run time (-inf cannot be a WGSL constant)
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
 fn f32_bits(b: u32) -> f32 {
     return bitcast<f32>(b);
 }

@@ -14,6 +14,11 @@ struct Offsets {
     o4: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -29,9 +34,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: f32 = select(0.0, 1.0, v3 > 0.0);
     let v5: f32 = work[at.o2 + v0 * 192u + v1];
     let v6: f32 = select(0.0, 1.0, v5 > 0.0);
-    let v7: f32 = select(bitcast<f32>(0x7f800000u), bitcast<f32>(0x7fc00000u), v6 != 0.0);
+    let v7: f32 = select(f32_bits(0x7f800000u), f32_bits(0x7fc00000u), v6 != 0.0);
     let v8: f32 = work[at.o3 + v0 * 192u + v1];
-    let v9: f32 = select(v8, bitcast<f32>(0xff800000u), v6 != 0.0);
+    let v9: f32 = select(v8, f32_bits(0xff800000u), v6 != 0.0);
     let v10: f32 = select(v9, v7, v4 != 0.0);
     let v11: f32 = v2 + v10;
     grads[at.o4 + i] = v11;
