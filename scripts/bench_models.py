@@ -2,7 +2,7 @@
 in one run, from the same initial parameters; writes JSON.
 
     python scripts/bench_models.py [--only resnet20,dcgan,lstm_lm] [--steps 30] [--k 20] [--out FILE]
-    python scripts/bench_models.py --only ft_vit,ft_mixer,ft_char_gru,ft_transformer_lm,ft_lstm_lm
+    python scripts/bench_models.py --only ft_vit,ft_mixer,ft_char_gru,ft_unet_ddpm,ft_nanogpt,ft_mingpt,ft_lstm_lm,ft_transformer_lm
 
 The ft_* cases are issue 31's public models (tests/torch_models.py at their full size) compiled
 unchanged by `aot.from_torch`, against the same torch module (Adam, batch 32, random data).
@@ -103,8 +103,41 @@ def torch_optim():
 
 
 # from_torch: the public models of tests/torch_models.py at their "full" size, compiled unchanged
-FROM_TORCH = {"vit": {"y": 10}, "mixer": {"y": 10}, "char_gru": {"x": 65, "y": 65},
+FROM_TORCH = {"vit": {"y": 10}, "mixer": {"y": 10}, "char_gru": {"x": 65, "y": 65}, "unet_ddpm": {"ts": 100},
               "transformer_lm": {"data": 10000, "targets": 10000}, "lstm_lm": {"data": 10000, "targets": 10000}}
+
+
+# nanoGPT (SDPA, tied head; its Shakespeare-char config) and minGPT (explicit masked attention, NewGELU),
+# tests/from_torch_models.py, at batch 16
+GPTS = {"nanogpt": dict(vocab=65, block=256, layers=6, heads=6, d=384, explicit=False, tie=True),
+        "mingpt": dict(vocab=65, block=128, layers=4, heads=4, d=256, explicit=True, tie=False)}
+
+
+def gpt_case(name, batch=16):
+    import copy
+
+    import torch
+
+    import aot
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from from_torch_models import GPT, gpt_loss, gpt_optimizer
+
+    cfg = GPTS[name]
+    torch.manual_seed(0)
+    module = GPT(**cfg)
+    template = copy.deepcopy(module)
+    t, v = cfg["block"], cfg["vocab"]
+    decl = {"idx": aot.i32(batch, t), "targets": aot.i32(batch, t)}
+    program = aot.from_torch(module, gpt_loss, decl, gpt_optimizer(module), clip_grad_norm=1.0, name=f"ft_{name}")
+    return {
+        "program": program,
+        "batch": lambda rng: {k: rng.integers(0, v, (batch, t)).astype(np.int32) for k in decl},
+        "entries": {"step": lambda b: b},
+        "torch_module": lambda: copy.deepcopy(template),
+        "torch_opts": lambda m, capturable: [_capturable(gpt_optimizer(m), capturable)],
+        "torch_iter": lambda m, opts, b: [_torch_step(opts[0], lambda: gpt_loss(m, **b), clip=1.0, params=m.parameters())],
+    }
 
 
 def from_torch_case(name, batch=32):
@@ -138,7 +171,8 @@ def from_torch_case(name, batch=32):
 
 
 CASES = {"resnet20": resnet20_case, "dcgan": dcgan_case, "lstm_lm": lstm_lm_case,
-         **{f"ft_{n}": (lambda n=n: from_torch_case(n)) for n in FROM_TORCH}}
+         **{f"ft_{n}": (lambda n=n: from_torch_case(n)) for n in FROM_TORCH},
+         **{f"ft_{n}": (lambda n=n: gpt_case(n)) for n in GPTS}}
 
 
 def _capturable(opt, capturable):
