@@ -180,3 +180,35 @@ def test_lora_finetunes_only_the_adapters(tmp_path):
     assert set(model.grads()) == set(adapters)  # no gradient is computed for the frozen base
     assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
 
+
+
+def test_lora_matches_torch():
+    """The LoRA program against examples/lora_finetune_torch.py: frozen base, AdamW on the adapters."""
+    ex, tw = load("lora_finetune"), load("lora_finetune_torch")
+    mm = load("makemore")
+    train, _ = __import__("names_data").split_names()
+    model = aot.compile(ex["program"])
+    rng = np.random.default_rng(1)
+    # start with nonzero B (as after some fine-tuning) so that every adapter has a gradient at once
+    p0 = {n: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.05 if n.endswith(".B") else v) for n, v in model.params().items()}
+    model.load_params(p0)
+    sd0 = model.state_dict()
+    start = {k: np.asarray(v, np.float64) for k, v in sd0.items()}
+    nets = twins(tw["LoRATransformer"], sd0)
+    for net in nets.values():
+        for name, p in net.named_parameters():
+            p.requires_grad_("_lora." in name)
+    opts = {dt: tw["optimizer"](net) for dt, net in nets.items()}
+    pool = ex["letter_names"](train)
+    for t in range(5):
+        batch = mm["batch"](rng, pool)
+        got = model.step(**batch)
+        losses = {}
+        for dt, net in nets.items():
+            opts[dt].zero_grad()
+            loss = tw["loss"](net, *(tt(batch[k], dt) for k in ("tokens", "targets", "mask")))
+            loss.backward()
+            opts[dt].step()
+            losses[dt] = loss.item()
+        check_step(got, losses, t)
+    compare_state(model.state_dict(), nets, start)
