@@ -132,14 +132,63 @@ def test_package_files(project):
 def test_tsc_types(project):
     _, proj = project
     tsc = str(proj / "node_modules" / ".bin" / "tsc")
-    flags = ["--noEmit", "--strict", "--target", "es2022", "--module", "esnext", "--moduleResolution", "bundler",
-             "--lib", "es2022,dom", "--skipLibCheck", "false"]
-    rc, log = _run([tsc, *flags, "good.ts"], proj)
+    rc, log = _run([tsc, *TSC_FLAGS, "good.ts"], proj)
     assert rc == 0, log
-    rc, log = _run([tsc, *flags, "bad.ts"], proj)
+    rc, log = _run([tsc, *TSC_FLAGS, "bad.ts"], proj)
     assert rc != 0, "a consumer passing an unknown input name type-checked"
     assert "'z' does not exist in type 'Inputs_predict'" in log, log
     assert "Property 'y' is missing" in log, log
+
+
+# programs of tests/test_web.py: two training entries (stepD, stepManyG), i32 inputs, buffers
+OTHERS_TS = """\
+import { Model as Gan } from "./others/gan_web/gan_web.js";
+import { Model as Embed } from "./others/embed_web/embed_web.js";
+import { Model as Buf, type BufferName } from "./others/buf_web/buf_web.js";
+const gan = await Gan.create();
+const ld: number = await gan.stepD({ z: [[0, 1]], x: { data: new Float32Array(12), shape: [4, 3] } });
+const lg: Float32Array = await gan.stepManyG([{ z: [[0, 1]] }]);
+const s = await gan.sample({ z: [[0, 1]] });
+const embed = await Embed.create();
+await embed.step({ tokens: new Int32Array(3), y: [[1], [2], [3]] });
+const nll: Int32Array | Float32Array = (await embed.nll({ tokens: [1, 2, 3], targets: Int32Array.of(0, 1, -100) })).data;
+const buf = await Buf.create();
+const n: BufferName = "n";
+const b = (await buf.buffers())[n];
+console.log(ld, lg, s.data, nll, b.dtype);
+"""
+OTHERS_BAD_TS = """\
+import { Model as Gan } from "./others/gan_web/gan_web.js";
+import { Model as Embed } from "./others/embed_web/embed_web.js";
+const gan = await Gan.create();
+await gan.stepG({ z: [[0, 1]], x: [[1, 2, 3]] });
+await gan.step({ z: [[0, 1]] });
+const embed = await Embed.create();
+await embed.predict({ tokens: new Float32Array(3) });
+"""
+TSC_FLAGS = ["--noEmit", "--strict", "--target", "es2022", "--module", "esnext", "--moduleResolution", "bundler",
+             "--lib", "es2022,dom", "--skipLibCheck", "false"]
+
+
+def test_tsc_types_of_other_programs(project):
+    """The .d.ts of programs with two training entries (stepD/stepManyG, no step), i32 inputs and
+    buffers: a right consumer type-checks; an input of the other entry, a step() the model does
+    not have and a float array for an i32 input each fail."""
+    import test_web
+
+    _, proj = project
+    for prog in (test_web.GAN_WEB, test_web.EMBED, test_web.BUF):
+        web.write_web(compile_program(prog), proj / "others", f"{prog.name}.py")
+    (proj / "others.ts").write_text(OTHERS_TS)
+    (proj / "others_bad.ts").write_text(OTHERS_BAD_TS)
+    tsc = str(proj / "node_modules" / ".bin" / "tsc")
+    rc, log = _run([tsc, *TSC_FLAGS, "others.ts"], proj)
+    assert rc == 0, log
+    rc, log = _run([tsc, *TSC_FLAGS, "others_bad.ts"], proj)
+    assert rc != 0
+    assert "'x' does not exist in type 'Inputs_train_g'" in log, log
+    assert "Property 'step' does not exist on type 'Model'" in log, log
+    assert "others_bad.ts(7," in log, log  # Float32Array for the i32 input tokens
 
 
 def test_without_webgpu_says_so(project):
