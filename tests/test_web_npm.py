@@ -127,6 +127,17 @@ def test_package_files(project):
     dts = (installed / "sine_mlp.d.ts").read_text()
     assert "readonly x: Tensor<F32Data> | readonly (readonly number[])[];" in dts
     assert "/** f32[B,1] with B in (1, 256) */" in dts and "Resolves to its output: f32[B,1]." in dts
+    readme = (installed / "README.md").read_text()  # for JavaScript users: install, worker, no WebGPU
+    assert "npm install" in readme and '{ type: "module" }' in readme and "this browser has no WebGPU" in readme
+
+
+def test_npm_name():
+    """npm refuses uppercase and a leading . or _; the module file keeps the Program's name."""
+    from aot.web_npm import npm_name
+
+    assert npm_name("sine_mlp") == "sine_mlp"
+    assert npm_name("MyNet") == "mynet"
+    assert npm_name("_private") == "aot-private"
 
 
 def test_tsc_types(project):
