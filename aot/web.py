@@ -1,6 +1,7 @@
 """The web target: Compiled -> OUT/<name>/ with an ES module for the browser.
 
-Files: `<name>.js` (one dependency-free ES module: the runtime of codegen_templates/web/
+Files: `package.json` and `<name>.d.ts` (aot/web_npm.py: an npm package with its types),
+`<name>.js` (one dependency-free ES module: the runtime of codegen_templates/web/
 runtime.js, the program's tables as a JSON literal and every kernel's WGSL, byte for byte the
 strings the Python package gets from the same `Compiled`), `index.html` (a demo page that
 trains in the page with a live loss plot and runs the infer entries) and `README.md`. The
@@ -15,7 +16,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import emit
+from . import emit, web_npm
 from .errors import printable
 from .runtime import model as _model
 from .templates import TEMPLATE_DIR, render
@@ -162,7 +163,9 @@ def web_files(c, source_name: str) -> dict[str, str]:
     return {
         f"{name}.js": render("web/module.js.j2", **ctx),
         "index.html": render("web/index.html.j2", **ctx),
-        "README.md": render("web/README.md.j2", **ctx),
+        "README.md": render("web/README.md.j2", npm_name=web_npm.npm_name(name), **ctx),
+        "package.json": web_npm.package_json(name, source),
+        f"{name}.d.ts": web_npm.dts_file(name, source, prog, entries, ctx["infer"]),
     }
 
 

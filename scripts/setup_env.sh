@@ -21,6 +21,15 @@ if ! command -v chromium >/dev/null 2>&1; then
   $SUDO apt-get install -y -qq chromium >/dev/null || echo "setup: chromium not installed; the web tests will be skipped"
 fi
 
+# tests/test_web_npm.py installs the web package with npm and bundles it (esbuild, vite, tsc from
+# the registry); it skips without node and npm
+if ! command -v npm >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq nodejs npm >/dev/null || echo "setup: nodejs/npm not installed; the npm package tests will be skipped"
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
