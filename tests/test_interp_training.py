@@ -96,3 +96,38 @@ def test_one_block_causal_transformer_trains(opt):
     )
     losses = train(prog, lm_batch)
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
+
+
+class _BatchNormNet(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+
+
+def test_float32_sums_are_accurate_enough_for_batchnorm():
+    """The float32 interpreter sums a reduction over many values (a BatchNorm mean over 12544)
+    to float32's rounding, not NumPy's naive running sum's n * eps: with a channel mean 300
+    times its spread, the naive sum left the gradients ~1e-3 off float64 (and, in a ResNet,
+    flipped ReLUs whose input lay within that error of 0)."""
+    rng = np.random.default_rng(0)
+    # channels-last in memory, as a conv's output reaches BatchNorm (where NumPy sums naively)
+    x = (3.0 + 0.01 * rng.standard_normal((16, 28, 28, 4))).astype(np.float32).transpose(0, 3, 1, 2)
+    y = rng.standard_normal((16, 4, 28, 28)).astype(np.float32)
+    total = rng.uniform(1, 2, (16, 28, 28, 4)).astype(np.float32).transpose(0, 3, 1, 2)
+    s = aot.interp.lookup("sum").ref(total, (0, 2, 3), False)
+    want = total.astype(np.float64).sum((0, 2, 3))
+    assert s.dtype == np.float32 and np.max(np.abs(s / want - 1)) < 1e-7, s / want - 1
+    prog = aot.Program(
+        "bn_sums",
+        model=_BatchNormNet,
+        train=aot.Train(lambda m, x, y: ops.mean(m.bn(x) * y), inputs={"x": aot.f32(*x.shape), "y": aot.f32(*y.shape)},
+                        optimizer=aot.optim.SGD(lr=0.1)),  # fmt: skip
+    )
+    grads = {}
+    for dt in (np.float32, np.float64):
+        ref = Reference(trace_program(prog), dtype=dt)
+        ref.step(x=x, y=y)
+        grads[dt] = ref.last_grads
+    for k, g64 in grads[np.float64].items():
+        err = np.linalg.norm(grads[np.float32][k] - g64) / np.linalg.norm(g64)
+        assert err < 1e-5, (k, err)
