@@ -93,12 +93,13 @@ def test_resnet20_matches_torch():
             opt.step()
             sched.step()
             losses[dt] = loss.item()
-        # aot's float32 BatchNorm gradients of the first layers are, at some steps, ~1% off float64
-        # where torch's float32 is within 1e-5 (an open finding: the layers after are exact, and
-        # the same happens in aot's float32 interpreter, so it is the graph's rounding, not a
-        # kernel's); the losses stay within 3e-4 over these steps
-        check_step(got, losses, t, rel=5e-4)
-    err = compare_state(model.state_dict(), nets, start, floor=0.1)
+        # at step 3 one ReLU input of the last block (h + s = 5.6e-7, from h and s = -/+0.343)
+        # lies within float32 rounding of 0: aot's kernels round it to <= 0 where torch's float32
+        # keeps it > 0, and that one flipped mask moves the earlier layers' gradients by up to 1%
+        # (float64 with that mask flipped matches aot's gradients to 2e-6: ill-conditioning,
+        # not a formulation); the losses and the state stay within these bounds all the same
+        check_step(got, losses, t, rel=1e-4)
+    err = compare_state(model.state_dict(), nets, start, floor=2e-3)
     # eval mode (running statistics) on the package's own trained state: the forward alone
     x = ex["batch"](rng, 1)["x"]
     net = twins(lambda: tw["ResNet20"](width=width, blocks=1), model.state_dict(), (torch.float64,))[torch.float64].eval()
