@@ -140,6 +140,53 @@ def gpt_case(name, batch=16):
     }
 
 
+def twin_case(name):
+    """The PyTorch twins of the examples (and pytorch/examples' MNIST Net) compiled by from_torch
+    at the examples' sizes: the same module trains on the PyTorch side."""
+    import copy
+
+    import torch
+
+    import aot
+
+    ex = load({"resnet20": "resnet20", "dcgan": "dcgan", "mnist": "from_torch_mnist"}[name])
+    torch.manual_seed(0)
+    if name == "resnet20":
+        tw = load("resnet20_torch")
+        module = tw["ResNet20"]()
+        opt, sched = tw["optimizer"](module)
+        program = aot.from_torch(module, tw["loss"], {"x": aot.f32(64, 1, 28, 28), "labels": aot.i32(64)}, opt,
+                                 scheduler=sched, name="ft_resnet20")
+        entries = {"step": lambda b: b}
+        opts = lambda m, capturable: [_capturable(tw["optimizer"](m)[0], capturable)]  # noqa: E731
+        step = lambda m, o, b: [_torch_step(o[0], lambda: tw["loss"](m, **b))]  # noqa: E731
+        batch = ex["batch"]
+    elif name == "dcgan":
+        tw = load("dcgan_torch")
+        module = tw["GAN"]()
+        d, g = tw["optimizers"](module)
+        loss_g = lambda m, x, z: tw["loss_g"](m, z)  # noqa: E731  (each entry gets every input)
+        program = aot.from_torch(module, {"d": (tw["loss_d"], d), "g": (loss_g, g)},
+                                 {"x": aot.f32(64, 1, 28, 28), "z": aot.f32(64, 32, 1, 1)}, name="ft_dcgan")
+        entries = {"step_d": lambda b: b, "step_g": lambda b: b}
+        opts = lambda m, capturable: [_capturable(o, capturable) for o in tw["optimizers"](m)]  # noqa: E731
+        step = lambda m, o, b: [_torch_step(o[0], lambda: tw["loss_d"](m, b["x"], b["z"])),  # noqa: E731
+                                _torch_step(o[1], lambda: tw["loss_g"](m, b["z"]))]
+        batch = ex["batch"]
+    else:
+        program, module = ex["make_program"](name="ft_mnist")
+        entries = {"step": lambda b: b}
+        opts = lambda m, capturable: [_capturable(torch.optim.Adadelta(m.parameters(), lr=1.0), capturable)]  # noqa: E731
+        step = lambda m, o, b: [_torch_step(o[0], lambda: ex["loss"](m, **b))]  # noqa: E731
+
+        def batch(rng):
+            return {"x": rng.random((64, 1, 28, 28)).astype(np.float32), "y": rng.integers(0, 10, 64).astype(np.int32)}
+
+    template = copy.deepcopy(module)
+    return {"program": program, "batch": batch, "entries": entries, "torch_module": lambda: copy.deepcopy(template),
+            "torch_opts": opts, "torch_iter": step}
+
+
 def from_torch_case(name, batch=32):
     import copy
 
@@ -172,7 +219,8 @@ def from_torch_case(name, batch=32):
 
 CASES = {"resnet20": resnet20_case, "dcgan": dcgan_case, "lstm_lm": lstm_lm_case,
          **{f"ft_{n}": (lambda n=n: from_torch_case(n)) for n in FROM_TORCH},
-         **{f"ft_{n}": (lambda n=n: gpt_case(n)) for n in GPTS}}
+         **{f"ft_{n}": (lambda n=n: gpt_case(n)) for n in GPTS},
+         **{f"ft_{n}": (lambda n=n: twin_case(n)) for n in ("resnet20", "dcgan", "mnist")}}
 
 
 def _capturable(opt, capturable):
