@@ -32,7 +32,7 @@ N, T = 2, 3
 class ZooWeb(aot.Module):
     def __init__(self):
         super().__init__()
-        self.up = nn.Conv2d(2, 4, 3, padding=1, bias=False)  # a bias before BatchNorm has a zero gradient: RMSprop would amplify noise
+        self.up = nn.ConvTranspose2d(2, 4, 3, stride=2, padding=1, output_padding=1, bias=False)  # [N,2,3,3] -> [N,4,6,6]; a bias before BatchNorm has a zero gradient: RMSprop would amplify noise
         self.bn = nn.BatchNorm2d(4, momentum=0.3)
         self.gn = nn.GroupNorm(2, 4)
         self.lstm = nn.LSTM(4, 3)
