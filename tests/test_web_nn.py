@@ -1,12 +1,12 @@
-"""Issue 30's modules and training state in the web target: one small program with BatchNorm2d
-(buffers), GroupNorm, an LSTM, a frozen parameter and two training entries (RMSprop with a
-parameter group, SGD with momentum on the head), run in headless Chromium (tests/test_web.py's
-setup) against the Python package: per-step losses of both entries, the parameters and buffers
-after, predict, and checkpoints moved both ways.
+"""Issue 30's modules and training state in the web target: one small program with a
+ConvTranspose2d, BatchNorm2d (buffers), GroupNorm, an LSTM, a frozen parameter and two training
+entries (RMSprop with a parameter group, SGD with momentum on the head), run in headless Chromium
+(tests/test_web.py's setup) against the Python package: per-step losses of both entries, the
+parameters and buffers after, predict, and checkpoints moved both ways.
 
-Not here: ConvTranspose2d. Its "fold" kernel compiles alone in Chromium in 0.1 s, but a page of a
-program with one loses its WebGPU instance ("A valid external Instance reference no longer
-exists") after about 150 s of pipeline creation (SwiftShader, Chromium 13x): an open finding."""
+The ConvTranspose2d guards a SwiftShader trap: its fold fused into the BatchNorm statistics' CPU
+reduction put signed i32 / and % inside the reduction's loop, and Chromium spent minutes on that
+pipeline, then dropped the WebGPU instance; fold (and unslice) now index in u32."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ N, T = 2, 3
 class ZooWeb(aot.Module):
     def __init__(self):
         super().__init__()
-        self.up = nn.Conv2d(2, 4, 3, padding=1, bias=False)  # a bias before BatchNorm has a zero gradient: RMSprop would amplify noise
+        self.up = nn.ConvTranspose2d(2, 4, 3, stride=2, padding=1, output_padding=1, bias=False)  # [N,2,3,3] -> [N,4,6,6]; a bias before BatchNorm has a zero gradient: RMSprop would amplify noise
         self.bn = nn.BatchNorm2d(4, momentum=0.3)
         self.gn = nn.GroupNorm(2, 4)
         self.lstm = nn.LSTM(4, 3)

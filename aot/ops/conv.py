@@ -115,21 +115,30 @@ def _unfold_wgsl(body, n, idx):
     return body.let(f"select({wgsl_f32(a['value'])}, {v}, {inside})", "f32")
 
 
+def _fold_tap(body, coord, shift, stride, n_out):
+    """Which window position of `n_out` reads output coordinate `coord` at kernel offset `shift`
+    (= k * dilation - padding): (it, whether there is one). In u32: a coordinate left of the
+    first window wraps to 2^32 - s, whose quotient is past any n_out, so one bound check covers
+    both sides, and no signed / or % is left for the shader compiler (SwiftShader spent minutes
+    on the signed ones of a fold inside a reduction's loop, and Chromium dropped the instance)."""
+    q = coord if shift == 0 else body.let(f"{coord} + {-shift}u" if shift < 0 else f"{coord} - {shift}u", "u32")
+    if stride == 1:
+        return body.let(f"min({q}, {n_out - 1}u)", "u32"), body.let(f"{q} < {n_out}u", "bool")
+    ok = body.let(f"{q} % {stride}u == 0u && {q} / {stride}u < {n_out}u", "bool")
+    return body.let(f"min({q} / {stride}u, {n_out - 1}u)", "u32"), ok
+
+
 def _fold_wgsl(body, n, idx):
     cols = n.inputs[0]
     a = n.attrs
     nn_, c, h, w = idx.get_coords(body)
     _, _, kh, kw, OH, OW = cols.shape
     (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a.get("dilation", (1, 1))
+    rows = [_fold_tap(body, h, i * dh - ph, sh, OH) for i in range(kh)]
+    cols_ = [_fold_tap(body, w, j * dw - pw, sw, OW) for j in range(kw)]
     terms = []
-    for i in range(kh):
-        for j in range(kw):
-            hn = body.let(f"i32({h}) + {ph - i * dh}i", "i32")
-            wn = body.let(f"i32({w}) + {pw - j * dw}i", "i32")
-            ok = f"({hn} >= 0i && {wn} >= 0i && {hn} % {sh}i == 0i && {wn} % {sw}i == 0i && {hn} / {sh}i < {OH}i && {wn} / {sw}i < {OW}i)"
-            ohc = body.let(f"u32(clamp({hn} / {sh}i, 0i, {OH - 1}i))", "u32")
-            owc = body.let(f"u32(clamp({wn} / {sw}i, 0i, {OW - 1}i))", "u32")
-            v = body.value(cols, body.index(cols.shape, [nn_, c, f"{i}u", f"{j}u", ohc, owc]))
-            terms.append(body.let(f"select(0.0, {v}, {ok})", "f32"))
+    for i, (oh, rok) in enumerate(rows):
+        for j, (ow, cok) in enumerate(cols_):
+            v = body.value(cols, body.index(cols.shape, [nn_, c, f"{i}u", f"{j}u", oh, ow]))
+            terms.append(body.let(f"select(0.0, {v}, {rok} && {cok})", "f32"))
     return body.let(" + ".join(terms), "f32")
-

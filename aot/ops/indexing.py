@@ -86,9 +86,14 @@ def _unslice_wgsl(body, n, idx):
     src, a, t = n.inputs[0], n.attrs, n.out
     c = list(idx.get_coords(body))
     ax, length = a["axis"], src.shape[a["axis"]]
-    rel = body.let(f"i32({c[ax]}) - {a['start']}i", "i32")
-    inside = f"({rel} >= 0i && {rel} % {a['step']}i == 0i && {rel} / {a['step']}i < {length}i)"
-    c[ax] = body.let(f"u32(clamp({rel} / {a['step']}i, 0i, {_b.max(length - 1, 0)}i))", "u32")
+    # u32 arithmetic, no signed / or % (SwiftShader takes minutes over those inside a CPU
+    # reduction's loop, see conv._fold_tap): a coordinate before `start` wraps to a quotient past
+    # `length`, so the bound check covers both sides.
+    step = a["step"]
+    rel = c[ax] if a["start"] == 0 else body.let(f"{c[ax]} - {a['start']}u", "u32")
+    q = rel if step == 1 else f"{rel} / {step}u"
+    inside = f"({q} < {length}u)" if step == 1 else f"({rel} % {step}u == 0u && {q} < {length}u)"
+    c[ax] = body.let(f"min({q}, {_b.max(length - 1, 0)}u)", "u32")
     v = body.value(src, body.index(src.shape, c))
     zero = "0.0" if t.dtype == "f32" else "0i"
     return body.let(f"select({zero}, {v}, {inside})", t.dtype)
