@@ -114,6 +114,11 @@ def _split_plan(n):
     inner = hi == x.ndim  # reduced elements are contiguous in memory
     if red < (SPLIT_CONTIGUOUS if inner else SPLIT_STRIDED):
         return None
+    if x.size // red >= 1 << STRIDED_INVOCATIONS_LOG2:
+        # outputs enough to keep the GPU busy in one pass; a first stage would store outputs x
+        # R/k partial sums (a gather's gradient, exact.select_sum, reduces a broadcast of
+        # [rows, tokens, dim] that is never stored: its first stage would be)
+        return None
     # strided: chunks of 16-64 rows, short enough that the first stage has ~2^18 invocations (an
     # [8192, 512] column sum in chunks of 64 ran 65536 of them at 0.45 TB/s on an H100)
     k = 4096 if inner else max(16, min(64, 1 << max(0, (x.size >> STRIDED_INVOCATIONS_LOG2).bit_length() - 1)))

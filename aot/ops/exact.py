@@ -1,12 +1,19 @@
-"""Exact IEEE corners: a float-class test and a matmul by a 0/1 mask that selects.
+"""Exact IEEE corners: a float-class test, a matmul by a 0/1 mask that selects, and the
+scatter-sum that gives gathers their gradients.
 
-Gradients of gathers (embedding, take_along_axis) are a matmul with a one-hot mask, so
-they need no scatter or atomics. A plain matmul multiplies each cotangent by the mask's
-zeros too: one inf cotangent makes inf * 0 = NaN in every row no index selects, where
-PyTorch's index_add gives 0. `mask_matmul` sums the finite part with the matmul and
-finds out per output element, with two more columns of counts through the same matmul,
-whether a selected term was +inf, -inf or NaN: the result is then what IEEE addition of
-the selected terms gives (+inf, -inf, or NaN for both or a NaN).
+A matmul by a 0/1 mask multiplies each entry by the mask's zeros too: one inf makes
+inf * 0 = NaN in every output no 1 selects. `mask_matmul` sums the finite part with the
+matmul and finds out per output element, with two more columns of counts through the same
+matmul, whether a selected term was +inf, -inf or NaN: the result is then what IEEE
+addition of the selected terms gives (+inf, -inf, or NaN for both or a NaN).
+
+Gradients of gathers (embedding, take_along_axis) are `select_sum`: a sum over the tokens
+of `where(index == row, cotangent, 0)`. A select, not a product, so an inf or NaN
+cotangent reaches only the rows its index selects (PyTorch's index_add); repeated indices
+add; no scatter or atomics, so the result is deterministic. The broadcast operands, the
+compare and the select are inlined into the sum's kernel (one output element per table
+element, looping over the tokens): no [tokens, rows] one-hot is ever stored, the memory is
+the cotangent's plus the result's.
 """
 
 from __future__ import annotations
@@ -60,3 +67,16 @@ def mask_matmul(a, b, mask: str):
     up, down = F.greater(up, 0.0), F.greater(down, 0.0)
     inf = float("inf")
     return F.where(up, F.where(down, float("nan"), inf), F.where(down, -inf, total))
+
+
+def select_sum(ct, idx, size: int, axis: int):
+    """out[..., i, ...] = sum over j of ct[..., j, ...] where idx[..., j, ...] == i, for i in
+    [0, size): ct's shape with `axis` (length J) replaced by `size`; idx (i32) has ct's rank and
+    broadcasts to it. An index outside [0, size) selects no row."""
+    s = tuple(ct.shape)
+    lead, tail = s[:axis], s[axis:]
+    wide = lead + (size,) + tail  # [..., size, J, ...]: the sum is over axis + 1
+    ct_w = F.broadcast_to(F.reshape(ct, lead + (1,) + tail), wide)
+    ix_w = F.broadcast_to(F.reshape(idx, tuple(idx.shape[:axis]) + (1,) + tuple(idx.shape[axis:])), wide)
+    rows = F.broadcast_to(F.reshape(F.arange(size, "i32"), (1,) * axis + (size,) + (1,) * len(tail)), wide)
+    return F.sum(F.where(F.equal(ix_w, rows), ct_w, 0.0), axis=axis + 1)

@@ -2,9 +2,9 @@
 
 Out-of-range indices never touch memory outside a tensor: gather and take_along_axis
 clamp to [0, n-1] and one_hot gives an all-zero row (the runtime also rejects such
-inputs before dispatching, API.md §5). Gradients are expressed with one_hot and matmul,
-so they are deterministic (no scatter, no atomics); exact.mask_matmul keeps an inf or NaN
-cotangent in the rows its index selects, as PyTorch's index_add does.
+inputs before dispatching, API.md §5). Gradients are exact.select_sum: a sum of selected
+cotangents, deterministic (no scatter, no atomics), that keeps an inf or NaN cotangent in
+the rows its index selects, as PyTorch's index_add does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from ..templates import wgsl_f32
 from .registry import COSTLY, Bad, OpDef, register
 from . import api as F
-from .exact import mask_matmul
+from .exact import select_sum
 
 
 def _arange_shape(n, dtype):
@@ -81,12 +81,11 @@ def _gather_ref(table, idx):
 
 
 def _gather_vjp(ct, n):
+    # dtable[r, :] = sum of the cotangent rows whose index is r (exact.select_sum)
     table, idx = n.inputs
-    rows = table.shape[0]
     rest = table.shape[1:]
     width = int(np.prod(rest)) if rest else 1
-    oh = F.reshape(F.one_hot(idx, rows), (-1, rows))
-    dt = mask_matmul(F.transpose(oh, (1, 0)), F.reshape(ct, (-1, width)), mask="a")
+    dt = select_sum(F.reshape(ct, (-1, width)), F.reshape(idx, (-1, 1)), table.shape[0], 0)
     return F.reshape(dt, table.shape), None
 
 
@@ -124,19 +123,10 @@ def _tala_ref(x, idx, axis):
 
 
 def _tala_vjp(ct, n):
-    # dx[..., i] = sum_j ct[..., j] * (idx[..., j] == i): a batched [1, J] @ [J, n] matmul.
+    # dx[..., i, ...] = sum over j of ct[..., j, ...] where idx[..., j, ...] == i
     x, idx = n.inputs
     axis = n.attrs["axis"]
-    last = x.ndim - 1
-    perm = tuple([i for i in range(x.ndim) if i != axis] + [axis])
-    inv = tuple(int(i) for i in np.argsort(perm))
-    ct_t = F.transpose(ct, perm) if axis != last else ct
-    idx_t = F.transpose(idx, perm) if axis != last else idx
-    j, size = ct_t.shape[-1], x.shape[axis]
-    lhs = F.reshape(ct_t, ct_t.shape[:-1] + (1, j))
-    dx = mask_matmul(lhs, F.one_hot(idx_t, size), mask="b")
-    dx = F.reshape(dx, ct_t.shape[:-1] + (size,))
-    return (F.transpose(dx, inv) if axis != last else dx), None
+    return select_sum(ct, idx, x.shape[axis], axis), None
 
 
 def _tala_wgsl(body, n, idx):
