@@ -28,7 +28,7 @@ API_NN = "Linear LayerNorm RMSNorm Embedding Conv2d split_heads merge_heads".spl
 # dropout needs a training graph and its own checks (test_grad.py); the rest are leaves
 NOT_IN_TABLE = {"dropout"}
 LEAF_PRIMITIVES = {"input", "param", "state", "buffer"}
-PRIMITIVES_TESTED_ELSEWHERE = {"rand": "dropout tests in test_grad.py", "fp_flag": "gather gradients in tests/test_exactness.py", "state": "optimizer state: the optimizer tests", "buffer": "tests/test_buffers.py"}
+PRIMITIVES_TESTED_ELSEWHERE = {"rand": "dropout tests in test_grad.py", "state": "optimizer state: the optimizer tests", "buffer": "tests/test_buffers.py"}
 
 
 def _api_md() -> Path | None:
