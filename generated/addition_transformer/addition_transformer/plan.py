@@ -414,12 +414,12 @@ PROGRAM = {
         "train_124_attention_dq_delta": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 65536, 2752512, 1376256, 393216, 0),
+            (1179648, 1245184, 1310720, 131072, 2752512, 1376256, 393216, 0),
         ),
         "train_125_attention_dk_dv": (
             (("work", "read_write"),),
             "addition_transformer.py:34",
-            (1179648, 1245184, 1310720, 65536, 2752512, 393216, 131072, 262144),
+            (1179648, 1245184, 1310720, 131072, 2752512, 393216, 196608, 262144),
         ),
         "train_126_127_128_129_130_matmul": (
             (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
@@ -429,45 +429,30 @@ PROGRAM = {
         "train_131_matmul_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (0, 1344, 327680, 65536, 131072),
+            (0, 1344, 327680, 131072, 196608),
         ),
-        "train_132_133_134_135_136_139_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc": (
-            (
-                ("params", "read"),
-                ("grads", "read_write"),
-                ("inputs_i32", "read"),
-                ("work", "read_write"),
-            ),
+        "train_132_133_134_135_136_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum": (
+            (("params", "read"), ("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
             (),
         ),
-        "train_137_140_fused_add_mul_sum_and_fused_add_mul_concat": (
-            (("work", "read_write"),),
+        "train_137_139_fused_add_mul_sum": (
+            (("grads", "read_write"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
             (),
         ),
         "train_138_pad": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (339968, 0),
+            (133120, 0),
         ),
-        "train_141_matmul": (
-            (("work", "read_write"),),
-            "addition_transformer.py:49",
-            (327680, 0, 339968),
-        ),
-        "train_142_fused_greater_where_add": (
-            (("grads", "read_write"), ("work", "read_write")),
-            "addition_transformer.py:49",
-            (2779136, 340032, 340096, 339968, 576),
-        ),
-        "train_143_fused_square_pad_sum": (
+        "train_140_fused_square_pad_sum": (
             (("grads", "read"), ("work", "read_write")),
             "optimizer",
-            (0, 196608),
+            (0, 150656),
         ),
-        "train_144_sum": ((("work", "read_write"),), "optimizer", (196608, 150656)),
-        "train_145_fused_sqrt_add_sub": (
+        "train_141_sum": ((("work", "read_write"),), "optimizer", (150656, 150720)),
+        "train_142_fused_sqrt_add_sub": (
             (
                 ("params", "read_write"),
                 ("grads", "read"),
@@ -477,7 +462,7 @@ PROGRAM = {
                 ("state_1", "read_write"),
             ),
             "optimizer",
-            (0, 150656, 0, 0, 0, 0, 1026, 1024, 1025),
+            (0, 150720, 0, 0, 0, 0, 1026, 1024, 1025),
         ),
         "train_000_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
@@ -947,47 +932,47 @@ PROGRAM = {
         "train_118_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (524288, 148928, 1441792, 2770944, 65536),
+            (524288, 148928, 1441792, 2770944, 131072),
         ),
         "train_119_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:36",
-            (524288, 148928, 2771968, 65536, 1441792, 2770944, 0),
+            (524288, 148928, 2771968, 131072, 1441792, 2770944, 0),
         ),
         "train_120_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (0, 131072),
+            (0, 196608),
         ),
         "train_121_fused_mul_add": (
             (("work", "read_write"),),
             "addition_transformer.py:36",
-            (655360, 0, 131072, 196608),
+            (655360, 0, 196608, 65536),
         ),
         "train_122_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (196608, 13632, 65536),
+            (65536, 13632, 131072),
         ),
         "train_123_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:35",
-            (1376256, 196608, 13632),
+            (1376256, 65536, 13632),
         ),
         "train_126_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (131072, 9536, 327680),
+            (196608, 9536, 327680),
         ),
         "train_127_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (1114112, 131072, 9536),
+            (1114112, 196608, 9536),
         ),
         "train_128_matmul": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:33",
-            (262144, 5440, 65536),
+            (262144, 5440, 131072),
         ),
         "train_129_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -1002,42 +987,37 @@ PROGRAM = {
         "train_132_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (524288, 1441792, 2770944, 2771968, 131072, 148928, 148864),
+            (524288, 1441792, 2770944, 2771968, 196608, 148928, 148864),
         ),
         "train_133_fused_mul_sub_sum": (
             (("grads", "read_write"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (131072, 1048576, 2768896, 2769920, 148800),
+            (196608, 1048576, 2768896, 2769920, 148800),
         ),
         "train_134_fused_mul_sub_sum": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (131072, 148800, 1048576, 2768896, 0),
+            (196608, 148800, 1048576, 2768896, 131072),
         ),
         "train_135_fused_mul_sub_add": (
             (("params", "read"), ("work", "read_write")),
             "addition_transformer.py:32",
-            (131072, 148800, 2769920, 0, 1048576, 2768896, 262144),
+            (196608, 148800, 2769920, 131072, 1048576, 2768896, 0),
         ),
         "train_136_fused_neg_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:32",
-            (262144, 342272),
+            (0, 132096),
         ),
         "train_137_fused_add_mul_sum": (
             (("work", "read_write"),),
             "addition_transformer.py:49",
-            (196608, 262144, 342272, 339968),
+            (65536, 0, 132096, 133120),
         ),
-        "train_139_one_hot": (
-            (("inputs_i32", "read"), ("work", "read_write")),
+        "train_139_fused_add_mul_sum": (
+            (("grads", "read_write"), ("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:49",
-            (0, 327680),
-        ),
-        "train_140_fused_add_mul_concat": (
-            (("work", "read_write"),),
-            "addition_transformer.py:49",
-            (196608, 262144, 342272, 0),
+            (0, 65536, 0, 132096, 2779136, 576),
         ),
         "predict_N1_00_fused_gather_add": (
             (("params", "read"), ("inputs_i32", "read"), ("work", "read_write")),
@@ -1711,19 +1691,14 @@ PROGRAM = {
                 ("train_126_127_128_129_130_matmul", (560, 1, 1)),
                 ("train_131_matmul_add", (4, 64, 1)),
                 (
-                    "train_132_133_134_135_136_139_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum_etc",
-                    (1200, 1, 1),
+                    "train_132_133_134_135_136_fused_mul_sub_sum_and_fused_mul_sub_add_and_fused_neg_sum",
+                    (1152, 1, 1),
                 ),
-                (
-                    "train_137_140_fused_add_mul_sum_and_fused_add_mul_concat",
-                    (1280, 1, 1),
-                ),
+                ("train_137_139_fused_add_mul_sum", (1280, 1, 1)),
                 ("train_138_pad", (3, 1, 1)),
-                ("train_141_matmul", (12, 1, 1)),
-                ("train_142_fused_greater_where_add", (3, 1, 1)),
-                ("train_143_fused_square_pad_sum", (37, 1, 1)),
-                ("train_144_sum", (1, 1, 1)),
-                ("train_145_fused_sqrt_add_sub", (589, 1, 1)),
+                ("train_140_fused_square_pad_sum", (37, 1, 1)),
+                ("train_141_sum", (1, 1, 1)),
+                ("train_142_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "dispatches_cpu": [
                 ("train_000_fused_gather_add", (256, 1, 1)),
@@ -1865,13 +1840,10 @@ PROGRAM = {
                 ("train_136_fused_neg_sum", (1024, 1, 1)),
                 ("train_137_fused_add_mul_sum", (512, 1, 1)),
                 ("train_138_pad", (3, 1, 1)),
-                ("train_139_one_hot", (48, 1, 1)),
-                ("train_140_fused_add_mul_concat", (768, 1, 1)),
-                ("train_141_matmul", (12, 1, 1)),
-                ("train_142_fused_greater_where_add", (3, 1, 1)),
-                ("train_143_fused_square_pad_sum", (37, 1, 1)),
-                ("train_144_sum", (1, 1, 1)),
-                ("train_145_fused_sqrt_add_sub", (589, 1, 1)),
+                ("train_139_fused_add_mul_sum", (768, 1, 1)),
+                ("train_140_fused_square_pad_sum", (37, 1, 1)),
+                ("train_141_sum", (1, 1, 1)),
+                ("train_142_fused_sqrt_add_sub", (589, 1, 1)),
             ],
             "copies": [],
             "index_bounds": {"tokens": 12, "targets": [[12, 0, [[1024, 1]], -100]]},
@@ -1884,8 +1856,8 @@ PROGRAM = {
                 "work": 2779968,
                 "state_1": 150656,
             },
-            "update_from": 63,
-            "update_from_cpu": 143,
+            "update_from": 61,
+            "update_from_cpu": 140,
         },
         "predict[N=1]": {
             "inputs": [("tokens", "i32", (1, 8), "inputs_i32", 0)],

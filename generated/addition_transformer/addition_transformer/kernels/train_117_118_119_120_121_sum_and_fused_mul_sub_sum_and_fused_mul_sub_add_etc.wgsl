@@ -91,7 +91,7 @@ fn k1_k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
     if (lid.x == 0u) {
         let res0 = wg_f32_0[0];
-        work[65536u + o] = res0;
+        work[131072u + o] = res0;
     }
 }
 
@@ -110,7 +110,7 @@ fn k1_k1_main(gid: vec3<u32>) {
     let v6: f32 = work[2771968u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
-    let v9: f32 = work[65536u + v8];
+    let v9: f32 = work[131072u + v8];
     let v10: f32 = v9 * -0.5;
     let v11: f32 = work[2771968u + v8];
     let v12: f32 = v10 * v11;
@@ -151,7 +151,7 @@ fn k1_k2_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
     if (lid.x == 0u) {
         let res0 = wg_f32_1[0];
-        work[131072u + o] = res0;
+        work[196608u + o] = res0;
     }
 }
 
@@ -168,10 +168,10 @@ fn k1_k3_main(gid: vec3<u32>) {
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[131072u + v6];
+    let v7: f32 = work[196608u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[196608u + i] = v9;
+    work[65536u + i] = v9;
 }
 
 fn k1_main(wid: vec3<u32>, lid: u32) {

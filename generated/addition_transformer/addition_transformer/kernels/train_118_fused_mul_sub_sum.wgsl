@@ -38,6 +38,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[65536u + o] = res0;
+        work[131072u + o] = res0;
     }
 }

@@ -20,7 +20,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = work[2771968u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
-    let v9: f32 = work[65536u + v8];
+    let v9: f32 = work[131072u + v8];
     let v10: f32 = v9 * -0.5;
     let v11: f32 = work[2771968u + v8];
     let v12: f32 = v10 * v11;

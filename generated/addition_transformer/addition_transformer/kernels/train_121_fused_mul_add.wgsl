@@ -17,8 +17,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: u32 = (i / 64u) % 8u;
     let v5: u32 = i % 64u;
     let v6: u32 = v3 * 8u + v4;
-    let v7: f32 = work[131072u + v6];
+    let v7: f32 = work[196608u + v6];
     let v8: f32 = v7 * 0.015625;
     let v9: f32 = v2 + v8;
-    work[196608u + i] = v9;
+    work[65536u + i] = v9;
 }

@@ -5,9 +5,9 @@
 // writes f32[128,8,64]; reads blocks.0.o.W, train_121_fused_mul_add
 //
 // [1024x64] @ [64x64]
-//   A[m, k] = work[196608 + m * 64 + k]
+//   A[m, k] = work[65536 + m * 64 + k]
 //   B[k, n] = params[13632 + k + n * 64]
-//   work[65536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[131072 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -17,7 +17,7 @@
 //
 // [64x1024] @ [1024x64]
 //   A[m, k] = work[1376256 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[k, n] = work[196608 + k * 64 + n]
+//   B[k, n] = work[65536 + k * 64 + n]
 //   grads[13632 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -36,7 +36,7 @@ fn k0_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn k0_store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = 131072u + row * 64u + col;
     work[i] = k0_epilogue(acc, bi, row, col);
 }
 
@@ -52,10 +52,10 @@ fn k0_main(wg: vec3<u32>, tid: u32) {
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 196608u + (m0 + a_p) * 64u;
-    let a_src1 = 196608u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 196608u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 196608u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 65536u + (m0 + a_p) * 64u;
+    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -257,7 +257,7 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 196608u + n0 + b_p;
+    let b_src0 = 65536u + n0 + b_p;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;

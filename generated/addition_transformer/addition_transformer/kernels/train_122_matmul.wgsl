@@ -3,9 +3,9 @@
 // writes f32[128,8,64]; reads blocks.0.o.W, train_121_fused_mul_add
 //
 // [1024x64] @ [64x64]
-//   A[m, k] = work[196608 + m * 64 + k]
+//   A[m, k] = work[65536 + m * 64 + k]
 //   B[k, n] = params[13632 + k + n * 64]
-//   work[65536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[131072 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -24,7 +24,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = 131072u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 
@@ -41,10 +41,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 196608u + (m0 + a_p) * 64u;
-    let a_src1 = 196608u + (m0 + a_p + 4u) * 64u;
-    let a_src2 = 196608u + (m0 + a_p + 8u) * 64u;
-    let a_src3 = 196608u + (m0 + a_p + 12u) * 64u;
+    let a_src0 = 65536u + (m0 + a_p) * 64u;
+    let a_src1 = 65536u + (m0 + a_p + 4u) * 64u;
+    let a_src2 = 65536u + (m0 + a_p + 8u) * 64u;
+    let a_src3 = 65536u + (m0 + a_p + 12u) * 64u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;

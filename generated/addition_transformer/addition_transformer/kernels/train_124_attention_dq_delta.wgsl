@@ -28,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let q1 = vec4<f32>(work[q_row + 4u], work[q_row + 5u], work[q_row + 6u], work[q_row + 7u]) * 0.25;
     let q2 = vec4<f32>(work[q_row + 8u], work[q_row + 9u], work[q_row + 10u], work[q_row + 11u]) * 0.25;
     let q3 = vec4<f32>(work[q_row + 12u], work[q_row + 13u], work[q_row + 14u], work[q_row + 15u]) * 0.25;
-    let dout_row = 65536u + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
+    let dout_row = 131072u + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     let g0 = vec4<f32>(work[dout_row], work[dout_row + 1u], work[dout_row + 2u], work[dout_row + 3u]);
     let g1 = vec4<f32>(work[dout_row + 4u], work[dout_row + 5u], work[dout_row + 6u], work[dout_row + 7u]);
     let g2 = vec4<f32>(work[dout_row + 8u], work[dout_row + 9u], work[dout_row + 10u], work[dout_row + 11u]);

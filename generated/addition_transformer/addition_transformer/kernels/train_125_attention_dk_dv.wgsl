@@ -59,7 +59,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
-            let src = 65536u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
+            let src = 131072u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             ot[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
         for (var e: u32 = tid; e < 64u; e = e + 64u) {
@@ -121,7 +121,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     if (b < 512u && r < 8u) {
-        let out0 = 131072u + (b * 8u + r) * 16u;
+        let out0 = 196608u + (b * 8u + r) * 16u;
         work[out0] = dv0.x;
         work[out0 + 1u] = dv0.y;
         work[out0 + 2u] = dv0.z;

@@ -5,7 +5,7 @@
 // writes f32[128,8,64]; reads blocks.0.v.W, train_125_attention_dk_dv
 //
 // [1024x64] @ [64x64]
-//   A[m, k] = work[131072 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+//   A[m, k] = work[196608 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[k, n] = params[9536 + k + n * 64]
 //   work[327680 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -17,7 +17,7 @@
 //
 // [64x1024] @ [1024x64]
 //   A[m, k] = work[1114112 + m + k * 64]
-//   B[k, n] = work[131072 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+//   B[k, n] = work[196608 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[9536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -29,7 +29,7 @@
 // [1024x64] @ [64x64]
 //   A[m, k] = work[262144 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[k, n] = params[5440 + k + n * 64]
-//   work[65536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[131072 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -85,10 +85,10 @@ fn k0_main(wg: vec3<u32>, tid: u32) {
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 131072u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 131072u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 131072u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 196608u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 196608u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 196608u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 196608u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;
@@ -290,7 +290,7 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 196608u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;
@@ -475,7 +475,7 @@ fn k2_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn k2_store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = 131072u + row * 64u + col;
     work[i] = k2_epilogue(acc, bi, row, col);
 }
 

@@ -3,7 +3,7 @@
 // writes f32[128,8,64]; reads blocks.0.v.W, train_125_attention_dk_dv
 //
 // [1024x64] @ [64x64]
-//   A[m, k] = work[131072 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+//   A[m, k] = work[196608 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[k, n] = params[9536 + k + n * 64]
 //   work[327680 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
@@ -41,10 +41,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // (dp, dk), walking the contiguous dimension across threads so reads coalesce.
     let a_p = tid / 64u;
     let a_k = tid % 64u;
-    let a_src0 = 131072u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
-    let a_src1 = 131072u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
-    let a_src2 = 131072u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
-    let a_src3 = 131072u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
+    let a_src0 = 196608u + ((m0 + a_p) / 8u) * 512u + ((m0 + a_p) % 8u) * 16u;
+    let a_src1 = 196608u + ((m0 + a_p + 4u) / 8u) * 512u + ((m0 + a_p + 4u) % 8u) * 16u;
+    let a_src2 = 196608u + ((m0 + a_p + 8u) / 8u) * 512u + ((m0 + a_p + 8u) % 8u) * 16u;
+    let a_src3 = 196608u + ((m0 + a_p + 12u) / 8u) * 512u + ((m0 + a_p + 12u) % 8u) * 16u;
     let a_st = (a_k * 20u + a_p) / 2u;
     let a_lane = a_p % 2u;
     let b_p = tid / 64u;

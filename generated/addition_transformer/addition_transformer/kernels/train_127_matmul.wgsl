@@ -4,7 +4,7 @@
 //
 // [64x1024] @ [1024x64]
 //   A[m, k] = work[1114112 + m + k * 64]
-//   B[k, n] = work[131072 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
+//   B[k, n] = work[196608 + (k / 8) * 512 + (k % 8) * 16 + (n / 16) * 128 + n % 16]
 //   grads[9536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
@@ -46,7 +46,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let a_lane = a_p % 2u;
     let b_p = tid % 16u;
     let b_k = tid / 16u;
-    let b_src0 = 131072u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
+    let b_src0 = 196608u + ((n0 + b_p) / 16u) * 128u + (n0 + b_p) % 16u;
     let b_st = (b_k * 16u + b_p) / 2u;
     let b_lane = b_p % 2u;
     var a_ld0 = 0.0;

@@ -5,7 +5,7 @@
 // [1024x64] @ [64x64]
 //   A[m, k] = work[262144 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[k, n] = params[5440 + k + n * 64]
-//   work[65536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[131072 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // Tile 16x16_2x2_s4: each workgroup computes a 16x16 block of C for one batch entry;
 // 8x8x4 threads each accumulate 2x2 outputs in registers while the
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
@@ -24,7 +24,7 @@ fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
-    let i = 65536u + row * 64u + col;
+    let i = 131072u + row * 64u + col;
     work[i] = epilogue(acc, bi, row, col);
 }
 

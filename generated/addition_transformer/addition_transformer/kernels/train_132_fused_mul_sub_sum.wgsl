@@ -28,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v9: f32 = work[2771968u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
-        let v12: f32 = work[131072u + v2];
+        let v12: f32 = work[196608u + v2];
         acc0 = acc0 + v11;
         acc1 = acc1 + v12;
     }

@@ -17,7 +17,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v0: u32 = r / 8u;
         let v1: u32 = r % 8u;
         let v2: u32 = v0 * 512u + v1 * 64u + o;
-        let v3: f32 = work[131072u + v2];
+        let v3: f32 = work[196608u + v2];
         let v4: f32 = work[1048576u + v2];
         let v5: u32 = v0 * 8u + v1;
         let v6: f32 = work[2768896u + v5];

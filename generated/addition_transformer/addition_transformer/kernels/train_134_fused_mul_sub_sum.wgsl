@@ -17,7 +17,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[131072u + v2];
+        let v3: f32 = work[196608u + v2];
         let v4: f32 = params[148800u + r];
         let v5: f32 = v3 * v4;
         let v6: f32 = work[1048576u + v2];
@@ -38,6 +38,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[o] = res0;
+        work[131072u + o] = res0;
     }
 }

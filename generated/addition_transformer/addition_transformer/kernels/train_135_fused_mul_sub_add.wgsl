@@ -11,7 +11,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= 65536u) {
         return;
     }
-    let v0: f32 = work[131072u + i];
+    let v0: f32 = work[196608u + i];
     let v1: u32 = i / 512u;
     let v2: u32 = (i / 64u) % 8u;
     let v3: u32 = i % 64u;
@@ -20,7 +20,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = work[2769920u + v1 * 8u + v2];
     let v7: f32 = v5 * v6;
     let v8: u32 = v1 * 8u + v2;
-    let v9: f32 = work[v8];
+    let v9: f32 = work[131072u + v8];
     let v10: f32 = v9 * -0.5;
     let v11: f32 = work[2769920u + v8];
     let v12: f32 = v10 * v11;
@@ -34,5 +34,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v20: f32 = v15 * v19;
     let v21: f32 = v7 + v20;
     let v22: f32 = v21 + v20;
-    work[262144u + i] = v22;
+    work[i] = v22;
 }

@@ -16,7 +16,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 64u; r = r + 256u) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
-        let v3: f32 = work[262144u + v2];
+        let v3: f32 = work[v2];
         let v4: f32 = -v3;
         acc0 = acc0 + v4;
     }
@@ -30,6 +30,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[342272u + o] = res0;
+        work[132096u + o] = res0;
     }
 }

@@ -16,11 +16,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc0: f32 = 0.0;
     for (var r: u32 = lid.x; r < 128u; r = r + 256u) {
         let v2: u32 = r * 512u + v0 * 64u + v1;
-        let v3: f32 = work[196608u + v2];
-        let v4: f32 = work[262144u + v2];
+        let v3: f32 = work[65536u + v2];
+        let v4: f32 = work[v2];
         let v5: f32 = v3 + v4;
         let v6: u32 = r * 8u + v0;
-        let v7: f32 = work[342272u + v6];
+        let v7: f32 = work[132096u + v6];
         let v8: f32 = v7 * 0.015625;
         let v9: f32 = v5 + v8;
         acc0 = acc0 + v9;
@@ -35,6 +35,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        work[339968u + o] = res0;
+        work[133120u + o] = res0;
     }
 }

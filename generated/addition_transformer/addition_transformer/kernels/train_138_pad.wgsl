@@ -14,7 +14,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v0: u32 = i / 64u;
     let v1: u32 = i % 64u;
     let v2: u32 = min(v0, 7u) * 64u + v1;
-    let v3: f32 = work[339968u + v2];
+    let v3: f32 = work[133120u + v2];
     let v4: f32 = select(0.0, v3, (v0 >= 0u && v0 < 8u));
     grads[i] = v4;
 }

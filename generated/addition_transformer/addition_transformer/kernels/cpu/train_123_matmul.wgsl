@@ -5,7 +5,7 @@
 //
 // [64x1024] @ [1024x64]
 //   A[m, k] = work[1376256 + (m / 16) * 128 + m % 16 + (k / 8) * 512 + (k % 8) * 16]
-//   B[k, n] = work[196608 + k * 64 + n]
+//   B[k, n] = work[65536 + k * 64 + n]
 //   grads[13632 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // CPU block 4x4: each workgroup computes a 32x32 block of C for one batch entry; each of
 // its 8x8 invocations sums 4x4 outputs over all of K by itself, with no

@@ -4,7 +4,7 @@
 // CPU variant: no workgroup memory, no barriers
 //
 // [1024x64] @ [64x64]
-//   A[m, k] = work[131072 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
+//   A[m, k] = work[196608 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[k, n] = params[9536 + k + n * 64]
 //   work[327680 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // CPU block 8x4: each workgroup computes a 64x32 block of C for one batch entry; each of

@@ -6,7 +6,7 @@
 // [1024x64] @ [64x64]
 //   A[m, k] = work[262144 + (m / 8) * 512 + (m % 8) * 16 + (k / 16) * 128 + k % 16]
 //   B[k, n] = params[5440 + k + n * 64]
-//   work[65536 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
+//   work[131072 + m * 64 + n] = epilogue(sum_k A[m, k] * B[k, n])
 // CPU block 8x4: each workgroup computes a 64x32 block of C for one batch entry; each of
 // its 8x8 invocations sums 8x4 outputs over all of K by itself, with no
 // workgroup memory and no barriers (a CPU adapter runs the invocations as SIMD lanes of one loop,

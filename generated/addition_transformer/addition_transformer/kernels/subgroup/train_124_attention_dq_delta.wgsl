@@ -37,9 +37,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let q0_0 = vec4<f32>(work[q_row0 + lc], work[q_row0 + (lc + 1u)], work[q_row0 + (lc + 2u)], work[q_row0 + (lc + 3u)]) * 0.25;
     let q_row1 = 1179648u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let q1_0 = vec4<f32>(work[q_row1 + lc], work[q_row1 + (lc + 1u)], work[q_row1 + (lc + 2u)], work[q_row1 + (lc + 3u)]) * 0.25;
-    let dout_row0 = 65536u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
+    let dout_row0 = 131072u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let g0_0 = vec4<f32>(work[dout_row0 + lc], work[dout_row0 + (lc + 1u)], work[dout_row0 + (lc + 2u)], work[dout_row0 + (lc + 3u)]);
-    let dout_row1 = 65536u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
+    let dout_row1 = 131072u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
     let g1_0 = vec4<f32>(work[dout_row1 + lc], work[dout_row1 + (lc + 1u)], work[dout_row1 + (lc + 2u)], work[dout_row1 + (lc + 3u)]);
     let o_row0 = 1376256u + bc * 128u + rci0 * 16u;
     let orow0_0 = vec4<f32>(work[o_row0 + lc], work[o_row0 + (lc + 1u)], work[o_row0 + (lc + 2u)], work[o_row0 + (lc + 3u)]);

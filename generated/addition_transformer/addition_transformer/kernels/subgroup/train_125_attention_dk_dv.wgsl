@@ -63,7 +63,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let bb = min(b0 + e / 32u, 511u);
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
-            let src = 65536u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
+            let src = 131072u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
             ot[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
         }
         for (var e: u32 = tid; e < 64u; e = e + 128u) {
@@ -138,7 +138,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (b < 512u) {
         if (ri0 < 8u) {
-            let out0_0 = 131072u + (b * 8u + ri0) * 16u + lc;
+            let out0_0 = 196608u + (b * 8u + ri0) * 16u + lc;
             work[out0_0] = dv0_0.x;
             work[out0_0 + 1u] = dv0_0.y;
             work[out0_0 + 2u] = dv0_0.z;
@@ -150,7 +150,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out1_0 + 3u] = dk0_0.w * 0.25;
         }
         if (ri1 < 8u) {
-            let out0_1 = 131072u + (b * 8u + ri1) * 16u + lc;
+            let out0_1 = 196608u + (b * 8u + ri1) * 16u + lc;
             work[out0_1] = dv1_0.x;
             work[out0_1 + 1u] = dv1_0.y;
             work[out0_1 + 2u] = dv1_0.z;
