@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 
 from . import merge
-from .codegen import ROW_WG, WG, KernelCode, rows_per_workgroup
+from .codegen import ROW_WG, WG, KernelCode, kernel_rows_per_workgroup
 from .ir import Tensor
 from .plan import Plan
 from .schedule import Kernel, KernelSchedule, op_of
@@ -163,7 +163,7 @@ def _local(s: KernelSchedule, k: Kernel, chain: Chain) -> bool:
     pts = _points(k, chain.rows)
     if pts is None or sum(n for _, n, _ in pts) > MAX_POINTS:
         return False
-    if k.kind == "reduce" and rows_per_workgroup(*k.reduce_space()) != chain.per_wg:
+    if k.kind == "reduce" and kernel_rows_per_workgroup(k) != chain.per_wg:
         return False
     own = {id(t) for t in k.outs}
     memo: dict = {}  # id(tensor) -> whether it reads a chain output (only those are walked)
@@ -201,7 +201,7 @@ def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> li
         n_out, n_red = k.reduce_space()
         if any(t.size != n_out for t in k.outs):
             return None
-        return Chain([i], n_out, rows_per_workgroup(n_out, n_red), sources[i].wg, {id(t): (i, 1) for t in k.outs})
+        return Chain([i], n_out, kernel_rows_per_workgroup(k), sources[i].wg, {id(t): (i, 1) for t in k.outs})
 
     def joins(j: int, c: Chain) -> bool:
         k = s.kernels[j]

@@ -320,7 +320,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     # max and argmax compare with NaN-propagating helpers (torch: a NaN is the maximum)
     for m in members:
         kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits")}.get(m.node.op, ()))
-    per_wg = rows_per_workgroup(n_out, n_red) == 1
+    per_wg = kernel_rows_per_workgroup(k) == 1
     # the results, then elementwise outputs of them at the same element o (the epilogue)
     epi = Body(kc, "    ")
     kc.self_flat = "o"
@@ -360,12 +360,30 @@ def row_workgroup_size(n_out: int, n_red: int) -> int:
     return ROW_WG if n_out >= ROW_WG_MIN_ROWS and n_red <= ROW_WG_MAX_LEN else WG
 
 
-def rows_per_workgroup(n_out: int, n_red: int) -> int:
+# outputs from which a reduction over outer axes (its input's last axis kept) gets one invocation
+# per output however long its rows: consecutive invocations read consecutive elements, and there
+# are threads enough [a gather's gradient, exact.select_sum: 2M outputs of word_language_model's
+# table, each over 1120 tokens; one workgroup and a barrier tree per output was 3x slower than
+# the one-hot matmul it replaced on lavapipe]
+OUTER_SEQUENTIAL_MIN = 1 << 16
+
+
+def rows_per_workgroup(n_out: int, n_red: int, outer: bool = False) -> int:
     """A reduction's GPU kernel: one workgroup per output (a strided loop and a tree) when its rows
     are long, or when there are too few of them to fill the GPU; else one invocation per output.
     [2048 outputs of 128 (transformer_large's second bias-gradient stage): 35 us on 8 workgroups,
     15 us on 2048 (H100, scripts/results/profile_large_h100_sum_rows.json)]"""
+    if outer and n_out >= OUTER_SEQUENTIAL_MIN:
+        return WG
     return 1 if n_red >= 256 or (n_red >= 64 and n_out < 4096) else WG
+
+
+def kernel_rows_per_workgroup(k: Kernel) -> int:
+    """rows_per_workgroup of a reduction kernel; `outer` where its input's last axis is kept."""
+    n = k.node
+    x = n.inputs[0]
+    axes = op_of(n).reduced_axes(n.attrs)
+    return rows_per_workgroup(*k.reduce_space(), outer=x.ndim - 1 not in axes and x.shape[-1] > 1)
 
 
 def _store(kc: KernelContext, plan: Plan, t: Tensor, value: str, index: str) -> str:
