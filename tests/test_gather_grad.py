@@ -99,6 +99,8 @@ PARAMS = {
     "big": RNG.normal(size=(70, 2, 2)).astype(np.float32),  # 70 rows: stored first
     "xl": RNG.normal(size=(3, 80)).astype(np.float32),
     "xm": RNG.normal(size=(2, 4, 3)).astype(np.float32),
+    # 65,536 outputs: the sum runs one invocation per output (codegen.OUTER_SEQUENTIAL_MIN)
+    "wide": RNG.normal(size=(1024, 64)).astype(np.float32),
 }
 _big_idx = RNG.integers(0, 70, size=(6, 7)).astype(np.int32)
 _big_idx[0, :3] = 69  # repeated, and the last row
@@ -108,6 +110,7 @@ INPUTS = {
     ),  # rows 1 and 3 never selected
     "i_big": _big_idx,
     "i_xl": RNG.integers(0, 80, size=(3, 50)).astype(np.int32),
+    "i_wide": np.array([1023, 5, 5, 0, 700, 5, 1023, 9], np.int32),
     "i_xm": np.array([[[3, 0, 3], [3, 3, 1]], [[0, 0, 0], [2, 1, 2]]], np.int32),
 }
 _ct_small = RNG.normal(size=(2, 4, 3)).astype(np.float32)
@@ -139,6 +142,7 @@ def _outs(o, is_torch):
             tanh(o["xl"]), o["i_xl"], 1
         ),  # the gradient then goes on through tanh
         "xm": tala(o["xm"], o["i_xm"], 1),
+        "wide": emb(o["wide"], o["i_wide"]),
     }
 
 
