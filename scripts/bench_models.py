@@ -187,6 +187,51 @@ def twin_case(name):
             "torch_opts": opts, "torch_iter": step}
 
 
+def small_case(name):
+    """The small public models of issue 31 through from_torch: pytorch/examples' regression (a
+    Linear on polynomial features, smooth L1), micrograd's moons MLP (hinge loss + L2) and
+    pytorch/examples' VAE at its size (784-400-20, batch 128, Adam; the noise an input)."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    import aot
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    torch.manual_seed(0)
+    if name == "regression":
+        module = torch.nn.Linear(4, 1)
+        loss = lambda m, x, y: F.smooth_l1_loss(m(x), y)  # noqa: E731
+        spec = {"x": (32, 4), "y": (32, 1)}
+        make_opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+    elif name == "moons":
+        from test_from_torch import MicroMLP, moons_loss
+
+        module, loss, spec = MicroMLP(), moons_loss, {"x": (100, 2), "y": (100, 1)}
+        make_opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+    else:
+        from from_torch_models import VAE, vae_loss
+
+        module, loss, spec = VAE(784, 400, 20), vae_loss, {"x": (128, 784), "eps": (128, 20)}
+        make_opt = lambda m: torch.optim.Adam(m.parameters(), lr=1e-3)  # noqa: E731
+    template = copy.deepcopy(module)
+    program = aot.from_torch(module, loss, {k: aot.f32(*v) for k, v in spec.items()}, make_opt(module), name=f"ft_{name}")
+
+    def batch(rng):
+        out = {k: rng.uniform(0.05, 0.95, v).astype(np.float32) for k, v in spec.items()}
+        if name == "moons":
+            out["y"] = np.sign(out["y"] - 0.5).astype(np.float32)
+        if name == "vae":
+            out["eps"] = rng.standard_normal(spec["eps"]).astype(np.float32)
+        return out
+
+    return {"program": program, "batch": batch, "entries": {"step": lambda b: b},
+            "torch_module": lambda: copy.deepcopy(template),
+            "torch_opts": lambda m, capturable: [_capturable(make_opt(m), capturable)],
+            "torch_iter": lambda m, o, b: [_torch_step(o[0], lambda: loss(m, **b))]}
+
+
 def from_torch_case(name, batch=32):
     import copy
 
@@ -220,7 +265,8 @@ def from_torch_case(name, batch=32):
 CASES = {"resnet20": resnet20_case, "dcgan": dcgan_case, "lstm_lm": lstm_lm_case,
          **{f"ft_{n}": (lambda n=n: from_torch_case(n)) for n in FROM_TORCH},
          **{f"ft_{n}": (lambda n=n: gpt_case(n)) for n in GPTS},
-         **{f"ft_{n}": (lambda n=n: twin_case(n)) for n in ("resnet20", "dcgan", "mnist")}}
+         **{f"ft_{n}": (lambda n=n: twin_case(n)) for n in ("resnet20", "dcgan", "mnist")},
+         **{f"ft_{n}": (lambda n=n: small_case(n)) for n in ("regression", "moons", "vae")}}
 
 
 def _capturable(opt, capturable):
