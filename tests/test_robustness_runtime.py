@@ -3,6 +3,9 @@ one set of arrays, Ctrl-C during step_many, checkpoints, imported tensors."""
 
 from __future__ import annotations
 
+import os
+import stat
+
 import numpy as np
 import pytest
 
@@ -148,3 +151,29 @@ def test_load_safetensors_reads_the_file(models, tmp_path):
         got = {n: st.array(n) for n in st.entries}
     for n, v in want.items():
         np.testing.assert_array_equal(got[n], v, err_msg=n)
+
+
+def test_checkpoints_get_the_users_umask_and_empty_path_is_refused(models, tmp_path, monkeypatch):
+    """save() made its temporary file with mkstemp, so every checkpoint was mode 0600 whatever the
+    umask; save("") put its temporary file in the parent of the current folder."""
+    a, _ = models
+    old = os.umask(0o022)
+    try:
+        a.save(tmp_path / "m.ckpt")
+        a.save_safetensors(tmp_path / "m.safetensors")
+        os.umask(0o077)
+        a.save(tmp_path / "private.ckpt")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "m.ckpt").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(tmp_path / "m.safetensors").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(tmp_path / "private.ckpt").st_mode) == 0o600
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    monkeypatch.chdir(inner)
+    with pytest.raises(ValueError, match="empty path"):
+        a.save("")
+    with pytest.raises(ValueError, match="empty path"):
+        a.save_safetensors("")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inner", "m.ckpt", "m.safetensors", "private.ckpt"]
+    assert list(inner.iterdir()) == []

@@ -10,7 +10,6 @@ import hashlib
 import os
 import re
 import struct
-import tempfile
 import threading
 import time
 import zipfile
@@ -913,9 +912,12 @@ def _temp_prefix(path: str) -> str:
 
 def _replace_atomically(path: str, write) -> None:
     """write(f) into a temporary file of its own in path's folder, then rename it over path."""
+    # abspath("") is the current folder: the temporary file would land in its parent
+    if not path:
+        raise ValueError("cannot write a checkpoint to an empty path; give a file name")
     folder = os.path.dirname(os.path.abspath(path))
     prefix = _temp_prefix(path)
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=_TEMP_SUFFIX, dir=folder)
+    fd, tmp = _create_temp(folder, prefix)
     try:
         if fcntl is not None:
             try:  # held until the file is closed: another save's cleanup leaves a locked file alone
@@ -934,6 +936,26 @@ def _replace_atomically(path: str, write) -> None:
             pass
         raise
     _remove_stale_temps(folder, prefix)
+
+
+def _create_temp(folder: str, prefix: str) -> tuple[int, str]:
+    """A new file '<prefix>XXXXXXXX.partial' in folder, opened for writing. Unlike mkstemp (mode
+    0600) it is created 0666 less the process's umask, so the checkpoint renamed from it gets the
+    mode any other file the user writes gets."""
+    flags = (
+        os.O_RDWR
+        | os.O_CREAT
+        | os.O_EXCL
+        | getattr(os, "O_BINARY", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    for _ in range(1000):
+        tmp = os.path.join(folder, prefix + os.urandom(4).hex() + _TEMP_SUFFIX)
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {prefix!r} in {folder}")
 
 
 def _remove_stale_temps(folder: str, prefix: str) -> None:
