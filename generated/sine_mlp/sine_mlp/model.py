@@ -31,6 +31,7 @@ from .engine import (
     _NP,
     Engine,
     ShaderError,
+    _sigint_deferred,
     _size,
     cores,
 )  # noqa: F401  (ShaderError: the package re-exports it)
@@ -448,7 +449,15 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             t = self.step_count + 1
             packed = self._pack(key, arrays, self._step_scalars(t, e))
             if allreduce is None:
-                out = self._engine.run(key, packed, captures)
+                try:
+                    out = self._engine.run(key, packed, captures)
+                except BaseException:
+                    if getattr(
+                        self._engine, "run_submitted", False
+                    ):  # interrupted after the step was submitted
+                        self.step_count = t
+                        e.count += 1
+                    raise
             else:
                 out = self._step_reduced(key, packed, captures, allreduce, e)
             self.step_count = t
@@ -762,30 +771,31 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
             buffers = {n: z["buffer/" + n] for n in self.buffer_names}
-            # everything is valid: only now does the model change
-            if self._total:
-                self._engine.write("params", 0, flat[: self._total])
-            self._write_named_buffers(buffers)
-            state, pos = z["__state__"], 0
-            for arena, n in self._state_buffers():
-                self._engine.write(arena, 0, state[pos : pos + n])
-                pos += n
-            self.step_count = step_count
-            self._seed = seed
-            if one is not None:
-                one.count, one.lr, one.lr_origin, one.group_lrs = (
-                    step_count,
-                    lr,
-                    origin,
-                    group_lrs,
-                )
-            for e, count, e_lr, e_origin, e_groups in entries:
-                e.count, e.lr, e.lr_origin, e.group_lrs = (
-                    count,
-                    e_lr,
-                    e_origin,
-                    e_groups,
-                )
+            # everything is valid: only now does the model change, all of it (a Ctrl-C waits)
+            with _sigint_deferred():
+                if self._total:
+                    self._engine.write("params", 0, flat[: self._total])
+                self._write_named_buffers(buffers)
+                state, pos = z["__state__"], 0
+                for arena, n in self._state_buffers():
+                    self._engine.write(arena, 0, state[pos : pos + n])
+                    pos += n
+                self.step_count = step_count
+                self._seed = seed
+                if one is not None:
+                    one.count, one.lr, one.lr_origin, one.group_lrs = (
+                        step_count,
+                        lr,
+                        origin,
+                        group_lrs,
+                    )
+                for e, count, e_lr, e_origin, e_groups in entries:
+                    e.count, e.lr, e.lr_origin, e.group_lrs = (
+                        count,
+                        e_lr,
+                        e_origin,
+                        e_groups,
+                    )
 
     def close(self) -> None:
         """Release the GPU resources; calling it again does nothing."""
@@ -917,23 +927,36 @@ def _replace_atomically(path: str, write) -> None:
         raise ValueError("cannot write a checkpoint to an empty path; give a file name")
     folder = os.path.dirname(os.path.abspath(path))
     prefix = _temp_prefix(path)
-    fd, tmp = _create_temp(folder, prefix)
+    tmp = f = None
     try:
+        # a Ctrl-C between creating the file and holding it (or while cleaning up) would leave a
+        # stray temporary file or an fd closed twice: it takes effect at the end of these blocks
+        with _sigint_deferred():
+            fd, tmp = _create_temp(folder, prefix)
+            try:
+                f = os.fdopen(fd, "wb")
+            except BaseException:
+                os.close(fd)
+                raise
         if fcntl is not None:
             try:  # held until the file is closed: another save's cleanup leaves a locked file alone
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             except OSError:
                 pass
-        with os.fdopen(fd, "wb") as f:
+        with f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        with _sigint_deferred():
+            if f is not None:
+                f.close()  # (again, when it is closed already)
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:  # renamed already: the checkpoint is whole
+                    pass
         raise
     _remove_stale_temps(folder, prefix)
 
