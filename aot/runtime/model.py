@@ -609,6 +609,12 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         then is the model changed: a refused checkpoint (ValueError; KeyError for a missing or
         unknown parameter) leaves the model as it was. Nothing in a checkpoint is executed."""
         with self._lock:
+            self._checked_restore(path)()
+
+    def _checked_restore(self, path):
+        """Read and check the checkpoint at `path`, changing nothing; returns the function that
+        then puts it in the model (distributed.restore checks every rank's copy first)."""
+        with self._lock:
             self._check_open()
             layout = self._checkpoint_layout()
             z = _read_checkpoint(path, layout, self._program["name"], self._fingerprint())
@@ -620,8 +626,11 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
             buffers = {n: z["buffer/" + n] for n in self.buffer_names}
+
+        def commit():
             # everything is valid: only now does the model change, all of it (a Ctrl-C waits)
-            with _sigint_deferred():
+            with self._lock, _sigint_deferred():
+                self._check_open()
                 if self._total:
                     self._engine.write("params", 0, flat[: self._total])
                 self._write_named_buffers(buffers)
@@ -635,6 +644,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                     one.count, one.lr, one.lr_origin, one.group_lrs = step_count, lr, origin, group_lrs
                 for e, count, e_lr, e_origin, e_groups in entries:
                     e.count, e.lr, e.lr_origin, e.group_lrs = count, e_lr, e_origin, e_groups
+
+        return commit
 
     def close(self) -> None:
         """Release the GPU resources; calling it again does nothing."""

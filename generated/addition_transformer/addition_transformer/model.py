@@ -753,6 +753,13 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         unknown parameter) leaves the model as it was. Nothing in a checkpoint is executed.
         """
         with self._lock:
+            self._checked_restore(path)()
+
+    def _checked_restore(self, path):
+        """Read and check the checkpoint at `path`, changing nothing; returns the function that
+        then puts it in the model (distributed.restore checks every rank's copy first).
+        """
+        with self._lock:
             self._check_open()
             layout = self._checkpoint_layout()
             z = _read_checkpoint(
@@ -771,8 +778,11 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
             buffers = {n: z["buffer/" + n] for n in self.buffer_names}
+
+        def commit():
             # everything is valid: only now does the model change, all of it (a Ctrl-C waits)
-            with _sigint_deferred():
+            with self._lock, _sigint_deferred():
+                self._check_open()
                 if self._total:
                     self._engine.write("params", 0, flat[: self._total])
                 self._write_named_buffers(buffers)
@@ -796,6 +806,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                         e_origin,
                         e_groups,
                     )
+
+        return commit
 
     def close(self) -> None:
         """Release the GPU resources; calling it again does nothing."""
