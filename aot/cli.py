@@ -119,20 +119,70 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _read_npz(path: str) -> tuple[dict, str | None]:
+_MAX_NAME_BYTES = 4096  # an aot checkpoint's __program__ member: a Program name (100 characters at most)
+
+
+def _npy_shapes(path: str, zf) -> dict:
+    """{array name: (shape, dtype)} from each member's .npy header, read without inflating the
+    member's data (a few kilobytes of each stream)."""
+    import numpy as np
+
+    fmt = np.lib.format
+    out = {}
+    for info in zf.infolist():
+        if not info.filename.endswith(".npy"):
+            raise ValueError(f"member {info.filename!r} is not a .npy array")
+        with zf.open(info) as m:
+            version = fmt.read_magic(m)
+            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, dtype = read(m)
+        out[info.filename[: -len(".npy")]] = (shape, dtype)
+    return out
+
+
+def _read_npz(path: str, check=None) -> tuple[dict, str | None]:
     """({name: array}, program name or None): an aot checkpoint's parameters and buffers (its
-    `param/...` and `buffer/...` members), or every array of a plain .npz. Nothing is unpickled."""
+    `param/...` and `buffer/...` members), or every array of a plain .npz. Nothing is unpickled.
+    check({name: shape}), when given, sees every array's shape from its header before any
+    member's data is inflated (so a small archive cannot make this inflate gigabytes first)."""
+    import zipfile
+
     import numpy as np
 
     try:
+        with open(path, "rb") as f:
+            if not f.read(4).startswith(b"PK"):
+                raise SystemExit(f"aot: {path} is not a .npz file (not a zip archive)")
+        with zipfile.ZipFile(path) as zf:
+            shapes = _npy_shapes(path, zf)
+        ckpt = "__program__" in shapes and any(n.startswith("param/") for n in shapes)
+        keep = [n for n in shapes if n.startswith(("param/", "buffer/"))] if ckpt else list(shapes)
+        if ckpt:
+            shape, dtype = shapes["__program__"]
+            if shape != () or dtype.kind != "U" or dtype.itemsize > _MAX_NAME_BYTES:
+                raise ValueError(f"its __program__ member is {dtype}{list(shape)}, not a Program name")
+        if check is not None:
+            check({(n.split("/", 1)[1] if ckpt else n): shapes[n][0] for n in keep})
         with np.load(path, allow_pickle=False) as z:
-            names = list(z.files)
-            if "__program__" in names and any(n.startswith("param/") for n in names):
-                arrays = {n.split("/", 1)[1]: z[n] for n in names if n.startswith(("param/", "buffer/"))}
-                return arrays, str(z["__program__"])
-            return {n: z[n] for n in names}, None
-    except (ValueError, OSError, EOFError) as e:  # object arrays, damaged or non-zip files
+            if ckpt:
+                return {n.split("/", 1)[1]: z[n] for n in keep}, str(z["__program__"])
+            return {n: z[n] for n in keep}, None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, NotImplementedError) as e:
+        # object arrays, damaged archives, unsupported compression
         raise SystemExit(f"aot: cannot read {path} as .npz: {e}") from None
+
+
+def _check_paths(src: str, dst: str) -> None:
+    """One line, not a traceback, for the paths convert cannot use."""
+    if os.path.isdir(src):
+        raise SystemExit(f"aot: {src} is a folder; convert reads one .npz or .safetensors file")
+    if not os.path.exists(src):
+        raise SystemExit(f"aot: no such file: {src}")
+    if os.path.isdir(dst):
+        raise SystemExit(f"aot: {dst} is a folder; give the file to write")
+    folder = os.path.dirname(os.path.abspath(dst))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"aot: cannot write {dst}: the folder {folder} does not exist")
 
 
 def cmd_convert(args) -> int:
@@ -152,6 +202,7 @@ def cmd_convert(args) -> int:
         )
     if args.program and not args.model:
         raise SystemExit("aot: --program needs --model")
+    _check_paths(src, dst)
     params = table = None
     int_buffers: set = set()
     program = None
@@ -171,11 +222,12 @@ def cmd_convert(args) -> int:
     what = f"convert {src}"
     try:
         if kinds[0] == ".npz":
-            arrays, ckpt = _read_npz(src)
+            # aot names in; checked against the model (from the headers), then in the layout asked for
+            check = None if params is None else lambda shapes: interop.plan_load(what, shapes, params, table, "aot", None, False)
+            arrays, ckpt = _read_npz(src, check)
             program = program or ckpt
             out = arrays
-            if params is not None:  # aot names in; checked against the model, then in the layout asked for
-                interop.plan_load(what, {n: a.shape for n, a in arrays.items()}, params, table, "aot", None, False)
+            if params is not None:
                 plan = interop.plan_save(what, params, table, args.layout, None)
                 out = {o: np.ascontiguousarray(arrays[n].T) if t else arrays[n] for o, n, t in plan}
                 if args.layout == "torch":  # as state_dict(layout="torch"): PyTorch's int64 counters
@@ -199,6 +251,8 @@ def cmd_convert(args) -> int:
             _replace_atomically(dst, lambda f: np.savez(f, **out))
     except (KeyError, ValueError, TypeError) as e:
         raise SystemExit(f"aot: {e.args[0] if isinstance(e, KeyError) else e}") from None
+    except OSError as e:  # unreadable source, unwritable destination, a full disk
+        raise SystemExit(f"aot: convert {src} -> {dst}: {e.strerror or e}" + (f": {e.filename}" if e.filename else "")) from None
     print(f"aot: {src} -> {dst}: {len(out)} tensor(s), layout {args.layout}", flush=True)
     return 0
 

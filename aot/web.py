@@ -99,8 +99,12 @@ def web_tables(c) -> tuple[dict, dict[str, str], dict[str, str], dict[str, str]]
 
 
 def _js(value) -> str:
-    """A JS literal of JSON data (JSON is a subset of JS since ES2019)."""
-    return json.dumps(value, indent=1, ensure_ascii=True)
+    """A JS literal of JSON data (JSON is a subset of JS since ES2019). One difference: in an object
+    literal the key "__proto__" sets the prototype (JSON.parse makes it a property), so such a key
+    (a parameter named __proto__) is written computed, ["__proto__"], which makes a property. In
+    JSON text every quote inside a string follows a backslash, so this only matches keys."""
+    text = json.dumps(value, indent=1, ensure_ascii=True)
+    return re.sub(r'(?<!\\)"__proto__":', '["__proto__"]:', text)
 
 
 # members of the JS Model (runtime.js) that an infer entry's method would shadow

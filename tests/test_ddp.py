@@ -117,7 +117,16 @@ def packages(tmp_path_factory):
         for batch in (FULL, FULL // 2):
             aot.build(program(opt, batch), root)
     aot.build(program("sgd", FULL // 2, seed=4), root / "other")  # the same name, another build (seed)
+    wide = aot.Program(f"ddp_sgd_{FULL // 2}", model=Wide, train=aot.Train(mse, {"x": aot.f32(FULL // 2, IN), "y": aot.f32(FULL // 2, OUT)}, OPTIMIZERS["sgd"]))
+    aot.build(wide, root / "wide")  # the same name, more parameters
     return root
+
+
+class Wide(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(IN, HID + 1)
+        self.l2 = nn.Linear(HID + 1, OUT)
 
 
 def _free_port() -> int:
@@ -230,6 +239,86 @@ def test_mismatched_builds_and_parameters_are_refused_at_start(tmp_path, package
     for r in reports(launch(tmp_path, packages, [rank0, rank1])):
         assert "different parameters or optimizer state" in r[adam]["mismatch"], r
         assert "different builds" in r[sgd]["mismatch"] and "same built package" in r[sgd]["mismatch"], r
+
+
+CHECKED = textwrap.dedent("""
+    import json, os, shutil, sys
+    import numpy as np
+    job = json.loads(sys.argv[1])
+    import importlib
+    name = job["name"]
+    sys.path.insert(0, os.path.join(job.get("root") or job["packages"], name))
+    dist = importlib.import_module(name + ".distributed")
+    rank, world = dist.init(timeout_s=job["timeout"])
+    model = importlib.import_module(name).Model()
+    fn = dist.allreduce_mean()
+    r = np.random.default_rng(rank)
+    batch = lambda: {"x": r.normal(size=(4, 3)).astype(np.float32), "y": r.normal(size=(4, 2)).astype(np.float32)}
+    report = {}
+    if job["what"] == "sizes":  # no check_replicas first: the ranks run builds of other sizes
+        try:
+            model.step(**batch(), allreduce=fn)
+        except dist.ReplicaMismatch as e:
+            report["error"] = str(e)
+    else:
+        shared = job["ckpt"] + "shared"
+        model.step(**batch(), allreduce=fn)
+        dist.save(model, shared + "1")
+        model.step(**batch(), allreduce=fn)
+        dist.save(model, shared + "2")
+        model.step(**batch(), allreduce=fn)
+        own = job["ckpt"] + f"rank{rank}"
+        for case, damage in (("corrupt", "bytes"), ("stale", "older"), ("good", None)):
+            shutil.copy(shared + "2", own)
+            if rank == 1 and damage == "bytes":
+                with open(own, "r+b") as f:
+                    f.seek(os.path.getsize(own) - 300)
+                    f.write(b"not a checkpoint" * 4)
+            elif rank == 1 and damage == "older":
+                shutil.copy(shared + "1", own)
+            before = {k: v.tolist() for k, v in model.params().items()}, model.step_count
+            try:
+                dist.restore(model, own)
+                error = None
+            except Exception as e:
+                error = type(e).__name__ + ": " + str(e)
+            after = {k: v.tolist() for k, v in model.params().items()}, model.step_count
+            report[case] = {"error": error, "unchanged": after == list(before) or after == before, "steps": model.step_count}
+    print("REPORT " + json.dumps(report), flush=True)
+""")
+
+
+def _checked(tmp_path, packages, jobs):
+    script = tmp_path / "checked.py"
+    script.write_text(CHECKED)
+    port, procs = _free_port(), []
+    for rank, job in enumerate(jobs):
+        job = dict(job, timeout=60.0, ckpt=str(tmp_path / "ckpt_"), packages=str(packages))
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(len(jobs)), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
+        procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(job)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    STARTED.extend(procs)
+    return reports(procs)
+
+
+def test_ranks_with_builds_of_other_sizes_raise_instead_of_aborting(tmp_path, packages):
+    """Without check_replicas first, a step(allreduce=...) over builds whose gradient vectors
+    differ in length made gloo abort rank 0 (SIGABRT); now every rank raises ReplicaMismatch."""
+    job = {"name": f"ddp_sgd_{FULL // 2}", "what": "sizes"}
+    for r in _checked(tmp_path, packages, [job, dict(job, root=str(packages / "wide"))]):
+        assert "gradient vectors differ in length" in r["error"], r
+
+
+def test_distributed_restore_checks_every_copy_before_any_rank_restores(tmp_path, packages):
+    """Rank 1's copy damaged, or another checkpoint: rank 0 had already restored when rank 1
+    raised, and the replicas diverged. Now no rank changes; with equal copies every rank restores."""
+    job = {"name": f"ddp_sgd_{FULL // 2}", "what": "restore"}
+    for rank, r in enumerate(_checked(tmp_path, packages, [job, job])):
+        assert r["corrupt"]["error"] and r["corrupt"]["unchanged"] and r["corrupt"]["steps"] == 3, (rank, r)
+        assert "no rank restored it" in r["corrupt"]["error"] or rank == 1, r
+        assert "copies" in r["stale"]["error"] and r["stale"]["unchanged"] and r["stale"]["steps"] == 3, (rank, r)
+        assert r["good"] == {"error": None, "unchanged": False, "steps": 2}, (rank, r)
 
 
 def test_every_training_build_is_cut_where_the_update_begins():

@@ -103,7 +103,14 @@ class SafetensorsFile:
         return self._view(name).astype(np.float32)
 
     def raw(self, name: str) -> np.ndarray:
-        """Tensor `name` as a new NumPy array of its own dtype (BF16 as uint16)."""
+        """Tensor `name` as a new NumPy array of its own dtype (BF16 as uint16). Float8 tensors have
+        no NumPy dtype: their byte codes would pass for uint8 weights, so they are refused."""
+        dtype = self.entries[name][0]
+        if dtype.startswith("F8"):
+            raise TypeError(
+                f"{self.where}: tensor {name!r} is {dtype}: float8 tensors are not read (NumPy has no float8; "
+                f"convert them to F16, BF16 or F32 first)"
+            )
         v = self._view(name)
         return v.astype(v.dtype.newbyteorder("="))
 

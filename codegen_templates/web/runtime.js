@@ -350,9 +350,23 @@ export function zipStored(members) {
   for (const c of all) { out.set(c, pos); pos += c.length; }
   return out;
 }
-async function inflateRaw(bytes) {
-  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate-raw"));
-  return new Uint8Array(await new Response(stream).arrayBuffer());
+/** Inflate a raw deflate stream, stopping (null) as soon as it would pass `limit` bytes: a member's
+ * declared size is checked before inflating, and a stream that lies about it costs one chunk more. */
+async function inflateRaw(bytes, limit) {
+  const reader = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate-raw")).getReader();
+  const chunks = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    total += value.length;
+    if (total > limit) { await reader.cancel(); return null; }
+    chunks.push(value);
+  }
+  const out = new Uint8Array(total);
+  let pos = 0;
+  for (const c of chunks) { out.set(c, pos); pos += c.length; }
+  return out;
 }
 /** Members of a zip (stored or deflated): name -> Uint8Array, from the central directory. */
 export async function unzip(bytes, bad) {
@@ -394,15 +408,22 @@ export async function unzip(bytes, bad) {
   }
   return out;
 }
-async function memberBytes(m, name, bad) {
+async function memberBytes(m, name, bad, limit) {
+  if (m.size > limit)
+    throw bad(`checkpoint member ${pyStr(name)} declares ${m.size} bytes, more than this model's checkpoints hold for it (${limit})`);
   let data;
   if (m.method === 0) data = m.raw;
   else if (m.method === 8) {
-    try { data = await inflateRaw(m.raw); } catch (e) { throw bad(`checkpoint member ${pyStr(name)} is damaged (${e.message})`); }
+    try { data = await inflateRaw(m.raw, m.size); } catch (e) { throw bad(`checkpoint member ${pyStr(name)} is damaged (${e.message})`); }
+    if (data === null) throw bad(`checkpoint member ${pyStr(name)} is damaged (it inflates past its declared ${m.size} bytes)`);
   } else throw bad(`checkpoint member ${pyStr(name)} uses an unsupported compression (${m.method})`);
   if (data.length !== m.size || crc32(data) !== m.crc) throw bad(`checkpoint member ${pyStr(name)} is damaged (bad CRC or size)`);
   return data;
 }
+// the largest .npy header parseNpy reads (magic, version, a 4-byte length, 1024 bytes of text)
+const NPY_HEADER_MAX = 12 + 1024;
+// the longest string member (a Program name, a fingerprint, a learning rate's repr), in characters
+const STR_MEMBER_MAX = 4096;
 /** One .npy: {descr, fortran, shape, body}. */
 function parseNpy(data, bad) {
   if (data.length < 10 || data[0] !== 0x93 || String.fromCharCode(...data.subarray(1, 6)) !== "NUMPY" || ![1, 2, 3].includes(data[6]))
@@ -420,6 +441,8 @@ function parseNpy(data, bad) {
 }
 
 // ---- the device side (engine.py) ----
+// own properties only: "constructor", "toString", "__proto__" ... are on every object's prototype
+const has = (o, k) => o !== null && o !== undefined && Object.prototype.hasOwnProperty.call(o, k);
 const sizeOf = (shape) => shape.reduce((a, b) => a * b, 1);
 const now = () => (globalThis.performance ? performance.now() : Date.now());
 // engine.py's run_many sizes: steps per command buffer, input bytes per chunk, losses per readback
@@ -745,6 +768,7 @@ class Engine {
     const losses = new Float32Array(k);
     let inRing = 0, start = 0, reads = null;
     while (start < k) {
+      if (this.destroyed) throw new Error(`${this.name}: the device was destroyed (the model was closed)`);
       const n = Math.min(slots, k - start, MANY_RING - inRing);
       const packed = fill(start, n);
       for (const [a, rows] of Object.entries(packed))
@@ -776,6 +800,7 @@ class Engine {
   }
 
   destroy() {
+    this.destroyed = true;
     for (const b of Object.values(this.buffers)) b.destroy();
     this.device.destroy();
   }
@@ -895,7 +920,7 @@ function groupIndex(e, group) {
 function trainEntries(p, total) {
   let tables = p.trains;
   if (!tables) {
-    if (!("train" in p.signatures)) return {};
+    if (!has(p.signatures, "train")) return {};
     tables = { train: { name: "train", optimizer: p.optimizer, lr: p.lr, start: 0, size: total, offset: 0, params: p.params.map((q) => q[0]), state: p.state || [], groups: p.groups || [] } };
   }
   return Object.fromEntries(Object.entries(tables).map(([k, t]) => [k, {
@@ -940,7 +965,12 @@ export class ModelBase {
 
   /** Calls run one at a time, in call order (a call's device work must not interleave with another's). */
   _locked(fn) {
-    const run = this._queue.then(() => { this._checkOpen(); return fn(); });
+    let started = false;
+    const run = this._queue.then(() => { this._checkOpen(); started = true; return fn(); }).catch((err) => {
+      // close() destroyed the device under a call in flight: whatever the device said, say that
+      if (started && this._closed) throw new Error(`${this._program.name}: the model was closed during the call`);
+      throw err;
+    });
     this._queue = run.catch(() => {});
     return run;
   }
@@ -982,9 +1012,9 @@ export class ModelBase {
   get kernelSet() { return this._engine.kernelSet; }
 
   _split(flat) {
-    const out = {};
-    for (const [n, s, , , o] of this._params) out[n] = { data: flat.slice(o, o + sizeOf(s)), shape: [...s], dtype: "f32" };
-    return out;
+    const out = [];
+    for (const [n, s, , , o] of this._params) out.push([n, { data: flat.slice(o, o + sizeOf(s)), shape: [...s], dtype: "f32" }]);
+    return Object.fromEntries(out); // own properties, "__proto__" included
   }
   /** {name: {data: Float32Array, shape}}: a copy of every parameter. */
   params() {
@@ -997,31 +1027,37 @@ export class ModelBase {
       if (!this._hasGrads) throw new Error(`${this._program.name} was built without train=: it has no gradients`);
       const e = this._trainEntry(entry, "grads");
       const flat = e.size ? await this._engine.read("grads", e.offset, e.size) : new Float32Array(0);
-      const out = {};
+      const out = [];
       for (const [n, s, , , o] of this._params) {
-        if (e.params.includes(n)) out[n] = { data: flat.slice(o - e.start, o - e.start + sizeOf(s)), shape: [...s], dtype: "f32" };
+        if (e.params.includes(n)) out.push([n, { data: flat.slice(o - e.start, o - e.start + sizeOf(s)), shape: [...s], dtype: "f32" }]);
       }
-      return out;
+      return Object.fromEntries(out);
     });
   }
   /** Overwrite parameters by name ({name: {data, shape} or nested arrays}); checked whole first. */
   loadParams(values, { partial = false } = {}) {
+    let arrays;
+    try { this._checkOpen(); arrays = this._checkParams(values, partial); } catch (e) { return Promise.reject(e); }
     return this._locked(async () => {
-      const known = Object.fromEntries(this._params.map(([n, s, , , o]) => [n, [s, o]]));
-      const names = Object.keys(values);
-      const unknown = names.filter((n) => !(n in known)).sort();
-      if (unknown.length) throw new KeyError(`load_params: unknown parameter(s) ${pyList(unknown)}; this model has ${pyList(Object.keys(known).sort())}`);
-      const missing = Object.keys(known).filter((n) => !(n in values)).sort();
-      if (missing.length && !partial) throw new KeyError(`load_params: missing parameter(s) ${pyList(missing)} (pass partial=True to load a subset)`);
-      const arrays = {};
-      for (const n of names) {
-        const a = asArray(values[n]);
-        if (!a.kind) throw new TypeError(`load_params: ${pyStr(n)} must be numeric, got ${describe(a)}`);
-        if (pyTuple(a.shape) !== pyTuple(known[n][0])) throw new ValueError(`load_params: ${pyStr(n)} expects shape ${pyTuple(known[n][0])}, got ${pyTuple(a.shape)}`);
-        arrays[n] = Float32Array.from(a.data);
-      }
-      for (const [n, a] of Object.entries(arrays)) this._engine.write("params", known[n][1], a);
+      for (const [n, a, o] of arrays) this._engine.write("params", o, a);
     });
+  }
+  /** loadParams's checks: [name, Float32Array copy, offset] of each value. */
+  _checkParams(values, partial) {
+    const known = Object.fromEntries(this._params.map(([n, s, , , o]) => [n, [s, o]]));
+    const names = Object.keys(values);
+    const unknown = names.filter((n) => !has(known, n)).sort();
+    if (unknown.length) throw new KeyError(`load_params: unknown parameter(s) ${pyList(unknown)}; this model has ${pyList(Object.keys(known).sort())}`);
+    const missing = Object.keys(known).filter((n) => !has(values, n)).sort();
+    if (missing.length && !partial) throw new KeyError(`load_params: missing parameter(s) ${pyList(missing)} (pass partial=True to load a subset)`);
+    const arrays = [];
+    for (const n of names) {
+      const a = asArray(values[n]);
+      if (!a.kind) throw new TypeError(`load_params: ${pyStr(n)} must be numeric, got ${describe(a)}`);
+      if (pyTuple(a.shape) !== pyTuple(known[n][0])) throw new ValueError(`load_params: ${pyStr(n)} expects shape ${pyTuple(known[n][0])}, got ${pyTuple(a.shape)}`);
+      arrays.push([n, Float32Array.from(a.data), known[n][1]]);
+    }
+    return arrays;
   }
   // ---- buffers (Module.buffer; state.py): f32 ones in the `buffers` buffer, i32 ones in `buffers_i32`
   async _readBuffers() {
@@ -1036,9 +1072,7 @@ export class ModelBase {
   buffers() {
     return this._locked(async () => {
       const flat = await this._readBuffers();
-      const out = {};
-      for (const [n, s, dt, , o] of this._buffers) out[n] = { data: flat[dt].slice(o, o + sizeOf(s)), shape: [...s], dtype: dt };
-      return out;
+      return Object.fromEntries(this._buffers.map(([n, s, dt, , o]) => [n, { data: flat[dt].slice(o, o + sizeOf(s)), shape: [...s], dtype: dt }]));
     });
   }
   /** Overwrite buffers by name, as loadParams overwrites parameters; checked whole first. */
@@ -1046,14 +1080,14 @@ export class ModelBase {
     return this._locked(async () => {
       const known = Object.fromEntries(this._buffers.map(([n, s, dt, , o]) => [n, [s, dt, o]]));
       const names = Object.keys(values);
-      const unknown = names.filter((n) => !(n in known)).sort();
+      const unknown = names.filter((n) => !has(known, n)).sort();
       if (unknown.length) {
         const hint = unknown.every((n) => this.paramNames.includes(n)) ? " (parameters load with load_params)" : "";
         throw new KeyError(`load_buffers: unknown buffer(s) ${pyList(unknown)}${hint}; this model has ${pyList(Object.keys(known).sort())}`);
       }
-      const missing = Object.keys(known).filter((n) => !(n in values)).sort();
+      const missing = Object.keys(known).filter((n) => !has(values, n)).sort();
       if (missing.length && !partial) throw new KeyError(`load_buffers: missing buffer(s) ${pyList(missing)} (pass partial=True to load a subset)`);
-      const arrays = {};
+      const arrays = new Map(); // a Map: a buffer may be named "__proto__"
       for (const n of names) {
         const [shape, dt] = known[n];
         const a = asArray(values[n]);
@@ -1063,10 +1097,10 @@ export class ModelBase {
           const vals = Array.from(a.data, Number);
           if (!vals.every(Number.isInteger)) throw new ValueError(`load_buffers: ${pyStr(n)} is an i32 buffer; got values that are not whole numbers`);
           if (!vals.every((v) => v >= -(2 ** 31) && v <= 2 ** 31 - 1)) throw new ValueError(`load_buffers: ${pyStr(n)} is an i32 buffer; got values outside the i32 range`);
-          arrays[n] = Int32Array.from(vals);
-        } else arrays[n] = Float32Array.from(a.data, Number);
+          arrays.set(n, Int32Array.from(vals));
+        } else arrays.set(n, Float32Array.from(a.data, Number));
       }
-      for (const [n, a] of Object.entries(arrays)) this._engine.write(BUFFER_ARENAS[known[n][1]][0], known[n][2], a);
+      for (const [n, a] of arrays) this._engine.write(BUFFER_ARENAS[known[n][1]][0], known[n][2], a);
     });
   }
   /** {dtype: flat initial contents}: buffer j from its init spec on stream len(params) + j (state.py). */
@@ -1117,14 +1151,18 @@ export class ModelBase {
   /** A float, or a schedule such as ["linear", 5e-3, 5e-4, 1500] or {kind: "cosine", peak, final, steps}. */
   /** With parameter groups: group i sets groups[i]'s lr, "default" the ungrouped params', null every
    * group's; entry: which training entry (null: the only one). */
+  /** Bad arguments throw at once; the change itself is queued like a call, so steps requested
+   * before it (not yet run) train with the old lr and later ones with the new; resolves when applied. */
   setLr(lr, group = null, entry = null) {
     this._checkOpen();
     const e = this._trainEntry(entry, "set_lr");
     if (e.opt === null) throw new Error("this program was built without an optimizer (optimizer=None)");
     const which = groupIndex(e, group);
     lr = normalizeLr(lr);
-    if (which === null || which === "default") { e.lr = lr; e.lrOrigin = e.count; }
-    e.groupLrs.forEach((g, i) => { if (which === null || which === i) { g[0] = lr; g[1] = e.count; } });
+    return this._locked(async () => {
+      if (which === null || which === "default") { e.lr = lr; e.lrOrigin = e.count; }
+      e.groupLrs.forEach((g, i) => { if (which === null || which === i) { g[0] = lr; g[1] = e.count; } });
+    });
   }
   currentLr(group = "default", entry = null) {
     const e = this._trainEntry(entry, "current_lr");
@@ -1141,11 +1179,11 @@ export class ModelBase {
     // the method's name as the Python package spells it, so that messages are the same
     const shown = methodName(entry, stacked);
     const given = Object.keys(inputs || {});
-    const unknown = given.filter((n) => !(n in decl)).sort();
+    const unknown = given.filter((n) => !has(decl, n)).sort();
     if (unknown.length) throw new TypeError(`${shown}(): unknown input(s) ${pyList(unknown)}; expected ${pyList(Object.keys(decl).sort())}`);
     const missing = Object.keys(decl).filter((n) => !given.includes(n)).sort();
     if (missing.length) throw new TypeError(`${shown}(): missing input(s) ${pyList(missing)}`);
-    const dims = this._program.dims, sizes = {}, arrays = {};
+    const dims = this._program.dims, sizes = Object.create(null), arrays = Object.create(null);
     const lead = stacked ? 1 : 0;
     let k = null;
     for (const [name, [dtype, shape]] of Object.entries(decl)) {
@@ -1166,7 +1204,7 @@ export class ModelBase {
         const got = a.shape[i + lead];
         if (typeof d === "string") {
           const ok = dims[d].includes(got);
-          if (!ok || (d in sizes && sizes[d] !== got)) {
+          if (!ok || (has(sizes, d) && sizes[d] !== got)) {
             const clash = ok ? ` (${d} = ${sizes[d]} from an earlier input)` : "";
             throw new ValueError(`${shown}(): input ${pyStr(name)} expects ${want}${note}${clash}; got ${describe(a)}`);
           }
@@ -1176,7 +1214,8 @@ export class ModelBase {
       if (dtype === "i32") {
         for (const v of a.data) if (v < -(2 ** 31) || v > 2 ** 31 - 1) throw new ValueError(`${shown}(): input ${pyStr(name)} has values outside the i32 range`);
       }
-      arrays[name] = dtype === "i32" ? Int32Array.from(a.data) : a.data instanceof Float32Array ? a.data : Float32Array.from(a.data);
+      // a copy, made now: the caller may refill its array before the queued call runs
+      arrays[name] = dtype === "i32" ? Int32Array.from(a.data) : Float32Array.from(a.data);
     }
     if (stacked && k === 0) throw new ValueError(`${shown}(): no batches (the stacked inputs have K = 0)`);
     const key = this._variant(entry, sizes);
@@ -1227,7 +1266,7 @@ export class ModelBase {
     let packed = this._staging[key];
     if (!packed) packed = this._staging[key] = { inputs: new Float32Array(en.input_sizes.inputs), inputs_i32: new Int32Array(en.input_sizes.inputs_i32) };
     for (const [name, , shape, arena, off] of en.inputs) {
-      const v = name in arrays ? arrays[name] : extra[name];
+      const v = has(arrays, name) ? arrays[name] : extra[name];
       if (typeof v === "number") packed[arena][off] = v;
       else packed[arena].set(v, off);
     }
@@ -1246,7 +1285,7 @@ export class ModelBase {
   }
   /** One training step; resolves to the loss (a number), or {loss, captures} with captures: true. */
   _step(inputs, captures = false, entry = "train") {
-    if (!(entry in this._program.signatures)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
+    if (!has(this._program.signatures, entry)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
     let picked;
     try { this._checkOpen(); picked = this._pick(entry, inputs); } catch (e) { return Promise.reject(e); }
     return this._locked(async () => {
@@ -1264,7 +1303,7 @@ export class ModelBase {
   /** K training steps in one call (model.py's _step_many): Float32Array of K losses, or
    * {losses, captures} (captures of the last step) with captures: true. */
   _stepMany(batches, captures = false, entry = "train") {
-    if (!(entry in this._program.signatures)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
+    if (!has(this._program.signatures, entry)) return Promise.reject(new Error(`${this._program.name} was built without train=`));
     let key, arrays, k;
     try {
       this._checkOpen();
@@ -1285,7 +1324,7 @@ export class ModelBase {
           const extra = this._trainArgs(t0 + start + i + 1, tr, start + i + 1);
           for (const [name, , shape, arena, off] of en.inputs) {
             const at = i * sizes[arena] + off;
-            if (name in arrays) {
+            if (has(arrays, name)) {
               const w = Math.max(sizeOf(shape), 1);
               rows[arena].set(arrays[name].subarray((start + i) * w, (start + i + 1) * w), at);
             } else rows[arena][at] = extra[name]; // per-step scalars, converted as _pack converts step()'s
@@ -1355,8 +1394,10 @@ export class ModelBase {
   }
   /** Load a checkpoint (bytes of a .npz written by either package's save); checked whole before anything changes. */
   restore(bytes, path = "checkpoint") {
+    // a copy, made now: the caller may reuse its buffer before the queued restore runs
+    if (bytes instanceof ArrayBuffer) bytes = new Uint8Array(bytes.slice(0));
+    else if (ArrayBuffer.isView(bytes)) bytes = new Uint8Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
     return this._locked(async () => {
-      if (bytes instanceof ArrayBuffer) bytes = new Uint8Array(bytes);
       const bad = (why) => new ValueError(`${path}: ${why}`);
       if (bytes.length >= 6 && bytes[0] === 0x93 && String.fromCharCode(...bytes.subarray(1, 6)) === "NUMPY")
         throw bad("this is a .npy file (one array), not an aot checkpoint (a .npz written by Model.save)");
@@ -1376,14 +1417,20 @@ export class ModelBase {
         Object.assign(layout, { [`__train__/${e.name}/step_count`]: "i8", [`__train__/${e.name}/lr`]: "str", [`__train__/${e.name}/lr_origin`]: "i8" });
         e.groupLrs.forEach((_, i) => Object.assign(layout, { [`__train__/${e.name}/lr_g${i}`]: "str", [`__train__/${e.name}/lr_origin_g${i}`]: "i8" }));
       }
+      // the most bytes each member can hold (model.py's _nbytes): checked before a byte is inflated
+      const most = (kind) => NPY_HEADER_MAX + (kind === "str" ? 4 * STR_MEMBER_MAX : kind === "i8" || kind === "seed" ? 8 : 4 * sizeOf(kind[1]));
+      const limit = 65536 + Object.entries(layout).reduce((sum, [m, kind]) => sum + 1024 + 2 * m.length + most(kind), 0);
+      if (bytes.length > limit) throw bad(`not a checkpoint of ${this._program.name}: it has ${bytes.length} bytes, more than this model's checkpoints can hold (${limit})`);
       const read = async (member) => {
         const kind = layout[member];
         const mbad = (why) => bad(`checkpoint member ${pyStr(member)} ${why}`);
-        const npy = parseNpy(await memberBytes(zip.get(names.get(member)), member, bad), mbad);
+        const npy = parseNpy(await memberBytes(zip.get(names.get(member)), member, bad, most(kind)), mbad);
         const dv = new DataView(npy.body.buffer, npy.body.byteOffset, npy.body.byteLength);
         if (kind === "str") {
           const m = /^[<|=]U(\d+)$/.exec(npy.descr);
           if (!m || npy.shape.length) throw mbad(`has dtype ${pyStr(npy.descr)}, expected a string`);
+          if (+m[1] > STR_MEMBER_MAX || npy.body.length !== 4 * +m[1])
+            throw mbad(`declares ${m[1]} characters in ${npy.body.length} bytes (a string member holds at most ${STR_MEMBER_MAX})`);
           let s = "";
           for (let i = 0; i < +m[1]; i++) { const c = dv.getUint32(4 * i, true); if (c === 0) break; s += String.fromCodePoint(c); }
           return s;
@@ -1416,7 +1463,7 @@ export class ModelBase {
       const program = await read("__program__"), fingerprint = await read("__fingerprint__");
       if (program !== this._program.name || fingerprint !== this._program.fingerprint)
         throw bad(`checkpoint of program ${pyStr(program)} does not match this model (${pyStr(this._program.name)}: different parameters, shapes or optimizer)`);
-      for (const [what, found] of [["unknown", [...names.keys()].filter((m) => !(m in layout)).sort()], ["missing", Object.keys(layout).filter((m) => !names.has(m)).sort()]]) {
+      for (const [what, found] of [["unknown", [...names.keys()].filter((m) => !has(layout, m)).sort()], ["missing", Object.keys(layout).filter((m) => !names.has(m)).sort()]]) {
         const ps = found.filter((m) => m.startsWith("param/")).map((m) => m.slice(6));
         if (ps.length) throw new KeyError(`${path}: ${what} parameter(s) ${pyList(ps)} in the checkpoint`);
         const bs = found.filter((m) => m.startsWith("buffer/")).map((m) => m.slice(7));

@@ -131,6 +131,17 @@ def allreduce_mean(group=None):
     world = td.get_world_size(group)
 
     def allreduce(grads: np.ndarray) -> np.ndarray:
+        # gloo aborts the process (SIGABRT) when ranks reduce vectors of different lengths (other
+        # builds): a 2-element collective compares the lengths first, so every rank raises instead
+        n = int(grads.size)
+        sizes = torch.tensor([n, -n], dtype=torch.int64)
+        td.all_reduce(sizes, op=td.ReduceOp.MAX, group=group)
+        if int(sizes[0]) != -int(sizes[1]):
+            raise ReplicaMismatch(
+                f"rank {td.get_rank(group)} of {world}: the ranks' gradient vectors differ in length (this rank's "
+                f"has {n} values; the longest {int(sizes[0])}, the shortest {-int(sizes[1])}): they run different "
+                "builds. Install or copy the same built package on every machine (check_replicas says so at start)"
+            )
         td.all_reduce(torch.from_numpy(grads), op=td.ReduceOp.SUM, group=group)
         grads /= np.float32(world)
         return grads
@@ -246,18 +257,38 @@ def save(model, path, group=None) -> None:
         )
 
 
+def _file_digest(path) -> int:
+    """58 bits of the file's SHA-256 (exact in an int64 collective, as check_replicas's)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return int(h.hexdigest()[:15], 16) >> 2
+
+
 def restore(model, path, group=None) -> None:
     """Every rank restores `path` (a file every rank can read: a shared folder, or a copy on each
-    machine), then check_replicas. If any rank fails, every rank raises."""
-    failure = None
+    machine), then check_replicas. Every rank first reads and checks its copy, and the ranks
+    compare their copies' SHA-256; only when every copy is valid and they are all the same does
+    any rank change its model. Otherwise every rank raises with its model as it was."""
+    failure, commit, digest = None, None, 0
     try:
-        model.restore(path)
+        commit = model._checked_restore(path)
+        digest = _file_digest(path)
     except Exception as e:
         failure = e
     if not _agree(failure is None, group):
         if failure is not None:
             raise failure
         raise RuntimeError(
-            f"another rank could not restore {os.fspath(path)!r} (its error says why)"
+            f"another rank could not restore {os.fspath(path)!r} (its error says why); no rank restored it"
         )
+    t = torch.tensor([digest, -digest], dtype=torch.int64)
+    td.all_reduce(t, op=td.ReduceOp.MAX, group=group)
+    if int(t[0]) != -int(t[1]):
+        raise ReplicaMismatch(
+            f"rank {td.get_rank(group)} of {td.get_world_size(group)}: the ranks' copies of {os.fspath(path)!r} differ "
+            "(their SHA-256 do); no rank restored it. Give every rank the same checkpoint"
+        )
+    commit()
     check_replicas(model, group)

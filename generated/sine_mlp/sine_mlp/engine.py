@@ -654,23 +654,27 @@ class Engine:
         _RAW.end(c)
 
     def _map_read(self, buf, nbytes: int) -> bytes:
-        """Map a readback buffer written by the submit just made, copy `nbytes` out, unmap."""
+        """Map a readback buffer written by the submit just made, copy `nbytes` out, unmap. A
+        Ctrl-C while waiting takes effect once the buffer is unmapped again: raised halfway, it
+        left the buffer mapped (or its map pending), and every later call failed on it.
+        """
         global _NOSYNC
-        t = time.perf_counter()
-        if _NOSYNC:
-            # wgpu-py's READ submits an empty command buffer first (a workaround for data written
-            # through a mapping, which ours never is: the GPU writes it in the submit just made)
+        with _sigint_deferred():
+            t = time.perf_counter()
+            if _NOSYNC:
+                # wgpu-py's READ submits an empty command buffer first (a workaround for data written
+                # through a mapping, which ours never is: the GPU writes it in the submit just made)
+                try:
+                    buf.map_sync("READ_NOSYNC", 0, nbytes)
+                except Exception:
+                    _NOSYNC = False
+            if not _NOSYNC:
+                buf.map_sync(wgpu.MapMode.READ, 0, nbytes)
+            self._waited += time.perf_counter() - t
             try:
-                buf.map_sync("READ_NOSYNC", 0, nbytes)
-            except Exception:
-                _NOSYNC = False
-        if not _NOSYNC:
-            buf.map_sync(wgpu.MapMode.READ, 0, nbytes)
-        self._waited += time.perf_counter() - t
-        try:
-            return buf.read_mapped(0, nbytes, copy=True)
-        finally:
-            buf.unmap()
+                return buf.read_mapped(0, nbytes, copy=True)
+            finally:
+                buf.unmap()
 
     def _reads(self, enc, key: str, want_captures: bool, rb=None, pos: int = 0) -> list:
         """Copy outputs (and captures) into the readback buffer `rb` (the entry's own by default)
@@ -705,6 +709,7 @@ class Engine:
 
     def run(self, key: str, packed: dict, want_captures: bool):
         """One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures)."""
+        self.run_submitted = False
         t0 = time.perf_counter()
         self._waited = 0.0
         e = self.entries[key]
@@ -728,7 +733,13 @@ class Engine:
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
         reads = self._reads(enc, key, want_captures)
-        self.device.queue.submit([enc.finish()])
+        with (
+            _sigint_deferred()
+        ):  # a Ctrl-C here must not separate the submit from its record
+            self.device.queue.submit([enc.finish()])
+            # from here the GPU runs the whole call: an interrupt while waiting for its outputs
+            # still leaves the model after it (the caller counts the step)
+            self.run_submitted = True
         out = self._unpack(key, reads)
         # host time (upload, encoding, submit, unpacking) and time spent waiting for the GPU (the map)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)

@@ -10,7 +10,6 @@ import hashlib
 import os
 import re
 import struct
-import tempfile
 import threading
 import time
 import zipfile
@@ -32,6 +31,7 @@ from .engine import (
     _NP,
     Engine,
     ShaderError,
+    _sigint_deferred,
     _size,
     cores,
 )  # noqa: F401  (ShaderError: the package re-exports it)
@@ -449,7 +449,15 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             t = self.step_count + 1
             packed = self._pack(key, arrays, self._step_scalars(t, e))
             if allreduce is None:
-                out = self._engine.run(key, packed, captures)
+                try:
+                    out = self._engine.run(key, packed, captures)
+                except BaseException:
+                    if getattr(
+                        self._engine, "run_submitted", False
+                    ):  # interrupted after the step was submitted
+                        self.step_count = t
+                        e.count += 1
+                    raise
             else:
                 out = self._step_reduced(key, packed, captures, allreduce, e)
             self.step_count = t
@@ -745,6 +753,13 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         unknown parameter) leaves the model as it was. Nothing in a checkpoint is executed.
         """
         with self._lock:
+            self._checked_restore(path)()
+
+    def _checked_restore(self, path):
+        """Read and check the checkpoint at `path`, changing nothing; returns the function that
+        then puts it in the model (distributed.restore checks every rank's copy first).
+        """
+        with self._lock:
             self._check_open()
             layout = self._checkpoint_layout()
             z = _read_checkpoint(
@@ -763,30 +778,36 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             for n, s, _, _, o in self._params:
                 flat[o : o + _size(s)] = z["param/" + n].ravel()
             buffers = {n: z["buffer/" + n] for n in self.buffer_names}
-            # everything is valid: only now does the model change
-            if self._total:
-                self._engine.write("params", 0, flat[: self._total])
-            self._write_named_buffers(buffers)
-            state, pos = z["__state__"], 0
-            for arena, n in self._state_buffers():
-                self._engine.write(arena, 0, state[pos : pos + n])
-                pos += n
-            self.step_count = step_count
-            self._seed = seed
-            if one is not None:
-                one.count, one.lr, one.lr_origin, one.group_lrs = (
-                    step_count,
-                    lr,
-                    origin,
-                    group_lrs,
-                )
-            for e, count, e_lr, e_origin, e_groups in entries:
-                e.count, e.lr, e.lr_origin, e.group_lrs = (
-                    count,
-                    e_lr,
-                    e_origin,
-                    e_groups,
-                )
+
+        def commit():
+            # everything is valid: only now does the model change, all of it (a Ctrl-C waits)
+            with self._lock, _sigint_deferred():
+                self._check_open()
+                if self._total:
+                    self._engine.write("params", 0, flat[: self._total])
+                self._write_named_buffers(buffers)
+                state, pos = z["__state__"], 0
+                for arena, n in self._state_buffers():
+                    self._engine.write(arena, 0, state[pos : pos + n])
+                    pos += n
+                self.step_count = step_count
+                self._seed = seed
+                if one is not None:
+                    one.count, one.lr, one.lr_origin, one.group_lrs = (
+                        step_count,
+                        lr,
+                        origin,
+                        group_lrs,
+                    )
+                for e, count, e_lr, e_origin, e_groups in entries:
+                    e.count, e.lr, e.lr_origin, e.group_lrs = (
+                        count,
+                        e_lr,
+                        e_origin,
+                        e_groups,
+                    )
+
+        return commit
 
     def close(self) -> None:
         """Release the GPU resources; calling it again does nothing."""
@@ -913,27 +934,63 @@ def _temp_prefix(path: str) -> str:
 
 def _replace_atomically(path: str, write) -> None:
     """write(f) into a temporary file of its own in path's folder, then rename it over path."""
+    # abspath("") is the current folder: the temporary file would land in its parent
+    if not path:
+        raise ValueError("cannot write a checkpoint to an empty path; give a file name")
     folder = os.path.dirname(os.path.abspath(path))
     prefix = _temp_prefix(path)
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=_TEMP_SUFFIX, dir=folder)
+    tmp = f = None
     try:
+        # a Ctrl-C between creating the file and holding it (or while cleaning up) would leave a
+        # stray temporary file or an fd closed twice: it takes effect at the end of these blocks
+        with _sigint_deferred():
+            fd, tmp = _create_temp(folder, prefix)
+            try:
+                f = os.fdopen(fd, "wb")
+            except BaseException:
+                os.close(fd)
+                raise
         if fcntl is not None:
             try:  # held until the file is closed: another save's cleanup leaves a locked file alone
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             except OSError:
                 pass
-        with os.fdopen(fd, "wb") as f:
+        with f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        with _sigint_deferred():
+            if f is not None:
+                f.close()  # (again, when it is closed already)
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:  # renamed already: the checkpoint is whole
+                    pass
         raise
     _remove_stale_temps(folder, prefix)
+
+
+def _create_temp(folder: str, prefix: str) -> tuple[int, str]:
+    """A new file '<prefix>XXXXXXXX.partial' in folder, opened for writing. Unlike mkstemp (mode
+    0600) it is created 0666 less the process's umask, so the checkpoint renamed from it gets the
+    mode any other file the user writes gets."""
+    flags = (
+        os.O_RDWR
+        | os.O_CREAT
+        | os.O_EXCL
+        | getattr(os, "O_BINARY", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    for _ in range(1000):
+        tmp = os.path.join(folder, prefix + os.urandom(4).hex() + _TEMP_SUFFIX)
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {prefix!r} in {folder}")
 
 
 def _remove_stale_temps(folder: str, prefix: str) -> None:
