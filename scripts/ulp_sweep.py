@@ -7,7 +7,9 @@ both signs, a dense grid on [-10, 10], values next to multiples of pi/2 (sin/cos
 the special values (+-0, +-inf, NaN, FLT_MAX, the smallest normal and subnormal). Every op's
 graph sits in one Infer entry of one Program, compiled once per kernel set. The error of a value
 is the distance of aot's and torch's float32 results counted in representable floats (so 1 is
-one ulp); NaN against NaN is 0, NaN against a number is infinite. Where both results are below
+one ulp); NaN against NaN is 0, NaN against a number is infinite. Both are also compared with
+the exact values (torch in float64, rounded): "exact_max_ulp" for aot, "torch_exact_max_ulp" for
+torch float32, and "worse_than_torch_ulp", the most aot's error exceeds torch's at one input. Where both results are below
 the smallest normal (2^-126) the distance is 0: WGSL lets drivers flush subnormals (lavapipe does).
 Prints and writes {"ops": {op: {kernel set: {"max_ulp": .., "at": x, "aot": .., "torch": ..}}}}.
 """
@@ -110,12 +112,15 @@ def build(kernels: str, x: np.ndarray, names=None):
     return aot.compile(prog, kernels=kernels), names
 
 
-def torch_values(x: np.ndarray, names) -> dict[str, np.ndarray]:
+def torch_values(x: np.ndarray, names, dtype="float32") -> dict[str, np.ndarray]:
+    """torch's values at x: float32, or computed in float64 and rounded to float32 (the exact
+    values, near enough, to tell which side of a disagreement is right)."""
     import torch
 
     ops_ = unary_ops()
+    t = torch.from_numpy(x).to(getattr(torch, dtype))
     with torch.no_grad():
-        return {n: ops_[n][1](torch.from_numpy(x)).numpy() for n in names}
+        return {n: ops_[n][1](t).to(torch.float32).numpy() for n in names}
 
 
 def sweep(kernels: str, x: np.ndarray, names=None):
@@ -127,15 +132,29 @@ def sweep(kernels: str, x: np.ndarray, names=None):
         got = dict(zip(names, model.f(x=x)))
     finally:
         model.close()
-    want = torch_values(x, names)
+    want, exact = torch_values(x, names), torch_values(x, names, "float64")
     sub = (np.abs(x) < TINY) & (x != 0)
     out = {}
     for n in names:
         d = ulp_distance(got[n], want[n])
+        # where aot is further from torch float32 than `bound`, is it closer to the exact value?
+        d_aot, d_torch = ulp_distance(got[n], exact[n]), ulp_distance(want[n], exact[n])
         i = int(np.argmax(np.where(sub, 0.0, d)))
-        out[n] = {"max_ulp": float(d[i]), "at": float(x[i]), "aot": float(got[n][i]), "torch": float(want[n][i]),
-                  "subnormal_inputs_max_ulp": float(d[sub].max())}
-    return out, got, want
+        j = int(np.argmax(np.where(sub, 0.0, d_aot - d_torch)))
+        out[n] = {
+            "max_ulp": float(d[i]),
+            "at": float(x[i]),
+            "aot": float(got[n][i]),
+            "torch": float(want[n][i]),
+            "subnormal_inputs_max_ulp": float(d[sub].max(initial=0.0)),
+            "exact_max_ulp": float(d_aot[~sub].max()),
+            "torch_exact_max_ulp": float(d_torch[~sub].max()),
+            "worse_than_torch_ulp": (
+                float(d_aot[j] - d_torch[j]) if np.isfinite(d_aot[j] - d_torch[j]) else str(d_aot[j] - d_torch[j])
+            ),
+            "worse_than_torch_at": float(x[j]),
+        }
+    return out, got, want, exact
 
 
 def main(argv=None):
