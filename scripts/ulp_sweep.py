@@ -123,6 +123,14 @@ def torch_values(x: np.ndarray, names, dtype="float32") -> dict[str, np.ndarray]
         return {n: ops_[n][1](t).to(torch.float32).numpy() for n in names}
 
 
+def _tail_error(got, want, x) -> float:
+    """max |got - want| / |x|; infinite where one side is not finite and the two differ."""
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    fin = np.isfinite(got) & np.isfinite(want)
+    err = np.where(same, 0.0, np.where(fin, np.abs(np.where(fin, got, 0) - np.where(fin, want, 0)), np.inf))
+    return float(np.max(err / np.abs(x), initial=0.0))
+
+
 def sweep(kernels: str, x: np.ndarray, names=None):
     """{op: {"max_ulp", "at", "aot", "torch", "subnormal_inputs_max_ulp"}} for one kernel set,
     max_ulp over the inputs that are not subnormal (drivers may treat those as 0: log(1e-45) is
@@ -134,6 +142,7 @@ def sweep(kernels: str, x: np.ndarray, names=None):
         model.close()
     want, exact = torch_values(x, names), torch_values(x, names, "float64")
     sub = (np.abs(x) < TINY) & (x != 0)
+    tail = np.isfinite(x) & (x < -1)
     out = {}
     for n in names:
         d = ulp_distance(got[n], want[n])
@@ -153,6 +162,9 @@ def sweep(kernels: str, x: np.ndarray, names=None):
                 float(d_aot[j] - d_torch[j]) if np.isfinite(d_aot[j] - d_torch[j]) else str(d_aot[j] - d_torch[j])
             ),
             "worse_than_torch_at": float(x[j]),
+            # gelu's bounds (docs/API.md): ulps for -1 <= x <= 1.7e38, |aot - torch| / |x| below -1
+            "max_ulp_x_from_-1": float(d[~sub & (x >= -1) & (x <= 1.7e38)].max()),
+            "max_abs_diff_over_abs_x_below_-1": _tail_error(got[n][tail], want[n][tail], x[tail]),
         }
     return out, got, want, exact
 
