@@ -844,3 +844,43 @@ def test_train_entries_in_the_page(browser, site, tmp_path):
         assert py.step_g(z=zs[4]) == pytest.approx(js["next"], rel=1e-5)
     finally:
         py.close()
+
+
+def test_math_helpers_compile_in_chrome(browser, site):
+    """Chrome's Tint refuses WGSL that naga and lavapipe take (a constant expression that is inf,
+    say): every unary op's kernels, so every math helper of _helpers.wgsl.j2 (aot's own exp, log,
+    sin, cos, erf, ...), in all three kernel sets, compile to pipelines without an error."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import ulp_sweep
+
+    class Empty(aot.Module):
+        pass
+
+    table = ulp_sweep.unary_ops()
+    prog = aot.Program("helpers_web", model=Empty, infer={
+        "f": aot.Infer(lambda m, x: ops.stack([f(x) for f, _ in table.values()], 0), inputs={"x": aot.f32(64)})})
+    c = compile_program(prog)
+    texts = {f"{s}:{k}": t for s in ("_wgsl", "_wgsl_cpu", "_wgsl_subgroup") for k, t in c.program.get(s, {}).items()}
+    assert any("fn trig_reduce_f32" in t for t in texts.values()) and any("fn log_f32" in t for t in texts.values())
+    url, _ = site
+    pg = browser.new_page()
+    pg.goto(f"{url}/sine_mlp/index.html?steps=0")
+    errors = pg.evaluate("""async (texts) => {
+      const a = await navigator.gpu.requestAdapter();
+      const feats = a.features.has('subgroups') ? ['subgroups'] : [];
+      const d = await a.requestDevice({requiredFeatures: feats});
+      const out = {};
+      for (const [k, t] of Object.entries(texts)) {
+        if (k.startsWith('_wgsl_subgroup') && !feats.length) continue;
+        d.pushErrorScope('validation');
+        const m = d.createShaderModule({code: t});
+        const info = await m.getCompilationInfo();
+        d.createComputePipeline({layout: 'auto', compute: {module: m, entryPoint: 'main'}});
+        const err = await d.popErrorScope();
+        const msgs = info.messages.filter((x) => x.type === 'error').map((x) => x.message);
+        if (msgs.length || err) out[k] = msgs.join('; ') + (err ? ' | ' + err.message : '');
+      }
+      return out;
+    }""", texts)
+    pg.close()
+    assert errors == {}

@@ -43,6 +43,28 @@ fn k0_main(gid: vec3<u32>) {
     work[798720u + o] = res0;
 }
 
+// exp to about 1 ulp: drivers compute exp2(x log2(e)), whose rounding of the product costs |x|
+// ulps (52 at x = 75 on lavapipe). x = k ln2 + r with ln2 in two parts (the first of 16 bits:
+// k ln2_hi is exact for |k| <= 151), exp(r) by its Taylor series to r^8 (|r| <= 0.35: terms left
+// out below 1e-9), times 2^k as two powers of two, so that only the last product rounds (to
+// inf above 88.73, to a subnormal or 0 below -87.3); NaN passed through
+fn k1_exp_f32(x: f32) -> f32 {
+    let c = clamp(x, -104.0, 89.0);
+    let k = round(c * 1.44269504089);
+    let r = (c - k * 0.693145751953125) - k * 1.4286067653e-6;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.16666666667 + r * (0.041666666667 + r * (0.0083333333333
+        + r * (0.0013888888889 + r * (1.9841269841e-4 + r * 2.4801587302e-5)))))));
+    let ki = i32(k);
+    let k1 = ki / 2;
+    let k2 = ki - k1;
+    let v = (p * bitcast<f32>(u32(k1 + 127) << 23u)) * bitcast<f32>(u32(k2 + 127) << 23u);
+    return select(v, x, k1_is_nan_f32(x));
+}
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn k1_is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 fn k1_main(gid: vec3<u32>) {
     let o = gid.x + gid.y * 1024u;
     if (o >= 1024u) {
@@ -57,11 +79,40 @@ fn k1_main(gid: vec3<u32>) {
         let v4: u32 = v0 * 8u + v1;
         let v5: f32 = work[798720u + v4];
         let v6: f32 = v3 - v5;
-        let v7: f32 = exp(v6);
+        let v7: f32 = k1_exp_f32(v6);
         acc0 = acc0 + v7;
     }
     let res0 = acc0;
     work[799744u + o] = res0;
+}
+
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn k2_f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
+// log to about 1 ulp: WGSL bounds log's error only absolutely near 1 (lavapipe: 35 ulps at 0.97).
+// x = m 2^e from its bits (a subnormal x too, which a driver may read as 0), m in [sqrt(1/2),
+// sqrt(2)); log(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, by its series to s^15 (terms
+// left out below 1e-12), plus e ln2 in two parts; -inf at 0, NaN below 0 and for NaN, inf at inf
+fn k2_log_f32(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    let ex = bits >> 23u;
+    let man = bits & 0x7fffffu;
+    let shift = select(0u, countLeadingZeros(man) - 8u, ex == 0u);  // a subnormal's significand
+    let e0 = select(i32(ex), 1 - i32(shift), ex == 0u) - 127;
+    let m0 = bitcast<f32>(((man << shift) & 0x7fffffu) | 0x3f800000u);
+    let up = m0 > 1.41421356;
+    let m = select(m0, m0 * 0.5, up);
+    let e = f32(e0 + select(0, 1, up));
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let q = s * s;
+    let p = q * (1.0 / 3.0 + q * (1.0 / 5.0 + q * (1.0 / 7.0 + q * (1.0 / 9.0 + q * (1.0 / 11.0 + q * (1.0 / 13.0 + q * (1.0 / 15.0)))))));
+    let two_s = f - s * f;  // 2s, as f minus a term ~f^2/2 (s (2 + f) = f)
+    let v = e * 0.693145751953125 + (e * 1.4286067653e-6 + (f - (s * f - two_s * p)));
+    let edge = select(select(x, k2_f32_bits(0xff800000u), (bits & 0x7fffffffu) == 0u), k2_f32_bits(0x7fc00000u), bits > 0x80000000u);
+    return select(v, edge, (bits & 0x7fffffffu) == 0u || bits > 0x80000000u || ex == 255u);
 }
 
 fn k2_main(gid: vec3<u32>) {
@@ -78,7 +129,7 @@ fn k2_main(gid: vec3<u32>) {
     let v5: f32 = work[798720u + v4];
     let v6: f32 = v0 - v5;
     let v7: f32 = work[799744u + v4];
-    let v8: f32 = log(v7);
+    let v8: f32 = k2_log_f32(v7);
     let v9: f32 = v6 - v8;
     work[983040u + i] = v9;
 }

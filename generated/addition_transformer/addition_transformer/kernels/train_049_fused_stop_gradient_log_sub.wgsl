@@ -2,6 +2,34 @@
 // train_049_fused_stop_gradient_log_sub: stop_gradient -> sub -> log -> sub   (addition_transformer.py:61)
 // writes f32[128,8,12]; reads train_048_fused_stop_gradient_sub_sum, train_047_max, train_046_matmul
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
+// log to about 1 ulp: WGSL bounds log's error only absolutely near 1 (lavapipe: 35 ulps at 0.97).
+// x = m 2^e from its bits (a subnormal x too, which a driver may read as 0), m in [sqrt(1/2),
+// sqrt(2)); log(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, by its series to s^15 (terms
+// left out below 1e-12), plus e ln2 in two parts; -inf at 0, NaN below 0 and for NaN, inf at inf
+fn log_f32(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    let ex = bits >> 23u;
+    let man = bits & 0x7fffffu;
+    let shift = select(0u, countLeadingZeros(man) - 8u, ex == 0u);  // a subnormal's significand
+    let e0 = select(i32(ex), 1 - i32(shift), ex == 0u) - 127;
+    let m0 = bitcast<f32>(((man << shift) & 0x7fffffu) | 0x3f800000u);
+    let up = m0 > 1.41421356;
+    let m = select(m0, m0 * 0.5, up);
+    let e = f32(e0 + select(0, 1, up));
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let q = s * s;
+    let p = q * (1.0 / 3.0 + q * (1.0 / 5.0 + q * (1.0 / 7.0 + q * (1.0 / 9.0 + q * (1.0 / 11.0 + q * (1.0 / 13.0 + q * (1.0 / 15.0)))))));
+    let two_s = f - s * f;  // 2s, as f minus a term ~f^2/2 (s (2 + f) = f)
+    let v = e * 0.693145751953125 + (e * 1.4286067653e-6 + (f - (s * f - two_s * p)));
+    let edge = select(select(x, f32_bits(0xff800000u), (bits & 0x7fffffffu) == 0u), f32_bits(0x7fc00000u), bits > 0x80000000u);
+    return select(v, edge, (bits & 0x7fffffffu) == 0u || bits > 0x80000000u || ex == 255u);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -18,7 +46,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v5: f32 = work[798720u + v4];
     let v6: f32 = v0 - v5;
     let v7: f32 = work[799744u + v4];
-    let v8: f32 = log(v7);
+    let v8: f32 = log_f32(v7);
     let v9: f32 = v6 - v8;
     work[983040u + i] = v9;
 }

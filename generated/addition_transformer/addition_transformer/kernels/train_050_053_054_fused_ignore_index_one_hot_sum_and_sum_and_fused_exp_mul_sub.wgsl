@@ -54,6 +54,28 @@ fn k1_k0_main(gid: vec3<u32>) {
     work[1020928u + o] = res0;
 }
 
+// exp to about 1 ulp: drivers compute exp2(x log2(e)), whose rounding of the product costs |x|
+// ulps (52 at x = 75 on lavapipe). x = k ln2 + r with ln2 in two parts (the first of 16 bits:
+// k ln2_hi is exact for |k| <= 151), exp(r) by its Taylor series to r^8 (|r| <= 0.35: terms left
+// out below 1e-9), times 2^k as two powers of two, so that only the last product rounds (to
+// inf above 88.73, to a subnormal or 0 below -87.3); NaN passed through
+fn k1_k1_exp_f32(x: f32) -> f32 {
+    let c = clamp(x, -104.0, 89.0);
+    let k = round(c * 1.44269504089);
+    let r = (c - k * 0.693145751953125) - k * 1.4286067653e-6;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.16666666667 + r * (0.041666666667 + r * (0.0083333333333
+        + r * (0.0013888888889 + r * (1.9841269841e-4 + r * 2.4801587302e-5)))))));
+    let ki = i32(k);
+    let k1 = ki / 2;
+    let k2 = ki - k1;
+    let v = (p * bitcast<f32>(u32(k1 + 127) << 23u)) * bitcast<f32>(u32(k2 + 127) << 23u);
+    return select(v, x, k1_k1_is_nan_f32(x));
+}
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn k1_k1_is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 fn k1_k1_main(gid: vec3<u32>) {
     // flat output index; grids wider than 65535 workgroups continue on gid.y
     let i = gid.x + gid.y * 12288u;
@@ -62,7 +84,7 @@ fn k1_k1_main(gid: vec3<u32>) {
     }
     let v0: f32 = work[995328u + i];
     let v1: f32 = work[983040u + i];
-    let v2: f32 = exp(v1);
+    let v2: f32 = k1_k1_exp_f32(v1);
     let v3: u32 = i / 96u;
     let v4: u32 = (i / 12u) % 8u;
     let v5: u32 = i % 12u;
