@@ -10,7 +10,9 @@ overhead (the time spent outside waiting for the GPU), predict latency; and the 
 PyTorch (CUDA when available, else CPU) on identical initial parameters: eager, eager with
 scaled_dot_product_attention (transformers), torch.compile and one CUDA graph per step, each
 skipped with a reason where it cannot run, with aot's ratio to each and to the best. Ratios are what to read on a shared machine;
-absolute times count only from a GPU.
+absolute times count only from a GPU. The models of issues 30 and 31 (ResNet-20, DCGAN, the LSTM LM
+and the public PyTorch models compiled by `aot.from_torch`) are timed the same way by
+scripts/bench_models.py, from the package's state_dict.
 """
 
 from __future__ import annotations
