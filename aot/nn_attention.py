@@ -295,6 +295,16 @@ class TransformerDecoderLayer(_TransformerLayer):
         return self.norm3(x + self._ff(x))
 
 
+def _stack(op: str, arg: str, layer, cls, num_layers: int) -> list:
+    """`layer` followed by num_layers - 1 new layers built with its arguments (their own initial
+    parameters, where torch's stacks deep-copy the first)."""
+    if not isinstance(layer, cls):
+        fail(op, f"{arg} must be an nn.{cls.__name__}, got {type(layer).__name__}")
+    if num_layers < 1:
+        fail(op, f"num_layers must be at least 1, got {num_layers}")
+    return [layer] + [cls(**layer._args) for _ in range(num_layers - 1)]
+
+
 class TransformerEncoder(Module):
     """torch.nn.TransformerEncoder(encoder_layer, num_layers, norm=None): `layers.0` is the given
     layer, `layers.1...` new layers built with its arguments (their own initial parameters, where
@@ -302,12 +312,7 @@ class TransformerEncoder(Module):
 
     def __init__(self, encoder_layer, num_layers: int, norm=None, enable_nested_tensor: bool = True, mask_check: bool = True):
         super().__init__()  # enable_nested_tensor and mask_check are torch's fast-path switches: nothing here
-        if not isinstance(encoder_layer, TransformerEncoderLayer):
-            fail("TransformerEncoder", f"encoder_layer must be an nn.TransformerEncoderLayer, got {type(encoder_layer).__name__}")
-        if num_layers < 1:
-            fail("TransformerEncoder", f"num_layers must be at least 1, got {num_layers}")
-        args = encoder_layer._args
-        self.layers = [encoder_layer] + [TransformerEncoderLayer(**args) for _ in range(num_layers - 1)]
+        self.layers = _stack("TransformerEncoder", "encoder_layer", encoder_layer, TransformerEncoderLayer, num_layers)
         self.norm = norm
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: bool = False):
@@ -323,11 +328,7 @@ class TransformerDecoder(Module):
 
     def __init__(self, decoder_layer, num_layers: int, norm=None):
         super().__init__()
-        if not isinstance(decoder_layer, TransformerDecoderLayer):
-            fail("TransformerDecoder", f"decoder_layer must be an nn.TransformerDecoderLayer, got {type(decoder_layer).__name__}")
-        if num_layers < 1:
-            fail("TransformerDecoder", f"num_layers must be at least 1, got {num_layers}")
-        self.layers = [decoder_layer] + [TransformerDecoderLayer(**decoder_layer._args) for _ in range(num_layers - 1)]
+        self.layers = _stack("TransformerDecoder", "decoder_layer", decoder_layer, TransformerDecoderLayer, num_layers)
         self.norm = norm
 
     def forward(

@@ -133,11 +133,7 @@ class _InstanceNorm(Module):
         track_running_stats: bool = False,
     ):
         super().__init__()
-        C = self.num_features = int(num_features)
-        self.eps, self.momentum, self.track_running_stats = float(eps), momentum, bool(track_running_stats)
-        self.weight = self._torch_param(self.kind, "weight", (C,), init=_init.ones()) if affine else None
-        self.bias = self._torch_param(self.kind, "bias", (C,), init=_init.zeros()) if affine else None
-        _running_buffers(self)
+        _channel_state(self, num_features, eps, momentum, affine, track_running_stats)
 
     def forward(self, x):
         s = self.spatial
@@ -172,6 +168,15 @@ class InstanceNorm1d(_InstanceNorm):
 
 class InstanceNorm2d(_InstanceNorm):
     kind, spatial = "InstanceNorm2d", 2
+
+
+def _channel_state(m, num_features, eps, momentum, affine, track_running_stats) -> None:
+    """The per-channel parameters and buffers that InstanceNorm and BatchNorm share (torch's names)."""
+    C = m.num_features = int(num_features)
+    m.eps, m.momentum, m.track_running_stats = float(eps), momentum, bool(track_running_stats)
+    m.weight = m._torch_param(m.kind, "weight", (C,), init=_init.ones()) if affine else None
+    m.bias = m._torch_param(m.kind, "bias", (C,), init=_init.zeros()) if affine else None
+    _running_buffers(m)
 
 
 def _running_buffers(m) -> None:
@@ -240,11 +245,7 @@ class _BatchNorm(Module):
         super().__init__()
         if momentum is not None and not 0.0 <= momentum <= 1.0:
             fail(self.kind, f"momentum must be in [0, 1] or None, got {momentum!r}")
-        C = self.num_features = int(num_features)
-        self.eps, self.momentum, self.track_running_stats = float(eps), momentum, bool(track_running_stats)
-        self.weight = self._torch_param(self.kind, "weight", (C,), init=_init.ones()) if affine else None
-        self.bias = self._torch_param(self.kind, "bias", (C,), init=_init.zeros()) if affine else None
-        _running_buffers(self)
+        _channel_state(self, num_features, eps, momentum, affine, track_running_stats)
 
     def forward(self, x):
         want = self.shapes.format(C=self.num_features)
