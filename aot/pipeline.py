@@ -19,7 +19,7 @@ from . import chain, codegen, emit, ir, merge, passes
 from .errors import CodegenError
 from .frontend import Traced, trace_program
 from .optim_groups import group_table
-from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, BufferTable, Plan, arena_binding, buffer_of, plan, state_arena
+from .plan import ARENAS, DEFAULT_MAX_BINDING_MIB, BufferTable, Plan, arena_binding, buffer_of, is_input_arena, plan, state_arena
 from .program import Program, train_entries
 from .runtime.schedules import normalize
 from .ops.registry import FOLLOW, Replaces, lookup
@@ -207,7 +207,8 @@ def _tables(c: Compiled, opt, state_names) -> dict:
             lists["dispatches_cpu"] = c.kernels[key]
         entries[key] = {
             "inputs": [(n, dt, tuple(shape), loc.arena, loc.offset) for n, dt, shape, loc in p.inputs],
-            "input_sizes": {"inputs": p.sizes["inputs"], "inputs_i32": p.sizes["inputs_i32"]},
+            # every input buffer of the entry (inputs, inputs_i32, and spill buffers where they exist)
+            "input_sizes": {a: n for a, n in p.sizes.items() if is_input_arena(a)},
             "outputs": [(n, t.dtype, t.shape) + where(t) for n, t in g.outputs.items()],
             "captures": [(n, t.dtype, t.shape) + where(t) for n, t in g.captures.items()],
         }

@@ -7,7 +7,9 @@ Buffers ("arenas") are fixed per package, so every kernel binds at most seven of
   state       optimizer state, flat, as long as params: adam.m | sgd.momentum (state_1: adam.v,
               a buffer of its own so that no state buffer is larger than the parameters;
               state_2: a third vector, adam.vmax or RMSprop's, only in programs that have one)
-  inputs      f32 inputs and per-step scalars, packed; inputs_i32 the i32 inputs
+  inputs      f32 inputs and per-step scalars, packed; inputs_i32 the i32 inputs (inputs that
+              together exceed one binding spill, each whole, into inputs_1, inputs_2, ... and
+              inputs_i32_1, ...: first fit in declaration order, so a single tensor is the limit)
   work        intermediates, reused by liveness; work_i32 the i32 ones
   buffers     the model's buffers (Module.buffer), flat in declaration order; buffers_i32 the
               i32 ones (only in programs that have them: bindings after the fixed ones)
@@ -48,6 +50,13 @@ BUFFER_ARENAS = ("buffers", "buffers_i32")
 # after the buffer arenas and listed only by programs that have one, like them
 OPTIONAL_ARENAS = ("state_2",)
 DEFAULT_MAX_BINDING_MIB = 128  # WebGPU's default maxStorageBufferBindingSize (browsers, lavapipe)
+
+
+# Arenas that spill into more buffers (work_1, work_i32_1, inputs_1, inputs_i32_1, work_2, ...):
+# the k-th spill buffer of each family is bound after the fixed arenas, the families interleaved
+# (a program binds only those it has; the numbers between stay empty 4-byte buffers).
+SPILLS = ("work", "work_i32", "inputs", "inputs_i32")
+SPILL_FAMILIES = len(SPILLS)
 
 
 def chunk_name(arena: str, k: int) -> str:
@@ -92,8 +101,8 @@ def arena_binding(arena: str) -> int:
     if arena in OPTIONAL_ARENAS:
         return len(ARENAS) + len(BUFFER_ARENAS) + OPTIONAL_ARENAS.index(arena)
     base, k = arena.rsplit("_", 1)
-    n = len(ARENAS) + len(BUFFER_ARENAS) + len(OPTIONAL_ARENAS) + 2 * (int(k) - 1) + (base == "work_i32")
-    if n >= VEC_BINDING_BASE:
+    n = len(ARENAS) + len(BUFFER_ARENAS) + len(OPTIONAL_ARENAS) + SPILL_FAMILIES * (int(k) - 1) + SPILLS.index(base)
+    if n >= OFFSETS_BINDING:
         raise CodegenError(f"{arena}: more scratch buffers than binding numbers; build with a larger --max-binding-mib")
     return n
 
@@ -101,7 +110,12 @@ def arena_binding(arena: str) -> int:
 def arena_dtype(arena: str) -> str:
     if arena.endswith(VEC_SUFFIX):
         return "vec4<f32>"
-    return "i32" if arena in ("inputs_i32", "buffers_i32") or arena.startswith("work_i32") else "f32"
+    return "i32" if arena == "buffers_i32" or arena.startswith(("work_i32", "inputs_i32")) else "f32"
+
+
+def is_input_arena(arena: str) -> bool:
+    """inputs, inputs_i32 and their spill buffers (inputs_1, inputs_i32_1, ...)."""
+    return arena.startswith("inputs")
 
 
 def same_access(access: dict[str, str]) -> dict[str, str]:
@@ -188,10 +202,13 @@ def plan(
     inputs = []
     for n in g.nodes:
         if n.op == "input":
-            arena = "inputs" if n.out.dtype == "f32" else "inputs_i32"
-            loc[id(n.out)] = Loc(arena, sizes[arena])
+            width = max(n.out.size, 1)
+            if width > cap:
+                _too_large(g, f"the input {n.attrs['name']!r} {n.out.type_str()}", n.out, width, max_binding_mib)
+            arena = _input_buffer(sizes, n.out.dtype, width, cap)
+            loc[id(n.out)] = Loc(arena, sizes.get(arena, 0))
             inputs.append((n.attrs["name"], n.out.dtype, n.out.shape, loc[id(n.out)]))
-            sizes[arena] += max(n.out.size, 1)
+            sizes[arena] = sizes.get(arena, 0) + width
         elif n.op == "state":
             arena = state_arenas[n.attrs["name"]]
             loc[id(n.out)] = Loc(arena, slot)
@@ -284,7 +301,8 @@ def plan(
         for k, n in enumerate(_pack_with_gap(items, loc, arena, cap, apart)):
             sizes[chunk_name(arena, k)] = n
     optional = tuple(a for a in OPTIONAL_ARENAS if a in sizes)
-    for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32") + tuple(buffers.sizes) + optional:
+    spilled = tuple(a for a in sizes if is_input_arena(a) and a not in ARENAS)
+    for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32") + spilled + tuple(buffers.sizes) + optional:
         if sizes[arena] > cap:
             _too_large(g, f"the {arena} buffer", None, sizes[arena], max_binding_mib)
     for t in s.owners:
@@ -312,6 +330,16 @@ def plan(
         for i in range(start, end + 1):
             live[i] += t.size
     return Plan(loc, sizes, inputs, copy_list, unpooled, max(live, default=0))
+
+
+def _input_buffer(sizes: dict[str, int], dtype: str, width: int, cap: int) -> str:
+    """The first input buffer of `dtype` with room for `width` more elements (inputs, inputs_1,
+    ...): inputs that fit one binding together keep sharing it (one upload per call), and those
+    that do not get buffers of their own instead of refusing the program."""
+    base, k = ("inputs" if dtype == "f32" else "inputs_i32"), 0
+    while sizes.get(chunk_name(base, k), 0) and sizes[chunk_name(base, k)] + width > cap:
+        k += 1
+    return chunk_name(base, k)
 
 
 def _state_leaf(g, name):

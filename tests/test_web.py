@@ -25,6 +25,8 @@ import aot
 from aot import emit, nn, ops, web
 from aot.pipeline import compile_model, compile_program
 
+from test_input_buffers import program as split_program
+
 pytestmark = pytest.mark.web
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,6 +164,10 @@ GAN_WEB = aot.Program(
 )
 
 
+SPLIT_N, SPLIT_MIB = 40_000, 0.25
+SPLIT = split_program(SPLIT_N, "split_web")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """Web builds of sine_mlp, a tiny embedding model, the addition transformer (batch
@@ -173,6 +179,9 @@ def site(tmp_path_factory):
     for prog in (_load_example("sine_mlp"), EMBED, transformer, ATTN, BUF, GAN_WEB):
         compiled[prog.name] = c = compile_program(prog)
         web.write_web(c, out, f"{prog.name}.py")
+    # inputs over one binding under a 0.25 MiB limit: each input family spills into a second buffer
+    compiled[SPLIT.name] = c = compile_program(SPLIT, max_binding_mib=SPLIT_MIB)
+    web.write_web(c, out, f"{SPLIT.name}.py")
     broken = compile_program(_load_example("sine_mlp"))
     kname = next(iter(broken.program["_wgsl"]))
     for table in ("_wgsl", "_wgsl_cpu"):  # whichever set the adapter gets (a CPU variant too)
@@ -517,6 +526,54 @@ def test_buffers_train_save_and_restore_like_python(browser, site, tmp_path):
         pg.close()
     finally:
         py.close()
+
+
+def test_inputs_in_buffers_of_their_own_like_python(browser, site):
+    """Inputs over one binding (test_input_buffers.py, built under a 0.25 MiB limit): the page's
+    step, stepMany and predict pack them into their own buffers as the Python package does."""
+    url, compiled = site
+    assert {a for a, n in compiled[SPLIT.name].program["entries"]["train"]["input_sizes"].items() if n} == {
+        "inputs", "inputs_1", "inputs_i32", "inputs_i32_1"
+    }
+    r = np.random.default_rng(6)
+    n = SPLIT_N
+    feeds = [{"x": r.standard_normal(n).astype(np.float32), "y": r.standard_normal(n).astype(np.float32),
+              "keep": r.integers(0, 2, n).astype(np.int32), "sign": r.integers(-1, 2, n).astype(np.int32)} for _ in range(4)]
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        py = compile_model(SPLIT, max_binding_mib=SPLIT_MIB)
+    except RuntimeError as e:
+        pytest.skip(f"no WebGPU adapter for the Python package: {e}")
+    try:
+        init = py.params()
+        py_losses = [py.step(**feeds[0])] + list(py.step_many(**{k: np.stack([f[k] for f in feeds[1:3]]) for k in feeds[0]}))
+        py_params, py_out = py.params(), py.predict(x=feeds[3]["x"], y=feeds[3]["y"])
+    finally:
+        py.close()
+    pg = browser.new_page()
+    try:
+        pg.goto(f"{url}/{SPLIT.name}/index.html?steps=0")
+        pg.wait_for_function("document.body.dataset.state", timeout=300000)
+        assert pg.evaluate("document.body.dataset.state") == "done", pg.evaluate("window.demo.error")
+        js = pg.evaluate("""async (arg) => {
+            const m = window.demo.model;
+            const feed = (f) => ({x: {data: Float32Array.from(f.x), shape: [arg.n]}, y: {data: Float32Array.from(f.y), shape: [arg.n]},
+                                  keep: {data: Int32Array.from(f.keep), shape: [arg.n]}, sign: {data: Int32Array.from(f.sign), shape: [arg.n]}});
+            const init = Object.fromEntries(Object.entries(await m.params()).map(([k, v]) => [k, Array.from(v.data)]));
+            const losses = [await m.step(feed(arg.feeds[0]))];
+            losses.push(...await m.stepMany([feed(arg.feeds[1]), feed(arg.feeds[2])]));
+            const params = Object.fromEntries(Object.entries(await m.params()).map(([k, v]) => [k, Array.from(v.data)]));
+            const f = feed(arg.feeds[3]);
+            return {init, losses, params, out: Array.from((await m.predict({x: f.x, y: f.y})).data)};
+        }""", {"n": n, "feeds": [{k: v.tolist() for k, v in f.items()} for f in feeds]})
+    finally:
+        pg.close()
+    for k in init:
+        np.testing.assert_array_equal(np.asarray(js["init"][k], np.float32), init[k].ravel(), err_msg=k)
+    np.testing.assert_allclose(js["losses"], py_losses, rtol=1e-5)
+    for k in py_params:
+        np.testing.assert_allclose(js["params"][k], py_params[k].ravel(), rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(js["out"], py_out, rtol=1e-5, atol=1e-5)
 
 
 def _py_error(fn):

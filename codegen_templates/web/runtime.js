@@ -444,6 +444,9 @@ function parseNpy(data, bad) {
 // own properties only: "constructor", "toString", "__proto__" ... are on every object's prototype
 const has = (o, k) => o !== null && o !== undefined && Object.prototype.hasOwnProperty.call(o, k);
 const sizeOf = (shape) => shape.reduce((a, b) => a * b, 1);
+// n rows of each input buffer of an entry: inputs, inputs_1, ... f32; inputs_i32, inputs_i32_1, ... i32
+const inputRows = (sizes, n) =>
+  Object.fromEntries(Object.entries(sizes).map(([a, m]) => [a, a.startsWith("inputs_i32") ? new Int32Array(n * m) : new Float32Array(n * m)]));
 const now = () => (globalThis.performance ? performance.now() : Date.now());
 // engine.py's run_many sizes: steps per command buffer, input bytes per chunk, losses per readback
 const MANY_CHUNK = 32;
@@ -737,7 +740,7 @@ class Engine {
   /** Steps per chunk of runMany for this entry: MANY_CHUNK, fewer for large inputs (engine.many_slots). */
   manySlots(key) {
     const sizes = this.program.entries[key].input_sizes;
-    const perStep = 4 * (sizes.inputs + sizes.inputs_i32);
+    const perStep = 4 * Object.values(sizes).reduce((a, b) => a + b, 0);
     return Math.max(1, Math.min(MANY_CHUNK, Math.floor(MANY_UPLOAD_BYTES / Math.max(perStep, 1))));
   }
 
@@ -1264,7 +1267,7 @@ export class ModelBase {
   _pack(key, arrays, extra) {
     const en = this._program.entries[key];
     let packed = this._staging[key];
-    if (!packed) packed = this._staging[key] = { inputs: new Float32Array(en.input_sizes.inputs), inputs_i32: new Int32Array(en.input_sizes.inputs_i32) };
+    if (!packed) packed = this._staging[key] = inputRows(en.input_sizes, 1);
     for (const [name, , shape, arena, off] of en.inputs) {
       const v = has(arrays, name) ? arrays[name] : extra[name];
       if (typeof v === "number") packed[arena][off] = v;
@@ -1319,7 +1322,7 @@ export class ModelBase {
       const en = this._program.entries[key];
       const sizes = en.input_sizes;
       const fill = (start, n) => {
-        const rows = { inputs: new Float32Array(n * sizes.inputs), inputs_i32: new Int32Array(n * sizes.inputs_i32) };
+        const rows = inputRows(sizes, n);
         for (let i = 0; i < n; i++) {
           const extra = this._trainArgs(t0 + start + i + 1, tr, start + i + 1);
           for (const [name, , shape, arena, off] of en.inputs) {

@@ -856,7 +856,7 @@ class Engine:
     def many_slots(self, key: str) -> int:
         """Steps per chunk of run_many for this entry: MANY_CHUNK, fewer for large inputs."""
         sizes = self.entries[key]["input_sizes"]
-        per_step = 4 * (sizes["inputs"] + sizes["inputs_i32"])
+        per_step = 4 * sum(sizes.values())
         return max(1, min(MANY_CHUNK, MANY_UPLOAD_BYTES // max(per_step, 1)))
 
     def _many_area(self, key: str):

@@ -54,6 +54,11 @@ class InferResult:
     captures: dict
 
 
+def _input_dtype(arena: str):
+    """inputs, inputs_1, ... hold f32; inputs_i32, inputs_i32_1, ... i32 (plan.arena_dtype)."""
+    return np.int32 if arena.startswith("inputs_i32") else np.float32
+
+
 def _indexed(a: np.ndarray, checks, stacked: bool):
     """(bound, the elements of `a` that index ops read with that bound) for an entry's
     index_bounds of one input: a bound for all of it, or [bound, offset, [[size, stride], ...]]
@@ -401,13 +406,14 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         return key, arrays
 
     def _pack(self, key: str, arrays: dict, extra: dict) -> dict:
-        """All inputs of one call in two arrays (one upload each), reused from call to call."""
+        """All inputs of one call in one array per input buffer (one upload each; two unless large
+        inputs have buffers of their own), reused from call to call."""
         e = self._program["entries"][key]
         packed = self._staging.get(key)
         if packed is None:
             packed = self._staging[key] = {
-                "inputs": np.zeros(e["input_sizes"]["inputs"], dtype=np.float32),
-                "inputs_i32": np.zeros(e["input_sizes"]["inputs_i32"], dtype=np.int32),
+                a: np.zeros(n, dtype=_input_dtype(a))
+                for a, n in e["input_sizes"].items()
             }
         for name, dtype, shape, arena, off in e["inputs"]:
             v = arrays[name] if name in arrays else extra[name]
@@ -559,8 +565,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
 
             def fill(start: int, n: int) -> dict:
                 rows = {
-                    "inputs": np.zeros((n, sizes["inputs"]), dtype=np.float32),
-                    "inputs_i32": np.zeros((n, sizes["inputs_i32"]), dtype=np.int32),
+                    a: np.zeros((n, m), dtype=_input_dtype(a)) for a, m in sizes.items()
                 }
                 extras = [
                     self._step_scalars(t0 + j, tr, j)
