@@ -21,11 +21,12 @@ from .views import contiguous_strides
 
 # helpers a pointwise `expr` may call, and the helpers each of them calls in turn
 EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32",
-                "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32")
+                "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_exp_f32")
 HELPER_DEPS = {
     "tanh_f32": ("is_nan_f32", "expm1_f32"),
     "erf_f32": ("is_nan_f32", "exp_f32"),
     "exp_f32": ("is_nan_f32",),
+    "mul_exp_f32": ("is_nan_f32", "times_zero_f32"),
     "sigmoid_f32": ("exp_f32",),
     "expm1_f32": ("exp_f32",),
     "log_f32": ("f32_bits",),

@@ -10,7 +10,11 @@ is the distance of aot's and torch's float32 results counted in representable fl
 one ulp); NaN against NaN is 0, NaN against a number is infinite. Both are also compared with
 the exact values (torch in float64, rounded): "exact_max_ulp" for aot, "torch_exact_max_ulp" for
 torch float32, and "worse_than_torch_ulp", the most aot's error exceeds torch's at one input. Where both results are below
-the smallest normal (2^-126) the distance is 0: WGSL lets drivers flush subnormals (lavapipe does).
+the smallest normal (2^-126) the distance is 0: WGSL lets drivers flush subnormals (NVIDIA's do).
+"bound_ulp" is the most aot is off at one input from the nearer of torch float32 and the exact
+value (torch float32 itself is far off where its own intermediates overflow or go subnormal: silu
+below -88.7, mish near -91); "subnormal_results" says what aot returned where the exact result
+is subnormal (0, a subnormal or a normal number: a flushing GPU gives 0 there).
 Prints and writes {"ops": {op: {kernel set: {"max_ulp": .., "at": x, "aot": .., "torch": ..}}}}.
 """
 
@@ -70,9 +74,12 @@ def sweep_inputs(per_decade: int = 24) -> np.ndarray:
     dense = np.linspace(-10, 10, 2001)
     k = np.arange(1, 200, dtype=np.float64)
     near_pio2 = np.concatenate([k * math.pi / 2, [1e4 * math.pi / 2, 12345.0, 16383.0, 16384.0, 1e5, 823549.6, 1e7, 2**24 + 2.0]])
+    # where an intermediate of silu, mish, softplus goes subnormal (exp(x) for x < -87.3) while
+    # the result stays normal: GPUs that flush subnormals (NVIDIA) must not make those 0
+    tails = np.linspace(-105.0, -80.0, 251)
     fmax = np.finfo(np.float32).max
     special = [0.0, -0.0, np.inf, -np.inf, np.nan, fmax, -fmax, float(TINY), 1e-45, -1e-45, 1.0, -1.0, 0.5, 3.92, 4.0]
-    x = np.concatenate([mags, -mags, dense, near_pio2, -near_pio2, special]).astype(np.float32)
+    x = np.concatenate([mags, -mags, dense, tails, near_pio2, -near_pio2, special]).astype(np.float32)
     fin = x[np.isfinite(x) & (np.abs(x) < np.finfo(np.float32).max)]
     x = np.concatenate([x, np.nextafter(fin, np.float32(np.inf))])
     return np.unique(x)  # NaN kept once at the end
@@ -138,6 +145,7 @@ def sweep(kernels: str, x: np.ndarray, names=None):
     model, names = build(kernels, x, names)
     try:
         got = dict(zip(names, model.f(x=x)))
+        sweep.adapter = f"{model.adapter['name']} ({model.adapter['backend']}, {model.adapter['description']})"
     finally:
         model.close()
     want, exact = torch_values(x, names), torch_values(x, names, "float64")
@@ -149,6 +157,10 @@ def sweep(kernels: str, x: np.ndarray, names=None):
         # where aot is further from torch float32 than `bound`, is it closer to the exact value?
         d_aot, d_torch = ulp_distance(got[n], exact[n]), ulp_distance(want[n], exact[n])
         i = int(np.argmax(np.where(sub, 0.0, d)))
+        nearer = np.where(sub, 0.0, np.minimum(d, d_aot))
+        b = int(np.argmax(nearer))
+        tiny = ~sub & (np.abs(exact[n]) < TINY) & (exact[n] != 0)
+        g = got[n][tiny]
         j = int(np.argmax(np.where(sub, 0.0, d_aot - d_torch)))
         out[n] = {
             "max_ulp": float(d[i]),
@@ -156,6 +168,15 @@ def sweep(kernels: str, x: np.ndarray, names=None):
             "aot": float(got[n][i]),
             "torch": float(want[n][i]),
             "subnormal_inputs_max_ulp": float(d[sub].max(initial=0.0)),
+            "bound_ulp": float(nearer[b]),
+            "bound_at": float(x[b]),
+            "subnormal_results": {
+                "count": int(tiny.sum()),
+                "zero": int((g == 0).sum()),
+                "subnormal": int(((g != 0) & (np.abs(g) < TINY)).sum()),
+                "normal": int((np.abs(g) >= TINY).sum()),
+                "max_abs_error": float(np.max(np.abs(g.astype(np.float64) - exact[n][tiny]), initial=0.0)),
+            },
             "exact_max_ulp": float(d_aot[~sub].max()),
             "torch_exact_max_ulp": float(d_torch[~sub].max()),
             "worse_than_torch_ulp": (
@@ -186,8 +207,9 @@ def main(argv=None):
             continue
         for n, r in per_op.items():
             result["ops"].setdefault(n, {})[ks] = r
+        result["adapter"] = sweep.adapter
     for n, per in result["ops"].items():
-        cells = "  ".join(f"{ks} {r['max_ulp']:g} (x={r['at']:.7g})" for ks, r in per.items())
+        cells = "  ".join(f"{ks} {r['max_ulp']:g} (x={r['at']:.7g}) bound {r['bound_ulp']:g}" for ks, r in per.items())
         print(f"{n:12s} {cells}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

@@ -211,7 +211,8 @@ def test_a_long_step_submitted_in_two_parts_matches_step_many():
         b.close()
 
 
-def test_no_inputs_takes_k_steps():
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_no_inputs_takes_k_steps(kernels):
     """A training entry without inputs (its data drawn with ops.randn each step) takes one step per
     batch of step_many([{}] * K), bit-identical to K step() calls; it took none (issue 32)."""
 
@@ -225,7 +226,7 @@ def test_no_inputs_takes_k_steps():
         return ops.mean(ops.square(x * m.w - x))
 
     prog = aot.Program("sm_noinputs", model=Fit, train=aot.Train(loss, inputs={}, optimizer=aot.optim.SGD(lr=0.1)), seed=2)
-    a = aot.compile(prog, kernels="cpu")
+    a = aot.compile(prog, kernels=kernels)
     b = type(a)()
     try:
         want = [a.step() for _ in range(3)]

@@ -13,7 +13,7 @@ import math
 
 from ..ir import Tensor
 from .api import (
-    Scalar, _check_f32, _lift, custom_vjp, equal, exp, greater, less, maximum, minimum, neg, sigmoid, stop_gradient,
+    SILU_TAIL, Scalar, _check_f32, _lift, _mul_exp, custom_vjp, equal, exp, greater, less, maximum, minimum, neg, sigmoid, stop_gradient,
     where,
 )
 from .api import abs as _abs
@@ -77,7 +77,9 @@ def mish(x):
     # tanh(s) for s = softplus(x) >= 0 as -expm1(-2s) / (2 + expm1(-2s)): accurate where s is
     # tiny (x very negative), where a GPU's tanh may be off by ~1e-7 absolute
     e = emit("expm1", (softplus(x) * -2.0,))
-    return x * (neg(e) / (e + 2.0))
+    # below SILU_TAIL mish(x) = x exp(x) to 1e-9 relative, taken in one rounding: softplus(x)
+    # goes subnormal below -87.3 (0 on a GPU that flushes) where mish(x) is normal to -91.5
+    return where(less(x, SILU_TAIL), _mul_exp(x, minimum(x, SILU_TAIL)), x * (neg(e) / (e + 2.0)))
 
 
 def hardswish(x):

@@ -77,6 +77,12 @@ greater = _binary("greater")
 equal = _binary("equal")
 
 
+def _mul_exp(a, y):
+    """a * exp(y) for y <= 0, rounded once (silu's and mish's tails; elementwise.py)."""
+    x, z = _lift("mul_exp", (a, y))
+    return emit("mul_exp", (x, z))
+
+
 def where(cond, a, b):
     """`a` where `cond` is nonzero, else `b` (cond is an f32 0/1 mask, e.g. from less/greater)."""
     if not _is_tensor(cond):
@@ -139,9 +145,15 @@ def gelu(x, approximate: str = "none"):
     return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
 
 
+SILU_TAIL = -20.0  # below, silu(x) = x exp(x) / (1 + exp(x)) is x exp(x) to 1e-9 relative
+
+
 def silu(x):
     _check_f32("silu", x)
-    return x * sigmoid(x)
+    # x exp(x) in one rounding below SILU_TAIL: sigmoid(x) goes subnormal below -87.3 where
+    # silu(x) is normal down to -91.5, and a GPU that flushes subnormals (NVIDIA) would give 0
+    tail = less(x, SILU_TAIL)
+    return where(tail, _mul_exp(x, minimum(x, SILU_TAIL)), x * sigmoid(x))
 
 
 # ---- reductions ----------------------------------------------------------------------

@@ -204,6 +204,15 @@ def _minmax_vjp(loses):
 
 
 # NaN in either operand gives NaN (torch.maximum / np.maximum); WGSL's max/min need not
+# a * exp(y) for y <= 0 (silu's and mish's tails: x exp(x) for x < -20), rounded once, so that a
+# normal product never goes through a subnormal exp(y) that a GPU flushes to 0 (_helpers.wgsl.j2)
+_binary(
+    "mul_exp",
+    lambda a, y: (a.astype(np.float64) * np.exp(np.minimum(y, 0.0).astype(np.float64))).astype(a.dtype),
+    lambda ct, n: (F._mul_exp(ct, n.inputs[1]), ct * n.out),
+    "mul_exp_f32({0}, {1})",
+    COSTLY,
+)
 _binary("maximum", np.maximum, _minmax_vjp(lambda a, b: F.less(a, b)), "max_nan({0}, {1})")
 _binary("minimum", np.minimum, _minmax_vjp(lambda a, b: F.greater(a, b)), "min_nan({0}, {1})")
 
