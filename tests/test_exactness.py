@@ -5,6 +5,7 @@ cotangents (some inf or NaN), and everything is compared with torch's autograd."
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -153,13 +154,17 @@ TAIL_X = [-91.5, -90.0, -89.0, -88.0, -87.5, -50.0, -21.0, -20.0, -19.5, -3.0, 0
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
 def test_silu_mish_tails_values_and_gradients(kernels):
     """silu and mish below x = -20 are x exp(x) in one rounding (no subnormal exp(x) that a GPU
-    would flush): values and gradients equal torch float64's within float32 rounding, where torch
-    float32's silu is 0 below -88.7 and its gradient 0 below -87.3."""
+    would flush), gelu's tanh form x exp(2u) where 2u < -20: values and gradients equal torch
+    float64's within float32 rounding, where torch float32's silu is 0 below -88.7 and its
+    gradient 0 below -87.3, and its gelu_tanh 0 below about -5.5."""
     x = np.array(TAIL_X, np.float32)
-    prog, inputs, _ = make_program(
-        f"silu_tails_{kernels}", {"xs": x, "xm": x}, {}, lambda m, f: {"silu": ops.silu(m.xs), "mish": ops.mish(m.xm)},
-        cts={"silu": np.ones_like(x), "mish": np.ones_like(x)},
-    )
+    xg = np.array([-10.3, -10.2, -10.1, -10.0, -9.0, -5.0, -1.0, 0.5, 3.0], np.float32)  # sigmoid(2u) < 2^-126 below -10.05
+
+    def body(m, f):
+        return {"silu": ops.silu(m.xs), "mish": ops.mish(m.xm), "gtanh": ops.gelu(m.xg, approximate="tanh")}
+
+    ones = {n: np.ones_like(v) for n, v in (("silu", x), ("mish", x), ("gtanh", xg))}
+    prog, inputs, _ = make_program(f"silu_tails_{kernels}", {"xs": x, "xm": x, "xg": xg}, {}, body, cts=ones)
     model = compile_checked(prog, kernels)
     try:
         res = model.step(**inputs, captures=True)
@@ -167,12 +172,18 @@ def test_silu_mish_tails_values_and_gradients(kernels):
     finally:
         model.close()
     F = torch.nn.functional
-    for out, leaf, fn in (("silu", "xs", F.silu), ("mish", "xm", F.mish)):
-        t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+
+    def gelu_tanh(t):  # 0.5 t (1 + tanh(u)) = t sigmoid(2u): float64 cancels in the first form too
+        return t * torch.sigmoid(math.sqrt(8.0 / math.pi) * (t + 0.044715 * t**3))
+
+    # gelu_tanh's rtol: 2u (to -95) is rounded to float32 before the exp, |2u| 2^-24 relative
+    cases = (("silu", "xs", F.silu, x, 5e-7), ("mish", "xm", F.mish, x, 5e-7), ("gtanh", "xg", gelu_tanh, xg, 1e-5))
+    for out, leaf, fn, at, rtol in cases:
+        t = torch.tensor(at, dtype=torch.float64, requires_grad=True)
         y = fn(t)
         y.sum().backward()
-        np.testing.assert_allclose(res.captures[out], y.detach().numpy(), rtol=5e-7, atol=1e-44, err_msg=f"{kernels}: {out}")
-        np.testing.assert_allclose(grads[leaf], t.grad.numpy(), rtol=2e-6, atol=1e-44, err_msg=f"{kernels}: {out}'")
+        np.testing.assert_allclose(res.captures[out], y.detach().numpy(), rtol=rtol, atol=1e-44, err_msg=f"{kernels}: {out}")
+        np.testing.assert_allclose(grads[leaf], t.grad.numpy(), rtol=4 * rtol, atol=1e-44, err_msg=f"{kernels}: {out}'")
 
 
 # ---- valid programs that were refused ----------------------------------------------------------

@@ -139,21 +139,25 @@ def gelu(x, approximate: str = "none"):
         # 0.5 x (1 + tanh(u)) as x sigmoid(2u): the same function, without 1 + tanh(u) cancelling
         # for x < -3 (where torch float32's values are off by up to 10%)
         inner = math.sqrt(8.0 / math.pi) * (x + 0.044715 * x * x * x)
-        return x * sigmoid(inner)
+        return _times_sigmoid(x, inner)
     if approximate != "none":
         fail("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}")
     return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
 
 
-SILU_TAIL = -20.0  # below, silu(x) = x exp(x) / (1 + exp(x)) is x exp(x) to 1e-9 relative
+SILU_TAIL = -20.0  # below, a sigmoid(z) = a exp(z) / (1 + exp(z)) is a exp(z) to 1e-9 relative
+
+
+def _times_sigmoid(a, z):
+    """a * sigmoid(z), as a exp(z) in one rounding below SILU_TAIL: sigmoid(z) goes subnormal
+    below -87.3 where the product may still be normal (silu down to -91.5), and a GPU that
+    flushes subnormals (NVIDIA) would give 0."""
+    return where(less(z, SILU_TAIL), _mul_exp(a, minimum(z, SILU_TAIL)), a * sigmoid(z))
 
 
 def silu(x):
     _check_f32("silu", x)
-    # x exp(x) in one rounding below SILU_TAIL: sigmoid(x) goes subnormal below -87.3 where
-    # silu(x) is normal down to -91.5, and a GPU that flushes subnormals (NVIDIA) would give 0
-    tail = less(x, SILU_TAIL)
-    return where(tail, _mul_exp(x, minimum(x, SILU_TAIL)), x * sigmoid(x))
+    return _times_sigmoid(x, x)
 
 
 # ---- reductions ----------------------------------------------------------------------
