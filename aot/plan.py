@@ -203,8 +203,6 @@ def plan(
     for n in g.nodes:
         if n.op == "input":
             width = max(n.out.size, 1)
-            if width > cap:
-                _too_large(g, f"the input {n.attrs['name']!r} {n.out.type_str()}", n.out, width, max_binding_mib)
             arena = _input_buffer(sizes, n.out.dtype, width, cap)
             loc[id(n.out)] = Loc(arena, sizes.get(arena, 0))
             inputs.append((n.attrs["name"], n.out.dtype, n.out.shape, loc[id(n.out)]))
@@ -301,6 +299,10 @@ def plan(
         for k, n in enumerate(_pack_with_gap(items, loc, arena, cap, apart)):
             sizes[chunk_name(arena, k)] = n
     optional = tuple(a for a in OPTIONAL_ARENAS if a in sizes)
+    for name, dtype, shape, at in inputs:  # after the intermediates, whose errors name a call site
+        if sizes[at.arena] > cap:
+            t = next(n.out for n in g.nodes if n.op == "input" and n.attrs["name"] == name)
+            _too_large(g, f"the input {name!r} {t.type_str()}", t, sizes[at.arena], max_binding_mib)
     spilled = tuple(a for a in sizes if is_input_arena(a) and a not in ARENAS)
     for arena in ("params", "grads", "state", "state_1", "inputs", "inputs_i32") + spilled + tuple(buffers.sizes) + optional:
         if sizes[arena] > cap:

@@ -121,8 +121,14 @@ def test_small_programs_keep_one_input_buffer():
 
 
 def test_one_input_over_the_limit_is_named():
+    """A single input over the limit cannot be split: the build error names it (its sum is read
+    straight from the input, so no intermediate is over the limit first)."""
+    prog = aot.Program(
+        "one_big_input", model=lambda: Affine(1),
+        infer={"total": aot.Infer(lambda m, x, y: ops.sum(x) * m.b + ops.sum(y), inputs={"x": aot.f32(300_000), "y": aot.f32(10)})},
+    )
     with pytest.raises(aot.errors.CodegenError, match=r"the input 'x' f32\[300000\].*1\.1 MiB.*more than one storage binding may hold \(1 MiB\)"):
-        compile_program(program(300_000), max_binding_mib=1)
+        compile_program(prog, max_binding_mib=1)
 
 
 BIG = 20_000_000  # 80 MB a tensor: two f32 inputs need 160 MB, over the 128 MiB default
