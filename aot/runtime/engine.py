@@ -162,14 +162,16 @@ def _prime_ffi_types() -> int:
 _PRIMED: int | None = None
 _RAW = None
 _TRUSTED = None
+_MAPS = None  # _RawMaps (run_buckets)
 
 
 def _ready_native() -> None:
-    global _PRIMED, _RAW, _TRUSTED
+    global _PRIMED, _RAW, _TRUSTED, _MAPS
     if _PRIMED is None:
         _PRIMED = _prime_ffi_types()
         _RAW = _raw_encoder_calls()
         _TRUSTED = _trusted_api()
+        _MAPS = _raw_maps()
 
 
 def cores() -> int:
@@ -214,6 +216,59 @@ def _trusted_api():
 
 
 
+class _RawMaps:
+    """wgpu-native's submit, map and poll entry points, for reading gradient buckets back while
+    later dispatches still run (run_buckets). wgpu-py's map_sync resolves in a thread that polls
+    until the queue is idle (wgpuDevicePoll without a submission index), so the first bucket
+    would arrive only with the last; here each submit's index is kept and a map waits for that
+    submission alone. Only run_buckets's own readback buffers are mapped this way."""
+
+    def __init__(self, api):
+        lib, ffi = api.lib, api.ffi
+        self.lib, self.ffi, self.done = lib, ffi, {}
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(status, _message, user1, _user2):  # runs inside some thread's wgpuDevicePoll
+            self.done[int(ffi.cast("intptr_t", user1))] = int(status)
+
+        self._mapped = mapped  # kept alive as long as wgpu-native may call it
+        self.success, self.read = lib.WGPUMapAsyncStatus_Success, lib.WGPUMapMode_Read
+        self.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        self.submit_for_index, self.poll = lib.wgpuQueueSubmitForIndex, lib.wgpuDevicePoll
+
+    def submit(self, queue, command_buffer) -> int:
+        return self.submit_for_index(queue._internal, 1, self.ffi.new("WGPUCommandBuffer[1]", [command_buffer._internal]))
+
+    def map_read(self, device, buf, nbytes: int, index: int, tag: int):
+        """Map buf for reading once submission `index` is done; the mapped bytes (valid until unmap)."""
+        ffi = self.ffi
+        info = ffi.new("WGPUBufferMapCallbackInfo *", {"mode": self.mode, "callback": self._mapped})
+        info.userdata1 = ffi.cast("void *", tag)
+        self.done.pop(tag, None)
+        self.lib.wgpuBufferMapAsync(buf._internal, self.read, 0, nbytes, info[0])
+        at = ffi.new("WGPUSubmissionIndex *", index)
+        while tag not in self.done:
+            self.poll(device._internal, True, at)
+            if tag not in self.done:  # another thread's poll took the callback: it is being called
+                time.sleep(20e-6)
+        if self.done.pop(tag) != self.success:
+            raise RuntimeError("could not map a gradient bucket's readback buffer (the device was lost?)")
+        return ffi.buffer(self.lib.wgpuBufferGetConstMappedRange(buf._internal, 0, nbytes), nbytes)
+
+    def unmap(self, buf) -> None:
+        self.lib.wgpuBufferUnmap(buf._internal)
+
+
+def _raw_maps():
+    """_RawMaps, or None (buckets are read back one submit at a time) without wgpu-native's internals."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+
+        return _RawMaps(_api) if hasattr(_api.lib, "wgpuQueueSubmitForIndex") else None
+    except Exception:
+        return None
+
+
 class ShaderError(RuntimeError):
     """A generated kernel failed to compile on this adapter (please report it)."""
 
@@ -226,6 +281,8 @@ def cpu_entry(entry: dict) -> dict:
     out = dict(entry, dispatches=entry["dispatches_cpu"])
     if "update_from_cpu" in entry:
         out["update_from"] = entry["update_from_cpu"]
+    if "buckets_cpu" in entry:
+        out["buckets"] = entry["buckets_cpu"]
     return out
 
 
@@ -636,20 +693,11 @@ class Engine:
             rb = self._reduce_area[key] = self.device.create_buffer(
                 label="grads_readback", size=max(4, size), usage=usage
             )
-        backup = self._reduce_area.get("backup")
-        if backup is None or backup.size < 4 * total:  # training entries' gradient vectors differ in size
-            usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-            backup = self._reduce_area["backup"] = self.device.create_buffer(
-                label="grads_backup", size=max(4, 4 * total), usage=usage
-            )
         for arena, data in packed.items():
             if data.size:
                 self.write(arena, 0, data)
         enc = self.device.create_command_encoder()
-        if total:
-            enc.copy_buffer_to_buffer(buffers["grads"], 4 * offset, backup, 0, 4 * total)
-        for arena, saved in self._buffer_backups().items():  # the first half may update them in place
-            enc.copy_buffer_to_buffer(buffers[arena], 0, saved, 0, saved.size)
+        self._backup_grads(enc, key, total, offset)
         self._record(enc, key, self._half(key, 0))
         if total:
             enc.copy_buffer_to_buffer(buffers["grads"], 4 * offset, rb, 0, 4 * total)
@@ -663,14 +711,98 @@ class Engine:
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return grads, out
 
-    def run_update(self, key: str, grads: np.ndarray, offset: int = 0) -> None:
+    def _bucket_buffers(self, key: str) -> list:
+        """One mappable readback buffer per gradient bucket of `key` (made at its first use)."""
+        rbs = self._reduce_area.get(("buckets", key))
+        if rbs is None:
+            usage = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+            rbs = self._reduce_area[("buckets", key)] = [
+                self.device.create_buffer(label=f"grads_bucket_{i}", size=max(4, 4 * (hi - lo)), usage=usage)
+                for i, (lo, hi, _) in enumerate(self.entries[key]["buckets"])
+            ]
+        return rbs
+
+    def _backup_grads(self, enc, key: str, total: int, offset: int) -> None:
+        """Save the gradients and the model's buffers on the GPU (restore_grads undoes a step)."""
+        buffers = self.entry_buffers[key]
+        backup = self._reduce_area.get("backup")
+        if backup is None or backup.size < 4 * total:  # training entries' gradient vectors differ in size
+            usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+            backup = self._reduce_area["backup"] = self.device.create_buffer(
+                label="grads_backup", size=max(4, 4 * total), usage=usage
+            )
+        if total:
+            enc.copy_buffer_to_buffer(buffers["grads"], 4 * offset, backup, 0, 4 * total)
+        for arena, saved in self._buffer_backups().items():  # the first half may update them in place
+            enc.copy_buffer_to_buffer(buffers[arena], 0, saved, 0, saved.size)
+
+    def run_buckets(self, key: str, packed: dict, want_captures: bool, total: int, offset: int, each) -> dict:
+        """The first half of a training step whose gradients leave the GPU in buckets (the
+        entry's "buckets" table, buckets.py): the dispatches before update_from split at the
+        buckets' boundaries, one command buffer per boundary ending with copies of the buckets
+        final there into their mappable buffers, all submitted at once. Then, in that order,
+        each bucket is mapped as soon as its own submission is done (later ones still running)
+        and each(i, lo, hi, values) called with a read-only float32 view of gradient elements
+        [lo, hi) of the entry's vector, valid during the call. Returns the outputs (the loss)
+        and captures. The gradients and buffers are saved first, as run_backward's."""
+        t0 = time.perf_counter()
+        self._waited = 0.0
+        e = self.entries[key]
+        if key not in self.recipes:
+            self._prepare(key)
+        buffers = self.entry_buffers[key]
+        buckets, cut = e["buckets"], e["update_from"]
+        rbs = self._bucket_buffers(key)
+        for arena, data in packed.items():
+            if data.size:
+                self.write(arena, 0, data)
+        enc = self.device.create_command_encoder()
+        self._backup_grads(enc, key, total, offset)
+        commands, done = [], 0  # (command buffer, the buckets final at its end)
+        for ready in sorted({r for _, _, r in buckets}):
+            self._record(enc, key, (done, ready))
+            done = ready
+            final = [i for i, (_, _, r) in enumerate(buckets) if r == ready]
+            for i in final:
+                lo, hi, _ = buckets[i]
+                enc.copy_buffer_to_buffer(buffers["grads"], 4 * (offset + lo), rbs[i], 0, 4 * (hi - lo))
+            commands.append((enc.finish(), final))
+            enc = self.device.create_command_encoder()
+        self._record(enc, key, (done, cut))
+        reads = self._reads(enc, key, want_captures)
+        commands.append((enc.finish(), []))
+        maps = _MAPS if _MAPS is not None and not getattr(self, "serial_buckets", False) else None
+        with _sigint_deferred():
+            indices = [maps.submit(self.device.queue, cb) if maps else None for cb, _ in commands]
+        for (cb, final), index in zip(commands, indices):
+            if maps is None:  # one submit at a time: no overlap, the same values
+                self.device.queue.submit([cb])
+            for i in final:
+                lo, hi, _ = buckets[i]
+                n = 4 * (hi - lo)
+                t = time.perf_counter()
+                if maps is None:
+                    view = self._map_read(rbs[i], n)
+                else:
+                    view = maps.map_read(self.device, rbs[i], n, index, i)
+                self._waited += time.perf_counter() - t
+                try:
+                    each(i, lo, hi, np.frombuffer(view, dtype=np.float32))
+                finally:
+                    if maps is not None:
+                        maps.unmap(rbs[i])
+        out = self._unpack(key, reads)
+        self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
+        return out
+
+    def run_update(self, key: str, grads: np.ndarray | None, offset: int = 0) -> None:
         """The second half: upload `grads` (float32 [total], contiguous) over the grads buffer (from
         element `offset` on: a training entry's gradient vector) and
         record the dispatches from update_from on, and the writeback copies. Submitted without
         waiting: whatever reads the device next is ordered after it."""
         e = self.entries[key]
         buffers = self.entry_buffers[key]
-        if grads.size:
+        if grads is not None and grads.size:  # None: uploaded already (run_buckets's caller)
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
         enc = self.device.create_command_encoder()
         self._record(enc, key, self._half(key, 1))
