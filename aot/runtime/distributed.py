@@ -241,8 +241,9 @@ class AllReduce:
         elif self.dtype is None:
             handle = ("gloo", td.all_reduce(torch.from_numpy(values), op=td.ReduceOp.SUM, group=self.group, async_op=True), values)
         else:
-            parts = [torch.empty(n, dtype=torch.int16) for _ in range(self.world)]
-            mine = torch.from_numpy(values).to(getattr(torch, self.dtype)).view(torch.int16)
+            # gathered as bytes: gloo moves any dtype's bytes, but not every dtype (no bf16, no int16)
+            parts = [torch.empty(2 * n, dtype=torch.uint8) for _ in range(self.world)]
+            mine = torch.from_numpy(values).to(getattr(torch, self.dtype)).view(torch.uint8)
             handle = ("gloo16", td.all_gather(parts, mine, group=self.group, async_op=True), values, parts)
         self.stats["start_s"] += time.perf_counter() - t
         return handle

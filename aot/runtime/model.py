@@ -409,7 +409,9 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         (engine.run_buckets) into reducer.stage(n) (or an array of the model's), and handed to
         reducer.start(values, lo, hi) at once; each result (reducer.finish(handle)) is uploaded
         while later buckets are still read and reduced; the update is submitted after the last.
-        The same values reach the update as with one readback: bucketing changes only when."""
+        The same values reach the update as with one readback: bucketing changes only when.
+        bucket_timing: the host's seconds in this step's copies out of the mapped buckets, in
+        start(), in finish() and in the uploads (the engine's last_timing has the map waits)."""
         total, eng = e.size, self._engine
         buckets = eng.entries[key]["buckets"]
         held = getattr(self, "_bucket_stage", None)  # (reducer, n, array): one reducer's at a time
@@ -421,15 +423,26 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         if hasattr(reducer, "begin"):
             reducer.begin([(lo, hi) for lo, hi, _ in buckets])
         pending = []  # (lo, hi, handle) started, not yet uploaded
+        spent = self.bucket_timing = dict.fromkeys(("copy_s", "start_s", "finish_s", "upload_s"), 0.0)
+        clock = time.perf_counter
 
         def upload():
             lo, hi, handle = pending.pop(0)
-            reduced = _checked_reduced(reducer.finish(handle), (hi - lo,), f"finish()'s result for gradients [{lo}, {hi})")
+            t = clock()
+            reduced = reducer.finish(handle)
+            t1 = clock()
+            reduced = _checked_reduced(reduced, (hi - lo,), f"finish()'s result for gradients [{lo}, {hi})")
             eng.write("grads", e.offset + lo, np.ascontiguousarray(reduced))
+            spent["finish_s"] += t1 - t
+            spent["upload_s"] += clock() - t1
 
         def each(i, lo, hi, values):
+            t = clock()
             np.copyto(stage[lo:hi], values)
+            t1 = clock()
             pending.append((lo, hi, reducer.start(stage[lo:hi], lo, hi)))
+            spent["copy_s"] += t1 - t
+            spent["start_s"] += clock() - t1
             while len(pending) > 1:  # the one before has had the time of this bucket's readback
                 upload()
 
