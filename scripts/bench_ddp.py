@@ -122,6 +122,7 @@ def worker(job: dict) -> dict:
                 row["collectives_per_step"] = st["calls"] / n
                 row["comm_wait_ms_per_step"] = 1e3 * st["wait_s"] / n
                 row["comm_start_ms_per_step"] = 1e3 * st["start_s"] / n
+                row["backend_used"] = reducer.backend
                 row["buckets"] = len(eng.entries[next(iter(model.PROGRAM["variants"]["train"].values()))].get("buckets", []))
             results.append(row)
         model.close()

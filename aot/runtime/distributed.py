@@ -193,11 +193,11 @@ class AllReduce:
         # builds): a 2-element collective compares the lengths first, so every rank raises instead
         self._same_everywhere([int(grads.size)], f"gradient vectors differ in length (this rank's has {grads.size} values)")
         if self.backend == "nccl":  # through the pinned staging (stage) and back into grads
-            staged = self.stage(grads.size)
+            staged = self._stage(grads.size)
             np.copyto(staged, grads)
-            np.copyto(grads, self.finish(self.start(staged, 0, grads.size)))
+            np.copyto(grads, self._finish(self._start(staged, 0, grads.size)))
         else:
-            self.finish(self.start(grads, 0, grads.size))
+            self._finish(self._start(grads, 0, grads.size))
         return grads
 
     def _same_everywhere(self, values: list[int], what: str) -> None:
@@ -211,9 +211,8 @@ class AllReduce:
                 "Install or copy the same built package on every machine (check_replicas says so at start)"
             )
 
-    # ---- the bucketed protocol (model.step calls these; __call__ uses them too) ----------------------
-    def stage(self, n: int) -> np.ndarray:
-        """The host array step() reads the gradients into: pinned memory for NCCL."""
+    # ---- the work of both: BucketedAllReduce gives them to model.step as its bucketed protocol ------
+    def _stage(self, n: int) -> np.ndarray:
         if self.backend != "nccl":
             return np.empty(n, dtype=np.float32)
         if self._pinned is None or self._pinned.numel() != n:
@@ -222,9 +221,9 @@ class AllReduce:
             self._stream = torch.cuda.Stream()
         return self._pinned.numpy()
 
-    def start(self, values: np.ndarray, lo: int, hi: int):
+    def _start(self, values: np.ndarray, lo: int, hi: int):
         """Start the mean of one bucket (values: elements [lo, hi) of stage()'s array, or the whole
-        vector); finish(handle) waits for it and returns the result."""
+        vector); _finish(handle) waits for it and returns the result."""
         t = time.perf_counter()
         n = hi - lo
         self.stats["calls"] += 1
@@ -233,7 +232,9 @@ class AllReduce:
             with torch.cuda.stream(self._stream):
                 dev = self._device[lo:hi]
                 dev.copy_(self._pinned[lo:hi], non_blocking=True)
-                dev.copy_(self._reduce(dev))
+                mean = self._reduce(dev)
+                if mean is not dev:
+                    dev.copy_(mean)
                 self._pinned[lo:hi].copy_(dev, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(self._stream)
@@ -258,7 +259,7 @@ class AllReduce:
         td.all_gather_into_tensor(parts, half, group=self.group)
         return _sum_rows(parts).div_(self.world)
 
-    def finish(self, handle) -> np.ndarray:
+    def _finish(self, handle) -> np.ndarray:
         t = time.perf_counter()
         kind, work, values = handle[:3]
         if kind == "nccl":
@@ -276,6 +277,18 @@ class AllReduce:
 
 class BucketedAllReduce(AllReduce):
     """AllReduce that model.step() also drives bucket by bucket (it has start and finish)."""
+
+    def stage(self, n: int) -> np.ndarray:
+        """The host array step() reads the gradients into (pinned memory for NCCL)."""
+        return self._stage(n)
+
+    def start(self, values: np.ndarray, lo: int, hi: int):
+        """Start the mean of gradients [lo, hi) (values: that part of stage()'s array)."""
+        return self._start(values, lo, hi)
+
+    def finish(self, handle) -> np.ndarray:
+        """Wait for a start()'s mean; the float32 result (stage()'s array, where it was)."""
+        return self._finish(handle)
 
     def begin(self, buckets: list) -> None:
         """Before a step's first bucket: the ranks must cut the gradients alike (the same build);

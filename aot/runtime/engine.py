@@ -11,6 +11,7 @@ restore_grads) records the entry's dispatches in two passes cut at its `update_f
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -52,6 +53,12 @@ FIRST_SUBMIT = 16
 # step on an H100 host of 16 cores takes 31-40 s on one, 5.1-5.4 s on 8, 2.5-2.7 s on 16
 # (scripts/bench_startup.py --compile-workers, scripts/results/startup_large_h100_w*.json)
 COMPILE_WORKERS = 64
+# gradient buckets: host copies in and out of mapped buckets of at least COPY_SPLIT bytes are split
+# over COPY_THREADS threads (NumPy copies without the GIL); one thread copies mapped memory at
+# 6-10 GB/s on an H100 host, which made the copies of transformer_large's 76 MB the bulk of a
+# data-parallel step's host time (scripts/bench_ddp.py)
+COPY_THREADS = 8
+COPY_SPLIT = 1 << 20
 
 
 class _Raw:
@@ -217,43 +224,50 @@ def _trusted_api():
 
 
 class _RawMaps:
-    """wgpu-native's submit, map and poll entry points, for reading gradient buckets back while
-    later dispatches still run (run_buckets). wgpu-py's map_sync resolves in a thread that polls
-    until the queue is idle (wgpuDevicePoll without a submission index), so the first bucket
-    would arrive only with the last; here each submit's index is kept and a map waits for that
-    submission alone. Only run_buckets's own readback buffers are mapped this way."""
+    """wgpu-native's submit, map and poll entry points, for moving gradient buckets while later
+    dispatches still run (run_buckets, upload_bucket). wgpu-py's map_sync resolves in a thread
+    that polls until the queue is idle (wgpuDevicePoll without a submission index), so the first
+    bucket would arrive only with the last; here each submit's index is kept and a map waits
+    for that submission alone. Only the engine's bucket buffers are mapped this way."""
 
     def __init__(self, api):
         lib, ffi = api.lib, api.ffi
-        self.lib, self.ffi, self.done = lib, ffi, {}
+        self.lib, self.ffi, self.done, self.tags = lib, ffi, {}, itertools.count(1)
 
         @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
         def mapped(status, _message, user1, _user2):  # runs inside some thread's wgpuDevicePoll
             self.done[int(ffi.cast("intptr_t", user1))] = int(status)
 
         self._mapped = mapped  # kept alive as long as wgpu-native may call it
-        self.success, self.read = lib.WGPUMapAsyncStatus_Success, lib.WGPUMapMode_Read
+        self.success, self.read, self.write = lib.WGPUMapAsyncStatus_Success, lib.WGPUMapMode_Read, lib.WGPUMapMode_Write
         self.mode = lib.WGPUCallbackMode_AllowProcessEvents
         self.submit_for_index, self.poll = lib.wgpuQueueSubmitForIndex, lib.wgpuDevicePoll
 
     def submit(self, queue, command_buffer) -> int:
         return self.submit_for_index(queue._internal, 1, self.ffi.new("WGPUCommandBuffer[1]", [command_buffer._internal]))
 
-    def map_read(self, device, buf, nbytes: int, index: int, tag: int):
-        """Map buf for reading once submission `index` is done; the mapped bytes (valid until unmap)."""
-        ffi = self.ffi
-        info = ffi.new("WGPUBufferMapCallbackInfo *", {"mode": self.mode, "callback": self._mapped})
-        info.userdata1 = ffi.cast("void *", tag)
-        self.done.pop(tag, None)
-        self.lib.wgpuBufferMapAsync(buf._internal, self.read, 0, nbytes, info[0])
-        at = ffi.new("WGPUSubmissionIndex *", index)
+    def request(self, buf, nbytes: int, write: bool = False) -> int:
+        """Ask for buf to be mapped (it is once the GPU is done with it); returns a tag for wait."""
+        tag = next(self.tags)
+        info = self.ffi.new("WGPUBufferMapCallbackInfo *", {"mode": self.mode, "callback": self._mapped})
+        info.userdata1 = self.ffi.cast("void *", tag)
+        self.lib.wgpuBufferMapAsync(buf._internal, self.write if write else self.read, 0, nbytes, info[0])
+        return tag
+
+    def wait(self, device, tag: int, index: int | None) -> None:
+        """Until the map `tag` is done: polls that wait for submission `index` alone (None: the
+        buffer waits for no submission of ours, a poll without waiting resolves it)."""
+        at = self.ffi.NULL if index is None else self.ffi.new("WGPUSubmissionIndex *", index)
         while tag not in self.done:
-            self.poll(device._internal, True, at)
+            self.poll(device._internal, index is not None, at)
             if tag not in self.done:  # another thread's poll took the callback: it is being called
                 time.sleep(20e-6)
         if self.done.pop(tag) != self.success:
-            raise RuntimeError("could not map a gradient bucket's readback buffer (the device was lost?)")
-        return ffi.buffer(self.lib.wgpuBufferGetConstMappedRange(buf._internal, 0, nbytes), nbytes)
+            raise RuntimeError("could not map a gradient bucket's buffer (the device was lost?)")
+
+    def mapped_range(self, buf, nbytes: int, write: bool = False):
+        get = self.lib.wgpuBufferGetMappedRange if write else self.lib.wgpuBufferGetConstMappedRange
+        return self.ffi.buffer(get(buf._internal, 0, nbytes), nbytes)
 
     def unmap(self, buf) -> None:
         self.lib.wgpuBufferUnmap(buf._internal)
@@ -352,6 +366,8 @@ class Engine:
         self._spans: dict = {}  # (key, (lo, hi)) -> dispatches lo..hi-1 as _record replays them
         self._reduce_area: dict = {}  # key -> readback buffer of run_backward; "backup" -> saved grads
         self._waited = 0.0  # seconds spent in maps (waiting for the GPU) during the current call
+        self._uploads = None  # run_buckets's step: the buckets uploaded so far and the maps pending
+        self._last_update = None  # the submission index of the last update after run_buckets
         # Pipelines are made at an entry point's first call, not here: a deployed model that only
         # predicts never compiles its training kernels (and Model() returns in a fraction of the
         # time: 245 pipelines of the addition transformer take 2.4 s on lavapipe).
@@ -711,16 +727,19 @@ class Engine:
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return grads, out
 
-    def _bucket_buffers(self, key: str) -> list:
-        """One mappable readback buffer per gradient bucket of `key` (made at its first use)."""
-        rbs = self._reduce_area.get(("buckets", key))
-        if rbs is None:
-            usage = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
-            rbs = self._reduce_area[("buckets", key)] = [
-                self.device.create_buffer(label=f"grads_bucket_{i}", size=max(4, 4 * (hi - lo)), usage=usage)
-                for i, (lo, hi, _) in enumerate(self.entries[key]["buckets"])
-            ]
-        return rbs
+    def _bucket_buffers(self, key: str) -> tuple[list, list]:
+        """Per gradient bucket of `key`, a mappable readback buffer and a mappable upload buffer
+        (made at the first use)."""
+        bufs = self._reduce_area.get(("buckets", key))
+        if bufs is None:
+            read = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+            write = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
+            sizes = [max(4, 4 * (hi - lo)) for lo, hi, _ in self.entries[key]["buckets"]]
+            bufs = self._reduce_area[("buckets", key)] = (
+                [self.device.create_buffer(label=f"grads_bucket_{i}", size=n, usage=read) for i, n in enumerate(sizes)],
+                [self.device.create_buffer(label=f"grads_upload_{i}", size=n, usage=write) for i, n in enumerate(sizes)],
+            )
+        return bufs
 
     def _backup_grads(self, enc, key: str, total: int, offset: int) -> None:
         """Save the gradients and the model's buffers on the GPU (restore_grads undoes a step)."""
@@ -736,6 +755,18 @@ class Engine:
         for arena, saved in self._buffer_backups().items():  # the first half may update them in place
             enc.copy_buffer_to_buffer(buffers[arena], 0, saved, 0, saved.size)
 
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """dst[...] = src, over COPY_THREADS threads when large (mapped memory, pinned memory)."""
+        n = dst.size
+        parts = min(COPY_THREADS, cores(), max(1, dst.nbytes // COPY_SPLIT))
+        if parts < 2:
+            np.copyto(dst, src)
+            return
+        if getattr(self, "_copiers", None) is None:
+            self._copiers = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="aot-copy")
+        cuts = [n * k // parts for k in range(parts + 1)]
+        list(self._copiers.map(lambda k: np.copyto(dst[cuts[k] : cuts[k + 1]], src[cuts[k] : cuts[k + 1]]), range(parts)))
+
     def run_buckets(self, key: str, packed: dict, want_captures: bool, total: int, offset: int, each) -> dict:
         """The first half of a training step whose gradients leave the GPU in buckets (the
         entry's "buckets" table, buckets.py): the dispatches before update_from split at the
@@ -743,16 +774,18 @@ class Engine:
         final there into their mappable buffers, all submitted at once. Then, in that order,
         each bucket is mapped as soon as its own submission is done (later ones still running)
         and each(i, lo, hi, values) called with a read-only float32 view of gradient elements
-        [lo, hi) of the entry's vector, valid during the call. Returns the outputs (the loss)
-        and captures. The gradients and buffers are saved first, as run_backward's."""
+        [lo, hi) of the entry's vector, valid during the call; each may upload_bucket results.
+        Returns the outputs (the loss) and captures. The gradients and buffers are saved
+        first, as run_backward's; run_update then copies the uploaded buckets in and updates."""
         t0 = time.perf_counter()
         self._waited = 0.0
         e = self.entries[key]
         if key not in self.recipes:
             self._prepare(key)
+        self._drop_uploads()
         buffers = self.entry_buffers[key]
         buckets, cut = e["buckets"], e["update_from"]
-        rbs = self._bucket_buffers(key)
+        rbs, ups = self._bucket_buffers(key)
         for arena, data in packed.items():
             if data.size:
                 self.write(arena, 0, data)
@@ -772,8 +805,12 @@ class Engine:
         reads = self._reads(enc, key, want_captures)
         commands.append((enc.finish(), []))
         maps = _MAPS if _MAPS is not None and not getattr(self, "serial_buckets", False) else None
+        self._uploads = {"key": key, "offset": offset, "done": [], "maps": maps, "pending": {}}
         with _sigint_deferred():
             indices = [maps.submit(self.device.queue, cb) if maps else None for cb, _ in commands]
+        if maps is not None:  # the upload buffers, free once the last update that read them is done
+            for i, (lo, hi, _) in enumerate(buckets):
+                self._uploads["pending"][i] = maps.request(ups[i], 4 * (hi - lo), write=True)
         for (cb, final), index in zip(commands, indices):
             if maps is None:  # one submit at a time: no overlap, the same values
                 self.device.queue.submit([cb])
@@ -784,7 +821,8 @@ class Engine:
                 if maps is None:
                     view = self._map_read(rbs[i], n)
                 else:
-                    view = maps.map_read(self.device, rbs[i], n, index, i)
+                    maps.wait(self.device, maps.request(rbs[i], n), index)
+                    view = maps.mapped_range(rbs[i], n)
                 self._waited += time.perf_counter() - t
                 try:
                     each(i, lo, hi, np.frombuffer(view, dtype=np.float32))
@@ -795,6 +833,35 @@ class Engine:
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
 
+    def upload_bucket(self, i: int, values: np.ndarray) -> None:
+        """Bucket i's reduced gradients (float32, contiguous) for the grads buffer, during or after
+        run_buckets: into its mapped upload buffer (copied into grads at the head of run_update),
+        or, without wgpu-native's internals, queue.write_buffer."""
+        up = self._uploads
+        lo, hi, _ = self.entries[up["key"]]["buckets"][i]
+        maps = up["maps"]
+        if maps is None:
+            self.device.queue.write_buffer(self.entry_buffers[up["key"]]["grads"], 4 * (up["offset"] + lo), values)
+            return
+        buf = self._bucket_buffers(up["key"])[1][i]
+        maps.wait(self.device, up["pending"].pop(i), self._last_update)
+        try:
+            self.copy(np.frombuffer(maps.mapped_range(buf, 4 * (hi - lo), write=True), dtype=np.float32), values)
+        finally:
+            maps.unmap(buf)
+        up["done"].append(i)
+
+    def _drop_uploads(self) -> None:
+        """Unmap the upload buffers a failed step left mapped (or waiting to be), and forget its uploads."""
+        up = getattr(self, "_uploads", None)
+        self._uploads = None
+        if up is None or up["maps"] is None:
+            return
+        ups = self._bucket_buffers(up["key"])[1]
+        for i, tag in up["pending"].items():
+            up["maps"].wait(self.device, tag, self._last_update)
+            up["maps"].unmap(ups[i])
+
     def run_update(self, key: str, grads: np.ndarray | None, offset: int = 0) -> None:
         """The second half: upload `grads` (float32 [total], contiguous) over the grads buffer (from
         element `offset` on: a training entry's gradient vector) and
@@ -802,17 +869,27 @@ class Engine:
         waiting: whatever reads the device next is ordered after it."""
         e = self.entries[key]
         buffers = self.entry_buffers[key]
-        if grads is not None and grads.size:  # None: uploaded already (run_buckets's caller)
+        if grads is not None and grads.size:  # None: uploaded in buckets (run_buckets, upload_bucket)
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
         enc = self.device.create_command_encoder()
+        up, self._uploads = getattr(self, "_uploads", None), None
+        if grads is None and up is not None and up["maps"] is not None:
+            ups = self._bucket_buffers(key)[1]
+            for i in up["done"]:
+                lo, hi, _ = e["buckets"][i]
+                enc.copy_buffer_to_buffer(ups[i], 0, buffers["grads"], 4 * (offset + lo), 4 * (hi - lo))
         self._record(enc, key, self._half(key, 1))
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
-        self.device.queue.submit([enc.finish()])
+        if up is not None and up["maps"] is not None:
+            self._last_update = up["maps"].submit(self.device.queue, enc.finish())
+        else:
+            self.device.queue.submit([enc.finish()])
 
     def restore_grads(self, key: str, total: int, offset: int = 0) -> None:
         """Undo run_backward: the grads buffer, and the model's buffers (Module.buffer), as they
         were before it (the update never ran)."""
+        self._drop_uploads()
         enc = self.device.create_command_encoder()
         if total:
             enc.copy_buffer_to_buffer(self._reduce_area["backup"], 0, self.entry_buffers[key]["grads"], 4 * offset, 4 * total)

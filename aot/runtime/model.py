@@ -422,7 +422,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             self._bucket_stage = (reducer, total, stage)
         if hasattr(reducer, "begin"):
             reducer.begin([(lo, hi) for lo, hi, _ in buckets])
-        pending = []  # (lo, hi, handle) started, not yet uploaded
+        pending, pending_i = [], []  # (lo, hi, handle) started, not yet uploaded; their bucket numbers
         spent = self.bucket_timing = dict.fromkeys(("copy_s", "start_s", "finish_s", "upload_s"), 0.0)
         clock = time.perf_counter
 
@@ -432,15 +432,16 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             reduced = reducer.finish(handle)
             t1 = clock()
             reduced = _checked_reduced(reduced, (hi - lo,), f"finish()'s result for gradients [{lo}, {hi})")
-            eng.write("grads", e.offset + lo, np.ascontiguousarray(reduced))
+            eng.upload_bucket(pending_i.pop(0), np.ascontiguousarray(reduced))
             spent["finish_s"] += t1 - t
             spent["upload_s"] += clock() - t1
 
         def each(i, lo, hi, values):
             t = clock()
-            np.copyto(stage[lo:hi], values)
+            eng.copy(stage[lo:hi], values)
             t1 = clock()
             pending.append((lo, hi, reducer.start(stage[lo:hi], lo, hi)))
+            pending_i.append(i)
             spent["copy_s"] += t1 - t
             spent["start_s"] += clock() - t1
             while len(pending) > 1:  # the one before has had the time of this bucket's readback
