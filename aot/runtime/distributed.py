@@ -1,19 +1,29 @@
-"""Data-parallel training of this package's Model over torch.distributed (gloo): one process per
-GPU, each training on its share of every batch, the gradients averaged between backward and
-update. Optional: nothing else in the package imports this module, and only it needs torch
-(the CPU build is enough).
+"""Data-parallel training of this package's Model over torch.distributed: one process per GPU,
+each training on its share of every batch, the gradients averaged between backward and update.
+Optional: nothing else in the package imports this module, and only it needs torch (the CPU
+build is enough for gloo; NCCL needs a CUDA build and CUDA GPUs).
 
     import mypkg
     from mypkg import distributed as dist
 
-    rank, world = dist.init()                          # torchrun's environment, gloo, timeouts
+    rank, world = dist.init()                          # torchrun's environment, NCCL or gloo, timeouts
     model = mypkg.Model(adapter=dist.local_adapter())  # this process's GPU (LOCAL_RANK)
     dist.check_replicas(model)                         # same build, params and state on every rank
-    reduce = dist.allreduce_mean()
+    reduce = dist.allreduce_mean()                     # backend="auto", dtype="f32", bucketed=True
     for batch in my_share_of_the_batches:
         loss = model.step(**batch, allreduce=reduce)   # gradients: mean over ranks
     dist.save(model, "ckpt.npz")                       # rank 0 writes (atomically); all wait for it
     dist.restore(model, "ckpt.npz")                    # every rank reads it, then checks replicas
+
+The gradients leave the GPU in buckets (the package's table, built with aot.build(...,
+bucket_mib=25)) while the backward pass still runs: each is read back as soon as its last
+gradient is written, its mean started at once (NCCL: pinned host memory to this rank's CUDA
+device and back, on a stream of its own; gloo: an asynchronous all-reduce of the host memory),
+and uploaded as it arrives; the update runs after the last. init(backend="auto") uses NCCL
+where torch has CUDA and NCCL (the group is "cpu:gloo,cuda:nccl": the small collectives of
+this module stay on gloo), gloo otherwise; init(backend="gloo"|"nccl") and
+allreduce_mean(backend=...) choose. allreduce_mean(dtype="bf16"|"f16") sends each rank's
+gradients rounded to 16 bits and sums them in float32 (see there: not exact).
 
 Launch with `torchrun --nproc-per-node N script.py` (one machine) or `torchrun --nnodes M
 --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT script.py` on each machine.
