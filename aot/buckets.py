@@ -12,6 +12,7 @@ Buckets never split one parameter's gradient (as PyTorch DDP's); they are filled
 `bucket_mib` in the order the gradients become final, walking the flat vector from the end whose
 gradients are final first (the last layers, in a network declared input to output). A gradient
 larger than the cap is a bucket of its own; `bucket_mib=0` makes every gradient its own bucket.
+The bucket final last is smaller (partition: TAIL_SHARE), since nothing overlaps its trip.
 The table is computed twice, for the GPU set's dispatch list (merged dispatches) and for the CPU
 set's (one kernel a dispatch): the same ranges, with each list's own boundaries.
 """
@@ -22,6 +23,7 @@ from .plan import Plan, buffer_of
 from .schedule import KernelSchedule
 
 DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's bucket_cap_mb
+TAIL_SHARE = 8  # the bucket final last holds at most 1/TAIL_SHARE of bucket_mib (partition)
 
 
 def kernel_grad_writes(s: KernelSchedule, p: Plan, bindings: list) -> list[list[tuple[int, int]] | None]:
@@ -66,12 +68,22 @@ def gradient_segments(param_spans: list[tuple[int, int]], offset: int, size: int
 
 def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int) -> list[tuple[int, int]]:
     """Consecutive segments grouped into buckets of at most cap_elems (a larger segment alone),
-    filled from the end of the vector whose segments are final first."""
+    walking from the end of the vector whose segments are final first. The bucket final last
+    holds at most cap_elems // TAIL_SHARE: it waits for the end of the backward pass, so its
+    readback, reduction and upload are the part that nothing overlaps (PyTorch DDP caps its
+    first bucket, 1 MiB, for the mirror reason: to start communicating early)."""
     if not segments:
         return []
     order = list(range(len(segments)))
-    if ready[-1] < ready[0] or (ready[-1] == ready[0] and len(segments) > 1 and sum(ready[len(ready) // 2 :]) < sum(ready[: len(ready) // 2])):
-        order.reverse()
+    half = len(ready) // 2
+    if (ready[-1], sum(ready[half:])) < (ready[0], sum(ready[:half])):
+        order.reverse()  # the end of the vector is final first
+    tail = [order.pop()]
+    filled = segments[tail[0]][1] - segments[tail[0]][0]
+    while order and filled + (segments[order[-1]][1] - segments[order[-1]][0]) <= cap_elems // TAIL_SHARE:
+        i = order.pop()
+        tail.append(i)
+        filled += segments[i][1] - segments[i][0]
     groups: list[list[int]] = []
     filled = 0
     for i in order:
@@ -82,6 +94,7 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
         else:
             groups.append([i])
             filled = n
+    groups.append(tail)
     return [(segments[min(g)][0], segments[max(g)][1]) for g in groups]
 
 

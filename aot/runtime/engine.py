@@ -776,7 +776,7 @@ class Engine:
         and each(i, lo, hi, values) called with a read-only float32 view of gradient elements
         [lo, hi) of the entry's vector, valid during the call; each may upload_bucket results.
         Returns the outputs (the loss) and captures. The gradients and buffers are saved
-        first, as run_backward's; run_update then copies the uploaded buckets in and updates."""
+        first, as run_backward's; run_update then submits the update."""
         t0 = time.perf_counter()
         self._waited = 0.0
         e = self.entries[key]
@@ -805,7 +805,7 @@ class Engine:
         reads = self._reads(enc, key, want_captures)
         commands.append((enc.finish(), []))
         maps = _MAPS if _MAPS is not None and not getattr(self, "serial_buckets", False) else None
-        self._uploads = {"key": key, "offset": offset, "done": [], "maps": maps, "pending": {}}
+        self._uploads = {"key": key, "offset": offset, "maps": maps, "pending": {}}
         with _sigint_deferred():
             indices = [maps.submit(self.device.queue, cb) if maps else None for cb, _ in commands]
         if maps is not None:  # the upload buffers, free once the last update that read them is done
@@ -835,8 +835,8 @@ class Engine:
 
     def upload_bucket(self, i: int, values: np.ndarray) -> None:
         """Bucket i's reduced gradients (float32, contiguous) for the grads buffer, during or after
-        run_buckets: into its mapped upload buffer (copied into grads at the head of run_update),
-        or, without wgpu-native's internals, queue.write_buffer."""
+        run_buckets: into its mapped upload buffer, copied into grads by a submit of its own (the
+        update's submit, run_update, comes after); without wgpu-native's internals, queue.write_buffer."""
         up = self._uploads
         lo, hi, _ = self.entries[up["key"]]["buckets"][i]
         maps = up["maps"]
@@ -849,7 +849,11 @@ class Engine:
             self.copy(np.frombuffer(maps.mapped_range(buf, 4 * (hi - lo), write=True), dtype=np.float32), values)
         finally:
             maps.unmap(buf)
-        up["done"].append(i)
+        # copied into grads by a submit of its own: queued after the backward pass, it runs while
+        # the host still reduces later buckets, not at the head of the update
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(buf, 0, self.entry_buffers[up["key"]]["grads"], 4 * (up["offset"] + lo), 4 * (hi - lo))
+        maps.submit(self.device.queue, enc.finish())
 
     def _drop_uploads(self) -> None:
         """Unmap the upload buffers a failed step left mapped (or waiting to be), and forget its uploads."""
@@ -873,11 +877,6 @@ class Engine:
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
         enc = self.device.create_command_encoder()
         up, self._uploads = getattr(self, "_uploads", None), None
-        if grads is None and up is not None and up["maps"] is not None:
-            ups = self._bucket_buffers(key)[1]
-            for i in up["done"]:
-                lo, hi, _ = e["buckets"][i]
-                enc.copy_buffer_to_buffer(ups[i], 0, buffers["grads"], 4 * (offset + lo), 4 * (hi - lo))
         self._record(enc, key, self._half(key, 1))
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
