@@ -8,11 +8,9 @@ dispatches [0, ready) of the first bucket, copies it to a mappable buffer, runs 
 boundary, and so on; the host reads each bucket back and starts its all-reduce while the GPU is
 still computing the next ones.
 
-Buckets never split one parameter's gradient (as PyTorch DDP's); they are filled up to
-`bucket_mib` in the order the gradients become final, walking the flat vector from the end whose
-gradients are final first (the last layers, in a network declared input to output). A gradient
-larger than the cap is a bucket of its own; `bucket_mib=0` makes every gradient its own bucket.
-The bucket final last is smaller (partition: TAIL_SHARE), since nothing overlaps its trip.
+Buckets never split one parameter's gradient (as PyTorch DDP's) and hold at most `bucket_mib`
+(a larger gradient is a bucket of its own; `bucket_mib=0` makes every gradient its own bucket);
+within that, partition cuts the vector where the buckets delay the gradients least.
 The table is computed twice, for the GPU set's dispatch list (merged dispatches) and for the CPU
 set's (one kernel a dispatch): the same ranges, with each list's own boundaries.
 """
@@ -23,7 +21,7 @@ from .plan import Plan, buffer_of
 from .schedule import KernelSchedule
 
 DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's bucket_cap_mb
-TAIL_SHARE = 8  # the bucket final last holds at most 1/TAIL_SHARE of bucket_mib (partition)
+TAIL_SHARE = 8  # the bucket final last, and a whole vector that is one bucket, at most 1/TAIL_SHARE of bucket_mib
 
 
 def kernel_grad_writes(s: KernelSchedule, p: Plan, bindings: list) -> list[list[tuple[int, int]] | None]:
@@ -68,34 +66,46 @@ def gradient_segments(param_spans: list[tuple[int, int]], offset: int, size: int
 
 def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int) -> list[tuple[int, int]]:
     """Consecutive segments grouped into buckets of at most cap_elems (a larger segment alone),
-    walking from the end of the vector whose segments are final first. The bucket final last
-    holds at most cap_elems // TAIL_SHARE: it waits for the end of the backward pass, so its
-    readback, reduction and upload are the part that nothing overlaps (PyTorch DDP caps its
-    first bucket, 1 MiB, for the mirror reason: to start communicating early)."""
-    if not segments:
+    as many as the cap needs plus two (one in all where everything fits in cap_elems //
+    TAIL_SHARE: a small model gains nothing from more), cut where they delay the gradients
+    least: the partition minimizing the sum over buckets of elements x ready, by dynamic
+    programming over the cut points (gradients final late in a bucket with early ones make them
+    wait; PyTorch DDP's buckets follow the parameters' order, which a layout that puts biases
+    and norms after the weights breaks). A bucket final with the last gradient holds at most
+    cap_elems // TAIL_SHARE (unless one gradient is larger): nothing overlaps its trip."""
+    n = len(segments)
+    if not n:
         return []
-    order = list(range(len(segments)))
-    half = len(ready) // 2
-    if (ready[-1], sum(ready[half:])) < (ready[0], sum(ready[:half])):
-        order.reverse()  # the end of the vector is final first
-    tail = [order.pop()]
-    filled = segments[tail[0]][1] - segments[tail[0]][0]
-    while order and filled + (segments[order[-1]][1] - segments[order[-1]][0]) <= cap_elems // TAIL_SHARE:
-        i = order.pop()
-        tail.append(i)
-        filled += segments[i][1] - segments[i][0]
-    groups: list[list[int]] = []
-    filled = 0
-    for i in order:
-        n = segments[i][1] - segments[i][0]
-        if groups and filled + n <= cap_elems:
-            groups[-1].append(i)
-            filled += n
-        else:
-            groups.append([i])
-            filled = n
-    groups.append(tail)
-    return [(segments[min(g)][0], segments[max(g)][1]) for g in groups]
+    size = [hi - lo for lo, hi in segments]
+    total = sum(size)
+    if cap_elems <= 0:
+        return list(segments)
+    most = 1 if total <= cap_elems // TAIL_SHARE else -(-total // cap_elems) + 2
+    most = min(most, n)
+    inf = float("inf")
+    last = max(ready)  # a bucket final this late holds at most cap_elems // TAIL_SHARE: nothing overlaps its trip
+    # best[k][i]: the least cost of segments [0, i) in k buckets; cut[k][i]: where the last starts
+    best = [[inf] * (n + 1) for _ in range(most + 1)]
+    cut = [[0] * (n + 1) for _ in range(most + 1)]
+    best[0][0] = 0
+    for k in range(1, most + 1):
+        for i in range(1, n + 1):
+            elems, late = 0, 0
+            for j in range(i - 1, -1, -1):  # the last bucket is segments [j, i)
+                elems += size[j]
+                late = max(late, ready[j])
+                if elems > (cap_elems // TAIL_SHARE if late == last else cap_elems) and j < i - 1:
+                    break
+                c = best[k - 1][j] + elems * late
+                if c < best[k][i]:
+                    best[k][i], cut[k][i] = c, j
+    k = min(range(1, most + 1), key=lambda k: (best[k][n], k))
+    out, i = [], n
+    while k:
+        j = cut[k][i]
+        out.append((segments[j][0], segments[i - 1][1]))
+        i, k = j, k - 1
+    return out[::-1]
 
 
 def bucket_table(
