@@ -627,3 +627,22 @@ def test_bad_bucket_and_backend_options_are_refused(packages):
         dist.allreduce_mean(backend="cuda")
     with pytest.raises(TypeError, match="bucketed reducer"):
         pkg.Model().step(x=np.zeros((FULL // 2, IN), np.float32), y=np.zeros((FULL // 2, OUT), np.float32), allreduce=object())
+
+
+def test_bucket_partition_cuts_where_gradients_wait_least():
+    """Pure table logic (aot/buckets.py): one bucket per gradient at 0, one for a vector within an
+    eighth of the cap, and otherwise cuts that keep early gradients out of late buckets: here the
+    small late gradients at the end (a layout that puts biases after the weights) get a bucket of
+    their own instead of holding back the weights before them."""
+    from aot.buckets import partition
+
+    segs = [(0, 100), (100, 200), (200, 300), (300, 302), (302, 304)]
+    ready = [9, 5, 3, 8, 9]
+    assert partition(segs, ready, 0) == segs
+    assert partition(segs, ready, 10**6) == [(0, 304)]
+    cuts = partition(segs, ready, 250)
+    assert cuts[0][0] == 0 and cuts[-1][1] == 304 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    assert (300, 304) in cuts or (300, 302) in cuts  # the late small ones are not with (200, 300)
+    assert all(hi - lo <= 250 or (lo, hi) in segs for lo, hi in cuts)
+    late = [(lo, hi) for lo, hi in cuts if max(r for s, r in zip(segs, ready) if lo <= s[0] < hi) == 9]
+    assert all(hi - lo <= 250 // 8 or (lo, hi) in segs for lo, hi in late)  # the last trip is short
