@@ -81,10 +81,26 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
     if cap_elems <= 0:
         return list(segments)
     most = 1 if total <= cap_elems // TAIL_SHARE else -(-total // cap_elems) + 2
+    while True:  # more buckets where the caps leave no partition into `most` (n always does)
+        best, cut = _least_delay(size, ready, cap_elems, min(most, n))
+        if min(row[n] for row in best[1:]) < float("inf") or most >= n:
+            break
+        most += 1
     most = min(most, n)
-    inf = float("inf")
+    k = min(range(1, most + 1), key=lambda k: (best[k][n], k))
+    out, i = [], n
+    while k:
+        j = cut[k][i]
+        out.append((segments[j][0], segments[i - 1][1]))
+        i, k = j, k - 1
+    return out[::-1]
+
+
+def _least_delay(size: list[int], ready: list[int], cap_elems: int, most: int):
+    """partition's dynamic programme: best[k][i], the least sum of elements x ready of segments
+    [0, i) in k buckets, and cut[k][i], where the last of them starts."""
+    n, inf = len(size), float("inf")
     last = max(ready)  # a bucket final this late holds at most cap_elems // TAIL_SHARE: nothing overlaps its trip
-    # best[k][i]: the least cost of segments [0, i) in k buckets; cut[k][i]: where the last starts
     best = [[inf] * (n + 1) for _ in range(most + 1)]
     cut = [[0] * (n + 1) for _ in range(most + 1)]
     best[0][0] = 0
@@ -99,13 +115,7 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
                 c = best[k - 1][j] + elems * late
                 if c < best[k][i]:
                     best[k][i], cut[k][i] = c, j
-    k = min(range(1, most + 1), key=lambda k: (best[k][n], k))
-    out, i = [], n
-    while k:
-        j = cut[k][i]
-        out.append((segments[j][0], segments[i - 1][1]))
-        i, k = j, k - 1
-    return out[::-1]
+    return best, cut
 
 
 def bucket_table(
