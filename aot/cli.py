@@ -62,6 +62,7 @@ def cmd_build(args) -> int:
         path = build(
             p, args.outdir, verify=args.verify, log=_log, source_name=os.path.basename(args.model), force=args.force,
             max_binding_mib=args.max_binding_mib, target=args.target, merge_dispatches=not args.no_merge,
+            bucket_mib=args.bucket_mib,
         )
         took = f"{time.perf_counter() - t0:.2f}s"
         if args.target == "web":
@@ -301,6 +302,11 @@ def main(argv=None) -> int:
         "--no-merge", action="store_true",
         help="give every kernel a dispatch of its own (by default independent kernels share one on GPUs: "
         "and dependent kernels over the same rows run as one: fewer dispatches, the same operations)",
+    )
+    b.add_argument(
+        "--bucket-mib", type=float, default=25.0, metavar="N",
+        help="gradient bucket size of data-parallel training, in MiB (default 25, as PyTorch DDP; 0: one bucket "
+        "per gradient): step(allreduce=...) reads each bucket back and reduces it while the backward pass runs",
     )
     b.add_argument(
         "--force", action="store_true",

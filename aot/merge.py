@@ -293,8 +293,9 @@ def merged_name(names: list[str], prefix: str, joiner: str = "_and_") -> str:
 
 def merge(
     s: KernelSchedule, p: Plan, units: list[tuple[list[int], KernelCode]], prefix: str
-) -> tuple[list[KernelCode], int | None]:
-    """(the dispatches, the index of the first one at or after the schedule's cut, or None)."""
+) -> tuple[list[KernelCode], int | None, list[list[int]]]:
+    """(the dispatches, the index of the first one at or after the schedule's cut, or None, and
+    the scheduled kernels each dispatch runs: what buckets.py reads their gradient writes from)."""
     groups = group(s, p, units)
     kcodes = _kernel_codes(units, len(s.kernels))
     out = []
@@ -319,7 +320,7 @@ def merge(
     cut = None
     if s.update_from is not None:
         cut = next((gi for gi, m in enumerate(groups) if units[m[0]][0][0] >= s.update_from), len(groups))
-    return out, cut
+    return out, cut, [sorted(k for j in members for k in units[j][0]) for members in groups]
 
 
 def work(k: Kernel) -> int:

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import chain, codegen, emit, ir, merge, passes
+from . import buckets, chain, codegen, emit, ir, merge, passes
+from .buckets import DEFAULT_BUCKET_MIB
 from .errors import CodegenError
 from .frontend import Traced, trace_program
 from .optim_groups import group_table
@@ -37,6 +38,8 @@ class Compiled:
     # what the package dispatches: the kernels, independent ones merged into one dispatch (merge.py)
     dispatches: dict[str, list[codegen.KernelCode]] = field(default_factory=dict)
     cuts: dict[str, int | None] = field(default_factory=dict)  # a training graph's cut, in dispatches
+    dispatch_kernels: dict[str, list[list[int]]] = field(default_factory=dict)  # scheduled kernels per dispatch
+    bucket_mib: float = DEFAULT_BUCKET_MIB  # gradient buckets of data-parallel training (buckets.py)
     program: dict = field(default_factory=dict)  # the literal tables the package gets
 
 
@@ -94,10 +97,12 @@ def _passed_on(n: ir.Node, x: ir.Tensor, v: View | None) -> View | None:
 
 def compile_program(
     program_or_traced, verify: bool = False, log=None, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB,
-    merge_dispatches: bool = True,
+    merge_dispatches: bool = True, bucket_mib: float = DEFAULT_BUCKET_MIB,
 ) -> Compiled:
     """`max_binding_mib`: no buffer the package allocates may exceed it (plan.py).
-    `merge_dispatches`: independent kernels share a dispatch (merge.py); off, one per kernel."""
+    `merge_dispatches`: independent kernels share a dispatch (merge.py); off, one per kernel.
+    `bucket_mib`: the gradient buckets of data-parallel training (buckets.py)."""
+    bucket_mib = check_bucket_mib(bucket_mib)
     log = log or (lambda msg: None)
     t0 = time.perf_counter()
     traced = program_or_traced if isinstance(program_or_traced, Traced) else trace_program(program_or_traced)
@@ -110,7 +115,7 @@ def compile_program(
     opt = prog.train.optimizer if "train" in trains else None
     state_names = opt.state_names() if opt is not None else ()
     buffer_table = BufferTable.of(traced.buffers)
-    graphs, scheds, plans, kernels, dispatches, cuts = {}, {}, {}, {}, {}, {}
+    graphs, scheds, plans, kernels, dispatches, cuts, members = {}, {}, {}, {}, {}, {}, {}
     for key, g in traced.graphs.items():
         if verify:
             passes.verify(g, after="trace")
@@ -121,9 +126,9 @@ def compile_program(
         ks = codegen.generate(s, p, prefix)
         graphs[key], scheds[key], plans[key], kernels[key] = g, s, p, ks
         if merge_dispatches:  # GPU set: row chains as one kernel, then independent kernels side by side
-            dispatches[key], cuts[key] = merge.merge(s, p, chain.fuse(s, p, ks, prefix), prefix)
+            dispatches[key], cuts[key], members[key] = merge.merge(s, p, chain.fuse(s, p, ks, prefix), prefix)
         else:
-            dispatches[key], cuts[key] = ks, s.update_from
+            dispatches[key], cuts[key], members[key] = ks, s.update_from, [[i] for i in range(len(ks))]
         for code in dispatches[key]:
             for a, acc in code.bindings:
                 if a != buffer_of(a) and acc != "read":  # merge.writes_a_vec4_view keeps this from happening
@@ -132,7 +137,7 @@ def compile_program(
         f"scheduled and generated {sum(map(len, kernels.values()))} kernels in "
         f"{sum(map(len, dispatches.values()))} dispatches ({time.perf_counter() - t0:.2f}s)"
     )
-    c = Compiled(traced, graphs, scheds, plans, kernels, dispatches, cuts)
+    c = Compiled(traced, graphs, scheds, plans, kernels, dispatches, cuts, members, bucket_mib)
     c.program = _tables(c, opt, state_names)
     return c
 
@@ -165,6 +170,29 @@ def train_tables(c: Compiled) -> dict:
             **({"groups": g} if (g := group_table(opt)) is not None else {}),  # per-group (spec, lr)
         }
     return out
+
+
+def check_bucket_mib(bucket_mib) -> float:
+    """A build's bucket_mib: a number >= 0 (0: one bucket per gradient)."""
+    if isinstance(bucket_mib, bool) or not isinstance(bucket_mib, (int, float)) or not bucket_mib >= 0:
+        raise ValueError(
+            f"bucket_mib must be a number of MiB >= 0 (the gradient bucket size of data-parallel training; 0: one "
+            f"bucket per gradient; default {DEFAULT_BUCKET_MIB:g}), got {bucket_mib!r}"
+        )
+    return float(min(bucket_mib, 2**40))
+
+
+def _bucket_tables(c: Compiled, key: str, entry: dict) -> dict:
+    """entries[key]["buckets"] (and "buckets_cpu" where the CPU set has its own dispatch list):
+    (lo, hi, ready) per gradient bucket of a training graph (buckets.py)."""
+    g, s, p = c.graphs[key], c.schedules[key], c.plans[key]
+    p_start, p_end, slot = g.meta.get("train_range", (0, p.sizes["params"], 0))
+    spans = [(slot + q.offset - p_start, slot + q.offset - p_start + q.size) for q in c.traced.params]
+    bindings = [k.bindings for k in c.kernels[key]]
+    lists = {"buckets": (c.dispatch_kernels[key], entry["update_from"])}
+    if "update_from_cpu" in entry:
+        lists["buckets_cpu"] = ([[i] for i in range(len(c.kernels[key]))], entry["update_from_cpu"])
+    return buckets.entry_buckets(s, p, bindings, spans, slot, p_end - p_start, lists, c.bucket_mib)
 
 
 def _shared_arenas(c: Compiled) -> dict[str, int]:
@@ -244,6 +272,7 @@ def _tables(c: Compiled, opt, state_names) -> dict:
             entries[key]["update_from"] = n if c.cuts[key] is None else c.cuts[key]
             if "dispatches_cpu" in lists:
                 entries[key]["update_from_cpu"] = len(s.kernels) if s.update_from is None else s.update_from
+            entries[key].update(_bucket_tables(c, key, entries[key]))
     signatures, variants = {}, {}
     specs = list(train_entries(prog).items()) + list(prog.infer.items())
     for entry, spec in specs:
@@ -285,7 +314,7 @@ TARGETS = ("python", "web", "all")
 def build(
     program: Program, outdir="generated", verify: bool = False, log=None, source_name: str | None = None,
     force: bool = False, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB, target: str = "python",
-    merge_dispatches: bool = True,
+    merge_dispatches: bool = True, bucket_mib: float = DEFAULT_BUCKET_MIB,
 ) -> Path:
     """Build `program` into outdir/<name>/ (pyproject.toml + package); returns that folder.
 
@@ -297,7 +326,10 @@ def build(
     No buffer of the package exceeds `max_binding_mib` (WebGPU's default binding limit)."""
     if target not in TARGETS:
         raise ValueError(f"unknown build target {target!r}; expected one of {', '.join(TARGETS)}")
-    c = compile_program(program, verify=verify, log=log, max_binding_mib=max_binding_mib, merge_dispatches=merge_dispatches)
+    c = compile_program(
+        program, verify=verify, log=log, max_binding_mib=max_binding_mib, merge_dispatches=merge_dispatches,
+        bucket_mib=bucket_mib,
+    )
     src = source_name or _source_name(program)
     path = None
     if target in ("python", "all"):
@@ -336,7 +368,7 @@ _COMPILED = itertools.count(1)
 
 def compile_model(
     program: Program, seed=None, max_binding_mib: float = DEFAULT_MAX_BINDING_MIB, kernels: str = "auto",
-    merge_dispatches: bool = True,
+    merge_dispatches: bool = True, bucket_mib: float = DEFAULT_BUCKET_MIB,
 ):
     """aot.compile: build into a temporary folder, import the package, return a Model.
 
@@ -346,7 +378,7 @@ def compile_model(
     are in memory by then). `kernels`: the kernel set, as Model(kernels=...)."""
     tmp = tempfile.mkdtemp(prefix="aot-")
     try:
-        path = build(program, tmp, max_binding_mib=max_binding_mib, merge_dispatches=merge_dispatches)
+        path = build(program, tmp, max_binding_mib=max_binding_mib, merge_dispatches=merge_dispatches, bucket_mib=bucket_mib)
         name = program.name
         alias = f"_aot_{name}_{next(_COMPILED)}"
         spec = importlib.util.spec_from_file_location(

@@ -1,22 +1,26 @@
-"""Data-parallel training throughput: one GPU against several (one process per GPU, gloo
-all-reduce of the gradients between backward and update), for the addition transformer and
-transformer_large; writes JSON.
+"""Data-parallel training throughput (issues 14 and 35): one GPU against several, one process per
+GPU, for the addition transformer and transformer_large; writes JSON.
 
-    python scripts/bench_ddp.py --out scripts/results/bench_ddp_h200x2.json [--world 2] [--steps 50]
-        [--models addition_transformer,transformer_large] [--adapters 0,1]
+    python scripts/bench_ddp.py --out scripts/results/bench_ddp_h100x2.json [--world 2] [--steps 50]
+        [--models addition_transformer,transformer_large] [--bucket-mib 25,4] [--backends gloo,nccl]
+        [--packages DIR]
 
-Needs torch (any build: gloo runs on the CPU), wgpu, numpy and this repository's aot; builds the
-packages into a temporary folder. For each model, one process per configuration, random inputs
-of the declared shapes, `--warmup` steps first, then `--steps` timed steps ending with a read
-that waits for the GPU:
-  single:     one process, step()                                     (the baseline)
-  identity:   one process, step(allreduce=lambda g: g)                (cost of crossing the host:
-              the gradient readback, the upload and the second submit)
-  ddp:        --world processes, adapter = rank's GPU, step(allreduce=allreduce_mean()): steps/s
-              per rank, sequences/s over all ranks, the mean all-reduce time per step (the
-              function's own time: gloo over 127.0.0.1 and the division), scaling efficiency
+Needs torch (gloo runs on any build; NCCL needs CUDA), wgpu, numpy and this repository's aot.
+Builds one package per model and bucket size (into --packages, or a temporary folder; a folder
+holding them already is reused). Random inputs of the declared shapes, `--warmup` steps, then
+`--steps` timed steps ending with a read that waits for the GPU. Configurations:
+  single:     one process, step() (the baseline; the other GPUs idle)
+  identity:   one process, step(allreduce=lambda g: g): the cost of crossing the host once
   concurrent: --world processes training independently (no all-reduce): what the GPUs and the
-              host give without communication (e.g. shared CPU for submits)
+              host give without communication
+  ddp:        --world processes (adapter and CUDA device = local rank), init(backend="nccl" where
+              CUDA is there, else "gloo"), one row per reducer: allreduce_mean(backend, dtype,
+              bucketed) for each backend, bucketed and not (and bf16 over the fastest), and each
+              bucket size's package (bucketed only)
+Each ddp row: steps/s per rank (the slowest rank), sequences/s over all ranks, scaling efficiency
+(against --world times single), bytes each rank sent per step, and per step the milliseconds
+the host spent waiting for the GPU (map waits: the backward pass and the readback), copying out
+of the mapped buckets, starting the collectives, waiting for them, and uploading the results.
 """
 
 from __future__ import annotations
@@ -38,69 +42,91 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def worker(job: dict) -> dict:
-    sys.path.insert(0, job["project"])
-    import importlib
-
-    pkg = importlib.import_module(job["name"])
-    dist = importlib.import_module(job["name"] + ".distributed")
-    rank, world = 0, 1
-    if job["mode"] in ("ddp", "concurrent"):
-        rank, world = dist.init(timeout_s=600)
-    adapter = job["adapters"][rank] if job["adapters"] else dist.local_adapter(rank)  # single: rank 0's GPU
-    model = pkg.Model(adapter=adapter)
-    prog = model.PROGRAM
+def _inputs(prog: dict, rank: int) -> dict:
     key = next(iter(prog["variants"]["train"].values()))
     bounds = prog["entries"][key]["index_bounds"]
     rng = np.random.default_rng(rank)
-    inputs = {}
+    out = {}
     for name, (dtype, dims) in prog["signatures"]["train"].items():
         if dtype == "i32":
-            inputs[name] = rng.integers(0, bounds.get(name, 2), dims).astype(np.int32)
+            b = bounds.get(name, 2)
+            # a bound for the whole input, or [bound, offset, dims, ...] per part (pipeline.index_bounds)
+            hi = b if isinstance(b, int) else min(part[0] for part in b)
+            out[name] = rng.integers(0, hi, dims).astype(np.int32)
         else:
-            inputs[name] = np.ones(dims, np.float32) if name == "mask" else rng.normal(size=dims).astype(np.float32)
-    spent = []
-    fn = None
-    if job["mode"] == "identity":
-        fn = lambda g: g  # noqa: E731
-    elif job["mode"] == "ddp":
-        reduce = dist.allreduce_mean()
-        dist.check_replicas(model)
-
-        def fn(g):
-            t = time.perf_counter()
-            out = reduce(g)
-            spent.append(time.perf_counter() - t)
-            return out
-
-    def sync():
-        model._engine.read("params", 0, 1)  # waits for everything submitted
-
-    for _ in range(job["warmup"]):
-        model.step(**inputs, allreduce=fn)
-    sync()
-    if world > 1:
-        dist.mean(0.0)  # start together
-    spent.clear()
-    t0 = time.perf_counter()
-    for _ in range(job["steps"]):
-        model.step(**inputs, allreduce=fn)
-    sync()
-    dt = time.perf_counter() - t0
-    batch = next(iter(inputs.values())).shape[0]
-    out = {
-        "rank": rank,
-        "adapter": model.adapter,
-        "steps_per_s": job["steps"] / dt,
-        "sequences_per_s": job["steps"] * batch / dt,
-        "batch_per_rank": batch,
-        "params": model._total,
-    }
-    if spent:
-        out["allreduce_ms_per_step"] = 1e3 * float(np.mean(spent))
-        out["allreduce_ms_p90"] = 1e3 * float(np.percentile(spent, 90))
-    model.close()
+            out[name] = np.ones(dims, np.float32) if name == "mask" else rng.normal(size=dims).astype(np.float32)
     return out
+
+
+def worker(job: dict) -> dict:
+    import importlib
+
+    sys.path.insert(0, job["project"])
+    results = []
+    dist = None
+    rank, world = 0, 1
+    for pkg_dir, pkg_name, label, variants in job["runs"]:
+        sys.path.insert(0, pkg_dir)
+        for k in [m for m in sys.modules if m == pkg_name or m.startswith(pkg_name + ".")]:
+            del sys.modules[k]  # another bucket size's build of the same package
+        pkg = importlib.import_module(pkg_name)
+        dist = importlib.import_module(pkg_name + ".distributed")
+        if world == 1 and job["world"] > 1:
+            rank, world = dist.init(timeout_s=600, backend=job["init_backend"])
+        adapter = job["adapters"][rank] if job["adapters"] else dist.local_adapter(rank)
+        model = pkg.Model(adapter=adapter)
+        inputs = _inputs(model.PROGRAM, rank)
+        batch = next(iter(inputs.values())).shape[0]
+        eng = model._engine
+        if world > 1:
+            dist.check_replicas(model)
+        for v in variants:
+            fn, reducer = None, None
+            if v["mode"] == "identity":
+                fn = lambda g: g  # noqa: E731
+            elif v["mode"] == "ddp":
+                fn = reducer = dist.allreduce_mean(backend=v["backend"], dtype=v["dtype"], bucketed=v["bucketed"])
+            timing = {"map_wait_s": 0.0, "copy_s": 0.0, "start_s": 0.0, "finish_s": 0.0, "upload_s": 0.0}
+
+            def step():
+                model.step(**inputs, allreduce=fn)
+                if fn is not None:
+                    timing["map_wait_s"] += eng.last_timing[1]
+                for k, x in (getattr(model, "bucket_timing", None) or {}).items():
+                    timing[k] += x
+
+            for _ in range(job["warmup"]):
+                step()
+            eng.read("params", 0, 1)  # waits for everything submitted
+            if world > 1:
+                dist.mean(0.0)  # start together
+            timing.update(dict.fromkeys(timing, 0.0))
+            model.bucket_timing = None
+            if reducer is not None:
+                reducer.stats.update(calls=0, bytes=0, wait_s=0.0, start_s=0.0)
+            t0 = time.perf_counter()
+            for _ in range(job["steps"]):
+                step()
+            eng.read("params", 0, 1)
+            dt = time.perf_counter() - t0
+            n = job["steps"]
+            row = dict(
+                v, model=label, rank=rank, adapter=model.adapter, steps_per_s=n / dt, sequences_per_s=n * batch / dt,
+                batch_per_rank=batch, params=model._total, ms_per_step=1e3 * dt / n,
+            )
+            if fn is not None:
+                row["host_ms_per_step"] = {k[:-2] + "_ms": 1e3 * x / n for k, x in timing.items()}
+            if reducer is not None:
+                st = reducer.stats
+                row["bytes_sent_per_step"] = st["bytes"] / n
+                row["collectives_per_step"] = st["calls"] / n
+                row["comm_wait_ms_per_step"] = 1e3 * st["wait_s"] / n
+                row["comm_start_ms_per_step"] = 1e3 * st["start_s"] / n
+                row["backend_used"] = reducer.backend
+                row["buckets"] = len(eng.entries[next(iter(model.PROGRAM["variants"]["train"].values()))].get("buckets", []))
+            results.append(row)
+        model.close()
+    return {"rank": rank, "rows": results}
 
 
 def _free_port() -> int:
@@ -112,22 +138,16 @@ def _free_port() -> int:
 def launch(job: dict, world: int) -> list[dict]:
     port = _free_port()
     procs = []
+    job = dict(job, world=world)
     for rank in range(world):
         env = dict(
-            os.environ,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
+            os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps(job)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+                [sys.executable, __file__, "--worker", json.dumps(job)], env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True,
             )
         )
     results = []
@@ -137,18 +157,44 @@ def launch(job: dict, world: int) -> list[dict]:
         if p.returncode != 0 or not lines:
             for q in procs:
                 q.kill()
-            raise RuntimeError(f"worker failed ({job['mode']}, {job['name']}):\n{stderr[-4000:]}")
+            raise RuntimeError(f"worker failed:\n{stderr[-4000:]}")
         results.append(json.loads(lines[-1][len("RESULT ") :]))
     return results
 
 
-def build(name: str, outdir: Path) -> Path:
+def build(name: str, outdir: Path, bucket_mib: float) -> Path:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "examples"))
     import aot
 
+    folder = outdir / f"{name}_b{bucket_mib:g}"
+    if (folder / name / name / "__init__.py").exists():
+        return folder / name
     program = runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["program"]
-    return aot.build(program, outdir)
+    return aot.build(program, folder, bucket_mib=bucket_mib)
+
+
+def _by_rank(results: list[dict]) -> list[list[dict]]:
+    """Rows per configuration, one per rank."""
+    return [list(rows) for rows in zip(*[r["rows"] for r in results])]
+
+
+def summarize(single: dict, rows: list[dict], world: int) -> dict:
+    slowest = min(rows, key=lambda r: r["steps_per_s"])
+    total = sum(r["sequences_per_s"] for r in rows)
+    out = {
+        "steps_per_s_per_rank": slowest["steps_per_s"],
+        "sequences_per_s": total,
+        "speedup_over_one_gpu": total / single["sequences_per_s"],
+        "scaling_efficiency": total / (world * single["sequences_per_s"]),
+        "ms_per_step_over_one_gpu": 1e3 / slowest["steps_per_s"] - 1e3 / single["steps_per_s"],
+    }
+    for k in ("bytes_sent_per_step", "collectives_per_step", "comm_wait_ms_per_step", "comm_start_ms_per_step", "buckets"):
+        if k in slowest:
+            out[k] = max(r[k] for r in rows)
+    if "host_ms_per_step" in slowest:
+        out["host_ms_per_step"] = slowest["host_ms_per_step"]
+    return out
 
 
 def main():
@@ -158,7 +204,11 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--models", default="addition_transformer,transformer_large")
+    ap.add_argument("--bucket-mib", default="25", help="bucket sizes to build and compare (the first is the main one)")
+    ap.add_argument("--backends", default="", help="ddp backends (default: gloo, and nccl where torch has CUDA)")
+    ap.add_argument("--packages", help="build the packages here (reused when there already)")
     ap.add_argument("--adapters", default="", help="adapter index per rank (default: each rank's GPU, by local rank)")
+    ap.add_argument("--skip", default="", help="configurations to leave out: identity,concurrent,unbucketed,bf16")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -166,41 +216,72 @@ def main():
         return
     if not args.out:
         ap.error("--out is required")
-    adapters = [int(a) for a in args.adapters.split(",")] if args.adapters else []
+    import torch
     import wgpu
 
+    cuda = torch.cuda.is_available() and torch.distributed.is_nccl_available()
+    backends = args.backends.split(",") if args.backends else (["gloo", "nccl"] if cuda else ["gloo"])
+    sizes = [float(x) for x in args.bucket_mib.split(",")]
+    skip = set(args.skip.split(",")) - {""}
+    adapters = [int(a) for a in args.adapters.split(",")] if args.adapters else []
     report = {
         "host": platform.node(),
         "adapters": [dict(a.info) for a in wgpu.gpu.enumerate_adapters_sync()],
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "torch": torch.__version__,
         "world": args.world,
         "steps": args.steps,
+        "bucket_mib": sizes,
         "models": {},
     }
-    with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
-        for name in args.models.split(","):
-            project = build(name, Path(tmp))
-            job = dict(name=name, project=str(project), steps=args.steps, warmup=args.warmup, adapters=adapters)
-            r = {}
-            r["single"] = launch(dict(job, mode="single"), 1)[0]
-            r["identity"] = launch(dict(job, mode="identity"), 1)[0]
-            r["ddp"] = launch(dict(job, mode="ddp"), args.world)
-            r["concurrent"] = launch(dict(job, mode="concurrent"), args.world)
-            one = r["single"]["sequences_per_s"]
-            total = sum(x["sequences_per_s"] for x in r["ddp"])
-            r["summary"] = {
-                "steps_per_s_one_gpu": r["single"]["steps_per_s"],
-                "steps_per_s_per_rank_ddp": min(x["steps_per_s"] for x in r["ddp"]),
-                "sequences_per_s_one_gpu": one,
-                "sequences_per_s_ddp": total,
-                "scaling_efficiency": total / (one * args.world),
-                "host_crossing_ms_per_step": 1e3 * (1 / r["identity"]["steps_per_s"] - 1 / r["single"]["steps_per_s"]),
-                "allreduce_ms_per_step": max(x.get("allreduce_ms_per_step", 0.0) for x in r["ddp"]),
-                "ddp_ms_per_step_over_one_gpu": 1e3
-                * (1 / min(x["steps_per_s"] for x in r["ddp"]) - 1 / r["single"]["steps_per_s"]),
-                "distinct_adapters": len({json.dumps(x["adapter"]) for x in r["ddp"]}) == args.world,
-            }
-            report["models"][name] = r
-            print(name, json.dumps(r["summary"], indent=1), flush=True)
+    tmp = tempfile.TemporaryDirectory(prefix="bench-ddp-")
+    where = Path(args.packages) if args.packages else Path(tmp.name)
+    common = dict(steps=args.steps, warmup=args.warmup, adapters=adapters, init_backend="nccl" if "nccl" in backends else "gloo")
+    for name in args.models.split(","):
+        t0 = time.perf_counter()
+        projects = {mib: build(name, where, mib) for mib in sizes}
+        first = projects[sizes[0]]
+        r = {}
+        one = [{"mode": "single"}] + ([] if "identity" in skip else [{"mode": "identity"}])
+        (solo,) = launch(dict(common, project=str(first), runs=[[str(first), name, name, one]]), 1)
+        r["single"] = solo["rows"][0]
+        if "identity" not in skip:
+            r["identity"] = solo["rows"][1]
+        if "concurrent" not in skip:
+            conc = launch(dict(common, init_backend="gloo", project=str(first), runs=[[str(first), name, name, [{"mode": "single"}]]]), args.world)
+            r["concurrent"] = [x["rows"][0] for x in conc]
+        runs = []
+        main_variants = []
+        for b in backends:
+            for bucketed in ([True] if "unbucketed" in skip else [False, True]):
+                main_variants.append({"mode": "ddp", "backend": b, "bucketed": bucketed, "dtype": "f32", "bucket_mib": sizes[0]})
+        if "bf16" not in skip:
+            main_variants.append({"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "bf16", "bucket_mib": sizes[0]})
+        runs.append([str(first), name, name, main_variants])
+        for mib in sizes[1:]:
+            runs.append([str(projects[mib]), name, name, [
+                {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": mib}
+            ]])
+        results = launch(dict(common, project=str(first), runs=runs), args.world)
+        r["ddp"] = _by_rank(results)
+        single = r["single"]
+        r["summary"] = {
+            "steps_per_s_one_gpu": single["steps_per_s"],
+            "sequences_per_s_one_gpu": single["sequences_per_s"],
+            "host_crossing_ms_per_step": (1e3 / r["identity"]["steps_per_s"] - 1e3 / single["steps_per_s"]) if "identity" in r else None,
+            "concurrent_scaling_efficiency": (
+                sum(x["sequences_per_s"] for x in r["concurrent"]) / (args.world * single["sequences_per_s"]) if "concurrent" in r else None
+            ),
+            "distinct_adapters": len({json.dumps(x["adapter"]) for x in r["ddp"][0]}) == args.world,
+            "ddp": {
+                f"{rows[0]['backend']} {'bucketed ' + format(rows[0]['bucket_mib'], 'g') + ' MiB' if rows[0]['bucketed'] else 'unbucketed'}"
+                f"{' ' + rows[0]['dtype'] if rows[0]['dtype'] != 'f32' else ''}": summarize(single, rows, args.world)
+                for rows in r["ddp"]
+            },
+        }
+        r["seconds"] = time.perf_counter() - t0
+        report["models"][name] = r
+        print(name, json.dumps(r["summary"], indent=1), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")

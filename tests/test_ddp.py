@@ -12,6 +12,7 @@ changed, and the adapter is chosen by index or name.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -68,20 +69,24 @@ WORKER = textwrap.dedent("""
     import numpy as np
     job = json.loads(sys.argv[1])
     import importlib
-    for name, _, root in job["runs"]:
-        sys.path.insert(0, os.path.join(root or job["packages"], name))  # the project folder holds the package
+    sys.path.insert(0, os.path.join(job["runs"][0][2] or job["packages"], job["runs"][0][0]))
     dist = importlib.import_module(job["runs"][0][0] + ".distributed")
     rank, world = dist.init(timeout_s=job["timeout"])
     report = {}
-    for name, seed, _ in job["runs"]:
+    for name, seed, root, *opts in job["runs"]:
+        opts = opts[0] if opts else {}
+        for k in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[k]  # another build of the same name (another bucket size)
+        sys.path.insert(0, os.path.join(root or job["packages"], name))
         pkg = importlib.import_module(name)
         model = pkg.Model(seed=seed)
+        label = opts.get("label", name)
         try:
             dist.check_replicas(model)
         except dist.ReplicaMismatch as e:
-            report[name] = {"mismatch": str(e)}
+            report[label] = {"mismatch": str(e)}
             continue
-        fn = dist.allreduce_mean()
+        fn = dist.allreduce_mean(**opts.get("allreduce", {}))
         half = job["batch"] // world
         losses = []
         for i in range(job["steps"]):
@@ -94,9 +99,9 @@ WORKER = textwrap.dedent("""
             if rank == job.get("die_rank") and i + 1 == job.get("die_after"):
                 os.kill(os.getpid(), getattr(signal, job.get("signal", "SIGKILL")))
             if i + 1 == job["steps"] // 2:
-                dist.save(model, job["ckpt"] + name)
+                dist.save(model, job["ckpt"] + label)
         params = {k: v.tolist() for k, v in model.params().items()}
-        dist.restore(model, job["ckpt"] + name)
+        dist.restore(model, job["ckpt"] + label)
         replay = []
         for i in range(job["steps"] // 2, job["steps"]):
             r = np.random.default_rng(100 + i)
@@ -104,7 +109,7 @@ WORKER = textwrap.dedent("""
             y = np.stack([np.sin(x.sum(1)), np.cos(x[:, 0])], 1).astype(np.float32)
             sl = slice(rank * half, (rank + 1) * half)
             replay.append(dist.mean(model.step(x=x[sl], y=y[sl], allreduce=fn)))
-        report[name] = {"losses": losses, "replay": replay, "params": params, "steps": model.step_count,
+        report[label] = {"losses": losses, "replay": replay, "params": params, "steps": model.step_count,
                         "replay_params": {k: v.tolist() for k, v in model.params().items()}}
     print("REPORT " + json.dumps(report), flush=True)
 """)
@@ -119,7 +124,20 @@ def packages(tmp_path_factory):
     aot.build(program("sgd", FULL // 2, seed=4), root / "other")  # the same name, another build (seed)
     wide = aot.Program(f"ddp_sgd_{FULL // 2}", model=Wide, train=aot.Train(mse, {"x": aot.f32(FULL // 2, IN), "y": aot.f32(FULL // 2, OUT)}, OPTIMIZERS["sgd"]))
     aot.build(wide, root / "wide")  # the same name, more parameters
+    for folder, mib in BUCKETS.items():  # the same build but for its gradient buckets
+        aot.build(program("adam", FULL // 2), root / folder, bucket_mib=mib)
     return root
+
+
+# bucket sizes (MiB) of extra builds of ddp_adam_4, whose 50 gradients (l1.W 24, l1.b 8, l2.W 16,
+# l2.b 2) the default 25 MiB puts in one bucket: one per gradient, 104 values at most (3 buckets), one
+BUCKETS = {"per_gradient": 0, "small": 4e-4, "huge": 1e6}
+
+# runs of ddp_adam_4 that must give the default run's losses and parameters bit for bit
+SAME_AS_DEFAULT = {
+    "unbucketed": [None, {"allreduce": {"bucketed": False}}],  # one readback, allreduce_mean() as a function
+    **{f"buckets {folder}": [folder, {}] for folder in BUCKETS},
+}
 
 
 class Wide(aot.Module):
@@ -192,8 +210,16 @@ def reports(procs, timeout=300) -> list[dict]:
 
 
 def test_two_ranks_with_half_batches_match_one_process(tmp_path, packages):
+    """...bucketed or not, whatever the bucket size (bit for bit the same), and with bf16
+    transport (close, not equal)."""
     names = [f"ddp_{opt}_{FULL // 2}" for opt in OPTIMIZERS]
-    job = {"runs": [[n, None, None] for n in names], "batch": FULL, "steps": STEPS}
+    adam = names[0]
+    extra = [
+        [adam, None, folder and str(packages / folder), dict(opts, label=label)]
+        for label, (folder, opts) in SAME_AS_DEFAULT.items()
+    ]
+    extra.append([adam, None, None, {"label": "bf16", "allreduce": {"dtype": "bf16"}}])
+    job = {"runs": [[n, None, None] for n in names] + extra, "batch": FULL, "steps": STEPS}
     procs = launch(tmp_path, packages, [job, job])
     # meanwhile, the reference: one process with the whole batch
     ref = {}
@@ -212,6 +238,21 @@ def test_two_ranks_with_half_batches_match_one_process(tmp_path, packages):
         # restored from rank 0's checkpoint at step 5 by every rank: steps 6..10 again, bit for bit
         assert a["replay"] == a["losses"][STEPS // 2 :] and a["replay_params"] == a["params"]
         assert a["steps"] == STEPS
+    for label in SAME_AS_DEFAULT:
+        assert r0[label] == r1[label] and r0[label]["losses"] == r0[adam]["losses"], label
+        assert r0[label]["params"] == r0[adam]["params"], label
+    bf16 = r0["bf16"]
+    np.testing.assert_allclose(bf16["losses"], r0[adam]["losses"], rtol=2e-2)
+    assert bf16["losses"] != r0[adam]["losses"] and r1["bf16"] == bf16  # rounded, and alike on every rank
+    counts = {f: len(_tables(packages / f, adam)["buckets"]) for f in BUCKETS}
+    assert counts["per_gradient"] == 4 and 1 < counts["small"] < 4 and counts["huge"] == 1, counts
+
+
+def _tables(root, name) -> dict:
+    """The training entry's tables of the package built in root/name."""
+    ns: dict = {}
+    exec(compile((root / name / name / "plan.py").read_text(), "plan.py", "exec"), ns)
+    return ns["PROGRAM"]["entries"]["train"]
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.slow)])
@@ -495,3 +536,113 @@ def test_adapter_by_index_and_name(pair):
         type(a)(adapter=len(rows))
     with pytest.raises(TypeError, match="an index or a name"):
         type(a)(adapter=1.0)
+
+
+# ---- gradient buckets in one process ---------------------------------------------------------------
+
+
+class Buckets:
+    """A bucketed reducer that doubles every gradient (identity=False) or leaves it (True), and
+    records the buckets it was given."""
+
+    def __init__(self, identity=True, bad=None):
+        self.identity, self.bad, self.seen = identity, bad, []
+
+    def start(self, values, lo, hi):
+        assert values.dtype == np.float32 and values.shape == (hi - lo,) and values.flags.writeable
+        self.seen.append((lo, hi))
+        return values.copy() if self.identity else values * np.float32(2)
+
+    def finish(self, handle):
+        return self.bad(handle) if self.bad else handle
+
+
+def test_bucketed_steps_are_bit_identical_and_bad_results_change_nothing():
+    """One bucket per gradient, read back while the backward pass runs (and one submit at a time,
+    the fallback without wgpu-native's internals): the same step as step(), bit for bit; a bucket
+    reducer that fails or returns something unusable leaves the model as it was."""
+    a = aot.compile(DROP, bucket_mib=0)
+    table = a.PROGRAM["entries"]["train"]
+    names = {p[0]: (p[4], int(np.prod(p[1]))) for p in a.PROGRAM["params"]}
+    assert sorted((lo, hi) for lo, hi, _ in table["buckets"]) == sorted((o, o + n) for o, n in names.values())
+    ready = [r for *_, r in table["buckets"]]
+    assert ready == sorted(ready) and 0 < ready[0] and ready[-1] <= table["update_from"]
+    b, c = type(a)(), type(a)()
+    c._engine.serial_buckets = True
+    r = Buckets()
+    for i in range(6):
+        ra = a.step(**data(i), captures=True)
+        rb = b.step(**data(i), captures=True, allreduce=r)
+        rc = c.step(**data(i), captures=True, allreduce=Buckets())
+        assert ra.loss == rb.loss == rc.loss and np.array_equal(ra.captures["h"], rb.captures["h"])
+        assert_identical(snapshot(a), snapshot(b))
+        assert_identical(snapshot(a), snapshot(c))
+    assert sorted(r.seen[-len(names):]) == sorted((o, o + n) for o, n in names.values())
+    before = snapshot(b)
+    n = names["l1.W"][1]
+    for fn, error, text in [
+        (lambda h: None, TypeError, "reduced in place"),
+        (lambda h: h.astype(np.float64), TypeError, "float32"),
+        (lambda h: h[:-1], ValueError, "finish()'s result for gradients"),
+        (lambda h: (_ for _ in ()).throw(RuntimeError("peer lost")), RuntimeError, "peer lost"),
+    ]:
+        with pytest.raises(error, match=re.escape(text)):
+            b.step(**data(7), allreduce=Buckets(bad=fn))
+        assert_identical(before, snapshot(b))
+    assert n == IN * HID
+    # the next good step is the step it would have been; a doubling reducer doubles the gradients
+    assert a.step(**data(7)) == b.step(**data(7), allreduce=Buckets())
+    assert_identical(snapshot(a), snapshot(b))
+    m = aot.compile(
+        aot.Program("ddp_noopt_b", model=MLP, train=aot.Train(mse, {"x": aot.f32(FULL, IN), "y": aot.f32(FULL, OUT)})),
+        bucket_mib=0,
+    )
+    m.step(**data(0))
+    local = m.grads()
+    m.step(**data(0), allreduce=Buckets(identity=False))
+    assert all(np.array_equal(m.grads()[k], 2 * v) for k, v in local.items())
+    for x in (a, b, c, m):
+        x.close()
+
+
+def test_bad_bucket_and_backend_options_are_refused(packages):
+    with pytest.raises(ValueError, match="bucket_mib must be a number of MiB >= 0"):
+        aot.build(DROP, "unused", bucket_mib=-1)
+    with pytest.raises(ValueError, match="bucket_mib must be a number"):
+        aot.compile(DROP, bucket_mib="25")
+    sys.path.insert(0, str(packages / f"ddp_sgd_{FULL // 2}"))
+    try:
+        pkg = importlib.import_module(f"ddp_sgd_{FULL // 2}")
+        dist = importlib.import_module(f"ddp_sgd_{FULL // 2}.distributed")
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(ValueError, match=r"init\(backend=...\) must be one of 'auto', 'gloo', 'nccl', got 'mpi'"):
+        dist.init(backend="mpi")
+    if not dist._nccl_usable():
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            dist.init(backend="nccl")
+    with pytest.raises(ValueError, match=r"allreduce_mean\(dtype=...\) must be one of"):
+        dist.allreduce_mean(dtype="f8")
+    with pytest.raises(ValueError, match=r"allreduce_mean\(backend=...\) must be one of"):
+        dist.allreduce_mean(backend="cuda")
+    with pytest.raises(TypeError, match="bucketed reducer"):
+        pkg.Model().step(x=np.zeros((FULL // 2, IN), np.float32), y=np.zeros((FULL // 2, OUT), np.float32), allreduce=object())
+
+
+def test_bucket_partition_cuts_where_gradients_wait_least():
+    """Pure table logic (aot/buckets.py): one bucket per gradient at 0, one for a vector within an
+    eighth of the cap, and otherwise cuts that keep early gradients out of late buckets: here the
+    small late gradients at the end (a layout that puts biases after the weights) get a bucket of
+    their own instead of holding back the weights before them."""
+    from aot.buckets import partition
+
+    segs = [(0, 100), (100, 200), (200, 300), (300, 302), (302, 304)]
+    ready = [9, 5, 3, 8, 9]
+    assert partition(segs, ready, 0) == segs
+    assert partition(segs, ready, 10**6) == [(0, 304)]
+    cuts = partition(segs, ready, 250)
+    assert cuts[0][0] == 0 and cuts[-1][1] == 304 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    assert (300, 304) in cuts or (300, 302) in cuts  # the late small ones are not with (200, 300)
+    assert all(hi - lo <= 250 or (lo, hi) in segs for lo, hi in cuts)
+    late = [(lo, hi) for lo, hi in cuts if max(r for s, r in zip(segs, ready) if lo <= s[0] < hi) == 9]
+    assert all(hi - lo <= 250 // 8 or (lo, hi) in segs for lo, hi in late)  # the last trip is short

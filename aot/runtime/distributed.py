@@ -1,19 +1,29 @@
-"""Data-parallel training of this package's Model over torch.distributed (gloo): one process per
-GPU, each training on its share of every batch, the gradients averaged between backward and
-update. Optional: nothing else in the package imports this module, and only it needs torch
-(the CPU build is enough).
+"""Data-parallel training of this package's Model over torch.distributed: one process per GPU,
+each training on its share of every batch, the gradients averaged between backward and update.
+Optional: nothing else in the package imports this module, and only it needs torch (the CPU
+build is enough for gloo; NCCL needs a CUDA build and CUDA GPUs).
 
     import mypkg
     from mypkg import distributed as dist
 
-    rank, world = dist.init()                          # torchrun's environment, gloo, timeouts
+    rank, world = dist.init()                          # torchrun's environment, NCCL or gloo, timeouts
     model = mypkg.Model(adapter=dist.local_adapter())  # this process's GPU (LOCAL_RANK)
     dist.check_replicas(model)                         # same build, params and state on every rank
-    reduce = dist.allreduce_mean()
+    reduce = dist.allreduce_mean()                     # backend="auto", dtype="f32", bucketed=True
     for batch in my_share_of_the_batches:
         loss = model.step(**batch, allreduce=reduce)   # gradients: mean over ranks
     dist.save(model, "ckpt.npz")                       # rank 0 writes (atomically); all wait for it
     dist.restore(model, "ckpt.npz")                    # every rank reads it, then checks replicas
+
+The gradients leave the GPU in buckets (the package's table, built with aot.build(...,
+bucket_mib=25)) while the backward pass still runs: each is read back as soon as its last
+gradient is written, its mean started at once (NCCL: pinned host memory to this rank's CUDA
+device and back, on a stream of its own; gloo: an asynchronous all-reduce of the host memory),
+and uploaded as it arrives; the update runs after the last. init(backend="auto") uses NCCL
+where torch has CUDA and NCCL (the group is "cpu:gloo,cuda:nccl": the small collectives of
+this module stay on gloo), gloo otherwise; init(backend="gloo"|"nccl") and
+allreduce_mean(backend=...) choose. allreduce_mean(dtype="bf16"|"f16") sends each rank's
+gradients rounded to 16 bits and sums them in float32 (see there: not exact).
 
 Launch with `torchrun --nproc-per-node N script.py` (one machine) or `torchrun --nnodes M
 --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT script.py` on each machine.
@@ -36,6 +46,7 @@ import atexit
 import datetime
 import hashlib
 import os
+import time
 
 import numpy as np
 
@@ -57,19 +68,38 @@ class ReplicaMismatch(RuntimeError):
     """The ranks do not run the same build, or do not hold the same parameters and state."""
 
 
+BACKENDS = ("auto", "gloo", "nccl")
+DTYPES = {"f32": None, "float32": None, "bf16": "bfloat16", "bfloat16": "bfloat16", "f16": "float16", "float16": "float16"}
+
+
+def _nccl_usable() -> bool:
+    return torch.cuda.is_available() and td.is_nccl_available()
+
+
 def init(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     init_method: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    backend: str = "auto",
 ) -> tuple[int, int]:
-    """Join the process group (gloo) unless this process already has; returns (rank, world size).
+    """Join the process group unless this process already has; returns (rank, world size).
     Without init_method, torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) says
     where; with it (e.g. "tcp://10.0.0.1:29500"), give rank and world_size too. Every collective
     of the group (the all-reduce of each step included) raises after timeout_s seconds without
-    an answer from some rank."""
+    an answer from some rank. backend: "auto" (NCCL for the gradients where torch has CUDA and
+    NCCL, gloo otherwise), "gloo" or "nccl". With NCCL the group is "cpu:gloo,cuda:nccl": the
+    gradients go through the LOCAL_RANK-th CUDA device, everything else (mean, checkpoints,
+    check_replicas) through gloo."""
     if not td.is_available():
         raise RuntimeError("this PyTorch build has no torch.distributed")
+    if backend not in BACKENDS:
+        raise ValueError(f"init(backend=...) must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if backend == "nccl" and not _nccl_usable():
+        raise RuntimeError(
+            "init(backend='nccl') needs a CUDA device and a PyTorch built with CUDA and NCCL "
+            f"(torch.cuda.is_available() is {torch.cuda.is_available()}); use backend='gloo' or 'auto'"
+        )
     if not td.is_initialized():
         kw = {}
         if init_method is not None:
@@ -81,16 +111,33 @@ def init(
                 "init(): no RANK/WORLD_SIZE in the environment: launch with torchrun (torchrun "
                 "--nproc-per-node N script.py), or pass init_method=, rank= and world_size="
             )
-        td.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s), **kw)
+        use = "gloo"
+        if backend == "nccl" or (backend == "auto" and _nccl_usable()):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            use = "cpu:gloo,cuda:nccl"
+        td.init_process_group(use, timeout=datetime.timedelta(seconds=timeout_s), **kw)
         # leave the group before the interpreter tears down: a gloo group still alive at exit can
         # end the process with "terminate called without an active exception" (SIGABRT)
         atexit.register(_leave)
-    elif td.get_backend() != "gloo":
+    elif "gloo" not in _group_backend(None):
         raise RuntimeError(
-            f"the process group uses the {td.get_backend()} backend; the gradients are NumPy (CPU) memory, "
-            "which needs gloo: init_process_group('gloo', ...)"
+            f"the process group uses the {_group_backend(None)} backend; the gradients and checkpoints are NumPy (CPU) "
+            "memory, which needs gloo: init_process_group('gloo', ...) or ('cpu:gloo,cuda:nccl', ...)"
+        )
+    elif backend == "nccl" and "nccl" not in _group_backend(None):
+        raise RuntimeError(
+            f"init(backend='nccl'): the process group was made with {_group_backend(None)!r}, without NCCL: "
+            "make it with init_process_group('cpu:gloo,cuda:nccl', ...), or call init(backend='nccl') first"
         )
     return td.get_rank(), td.get_world_size()
+
+
+def _group_backend(group) -> str:
+    """The group's backend as named at init ("gloo", "cpu:gloo,cuda:nccl", ...), lower case."""
+    try:
+        return str(td.get_backend(group)).lower()
+    except Exception:  # pragma: no cover - very old torch
+        return "gloo"
 
 
 def _leave() -> None:
@@ -111,29 +158,168 @@ def local_adapter(local_rank: int | None = None) -> int | None:
     return same[local % len(same)]["index"]
 
 
-def allreduce_mean(group=None):
-    """The function for model.step(..., allreduce=fn): sums the flat gradient vector over the
-    ranks of `group` (all by default) in place, with torch.from_numpy sharing the array's
-    memory (no copy), then divides by the number of ranks, and returns the same array."""
-    world = td.get_world_size(group)
+def allreduce_mean(group=None, backend: str = "auto", dtype: str = "f32", bucketed: bool = True):
+    """The function for model.step(..., allreduce=fn): the mean over the ranks of `group` (all
+    by default) of the flat gradient vector. Called with the whole vector it sums it in place
+    and divides by the number of ranks, returning the same array (as it always did). It is also
+    a bucketed reducer (start/finish, unless bucketed=False): step() then hands it the package's
+    gradient buckets one by one while the backward pass still runs, and uploads each mean as it
+    arrives. backend: "auto" (NCCL where the group has it and torch sees a CUDA device: each
+    bucket goes from pinned host memory to the GPU, through NCCL and back, copies overlapped on a
+    stream of its own; gloo otherwise), "gloo" or "nccl". dtype: "f32" (exact: two ranks give
+    the one-process gradients to rounding), or "bf16"/"f16": each rank's gradients are rounded to
+    that type for the trip (half the bytes), gathered, and summed in float32 on every rank in
+    rank order (every rank gets the same bits); the mean then carries each gradient's rounding
+    error (bf16: 2**-9 relative; f16: 2**-12, and values beyond 65504 overflow)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"allreduce_mean(backend=...) must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"allreduce_mean(dtype=...) must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+    has_nccl = "nccl" in _group_backend(group)
+    if backend == "nccl" and not (has_nccl and torch.cuda.is_available()):
+        raise RuntimeError(
+            f"allreduce_mean(backend='nccl'): the process group ({_group_backend(group)!r}) has no NCCL or torch sees no "
+            "CUDA device: call init(backend='nccl') on a machine with CUDA GPUs, or use backend='gloo'"
+        )
+    use = "nccl" if backend == "nccl" or (backend == "auto" and has_nccl and torch.cuda.is_available()) else "gloo"
+    cls = BucketedAllReduce if bucketed else AllReduce
+    return cls(group, use, DTYPES[dtype])
 
-    def allreduce(grads: np.ndarray) -> np.ndarray:
+
+class AllReduce:
+    """step(allreduce=...)'s mean over the ranks, of the whole gradient vector at once (allreduce_mean).
+    stats: what it has done so far: calls, bytes (each rank's share as sent), wait_s (time spent
+    waiting for collectives to finish) and start_s (time spent starting them, copies included)."""
+
+    def __init__(self, group, backend: str, dtype: str | None):
+        self.group, self.backend, self.dtype = group, backend, dtype
+        self.world = td.get_world_size(group)
+        self.stats = {"calls": 0, "bytes": 0, "wait_s": 0.0, "start_s": 0.0}
+        self._checked: set = set()
+        self._pinned = self._device = self._stream = None
+
+    def __call__(self, grads: np.ndarray) -> np.ndarray:
         # gloo aborts the process (SIGABRT) when ranks reduce vectors of different lengths (other
         # builds): a 2-element collective compares the lengths first, so every rank raises instead
-        n = int(grads.size)
-        sizes = torch.tensor([n, -n], dtype=torch.int64)
-        td.all_reduce(sizes, op=td.ReduceOp.MAX, group=group)
-        if int(sizes[0]) != -int(sizes[1]):
-            raise ReplicaMismatch(
-                f"rank {td.get_rank(group)} of {world}: the ranks' gradient vectors differ in length (this rank's "
-                f"has {n} values; the longest {int(sizes[0])}, the shortest {-int(sizes[1])}): they run different "
-                "builds. Install or copy the same built package on every machine (check_replicas says so at start)"
-            )
-        td.all_reduce(torch.from_numpy(grads), op=td.ReduceOp.SUM, group=group)
-        grads /= np.float32(world)
+        self._same_everywhere([int(grads.size)], f"gradient vectors differ in length (this rank's has {grads.size} values)")
+        if self.backend == "nccl":  # through the pinned staging (stage) and back into grads
+            staged = self._stage(grads.size)
+            np.copyto(staged, grads)
+            np.copyto(grads, self._finish(self._start(staged, 0, grads.size)))
+        else:
+            self._finish(self._start(grads, 0, grads.size))
         return grads
 
-    return allreduce
+    def _same_everywhere(self, values: list[int], what: str) -> None:
+        """ReplicaMismatch on every rank unless every rank has the same `values` (one collective)."""
+        t = torch.tensor(values + [-v for v in values], dtype=torch.int64)
+        td.all_reduce(t, op=td.ReduceOp.MAX, group=self.group)
+        n = len(values)
+        if t[:n].tolist() != [-v for v in t[n:].tolist()]:
+            raise ReplicaMismatch(
+                f"rank {td.get_rank(self.group)} of {self.world}: the ranks' {what}; they run different builds. "
+                "Install or copy the same built package on every machine (check_replicas says so at start)"
+            )
+
+    # ---- the work of both: BucketedAllReduce gives them to model.step as its bucketed protocol ------
+    def _stage(self, n: int) -> np.ndarray:
+        if self.backend != "nccl":
+            return np.empty(n, dtype=np.float32)
+        if self._pinned is None or self._pinned.numel() != n:
+            self._pinned = torch.empty(n, dtype=torch.float32).pin_memory()
+            self._device = torch.empty(n, dtype=torch.float32, device="cuda")
+            self._stream = torch.cuda.Stream()
+        return self._pinned.numpy()
+
+    def _start(self, values: np.ndarray, lo: int, hi: int):
+        """Start the mean of one bucket (values: elements [lo, hi) of stage()'s array, or the whole
+        vector); _finish(handle) waits for it and returns the result."""
+        t = time.perf_counter()
+        n = hi - lo
+        self.stats["calls"] += 1
+        self.stats["bytes"] += n * (2 if self.dtype else 4)
+        if self.backend == "nccl":
+            with torch.cuda.stream(self._stream):
+                dev = self._device[lo:hi]
+                dev.copy_(self._pinned[lo:hi], non_blocking=True)
+                mean = self._reduce(dev)
+                if mean is not dev:
+                    dev.copy_(mean)
+                self._pinned[lo:hi].copy_(dev, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self._stream)
+            handle = ("nccl", done, values)
+        elif self.dtype is None:
+            handle = ("gloo", td.all_reduce(torch.from_numpy(values), op=td.ReduceOp.SUM, group=self.group, async_op=True), values)
+        else:
+            # gathered as bytes: gloo moves any dtype's bytes, but not every dtype (no bf16, no int16)
+            parts = [torch.empty(2 * n, dtype=torch.uint8) for _ in range(self.world)]
+            mine = torch.from_numpy(values).to(getattr(torch, self.dtype)).view(torch.uint8)
+            handle = ("gloo16", td.all_gather(parts, mine, group=self.group, async_op=True), values, parts)
+        self.stats["start_s"] += time.perf_counter() - t
+        return handle
+
+    def _reduce(self, dev):
+        """The mean of a CUDA tensor over the ranks, enqueued on the current stream."""
+        if self.dtype is None:
+            td.all_reduce(dev, op=td.ReduceOp.SUM, group=self.group)
+            return dev.div_(self.world)
+        half = dev.to(getattr(torch, self.dtype))
+        parts = torch.empty((self.world, half.numel()), dtype=half.dtype, device=half.device)
+        td.all_gather_into_tensor(parts, half, group=self.group)
+        return _sum_rows(parts).div_(self.world)
+
+    def _finish(self, handle) -> np.ndarray:
+        t = time.perf_counter()
+        kind, work, values = handle[:3]
+        if kind == "nccl":
+            work.synchronize()
+        else:
+            work.wait()
+            if kind == "gloo":
+                values /= np.float32(self.world)
+            else:
+                parts = torch.stack(handle[3]).view(getattr(torch, self.dtype))
+                values[...] = _sum_rows(parts).div_(self.world).numpy()
+        self.stats["wait_s"] += time.perf_counter() - t
+        return values
+
+
+class BucketedAllReduce(AllReduce):
+    """AllReduce that model.step() also drives bucket by bucket (it has start and finish)."""
+
+    def stage(self, n: int) -> np.ndarray:
+        """The host array step() reads the gradients into (pinned memory for NCCL)."""
+        return self._stage(n)
+
+    def start(self, values: np.ndarray, lo: int, hi: int):
+        """Start the mean of gradients [lo, hi) (values: that part of stage()'s array)."""
+        return self._start(values, lo, hi)
+
+    def finish(self, handle) -> np.ndarray:
+        """Wait for a start()'s mean; the float32 result (stage()'s array, where it was)."""
+        return self._finish(handle)
+
+    def begin(self, buckets: list) -> None:
+        """Before a step's first bucket: the ranks must cut the gradients alike (the same build);
+        checked once per layout (one small collective), as __call__ checks every vector's length."""
+        layout = tuple(map(tuple, buckets))
+        if layout not in self._checked:
+            digest = int(hashlib.sha256(repr(layout).encode()).hexdigest()[:15], 16) >> 2
+            n = max((hi for _, hi in layout), default=0)
+            self._same_everywhere(
+                [n, len(layout), digest],
+                f"gradient vectors differ in length or in their buckets (this rank's: {n} values in {len(layout)} buckets)",
+            )
+            self._checked.add(layout)
+
+
+def _sum_rows(parts):
+    """parts[0] + parts[1] + ... in float32, in rank order (every rank the same bits)."""
+    acc = parts[0].float()
+    for r in range(1, parts.shape[0]):
+        acc += parts[r].float()
+    return acc
 
 
 def mean(value: float, group=None) -> float:

@@ -477,9 +477,10 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             return loss
 
     def _check_allreduce(self, allreduce) -> None:
-        if not callable(allreduce):
+        if not callable(allreduce) and not _bucketed(allreduce):
             raise TypeError(
-                f"step(allreduce=...) takes a function of the flat gradient vector, got {type(allreduce).__name__}"
+                f"step(allreduce=...) takes a function of the flat gradient vector, or a bucketed reducer (with "
+                f"start(values, lo, hi) and finish(handle) methods), got {type(allreduce).__name__}"
             )
 
     def _step_reduced(
@@ -491,38 +492,98 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         dispatches. Clipping, weight decay, the lr schedule and the optimizer state then see
         the reduced gradients, as one process would. If allreduce raises or returns something
         unusable, the gradients of the last step are put back and nothing else has changed.
-        """
+        A bucketed allreduce (one with start and finish: _step_bucketed) gets the gradients
+        bucket by bucket while the backward pass still runs."""
         total = (
             e.size
         )  # the entry's gradient vector: grads[e.offset : e.offset + e.size]
+        if _bucketed(allreduce) and self._engine.entries[key].get("buckets") and total:
+            return self._step_bucketed(key, packed, captures, allreduce, e)
         grads, out = self._engine.run_backward(key, packed, captures, total, e.offset)
         try:
-            reduced = allreduce(grads)
-            if not isinstance(reduced, np.ndarray):
-                hint = (
-                    " (reduced in place? return the array as well)"
-                    if reduced is None
-                    else (
-                        " (a torch tensor? return the NumPy array it shares memory with, or tensor.numpy())"
-                        if hasattr(reduced, "numpy")
-                        else ""
-                    )
-                )
-                raise TypeError(
-                    f"step(allreduce=...): the function must return the reduced gradients as a float32 NumPy "
-                    f"array of shape ({total},), got {type(reduced).__name__}{hint}; nothing was updated"
-                )
-            if reduced.dtype != np.float32 or reduced.shape != (total,):
-                error = TypeError if reduced.dtype != np.float32 else ValueError
-                raise error(
-                    f"step(allreduce=...): the function must return the reduced gradients as a float32 NumPy "
-                    f"array of shape ({total},) (the shape and dtype it was given), got {_describe(reduced)}; "
-                    "nothing was updated"
-                )
+            reduced = _checked_reduced(
+                allreduce(grads), (total,), "the reduced gradients"
+            )
         except BaseException:
             self._engine.restore_grads(key, total, e.offset)
             raise
         self._engine.run_update(key, np.ascontiguousarray(reduced), e.offset)
+        return out
+
+    def _step_bucketed(
+        self, key: str, packed: dict, captures: bool, reducer, e
+    ) -> dict:
+        """_step_reduced through a bucketed allreduce: the package's gradient buckets (its
+        "buckets" table, built by aot/buckets.py) are read back as soon as each is final
+        (engine.run_buckets) into reducer.stage(n) (or an array of the model's), and handed to
+        reducer.start(values, lo, hi) at once; each result (reducer.finish(handle)) is uploaded
+        while later buckets are still read and reduced; the update is submitted after the last.
+        The same values reach the update as with one readback: bucketing changes only when.
+        bucket_timing: the host's seconds in this step's copies out of the mapped buckets, in
+        start(), in finish() and in the uploads (the engine's last_timing has the map waits).
+        """
+        total, eng = e.size, self._engine
+        buckets = eng.entries[key]["buckets"]
+        held = getattr(
+            self, "_bucket_stage", None
+        )  # (reducer, n, array): one reducer's at a time
+        stage = (
+            held[2]
+            if held is not None and held[0] is reducer and held[1] == total
+            else None
+        )
+        if stage is None:
+            stage = (
+                reducer.stage(total)
+                if hasattr(reducer, "stage")
+                else np.empty(total, dtype=np.float32)
+            )
+            stage = _checked_reduced(stage, (total,), "stage(n)'s array", writable=True)
+            self._bucket_stage = (reducer, total, stage)
+        if hasattr(reducer, "begin"):
+            reducer.begin([(lo, hi) for lo, hi, _ in buckets])
+        pending, pending_i = (
+            [],
+            [],
+        )  # (lo, hi, handle) started, not yet uploaded; their bucket numbers
+        spent = self.bucket_timing = dict.fromkeys(
+            ("copy_s", "start_s", "finish_s", "upload_s"), 0.0
+        )
+        clock = time.perf_counter
+
+        def upload():
+            lo, hi, handle = pending.pop(0)
+            t = clock()
+            reduced = reducer.finish(handle)
+            t1 = clock()
+            reduced = _checked_reduced(
+                reduced, (hi - lo,), f"finish()'s result for gradients [{lo}, {hi})"
+            )
+            eng.upload_bucket(pending_i.pop(0), np.ascontiguousarray(reduced))
+            spent["finish_s"] += t1 - t
+            spent["upload_s"] += clock() - t1
+
+        def each(i, lo, hi, values):
+            t = clock()
+            eng.copy(stage[lo:hi], values)
+            t1 = clock()
+            pending.append((lo, hi, reducer.start(stage[lo:hi], lo, hi)))
+            pending_i.append(i)
+            spent["copy_s"] += t1 - t
+            spent["start_s"] += clock() - t1
+            while (
+                len(pending) > 1
+            ):  # the one before has had the time of this bucket's readback
+                upload()
+
+        try:
+            out = eng.run_buckets(key, packed, captures, total, e.offset, each)
+            while pending:
+                upload()
+        except BaseException:
+            eng.restore_grads(key, total, e.offset)
+            raise
+        eng.run_update(key, None, e.offset)
         return out
 
     def _step_many(
@@ -825,6 +886,46 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             ):
                 b.destroy()
             self._engine.device.destroy()
+
+
+def _bucketed(allreduce) -> bool:
+    """Whether step(allreduce=...) got a bucketed reducer: start(values, lo, hi) -> handle and
+    finish(handle) -> the reduced values (optional: stage(n), begin(buckets))."""
+    return callable(getattr(allreduce, "start", None)) and callable(
+        getattr(allreduce, "finish", None)
+    )
+
+
+def _checked_reduced(
+    reduced, shape: tuple, what: str, writable: bool = False
+) -> np.ndarray:
+    """`reduced` if it is a float32 NumPy array of `shape`; else a TypeError/ValueError naming
+    what step(allreduce=...) got and what it needs (nothing is updated then)."""
+    if not isinstance(reduced, np.ndarray):
+        hint = (
+            " (reduced in place? return the array as well)"
+            if reduced is None
+            else (
+                " (a torch tensor? return the NumPy array it shares memory with, or tensor.numpy())"
+                if hasattr(reduced, "numpy")
+                else ""
+            )
+        )
+        raise TypeError(
+            f"step(allreduce=...): {what} must be a float32 NumPy array of shape {shape}, got "
+            f"{type(reduced).__name__}{hint}; nothing was updated"
+        )
+    if (
+        reduced.dtype != np.float32
+        or reduced.shape != shape
+        or (writable and not reduced.flags.writeable)
+    ):
+        error = TypeError if reduced.dtype != np.float32 else ValueError
+        raise error(
+            f"step(allreduce=...): {what} must be a {'writable ' if writable else ''}float32 NumPy array of shape "
+            f"{shape} (the shape and dtype it was given), got {_describe(reduced)}; nothing was updated"
+        )
+    return reduced
 
 
 def _step_seeds(seed: int, t: int, n: int) -> np.ndarray:

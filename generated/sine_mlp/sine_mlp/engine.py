@@ -13,6 +13,7 @@ restore_grads) records the entry's dispatches in two passes cut at its `update_f
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -58,6 +59,12 @@ FIRST_SUBMIT = 16
 # step on an H100 host of 16 cores takes 31-40 s on one, 5.1-5.4 s on 8, 2.5-2.7 s on 16
 # (scripts/bench_startup.py --compile-workers, scripts/results/startup_large_h100_w*.json)
 COMPILE_WORKERS = 64
+# gradient buckets: host copies in and out of mapped buckets of at least COPY_SPLIT bytes are split
+# over COPY_THREADS threads (NumPy copies without the GIL); one thread copies mapped memory at
+# 6-10 GB/s on an H100 host, which made the copies of transformer_large's 76 MB the bulk of a
+# data-parallel step's host time (scripts/bench_ddp.py)
+COPY_THREADS = 8
+COPY_SPLIT = 1 << 20
 
 
 class _Raw:
@@ -189,14 +196,16 @@ def _prime_ffi_types() -> int:
 _PRIMED: int | None = None
 _RAW = None
 _TRUSTED = None
+_MAPS = None  # _RawMaps (run_buckets)
 
 
 def _ready_native() -> None:
-    global _PRIMED, _RAW, _TRUSTED
+    global _PRIMED, _RAW, _TRUSTED, _MAPS
     if _PRIMED is None:
         _PRIMED = _prime_ffi_types()
         _RAW = _raw_encoder_calls()
         _TRUSTED = _trusted_api()
+        _MAPS = _raw_maps()
 
 
 def cores() -> int:
@@ -242,6 +251,95 @@ def _trusted_api():
     return _api if hasattr(_api.lib, "wgpuDeviceCreateShaderModuleTrusted") else None
 
 
+class _RawMaps:
+    """wgpu-native's submit, map and poll entry points, for moving gradient buckets while later
+    dispatches still run (run_buckets, upload_bucket). wgpu-py's map_sync resolves in a thread
+    that polls until the queue is idle (wgpuDevicePoll without a submission index), so the first
+    bucket would arrive only with the last; here each submit's index is kept and a map waits
+    for that submission alone. Only the engine's bucket buffers are mapped this way."""
+
+    def __init__(self, api):
+        lib, ffi = api.lib, api.ffi
+        self.lib, self.ffi, self.done, self.tags = lib, ffi, {}, itertools.count(1)
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(
+            status, _message, user1, _user2
+        ):  # runs inside some thread's wgpuDevicePoll
+            self.done[int(ffi.cast("intptr_t", user1))] = int(status)
+
+        self._mapped = mapped  # kept alive as long as wgpu-native may call it
+        self.success, self.read, self.write = (
+            lib.WGPUMapAsyncStatus_Success,
+            lib.WGPUMapMode_Read,
+            lib.WGPUMapMode_Write,
+        )
+        self.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        self.submit_for_index, self.poll = (
+            lib.wgpuQueueSubmitForIndex,
+            lib.wgpuDevicePoll,
+        )
+
+    def submit(self, queue, command_buffer) -> int:
+        return self.submit_for_index(
+            queue._internal,
+            1,
+            self.ffi.new("WGPUCommandBuffer[1]", [command_buffer._internal]),
+        )
+
+    def request(self, buf, nbytes: int, write: bool = False) -> int:
+        """Ask for buf to be mapped (it is once the GPU is done with it); returns a tag for wait."""
+        tag = next(self.tags)
+        info = self.ffi.new(
+            "WGPUBufferMapCallbackInfo *", {"mode": self.mode, "callback": self._mapped}
+        )
+        info.userdata1 = self.ffi.cast("void *", tag)
+        self.lib.wgpuBufferMapAsync(
+            buf._internal, self.write if write else self.read, 0, nbytes, info[0]
+        )
+        return tag
+
+    def wait(self, device, tag: int, index: int | None) -> None:
+        """Until the map `tag` is done: polls that wait for submission `index` alone (None: the
+        buffer waits for no submission of ours, a poll without waiting resolves it)."""
+        at = (
+            self.ffi.NULL
+            if index is None
+            else self.ffi.new("WGPUSubmissionIndex *", index)
+        )
+        while tag not in self.done:
+            self.poll(device._internal, index is not None, at)
+            if (
+                tag not in self.done
+            ):  # another thread's poll took the callback: it is being called
+                time.sleep(20e-6)
+        if self.done.pop(tag) != self.success:
+            raise RuntimeError(
+                "could not map a gradient bucket's buffer (the device was lost?)"
+            )
+
+    def mapped_range(self, buf, nbytes: int, write: bool = False):
+        get = (
+            self.lib.wgpuBufferGetMappedRange
+            if write
+            else self.lib.wgpuBufferGetConstMappedRange
+        )
+        return self.ffi.buffer(get(buf._internal, 0, nbytes), nbytes)
+
+    def unmap(self, buf) -> None:
+        self.lib.wgpuBufferUnmap(buf._internal)
+
+
+def _raw_maps():
+    """_RawMaps, or None (buckets are read back one submit at a time) without wgpu-native's internals."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+
+        return _RawMaps(_api) if hasattr(_api.lib, "wgpuQueueSubmitForIndex") else None
+    except Exception:
+        return None
+
+
 class ShaderError(RuntimeError):
     """A generated kernel failed to compile on this adapter (please report it)."""
 
@@ -254,6 +352,8 @@ def cpu_entry(entry: dict) -> dict:
     out = dict(entry, dispatches=entry["dispatches_cpu"])
     if "update_from_cpu" in entry:
         out["update_from"] = entry["update_from_cpu"]
+    if "buckets_cpu" in entry:
+        out["buckets"] = entry["buckets_cpu"]
     return out
 
 
@@ -351,6 +451,12 @@ class Engine:
         )  # key -> readback buffer of run_backward; "backup" -> saved grads
         self._waited = (
             0.0  # seconds spent in maps (waiting for the GPU) during the current call
+        )
+        self._uploads = (
+            None  # run_buckets's step: the buckets uploaded so far and the maps pending
+        )
+        self._last_update = (
+            None  # the submission index of the last update after run_buckets
         )
         # Pipelines are made at an entry point's first call, not here: a deployed model that only
         # predicts never compiles its training kernels (and Model() returns in a fraction of the
@@ -774,27 +880,11 @@ class Engine:
             rb = self._reduce_area[key] = self.device.create_buffer(
                 label="grads_readback", size=max(4, size), usage=usage
             )
-        backup = self._reduce_area.get("backup")
-        if (
-            backup is None or backup.size < 4 * total
-        ):  # training entries' gradient vectors differ in size
-            usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-            backup = self._reduce_area["backup"] = self.device.create_buffer(
-                label="grads_backup", size=max(4, 4 * total), usage=usage
-            )
         for arena, data in packed.items():
             if data.size:
                 self.write(arena, 0, data)
         enc = self.device.create_command_encoder()
-        if total:
-            enc.copy_buffer_to_buffer(
-                buffers["grads"], 4 * offset, backup, 0, 4 * total
-            )
-        for (
-            arena,
-            saved,
-        ) in self._buffer_backups().items():  # the first half may update them in place
-            enc.copy_buffer_to_buffer(buffers[arena], 0, saved, 0, saved.size)
+        self._backup_grads(enc, key, total, offset)
         self._record(enc, key, self._half(key, 0))
         if total:
             enc.copy_buffer_to_buffer(buffers["grads"], 4 * offset, rb, 0, 4 * total)
@@ -808,24 +898,227 @@ class Engine:
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return grads, out
 
-    def run_update(self, key: str, grads: np.ndarray, offset: int = 0) -> None:
+    def _bucket_buffers(self, key: str) -> tuple[list, list]:
+        """Per gradient bucket of `key`, a mappable readback buffer and a mappable upload buffer
+        (made at the first use)."""
+        bufs = self._reduce_area.get(("buckets", key))
+        if bufs is None:
+            read = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+            write = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
+            sizes = [
+                max(4, 4 * (hi - lo)) for lo, hi, _ in self.entries[key]["buckets"]
+            ]
+            bufs = self._reduce_area[("buckets", key)] = (
+                [
+                    self.device.create_buffer(
+                        label=f"grads_bucket_{i}", size=n, usage=read
+                    )
+                    for i, n in enumerate(sizes)
+                ],
+                [
+                    self.device.create_buffer(
+                        label=f"grads_upload_{i}", size=n, usage=write
+                    )
+                    for i, n in enumerate(sizes)
+                ],
+            )
+        return bufs
+
+    def _backup_grads(self, enc, key: str, total: int, offset: int) -> None:
+        """Save the gradients and the model's buffers on the GPU (restore_grads undoes a step)."""
+        buffers = self.entry_buffers[key]
+        backup = self._reduce_area.get("backup")
+        if (
+            backup is None or backup.size < 4 * total
+        ):  # training entries' gradient vectors differ in size
+            usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+            backup = self._reduce_area["backup"] = self.device.create_buffer(
+                label="grads_backup", size=max(4, 4 * total), usage=usage
+            )
+        if total:
+            enc.copy_buffer_to_buffer(
+                buffers["grads"], 4 * offset, backup, 0, 4 * total
+            )
+        for (
+            arena,
+            saved,
+        ) in self._buffer_backups().items():  # the first half may update them in place
+            enc.copy_buffer_to_buffer(buffers[arena], 0, saved, 0, saved.size)
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """dst[...] = src, over COPY_THREADS threads when large (mapped memory, pinned memory)."""
+        n = dst.size
+        parts = min(COPY_THREADS, cores(), max(1, dst.nbytes // COPY_SPLIT))
+        if parts < 2:
+            np.copyto(dst, src)
+            return
+        if getattr(self, "_copiers", None) is None:
+            self._copiers = ThreadPoolExecutor(
+                COPY_THREADS, thread_name_prefix="aot-copy"
+            )
+        cuts = [n * k // parts for k in range(parts + 1)]
+        list(
+            self._copiers.map(
+                lambda k: np.copyto(
+                    dst[cuts[k] : cuts[k + 1]], src[cuts[k] : cuts[k + 1]]
+                ),
+                range(parts),
+            )
+        )
+
+    def run_buckets(
+        self, key: str, packed: dict, want_captures: bool, total: int, offset: int, each
+    ) -> dict:
+        """The first half of a training step whose gradients leave the GPU in buckets (the
+        entry's "buckets" table, buckets.py): the dispatches before update_from split at the
+        buckets' boundaries, one command buffer per boundary ending with copies of the buckets
+        final there into their mappable buffers, all submitted at once. Then, in that order,
+        each bucket is mapped as soon as its own submission is done (later ones still running)
+        and each(i, lo, hi, values) called with a read-only float32 view of gradient elements
+        [lo, hi) of the entry's vector, valid during the call; each may upload_bucket results.
+        Returns the outputs (the loss) and captures. The gradients and buffers are saved
+        first, as run_backward's; run_update then submits the update."""
+        t0 = time.perf_counter()
+        self._waited = 0.0
+        e = self.entries[key]
+        if key not in self.recipes:
+            self._prepare(key)
+        self._drop_uploads()
+        buffers = self.entry_buffers[key]
+        buckets, cut = e["buckets"], e["update_from"]
+        rbs, ups = self._bucket_buffers(key)
+        for arena, data in packed.items():
+            if data.size:
+                self.write(arena, 0, data)
+        enc = self.device.create_command_encoder()
+        self._backup_grads(enc, key, total, offset)
+        commands, done = [], 0  # (command buffer, the buckets final at its end)
+        for ready in sorted({r for _, _, r in buckets}):
+            self._record(enc, key, (done, ready))
+            done = ready
+            final = [i for i, (_, _, r) in enumerate(buckets) if r == ready]
+            for i in final:
+                lo, hi, _ = buckets[i]
+                enc.copy_buffer_to_buffer(
+                    buffers["grads"], 4 * (offset + lo), rbs[i], 0, 4 * (hi - lo)
+                )
+            commands.append((enc.finish(), final))
+            enc = self.device.create_command_encoder()
+        self._record(enc, key, (done, cut))
+        reads = self._reads(enc, key, want_captures)
+        commands.append((enc.finish(), []))
+        maps = (
+            _MAPS
+            if _MAPS is not None and not getattr(self, "serial_buckets", False)
+            else None
+        )
+        self._uploads = {"key": key, "offset": offset, "maps": maps, "pending": {}}
+        with _sigint_deferred():
+            indices = [
+                maps.submit(self.device.queue, cb) if maps else None
+                for cb, _ in commands
+            ]
+        if (
+            maps is not None
+        ):  # the upload buffers, free once the last update that read them is done
+            for i, (lo, hi, _) in enumerate(buckets):
+                self._uploads["pending"][i] = maps.request(
+                    ups[i], 4 * (hi - lo), write=True
+                )
+        for (cb, final), index in zip(commands, indices):
+            if maps is None:  # one submit at a time: no overlap, the same values
+                self.device.queue.submit([cb])
+            for i in final:
+                lo, hi, _ = buckets[i]
+                n = 4 * (hi - lo)
+                t = time.perf_counter()
+                if maps is None:
+                    view = self._map_read(rbs[i], n)
+                else:
+                    maps.wait(self.device, maps.request(rbs[i], n), index)
+                    view = maps.mapped_range(rbs[i], n)
+                self._waited += time.perf_counter() - t
+                try:
+                    each(i, lo, hi, np.frombuffer(view, dtype=np.float32))
+                finally:
+                    if maps is not None:
+                        maps.unmap(rbs[i])
+        out = self._unpack(key, reads)
+        self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
+        return out
+
+    def upload_bucket(self, i: int, values: np.ndarray) -> None:
+        """Bucket i's reduced gradients (float32, contiguous) for the grads buffer, during or after
+        run_buckets: into its mapped upload buffer, copied into grads by a submit of its own (the
+        update's submit, run_update, comes after); without wgpu-native's internals, queue.write_buffer.
+        """
+        up = self._uploads
+        lo, hi, _ = self.entries[up["key"]]["buckets"][i]
+        maps = up["maps"]
+        if maps is None:
+            self.device.queue.write_buffer(
+                self.entry_buffers[up["key"]]["grads"], 4 * (up["offset"] + lo), values
+            )
+            return
+        buf = self._bucket_buffers(up["key"])[1][i]
+        maps.wait(self.device, up["pending"].pop(i), self._last_update)
+        try:
+            self.copy(
+                np.frombuffer(
+                    maps.mapped_range(buf, 4 * (hi - lo), write=True), dtype=np.float32
+                ),
+                values,
+            )
+        finally:
+            maps.unmap(buf)
+        # copied into grads by a submit of its own: queued after the backward pass, it runs while
+        # the host still reduces later buckets, not at the head of the update
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(
+            buf,
+            0,
+            self.entry_buffers[up["key"]]["grads"],
+            4 * (up["offset"] + lo),
+            4 * (hi - lo),
+        )
+        maps.submit(self.device.queue, enc.finish())
+
+    def _drop_uploads(self) -> None:
+        """Unmap the upload buffers a failed step left mapped (or waiting to be), and forget its uploads."""
+        up = getattr(self, "_uploads", None)
+        self._uploads = None
+        if up is None or up["maps"] is None:
+            return
+        ups = self._bucket_buffers(up["key"])[1]
+        for i, tag in up["pending"].items():
+            up["maps"].wait(self.device, tag, self._last_update)
+            up["maps"].unmap(ups[i])
+
+    def run_update(self, key: str, grads: np.ndarray | None, offset: int = 0) -> None:
         """The second half: upload `grads` (float32 [total], contiguous) over the grads buffer (from
         element `offset` on: a training entry's gradient vector) and
         record the dispatches from update_from on, and the writeback copies. Submitted without
         waiting: whatever reads the device next is ordered after it."""
         e = self.entries[key]
         buffers = self.entry_buffers[key]
-        if grads.size:
+        if (
+            grads is not None and grads.size
+        ):  # None: uploaded in buckets (run_buckets, upload_bucket)
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
         enc = self.device.create_command_encoder()
+        up, self._uploads = getattr(self, "_uploads", None), None
         self._record(enc, key, self._half(key, 1))
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
-        self.device.queue.submit([enc.finish()])
+        if up is not None and up["maps"] is not None:
+            self._last_update = up["maps"].submit(self.device.queue, enc.finish())
+        else:
+            self.device.queue.submit([enc.finish()])
 
     def restore_grads(self, key: str, total: int, offset: int = 0) -> None:
         """Undo run_backward: the grads buffer, and the model's buffers (Module.buffer), as they
         were before it (the update never ran)."""
+        self._drop_uploads()
         enc = self.device.create_command_encoder()
         if total:
             enc.copy_buffer_to_buffer(

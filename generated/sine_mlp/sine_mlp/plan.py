@@ -18,6 +18,11 @@ entries     per entry point and size variant:
   index_bounds  i32 input -> the exclusive bound its values must respect, or per part of it
               that index ops read: [bound, offset, [[size, stride], ...]] (flat elements), with a
               4th item where that part may also hold one other value (an ignore_index)
+  update_from  (training) the first dispatch of the optimizer update: the ones before fill grads
+  buckets     (training) the gradient buckets of data-parallel steps: (lo, hi, ready) per bucket,
+              elements [lo, hi) of the entry's gradient vector, final after `ready` dispatches;
+              in the order they are read back (aot/buckets.py); buckets_cpu: the same for
+              dispatches_cpu
   arenas      elements each buffer needs for this entry point
 """
 
@@ -219,6 +224,8 @@ PROGRAM = {
             },
             "update_from": 6,
             "update_from_cpu": 10,
+            "buckets": [(0, 4353, 6)],
+            "buckets_cpu": [(0, 4353, 10)],
         },
         "predict[B=1]": {
             "inputs": [("x", "f32", (1, 1), "inputs", 0)],
