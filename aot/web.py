@@ -111,7 +111,7 @@ def _js(value) -> str:
 JS_MEMBERS = frozenset(
     "create step stepMany params grads loadParams buffers loadBuffers bufferNames reset setLr currentLr save restore "
     "close paramNames seed lr "
-    "requiredLimits device stepCount kernelSet constructor trainEntries stepCounts".split()
+    "requiredLimits device stepCount kernelSet kernelSetReason adapterInfo constructor trainEntries stepCounts".split()
 )
 
 
