@@ -837,6 +837,86 @@ def test_addition_demo_learns_to_add(browser, site, tmp_path):
     assert metrics[-1]["digitAccuracy"] > metrics[0]["digitAccuracy"] + 0.15, metrics
 
 
+def test_kernel_set_and_reason_on_swiftshader(page):
+    """SwiftShader is Chrome's fallback adapter: "auto" takes the CPU set and says why; a forced set
+    says it was asked for. recognise() reads the adapter info as the Python package does."""
+    got = _js(page, """
+        const out = {set: m.kernelSet, reason: m.kernelSetReason, info: m.adapterInfo};
+        const g = await M.Model.create({kernels: "gpu"});
+        out.forced = [g.kernelSet, g.kernelSetReason];
+        g.close();
+        out.table = [
+            {vendor: "google", architecture: "swiftshader", isFallbackAdapter: true},
+            {vendor: "mesa", architecture: "", device: "", description: "llvmpipe (LLVM 15.0.6, 256 bits)"},
+            {vendor: "", architecture: "", device: "0x0000", description: "ANGLE (Mesa, Vulkan 1.3.230 (llvmpipe (LLVM 15.0.6 256 bits) (0x00000000)), llvmpipe-0.0.1)"},
+            {vendor: "microsoft", architecture: "", device: "", description: ""},
+            {vendor: "", architecture: "", device: "", description: "Microsoft Basic Render Driver"},
+            {vendor: "", architecture: "", device: "", description: ""},
+            {vendor: "nvidia", architecture: "hopper", device: "", description: ""},
+            {vendor: "apple", architecture: "metal-3", device: "", description: ""},
+        ].map((i) => M.recognise(i)[0]);
+        return out;""")
+    assert got["set"] == "cpu" and got["info"]["isFallbackAdapter"] is True
+    assert got["reason"] == "a software adapter (the browser's fallback adapter: google, swiftshader)"
+    assert got["forced"] == ["gpu", 'asked for (kernels: "gpu")']
+    assert got["table"] == ["cpu", "cpu", "cpu", "cpu", "cpu", None, "gpu", "gpu"]
+
+
+LVP_ICD = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
+# Chrome's WebGPU on Mesa's lavapipe: ANGLE over Vulkan (lavapipe, through VK_ICD_FILENAMES) gives the
+# GPU process a GL ES context, and Dawn's GL ES backend offers a compatibility-mode adapter on it
+# (requestAdapter({featureLevel: "compatibility"})). --enable-gpu keeps headless Chrome from forcing
+# SwiftShader. Its adapter info is empty unless --enable-webgpu-developer-features.
+LAVAPIPE_ARGS = ["--enable-gpu", "--use-angle=vulkan", "--use-webgpu-adapter=opengles"]
+
+
+@pytest.mark.parametrize("developer", [False, True], ids=["masked", "developer"])
+def test_kernel_set_on_chrome_over_lavapipe(browser, site, py_models, developer):
+    """Chrome over lavapipe (Dawn's GL ES backend): with the adapter info masked (empty, not a
+    fallback adapter) the probe kernels are timed and the CPU set's wins; with the developer
+    features' info, "llvmpipe" names it. Either way "auto" takes the CPU set, and the sine MLP
+    trains there as the Python package does."""
+    if not os.path.exists(LVP_ICD):
+        pytest.skip("needs Mesa's lavapipe (mesa-vulkan-drivers)")
+    url, _ = site
+    batches = _sine_batches(3)
+    py = py_models["sine_mlp"]
+    py.seed = 0
+    py.reset()
+    py.set_lr(5e-3)
+    py_losses = [py.step(x=x, y=y) for x, y in batches]
+    args = CHROMIUM_ARGS[:1] + [a for a in CHROMIUM_ARGS[1:] if a != "--disable-gpu"] + LAVAPIPE_ARGS
+    args += ["--enable-webgpu-developer-features"] if developer else []
+    env = dict(os.environ, VK_ICD_FILENAMES=LVP_ICD)
+    b = browser.browser_type.launch(executable_path=CHROMIUM, args=args, headless=True, env=env)
+    try:
+        pg = b.new_page()
+        pg.goto(f"{url}/sine_plain/README.md")
+        got = pg.evaluate("""async (batches) => {
+            const M = await import("./sine_mlp.js");
+            let m;
+            try { m = await M.Model.create({adapter: {featureLevel: "compatibility"}}); } catch (e) { return {error: e.message}; }
+            const losses = [];
+            for (const [x, y] of batches) losses.push(await m.step({x: {data: Float32Array.from(x), shape: [256, 1]}, y: {data: Float32Array.from(y), shape: [256, 1]}}));
+            const out = {set: m.kernelSet, reason: m.kernelSetReason, info: m.adapterInfo, probe: m._engine.probe || null, losses};
+            m.close();
+            return out;
+        }""", [[x.ravel().tolist(), y.ravel().tolist()] for x, y in batches])
+    finally:
+        b.close()
+    if "error" in got and "no WebGPU adapter" in got["error"]:
+        pytest.skip(f"this Chrome offers no GL ES adapter over lavapipe: {got['error']}")
+    assert got["info"]["isFallbackAdapter"] is False and got["set"] == "cpu", got
+    if developer:
+        assert "llvmpipe" in got["info"]["description"] and got["reason"].startswith("a software adapter (llvmpipe: ")
+        assert got["probe"] is None
+    else:
+        assert not any(got["info"][k] for k in ("vendor", "architecture", "description")), got["info"]
+        assert got["reason"].startswith("the adapter does not say what it is; timed: the CPU set's probe kernel took ")
+        assert 2 * got["probe"]["cpu"] < got["probe"]["gpu"], got["probe"]
+    np.testing.assert_allclose(got["losses"], py_losses, rtol=1e-5)
+
+
 def test_build_targets_cli(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     run = lambda *a: subprocess.run([sys.executable, "-m", "aot", "build", str(ROOT / "examples/sine_mlp.py"), "-o", str(tmp_path), *a],
