@@ -5,7 +5,7 @@
 export const title = "fitting sin(x)";
 export const about =
   "A 1-64-64-1 ReLU MLP learns y = sin(x) on [-π, π] from 256 random points per step (Adam, lr 5e-3). " +
-  "Right: sin(x) in grey, the model's prediction on 256 points in orange, redrawn as it trains.";
+  "Right: sin(x) in light grey, the model's prediction on 256 points in orange, redrawn as it trains.";
 export const steps = 300; // the page's default (?steps=N overrides)
 export const every = 10; // steps per call between redraws
 
@@ -66,15 +66,21 @@ export async function show(model, div, { step }) {
   for (const [v, label] of [[-Math.PI, "-π"], [0, "0"], [Math.PI, "π"]]) ctx.fillText(label, px(v), h - pad + 18);
   ctx.textAlign = "right";
   for (const v of [-1, 1]) ctx.fillText(String(v), pad - 4, py(v) + 4);
-  const curve = (ys, colour) => {
+  const curve = (ys, colour, width) => {
     ctx.strokeStyle = colour;
-    ctx.lineWidth = 2.5;
+    ctx.lineWidth = width;
     ctx.beginPath();
     grid.forEach((x, i) => (i ? ctx.lineTo(px(x), py(ys[i])) : ctx.moveTo(px(x), py(ys[i]))));
     ctx.stroke();
   };
-  curve(grid.map(Math.sin), "#999");
-  curve(out.data, "#e8710a");
+  // sin(x) wide and light underneath, so that it shows where the fit covers it
+  curve(grid.map(Math.sin), "#c8c8c8", 7);
+  curve(out.data, "#e8710a", 2.5);
+  ctx.textAlign = "left";
+  ctx.fillStyle = "#999";
+  ctx.fillText("— sin(x)", w - 110, 34);
+  ctx.fillStyle = "#e8710a";
+  ctx.fillText("— the model", w - 110, 50);
   let sq = 0, worst = 0;
   out.data.forEach((v, i) => {
     const d = Math.abs(v - Math.sin(grid[i]));
