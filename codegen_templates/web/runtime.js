@@ -497,7 +497,7 @@ async function lanesOutOfOrder(device, sources) {
   return null;
 }
 
-// ---- which kernel set suits the adapter (engine.py choose_kernel_set, same rules) ----
+// ---- which kernel set suits the adapter (the same rules as aot/runtime/kernel_sets.py) ----
 // Software adapters by name: SwiftShader (Chrome's fallback adapter), Mesa's llvmpipe and lavapipe
 // (behind Dawn's Vulkan, GL or GL ES backends, or ANGLE) and Microsoft's WARP ("Microsoft Basic
 // Render Driver"); Mesa's and Microsoft's vendor ids name only their software drivers (Mesa's
@@ -629,7 +629,7 @@ class Engine {
     const options = adapterOption ?? { powerPreference: "high-performance" };
     const adapter = typeof GPUAdapter !== "undefined" && options instanceof GPUAdapter ? options : await gpu.requestAdapter(options);
     if (!adapter) throw new Error(`${name}: no WebGPU adapter found (navigator.gpu.requestAdapter(${JSON.stringify(options)}) returned null)`);
-    // the kernel set, as the Python package picks it (engine.py choose_kernel_set): the CPU
+    // the kernel set, as the Python package picks it (kernel_sets.py): the CPU
     // variants on a software adapter, where workgroup barriers are slow; the subgroup set (the GPU
     // set with its attention rows shared by subgroup lanes) where the adapter offers subgroups and
     // the program has such variants; else the GPU set. An adapter whose info says nothing (Chrome
