@@ -4,7 +4,7 @@ the addition transformer as the example builds it): the set "auto" takes and why
 training step of each set forced, in one fresh page per (adapter, model, set), after one untimed
 step (the first compiles the pipelines; its time is reported too).
 
-    python scripts/bench_kernel_sets_web.py [--steps N] [--out scripts/results/kernel_sets_web.json]
+    python scripts/bench_kernel_sets_web.py [--steps N] [--only sine_mlp] [--out scripts/results/kernel_sets_web.json]
 
 Needs Debian's chromium, Playwright for Python and, for the lavapipe runs, mesa-vulkan-drivers.
 """
@@ -73,6 +73,7 @@ def models():
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=3, help="timed steps per page (default 3)")
+    ap.add_argument("--only", choices=("sine_mlp", "addition_transformer"), help="one model")
     ap.add_argument("--out", default=str(ROOT / "scripts/results/kernel_sets_web.json"))
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
@@ -86,7 +87,7 @@ def main() -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-        progs = models()
+        progs = {k: v for k, v in models().items() if args.only in (None, k)}
         for name, (prog, _) in progs.items():
             web.write_web(compile_program(prog), Path(tmp), f"{name}.py", folder=name)
             os.replace(Path(tmp, name, f"{prog.name}.js"), Path(tmp, name, "model.js"))
