@@ -33,7 +33,7 @@ BLACK_MODE = black.Mode(target_versions={black.TargetVersion.PY310}, line_length
 _RUNTIME = Path(__file__).resolve().parent / "runtime"
 RUNTIME_FILES = {
     name: str(_RUNTIME / name)
-    for name in ("model.py", "engine.py", "interop.py", "state.py", "rng.py", "schedules.py", "trains.py", "distributed.py")
+    for name in ("model.py", "engine.py", "kernel_sets.py", "interop.py", "state.py", "rng.py", "schedules.py", "trains.py", "distributed.py")
 }  # distributed.py imports torch: never imported here
 
 

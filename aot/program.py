@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import keyword
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -101,11 +102,15 @@ class Program:
     dims: dict[str, tuple] = field(default_factory=dict)
     seed: int = 0
     site: Site | None = field(default=None, repr=False, compare=False)
+    # the web target's extras: {"demo": "file.js"}, the demo page's data and display (web.py),
+    # a path relative to the file that declares the Program
+    web: dict | None = None
 
     def __post_init__(self):
         site = self.site = self.site or capture_site()
         check_program_name(self.name, site)
         self.seed = check_seed(self.seed, "Program(seed=...)")
+        self.web = check_web(self.web, site)
         if self.train is None and not self.infer:
             raise TraceError(f"Program {self.name!r} has neither train= nor infer=", site)
         for k, v in self.dims.items():
@@ -135,6 +140,31 @@ class Program:
                             site,
                             hint=f"add dims={{{d!r}: (sizes...)}} to the Program",
                         )
+
+
+WEB_KEYS = ("demo",)
+
+
+def check_web(web, site=None) -> dict | None:
+    """Program(web=...): None, or {"demo": path of a JavaScript module}, the path relative to the
+    folder of the file that declares the Program; returned with the path made absolute."""
+    if web is None:
+        return None
+    if not isinstance(web, dict) or not set(web) <= set(WEB_KEYS):
+        raise TraceError(f"Program(web=...) must be a dict with the key 'demo', got {web!r}", site,
+                         hint='web={"demo": "my_model.demo.js"}, a file next to the model')
+    out = dict(web)
+    if "demo" in web:
+        demo = web["demo"]
+        if not isinstance(demo, (str, os.PathLike)) or not str(demo).endswith((".js", ".mjs")):
+            raise TraceError(f"Program(web={{'demo': ...}}) must name a .js file, got {demo!r}", site)
+        base = os.path.dirname(site.file) if site and os.path.isfile(site.file) else os.getcwd()
+        path = os.path.join(base, os.fspath(demo))
+        if not os.path.isfile(path):
+            raise TraceError(f"Program(web={{'demo': {os.fspath(demo)!r}}}): no such file {path}", site,
+                             hint="the path is relative to the file that declares the Program")
+        out["demo"] = os.path.abspath(path)
+    return out
 
 
 def train_entries(program: "Program") -> dict[str, Train]:

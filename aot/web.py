@@ -4,7 +4,9 @@ Files: `package.json` and `<name>.d.ts` (aot/web_npm.py: an npm package with its
 `<name>.js` (one dependency-free ES module: the runtime of codegen_templates/web/
 runtime.js, the program's tables as a JSON literal and every kernel's WGSL, byte for byte the
 strings the Python package gets from the same `Compiled`), `index.html` (a demo page that
-trains in the page with a live loss plot and runs the infer entries) and `README.md`. The
+trains in the page with a live loss plot, steps/s and the adapter and kernel set), `demo.js`
+where the Program names one (`web={"demo": ...}`: the demo's batches and its display of the
+result; without one the page trains on random data and runs the infer entries) and `README.md`. The
 build follows emit.write_project's manifest rules.
 """
 
@@ -111,7 +113,7 @@ def _js(value) -> str:
 JS_MEMBERS = frozenset(
     "create step stepMany params grads loadParams buffers loadBuffers bufferNames reset setLr currentLr save restore "
     "close paramNames seed lr "
-    "requiredLimits device stepCount kernelSet constructor trainEntries stepCounts".split()
+    "requiredLimits device stepCount kernelSet kernelSetReason adapterInfo constructor trainEntries stepCounts".split()
 )
 
 
@@ -150,7 +152,9 @@ def web_files(c, source_name: str) -> dict[str, str]:
             "js": js_train_methods(trains[entry]) if entry in trains else None,
         }
     runtime = RUNTIME_JS.read_text(encoding="utf-8")
+    demo = (c.traced.program.web or {}).get("demo")  # Program(web={"demo": ...}), copied as demo.js
     ctx = dict(
+        demo=bool(demo),
         name=name,
         source=source,
         entries=entries,
@@ -164,13 +168,16 @@ def web_files(c, source_name: str) -> dict[str, str]:
         n_params=len(prog["params"]),
         total=sum(math.prod(p[1]) for p in prog["params"]),
     )
-    return {
+    files = {
         f"{name}.js": render("web/module.js.j2", **ctx),
         "index.html": render("web/index.html.j2", **ctx),
         "README.md": render("web/README.md.j2", npm_name=web_npm.npm_name(name), **ctx),
         "package.json": web_npm.package_json(name, source),
         f"{name}.d.ts": web_npm.dts_file(name, source, prog, entries, ctx["infer"]),
     }
+    if demo:
+        files["demo.js"] = Path(demo).read_text(encoding="utf-8")
+    return files
 
 
 def write_web(c, outdir: Path, source_name: str, force: bool = False, folder: str | None = None) -> Path:

@@ -63,8 +63,16 @@ def loss(m, tokens, targets, mask):
     return ops.sum(ce * mask) * (1.0 / (tokens.shape[0] * 3))
 
 
-def make_program(name="addition_transformer", vocab=VOCAB, d=D, layers=LAYERS, heads=HEADS, mlp=MLP_DIM, t=T, b=B):
-    """The sample's program; other sizes give the larger benchmark configuration."""
+# the web page's data and display (addition_transformer.demo.js: sums of held-out pairs it gets right)
+DEMO = {"demo": "addition_transformer.demo.js"}
+
+
+def make_program(
+    name="addition_transformer", vocab=VOCAB, d=D, layers=LAYERS, heads=HEADS, mlp=MLP_DIM, t=T, b=B,
+    web=DEMO,
+):
+    """The sample's program; other sizes give the larger benchmark configuration (web=None:
+    the demo page's data assume the sample's T = 8)."""
     return aot.Program(
         name,
         model=lambda: Transformer(vocab, d, layers, heads, mlp, t),
@@ -76,6 +84,7 @@ def make_program(name="addition_transformer", vocab=VOCAB, d=D, layers=LAYERS, h
         infer={"predict": aot.Infer(logits, inputs={"tokens": aot.i32("N", t)})},
         dims={"N": (1, b)},
         seed=0,
+        web=web,
     )
 
 

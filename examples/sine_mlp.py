@@ -31,4 +31,5 @@ program = aot.Program(
     infer={"predict": aot.Infer(forward, inputs={"x": aot.f32("B", 1)})},
     dims={"B": (1, 256)},
     seed=0,
+    web={"demo": "sine_mlp.demo.js"},  # the web page's data and display: it fits sin(x) and plots the fit
 )

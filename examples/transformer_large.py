@@ -8,4 +8,4 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from addition_transformer import make_program  # noqa: E402
 
-program = make_program("transformer_large", vocab=12, d=512, layers=6, heads=8, mlp=2048, t=256, b=32)
+program = make_program("transformer_large", vocab=12, d=512, layers=6, heads=8, mlp=2048, t=256, b=32, web=None)

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .kernel_sets import recognise, time_kernel_sets, timed_choice
 
 
 class _LazyWgpu:
@@ -322,34 +323,44 @@ class Engine:
         self.adapter_info = dict(adapter.info)
         forced = kernel_set
         has_subgroups = SUBGROUP_FEATURE in adapter.features
-        if kernel_set == "auto":
-            if self.adapter_info.get("adapter_type") == "CPU":
-                kernel_set = "cpu"
-            else:
-                kernel_set = "subgroup" if wgsl_subgroup and has_subgroups else "gpu"
+        # the kernel set (kernel_sets.py): by what the adapter says of itself, else timed below
+        known, why = recognise(self.adapter_info) if forced == "auto" else (forced, f"asked for (kernels={forced!r})")
+        kernel_set = known or "gpu"
         if kernel_set == "subgroup" and not has_subgroups:
             raise RuntimeError(
                 f"{name}: Model(kernels='subgroup') needs an adapter with WebGPU's '{SUBGROUP_FEATURE}' feature, "
                 f"which {self.adapter_info.get('device') or 'this adapter'} does not offer; use kernels='gpu' or 'auto'"
             )
-        if kernel_set == "cpu":
-            wgsl = {**wgsl, **(wgsl_cpu or {})}
-            entries = {key: cpu_entry(en) for key, en in entries.items()}
-        self.entries = entries
+        said = why
+        if forced == "auto" and kernel_set == "gpu" and wgsl_subgroup and has_subgroups:
+            kernel_set, why = "subgroup", why + "; it offers subgroups"
         self.adapter_row = _adapter_row(index, adapter)
         self.device = adapter.request_device_sync(
             label=name,
             required_limits=_required_limits(name, adapter, arenas, entries),
             required_features=[SUBGROUP_FEATURE] if kernel_set == "subgroup" else [],
         )
+        self.probe_times = None  # {"cpu": ms, "gpu": ms} where the kernel set was timed
+        if known is None:
+            self.probe_times = time_kernel_sets(self.device, wgpu)
+            chosen, timed = timed_choice(self.probe_times, said)
+            if chosen == "cpu":
+                kernel_set, why = chosen, timed
+            else:
+                why = timed + why[len(said):]
+        if kernel_set == "cpu":
+            wgsl = {**wgsl, **(wgsl_cpu or {})}
+            entries = {key: cpu_entry(en) for key, en in entries.items()}
+        self.entries = entries
         if kernel_set == "subgroup" and wgsl_subgroup:
             wrong = _lanes_out_of_order(self.device, wgsl_subgroup.values())
             if wrong and forced == "subgroup":
                 raise RuntimeError(f"{name}: Model(kernels='subgroup') cannot run on this adapter: {wrong}; use kernels='gpu'")
             if wrong:
-                kernel_set = "gpu"
+                kernel_set, why = "gpu", f"{why}; but {wrong}"
             else:
                 wgsl = {**wgsl, **wgsl_subgroup}
+        self.kernel_set_reason = why
         self.kernel_set = kernel_set
         self.buffers = {a: self._buffer(a, n) for a, n in arenas.items()}
         # Every kernel uses the same binding number for a buffer (its position in `arenas`), so a

@@ -500,8 +500,123 @@ async function lanesOutOfOrder(device, sources) {
   return null;
 }
 
+// ---- which kernel set suits the adapter (the same rules as aot/runtime/kernel_sets.py) ----
+// Software adapters by name: SwiftShader (Chrome's fallback adapter), Mesa's llvmpipe and lavapipe
+// (behind Dawn's Vulkan, GL or GL ES backends, or ANGLE) and Microsoft's WARP ("Microsoft Basic
+// Render Driver"); Mesa's and Microsoft's vendor ids name only their software drivers (Mesa's
+// hardware drivers report the GPU maker's).
+const SOFTWARE_NAMES = /swiftshader|llvmpipe|lavapipe|softpipe|basic render|\bwarp\b/i;
+const SOFTWARE_VENDORS = ["mesa", "microsoft", "0x10005", "0x1414"];
+
+/** [kernel set, why] from what an adapter says of itself (its GPUAdapterInfo); the set is null
+ * where it says nothing to go by, and timeKernelSets decides. */
+export function recognise(info, fallback = false) {
+  const fields = ["vendor", "architecture", "device", "description"].map((k) => String(info[k] ?? "").trim());
+  const text = fields.filter(Boolean).join(", ");
+  if (info.isFallbackAdapter || fallback) return ["cpu", `a software adapter (the browser's fallback adapter${text ? ": " + text : ""})`];
+  const name = text.match(SOFTWARE_NAMES);
+  if (name) return ["cpu", `a software adapter (${name[0]}: ${text})`];
+  if (SOFTWARE_VENDORS.includes(fields[0].toLowerCase())) return ["cpu", `a software adapter (vendor ${text})`];
+  if (!text) return [null, "the adapter does not say what it is"];
+  return ["gpu", `a GPU (${text})`];
+}
+
+// Two small kernels that compute the same 64 x 64 matmul the way each set does: the GPU set's
+// (16 x 16 tiles of C, A and B staged through workgroup memory between barriers) and the CPU set's
+// (each invocation sums a 4 x 4 block over all of K by itself). A CPU adapter runs the first an
+// order of magnitude slower; on a GPU both take a few microseconds.
+const PROBE_N = 64;
+const PROBE_REPS = 4; // dispatches per timing
+const PROBE_MARGIN = 2; // the CPU set only where its probe is this many times faster
+const PROBE_BINDINGS = `@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+const N = ${PROBE_N}u;
+`;
+const PROBES = {
+  gpu: [[PROBE_N / 16, PROBE_N / 16], PROBE_BINDINGS + `var<workgroup> ta: array<f32, 256>;
+var<workgroup> tb: array<f32, 256>;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
+    let row = wg.y * 16u + l.y;
+    let col = wg.x * 16u + l.x;
+    var acc = 0.0;
+    for (var k0 = 0u; k0 < N; k0 += 16u) {
+        ta[l.y * 16u + l.x] = a[row * N + k0 + l.x];
+        tb[l.y * 16u + l.x] = b[(k0 + l.y) * N + col];
+        workgroupBarrier();
+        for (var k = 0u; k < 16u; k++) {
+            acc += ta[l.y * 16u + k] * tb[k * 16u + l.x];
+        }
+        workgroupBarrier();
+    }
+    c[row * N + col] = acc;
+}
+`],
+  cpu: [[PROBE_N * PROBE_N / 16 / 64, 1], PROBE_BINDINGS + `
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    let row0 = g.x / (N / 4u) * 4u;
+    let col0 = g.x % (N / 4u) * 4u;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    for (var k = 0u; k < N; k++) {
+        let bk = vec4<f32>(b[k * N + col0], b[k * N + col0 + 1u], b[k * N + col0 + 2u], b[k * N + col0 + 3u]);
+        c0 += a[row0 * N + k] * bk;
+        c1 += a[(row0 + 1u) * N + k] * bk;
+        c2 += a[(row0 + 2u) * N + k] * bk;
+        c3 += a[(row0 + 3u) * N + k] * bk;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        c[row0 * N + col0 + j] = c0[j];
+        c[(row0 + 1u) * N + col0 + j] = c1[j];
+        c[(row0 + 2u) * N + col0 + j] = c2[j];
+        c[(row0 + 3u) * N + col0 + j] = c3[j];
+    }
+}
+`],
+};
+
+/** {cpu, gpu}: milliseconds of PROBE_REPS dispatches of each set's probe kernel on `device`, the
+ * better of two timings after one untimed dispatch (some adapters compile at the first). */
+async function timeKernelSets(device) {
+  const bytes = 4 * PROBE_N * PROBE_N;
+  const buffers = [0, 1, 2].map(() => device.createBuffer({ size: bytes, usage: GPUBufferUsage.STORAGE }));
+  const out = {};
+  for (const [set, [grid, code]] of Object.entries(PROBES)) {
+    const module = device.createShaderModule({ label: `${set} set probe`, code });
+    const pipeline = await device.createComputePipelineAsync({ layout: "auto", compute: { module, entryPoint: "main" } });
+    const group = device.createBindGroup({
+      layout: pipeline.getBindGroupLayout(0),
+      entries: buffers.map((buffer, binding) => ({ binding, resource: { buffer } })),
+    });
+    const run = async (reps) => {
+      const enc = device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      pass.setPipeline(pipeline);
+      pass.setBindGroup(0, group);
+      for (let r = 0; r < reps; r++) pass.dispatchWorkgroups(grid[0], grid[1]);
+      pass.end();
+      device.queue.submit([enc.finish()]);
+      await device.queue.onSubmittedWorkDone();
+    };
+    await run(1);
+    out[set] = Infinity;
+    for (let t = 0; t < 2; t++) {
+      const t0 = now();
+      await run(PROBE_REPS);
+      out[set] = Math.min(out[set], now() - t0);
+    }
+  }
+  for (const b of buffers) b.destroy();
+  return out;
+}
+
 class Engine {
-  static async create(name, program, wgsl, wgslCpu = {}, kernels = "auto", wgslSubgroup = {}) {
+  static async create(name, program, wgsl, wgslCpu = {}, kernels = "auto", wgslSubgroup = {}, adapterOption = null) {
     const e = new Engine();
     // where the time goes, in ms (SwiftShader: creating pipelines and barrier-heavy kernels are slow):
     // create's phases, each entry's _prepare, and the last run's [host, waiting for the GPU]
@@ -513,21 +628,58 @@ class Engine {
     e.wgsl = wgsl;
     const gpu = globalThis.navigator && navigator.gpu;
     if (!gpu) throw new Error(`${name}: this browser has no WebGPU (navigator.gpu is missing; it needs a secure context: https or localhost)`);
-    const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" });
-    if (!adapter) throw new Error(`${name}: no WebGPU adapter found (navigator.gpu.requestAdapter() returned null)`);
-    // the kernel set, as the Python package picks it: the CPU variants on a software adapter
-    // (SwiftShader is the browser's fallback adapter), where workgroup barriers are slow
+    // Model.create({adapter}): a GPUAdapter, or requestAdapter's options
+    const options = adapterOption ?? { powerPreference: "high-performance" };
+    const adapter = typeof GPUAdapter !== "undefined" && options instanceof GPUAdapter ? options : await gpu.requestAdapter(options);
+    if (!adapter) throw new Error(`${name}: no WebGPU adapter found (navigator.gpu.requestAdapter(${JSON.stringify(options)}) returned null)`);
+    // the kernel set, as the Python package picks it (kernel_sets.py): the CPU
+    // variants on a software adapter, where workgroup barriers are slow; the subgroup set (the GPU
+    // set with its attention rows shared by subgroup lanes) where the adapter offers subgroups and
+    // the program has such variants; else the GPU set. An adapter whose info says nothing (Chrome
+    // masks it on some backends) gets the faster of two probe kernels, timed on its device.
     const info = adapter.info || {};
-    const software = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter) ||
-      /swiftshader|llvmpipe|lavapipe/i.test(`${info.vendor} ${info.architecture} ${info.device} ${info.description}`);
-    // and the subgroup set (the GPU set with its attention rows shared by subgroup lanes) where
-    // the adapter offers subgroups and the program has such variants
+    e.adapterInfo = Object.fromEntries(["vendor", "architecture", "device", "description", "isFallbackAdapter"].map((k) => [k, info[k] ?? ""]));
+    e.adapterInfo.isFallbackAdapter = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter);
     const hasSubgroups = adapter.features.has("subgroups");
     const variants = Object.keys(wgslSubgroup).length > 0;
-    e.kernelSet = kernels === "auto" ? (software ? "cpu" : variants && hasSubgroups ? "subgroup" : "gpu") : kernels;
+    const [known, why] = kernels === "auto" ? recognise(info, adapter.isFallbackAdapter) : [kernels, `asked for (kernels: "${kernels}")`];
+    e.kernelSet = known ?? "gpu";
+    e.kernelSetReason = why;
+    const said = why;
     if (e.kernelSet === "subgroup" && !hasSubgroups)
       throw new Error(`${name}: Model.create({kernels: "subgroup"}) needs an adapter with WebGPU's "subgroups" feature, ` +
         `which this one does not offer; use "gpu" or "auto"`);
+    if (kernels === "auto" && e.kernelSet === "gpu" && variants && hasSubgroups) {
+      e.kernelSet = "subgroup";
+      e.kernelSetReason += "; it offers subgroups";
+    }
+    const requiredLimits = {};
+    // a compatibility-mode adapter (no "core-features-and-limits") has lower defaults than core
+    // WebGPU's: there every limit the program needs is asked for
+    const core = adapter.features.has("core-features-and-limits");
+    for (const [key, need] of Object.entries(program.limits)) {
+      const have = adapter.limits[key];
+      if (have !== undefined && need > have)
+        throw new Error(`${name} needs ${key} = ${need}, but this adapter allows ${have}; rebuild with a smaller ` +
+          `--max-binding-mib or smaller sizes so the program fits this device`);
+      if (need > (program.default_limits[key] ?? Infinity) || (!core && have !== undefined)) requiredLimits[key] = need;
+    }
+    e.requiredLimits = requiredLimits;
+    mark("adapter");
+    e.device = await adapter.requestDevice({
+      label: name, requiredLimits, requiredFeatures: e.kernelSet === "subgroup" ? ["subgroups"] : [],
+    });
+    mark("device");
+    if (known === null) {
+      e.probe = await timeKernelSets(e.device);
+      const [cpu, gpu] = [e.probe.cpu.toFixed(2), e.probe.gpu.toFixed(2)];
+      if (e.probe.cpu * PROBE_MARGIN < e.probe.gpu) {
+        e.kernelSet = "cpu";
+        e.kernelSetReason = `${said}; timed: the CPU set's probe kernel took ${cpu} ms, the GPU set's ${gpu} ms`;
+      } else
+        e.kernelSetReason = `${said}; timed: the GPU set's probe kernel took ${gpu} ms, the CPU set's ${cpu} ms` + e.kernelSetReason.slice(said.length);
+      mark("probe");
+    }
     if (e.kernelSet === "cpu") {
       e.wgsl = wgsl = { ...wgsl, ...wgslCpu };
       // every kernel a dispatch of its own: the GPU set runs independent kernels together, slower here
@@ -536,26 +688,14 @@ class Engine {
         entries[key] = en.dispatches_cpu ? { ...en, dispatches: en.dispatches_cpu, update_from: en.update_from_cpu ?? en.update_from } : en;
       e.program = program = { ...program, entries };
     }
-    const requiredLimits = {};
-    for (const [key, need] of Object.entries(program.limits)) {
-      const have = adapter.limits[key];
-      if (have !== undefined && need > have)
-        throw new Error(`${name} needs ${key} = ${need}, but this adapter allows ${have}; rebuild with a smaller ` +
-          `--max-binding-mib or smaller sizes so the program fits this device`);
-      if (need > (program.default_limits[key] ?? Infinity)) requiredLimits[key] = need;
-    }
-    e.requiredLimits = requiredLimits;
-    mark("adapter");
-    e.device = await adapter.requestDevice({
-      label: name, requiredLimits, requiredFeatures: e.kernelSet === "subgroup" ? ["subgroups"] : [],
-    });
-    mark("device");
     if (e.kernelSet === "subgroup" && variants) {
       const wrong = await lanesOutOfOrder(e.device, Object.values(wgslSubgroup));
       if (wrong && kernels === "subgroup")
         throw new Error(`${name}: Model.create({kernels: "subgroup"}) cannot run on this adapter: ${wrong}; use "gpu"`);
-      if (wrong) e.kernelSet = "gpu";
-      else e.wgsl = wgsl = { ...wgsl, ...Object.fromEntries(Object.entries(wgslSubgroup).map(([k, v]) => [k, ENABLE_SUBGROUPS + v])) };
+      if (wrong) {
+        e.kernelSet = "gpu";
+        e.kernelSetReason += `; but ${wrong}`;
+      } else e.wgsl = wgsl = { ...wgsl, ...Object.fromEntries(Object.entries(wgslSubgroup).map(([k, v]) => [k, ENABLE_SUBGROUPS + v])) };
       mark("subgroupCheck");
     }
     e.order = Object.keys(program.arenas);
@@ -943,7 +1083,7 @@ function rintEven(x) {
 }
 export class ModelBase {
   /** const model = await Model.create({seed}): acquires a device and uploads the initial parameters. */
-  static async create({ seed, kernels = "auto" } = {}) {
+  static async create({ seed, kernels = "auto", adapter = null } = {}) {
     if (!["auto", "gpu", "subgroup", "cpu"].includes(kernels))
       throw new Error(`Model.create({kernels}) must be "auto", "gpu", "subgroup" or "cpu", got ${JSON.stringify(kernels)}`);
     const m = new this();
@@ -953,7 +1093,7 @@ export class ModelBase {
     m._params = p.params; // [name, shape, init, decay, offset]
     m._buffers = p.buffers || []; // [name, shape, dtype, init, offset in buffers / buffers_i32, PyTorch name]
     m._total = m._params.reduce((s, q) => s + sizeOf(q[1]), 0);
-    m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {});
+    m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {}, adapter);
     m._opt = p.optimizer; // the single training entry's (null with several: _trains)
     m._trains = trainEntries(p, m._total);
     m._staging = {};
@@ -1013,6 +1153,11 @@ export class ModelBase {
   /** "gpu"; "subgroup": the GPU set with variants that use subgroup operations; or "cpu": the
    * kernels' variants for software adapters (Model.create({kernels})). */
   get kernelSet() { return this._engine.kernelSet; }
+  /** Why Model.create chose kernelSet: what the adapter said of itself, or the probe kernels'
+   * times where it said nothing, or that the set was asked for. */
+  get kernelSetReason() { return this._engine.kernelSetReason; }
+  /** The adapter's GPUAdapterInfo fields (vendor, architecture, device, description, isFallbackAdapter). */
+  get adapterInfo() { return { ...this._engine.adapterInfo }; }
 
   _split(flat) {
     const out = [];

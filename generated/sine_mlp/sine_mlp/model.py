@@ -167,8 +167,16 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         """The kernel set in use: "gpu"; "subgroup" (the GPU set with variants that use subgroup
         operations, chosen at Model() when the adapter offers them and the package has some); or
         "cpu" (variants for CPU adapters, chosen when the adapter is one, e.g. lavapipe or
-        SwiftShader). Force a set with Model(kernels=...)."""
+        SwiftShader). Force a set with Model(kernels=...). kernel_set_reason says why.
+        """
         return self._engine.kernel_set
+
+    @property
+    def kernel_set_reason(self) -> str:
+        """Why Model() chose kernel_set: what the adapter says of itself ("a software adapter (its
+        type is CPU: ...)", "a GPU (DiscreteGPU, ...)"), the probe kernels' times where it says
+        nothing to go by, or that the set was asked for (Model(kernels=...))."""
+        return self._engine.kernel_set_reason
 
     @property
     def adapter(self) -> dict:
