@@ -916,20 +916,26 @@ class Engine:
 
     def _bucket_buffers(self, key: str) -> tuple[list, list]:
         """Per gradient bucket of `key`, a mappable readback buffer and a mappable upload buffer
-        (made at the first use)."""
+        (made at the first use). The readback buffer of the bucket read last also holds the
+        entry's outputs and captures after the gradients when that bucket is final at the cut
+        (run_buckets: one map fewer a step)."""
         bufs = self._reduce_area.get(("buckets", key))
         if bufs is None:
             read = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
             write = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
-            sizes = [
-                max(4, 4 * (hi - lo)) for lo, hi, _ in self.entries[key]["buckets"]
-            ]
+            e = self.entries[key]
+            sizes = [max(4, 4 * (hi - lo)) for lo, hi, _ in e["buckets"]]
+            extra = [0] * len(sizes)
+            if self._outputs_ride(key):
+                extra[-1] = 4 * sum(
+                    _size(shape) for _, _, shape, _, _ in e["outputs"] + e["captures"]
+                )
             bufs = self._reduce_area[("buckets", key)] = (
                 [
                     self.device.create_buffer(
-                        label=f"grads_bucket_{i}", size=n, usage=read
+                        label=f"grads_bucket_{i}", size=n + x, usage=read
                     )
-                    for i, n in enumerate(sizes)
+                    for i, (n, x) in enumerate(zip(sizes, extra))
                 ],
                 [
                     self.device.create_buffer(
@@ -939,6 +945,17 @@ class Engine:
                 ],
             )
         return bufs
+
+    def _outputs_ride(self, key: str) -> bool:
+        """Whether the outputs (the loss) of a bucketed step travel in the last bucket's readback:
+        with wgpu-native's maps, when no dispatch runs between that bucket's boundary and the cut.
+        """
+        e = self.entries[key]
+        return (
+            _MAPS is not None
+            and bool(e["buckets"])
+            and e["buckets"][-1][2] == e["update_from"]
+        )
 
     def _backup_grads(self, enc, key: str, total: int, offset: int) -> None:
         """Save the gradients and the model's buffers on the GPU (restore_grads undoes a step)."""
@@ -988,12 +1005,14 @@ class Engine:
         """The first half of a training step whose gradients leave the GPU in buckets (the
         entry's "buckets" table, buckets.py): the dispatches before update_from split at the
         buckets' boundaries, one command buffer per boundary ending with copies of the buckets
-        final there into their mappable buffers, all submitted at once. Then, in that order,
-        each bucket is mapped as soon as its own submission is done (later ones still running)
-        and each(i, lo, hi, values) called with a read-only float32 view of gradient elements
-        [lo, hi) of the entry's vector, valid during the call; each may upload_bucket results.
-        Returns the outputs (the loss) and captures. The gradients and buffers are saved
-        first, as run_backward's; run_update then submits the update."""
+        final there into their mappable buffers, each submitted as soon as it is recorded (the
+        GPU starts while the host records the rest). Then, in that order, each bucket is mapped
+        as soon as its own submission is done (later ones still running) and each(i, lo, hi,
+        values) called with a read-only float32 view of gradient elements [lo, hi) of the
+        entry's vector, valid during the call; each may upload_bucket results. The outputs (the
+        loss) and captures come back in the last bucket's map where nothing runs after it
+        (_outputs_ride), else in a readback of their own; returned. The gradients and buffers
+        are saved first, as run_backward's; run_update then submits the update."""
         t0 = time.perf_counter()
         self._waited = 0.0
         e = self.entries[key]
@@ -1006,34 +1025,43 @@ class Engine:
         for arena, data in packed.items():
             if data.size:
                 self.write(arena, 0, data)
-        enc = self.device.create_command_encoder()
-        self._backup_grads(enc, key, total, offset)
-        commands, done = [], 0  # (command buffer, the buckets final at its end)
-        for ready in sorted({r for _, _, r in buckets}):
-            self._record(enc, key, (done, ready))
-            done = ready
-            final = [i for i, (_, _, r) in enumerate(buckets) if r == ready]
-            for i in final:
-                lo, hi, _ = buckets[i]
-                enc.copy_buffer_to_buffer(
-                    buffers["grads"], 4 * (offset + lo), rbs[i], 0, 4 * (hi - lo)
-                )
-            commands.append((enc.finish(), final))
-            enc = self.device.create_command_encoder()
-        self._record(enc, key, (done, cut))
-        reads = self._reads(enc, key, want_captures)
-        commands.append((enc.finish(), []))
         maps = (
             _MAPS
             if _MAPS is not None and not getattr(self, "serial_buckets", False)
             else None
         )
-        self._uploads = {"key": key, "offset": offset, "maps": maps, "pending": {}}
-        with _sigint_deferred():
-            indices = [
-                maps.submit(self.device.queue, cb) if maps else None
-                for cb, _ in commands
-            ]
+        ride = maps is not None and self._outputs_ride(key)
+        reads = e["outputs"] + (e["captures"] if want_captures else [])
+        self._uploads = {
+            "key": key,
+            "offset": offset,
+            "maps": maps,
+            "pending": {},
+            "copies": [],
+        }
+        boundaries = []  # (submission index or None, the buckets final there)
+        with _sigint_deferred():  # a Ctrl-C must not leave part of the step unsubmitted
+            enc = self.device.create_command_encoder()
+            self._backup_grads(enc, key, total, offset)
+            done = 0
+            for ready in sorted({r for _, _, r in buckets}):
+                self._record(enc, key, (done, ready))
+                done = ready
+                final = [i for i, (_, _, r) in enumerate(buckets) if r == ready]
+                for i in final:
+                    lo, hi, _ = buckets[i]
+                    enc.copy_buffer_to_buffer(
+                        buffers["grads"], 4 * (offset + lo), rbs[i], 0, 4 * (hi - lo)
+                    )
+                if ride and ready == cut:
+                    lo, hi, _ = buckets[-1]
+                    self._reads(enc, key, want_captures, rbs[-1], hi - lo)
+                boundaries.append((self._submit(enc.finish(), maps), final))
+                enc = self.device.create_command_encoder()
+            if not ride:
+                self._record(enc, key, (done, cut))
+                self._reads(enc, key, want_captures)
+                self._submit(enc.finish(), maps)
         if (
             maps is not None
         ):  # the upload buffers, free once the last update that read them is done
@@ -1041,33 +1069,51 @@ class Engine:
                 self._uploads["pending"][i] = maps.request(
                     ups[i], 4 * (hi - lo), write=True
                 )
-        for (cb, final), index in zip(commands, indices):
-            if maps is None:  # one submit at a time: no overlap, the same values
-                self.device.queue.submit([cb])
+        out = None
+        for index, final in boundaries:
             for i in final:
                 lo, hi, _ = buckets[i]
                 n = 4 * (hi - lo)
+                with_outputs = ride and i == len(buckets) - 1
+                if with_outputs:
+                    n += 4 * sum(_size(shape) for _, _, shape, _, _ in reads)
                 t = time.perf_counter()
-                if maps is None:
+                if (
+                    maps is None
+                ):  # wgpu-py's map waits for the queue to be idle: no overlap, the same values
                     view = self._map_read(rbs[i], n)
                 else:
                     maps.wait(self.device, maps.request(rbs[i], n), index)
                     view = maps.mapped_range(rbs[i], n)
                 self._waited += time.perf_counter() - t
                 try:
-                    each(i, lo, hi, np.frombuffer(view, dtype=np.float32))
+                    if with_outputs:
+                        out = self._unpack(key, reads, view, hi - lo)
+                    each(
+                        i, lo, hi, np.frombuffer(view, dtype=np.float32, count=hi - lo)
+                    )
                 finally:
                     if maps is not None:
                         maps.unmap(rbs[i])
-        out = self._unpack(key, reads)
+        if out is None:
+            out = self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
 
-    def upload_bucket(self, i: int, values: np.ndarray) -> None:
+    def _submit(self, command_buffer, maps) -> int | None:
+        """Submit; the submission index where wgpu-native's maps are used (None otherwise)."""
+        if maps is None:
+            self.device.queue.submit([command_buffer])
+            return None
+        return maps.submit(self.device.queue, command_buffer)
+
+    def upload_bucket(self, i: int, values: np.ndarray, last: bool = False) -> None:
         """Bucket i's reduced gradients (float32, contiguous) for the grads buffer, during or after
-        run_buckets: into its mapped upload buffer, copied into grads by a submit of its own (the
-        update's submit, run_update, comes after); without wgpu-native's internals, queue.write_buffer.
-        """
+        run_buckets, from any one thread at a time: into its mapped upload buffer, copied into
+        grads by a submit of its own (queued after the backward pass, it runs while the host
+        still reduces later buckets), or with last=True (the step's last upload) by the update's
+        command buffer (run_update: one submit fewer). Without wgpu-native's internals,
+        queue.write_buffer."""
         up = self._uploads
         lo, hi, _ = self.entries[up["key"]]["buckets"][i]
         maps = up["maps"]
@@ -1087,8 +1133,9 @@ class Engine:
             )
         finally:
             maps.unmap(buf)
-        # copied into grads by a submit of its own: queued after the backward pass, it runs while
-        # the host still reduces later buckets, not at the head of the update
+        if last:
+            up["copies"].append((buf, lo, hi))
+            return
         enc = self.device.create_command_encoder()
         enc.copy_buffer_to_buffer(
             buf,
@@ -1123,6 +1170,12 @@ class Engine:
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
         enc = self.device.create_command_encoder()
         up, self._uploads = getattr(self, "_uploads", None), None
+        for buf, lo, hi in (
+            up["copies"] if up is not None else ()
+        ):  # upload_bucket(last=True)'s
+            enc.copy_buffer_to_buffer(
+                buf, 0, buffers["grads"], 4 * (offset + lo), 4 * (hi - lo)
+            )
         self._record(enc, key, self._half(key, 1))
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)

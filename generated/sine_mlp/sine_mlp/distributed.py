@@ -267,6 +267,7 @@ class AllReduce:
             self._pinned = torch.empty(n, dtype=torch.float32).pin_memory()
             self._device = torch.empty(n, dtype=torch.float32, device="cuda")
             self._stream = torch.cuda.Stream()
+            self._events = {}
         return self._pinned.numpy()
 
     def _start(self, values: np.ndarray, lo: int, hi: int):
@@ -284,7 +285,11 @@ class AllReduce:
                 if mean is not dev:
                     dev.copy_(mean)
                 self._pinned[lo:hi].copy_(dev, non_blocking=True)
-                done = torch.cuda.Event()
+                done = self._events.get(
+                    (lo, hi)
+                )  # one per bucket, recorded again every step
+                if done is None:
+                    done = self._events[(lo, hi)] = torch.cuda.Event()
                 done.record(self._stream)
             handle = ("nccl", done, values)
         elif self.dtype is None:

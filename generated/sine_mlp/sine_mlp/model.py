@@ -524,12 +524,13 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         """_step_reduced through a bucketed allreduce: the package's gradient buckets (its
         "buckets" table, built by aot/buckets.py) are read back as soon as each is final
         (engine.run_buckets) into reducer.stage(n) (or an array of the model's), and handed to
-        reducer.start(values, lo, hi) at once; each result (reducer.finish(handle)) is uploaded
-        while later buckets are still read and reduced; the update is submitted after the last.
-        The same values reach the update as with one readback: bucketing changes only when.
-        bucket_timing: the host's seconds in this step's copies out of the mapped buckets, in
-        start(), in finish() and in the uploads (the engine's last_timing has the map waits).
-        """
+        reducer.start(values, lo, hi) at once. Each result but the last (reducer.finish(handle))
+        is waited for and uploaded by a thread of the model's, in bucket order, as soon as it
+        arrives, while this thread reads and starts later buckets; the last is finished and
+        uploaded here, and the update submitted after it. The same values reach the update as
+        with one readback: bucketing changes only when. bucket_timing: the host's seconds in
+        this step's copies out of the mapped buckets, in start(), in finish() and in the
+        uploads (the engine's last_timing has the map waits)."""
         total, eng = e.size, self._engine
         buckets = eng.entries[key]["buckets"]
         held = getattr(
@@ -550,49 +551,72 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             self._bucket_stage = (reducer, total, stage)
         if hasattr(reducer, "begin"):
             reducer.begin([(lo, hi) for lo, hi, _ in buckets])
-        pending, pending_i = (
+        started, uploads = (
             [],
             [],
-        )  # (lo, hi, handle) started, not yet uploaded; their bucket numbers
+        )  # (i, lo, hi, handle) per bucket started; the uploader's futures
         spent = self.bucket_timing = dict.fromkeys(
             ("copy_s", "start_s", "finish_s", "upload_s"), 0.0
         )
         clock = time.perf_counter
+        failed = threading.Event()  # an upload raised: the uploader skips the rest
 
-        def upload():
-            lo, hi, handle = pending.pop(0)
-            t = clock()
-            reduced = reducer.finish(handle)
-            t1 = clock()
-            reduced = _checked_reduced(
-                reduced, (hi - lo,), f"finish()'s result for gradients [{lo}, {hi})"
-            )
-            eng.upload_bucket(pending_i.pop(0), np.ascontiguousarray(reduced))
-            spent["finish_s"] += t1 - t
-            spent["upload_s"] += clock() - t1
+        def upload(i, lo, hi, handle, last=False):
+            if failed.is_set():
+                return
+            try:
+                t = clock()
+                reduced = reducer.finish(handle)
+                t1 = clock()
+                reduced = _checked_reduced(
+                    reduced, (hi - lo,), f"finish()'s result for gradients [{lo}, {hi})"
+                )
+                eng.upload_bucket(i, np.ascontiguousarray(reduced), last=last)
+                spent["finish_s"] += t1 - t
+                spent["upload_s"] += clock() - t1
+            except BaseException:
+                failed.set()
+                raise
 
         def each(i, lo, hi, values):
             t = clock()
             eng.copy(stage[lo:hi], values)
             t1 = clock()
-            pending.append((lo, hi, reducer.start(stage[lo:hi], lo, hi)))
-            pending_i.append(i)
+            started.append((i, lo, hi, reducer.start(stage[lo:hi], lo, hi)))
             spent["copy_s"] += t1 - t
             spent["start_s"] += clock() - t1
-            while (
-                len(pending) > 1
-            ):  # the one before has had the time of this bucket's readback
-                upload()
+            if len(started) < len(
+                buckets
+            ):  # the last is uploaded here, without a thread's hand-over
+                uploads.append(self._uploader().submit(upload, *started[-1]))
 
         try:
             out = eng.run_buckets(key, packed, captures, total, e.offset, each)
-            while pending:
-                upload()
+            if len(started) == len(buckets):
+                upload(*started[-1], last=True)
+            for f in uploads:
+                f.result()
         except BaseException:
+            failed.set()
+            for (
+                f
+            ) in (
+                uploads
+            ):  # the uploader must be done with the engine before the grads are put back
+                f.exception()
             eng.restore_grads(key, total, e.offset)
             raise
         eng.run_update(key, None, e.offset)
         return out
+
+    def _uploader(self) -> ThreadPoolExecutor:
+        """The thread that finishes and uploads a bucketed step's buckets (one: in bucket order)."""
+        pool = getattr(self, "_upload_pool", None)
+        if pool is None:
+            pool = self._upload_pool = ThreadPoolExecutor(
+                1, thread_name_prefix="aot-upload"
+            )
+        return pool
 
     def _step_many(
         self,
@@ -889,6 +913,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             if self._closed:
                 return
             self._closed = True
+            if getattr(self, "_upload_pool", None) is not None:
+                self._upload_pool.shutdown()
             for b in list(self._engine.buffers.values()) + list(
                 self._engine.readback.values()
             ):
