@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -546,14 +547,18 @@ class Buckets:
     records the buckets it was given."""
 
     def __init__(self, identity=True, bad=None):
-        self.identity, self.bad, self.seen = identity, bad, []
+        self.identity, self.bad, self.seen, self.finished_on = identity, bad, [], []
 
     def start(self, values, lo, hi):
         assert values.dtype == np.float32 and values.shape == (hi - lo,) and values.flags.writeable
         self.seen.append((lo, hi))
-        return values.copy() if self.identity else values * np.float32(2)
+        handle = values.copy() if self.identity else values * np.float32(2)
+        self.bucket_of = getattr(self, "bucket_of", {})
+        self.bucket_of[id(handle)] = (lo, hi)
+        return handle
 
     def finish(self, handle):
+        self.finished_on.append((self.bucket_of.pop(id(handle)), threading.get_ident()))
         return self.bad(handle) if self.bad else handle
 
 
@@ -578,6 +583,10 @@ def test_bucketed_steps_are_bit_identical_and_bad_results_change_nothing():
         assert_identical(snapshot(a), snapshot(b))
         assert_identical(snapshot(a), snapshot(c))
     assert sorted(r.seen[-len(names):]) == sorted((o, o + n) for o, n in names.values())
+    # every bucket's finish but the last ran on the model's upload thread, the last on this one
+    threads = dict(r.finished_on[-len(names) :])
+    me = threading.get_ident()
+    assert [threads[b] == me for b in r.seen[-len(names) :]] == [False] * (len(names) - 1) + [True]
     before = snapshot(b)
     n = names["l1.W"][1]
     for fn, error, text in [
