@@ -32,6 +32,7 @@ import functools
 import http.server
 import json
 import platform
+import re
 import runpy
 import shutil
 import statistics
@@ -230,6 +231,95 @@ def summarise(rows: list) -> dict:
             "backend": ok[0].get("backend"), "adapter": ok[0].get("adapter")}
 
 
+def family(kernel: str) -> str:
+    """train_012_matmul_add_relu -> matmul_add_relu"""
+    return re.sub(r"^[a-z]+_\d+_", "", kernel)
+
+
+def profile_table(profiles: list) -> dict:
+    """Per-kernel ms (median over runs) and per-family totals of --profile runs."""
+    kernels = {}
+    for p in profiles:
+        for name, grid, ms in p["kernels"]:
+            kernels.setdefault(name, [grid, []])[1].append(ms)
+    rows = [[name, grid, statistics.median(v)] for name, (grid, v) in kernels.items()]
+    fams = {}
+    for name, _grid, ms in rows:
+        f = fams.setdefault(family(name), [0, 0.0])
+        f[0] += 1
+        f[1] += ms
+    return {"empty_submit_ms": statistics.median(p["emptySubmitMs"] for p in profiles),
+            "whole_pass_ms": statistics.median(p["wholePassMs"] for p in profiles),
+            "sum_of_kernels_ms": sum(r[2] for r in rows), "kernels": rows,
+            "families": {k: {"count": n, "ms": ms} for k, (n, ms) in sorted(fams.items(), key=lambda kv: -kv[1][1])}}
+
+
+def print_profile(model: str, prof: dict) -> None:
+    print(f"\n{model}: whole pass {prof['whole_pass_ms']:.1f} ms, kernels alone {prof['sum_of_kernels_ms']:.1f} ms "
+          f"(empty submit {prof['empty_submit_ms']:.2f} ms)")
+    for f, v in list(prof["families"].items())[:15]:
+        print(f"  {v['ms']:8.2f} ms  {v['count']:3d}x  {f}")
+    for name, grid, ms in sorted(prof["kernels"], key=lambda r: -r[2])[:15]:
+        print(f"  {ms:8.2f} ms  {name}  grid {grid}")
+
+
+MATMUL_SHAPES = [  # (M, K, N): the addition transformer's products (scripts/bench_matmul_cpu.py's)
+    (1024, 64, 64), (64, 1024, 64), (1024, 64, 256), (1024, 256, 64), (64, 1024, 256), (256, 1024, 64), (1024, 64, 12),
+]
+MATMUL_LAYOUTS = {"plain": (False, False), "a_t": (True, False), "b_t": (False, True)}
+
+
+def matmul_cases() -> list:
+    """--matmul: each shape and layout with every CPU block and the GPU set's tile (WGSL, grid)."""
+    from aot.matmul_codegen import CPU_BLOCKS, MatmulSpec, Operand, render_matmul, render_matmul_cpu
+
+    bindings = "\n".join(f"@group(0) @binding({i}) var<storage, {acc}> {n}: array<f32>;"
+                         for i, (n, acc) in enumerate((("A", "read"), ("B", "read"), ("C", "read_write"))))
+    out = []
+    for M, K, N in MATMUL_SHAPES:
+        for layout, (ta, tb) in MATMUL_LAYOUTS.items():
+            op_a = Operand("A", 0, 0, 1, M) if ta else Operand("A", 0, 0, K, 1)
+            op_b = Operand("B", 0, 0, 1, K) if tb else Operand("B", 0, 0, N, 1)
+            spec = MatmulSpec(1, M, N, K, op_a, op_b, "C", 0)
+            kernels = [["block", b.name, *render_matmul_cpu(spec, "bench", "// bench", bindings, block=b)] for b in CPU_BLOCKS]
+            kernels.append(["tile", "gpu", *render_matmul(spec, "bench", "// bench", bindings)])
+            out.append({"M": M, "K": K, "N": N, "layout": layout, "ta": ta, "tb": tb, "kernels": kernels})
+    return out
+
+
+def bench_matmul(pw, base: str, rounds: int, timeout_s: float) -> dict:
+    """--matmul: rounds of the matmul page, each a fresh browser; per kernel the median over rounds."""
+    runs = []
+    for r in range(rounds):
+        res = run_one(pw, f"{base}/matmul.html?reps=5", timeout_s)
+        if "error" in res:
+            raise SystemExit(f"bench_web --matmul: {res['error']}")
+        runs.append(res)
+        print(f"round {r + 1}: {len(res['rows'])} kernels timed on {res['adapter']}", flush=True)
+    table = {}
+    for res in runs:
+        for row in res["rows"]:
+            key = (row["M"], row["K"], row["N"], row["layout"], row["name"])
+            table.setdefault(key, {**row, "run_ms_rounds": []})["run_ms_rounds"].append(row["run_ms"])
+    rows = []
+    for row in table.values():
+        row["run_ms"] = statistics.median(row["run_ms_rounds"])
+        row["gflops"] = 2 * row["M"] * row["K"] * row["N"] / row["run_ms"] / 1e6
+        rows.append(row)
+        print(f"{row['M']}x{row['K']}x{row['N']} {row['layout']:5s} {row['name']:4s} grid {str(tuple(row['grid'])):14s} "
+              f"{row['run_ms']:8.2f} ms {row['gflops']:6.2f} GFLOP/s  first {row['first_ms']:7.1f} ms", flush=True)
+    summary = {}
+    for name in dict.fromkeys(r["name"] for r in rows):
+        mine = [r for r in rows if r["name"] == name]
+        summary[name] = {"median_gflops": statistics.median(r["gflops"] for r in mine),
+                         "total_ms": sum(r["run_ms"] for r in mine),
+                         "best_at": sum(1 for r in mine if r["run_ms"] == min(x["run_ms"] for x in rows if
+                                        (x["M"], x["K"], x["N"], x["layout"]) == (r["M"], r["K"], r["N"], r["layout"])))}
+        print(f"{name:5s} median {summary[name]['median_gflops']:.2f} GFLOP/s, all cases {summary[name]['total_ms']:.1f} ms, "
+              f"fastest in {summary[name]['best_at']} of {len(mine)}")
+    return {"adapter": runs[0]["adapter"], "rows": rows, "summary": summary}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensorgrad", type=Path, help="a checkout of github.com/typebulb/tensorgrad (without: no tensorgrad)")
@@ -240,10 +330,16 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=20.0, help="stop timing a run after this long (at least 2 steps)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="give up on one run after this long")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "aot-bench-web")
+    ap.add_argument("--profile", type=int, default=0, metavar="REPS",
+                    help="aot only: after its steps, time each kernel of the step alone, REPS dispatches per submit")
+    ap.add_argument("--matmul", action="store_true",
+                    help="instead: the CPU set's matmul blocks and the GPU tile at the transformer's shapes, --rounds pages")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.matmul:
+        return main_matmul(args)
     models = [m for m in args.models.split(",") if m]
-    systems = [s for s in args.systems.split(",") if s]
+    systems = [s for s in args.systems.split(",") if s] if not args.profile else ["aot"]
     for kind, got, known in (("models", models, MODELS), ("systems", systems, SYSTEMS)):
         if set(got) - set(known):
             raise SystemExit(f"bench_web: unknown {kind} {sorted(set(got) - set(known))}; choose from {', '.join(known)}")
@@ -273,6 +369,8 @@ def main() -> None:
                         page, backend = SYSTEMS[s]
                         steps = args.steps or MODELS[m][0]
                         url = f"{base}/{page}.html?model={m}&backend={backend}&steps={steps}&budget_ms={args.budget_s * 1000:.0f}"
+                        if args.profile:
+                            url += f"&profile={args.profile}"
                         res = run_one(pw, url, args.timeout_s)
                         res["round"] = r + 1
                         rows[m][s].append(res)
@@ -303,6 +401,10 @@ def main() -> None:
                     per_round.append(min(p) / a[0])
             entry["speedup_per_round"] = per_round
         report["models"][m] = entry
+        profiles = [x["profile"] for x in rows[m].get("aot", []) if x.get("profile")]
+        if profiles:
+            entry["profile"] = profile_table(profiles)
+            print_profile(m, entry["profile"])
         print(f"\n{m}:")
         for s, v in summ.items():
             if "error" in v:
@@ -313,6 +415,30 @@ def main() -> None:
         if "best_peer" in entry:
             print(f"  aot is {entry['speedup_vs_best_peer']:.2f}x the best peer ({entry['best_peer']}); per round "
                   + ", ".join(f"{x:.2f}" for x in entry["speedup_per_round"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+def main_matmul(args) -> None:
+    from playwright.sync_api import sync_playwright
+
+    sys.path.insert(0, str(ROOT))
+    site = args.workdir / "site_matmul"
+    if site.exists():
+        shutil.rmtree(site)
+    (site / "data").mkdir(parents=True)
+    shutil.copy(PAGES / "matmul.mjs", site / "matmul.js")
+    (site / "matmul.html").write_text('<!doctype html><meta charset="utf-8"><script type="module" src="matmul.js"></script>\n')
+    (site / "data" / "matmul.json").write_text(json.dumps(matmul_cases()))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with sync_playwright() as pw:
+            report = bench_matmul(pw, f"http://127.0.0.1:{server.server_address[1]}", args.rounds, args.timeout_s)
+    finally:
+        server.shutdown()
+    report["chromium"] = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True).stdout.strip()
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.out}")

@@ -33,7 +33,8 @@ export async function bench(build) {
     times.push(performance.now() - t);
     if (performance.now() - start > budgetMs && times.length >= 3) break;
   }
-  return { createMs, firstStepMs, secondStepMs, stepMs: median(times), times, steps: times.length, losses, ...sys.info };
+  const profile = sys.after ? await sys.after() : undefined;
+  return { profile, createMs, firstStepMs, secondStepMs, stepMs: median(times), times, steps: times.length, losses, ...sys.info };
 }
 
 /** {name: [dtype, shape, Float32Array | Int32Array]} of batch i (cycled). */
