@@ -231,6 +231,51 @@ def summarise(rows: list) -> dict:
             "backend": ok[0].get("backend"), "adapter": ok[0].get("adapter")}
 
 
+def speedups(summ: dict, runs: dict, rounds: int) -> dict:
+    """aot's speed over the best peer and over TensorFlow.js's best backend: the ratio of the
+    medians, and the same ratio in each round (that round's aot against that round's best)."""
+    out = {}
+    for key, among in (("best_peer", lambda s: s != "aot"), ("best_tfjs", lambda s: s.startswith("tfjs-"))):
+        peers = {s: v["step_ms"] for s, v in summ.items() if among(s) and "step_ms" in v}
+        if not peers or "step_ms" not in summ.get("aot", {}):
+            continue
+        best = min(peers, key=peers.get)
+        per_round = []
+        for r in range(1, rounds + 1):
+            a = [x["stepMs"] for x in runs["aot"] if x["round"] == r and "error" not in x]
+            p = [x["stepMs"] for s in peers for x in runs[s] if x["round"] == r and "error" not in x]
+            if a and p:
+                per_round.append(min(p) / a[0])
+        out[key] = best
+        out[f"speedup_vs_{key}"] = peers[best] / summ["aot"]["step_ms"]
+        out[f"speedup_vs_{key}_per_round"] = per_round
+    return out
+
+
+def print_speedups(entry: dict) -> None:
+    for key, what in (("best_peer", "the best peer"), ("best_tfjs", "TensorFlow.js's best backend")):
+        if key in entry:
+            print(f"  aot is {entry[f'speedup_vs_{key}']:.2f}x {what} ({entry[key]}); per round "
+                  + ", ".join(f"{x:.2f}" for x in entry[f"speedup_vs_{key}_per_round"]))
+
+
+def resummarise(path: Path) -> None:
+    """--summarise FILE: recompute the summaries and ratios of a report (older reports too)."""
+    report = json.loads(path.read_text())
+    for m, entry in report["models"].items():
+        for k in [k for k in entry if k.startswith(("best_", "speedup_"))]:
+            del entry[k]
+        entry["systems"] = {s: summarise(v) for s, v in entry["runs"].items()}
+        entry.update(speedups(entry["systems"], entry["runs"], report["rounds"]))
+        print(f"\n{m}:")
+        for s, v in entry["systems"].items():
+            if "step_ms" in v:
+                print(f"  {s:>12}  {v['step_ms']:9.1f} ms/step [{v['step_ms_min']:.1f}..{v['step_ms_max']:.1f}]  "
+                      f"create+first step {v['create_plus_first_step_ms'] / 1e3:6.1f} s")
+        print_speedups(entry)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+
+
 def family(kernel: str) -> str:
     """train_012_matmul_add_relu -> matmul_add_relu"""
     return re.sub(r"^[a-z]+_\d+_", "", kernel)
@@ -334,8 +379,11 @@ def main() -> None:
                     help="aot only: after its steps, time each kernel of the step alone, REPS dispatches per submit")
     ap.add_argument("--matmul", action="store_true",
                     help="instead: the CPU set's matmul blocks and the GPU tile at the transformer's shapes, --rounds pages")
+    ap.add_argument("--summarise", type=Path, metavar="REPORT", help="instead: recompute a report's summaries and ratios")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.summarise:
+        return resummarise(args.summarise)
     if args.matmul:
         return main_matmul(args)
     models = [m for m in args.models.split(",") if m]
@@ -386,20 +434,7 @@ def main() -> None:
               "budget_s": args.budget_s, "builds": builds, "models": {}}
     for m in models:
         summ = {s: summarise(rows[m][s]) for s in systems}
-        peers = {s: v["step_ms"] for s, v in summ.items() if s != "aot" and "step_ms" in v}
-        entry = {"systems": summ, "runs": rows[m]}
-        if peers and "step_ms" in summ.get("aot", {}):
-            best = min(peers, key=peers.get)
-            entry["best_peer"] = best
-            entry["speedup_vs_best_peer"] = peers[best] / summ["aot"]["step_ms"]
-            # the same ratio per round (each round's aot against that round's best peer)
-            per_round = []
-            for r in range(args.rounds):
-                a = [x["stepMs"] for x in rows[m]["aot"] if x["round"] == r + 1 and "error" not in x]
-                p = [x["stepMs"] for s in peers for x in rows[m][s] if x["round"] == r + 1 and "error" not in x]
-                if a and p:
-                    per_round.append(min(p) / a[0])
-            entry["speedup_per_round"] = per_round
+        entry = {"systems": summ, "runs": rows[m], **speedups(summ, rows[m], args.rounds)}
         report["models"][m] = entry
         profiles = [x["profile"] for x in rows[m].get("aot", []) if x.get("profile")]
         if profiles:
@@ -412,9 +447,7 @@ def main() -> None:
             else:
                 print(f"  {s:>12}  {v['step_ms']:9.1f} ms/step [{v['step_ms_min']:.1f}..{v['step_ms_max']:.1f}]  "
                       f"create+first step {v['create_plus_first_step_ms'] / 1e3:6.1f} s  ({v['backend']})")
-        if "best_peer" in entry:
-            print(f"  aot is {entry['speedup_vs_best_peer']:.2f}x the best peer ({entry['best_peer']}); per round "
-                  + ", ".join(f"{x:.2f}" for x in entry["speedup_per_round"]))
+        print_speedups(entry)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.out}")
