@@ -48,8 +48,10 @@ CPU_SEQUENTIAL_MAX = 8192
 # Such rows go CPU_ROW_WG to a workgroup, one invocation each: a CPU adapter runs a workgroup's
 # invocations as SIMD lanes (SwiftShader 4, lavapipe 8 on AVX2), so one row a workgroup left all
 # lanes but one idle. 16 keeps 4 or more workgroups for the cores where a kernel has 64 rows.
-# The addition transformer's step on SwiftShader (headless Chromium, a very busy machine, 3
-# interleaved rounds): 2.7-3.5 s with one row a workgroup, 1.3-5.7 s with 16, 2.0-2.6 s with 64.
+# The addition transformer's step on SwiftShader (headless Chromium, bench_web.py's aot page on a
+# busy 2-core machine, interleaved rounds, same losses): 0.93-1.38 s with one row a workgroup,
+# 0.82-1.05 s with 16 (an earlier 3 rounds with 64 lay between them); the reductions' share of
+# the step 27% -> 9% (bench_web.py --profile).
 CPU_ROW_WG = 16
 CPU_SUM_CHUNK = 256
 assert CPU_SEQUENTIAL_MAX + CPU_SEQUENTIAL_MAX // CPU_SUM_CHUNK < LOOP_MAX
