@@ -23,6 +23,12 @@ compiled lazily), a second untimed step, then up to --steps timed steps (fewer o
 has passed, at least 2): ms/step is their median. Rounds are interleaved (every model and system
 once per round, the systems' order rotated each round) so a busier machine slows all alike; the
 figure per system is the median over rounds, with the rounds' min and max as the spread.
+
+    --profile REPS   aot only: after its steps, each kernel of the step alone (REPS dispatches a
+                     submit, waited for; SwiftShader has no timestamp queries), by kernel and family
+    --matmul         the CPU kernel set's matmul blocks and the GPU tile at the transformer's
+                     shapes, checked against the host and timed round-robin in one page a round
+    --summarise REPORT   recompute a report's summaries and ratios
 """
 
 from __future__ import annotations
