@@ -45,6 +45,14 @@ ROW_WG_MAX_LEN = 1024
 # tree's grows with log n). Longer rows keep the tree, whose invocations loop n / 256 times: Mesa
 # 22's lavapipe ends an invocation's loops after LOOP_MAX steps in all.
 CPU_SEQUENTIAL_MAX = 8192
+# Such rows go CPU_ROW_WG to a workgroup, one invocation each: a CPU adapter runs a workgroup's
+# invocations as SIMD lanes (SwiftShader 4, lavapipe 8 on AVX2), so one row a workgroup left all
+# lanes but one idle. 16 keeps 4 or more workgroups for the cores where a kernel has 64 rows.
+# The addition transformer's step on SwiftShader (headless Chromium, bench_web.py's aot page on a
+# busy 2-core machine, interleaved rounds, same losses): 0.93-1.38 s with one row a workgroup,
+# 0.82-1.05 s with 16 (an earlier 3 rounds with 64 lay between them); the reductions' share of
+# the step 27% -> 9% (bench_web.py --profile).
+CPU_ROW_WG = 16
 CPU_SUM_CHUNK = 256
 assert CPU_SEQUENTIAL_MAX + CPU_SEQUENTIAL_MAX // CPU_SUM_CHUNK < LOOP_MAX
 # The CPU matmul walks all of K in each invocation (then a store loop over its block's rows): a
@@ -207,7 +215,7 @@ def _kernel_sets(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers)
     long_k = k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K
     # a K too long for the CPU matmul: the CPU set runs the GPU kernel, whose invocations loop K / slab times
     cpu = code if long_k else _render(name, k, s, plan, names, writers, cpu=True)
-    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind != "matmul"):
+    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce")):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
     if cpu.grid != code.grid:
@@ -340,7 +348,8 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     if cpu and per_wg and n_red <= CPU_SEQUENTIAL_MAX:
         # one invocation per workgroup sums the row in order, over the GPU kernel's grid (one
         # workgroup per row)
-        per_wg, wg = False, 1
+        per_wg, wg = False, CPU_ROW_WG
+        grid = _grid(-(-n_out // wg))
         header = header[:-1] + [CPU_SEQUENTIAL_HEADER]
     wgsl = render(
         "wgsl/reduce.wgsl.j2",

@@ -260,7 +260,7 @@ def main():
     if args.out:
         Path(args.out).write_text(
             json.dumps({"entry": key, "adapter": dev, "method": method, "total_us": round(total, 3), "kernels": rows,
-                        "families": {k: {"count": c, "us": round(u, 3)} for k, (c, u) in fam.items()}}, indent=1)
+                        "families": {k: {"count": c, "us": round(u, 3)} for k, c, u in _totals(rows, lambda r: r["family"], "us")}}, indent=1)
         )
     model.close()
 

@@ -302,8 +302,9 @@ def test_reductions_of_every_size(adapter, kernels):
 
 def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int, cpu: bool = False):
     """The reduce template on its own, forced into one variant: x [n_out, n_red] in `inputs`
-    (cpu: the CPU set's, one invocation a workgroup, loops stepping by `one`, sums in chunks)."""
-    wg = 1 if cpu else codegen.WG
+    (cpu: the CPU set's, one invocation a row, CPU_ROW_WG rows a workgroup (3 rows: the guard
+    keeps the other invocations out), loops stepping by `one`, sums in chunks)."""
+    wg = codegen.CPU_ROW_WG if cpu else codegen.WG
     grid = codegen._grid(n_out if per_wg else -(-n_out // wg))
     out_arena, out_type = ("work_i32", "i32") if op == "argmax" else ("work", "f32")
     wgsl = render(

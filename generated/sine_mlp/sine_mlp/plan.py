@@ -208,7 +208,7 @@ PROGRAM = {
                 ("train_05_matmul_equal_where", (4, 16, 1)),
                 ("train_06_matmul", (2, 2, 1)),
                 ("train_07_matmul_equal_where", (2, 8, 1)),
-                ("train_08_sum", (64, 1, 1)),
+                ("train_08_sum", (4, 1, 1)),
                 ("train_09_matmul", (4, 1, 1)),
                 ("train_10_fused_mul_add_sub", (18, 1, 1)),
             ],
