@@ -46,6 +46,11 @@ ROW_WG_MAX_LEN = 1024
 # 22's lavapipe ends an invocation's loops after LOOP_MAX steps in all.
 CPU_SEQUENTIAL_MAX = 8192
 CPU_SUM_CHUNK = 256
+# Many such rows (a split reduction's first stage: passes.split_reductions) are summed by the SIMD
+# lanes of a workgroup, a row each: one invocation per workgroup leaves all lanes but one idle
+# [ResNet-20's BatchNorm sums, 512 rows of 1568 on lavapipe: 2x the time of 16 rows of 50176].
+CPU_ROW_LANES = 8  # a 256-bit SIMD register's f32 lanes
+CPU_LANE_MIN_ROWS = 256  # rows from which the lanes leave workgroups enough for every core
 assert CPU_SEQUENTIAL_MAX + CPU_SEQUENTIAL_MAX // CPU_SUM_CHUNK < LOOP_MAX
 # The CPU matmul walks all of K in each invocation (then a store loop over its block's rows): a
 # longer K runs the GPU kernel in the CPU set too.
@@ -207,7 +212,7 @@ def _kernel_sets(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers)
     long_k = k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K
     # a K too long for the CPU matmul: the CPU set runs the GPU kernel, whose invocations loop K / slab times
     cpu = code if long_k else _render(name, k, s, plan, names, writers, cpu=True)
-    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind != "matmul"):
+    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce")):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
     if cpu.grid != code.grid:
@@ -338,9 +343,11 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     grid = _grid(n_out if per_wg else -(-n_out // WG))
     wg = row_workgroup_size(n_out, n_red) if per_wg else WG
     if cpu and per_wg and n_red <= CPU_SEQUENTIAL_MAX:
-        # one invocation per workgroup sums the row in order, over the GPU kernel's grid (one
-        # workgroup per row)
-        per_wg, wg = False, 1
+        # one invocation sums each row in order: one workgroup per row (the GPU kernel's grid), or
+        # where rows are many, CPU_ROW_LANES rows per workgroup (its SIMD lanes; a grid of its own)
+        per_wg = False
+        wg = CPU_ROW_LANES if n_out >= CPU_LANE_MIN_ROWS else 1
+        grid = _grid(-(-n_out // wg))
         header = header[:-1] + [CPU_SEQUENTIAL_HEADER]
     wgsl = render(
         "wgsl/reduce.wgsl.j2",

@@ -221,7 +221,9 @@ def main():
     prog = progs[args.program] if args.program else next(iter(progs.values()))
     model = aot.compile(prog, kernels=args.kernels)
     e = model._engine
-    key = next(k for k in e.entries if k == args.entry or k.startswith(args.entry + "["))
+    key = next((k for k in e.entries if k == args.entry or k.startswith(args.entry + "[")), None)
+    if key is None:
+        sys.exit(f"{args.model} has no entry {args.entry!r}: pass --entry with one of {', '.join(e.entries)}")
     # realistic data: zeros are valid for every input kind (indices 0 are in range)
     packed = {
         "inputs": np.zeros(e.entries[key]["input_sizes"]["inputs"], np.float32),
@@ -260,7 +262,8 @@ def main():
     if args.out:
         Path(args.out).write_text(
             json.dumps({"entry": key, "adapter": dev, "method": method, "total_us": round(total, 3), "kernels": rows,
-                        "families": {k: {"count": c, "us": round(u, 3)} for k, (c, u) in fam.items()}}, indent=1)
+                        "families": {k: {"count": c, "us": round(u, 3)} for k, c, u in _totals(rows, lambda r: r["family"], "us")}},
+                       indent=1)
         )
     model.close()
 

@@ -11,7 +11,7 @@ struct Offsets {
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
 
-@compute @workgroup_size(1)
+@compute @workgroup_size(8)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let o = gid.x + gid.y * 1024u;
     if (o >= 1024u) {
