@@ -72,9 +72,12 @@ STRIDED_INVOCATIONS_LOG2 = 18  # a strided split's first stage aims at this many
 
 
 # Reduced axes that are not one run (BatchNorm's (0, 2, 3) of [N, C, H, W]): with few outputs (C
-# channels), one workgroup per channel walks N*H*W elements on C of the GPU's SMs (a ResNet's 16
-# channels of 64x28x28 took 100 us each on an H100). The outermost reduced axis is cut into chunks
-# so that the first stage has about SPLIT_ROWS rows of at least SPLIT_ROW_MIN elements.
+# channels), one workgroup per channel walks N*H*W elements on C of the GPU's SMs. From
+# SPLIT_SEPARATE_MIN elements per output the outermost reduced axis is cut into chunks so that
+# the first stage has about SPLIT_ROWS rows of at least SPLIT_ROW_MIN elements. [H100, ResNet-20's
+# gradient sums: 16 channels of 64x28x28, 100-105 us in one kernel, 24 + 19 us in two; each
+# dispatch costs 11-13 us there, so 32 channels of 64x14x14 (28-39 us) gain nothing from a split]
+SPLIT_SEPARATE_MIN = 1 << 15
 SPLIT_ROWS = 512
 SPLIT_ROW_MIN = 512
 
@@ -148,7 +151,7 @@ def _split_outer_axis(n, split, red):
     x = n.inputs[0]
     lo = n.attrs["axes"][0]
     n_out = x.size // red
-    if red < SPLIT_STRIDED or n_out >= SPLIT_ROWS:
+    if red < SPLIT_SEPARATE_MIN or n_out >= SPLIT_ROWS:
         return None
     chunks = min(x.shape[lo], -(-SPLIT_ROWS // n_out), red // SPLIT_ROW_MIN)
     if chunks < 2:
