@@ -137,7 +137,9 @@ def reshape_index(body, idx: Index, shape) -> Index:
         gj = [b for b in gj if b < len(shape)]
         flat = Index(tuple(out_shape[a] for a in gi), coords=[coords[a] for a in gi]).get_flat(body) if gi else "0u"
         res += Index(tuple(shape[b] for b in gj), flat=flat).get_coords(body) if gj else []
-    return Index(shape, coords=res)
+    # the row-major flat index is the same on both sides of a reshape: where it is known, it stays
+    # (a contiguous read uses it, and a kernel sees that it reads its own output at its own element)
+    return Index(shape, coords=res, flat=idx.flat)
 
 
 def _size(shape):
