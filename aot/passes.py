@@ -64,13 +64,30 @@ def _rebuild(g: Graph, nodes, f) -> Graph:
 # summing 19M gradients for the global norm took 28 ms on an H200); two passes take <0.5 ms.
 SPLIT_CONTIGUOUS = 1 << 17  # reduced elements per output, reduced axes innermost
 SPLIT_STRIDED = 4096  # reduced axes outer: chunks keep the reads coalesced as well
+# Fewer rows than this (an LSTM's 87k-gradient norm, one row: 29 us on an H100 in one workgroup)
+# are split from SPLIT_CONTIGUOUS_FEW elements: the second dispatch costs less than the long loop.
+SPLIT_FEW_ROWS = 64
+SPLIT_CONTIGUOUS_FEW = 1 << 15
 STRIDED_INVOCATIONS_LOG2 = 18  # a strided split's first stage aims at this many invocations
+
+
+# Reduced axes that are not one run (BatchNorm's (0, 2, 3) of [N, C, H, W]): with few outputs (C
+# channels), one workgroup per channel walks N*H*W elements on C of the GPU's SMs. From
+# SPLIT_SEPARATE_MIN elements per output the outermost reduced axis is cut into chunks so that
+# the first stage has about SPLIT_ROWS rows of at least SPLIT_ROW_MIN elements. [H100, ResNet-20's
+# gradient sums: 16 channels of 64x28x28, 100-105 us in one kernel, 24 + 19 us in two; each
+# dispatch costs 11-13 us there, so 32 channels of 64x14x14 (28-39 us) gain nothing from a split]
+SPLIT_SEPARATE_MIN = 1 << 15
+SPLIT_ROWS = 512
+SPLIT_ROW_MIN = 512
 
 
 def split_reductions(g: Graph) -> Graph:
     """sum/max over a long run of adjacent axes -> the same reduction in two stages:
     x[..., R, ...] -> [..., R/k, k, ...] reduced over k, then over R/k (sums pad R up to a
-    multiple of k with zeros). Same result up to float rounding, fixed order, no atomics."""
+    multiple of k with zeros). Over separate runs of axes (BatchNorm's (0, 2, 3)), the outermost
+    reduced axis A is cut the same way: x[..., A/k, k, ...] reduced over k and the other reduced
+    axes, then over A/k. Same result up to float rounding, fixed order, no atomics."""
     nodes: list = []
     remap: dict[int, object] = {}
     for orig in g.nodes:
@@ -81,6 +98,8 @@ def split_reductions(g: Graph) -> Graph:
             continue
         lo, hi, k, pad = plan
         x = n.inputs[0]
+        # the reduced axes after the run lo:hi, once that run is one axis cut in two
+        rest = tuple(a - (hi - lo) + 2 for a in n.attrs["axes"] if a >= hi)
         tmp = Graph(g.name)
         with tracing(tmp), at_site(n.site):
             red = 1
@@ -91,7 +110,7 @@ def split_reductions(g: Graph) -> Graph:
                 y = ops.pad(y, lo, 0, pad)
             y = ops.reshape(y, x.shape[:lo] + ((red + pad) // k, k) + x.shape[hi:])
             reduce = getattr(ops, n.op)  # sum or max: the public function of the same name
-            y = reduce(reduce(y, lo + 1), lo)
+            y = reduce(reduce(y, (lo + 1,) + rest), lo)
             y = ops.reshape(y, n.out.shape)
         nodes.extend(tmp.nodes)
         remap[id(orig.out)] = y
@@ -99,20 +118,22 @@ def split_reductions(g: Graph) -> Graph:
 
 
 def _split_plan(n):
-    """(first axis, end axis, chunk k, zero padding) for a reduction worth splitting, else None."""
+    """(first axis, end axis, chunk k, zero padding) for a reduction worth splitting, else None:
+    the run of axes lo:hi is cut into chunks of k (after padding)."""
     split = lookup(n.op).split
     if split is None:
         return None
     axes = n.attrs["axes"]
     x = n.inputs[0]
-    if list(axes) != list(range(axes[0], axes[-1] + 1)):
-        return None  # not one run of adjacent axes
-    lo, hi = axes[0], axes[-1] + 1
     red = 1
-    for d in x.shape[lo:hi]:
-        red *= d
+    for a in axes:
+        red *= x.shape[a]
+    if list(axes) != list(range(axes[0], axes[-1] + 1)):
+        return _split_outer_axis(n, split, red)
+    lo, hi = axes[0], axes[-1] + 1
     inner = hi == x.ndim  # reduced elements are contiguous in memory
-    if red < (SPLIT_CONTIGUOUS if inner else SPLIT_STRIDED):
+    few = x.size // red < SPLIT_FEW_ROWS and red >= SPLIT_CONTIGUOUS_FEW
+    if red < (SPLIT_CONTIGUOUS if inner else SPLIT_STRIDED) and not (inner and few):
         return None
     if x.size // red >= 1 << STRIDED_INVOCATIONS_LOG2:
         # outputs enough to keep the GPU busy in one pass; a first stage would store outputs x
@@ -122,9 +143,30 @@ def _split_plan(n):
     # strided: chunks of 16-64 rows, short enough that the first stage has ~2^18 invocations (an
     # [8192, 512] column sum in chunks of 64 ran 65536 of them at 0.45 TB/s on an H100)
     k = 4096 if inner else max(16, min(64, 1 << max(0, (x.size >> STRIDED_INVOCATIONS_LOG2).bit_length() - 1)))
-    pad = -red % k
-    if pad and split == "divide":  # no padding: a divisor of red, at most k if one of 16 or more is
-        k = next((d for d in [*range(k, 15, -1), *range(k + 1, 65)] if red % d == 0), None)
+    return _chunking(red, k, split, lo, hi)
+
+
+def _split_outer_axis(n, split, red):
+    """Reduced axes in separate runs: cut the outermost one (see SPLIT_ROWS)."""
+    x = n.inputs[0]
+    lo = n.attrs["axes"][0]
+    n_out = x.size // red
+    if red < SPLIT_SEPARATE_MIN or n_out >= SPLIT_ROWS:
+        return None
+    chunks = min(x.shape[lo], -(-SPLIT_ROWS // n_out), red // SPLIT_ROW_MIN)
+    if chunks < 2:
+        return None
+    return _chunking(x.shape[lo], -(-x.shape[lo] // chunks), split, lo, lo + 1)
+
+
+def _chunking(size, k, split, lo, hi):
+    """(lo, hi, k, pad) cutting an axis of `size` into chunks of k; for a split of kind "divide"
+    (no padding value) k moves to a divisor of size: at most k if one of 16 or more is, else up
+    to 64 (chunks of 16 or more), or for a short k the next larger one. None where there is none."""
+    pad = -size % k
+    if pad and split == "divide":
+        near = [*range(k, 15, -1), *range(k + 1, 65)] if k >= 16 else range(k, size)
+        k = next((d for d in near if size % d == 0), None)
         if k is None:
             return None
         pad = 0
@@ -137,8 +179,10 @@ SPLIT_K_MIN = 8192  # K below this is walked fast enough by the in-workgroup spl
 SPLIT_K_MAX_OUTPUTS = 16384  # up to this many outputs: as many chunks as K allows
 SPLIT_K_CHUNK = 512  # shortest K each partial product walks
 # Larger outputs (a transformer's [512, 8192] @ [8192, 512] weight gradients: 32 tiles of 64x128)
-# are split where the matmul cost model estimates it faster (matmul_codegen.split_count).
-SPLIT_K_MIN_WIDE = 4096
+# are split where the matmul cost model estimates it faster (matmul_codegen.split_count), from a
+# K of SPLIT_K_MIN_WIDE [a ResNet's last-stage conv weight gradients, [64, 3136] @ [3136, 576]:
+# 144 workgroups of 16x16 walking K = 3136, 70 us each on an H100; the model splits them in 4].
+SPLIT_K_MIN_WIDE = 2048
 
 
 def split_long_matmuls(g: Graph) -> Graph:

@@ -74,7 +74,7 @@ class Index:
             expr = " + ".join(terms) if terms else "0u"
             # one plain coordinate (size-1 dims added or dropped) is the flat index itself: keeping
             # its name lets a kernel see that it reads its own output at its own element
-            self.flat = expr if expr.isidentifier() else body.let(expr, "u32")
+            self.flat = expr if expr.isidentifier() or expr == "0u" else body.let(expr, "u32")
         return self.flat
 
     def get_coords(self, body) -> list[str]:
@@ -108,12 +108,15 @@ def _check_u32(shape) -> None:
 
 def reshape_index(body, idx: Index, shape) -> Index:
     """The position in a tensor of `shape` (a reshape's input) of position idx of its output.
-    Through the flat index, except for tensors near the u32 limit: there the dimensions are
-    matched in groups of equal product (a split or merge of axes) and each group is converted on
-    its own, so no index exceeds the group's size (the flat index again where the shapes share
-    no grouping: then _check_u32 refuses a tensor too large for it)."""
-    if _size(shape) < FLAT_RESHAPE_MAX:
-        return Index(shape, flat=idx.get_flat(body))
+    A position known only by its flat index keeps it (a contiguous read needs nothing else), as
+    do all positions in tensors near the u32 limit. A position known by its coordinates has the
+    dimensions matched in groups of equal product (a split or merge of axes), each group
+    converted on its own: no flat index of the whole tensor is built and taken apart again [a
+    convolution's unfold read through reshapes: 12 integer divisions per element became 6], and
+    no index exceeds its group's size (the flat index again where the shapes share no grouping:
+    then _check_u32 refuses a tensor too large for it)."""
+    if idx.coords is None and _size(shape) < FLAT_RESHAPE_MAX:
+        return Index(shape, flat=idx.flat)
     out_shape, coords = idx.shape, idx.get_coords(body)
     res: list[str] = []
     i = j = 0
@@ -135,7 +138,9 @@ def reshape_index(body, idx: Index, shape) -> Index:
         gj = [b for b in gj if b < len(shape)]
         flat = Index(tuple(out_shape[a] for a in gi), coords=[coords[a] for a in gi]).get_flat(body) if gi else "0u"
         res += Index(tuple(shape[b] for b in gj), flat=flat).get_coords(body) if gj else []
-    return Index(shape, coords=res)
+    # the row-major flat index is the same on both sides of a reshape: where it is known, it stays
+    # (a contiguous read uses it, and a kernel sees that it reads its own output at its own element)
+    return Index(shape, coords=res, flat=idx.flat)
 
 
 def _size(shape):

@@ -22,7 +22,12 @@ _WORD = re.compile(r"[a-z]+")
 @functools.lru_cache(maxsize=1)
 def load_names() -> tuple[str, ...]:
     """Every census first name, lower-cased, a-z only, unique, sorted."""
-    import names  # the PyPI package `names` (a test dependency of aot)
+    try:
+        import names  # the PyPI package `names` (a test dependency of aot)
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "the first-name corpus comes from the PyPI package `names` (its census lists): pip install names"
+        ) from None
 
     folder = Path(names.__file__).resolve().parent
     out = set()

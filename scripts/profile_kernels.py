@@ -221,7 +221,9 @@ def main():
     prog = progs[args.program] if args.program else next(iter(progs.values()))
     model = aot.compile(prog, kernels=args.kernels)
     e = model._engine
-    key = next(k for k in e.entries if k == args.entry or k.startswith(args.entry + "["))
+    key = next((k for k in e.entries if k == args.entry or k.startswith(args.entry + "[")), None)
+    if key is None:
+        sys.exit(f"{args.model} has no entry {args.entry!r}: pass --entry with one of {', '.join(e.entries)}")
     # realistic data: zeros are valid for every input kind (indices 0 are in range)
     packed = {
         "inputs": np.zeros(e.entries[key]["input_sizes"]["inputs"], np.float32),

@@ -220,3 +220,84 @@ def test_passes_leave_their_input_graph_unchanged(example):
             ), f"{p.__name__} changed its input graph {g.name}"
             assert groups == [dict(d) for d in (g.outputs, g.captures, g.updates, g.grads, g.persist)]
             g = out
+
+
+# ---- reductions over separate runs of axes (BatchNorm's (0, 2, 3)) -----------------------------
+
+
+def _bn_sum(shape, op="sum"):
+    return _graph(lambda: getattr(ops, op)(emit("input", (), name="x", shape=shape, dtype="f32"), axis=(0, 2, 3)))
+
+
+@pytest.mark.parametrize(
+    "shape, op, chunk, pad",
+    [
+        ((64, 16, 28, 28), "sum", 2, 0),  # ResNet-20's first stage: 32 chunks of 2 images, 512 rows of 1568
+        ((99, 16, 20, 20), "sum", 4, 1),  # 99 images do not divide: zero padding up to 25 chunks of 4
+        ((99, 16, 20, 20), "max", 9, 0),  # max has no padding value: a divisor of 99 (11 chunks of 9)
+    ],
+)
+def test_separate_axes_reduction_is_cut_along_its_outer_axis(shape, op, chunk, pad):
+    g = _bn_sum(shape, op)
+    s = split_reductions(g)
+    verify(s)
+    text = format_graph(s)
+    n = shape[0] + pad
+    assert f"reshape[shape=({n // chunk},{chunk},{shape[1]},{shape[2]},{shape[3]})]" in text, text
+    assert (f"pad[after={pad},axis=0,before=0]" in text) == bool(pad)
+    assert f"= {op}[axes=(1,3,4)" in text and f"= {op}[axes=(0,)" in text, text
+    x = np.random.default_rng(3).standard_normal(shape)
+    a = interp.run(g, {"x": x}, np.float64)[id(g.outputs["out"])]
+    b = interp.run(s, {"x": x}, np.float64)[id(s.outputs["out"])]
+    np.testing.assert_allclose(b, a, rtol=1e-12)
+
+
+def test_separate_axes_reductions_with_many_outputs_or_short_rows_are_left_alone():
+    # many outputs; short rows (ResNet-20's second stage, 12,544 per channel); max over 61 (prime)
+    # images, which no chunking divides
+    for shape in ((64, 512, 8, 8), (64, 32, 14, 14), (61, 16, 24, 24)):
+        op = "max" if shape[0] == 61 else "sum"
+        g = _bn_sum(shape, op)
+        assert format_graph(split_reductions(g)) == format_graph(g), shape
+
+
+def test_one_short_row_is_split_when_alone():
+    """An LSTM's gradient norm: one row of 87,291 squares (under SPLIT_CONTIGUOUS) in 22 chunks."""
+    g = _graph(lambda: ops.sum(ops.square(emit("input", (), name="x", shape=(87291,), dtype="f32"))))
+    assert "reshape[shape=(22,4096)]" in format_graph(split_reductions(g))
+    g = _graph(lambda: ops.sum(emit("input", (), name="x", shape=(64, 87291), dtype="f32"), axis=-1))
+    assert format_graph(split_reductions(g)) == format_graph(g)  # 64 rows fill a GPU as they are
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_split_batchnorm_statistics_on_the_gpu_match_the_unsplit_reference(kernels):
+    """Sums and maxima over (0, 2, 3) of [99, 16, 20, 20] (first stages of 25 chunks of 4 images,
+    the last padded, and of 11 chunks of 9), with an inf in one channel and a NaN in another: the
+    two-stage GPU kernels (both kernel sets) against the interpreter's one-stage reductions,
+    values and gradients."""
+    from gpu_harness import make_program, run_both
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(99, 16, 20, 20))
+    x[5, 1, 2, 3] = np.inf
+    x[40, 2, 7, 7] = np.nan
+    params = {"w": rng.normal(size=(1, 16, 1, 1))}
+    inputs = {"x": x, "z": rng.normal(size=(99, 16, 20, 20))}
+
+    def body(m, f):
+        return {
+            "s": ops.sum(f["x"] * m.w, axis=(0, 2, 3)),
+            "q": ops.sum(f["z"] * f["z"] * m.w, axis=(0, 2, 3)),
+            "m": ops.max(f["x"], axis=(0, 2, 3)),
+            "mz": ops.max(f["z"] * m.w, axis=(0, 2, 3)),
+        }
+
+    program, feeds, _ = make_program(f"split_bn_{kernels}", params, inputs, body)
+    c = compile_program(program)
+    sums = [n for n in c.graphs["train"].nodes if n.op in ("sum", "max") and n.attrs["axes"] == (1, 3, 4)]
+    assert len(sums) >= 4, "expected the statistics' first stages"
+    [(gpu, ref)], _ = run_both(program, feeds, kernels=kernels)
+    assert np.isinf(gpu.captures["s"][1]) and np.isnan(gpu.captures["s"][2]) and np.isnan(gpu.captures["m"][2])
+    for name in ("s", "q", "m", "mz"):
+        np.testing.assert_allclose(gpu.captures[name], ref.captures[name], rtol=2e-5, atol=2e-4, err_msg=name)
+    np.testing.assert_allclose(gpu.grads["w"][0, 3:], ref.grads["w"][0, 3:], rtol=2e-5, atol=2e-3)

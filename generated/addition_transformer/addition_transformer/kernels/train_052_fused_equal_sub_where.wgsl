@@ -19,16 +19,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v4: i32 = inputs_i32[1024u + v3];
     let v5: i32 = select(v4, 0i, v4 == -100i);
     let v6: f32 = select(0.0, 1.0, v5 == i32(v2));
-    let v7: u32 = v3 / 8u;
-    let v8: u32 = v3 % 8u;
-    let v9: f32 = select(0.0, 1.0, v4 == -100i);
-    let v10: f32 = 1.0 - v9;
-    let v11: u32 = 0u;
-    let v12: f32 = 1.0 * 0.0026041667;
-    let v13: f32 = inputs[v3];
-    let v14: f32 = v12 * v13;
-    let v15: f32 = select(0.0, v14, v10 != 0.0);
-    let v16: f32 = -v15;
-    let v17: f32 = select(0.0, v16, v6 != 0.0);
-    work[995328u + i] = v17;
+    let v7: f32 = select(0.0, 1.0, v4 == -100i);
+    let v8: f32 = 1.0 - v7;
+    let v9: f32 = 1.0 * 0.0026041667;
+    let v10: f32 = inputs[v3];
+    let v11: f32 = v9 * v10;
+    let v12: f32 = select(0.0, v11, v8 != 0.0);
+    let v13: f32 = -v12;
+    let v14: f32 = select(0.0, v13, v6 != 0.0);
+    work[995328u + i] = v14;
 }

@@ -19,19 +19,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var r: u32 = lid.x; r < 1024u; r = r + 256u) {
         let v2: i32 = inputs_i32[(r / 8u) * 8u + r % 8u];
         let v3: f32 = select(0.0, 1.0, v2 == i32(v0));
-        let v4: u32 = r * 64u + v1;
-        let v5: f32 = work[65536u + v4];
-        let v6: f32 = work[v4];
-        let v7: f32 = v5 + v6;
-        let v8: u32 = v4 / 512u;
-        let v9: u32 = (v4 / 64u) % 8u;
-        let v10: u32 = v4 % 64u;
-        let v11: u32 = v8 * 8u + v9;
-        let v12: f32 = work[132096u + v11];
-        let v13: f32 = v12 * 0.015625;
-        let v14: f32 = v7 + v13;
-        let v15: f32 = select(0.0, v14, v3 != 0.0);
-        acc0 = acc0 + v15;
+        let v4: u32 = r / 8u;
+        let v5: u32 = r % 8u;
+        let v6: u32 = v4 * 512u + v5 * 64u + v1;
+        let v7: f32 = work[65536u + v6];
+        let v8: f32 = work[v6];
+        let v9: f32 = v7 + v8;
+        let v10: u32 = v4 * 8u + v5;
+        let v11: f32 = work[132096u + v10];
+        let v12: f32 = v11 * 0.015625;
+        let v13: f32 = v9 + v12;
+        let v14: f32 = select(0.0, v13, v3 != 0.0);
+        acc0 = acc0 + v14;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -43,10 +42,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = part0[0];
-        let v16: u32 = o / 64u;
-        let v17: u32 = o % 64u;
-        let v18: f32 = work[2779136u + v16 + v17 * 12u];
-        let v19: f32 = v18 + res0;
-        grads[576u + o] = v19;
+        let v15: u32 = o / 64u;
+        let v16: u32 = o % 64u;
+        let v17: f32 = work[2779136u + v15 + v16 * 12u];
+        let v18: f32 = v17 + res0;
+        grads[576u + o] = v18;
     }
 }
