@@ -64,7 +64,8 @@ ZOO = aot.Program(
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("web_nn")
-    web.write_web(compile_program(ZOO), out, "zoo_web.py")
+    for prog in (ZOO, SEQ, IMG):
+        web.write_web(compile_program(prog), out, f"{prog.name}.py")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(out)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -168,3 +169,197 @@ def test_zoo_trains_like_python_in_the_page(browser, site, tmp_path):
         assert py.step_fit(img=img[4], seq=seq[4], y=y[4]) == pytest.approx(js["next"], rel=1e-4, abs=1e-6)
     finally:
         py.close()
+
+
+# ---- sequence and image module families (issue 30's rest), one Program each -------------------
+
+B, L, S, V = 2, 4, 3, 7  # batch, sequence length, memory length, vocabulary
+
+
+class SeqWeb(aot.Module):
+    """Embedding(padding_idx) -> pre-norm TransformerEncoderLayer (gelu, dropout, key padding
+    mask) -> cross MultiheadAttention (kdim/vdim, an f32 attn_mask, weights returned) ->
+    bidirectional GRU -> two-layer ReLU RNN (dropout between layers) -> logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, 8, padding_idx=0)
+        self.enc = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.2, activation="gelu",
+                                              batch_first=True, norm_first=True)  # fmt: skip
+        self.mha = nn.MultiheadAttention(8, 2, kdim=5, vdim=5, batch_first=True)
+        self.gru = nn.GRU(8, 4, batch_first=True, bidirectional=True)
+        self.rnn = nn.RNN(8, 4, num_layers=2, nonlinearity="relu", batch_first=True, dropout=0.25)
+        self.head = nn.Linear(4, V)
+
+    def forward(self, tokens, kpm, mem, amask):
+        x = self.enc(self.emb(tokens), src_key_padding_mask=kpm)
+        a, w = self.mha(x, mem, mem, attn_mask=amask)
+        g, h_g = self.gru(x + a)
+        r, h_r = self.rnn(g)
+        for name, t in (("enc", x), ("attn", a), ("attn_w", w), ("gru", g), ("gru_h", h_g), ("rnn_h", h_r)):
+            aot.capture(name, t)
+        return self.head(r)
+
+
+SEQ_IN = {"tokens": aot.i32(B, L), "kpm": aot.i32(B, L), "mem": aot.f32(B, S, 5), "amask": aot.f32(L, S)}
+SEQ = aot.Program(
+    "seq_web",
+    model=SeqWeb,
+    train={
+        # SGD: the key part of in_proj_bias has a zero gradient in exact arithmetic (softmax drops a
+        # per-row constant); an adaptive optimizer would blow its rounding noise up to +-lr steps
+        "fit": aot.Train(lambda m, y, **b: ops.cross_entropy(m(**b), y, ignore_index=0, label_smoothing=0.1),
+                         inputs={**SEQ_IN, "y": aot.i32(B, L)}, optimizer=aot.optim.SGD(lr=0.1, momentum=0.9)),
+    },
+    infer={"predict": aot.Infer(lambda m, **b: m(**b), inputs=SEQ_IN)},
+    seed=5,
+)
+
+
+class ImgWeb(aot.Module):
+    """Conv2d(dilation) -> InstanceNorm2d (affine, running statistics) -> leaky_relu -> Dropout2d,
+    then avg_pool2d (ceil_mode, padding not counted), max_pool2d, interpolate (bilinear with and
+    without align_corners, nearest), adaptive_avg_pool2d and reflect padding; a Conv1d (stride,
+    dilation) on a second input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=2, dilation=2, bias=False)  # a bias before InstanceNorm has no gradient
+        self.inorm = nn.InstanceNorm2d(4, affine=True, track_running_stats=True, momentum=0.3)
+        self.drop = nn.Dropout2d(0.25)
+        self.conv1 = nn.Conv1d(3, 4, 3, stride=2, padding=1, dilation=2)
+        self.head = nn.Linear(4 * 3 * 2 + 4 * 4, 1)
+
+    def forward(self, img, sig):
+        h = self.drop(ops.leaky_relu(self.inorm(self.conv(img)), 0.1))  # [B, 4, 6, 6]
+        avg = ops.avg_pool2d(h, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)  # [B, 4, 4, 4]
+        mx = ops.max_pool2d(h, 2)  # [B, 4, 3, 3]
+        up = ops.interpolate(mx, size=(5, 4), mode="bilinear", align_corners=True)
+        up2 = ops.interpolate(avg, size=(3, 5), mode="bilinear", align_corners=False)
+        near = ops.interpolate(mx, scale_factor=1.5, mode="nearest")  # [B, 4, 4, 4]
+        pooled = ops.adaptive_avg_pool2d(ops.pad(up, (1, 1, 0, 1), mode="reflect"), (3, 2))  # [B, 4, 3, 2]
+        c = self.conv1(sig)  # [B, 4, 4]
+        for name, t in (("inorm", h), ("avg", avg), ("max", mx), ("up", up), ("up2", up2), ("near", near),
+                        ("pooled", pooled), ("conv1", c)):  # fmt: skip
+            aot.capture(name, t)
+        feats = [ops.reshape(pooled, (B, -1)), ops.mean(up2, (2, 3)), ops.mean(near * avg, (2, 3)), ops.mean(c, 2),
+                 ops.mean(ops.elu(avg), (2, 3))]  # fmt: skip
+        return self.head(ops.concat(feats, axis=1))
+
+
+IMG_IN = {"img": aot.f32(B, 2, 6, 6), "sig": aot.f32(B, 3, 8)}
+IMG = aot.Program(
+    "img_web",
+    model=ImgWeb,
+    train={
+        "fit": aot.Train(lambda m, y, **b: ops.mse_loss(m(**b), y), inputs={**IMG_IN, "y": aot.f32(B, 1)},
+                         optimizer=aot.optim.Adagrad(lr=0.05, lr_decay=0.1, initial_accumulator_value=0.1)),
+        "tune": aot.Train(lambda m, **b: ops.mean(ops.abs(m(**b))), inputs=IMG_IN,
+                          optimizer=aot.optim.Adadelta(lr=0.5, rho=0.8), params="conv1.*"),
+    },
+    infer={"predict": aot.Infer(lambda m, **b: m(**b), inputs=IMG_IN)},
+    seed=6,
+)
+
+
+RUN = """async (arg) => {
+    const m = window.demo.model;
+    const T = ([data, shape, dtype]) => ({data: dtype === "i32" ? Int32Array.from(data) : Float32Array.from(data), shape});
+    const ins = (d) => Object.fromEntries(Object.entries(d).map(([k, v]) => [k, T(v)]));
+    const flat = (d) => Object.fromEntries(Object.entries(d).map(([k, v]) => [k, Array.from(v.data)]));
+    await m.loadParams(ins(arg.start));
+    const calls = [];
+    for (const [method, inputs] of arg.calls) {
+        const r = await m[method](ins(inputs), {captures: true});
+        calls.push([("loss" in r) ? r.loss : Array.from(r.output.data), flat(r.captures)]);
+    }
+    return {calls, params: flat(await m.params()), buffers: flat(await m.buffers()), counts: m.stepCounts};
+}"""
+
+
+def _arg(v):
+    v = np.asarray(v)
+    return [v.ravel().tolist(), list(v.shape), "i32" if v.dtype == np.int32 else "f32"]
+
+
+def _run_both(browser, site, prog, calls, perturb=0.3, seed=0):
+    """Run `calls` ((entry, inputs) in order) on the Python package of `prog` (lavapipe) and in
+    its page (SwiftShader), both from the same perturbed initial parameters; returns
+    (python, page), each {"calls": [(loss or infer output, captures)], "params", "buffers", "counts"}."""
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        py = compile_model(prog)
+    except RuntimeError as e:
+        pytest.skip(f"no WebGPU adapter for the Python package: {e}")
+    try:
+        rng = np.random.default_rng(seed)
+        # norm gains and biases off their ones and zeros, so each one counts
+        start = {k: v + rng.uniform(-perturb, perturb, v.shape).astype(np.float32) for k, v in py.params().items()}
+        py.load_params(start)
+        trains = set(prog.train) if isinstance(prog.train, dict) else {"train"}
+        out = []
+        for entry, inputs in calls:
+            if entry in trains:
+                r = getattr(py, f"step_{entry}")(**inputs, captures=True)
+                out.append((r.loss, r.captures))
+            else:
+                r = getattr(py, entry)(**inputs, captures=True)
+                out.append((r.output, r.captures))
+        ref = {"calls": out, "params": py.params(), "buffers": py.buffers(), "counts": py.step_counts, "start": start}
+    finally:
+        py.close()
+    methods = [(web.js_train_methods(e)[0] if e in trains else e, {k: _arg(v) for k, v in ins.items()}) for e, ins in calls]
+    pg = browser.new_page()
+    try:
+        pg.goto(f"{site}/{prog.name}/index.html?steps=0")
+        pg.wait_for_function("document.body.dataset.state", timeout=300000)
+        assert pg.evaluate("document.body.dataset.state") == "done", pg.evaluate("window.demo.error")
+        js = pg.evaluate(RUN, {"start": {k: _arg(v) for k, v in start.items()}, "calls": methods})
+    finally:
+        pg.close()
+    return ref, js
+
+
+def _compare(ref, js, rtol, atol):
+    """Every call's loss or output and captures, then the parameters and buffers after."""
+    assert len(js["calls"]) == len(ref["calls"])
+    for i, ((val, caps), (jval, jcaps)) in enumerate(zip(ref["calls"], js["calls"])):
+        np.testing.assert_allclose(jval, np.ravel(val), rtol=rtol, atol=atol, err_msg=f"call {i}")
+        assert sorted(jcaps) == sorted(caps)
+        for k, v in caps.items():
+            np.testing.assert_allclose(jcaps[k], np.ravel(v), rtol=rtol, atol=atol, err_msg=f"call {i} capture {k}")
+    assert sorted(js["params"]) == sorted(ref["params"]) and sorted(js["buffers"]) == sorted(ref["buffers"])
+    for k, v in ref["params"].items():
+        np.testing.assert_allclose(js["params"][k], v.ravel(), rtol=rtol, atol=atol, err_msg=k)
+    for k, v in ref["buffers"].items():
+        np.testing.assert_allclose(js["buffers"][k], np.ravel(v), rtol=rtol, atol=atol, err_msg=k)
+    assert js["counts"] == ref["counts"]
+
+
+def test_sequence_modules_train_like_python_in_the_page(browser, site):
+    rng = np.random.default_rng(3)
+    batches = []
+    for _ in range(4):
+        tokens = rng.integers(1, V, (B, L)).astype(np.int32)
+        tokens[1, 3] = 0  # the padding row, masked as a key and ignored as a target
+        kpm = np.zeros((B, L), np.int32)
+        kpm[1, 3] = 1
+        y = rng.integers(0, V, (B, L)).astype(np.int32)  # some 0s: ignore_index
+        batches.append({"tokens": tokens, "kpm": kpm, "mem": rng.standard_normal((B, S, 5)).astype(np.float32),
+                        "amask": rng.uniform(-1, 0, (L, S)).astype(np.float32), "y": y})  # fmt: skip
+    calls = [("fit", b) for b in batches[:3]] + [("predict", {k: v for k, v in batches[3].items() if k != "y"})]
+    ref, js = _run_both(browser, site, SEQ, calls)
+    _compare(ref, js, rtol=1e-4, atol=1e-5)
+    # the padding row gets no gradient: the start, bit for bit, in the page too
+    np.testing.assert_array_equal(np.reshape(js["params"]["emb.W"], (V, 8))[0], ref["start"]["emb.W"][0])
+
+
+def test_image_modules_train_like_python_in_the_page(browser, site):
+    rng = np.random.default_rng(4)
+    batches = [{"img": rng.standard_normal((B, 2, 6, 6)).astype(np.float32), "sig": rng.standard_normal((B, 3, 8)).astype(np.float32)}
+               for _ in range(4)]  # fmt: skip
+    ys = rng.standard_normal((3, B, 1)).astype(np.float32)
+    calls = [("fit", {**batches[0], "y": ys[0]}), ("tune", batches[1]), ("fit", {**batches[2], "y": ys[1]}),
+             ("tune", batches[0]), ("fit", {**batches[1], "y": ys[2]}), ("predict", batches[3])]  # fmt: skip
+    ref, js = _run_both(browser, site, IMG, calls)
+    _compare(ref, js, rtol=1e-4, atol=1e-5)
