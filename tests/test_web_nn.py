@@ -64,7 +64,7 @@ ZOO = aot.Program(
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("web_nn")
-    for prog in (ZOO, SEQ, IMG):
+    for prog in (ZOO, SEQ, IMG, OPS):
         web.write_web(compile_program(prog), out, f"{prog.name}.py")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(out)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -262,6 +262,74 @@ IMG = aot.Program(
 )
 
 
+class OpsWeb(aot.Module):
+    """Issue 30's element-wise ops, reductions, indexing, padding and losses over one BatchNorm1d'd
+    Linear, and a post-norm TransformerDecoderLayer (causal self-attention on the fused path, a
+    memory key padding mask) with a bidirectional two-layer LSTM."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 8)
+        self.bn = nn.BatchNorm1d(8, momentum=0.2)
+        self.dec = nn.TransformerDecoderLayer(8, 2, dim_feedforward=12, dropout=0.1, batch_first=True)
+        self.lstm = nn.LSTM(8, 3, num_layers=2, bidirectional=True, batch_first=True)
+
+    def forward(self, x, idx, tgt, mkpm, cmask):
+        h = self.bn(self.lin(x))  # [R, 8]
+        acts = [ops.leaky_relu(h, 0.2), ops.elu(h, 0.7), ops.softplus(h, beta=2.0, threshold=1.0), ops.mish(h),
+                ops.hardswish(h * 3.0), ops.hardsigmoid(h * 3.0), ops.logsigmoid(h), ops.clamp(h, -0.5, 0.6),
+                ops.log1p(ops.abs(h)), ops.expm1(h * 0.5)]  # fmt: skip
+        a = acts[0]
+        for t in acts[1:]:
+            a = a + t
+        a = a * 0.2
+        red = [ops.logsumexp(a, 1), ops.var(a, 1, correction=0), ops.std(a, 1), ops.min(a, 1),
+               ops.prod(ops.sigmoid(a) + 0.5, 1), ops.norm(a, 2, 1), ops.sum(ops.cumsum(a, 1) * 0.1, 1)]  # fmt: skip
+        picked = [a[:, 1::3], a[None, ..., 2], a[idx, ::-2], a[[3, 0, 3], 5:6]]  # [R,3], [1,R], [3,4], [3,1]
+        padded = [ops.pad(a, (1, 2), mode="replicate"), ops.pad(a, (0, 1, 1, 0), value=0.5)]  # [R, 11], [R+1, 9]
+        d = self.dec(tgt, ops.reshape(a, (2, R // 2, 8)), memory_key_padding_mask=mkpm, tgt_is_causal=True,
+                     tgt_mask=cmask)  # fmt: skip
+        seq, (hn, cn) = self.lstm(d)
+        for name, t in (("a", a), ("dec", d), ("lstm", seq), ("hn", hn), ("cn", cn)):
+            aot.capture(name, t)
+        return ops.stack(red, 1), picked, padded, seq
+
+
+R = 4
+
+
+def _ops_loss(m, yc, yb, **b):
+    red, picked, padded, seq = m(**b)
+    p = ops.sigmoid(picked[2])  # [3, 4]
+    logp = ops.log_softmax(red, -1)  # [R, 7]
+    losses = {
+        "ce": ops.cross_entropy(red, yc, label_smoothing=0.2), "nll": ops.nll_loss(logp, yc, ignore_index=1),
+        "bce": ops.binary_cross_entropy(p, yb),
+        "bce_logits": ops.binary_cross_entropy_with_logits(picked[2], yb, pos_weight=ops.full((4,), 2.0)),
+        "mse": ops.mse_loss(picked[0], picked[0] * 0.5 + 0.1, reduction="sum"), "l1": ops.l1_loss(padded[0], padded[0] * 0.9),
+        "smooth_l1": ops.smooth_l1_loss(padded[1], padded[1] * 1.2, beta=0.5),
+        "huber": ops.huber_loss(picked[1], picked[1] * 1.3, delta=0.3),
+        "kl": ops.kl_div(logp, ops.softmax(red * 0.5, -1), reduction="batchmean"),
+        "cos": ops.mean(ops.cosine_similarity(picked[3], picked[2], dim=1)), "lstm_sq": ops.mean(ops.square(seq)),
+    }  # fmt: skip
+    total = 0.0
+    for name, v in losses.items():  # each captured: a mismatch names its loss
+        aot.capture("loss_" + name, v)
+        total = total + v
+    return total
+
+
+OPS_IN = {"x": aot.f32(R, 6), "idx": aot.i32(3), "tgt": aot.f32(2, 3, 8), "mkpm": aot.i32(2, R // 2), "cmask": aot.i32(3, 3)}
+OPS = aot.Program(
+    "ops_web",
+    model=OpsWeb,
+    train={"fit": aot.Train(_ops_loss, inputs={**OPS_IN, "yc": aot.i32(R), "yb": aot.f32(3, 4)},
+                            optimizer=aot.optim.SGD(lr=0.02, momentum=0.5))},
+    infer={"predict": aot.Infer(lambda m, **b: m(**b)[3], inputs=OPS_IN)},
+    seed=7,
+)
+
+
 RUN = """async (arg) => {
     const m = window.demo.model;
     const T = ([data, shape, dtype]) => ({data: dtype === "i32" ? Int32Array.from(data) : Float32Array.from(data), shape});
@@ -362,4 +430,16 @@ def test_image_modules_train_like_python_in_the_page(browser, site):
     calls = [("fit", {**batches[0], "y": ys[0]}), ("tune", batches[1]), ("fit", {**batches[2], "y": ys[1]}),
              ("tune", batches[0]), ("fit", {**batches[1], "y": ys[2]}), ("predict", batches[3])]  # fmt: skip
     ref, js = _run_both(browser, site, IMG, calls)
+    _compare(ref, js, rtol=1e-4, atol=1e-5)
+
+
+def test_ops_and_losses_train_like_python_in_the_page(browser, site):
+    rng = np.random.default_rng(5)
+    causal = np.triu(np.ones((3, 3), np.int32), 1)
+    batches = [{"x": rng.standard_normal((R, 6)).astype(np.float32), "idx": np.array([2, 0, 2], np.int32),
+                "tgt": rng.standard_normal((2, 3, 8)).astype(np.float32), "mkpm": np.array([[0, 1], [0, 0]], np.int32),
+                "cmask": causal} for _ in range(4)]  # fmt: skip
+    calls = [("fit", {**b, "yc": rng.integers(0, 7, R).astype(np.int32), "yb": rng.uniform(0, 1, (3, 4)).astype(np.float32)})
+             for b in batches[:3]] + [("predict", batches[3])]  # fmt: skip
+    ref, js = _run_both(browser, site, OPS, calls)
     _compare(ref, js, rtol=1e-4, atol=1e-5)
