@@ -491,3 +491,41 @@ def test_ops_and_losses_train_like_python_in_the_page(browser, site):
              for b in batches[:3]] + [("predict", batches[3])]  # fmt: skip
     ref, js = _run_both(browser, site, OPS, calls)
     _compare(ref, js, RTOL, ATOL)
+
+
+def test_f32_literal_edges_compile_in_chrome(browser, site):
+    """Tint (Chrome) parses a WGSL float literal as an f64 and refuses one beyond f32's finite
+    range; naga (the Python package's wgpu) rounds it, so only a browser catches one. The edge
+    values as aot writes them (aot/templates.py's wgsl_f32) compile, and read back as themselves."""
+    from aot.templates import wgsl_f32
+
+    big = np.finfo(np.float32).max
+    edges = np.array([big, -big, np.nextafter(big, np.float32(0)), np.finfo(np.float32).tiny, 1e-45, -1e-45, 0.1, -3.0e38], np.float32)
+    code = ("@group(0) @binding(0) var<storage, read_write> out: array<f32>;\n@compute @workgroup_size(1) fn main() {\n"
+            + "".join(f"    out[{i}] = {wgsl_f32(v)};\n" for i, v in enumerate(edges)) + "}\n")  # fmt: skip
+    pg = browser.new_page()
+    try:
+        pg.goto(f"{site}/zoo_web/index.html?steps=0")
+        r = pg.evaluate("""async ([code, n]) => {
+          const d = await (await navigator.gpu.requestAdapter()).requestDevice();
+          d.pushErrorScope('validation');
+          const m = d.createShaderModule({code});
+          const msgs = (await m.getCompilationInfo()).messages.filter((x) => x.type === 'error').map((x) => x.message);
+          const p = d.createComputePipeline({layout: 'auto', compute: {module: m, entryPoint: 'main'}});
+          const err = await d.popErrorScope();
+          if (msgs.length || err) return {error: msgs.join('; ') + (err ? ' | ' + err.message : '')};
+          const buf = d.createBuffer({size: 4 * n, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC});
+          const read = d.createBuffer({size: 4 * n, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+          const enc = d.createCommandEncoder(); const pass = enc.beginComputePass();
+          pass.setPipeline(p); pass.setBindGroup(0, d.createBindGroup({layout: p.getBindGroupLayout(0), entries: [{binding: 0, resource: {buffer: buf}}]}));
+          pass.dispatchWorkgroups(1); pass.end(); enc.copyBufferToBuffer(buf, 0, read, 0, 4 * n);
+          d.queue.submit([enc.finish()]); await read.mapAsync(GPUMapMode.READ);
+          return {values: Array.from(new Float32Array(read.getMappedRange()))};
+        }""", [code, len(edges)])
+    finally:
+        pg.close()
+    assert "error" not in r, r["error"]
+    got = np.asarray(r["values"], np.float32)
+    normal = np.abs(edges) >= np.finfo(np.float32).tiny  # subnormals may flush to zero on a GPU
+    np.testing.assert_array_equal(got[normal], edges[normal])
+    assert np.all((got[~normal] == edges[~normal]) | (got[~normal] == 0))
