@@ -10,7 +10,8 @@ Four small programs, one page load each, a few training steps and an infer entry
   with dropout, freeze() and unfreeze(); cross_entropy with ignore_index and label_smoothing.
 - img: Conv2d(dilation), InstanceNorm2d (running statistics), Dropout2d, avg_pool2d, max_pool2d,
   adaptive_avg_pool2d, interpolate (nearest, bilinear with and without align_corners), pad,
-  ConvTranspose2d (groups, dilation), Conv1d, InstanceNorm1d; Adagrad and Adadelta entries.
+  ConvTranspose2d (groups, dilation), Conv1d, InstanceNorm1d; Adagrad (a weight-decay group)
+  and Adadelta entries.
 - ops: the element-wise ops, reductions, indexing and losses of the issue, BatchNorm1d, a
   TransformerDecoderLayer and a bidirectional two-layer LSTM.
 
@@ -284,9 +285,10 @@ IMG = aot.Program(
     model=ImgWeb,
     train={
         "fit": aot.Train(lambda m, y, **b: ops.mse_loss(m(**b), y), inputs={**IMG_IN, "y": aot.f32(B, 1)},
-                         optimizer=aot.optim.Adagrad(lr=0.05, lr_decay=0.1, initial_accumulator_value=0.1)),
+                         optimizer=aot.optim.Adagrad(lr=0.05, lr_decay=0.1, initial_accumulator_value=0.1,
+                                                   groups=[{"params": "head.*", "lr": 0.02, "weight_decay": 0.1}])),  # biases decay too
         "tune": aot.Train(lambda m, **b: ops.mean(ops.abs(m(**b))), inputs=IMG_IN,
-                          optimizer=aot.optim.Adadelta(lr=0.5, rho=0.8), params="conv1.*"),
+                          optimizer=aot.optim.Adadelta(lr=0.5, rho=0.8, weight_decay=0.05), params="conv1.*"),
     },
     infer={"predict": aot.Infer(lambda m, **b: m(**b), inputs=IMG_IN)},
     seed=6,
