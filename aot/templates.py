@@ -19,13 +19,19 @@ TEMPLATE_DIR = _INSTALLED if _INSTALLED.is_dir() else Path(__file__).resolve().p
 
 
 def wgsl_f32(x: float) -> str:
-    """Shortest decimal that round-trips the float32 value, always with '.' or 'e' (a WGSL f32 literal)."""
+    """Shortest decimal that round-trips the float32 value, always with '.' or 'e' (a WGSL f32 literal).
+
+    WGSL reads a literal as an AbstractFloat (f64) and refuses one beyond f32's finite range, and
+    the shortest decimal of +-FLT_MAX (3.4028235e+38) is just beyond it: Tint (Chrome) stops the
+    shader there, naga rounds it. That one value gets the f64's shortest decimal, which is exact."""
     v = np.float32(x)
     if np.isnan(v) or np.isinf(v):
         raise ValueError(f"cannot write {x!r} as a WGSL f32 literal")
     s = np.format_float_positional(v, unique=True, trim="0")
     if len(s) > 16:
         s = np.format_float_scientific(v, unique=True, trim="0")
+    if abs(float(s)) > float(np.finfo(np.float32).max):
+        s = repr(float(v))
     if "." not in s and "e" not in s:
         s += ".0"
     if s.endswith("."):

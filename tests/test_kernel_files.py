@@ -351,3 +351,22 @@ def test_shaders_without_wgpus_runtime_checks_train_as_with_them():
         assert runs[False][0] == runs[True][0], ks
         for name, value in runs[True][1].items():
             np.testing.assert_array_equal(runs[False][1][name], value, err_msg=f"{ks}: {name}")
+
+
+def test_f32_literals_stay_in_f32s_finite_range():
+    """WGSL reads a float literal as an f64 and Tint (Chrome) refuses one beyond f32's finite range:
+    the shortest round-trip decimal of +-FLT_MAX, 3.4028235e+38, is (logsumexp's infinity test
+    stopped the web target's pipelines on it; tests/test_web_nn.py's ops program). Each literal
+    parses back, as an f64, to within the range and rounds to its own f32."""
+    import numpy as np
+
+    from aot.templates import wgsl_f32
+
+    big = np.finfo(np.float32).max
+    edges = [big, -big, np.nextafter(big, np.float32(0)), np.finfo(np.float32).tiny, np.float32(1e-45), np.float32(-1e-45),
+             np.float32(0.1), np.float32(1e20), np.float32(0.0), np.float32(-3.0e38)]  # fmt: skip
+    for v in edges:
+        s = wgsl_f32(v)
+        assert ("." in s or "e" in s) and abs(float(s)) <= float(big), (v, s)
+        assert np.float32(float(s)) == np.float32(v), (v, s)
+    assert wgsl_f32(big) == "3.4028234663852886e+38" and wgsl_f32(0.1) == "0.1"
