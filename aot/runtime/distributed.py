@@ -190,12 +190,13 @@ def allreduce_mean(group=None, backend: str = "auto", dtype: str = "f32", bucket
 class AllReduce:
     """step(allreduce=...)'s mean over the ranks, of the whole gradient vector at once (allreduce_mean).
     stats: what it has done so far: calls, bytes (each rank's share as sent), wait_s (time spent
-    waiting for collectives to finish) and start_s (time spent starting them, copies included)."""
+    waiting for collectives to finish), start_s (time spent starting them, copies included) and
+    copy_wait_s (start_mapped's waits for the copy out of the mapped bucket)."""
 
     def __init__(self, group, backend: str, dtype: str | None):
         self.group, self.backend, self.dtype = group, backend, dtype
         self.world = td.get_world_size(group)
-        self.stats = {"calls": 0, "bytes": 0, "wait_s": 0.0, "start_s": 0.0}
+        self.stats = {"calls": 0, "bytes": 0, "wait_s": 0.0, "start_s": 0.0, "copy_wait_s": 0.0}
         self._checked: set = set()
         self._pinned = self._device = self._stream = None
         self._registered: dict = {}  # (address, bytes) of mapped memory -> pinned by CUDA (start_mapped)
@@ -256,8 +257,10 @@ class AllReduce:
             dev.copy_(src, non_blocking=True)
             copied.record(self._h2d)
         handle = self._reduce_staged(dev, lo, hi, after=copied)
+        t1 = time.perf_counter()
         copied.synchronize()  # the caller unmaps `values` when this returns
-        self.stats["start_s"] += time.perf_counter() - t
+        self.stats["copy_wait_s"] += time.perf_counter() - t1
+        self.stats["start_s"] += t1 - t
         return handle
 
     def _register(self, values: np.ndarray) -> bool:
