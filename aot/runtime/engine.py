@@ -894,6 +894,8 @@ class Engine:
         maps = up["maps"]
         if maps is None or self.upload_via == "write_buffer":
             self.device.queue.write_buffer(self.entry_buffers[up["key"]]["grads"], 4 * (up["offset"] + lo), values)
+            if maps is not None and not last:  # an empty submit: the copy runs now, not with the update
+                maps.submit(self.device.queue, self.device.create_command_encoder().finish())
             return
         buf = self._bucket_buffers(up["key"])[1][i]
         maps.wait(self.device, up["pending"].pop(i), self._last_update)

@@ -524,7 +524,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         """_step_reduced through a bucketed allreduce: the package's gradient buckets (its
         "buckets" table, built by aot/buckets.py) are read back as soon as each is final
         (engine.run_buckets) into reducer.stage(n) (or an array of the model's), and handed to
-        reducer.start(values, lo, hi) at once. Each result but the last (reducer.finish(handle))
+        reducer.start(values, lo, hi) at once (or, where the reducer has start_mapped and it
+        returns a handle, handed over straight from the mapped bucket: no host copy). Each result but the last (reducer.finish(handle))
         is waited for and uploaded by a thread of the model's, in bucket order, as soon as it
         arrives, while this thread reads and starts later buckets; the last is finished and
         uploaded here, and the update submitted after it. The same values reach the update as
@@ -542,6 +543,12 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             else None
         )
         if stage is None:
+            if (
+                held is not None
+                and held[0] is not reducer
+                and callable(getattr(held[0], "release", None))
+            ):
+                held[0].release()
             stage = (
                 reducer.stage(total)
                 if hasattr(reducer, "stage")
@@ -578,11 +585,18 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 failed.set()
                 raise
 
+        direct = getattr(reducer, "start_mapped", None)
+
         def each(i, lo, hi, values):
-            t = clock()
-            eng.copy(stage[lo:hi], values)
-            t1 = clock()
-            started.append((i, lo, hi, reducer.start(stage[lo:hi], lo, hi)))
+            t = t1 = clock()
+            handle = (
+                direct(values, lo, hi) if direct is not None else None
+            )  # from the mapped bucket itself
+            if handle is None:
+                eng.copy(stage[lo:hi], values)
+                t1 = clock()
+                handle = reducer.start(stage[lo:hi], lo, hi)
+            started.append((i, lo, hi, handle))
             spent["copy_s"] += t1 - t
             spent["start_s"] += clock() - t1
             if len(started) < len(
@@ -915,6 +929,11 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             self._closed = True
             if getattr(self, "_upload_pool", None) is not None:
                 self._upload_pool.shutdown()
+            held = getattr(self, "_bucket_stage", None)
+            if held is not None and callable(getattr(held[0], "release", None)):
+                held[
+                    0
+                ].release()  # a reducer's hold on the mapped buckets (CUDA's pinning) ends before they do
             for b in list(self._engine.buffers.values()) + list(
                 self._engine.readback.values()
             ):
