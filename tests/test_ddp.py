@@ -12,6 +12,7 @@ changed, and the adapter is chosen by index or name.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -611,6 +612,11 @@ def test_bucketed_steps_are_bit_identical_and_bad_results_change_nothing():
     assert rd.offered == 6 * len(names) and rd.mapped == 3 * len(names)  # half of them taken mapped
     d.close()
     assert rd.released == 1
+    e, re_ = type(a)(), MappedBuckets()  # collected without close(): released all the same
+    e.step(**data(0), allreduce=re_)
+    del e
+    gc.collect()
+    assert re_.released == 1
     assert sorted(r.seen[-len(names):]) == sorted((o, o + n) for o, n in names.values())
     # every bucket's finish but the last ran on the model's upload thread, the last on this one
     threads = dict(r.finished_on[-len(names) :])

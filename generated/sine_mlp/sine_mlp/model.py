@@ -12,6 +12,7 @@ import re
 import struct
 import threading
 import time
+import weakref
 import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -543,12 +544,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             else None
         )
         if stage is None:
-            if (
-                held is not None
-                and held[0] is not reducer
-                and callable(getattr(held[0], "release", None))
-            ):
-                held[0].release()
+            self._bind_reducer(reducer)
             stage = (
                 reducer.stage(total)
                 if hasattr(reducer, "stage")
@@ -622,6 +618,19 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             raise
         eng.run_update(key, None, e.offset)
         return out
+
+    def _bind_reducer(self, reducer) -> None:
+        """The reducer's release() (its hold on the mapped buckets: CUDA's pinning) runs before
+        the buckets go: when another reducer takes over, at close(), or when this model is
+        collected without close() (a pinning outliving its memory would let CUDA read the old
+        pages where a later buffer is mapped at the same address)."""
+        old = getattr(self, "_reducer_release", None)
+        if old is not None:
+            old()  # a finalizer runs once: a later close or collection does nothing more
+        release = getattr(reducer, "release", None)
+        self._reducer_release = (
+            weakref.finalize(self, release) if callable(release) else None
+        )
 
     def _uploader(self) -> ThreadPoolExecutor:
         """The thread that finishes and uploads a bucketed step's buckets (one: in bucket order)."""
@@ -929,11 +938,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             self._closed = True
             if getattr(self, "_upload_pool", None) is not None:
                 self._upload_pool.shutdown()
-            held = getattr(self, "_bucket_stage", None)
-            if held is not None and callable(getattr(held[0], "release", None)):
-                held[
-                    0
-                ].release()  # a reducer's hold on the mapped buckets (CUDA's pinning) ends before they do
+            if getattr(self, "_reducer_release", None) is not None:
+                self._reducer_release()  # a reducer's hold on the mapped buckets ends before they do
             for b in list(self._engine.buffers.values()) + list(
                 self._engine.readback.values()
             ):
