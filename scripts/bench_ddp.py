@@ -108,7 +108,7 @@ def worker(job: dict) -> dict:
             timing.update(dict.fromkeys(timing, 0.0))
             model.bucket_timing = None
             if reducer is not None:
-                reducer.stats.update(calls=0, bytes=0, wait_s=0.0, start_s=0.0, copy_wait_s=0.0)
+                reducer.stats.update(calls=0, bytes=0, wait_s=0.0, start_s=0.0, copy_wait_s=0.0, collective_s=0.0)
             t0 = time.perf_counter()
             for _ in range(job["steps"]):
                 step()
@@ -128,6 +128,7 @@ def worker(job: dict) -> dict:
                 row["comm_wait_ms_per_step"] = 1e3 * st["wait_s"] / n
                 row["comm_start_ms_per_step"] = 1e3 * st["start_s"] / n
                 row["mapped_copy_wait_ms_per_step"] = 1e3 * st.get("copy_wait_s", 0.0) / n
+                row["collective_call_ms_per_step"] = 1e3 * st.get("collective_s", 0.0) / n
                 row["backend_used"] = reducer.backend
                 row["buckets"] = len(eng.entries[next(iter(model.PROGRAM["variants"]["train"].values()))].get("buckets", []))
             results.append(row)
@@ -196,7 +197,7 @@ def summarize(single: dict, rows: list[dict], world: int) -> dict:
         "ms_per_step_over_one_gpu": 1e3 / slowest["steps_per_s"] - 1e3 / single["steps_per_s"],
     }
     for k in ("bytes_sent_per_step", "collectives_per_step", "comm_wait_ms_per_step", "comm_start_ms_per_step",
-              "mapped_copy_wait_ms_per_step", "buckets"):
+              "mapped_copy_wait_ms_per_step", "collective_call_ms_per_step", "buckets"):
         if k in slowest:
             out[k] = max(r[k] for r in rows)
     if "host_ms_per_step" in slowest:

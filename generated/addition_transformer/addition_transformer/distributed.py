@@ -226,7 +226,9 @@ class AllReduce:
     """step(allreduce=...)'s mean over the ranks, of the whole gradient vector at once (allreduce_mean).
     stats: what it has done so far: calls, bytes (each rank's share as sent), wait_s (time spent
     waiting for collectives to finish), start_s (time spent starting them, copies included) and
-    copy_wait_s (start_mapped's waits for the copy out of the mapped bucket)."""
+    copy_wait_s (start_mapped's waits for the copy out of the mapped bucket); collective_s: of
+    start_s, the NCCL calls themselves (all_reduce and the division, or all_gather and the sum).
+    """
 
     def __init__(self, group, backend: str, dtype: str | None):
         self.group, self.backend, self.dtype = group, backend, dtype
@@ -237,6 +239,7 @@ class AllReduce:
             "wait_s": 0.0,
             "start_s": 0.0,
             "copy_wait_s": 0.0,
+            "collective_s": 0.0,
         }
         self._checked: set = set()
         self._pinned = self._device = self._stream = None
@@ -386,7 +389,9 @@ class AllReduce:
         with torch.cuda.stream(self._stream):
             if after is not None:
                 self._stream.wait_event(after)
+            t = time.perf_counter()
             mean = self._reduce(dev)
+            self.stats["collective_s"] += time.perf_counter() - t
             if mean is not dev:
                 dev.copy_(mean)
             self._pinned[lo:hi].copy_(dev, non_blocking=True)
