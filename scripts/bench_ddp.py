@@ -16,7 +16,9 @@ holding them already is reused). Random inputs of the declared shapes, `--warmup
   ddp:        --world processes (adapter and CUDA device = local rank), init(backend="nccl" where
               CUDA is there, else "gloo"), one row per reducer: allreduce_mean(backend, dtype,
               bucketed) for each backend, bucketed and not (and bf16 over the fastest), and each
-              bucket size's package (bucketed only)
+              bucket size's package (bucketed only); --host-paths adds NCCL rows with the
+              bucket copied on the host first (reducer.direct = False) and with the uploads by
+              queue.write_buffer (engine.upload_via)
 Each ddp row: steps/s per rank (the slowest rank), sequences/s over all ranks, scaling efficiency
 (against --world times single), bytes each rank sent per step, and per step the milliseconds
 the host spent waiting for the GPU (map waits: the backward pass and the readback), copying out
@@ -86,6 +88,9 @@ def worker(job: dict) -> dict:
                 fn = lambda g: g  # noqa: E731
             elif v["mode"] == "ddp":
                 fn = reducer = dist.allreduce_mean(backend=v["backend"], dtype=v["dtype"], bucketed=v["bucketed"])
+                if v.get("direct") is False:
+                    reducer.direct = False
+            eng.upload_via = v.get("upload", "map")
             timing = {"map_wait_s": 0.0, "copy_s": 0.0, "start_s": 0.0, "finish_s": 0.0, "upload_s": 0.0}
 
             def step():
@@ -103,7 +108,7 @@ def worker(job: dict) -> dict:
             timing.update(dict.fromkeys(timing, 0.0))
             model.bucket_timing = None
             if reducer is not None:
-                reducer.stats.update(calls=0, bytes=0, wait_s=0.0, start_s=0.0)
+                reducer.stats.update(calls=0, bytes=0, wait_s=0.0, start_s=0.0, copy_wait_s=0.0, collective_s=0.0)
             t0 = time.perf_counter()
             for _ in range(job["steps"]):
                 step()
@@ -122,6 +127,8 @@ def worker(job: dict) -> dict:
                 row["collectives_per_step"] = st["calls"] / n
                 row["comm_wait_ms_per_step"] = 1e3 * st["wait_s"] / n
                 row["comm_start_ms_per_step"] = 1e3 * st["start_s"] / n
+                row["mapped_copy_wait_ms_per_step"] = 1e3 * st.get("copy_wait_s", 0.0) / n
+                row["collective_call_ms_per_step"] = 1e3 * st.get("collective_s", 0.0) / n
                 row["backend_used"] = reducer.backend
                 row["buckets"] = len(eng.entries[next(iter(model.PROGRAM["variants"]["train"].values()))].get("buckets", []))
             results.append(row)
@@ -189,7 +196,8 @@ def summarize(single: dict, rows: list[dict], world: int) -> dict:
         "scaling_efficiency": total / (world * single["sequences_per_s"]),
         "ms_per_step_over_one_gpu": 1e3 / slowest["steps_per_s"] - 1e3 / single["steps_per_s"],
     }
-    for k in ("bytes_sent_per_step", "collectives_per_step", "comm_wait_ms_per_step", "comm_start_ms_per_step", "buckets"):
+    for k in ("bytes_sent_per_step", "collectives_per_step", "comm_wait_ms_per_step", "comm_start_ms_per_step",
+              "mapped_copy_wait_ms_per_step", "collective_call_ms_per_step", "buckets"):
         if k in slowest:
             out[k] = max(r[k] for r in rows)
     if "host_ms_per_step" in slowest:
@@ -209,6 +217,8 @@ def main():
     ap.add_argument("--packages", help="build the packages here (reused when there already)")
     ap.add_argument("--adapters", default="", help="adapter index per rank (default: each rank's GPU, by local rank)")
     ap.add_argument("--skip", default="", help="configurations to leave out: identity,concurrent,unbucketed,bf16")
+    ap.add_argument("--host-paths", action="store_true", help="also NCCL rows with the host copy into stage() "
+                    "(direct=False) and with uploads by queue.write_buffer")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -255,6 +265,9 @@ def main():
         for b in backends:
             for bucketed in ([True] if "unbucketed" in skip else [False, True]):
                 main_variants.append({"mode": "ddp", "backend": b, "bucketed": bucketed, "dtype": "f32", "bucket_mib": sizes[0]})
+        if args.host_paths and "nccl" in backends:  # round 2's host copy in; the uploads by write_buffer
+            base = {"mode": "ddp", "backend": "nccl", "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0]}
+            main_variants += [dict(base, direct=False), dict(base, upload="write_buffer")]
         if "bf16" not in skip:
             main_variants.append({"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "bf16", "bucket_mib": sizes[0]})
         runs.append([str(first), name, name, main_variants])
@@ -275,7 +288,9 @@ def main():
             "distinct_adapters": len({json.dumps(x["adapter"]) for x in r["ddp"][0]}) == args.world,
             "ddp": {
                 f"{rows[0]['backend']} {'bucketed ' + format(rows[0]['bucket_mib'], 'g') + ' MiB' if rows[0]['bucketed'] else 'unbucketed'}"
-                f"{' ' + rows[0]['dtype'] if rows[0]['dtype'] != 'f32' else ''}": summarize(single, rows, args.world)
+                f"{' ' + rows[0]['dtype'] if rows[0]['dtype'] != 'f32' else ''}"
+                f"{' host copy' if rows[0].get('direct') is False else ''}"
+                f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }

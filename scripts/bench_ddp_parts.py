@@ -2,8 +2,8 @@
 what one NCCL mean of a bucket costs the host to start and how long it takes (each torch call
 of distributed.AllReduce's NCCL path timed on its own; the same through a CUDA graph), and what
 wgpu-native costs: a submit, a map of a buffer whose submission is done, and whether CUDA can
-pin a mapped WebGPU buffer (cudaHostRegister), which would let NCCL's copies read and write
-the mapped buckets without a host copy. Writes JSON.
+pin a mapped WebGPU buffer (cudaHostRegister), which lets NCCL's copies read the mapped
+buckets without a host copy, and what each way of uploading a bucket costs. Writes JSON.
     python scripts/bench_ddp_parts.py --out parts.json [--world 2] [--iters 50]
 Needs a CUDA build of torch with NCCL (the collective part) and wgpu (the map part).
 """
@@ -67,6 +67,7 @@ def collectives(iters: int) -> dict:
                                 ("d2h", t4, t5), ("record", t5, t6), ("start", t0, t6), ("wait", t6, t7), ("total", t0, t7)]:
                     parts[k].append(b - a)
         row = {k: _median_us(v) for k, v in parts.items()}
+        print("PARTIAL " + json.dumps({label: row}), flush=True)  # kept if the graph part below hangs
         try:  # the same four operations captured once and replayed: one launch
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.stream(stream):
@@ -149,6 +150,7 @@ def maps(iters: int) -> dict:
         copy_600kb_submit_map_us=_median_us(small), copy_26mb_submit_map_us=_median_us(big),
         d2h_26mb_gb_s=n / np.median(big) / 1e9,
     )
+    out.update(uploads(device, m, src, up, np.ones(n // 4, dtype=np.float32), n))
     try:
         import torch
 
@@ -193,9 +195,72 @@ def maps(iters: int) -> dict:
         out["cuda_host_register_write_map"] = int(code) if not isinstance(code, tuple) else int(code[0])
         if out["cuda_host_register_write_map"] == 0:
             cudart.cudaHostUnregister(ptr)
+        else:  # device memory behind a PCIe BAR? CUDA takes that as I/O memory (cudaHostRegisterIoMemory)
+            from aot.runtime.distributed import _clear_cuda_error
+
+            _clear_cuda_error()
+            code = cudart.cudaHostRegister(ptr, n, 4)
+            out["cuda_host_register_write_map_io"] = int(code) if not isinstance(code, tuple) else int(code[0])
+            if out["cuda_host_register_write_map_io"] == 0:
+                host = torch.frombuffer(m.ffi.buffer(m.ffi.cast("void *", ptr), n), dtype=torch.float32)
+                times = []
+                for _ in range(10):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    host.copy_(gpu, non_blocking=True)
+                    torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t0)
+                out["d2h_into_io_registered_write_map_gb_s"] = n / np.median(times) / 1e9
+                cudart.cudaHostUnregister(ptr)
+            else:
+                _clear_cuda_error()
         m.unmap(up)
     except Exception as e:  # noqa: BLE001 - reported, not fatal
         out["cuda_error"] = f"{type(e).__name__}: {e}"[:400]
+    return out
+
+
+def uploads(device, m, dst, up, values: np.ndarray, n: int) -> dict:
+    """A 26 MB bucket from host memory into a storage buffer, each way upload_bucket can:
+    the engine's threaded copy into the write-mapped buffer then a GPU copy ("map"), or
+    queue.write_buffer (wgpu's staging); the median ms from the start to the submit's end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(8)
+    out = {}
+    for threads in (1, 8):
+        times, copies = [], []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            m.wait(device, m.request(up, n, write=True), None)
+            view = np.frombuffer(m.mapped_range(up, n, write=True), dtype=np.float32)
+            t1 = time.perf_counter()
+            cuts = [values.size * k // threads for k in range(threads + 1)]
+            list(pool.map(lambda k: np.copyto(view[cuts[k] : cuts[k + 1]], values[cuts[k] : cuts[k + 1]]), range(threads)))
+            t2 = time.perf_counter()
+            m.unmap(up)
+            enc = device.create_command_encoder()
+            enc.copy_buffer_to_buffer(up, 0, dst, 0, n)
+            index = m.submit(device.queue, enc.finish())  # before the map: the submit reads `up`
+            m.wait(device, m.request(up, 4, write=True), index)
+            m.unmap(up)
+            times.append(time.perf_counter() - t0)
+            copies.append(t2 - t1)
+        out[f"upload_map_{threads}t_ms"] = float(np.median(times)) * 1e3
+        out[f"upload_map_{threads}t_copy_gb_s"] = n / float(np.median(copies)) / 1e9
+    times, calls = [], []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        device.queue.write_buffer(dst, 0, values)
+        t1 = time.perf_counter()
+        index = m.submit(device.queue, device.create_command_encoder().finish())
+        m.wait(device, m.request(up, 4, write=True), index)
+        m.unmap(up)
+        times.append(time.perf_counter() - t0)
+        calls.append(t1 - t0)
+    out["upload_write_buffer_ms"] = float(np.median(times)) * 1e3
+    out["upload_write_buffer_call_gb_s"] = n / float(np.median(calls)) / 1e9
+    pool.shutdown()
     return out
 
 
@@ -204,6 +269,7 @@ def main():
     ap.add_argument("--out", required=False)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="the collectives with torch's defaults only")
     ap.add_argument("--part", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part:
@@ -230,12 +296,14 @@ def main():
                 p.kill()
                 so, se = p.communicate()
             lines = [x for x in so.splitlines() if x.startswith("RESULT ")]
-            rows.append(json.loads(lines[-1][7:]) if lines else {"error": se[-2000:]})
+            partial = {k: v for x in so.splitlines() if x.startswith("PARTIAL ") for k, v in json.loads(x[8:]).items()}
+            rows.append(json.loads(lines[-1][7:]) if lines else {"error": se[-2000:], **partial})
         return rows
 
     report["maps"] = launch("maps", 1, {})[0]
     print("maps", json.dumps(report["maps"], indent=1), flush=True)
-    for label, extra in [("default", {}), ("trace_buffer_0", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})]:
+    envs = [("default", {}), ("trace_buffer_0", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})]
+    for label, extra in envs[: 1 if args.quick else None]:
         report["collectives"][label] = launch("collectives", args.world, extra)
         print(label, json.dumps(report["collectives"][label][0], indent=1), flush=True)
     if args.out:

@@ -12,6 +12,7 @@ changed, and the adapter is chosen by index or name.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -562,6 +563,29 @@ class Buckets:
         return self.bad(handle) if self.bad else handle
 
 
+class MappedBuckets(Buckets):
+    """Buckets taking every other bucket straight from the mapped memory (start_mapped, as the
+    NCCL reducer does where CUDA pins it) and declining the rest (start then gets a copy);
+    release() is counted (Model.close calls it)."""
+
+    released = 0
+
+    def start_mapped(self, values, lo, hi):
+        assert values.dtype == np.float32 and values.shape == (hi - lo,)
+        self.offered = getattr(self, "offered", 0) + 1
+        if self.offered % 2:
+            return None
+        self.seen.append((lo, hi))
+        self.mapped = getattr(self, "mapped", 0) + 1
+        handle = values.copy()  # the mapping is gone once this returns
+        self.bucket_of = getattr(self, "bucket_of", {})
+        self.bucket_of[id(handle)] = (lo, hi)
+        return handle
+
+    def release(self):
+        self.released += 1
+
+
 def test_bucketed_steps_are_bit_identical_and_bad_results_change_nothing():
     """One bucket per gradient, read back while the backward pass runs (and one submit at a time,
     the fallback without wgpu-native's internals): the same step as step(), bit for bit; a bucket
@@ -572,16 +596,27 @@ def test_bucketed_steps_are_bit_identical_and_bad_results_change_nothing():
     assert sorted((lo, hi) for lo, hi, _ in table["buckets"]) == sorted((o, o + n) for o, n in names.values())
     ready = [r for *_, r in table["buckets"]]
     assert ready == sorted(ready) and 0 < ready[0] and ready[-1] <= table["update_from"]
-    b, c = type(a)(), type(a)()
+    b, c, d = type(a)(), type(a)(), type(a)()
     c._engine.serial_buckets = True
-    r = Buckets()
+    d._engine.upload_via = "write_buffer"  # and buckets handed over mapped (MappedBuckets)
+    r, rd = Buckets(), MappedBuckets()
     for i in range(6):
         ra = a.step(**data(i), captures=True)
         rb = b.step(**data(i), captures=True, allreduce=r)
         rc = c.step(**data(i), captures=True, allreduce=Buckets())
-        assert ra.loss == rb.loss == rc.loss and np.array_equal(ra.captures["h"], rb.captures["h"])
+        rdd = d.step(**data(i), captures=True, allreduce=rd)
+        assert ra.loss == rb.loss == rc.loss == rdd.loss and np.array_equal(ra.captures["h"], rb.captures["h"])
         assert_identical(snapshot(a), snapshot(b))
         assert_identical(snapshot(a), snapshot(c))
+        assert_identical(snapshot(a), snapshot(d))
+    assert rd.offered == 6 * len(names) and rd.mapped == 3 * len(names)  # half of them taken mapped
+    d.close()
+    assert rd.released == 1
+    e, re_ = type(a)(), MappedBuckets()  # collected without close(): released all the same
+    e.step(**data(0), allreduce=re_)
+    del e
+    gc.collect()
+    assert re_.released == 1
     assert sorted(r.seen[-len(names):]) == sorted((o, o + n) for o, n in names.values())
     # every bucket's finish but the last ran on the model's upload thread, the last on this one
     threads = dict(r.finished_on[-len(names) :])

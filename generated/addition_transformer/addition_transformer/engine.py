@@ -474,6 +474,8 @@ class Engine:
         self._last_update = (
             None  # the submission index of the last update after run_buckets
         )
+        # upload_bucket's way: "map" (the bucket's write-mapped buffer and a copy) or "write_buffer"
+        self.upload_via = "map"
         # Pipelines are made at an entry point's first call, not here: a deployed model that only
         # predicts never compiles its training kernels (and Model() returns in a fraction of the
         # time: 245 pipelines of the addition transformer take 2.4 s on lavapipe).
@@ -1063,7 +1065,7 @@ class Engine:
                 self._reads(enc, key, want_captures)
                 self._submit(enc.finish(), maps)
         if (
-            maps is not None
+            maps is not None and self.upload_via == "map"
         ):  # the upload buffers, free once the last update that read them is done
             for i, (lo, hi, _) in enumerate(buckets):
                 self._uploads["pending"][i] = maps.request(
@@ -1112,15 +1114,22 @@ class Engine:
         run_buckets, from any one thread at a time: into its mapped upload buffer, copied into
         grads by a submit of its own (queued after the backward pass, it runs while the host
         still reduces later buckets), or with last=True (the step's last upload) by the update's
-        command buffer (run_update: one submit fewer). Without wgpu-native's internals,
-        queue.write_buffer."""
+        command buffer (run_update: one submit fewer). Without wgpu-native's internals, or with
+        upload_via = "write_buffer", queue.write_buffer (wgpu's own staging, applied before the
+        next submit; every backward submit is already in)."""
         up = self._uploads
         lo, hi, _ = self.entries[up["key"]]["buckets"][i]
         maps = up["maps"]
-        if maps is None:
+        if maps is None or self.upload_via == "write_buffer":
             self.device.queue.write_buffer(
                 self.entry_buffers[up["key"]]["grads"], 4 * (up["offset"] + lo), values
             )
+            if (
+                maps is not None and not last
+            ):  # an empty submit: the copy runs now, not with the update
+                maps.submit(
+                    self.device.queue, self.device.create_command_encoder().finish()
+                )
             return
         buf = self._bucket_buffers(up["key"])[1][i]
         maps.wait(self.device, up["pending"].pop(i), self._last_update)

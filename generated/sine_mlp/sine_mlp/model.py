@@ -12,6 +12,7 @@ import re
 import struct
 import threading
 import time
+import weakref
 import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -524,7 +525,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         """_step_reduced through a bucketed allreduce: the package's gradient buckets (its
         "buckets" table, built by aot/buckets.py) are read back as soon as each is final
         (engine.run_buckets) into reducer.stage(n) (or an array of the model's), and handed to
-        reducer.start(values, lo, hi) at once. Each result but the last (reducer.finish(handle))
+        reducer.start(values, lo, hi) at once (or, where the reducer has start_mapped and it
+        returns a handle, handed over straight from the mapped bucket: no host copy). Each result but the last (reducer.finish(handle))
         is waited for and uploaded by a thread of the model's, in bucket order, as soon as it
         arrives, while this thread reads and starts later buckets; the last is finished and
         uploaded here, and the update submitted after it. The same values reach the update as
@@ -542,6 +544,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             else None
         )
         if stage is None:
+            self._bind_reducer(reducer)
             stage = (
                 reducer.stage(total)
                 if hasattr(reducer, "stage")
@@ -578,11 +581,18 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 failed.set()
                 raise
 
+        direct = getattr(reducer, "start_mapped", None)
+
         def each(i, lo, hi, values):
-            t = clock()
-            eng.copy(stage[lo:hi], values)
-            t1 = clock()
-            started.append((i, lo, hi, reducer.start(stage[lo:hi], lo, hi)))
+            t = t1 = clock()
+            handle = (
+                direct(values, lo, hi) if direct is not None else None
+            )  # from the mapped bucket itself
+            if handle is None:
+                eng.copy(stage[lo:hi], values)
+                t1 = clock()
+                handle = reducer.start(stage[lo:hi], lo, hi)
+            started.append((i, lo, hi, handle))
             spent["copy_s"] += t1 - t
             spent["start_s"] += clock() - t1
             if len(started) < len(
@@ -608,6 +618,19 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             raise
         eng.run_update(key, None, e.offset)
         return out
+
+    def _bind_reducer(self, reducer) -> None:
+        """The reducer's release() (its hold on the mapped buckets: CUDA's pinning) runs before
+        the buckets go: when another reducer takes over, at close(), or when this model is
+        collected without close() (a pinning outliving its memory would let CUDA read the old
+        pages where a later buffer is mapped at the same address)."""
+        old = getattr(self, "_reducer_release", None)
+        if old is not None:
+            old()  # a finalizer runs once: a later close or collection does nothing more
+        release = getattr(reducer, "release", None)
+        self._reducer_release = (
+            weakref.finalize(self, release) if callable(release) else None
+        )
 
     def _uploader(self) -> ThreadPoolExecutor:
         """The thread that finishes and uploads a bucketed step's buckets (one: in bucket order)."""
@@ -915,6 +938,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             self._closed = True
             if getattr(self, "_upload_pool", None) is not None:
                 self._upload_pool.shutdown()
+            if getattr(self, "_reducer_release", None) is not None:
+                self._reducer_release()  # a reducer's hold on the mapped buckets ends before they do
             for b in list(self._engine.buffers.values()) + list(
                 self._engine.readback.values()
             ):
