@@ -73,6 +73,8 @@ def test_a_wheel_of_aot_builds_the_examples_in_a_clean_venv(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "model.py").write_text((ROOT / "examples" / "sine_mlp.py").read_text())
+    # the example names its web demo script (Program(web={"demo": ...})), relative to itself
+    (work / "sine_mlp.demo.js").write_text((ROOT / "examples" / "sine_mlp.demo.js").read_text())
     r = subprocess.run(
         [str(py), "-c", "import aot, sys; print(aot.__file__); sys.exit(__import__('aot.cli').cli.main(['build', 'model.py', '-o', 'out']))"],
         capture_output=True, text=True, cwd=work, env=dict(os.environ, PYTHONPATH=""),
