@@ -151,6 +151,17 @@ LOSSES = ("cross_entropy", "cross_entropy2", "nll_loss", "mse_loss", "l1_loss", 
           "binary_cross_entropy_with_logits", "kl_div")
 
 
+class Num(float):
+    """A Python number operand whose source text reads back (float('inf'), float('nan'), -0.0)."""
+
+    def __repr__(self):
+        if math.isnan(self):
+            return "float('nan')"
+        if math.isinf(self):
+            return "float('inf')" if self > 0 else "float('-inf')"
+        return float.__repr__(self)
+
+
 def _special_values(rng, shape, p_special: float = 0.6) -> np.ndarray:
     n = int(np.prod(shape)) if shape else 1
     spec = np.array(SPECIALS, dtype=np.float64)[rng.integers(0, len(SPECIALS), n)]
@@ -229,7 +240,7 @@ class _SpecialGen:
             y = {"add": x, "sub": x, "mul": 0.0, "div": 0.0, "maximum": x, "minimum": x}[op]
             args = (y, x) if op == "div" else (x, y)
         elif r < 0.35:
-            y = float(self.rng.choice([0.0, -0.0, 1.0, -2.0, 0.5, 1e30, 1e-30, math.inf, -math.inf]))
+            y = Num(self.rng.choice([0.0, -0.0, 1.0, -2.0, 0.5, 1e30, 1e-30, math.inf, -math.inf, math.nan]))
             args = (x, y) if self.rng.random() < 0.5 else (y, x)
         else:
             yshape = shape if self.rng.random() < 0.7 or not shape else (1,) * (len(shape) - 1) + (shape[-1],)
@@ -243,7 +254,7 @@ class _SpecialGen:
         c = self.emit(str(self.rng.choice(["greater", "less"])), (x, y), {}, shape)
         a, b = (x, y) if self.rng.random() < 0.5 else (y, x)
         if self.rng.random() < 0.3:
-            b = float(self.rng.choice([0.0, math.inf, -math.inf, 1.0]))
+            b = Num(self.rng.choice([0.0, math.inf, -math.inf, 1.0]))
         return self.emit("where", (c, a, b), {}, shape)
 
     def reduce(self, x):
@@ -264,8 +275,8 @@ class _SpecialGen:
             return self.emit(op, (x,), kw, shape)
         if op == "norm":
             kw["p"] = float(self.rng.choice([1.0, 2.0, 3.0]))
-        if op in ("var", "std"):
-            kw["correction"] = int(self.rng.integers(0, 2))
+        if op in ("var", "std"):  # aot refuses a reduction of n <= correction elements (torch: NaN or inf)
+            kw["correction"] = int(self.rng.integers(0, 2)) if shape[axis] > 1 else 0
         keep = self.rng.random() < 0.3
         if keep:
             kw["keepdims"] = True

@@ -26,7 +26,12 @@ PARAMS = {
     "tab": np.arange(12, dtype=np.float32).reshape(4, 3) * 0.25 - 1.0,
     "xl": np.arange(10, dtype=np.float32).reshape(2, 5) * 0.5 - 2.0,
     "lg": np.arange(12, dtype=np.float32).reshape(3, 4) * 0.3 - 1.5,
-    "px": [0.0, -0.0, 2.0, 0.5, 3.0],
+    "px": [0.0, -0.0, 2.0, 0.5, 3.0, -INF],  # -inf: C's and torch's pow(-inf, p) for fractional p too
+    # (sq * sq) * sqs at sq = 3.4e38, sqs = 1e-45 with a 0 cotangent: gradient 0 for sq, as torch's
+    # ct*sqs*sq + ct*sqs*sq, not ct*sqs*(sq + sq) = 0 * inf (Mesa factors a*b + a*c that way)
+    "sq": [3.4e38, 1.0, -2.0],
+    "sqs": [1e-45, 1.0, 0.5],
+    "hx": [NAN, INF, -INF, 0.5, -3.0, 1.0],  # huber / smooth_l1 gradients: NaN at a NaN input (torch's backward)
 }
 INPUTS = {
     "idx": np.array([0, 2, 2], np.int32),
@@ -35,12 +40,14 @@ INPUTS = {
     # masked logits: -inf away from the target, as a policy masks invalid actions
     "xs": np.array([INF, NAN, -INF, 0.0, -0.0, 1.5], np.float32),
     "lmask": np.array([[-INF, 0, -INF, 0], [0, -INF, -INF, -INF], [0, 0, -INF, 0]], np.float32),
+    "ht": np.zeros(6, np.float32),
 }
 # cotangents chosen to hit the corners; the other outputs get the harness's random ones
 CTS = {
     # rows 1 and 2 both select table row 2: +inf and -inf meet there (NaN), inf + finite = inf
     "emb": np.array([[1.0, 2.0, NAN], [INF, INF, 0.5], [-INF, 1.0, 2.0]], np.float32),
     "tala": np.array([[INF, 1.0, 2.0], [0.5, NAN, -INF]], np.float32),
+    "sqf": np.array([-0.0, 1.0, 2.0], np.float32),
 }
 
 
@@ -60,11 +67,13 @@ def _cases(o, is_torch):
 
         sqrt, relu, absf, maxi, mini, exp = torch.sqrt, torch.relu, torch.abs, torch.maximum, torch.minimum, torch.exp
         zero = lambda like: torch.zeros_like(like)  # noqa: E731
+        huber, sl1 = F.huber_loss, F.smooth_l1_loss
     else:
         emb, ce = ops.embedding, lambda lg, t: ops.cross_entropy(lg, t, reduction="none")
         tala = lambda x, i: ops.take_along_axis(x, i, 1)  # noqa: E731
         sqrt, relu, absf, maxi, mini, exp = ops.sqrt, ops.relu, ops.abs, ops.maximum, ops.minimum, ops.exp
         zero = lambda like: 0.0  # noqa: E731
+        huber, sl1 = ops.huber_loss, ops.smooth_l1_loss
     out = {
         "relu": sqrt(relu(o["w"])),  # the sum(sqrt(relu(w))): gradient 0, not NaN, at w <= 0
         "maxo": sqrt(maxi(o["w"], zero(o["w"]))),
@@ -75,6 +84,9 @@ def _cases(o, is_torch):
         "emb": emb(o["tab"], o["idx"]),
         "tala": tala(o["xl"], o["tidx"]),
         "ce": ce(o["lg"] + o["lmask"], o["tgt"]),
+        "sqf": (o["sq"] * o["sq"]) * o["sqs"],
+        "hub": huber(o["hx"], o["ht"], reduction="none", delta=2.0),
+        "sl1": sl1(o["hx"], o["ht"], reduction="none", beta=0.5),
     }
     # what shader compilers fold to 0 (IEEE: NaN for inf and NaN x)
     x = o["xs"]

@@ -112,6 +112,12 @@ def _power_expr(attrs):
     return "pow_frac_f32({0}, %s)" % _lit(p)
 
 
+def _zeros_like(t):
+    from .creation import zeros_like  # creation builds on this module's ops
+
+    return zeros_like(t)
+
+
 def _lit(v):
     return wgsl_f32(v)
 
@@ -121,8 +127,9 @@ register(
         "power",
         _f32_only("power"),
         lambda x, p: np.power(x, x.dtype.type(p)),
-        # torch's pow_backward: the factor is 0 for p = 0 (not 0 * x ** -1, NaN at x = 0)
-        lambda ct, n: (ct * 0.0 if n.attrs["p"] == 0 else ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
+        # torch's pow_backward: zeros for p = 0 (not 0 * x ** -1, NaN at x = 0, nor ct * 0, NaN
+        # for an inf cotangent)
+        lambda ct, n: (_zeros_like(ct) if n.attrs["p"] == 0 else ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
         "pointwise",
         expr=_power_expr,
         cost=COSTLY,
@@ -168,6 +175,11 @@ def _opaque_arith(op):
             call = f"self_sub_f32({a})"
         elif op == "add" and (_is_neg_of(body, b, a) or _is_neg_of(body, a, b)):
             call = "self_sub_f32(%s)" % (a if _is_neg_of(body, b, a) else b)
+        if call is None and op == "add" and a == b and a not in _ZERO:
+            # x + x as x * 2.0 (equal for every x, inf, NaN and -0 included): Mesa factors
+            # a*b + a*c into a*(b + c), which for a gradient (ct*y)*x + (ct*y)*x of x * x gives
+            # ct*y*(x + x): inf where x + x overflows, and NaN for ct*y = 0 where torch gives 0
+            return body.let(f"{a} * 2.0", "f32")
         if call is None:
             return body.let(lookup(op).expr.format(a, b), "f32")
         body.helper(call.split("(")[0])
