@@ -495,3 +495,377 @@ def check_special(seed: int, batch: fg.Batch | None = None) -> tuple[AreaResult,
         chain = "" if k is None else " [" + "; ".join(chain_text(batch.cases[k])) + "]"
         res.failures.append(Finding("special", seed, f"[{kind}] {'' if k is None else f'case {k}: '}{what}", detail + chain, src))
     return res, batch
+
+
+# ---- area "optim": optimizer trajectories, step_many, save/restore ---------------------------------
+
+ACTS = {"tanh": ("ops.tanh({})", lambda T, h: h.tanh()), "sigmoid": ("ops.sigmoid({})", lambda T, h: h.sigmoid()),
+        "gelu": ("ops.gelu({})", lambda T, h: T.nn.functional.gelu(h)), "silu": ("ops.silu({})", lambda T, h: T.nn.functional.silu(h)),
+        "softplus": ("ops.softplus({})", lambda T, h: T.nn.functional.softplus(h))}
+OPTIMS = ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adadelta")
+# the hyper-parameters a group may set besides lr and weight_decay (API.md §9)
+GROUP_EXTRA = {"Adam": ("betas", "eps"), "AdamW": ("betas", "eps"), "SGD": ("momentum", "nesterov"), "Adadelta": ("rho", "eps"),
+               "RMSprop": ("alpha", "eps", "momentum", "centered"), "Adagrad": ("lr_decay", "eps")}
+
+
+def lr_at(spec, t: int) -> float:
+    """A schedule's lr of update t = 1, 2, ..., from API.md §1's formulas (not aot's code)."""
+    if not isinstance(spec, tuple):
+        return float(spec)
+    kind = spec[0]
+    if kind == "linear":
+        _, peak, final, n = spec
+        return peak + (final - peak) * min(t - 1, n) / n
+    if kind == "cosine":
+        _, peak, final, n = spec
+        return final + (peak - final) * (1 + math.cos(math.pi * min(t - 1, n) / n)) / 2
+    if kind == "step":
+        _, peak, every, gamma = spec
+        return peak * gamma ** ((t - 1) // every)
+    if kind == "multistep":
+        _, peak, ms, gamma = spec
+        return peak * gamma ** sum(1 for m in ms if m <= t - 1)
+    if kind == "warmup":
+        _, peak, n, after = spec
+        return peak * t / n if t <= n else lr_at(after, t - n)
+    _, first, n, after = spec  # sequential
+    return lr_at(first, t) if t <= n else lr_at(after, t - n)
+
+
+def lr_src(spec) -> str:
+    if not isinstance(spec, tuple):
+        return repr(float(spec))
+    kind, *args = spec
+    return f"aot.lr.{kind}({', '.join(lr_src(a) if isinstance(a, tuple) and a and isinstance(a[0], str) else repr(a) for a in args)})"
+
+
+@dataclass
+class OptimCase:
+    """One small model, its optimizer and K batches. params: name -> (value, decay flag)."""
+
+    seed: int
+    dims: tuple  # (N, D, H, O)
+    act: str
+    head: str  # "mse" | "ce"
+    params: dict
+    unused: bool
+    opt: str
+    okw: dict  # optimizer keywords (lr: float or schedule spec tuple), groups as a list of dicts
+    batches: list  # [{"x": ..., "y": ...}]
+    save_at: int  # restore from a checkpoint after this many steps
+
+    @property
+    def steps(self) -> int:
+        return len(self.batches)
+
+
+def _rand_schedule(rng, peak: float, steps: int):
+    kind = str(rng.choice(["linear", "cosine", "step", "multistep", "warmup", "sequential"]))
+    n = int(rng.integers(1, steps + 1))
+    if kind in ("linear", "cosine"):
+        return (kind, peak, float(peak * rng.choice([0.0, 0.1, 0.5, 2.0])), n)
+    if kind == "step":
+        return ("step", peak, n, float(rng.choice([0.5, 0.1, 0.9])))
+    if kind == "multistep":
+        return ("multistep", peak, tuple(sorted({int(v) for v in rng.integers(1, steps + 1, 2)})), float(rng.choice([0.5, 0.3])))
+    if kind == "warmup":
+        after = peak if rng.random() < 0.5 else ("cosine", peak, peak * 0.1, steps)
+        return ("warmup", peak, n, after)
+    return ("sequential", float(peak * 0.5), n, ("linear", peak, peak * 0.2, steps))
+
+
+def _opt_kwargs(rng, opt: str, steps: int) -> dict:
+    c = lambda *xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
+    base = {"Adam": 1e-2, "AdamW": 1e-2, "SGD": 0.05, "RMSprop": 3e-3, "Adagrad": 0.05, "Adadelta": 1.0}[opt] * float(c(0.3, 1.0, 2.0))
+    kw = {}
+    if opt in ("Adam", "AdamW"):
+        kw.update(betas=c((0.9, 0.999), (0.8, 0.99), (0.5, 0.9)), eps=c(1e-8, 1e-6, 1e-3), amsgrad=bool(rng.random() < 0.3))
+        kw["weight_decay"] = c(0.0, 0.01, 0.1) if opt == "Adam" else c(0.0, 0.01, 0.1, 0.5)
+    elif opt == "SGD":
+        kw.update(momentum=c(0.0, 0.5, 0.9), weight_decay=c(0.0, 0.01, 0.1))
+        kw["nesterov"] = bool(kw["momentum"] > 0 and rng.random() < 0.5)
+    elif opt == "RMSprop":
+        kw.update(alpha=c(0.99, 0.9, 0.5), eps=c(1e-8, 1e-6, 1e-3), weight_decay=c(0.0, 0.01), momentum=c(0.0, 0.0, 0.5, 0.9),
+                  centered=bool(rng.random() < 0.4))
+    elif opt == "Adagrad":
+        kw.update(lr_decay=c(0.0, 0.0, 0.1), weight_decay=c(0.0, 0.01), initial_accumulator_value=c(0.0, 0.0, 0.1),
+                  eps=c(1e-10, 1e-6, 1e-3))
+    else:
+        kw.update(rho=c(0.9, 0.5, 0.99), eps=c(1e-6, 1e-4), weight_decay=c(0.0, 0.01))
+    kw["lr"] = base if rng.random() < 0.5 else _rand_schedule(rng, base, steps)
+    if rng.random() < 0.4:
+        kw["clip_grad_norm"] = c(0.05, 0.5, 5.0)
+    groups = []
+    pats = [["l1.*"], ["l2.W", "scale"], ["l2.*"], ["scale"], ["l1.b", "l2.b"]]
+    for pat in [pats[i] for i in rng.permutation(len(pats))[: int(rng.choice([0, 0, 1, 1, 2]))]]:
+        if any(set(pat) & set(g["_names"]) for g in groups):
+            continue
+        g = {"params": pat[0] if len(pat) == 1 and "*" in pat[0] else pat, "_names": pat}
+        if rng.random() < 0.6:
+            g["lr"] = base * float(c(0.1, 0.5, 3.0)) if rng.random() < 0.6 else _rand_schedule(rng, base * 0.5, steps)
+        if rng.random() < 0.5:
+            g["weight_decay"] = float(c(0.0, 0.05, 0.2))
+        for key in GROUP_EXTRA[opt]:
+            if rng.random() < 0.3:
+                g[key] = _opt_kwargs(rng, opt, steps).get(key, kw.get(key))
+        if opt == "SGD" and g.get("nesterov") and not g.get("momentum", kw.get("momentum")):
+            g["momentum"] = 0.9
+        groups.append(g)
+    if groups:
+        kw["groups"] = groups
+    return kw
+
+
+def _overlaps(groups) -> bool:
+    import fnmatch
+
+    names = ["l1.W", "l1.b", "l2.W", "l2.b", "scale", "unused"]
+    for n in names:
+        hits = sum(1 for g in groups if any(fnmatch.fnmatchcase(n, p) for p in g["_names"]))
+        if hits > 1:
+            return True
+    return False
+
+
+def generate_optim(seed: int) -> OptimCase:
+    rng = np.random.default_rng([33, seed])
+    N, D, H, O = (int(rng.integers(a, b)) for a, b in ((2, 9), (1, 6), (2, 9), (1, 5)))
+    head = "ce" if rng.random() < 0.3 and O > 1 else "mse"
+    params = {
+        "l1.W": (rng.uniform(-1, 1, (D, H)) / math.sqrt(D), True),
+        "l1.b": (rng.uniform(-0.2, 0.2, (H,)), bool(rng.random() < 0.3)),
+        "l2.W": (rng.uniform(-1, 1, (H, O)) / math.sqrt(H), True),
+        "l2.b": (rng.uniform(-0.2, 0.2, (O,)), bool(rng.random() < 0.3)),
+        "scale": (rng.uniform(0.5, 1.5, (O,)), bool(rng.random() < 0.5)),
+    }
+    unused = bool(rng.random() < 0.3)
+    if unused:
+        params["unused"] = (rng.uniform(-1, 1, (2,)), True)
+    params = {n: (np.asarray(v, np.float32), d) for n, (v, d) in params.items()}
+    opt = str(rng.choice(OPTIMS))
+    steps = int(rng.integers(3, 7))
+    while True:
+        okw = _opt_kwargs(rng, opt, steps)
+        if not _overlaps(okw.get("groups", [])):
+            break
+    batches = []
+    for _ in range(steps):
+        x = np.asarray(rng.uniform(-1.5, 1.5, (N, D)), np.float32)
+        y = rng.integers(0, O, (N,)).astype(np.int32) if head == "ce" else np.asarray(rng.uniform(-1, 1, (N, O)), np.float32)
+        batches.append({"x": x, "y": y})
+    act = str(rng.choice(list(ACTS)))
+    return OptimCase(seed, (N, D, H, O), act, head, params, unused, opt, okw, batches, int(rng.integers(1, steps)))
+
+
+def _opt_src(case: OptimCase) -> str:
+    parts = []
+    for k, v in case.okw.items():
+        if k == "lr":
+            parts.append(f"lr={lr_src(v)}")
+        elif k == "groups":
+            gs = []
+            for g in v:
+                items = [f"'params': {g['params']!r}"] + [
+                    f"{kk!r}: {lr_src(vv) if kk == 'lr' else repr(vv)}" for kk, vv in g.items() if kk not in ("params", "_names")]
+                gs.append("{" + ", ".join(items) + "}")
+            parts.append(f"groups=[{', '.join(gs)}]")
+        else:
+            parts.append(f"{k}={v!r}")
+    return f"aot.optim.{case.opt}({', '.join(parts)})"
+
+
+def optim_source(case: OptimCase, name: str = "fuzz_optim") -> str:
+    N, D, H, O = case.dims
+    L = ["import numpy as np", "", "import aot", "from aot import ops", "", "P = {"]
+    L += [f"    {n!r}: {fg.array_source(v, '    ')}," for n, (v, _d) in case.params.items()]
+    L += ["}", "DECAY = " + repr({n: d for n, (_v, d) in case.params.items()}), "", "",
+          "class Lin(aot.Module):", "    def __init__(self, name):", "        super().__init__()",
+          "        self.W = self.param(P[name + '.W'].shape, init=aot.init.literal(P[name + '.W']), decay=DECAY[name + '.W'])",
+          "        self.b = self.param(P[name + '.b'].shape, init=aot.init.literal(P[name + '.b']), decay=DECAY[name + '.b'])",
+          "", "", "class Net(aot.Module):", "    def __init__(self):", "        super().__init__()",
+          "        self.l1 = Lin('l1')", "        self.l2 = Lin('l2')",
+          "        self.scale = self.param(P['scale'].shape, init=aot.init.literal(P['scale']), decay=DECAY['scale'])"]
+    if case.unused:
+        L.append("        self.unused = self.param((2,), init=aot.init.literal(P['unused']), decay=True)  # reaches no loss")
+    L += ["", "", "def loss(m, x, y):", f"    h = {ACTS[case.act][0].format('x @ m.l1.W + m.l1.b')}",
+          "    out = (h @ m.l2.W + m.l2.b) * m.scale", "    aot.capture('logits', out)"]
+    if case.head == "ce":
+        L.append("    return ops.cross_entropy(out, y)")
+    else:
+        L.append("    return ops.mean(ops.square(out - y)) + 0.01 * ops.sum(ops.square(m.scale))")
+    y = f"aot.i32({N})" if case.head == "ce" else f"aot.f32({N}, {O})"
+    L += ["", "", "program = aot.Program(", f"    {name!r},", "    model=Net,",
+          f"    train=aot.Train(loss, inputs={{'x': aot.f32({N}, {D}), 'y': {y}}}, optimizer={_opt_src(case)}),", "    seed=0,", ")", ""]
+    return "\n".join(L)
+
+
+def _torch_groups(case: OptimCase, tparams: dict):
+    """torch.optim param groups equal to the aot optimizer's: one per (aot group, decayed or not),
+    the decay flag deciding unless the aot group sets weight_decay (API.md §9)."""
+    import fnmatch
+
+    groups = case.okw.get("groups", [])
+    out = {}
+    for n, (v, decay) in case.params.items():
+        gi = next((i for i, g in enumerate(groups) if any(fnmatch.fnmatchcase(n, p) for p in g["_names"])), None)
+        g = groups[gi] if gi is not None else {}
+        wd = g.get("weight_decay", case.okw.get("weight_decay", 0.0)) if (decay or "weight_decay" in g) else 0.0
+        key = (gi, wd)
+        if key not in out:
+            hyper = {k: v2 for k, v2 in case.okw.items() if k not in ("lr", "groups", "clip_grad_norm")}
+            hyper.update({k: v2 for k, v2 in g.items() if k not in ("params", "_names", "lr")})
+            hyper["weight_decay"] = wd
+            out[key] = {"params": [], "_lr": g.get("lr", case.okw["lr"]), **hyper}
+        out[key]["params"].append(tparams[n])
+    return list(out.values())
+
+
+def torch_trajectory(case: OptimCase, fdt, noise: float = 0.0, noise_seed: int = 0):
+    """[(loss, grads, params after the update)] per step with torch.optim; with noise, every
+    gradient gets N(0, 1) * noise * (its tensor's largest |g| + |g|) added before clipping."""
+    T = fg._torch()
+    F = T.nn.functional
+    tp = {n: T.tensor(v.astype(np.float64), dtype=fdt, requires_grad=True) for n, (v, _d) in case.params.items()}
+    pgs = _torch_groups(case, tp)
+    lrs = [g.pop("_lr") for g in pgs]
+    for g, lr in zip(pgs, lrs):
+        g["lr"] = lr_at(lr, 1)
+    cls = getattr(T.optim, case.opt)
+    ctor = {}
+    if "initial_accumulator_value" in case.okw:  # torch.optim.Adagrad fills the sums from its own argument
+        ctor["initial_accumulator_value"] = case.okw["initial_accumulator_value"]
+    opt = cls(pgs, lr=lr_at(case.okw["lr"], 1), foreach=False, **ctor)
+    nrng = np.random.default_rng(noise_seed)
+    out = []
+    for t, b in enumerate(case.batches, start=1):
+        for g, lr in zip(opt.param_groups, lrs):
+            g["lr"] = lr_at(lr, t)
+        x = T.tensor(b["x"].astype(np.float64), dtype=fdt)
+        h = ACTS[case.act][1](T, x @ tp["l1.W"] + tp["l1.b"])
+        o = (h @ tp["l2.W"] + tp["l2.b"]) * tp["scale"]
+        if case.head == "ce":
+            loss = F.cross_entropy(o, T.tensor(b["y"].astype(np.int64)))
+        else:
+            loss = ((o - T.tensor(b["y"].astype(np.float64), dtype=fdt)) ** 2).mean() + 0.01 * (tp["scale"] ** 2).sum()
+        names = list(tp)
+        gs = T.autograd.grad(loss, [tp[n] for n in names], allow_unused=True)
+        grads = {}
+        for n, gr in zip(names, gs):
+            if gr is not None and noise:
+                big = float(gr.abs().max())
+                gr = gr + T.tensor(nrng.normal(size=tuple(gr.shape)), dtype=fdt) * noise * (big + gr.abs())
+            tp[n].grad = gr
+            grads[n] = (gr if gr is not None else T.zeros_like(tp[n])).detach().numpy().astype(np.float64)
+        if "clip_grad_norm" in case.okw:
+            T.nn.utils.clip_grad_norm_([p for p in tp.values() if p.grad is not None], case.okw["clip_grad_norm"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append((float(loss.detach()), grads, {n: p.detach().numpy().astype(np.float64).copy() for n, p in tp.items()}))
+    return out
+
+
+# Noise of float32 rounding size in every gradient (8 ulps of the tensor's largest element, and of
+# the element itself), and how far beyond the spread of such trajectories aot may land.
+NOISE, SPREAD = 1e-6, 10.0
+
+
+def optim_tolerance(case: OptimCase):
+    """Per step and element, how far aot's values may be from float64 torch.optim's. aot's gradients
+    carry float32 rounding; what the optimizer and the next steps make of it is measured, not
+    guessed: float64 trajectories whose gradients get noise of that size (two draws) and the
+    float32 torch trajectory spread around the float64 one. Where a gradient is ~0, Adam's m/sqrt(v),
+    RMSprop's g/sqrt(avg) and Adagrad's g/sqrt(sum) turn that noise into an update of size lr,
+    and the spread says so; elsewhere it stays at rounding level. The tolerance is SPREAD times
+    the largest deviation plus a floor of 1e-6 relative (parameters are float32)."""
+    T = fg._torch()
+    ref = torch_trajectory(case, T.float64)
+    others = [torch_trajectory(case, T.float32)] + [torch_trajectory(case, T.float64, NOISE, s) for s in (1, 2)]
+    tol = []
+    for s, (loss, grads, params) in enumerate(ref):
+        dl = max(abs(o[s][0] - loss) for o in others)
+        tg = {n: SPREAD * np.max([np.abs(o[s][1][n] - g) for o in others], axis=0) + 1e-5 * (np.abs(g).max() + np.abs(g)) + 1e-7
+              for n, g in grads.items()}
+        tp = {n: SPREAD * np.max([np.abs(o[s][2][n] - p) for o in others], axis=0) + 1e-6 * (np.abs(p) + np.abs(p).max() * 0.1) + 1e-7
+              for n, p in params.items()}
+        tol.append((SPREAD * dl + 1e-5 * abs(loss) + 1e-6, tg, tp))
+    return ref, tol
+
+
+def check_optim(seed: int, case: OptimCase | None = None) -> tuple[AreaResult, OptimCase]:
+    import tempfile
+
+    import aot
+
+    case = case or generate_optim(seed)
+    res = AreaResult(programs=1, graphs=1, ops=8, steps=case.steps)
+    src = optim_source(case)
+    fails = []
+
+    def fail(what, detail):
+        fails.append(Finding("optim", seed, f"{case.opt}: {what}", detail, src))
+
+    ns: dict = {}
+    try:
+        exec(compile(src, "<fuzz optim>", "exec"), ns)
+        model = aot.compile(ns["program"], kernels=fg.kernel_set(seed))
+    except Exception as e:  # noqa: BLE001
+        fail("aot.compile", fg._exc(e))
+        res.failures = fails
+        return res, case
+    ref, tol = optim_tolerance(case)
+    others = []
+    try:
+        losses, params = [], []
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = Path(tmp) / "ckpt.npz"
+            for s, b in enumerate(case.batches):
+                losses.append(np.float32(model.step(**b)))
+                got_g, got_p = model.grads(), model.params()
+                params.append(got_p)
+                want_loss, want_g, want_p = ref[s]
+                tl, tg, tp = tol[s]
+                if not abs(float(losses[-1]) - want_loss) <= tl:
+                    fail(f"step {s + 1}: loss", f"got {float(losses[-1])!r}, expected {want_loss!r} (tolerance {tl:.3g})")
+                for n in want_g:
+                    for kind, got, want, t in (("gradient of", got_g[n], want_g[n], tg[n]), ("parameter", got_p[n], want_p[n], tp[n])):
+                        bad = ~(np.abs(got.astype(np.float64) - want) <= t)
+                        if bad.any():
+                            i = tuple(int(v) for v in np.argwhere(bad)[0])
+                            fail(f"step {s + 1}: {kind} {n}{' after the update' if kind == 'parameter' else ''}",
+                                 f"{int(bad.sum())}/{bad.size} off; at {i}: got {float(got[i])!r}, expected {float(want[i])!r} "
+                                 f"(tolerance {float(t[i]):.3g})")
+                if s + 1 == case.save_at:
+                    model.save(ckpt)
+            # step_many of the same batches: bit for bit the losses and parameters of the step() calls
+            b = type(model)(kernels=fg.kernel_set(seed))
+            others.append(b)
+            many = b.step_many([dict(x) for x in case.batches])
+            if not np.array_equal(np.asarray(many, np.float32), np.array(losses, np.float32)):
+                fail("step_many", f"losses {list(map(float, many))} != step()'s {list(map(float, losses))}")
+            _bit_params(b.params(), params[-1], "step_many after all steps", fail)
+            if b.step_count != case.steps:
+                fail("step_many", f"step_count {b.step_count}, expected {case.steps}")
+            # a fresh Model restored from the checkpoint continues as the saved one did (step_many)
+            c = type(model)(kernels=fg.kernel_set(seed))
+            others.append(c)
+            c.restore(ckpt)
+            _bit_params(c.params(), params[case.save_at - 1], f"restore after step {case.save_at}", fail)
+            rest = c.step_many([dict(x) for x in case.batches[case.save_at:]])
+            if not np.array_equal(np.asarray(rest, np.float32), np.array(losses[case.save_at:], np.float32)):
+                fail(f"restore after step {case.save_at}, then step_many", f"losses {list(map(float, rest))} != {list(map(float, losses[case.save_at:]))}")
+            _bit_params(c.params(), params[-1], f"restore after step {case.save_at}, then step_many", fail)
+            res.steps += case.steps + (case.steps - case.save_at)
+    except Exception as e:  # noqa: BLE001
+        fail("run", fg._exc(e))
+    finally:
+        for m in [model] + others:
+            m.close()
+        fg._cleanup(model)
+    res.failures = fails
+    return res, case
+
+
+def _bit_params(got: dict, want: dict, what: str, fail) -> None:
+    for n, v in want.items():
+        if not np.array_equal(got[n], v):
+            fail(what, f"parameter {n} not bit-identical: max difference {float(np.max(np.abs(got[n] - v))):.3g}")
