@@ -869,3 +869,196 @@ def _bit_params(got: dict, want: dict, what: str, fail) -> None:
     for n, v in want.items():
         if not np.array_equal(got[n], v):
             fail(what, f"parameter {n} not bit-identical: max difference {float(np.max(np.abs(got[n] - v))):.3g}")
+
+
+# ---- area "dims": symbolic dims in infer (and training) entries ------------------------------------
+
+
+@dataclass
+class DimsCase:
+    """A chain of row-wise ops over x [B, D] or [B, T, D] with B (and T) symbolic; lines are
+    (aot source, torch function of (env, T)) that assign the next value."""
+
+    seed: int
+    rank: int
+    D: int
+    sizes: dict  # symbol -> sizes
+    params: dict  # name -> array
+    lines: list  # [(target, aot expression, torch lambda)]
+    out: str
+    extra: bool  # a second input x2 of the same symbolic dims
+    train: bool  # also a training entry over the same symbolic inputs (loss: sum(out * ct))
+
+
+def generate_dims(seed: int) -> DimsCase:
+    rng = np.random.default_rng([34, seed])
+    rank = int(rng.choice([2, 3]))
+    D = int(rng.choice([2, 4, 6, 8]))
+    sizes = {"B": tuple(sorted({int(v) for v in rng.integers(1, 9, int(rng.integers(2, 4)))} | {1}))}
+    if rank == 3:
+        sizes["T"] = tuple(sorted({int(v) for v in rng.integers(1, 7, 2)}))
+    params: dict = {}
+    lines: list = []
+    cur, width, n = "x", D, 0
+
+    def new(expr, fn, w=None):
+        nonlocal cur, n, width
+        n += 1
+        lines.append((f"h{n}", expr, fn))
+        cur = f"h{n}"
+        if w is not None:
+            width = w
+
+    extra = bool(rng.random() < 0.3)
+    if extra:
+        new(f"ops.concat([{cur}, x2], axis=-1)", (lambda c: lambda e, T: T.cat([e[c], e["x2"]], -1))(cur), width + 2)
+    for _ in range(int(rng.integers(2, 7))):
+        c = cur
+        k = str(rng.choice(["linear", "act", "act", "norm", "softmax", "center_rows", "center_batch", "attention", "cumsum",
+                            "causal", "rope", "reshape", "max"]))
+        if k == "linear":
+            w2 = int(rng.choice([2, 4, 6]))
+            pw, pb = f"W{n}", f"b{n}"
+            params[pw] = np.asarray(rng.uniform(-1, 1, (width, w2)) / math.sqrt(width), np.float32)
+            params[pb] = np.asarray(rng.uniform(-0.3, 0.3, (w2,)), np.float32)
+            new(f"{c} @ m.{pw} + m.{pb}", lambda e, T, c=c, pw=pw, pb=pb: e[c] @ e[pw] + e[pb], w2)
+        elif k == "act":
+            a = str(rng.choice(list(ACTS)))
+            new(ACTS[a][0].format(c), lambda e, T, c=c, a=a: ACTS[a][1](T, e[c]))
+        elif k == "norm":  # layer norm written out, with a gain
+            pg = f"g{n}"
+            params[pg] = np.asarray(rng.uniform(0.5, 1.5, (width,)), np.float32)
+            new(f"({c} - ops.mean({c}, axis=-1, keepdims=True)) * ops.rsqrt(ops.var({c}, axis=-1, keepdims=True, correction=0) + 1e-3) * m.{pg}",
+                lambda e, T, c=c, pg=pg: (e[c] - e[c].mean(-1, keepdim=True)) * T.rsqrt(e[c].var(-1, keepdim=True, correction=0) + 1e-3) * e[pg])
+        elif k == "softmax":
+            new(f"ops.softmax({c}, axis=-1)", lambda e, T, c=c: e[c].softmax(-1))
+        elif k == "center_rows":
+            new(f"{c} - ops.max({c}, axis=-1, keepdims=True)", lambda e, T, c=c: e[c] - e[c].amax(-1, keepdim=True))
+        elif k == "center_batch":  # a reduction over the symbolic axis
+            new(f"{c} - ops.mean({c}, axis=0, keepdims=True) + ops.sum({c}, axis=0) * 0.25",
+                lambda e, T, c=c: e[c] - e[c].mean(0, keepdim=True) + e[c].sum(0) * 0.25)
+        elif k == "attention" and rank == 3:
+            causal = bool(rng.random() < 0.5)
+            new(f"ops.attention({c}, {c}, {c}, causal={causal})",
+                lambda e, T, c=c, causal=causal: T.nn.functional.scaled_dot_product_attention(e[c], e[c], e[c], is_causal=causal))
+        elif k == "cumsum":
+            ax = int(rng.integers(0, rank))
+            new(f"ops.cumsum({c}, axis={ax})", lambda e, T, c=c, ax=ax: e[c].cumsum(ax))
+        elif k == "causal" and rank == 3:
+            new(f"ops.softmax_causal({c} @ ops.swapaxes({c}, -1, -2) * 0.5) @ {c}",
+                lambda e, T, c=c: _causal_t(T, e[c] @ e[c].transpose(-1, -2) * 0.5) @ e[c])
+        elif k == "rope" and rank == 3 and width % 2 == 0:
+            new(f"ops.rope({c})", lambda e, T, c=c: fg._rope([e[c]], {}, e[c].dtype))
+        elif k == "reshape" and rank == 3:
+            new(f"ops.reshape(ops.reshape({c}, (-1, {width})) * 1.5, {c}.shape)", lambda e, T, c=c: e[c] * 1.5)
+        elif k == "max":
+            new(f"ops.max({c}, axis=-1, keepdims=True) + {c} * 0.5", lambda e, T, c=c: e[c].amax(-1, keepdim=True) + e[c] * 0.5)
+    if n == 0 or (extra and n == 1):
+        new(f"ops.tanh({cur})", lambda e, T, c=cur: e[c].tanh())
+    return DimsCase(seed, rank, D, sizes, params, lines, cur, extra, bool(rng.random() < 0.5))
+
+
+def _causal_t(T, s):
+    t = s.shape[-1]
+    return s.masked_fill(T.ones(t, t, dtype=T.bool).triu(1), float("-inf")).softmax(-1)
+
+
+def _dims_shapes(case: DimsCase, B: int, T_: int | None):
+    lead = (B,) if case.rank == 2 else (B, T_)
+    return lead + (case.D,), lead + (2,)
+
+
+def dims_source(case: DimsCase, name: str = "fuzz_dims") -> str:
+    lead = '"B"' if case.rank == 2 else '"B", "T"'
+    L = ["import numpy as np", "", "import aot", "from aot import ops", "", "P = {"]
+    L += [f"    {n!r}: {fg.array_source(v, '    ')}," for n, v in case.params.items()]
+    L += ["}", "", "", "class Net(aot.Module):", "    def __init__(self):", "        super().__init__()"]
+    L += [f"        self.{n} = self.param(P[{n!r}].shape, init=aot.init.literal(P[{n!r}]))" for n in case.params] or ["        pass"]
+    sig = "m, x, x2" if case.extra else "m, x"
+    L += ["", "", f"def forward({sig}):"] + [f"    {t} = {e}" for t, e, _ in case.lines] + [f"    return {case.out}"]
+    ins = f"{{'x': aot.f32({lead}, {case.D})" + (f", 'x2': aot.f32({lead}, 2)" if case.extra else "") + "}"
+    entry = f"    infer={{'predict': aot.Infer(forward, inputs={ins})}},"
+    train = ""
+    if case.train:
+        L += ["", "", f"def loss({sig}, ct):", f"    return ops.sum(forward({sig.replace('m, ', 'm, ')}) * ct)"]
+        tins = ins[:-1] + f", 'ct': aot.f32({lead}, OUT_W)}}"
+        train = f"    train=aot.Train(loss, inputs={tins}, optimizer=None),"
+    L += ["", "", "program = aot.Program(", f"    {name!r},", "    model=Net,"] + ([train] if train else []) + [entry,
+          f"    dims={case.sizes!r},", "    seed=0,", ")", ""]
+    return "\n".join(L)
+
+
+def _dims_torch(case: DimsCase, feeds: dict, fdt, ct=None):
+    T = fg._torch()
+    env = {n: T.tensor(v.astype(np.float64), dtype=fdt, requires_grad=True) for n, v in case.params.items()}
+    env.update({n: T.tensor(v.astype(np.float64), dtype=fdt) for n, v in feeds.items()})
+    for t, _e, fn in case.lines:
+        env[t] = fn(env, T)
+    out = env[case.out]
+    grads = {}
+    if ct is not None and case.params:
+        gs = T.autograd.grad((out * T.tensor(ct.astype(np.float64), dtype=fdt)).sum(), [env[n] for n in case.params], allow_unused=True)
+        grads = {n: (g if g is not None else T.zeros_like(env[n])).detach().numpy().astype(np.float64) for n, g in zip(case.params, gs)}
+    return out.detach().numpy().astype(np.float64), grads
+
+
+def check_dims(seed: int, case: DimsCase | None = None) -> tuple[AreaResult, DimsCase]:
+    import aot
+
+    T = fg._torch()
+    case = case or generate_dims(seed)
+    rng = np.random.default_rng([35, seed])
+    # the output's last dim (a linear layer may change it): from one torch run
+    B0, T0 = case.sizes["B"][0], case.sizes.get("T", (None,))[0]
+    xs, x2s = _dims_shapes(case, B0, T0)
+    probe = {"x": np.zeros(xs, np.float32)} | ({"x2": np.zeros(x2s, np.float32)} if case.extra else {})
+    out_w = _dims_torch(case, probe, T.float64)[0].shape[-1]
+    src = dims_source(case).replace("OUT_W", str(out_w))
+    res = AreaResult(programs=1, graphs=1, ops=len(case.lines))
+    fails = []
+
+    def fail(what, detail):
+        fails.append(Finding("dims", seed, what, detail, src))
+
+    ns: dict = {}
+    try:
+        exec(compile(src, "<fuzz dims>", "exec"), ns)
+        model = aot.compile(ns["program"], kernels=fg.kernel_set(seed))
+    except Exception as e:  # noqa: BLE001
+        fail("aot.compile", fg._exc(e))
+        res.failures = fails
+        return res, case
+    try:
+        combos = [(b, t) for b in case.sizes["B"] for t in case.sizes.get("T", (None,))]
+        for b, t in [combos[i] for i in rng.permutation(len(combos))]:
+            xs, x2s = _dims_shapes(case, b, t)
+            feeds = {"x": np.asarray(rng.uniform(-2, 2, xs), np.float32)}
+            if case.extra:
+                feeds["x2"] = np.asarray(rng.uniform(-2, 2, x2s), np.float32)
+            what = f"B={b}" + (f", T={t}" if t is not None else "")
+            ct = np.asarray(rng.normal(size=xs[:-1] + (out_w,)), np.float32)
+            w64, g64 = _dims_torch(case, feeds, T.float64, ct)
+            w32, g32 = _dims_torch(case, feeds, T.float32, ct)
+            got = np.asarray(model.predict(**feeds))
+            msg = fg.compare(got, w64, float(np.max(np.abs(w32 - w64))) if w64.size else 0.0)
+            if msg:
+                fail(f"predict at {what}", msg)
+            res.steps += 1
+            if case.train:
+                loss = model.step(**feeds, ct=ct)
+                want = float(np.sum(w64 * ct))
+                if not abs(loss - want) <= 1e-4 * float(np.sum(np.abs(w64 * ct))) + 1e-4:
+                    fail(f"step at {what}: loss", f"got {loss!r}, expected {want!r}")
+                grads = model.grads()
+                for n in g64:
+                    msg = fg.compare(grads[n], g64[n], float(np.max(np.abs(g32[n] - g64[n]))))
+                    if msg:
+                        fail(f"step at {what}: gradient of {n}", msg)
+                res.steps += 1
+    except Exception as e:  # noqa: BLE001
+        fail("run", fg._exc(e))
+    finally:
+        model.close()
+        fg._cleanup(model)
+    res.failures = fails
+    return res, case
