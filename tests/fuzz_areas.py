@@ -1062,3 +1062,171 @@ def check_dims(seed: int, case: DimsCase | None = None) -> tuple[AreaResult, Dim
         fg._cleanup(model)
     res.failures = fails
     return res, case
+
+
+# ---- area "noinput": no inputs (parameters or ops.randn only), no parameters ------------------------
+
+CHAIN = {  # (aot template, torch function): elementwise steps of a random function
+    "tanh": ("ops.tanh({})", lambda T, h: h.tanh()), "sigmoid": ("ops.sigmoid({})", lambda T, h: h.sigmoid()),
+    "square": ("ops.square({})", lambda T, h: h * h), "sin": ("ops.sin({})", lambda T, h: h.sin()),
+    "softmax": ("ops.softmax({})", lambda T, h: h.softmax(-1)), "gelu": ("ops.gelu({})", lambda T, h: T.nn.functional.gelu(h)),
+    "scale": ("{} * 1.5 - 0.25", lambda T, h: h * 1.5 - 0.25), "cumsum": ("ops.cumsum({}, axis=-1)", lambda T, h: h.cumsum(-1)),
+}
+
+
+@dataclass
+class NoInputCase:
+    seed: int
+    kind: str  # "params" (loss of parameters only), "randn" (of parameters and ops.randn noise), "noparams"
+    shape: tuple
+    chain: list  # CHAIN keys
+    params: dict
+    lr: float
+    momentum: float
+    steps: int
+
+    def f_src(self, v: str) -> str:
+        for k in self.chain:
+            v = CHAIN[k][0].format(v if v.isidentifier() or v.startswith("ops.") and v.endswith(")") else f"({v})")
+        return v
+
+    def f_torch(self, T, h):
+        for k in self.chain:
+            h = CHAIN[k][1](T, h)
+        return h
+
+
+def generate_noinput(seed: int) -> NoInputCase:
+    rng = np.random.default_rng([36, seed])
+    kind = str(rng.choice(["params", "randn", "noparams"]))
+    shape = tuple(int(v) for v in rng.integers(1, 6, int(rng.integers(1, 3))))
+    chain = [str(k) for k in rng.choice(list(CHAIN), int(rng.integers(1, 4)))]
+    params = {} if kind == "noparams" else {
+        "w": np.asarray(rng.uniform(-1, 1, shape), np.float32), "c": np.asarray(rng.uniform(0.5, 1.5, shape[-1:]), np.float32)}
+    return NoInputCase(seed, kind, shape, chain, params, float(rng.choice([0.01, 0.1])), float(rng.choice([0.0, 0.9])),
+                       int(rng.integers(2, 5)))
+
+
+def noinput_source(case: NoInputCase, name: str = "fuzz_noinput") -> str:
+    L = ["import numpy as np", "", "import aot", "from aot import ops", "", "P = {"]
+    L += [f"    {n!r}: {fg.array_source(v, '    ')}," for n, v in case.params.items()]
+    L += ["}", "", "", "class Net(aot.Module):", "    def __init__(self):", "        super().__init__()"]
+    L += [f"        self.{n} = self.param(P[{n!r}].shape, init=aot.init.literal(P[{n!r}]))" for n in case.params] or ["        pass"]
+    opt = f"aot.optim.SGD(lr={case.lr!r}" + (f", momentum={case.momentum!r})" if case.momentum else ")")
+    if case.kind == "params":
+        L += ["", "", "def loss(m):", f"    return ops.sum(({case.f_src('m.w')} - 0.5) * m.c)"]
+        train, infer = f"aot.Train(loss, inputs={{}}, optimizer={opt})", "{'value': aot.Infer(lambda m: " + case.f_src("m.w") + ", inputs={})}"
+    elif case.kind == "randn":
+        L += ["", "", "def loss(m):", f"    z = aot.capture('z', ops.randn({case.shape!r}))",
+              f"    return ops.sum(({case.f_src('m.w + z')} - 0.5) * m.c)"]
+        train, infer = f"aot.Train(loss, inputs={{}}, optimizer={opt})", "{}"
+    else:
+        spec = f"aot.f32({', '.join(map(str, case.shape))})"
+        L += ["", "", "def loss(m, x, ct):", f"    return ops.sum(({case.f_src('x')}) * ct)",
+              "", "", "def value(m, x):", f"    return {case.f_src('x')}"]
+        train = f"aot.Train(loss, inputs={{'x': {spec}, 'ct': {spec}}}, optimizer={opt})"
+        infer = f"{{'value': aot.Infer(value, inputs={{'x': {spec}}})}}"
+    L += ["", "", "program = aot.Program(", f"    {name!r},", "    model=Net,", f"    train={train},", f"    infer={infer},",
+          "    seed=5,", ")", ""]
+    return "\n".join(L)
+
+
+def _noinput_torch(case: NoInputCase, params: dict, feeds: dict, fdt):
+    """Loss, gradients and the infer value at these parameters (float64 or float32)."""
+    T = fg._torch()
+    tp = {n: T.tensor(v.astype(np.float64), dtype=fdt, requires_grad=True) for n, v in params.items()}
+    tf = {n: T.tensor(np.asarray(v, np.float64), dtype=fdt) for n, v in feeds.items()}
+    if case.kind == "noparams":
+        val = case.f_torch(T, tf["x"])
+        loss = (val * tf["ct"]).sum()
+        return float(loss), {}, val.detach().numpy().astype(np.float64)
+    base = tp["w"] + tf["z"] if case.kind == "randn" else tp["w"]
+    val = case.f_torch(T, base)
+    loss = ((val - 0.5) * tp["c"]).sum()
+    gs = T.autograd.grad(loss, list(tp.values()))
+    return float(loss), {n: g.numpy().astype(np.float64) for n, g in zip(tp, gs)}, val.detach().numpy().astype(np.float64)
+
+
+def check_noinput(seed: int, case: NoInputCase | None = None) -> tuple[AreaResult, NoInputCase]:
+    import aot
+
+    T = fg._torch()
+    case = case or generate_noinput(seed)
+    rng = np.random.default_rng([37, seed])
+    src = noinput_source(case)
+    res = AreaResult(programs=1, graphs=1, ops=len(case.chain) + 2)
+    fails = []
+
+    def fail(what, detail):
+        fails.append(Finding("noinput", seed, f"{case.kind}: {what}", detail, src))
+
+    ns: dict = {}
+    try:
+        exec(compile(src, "<fuzz noinput>", "exec"), ns)
+        model = aot.compile(ns["program"], kernels=fg.kernel_set(seed))
+    except Exception as e:  # noqa: BLE001
+        fail("aot.compile", fg._exc(e))
+        res.failures = fails
+        return res, case
+    others = []
+    try:
+        batches = [{"x": np.asarray(rng.uniform(-1.5, 1.5, case.shape), np.float32),
+                    "ct": np.asarray(rng.normal(size=case.shape), np.float32)} if case.kind == "noparams" else {}
+                   for _ in range(case.steps)]
+        losses, mom = [], {}
+        for s, b in enumerate(batches):
+            before = model.params()
+            r = model.step(**b, captures=True)
+            losses.append(np.float32(r.loss))
+            feeds = dict(b)
+            if case.kind == "randn":
+                feeds["z"] = r.captures["z"]
+            l64, g64, v64 = _noinput_torch(case, before, feeds, T.float64)
+            l32, g32, v32 = _noinput_torch(case, before, feeds, T.float32)
+            scale = float(np.sum(np.abs(v64))) + 1.0
+            if not abs(float(r.loss) - l64) <= 1e-4 * scale + 4 * abs(l32 - l64):
+                fail(f"step {s + 1}: loss", f"got {float(r.loss)!r}, expected {l64!r}")
+            grads, after = model.grads(), model.params()
+            if set(grads) != set(g64):
+                fail(f"step {s + 1}: grads()", f"names {sorted(grads)}, expected {sorted(g64)}")
+            for n in g64:
+                msg = fg.compare(grads.get(n, np.zeros(0)), g64[n], float(np.max(np.abs(g32[n] - g64[n]))))
+                if msg:
+                    fail(f"step {s + 1}: gradient of {n}", msg)
+                d = g64[n] if not case.momentum else (g64[n] if s == 0 else case.momentum * mom[n] + g64[n])
+                mom[n] = d
+                want = before[n].astype(np.float64) - case.lr * d
+                msg = fg.compare(after[n], want, 4 * case.lr * float(np.max(np.abs(g32[n] - g64[n]))) + 1e-6 * float(np.max(np.abs(want))))
+                if msg:
+                    fail(f"step {s + 1}: parameter {n} after the update", msg)
+            if case.kind != "randn":
+                got = np.asarray(model.value(**({"x": b["x"]} if case.kind == "noparams" else {})))
+                w64 = v64 if case.kind == "noparams" else _noinput_torch(case, after, feeds, T.float64)[2]
+                w32 = v32 if case.kind == "noparams" else _noinput_torch(case, after, feeds, T.float32)[2]
+                msg = fg.compare(got, w64, float(np.max(np.abs(w32 - w64))))
+                if msg:
+                    fail(f"step {s + 1}: infer entry", msg)
+            res.steps += 1
+        if model.step_count != case.steps:
+            fail("step_count", f"{model.step_count} after {case.steps} step() calls")
+        # step_many: K steps, bit-identical to the K step() calls (issue 32 item 3: none were taken)
+        b2 = type(model)(kernels=fg.kernel_set(seed))
+        others.append(b2)
+        many = b2.step_many([dict(x) for x in batches])
+        if b2.step_count != case.steps or not np.array_equal(np.asarray(many, np.float32), np.array(losses, np.float32)):
+            fail("step_many", f"{b2.step_count} steps, losses {list(map(float, many))}, expected {list(map(float, losses))}")
+        _bit_params(b2.params(), model.params(), "step_many", fail)
+        res.steps += case.steps
+    except Exception as e:  # noqa: BLE001
+        fail("run", fg._exc(e))
+    finally:
+        for m in [model] + others:
+            m.close()
+        fg._cleanup(model)
+    res.failures = fails
+    return res, case
+
+
+def check(area: str, seed: int):
+    """(AreaResult, the case) of one seed of one area."""
+    return {"special": check_special, "optim": check_optim, "dims": check_dims, "noinput": check_noinput}[area](seed)
