@@ -1230,3 +1230,155 @@ def check_noinput(seed: int, case: NoInputCase | None = None) -> tuple[AreaResul
 def check(area: str, seed: int):
     """(AreaResult, the case) of one seed of one area."""
     return {"special": check_special, "optim": check_optim, "dims": check_dims, "noinput": check_noinput}[area](seed)
+
+
+# ---- reproducers of "special" failures ---------------------------------------------------------------
+
+SPECIAL_REPRO = '''
+
+def _side(kind):
+    """Per step: (captures, gradients) of the package (kind "gpu") or of the interpreter."""
+    if kind == "interp":
+        from aot import interp
+        from aot.frontend import trace_program
+
+        g = trace_program(program).graphs["train"]
+        out = []
+        for step in range(len(EXPECTED)):
+            leaves = dict(INPUTS[step], **COTANGENTS[step], **P, _rng=np.int32(0))
+            env = interp.run(g, leaves, np.float32)
+            out.append(({{n: env[id(t)] for n, t in g.captures.items()}}, {{n: env[id(t)] for n, t in g.grads.items()}}))
+        return out
+    model = aot.compile(program, kernels=KERNELS)
+    try:
+        out = []
+        for step in range(len(EXPECTED)):
+            res = model.step(**INPUTS[step], **COTANGENTS[step], captures=True)
+            out.append((dict(res.captures), model.grads()))
+        return out
+    finally:
+        model.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict={strict}, reason={reason!r})
+def test_{name}():
+    for step, ((caps, grads), want) in enumerate(zip(_side({kind!r}), EXPECTED)):
+        for what, got, refs, extra in [(f"output {{n}}", caps[n], r, 0.0) for n, r in want["outputs"].items()] + [
+                (f"gradient of {{n}}", grads[n], r, want["extra"]) for n, r in want["grads"].items()]:
+            ok = pattern_ok(got, refs, extra=extra)
+            assert ok.all(), f"step {{step + 1}}: {{what}}: at {{np.argwhere(~ok)[0]}}: got {{np.asarray(got)[~ok][0]!r}}, " \\
+                f"expected {{np.float32(refs[0][0][~ok][0])!r}} (torch float32 {{refs[0][1][~ok][0]!r}})"
+'''
+
+
+def special_repro_source(batch: fg.Batch, kind: str, what: str, detail: str, name: str, note: str = "") -> str:
+    import inspect
+
+    expected = []
+    for s in range(batch.steps):
+        c = batch.cases[0]
+        refs = _special_refs(c, s)
+        want = {"outputs": {o: [(r64[0][o], r32[0][o]) for r64, r32 in refs] for o in c.outputs},
+                "grads": {n: [(r64[1][n], r32[1][n]) for r64, r32 in refs] for n in refs[0][0][1]},
+                "extra": _ct_bound(c, s)}
+        expected.append(want)
+    doc = [f'"""Fuzz reproducer (special values, {kind}): {what}.', ""]
+    doc += [f"    {line}" if i else line for i, line in enumerate(fg._wrap(detail, 96))]
+    doc += ["", "Expected: PyTorch float64 (rounded to float32) and float32 of the same graph, each for the",
+            "inputs as given and with subnormals flushed; the NaN/inf pattern must match where the two",
+            "precisions agree (tests/fuzz_areas.py, pattern_ok)."]
+    if note:
+        doc += [""] + fg._wrap(note, 96)
+    doc += ['"""', ""]
+    src = fg.batch_source(batch, name, inline=True).replace(
+        "import numpy as np\n", "from math import inf, nan  # noqa: F401  (literals below)\n\nimport numpy as np\nimport pytest\n", 1)
+
+    def refs_src(rs, indent):
+        return "[" + ", ".join(f"({fg.array_source(np.asarray(a, np.float64), indent)}, {fg.array_source(np.asarray(b, np.float32), indent)})"
+                               for a, b in rs) + "]"
+
+    L = ["\n".join(doc), src, ""]
+    L.append("INPUTS = [" + ", ".join(fg._dict_source(fg.feeds(batch, s, with_cts=False), "    ") for s in range(batch.steps)) + "]")
+    cts = [{k: v for k, v in fg.feeds(batch, s).items() if k.endswith("_ct")} for s in range(batch.steps)]
+    L.append("COTANGENTS = [" + ", ".join(fg._dict_source(c, "    ") for c in cts) + "]")
+    L.append("EXPECTED = [")
+    for want in expected:
+        L.append("    {")
+        for part in ("outputs", "grads"):
+            L.append(f"        {part!r}: {{")
+            for n, rs in want[part].items():
+                L.append(f"            {n!r}: {refs_src(rs, '            ')},")
+            L.append("        },")
+        L.append(f"        'extra': {want['extra']!r},")
+        L.append("    },")
+    L.append("]")
+    L.append(f"KERNELS = {fg.kernel_set(batch.seed)!r}")
+    L.append(f"TINY = {TINY!r}")
+    L.append(f"REL = {REL!r}")
+    for f in (classes, ulp32, pattern_ok):
+        L += ["", "", inspect.getsource(f).rstrip()]
+    reason = f"fuzz special: {what}: {detail}"[:160]
+    return "\n".join(L) + "\n" + SPECIAL_REPRO.format(name=name, kind="interp" if kind.startswith("interp") else "gpu",
+                                                     reason=reason, strict=True)
+
+
+def shrink_special(batch: fg.Batch, kind: str, case: int, what: str) -> fg.Batch:
+    """The failing case alone, at one step when the failure shows at step 1."""
+    one = replace(batch, cases=[batch.cases[case]])
+    if what.startswith("step 1:"):
+        one = replace(one, cases=[fg.with_steps(one.cases[0], 1)], steps=1)
+    return one
+
+
+def write_special_repro(batch: fg.Batch, finding: Finding, kind: str, case: int, out_dir, note: str = "") -> Path | None:
+    import zlib
+
+    small = shrink_special(batch, kind, case, finding.what.split(": ", 1)[-1].split("case %d: " % case, 1)[-1])
+    # does the failure survive alone?
+    res, _ = check_special(batch.seed, small)
+    if not res.failures:
+        small = replace(batch, cases=[batch.cases[case]])
+        res, _ = check_special(batch.seed, small)
+        if not res.failures:
+            return None
+    f = res.failures[0]
+    k = "interp" if "[interp" in f.what else "gpu"
+    tag = f"{zlib.crc32(fg.batch_source(small, 'x', inline=True).encode()):08x}"
+    name = f"fuzz_special_{k}_{tag}"
+    path = Path(out_dir) / f"test_{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    what = f.what.split("] ", 1)[-1]
+    path.write_text(special_repro_source(small, k, what, f.detail, name, note))
+    return path
+
+
+SEED_TEST = '''"""Fuzz regression test ({area}): seed {seed} of tests/fuzz_areas.py's "{area}" area.
+
+{summary}
+
+The program (fuzz_areas.{area}_source of generate_{area}({seed})) and the oracle are the fuzzer's;
+`python scripts/fuzz.py --areas {area} --seed {seed} --minutes 0` runs it again.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fuzz_areas  # noqa: E402
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason={reason!r})
+def test_fuzz_{area}_{seed}():
+    res, _case = fuzz_areas.check({area!r}, {seed})
+    assert not res.failures, "\\n".join(map(str, res.failures))
+'''
+
+
+def seed_test_source(area: str, seed: int, failures: list) -> str:
+    summary = "\n".join(fg._wrap("; ".join(str(f) for f in failures[:3]), 96))
+    return SEED_TEST.format(area=area, seed=seed, summary=summary, reason=str(failures[0])[:160])
