@@ -31,7 +31,10 @@ PARAMS = {
     # ct*sqs*sq + ct*sqs*sq, not ct*sqs*(sq + sq) = 0 * inf (Mesa factors a*b + a*c that way)
     "sq": [3.4e38, 1.0, -2.0],
     "sqs": [1e-45, 1.0, 0.5],
-    "hx": [NAN, INF, -INF, 0.5, -3.0, 1.0],  # huber / smooth_l1 gradients: NaN at a NaN input (torch's backward)
+    "hx": [NAN, INF, -INF, 0.5, -3.0, 1.0],
+    # gelu and mish gradients as ct times one factor (torch's backward): inf, not NaN, for an inf
+    # cotangent where the factor's pdf term underflows
+    "gx": [1e30, -87.5, 1e-40, 2.0, -2.0],  # huber / smooth_l1 gradients: NaN at a NaN input (torch's backward)
 }
 INPUTS = {
     "idx": np.array([0, 2, 2], np.int32),
@@ -48,6 +51,8 @@ CTS = {
     "emb": np.array([[1.0, 2.0, NAN], [INF, INF, 0.5], [-INF, 1.0, 2.0]], np.float32),
     "tala": np.array([[INF, 1.0, 2.0], [0.5, NAN, -INF]], np.float32),
     "sqf": np.array([-0.0, 1.0, 2.0], np.float32),
+    "gelu": np.array([INF, 1.0, -INF, 1.0, 1.0], np.float32),
+    "mish": np.array([INF, -INF, INF, 1.0, 1.0], np.float32),
 }
 
 
@@ -67,13 +72,13 @@ def _cases(o, is_torch):
 
         sqrt, relu, absf, maxi, mini, exp = torch.sqrt, torch.relu, torch.abs, torch.maximum, torch.minimum, torch.exp
         zero = lambda like: torch.zeros_like(like)  # noqa: E731
-        huber, sl1 = F.huber_loss, F.smooth_l1_loss
+        huber, sl1, gelu, mish = F.huber_loss, F.smooth_l1_loss, F.gelu, F.mish
     else:
         emb, ce = ops.embedding, lambda lg, t: ops.cross_entropy(lg, t, reduction="none")
         tala = lambda x, i: ops.take_along_axis(x, i, 1)  # noqa: E731
         sqrt, relu, absf, maxi, mini, exp = ops.sqrt, ops.relu, ops.abs, ops.maximum, ops.minimum, ops.exp
         zero = lambda like: 0.0  # noqa: E731
-        huber, sl1 = ops.huber_loss, ops.smooth_l1_loss
+        huber, sl1, gelu, mish = ops.huber_loss, ops.smooth_l1_loss, ops.gelu, ops.mish
     out = {
         "relu": sqrt(relu(o["w"])),  # the sum(sqrt(relu(w))): gradient 0, not NaN, at w <= 0
         "maxo": sqrt(maxi(o["w"], zero(o["w"]))),
@@ -87,6 +92,12 @@ def _cases(o, is_torch):
         "sqf": (o["sq"] * o["sq"]) * o["sqs"],
         "hub": huber(o["hx"], o["ht"], reduction="none", delta=2.0),
         "sl1": sl1(o["hx"], o["ht"], reduction="none", beta=0.5),
+        # squares of sqrt and rsqrt: NaN at -3 (Mesa rewrites sqrt(a) * sqrt(a) as |a|)
+        "sqsq": sqrt(o["hx"]) ** 2,
+        "gelu": gelu(o["gx"]),
+        "mish": mish(o["gx"]),
+        "sqmul": sqrt(o["hx"]) * sqrt(o["hx"]),
+        "rsq": (1.0 / sqrt(o["hx"])) ** -2 if is_torch else ops.rsqrt(o["hx"]) ** -2,
     }
     # what shader compilers fold to 0 (IEEE: NaN for inf and NaN x)
     x = o["xs"]

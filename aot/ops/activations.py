@@ -77,7 +77,15 @@ def mish(x):
     # tanh(s) for s = softplus(x) >= 0 as -expm1(-2s) / (2 + expm1(-2s)): accurate where s is
     # tiny (x very negative), where a GPU's tanh may be off by ~1e-7 absolute
     e = emit("expm1", (softplus(x) * -2.0,))
-    return x * (neg(e) / (e + 2.0))
+    t = neg(e) / (e + 2.0)
+
+    def rule(ct, y, ins):
+        # torch's mish_backward: ct times one factor, tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2); through
+        # the primitives an inf cotangent meets terms of opposite sign (NaN at x = -87.5, torch: -inf)
+        xi = ins[0]
+        return (ct * (t + xi * sigmoid(xi) * (1.0 - t * t)),)
+
+    return custom_vjp(x * t, (x,), rule)
 
 
 def hardswish(x):

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ..templates import wgsl_f32, wgsl_i32
+from ..wgsl_expr import ROOTS, produced_by
 from .registry import COSTLY, FOLLOW, Bad, OpDef, follow, lookup, register
 from . import api as F
 
@@ -53,7 +54,9 @@ def _unary(name, ref, vjp, expr, cost=1):
 _unary("neg", lambda x: -x, lambda ct, n: (F.neg(ct),), "-{0}")
 # sign(0) = 0, so d|x|/dx at 0 is 0 (PyTorch's choice).
 _unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
-register(OpDef("sign", _f32_only("sign"), np.sign, None, "pointwise", expr="sign({0})", nondiff=True))
+# sign(NaN) = 0 as torch.sign (and so abs's gradient at NaN); NumPy's is NaN
+register(OpDef("sign", _f32_only("sign"), lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)), None, "pointwise",
+               expr="sign({0})", nondiff=True))
 _unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})", COSTLY)
 _unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "inverseSqrt({0})", COSTLY)
 _unary("exp", np.exp, lambda ct, n: (ct * n.out,), "exp_f32({0})", COSTLY)
@@ -112,6 +115,15 @@ def _power_expr(attrs):
     return "pow_frac_f32({0}, %s)" % _lit(p)
 
 
+def _power_ref(x, p):
+    """NumPy's power, except x ** +-0.5 as sqrt and 1 / sqrt, as the kernels (and torch) compute
+    them: (-0) ** -0.5 = -inf and (-inf) ** +-0.5 = NaN, where C's pow gives inf and inf / 0."""
+    if abs(p) == 0.5:
+        r = np.sqrt(x)
+        return r if p > 0 else (np.float32(1) / r).astype(x.dtype)
+    return np.power(x, x.dtype.type(p))
+
+
 def _zeros_like(t):
     from .creation import zeros_like  # creation builds on this module's ops
 
@@ -126,7 +138,7 @@ register(
     OpDef(
         "power",
         _f32_only("power"),
-        lambda x, p: np.power(x, x.dtype.type(p)),
+        _power_ref,
         # torch's pow_backward: zeros for p = 0 (not 0 * x ** -1, NaN at x = 0, nor ct * 0, NaN
         # for an inf cotangent)
         lambda ct, n: (_zeros_like(ct) if n.attrs["p"] == 0 else ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
@@ -175,6 +187,8 @@ def _opaque_arith(op):
             call = f"self_sub_f32({a})"
         elif op == "add" and (_is_neg_of(body, b, a) or _is_neg_of(body, a, b)):
             call = "self_sub_f32(%s)" % (a if _is_neg_of(body, b, a) else b)
+        elif op == "mul" and a == b and produced_by(n.inputs[0], ROOTS):
+            call = f"mul_self_f32({a})"  # sqrt(a) * sqrt(a): Mesa folds it to |a| (wgsl_expr.ROOTS)
         if call is None and op == "add" and a == b and a not in _ZERO:
             # x + x as x * 2.0 (equal for every x, inf, NaN and -0 included): Mesa factors
             # a*b + a*c into a*(b + c), which for a gradient (ct*y)*x + (ct*y)*x of x * x gives
