@@ -372,8 +372,34 @@ def _flush(a: np.ndarray) -> np.ndarray:
     return np.where(sub, np.copysign(np.float32(0), a), a).astype(a.dtype)
 
 
+_FTZ = None
+
+
+def _ftz():
+    """An autograd identity that flushes float32 subnormals to signed zeros both ways."""
+    global _FTZ
+    if _FTZ is None:
+        T = fg._torch()
+
+        def f(x):
+            return T.where((x != 0) & (x.abs() < TINY), x * 0, x)
+
+        class FTZ(T.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return f(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return f(g)
+
+        _FTZ = FTZ
+    return _FTZ
+
+
 def torch_case(case: fg.Case, step: int, fdt, flush: bool = False):
-    """Outputs, gradients and loss of a case at one step in PyTorch (no domain checks)."""
+    """Outputs, gradients and loss of a case at one step in PyTorch (no domain checks); with
+    flush, the leaves' subnormals flushed and every op's result and gradient flushed too."""
     T = fg._torch()
     env = {}
     params = []
@@ -389,7 +415,10 @@ def torch_case(case: fg.Case, step: int, fdt, flush: bool = False):
             if l.kind != "input":
                 params.append(n)
     for op in case.ops:
-        env.update(zip(op.outs, fg.eval_op(op, env, fdt)[1]))
+        outs = fg.eval_op(op, env, fdt)[1]
+        if flush:  # each op's result and gradient with its subnormals flushed, as a driver may
+            outs = tuple(_ftz().apply(o) if isinstance(o, T.Tensor) and o.dtype.is_floating_point else o for o in outs)
+        env.update(zip(op.outs, outs))
     loss = T.zeros((), dtype=fdt)
     for o in case.outputs:
         if o in case.cts:
