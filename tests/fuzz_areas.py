@@ -762,8 +762,8 @@ def _opt_kwargs(rng, opt: str, steps: int) -> dict:
         for key in GROUP_EXTRA[opt]:
             if rng.random() < 0.3:
                 g[key] = _opt_kwargs(rng, opt, steps).get(key, kw.get(key))
-        if opt == "SGD" and g.get("nesterov") and not g.get("momentum", kw.get("momentum")):
-            g["momentum"] = 0.9
+        if opt == "SGD" and g.get("nesterov", kw["nesterov"]) and not g.get("momentum", kw["momentum"]):
+            g["momentum"] = 0.9  # torch.optim.SGD refuses nesterov without momentum (a group inherits either)
         groups.append(g)
     if groups:
         kw["groups"] = groups
@@ -773,7 +773,7 @@ def _opt_kwargs(rng, opt: str, steps: int) -> dict:
 def _overlaps(groups) -> bool:
     import fnmatch
 
-    names = ["l1.W", "l1.b", "l2.W", "l2.b", "scale", "unused"]
+    names = ["l1.W", "l1.b", "l2.W", "l2.b", "scale", "unused", "shift"]
     for n in names:
         hits = sum(1 for g in groups if any(fnmatch.fnmatchcase(n, p) for p in g["_names"]))
         if hits > 1:
@@ -795,6 +795,10 @@ def generate_optim(seed: int) -> OptimCase:
     unused = bool(rng.random() < 0.3)
     if unused:
         params["unused"] = (rng.uniform(-1, 1, (2,)), True)
+    # a shift removed by centering: its gradient is 0 in exact arithmetic and float32 noise in
+    # aot's, which Adam, RMSprop and Adagrad normalize into updates of size lr (optim_tolerance)
+    if rng.random() < 0.3:
+        params["shift"] = (rng.uniform(-0.5, 0.5, (1,)), True)
     params = {n: (np.asarray(v, np.float32), d) for n, (v, d) in params.items()}
     opt = str(rng.choice(OPTIMS))
     steps = int(rng.integers(3, 7))
@@ -841,8 +845,14 @@ def optim_source(case: OptimCase, name: str = "fuzz_optim") -> str:
           "        self.scale = self.param(P['scale'].shape, init=aot.init.literal(P['scale']), decay=DECAY['scale'])"]
     if case.unused:
         L.append("        self.unused = self.param((2,), init=aot.init.literal(P['unused']), decay=True)  # reaches no loss")
-    L += ["", "", "def loss(m, x, y):", f"    h = {ACTS[case.act][0].format('x @ m.l1.W + m.l1.b')}",
-          "    out = (h @ m.l2.W + m.l2.b) * m.scale", "    aot.capture('logits', out)"]
+    if "shift" in case.params:
+        L.append("        self.shift = self.param((1,), init=aot.init.literal(P['shift']), decay=True)")
+    L += ["", "", "def loss(m, x, y):", f"    h = {ACTS[case.act][0].format('x @ m.l1.W + m.l1.b')}"]
+    if "shift" in case.params:
+        L += ["    z = h @ m.l2.W + m.l2.b + m.shift", "    out = (z - ops.mean(z, axis=-1, keepdims=True)) * m.scale"]
+    else:
+        L.append("    out = (h @ m.l2.W + m.l2.b) * m.scale")
+    L.append("    aot.capture('logits', out)")
     if case.head == "ce":
         L.append("    return ops.cross_entropy(out, y)")
     else:
@@ -896,7 +906,11 @@ def torch_trajectory(case: OptimCase, fdt, noise: float = 0.0, noise_seed: int =
             g["lr"] = lr_at(lr, t)
         x = T.tensor(b["x"].astype(np.float64), dtype=fdt)
         h = ACTS[case.act][1](T, x @ tp["l1.W"] + tp["l1.b"])
-        o = (h @ tp["l2.W"] + tp["l2.b"]) * tp["scale"]
+        if "shift" in tp:
+            z = h @ tp["l2.W"] + tp["l2.b"] + tp["shift"]
+            o = (z - z.mean(-1, keepdim=True)) * tp["scale"]
+        else:
+            o = (h @ tp["l2.W"] + tp["l2.b"]) * tp["scale"]
         if case.head == "ce":
             loss = F.cross_entropy(o, T.tensor(b["y"].astype(np.int64)))
         else:
@@ -904,9 +918,12 @@ def torch_trajectory(case: OptimCase, fdt, noise: float = 0.0, noise_seed: int =
         names = list(tp)
         gs = T.autograd.grad(loss, [tp[n] for n in names], allow_unused=True)
         grads = {}
+        top = max(float(g.abs().max()) for g in gs if g is not None)
         for n, gr in zip(names, gs):
             if gr is not None and noise:
-                big = float(gr.abs().max())
+                # a float32 gradient's error: a few ulps of itself and of its tensor's largest
+                # element, and (sums that cancel, such as the centered shift's) of the largest one
+                big = float(gr.abs().max()) + 1e-2 * top
                 gr = gr + T.tensor(nrng.normal(size=tuple(gr.shape)), dtype=fdt) * noise * (big + gr.abs())
             tp[n].grad = gr
             grads[n] = (gr if gr is not None else T.zeros_like(tp[n])).detach().numpy().astype(np.float64)
