@@ -46,6 +46,8 @@ HELPER_DEPS = {
     "zero_div_f32": ("f32_bits",),
     "self_sub_f32": ("f32_bits",),
     "mul_self_f32": ("is_nan_f32",),
+    "div_zero_f32": ("f32_bits",),
+    "zero_sub_f32": ("f32_bits",),
 }
 
 

@@ -102,6 +102,11 @@ def _cases(o, is_torch):
     # what shader compilers fold to 0 (IEEE: NaN for inf and NaN x)
     x = o["xs"]
     out.update(ssub=x - x, mz=x * 0.0, zm=0.0 * x, mnz=x * -0.0, zd=0.0 / x, addneg=x + (-x), chain=exp(x * 0.0) + (x - x))
+    # x / 0.0 (drivers gave 0), x / -0.0 (its constant merged with 0.0's: 0.0 == -0.0 in Python), and
+    # 0.0 - tanh(x) at x = -0, whose +0 (Mesa: -(-0)... tanh gave +0) picks log's inf and its gradient's sign
+    tanh = torch.tanh if is_torch else ops.tanh
+    log = torch.log if is_torch else ops.log
+    out.update(dz=x / 0.0, dnz=x / -0.0, zsub=log(0.0 - tanh(x)), nzsub=-0.0 - x, tinv=1.0 / tanh(x))  # tanh(-0) = -0
     for k, p in enumerate(POWERS):
         out[f"pow{k}"] = o["px"] ** p
     return out

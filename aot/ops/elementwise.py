@@ -183,6 +183,10 @@ def _opaque_arith(op):
             call = "times_zero_f32(%s, %s)" % ((b, a) if a in _ZERO else (a, b))
         elif op == "div" and a in _ZERO and b not in _ZERO:
             call = f"zero_div_f32({a}, {b})"
+        elif op == "div" and b in _ZERO and a not in _ZERO:
+            call = f"div_zero_f32({a}, {b})"  # x / 0.0: drivers return 0 for it (IEEE: +-inf, NaN)
+        elif op == "sub" and a in _ZERO and b not in _ZERO:
+            call = f"zero_sub_f32({a}, {b})"  # 0.0 - x: Mesa folds it to -x, -0 for x = 0 (IEEE: +0)
         elif op == "sub" and a == b and a not in _ZERO:
             call = f"self_sub_f32({a})"
         elif op == "add" and (_is_neg_of(body, b, a) or _is_neg_of(body, a, b)):
