@@ -7,6 +7,10 @@ tests/fuzz_nn.py), 2 or 3 steps with fresh inputs (sometimes with
 SGD updates, sometimes an Infer entry), then step 1 replayed after reset(); a failure message
 carries each failing graph as standalone source (`python scripts/fuzz.py --seed S --minutes 0`
 shrinks seed S's failures into tests/fuzz_repros/).
+
+The areas of issue 32 (tests/fuzz_areas.py: special values, optimizer trajectories with
+step_many and save/restore, symbolic dims, no inputs / no parameters) run a few seeds each
+(AREA_SEEDS, about 35 s); `scripts/fuzz.py --areas all --minutes N` runs them for longer.
 """
 
 from __future__ import annotations
