@@ -21,7 +21,7 @@ from .views import contiguous_strides
 
 # helpers a pointwise `expr` may call, and the helpers each of them calls in turn
 EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32",
-                "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_self_f32")
+                "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_self_f32", "rsqrt_f32")
 # Mesa folds sqrt(a) * sqrt(a) to |a| and rsqrt(a) * rsqrt(a) to 1 / a (inexact rewrites): a
 # NaN for a < 0 becomes a number. A square of their results is written with mul_self_f32.
 ROOTS = ("sqrt", "rsqrt")

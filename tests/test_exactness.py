@@ -107,6 +107,8 @@ def _cases(o, is_torch):
     tanh = torch.tanh if is_torch else ops.tanh
     log = torch.log if is_torch else ops.log
     out.update(dz=x / 0.0, dnz=x / -0.0, zsub=log(0.0 - tanh(x)), nzsub=-0.0 - x, tinv=1.0 / tanh(x))  # tanh(-0) = -0
+    # rsqrt(-0) = -inf, and what reads it sees -inf (Mesa took inverseSqrt's result for >= 0)
+    out["ersq"] = torch.expm1(torch.rsqrt(x)) if is_torch else ops.expm1(ops.rsqrt(x))
     for k, p in enumerate(POWERS):
         out[f"pow{k}"] = o["px"] ** p
     return out

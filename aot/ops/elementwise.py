@@ -58,7 +58,10 @@ _unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
 register(OpDef("sign", _f32_only("sign"), lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)), None, "pointwise",
                expr="sign({0})", nondiff=True))
 _unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})", COSTLY)
-_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "inverseSqrt({0})", COSTLY)
+# rsqrt(-0) = -inf as IEEE's and torch's; written by the bits in rsqrt_f32, as Mesa takes
+# inverseSqrt's result for non-negative and folds what reads it on that assumption (expm1 of it:
+# -inf, not -1)
+_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "rsqrt_f32({0})", COSTLY)
 _unary("exp", np.exp, lambda ct, n: (ct * n.out,), "exp_f32({0})", COSTLY)
 _unary("log", np.log, lambda ct, n: (ct / n.inputs[0],), "log_f32({0})", COSTLY)
 # exp, log, sin, cos and erf are aot's own (_helpers.wgsl.j2), as tanh: WGSL bounds its builtins' error only
