@@ -481,6 +481,8 @@ KNOWN_DIFFERENCES = {
     "factorization": "Mesa rewrites a*b + a*c as a*(b + c): where one leaf feeds two arguments of an op and its "
                      "cotangent is inf, the two gradient terms inf*b + inf*c (NaN for b, c of opposite signs, "
                      "as torch) become inf*(b + c), an inf",
+    "kl_div_zero": "kl_div's gradient with respect to a target of 0 (log_target=False): torch's is NaN "
+                   "(log(0) inside), aot's 0, the limit of its xlogy form; accepted as nan_kernels are",
     "prod_grad": "prod's gradient is the product of the other elements (pairwise, exact where the slice holds "
                  "zeros); where it holds none, torch divides the product by the element, so one NaN or inf "
                  "element makes the whole slice's gradient NaN there, and partial products that over- or "
@@ -510,13 +512,17 @@ def _known(case: fg.Case, step: int, env64: dict) -> tuple:
                 if fin.numel() and (float(fin.max()) >= 1e18 or float(T.log10(fin[fin > 1]).sum()) > 38
                                     or float(T.log10(fin[(fin < 1) & (fin > 0)]).sum()) < -38):
                     overflow = "prod" if op.op == "prod" else overflow or "acc"
-                if op.op == "prod" and not bool(T.isfinite(v).all()):
-                    overflow = "prod"  # prod_grad
+                nz = fin[fin > 0]
+                if op.op == "prod" and (not bool(T.isfinite(v).all()) or (nz.numel() and (float(nz.max()) > 1e6 or float(nz.min()) < 1e-6))):
+                    overflow = "prod"  # prod_grad: the cotangent times partial products can overflow too
     flags = set()
     for op in case.ops:
         v = env64.get(op.args[0]) if op.args and isinstance(op.args[0], str) else None
         if op.op in ("elu", "hardswish") and v is not None and bool(T.isnan(v).any()):
             flags.add("nan_kernels")
+        t = env64.get(op.args[1]) if op.op == "kl_div" and isinstance(op.args[1], str) else None
+        if t is not None and not op.kw.get("log_target") and bool((t == 0).any()):
+            flags.add("nan_kernels")  # kl_div_zero: torch's target gradient is NaN at target 0
         if op.op == "gelu":
             flags.add("gelu_cancel")
         if op.op in BOUNDED_DERIVATIVE:
