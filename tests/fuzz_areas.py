@@ -473,7 +473,8 @@ KNOWN_DIFFERENCES = {
     "bounded_derivative": "the gradient of tanh, sigmoid and their kin is 1 - y^2 or y (1 - y) of the forward "
                           "value y, whose few ulps are ~1e-7 absolute in that factor: where it is small (tanh at "
                           "x = -7: 1.2e-6) the gradient is that much off relatively (the 1e-4 bound widened to "
-                          "1e-6 times the largest cotangent there)",
+                          "1e-6 times the largest cotangent there); so are gradients that cancel (softmax's at a "
+                          "one-hot row, var's, norm's)",
     "flush": "a subnormal intermediate (sigmoid(-89) in logsigmoid's gradient, say) may be 0 in aot (API.md: "
              "subnormal results may be flushed): times an infinite cotangent that is NaN where torch's is inf",
     "pow_base": "number ** tensor is exp(x log(b)) in float32: 2 ** 110 is ~8e-6 off (torch's pow is exact), "
@@ -493,7 +494,11 @@ KNOWN_DIFFERENCES = {
 # ops whose gradient factor is computed from a bounded output (tanh: 1 - y^2, sigmoid: y (1 - y)):
 # y's few ulps are an absolute error of ~1e-7 in the factor, relative ones where the factor is small
 # (tanh at -7: 1 - y^2 = 1.2e-6, 10% off for y 2 ulps off; torch's own y is closer there)
-BOUNDED_DERIVATIVE = ("tanh", "sigmoid", "silu", "gelu", "mish", "logsigmoid", "softplus", "erf", "elu")
+# The same for gradients that cancel: softmax's y (ct - sum(ct y)) is 0 in exact arithmetic where a
+# row is one-hot, ~1e-8 of the cotangent in float32 (the interpreter's, hour-run seed 4160069)
+BOUNDED_DERIVATIVE = ("tanh", "sigmoid", "silu", "gelu", "mish", "logsigmoid", "softplus", "erf", "elu",
+                      "softmax", "log_softmax", "logsumexp", "softmax_causal", "cross_entropy", "cross_entropy2",
+                      "var", "std", "norm")
 ACCUMULATING = ("sum", "mean", "prod", "var", "std", "norm", "cumsum", "matmul") + LOSSES
 
 
