@@ -729,6 +729,7 @@ class OptimCase:
     okw: dict  # optimizer keywords (lr: float or schedule spec tuple), groups as a list of dicts
     batches: list  # [{"x": ..., "y": ...}]
     save_at: int  # restore from a checkpoint after this many steps
+    set_lr: tuple | None = None  # (j, lr or schedule spec): model.set_lr(spec) after step j (every group's)
 
     @property
     def steps(self) -> int:
@@ -834,7 +835,11 @@ def generate_optim(seed: int) -> OptimCase:
         y = rng.integers(0, O, (N,)).astype(np.int32) if head == "ce" else np.asarray(rng.uniform(-1, 1, (N, O)), np.float32)
         batches.append({"x": x, "y": y})
     act = str(rng.choice(list(ACTS)))
-    return OptimCase(seed, (N, D, H, O), act, head, params, unused, opt, okw, batches, int(rng.integers(1, steps)))
+    set_lr = None
+    if rng.random() < 0.3:  # set_lr between steps: a schedule starts at its own step 1 on the next step
+        peak = lr_at(okw["lr"], 1)
+        set_lr = (int(rng.integers(1, steps)), float(peak * 0.5) if rng.random() < 0.5 else _rand_schedule(rng, peak, steps))
+    return OptimCase(seed, (N, D, H, O), act, head, params, unused, opt, okw, batches, int(rng.integers(1, steps)), set_lr)
 
 
 def _opt_src(case: OptimCase) -> str:
@@ -925,7 +930,7 @@ def torch_trajectory(case: OptimCase, fdt, noise: float = 0.0, noise_seed: int =
     out = []
     for t, b in enumerate(case.batches, start=1):
         for g, lr in zip(opt.param_groups, lrs):
-            g["lr"] = lr_at(lr, t)
+            g["lr"] = lr_at(lr, t) if not case.set_lr or t <= case.set_lr[0] else lr_at(case.set_lr[1], t - case.set_lr[0])
         x = T.tensor(b["x"].astype(np.float64), dtype=fdt)
         h = ACTS[case.act][1](T, x @ tp["l1.W"] + tp["l1.b"])
         if "shift" in tp:
@@ -995,7 +1000,8 @@ def check_optim(seed: int, case: OptimCase | None = None) -> tuple[AreaResult, O
     fails = []
 
     def fail(what, detail):
-        fails.append(Finding("optim", seed, f"{case.opt}: {what}", detail, src))
+        extra = f" (set_lr({case.set_lr[1]!r}) after step {case.set_lr[0]})" if case.set_lr else ""
+        fails.append(Finding("optim", seed, f"{case.opt}{extra}: {what}", detail, src))
 
     ns: dict = {}
     try:
@@ -1027,12 +1033,18 @@ def check_optim(seed: int, case: OptimCase | None = None) -> tuple[AreaResult, O
                             fail(f"step {s + 1}: {kind} {n}{' after the update' if kind == 'parameter' else ''}",
                                  f"{int(bad.sum())}/{bad.size} off; at {i}: got {float(got[i])!r}, expected {float(want[i])!r} "
                                  f"(tolerance {float(t[i]):.3g})")
+                if case.set_lr and s + 1 == case.set_lr[0]:
+                    model.set_lr(case.set_lr[1])
                 if s + 1 == case.save_at:
                     model.save(ckpt)
             # step_many of the same batches: bit for bit the losses and parameters of the step() calls
             b = type(model)(kernels=fg.kernel_set(seed))
             others.append(b)
-            many = b.step_many([dict(x) for x in case.batches])
+            j = case.set_lr[0] if case.set_lr else case.steps
+            many = list(b.step_many([dict(x) for x in case.batches[:j]]))
+            if case.set_lr:
+                b.set_lr(case.set_lr[1])
+                many += list(b.step_many([dict(x) for x in case.batches[j:]]))
             if not np.array_equal(np.asarray(many, np.float32), np.array(losses, np.float32)):
                 fail("step_many", f"losses {list(map(float, many))} != step()'s {list(map(float, losses))}")
             _bit_params(b.params(), params[-1], "step_many after all steps", fail)
@@ -1043,7 +1055,13 @@ def check_optim(seed: int, case: OptimCase | None = None) -> tuple[AreaResult, O
             others.append(c)
             c.restore(ckpt)
             _bit_params(c.params(), params[case.save_at - 1], f"restore after step {case.save_at}", fail)
-            rest = c.step_many([dict(x) for x in case.batches[case.save_at:]])
+            if case.set_lr and case.set_lr[0] > case.save_at:  # the checkpoint has the old lr
+                j = case.set_lr[0]
+                rest = list(c.step_many([dict(x) for x in case.batches[case.save_at:j]]))
+                c.set_lr(case.set_lr[1])
+                rest += list(c.step_many([dict(x) for x in case.batches[j:]]))
+            else:
+                rest = c.step_many([dict(x) for x in case.batches[case.save_at:]])
             if not np.array_equal(np.asarray(rest, np.float32), np.array(losses[case.save_at:], np.float32)):
                 fail(f"restore after step {case.save_at}, then step_many", f"losses {list(map(float, rest))} != {list(map(float, losses[case.save_at:]))}")
             _bit_params(c.params(), params[-1], f"restore after step {case.save_at}, then step_many", fail)
