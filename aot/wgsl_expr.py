@@ -58,8 +58,11 @@ FLAT_RESHAPE_MAX = 2**31  # reshapes of larger tensors map axes group by group (
 
 
 def produced_by(t, ops) -> bool:
-    """Whether tensor t is the output of one of these ops."""
+    """Whether tensor t is the output of one of these ops (x ** +-0.5 counts as a root: it is
+    rendered with sqrt)."""
     node = getattr(t, "node", None)
+    if node is not None and node.op == "power" and "sqrt" in ops:
+        return abs(node.attrs.get("p", 0)) == 0.5
     return node is not None and node.op in ops
 
 
