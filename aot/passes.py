@@ -32,7 +32,8 @@ def cse_consts(g: Graph) -> Graph:
     for n in g.nodes:
         n = _with_inputs(n, remap)
         if lookup(n.op).fusion == "constant":
-            key = (n.op, tuple(sorted(n.attrs.items())))
+            # floats by repr: 0.0 == -0.0 in Python, and merging them lost -0.0's sign (x / -0.0)
+            key = (n.op, tuple(sorted((k, repr(v) if isinstance(v, float) else v) for k, v in n.attrs.items())))
             if key in canon:
                 remap[id(n.out)] = canon[key]
                 continue

@@ -21,7 +21,11 @@ from .views import contiguous_strides
 
 # helpers a pointwise `expr` may call, and the helpers each of them calls in turn
 EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32",
-                "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_exp_f32")
+                "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_exp_f32", "mul_self_f32",
+                "rsqrt_f32")
+# Mesa folds sqrt(a) * sqrt(a) to |a| and rsqrt(a) * rsqrt(a) to 1 / a (inexact rewrites): a
+# NaN for a < 0 becomes a number. A square of their results is written with mul_self_f32.
+ROOTS = ("sqrt", "rsqrt")
 HELPER_DEPS = {
     "tanh_f32": ("is_nan_f32", "expm1_f32"),
     "erf_f32": ("is_nan_f32", "exp_f32"),
@@ -43,6 +47,9 @@ HELPER_DEPS = {
     "times_zero_f32": ("f32_bits",),
     "zero_div_f32": ("f32_bits",),
     "self_sub_f32": ("f32_bits",),
+    "mul_self_f32": ("is_nan_f32",),
+    "div_zero_f32": ("f32_bits",),
+    "zero_sub_f32": ("f32_bits",),
 }
 
 
@@ -50,6 +57,15 @@ MAX_DEPTH = 60  # value() levels one rendering recurses before handing the rest 
 
 
 FLAT_RESHAPE_MAX = 2**31  # reshapes of larger tensors map axes group by group (reshape_index)
+
+
+def produced_by(t, ops) -> bool:
+    """Whether tensor t is the output of one of these ops (x ** +-0.5 counts as a root: it is
+    rendered with sqrt)."""
+    node = getattr(t, "node", None)
+    if node is not None and node.op == "power" and "sqrt" in ops:
+        return abs(node.attrs.get("p", 0)) == 0.5
+    return node is not None and node.op in ops
 
 
 class _Deep(BaseException):
@@ -243,6 +259,8 @@ class Body:
             raise CodegenError(f"no WGSL rendering for op {n.op!r}")
         args = [self.value(x, idx) for x in n.inputs]
         expr = od.expr(n.attrs) if callable(od.expr) else od.expr
+        if "{0} * {0}" in expr and produced_by(n.inputs[0], ROOTS):
+            expr = expr.replace("{0} * {0}", "mul_self_f32({0})", 1)
         for h in EXPR_HELPERS:
             if h + "(" in expr:
                 self.helper(h)

@@ -3,6 +3,13 @@ WebGPU adapter and checked against the reference interpreter and float64 PyTorch
 (tests/fuzz_graphs.py). Each new failure is shrunk and written as a pytest reproducer.
 
     python scripts/fuzz.py --minutes 30 [--seed S] [--out tests/fuzz_repros] [--shrink-seconds 240]
+    python scripts/fuzz.py --minutes 60 --areas all
+
+--areas picks what to fuzz (comma-separated; default "graphs", the random graphs): "special"
+(NaN/inf/tiny/huge arguments and cotangents of every unary op and more, PyTorch's NaN/inf pattern
+matched), "optim" (optimizer trajectories against torch.optim, step_many, save/restore), "dims"
+(symbolic dims in infer and training entries), "noinput" (no inputs, no parameters); "all" is
+every area (tests/fuzz_areas.py). Each seed runs every selected area once, in turn.
 
 Prints a progress line every --every seconds and, at the end, the number of programs and graphs
 checked and the failures. Seeds are consecutive from --seed (default: from the clock, printed),
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import time
@@ -28,7 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
+import fuzz_areas as fa  # noqa: E402
 import fuzz_graphs as fg  # noqa: E402
+
+AREAS = ("graphs",) + fa.AREAS
 
 # the order in which one program's failures are shrunk: an exception before a wrong value
 PRIORITY = {"compile": 0, "run": 1, "interp-error": 2, "interp": 3, "gpu": 4}
@@ -50,7 +61,12 @@ def main(argv=None) -> int:
     ap.add_argument("--per-family", type=int, default=3, help="most reproducers per exception message (kernel and tensor numbers aside)")
     ap.add_argument("--every", type=float, default=30.0, help="seconds between progress lines")
     ap.add_argument("--black", action="store_true", help="format generated packages with black (slower; same code)")
+    ap.add_argument("--areas", default="graphs", help=f"comma-separated areas to fuzz, of {', '.join(AREAS)}, or all (default graphs)")
     args = ap.parse_args(argv)
+    args.areas = AREAS if args.areas == "all" else tuple(a.strip() for a in args.areas.split(",") if a.strip())
+    bad = [a for a in args.areas if a not in AREAS]
+    if bad or not args.areas:
+        ap.error(f"--areas: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(AREAS)} or all")
     signal.signal(signal.SIGTERM, _interrupt)
     if args.black:
         return run(args)
@@ -67,6 +83,63 @@ class Run:
         self.seen: dict[str, Path] = {}  # signature -> reproducer
         self.dupes: dict[str, int] = {}
         self.family_more: dict[str, int] = {}
+        # the areas of tests/fuzz_areas.py: counts and failures per area
+        self.counts = {a: fa.AreaResult() for a in fa.AREAS}
+        self.area_failing = {a: 0 for a in fa.AREAS}
+        self.area_found: list[str] = []  # "area seed: failure" lines
+
+    def area_one(self, area: str, seed: int):
+        """One seed of a tests/fuzz_areas.py area; its failures written as reproducers."""
+        try:
+            res, case = fa.check(area, seed)
+        except Exception:  # noqa: BLE001
+            self.harness_errors += 1
+            print(f"fuzz: {area} seed {seed}: harness error\n{traceback.format_exc()}", flush=True)
+            return
+        c = self.counts[area]
+        for k in ("programs", "graphs", "ops", "steps", "elements"):
+            setattr(c, k, getattr(c, k) + getattr(res, k))
+        if not res.failures:
+            return
+        self.area_failing[area] += 1
+        print(f"fuzz: {area} seed {seed}: {len(res.failures)} disagreement(s); first: {res.failures[0]}", flush=True)
+        self.area_found += [str(f) for f in res.failures]
+        try:
+            for path in self.area_repros(area, seed, case, res.failures):
+                print(f"fuzz:   NEW {path}", flush=True)
+        except Exception:  # noqa: BLE001
+            self.harness_errors += 1
+            print(f"fuzz: {area} seed {seed}: writing a reproducer failed\n{traceback.format_exc()}", flush=True)
+
+    def area_repros(self, area: str, seed: int, case, failures) -> list[Path]:
+        """special: each failing case alone as a standalone reproducer (one per op chain and
+        kind); the other areas: a test of the seed (their programs are small by construction)."""
+        out = []
+        if area == "special":
+            for f in failures:
+                m = re.search(r"\[(gpu|interp|interp-error|compile|run)\] case (\d+): ", f.what)
+                if not m:
+                    continue
+                k = int(m.group(2))
+                sig = "special|" + m.group(1) + "|" + "; ".join(op.op + repr(sorted(op.kw.items())) for op in case.cases[k].ops)
+                if sig in self.seen:
+                    self.dupes[sig] = self.dupes.get(sig, 0) + 1
+                    continue
+                note = f"Found by scripts/fuzz.py --areas special at seed {seed} (fuzz_areas.generate_special({seed}))."
+                path = fa.write_special_repro(case, f, m.group(1), k, self.args.out, note)
+                if path is not None:
+                    self.seen[sig] = path
+                    out.append(path)
+            return out
+        sig = f"{area}|{re.sub(r'[0-9.e+-]+', 'N', failures[0].what)}"
+        if sig in self.seen:
+            self.dupes[sig] = self.dupes.get(sig, 0) + 1
+            return out
+        path = Path(self.args.out) / f"test_fuzz_{area}_{seed}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(fa.seed_test_source(area, seed, failures))
+        self.seen[sig] = path
+        return [path]
 
     def one(self, seed: int):
         """Check one seed's batch; shrink its new failures into reproducers."""
@@ -116,8 +189,16 @@ class Run:
         print(f"fuzz:   NEW {sf} -> {n_ops} op(s), {small.steps} step(s): {path}", flush=True)
 
     def line(self) -> str:
-        return (f"{self.programs} programs, {self.graphs} graphs ({self.ops} ops), {self.failing} failing programs, "
-                f"{len(self.seen)} distinct failures")
+        parts = []
+        if "graphs" in self.args.areas:
+            parts.append(f"graphs: {self.programs} programs, {self.graphs} graphs ({self.ops} ops), {self.failing} failing programs")
+        for a in fa.AREAS:
+            if a in self.args.areas:
+                c = self.counts[a]
+                more = f", {c.elements} elements" if a == "special" else ""
+                parts.append(f"{a}: {c.programs} programs, {c.graphs} cases ({c.ops} ops), {c.steps} steps{more}, "
+                             f"{self.area_failing[a]} failing")
+        return "; ".join(parts) + f"; {len(self.seen)} distinct failures"
 
 
 def run(args) -> int:
@@ -129,7 +210,11 @@ def run(args) -> int:
     r = Run(args)
     try:
         while True:  # at least one seed: --minutes 0 checks (and shrinks) just --seed
-            r.one(seed)
+            for area in args.areas:
+                if area == "graphs":
+                    r.one(seed)
+                else:
+                    r.area_one(area, seed)
             seed += 1
             if time.monotonic() >= deadline:
                 break
@@ -144,6 +229,8 @@ def run(args) -> int:
         print(f"fuzz:   {path}  [{sig}]  (+{r.dupes.get(sig, 0)} more)", flush=True)
     for family, n in r.family_more.items():
         print(f"fuzz:   {n} more failure(s) of family {family}", flush=True)
+    for line in r.area_found[:200]:
+        print(f"fuzz:   {line[:600]}", flush=True)
     return 1 if r.seen else 0
 
 

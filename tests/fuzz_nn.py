@@ -106,6 +106,7 @@ def nnmod_torch(args, kw, fdt):
     if form == "lstm_hx":
         positional = [positional[0], (positional[1], positional[2])]
     out = T.func.functional_call(tmod, named, tuple(positional), keywords)
+    out = tuple(map(_contiguous_grad, out)) if isinstance(out, tuple) else _contiguous_grad(out)
     if form == "x":
         return out
     if form == "first":
@@ -113,6 +114,35 @@ def nnmod_torch(args, kw, fdt):
     if form == "pair":
         return out[0], out[1]
     return out[0], out[1][0], out[1][1]  # lstm, lstm_hx
+
+
+@lru_cache(maxsize=None)
+def _contiguous_grad_fn():
+    T = _torch()
+
+    class ContiguousGrad(T.autograd.Function):
+        """The identity, whose backward hands the module a contiguous gradient: torch 2.13's CPU
+        batch_norm backward is wrong for some strided gradients (a [1, 3, 3, 1] output read
+        through swapaxes(1, 2): 0.5 off finite differences; fuzz seed 910006)."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.contiguous()
+
+    return ContiguousGrad
+
+
+def _contiguous_grad(t):
+    T = _torch()
+    if isinstance(t, T.Tensor) and t.requires_grad and t.dtype.is_floating_point:
+        return _contiguous_grad_fn().apply(t)
+    if isinstance(t, tuple):
+        return tuple(map(_contiguous_grad, t))
+    return t
 
 
 def nnmod_src(a, kw, mod):

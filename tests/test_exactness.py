@@ -27,7 +27,15 @@ PARAMS = {
     "tab": np.arange(12, dtype=np.float32).reshape(4, 3) * 0.25 - 1.0,
     "xl": np.arange(10, dtype=np.float32).reshape(2, 5) * 0.5 - 2.0,
     "lg": np.arange(12, dtype=np.float32).reshape(3, 4) * 0.3 - 1.5,
-    "px": [0.0, -0.0, 2.0, 0.5, 3.0],
+    "px": [0.0, -0.0, 2.0, 0.5, 3.0, -INF],  # -inf: C's and torch's pow(-inf, p) for fractional p too
+    # (sq * sq) * sqs at sq = 3.4e38, sqs = 1e-45 with a 0 cotangent: gradient 0 for sq, as torch's
+    # ct*sqs*sq + ct*sqs*sq, not ct*sqs*(sq + sq) = 0 * inf (Mesa factors a*b + a*c that way)
+    "sq": [3.4e38, 1.0, -2.0],
+    "sqs": [1e-45, 1.0, 0.5],
+    "hx": [NAN, INF, -INF, 0.5, -3.0, 1.0],
+    # gelu and mish gradients as ct times one factor (torch's backward): inf, not NaN, for an inf
+    # cotangent where the factor's pdf term underflows
+    "gx": [1e30, -87.5, 1e-40, 2.0, -2.0],  # huber / smooth_l1 gradients: NaN at a NaN input (torch's backward)
 }
 INPUTS = {
     "idx": np.array([0, 2, 2], np.int32),
@@ -36,12 +44,16 @@ INPUTS = {
     # masked logits: -inf away from the target, as a policy masks invalid actions
     "xs": np.array([INF, NAN, -INF, 0.0, -0.0, 1.5], np.float32),
     "lmask": np.array([[-INF, 0, -INF, 0], [0, -INF, -INF, -INF], [0, 0, -INF, 0]], np.float32),
+    "ht": np.zeros(6, np.float32),
 }
 # cotangents chosen to hit the corners; the other outputs get the harness's random ones
 CTS = {
     # rows 1 and 2 both select table row 2: +inf and -inf meet there (NaN), inf + finite = inf
     "emb": np.array([[1.0, 2.0, NAN], [INF, INF, 0.5], [-INF, 1.0, 2.0]], np.float32),
     "tala": np.array([[INF, 1.0, 2.0], [0.5, NAN, -INF]], np.float32),
+    "sqf": np.array([-0.0, 1.0, 2.0], np.float32),
+    "gelu": np.array([INF, 1.0, -INF, 1.0, 1.0], np.float32),
+    "mish": np.array([INF, -INF, INF, 1.0, 1.0], np.float32),
 }
 
 
@@ -61,11 +73,13 @@ def _cases(o, is_torch):
 
         sqrt, relu, absf, maxi, mini, exp = torch.sqrt, torch.relu, torch.abs, torch.maximum, torch.minimum, torch.exp
         zero = lambda like: torch.zeros_like(like)  # noqa: E731
+        huber, sl1, gelu, mish = F.huber_loss, F.smooth_l1_loss, F.gelu, F.mish
     else:
         emb, ce = ops.embedding, lambda lg, t: ops.cross_entropy(lg, t, reduction="none")
         tala = lambda x, i: ops.take_along_axis(x, i, 1)  # noqa: E731
         sqrt, relu, absf, maxi, mini, exp = ops.sqrt, ops.relu, ops.abs, ops.maximum, ops.minimum, ops.exp
         zero = lambda like: 0.0  # noqa: E731
+        huber, sl1, gelu, mish = ops.huber_loss, ops.smooth_l1_loss, ops.gelu, ops.mish
     out = {
         "relu": sqrt(relu(o["w"])),  # the issue's sum(sqrt(relu(w))): gradient 0, not NaN, at w <= 0
         "maxo": sqrt(maxi(o["w"], zero(o["w"]))),
@@ -76,10 +90,27 @@ def _cases(o, is_torch):
         "emb": emb(o["tab"], o["idx"]),
         "tala": tala(o["xl"], o["tidx"]),
         "ce": ce(o["lg"] + o["lmask"], o["tgt"]),
+        "sqf": (o["sq"] * o["sq"]) * o["sqs"],
+        "hub": huber(o["hx"], o["ht"], reduction="none", delta=2.0),
+        "sl1": sl1(o["hx"], o["ht"], reduction="none", beta=0.5),
+        # squares of sqrt and rsqrt: NaN at -3 (Mesa rewrites sqrt(a) * sqrt(a) as |a|)
+        "sqsq": sqrt(o["hx"]) ** 2,
+        "gelu": gelu(o["gx"]),
+        "mish": mish(o["gx"]),
+        "sqmul": sqrt(o["hx"]) * sqrt(o["hx"]),
+        "sqpow": (o["hx"] ** 0.5) ** 2,  # x ** 0.5 is a sqrt too (hour-run seed 4160158)
+        "rsq": (1.0 / sqrt(o["hx"])) ** -2 if is_torch else ops.rsqrt(o["hx"]) ** -2,
     }
     # what shader compilers fold to 0 (IEEE: NaN for inf and NaN x)
     x = o["xs"]
     out.update(ssub=x - x, mz=x * 0.0, zm=0.0 * x, mnz=x * -0.0, zd=0.0 / x, addneg=x + (-x), chain=exp(x * 0.0) + (x - x))
+    # x / 0.0 (drivers gave 0), x / -0.0 (its constant merged with 0.0's: 0.0 == -0.0 in Python), and
+    # 0.0 - tanh(x) at x = -0, whose +0 (Mesa: -(-0)... tanh gave +0) picks log's inf and its gradient's sign
+    tanh = torch.tanh if is_torch else ops.tanh
+    log = torch.log if is_torch else ops.log
+    out.update(dz=x / 0.0, dnz=x / -0.0, zsub=log(0.0 - tanh(x)), nzsub=-0.0 - x, tinv=1.0 / tanh(x))  # tanh(-0) = -0
+    # rsqrt(-0) = -inf, and what reads it sees -inf (Mesa took inverseSqrt's result for >= 0)
+    out["ersq"] = torch.expm1(torch.rsqrt(x)) if is_torch else ops.expm1(ops.rsqrt(x))
     for k, p in enumerate(POWERS):
         out[f"pow{k}"] = o["px"] ** p
     return out

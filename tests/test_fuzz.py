@@ -7,6 +7,10 @@ tests/fuzz_nn.py), 2 or 3 steps with fresh inputs (sometimes with
 SGD updates, sometimes an Infer entry), then step 1 replayed after reset(); a failure message
 carries each failing graph as standalone source (`python scripts/fuzz.py --seed S --minutes 0`
 shrinks seed S's failures into tests/fuzz_repros/).
+
+The areas of issue 32 (tests/fuzz_areas.py: special values, optimizer trajectories with
+step_many and save/restore, symbolic dims, no inputs / no parameters) run a few seeds each
+(AREA_SEEDS, about 35 s); `scripts/fuzz.py --areas all --minutes N` runs them for longer.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import fuzz_areas as fa  # noqa: E402
 import fuzz_graphs as fg  # noqa: E402
 
 # about 1-2 minutes on 2 CPU cores with lavapipe. Measured on a machine shared with other jobs:
@@ -49,6 +54,22 @@ def test_fuzz_seed(seed, fast_builds):
     batch = fg.generate(seed)
     failures = fg.check(batch)
     assert not failures, _report(batch, failures)
+
+
+# The areas of tests/fuzz_areas.py (issue 32) on a fixed budget of seeds each: about 35 s on
+# lavapipe (special ~1 s a seed, optim and noinput ~1.5 s, dims ~5 s)
+AREA_SEEDS = {"special": range(10), "optim": range(5), "dims": range(3), "noinput": range(5)}
+AREA_KNOWN: dict[tuple[str, int], str] = {}  # (area, seed) -> reason, for a bug reported in tests/fuzz_repros/
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("area,seed", [
+    pytest.param(a, s, marks=pytest.mark.xfail(reason=AREA_KNOWN[(a, s)])) if (a, s) in AREA_KNOWN else (a, s)
+    for a, seeds in AREA_SEEDS.items() for s in seeds])
+def test_fuzz_area_seed(area, seed, fast_builds):
+    res, _case = fa.check(area, seed)
+    assert res.programs == 1 and res.steps > 0
+    assert not res.failures, "\n".join(f"{f}\n{f.source}" for f in res.failures[:4])
 
 
 # ---- the fuzzer itself (no GPU) -------------------------------------------------------------------
@@ -137,3 +158,34 @@ def test_oracle_flags_wrong_running_stats_and_a_train_mode_predict():
     side.predict[0] = run.outs[0]["v2"]  # predict normalized with the batch's statistics
     whats = sorted(f.what for f in fg._side_failures("gpu", batch, [run], side, True, True))
     assert whats == ["step 1: predict", "step 2: buffer m1.running_var after the step"]
+
+
+def test_special_oracle_flags_a_wrong_nan_pattern():
+    """pattern_ok: NaN where torch's two precisions agree on NaN must be NaN, a signed inf the
+    same inf (4e38 in float64 is inf in float32); where they disagree (torch's float32 formula
+    overflows) anything passes; finite values are held to 1e-4 relative."""
+    w64 = np.array([np.nan, np.inf, -np.inf, 1.0, 4e38, 1e-42, 2.0])
+    w32 = np.array([np.nan, np.inf, -np.inf, 1.0, np.inf, 1e-42, np.nan], np.float32)
+    refs = [(w64, w32)]
+    good = np.array([np.nan, np.inf, -np.inf, 1.0 + 5e-5, np.inf, 0.0, 7.0], np.float32)
+    assert fa.pattern_ok(good, refs).all()
+    for i, v in [(0, 0.0), (1, -np.inf), (2, np.nan), (3, 1.001), (4, np.nan), (5, 1e-30)]:
+        bad = good.copy()
+        bad[i] = v
+        assert not fa.pattern_ok(bad, refs)[i], (i, v)
+
+
+def test_optim_oracle_flags_a_wrong_update():
+    """The optim area's tolerance is rounding-sized: a trajectory with 1% more lr, or Adam's
+    bias correction left out of one step, falls outside it."""
+    case = next(c for c in map(fa.generate_optim, range(50)) if c.opt == "Adam" and "groups" not in c.okw)
+    ref, tol = fa.optim_tolerance(case)
+    T = fg._torch()
+    hot = replace(case, okw=dict(case.okw, lr=("linear", fa.lr_at(case.okw["lr"], 1) * 1.01, fa.lr_at(case.okw["lr"], 1) * 1.01, 1)
+                                 if not isinstance(case.okw["lr"], tuple) else case.okw["lr"]))
+    if isinstance(case.okw["lr"], tuple):
+        hot = replace(case, okw=dict(case.okw, lr=("sequential", case.okw["lr"], 1, 0.0)))  # no update after step 1
+    other = fa.torch_trajectory(hot, T.float64)
+    s = len(ref) - 1
+    off = [bool((np.abs(other[s][2][n] - ref[s][2][n]) > tol[s][2][n]).any()) for n in ref[s][2] if n != "unused"]
+    assert any(off)

@@ -77,9 +77,19 @@ def mish(x):
     # tanh(s) for s = softplus(x) >= 0 as -expm1(-2s) / (2 + expm1(-2s)): accurate where s is
     # tiny (x very negative), where a GPU's tanh may be off by ~1e-7 absolute
     e = emit("expm1", (softplus(x) * -2.0,))
+    t = neg(e) / (e + 2.0)
+    tail = minimum(x, SILU_TAIL)
+
+    def rule(ct, y, ins):
+        # torch's mish_backward: ct times one factor, tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2); through
+        # the primitives an inf cotangent meets terms of opposite sign (NaN at x = -87.5, torch: -inf).
+        # Below SILU_TAIL the factor is d/dx x exp(x) = (1 + x) exp(x), in one rounding
+        xi = ins[0]
+        return (ct * where(less(xi, SILU_TAIL), _mul_exp(xi + 1.0, tail), t + xi * sigmoid(xi) * (1.0 - t * t)),)
+
     # below SILU_TAIL mish(x) = x exp(x) to 1e-9 relative, taken in one rounding: softplus(x)
     # goes subnormal below -87.3 (0 on a GPU that flushes) where mish(x) is normal to -91.5
-    return where(less(x, SILU_TAIL), _mul_exp(x, minimum(x, SILU_TAIL)), x * (neg(e) / (e + 2.0)))
+    return custom_vjp(where(less(x, SILU_TAIL), _mul_exp(x, tail), x * t), (x,), rule)
 
 
 def hardswish(x):

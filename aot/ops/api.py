@@ -135,14 +135,33 @@ def power(x, p):
 def gelu(x, approximate: str = "none"):
     """GELU: exact erf form by default, `approximate="tanh"` for the tanh form (PyTorch's two)."""
     _check_f32("gelu", x)
+    # Gradients as torch's gelu_backward: the cotangent times one derivative factor. Through the
+    # primitives it would be ct * cdf + (ct * x) * pdf, NaN for an inf cotangent where pdf is 0
+    # (x = 1e30) or x * pdf underflows (x = 1e-40), where torch's is inf.
     if approximate == "tanh":
         # 0.5 x (1 + tanh(u)) as x sigmoid(2u): the same function, without 1 + tanh(u) cancelling
         # for x < -3 (where torch float32's values are off by up to 10%)
         inner = math.sqrt(8.0 / math.pi) * (x + 0.044715 * x * x * x)
-        return _times_sigmoid(x, inner)
+        s = sigmoid(inner)
+
+        def rule_tanh(ct, y, ins):
+            # ct times one factor (an inf cotangent stays inf); below SILU_TAIL, where s goes
+            # subnormal, the factor is (1 + x du) exp(inner) in one rounding
+            du = math.sqrt(8.0 / math.pi) * (1.0 + (3 * 0.044715) * ins[0] * ins[0])
+            near = s + ins[0] * (s * (1.0 - s)) * du
+            far = _mul_exp(1.0 + ins[0] * du, minimum(inner, SILU_TAIL))
+            return (ct * where(less(inner, SILU_TAIL), far, near),)
+
+        return custom_vjp(_times_sigmoid(x, inner), (x,), rule_tanh)
     if approximate != "none":
         fail("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+    cdf = 0.5 * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+
+    def rule(ct, y, ins):
+        pdf = exp(ins[0] * ins[0] * -0.5) * (1.0 / math.sqrt(2.0 * math.pi))
+        return (ct * (cdf + ins[0] * pdf),)
+
+    return custom_vjp(x * cdf, (x,), rule)
 
 
 SILU_TAIL = -20.0  # below, a sigmoid(z) = a exp(z) / (1 + exp(z)) is a exp(z) to 1e-9 relative

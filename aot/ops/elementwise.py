@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ..templates import wgsl_f32, wgsl_i32
+from ..wgsl_expr import ROOTS, produced_by
 from .registry import COSTLY, FOLLOW, Bad, OpDef, follow, lookup, register
 from . import api as F
 
@@ -53,9 +54,14 @@ def _unary(name, ref, vjp, expr, cost=1):
 _unary("neg", lambda x: -x, lambda ct, n: (F.neg(ct),), "-{0}")
 # sign(0) = 0, so d|x|/dx at 0 is 0 (PyTorch's choice).
 _unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
-register(OpDef("sign", _f32_only("sign"), np.sign, None, "pointwise", expr="sign({0})", nondiff=True))
+# sign(NaN) = 0 as torch.sign (and so abs's gradient at NaN); NumPy's is NaN
+register(OpDef("sign", _f32_only("sign"), lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)), None, "pointwise",
+               expr="sign({0})", nondiff=True))
 _unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})", COSTLY)
-_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "inverseSqrt({0})", COSTLY)
+# rsqrt(-0) = -inf as IEEE's and torch's; written by the bits in rsqrt_f32, as Mesa takes
+# inverseSqrt's result for non-negative and folds what reads it on that assumption (expm1 of it:
+# -inf, not -1)
+_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "rsqrt_f32({0})", COSTLY)
 _unary("exp", np.exp, lambda ct, n: (ct * n.out,), "exp_f32({0})", COSTLY)
 _unary("log", np.log, lambda ct, n: (ct / n.inputs[0],), "log_f32({0})", COSTLY)
 # exp, log, sin, cos and erf are aot's own (_helpers.wgsl.j2), as tanh: WGSL bounds its builtins' error only
@@ -112,6 +118,21 @@ def _power_expr(attrs):
     return "pow_frac_f32({0}, %s)" % _lit(p)
 
 
+def _power_ref(x, p):
+    """NumPy's power, except x ** +-0.5 as sqrt and 1 / sqrt, as the kernels (and torch) compute
+    them: (-0) ** -0.5 = -inf and (-inf) ** +-0.5 = NaN, where C's pow gives inf and inf / 0."""
+    if abs(p) == 0.5:
+        r = np.sqrt(x)
+        return r if p > 0 else (np.float32(1) / r).astype(x.dtype)
+    return np.power(x, x.dtype.type(p))
+
+
+def _zeros_like(t):
+    from .creation import zeros_like  # creation builds on this module's ops
+
+    return zeros_like(t)
+
+
 def _lit(v):
     return wgsl_f32(v)
 
@@ -120,9 +141,10 @@ register(
     OpDef(
         "power",
         _f32_only("power"),
-        lambda x, p: np.power(x, x.dtype.type(p)),
-        # torch's pow_backward: the factor is 0 for p = 0 (not 0 * x ** -1, NaN at x = 0)
-        lambda ct, n: (ct * 0.0 if n.attrs["p"] == 0 else ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
+        _power_ref,
+        # torch's pow_backward: zeros for p = 0 (not 0 * x ** -1, NaN at x = 0, nor ct * 0, NaN
+        # for an inf cotangent)
+        lambda ct, n: (_zeros_like(ct) if n.attrs["p"] == 0 else ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
         "pointwise",
         expr=_power_expr,
         cost=COSTLY,
@@ -164,10 +186,21 @@ def _opaque_arith(op):
             call = "times_zero_f32(%s, %s)" % ((b, a) if a in _ZERO else (a, b))
         elif op == "div" and a in _ZERO and b not in _ZERO:
             call = f"zero_div_f32({a}, {b})"
+        elif op == "div" and b in _ZERO and a not in _ZERO:
+            call = f"div_zero_f32({a}, {b})"  # x / 0.0: drivers return 0 for it (IEEE: +-inf, NaN)
+        elif op == "sub" and a in _ZERO and b not in _ZERO:
+            call = f"zero_sub_f32({a}, {b})"  # 0.0 - x: Mesa folds it to -x, -0 for x = 0 (IEEE: +0)
         elif op == "sub" and a == b and a not in _ZERO:
             call = f"self_sub_f32({a})"
         elif op == "add" and (_is_neg_of(body, b, a) or _is_neg_of(body, a, b)):
             call = "self_sub_f32(%s)" % (a if _is_neg_of(body, b, a) else b)
+        elif op == "mul" and a == b and produced_by(n.inputs[0], ROOTS):
+            call = f"mul_self_f32({a})"  # sqrt(a) * sqrt(a): Mesa folds it to |a| (wgsl_expr.ROOTS)
+        if call is None and op == "add" and a == b and a not in _ZERO:
+            # x + x as x * 2.0 (equal for every x, inf, NaN and -0 included): Mesa factors
+            # a*b + a*c into a*(b + c), which for a gradient (ct*y)*x + (ct*y)*x of x * x gives
+            # ct*y*(x + x): inf where x + x overflows, and NaN for ct*y = 0 where torch gives 0
+            return body.let(f"{a} * 2.0", "f32")
         if call is None:
             return body.let(lookup(op).expr.format(a, b), "f32")
         body.helper(call.split("(")[0])

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..templates import wgsl_i32
 from .api import (
-    Scalar, _check_f32, _is_tensor, _lift, broadcast_to, custom_vjp, div, embedding, equal, exp, less, log,
+    Scalar, _check_f32, _is_tensor, _lift, broadcast_to, custom_vjp, div, embedding, equal, exp, greater, log,
     log_softmax, maximum, mean, neg, one_hot, sigmoid, square, stop_gradient, sum, where,
 )
 from .api import abs as _abs
@@ -223,10 +223,17 @@ def smooth_l1_loss(input, target, reduction: str = "mean", beta: float = 1.0):
     ad = _abs(d)
     if b == 0.0:
         return _reduce(ad, reduction)
-    small = less(ad, b)
+    # |d| >= beta takes the linear piece; a NaN d the quadratic one, whose gradient is NaN as
+    # torch's (its backward returns d / beta there; the linear piece's sign(NaN) would give 0)
+    big = _at_least(ad, b)
     # the quadratic piece sees d only where it is taken: square's VJP at an infinite d would
     # give inf * 0 = NaN although the linear piece is selected there
-    return _reduce(where(small, square(where(small, d, 0.0)) * (0.5 / b), ad - 0.5 * b), reduction)
+    return _reduce(where(big, ad - 0.5 * b, square(where(big, 0.0, d)) * (0.5 / b)), reduction)
+
+
+def _at_least(a, b):
+    """1 where a >= b, 0 where a < b or a is NaN."""
+    return greater(a, b) + equal(a, b)
 
 
 def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0):
@@ -237,8 +244,8 @@ def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0):
         fail("huber_loss", "delta must be positive, got 0")
     d = x - t
     ad = _abs(d)
-    small = less(ad, dl)
-    return _reduce(where(small, square(where(small, d, 0.0)) * 0.5, (ad - 0.5 * dl) * dl), reduction)
+    big = _at_least(ad, dl)  # NaN: the quadratic piece (a NaN gradient, as torch's), as in smooth_l1_loss
+    return _reduce(where(big, (ad - 0.5 * dl) * dl, square(where(big, 0.0, d)) * 0.5), reduction)
 
 
 def kl_div(input, target, reduction: str = "mean", log_target: bool = False):

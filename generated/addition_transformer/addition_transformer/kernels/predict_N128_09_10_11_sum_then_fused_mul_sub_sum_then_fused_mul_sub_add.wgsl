@@ -75,6 +75,11 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
 }
 
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn k2_rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
+
 fn k2_main(gid: vec3<u32>) {
     // flat output index; grids wider than 65535 workgroups continue on gid.y
     let i = gid.x + gid.y * 65536u;
@@ -92,7 +97,7 @@ fn k2_main(gid: vec3<u32>) {
     let v8: f32 = work[459776u + v4];
     let v9: f32 = v8 * 0.015625;
     let v10: f32 = v9 + 0.00001;
-    let v11: f32 = inverseSqrt(v10);
+    let v11: f32 = k2_rsqrt_f32(v10);
     let v12: f32 = v7 * v11;
     let v13: f32 = params[148928u + v3];
     let v14: f32 = v12 * v13;

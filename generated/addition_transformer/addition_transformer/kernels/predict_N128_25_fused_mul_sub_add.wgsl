@@ -3,6 +3,10 @@
 // writes f32[128,8,64]; reads blocks.1.ln2.b, blocks.1.ln2.g, predict_N128_24_fused_mul_sub_sum, predict_N128_23_sum, predict_N128_22_matmul_add
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -22,7 +26,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v8: f32 = work[525312u + v4];
     let v9: f32 = v8 * 0.015625;
     let v10: f32 = v9 + 0.00001;
-    let v11: f32 = inverseSqrt(v10);
+    let v11: f32 = rsqrt_f32(v10);
     let v12: f32 = v7 * v11;
     let v13: f32 = params[149504u + v3];
     let v14: f32 = v12 * v13;

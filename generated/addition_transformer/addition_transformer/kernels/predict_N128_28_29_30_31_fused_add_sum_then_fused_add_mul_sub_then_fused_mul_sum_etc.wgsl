@@ -99,6 +99,11 @@ fn k2_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
 }
 
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn k3_rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
+
 fn k3_main(gid: vec3<u32>) {
     // flat output index; grids wider than 65535 workgroups continue on gid.y
     let i = gid.x + gid.y * 65536u;
@@ -113,7 +118,7 @@ fn k3_main(gid: vec3<u32>) {
     let v5: f32 = work[196608u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v6 + 0.00001;
-    let v8: f32 = inverseSqrt(v7);
+    let v8: f32 = k3_rsqrt_f32(v7);
     let v9: f32 = v0 * v8;
     let v10: f32 = params[149952u + v3];
     let v11: f32 = v9 * v10;

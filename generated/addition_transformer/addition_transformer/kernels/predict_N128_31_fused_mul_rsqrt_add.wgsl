@@ -3,6 +3,10 @@
 // writes f32[128,8,64]; reads blocks.2.ln1.b, blocks.2.ln1.g, predict_N128_30_fused_mul_sum, predict_N128_29_fused_add_mul_sub
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -19,7 +23,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v5: f32 = work[196608u + v4];
     let v6: f32 = v5 * 0.015625;
     let v7: f32 = v6 + 0.00001;
-    let v8: f32 = inverseSqrt(v7);
+    let v8: f32 = rsqrt_f32(v7);
     let v9: f32 = v0 * v8;
     let v10: f32 = params[149952u + v3];
     let v11: f32 = v9 * v10;

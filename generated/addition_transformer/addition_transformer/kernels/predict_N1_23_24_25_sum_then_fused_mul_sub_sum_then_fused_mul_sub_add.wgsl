@@ -70,6 +70,11 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
 }
 
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn k2_rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
+
 fn k2_main(gid: vec3<u32>) {
     // flat output index; grids wider than 65535 workgroups continue on gid.y
     let i = gid.x + gid.y * 512u;
@@ -85,7 +90,7 @@ fn k2_main(gid: vec3<u32>) {
     let v6: f32 = work[4160u + v1];
     let v7: f32 = v6 * 0.015625;
     let v8: f32 = v7 + 0.00001;
-    let v9: f32 = inverseSqrt(v8);
+    let v9: f32 = k2_rsqrt_f32(v8);
     let v10: f32 = v5 * v9;
     let v11: f32 = params[149504u + v2];
     let v12: f32 = v10 * v11;

@@ -93,6 +93,11 @@ fn k2_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
 }
 
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn k3_rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
+
 fn k3_main(gid: vec3<u32>) {
     // flat output index; grids wider than 65535 workgroups continue on gid.y
     let i = gid.x + gid.y * 512u;
@@ -105,7 +110,7 @@ fn k3_main(gid: vec3<u32>) {
     let v3: f32 = work[1536u + v1];
     let v4: f32 = v3 * 0.015625;
     let v5: f32 = v4 + 0.00001;
-    let v6: f32 = inverseSqrt(v5);
+    let v6: f32 = k3_rsqrt_f32(v5);
     let v7: f32 = v0 * v6;
     let v8: f32 = params[149952u + v2];
     let v9: f32 = v7 * v8;

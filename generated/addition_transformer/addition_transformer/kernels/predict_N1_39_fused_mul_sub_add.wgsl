@@ -3,6 +3,10 @@
 // writes f32[1,8,64]; reads blocks.2.ln2.b, blocks.2.ln2.g, predict_N1_38_fused_mul_sub_sum, predict_N1_37_sum, predict_N1_36_matmul_add
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -20,7 +24,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = work[4160u + v1];
     let v7: f32 = v6 * 0.015625;
     let v8: f32 = v7 + 0.00001;
-    let v9: f32 = inverseSqrt(v8);
+    let v9: f32 = rsqrt_f32(v8);
     let v10: f32 = v5 * v9;
     let v11: f32 = params[150080u + v2];
     let v12: f32 = v10 * v11;

@@ -3,6 +3,10 @@
 // writes f32[1,8,64]; reads ln_f.b, ln_f.g, predict_N1_44_fused_mul_sum, predict_N1_43_fused_add_mul_sub
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -17,7 +21,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: f32 = work[640u + v1];
     let v4: f32 = v3 * 0.015625;
     let v5: f32 = v4 + 0.00001;
-    let v6: f32 = inverseSqrt(v5);
+    let v6: f32 = rsqrt_f32(v5);
     let v7: f32 = v0 * v6;
     let v8: f32 = params[150528u + v2];
     let v9: f32 = v7 * v8;

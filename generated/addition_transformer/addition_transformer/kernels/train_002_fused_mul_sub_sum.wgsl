@@ -2,6 +2,10 @@
 // train_002_fused_mul_sub_sum: mul -> sub -> mul -> sum -> mul -> add -> rsqrt   (addition_transformer.py:32)
 // writes f32[128,8,1]; reads train_001_sum, train_000_fused_gather_add
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -38,7 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v10: u32 = o % 8u;
         let v11: f32 = res0 * 0.015625;
         let v12: f32 = v11 + 0.00001;
-        let v13: f32 = inverseSqrt(v12);
+        let v13: f32 = rsqrt_f32(v12);
         work[2769920u + o] = v13;
     }
 }

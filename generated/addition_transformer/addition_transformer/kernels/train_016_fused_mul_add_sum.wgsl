@@ -2,6 +2,10 @@
 // train_016_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt   (addition_transformer.py:32)
 // writes f32[128,8,1]; reads train_015_fused_add_mul_sub
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -34,7 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v6: u32 = o % 8u;
         let v7: f32 = res0 * 0.015625;
         let v8: f32 = v7 + 0.00001;
-        let v9: f32 = inverseSqrt(v8);
+        let v9: f32 = rsqrt_f32(v8);
         work[2772992u + o] = v9;
     }
 }

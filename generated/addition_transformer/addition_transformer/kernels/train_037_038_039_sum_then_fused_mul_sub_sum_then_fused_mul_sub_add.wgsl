@@ -43,6 +43,11 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
 }
 
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn k1_rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
+
 fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 1024u;
     if (o >= 1024u) {
@@ -75,7 +80,7 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v10: u32 = o % 8u;
         let v11: f32 = res0 * 0.015625;
         let v12: f32 = v11 + 0.00001;
-        let v13: f32 = inverseSqrt(v12);
+        let v13: f32 = k1_rsqrt_f32(v12);
         work[2778112u + o] = v13;
     }
 }

@@ -71,6 +71,11 @@ fn k1_main(gid: vec3<u32>) {
     work[851968u + i] = v11;
 }
 
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn k2_rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
+
 fn k2_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 1024u;
     if (o >= 1024u) {
@@ -99,7 +104,7 @@ fn k2_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v6: u32 = o % 8u;
         let v7: f32 = res0 * 0.015625;
         let v8: f32 = v7 + 0.00001;
-        let v9: f32 = inverseSqrt(v8);
+        let v9: f32 = k2_rsqrt_f32(v8);
         work[1019904u + o] = v9;
     }
 }

@@ -30,7 +30,7 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
         let v = epilogue(acc, bi, row, col);
         work[i] = v;
         let e = row;
-        let x0 = (((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + row]))) + ((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + row]))));
+        let x0 = (((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + row]))) * 2.0);
         work[65536u + e] = x0;
     }
 }

@@ -15,6 +15,10 @@ struct Offsets {
     o5: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -34,7 +38,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v8: f32 = work[at.o2 + v4];
     let v9: f32 = v8 * 0.015625;
     let v10: f32 = v9 + 0.00001;
-    let v11: f32 = inverseSqrt(v10);
+    let v11: f32 = rsqrt_f32(v10);
     let v12: f32 = v7 * v11;
     let v13: f32 = params[at.o3 + v3];
     let v14: f32 = v12 * v13;

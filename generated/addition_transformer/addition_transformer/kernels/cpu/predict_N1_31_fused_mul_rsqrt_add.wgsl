@@ -14,6 +14,10 @@ struct Offsets {
     o4: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28,7 +32,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v3: f32 = work[at.o1 + v1];
     let v4: f32 = v3 * 0.015625;
     let v5: f32 = v4 + 0.00001;
-    let v6: f32 = inverseSqrt(v5);
+    let v6: f32 = rsqrt_f32(v5);
     let v7: f32 = v0 * v6;
     let v8: f32 = params[at.o2 + v2];
     let v9: f32 = v7 * v8;

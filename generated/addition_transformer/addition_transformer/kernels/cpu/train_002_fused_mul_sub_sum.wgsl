@@ -11,6 +11,10 @@ struct Offsets {
     o2: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 @compute @workgroup_size(16)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -41,6 +45,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v10: u32 = o % 8u;
     let v11: f32 = res0 * 0.015625;
     let v12: f32 = v11 + 0.00001;
-    let v13: f32 = inverseSqrt(v12);
+    let v13: f32 = rsqrt_f32(v12);
     work[at.o2 + o] = v13;
 }

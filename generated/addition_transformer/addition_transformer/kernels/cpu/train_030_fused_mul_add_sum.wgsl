@@ -10,6 +10,10 @@ struct Offsets {
     o1: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+fn rsqrt_f32(x: f32) -> f32 {
+    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+}
 
 @compute @workgroup_size(16)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -36,6 +40,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: u32 = o % 8u;
     let v7: f32 = res0 * 0.015625;
     let v8: f32 = v7 + 0.00001;
-    let v9: f32 = inverseSqrt(v8);
+    let v9: f32 = rsqrt_f32(v8);
     work[at.o1 + o] = v9;
 }

@@ -36,7 +36,7 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     let v = epilogue(acc, bi, row, col);
     work[i] = v;
     let e = row;
-    let x0 = (((1.0 * 0.00390625) * ((acc + (params[at.o2])) - (inputs[at.o3 + row]))) + ((1.0 * 0.00390625) * ((acc + (params[at.o2])) - (inputs[at.o3 + row]))));
+    let x0 = (((1.0 * 0.00390625) * ((acc + (params[at.o2])) - (inputs[at.o3 + row]))) * 2.0);
     work[at.o4 + e] = x0;
 }
 
