@@ -251,6 +251,9 @@ def test_stress_step_many_save_restore_and_interrupts(models, tmp_path, monkeypa
     # window where the next Ctrl-C may arrive. Anything else is kept and fails the test.
     other = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: None if u.exc_type is KeyboardInterrupt else other.append(u))
+    # Python's own Ctrl-C handler, whatever the process inherited: started in the background of a
+    # shell without job control (`cmd &`, nohup) SIGINT is ignored and no interrupt would land
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     irq = _Interrupter(7)
     deadline = time.monotonic() + 12
     try:
@@ -303,6 +306,7 @@ def test_stress_step_many_save_restore_and_interrupts(models, tmp_path, monkeypa
         irq.disarm()
         irq.thread.join()
         irq.disarm()
+        signal.signal(signal.SIGINT, inherited)
     assert not other, [(u.exc_type, u.exc_value, u.object) for u in other]
     assert interrupted >= 10 and all(ops_done.values()), (interrupted, ops_done)
     for path, snap in saved.items():  # every file the model left is a whole checkpoint
