@@ -14,6 +14,7 @@ from __future__ import annotations
 from .errors import CodegenError
 from .ir import Tensor
 from .matmul_codegen import split_index
+from .ops.elementwise import ROOTS, produced_by
 from .ops.registry import lookup
 from .plan import OFFSETS_BINDING, OFFSETS_SLOT_WORDS, Plan, arena_binding, arena_dtype, same_access
 from .schedule import KernelSchedule
@@ -23,9 +24,6 @@ from .views import contiguous_strides
 EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32",
                 "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_exp_f32", "mul_self_f32",
                 "rsqrt_f32")
-# Mesa folds sqrt(a) * sqrt(a) to |a| and rsqrt(a) * rsqrt(a) to 1 / a (inexact rewrites): a
-# NaN for a < 0 becomes a number. A square of their results is written with mul_self_f32.
-ROOTS = ("sqrt", "rsqrt")
 HELPER_DEPS = {
     "tanh_f32": ("is_nan_f32", "expm1_f32"),
     "erf_f32": ("is_nan_f32", "exp_f32"),
@@ -57,15 +55,6 @@ MAX_DEPTH = 60  # value() levels one rendering recurses before handing the rest 
 
 
 FLAT_RESHAPE_MAX = 2**31  # reshapes of larger tensors map axes group by group (reshape_index)
-
-
-def produced_by(t, ops) -> bool:
-    """Whether tensor t is the output of one of these ops (x ** +-0.5 counts as a root: it is
-    rendered with sqrt)."""
-    node = getattr(t, "node", None)
-    if node is not None and node.op == "power" and "sqrt" in ops:
-        return abs(node.attrs.get("p", 0)) == 0.5
-    return node is not None and node.op in ops
 
 
 class _Deep(BaseException):

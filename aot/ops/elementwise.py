@@ -12,9 +12,23 @@ import math
 import numpy as np
 
 from ..templates import wgsl_f32, wgsl_i32
-from ..wgsl_expr import ROOTS, produced_by
 from .registry import COSTLY, FOLLOW, Bad, OpDef, follow, lookup, register
 from . import api as F
+
+# Mesa folds sqrt(a) * sqrt(a) to |a| and rsqrt(a) * rsqrt(a) to 1 / a (inexact rewrites): a
+# NaN for a < 0 becomes a number. A square of their results is written with mul_self_f32
+# (here for the ops, wgsl_expr.py for fused kernels).
+ROOTS = ("sqrt", "rsqrt")
+
+
+def produced_by(t, ops) -> bool:
+    """Whether tensor t is the output of one of these ops (x ** +-0.5 counts as a root: it is
+    rendered with sqrt)."""
+    node = getattr(t, "node", None)
+    if node is not None and node.op == "power" and "sqrt" in ops:
+        return abs(node.attrs.get("p", 0)) == 0.5
+    return node is not None and node.op in ops
+
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -195,7 +209,7 @@ def _opaque_arith(op):
         elif op == "add" and (_is_neg_of(body, b, a) or _is_neg_of(body, a, b)):
             call = "self_sub_f32(%s)" % (a if _is_neg_of(body, b, a) else b)
         elif op == "mul" and a == b and produced_by(n.inputs[0], ROOTS):
-            call = f"mul_self_f32({a})"  # sqrt(a) * sqrt(a): Mesa folds it to |a| (wgsl_expr.ROOTS)
+            call = f"mul_self_f32({a})"  # sqrt(a) * sqrt(a): Mesa folds it to |a| (ROOTS)
         if call is None and op == "add" and a == b and a not in _ZERO:
             # x + x as x * 2.0 (equal for every x, inf, NaN and -0 included): Mesa factors
             # a*b + a*c into a*(b + c), which for a gradient (ct*y)*x + (ct*y)*x of x * x gives
