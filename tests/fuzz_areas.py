@@ -989,6 +989,15 @@ def optim_tolerance(case: OptimCase):
     return ref, tol
 
 
+def _compile_source(src: str, area: str, seed: int):
+    """The Program a generated source file declares, compiled on the seed's kernel set."""
+    import aot
+
+    ns: dict = {}
+    exec(compile(src, f"<fuzz {area}>", "exec"), ns)
+    return aot.compile(ns["program"], kernels=fg.kernel_set(seed))
+
+
 def check_optim(seed: int, case: OptimCase | None = None) -> tuple[AreaResult, OptimCase]:
     import tempfile
 
@@ -1003,10 +1012,8 @@ def check_optim(seed: int, case: OptimCase | None = None) -> tuple[AreaResult, O
         extra = f" (set_lr({case.set_lr[1]!r}) after step {case.set_lr[0]})" if case.set_lr else ""
         fails.append(Finding("optim", seed, f"{case.opt}{extra}: {what}", detail, src))
 
-    ns: dict = {}
     try:
-        exec(compile(src, "<fuzz optim>", "exec"), ns)
-        model = aot.compile(ns["program"], kernels=fg.kernel_set(seed))
+        model = _compile_source(src, "optim", seed)
     except Exception as e:  # noqa: BLE001
         fail("aot.compile", fg._exc(e))
         res.failures = fails
@@ -1231,10 +1238,8 @@ def check_dims(seed: int, case: DimsCase | None = None) -> tuple[AreaResult, Dim
     def fail(what, detail):
         fails.append(Finding("dims", seed, what, detail, src))
 
-    ns: dict = {}
     try:
-        exec(compile(src, "<fuzz dims>", "exec"), ns)
-        model = aot.compile(ns["program"], kernels=fg.kernel_set(seed))
+        model = _compile_source(src, "dims", seed)
     except Exception as e:  # noqa: BLE001
         fail("aot.compile", fg._exc(e))
         res.failures = fails
@@ -1371,10 +1376,8 @@ def check_noinput(seed: int, case: NoInputCase | None = None) -> tuple[AreaResul
     def fail(what, detail):
         fails.append(Finding("noinput", seed, f"{case.kind}: {what}", detail, src))
 
-    ns: dict = {}
     try:
-        exec(compile(src, "<fuzz noinput>", "exec"), ns)
-        model = aot.compile(ns["program"], kernels=fg.kernel_set(seed))
+        model = _compile_source(src, "noinput", seed)
     except Exception as e:  # noqa: BLE001
         fail("aot.compile", fg._exc(e))
         res.failures = fails
