@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from aot import ops
+from aot.ops.api import _mul_exp, neg
 def _tf(t):
     return t.nn.functional
 
@@ -139,6 +140,9 @@ def cases():
         C("softplus.beta_threshold", ops.softplus, (f32(2, 4),), {"beta": 2.0, "threshold": 1.5}, ref=np_softplus,
           torch=lambda t, x, beta, threshold: _tf(t).softplus(x, beta, threshold)),
         C("mish.mat", ops.mish, (f32(2, 3),), ref=lambda x: x * np.tanh(np.log1p(np.exp(x))), torch=lambda t, x: _tf(t).mish(x)),
+        # the private one-rounding a * exp(y) (y <= 0) under silu's, mish's and gelu's far tails
+        C("mul_exp.tail", lambda a, y: _mul_exp(a, neg(y * y) - 1.0), (f32(2, 3), f32(2, 3)),
+          ref=lambda a, y: a * np.exp(-(y * y) - 1.0), torch=lambda t, a, y: a * t.exp(-(y * y) - 1.0)),
         C("hardswish.scaled", lambda x: ops.hardswish(x * 3.0), (f32(2, 4),),
           ref=lambda x: 3 * x * np.clip(3 * x + 3, 0, 6) / 6, torch=lambda t, x: _tf(t).hardswish(x * 3.0)),
         C("hardsigmoid.scaled", lambda x: ops.hardsigmoid(x * 3.0), (f32(2, 4),),
