@@ -1059,7 +1059,8 @@ class Gen:
         return "f32" if self.v64[v][0].dtype.is_floating_point else "i32"
 
     def all(self, v, pred) -> bool:
-        return all(bool(pred(x)) for x in self.v64[v])
+        # an empty tensor (a zero-size dim) holds no element against the predicate
+        return all(x.numel() == 0 or bool(pred(x)) for x in self.v64[v])
 
     def chance(self, p: float) -> bool:
         return bool(self.rng.random() < p)
