@@ -16,6 +16,9 @@ Rules (why in brackets):
   its epilogue [bias + activation never touch memory];
 - a node with several consumers is still recomputed in each when its inlined expression
   is cheap (RECOMPUTE_BUDGET) [x - mean in LayerNorm: a kernel and a round trip saved];
+  except the input of a selecting reduction (max, argmax) with other readers, which is stored
+  [x - max(x) must be exactly 0 at the max, and max's VJP finds the max by equality: each
+  kernel's recomputation rounds differently (FMA contraction, reassociation)];
 - kernels are merged when the later one consumes the earlier one's outputs element for
   element over the same index space: elementwise into its elementwise reader [Adam's m, v
   and p: one kernel], an elementwise reader into a matmul or reduction epilogue [relu after
@@ -186,6 +189,30 @@ class ParamArena:
         self.tensor.node = Node("param", (), {"name": "*"}, self.tensor)
 
 
+def _readers(t: Tensor, users) -> list[Node]:
+    """The nodes that read `t` other than as a view: directly, or through views of it."""
+    out, todo = {}, [t]
+    while todo:
+        for r in users.get(id(todo.pop()), []):
+            if op_of(r).fusion == "view":
+                todo.append(r.out)
+            else:
+                out[id(r)] = r
+    return list(out.values())
+
+
+def _selected_and_read(t: Tensor, users) -> bool:
+    """`t` is the input of a reduction that selects one of its elements (OpDef.selects: max,
+    argmax) and has other readers: it is stored once. Recomputed in each reader's kernel, it can
+    round differently in each: naga marks no op exact, and Mesa's NIR optimizer rewrites a product
+    whose value has one use (`(a * g) * 1.5` becomes `(a * 1.5) * g`; `a * g * 1.5 - m` one fma),
+    but not in max's kernel, where the product also feeds max_nan's NaN branch. Then no element of
+    x - max(x) was exactly 0 and max's VJP found no element equal to the max (0 / 0 = NaN: fuzz
+    dims seed 820015)."""
+    rs = _readers(t, users)
+    return len(rs) > 1 and any(op_of(r).selects for r in rs)
+
+
 def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
     users = g.users()
     roots = {id(t) for t in g.roots()}
@@ -200,6 +227,8 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         # a matmul's only consumer stays stored so it can become that matmul's epilogue
         after_mm = any(op_of(x).fusion == "matmul" and len(users[id(x)]) == 1 for x in n.inputs)
         if len(users[id(t)]) > 1 and op_of(n).cost > 0 and (cost[id(t)] > RECOMPUTE_BUDGET or after_mm):
+            stored.add(id(t))
+        elif op_of(n).cost > 0 and _selected_and_read(t, users):
             stored.add(id(t))
 
     placed: dict[int, tuple[Tensor, int]] = {}

@@ -346,3 +346,65 @@ def test_build_needs_no_device_modules_and_formats_runtime_files_once(tmp_path):
     assert list((tmp_path / "cache" / "black").glob("*.py"))
     for f in (tmp_path / "a" / "startup_probe").rglob("*.py"):  # byte-identical from the cache
         assert f.read_bytes() == (tmp_path / "b" / "startup_probe" / f.relative_to(tmp_path / "a" / "startup_probe")).read_bytes()
+
+
+# ---- a value against a selecting reduction of itself (fuzz dims seed 820015) -------------------
+
+
+def _selected_cases(a, g, tgt, is_torch):
+    """x = (a * g) * 1.5 read by max, min, argmax and the ops built on max: x's readers were each
+    recomputing it, and Mesa contracted `a * g * 1.5 - m` into one fma in some kernels only."""
+    if is_torch:
+        F = torch.nn.functional
+        x = (a.reshape(-1, 4) * g * 1.5).reshape(a.shape)
+        return {
+            "shift": x - x.amax(-1, keepdim=True),
+            "mx": x.amax(-1),
+            "mn": x.amin(-1),
+            "sm": torch.softmax(x, -1),
+            "lsm": torch.log_softmax(x, -1),
+            "lse": torch.logsumexp(x, -1),
+            "ce": F.cross_entropy(x.reshape(-1, 4), tgt.long(), reduction="none"),
+            "am": x.argmax(-1).int(),
+        }
+    x = ops.reshape(ops.reshape(a, (-1, 4)) * g * 1.5, a.shape)
+    return {
+        "shift": x - ops.max(x, -1, keepdims=True),
+        "mx": ops.max(x, -1),
+        "mn": ops.min(x, -1),
+        "sm": ops.softmax(x, -1),
+        "lsm": ops.log_softmax(x, -1),
+        "lse": ops.logsumexp(x, -1),
+        "ce": ops.cross_entropy(ops.reshape(x, (-1, 4)), tgt, reduction="none"),
+        "am": ops.argmax(x, -1),
+    }
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_value_compared_with_its_own_max_is_the_same_bits(kernels):
+    """x - max(x) is exactly 0 at the max (as torch's), and max's and min's VJPs find the element
+    equal to the max (the gradient was 0 / 0 = NaN): x is stored once, so every kernel that reads
+    it sees the bits max saw. Gradients equal torch float32's."""
+    rng = np.random.default_rng(820015)
+    params = {"a": rng.normal(size=(6, 5, 4)), "g": rng.uniform(0.5, 1.5, size=4)}
+    tgt = rng.integers(0, 4, size=30).astype(np.int32)
+
+    def body(m, f):
+        return _selected_cases(m.a, m.g, f["tgt"], False)
+
+    prog, inputs, _ = make_program(f"selected_{kernels}", params, {"tgt": tgt}, body)
+    model = compile_checked(prog, kernels)
+    try:
+        res = model.step(**inputs, captures=True)
+        grads = model.grads()
+    finally:
+        model.close()
+    leaves = {n: torch.tensor(np.asarray(v, np.float32), requires_grad=True) for n, v in params.items()}
+    outs = _selected_cases(leaves["a"], leaves["g"], torch.tensor(tgt), True)
+    sum((t * torch.tensor(inputs[f"{n}_ct"])).sum() for n, t in outs.items() if n != "am").backward()
+    assert (res.captures["shift"].max(-1) == 0.0).all(), f"{kernels}: x - max(x) is {res.captures['shift'].max(-1)} at the max"
+    np.testing.assert_array_equal(res.captures["am"], outs["am"].numpy(), err_msg=f"{kernels}: argmax")
+    for n, want in outs.items():
+        np.testing.assert_allclose(res.captures[n], want.detach().numpy(), rtol=2e-6, atol=1e-6, err_msg=f"{kernels}: output {n}")
+    for n, t in leaves.items():
+        np.testing.assert_allclose(grads[n], t.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"{kernels}: gradient of {n}")

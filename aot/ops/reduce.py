@@ -74,6 +74,7 @@ register(
         "reduce",
         reduced_axes=lambda a: tuple(a["axes"]),
         split="divide",  # no padding value: chunks must divide the axis
+        selects=True,
     )
 )
 
@@ -91,4 +92,6 @@ def _argmax_ref(x, axis, keepdims):
     return np.expand_dims(r, axis) if keepdims else r
 
 
-register(OpDef("argmax", _argmax_shape, _argmax_ref, None, "reduce", nondiff=True, reduced_axes=lambda a: (a["axis"],)))
+register(
+    OpDef("argmax", _argmax_shape, _argmax_ref, None, "reduce", nondiff=True, reduced_axes=lambda a: (a["axis"],), selects=True)
+)

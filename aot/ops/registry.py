@@ -68,6 +68,12 @@ class OpDef:
     # inputs of the earlier, are computed by one kernel (attention's output and the logsumexp its
     # VJP reads; dk and dv)
     sibling: str | None = None
+    # reductions whose result is one of the input's elements (max, argmax): the result is compared
+    # with, or subtracted from, the input it came from (max's VJP, softmax's x - max), so every
+    # reader must see the input's very bits: schedule stores an input with other readers once
+    # rather than recomputing it in each kernel, where the driver's rewrites (FMA contraction,
+    # reassociation) round it differently
+    selects: bool = False
 
     def __post_init__(self):
         if self.cost is None:

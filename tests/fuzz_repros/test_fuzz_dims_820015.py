@@ -20,7 +20,6 @@ import fuzz_areas  # noqa: E402
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='[dims] seed 820015: step at B=1, T=5: gradient of g3: 4/4 elements off (max error inf); at (0,): got nan, expected -1.162529')
 def test_fuzz_dims_820015():
     res, _case = fuzz_areas.check('dims', 820015)
     assert not res.failures, "\n".join(map(str, res.failures))
