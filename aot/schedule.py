@@ -190,11 +190,12 @@ class ParamArena:
 
 
 def _readers(t: Tensor, users) -> list[Node]:
-    """The nodes that read `t` other than as a view: directly, or through views of it."""
+    """The nodes that read `t`'s values other than through index arithmetic: directly, or
+    through views of it and index ops over it (max_pool2d's unfold)."""
     out, todo = {}, [t]
     while todo:
         for r in users.get(id(todo.pop()), []):
-            if op_of(r).fusion == "view":
+            if op_of(r).fusion in ("view", "index"):
                 todo.append(r.out)
             else:
                 out[id(r)] = r

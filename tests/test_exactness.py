@@ -353,7 +353,8 @@ def test_build_needs_no_device_modules_and_formats_runtime_files_once(tmp_path):
 
 def _selected_cases(a, g, tgt, is_torch):
     """x = (a * g) * 1.5 read by max, min, argmax and the ops built on max: x's readers were each
-    recomputing it, and Mesa contracted `a * g * 1.5 - m` into one fma in some kernels only."""
+    recomputing it, and Mesa rewrote the product (an fma with `- m`, `(a * 1.5) * g`) in some
+    kernels only."""
     if is_torch:
         F = torch.nn.functional
         x = (a.reshape(-1, 4) * g * 1.5).reshape(a.shape)
@@ -366,6 +367,7 @@ def _selected_cases(a, g, tgt, is_torch):
             "lse": torch.logsumexp(x, -1),
             "ce": F.cross_entropy(x.reshape(-1, 4), tgt.long(), reduction="none"),
             "am": x.argmax(-1).int(),
+            "mp": F.max_pool2d(x.reshape(1, 6, 5, 4), 2),
         }
     x = ops.reshape(ops.reshape(a, (-1, 4)) * g * 1.5, a.shape)
     return {
@@ -377,6 +379,7 @@ def _selected_cases(a, g, tgt, is_torch):
         "lse": ops.logsumexp(x, -1),
         "ce": ops.cross_entropy(ops.reshape(x, (-1, 4)), tgt, reduction="none"),
         "am": ops.argmax(x, -1),
+        "mp": ops.max_pool2d(ops.reshape(x, (1, 6, 5, 4)), 2),  # max over unfold's windows
     }
 
 
