@@ -951,7 +951,17 @@ def torch_trajectory(case: OptimCase, fdt, noise: float = 0.0, noise_seed: int =
                 # a float32 gradient's error: a few ulps of itself and of its tensor's largest
                 # element, and (sums that cancel, such as the centered shift's) of the largest one
                 big = float(gr.abs().max()) + 1e-2 * top
-                gr = gr + T.tensor(nrng.normal(size=tuple(gr.shape)), dtype=fdt) * noise * (big + gr.abs())
+                scale = big + gr.abs()
+                # an element float32 cannot tell from 0 at the largest gradient's scale is a sum that
+                # cancels (the centered shift's: z - mean(z) takes it out exactly; float64 gives
+                # 1e-17): in aot and float32 torch alike it is the rounding of the terms it adds,
+                # which are as large as the largest gradient: about 2 ulps of `top` (NOISE is 8), of
+                # either sign. With RMSprop's eps above it the parameter moves in proportion to it
+                # (seed 820030: aot's and torch float32's 1e-8..3e-8, 0.5-2 ulps of top; aot's of
+                # one sign four steps running, 6e-4 off after five; 1% of top had modelled 2e-9).
+                # The other elements keep their noise.
+                scale = T.where(gr.abs() < noise * top, T.full_like(gr, 0.25 * top), scale)
+                gr = gr + T.tensor(nrng.normal(size=tuple(gr.shape)), dtype=fdt) * noise * scale
             tp[n].grad = gr
             grads[n] = (gr if gr is not None else T.zeros_like(tp[n])).detach().numpy().astype(np.float64)
         if "clip_grad_norm" in case.okw:

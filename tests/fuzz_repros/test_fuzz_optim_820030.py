@@ -18,7 +18,6 @@ import fuzz_areas  # noqa: E402
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='[optim] seed 820030: RMSprop: step 5: parameter shift after the update: 1/1 off; at (0,): got 0.2875654995441437, expected 0.2881616950033065 (tolerance 0.00028')
 def test_fuzz_optim_820030():
     res, _case = fuzz_areas.check('optim', 820030)
     assert not res.failures, "\n".join(map(str, res.failures))
