@@ -469,7 +469,8 @@ KNOWN_DIFFERENCES = {
     "nan_kernels": "elu's and hardswish's gradients at a NaN input: torch's vectorized kernels give NaN, its "
                    "scalar ones (tensors of a few elements) the cotangent; aot gives one or the other",
     "gelu_cancel": "gelu below x = -3: torch's 0.5 x (1 + tanh(u)) (and 1 + erf) cancels to 0 in float32 and "
-                   "float64 alike where aot's x sigmoid(2u) keeps the tiny value (API.md: an absolute bound there)",
+                   "float64 alike where aot's x sigmoid(2u) keeps the tiny value (API.md: an absolute bound there); "
+                   "so does its derivative, which times an inf cotangent is +-inf where torch's 0 * inf is NaN",
     "bounded_derivative": "the gradient of tanh, sigmoid and their kin is 1 - y^2 or y (1 - y) of the forward "
                           "value y, whose few ulps are ~1e-7 absolute in that factor: where it is small (tanh at "
                           "x = -7: 1.2e-6) the gradient is that much off relatively (the 1e-4 bound widened to "
@@ -553,6 +554,9 @@ def _accept_flags(got, refs, flags, scale: float) -> np.ndarray:
         if "gelu_cancel" in flags:
             with np.errstate(invalid="ignore"):
                 ok |= ((np.asarray(w64) == 0) | (np.asarray(w32) == 0)) & (np.abs(got) <= 1e-12 * scale)
+            # the kept tiny derivative times an inf cotangent: inf where torch's cancelled 0 gives
+            # NaN (gelu_tanh's gradient at x = -9.8 is -5e-34, a normal float32: hour-run seed 4160451)
+            ok |= (classes(got) >= 2) & (c64 == 1) & (c32 == 1)
         if "flush" in flags:
             ok |= np.isnan(got) & (c64 >= 2) & (c32 >= 2)
         if "factorization" in flags:

@@ -411,3 +411,59 @@ def test_value_compared_with_its_own_max_is_the_same_bits(kernels):
         np.testing.assert_allclose(res.captures[n], want.detach().numpy(), rtol=2e-6, atol=1e-6, err_msg=f"{kernels}: output {n}")
     for n, t in leaves.items():
         np.testing.assert_allclose(grads[n], t.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"{kernels}: gradient of {n}")
+
+
+def _interp_grads(prog, inputs):
+    from aot import interp
+    from aot.frontend import trace_program
+
+    ref = interp.Reference(trace_program(prog))
+    ref.step(**inputs)
+    return ref.last_grads
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_softmax_causal_masks_with_minus_inf(kernels):
+    """softmax_causal masks future keys with -inf, as torch's masked_fill(-inf): a row whose visible
+    scores are all -inf is NaN (torch's), and visible scores below -1e30 keep all the weight. The
+    -1e30 mask gave the future keys the weight in both (hour-run seed 4160454)."""
+    s = np.random.default_rng(7).normal(size=(3, 3, 3)).astype(np.float32)
+    s[1, 0, 0] = -np.inf
+    s[2, 1, :2] = -3e38
+    prog, inputs, _ = make_program(f"causal_inf_{kernels}", {"s": s}, {}, lambda m, f: {"y": ops.softmax_causal(m.s)})
+    model = compile_checked(prog, kernels)
+    try:
+        res = model.step(**inputs, captures=True)
+        grads = model.grads()
+    finally:
+        model.close()
+    t = torch.tensor(s, requires_grad=True)
+    y = t.masked_fill(torch.ones(3, 3, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    (y * torch.tensor(inputs["y_ct"])).sum().backward()
+    np.testing.assert_allclose(res.captures["y"], y.detach().numpy(), rtol=2e-6, atol=1e-7, err_msg=kernels)
+    np.testing.assert_allclose(grads["s"], t.grad.numpy(), rtol=2e-5, atol=1e-6, err_msg=kernels)
+    np.testing.assert_allclose(_interp_grads(prog, inputs)["s"], t.grad.numpy(), rtol=2e-5, atol=1e-6, err_msg="interp")
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_gelu_tanh_tail_gradient_times_inf(kernels):
+    """gelu_tanh's derivative at x = -9.8 is -5e-34 (a normal float32, float64's exact value), which
+    aot keeps: times an inf cotangent the gradient is -inf (package and interpreter), where torch's
+    0.5 x (1 + tanh(u)) cancels the derivative to 0 and gives NaN (fuzz_areas: gelu_cancel; hour-run
+    seed 4160451). Finite cotangents: torch float64's accurate form x sigmoid(2u)."""
+    x = np.array([-9.8, -9.8, -4.0, 1.0], np.float32)
+    ct = np.array([np.inf, -np.inf, 1.0, 1.0], np.float32)
+    prog, inputs, _ = make_program(f"gelu_inf_{kernels}", {"x": x}, {}, lambda m, f: {"g": ops.gelu(m.x, approximate="tanh")}, cts={"g": ct})
+    model = compile_checked(prog, kernels)
+    try:
+        model.step(**inputs)
+        grads = model.grads()
+    finally:
+        model.close()
+    t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    (t * torch.sigmoid(math.sqrt(8.0 / math.pi) * (t + 0.044715 * t**3))).backward(torch.ones(4, dtype=torch.float64))
+    d = t.grad.numpy()
+    assert -1e-33 < d[0] < -1e-34  # the derivative at -9.8: tiny, negative, normal in float32
+    want = np.array([-np.inf, np.inf, d[2], d[3]], np.float32)
+    for who, got in ((kernels, grads["x"]), ("interp", _interp_grads(prog, inputs)["x"])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-12, err_msg=who)

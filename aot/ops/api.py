@@ -444,7 +444,9 @@ def softmax_causal(scores):
     _check_f32("softmax_causal", scores)
     if scores.ndim < 2 or scores.shape[-1] != scores.shape[-2]:
         fail("softmax_causal", f"expects scores [..., T, T], got {scores.type_str()}")
-    masked = where(broadcast_to(causal_mask(scores.shape[-1]), scores.shape), -1e30, scores)
+    # -inf, as torch's masked_fill: a finite mask (-1e30) gave the future keys the weight where the
+    # visible scores were below it or all -inf (torch: NaN there; hour-run seed 4160454)
+    masked = where(broadcast_to(causal_mask(scores.shape[-1]), scores.shape), -math.inf, scores)
     return softmax(masked, -1)
 
 
