@@ -156,7 +156,28 @@ TILES: tuple[Tile, ...] = (
     Tile("16x16_2x2_s4", 16, 16, 16, 2, 2, S=4, occupancy=6, efficiency=0.18),
     Tile("16x16_1x1", 16, 16, 16, 1, 1, occupancy=8, efficiency=0.087),
 )
-TILES_BY_NAME = {t.name: t for t in TILES}
+# Tiles offered only to products with a computed operand (Operand.fn: a convolution's unfolded
+# input, read through its index arithmetic inside the matmul). There each loaded element costs
+# some 25 instructions besides its load, and a convolution's N (its output channels, 16-128)
+# is narrow: tiles with few accumulators per thread, a width that fits N, and more threads
+# to share the index arithmetic won. Measured on an H100 against every tile of the table with
+# each one forced on ResNet-20's and DCGAN's convolutions (scripts/sweep_conv_tiles.py,
+# scripts/results/bench_conv_h100_sweep_*.json): [50176, 144] @ [144, 16] (16 channels at
+# 28x28, B 64) 42.4 us on 32x32_4x4_s4 -> 26.5 on 64x16_4x2_k16; DCGAN's [1024, 784] @
+# [784, 128] x 4 91-102 us on 64x64_8x8_k16 -> 63-73 on 32x32_4x4_s4 (52-59 on 32x64_4x4_s2,
+# which the model does not rank first there). Their `efficiency` values are not measured
+# fractions of peak but fitted so that `_estimate` ranks the swept tiles as measured
+# (_PROLOGUE_OPS with them).
+CONV_TILES: tuple[Tile, ...] = (
+    Tile("64x16_4x2_k16", 64, 16, 16, 4, 2, occupancy=8, efficiency=0.3),
+    Tile("32x64_4x4_s2", 32, 64, 8, 4, 4, S=2, occupancy=4, efficiency=0.25),
+    Tile("32x16_4x2_s4", 32, 16, 8, 4, 2, S=4, occupancy=4, efficiency=0.3),
+    Tile("16x32_2x4_s4", 16, 32, 8, 2, 4, S=4, occupancy=4, efficiency=0.25),
+) + tuple(t for t in TILES if t.name in ("32x32_4x4_s4", "32x32_2x2", "16x16_2x2_s4", "16x16_1x1"))
+# (The table's tiles with 32-64 accumulators per thread ran 1.1-3.5x slower than the best one on
+# every convolution swept, 128x64_8x4 worst: with the index arithmetic's registers they hold
+# few workgroups per SM.)
+TILES_BY_NAME = {t.name: t for t in TILES + CONV_TILES}
 
 # Cost model constants (H100/H200 class; on smaller GPUs the ranking stays sensible).
 _SMS = 132
@@ -166,6 +187,9 @@ _STEP_US = 0.4  # floor of one K step: global load latency + two barriers (measu
 # (scripts/results/bench_matmul_split_h100.json): a [2048, 8192] @ [8192, 512] product on 128
 # workgroups of 64x128_8x8_k16, 4 warps per SM, 533-541 us; the same work as 2-8 K chunks on
 # 256-1024 workgroups, 450-470 us.
+# Instructions per element of a computed operand (Operand.fn): an unfold's coordinate divisions,
+# bounds checks and select, as the H100 times of scripts/sweep_conv_tiles.py rank the tiles.
+_PROLOGUE_OPS = 25
 _FEW_WARPS = 8
 _FEW_WARPS_EFFICIENCY = 0.88
 
@@ -189,13 +213,18 @@ def _estimate(spec: MatmulSpec, t: Tile) -> float:
     efficiency = t.efficiency * (_FEW_WARPS_EFFICIENCY if per_sm * t.threads < 32 * _FEW_WARPS else 1.0)
     work = per_sm * t.BM * t.BN * t.BK * t.S / (_FMA_PER_SM_US * efficiency)
     reduce = (t.S - 1) * 0.2
-    return waves * (steps * max(_STEP_US, work) + reduce)
+    # a computed operand's elements cost their index arithmetic, once per workgroup that loads them
+    computed = (t.BM if spec.a.fn else 0) + (t.BN if spec.b.fn else 0)
+    prologue = per_sm * computed * t.BK * t.S * _PROLOGUE_OPS / _FMA_PER_SM_US
+    return waves * (steps * (max(_STEP_US, work) + prologue) + reduce)
 
 
 def choose_tile(spec: MatmulSpec) -> Tile:
     """The table entry with the lowest estimated time; near-ties (tiny products, where every
-    tile sits on the latency floor) go to the tile with less work per thread."""
-    return min(TILES, key=lambda t: _estimate(spec, t) * (1 + 5e-5 * t.BK * t.TM * t.TN))
+    tile sits on the latency floor) go to the tile with less work per thread. Products with a
+    computed operand choose among CONV_TILES."""
+    tiles = CONV_TILES if spec.a.fn or spec.b.fn else TILES
+    return min(tiles, key=lambda t: _estimate(spec, t) * (1 + 5e-5 * t.BK * t.TM * t.TN))
 
 
 # CPU adapters (lavapipe, SwiftShader) run a workgroup's invocations as SIMD lanes of one core:

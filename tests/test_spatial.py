@@ -240,3 +240,48 @@ def test_old_pad_form_and_getitem_views():
     a, b, c = _trace(fn, (3, 4))
     assert a.shape == (3, 6) and a.node.op == "pad" and b.shape == (5, 4)
     assert c.node.op == "slice" and c.node.inputs[0].node.op == "narrow"  # views, no gather
+
+
+# ---- the convolution tiles (matmul_codegen.CONV_TILES) in the GPU kernel set ------------------------
+
+
+@pytest.mark.gpu
+def test_conv_tiles_compute_convolutions(monkeypatch):
+    """Each tile only convolutions choose, forced in turn on the forward, input-gradient and
+    weight-gradient matmuls of three convolutions (16, 32 and 8 output channels, ragged against
+    every tile): values and gradients against the reference interpreter. The full-size shapes
+    that pick them (ResNet-20's) are too slow for lavapipe's GPU-set kernels."""
+    from aot import codegen, matmul_codegen as mc
+
+    from gpu_harness import make_program
+
+    new = [t for t in mc.CONV_TILES if t not in mc.TILES]
+    default, used = mc.choose_tile, []
+
+    def choose(spec):
+        if not (spec.a.fn or spec.b.fn):
+            return default(spec)
+        used.append(new[len(used) % len(new)])
+        return used[-1]
+
+    monkeypatch.setattr(mc, "choose_tile", choose)
+    monkeypatch.setattr(codegen, "choose_tile", choose)
+    rng = np.random.default_rng(7)
+    chans = [3, 16, 32, 8]
+    params = {"x": rng.standard_normal((2, 3, 9, 7))}
+    for i in range(3):
+        params[f"w{i}"] = rng.standard_normal((chans[i + 1], chans[i], 3, 3)) / np.sqrt(9 * chans[i])
+
+    def body(m, feeds):
+        h = m.x
+        for i in range(3):
+            h = ops.conv2d(h, getattr(m, f"w{i}"), padding=1)
+        return {"y": h}
+
+    program, inputs, _ = make_program("conv_tiles", params, {}, body)
+    [(gpu, ref)], wgsl = run_both(program, inputs, kernels="gpu")
+    assert {t.name for t in used} == {t.name for t in new}
+    assert all(any(f"Tile {t.name}:" in src for src in wgsl.values()) for t in new)
+    assert_close(gpu.captures["y"], ref.captures["y"], "y", 2e-4, 5e-5)
+    for p in params:
+        assert_close(gpu.grads[p], ref.grads[p], f"gradient of {p}", 2e-4, 5e-5)
