@@ -60,6 +60,54 @@ def _inputs(prog: dict, rank: int) -> dict:
     return out
 
 
+class LocalBuckets:
+    """A bucketed reducer that moves nothing between processes (bench only): a step through it
+    makes the same readbacks, maps and uploads as a data-parallel one, and uploads zeros."""
+
+    def __init__(self):
+        self.out = None
+        self.stats = {}
+
+    def stage(self, n: int) -> np.ndarray:
+        self.out = np.zeros(n, np.float32)
+        return self.out
+
+    def start(self, values, lo, hi):
+        return (lo, hi)
+
+    start_mapped = start
+
+    def finish(self, handle):
+        return self.out[handle[0] : handle[1]]
+
+
+def _timeline(model, step, steps: int, sync: bool) -> dict:
+    """Median milliseconds from a bucketed step's start to each of its events (engine.trace),
+    the next step's start ("next"), and with sync, when a read after the step returns ("gpu_done")."""
+    eng = model._engine
+    eng.trace = []
+    ends = []
+    for _ in range(steps):
+        step()
+        if sync:
+            eng.read("params", 0, 1)
+            ends.append(time.perf_counter())
+    trace, eng.trace = eng.trace, None
+    starts = [t for e, _, t in trace if e == "step"]
+    rows: dict = {}
+    k = -1
+    for e, i, t in trace:
+        if e == "step":
+            k += 1
+            if k:
+                rows.setdefault("next", []).append(t - starts[k - 1])
+            continue
+        rows.setdefault(e if i < 0 else f"{e}_{i}", []).append(t - starts[k])
+    for k, end in enumerate(ends[: len(starts)]):
+        rows.setdefault("gpu_done", []).append(end - starts[k])
+    return {e: round(1e3 * float(np.median(ts)), 3) for e, ts in sorted(rows.items(), key=lambda kv: np.median(kv[1]))}
+
+
 def worker(job: dict) -> dict:
     import importlib
 
@@ -86,11 +134,22 @@ def worker(job: dict) -> dict:
             fn, reducer = None, None
             if v["mode"] == "identity":
                 fn = lambda g: g  # noqa: E731
+            elif v["mode"] == "local":
+                fn = LocalBuckets()
             elif v["mode"] == "ddp":
                 fn = reducer = dist.allreduce_mean(backend=v["backend"], dtype=v["dtype"], bucketed=v["bucketed"])
                 if v.get("direct") is False:
                     reducer.direct = False
             eng.upload_via = v.get("upload", "map")
+            eng.readback_via = v.get("readback", "direct")
+            engine_module = sys.modules[type(eng).__module__]
+            default_threads = job.setdefault("default_copy_threads", engine_module.COPY_THREADS)
+            engine_module.COPY_THREADS = int(v.get("copy_threads", default_threads))
+            if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
+                eng.upload_via = "write_buffer"  # no upload buffer is asked to be mapped
+                eng.upload_bucket = lambda i, values, last=False: None
+            else:
+                eng.__dict__.pop("upload_bucket", None)
             timing = {"map_wait_s": 0.0, "copy_s": 0.0, "start_s": 0.0, "finish_s": 0.0, "upload_s": 0.0}
 
             def step():
@@ -121,6 +180,13 @@ def worker(job: dict) -> dict:
             )
             if fn is not None:
                 row["host_ms_per_step"] = {k[:-2] + "_ms": 1e3 * x / n for k, x in timing.items()}
+            if job.get("timeline") and (reducer is not None or v["mode"] == "local"):
+                if world > 1:
+                    dist.mean(0.0)
+                row["timeline_ms"] = _timeline(model, step, job["timeline"], sync=False)
+                if world > 1:
+                    dist.mean(0.0)
+                row["timeline_synced_ms"] = _timeline(model, step, job["timeline"], sync=True)
             if reducer is not None:
                 st = reducer.stats
                 row["bytes_sent_per_step"] = st["bytes"] / n
@@ -219,6 +285,13 @@ def main():
     ap.add_argument("--skip", default="", help="configurations to leave out: identity,concurrent,unbucketed,bf16")
     ap.add_argument("--host-paths", action="store_true", help="also NCCL rows with the host copy into stage() "
                     "(direct=False) and with uploads by queue.write_buffer")
+    ap.add_argument("--variants", default="", help="more NCCL bucketed rows, ';'-separated, each of key=value "
+                    "pairs joined by ',': upload=write_buffer (engine.upload_via), readback=staged (engine.readback_via)")
+    ap.add_argument("--local", action="store_true", help="also one-process rows through a reducer that moves "
+                    "nothing (bench's LocalBuckets): the readbacks and uploads alone, with and without the uploads, "
+                    "and each --variants")
+    ap.add_argument("--timeline", type=int, default=0, help="after the timed steps, this many more with each "
+                    "bucketed step's events timed (engine.trace), free-running and then each waited for")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -246,17 +319,23 @@ def main():
     }
     tmp = tempfile.TemporaryDirectory(prefix="bench-ddp-")
     where = Path(args.packages) if args.packages else Path(tmp.name)
-    common = dict(steps=args.steps, warmup=args.warmup, adapters=adapters, init_backend="nccl" if "nccl" in backends else "gloo")
+    common = dict(steps=args.steps, warmup=args.warmup, adapters=adapters, init_backend="nccl" if "nccl" in backends else "gloo",
+                  timeline=args.timeline)
+    variants = [dict(kv.split("=", 1) for kv in v.split(",")) for v in args.variants.split(";") if v]
     for name in args.models.split(","):
         t0 = time.perf_counter()
         projects = {mib: build(name, where, mib) for mib in sizes}
         first = projects[sizes[0]]
         r = {}
         one = [{"mode": "single"}] + ([] if "identity" in skip else [{"mode": "identity"}])
+        local = [{"mode": "local"}, {"mode": "local", "skip_uploads": True}] + [dict(v, mode="local") for v in variants]
+        one += local if args.local else []
         (solo,) = launch(dict(common, project=str(first), runs=[[str(first), name, name, one]]), 1)
         r["single"] = solo["rows"][0]
         if "identity" not in skip:
             r["identity"] = solo["rows"][1]
+        if args.local:
+            r["local"] = solo["rows"][-len(local) :]
         if "concurrent" not in skip:
             conc = launch(dict(common, init_backend="gloo", project=str(first), runs=[[str(first), name, name, [{"mode": "single"}]]]), args.world)
             r["concurrent"] = [x["rows"][0] for x in conc]
@@ -268,6 +347,9 @@ def main():
         if args.host_paths and "nccl" in backends:  # round 2's host copy in; the uploads by write_buffer
             base = {"mode": "ddp", "backend": "nccl", "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0]}
             main_variants += [dict(base, direct=False), dict(base, upload="write_buffer")]
+        if variants:
+            base = {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0]}
+            main_variants += [dict(base, **v) for v in variants]
         if "bf16" not in skip:
             main_variants.append({"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "bf16", "bucket_mib": sizes[0]})
         runs.append([str(first), name, name, main_variants])
@@ -290,10 +372,21 @@ def main():
                 f"{rows[0]['backend']} {'bucketed ' + format(rows[0]['bucket_mib'], 'g') + ' MiB' if rows[0]['bucketed'] else 'unbucketed'}"
                 f"{' ' + rows[0]['dtype'] if rows[0]['dtype'] != 'f32' else ''}"
                 f"{' host copy' if rows[0].get('direct') is False else ''}"
-                f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}": summarize(single, rows, args.world)
+                f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
+                f"{' readback ' + rows[0]['readback'] if 'readback' in rows[0] else ''}"
+                f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }
+        if args.local:
+            r["summary"]["local"] = {
+                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "readback", "skip_uploads", "copy_threads")) or "map": {
+                    "steps_per_s": row["steps_per_s"],
+                    "ms_per_step_over_one_gpu": 1e3 / row["steps_per_s"] - 1e3 / single["steps_per_s"],
+                    "host_ms_per_step": row.get("host_ms_per_step"),
+                }
+                for row in r["local"]
+            }
         r["seconds"] = time.perf_counter() - t0
         report["models"][name] = r
         print(name, json.dumps(r["summary"], indent=1), flush=True)
