@@ -140,6 +140,8 @@ def worker(job: dict) -> dict:
                 fn = reducer = dist.allreduce_mean(backend=v["backend"], dtype=v["dtype"], bucketed=v["bucketed"])
                 if v.get("direct") is False:
                     reducer.direct = False
+                if v.get("graphs"):
+                    reducer.graphs = True
             eng.upload_via = v.get("upload", "map")
             eng.readback_via = v.get("readback", "direct")
             engine_module = sys.modules[type(eng).__module__]
@@ -196,6 +198,7 @@ def worker(job: dict) -> dict:
                 row["mapped_copy_wait_ms_per_step"] = 1e3 * st.get("copy_wait_s", 0.0) / n
                 row["collective_call_ms_per_step"] = 1e3 * st.get("collective_s", 0.0) / n
                 row["backend_used"] = reducer.backend
+                row["graph_error"] = getattr(reducer, "graph_error", None)
                 row["buckets"] = len(eng.entries[next(iter(model.PROGRAM["variants"]["train"].values()))].get("buckets", []))
             results.append(row)
         model.close()
@@ -374,7 +377,8 @@ def main():
                 f"{' host copy' if rows[0].get('direct') is False else ''}"
                 f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
                 f"{' readback ' + rows[0]['readback'] if 'readback' in rows[0] else ''}"
-                f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}": summarize(single, rows, args.world)
+                f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}"
+                f"{' graphs' if rows[0].get('graphs') else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }

@@ -59,6 +59,7 @@ COMPILE_WORKERS = 64
 # 6-10 GB/s on an H100 host, which made the copies of transformer_large's 76 MB the bulk of a
 # data-parallel step's host time (scripts/bench_ddp.py)
 COPY_THREADS = 8
+MAP_POLL_S = 50e-6  # between the polls of a bucket's map (_RawMaps.wait)
 COPY_SPLIT = 1 << 20
 
 
@@ -256,13 +257,16 @@ class _RawMaps:
         return tag
 
     def wait(self, device, tag: int, index: int | None) -> None:
-        """Until the map `tag` is done: polls that wait for submission `index` alone (None: the
-        buffer waits for no submission of ours, a poll without waiting resolves it)."""
-        at = self.ffi.NULL if index is None else self.ffi.new("WGPUSubmissionIndex *", index)
+        """Until the map `tag` is done (`index`: the submission it follows; unused): polls that
+        do not block, MAP_POLL_S apart. A blocking poll (one that waits for a submission) holds
+        the device as long: on 2 H200s the upload thread's maps and submits then waited for the
+        next bucket's backward to end (bench_ddp --timeline: each upload ended just after the
+        next bucket's map)."""
+        null = self.ffi.NULL
         while tag not in self.done:
-            self.poll(device._internal, index is not None, at)
-            if tag not in self.done:  # another thread's poll took the callback: it is being called
-                time.sleep(20e-6)
+            self.poll(device._internal, False, null)
+            if tag not in self.done:  # not yet, or another thread's poll took the callback
+                time.sleep(MAP_POLL_S)
         if self.done.pop(tag) != self.success:
             raise RuntimeError("could not map a gradient bucket's buffer (the device was lost?)")
 
