@@ -142,6 +142,8 @@ def worker(job: dict) -> dict:
                     reducer.direct = False
                 if v.get("graphs"):
                     reducer.graphs = True
+                if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
+                    reducer._reduce = lambda dev: dev
             eng.upload_via = v.get("upload", "map")
             eng.readback_via = v.get("readback", "direct")
             engine_module = sys.modules[type(eng).__module__]
@@ -378,7 +380,8 @@ def main():
                 f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
                 f"{' readback ' + rows[0]['readback'] if 'readback' in rows[0] else ''}"
                 f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}"
-                f"{' graphs' if rows[0].get('graphs') else ''}": summarize(single, rows, args.world)
+                f"{' graphs' if rows[0].get('graphs') else ''}"
+                f"{' no_collective' if rows[0].get('no_collective') else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }

@@ -285,7 +285,8 @@ class AllReduce:
             try:
                 graph = torch.cuda.CUDAGraph()
                 self._stream.synchronize()
-                with torch.cuda.graph(graph, stream=self._stream):
+                # thread_local: the model's upload thread keeps waiting on events meanwhile
+                with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
                     td.all_reduce(plan.dev, op=td.ReduceOp.SUM, group=self.group)
                     plan.dev.div_(self.world)
                     self._pinned[plan.lo : plan.hi].copy_(plan.dev, non_blocking=True)
