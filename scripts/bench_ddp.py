@@ -81,6 +81,96 @@ class LocalBuckets:
         return self.out[handle[0] : handle[1]]
 
 
+class ShmBuckets:
+    """An experiment (bench only): the mean of each bucket between processes of one host through
+    shared memory and the CPUs, no CUDA. Each rank copies its mapped bucket into its slot; once
+    every rank's is there, each sums its 1/world share of the bucket over the slots (rank order)
+    and divides, into a shared result; once every share is there, finish returns the bucket's
+    part of it (the model uploads from there). Counters in shared memory say which step each
+    rank's slot and share hold (x86 keeps stores in order)."""
+
+    def __init__(self, rank: int, world: int, threads: int = 8):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.rank, self.world, self.step, self.stats = rank, world, 0, {}
+        self.pool = ThreadPoolExecutor(threads)
+        self.threads = threads
+        self.index, self.shms = {}, []
+
+    def stage(self, n: int) -> np.ndarray:
+        import torch.distributed as td
+        from multiprocessing import shared_memory
+
+        prefix = f"aotshm{os.environ.get('MASTER_PORT', '0')}_{n}"
+        sizes = {"slot": 4 * n, "res": 4 * n, "ctrl": 8 * 2 * self.world * 64}
+
+        def made(name, size, create):
+            m = shared_memory.SharedMemory(name=name, create=create, size=size if create else 0)
+            self.shms.append(m)
+            return m
+
+        mine = made(f"{prefix}_slot{self.rank}", sizes["slot"], True)
+        if self.rank == 0:
+            res, ctrl = made(f"{prefix}_res", sizes["res"], True), made(f"{prefix}_ctrl", sizes["ctrl"], True)
+            np.frombuffer(ctrl.buf, np.int64)[:] = 0
+        td.barrier()
+        if self.rank:
+            res, ctrl = made(f"{prefix}_res", 0, False), made(f"{prefix}_ctrl", 0, False)
+        slots = [mine if r == self.rank else made(f"{prefix}_slot{r}", 0, False) for r in range(self.world)]
+        td.barrier()
+        if self.rank == 0:  # the names go once every rank has them open; the memory stays until closed
+            for m in self.shms:
+                m.unlink()
+        self.slots = [np.frombuffer(m.buf, np.float32, n) for m in slots]
+        self.res = np.frombuffer(res.buf, np.float32, n)
+        self.ctrl = np.frombuffer(ctrl.buf, np.int64).reshape(2, self.world, 64)
+        return np.empty(n, np.float32)
+
+    def begin(self, buckets) -> None:
+        self.index = {tuple(b): i for i, b in enumerate(buckets)}
+        self.step += 1
+
+    def _split(self, fn, lo: int, hi: int) -> None:
+        parts = max(1, min(self.threads, (hi - lo) // (1 << 18)))
+        cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
+        list(self.pool.map(lambda k: fn(cuts[k], cuts[k + 1]), range(parts)))
+
+    def _wait(self, row: int, b: int) -> None:
+        t0 = time.perf_counter()
+        while (self.ctrl[row, :, b] != self.step).any():
+            time.sleep(20e-6)
+            if time.perf_counter() - t0 > 120:
+                raise RuntimeError("ShmBuckets: a rank did not arrive within 120 s")
+
+    def start_mapped(self, values, lo, hi):
+        mine = self.slots[self.rank]
+        self._split(lambda a, z: np.copyto(mine[a:z], values[a - lo : z - lo]), lo, hi)
+        b = self.index[(lo, hi)]
+        self.ctrl[0, self.rank, b] = self.step
+        return (b, lo, hi)
+
+    start = start_mapped
+
+    def finish(self, handle):
+        b, lo, hi = handle
+        self._wait(0, b)
+        a = lo + (hi - lo) * self.rank // self.world
+        z = lo + (hi - lo) * (self.rank + 1) // self.world
+
+        def add(x, y):
+            out = self.res[x:y]
+            np.add(self.slots[0][x:y], self.slots[1][x:y], out=out)
+            for r in range(2, self.world):
+                out += self.slots[r][x:y]
+            out /= np.float32(self.world)
+
+        if z > a:
+            self._split(add, a, z)
+        self.ctrl[1, self.rank, b] = self.step
+        self._wait(1, b)
+        return self.res[lo:hi]
+
+
 def _timeline(model, step, steps: int, sync: bool) -> dict:
     """Median milliseconds from a bucketed step's start to each of its events (engine.trace),
     the next step's start ("next"), and with sync, when a read after the step returns ("gpu_done")."""
@@ -136,6 +226,8 @@ def worker(job: dict) -> dict:
                 fn = lambda g: g  # noqa: E731
             elif v["mode"] == "local":
                 fn = LocalBuckets()
+            elif v["mode"] == "shm":
+                fn = ShmBuckets(rank, world)
             elif v["mode"] == "ddp":
                 fn = reducer = dist.allreduce_mean(backend=v["backend"], dtype=v["dtype"], bucketed=v["bucketed"])
                 if v.get("direct") is False:
@@ -184,7 +276,7 @@ def worker(job: dict) -> dict:
             )
             if fn is not None:
                 row["host_ms_per_step"] = {k[:-2] + "_ms": 1e3 * x / n for k, x in timing.items()}
-            if job.get("timeline") and (reducer is not None or v["mode"] == "local"):
+            if job.get("timeline") and (reducer is not None or v["mode"] in ("local", "shm")):
                 if world > 1:
                     dist.mean(0.0)
                 row["timeline_ms"] = _timeline(model, step, job["timeline"], sync=False)
@@ -297,6 +389,8 @@ def main():
                     "and each --variants")
     ap.add_argument("--timeline", type=int, default=0, help="after the timed steps, this many more with each "
                     "bucketed step's events timed (engine.trace), free-running and then each waited for")
+    ap.add_argument("--shm", action="store_true", help="also a row through ShmBuckets (an experiment: the mean "
+                    "in shared memory by the CPUs, no CUDA; one host)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -355,6 +449,8 @@ def main():
         if variants:
             base = {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0]}
             main_variants += [dict(base, **v) for v in variants]
+        if args.shm:
+            main_variants.append({"mode": "shm", "backend": "shm", "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0]})
         if "bf16" not in skip:
             main_variants.append({"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "bf16", "bucket_mib": sizes[0]})
         runs.append([str(first), name, name, main_variants])
