@@ -237,7 +237,6 @@ def worker(job: dict) -> dict:
                 if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
                     reducer._reduce = lambda dev: dev
             eng.upload_via = v.get("upload", "map")
-            eng.readback_via = v.get("readback", "direct")
             engine_module = sys.modules[type(eng).__module__]
             default_threads = job.setdefault("default_copy_threads", engine_module.COPY_THREADS)
             engine_module.COPY_THREADS = int(v.get("copy_threads", default_threads))
@@ -383,7 +382,8 @@ def main():
     ap.add_argument("--host-paths", action="store_true", help="also NCCL rows with the host copy into stage() "
                     "(direct=False) and with uploads by queue.write_buffer")
     ap.add_argument("--variants", default="", help="more NCCL bucketed rows, ';'-separated, each of key=value "
-                    "pairs joined by ',': upload=write_buffer (engine.upload_via), readback=staged (engine.readback_via)")
+                    "pairs joined by ',': upload=write_buffer (engine.upload_via), copy_threads=N (engine.COPY_THREADS), "
+                    "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce)")
     ap.add_argument("--local", action="store_true", help="also one-process rows through a reducer that moves "
                     "nothing (bench's LocalBuckets): the readbacks and uploads alone, with and without the uploads, "
                     "and each --variants")
@@ -474,7 +474,6 @@ def main():
                 f"{' ' + rows[0]['dtype'] if rows[0]['dtype'] != 'f32' else ''}"
                 f"{' host copy' if rows[0].get('direct') is False else ''}"
                 f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
-                f"{' readback ' + rows[0]['readback'] if 'readback' in rows[0] else ''}"
                 f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}"
                 f"{' graphs' if rows[0].get('graphs') else ''}"
                 f"{' no_collective' if rows[0].get('no_collective') else ''}": summarize(single, rows, args.world)
@@ -483,7 +482,7 @@ def main():
         }
         if args.local:
             r["summary"]["local"] = {
-                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "readback", "skip_uploads", "copy_threads")) or "map": {
+                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads")) or "map": {
                     "steps_per_s": row["steps_per_s"],
                     "ms_per_step_over_one_gpu": 1e3 / row["steps_per_s"] - 1e3 / single["steps_per_s"],
                     "host_ms_per_step": row.get("host_ms_per_step"),

@@ -385,10 +385,6 @@ class Engine:
         self._last_update = None  # the submission index of the last update after run_buckets
         # upload_bucket's way: "map" (the bucket's write-mapped buffer and a copy) or "write_buffer"
         self.upload_via = "map"
-        # run_buckets's copies out of the grads buffer: "direct" (into the mapped buffer, the
-        # backward pass waits for each) or "staged" (a device-local copy first; its trip to the
-        # mapped buffer is recorded after the next dispatch, where no barrier waits for it)
-        self.readback_via = "direct"
         self.trace = None  # a list: (event, bucket, perf_counter()) of each bucketed step (bench_ddp --timeline)
         # Pipelines are made at an entry point's first call, not here: a deployed model that only
         # predicts never compiles its training kernels (and Model() returns in a fraction of the
@@ -833,36 +829,23 @@ class Engine:
         reads = e["outputs"] + (e["captures"] if want_captures else [])
         self._uploads = {"key": key, "offset": offset, "maps": maps, "pending": {}, "copies": []}
         boundaries = []  # (submission index or None, the buckets final there)
-        staged = self.readback_via == "staged"
-        stages = self._staging_buffers(key) if staged else None
         self._mark("step")
         with _sigint_deferred():  # a Ctrl-C must not leave part of the step unsubmitted
             enc = self.device.create_command_encoder()
             self._backup_grads(enc, key, total, offset)
-            done, held = 0, []  # held: staged buckets whose trip to their mapped buffer is not recorded yet
+            done = 0
             for ready in sorted({r for _, _, r in buckets}):
-                if held:
-                    enc, done = self._trips(enc, key, done, held, stages, rbs, boundaries, maps), done + 1
-                    held = []
                 self._record(enc, key, (done, ready))
                 done = ready
                 final = [i for i, (_, _, r) in enumerate(buckets) if r == ready]
-                stage = staged and ready < cut  # the last go straight: nothing runs after them to overlap
                 for i in final:
                     lo, hi, _ = buckets[i]
-                    dst = stages[i] if stage else rbs[i]
-                    enc.copy_buffer_to_buffer(buffers["grads"], 4 * (offset + lo), dst, 0, 4 * (hi - lo))
+                    enc.copy_buffer_to_buffer(buffers["grads"], 4 * (offset + lo), rbs[i], 0, 4 * (hi - lo))
                 if ride and ready == cut:
                     lo, hi, _ = buckets[-1]
                     self._reads(enc, key, want_captures, rbs[-1], hi - lo)
-                if stage:
-                    held = final
-                    self._submit(enc.finish(), maps)
-                else:
-                    boundaries.append((self._submit(enc.finish(), maps), final))
+                boundaries.append((self._submit(enc.finish(), maps), final))
                 enc = self.device.create_command_encoder()
-            if held:
-                enc, done = self._trips(enc, key, done, held, stages, rbs, boundaries, maps), done + 1
             if not ride:
                 self._record(enc, key, (done, cut))
                 self._reads(enc, key, want_captures)
@@ -899,30 +882,6 @@ class Engine:
             out = self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
-
-    def _trips(self, enc, key: str, done: int, held: list, stages: list, rbs: list, boundaries: list, maps):
-        """readback_via "staged": dispatch `done` (the barrier before it waits for the staging
-        copies of the buckets `held`), then their copies into their mapped buffers, submitted as
-        the boundary those buckets are read at (no later barrier waits for these copies before
-        the next bucket's staging); returns a new encoder for the dispatches after `done`."""
-        self._record(enc, key, (done, done + 1))
-        buckets = self.entries[key]["buckets"]
-        for i in held:
-            lo, hi, _ = buckets[i]
-            enc.copy_buffer_to_buffer(stages[i], 0, rbs[i], 0, 4 * (hi - lo))
-        boundaries.append((self._submit(enc.finish(), maps), held))
-        return self.device.create_command_encoder()
-
-    def _staging_buffers(self, key: str) -> list:
-        """Per gradient bucket of `key`, a device-local buffer for readback_via "staged"."""
-        bufs = self._reduce_area.get(("staging", key))
-        if bufs is None:
-            usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-            bufs = self._reduce_area[("staging", key)] = [
-                self.device.create_buffer(label=f"grads_staging_{i}", size=max(4, 4 * (hi - lo)), usage=usage)
-                for i, (lo, hi, _) in enumerate(self.entries[key]["buckets"])
-            ]
-        return bufs
 
     def _mark(self, event: str, bucket: int = -1) -> None:
         """One event of a bucketed step's timeline, where self.trace is a list (bench_ddp --timeline)."""
