@@ -19,6 +19,12 @@ holding them already is reused). Random inputs of the declared shapes, `--warmup
               bucket size's package (bucketed only); --host-paths adds NCCL rows with the
               bucket copied on the host first (reducer.direct = False) and with the uploads by
               queue.write_buffer (engine.upload_via)
+--variants adds NCCL rows (upload=write_buffer, copy_threads=N, graphs=1, no_collective=1), --local
+one-process rows through LocalBuckets (the same buckets mapped and uploaded, no communication; with
+and without the uploads), --shm a row through ShmBuckets (an experiment: the mean computed by the
+CPUs in shared memory, no CUDA), --timeline N per row the median time from a bucketed step's start
+to each of its events (engine.trace: each bucket mapped, handed over, finished, uploaded; the
+update submitted; the next step), free-running and with each step waited for.
 Each ddp row: steps/s per rank (the slowest rank), sequences/s over all ranks, scaling efficiency
 (against --world times single), bytes each rank sent per step, and per step the milliseconds
 the host spent waiting for the GPU (map waits: the backward pass and the readback), copying out
@@ -60,6 +66,144 @@ def _inputs(prog: dict, rank: int) -> dict:
     return out
 
 
+class LocalBuckets:
+    """A bucketed reducer that moves nothing between processes (bench only): a step through it
+    makes the same readbacks, maps and uploads as a data-parallel one, and uploads zeros."""
+
+    def __init__(self):
+        self.out = None
+        self.stats = {}
+
+    def stage(self, n: int) -> np.ndarray:
+        self.out = np.zeros(n, np.float32)
+        return self.out
+
+    def start(self, values, lo, hi):
+        return (lo, hi)
+
+    start_mapped = start
+
+    def finish(self, handle):
+        return self.out[handle[0] : handle[1]]
+
+
+class ShmBuckets:
+    """An experiment (bench only): the mean of each bucket between processes of one host through
+    shared memory and the CPUs, no CUDA. Each rank copies its mapped bucket into its slot; once
+    every rank's is there, each sums its 1/world share of the bucket over the slots (rank order)
+    and divides, into a shared result; once every share is there, finish returns the bucket's
+    part of it (the model uploads from there). Counters in shared memory say which step each
+    rank's slot and share hold (x86 keeps stores in order)."""
+
+    def __init__(self, rank: int, world: int, threads: int = 8):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.rank, self.world, self.step, self.stats = rank, world, 0, {}
+        self.pool = ThreadPoolExecutor(threads)
+        self.threads = threads
+        self.index, self.shms = {}, []
+
+    def stage(self, n: int) -> np.ndarray:
+        import torch.distributed as td
+        from multiprocessing import shared_memory
+
+        prefix = f"aotshm{os.environ.get('MASTER_PORT', '0')}_{n}"
+        sizes = {"slot": 4 * n, "res": 4 * n, "ctrl": 8 * 2 * self.world * 64}
+
+        def made(name, size, create):
+            m = shared_memory.SharedMemory(name=name, create=create, size=size if create else 0)
+            self.shms.append(m)
+            return m
+
+        mine = made(f"{prefix}_slot{self.rank}", sizes["slot"], True)
+        if self.rank == 0:
+            res, ctrl = made(f"{prefix}_res", sizes["res"], True), made(f"{prefix}_ctrl", sizes["ctrl"], True)
+            np.frombuffer(ctrl.buf, np.int64)[:] = 0
+        td.barrier()
+        if self.rank:
+            res, ctrl = made(f"{prefix}_res", 0, False), made(f"{prefix}_ctrl", 0, False)
+        slots = [mine if r == self.rank else made(f"{prefix}_slot{r}", 0, False) for r in range(self.world)]
+        td.barrier()
+        if self.rank == 0:  # the names go once every rank has them open; the memory stays until closed
+            for m in self.shms:
+                m.unlink()
+        self.slots = [np.frombuffer(m.buf, np.float32, n) for m in slots]
+        self.res = np.frombuffer(res.buf, np.float32, n)
+        self.ctrl = np.frombuffer(ctrl.buf, np.int64).reshape(2, self.world, 64)
+        return np.empty(n, np.float32)
+
+    def begin(self, buckets) -> None:
+        self.index = {tuple(b): i for i, b in enumerate(buckets)}
+        self.step += 1
+
+    def _split(self, fn, lo: int, hi: int) -> None:
+        parts = max(1, min(self.threads, (hi - lo) // (1 << 18)))
+        cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
+        list(self.pool.map(lambda k: fn(cuts[k], cuts[k + 1]), range(parts)))
+
+    def _wait(self, row: int, b: int) -> None:
+        t0 = time.perf_counter()
+        while (self.ctrl[row, :, b] != self.step).any():
+            time.sleep(20e-6)
+            if time.perf_counter() - t0 > 120:
+                raise RuntimeError("ShmBuckets: a rank did not arrive within 120 s")
+
+    def start_mapped(self, values, lo, hi):
+        mine = self.slots[self.rank]
+        self._split(lambda a, z: np.copyto(mine[a:z], values[a - lo : z - lo]), lo, hi)
+        b = self.index[(lo, hi)]
+        self.ctrl[0, self.rank, b] = self.step
+        return (b, lo, hi)
+
+    start = start_mapped
+
+    def finish(self, handle):
+        b, lo, hi = handle
+        self._wait(0, b)
+        a = lo + (hi - lo) * self.rank // self.world
+        z = lo + (hi - lo) * (self.rank + 1) // self.world
+
+        def add(x, y):
+            out = self.res[x:y]
+            np.add(self.slots[0][x:y], self.slots[1][x:y], out=out)
+            for r in range(2, self.world):
+                out += self.slots[r][x:y]
+            out /= np.float32(self.world)
+
+        if z > a:
+            self._split(add, a, z)
+        self.ctrl[1, self.rank, b] = self.step
+        self._wait(1, b)
+        return self.res[lo:hi]
+
+
+def _timeline(model, step, steps: int, sync: bool) -> dict:
+    """Median milliseconds from a bucketed step's start to each of its events (engine.trace),
+    the next step's start ("next"), and with sync, when a read after the step returns ("gpu_done")."""
+    eng = model._engine
+    eng.trace = []
+    ends = []
+    for _ in range(steps):
+        step()
+        if sync:
+            eng.read("params", 0, 1)
+            ends.append(time.perf_counter())
+    trace, eng.trace = eng.trace, None
+    starts = [t for e, _, t in trace if e == "step"]
+    rows: dict = {}
+    k = -1
+    for e, i, t in trace:
+        if e == "step":
+            k += 1
+            if k:
+                rows.setdefault("next", []).append(t - starts[k - 1])
+            continue
+        rows.setdefault(e if i < 0 else f"{e}_{i}", []).append(t - starts[k])
+    for k, end in enumerate(ends[: len(starts)]):
+        rows.setdefault("gpu_done", []).append(end - starts[k])
+    return {e: round(1e3 * float(np.median(ts)), 3) for e, ts in sorted(rows.items(), key=lambda kv: np.median(kv[1]))}
+
+
 def worker(job: dict) -> dict:
     import importlib
 
@@ -86,11 +230,27 @@ def worker(job: dict) -> dict:
             fn, reducer = None, None
             if v["mode"] == "identity":
                 fn = lambda g: g  # noqa: E731
+            elif v["mode"] == "local":
+                fn = LocalBuckets()
+            elif v["mode"] == "shm":
+                fn = ShmBuckets(rank, world)
             elif v["mode"] == "ddp":
                 fn = reducer = dist.allreduce_mean(backend=v["backend"], dtype=v["dtype"], bucketed=v["bucketed"])
                 if v.get("direct") is False:
                     reducer.direct = False
+                if v.get("graphs"):
+                    reducer.graphs = True
+                if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
+                    reducer._reduce = lambda dev: dev
             eng.upload_via = v.get("upload", "map")
+            engine_module = sys.modules[type(eng).__module__]
+            default_threads = job.setdefault("default_copy_threads", engine_module.COPY_THREADS)
+            engine_module.COPY_THREADS = int(v.get("copy_threads", default_threads))
+            if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
+                eng.upload_via = "write_buffer"  # no upload buffer is asked to be mapped
+                eng.upload_bucket = lambda i, values, last=False: None
+            else:
+                eng.__dict__.pop("upload_bucket", None)
             timing = {"map_wait_s": 0.0, "copy_s": 0.0, "start_s": 0.0, "finish_s": 0.0, "upload_s": 0.0}
 
             def step():
@@ -121,6 +281,13 @@ def worker(job: dict) -> dict:
             )
             if fn is not None:
                 row["host_ms_per_step"] = {k[:-2] + "_ms": 1e3 * x / n for k, x in timing.items()}
+            if job.get("timeline") and (reducer is not None or v["mode"] in ("local", "shm")):
+                if world > 1:
+                    dist.mean(0.0)
+                row["timeline_ms"] = _timeline(model, step, job["timeline"], sync=False)
+                if world > 1:
+                    dist.mean(0.0)
+                row["timeline_synced_ms"] = _timeline(model, step, job["timeline"], sync=True)
             if reducer is not None:
                 st = reducer.stats
                 row["bytes_sent_per_step"] = st["bytes"] / n
@@ -130,6 +297,7 @@ def worker(job: dict) -> dict:
                 row["mapped_copy_wait_ms_per_step"] = 1e3 * st.get("copy_wait_s", 0.0) / n
                 row["collective_call_ms_per_step"] = 1e3 * st.get("collective_s", 0.0) / n
                 row["backend_used"] = reducer.backend
+                row["graph_error"] = getattr(reducer, "graph_error", None)
                 row["buckets"] = len(eng.entries[next(iter(model.PROGRAM["variants"]["train"].values()))].get("buckets", []))
             results.append(row)
         model.close()
@@ -219,6 +387,16 @@ def main():
     ap.add_argument("--skip", default="", help="configurations to leave out: identity,concurrent,unbucketed,bf16")
     ap.add_argument("--host-paths", action="store_true", help="also NCCL rows with the host copy into stage() "
                     "(direct=False) and with uploads by queue.write_buffer")
+    ap.add_argument("--variants", default="", help="more NCCL bucketed rows, ';'-separated, each of key=value "
+                    "pairs joined by ',': upload=write_buffer (engine.upload_via), copy_threads=N (engine.COPY_THREADS), "
+                    "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce)")
+    ap.add_argument("--local", action="store_true", help="also one-process rows through a reducer that moves "
+                    "nothing (bench's LocalBuckets): the readbacks and uploads alone, with and without the uploads, "
+                    "and each --variants")
+    ap.add_argument("--timeline", type=int, default=0, help="after the timed steps, this many more with each "
+                    "bucketed step's events timed (engine.trace), free-running and then each waited for")
+    ap.add_argument("--shm", action="store_true", help="also a row through ShmBuckets (an experiment: the mean "
+                    "in shared memory by the CPUs, no CUDA; one host)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -246,17 +424,23 @@ def main():
     }
     tmp = tempfile.TemporaryDirectory(prefix="bench-ddp-")
     where = Path(args.packages) if args.packages else Path(tmp.name)
-    common = dict(steps=args.steps, warmup=args.warmup, adapters=adapters, init_backend="nccl" if "nccl" in backends else "gloo")
+    common = dict(steps=args.steps, warmup=args.warmup, adapters=adapters, init_backend="nccl" if "nccl" in backends else "gloo",
+                  timeline=args.timeline)
+    variants = [dict(kv.split("=", 1) for kv in v.split(",")) for v in args.variants.split(";") if v]
     for name in args.models.split(","):
         t0 = time.perf_counter()
         projects = {mib: build(name, where, mib) for mib in sizes}
         first = projects[sizes[0]]
         r = {}
         one = [{"mode": "single"}] + ([] if "identity" in skip else [{"mode": "identity"}])
+        local = [{"mode": "local"}, {"mode": "local", "skip_uploads": True}] + [dict(v, mode="local") for v in variants]
+        one += local if args.local else []
         (solo,) = launch(dict(common, project=str(first), runs=[[str(first), name, name, one]]), 1)
         r["single"] = solo["rows"][0]
         if "identity" not in skip:
             r["identity"] = solo["rows"][1]
+        if args.local:
+            r["local"] = solo["rows"][-len(local) :]
         if "concurrent" not in skip:
             conc = launch(dict(common, init_backend="gloo", project=str(first), runs=[[str(first), name, name, [{"mode": "single"}]]]), args.world)
             r["concurrent"] = [x["rows"][0] for x in conc]
@@ -268,6 +452,11 @@ def main():
         if args.host_paths and "nccl" in backends:  # round 2's host copy in; the uploads by write_buffer
             base = {"mode": "ddp", "backend": "nccl", "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0]}
             main_variants += [dict(base, direct=False), dict(base, upload="write_buffer")]
+        if variants:
+            base = {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0]}
+            main_variants += [dict(base, **v) for v in variants]
+        if args.shm:
+            main_variants.append({"mode": "shm", "backend": "shm", "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0]})
         if "bf16" not in skip:
             main_variants.append({"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "bf16", "bucket_mib": sizes[0]})
         runs.append([str(first), name, name, main_variants])
@@ -290,10 +479,22 @@ def main():
                 f"{rows[0]['backend']} {'bucketed ' + format(rows[0]['bucket_mib'], 'g') + ' MiB' if rows[0]['bucketed'] else 'unbucketed'}"
                 f"{' ' + rows[0]['dtype'] if rows[0]['dtype'] != 'f32' else ''}"
                 f"{' host copy' if rows[0].get('direct') is False else ''}"
-                f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}": summarize(single, rows, args.world)
+                f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
+                f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}"
+                f"{' graphs' if rows[0].get('graphs') else ''}"
+                f"{' no_collective' if rows[0].get('no_collective') else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }
+        if args.local:
+            r["summary"]["local"] = {
+                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads")) or "map": {
+                    "steps_per_s": row["steps_per_s"],
+                    "ms_per_step_over_one_gpu": 1e3 / row["steps_per_s"] - 1e3 / single["steps_per_s"],
+                    "host_ms_per_step": row.get("host_ms_per_step"),
+                }
+                for row in r["local"]
+            }
         r["seconds"] = time.perf_counter() - t0
         report["models"][name] = r
         print(name, json.dumps(r["summary"], indent=1), flush=True)

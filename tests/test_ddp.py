@@ -610,6 +610,15 @@ def test_bucketed_steps_are_bit_identical_and_bad_results_change_nothing():
         assert_identical(snapshot(a), snapshot(c))
         assert_identical(snapshot(a), snapshot(d))
     assert rd.offered == 6 * len(names) and rd.mapped == 3 * len(names)  # half of them taken mapped
+    b._engine.trace = []  # a step's timeline (bench_ddp --timeline): each bucket mapped, handed over, uploaded
+    b.step(**data(6), allreduce=Buckets())
+    a.step(**data(6))
+    trace, b._engine.trace = b._engine.trace, None
+    events = [(e, i) for e, i, _ in trace]
+    assert events[0] == ("step", -1) and events[-1] == ("update", -1)
+    for i in range(len(names)):
+        assert events.index(("mapped", i)) < events.index(("handed", i)) and events.index(("finished", i)) < events.index(("uploaded", i))
+    assert_identical(snapshot(a), snapshot(b))
     d.close()
     assert rd.released == 1
     e, re_ = type(a)(), MappedBuckets()  # collected without close(): released all the same

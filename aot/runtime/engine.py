@@ -59,6 +59,7 @@ COMPILE_WORKERS = 64
 # 6-10 GB/s on an H100 host, which made the copies of transformer_large's 76 MB the bulk of a
 # data-parallel step's host time (scripts/bench_ddp.py)
 COPY_THREADS = 8
+MAP_POLL_S = 50e-6  # between the polls of a bucket's map (_RawMaps.wait)
 COPY_SPLIT = 1 << 20
 
 
@@ -256,13 +257,16 @@ class _RawMaps:
         return tag
 
     def wait(self, device, tag: int, index: int | None) -> None:
-        """Until the map `tag` is done: polls that wait for submission `index` alone (None: the
-        buffer waits for no submission of ours, a poll without waiting resolves it)."""
-        at = self.ffi.NULL if index is None else self.ffi.new("WGPUSubmissionIndex *", index)
+        """Until the map `tag` is done (`index`: the submission it follows; unused): polls that
+        do not block, MAP_POLL_S apart. A blocking poll (one that waits for a submission) holds
+        the device as long: on 2 H200s the upload thread's maps and submits then waited for the
+        next bucket's backward to end (bench_ddp --timeline: each upload ended just after the
+        next bucket's map)."""
+        null = self.ffi.NULL
         while tag not in self.done:
-            self.poll(device._internal, index is not None, at)
-            if tag not in self.done:  # another thread's poll took the callback: it is being called
-                time.sleep(20e-6)
+            self.poll(device._internal, False, null)
+            if tag not in self.done:  # not yet, or another thread's poll took the callback
+                time.sleep(MAP_POLL_S)
         if self.done.pop(tag) != self.success:
             raise RuntimeError("could not map a gradient bucket's buffer (the device was lost?)")
 
@@ -381,6 +385,7 @@ class Engine:
         self._last_update = None  # the submission index of the last update after run_buckets
         # upload_bucket's way: "map" (the bucket's write-mapped buffer and a copy) or "write_buffer"
         self.upload_via = "map"
+        self.trace = None  # a list: (event, bucket, perf_counter()) of each bucketed step (bench_ddp --timeline)
         # Pipelines are made at an entry point's first call, not here: a deployed model that only
         # predicts never compiles its training kernels (and Model() returns in a fraction of the
         # time: 245 pipelines of the addition transformer take 2.4 s on lavapipe).
@@ -824,6 +829,7 @@ class Engine:
         reads = e["outputs"] + (e["captures"] if want_captures else [])
         self._uploads = {"key": key, "offset": offset, "maps": maps, "pending": {}, "copies": []}
         boundaries = []  # (submission index or None, the buckets final there)
+        self._mark("step")
         with _sigint_deferred():  # a Ctrl-C must not leave part of the step unsubmitted
             enc = self.device.create_command_encoder()
             self._backup_grads(enc, key, total, offset)
@@ -844,6 +850,7 @@ class Engine:
                 self._record(enc, key, (done, cut))
                 self._reads(enc, key, want_captures)
                 self._submit(enc.finish(), maps)
+        self._mark("submitted")
         if maps is not None and self.upload_via == "map":  # the upload buffers, free once the last update that read them is done
             for i, (lo, hi, _) in enumerate(buckets):
                 self._uploads["pending"][i] = maps.request(ups[i], 4 * (hi - lo), write=True)
@@ -862,6 +869,7 @@ class Engine:
                     maps.wait(self.device, maps.request(rbs[i], n), index)
                     view = maps.mapped_range(rbs[i], n)
                 self._waited += time.perf_counter() - t
+                self._mark("mapped", i)
                 try:
                     if with_outputs:
                         out = self._unpack(key, reads, view, hi - lo)
@@ -869,10 +877,17 @@ class Engine:
                 finally:
                     if maps is not None:
                         maps.unmap(rbs[i])
+                self._mark("handed", i)
         if out is None:
             out = self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
+
+    def _mark(self, event: str, bucket: int = -1) -> None:
+        """One event of a bucketed step's timeline, where self.trace is a list (bench_ddp --timeline)."""
+        trace = self.trace
+        if trace is not None:
+            trace.append((event, bucket, time.perf_counter()))
 
     def _submit(self, command_buffer, maps) -> int | None:
         """Submit; the submission index where wgpu-native's maps are used (None otherwise)."""
@@ -941,6 +956,7 @@ class Engine:
             self._last_update = up["maps"].submit(self.device.queue, enc.finish())
         else:
             self.device.queue.submit([enc.finish()])
+        self._mark("update")
 
     def restore_grads(self, key: str, total: int, offset: int = 0) -> None:
         """Undo run_backward: the grads buffer, and the model's buffers (Module.buffer), as they

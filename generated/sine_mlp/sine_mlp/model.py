@@ -571,10 +571,12 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 t = clock()
                 reduced = reducer.finish(handle)
                 t1 = clock()
+                eng._mark("finished", i)
                 reduced = _checked_reduced(
                     reduced, (hi - lo,), f"finish()'s result for gradients [{lo}, {hi})"
                 )
                 eng.upload_bucket(i, np.ascontiguousarray(reduced), last=last)
+                eng._mark("uploaded", i)
                 spent["finish_s"] += t1 - t
                 spent["upload_s"] += clock() - t1
             except BaseException:
