@@ -467,3 +467,37 @@ def test_gelu_tanh_tail_gradient_times_inf(kernels):
     want = np.array([-np.inf, np.inf, d[2], d[3]], np.float32)
     for who, got in ((kernels, grads["x"]), ("interp", _interp_grads(prog, inputs)["x"])):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-12, err_msg=who)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_signed_zero_through_relu_maximum_minimum(kernels):
+    """torch.relu(-0.0) is -0.0, and torch.maximum/minimum return the first operand where the two
+    compare equal (-0 and +0): 1 / relu(-0.0) is -inf in torch (hour-run special seed 5280100:
+    rsqrt(relu(-0.0)) gave +inf in the interpreter, whose np.maximum returns the second operand;
+    WGSL's max may return either zero). The package, the interpreter and torch agree bit for bit."""
+    z = np.array([-0.0, 0.0, -0.0, 0.0, np.nan, -1.0, 2.0], np.float32)
+    w = np.array([0.0, -0.0, -0.0, 0.0, 1.0, np.nan, 1.0], np.float32)
+
+    def f(m, _f):
+        return {"r": 1.0 / ops.relu(m.z), "mx": 1.0 / ops.maximum(m.z, m.w), "mn": 1.0 / ops.minimum(m.z, m.w),
+                "c": 1.0 / ops.clamp(m.z, min=0.0), "q": ops.rsqrt(ops.relu(m.z))}
+
+    prog, inputs, _ = make_program(f"signed_zero_{kernels}", {"z": z, "w": w}, {}, f)
+    model = compile_checked(prog, kernels)
+    try:
+        res = model.step(**inputs, captures=True)
+    finally:
+        model.close()
+    tz, tw = torch.tensor(z), torch.tensor(w)
+    want = {"r": 1.0 / torch.relu(tz), "mx": 1.0 / torch.maximum(tz, tw), "mn": 1.0 / torch.minimum(tz, tw),
+            "c": 1.0 / torch.clamp(tz, min=0.0), "q": torch.rsqrt(torch.relu(tz))}
+    for k, v in want.items():
+        v = v.numpy()
+        assert np.isinf(v[:4]).all()  # the zeros' signs decide these
+        np.testing.assert_array_equal(res.captures[k], v, err_msg=f"{kernels} {k}")
+    # the interpreter's references (aot/interp.py runs these)
+    from aot.ops.registry import lookup
+
+    for name, got, want_ in (("relu", lookup("relu").ref(z), torch.relu(tz)), ("maximum", lookup("maximum").ref(z, w), torch.maximum(tz, tw)),
+                             ("minimum", lookup("minimum").ref(z, w), torch.minimum(tz, tw))):
+        np.testing.assert_array_equal(1.0 / got, 1.0 / want_.numpy(), err_msg=f"interp {name}")

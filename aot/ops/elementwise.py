@@ -92,12 +92,13 @@ _unary(
 )
 # relu'(0) = 0, as in PyTorch. Written with the output (y != 0 iff x > 0, or x is NaN, whose
 # gradient torch passes through), so backward keeps y, which the next layer needs anyway, and
-# the pre-activation can die in the matmul epilogue. WGSL's max may drop a NaN: max_nan keeps it.
+# the pre-activation can die in the matmul epilogue. WGSL's max may drop a NaN: max_nan keeps it,
+# and keeps -0 as torch does (rsqrt(relu(-0.0)) = -inf).
 # The cotangent is selected, not multiplied by a 0/1 mask: an inf cotangent where y = 0 (from
 # sqrt(relu(x)), say) gives 0 as torch's threshold_backward does, not inf * 0 = NaN.
 _unary(
     "relu",
-    lambda x: np.maximum(x, 0).astype(x.dtype),
+    lambda x: np.where(x < 0, np.zeros_like(x), x),
     lambda ct, n: (F.where(F.equal(n.out, 0.0), 0.0, ct),),
     "max_nan({0}, 0.0)",
 )
@@ -250,7 +251,6 @@ def _minmax_vjp(loses):
     return vjp
 
 
-# NaN in either operand gives NaN (torch.maximum / np.maximum); WGSL's max/min need not
 # a * exp(y) for y <= 0 (silu's and mish's tails: x exp(x) for x < -20), rounded once, so that a
 # normal product never goes through a subnormal exp(y) that a GPU flushes to 0 (_helpers.wgsl.j2)
 _binary(
@@ -260,8 +260,21 @@ _binary(
     "mul_exp_f32({0}, {1})",
     COSTLY,
 )
-_binary("maximum", np.maximum, _minmax_vjp(lambda a, b: F.less(a, b)), "max_nan({0}, {1})")
-_binary("minimum", np.minimum, _minmax_vjp(lambda a, b: F.greater(a, b)), "min_nan({0}, {1})")
+
+
+def _torch_minmax(pick_a):
+    """torch.maximum/minimum: NaN in either operand gives NaN, and where the operands compare equal
+    (-0 and +0) the first one (np.maximum returns the second; WGSL's max/min either)."""
+
+    def ref(a, b):
+        a, b = np.broadcast_arrays(a, b)
+        return np.where(np.isnan(a) | np.isnan(b), a + b, np.where(pick_a(a, b), a, b)).astype(a.dtype, copy=False)
+
+    return ref
+
+
+_binary("maximum", _torch_minmax(np.greater_equal), _minmax_vjp(lambda a, b: F.less(a, b)), "max_nan({0}, {1})")
+_binary("minimum", _torch_minmax(np.less_equal), _minmax_vjp(lambda a, b: F.greater(a, b)), "min_nan({0}, {1})")
 
 
 def _cmp(name, ref, op):

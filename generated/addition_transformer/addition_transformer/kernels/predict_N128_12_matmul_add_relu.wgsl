@@ -16,9 +16,10 @@
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }
-// max that propagates NaN like torch.maximum (WGSL's max may return the other operand)
+// torch.maximum: NaN if either operand is NaN (WGSL's max may return the other operand), and the
+// first operand where they compare equal (relu(-0.0) = -0.0; WGSL's max may return either zero)
 fn max_nan(a: f32, b: f32) -> f32 {
-    return select(max(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+    return select(select(b, a, a >= b), a + b, is_nan_f32(a) || is_nan_f32(b));
 }
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 32 floats (12800 bytes in all).

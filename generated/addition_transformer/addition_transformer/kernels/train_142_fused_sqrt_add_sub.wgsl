@@ -12,7 +12,7 @@ fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }
 fn min_nan(a: f32, b: f32) -> f32 {
-    return select(min(a, b), a + b, is_nan_f32(a) || is_nan_f32(b));
+    return select(select(b, a, a <= b), a + b, is_nan_f32(a) || is_nan_f32(b));
 }
 
 @compute @workgroup_size(256)
