@@ -325,9 +325,11 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         it_o, it_r = iter(oc), iter(rc)
         coords = [next(it_r) if i in axes else next(it_o) for i in range(x.ndim)]
         accs.append({"op": n.op, "val": inner.value(x, Index(x.shape, coords))})
-    # max and argmax compare with NaN-propagating helpers (torch: a NaN is the maximum)
+    # max and argmax compare with NaN-propagating helpers (torch: a NaN is the maximum); a sum's
+    # result goes through plus_zero_f32 (torch's sums start from +0, so a sum of -0s is +0)
     for m in members:
-        kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits")}.get(m.node.op, ()))
+        kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits"),
+                           "sum": ("plus_zero_f32",)}.get(m.node.op, ()))
     per_wg = kernel_rows_per_workgroup(k) == 1
     # the results, then elementwise outputs of them at the same element o (the epilogue)
     epi = Body(kc, "    ")

@@ -501,3 +501,26 @@ def test_signed_zero_through_relu_maximum_minimum(kernels):
     for name, got, want_ in (("relu", lookup("relu").ref(z), torch.relu(tz)), ("maximum", lookup("maximum").ref(z, w), torch.maximum(tz, tw)),
                              ("minimum", lookup("minimum").ref(z, w), torch.minimum(tz, tw))):
         np.testing.assert_array_equal(1.0 / got, 1.0 / want_.numpy(), err_msg=f"interp {name}")
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu", "subgroup"])
+def test_sum_of_negative_zeros_is_positive_zero(kernels):
+    """torch's sums start from +0, so a sum of -0s is +0 (1 / sum = +inf); the shader compilers fold
+    0.0 + x to x, which kept -0 (hour-run special seed 5290090: rsqrt of a cross_entropy whose rows
+    were all -0 was -inf). Short and long rows, and the tree reduction's lanes."""
+    z = np.full((3, 700), -0.0, np.float32)
+    z[2, 5] = -1.5
+
+    def f(m, _f):
+        return {"s": 1.0 / ops.sum(m.z, axis=1), "a": 1.0 / ops.sum(m.z), "m": 1.0 / ops.mean(ops.narrow(m.z, 1, 0, 3), axis=1)}
+
+    prog, inputs, _ = make_program(f"neg_zero_sum_{kernels}", {"z": z}, {}, f)
+    model = compile_checked(prog, kernels)
+    try:
+        res = model.step(**inputs, captures=True)
+    finally:
+        model.close()
+    tz = torch.tensor(z)
+    want = {"s": 1.0 / tz.sum(1), "a": 1.0 / tz.sum(), "m": 1.0 / tz[:, :3].mean(1)}
+    for k, v in want.items():
+        np.testing.assert_array_equal(res.captures[k], v.numpy(), err_msg=f"{kernels} {k}")

@@ -314,7 +314,7 @@ def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int, cpu: bool = Fa
             "@group(0) @binding(0) var<storage, read> inputs: array<f32>;",
             f"@group(0) @binding(1) var<storage, read_write> {out_arena}: array<{out_type}>;",
         ]),
-        helpers={"max": ["f32_bits", "is_nan_f32", "max_nan"], "argmax": ["f32_bits", "gt_nan", "is_nan_f32"]}.get(op, []),
+        helpers={"max": ["f32_bits", "is_nan_f32", "max_nan"], "argmax": ["f32_bits", "gt_nan", "is_nan_f32"], "sum": ["plus_zero_f32"]}.get(op, []),
         wg=wg, accs=[{"op": op, "val": "v0"}], per_wg=per_wg, n_out=n_out, n_red=n_red,
         row=grid[0] * (1 if per_wg else wg), outer=[], inner=["        let v0: f32 = inputs[o * %du + r];" % n_red],
         epilogue=[], stores=[f"{out_arena}[o] = res0;"], one_buf="inputs" if cpu else "",

@@ -16,6 +16,12 @@
 var<workgroup> k0_part0: array<f32, 256>;
 var<workgroup> k1_part0: array<f32, 256>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 8u;
     if (o >= 8u) {
@@ -36,9 +42,15 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = k0_part0[0];
+        let res0 = k0_plus_zero_f32(k0_part0[0]);
         work[3584u + o] = res0;
     }
+}
+
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k1_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
 }
 
 fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
@@ -65,7 +77,7 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = k1_part0[0];
+        let res0 = k1_plus_zero_f32(k1_part0[0]);
         work[3648u + o] = res0;
     }
 }

@@ -19,6 +19,12 @@
 var<workgroup> k0_part0: array<f32, 256>;
 var<workgroup> k2_part0: array<f32, 256>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 8u;
     if (o >= 8u) {
@@ -43,7 +49,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = k0_part0[0];
+        let res0 = k0_plus_zero_f32(k0_part0[0]);
         work[3584u + o] = res0;
     }
 }
@@ -67,6 +73,12 @@ fn k1_main(gid: vec3<u32>) {
     work[2048u + i] = v9;
 }
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k2_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k2_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 8u;
     if (o >= 8u) {
@@ -88,7 +100,7 @@ fn k2_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = k2_part0[0];
+        let res0 = k2_plus_zero_f32(k2_part0[0]);
         work[1536u + o] = res0;
     }
 }

@@ -16,6 +16,12 @@
 var<workgroup> k0_part0: array<f32, 256>;
 var<workgroup> k1_part0: array<f32, 256>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 1024u;
     if (o >= 1024u) {
@@ -38,11 +44,16 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = k0_part0[0];
+        let res0 = k0_plus_zero_f32(k0_part0[0]);
         work[2770944u + o] = res0;
     }
 }
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k1_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
 fn k1_rsqrt_f32(x: f32) -> f32 {
     return select(inverseSqrt(x), 1.0 / x, x == 0.0);
@@ -75,7 +86,7 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = k1_part0[0];
+        let res0 = k1_plus_zero_f32(k1_part0[0]);
         let v9: u32 = o / 8u;
         let v10: u32 = o % 8u;
         let v11: f32 = res0 * 0.015625;

@@ -2,6 +2,11 @@
 // train_009_sum: sum   (addition_transformer.py:36)
 // writes f32[128,8,1]; reads train_008_matmul_add
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -28,7 +33,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = part0[0];
+        let res0 = plus_zero_f32(part0[0]);
         work[2770944u + o] = res0;
     }
 }

@@ -2,6 +2,11 @@
 // train_016_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt   (addition_transformer.py:32)
 // writes f32[128,8,1]; reads train_015_fused_add_mul_sub
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
 fn rsqrt_f32(x: f32) -> f32 {
     return select(inverseSqrt(x), 1.0 / x, x == 0.0);
@@ -33,7 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = part0[0];
+        let res0 = plus_zero_f32(part0[0]);
         let v5: u32 = o / 8u;
         let v6: u32 = o % 8u;
         let v7: f32 = res0 * 0.015625;

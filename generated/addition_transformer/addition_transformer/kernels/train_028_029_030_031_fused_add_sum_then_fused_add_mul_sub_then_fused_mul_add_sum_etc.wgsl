@@ -19,6 +19,12 @@
 var<workgroup> k0_part0: array<f32, 256>;
 var<workgroup> k2_part0: array<f32, 256>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 1024u;
     if (o >= 1024u) {
@@ -45,7 +51,7 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = k0_part0[0];
+        let res0 = k0_plus_zero_f32(k0_part0[0]);
         work[589824u + o] = res0;
     }
 }
@@ -71,6 +77,11 @@ fn k1_main(gid: vec3<u32>) {
     work[2097152u + i] = v11;
 }
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k2_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
 fn k2_rsqrt_f32(x: f32) -> f32 {
     return select(inverseSqrt(x), 1.0 / x, x == 0.0);
@@ -99,7 +110,7 @@ fn k2_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = k2_part0[0];
+        let res0 = k2_plus_zero_f32(k2_part0[0]);
         let v5: u32 = o / 8u;
         let v6: u32 = o % 8u;
         let v7: f32 = res0 * 0.015625;

@@ -15,6 +15,12 @@
 @group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(gid: vec3<u32>) {
     let o = gid.x + gid.y * 1024u;
     if (o >= 1024u) {
@@ -33,8 +39,14 @@ fn k0_main(gid: vec3<u32>) {
         let v8: f32 = select(0.0, v7, v5 != 0.0);
         acc0 = acc0 + v8;
     }
-    let res0 = acc0;
+    let res0 = k0_plus_zero_f32(acc0);
     work[800768u + o] = res0;
+}
+
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k1_k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
 }
 
 fn k1_k0_main(gid: vec3<u32>) {
@@ -50,7 +62,7 @@ fn k1_k0_main(gid: vec3<u32>) {
         let v3: f32 = work[995328u + v2];
         acc0 = acc0 + v3;
     }
-    let res0 = acc0;
+    let res0 = k1_k0_plus_zero_f32(acc0);
     work[1020928u + o] = res0;
 }
 

@@ -3,6 +3,11 @@
 // writes f32[128,8]; reads train_049_fused_stop_gradient_log_sub, targets
 @group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -23,6 +28,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v8: f32 = select(0.0, v7, v5 != 0.0);
         acc0 = acc0 + v8;
     }
-    let res0 = acc0;
+    let res0 = plus_zero_f32(acc0);
     work[800768u + o] = res0;
 }

@@ -2,6 +2,11 @@
 // train_053_sum: sum   (addition_transformer.py:61)
 // writes f32[128,8,1]; reads train_052_fused_equal_sub_where
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -17,6 +22,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v3: f32 = work[995328u + v2];
         acc0 = acc0 + v3;
     }
-    let res0 = acc0;
+    let res0 = plus_zero_f32(acc0);
     work[1020928u + o] = res0;
 }

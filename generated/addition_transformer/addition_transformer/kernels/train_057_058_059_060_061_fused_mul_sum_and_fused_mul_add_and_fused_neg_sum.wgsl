@@ -26,6 +26,12 @@
 var<workgroup> wg_f32_0: array<f32, 256>;
 var<workgroup> wg_f32_1: array<f32, 256>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 64u;
     if (o >= 64u) {
@@ -56,11 +62,17 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_0[0];
-        let res1 = wg_f32_1[0];
+        let res0 = k0_plus_zero_f32(wg_f32_0[0]);
+        let res1 = k0_plus_zero_f32(wg_f32_1[0]);
         grads[150592u + o] = res0;
         grads[150528u + o] = res1;
     }
+}
+
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k1_k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
 }
 
 fn k1_k0_main(wid: vec3<u32>, lid: vec3<u32>) {
@@ -89,7 +101,7 @@ fn k1_k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_0[0];
+        let res0 = k1_k0_plus_zero_f32(wg_f32_0[0]);
         work[983040u + o] = res0;
     }
 }
@@ -123,6 +135,12 @@ fn k1_k1_main(gid: vec3<u32>) {
     work[2621440u + i] = v19;
 }
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k1_k2_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k1_k2_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 1024u;
     if (o >= 1024u) {
@@ -146,7 +164,7 @@ fn k1_k2_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_1[0];
+        let res0 = k1_k2_plus_zero_f32(wg_f32_1[0]);
         work[2764800u + o] = res0;
     }
 }

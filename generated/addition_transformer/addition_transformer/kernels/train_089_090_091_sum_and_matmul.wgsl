@@ -35,6 +35,12 @@ var<workgroup> wg_f32_1: array<f32, 256>;
 var<workgroup> wg_vec2f_0: array<vec2<f32>, 640>;
 var<workgroup> wg_vec2f_1: array<vec2<f32>, 640>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 256u;
     if (o >= 256u) {
@@ -62,8 +68,8 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_0[0];
-        let res1 = wg_f32_1[0];
+        let res0 = k0_plus_zero_f32(wg_f32_0[0]);
+        let res1 = k0_plus_zero_f32(wg_f32_1[0]);
         grads[150208u + o] = res0;
         grads[149632u + o] = res1;
     }

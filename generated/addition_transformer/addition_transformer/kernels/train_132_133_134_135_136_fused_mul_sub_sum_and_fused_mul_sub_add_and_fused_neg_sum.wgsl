@@ -26,6 +26,12 @@
 var<workgroup> wg_f32_0: array<f32, 256>;
 var<workgroup> wg_f32_1: array<f32, 256>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 64u;
     if (o >= 64u) {
@@ -61,11 +67,17 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_0[0];
-        let res1 = wg_f32_1[0];
+        let res0 = k0_plus_zero_f32(wg_f32_0[0]);
+        let res1 = k0_plus_zero_f32(wg_f32_1[0]);
         grads[148928u + o] = res0;
         grads[148864u + o] = res1;
     }
+}
+
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k1_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
 }
 
 fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
@@ -98,9 +110,15 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_0[0];
+        let res0 = k1_plus_zero_f32(wg_f32_0[0]);
         grads[148800u + o] = res0;
     }
+}
+
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k2_k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
 }
 
 fn k2_k0_main(wid: vec3<u32>, lid: vec3<u32>) {
@@ -133,7 +151,7 @@ fn k2_k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_0[0];
+        let res0 = k2_k0_plus_zero_f32(wg_f32_0[0]);
         work[131072u + o] = res0;
     }
 }
@@ -170,6 +188,12 @@ fn k2_k1_main(gid: vec3<u32>) {
     work[i] = v22;
 }
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k2_k2_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k2_k2_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 1024u;
     if (o >= 1024u) {
@@ -193,7 +217,7 @@ fn k2_k2_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_1[0];
+        let res0 = k2_k2_plus_zero_f32(wg_f32_1[0]);
         work[132096u + o] = res0;
     }
 }

@@ -3,6 +3,11 @@
 // writes f32[64], f32[64]; reads train_131_matmul_add, train_010_fused_mul_sub_sum, train_009_sum, train_008_matmul_add, train_115_matmul
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -43,8 +48,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = part0[0];
-        let res1 = part1[0];
+        let res0 = plus_zero_f32(part0[0]);
+        let res1 = plus_zero_f32(part1[0]);
         grads[148928u + o] = res0;
         grads[148864u + o] = res1;
     }

@@ -13,6 +13,12 @@
 // workgroup memory, shared by the kernels (a workgroup runs one of them)
 var<workgroup> wg_f32_0: array<f32, 256>;
 
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k0_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
+
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     let o = wid.x + wid.y * 512u;
     if (o >= 512u) {
@@ -41,9 +47,15 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_0[0];
+        let res0 = k0_plus_zero_f32(wg_f32_0[0]);
         work[133120u + o] = res0;
     }
+}
+
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn k1_plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
 }
 
 fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
@@ -79,7 +91,7 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = wg_f32_0[0];
+        let res0 = k1_plus_zero_f32(wg_f32_0[0]);
         let v15: u32 = o / 64u;
         let v16: u32 = o % 64u;
         let v17: f32 = work[2779136u + v15 + v16 * 12u];

@@ -4,6 +4,11 @@
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(4) var<storage, read> inputs_i32: array<i32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 var<workgroup> part0: array<f32, 256>;
 
@@ -41,7 +46,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     if (lid.x == 0u) {
-        let res0 = part0[0];
+        let res0 = plus_zero_f32(part0[0]);
         let v15: u32 = o / 64u;
         let v16: u32 = o % 64u;
         let v17: f32 = work[2779136u + v15 + v16 * 12u];

@@ -2,6 +2,11 @@
 // train_141_sum: sum   (optimizer)
 // writes f32[]; reads train_140_fused_square_pad_sum
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -14,6 +19,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v0: f32 = work[150656u + r];
         acc0 = acc0 + v0;
     }
-    let res0 = acc0;
+    let res0 = plus_zero_f32(acc0);
     work[150720u + o] = res0;
 }

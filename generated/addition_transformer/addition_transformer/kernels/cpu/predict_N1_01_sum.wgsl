@@ -10,6 +10,11 @@ struct Offsets {
     o1: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 @compute @workgroup_size(16)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28,6 +33,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v1: f32 = work[at.o0 + v0];
         acc0 = acc0 + v1;
     }
-    let res0 = acc0;
+    let res0 = plus_zero_f32(acc0);
     work[at.o1 + o] = res0;
 }

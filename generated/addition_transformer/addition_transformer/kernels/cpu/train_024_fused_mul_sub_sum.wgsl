@@ -11,6 +11,11 @@ struct Offsets {
     o2: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
 fn rsqrt_f32(x: f32) -> f32 {
     return select(inverseSqrt(x), 1.0 / x, x == 0.0);
@@ -40,7 +45,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v8: f32 = v7 * v7;
         acc0 = acc0 + v8;
     }
-    let res0 = acc0;
+    let res0 = plus_zero_f32(acc0);
     let v9: u32 = o / 8u;
     let v10: u32 = o % 8u;
     let v11: f32 = res0 * 0.015625;

@@ -32,6 +32,11 @@ fn exp_f32(x: f32) -> f32 {
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -56,6 +61,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v7: f32 = exp_f32(v6);
         acc0 = acc0 + v7;
     }
-    let res0 = acc0;
+    let res0 = plus_zero_f32(acc0);
     work[at.o2 + o] = res0;
 }

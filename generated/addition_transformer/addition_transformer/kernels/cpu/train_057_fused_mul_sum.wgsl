@@ -14,6 +14,11 @@ struct Offsets {
     o4: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+fn plus_zero_f32(x: f32) -> f32 {
+    return select(x, 0.0, x == 0.0);
+}
 
 @compute @workgroup_size(16)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -47,8 +52,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc0 = acc0 + part0;
         acc1 = acc1 + part1;
     }
-    let res0 = acc0;
-    let res1 = acc1;
+    let res0 = plus_zero_f32(acc0);
+    let res1 = plus_zero_f32(acc1);
     grads[at.o3 + o] = res0;
     grads[at.o4 + o] = res1;
 }
