@@ -465,7 +465,8 @@ KNOWN_DIFFERENCES = {
     "accumulation": "sum, mean, prod, var, std, norm, cumsum and matmul accumulate in float32; torch's CPU "
                     "kernels accumulate float32 in double, so where a partial sum or product leaves float32's "
                     "range and the result comes back into it (var of 1e20s: squares of 1e40), torch is finite "
-                    "and aot inf or NaN",
+                    "and aot inf or NaN; so where norm's |x|^p terms leave that range, and where a signed sum's "
+                    "terms cancel beyond float32's n ulps of their magnitudes",
     "nan_kernels": "elu's and hardswish's gradients at a NaN input: torch's vectorized kernels give NaN, its "
                    "scalar ones (tensors of a few elements) the cotangent; aot gives one or the other",
     "gelu_cancel": "gelu below x = -3: torch's 0.5 x (1 + tanh(u)) (and 1 + erf) cancels to 0 in float32 and "
