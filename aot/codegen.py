@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from .attention_codegen import render_attention
+from .recurrent_codegen import render_recurrent
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
 from .matmul_codegen import LOOP_MAX, MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
@@ -236,6 +237,7 @@ CPU_HEADER = {
     "elementwise": "// CPU variant: tensor offsets from the offset table `at`",
     "reduce": "// CPU variant: tensor offsets from the offset table `at`",
     "attention": "// CPU variant: each invocation reads the other side's rows itself, no barriers",
+    "recurrent": "// CPU variant: tensor offsets from the offset table `at`",
     "matmul": "// CPU variant: no workgroup memory, no barriers",
 }
 SUBGROUP_HEADER = "// subgroup variant: rows shared by lanes of a subgroup, partial sums through shuffles"
@@ -270,6 +272,9 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
         code, kc = _reduce(name, header, k, s, plan, ops, site, cpu)
     elif k.kind == "attention":
         wgsl, grid, kc = render_attention(header, k, s, plan, cpu)
+        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
+    elif k.kind == "recurrent":
+        wgsl, grid, kc = render_recurrent(header, k, s, plan, cpu)
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     else:
         code, kc = _matmul(name, header, k, s, plan, ops, site, cpu)

@@ -332,6 +332,9 @@ def work(k: Kernel) -> int:
     if k.kind == "attention":
         q, key = k.node.inputs[0], k.node.inputs[1]
         return q.size * key.shape[-2] * 2
+    if k.kind == "recurrent":  # every step's gate sums
+        w_hh = k.node.inputs[1 if k.node.op == "lstm_seq" else 2]
+        return k.out.size * w_hh.shape[0]
     if k.kind == "reduce":
         return max(t.node.inputs[0].size for t in [k.out] + [g.out for g in k.group])
     return sum(t.size for t in k.outs)

@@ -8,7 +8,7 @@ Rules (why in brackets):
   arange) [recomputing costs nothing, materializing costs a kernel and a round trip];
 - reshape / transpose / narrow / broadcast_to of storage are views: strided reads of the
   same storage, no copy [tensorgrad copies for every reshape];
-- matmul and attention operands must be strided views; anything else is materialized first;
+- matmul, attention and recurrent operands must be strided views; anything else is materialized first;
 - a concat along its leading axis is assembled in place: each input's producer writes
   straight into its slice, and a concat of adjacent slices of one buffer is a view
   [the flat gradient vector costs nothing];
@@ -58,7 +58,7 @@ LARGE_MATMUL = 2**24  # multiply-adds (Kernel.large; merge.MAX_WORK is the same 
 
 @dataclass(eq=False)
 class Kernel:
-    kind: str  # "elementwise" | "reduce" | "matmul" | "attention"
+    kind: str  # "elementwise" | "reduce" | "matmul" | "attention" | "recurrent"
     out: Tensor  # the tensor the kernel writes (last)
     node: Node  # matmul/reduce node, or out.node
     mm: Tensor | None = None  # the matmul result, read as `acc` by a fused epilogue
@@ -210,7 +210,7 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         changed = False
         before = set(stored)
         for n in g.nodes:
-            if op_of(n).fusion in ("matmul", "attention"):
+            if op_of(n).fusion in ("matmul", "attention", "recurrent"):
                 for t in n.inputs:
                     if id(t) in views:
                         continue
@@ -266,7 +266,7 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         if id(t) in mm_epilogue:
             mm = mm_epilogue[id(t)]
             kernels.append(Kernel("matmul", t, mm.node, mm=mm))
-        elif op_of(n).fusion in ("reduce", "matmul", "attention"):
+        elif op_of(n).fusion in ("reduce", "matmul", "attention", "recurrent"):
             kernels.append(Kernel(op_of(n).fusion, t, n))
         else:
             kernels.append(Kernel("elementwise", t, n))
@@ -480,7 +480,7 @@ def _merge_reader(s: KernelSchedule, i: int, j: int | None, facts: _Facts) -> bo
         facts.merge(k2, k1)
         del s.kernels[i]
         return True
-    if k1.kind == "reduce" and k1.group or k1.kind == "attention":
+    if k1.kind == "reduce" and k1.group or k1.kind in ("attention", "recurrent"):
         return False
     # k2 moves up into k1's epilogue: nothing between may produce what k2 reads
     between = {id(t) for k in s.kernels[i + 1 : j] for t in k.outs}
