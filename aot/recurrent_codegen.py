@@ -27,6 +27,10 @@ from .templates import render
 from .views import merge_subdims
 from .wgsl_expr import HELPER_DEPS, KernelContext
 
+# batch rows a CPU workgroup walks together (rows_per_workgroup)
+CPU_ROWS = 8
+
+
 class _Addr:
     """Addresses of a stored tensor's elements as WGSL u32 expressions (a strided view)."""
 
@@ -61,6 +65,16 @@ def _grid(groups: int) -> tuple[tuple[int, int, int], int]:
     return (x, y, 1), x
 
 
+def rows_per_workgroup(batch: int, shared: int, cpu: bool) -> int:
+    """Batch rows a workgroup walks together. A GPU runs one a workgroup (the most workgroups at
+    once; each reads all of W_hh a step from its L2 either way). A CPU adapter runs a workgroup's
+    invocations as SIMD lanes whose weight loads are per lane, scalar and bounds-checked: there
+    each load feeds CPU_ROWS rows (as far as workgroup memory holds their shared vectors)."""
+    if not cpu:
+        return 1
+    return max(1, min(CPU_ROWS, batch, MAX_WORKGROUP_BYTES // (4 * shared)))
+
+
 def render_recurrent(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False):
     """(WGSL source, grid, the kernel's binding/read record) of an lstm_seq or lstm_seq_grad kernel;
     `cpu`: the CPU set's variant (the same kernel, tensor offsets from the offset table)."""
@@ -85,9 +99,9 @@ def render_recurrent(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
     out_start = kc.start(loc.arena, loc.offset)
     lanes = k.out.shape[2]
 
-    def at_out(j: str, lane: int) -> str:
+    def at_out(b: str, j: str, lane: int) -> str:
         terms = [out_start] if out_start else []
-        terms += [f"(t * {batch}u + b) * {lanes}u" if batch > 1 else f"t * {lanes}u", j]
+        terms += [f"(t * {batch}u + {b}) * {lanes}u" if batch > 1 else f"t * {lanes}u", j]
         if lane:
             terms.append(f"{lane * hidden}u")
         return " + ".join(terms)
@@ -98,20 +112,20 @@ def render_recurrent(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
     wg = workgroup_size(hidden)
     units = -(-hidden // wg)
     shared = hidden if fwd else 4 * hidden
-    if 4 * shared > MAX_WORKGROUP_BYTES:
-        raise CodegenError(f"{n.op}: {shared} floats of workgroup memory are more than WebGPU guarantees")
-    grid, row = _grid(batch)
+    rows = rows_per_workgroup(batch, shared, cpu)
+    grid, row = _grid(-(-batch // rows))
     _helpers(kc, ["tanh_f32"] + (["sigmoid_f32"] if fwd else []))
     ctx = dict(
         header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg, units=units, hidden=hidden,
-        steps=steps, batch=batch, row=row, reverse=bool(n.attrs["reverse"]), ku=UNROLL, shared=shared,
-        kind="fwd" if fwd else "bwd", has_state=bool(state and state[-1] is not None), out=loc.arena, at_out=at_out,
+        steps=steps, batch=batch, row=row, rows=rows, reverse=bool(n.attrs["reverse"]), ku=UNROLL, shared=shared,
+        uv=[(u, v) for u in range(units) for v in range(rows)], kind="fwd" if fwd else "bwd",
+        has_state=bool(state and state[-1] is not None), out=loc.arena, at_out=at_out,
         at_w=lambda j, g, kk: a_w.at(lane(j, g), kk),  # W_hh[g H + j, k]
         at_wt=lambda j, r: a_w.at(r, j),  # W_hh[r, j]
-        at_c0=lambda j: state[-1].at("b", j),
+        at_c0=lambda b, j: state[-1].at(b, j),
     )
     if fwd:
-        ctx.update(at_h0=lambda j: state[0].at("b", j), at_xw=lambda j, g: a_xw.at("t", "b", lane(j, g)))
+        ctx.update(at_h0=lambda b, j: state[0].at(b, j), at_xw=lambda b, j, g: a_xw.at("t", b, lane(j, g)))
     else:
-        ctx.update(at_y=lambda t, j, g: a_y.at(t, "b", lane(j, g)), at_dy=lambda j, g: a_dy.at("t", "b", lane(j, g)))
+        ctx.update(at_y=lambda t, b, j, g: a_y.at(t, b, lane(j, g)), at_dy=lambda b, j, g: a_dy.at("t", b, lane(j, g)))
     return render("wgsl/lstm.wgsl.j2", **ctx), grid, kc
