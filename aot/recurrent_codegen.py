@@ -29,6 +29,16 @@ from .wgsl_expr import HELPER_DEPS, KernelContext
 
 # batch rows a CPU workgroup walks together (rows_per_workgroup)
 CPU_ROWS = 8
+# steps of the k loop (forward) or of each gate's r loop (backward) written out per iteration,
+# loads first: 4 x GPU_UNROLL weight loads in flight per invocation. Each workgroup streams all of
+# W_hh from L2 every step with few invocations, so the step's time is the loads' latency divided
+# by how many are in flight (H100, unrolled 4 and reading W_hh row by row: 43 us a step forward,
+# 12.5 backward). The CPU set unrolls less (its loads are scalar either way; shorter to compile).
+GPU_UNROLL = 16
+# hidden units a CPU invocation owns (at least): each value read from workgroup memory (a lane's
+# scalar load there) then feeds as many sums
+CPU_UNITS = 16
+CPU_UNROLL = UNROLL
 
 
 class _Addr:
@@ -109,7 +119,7 @@ def render_recurrent(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
     def lane(j: str, g: int) -> str:
         return f"{j} + {g * hidden}u" if g else j
 
-    wg = workgroup_size(hidden)
+    wg = workgroup_size(hidden) if not cpu else min(workgroup_size(hidden), -(-hidden // (CPU_UNITS * 8)) * 8)
     units = -(-hidden // wg)
     shared = hidden if fwd else 4 * hidden
     rows = rows_per_workgroup(batch, shared, cpu)
@@ -117,11 +127,11 @@ def render_recurrent(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan
     _helpers(kc, ["tanh_f32"] + (["sigmoid_f32"] if fwd else []))
     ctx = dict(
         header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg, units=units, hidden=hidden,
-        steps=steps, batch=batch, row=row, rows=rows, reverse=bool(n.attrs["reverse"]), ku=UNROLL, shared=shared,
+        steps=steps, batch=batch, row=row, rows=rows, reverse=bool(n.attrs["reverse"]), ku=CPU_UNROLL if cpu else GPU_UNROLL, shared=shared,
         uv=[(u, v) for u in range(units) for v in range(rows)], kind="fwd" if fwd else "bwd",
         has_state=bool(state and state[-1] is not None), out=loc.arena, at_out=at_out,
-        at_w=lambda j, g, kk: a_w.at(lane(j, g), kk),  # W_hh[g H + j, k]
-        at_wt=lambda j, r: a_w.at(r, j),  # W_hh[r, j]
+        at_w=lambda j, g, kk: a_w.at(kk, lane(j, g)),  # forward: w_t[k, g H + j] = W_hh[g H + j, k]
+        at_wt=lambda j, r: a_w.at(r, j),  # backward: W_hh[r, j]
         at_c0=lambda b, j: state[-1].at(b, j),
     )
     if fwd:

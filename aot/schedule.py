@@ -8,7 +8,8 @@ Rules (why in brackets):
   arange) [recomputing costs nothing, materializing costs a kernel and a round trip];
 - reshape / transpose / narrow / broadcast_to of storage are views: strided reads of the
   same storage, no copy [tensorgrad copies for every reshape];
-- matmul, attention and recurrent operands must be strided views; anything else is materialized first;
+- matmul, attention and recurrent operands must be strided views; anything else is materialized first
+  (and so is a strided view where the kernel reads an operand row-major: OpDef.contiguous);
 - a concat along its leading axis is assembled in place: each input's producer writes
   straight into its slice, and a concat of adjacent slices of one buffer is a view
   [the flat gradient vector costs nothing];
@@ -211,8 +212,11 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         before = set(stored)
         for n in g.nodes:
             if op_of(n).fusion in ("matmul", "attention", "recurrent"):
-                for t in n.inputs:
+                for pos, t in enumerate(n.inputs):
                     if id(t) in views:
+                        if pos in op_of(n).contiguous and not views[id(t)].is_contiguous(t.shape) and id(t) not in stored:
+                            stored.add(id(t))  # a copy of its own, row-major (OpDef.contiguous)
+                            changed = True
                         continue
                     conv, below = _prologue_split(t, views) if op_of(n).fusion == "matmul" else (False, [])
                     if conv:  # computed in the matmul; what it reads must be stored

@@ -488,7 +488,7 @@ def lstm_seq(xw, w_hh, h0=None, c0=None, reverse: bool = False):
     if not isinstance(reverse, bool):
         fail("lstm_seq", f"reverse must be True or False, got {reverse!r}")
     state = (h0, c0) if h0 is not None else ()
-    return emit("lstm_seq", (xw, w_hh) + state, reverse=reverse)
+    return emit("lstm_seq", (xw, transpose(w_hh, (1, 0))) + state, reverse=reverse)
 
 
 # cross_entropy lives with the other losses (losses.py)

@@ -69,6 +69,10 @@ class OpDef:
     # inputs of the earlier, are computed by one kernel (attention's output and the logsumexp its
     # VJP reads; dk and dv)
     sibling: str | None = None
+    # kernel ops: inputs (by position) the kernel reads row-major, so that neighbouring invocations
+    # read neighbouring elements: the schedule stores a strided view given there first (lstm_seq's
+    # W_hh^T: a copy per call, against every step reading it transposed)
+    contiguous: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.cost is None:
