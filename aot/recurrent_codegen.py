@@ -31,10 +31,12 @@ from .wgsl_expr import HELPER_DEPS, KernelContext
 CPU_ROWS = 8
 # steps of the k loop (forward) or of each gate's r loop (backward) written out per iteration,
 # loads first: 4 x GPU_UNROLL weight loads in flight per invocation. Each workgroup streams all of
-# W_hh from L2 every step with few invocations, so the step's time is the loads' latency divided
-# by how many are in flight (H100, unrolled 4 and reading W_hh row by row: 43 us a step forward,
-# 12.5 backward). The CPU set unrolls less (its loads are scalar either way; shorter to compile).
-GPU_UNROLL = 16
+# W_hh from L2 every step with few invocations, so a step takes about the loads' latency times
+# the iterations. lstm_lm on an H100 (profile_kernels, scripts/results/profile_lstm_lm_h100*.json),
+# forward + backward kernel: unrolled 4, reading W_hh row by row in the forward, 684 + 200 us;
+# reading W_hh^T, unrolled 8: 179 + 188; 16: 170 + 167; 32: 170 + 142. The CPU set unrolls less
+# (its loads are per lane either way; less to compile).
+GPU_UNROLL = 32
 # hidden units a CPU invocation owns (at least): each value read from workgroup memory (a lane's
 # scalar load there) then feeds as many sums
 CPU_UNITS = 16
