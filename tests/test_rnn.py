@@ -184,8 +184,16 @@ def test_param_names_match_torch():
         assert mine == [n for n in want if n.startswith(c.name + ".")]
 
 
-def test_interpreter_float64(torch64):
+@pytest.mark.parametrize("lstm", ["fused", "composed"])
+def test_interpreter_float64(torch64, lstm, monkeypatch):
+    """Both forms of an LSTM: ops.lstm_seq, and the per-step ops where that kernel does not hold
+    the layer (aot.ops.recurrent.fits: patched here to hold nothing)."""
+    if lstm == "composed":
+        import aot.ops.recurrent as rec
+
+        monkeypatch.setattr(rec, "MAX_HIDDEN", 0)
     traced = trace_program(make_program())
+    assert any(n.op == "lstm_seq" for n in traced.graphs["train"].nodes) == (lstm == "fused")
     ref = interp.Reference(traced, dtype=np.float64)
     ref.params = {k: v.astype(np.float64) for k, v in PARAMS.items()}
     first, grads, losses, final = torch64
