@@ -59,7 +59,8 @@ class _Addr:
     def at(self, *coords: str | int) -> str:
         terms = [self.start] if self.start else []
         for c, axis in zip(coords, self.dims):
-            terms += split_index(c if isinstance(c, str) else f"{c}u", axis)
+            c = f"{c}u" if isinstance(c, int) else c if c.isidentifier() else f"({c})"  # split_index divides it
+            terms += split_index(c, axis)
         return f"{self.buf}[{' + '.join(terms) or '0u'}]"
 
 

@@ -35,9 +35,9 @@ from .registry import Bad, OpDef, register
 from .trace import emit
 from . import api as F
 
-# Hidden sizes the kernel holds: an invocation owns up to UNITS hidden units (4 gate sums each, in
-# registers) and the workgroup keeps a step's 4H gate gradients in workgroup memory (8 KiB at
-# 512; WebGPU guarantees 16 KiB). nn.LSTM composes plain ops beyond it.
+# Hidden sizes the kernel holds: a GPU invocation owns up to two hidden units (4 gate sums each,
+# in registers; 256 invocations a workgroup) and the workgroup keeps a step's 4H gate gradients
+# in workgroup memory (8 KiB at 512; WebGPU guarantees 16 KiB). nn.LSTM composes plain ops beyond.
 MAX_HIDDEN = 512
 MAX_INVOCATIONS = 256  # WebGPU's default maxComputeInvocationsPerWorkgroup
 
