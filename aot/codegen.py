@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from .attention_codegen import render_attention
+from .recurrent_codegen import render_recurrent
 from .errors import CodegenError, printable
 from .ir import Tensor, tensor_names
 from .matmul_codegen import LOOP_MAX, MatmulSpec, Operand, choose_tile, render_matmul, render_matmul_cpu, vec_reads
@@ -215,7 +216,7 @@ def _kernel_sets(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers)
     long_k = k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K
     # a K too long for the CPU matmul: the CPU set runs the GPU kernel, whose invocations loop K / slab times
     cpu = code if long_k else _render(name, k, s, plan, names, writers, cpu=True)
-    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce")):
+    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce", "recurrent")):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
     if cpu.grid != code.grid:
@@ -236,6 +237,7 @@ CPU_HEADER = {
     "elementwise": "// CPU variant: tensor offsets from the offset table `at`",
     "reduce": "// CPU variant: tensor offsets from the offset table `at`",
     "attention": "// CPU variant: each invocation reads the other side's rows itself, no barriers",
+    "recurrent": "// CPU variant: tensor offsets from the offset table `at`",
     "matmul": "// CPU variant: no workgroup memory, no barriers",
 }
 SUBGROUP_HEADER = "// subgroup variant: rows shared by lanes of a subgroup, partial sums through shuffles"
@@ -270,6 +272,9 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
         code, kc = _reduce(name, header, k, s, plan, ops, site, cpu)
     elif k.kind == "attention":
         wgsl, grid, kc = render_attention(header, k, s, plan, cpu)
+        code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
+    elif k.kind == "recurrent":
+        wgsl, grid, kc = render_recurrent(header, k, s, plan, cpu)
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     else:
         code, kc = _matmul(name, header, k, s, plan, ops, site, cpu)

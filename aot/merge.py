@@ -332,6 +332,10 @@ def work(k: Kernel) -> int:
     if k.kind == "attention":
         q, key = k.node.inputs[0], k.node.inputs[1]
         return q.size * key.shape[-2] * 2
+    if k.kind == "recurrent":  # every step's gate sums: T * B * 4H * H
+        t, b, lanes = k.out.shape  # Y [T, B, 6H] or G [T, B, 5H]
+        h = lanes // (6 if k.node.op == "lstm_seq" else 5)
+        return t * b * 4 * h * h
     if k.kind == "reduce":
         return max(t.node.inputs[0].size for t in [k.out] + [g.out for g in k.group])
     return sum(t.size for t in k.outs)

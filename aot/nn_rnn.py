@@ -18,6 +18,7 @@ from . import init as _init
 from . import ops
 from .module import Module
 from .ops.trace import fail
+from .ops.recurrent import fits
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
@@ -90,6 +91,15 @@ def _declare(mod, kind: str, suffix: str, gates: int, in_size: int, hidden: int,
         setattr(mod, name, t)
         out.append(t)
     return out if bias else out + [None, None]
+
+
+def _lstm_fused(xw, h, c, w_hh, reverse: bool):
+    """One LSTM direction as one kernel each way (ops.lstm_seq): (output [T, B, H], last h, last c),
+    all views of its [T, B, 6H] result."""
+    t, b, n = xw.shape[0], xw.shape[1], w_hh.shape[1]
+    y = ops.lstm_seq(xw, w_hh, h, c, reverse=reverse) if h is not None else ops.lstm_seq(xw, w_hh, reverse=reverse)
+    last = ops.reshape(ops.narrow(y, 0, 0 if reverse else t - 1, 1), (b, 6 * n))
+    return ops.narrow(y, 2, 0, n), ops.narrow(last, 1, 0, n), ops.narrow(last, 1, n, n)
 
 
 def _run_direction(mode, xw, h, c, w_hh, b_hh, reverse: bool):
@@ -176,8 +186,12 @@ class _RNNBase(Module):
                 if b_ih is not None:
                     xw = xw + (b_ih + b_hh if self.mode in ("LSTM", "RNN_TANH", "RNN_RELU") else b_ih)
                 b_step = b_hh if self.mode == "GRU" else None
-                seq, h, c = _run_direction(self.mode, xw, h0[k], c0[k], w_hh, b_step, d == 1)
-                outs.append(ops.stack(seq, 0))
+                if self.mode == "LSTM" and fits(xw.shape[0], self.hidden_size):
+                    seq, h, c = _lstm_fused(xw, h0[k], c0[k], w_hh, d == 1)
+                    outs.append(seq)
+                else:
+                    seq, h, c = _run_direction(self.mode, xw, h0[k], c0[k], w_hh, b_step, d == 1)
+                    outs.append(ops.stack(seq, 0))
                 h_n.append(h)
                 c_n.append(c)
             x = ops.concat(outs, -1)
@@ -255,7 +269,11 @@ class _CellBase(Module):
                 fail("LSTMCell", "hx must be a tuple (h_0, c_0)")
             h0 = self._state(None if hx is None else hx[0], x.shape[0], batched, "h_0")
             c0 = self._state(None if hx is None else hx[1], x.shape[0], batched, "c_0")
-            h, c = _lstm_step(xw, h0, c0, _weights_t(w_hh), b_step)
+            if fits(1, self.hidden_size):
+                xw1 = ops.reshape(xw, (1,) + tuple(xw.shape))
+                _, h, c = _lstm_fused(xw1, h0, c0, w_hh, False)
+            else:
+                h, c = _lstm_step(xw, h0, c0, _weights_t(w_hh), b_step)
             return unbatch(h), unbatch(c)
         h0 = self._state(hx, x.shape[0], batched, "hx")
         if self.mode == "GRU":

@@ -8,7 +8,8 @@ Rules (why in brackets):
   arange) [recomputing costs nothing, materializing costs a kernel and a round trip];
 - reshape / transpose / narrow / broadcast_to of storage are views: strided reads of the
   same storage, no copy [tensorgrad copies for every reshape];
-- matmul and attention operands must be strided views; anything else is materialized first;
+- matmul, attention and recurrent operands must be strided views; anything else is materialized first
+  (and so is a strided view where the kernel reads an operand row-major: OpDef.contiguous);
 - a concat along its leading axis is assembled in place: each input's producer writes
   straight into its slice, and a concat of adjacent slices of one buffer is a view
   [the flat gradient vector costs nothing];
@@ -61,7 +62,7 @@ LARGE_MATMUL = 2**24  # multiply-adds (Kernel.large; merge.MAX_WORK is the same 
 
 @dataclass(eq=False)
 class Kernel:
-    kind: str  # "elementwise" | "reduce" | "matmul" | "attention"
+    kind: str  # "elementwise" | "reduce" | "matmul" | "attention" | "recurrent"
     out: Tensor  # the tensor the kernel writes (last)
     node: Node  # matmul/reduce node, or out.node
     mm: Tensor | None = None  # the matmul result, read as `acc` by a fused epilogue
@@ -240,9 +241,12 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         changed = False
         before = set(stored)
         for n in g.nodes:
-            if op_of(n).fusion in ("matmul", "attention"):
-                for t in n.inputs:
+            if op_of(n).fusion in ("matmul", "attention", "recurrent"):
+                for pos, t in enumerate(n.inputs):
                     if id(t) in views:
+                        if pos in op_of(n).contiguous and not views[id(t)].is_contiguous(t.shape) and id(t) not in stored:
+                            stored.add(id(t))  # a copy of its own, row-major (OpDef.contiguous)
+                            changed = True
                         continue
                     conv, below = _prologue_split(t, views) if op_of(n).fusion == "matmul" else (False, [])
                     if conv:  # computed in the matmul; what it reads must be stored
@@ -296,7 +300,7 @@ def schedule(g: Graph, params: ParamArena | None = None) -> KernelSchedule:
         if id(t) in mm_epilogue:
             mm = mm_epilogue[id(t)]
             kernels.append(Kernel("matmul", t, mm.node, mm=mm))
-        elif op_of(n).fusion in ("reduce", "matmul", "attention"):
+        elif op_of(n).fusion in ("reduce", "matmul", "attention", "recurrent"):
             kernels.append(Kernel(op_of(n).fusion, t, n))
         else:
             kernels.append(Kernel("elementwise", t, n))
@@ -510,7 +514,7 @@ def _merge_reader(s: KernelSchedule, i: int, j: int | None, facts: _Facts) -> bo
         facts.merge(k2, k1)
         del s.kernels[i]
         return True
-    if k1.kind == "reduce" and k1.group or k1.kind == "attention":
+    if k1.kind == "reduce" and k1.group or k1.kind in ("attention", "recurrent"):
         return False
     # k2 moves up into k1's epilogue: nothing between may produce what k2 reads
     between = {id(t) for k in s.kernels[i + 1 : j] for t in k.outs}

@@ -445,6 +445,22 @@ def _attention(args, kw, fdt):
     return _attention_probs(q, k, scale, kw.get("causal")) @ v
 
 
+def _lstm_seq(args, kw, fdt):
+    """ops.lstm_seq: per position t, [h | c | i | f | g | o] of the LSTM step that consumed it."""
+    T = _torch()
+    xw, w, *state = args
+    n = w.shape[1]
+    h, c = state if state else (T.zeros(xw.shape[1], n, dtype=xw.dtype),) * 2
+    out = [None] * xw.shape[0]
+    for s in reversed(range(xw.shape[0])) if kw.get("reverse") else range(xw.shape[0]):
+        i, f, g, o = (xw[s] + h @ w.T).split(n, dim=1)
+        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+        c = f * c + i * g
+        h = o * c.tanh()
+        out[s] = T.cat([h, c, i, f, g, o], dim=1)
+    return T.stack(out, 0)
+
+
 def _module_torch(args, kw, fdt):
     T = _torch()
     cls, x, ps = kw["cls"], args[0], args[1:]
@@ -769,6 +785,7 @@ OPS: dict[str, OpSpec] = {
     "merge_heads": OpSpec(lambda a, kw, mod: f"nn.merge_heads({a[0]})", lambda a, kw, f: _merge_heads(a[0])),
     "rope": OpSpec(lambda a, kw, mod: f"ops.rope({a[0]}{_kwsrc(kw, ['base'])})", _rope),
     "attention": OpSpec(lambda a, kw, mod: f"ops.attention({a[0]}, {a[1]}, {a[2]}{_kwsrc(kw, ['causal', 'scale'])})", _attention),
+    "lstm_seq": OpSpec(lambda a, kw, mod: f"ops.lstm_seq({', '.join(a)}{_kwsrc(kw, ['reverse'])})", _lstm_seq),
     # activations, reductions and losses beyond API.md §2 (aot/ops/activations.py, reductions.py, losses.py)
     "leaky_relu": OpSpec(_call_src("leaky_relu", ["negative_slope"]), _fn_torch("leaky_relu", ["negative_slope"]), _g_kink),
     "elu": OpSpec(_call_src("elu", ["alpha"]), _fn_torch("elu", ["alpha"]), _g_kink),
@@ -1693,6 +1710,23 @@ class Gen:
             kw["scale"] = self.choice((0.5, 1.0, 0.25))
         return self.emit("attention", (q, k, v), kw)
 
+    def a_lstm_seq(self):
+        import aot.ops
+
+        if not hasattr(aot.ops, "lstm_seq"):  # not in every version
+            raise Skip("lstm_seq")
+        from aot.ops.recurrent import fits  # a documented limit (a ShapeError), not a finding
+
+        ok = lambda v: self.f32(v) and len(self.shape(v)) == 3 and self.shape(v)[-1] % 4 == 0 and fits(self.shape(v)[0], self.shape(v)[2] // 4)  # noqa: E731
+        xw = self.pick(ok, lambda: self.leaf((self.dim(), self.dim(), 4 * self.dim())))
+        t, b, g4 = self.shape(xw)
+        if not fits(t, g4 // 4):
+            raise Skip("lstm_seq: over the fused kernel's size")
+        args = (xw, self.leaf((g4, g4 // 4), kind="param"))
+        if self.chance(0.4):
+            args += (self.leaf((b, g4 // 4)), self.leaf((b, g4 // 4)))
+        return self.emit("lstm_seq", args, {"reverse": True} if self.chance(0.4) else {})
+
     def a_nn(self):
         """A torch.nn module (tests/fuzz_nn.py): norms, BatchNorm, MultiheadAttention, RNNs, ..."""
         return fuzz_nn.action(self)
@@ -1820,7 +1854,7 @@ class Gen:
     ACTIONS = (("unary", 14), ("binary", 16), ("where", 5), ("reduce", 9), ("argmax", 3), ("reshape", 4), ("transpose", 4),
                ("narrow", 3), ("broadcast", 3), ("concat", 5), ("stack", 3), ("split", 3), ("matmul", 6), ("index", 7),
                ("softmax", 4), ("cross_entropy", 2), ("causal", 1), ("module", 3), ("heads", 1), ("conv", 2),
-               ("rope", 1), ("attention", 2), ("bcast_reduce", 3), ("long_k", 0.6), ("getitem", 3), ("spatial", 3),
+               ("rope", 1), ("attention", 2), ("lstm_seq", 1), ("bcast_reduce", 3), ("long_k", 0.6), ("getitem", 3), ("spatial", 3),
                ("activation", 4), ("reduce2", 4), ("loss", 3), ("nn", 3))
 
     def build(self, n_ops: int):

@@ -625,6 +625,49 @@ CASES += [
 ]
 
 
+def _np_sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def np_lstm_seq(xw, w, h0=None, c0=None, reverse=False):
+    """Per position t, [h | c | i | f | g | o] of the LSTM step that consumed it (gates i, f, g, o)."""
+    n = w.shape[1]
+    h = np.zeros(xw.shape[1:2] + (n,), xw.dtype) if h0 is None else h0
+    c = np.zeros_like(h) if c0 is None else c0
+    out = np.zeros(xw.shape[:2] + (6 * n,), xw.dtype)
+    for t in reversed(range(xw.shape[0])) if reverse else range(xw.shape[0]):
+        a = xw[t] + h @ w.T
+        i, f, g, o = _np_sig(a[:, :n]), _np_sig(a[:, n : 2 * n]), np.tanh(a[:, 2 * n : 3 * n]), _np_sig(a[:, 3 * n :])
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        out[t] = np.concatenate([h, c, i, f, g, o], axis=1)
+    return out
+
+
+def t_lstm_seq(t, xw, w, h0=None, c0=None, reverse=False):
+    n = w.shape[1]
+    h = t.zeros(xw.shape[1], n, dtype=xw.dtype) if h0 is None else h0
+    c = t.zeros_like(h) if c0 is None else c0
+    out = [None] * xw.shape[0]
+    for s in reversed(range(xw.shape[0])) if reverse else range(xw.shape[0]):
+        i, f, g, o = (xw[s] + h @ w.T).split(n, dim=1)
+        i, f, g, o = t.sigmoid(i), t.sigmoid(f), t.tanh(g), t.sigmoid(o)
+        c = f * c + i * g
+        h = o * t.tanh(c)
+        out[s] = t.cat([h, c, i, f, g, o], dim=1)
+    return t.stack(out, 0)
+
+
+# the fused LSTM kernels (aot/ops/recurrent.py): every lane of the result is differentiated (the
+# gate activations too); hidden sizes that leave invocations idle, one step, the reverse walk
+CASES += [
+    C("lstm_seq.zero_state", ops.lstm_seq, (f32(3, 2, 12), f32(12, 3)), ref=np_lstm_seq, torch=t_lstm_seq),
+    C("lstm_seq.state_reverse", ops.lstm_seq, (f32(4, 3, 8), f32(8, 2), f32(3, 2), f32(3, 2)), {"reverse": True},
+      ref=np_lstm_seq, torch=t_lstm_seq),
+    C("lstm_seq.one_step", ops.lstm_seq, (f32(1, 2, 20), f32(20, 5), f32(2, 5), f32(2, 5)), ref=np_lstm_seq, torch=t_lstm_seq),
+]
+
+
 # spatial ops, indexing and convolutions (tests/op_cases_spatial.py)
 from op_cases_spatial import cases as _spatial_cases  # noqa: E402
 

@@ -60,7 +60,7 @@ def test_primitive_has_every_stage_fact(name):
     assert isinstance(op.cost, int) and op.cost >= 0, "recompute cost"
     assert (op.cost == 0) == (op.fusion in ("constant", "view", "index")), "free exactly when pure index arithmetic"
     assert isinstance(op.prologue, bool) and isinstance(op.same_order, bool)
-    assert op.kernel in ("leaf", "elementwise", "reduce", "matmul", "attention")
+    assert op.kernel in ("leaf", "elementwise", "reduce", "matmul", "attention", "recurrent")
     assert op.index_bound is None or callable(op.index_bound), "index bound"
     if op.fusion == "pointwise":
         assert op.same_order and op.expr is not None, "a pointwise op renders through its expr template"

@@ -184,8 +184,16 @@ def test_param_names_match_torch():
         assert mine == [n for n in want if n.startswith(c.name + ".")]
 
 
-def test_interpreter_float64(torch64):
+@pytest.mark.parametrize("lstm", ["fused", "composed"])
+def test_interpreter_float64(torch64, lstm, monkeypatch):
+    """Both forms of an LSTM: ops.lstm_seq, and the per-step ops where that kernel does not hold
+    the layer (aot.ops.recurrent.fits: patched here to hold nothing)."""
+    if lstm == "composed":
+        import aot.ops.recurrent as rec
+
+        monkeypatch.setattr(rec, "MAX_HIDDEN", 0)
     traced = trace_program(make_program())
+    assert any(n.op == "lstm_seq" for n in traced.graphs["train"].nodes) == (lstm == "fused")
     ref = interp.Reference(traced, dtype=np.float64)
     ref.params = {k: v.astype(np.float64) for k, v in PARAMS.items()}
     first, grads, losses, final = torch64
@@ -372,13 +380,8 @@ def test_shared_weight_and_narrow_gradients_match_torch():
         np.testing.assert_allclose(ref.last_grads[k], t.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
 
 
-def test_lstm_steps_are_two_kernels_each_way():
-    """Per time step the forward pass runs the h @ W_hh matmul (input projection and bias in its
-    epilogue) and one kernel of gate math, the backward pass the same two, and nothing copies
-    the stacked states or gate gradients (concats of placed pieces are views)."""
+def _lstm_count_program(t):
     from aot.pipeline import compile_program
-
-    t = 8
 
     class M(aot.Module):
         def __init__(self):
@@ -388,9 +391,39 @@ def test_lstm_steps_are_two_kernels_each_way():
     def loss(m, x, y):
         return ops.mean(ops.square(m.rnn(x)[0] - y))
 
-    c = compile_program(aot.Program("lstm_count", model=M, train=aot.Train(
+    return compile_program(aot.Program("lstm_count", model=M, train=aot.Train(
         loss, inputs={"x": aot.f32(t, 2, 3), "y": aot.f32(t, 2, 8)}, optimizer=aot.optim.Adam(1e-3)),
         infer={"predict": aot.Infer(lambda m, x: m.rnn(x)[0], inputs={"x": aot.f32(t, 2, 3)})}))
+
+
+def test_lstm_is_one_kernel_each_way():
+    """An LSTM direction runs as one kernel forward (ops.lstm_seq: every step) and one backward
+    (lstm_seq_grad), whatever the sequence length: the kernel count does not grow with T."""
+    counts = {}
+    for t in (4, 8):
+        c = _lstm_count_program(t)
+        names = {e: [k.name for k in ks] for e, ks in c.kernels.items()}
+        for e in names:
+            assert sum("lstm_seq" in n and "grad" not in n for n in names[e]) == 1, names[e]
+        assert sum("lstm_seq_grad" in n for n in names["train"]) == 1, names["train"]
+        # projection, W_hh^T copied row-major (OpDef.contiguous), lstm_seq, and the output copied
+        # out of Y's h lanes
+        assert len(names["predict"]) == 4, names["predict"]
+        counts[t] = len(names["train"])
+    assert counts[4] == counts[8] <= 13, counts
+
+
+def test_lstm_beyond_the_fused_kernel_is_two_kernels_a_step(monkeypatch):
+    """Where the fused kernel does not hold the layer (H over MAX_HIDDEN), nn.LSTM composes plain
+    ops: per time step the h @ W_hh matmul (input projection and bias in its epilogue) and one
+    kernel of gate math each way, and nothing copies the stacked states or gate gradients
+    (concats of placed pieces are views)."""
+    import aot.ops.recurrent as rec
+
+    monkeypatch.setattr(rec, "MAX_HIDDEN", 4)
+    t = 8
+    c = _lstm_count_program(t)
+    assert not any("lstm_seq" in k.name for ks in c.kernels.values() for k in ks)
     assert len(c.kernels["predict"]) == 2 * t  # projection, step 0's gates (h0 = 0), then 2 a step
     train = c.kernels["train"]
     assert len(train) <= 4 * t + 10, [k.name for k in train]

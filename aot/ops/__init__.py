@@ -3,7 +3,7 @@
 - api.py: the public functions (checks, explicit broadcasting, composites);
 - registry.py: one OpDef per primitive, every fact a stage needs (shape rule, NumPy reference,
   VJP, fusion class, recompute cost, view rule, index bound, WGSL rendering);
-- attention, conv, elementwise, index, layout, leaves, linalg, reduce: the primitives, registered on import;
+- attention, conv, elementwise, index, layout, leaves, linalg, recurrent, reduce: the primitives, registered on import;
 - exact.py: select_sum, the gradient of gathers (embedding, take_along_axis);
 - spatial.py (pad's torch form, pooling, interpolate, dropout2d), convs.py (conv1d,
   conv_transpose2d), indexing.py (Tensor.__getitem__ and its strided `slice` primitive);
@@ -18,7 +18,7 @@ ops, the op set installs itself on it from above (as JAX does), so there is no i
 from __future__ import annotations
 
 from ..ir import Tensor as _Tensor
-from . import attention, conv, elementwise, index, layout, leaves, linalg, reduce  # noqa: F401  (register the primitives)
+from . import attention, conv, elementwise, index, layout, leaves, linalg, recurrent, reduce  # noqa: F401  (register the primitives)
 from .api import *  # noqa: F401,F403  (the public functions)
 from .creation import *  # noqa: F401,F403  (full, zeros, ones and their *_like forms)
 from .activations import *  # noqa: F401,F403  (activations and elementwise math beyond API.md §2)

@@ -477,6 +477,22 @@ def attention(q, k, v, causal: bool = False, scale=None):
     return emit("attention", (q, k, v), causal=causal, scale=float(scale))
 
 
+def lstm_seq(xw, w_hh, h0=None, c0=None, reverse: bool = False):
+    """Every step of one LSTM direction in one kernel (aot/ops/recurrent.py): xw [T, B, 4H] (the
+    input projection plus both biases, time-major, gates i, f, g, o as torch orders them), w_hh
+    torch's [4H, H] weight_hh, h0 and c0 [B, H] both or neither (zeros) -> [T, B, 6H]: per
+    position t the lanes [h | c | i | f | g | o] of the step that consumed it (reverse: steps
+    run t = T-1 .. 0). H is at most aot.ops.recurrent.MAX_HIDDEN; nn.LSTM uses it up to there."""
+    for name, x in (("xw", xw), ("w_hh", w_hh)) + ((("h0", h0), ("c0", c0)) if h0 is not None or c0 is not None else ()):
+        if not _is_tensor(x):
+            fail("lstm_seq", f"{name} must be a Tensor, got {type(x).__name__} (h0 and c0 go together)")
+        _check_f32("lstm_seq", x)
+    if not isinstance(reverse, bool):
+        fail("lstm_seq", f"reverse must be True or False, got {reverse!r}")
+    state = (h0, c0) if h0 is not None else ()
+    return emit("lstm_seq", (xw, transpose(w_hh, (1, 0))) + state, reverse=reverse)
+
+
 # cross_entropy lives with the other losses (losses.py)
 
 

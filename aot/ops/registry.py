@@ -40,8 +40,9 @@ FUSION = {
     "reduce": "a reduction kernel (owns its output)",
     "matmul": "a matmul kernel (owns its output; pointwise readers become its epilogue)",
     "attention": "a fused attention kernel (owns its output; reads its operands as strided views)",
+    "recurrent": "a kernel walking every step of a recurrence (owns its output; reads its operands as strided views)",
 }
-KERNEL_FAMILY = {"leaf": "leaf", "constant": "leaf", "reduce": "reduce", "matmul": "matmul", "attention": "attention"}  # else elementwise
+KERNEL_FAMILY = {"leaf": "leaf", "constant": "leaf", "reduce": "reduce", "matmul": "matmul", "attention": "attention", "recurrent": "recurrent"}  # else elementwise
 COSTLY = 4  # OpDef.cost of ops that take more than an instruction or two (exp, div, gathers)
 FOLLOW = "follow"  # an index_bound result: the output carries the input's index values on
 
@@ -74,6 +75,10 @@ class OpDef:
     # rather than recomputing it in each kernel, where the driver's rewrites (FMA contraction,
     # reassociation) round it differently
     selects: bool = False
+    # kernel ops: inputs (by position) the kernel reads row-major, so that neighbouring invocations
+    # read neighbouring elements: the schedule stores a strided view given there first (lstm_seq's
+    # W_hh^T: a copy per call, against every step reading it transposed)
+    contiguous: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.cost is None:
@@ -85,13 +90,13 @@ class OpDef:
 
     @property
     def kernel(self) -> str:
-        """Kernel family: elementwise, reduce, matmul, attention, or leaf (none)."""
+        """Kernel family: elementwise, reduce, matmul, attention, recurrent, or leaf (none)."""
         return KERNEL_FAMILY.get(self.fusion, "elementwise")
 
     @property
     def owns_storage(self) -> bool:
         """Its output always gets storage: the host or its own kernel writes it."""
-        return self.fusion in ("leaf", "reduce", "matmul", "attention")
+        return self.fusion in ("leaf", "reduce", "matmul", "attention", "recurrent")
 
 
 @dataclass(frozen=True)

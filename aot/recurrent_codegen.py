@@ -1,0 +1,144 @@
+"""Recurrent kernels (aot/ops/recurrent.py): one scheduled "recurrent" Kernel -> WGSL source.
+
+One workgroup per batch row walks every time step of the recurrence (rows never meet), so a
+whole LSTM direction is one dispatch forward (lstm_seq) and one backward (lstm_seq_grad),
+where an unrolled LSTM costs two or more per step each way at ~10-13 us a dispatch on a GPU.
+Invocation i owns hidden units i, i + WG, ... (UNITS at most: H <= MAX_HIDDEN) and all four of
+their gates, so the gate maths needs nothing from other invocations:
+- forward, per step: a = xw[t] + h_prev W_hh^T for its units' four gate rows (h_prev read from
+  workgroup memory, W_hh from storage), the activations, c = f c + i g, h = o tanh(c); it writes
+  Y[t] = [h | c | i | f | g | o] and, after a barrier, h into workgroup memory for the next step.
+- backward, last step first: dh = dY_h[t] + dpre_next W_hh (the next step's gate gradients from
+  workgroup memory: invocations read neighbouring columns of W_hh, one row at a time), then the
+  gate gradients from the saved activations and the cell gradient carried in a register.
+The CPU set runs the same kernel (its barriers are two a step, not one per tile), with tensor
+offsets from the offset table. Sums run in a fixed order: results are reproducible.
+"""
+
+from __future__ import annotations
+
+from .errors import CodegenError
+from .ir import Tensor
+from .matmul_codegen import MAX_GROUPS_PER_DIM, MAX_WORKGROUP_BYTES, split_index
+from .ops.recurrent import UNROLL, fits, workgroup_size
+from .plan import Plan
+from .schedule import Kernel, KernelSchedule
+from .templates import render
+from .views import merge_subdims
+from .wgsl_expr import HELPER_DEPS, KernelContext
+
+# batch rows a CPU workgroup walks together (rows_per_workgroup)
+CPU_ROWS = 8
+# steps of the k loop (forward) or of each gate's r loop (backward) written out per iteration,
+# loads first: 4 x GPU_UNROLL weight loads in flight per invocation. Each workgroup streams all of
+# W_hh from L2 every step with few invocations, so a step takes about the loads' latency times
+# the iterations. lstm_lm on an H100 (profile_kernels, scripts/results/profile_lstm_lm_h100*.json),
+# forward + backward kernel: unrolled 4, reading W_hh row by row in the forward, 684 + 200 us;
+# reading W_hh^T, unrolled 8: 179 + 188; 16: 170 + 167; 32: 170 + 142. The CPU set unrolls less
+# (its loads are per lane either way; less to compile).
+GPU_UNROLL = 32
+# hidden units a CPU invocation owns (at least): each value read from workgroup memory (a lane's
+# scalar load there) then feeds as many sums
+CPU_UNITS = 16
+CPU_UNROLL = UNROLL
+
+
+class _Addr:
+    """Addresses of a stored tensor's elements as WGSL u32 expressions (a strided view)."""
+
+    def __init__(self, s: KernelSchedule, plan: Plan, kc: KernelContext, t: Tensor):
+        if id(t) not in s.views:
+            raise CodegenError(f"recurrent operand {t.type_str()} is not stored (the schedule stores recurrent operands)")
+        loc, dims = plan.read_loc(s, t)
+        kc.use(loc.arena, write=False)
+        kc.reads.append(s.views[id(t)].base)
+        self.buf = loc.arena
+        self.start = kc.start(loc.arena, loc.offset)
+        self.dims = [tuple(merge_subdims(axis)) for axis in dims]
+
+    def at(self, *coords: str | int) -> str:
+        terms = [self.start] if self.start else []
+        for c, axis in zip(coords, self.dims):
+            c = f"{c}u" if isinstance(c, int) else c if c.isidentifier() else f"({c})"  # split_index divides it
+            terms += split_index(c, axis)
+        return f"{self.buf}[{' + '.join(terms) or '0u'}]"
+
+
+def _helpers(kc: KernelContext, names) -> None:
+    for name in names:
+        kc.helpers.add(name)
+        _helpers(kc, HELPER_DEPS.get(name, ()))
+
+
+def _grid(groups: int) -> tuple[tuple[int, int, int], int]:
+    if groups <= MAX_GROUPS_PER_DIM:
+        return (groups, 1, 1), groups
+    y = -(-groups // MAX_GROUPS_PER_DIM)
+    x = -(-groups // y)
+    return (x, y, 1), x
+
+
+def rows_per_workgroup(batch: int, shared: int, cpu: bool) -> int:
+    """Batch rows a workgroup walks together. A GPU runs one a workgroup (the most workgroups at
+    once; each reads all of W_hh a step from its L2 either way). A CPU adapter runs a workgroup's
+    invocations as SIMD lanes whose weight loads are per lane, scalar and bounds-checked: there
+    each load feeds CPU_ROWS rows (as far as workgroup memory holds their shared vectors)."""
+    if not cpu:
+        return 1
+    return max(1, min(CPU_ROWS, batch, MAX_WORKGROUP_BYTES // (4 * shared)))
+
+
+def render_recurrent(header: list[str], k: Kernel, s: KernelSchedule, plan: Plan, cpu: bool = False):
+    """(WGSL source, grid, the kernel's binding/read record) of an lstm_seq or lstm_seq_grad kernel;
+    `cpu`: the CPU set's variant (the same kernel, tensor offsets from the offset table)."""
+    n = k.node
+    kc = KernelContext(s, plan, None, table=cpu)
+    fwd = n.op == "lstm_seq"
+    if fwd:
+        xw, w = n.inputs[0], n.inputs[1]
+        steps, batch, hidden = xw.shape[0], xw.shape[1], xw.shape[2] // 4
+        state = [_Addr(s, plan, kc, x) for x in n.inputs[2:]]
+        a_xw = _Addr(s, plan, kc, xw)
+    else:
+        y, dy, w = n.inputs[:3]
+        steps, batch, hidden = y.shape[0], y.shape[1], y.shape[2] // 6
+        state = [None] + [_Addr(s, plan, kc, x) for x in n.inputs[3:]]  # c0 only
+        a_y, a_dy = _Addr(s, plan, kc, y), _Addr(s, plan, kc, dy)
+    if not fits(steps, hidden):
+        raise CodegenError(f"{n.op}: {steps} steps of {hidden} hidden units do not fit its kernel (ops/recurrent.py)")
+    a_w = _Addr(s, plan, kc, w)
+    loc = plan.loc[id(k.out)]
+    kc.use(loc.arena, write=True)
+    out_start = kc.start(loc.arena, loc.offset)
+    lanes = k.out.shape[2]
+
+    def at_out(b: str, j: str, lane: int) -> str:
+        terms = [out_start] if out_start else []
+        terms += [f"(t * {batch}u + {b}) * {lanes}u" if batch > 1 else f"t * {lanes}u", j]
+        if lane:
+            terms.append(f"{lane * hidden}u")
+        return " + ".join(terms)
+
+    def lane(j: str, g: int) -> str:
+        return f"{j} + {g * hidden}u" if g else j
+
+    wg = workgroup_size(hidden) if not cpu else min(workgroup_size(hidden), -(-hidden // (CPU_UNITS * 8)) * 8)
+    units = -(-hidden // wg)
+    shared = hidden if fwd else 4 * hidden
+    rows = rows_per_workgroup(batch, shared, cpu)
+    grid, row = _grid(-(-batch // rows))
+    _helpers(kc, ["tanh_f32"] + (["sigmoid_f32"] if fwd else []))
+    ctx = dict(
+        header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg, units=units, hidden=hidden,
+        steps=steps, batch=batch, row=row, rows=rows, reverse=bool(n.attrs["reverse"]), ku=CPU_UNROLL if cpu else GPU_UNROLL, shared=shared,
+        uv=[(u, v) for u in range(units) for v in range(rows)], kind="fwd" if fwd else "bwd",
+        has_state=bool(state and state[-1] is not None), out=loc.arena, at_out=at_out,
+        at_w=lambda j, g, kk: a_w.at(kk, lane(j, g)),  # forward: w_t[k, g H + j] = W_hh[g H + j, k]
+        at_wt=lambda j, r: a_w.at(r, j),  # backward: W_hh[r, j]
+        at_c0=lambda b, j: state[-1].at(b, j),
+    )
+    if fwd:
+        ctx.update(at_h0=lambda b, j: state[0].at(b, j), at_xw=lambda b, j, g: a_xw.at("t", b, lane(j, g)))
+    else:
+        ctx.update(at_y=lambda t, b, j, g: a_y.at(t, b, lane(j, g)), at_dy=lambda b, j, g: a_dy.at("t", b, lane(j, g)))
+    return render("wgsl/lstm.wgsl.j2", **ctx), grid, kc
