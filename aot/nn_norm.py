@@ -15,6 +15,7 @@ from . import init as _init
 from . import ops
 from .buffers import assign
 from .module import Module
+from .ops.reductions import moments
 from .ops.trace import fail, is_training
 
 
@@ -214,11 +215,10 @@ def _batch_normalize(x, axes, eps: float):
     float32, and where a channel's mean is large against its spread (a ResNet's constant
     background after a bias-free conv) the leftover reached 0.5% of the gradients of the layers
     before it, where torch's float32 stayed within 1e-5 of float64."""
-    mu = ops.mean(x, axes, keepdims=True)
-    d = x - mu
-    var = ops.mean(d * d, axes, keepdims=True)
+    mu, m2 = moments(x, axes)
+    var = m2 * (1.0 / math.prod(x.shape[a] for a in axes))
     rs = ops.rsqrt(var + eps)
-    y = d * rs
+    y = (x - mu) * rs
 
     def rule(ct, y, ins):
         return (rs * (ct - ops.mean(ct, axes, keepdims=True) - y * ops.mean(ct * y, axes, keepdims=True)),)

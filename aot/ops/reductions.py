@@ -89,6 +89,42 @@ def _sq_dev(x, axes):
     return d, sum(d * d, axes, keepdims=True) if axes else d * d
 
 
+def moments(x, axes):
+    """(mean, sum of squared deviations) of x over the sorted, non-empty `axes`, both with the
+    reduced axes kept (size 1): a variance is the second over N - correction.
+
+    Two-pass (the mean first, then the squares of the deviations from it), as precise as that
+    where the mean is large against the spread. Where passes.split_reductions would cut these
+    sums in two stages (long reductions: BatchNorm's over (N, H, W)), each cut of the split
+    plan (a chunk of equal count c) gets its own two-pass mean m_j and sum of squares s_j in
+    one kernel, and the second stage combines the J chunks with Chan et al.'s formula for equal
+    counts: mean = sum(m_j) / J, M2 = sum(s_j) + c * sum((m_j - mean)^2), again two-pass over
+    the J partials. That is two dispatches where the split sums of mean and variance took four,
+    and each sum is over fewer elements (the rounding grows with the length). Chunks are exact
+    divisors ("divide"); where the reduced length has none the sums are not cut here."""
+    from ..passes import split_plan  # passes imports ops: its sizing rule, read at trace time
+
+    n = _count(x, axes)
+    plan = split_plan(x.shape, axes, "divide")
+    if plan is None:
+        mu = div(sum(x, axes, keepdims=True), float(n))
+        d = x - broadcast_to(mu, x.shape)
+        return mu, sum(d * d, axes, keepdims=True)
+    lo, hi, k, _ = plan
+    run = math.prod(x.shape[lo:hi])
+    J, c = run // k, n // (run // k)
+    xs = reshape(x, x.shape[:lo] + (J, k) + x.shape[hi:])
+    within = (lo + 1,) + tuple(a - (hi - lo) + 2 for a in axes if a >= hi)  # a chunk's axes
+    m = div(sum(xs, within, keepdims=True), float(c))  # [..., J, 1, ...]: chunk means
+    d = xs - broadcast_to(m, xs.shape)
+    s = sum(d * d, within, keepdims=True)
+    mu = div(sum(m, lo, keepdims=True), float(J))
+    e = m - broadcast_to(mu, m.shape)
+    m2 = sum(s, lo, keepdims=True) + sum(e * e, lo, keepdims=True) * float(c)
+    kept = _kept(x, axes)
+    return reshape(mu, kept), reshape(m2, kept)
+
+
 def var(x, axis=None, keepdims: bool = False, *, correction=1, dim=None, keepdim=None):
     """Variance over `axis`: sum((x - mean)**2) / (N - correction) (torch.var; correction=1 is the
     unbiased estimate, 0 the population variance; N - correction <= 0 raises ShapeError)."""
