@@ -17,14 +17,20 @@ from .buffers import assign
 from .module import Module
 from .ops.reductions import moments
 from .ops.trace import fail, is_training
+from .passes import split_plan
 
 
 def _row_norm(x, eps: float):
-    """(x - mean) / sqrt(var + eps) over the last axis of x (biased variance)."""
+    """(x - mean) / sqrt(var + eps) over the last axis of x (biased variance), with the mean and
+    variance (kept axis)."""
+    if split_plan(x.shape, (x.ndim - 1,), "divide") is not None:
+        # rows so long that their sums run in two stages (passes.split_reductions): BatchNorm's
+        # statistics (moments: two dispatches where the split sums take four) and its VJP
+        return _batch_normalize(x, (x.ndim - 1,), eps)
     mu = ops.mean(x, -1, keepdims=True)
     d = x - mu
     var = ops.mean(d * d, -1, keepdims=True)
-    return d * ops.rsqrt(var + eps)
+    return d * ops.rsqrt(var + eps), mu, var
 
 
 def _alias(op: str, name: str, value, old_name: str, old_value):
@@ -85,9 +91,9 @@ class LayerNorm(Module):
                 f"the last {k} dim(s) of {x.type_str()} must be normalized_shape {list(self.normalized_shape)}",
             )
         if k == 1:
-            y = _row_norm(x, self.eps)
+            y = _row_norm(x, self.eps)[0]
         else:
-            y = ops.reshape(_row_norm(ops.reshape(x, (*x.shape[:-k], -1)), self.eps), x.shape)
+            y = ops.reshape(_row_norm(ops.reshape(x, (*x.shape[:-k], -1)), self.eps)[0], x.shape)
         if self.g is not None:
             y = y * self.g
         return y + self.b if self.b is not None else y
@@ -111,7 +117,7 @@ class GroupNorm(Module):
         if x.shape[1] != self.num_channels:
             fail("GroupNorm", f"expects {self.num_channels} channels (dim 1), got {x.type_str()}")
         n = x.shape[0]
-        y = ops.reshape(_row_norm(ops.reshape(x, (n, self.num_groups, -1)), self.eps), x.shape)
+        y = ops.reshape(_row_norm(ops.reshape(x, (n, self.num_groups, -1)), self.eps)[0], x.shape)
         return _affine(y, self.weight, self.bias, _channel_shape(x, 1))
 
 
@@ -150,14 +156,13 @@ class _InstanceNorm(Module):
             y = (x - ops.reshape(self.running_mean, shape)) * ops.reshape(ops.rsqrt(self.running_var + self.eps), shape)
             return _affine(y, self.weight, self.bias, shape)
         rows = ops.reshape(x, (math.prod(x.shape[: c + 1]), -1))
-        y = ops.reshape(_row_norm(rows, self.eps), x.shape)
+        y, mu, var = _row_norm(rows, self.eps)
+        y = ops.reshape(y, x.shape)
         if self.track_running_stats and self.momentum:
             n = rows.shape[1]
             if n == 1:
                 fail(self.kind, f"expects more than 1 spatial element when training, got {x.type_str()}")
-            mu = ops.mean(rows, -1, keepdims=True)
-            d = rows - mu
-            var = ops.mean(d * d, -1) * (n / (n - 1))
+            var = var * (n / (n - 1))
             per = (-1, self.num_features)  # [N, C]: averaged over the samples
             _update_running(self, ops.mean(ops.reshape(mu, per), 0), ops.mean(ops.reshape(var, per), 0), count=False)
         return _affine(y, self.weight, self.bias, shape)

@@ -83,10 +83,12 @@ def _denominator(op, x, axes, correction) -> float:
 
 
 def _sq_dev(x, axes):
-    # a division, not a product with an f32 1/N: a constant row's mean is then exact (std 0)
-    mu = div(sum(x, axes, keepdims=True), float(_count(x, axes))) if axes else x
-    d = x - broadcast_to(mu, x.shape)
-    return d, sum(d * d, axes, keepdims=True) if axes else d * d
+    """(a function giving x - mean for the VJP, the sum of squared deviations) over axes (kept)."""
+    if not axes:
+        d = x - x
+        return (lambda: d), d * d
+    mu, ss = moments(x, axes)
+    return (lambda: x - broadcast_to(mu, x.shape)), ss
 
 
 def moments(x, axes):
@@ -107,6 +109,7 @@ def moments(x, axes):
     n = _count(x, axes)
     plan = split_plan(x.shape, axes, "divide")
     if plan is None:
+        # a division, not a product with an f32 1/N: a constant row's mean is then exact (std 0)
         mu = div(sum(x, axes, keepdims=True), float(n))
         d = x - broadcast_to(mu, x.shape)
         return mu, sum(d * d, axes, keepdims=True)
@@ -134,7 +137,7 @@ def var(x, axis=None, keepdims: bool = False, *, correction=1, dim=None, keepdim
     v = div(ss, denom)
     # torch's gradient 2 (x - mean) / denom, without the mean's own term (0 in exact arithmetic,
     # NaN next to an infinite x)
-    v = custom_vjp(v, (x,), lambda ct, v, ins: (broadcast_to(ct, d.shape) * div(d * 2.0, denom),))
+    v = custom_vjp(v, (x,), lambda ct, v, ins: (broadcast_to(ct, x.shape) * div(d() * 2.0, denom),))
     return v if keep else reshape(v, _out_shape(x, axes, False))
 
 
@@ -148,7 +151,7 @@ def std(x, axis=None, keepdims: bool = False, *, correction=1, dim=None, keepdim
     def rule(ct, s, ins):
         # d std / dx = (x - mean) / (denom * std), with 0 where std is 0 (torch masks it)
         g = where(equal(s, 0.0), 0.0, div(ct, s * denom))
-        return (broadcast_to(g, d.shape) * d,)
+        return (broadcast_to(g, x.shape) * d(),)
 
     s = custom_vjp(s, (x,), rule)
     return s if keep else reshape(s, _out_shape(x, axes, False))
