@@ -21,6 +21,7 @@ from aot.frontend import trace_program
 from aot.ir import Graph, format_graph
 from aot.ops.reductions import moments
 from aot.passes import split_reductions, verify
+from aot.pipeline import compile_program
 from aot.trace import emit, tracing
 
 from nn_parity import randomize, train_side_by_side
@@ -94,6 +95,27 @@ def test_batchnorm_forward_takes_three_dispatches():
         np.testing.assert_allclose(model.predict(x=x), want.numpy(), rtol=1e-5, atol=2e-6)
     finally:
         model.close()
+
+
+def test_batchnorm_backward_reduces_one_pair_of_sums():
+    """BatchNorm2d's VJP holds its affine parameters: sum(ct) and sum(ct * xhat) are the bias and
+    weight gradients and the input gradient's means, so the training graph has four first-stage
+    sums over the chunks' axes (the forward's mean and squares, the backward's pair), where the
+    rule on the normalized values summed the weighted cotangent again (six)."""
+
+    class M(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = self.param(BN_X, init=aot.init.randn(1.0))
+            self.bn = nn.BatchNorm2d(4)
+
+    prog = aot.Program(
+        "bn_backward_sums", model=M,
+        train=aot.Train(lambda m, ct: ops.sum(m.bn(m.h) * ct), inputs={"ct": aot.f32(*BN_X)}, optimizer=None),
+    )  # fmt: skip
+    g = compile_program(prog).graphs["train"]
+    chunked = [n for n in g.nodes if n.op == "sum" and n.attrs["axes"] == (1, 3, 4)]
+    assert len(chunked) == 4, format_graph(g)
 
 
 # ---- accuracy against torch float64 ----------------------------------------------------------------
