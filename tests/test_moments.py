@@ -69,6 +69,13 @@ def test_moments_cuts_where_split_reductions_would_and_matches_float64(shape, ax
     np.testing.assert_allclose(env[id(g.outputs["m2"])], ((x64 - mu) ** 2).sum(axis=axes, keepdims=True), rtol=1e-9)
 
 
+def test_moments_does_not_cut_into_one_chunk():
+    """37 images in 2 chunks: the divisor rule's only choice near 19 is 37 itself, one chunk of
+    everything, which would add a stage and save nothing."""
+    g = _moments_graph((37, 256, 30, 30), (0, 2, 3))
+    assert [n.inputs[0].shape for n in g.nodes if n.op == "sum"] == [(37, 256, 30, 30)] * 2
+
+
 # ---- the dispatches it saves (GPU kernel set, merged and chained) -------------------------------
 
 

@@ -108,6 +108,8 @@ def moments(x, axes):
 
     n = _count(x, axes)
     plan = split_plan(x.shape, axes, "divide")
+    if plan is not None and math.prod(x.shape[plan[0] : plan[1]]) == plan[2]:
+        plan = None  # one chunk of the whole (a prime run whose only divisor near the cut is itself)
     if plan is None:
         # a division, not a product with an f32 1/N: a constant row's mean is then exact (std 0)
         mu = div(sum(x, axes, keepdims=True), float(n))
