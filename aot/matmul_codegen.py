@@ -219,11 +219,25 @@ def _estimate(spec: MatmulSpec, t: Tile) -> float:
     return waves * (steps * (max(_STEP_US, work) + prologue) + reduce)
 
 
+# A product of at most this many multiply-adds is short enough to share a dispatch with other
+# kernels (merge.py; schedule.Kernel.large; merge.MAX_WORK is the same size).
+LARGE_MATMUL = 2**24
+# merge.py joins only kernels of one workgroup size that synchronize, and the reductions and row
+# kernels a small product would share a dispatch with run 256 invocations: a small conv product
+# (ResNet-20's 1x1 shortcut convolutions) on the 128-thread 64x16_4x2_k16 took a dispatch of its
+# own (ResNet-20's step 200 -> 202 dispatches, DCGAN's train_d 44 -> 46), which costs more than
+# the tile saves on a product that small.
+SHARED_DISPATCH_THREADS = 256
+
+
 def choose_tile(spec: MatmulSpec) -> Tile:
     """The table entry with the lowest estimated time; near-ties (tiny products, where every
     tile sits on the latency floor) go to the tile with less work per thread. Products with a
-    computed operand choose among CONV_TILES."""
+    computed operand choose among CONV_TILES; those too small to run alone (LARGE_MATMUL) among
+    its 256-thread tiles (SHARED_DISPATCH_THREADS)."""
     tiles = CONV_TILES if spec.a.fn or spec.b.fn else TILES
+    if tiles is CONV_TILES and spec.batch * spec.M * spec.N * spec.K <= LARGE_MATMUL:
+        tiles = tuple(t for t in tiles if t.threads == SHARED_DISPATCH_THREADS)
     return min(tiles, key=lambda t: _estimate(spec, t) * (1 + 5e-5 * t.BK * t.TM * t.TN))
 
 

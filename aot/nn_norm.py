@@ -15,15 +15,22 @@ from . import init as _init
 from . import ops
 from .buffers import assign
 from .module import Module
+from .ops.reductions import moments
 from .ops.trace import fail, is_training
+from .passes import split_plan
 
 
 def _row_norm(x, eps: float):
-    """(x - mean) / sqrt(var + eps) over the last axis of x (biased variance)."""
+    """(x - mean) / sqrt(var + eps) over the last axis of x (biased variance), with the mean and
+    variance (kept axis)."""
+    if split_plan(x.shape, (x.ndim - 1,), "divide") is not None:
+        # rows so long that their sums run in two stages (passes.split_reductions): BatchNorm's
+        # statistics (moments: two dispatches where the split sums take four) and its VJP
+        return _batch_normalize(x, (x.ndim - 1,), eps)
     mu = ops.mean(x, -1, keepdims=True)
     d = x - mu
     var = ops.mean(d * d, -1, keepdims=True)
-    return d * ops.rsqrt(var + eps)
+    return d * ops.rsqrt(var + eps), mu, var
 
 
 def _alias(op: str, name: str, value, old_name: str, old_value):
@@ -84,9 +91,9 @@ class LayerNorm(Module):
                 f"the last {k} dim(s) of {x.type_str()} must be normalized_shape {list(self.normalized_shape)}",
             )
         if k == 1:
-            y = _row_norm(x, self.eps)
+            y = _row_norm(x, self.eps)[0]
         else:
-            y = ops.reshape(_row_norm(ops.reshape(x, (*x.shape[:-k], -1)), self.eps), x.shape)
+            y = ops.reshape(_row_norm(ops.reshape(x, (*x.shape[:-k], -1)), self.eps)[0], x.shape)
         if self.g is not None:
             y = y * self.g
         return y + self.b if self.b is not None else y
@@ -110,7 +117,7 @@ class GroupNorm(Module):
         if x.shape[1] != self.num_channels:
             fail("GroupNorm", f"expects {self.num_channels} channels (dim 1), got {x.type_str()}")
         n = x.shape[0]
-        y = ops.reshape(_row_norm(ops.reshape(x, (n, self.num_groups, -1)), self.eps), x.shape)
+        y = ops.reshape(_row_norm(ops.reshape(x, (n, self.num_groups, -1)), self.eps)[0], x.shape)
         return _affine(y, self.weight, self.bias, _channel_shape(x, 1))
 
 
@@ -149,14 +156,13 @@ class _InstanceNorm(Module):
             y = (x - ops.reshape(self.running_mean, shape)) * ops.reshape(ops.rsqrt(self.running_var + self.eps), shape)
             return _affine(y, self.weight, self.bias, shape)
         rows = ops.reshape(x, (math.prod(x.shape[: c + 1]), -1))
-        y = ops.reshape(_row_norm(rows, self.eps), x.shape)
+        y, mu, var = _row_norm(rows, self.eps)
+        y = ops.reshape(y, x.shape)
         if self.track_running_stats and self.momentum:
             n = rows.shape[1]
             if n == 1:
                 fail(self.kind, f"expects more than 1 spatial element when training, got {x.type_str()}")
-            mu = ops.mean(rows, -1, keepdims=True)
-            d = rows - mu
-            var = ops.mean(d * d, -1) * (n / (n - 1))
+            var = var * (n / (n - 1))
             per = (-1, self.num_features)  # [N, C]: averaged over the samples
             _update_running(self, ops.mean(ops.reshape(mu, per), 0), ops.mean(ops.reshape(var, per), 0), count=False)
         return _affine(y, self.weight, self.bias, shape)
@@ -205,25 +211,42 @@ def _update_running(m, mean, var_unbiased, count: bool = True):
     m.running_var = assign(m.running_var, (1.0 - f) * m.running_var + f * var_unbiased)
 
 
-def _batch_normalize(x, axes, eps: float):
-    """(x - mean) / sqrt(var + eps) over `axes`, with the batch mean and (biased) variance.
+def _batch_normalize(x, axes, eps: float, weight=None, bias=None):
+    """(x - mean) / sqrt(var + eps) over `axes`, times `weight` plus `bias` (per channel, dim 1;
+    either may be None), with the batch mean and (biased) variance.
 
-    Its VJP is the closed form torch's batch_norm_backward uses, dx = rs * (ct - mean(ct) -
-    y * mean(ct * y)), not the chain rule through mean, subtract, square and rsqrt: that chain
-    carries the mean's gradient terms, which cancel exactly in real arithmetic but not in
+    Its VJP is the closed form torch's batch_norm_backward uses, dx = w * rs * (ct - mean(ct) -
+    xhat * mean(ct * xhat)), not the chain rule through mean, subtract, square and rsqrt: that
+    chain carries the mean's gradient terms, which cancel exactly in real arithmetic but not in
     float32, and where a channel's mean is large against its spread (a ResNet's constant
     background after a bias-free conv) the leftover reached 0.5% of the gradients of the layers
-    before it, where torch's float32 stayed within 1e-5 of float64."""
-    mu = ops.mean(x, axes, keepdims=True)
-    d = x - mu
-    var = ops.mean(d * d, axes, keepdims=True)
+    before it, where torch's float32 stayed within 1e-5 of float64. The affine part is inside
+    the rule: sum(ct) and sum(ct * xhat) are the bias and weight gradients, so the backward pass
+    reduces those two sums once, in one kernel per stage, where the rule on the normalized values
+    summed the weighted cotangent again in another (which, where the cotangent comes from a
+    residual connection, also waited a dispatch for it to be stored)."""
+    n = math.prod(x.shape[a] for a in axes)
+    mu, m2 = moments(x, axes)
+    var = m2 * (1.0 / n)
     rs = ops.rsqrt(var + eps)
-    y = d * rs
+    xhat = (x - mu) * rs
+    kept = rs.shape
+    y = xhat if weight is None else xhat * ops.reshape(weight, kept)
+    y = y if bias is None else y + ops.reshape(bias, kept)
 
     def rule(ct, y, ins):
-        return (rs * (ct - ops.mean(ct, axes, keepdims=True) - y * ops.mean(ct * y, axes, keepdims=True)),)
+        s1 = ops.sum(ct, axes, keepdims=True)
+        s2 = ops.sum(ct * xhat, axes, keepdims=True)
+        scale = rs if weight is None else rs * ops.reshape(weight, kept)
+        grads = [scale * (ct - s1 * (1.0 / n) - xhat * (s2 * (1.0 / n)))]
+        if weight is not None:
+            grads.append(ops.reshape(s2, weight.shape))
+        if bias is not None:
+            grads.append(ops.reshape(s1, bias.shape))
+        return tuple(grads)
 
-    return ops.custom_vjp(y, (x,), rule), mu, var
+    ins = (x,) + tuple(t for t in (weight, bias) if t is not None)
+    return ops.custom_vjp(y, ins, rule), mu, var
 
 
 class _BatchNorm(Module):
@@ -261,12 +284,12 @@ class _BatchNorm(Module):
             n = math.prod(x.shape[a] for a in axes)
             if n == 1 and training:
                 fail(self.kind, f"expects more than 1 value per channel when training, got {x.type_str()}")
-            y, mu, var = _batch_normalize(x, axes, self.eps)
+            y, mu, var = _batch_normalize(x, axes, self.eps, self.weight, self.bias)
             if training and self.track_running_stats:
                 flat = (self.num_features,)
                 _update_running(self, ops.reshape(mu, flat), ops.reshape(var, flat) * (n / max(n - 1, 1)))
-        else:
-            y = (x - ops.reshape(self.running_mean, shape)) * ops.reshape(ops.rsqrt(self.running_var + self.eps), shape)
+            return y
+        y = (x - ops.reshape(self.running_mean, shape)) * ops.reshape(ops.rsqrt(self.running_var + self.eps), shape)
         return _affine(y, self.weight, self.bias, shape)
 
 

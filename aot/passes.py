@@ -124,13 +124,21 @@ def _split_plan(n):
     split = lookup(n.op).split
     if split is None:
         return None
-    axes = n.attrs["axes"]
-    x = n.inputs[0]
+    return split_plan(n.inputs[0].shape, n.attrs["axes"], split)
+
+
+def split_plan(shape, axes, split: str):
+    """_split_plan for a reduction of a tensor of `shape` over the sorted `axes` whose split
+    is of kind `split` ("pad" or "divide", as OpDef.split). ops.reductions.moments cuts mean
+    and variance where this cuts their sums."""
+    x = _Shape(tuple(shape))
     red = 1
     for a in axes:
         red *= x.shape[a]
+    if not axes or red <= 1:
+        return None
     if list(axes) != list(range(axes[0], axes[-1] + 1)):
-        return _split_outer_axis(n, split, red)
+        return _split_outer_axis(x, axes, split, red)
     lo, hi = axes[0], axes[-1] + 1
     inner = hi == x.ndim  # reduced elements are contiguous in memory
     few = x.size // red < SPLIT_FEW_ROWS and red >= SPLIT_CONTIGUOUS_FEW
@@ -147,10 +155,19 @@ def _split_plan(n):
     return _chunking(red, k, split, lo, hi)
 
 
-def _split_outer_axis(n, split, red):
+class _Shape:
+    """What the split rules read of the reduced tensor."""
+
+    def __init__(self, shape: tuple):
+        self.shape, self.ndim = shape, len(shape)
+        self.size = 1
+        for d in shape:
+            self.size *= d
+
+
+def _split_outer_axis(x, axes, split, red):
     """Reduced axes in separate runs: cut the outermost one (see SPLIT_ROWS)."""
-    x = n.inputs[0]
-    lo = n.attrs["axes"][0]
+    lo = axes[0]
     n_out = x.size // red
     if red < SPLIT_SEPARATE_MIN or n_out >= SPLIT_ROWS:
         return None

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from .errors import CodegenError
 from .ir import Graph, Node, Tensor
+from .matmul_codegen import LARGE_MATMUL
 from .ops.registry import OpDef, lookup
 from .views import View
 
@@ -56,8 +57,6 @@ def op_of(t_or_node) -> OpDef:
 # OpDef.sibling keys whose ops keep kernels of their own (scripts/bench_attention.py's `dkv=0`
 # times attention's key-side gradients apart, as they were before they shared a kernel)
 SEPARATE_SIBLINGS: tuple[str, ...] = ()
-
-LARGE_MATMUL = 2**24  # multiply-adds (Kernel.large; merge.MAX_WORK is the same size)
 
 
 @dataclass(eq=False)

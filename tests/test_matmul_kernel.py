@@ -22,6 +22,8 @@ from aot.matmul_codegen import (
     choose_prefetch,
     choose_block_cpu,
     choose_tile,
+    LARGE_MATMUL,
+    SHARED_DISPATCH_THREADS,
     render_matmul,
     render_matmul_cpu,
     vec_reads,
@@ -444,6 +446,11 @@ def test_conv_tile_choice():
     assert choose_tile(conv(16, 32, 288, 784, "b")).name == "32x16_4x2_s4"  # a weight gradient
     assert choose_tile(plain(1, 50176, 144, 16)).name not in {t.name for t in CONV_TILES if t not in TILES}
     assert all(t.TM * t.TN <= 16 for t in CONV_TILES)
+    # a product small enough to share a dispatch (a 1x1 shortcut conv, 16 -> 32 channels at 16x16,
+    # B 64) takes a 256-thread tile, the workgroup size of the reductions it joins (merge.py)
+    small = conv(1, 16384, 32, 16)
+    assert small.M * small.N * small.K <= LARGE_MATMUL
+    assert choose_tile(small).threads == SHARED_DISPATCH_THREADS == 256
 
 
 # ---- the CPU kernel set's matmul (render_matmul_cpu) ------------------------------------------

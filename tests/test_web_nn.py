@@ -1,6 +1,6 @@
 """Issue 30's modules, ops and training state in the web target, run in headless Chromium
 (tests/test_web.py's setup) against the Python package (lavapipe; itself tested against PyTorch).
-Four small programs, one page load each, a few training steps and an infer entry apiece:
+Five small programs, one page load each, a few training steps and an infer entry apiece:
 
 - zoo: ConvTranspose2d, BatchNorm2d (buffers), GroupNorm, an LSTM, a frozen parameter and two
   training entries (RMSprop with a parameter group, SGD with momentum on the head); checkpoints
@@ -14,6 +14,7 @@ Four small programs, one page load each, a few training steps and an infer entry
   and Adadelta entries.
 - ops: the element-wise ops, reductions, indexing and losses of the issue, BatchNorm1d, a
   TransformerDecoderLayer and a bidirectional two-layer LSTM.
+- stats: BatchNorm2d statistics long enough to be computed in chunks (ops.reductions.moments).
 
 Each call's loss or output and captured activations, and the parameters and buffers after, are
 compared (RTOL, ATOL below).
@@ -80,7 +81,7 @@ ZOO = aot.Program(
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("web_nn")
-    for prog in (ZOO, SEQ, IMG, OPS):
+    for prog in (ZOO, SEQ, IMG, OPS, STATS):
         web.write_web(compile_program(prog), out, f"{prog.name}.py")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(out)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -362,6 +363,32 @@ OPS = aot.Program(
     seed=7,
 )
 
+# stats: BatchNorm2d over 32,768 values a channel (statistics in chunks combined by Chan's
+# formula: ops.reductions.moments), with and without running statistics, and ops.std
+SX = (8, 2, 64, 64)
+
+
+class StatsWeb(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(2, momentum=0.3)
+        self.bn_b = nn.BatchNorm2d(2, track_running_stats=False)
+
+    def forward(self, img):
+        y = self.bn(img) + self.bn_b(img * 0.5 + 3.0)
+        aot.capture("std", ops.std(img, (0, 2, 3)))
+        return y
+
+
+STATS = aot.Program(
+    "stats_web",
+    model=StatsWeb,
+    train={"fit": aot.Train(lambda m, img, t: ops.mean(ops.square(m(img) - t)), inputs={"img": aot.f32(*SX), "t": aot.f32(*SX)},
+                            optimizer=aot.optim.SGD(lr=0.5))},
+    infer={"predict": aot.Infer(lambda m, img: m.bn_b(img), inputs={"img": aot.f32(*SX)})},
+    seed=8,
+)
+
 
 RUN = """async (arg) => {
     const m = window.demo.model;
@@ -492,6 +519,14 @@ def test_ops_and_losses_train_like_python_in_the_page(browser, site):
     calls = [("fit", {**b, "yc": rng.integers(0, 7, R).astype(np.int32), "yb": rng.uniform(0, 1, (3, 4)).astype(np.float32)})
              for b in batches[:3]] + [("predict", batches[3])]  # fmt: skip
     ref, js = _run_both(browser, site, OPS, calls)
+    _compare(ref, js, RTOL, ATOL)
+
+
+def test_split_batchnorm_statistics_train_like_python_in_the_page(browser, site):
+    rng = np.random.default_rng(6)
+    img = [(rng.standard_normal(SX) * [[[2.0]], [[0.5]]] + [[[10.0]], [[-3.0]]]).astype(np.float32) for _ in range(3)]
+    calls = [("fit", {"img": img[i], "t": rng.standard_normal(SX).astype(np.float32)}) for i in range(2)]
+    ref, js = _run_both(browser, site, STATS, calls + [("predict", {"img": img[2]})])
     _compare(ref, js, RTOL, ATOL)
 
 

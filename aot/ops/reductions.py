@@ -83,10 +83,51 @@ def _denominator(op, x, axes, correction) -> float:
 
 
 def _sq_dev(x, axes):
-    # a division, not a product with an f32 1/N: a constant row's mean is then exact (std 0)
-    mu = div(sum(x, axes, keepdims=True), float(_count(x, axes))) if axes else x
-    d = x - broadcast_to(mu, x.shape)
-    return d, sum(d * d, axes, keepdims=True) if axes else d * d
+    """(a function giving x - mean for the VJP, the sum of squared deviations) over axes (kept)."""
+    if not axes:
+        d = x - x
+        return (lambda: d), d * d
+    mu, ss = moments(x, axes)
+    return (lambda: x - broadcast_to(mu, x.shape)), ss
+
+
+def moments(x, axes):
+    """(mean, sum of squared deviations) of x over the sorted, non-empty `axes`, both with the
+    reduced axes kept (size 1): a variance is the second over N - correction.
+
+    Two-pass (the mean first, then the squares of the deviations from it), as precise as that
+    where the mean is large against the spread. Where passes.split_reductions would cut these
+    sums in two stages (long reductions: BatchNorm's over (N, H, W)), each cut of the split
+    plan (a chunk of equal count c) gets its own two-pass mean m_j and sum of squares s_j in
+    one kernel, and the second stage combines the J chunks with Chan et al.'s formula for equal
+    counts: mean = sum(m_j) / J, M2 = sum(s_j) + c * sum((m_j - mean)^2), again two-pass over
+    the J partials. That is two dispatches where the split sums of mean and variance took four,
+    and each sum is over fewer elements (the rounding grows with the length). Chunks are exact
+    divisors ("divide"); where the reduced length has none the sums are not cut here."""
+    from ..passes import split_plan  # passes imports ops: its sizing rule, read at trace time
+
+    n = _count(x, axes)
+    plan = split_plan(x.shape, axes, "divide")
+    if plan is not None and math.prod(x.shape[plan[0] : plan[1]]) == plan[2]:
+        plan = None  # one chunk of the whole (a prime run whose only divisor near the cut is itself)
+    if plan is None:
+        # a division, not a product with an f32 1/N: a constant row's mean is then exact (std 0)
+        mu = div(sum(x, axes, keepdims=True), float(n))
+        d = x - broadcast_to(mu, x.shape)
+        return mu, sum(d * d, axes, keepdims=True)
+    lo, hi, k, _ = plan
+    run = math.prod(x.shape[lo:hi])
+    J, c = run // k, n // (run // k)
+    xs = reshape(x, x.shape[:lo] + (J, k) + x.shape[hi:])
+    within = (lo + 1,) + tuple(a - (hi - lo) + 2 for a in axes if a >= hi)  # a chunk's axes
+    m = div(sum(xs, within, keepdims=True), float(c))  # [..., J, 1, ...]: chunk means
+    d = xs - broadcast_to(m, xs.shape)
+    s = sum(d * d, within, keepdims=True)
+    mu = div(sum(m, lo, keepdims=True), float(J))
+    e = m - broadcast_to(mu, m.shape)
+    m2 = sum(s, lo, keepdims=True) + sum(e * e, lo, keepdims=True) * float(c)
+    kept = _kept(x, axes)
+    return reshape(mu, kept), reshape(m2, kept)
 
 
 def var(x, axis=None, keepdims: bool = False, *, correction=1, dim=None, keepdim=None):
@@ -98,7 +139,7 @@ def var(x, axis=None, keepdims: bool = False, *, correction=1, dim=None, keepdim
     v = div(ss, denom)
     # torch's gradient 2 (x - mean) / denom, without the mean's own term (0 in exact arithmetic,
     # NaN next to an infinite x)
-    v = custom_vjp(v, (x,), lambda ct, v, ins: (broadcast_to(ct, d.shape) * div(d * 2.0, denom),))
+    v = custom_vjp(v, (x,), lambda ct, v, ins: (broadcast_to(ct, x.shape) * div(d() * 2.0, denom),))
     return v if keep else reshape(v, _out_shape(x, axes, False))
 
 
@@ -112,7 +153,7 @@ def std(x, axis=None, keepdims: bool = False, *, correction=1, dim=None, keepdim
     def rule(ct, s, ins):
         # d std / dx = (x - mean) / (denom * std), with 0 where std is 0 (torch masks it)
         g = where(equal(s, 0.0), 0.0, div(ct, s * denom))
-        return (broadcast_to(g, d.shape) * d,)
+        return (broadcast_to(g, x.shape) * d(),)
 
     s = custom_vjp(s, (x,), rule)
     return s if keep else reshape(s, _out_shape(x, axes, False))
