@@ -39,7 +39,7 @@ HELPER_DEPS = {
     "max_nan": ("is_nan_f32",),
     "min_nan": ("is_nan_f32",),
     "gt_nan": ("is_nan_f32",),
-    "pow_abs_f32": ("is_nan_f32", "f32_bits"),
+    "pow_abs_f32": ("is_nan_f32", "f32_bits", "two_prod_f32", "pow_split_f32"),
     "pow_int_f32": ("pow_abs_f32",),
     "pow_frac_f32": ("pow_abs_f32", "f32_bits"),
     "times_zero_f32": ("f32_bits",),
