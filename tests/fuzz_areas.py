@@ -88,7 +88,7 @@ def ulp32(a: np.ndarray) -> np.ndarray:
 # Finite values in "special" cases: 1e-4 relative (about 800 ulps). The NaN/inf pattern is the
 # point here; ulp accuracy per op is tests/test_ulp.py's (scripts/ulp_sweep.py), and a gradient
 # such as tanh's 1 - y^2 turns the forward's 2 ulps into 30 where y is near 1, as PyTorch's own
-# formula would with an y that much off. x ** p (exp2(p log2 x)) is ~50 ulps off at x = 1e20.
+# formula would with an y that much off.
 REL = 1e-4
 SPREAD_SPECIAL = 50.0
 
