@@ -21,7 +21,7 @@ from .schedule import KernelSchedule
 from .views import contiguous_strides
 
 # helpers a pointwise `expr` may call, and the helpers each of them calls in turn
-EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32",
+EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32", "pow_abs_f32",
                 "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_exp_f32", "mul_self_f32",
                 "rsqrt_f32")
 HELPER_DEPS = {
@@ -39,7 +39,7 @@ HELPER_DEPS = {
     "max_nan": ("is_nan_f32",),
     "min_nan": ("is_nan_f32",),
     "gt_nan": ("is_nan_f32",),
-    "pow_abs_f32": ("is_nan_f32", "f32_bits"),
+    "pow_abs_f32": ("is_nan_f32", "f32_bits", "two_prod_f32", "pow_split_f32"),
     "pow_int_f32": ("pow_abs_f32",),
     "pow_frac_f32": ("pow_abs_f32", "f32_bits"),
     "times_zero_f32": ("f32_bits",),

@@ -37,7 +37,7 @@ TINY = np.float32(2.0**-126)
 
 
 def unary_ops():
-    """{name: (aot function, torch function)}: the unary ops and activations of aot.ops."""
+    """{name: (aot function, torch function)}: the unary ops and activations of aot.ops, and powers."""
     import torch
     import torch.nn.functional as F
 
@@ -65,6 +65,17 @@ def unary_ops():
         "square": (ops.square, torch.square),
         "abs": (ops.abs, torch.abs),
         "relu": (ops.relu, torch.relu),
+        # powers (issue 32): a constant exponent (pow_int_f32 / pow_frac_f32; x ** 3 is x * x * x),
+        # a number base with the tensor as exponent (rpower)
+        "pow_2.5": (lambda x: x**2.5, lambda x: x**2.5),
+        "pow_-1.5": (lambda x: x**-1.5, lambda x: x**-1.5),
+        "pow_0.3": (lambda x: x**0.3, lambda x: x**0.3),
+        "pow_3": (lambda x: x**3, lambda x: x**3),
+        "pow_7": (lambda x: x**7, lambda x: x**7),
+        "pow_-7": (lambda x: x**-7, lambda x: x**-7),
+        "2_pow": (lambda x: 2.0**x, lambda x: torch.pow(torch.tensor(2.0, dtype=x.dtype), x)),
+        "10_pow": (lambda x: 10.0**x, lambda x: torch.pow(torch.tensor(10.0, dtype=x.dtype), x)),
+        "0.5_pow": (lambda x: 0.5**x, lambda x: torch.pow(torch.tensor(0.5, dtype=x.dtype), x)),
     }
 
 

@@ -428,6 +428,8 @@ CASES: list[OpCase] = [
     C("power.half", lambda x: x**0.5, (f32(2, 3),), domain="positive", ref=np.sqrt),
     C("power.frac", lambda x: x**2.5, (f32(2, 3),), domain="positive", ref=lambda x: x**2.5, torch=lambda t, x: x**2.5),
     C("power.minus_one", lambda x: x**-1, (f32(2, 3),), domain="nonzero", ref=lambda x: 1.0 / x),
+    C("power.number_base", lambda x: 2.0**x, (f32(2, 3),), ref=lambda x: np.power(np.float32(2.0), x),
+      torch=lambda t, x: t.pow(t.tensor(2.0), x)),
     C("power.tensor_exponent", lambda x, y: x**y, (f32(2, 3, domain="positive"), f32(3)), ref=np.power,
       torch=lambda t, x, y: x**y),
     C("power.scalar_base", lambda x: ops.power(2.0, x), (f32(2, 3),), ref=lambda x: 2.0**x),

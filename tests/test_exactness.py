@@ -524,3 +524,44 @@ def test_sum_of_negative_zeros_is_positive_zero(kernels):
     want = {"s": 1.0 / tz.sum(1), "a": 1.0 / tz.sum(), "m": 1.0 / tz[:, :3].mean(1)}
     for k, v in want.items():
         np.testing.assert_array_equal(res.captures[k], v.numpy(), err_msg=f"{kernels} {k}")
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_powers_exact_where_torch_is_and_sin_of_them(kernels):
+    """x ** p was WGSL's pow, exp2(p log2 x) in f32: 30 ulps off near 1e10, which sin turns into
+    anything (hour-run special seed 5290026: sin(10000 ** 2.5) = 0.283, torch -0.4875). Powers that
+    are exact in f32 come out exact, the others within 1 ulp of torch float32, and so do b ** x
+    (2 ** 110 was 8e-6 off) and sin of them where the powers are the same bits."""
+    px = np.array([10000.0, 10.0, 4.0, 16.0, 100.0, 1e-4, 2.0, 3.0, 0.25, 1e6], np.float32)
+    bx = np.array([110.0, -3.0, 0.5, 10.0, 2.0, -1.0, 3.0, -126.0, 127.0, 0.0], np.float32)
+    pows = (2.5, -1.5, 1.5, 0.5, 3.0, 7.0, -2.0, 0.25)
+
+    def f(m, _f):
+        out = {f"p{k}": m.px**p for k, p in enumerate(pows)}
+        out.update(sin25=ops.sin(m.px**2.5), cos15=ops.cos(m.px**1.5), two=2.0**m.bx, ten=10.0**m.bx, half=0.5**m.bx)
+        out.update(sin2=ops.sin(2.0**m.bx))
+        return out
+
+    prog, inputs, _ = make_program(f"exact_powers_{kernels}", {"px": px, "bx": bx}, {}, f)
+    model = compile_checked(prog, kernels)
+    try:
+        got = model.step(**inputs, captures=True).captures
+    finally:
+        model.close()
+    tp, tb = torch.tensor(px), torch.tensor(bx)
+    want = {f"p{k}": tp**p for k, p in enumerate(pows)}
+    want.update(sin25=torch.sin(tp**2.5), cos15=torch.cos(tp**1.5), two=torch.pow(torch.tensor(2.0), tb),
+                ten=torch.pow(torch.tensor(10.0), tb), half=torch.pow(torch.tensor(0.5), tb))
+    want["sin2"] = torch.sin(want["two"])
+    # exact in f32: 10000 ** 2.5 (the found case), 4 ** 2.5, 16 ** 1.5, 100 ** -1.5 is not; 2 ** 110, 10 ** 3
+    assert (got["p0"][0], got["p0"][2], got["p2"][3], got["two"][0], got["ten"][6]) == (1e10, 32.0, 64.0, 2.0**110, 1000.0)
+    assert got["sin25"][0] == pytest.approx(-0.4875060, abs=2e-7), "sin(10000 ** 2.5)"  # 0.283 before
+    # sin and cos of a power magnify its last ulp (sin(10 ** 2.5) moves 244 ulps with it): they are
+    # compared where the power is torch's to the bit
+    same = {"sin25": got["p0"] == want["p0"].numpy(), "cos15": got["p2"] == want["p2"].numpy(), "sin2": got["two"] == want["two"].numpy()}
+    assert all(v.sum() >= 8 for v in same.values()), same
+    for n, w in want.items():
+        w = w.numpy()
+        ulps = np.abs(got[n].view(np.int32).astype(np.int64) - w.view(np.int32).astype(np.int64))
+        at = same.get(n, np.ones(w.shape, bool))
+        assert np.all(ulps[at] <= 1), f"{kernels}: {n}: aot {got[n]}, torch {w}, ulps {ulps}"

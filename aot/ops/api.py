@@ -121,11 +121,15 @@ stop_gradient = _unary("stop_gradient")
 
 
 def power(x, p):
-    """x ** p for a Python-number exponent; a Tensor exponent uses exp(p * log(x)) (x > 0)."""
+    """x ** p for a Python-number exponent; b ** p for a positive finite number b and a Tensor p
+    (pow's accuracy, "rpower"); a Tensor base with a Tensor exponent uses exp(p * log(x)) (x > 0)."""
     if _is_tensor(x) and isinstance(p, Scalar):
         if p == 1:
             return x
         return emit("power", (x,), p=float(p))
+    if _is_tensor(p) and isinstance(x, Scalar) and not isinstance(x, bool) and 0 < x < math.inf:
+        _check_f32("power", p)
+        return emit("rpower", (p,), b=float(x))
     if _is_tensor(p) or _is_tensor(x):
         base = x if _is_tensor(x) else _const(x, "f32")
         return exp(mul(p, log(base)))

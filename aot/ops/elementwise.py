@@ -130,7 +130,9 @@ def _power_expr(attrs):
         return "sqrt({0})" if p > 0 else "1.0 / sqrt({0})"
     if float(p).is_integer():
         return "pow_int_f32({0}, %s, %s)" % (_lit(p), "true" if int(p) % 2 else "false")
-    return "pow_frac_f32({0}, %s)" % _lit(p)
+    # the exponent's f32 and the rest: torch raises to the double p (1e30 ** 0.3 = 1e9)
+    lo = float(p) - float(np.float32(p))
+    return "pow_frac_f32({0}, %s, %s)" % (_lit(p), _lit(lo))
 
 
 def _power_ref(x, p):
@@ -139,7 +141,7 @@ def _power_ref(x, p):
     if abs(p) == 0.5:
         r = np.sqrt(x)
         return r if p > 0 else (np.float32(1) / r).astype(x.dtype)
-    return np.power(x, x.dtype.type(p))
+    return np.power(x.astype(np.float64), float(p)).astype(x.dtype)  # the double p, as torch's pow
 
 
 def _zeros_like(t):
@@ -165,6 +167,22 @@ register(
         cost=COSTLY,
     )
 )
+
+# b ** x for a positive finite number b (ops.power's Tensor exponent): pow_abs_f32 with the tensor as
+# the exponent, as accurate as x ** p (exp(x log b) was 8e-6 off at 2 ** 110). Its gradient is
+# torch's pow_backward_exponent for b > 0: ct * (b ** x * log(b))
+register(
+    OpDef(
+        "rpower",
+        _f32_only("rpower"),
+        lambda x, b: np.power(x.dtype.type(b), x),
+        lambda ct, n: (ct * (n.out * math.log(n.attrs["b"])),),
+        "pointwise",
+        expr=lambda attrs: "pow_abs_f32(%s, {0}, 0.0)" % _lit(attrs["b"]),
+        cost=COSTLY,
+    )
+)
+
 
 def _identity_wgsl(body, n, idx):
     return body.value(n.inputs[0], idx)
