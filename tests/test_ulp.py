@@ -89,11 +89,6 @@ def test_normal_results_through_tiny_intermediates(kernels):
         assert d[i] <= 2, f"{kernels}: {n}({x[sl][i]!r}) = {got[n][sl][i]!r}, exact {exact[n][sl][i]!r} ({d[i]:g} ulps)"
 
 
-# the powers joined the sweep after the H100 run (no device time then): lavapipe's file has them
-POWERS = {n for n in ulp_sweep.unary_ops() if "pow" in n}
-NOT_YET_SWEPT = {"ulp_sweep_h100.json": POWERS}
-
-
 def _committed(name):
     import json
 
@@ -107,7 +102,7 @@ def test_committed_sweeps_meet_the_bounds(name):
     op within BOUND ulps of torch float32 or the exact value, except gelu's documented tails; where
     the exact result is subnormal, a subnormal or 0 (a flushing GPU's), never a normal number."""
     res = _committed(name)
-    assert set(res["ops"]) == set(ulp_sweep.unary_ops()) - NOT_YET_SWEPT.get(name, set())
+    assert set(res["ops"]) == set(ulp_sweep.unary_ops())
     for n, per in res["ops"].items():
         for ks, r in per.items():
             if n not in GELU_TAIL:
