@@ -11,8 +11,12 @@ their gates, so the gate maths needs nothing from other invocations:
 - backward, last step first: dh = dY_h[t] + dpre_next W_hh (the next step's gate gradients from
   workgroup memory: invocations read neighbouring columns of W_hh, one row at a time), then the
   gate gradients from the saved activations and the cell gradient carried in a register.
-The CPU set runs the same kernel (its barriers are two a step, not one per tile), with tensor
-offsets from the offset table. Sums run in a fixed order: results are reproducible.
+The CPU set runs this kernel (lstm.wgsl.j2; two barriers a step), with tensor offsets from the
+offset table. The GPU set runs a two-phase kernel (lstm_split.wgsl.j2), 2x faster on an H100: a
+step's product x M is split over up to 256 invocations in row groups (each sums a slice of the
+rows for a few columns; vec4 loads where M is read-only), whose partial sums meet in workgroup
+memory, and then invocation j does unit j's gate maths as above. Sums run in a fixed order:
+results are reproducible.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from .wgsl_expr import HELPER_DEPS, KernelContext
 
 # batch rows a CPU workgroup walks together (rows_per_workgroup)
 CPU_ROWS = 8
-# steps of the k loop (forward) or of each gate's r loop (backward) written out per iteration,
-# loads first: 4 x GPU_UNROLL weight loads in flight per invocation. Each workgroup streams all of
+# The one-phase kernel (the GPU set's only where split_plan finds no split): steps of the k loop
+# (forward) or of each gate's r loop (backward) written out per iteration, loads first: 4 x GPU_UNROLL weight loads in flight per invocation. Each workgroup streams all of
 # W_hh from L2 every step with few invocations, so a step takes about the loads' latency times
 # the iterations. lstm_lm on an H100 (profile_kernels, scripts/results/profile_lstm_lm_h100*.json),
 # forward + backward kernel: unrolled 4, reading W_hh row by row in the forward, 684 + 200 us;
@@ -89,11 +93,17 @@ def rows_per_workgroup(batch: int, shared: int, cpu: bool) -> int:
     return max(1, min(CPU_ROWS, batch, MAX_WORKGROUP_BYTES // (4 * shared)))
 
 
-# The GPU kernel's phase A (lstm_split.wgsl.j2): (row groups, columns per load, unroll) of the
-# forward and backward products, None: the one-phase kernel (lstm.wgsl.j2). Measured on an H100
-# (scripts/results/profile_lstm_lm_h100_split*.json).
-GPU_SPLIT_FWD: tuple[int, int, int] | None = (2, 1, 16)
-GPU_SPLIT_BWD: tuple[int, int, int] | None = (8, 4, 16)
+# The GPU set's kernel (lstm_split.wgsl.j2), phase A's split of the step's product: (row groups,
+# columns per load, unroll) forward and backward; None: the one-phase kernel (lstm.wgsl.j2, the
+# CPU set's). lstm_lm (H = 128, T = 16, B = 32) on an H100, forward / backward kernel, one call
+# (scripts/profile_lstm_variants.py, scripts/results/profile_lstm_lm_h100_variants.json):
+# one-phase 172.8 / 146.6 us; row groups 1 (256 invocations, 2 columns each) 131.2 / 370.2
+# (backward vec4: 32 invocations); 2: 203.9 / 169.5; forward 4 row groups 87.6-87.7 (unrolled 16
+# or 8), backward vec4 in 4 / 8 / 16 row groups 138.6 / 81.6 / 61.3 (8 scalar: 266.8). More row
+# groups: more warps a workgroup and shorter dependent load chains; the forward's 8 would not fit
+# workgroup memory, nor may its W_hh^T (in the scratch buffer it writes) be read as vec4s.
+GPU_SPLIT_FWD: tuple[int, int, int] | None = (4, 1, 16)
+GPU_SPLIT_BWD: tuple[int, int, int] | None = (16, 4, 8)
 SH_FLOATS = MAX_WORKGROUP_BYTES // 4
 
 
