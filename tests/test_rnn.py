@@ -434,9 +434,10 @@ def test_lstm_beyond_the_fused_kernel_is_two_kernels_a_step(monkeypatch):
     assert len([k for k in train if re.fullmatch(r"train_\d+_transpose", k.name)]) <= 2
 
 # (T, B, H, state, reverse): odd sizes (scalar loads, one row group), H % 4 == 0 (the backward's
-# vec4 loads of W_hh), and H over 256 (two hidden units an invocation, row groups that fit
-# workgroup memory)
-SEQ_SHAPES = [(3, 2, 5, True, False), (2, 3, 12, False, True), (2, 2, 36, True, True), (2, 1, 260, True, False)]
+# vec4 loads of W_hh), H over 256 (two hidden units an invocation, row groups that fit workgroup
+# memory), and a prime H over 256 (no split leaves 32 invocations: the one-phase kernel)
+SEQ_SHAPES = [(3, 2, 5, True, False), (2, 3, 12, False, True), (2, 2, 36, True, True), (2, 1, 260, True, False),
+              (2, 1, 257, False, False)]
 
 
 @pytest.mark.gpu
@@ -461,3 +462,5 @@ def test_lstm_seq_kernels_match_the_interpreter(kernels, shape):
     program, inputs, _ = make_program(f"lstm_seq_{kernels}_{h}", params, {}, body)
     [(gpu, ref)], wgsl = run_both(program, inputs, kernels=kernels)
     assert_all_close(gpu, ref, f"lstm_seq {shape} ({kernels} set)", rtol=2e-4, atol=5e-5)
+    split = {name: "phase A" in src for name, src in wgsl.items() if "lstm_seq" in name}
+    assert split and set(split.values()) == {kernels == "gpu" and h != 257}, split
