@@ -432,3 +432,35 @@ def test_lstm_beyond_the_fused_kernel_is_two_kernels_a_step(monkeypatch):
     copies = [k.name for k in train if re.fullmatch(r"train_\d+_concat", k.name) and "optimizer" not in str(k.site)]
     assert not copies
     assert len([k for k in train if re.fullmatch(r"train_\d+_transpose", k.name)]) <= 2
+
+# (T, B, H, state, reverse): odd sizes (scalar loads, one row group), H % 4 == 0 (the backward's
+# vec4 loads of W_hh), H over 256 (two hidden units an invocation, row groups that fit workgroup
+# memory), and a prime H over 256 (no split leaves 32 invocations: the one-phase kernel)
+SEQ_SHAPES = [(3, 2, 5, True, False), (2, 3, 12, False, True), (2, 2, 36, True, True), (2, 1, 260, True, False),
+              (2, 1, 257, False, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+@pytest.mark.parametrize("shape", SEQ_SHAPES, ids=lambda s: "T{}_B{}_H{}{}{}".format(*s[:3], "_state" * s[3], "_rev" * s[4]))
+def test_lstm_seq_kernels_match_the_interpreter(kernels, shape):
+    """ops.lstm_seq and its gradient kernel (each kernel set: the GPU set's two-phase kernel splits
+    the step's product over invocation groups) against the float32 interpreter: every lane of Y and
+    the gradients of xw, W_hh and the initial state."""
+    from gpu_harness import assert_all_close, make_program, run_both
+
+    t, b, h, state, reverse = shape
+    rng = np.random.default_rng(h)
+    params = {"xw": rng.normal(size=(t, b, 4 * h)), "w": rng.normal(size=(4 * h, h)) / np.sqrt(h)}
+    if state:
+        params.update(h0=rng.normal(size=(b, h)), c0=rng.normal(size=(b, h)))
+
+    def body(m, feeds):
+        st = (m.h0, m.c0) if state else ()
+        return {"y": ops.lstm_seq(m.xw, m.w, *st, reverse=reverse)}
+
+    program, inputs, _ = make_program(f"lstm_seq_{kernels}_{h}", params, {}, body)
+    [(gpu, ref)], wgsl = run_both(program, inputs, kernels=kernels)
+    assert_all_close(gpu, ref, f"lstm_seq {shape} ({kernels} set)", rtol=2e-4, atol=5e-5)
+    split = {name: "phase A" in src for name, src in wgsl.items() if "lstm_seq" in name}
+    assert split and set(split.values()) == {kernels == "gpu" and h != 257}, split
