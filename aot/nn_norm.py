@@ -17,7 +17,7 @@ from .buffers import assign
 from .module import Module
 from .ops.reductions import moments
 from .ops.trace import fail, is_training
-from .passes import split_plan
+from .split_rules import split_plan
 
 
 def _row_norm(x, eps: float):

@@ -10,6 +10,7 @@ from .ir import DTYPES, Graph, Node, Tensor, format_node, tensor_names
 from .matmul_codegen import split_count
 from .ops.registry import lookup
 from .ops.trace import at_site, tracing
+from .split_rules import split_plan
 
 
 def dce(g: Graph) -> Graph:
@@ -61,28 +62,6 @@ def _rebuild(g: Graph, nodes, f) -> Graph:
     return Graph(g.name, nodes, m(g.outputs), m(g.captures), m(g.updates), m(g.grads), m(g.persist), dict(g.meta))
 
 
-# A reduction this long per output keeps too few GPU threads busy in one pass (one workgroup
-# summing 19M gradients for the global norm took 28 ms on an H200); two passes take <0.5 ms.
-SPLIT_CONTIGUOUS = 1 << 17  # reduced elements per output, reduced axes innermost
-SPLIT_STRIDED = 4096  # reduced axes outer: chunks keep the reads coalesced as well
-# Fewer rows than this (an LSTM's 87k-gradient norm, one row: 29 us on an H100 in one workgroup)
-# are split from SPLIT_CONTIGUOUS_FEW elements: the second dispatch costs less than the long loop.
-SPLIT_FEW_ROWS = 64
-SPLIT_CONTIGUOUS_FEW = 1 << 15
-STRIDED_INVOCATIONS_LOG2 = 18  # a strided split's first stage aims at this many invocations
-
-
-# Reduced axes that are not one run (BatchNorm's (0, 2, 3) of [N, C, H, W]): with few outputs (C
-# channels), one workgroup per channel walks N*H*W elements on C of the GPU's SMs. From
-# SPLIT_SEPARATE_MIN elements per output the outermost reduced axis is cut into chunks so that
-# the first stage has about SPLIT_ROWS rows of at least SPLIT_ROW_MIN elements. [H100, ResNet-20's
-# gradient sums: 16 channels of 64x28x28, 100-105 us in one kernel, 24 + 19 us in two; each
-# dispatch costs 11-13 us there, so 32 channels of 64x14x14 (28-39 us) gain nothing from a split]
-SPLIT_SEPARATE_MIN = 1 << 15
-SPLIT_ROWS = 512
-SPLIT_ROW_MIN = 512
-
-
 def split_reductions(g: Graph) -> Graph:
     """sum/max over a long run of adjacent axes -> the same reduction in two stages:
     x[..., R, ...] -> [..., R/k, k, ...] reduced over k, then over R/k (sums pad R up to a
@@ -125,70 +104,6 @@ def _split_plan(n):
     if split is None:
         return None
     return split_plan(n.inputs[0].shape, n.attrs["axes"], split)
-
-
-def split_plan(shape, axes, split: str):
-    """_split_plan for a reduction of a tensor of `shape` over the sorted `axes` whose split
-    is of kind `split` ("pad" or "divide", as OpDef.split). ops.reductions.moments cuts mean
-    and variance where this cuts their sums."""
-    x = _Shape(tuple(shape))
-    red = 1
-    for a in axes:
-        red *= x.shape[a]
-    if not axes or red <= 1:
-        return None
-    if list(axes) != list(range(axes[0], axes[-1] + 1)):
-        return _split_outer_axis(x, axes, split, red)
-    lo, hi = axes[0], axes[-1] + 1
-    inner = hi == x.ndim  # reduced elements are contiguous in memory
-    few = x.size // red < SPLIT_FEW_ROWS and red >= SPLIT_CONTIGUOUS_FEW
-    if red < (SPLIT_CONTIGUOUS if inner else SPLIT_STRIDED) and not (inner and few):
-        return None
-    if x.size // red >= 1 << STRIDED_INVOCATIONS_LOG2:
-        # outputs enough to keep the GPU busy in one pass; a first stage would store outputs x
-        # R/k partial sums (a gather's gradient, exact.select_sum, reduces a broadcast of
-        # [rows, tokens, dim] that is never stored: its first stage would be)
-        return None
-    # strided: chunks of 16-64 rows, short enough that the first stage has ~2^18 invocations (an
-    # [8192, 512] column sum in chunks of 64 ran 65536 of them at 0.45 TB/s on an H100)
-    k = 4096 if inner else max(16, min(64, 1 << max(0, (x.size >> STRIDED_INVOCATIONS_LOG2).bit_length() - 1)))
-    return _chunking(red, k, split, lo, hi)
-
-
-class _Shape:
-    """What the split rules read of the reduced tensor."""
-
-    def __init__(self, shape: tuple):
-        self.shape, self.ndim = shape, len(shape)
-        self.size = 1
-        for d in shape:
-            self.size *= d
-
-
-def _split_outer_axis(x, axes, split, red):
-    """Reduced axes in separate runs: cut the outermost one (see SPLIT_ROWS)."""
-    lo = axes[0]
-    n_out = x.size // red
-    if red < SPLIT_SEPARATE_MIN or n_out >= SPLIT_ROWS:
-        return None
-    chunks = min(x.shape[lo], -(-SPLIT_ROWS // n_out), red // SPLIT_ROW_MIN)
-    if chunks < 2:
-        return None
-    return _chunking(x.shape[lo], -(-x.shape[lo] // chunks), split, lo, lo + 1)
-
-
-def _chunking(size, k, split, lo, hi):
-    """(lo, hi, k, pad) cutting an axis of `size` into chunks of k; for a split of kind "divide"
-    (no padding value) k moves to a divisor of size: at most k if one of 16 or more is, else up
-    to 64 (chunks of 16 or more), or for a short k the next larger one. None where there is none."""
-    pad = -size % k
-    if pad and split == "divide":
-        near = [*range(k, 15, -1), *range(k + 1, 65)] if k >= 16 else range(k, size)
-        k = next((d for d in near if size % d == 0), None)
-        if k is None:
-            return None
-        pad = 0
-    return lo, hi, k, pad
 
 
 # A matmul with few outputs and a long K (a convolution's weight gradient: [O, N*H*W] @

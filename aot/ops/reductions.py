@@ -16,6 +16,7 @@ from .api import (
     neg, normalize_axes, power, reshape, sign, sqrt, stop_gradient, sum, transpose, where,
 )
 from .api import abs as _abs
+from ..split_rules import split_plan
 from .trace import emit, fail
 
 __all__ = ["logsumexp", "var", "std", "min", "prod", "cumsum", "norm"]
@@ -104,7 +105,6 @@ def moments(x, axes):
     the J partials. That is two dispatches where the split sums of mean and variance took four,
     and each sum is over fewer elements (the rounding grows with the length). Chunks are exact
     divisors ("divide"); where the reduced length has none the sums are not cut here."""
-    from ..passes import split_plan  # passes imports ops: its sizing rule, read at trace time
 
     n = _count(x, axes)
     plan = split_plan(x.shape, axes, "divide")
