@@ -515,8 +515,9 @@ def _merge_reader(s: KernelSchedule, i: int, j: int | None, facts: _Facts) -> bo
         return True
     if k1.kind == "reduce" and k1.group or k1.kind in ("attention", "recurrent"):
         return False
-    # k2 moves up into k1's epilogue: nothing between may produce what k2 reads
-    between = {id(t) for k in s.kernels[i + 1 : j] for t in k.outs}
+    # k2 moves up into k1's epilogue: nothing between may produce what k2 reads, a piece of a
+    # concat it reads included (the concat is written once all its pieces are: graph seed 5310649)
+    between = set().union(*(facts.get(k)[1] for k in s.kernels[i + 1 : j]))
     if any(id(r) in between for r in k2.reads) or k1.out.dtype != "f32" and k1.kind == "matmul":
         return False
     k1.after += k2.first + [k2.out] + k2.after

@@ -116,7 +116,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz: aot.compile: CodegenError: fuzz_prog.train: kernel 9 (sum, writing f32[5]) reads a tensor (concat f32[5]) that no earlier kernel has written (a fusion rul')
 def test_fuzz_compile_1534398f():
     model = aot.compile(program, kernels=KERNELS)
     try:
