@@ -21,7 +21,6 @@ import fuzz_areas  # noqa: E402
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='[noinput] seed 5310492: randn: step 4: loss: got -inf, expected -4.1030021426214316e+64')
 def test_fuzz_noinput_5310492():
     res, _case = fuzz_areas.check('noinput', 5310492)
     assert not res.failures, "\n".join(map(str, res.failures))
