@@ -13,7 +13,7 @@ import math
 
 from ..ir import Tensor
 from .api import (
-    SILU_TAIL, Scalar, _check_f32, _lift, _mul_exp, custom_vjp, equal, exp, greater, less, maximum, minimum, neg, sigmoid, stop_gradient,
+    SILU_TAIL, Scalar, _check_f32, _lift, _mul_exp, _times_sigmoid, custom_vjp, equal, exp, greater, less, maximum, minimum, neg, sigmoid, stop_gradient,
     where,
 )
 from .api import abs as _abs
@@ -119,8 +119,11 @@ def logsigmoid(x):
     """log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): no overflow, no log(0) for large |x|."""
     _check_f32("logsigmoid", x)
     y = minimum(x, 0.0) - log1p(exp(neg(_abs(x))))
-    # d/dx log sigmoid(x) = sigmoid(-x), also at 0, where min and abs have kinks
-    return custom_vjp(y, (x,), lambda ct, y, ins: (ct * sigmoid(neg(ins[0])),))
+    # d/dx log sigmoid(x) = sigmoid(-x), also at 0, where min and abs have kinks; ct times it in
+    # one rounding where sigmoid(-x) is tiny: it is subnormal above x = 87.3 (0 in aot's sigmoid
+    # above 88.7, or on a GPU that flushes) while a cotangent of 1 / logsigmoid(x) makes the
+    # product normal (log(logsigmoid(89)): 0.418, special seeds 5310499, 5310786)
+    return custom_vjp(y, (x,), lambda ct, y, ins: (_times_sigmoid(ct, neg(ins[0])),))
 
 
 def _bound(v, x, name):

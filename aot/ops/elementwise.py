@@ -83,9 +83,20 @@ _unary("log", np.log, lambda ct, n: (ct / n.inputs[0],), "log_f32({0})", COSTLY)
 _unary("sin", np.sin, lambda ct, n: (ct * F.cos(n.inputs[0]),), "sin_f32({0})", COSTLY)
 _unary("cos", np.cos, lambda ct, n: (F.neg(ct * F.sin(n.inputs[0])),), "cos_f32({0})", COSTLY)
 _unary("tanh", np.tanh, lambda ct, n: (ct * (1.0 - F.square(n.out)),), "tanh_f32({0})", COSTLY)
+
+
+def _sigmoid_ref(x):
+    """1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below, both through e = exp(-|x|) <= 1: the
+    first form's exp(-x) overflows for x < -88.7, which made the interpreter's sigmoid 0 where
+    torch's is subnormal (logsigmoid's gradient at 89: special seeds 5310499, 5310786). The
+    kernels may flush it (API.md); the reference keeps it."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype)
+
+
 _unary(
     "sigmoid",
-    lambda x: (1.0 / (1.0 + np.exp(-x))).astype(x.dtype),
+    _sigmoid_ref,
     lambda ct, n: (ct * n.out * (1.0 - n.out),),
     "sigmoid_f32({0})",
     COSTLY,

@@ -143,7 +143,6 @@ def _side(kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz special: case 0: step 1: gradient of p0: 2/6 elements off; at (0, 1): got 0.0, expected 0.41801121830940247 (torch float32 0.41801121830940247); inputs p0=')
 def test_fuzz_special_interp_41439b45():
     for step, ((caps, grads), want) in enumerate(zip(_side('interp'), EXPECTED)):
         for what, got, refs, extra in [(f"output {n}", caps[n], r, 0.0) for n, r in want["outputs"].items()] + [
