@@ -189,3 +189,41 @@ def test_optim_oracle_flags_a_wrong_update():
     s = len(ref) - 1
     off = [bool((np.abs(other[s][2][n] - ref[s][2][n]) > tol[s][2][n]).any()) for n in ref[s][2] if n != "unused"]
     assert any(off)
+
+
+def test_sgd_oracle_noise_spread_is_rounding_sized_and_flags_a_wrong_gradient():
+    """SGD batches: the package's trajectory is judged with its spread under 1-ulp leaf noise
+    (fuzz_graphs.trajectory_spread, graph seed 5310426's ill-conditioned lstm_seq). For a
+    well-conditioned case that spread stays at rounding size, so a gradient 1% off (or a
+    parameter update that lost a step's gradient) still fails."""
+    case = _where_case()
+    batch = fg.Batch([case], sgd=(0.1, 0.0))
+    run = fg.run_case(case, sgd=batch.sgd)
+    spread = fg.trajectory_spread(case, batch.sgd, run)
+    assert len(spread) == 2 and set(spread[1]) >= {"v2", "a", "b", "param:a", "loss"}
+    assert 0 < max(v for d in spread for v in d.values()) < 1e-5
+    side = fg.Sides(
+        loss=list(run.loss),
+        captures=[{"v2": o["v2"].astype(np.float32)} for o in run.outs],
+        grads=[{n: g.astype(np.float32) for n, g in gs.items()} for gs in run.grads],
+        params=[{n: v.astype(np.float32) for n, v in ps.items()} for ps in run.params[1:]],
+    )
+    assert fg._side_failures("gpu", batch, [run], side, True, False) == []
+    side.grads[1]["a"] = side.grads[1]["a"] * 1.01
+    side.params[0]["b"] = run.params[0]["b"]  # step 1's update lost
+    whats = sorted(f.what for f in fg._side_failures("gpu", batch, [run], side, True, False))
+    assert whats == ["step 1: parameter b after the update", "step 2: gradient of a"]
+
+
+def test_noinput_oracle_accepts_only_a_float32_overflow():
+    """Where float64's value is beyond float32's range (noinput seed 5310492: a loss of -4.1e64),
+    aot must give +-inf of its sign, or NaN where float32 torch is NaN too; the values float32 can
+    hold are still compared as before."""
+    w64 = np.array([1.0, -2e44, 3e40, 5e39, 2.0])
+    w32 = np.array([1.0, np.nan, np.inf, np.nan, 2.0])
+    good = np.array([1.0, np.nan, np.inf, np.inf, 2.0], np.float32)
+    assert fa.compare_range(good, w64, w32, fa.spread32(w32, w64)) is None
+    for i, v in [(2, -np.inf), (2, np.nan), (3, 3.4e38), (4, 2.01), (0, np.inf)]:
+        bad = good.copy()
+        bad[i] = v
+        assert fa.compare_range(bad, w64, w32, fa.spread32(w32, w64)) is not None, (i, v)
