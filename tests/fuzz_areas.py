@@ -476,7 +476,7 @@ KNOWN_DIFFERENCES = {
                           "x = -7: 1.2e-6) the gradient is that much off relatively (the 1e-4 bound widened to "
                           "1e-6 times the largest cotangent there); so are gradients that cancel (softmax's at a "
                           "one-hot row, var's, norm's)",
-    "flush": "a subnormal intermediate (sigmoid(-89) in logsigmoid's gradient, say) may be 0 in aot (API.md: "
+    "flush": "a subnormal intermediate (sigmoid(-89) in the kernels, say) may be 0 in aot (API.md: "
              "subnormal results may be flushed): times an infinite cotangent that is NaN where torch's is inf",
     "factorization": "Mesa rewrites a*b + a*c as a*(b + c): where one leaf feeds two arguments of an op and its "
                      "cotangent is inf, the two gradient terms inf*b + inf*c (NaN for b, c of opposite signs, "

@@ -470,6 +470,36 @@ def test_gelu_tanh_tail_gradient_times_inf(kernels):
 
 
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_logsigmoid_tail_gradient_times_a_huge_cotangent(kernels):
+    """logsigmoid's gradient ct * sigmoid(-x) is ct exp(-x) in one rounding for x > 20: sigmoid(-89)
+    is subnormal (0 in the interpreter's old 1 / (1 + exp(89)) and in the kernels' sigmoid, 0 on a
+    GPU that flushes), while log(logsigmoid(89))'s cotangent 1 / logsigmoid(89) = -4.5e38 makes the
+    product normal, torch's -1 (special seeds 5310499, 5310786). The interpreter's sigmoid keeps
+    the subnormal as float64 rounds it."""
+    x = np.array([89.0, 88.0, 30.0, 21.0, 19.0, 0.5, -3.0], np.float32)
+    ct = np.array([-0.418, 1.0, 2.0, -1.0, 1.0, 1.0, 1.0], np.float32)
+    body = lambda m, f: {"y": ops.log(ops.neg(ops.logsigmoid(m.x)))}  # noqa: E731
+    prog, inputs, _ = make_program(f"logsigmoid_tail_{kernels}", {"x": x}, {}, body, cts={"y": ct})
+    model = compile_checked(prog, kernels)
+    try:
+        model.step(**inputs)
+        grads = model.grads()
+    finally:
+        model.close()
+    t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    torch.log(-torch.nn.functional.logsigmoid(t)).backward(torch.tensor(ct, dtype=torch.float64))
+    want = t.grad.numpy()
+    assert abs(want[0] - 0.418) < 1e-3  # normal, from two values beyond float32's normal range
+    for who, got in ((kernels, grads["x"]), ("interp", _interp_grads(prog, inputs)["x"])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-12, err_msg=who)
+    from aot.ops.registry import lookup
+
+    z = np.array([-89.0, -100.0, -103.0, -30.0, 0.0, 5.0], np.float32)
+    np.testing.assert_allclose(lookup("sigmoid").ref(z), torch.sigmoid(torch.tensor(z, dtype=torch.float64)).numpy(),
+                               rtol=2e-7, atol=1e-45, err_msg="the interpreter's sigmoid")
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
 def test_signed_zero_through_relu_maximum_minimum(kernels):
     """torch.relu(-0.0) is -0.0, and torch.maximum/minimum return the first operand where the two
     compare equal (-0 and +0): 1 / relu(-0.0) is -inf in torch (hour-run special seed 5280100:
