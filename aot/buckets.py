@@ -96,11 +96,26 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
     return out[::-1]
 
 
+TAIL_WINDOW = 8  # buckets final in the last 1/TAIL_WINDOW of the dispatches shrink toward the end
+
+
+def late_cap(cap_elems: int, ready: int, last: int) -> int:
+    """The most elements a bucket final after `ready` dispatches may hold, where the last
+    gradient is final after `last`: cap_elems, shrinking linearly over the last
+    last // TAIL_WINDOW dispatches to cap_elems // TAIL_SHARE for a bucket final with the last.
+    What is final late must be small: its trip (readback, reduction, upload) overlaps only
+    what remains of the backward pass, and the update waits for the last trip (on 2 H200s a
+    25 MiB bucket final 12 dispatches before the end delayed the update 1.6 ms)."""
+    window = max(1, last // TAIL_WINDOW)
+    share = min(1.0, (last - ready) / window)
+    return max(cap_elems // TAIL_SHARE, int(cap_elems * share))
+
+
 def _least_delay(size: list[int], ready: list[int], cap_elems: int, most: int):
     """partition's dynamic programme: best[k][i], the least sum of elements x ready of segments
     [0, i) in k buckets, and cut[k][i], where the last of them starts."""
     n, inf = len(size), float("inf")
-    last = max(ready)  # a bucket final this late holds at most cap_elems // TAIL_SHARE: nothing overlaps its trip
+    last = max(ready)
     best = [[inf] * (n + 1) for _ in range(most + 1)]
     cut = [[0] * (n + 1) for _ in range(most + 1)]
     best[0][0] = 0
@@ -110,7 +125,7 @@ def _least_delay(size: list[int], ready: list[int], cap_elems: int, most: int):
             for j in range(i - 1, -1, -1):  # the last bucket is segments [j, i)
                 elems += size[j]
                 late = max(late, ready[j])
-                if elems > (cap_elems // TAIL_SHARE if late == last else cap_elems) and j < i - 1:
+                if elems > late_cap(cap_elems, late, last) and j < i - 1:
                     break
                 c = best[k - 1][j] + elems * late
                 if c < best[k][i]:

@@ -246,6 +246,8 @@ def worker(job: dict) -> dict:
             engine_module = sys.modules[type(eng).__module__]
             default_threads = job.setdefault("default_copy_threads", engine_module.COPY_THREADS)
             engine_module.COPY_THREADS = int(v.get("copy_threads", default_threads))
+            default_first = job.setdefault("default_first_submit", getattr(engine_module, "BUCKET_FIRST_SUBMIT", 0))
+            engine_module.BUCKET_FIRST_SUBMIT = int(v.get("first_submit", default_first))
             if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
                 eng.upload_via = "write_buffer"  # no upload buffer is asked to be mapped
                 eng.upload_bucket = lambda i, values, last=False: None
@@ -384,12 +386,14 @@ def main():
     ap.add_argument("--backends", default="", help="ddp backends (default: gloo, and nccl where torch has CUDA)")
     ap.add_argument("--packages", help="build the packages here (reused when there already)")
     ap.add_argument("--adapters", default="", help="adapter index per rank (default: each rank's GPU, by local rank)")
-    ap.add_argument("--skip", default="", help="configurations to leave out: identity,concurrent,unbucketed,bf16")
+    ap.add_argument("--skip", default="", help="configurations to leave out: identity,concurrent,unbucketed,bf16, "
+                    "ddp (all the multi-process rows: one GPU's --local rows alone)")
     ap.add_argument("--host-paths", action="store_true", help="also NCCL rows with the host copy into stage() "
                     "(direct=False) and with uploads by queue.write_buffer")
     ap.add_argument("--variants", default="", help="more NCCL bucketed rows, ';'-separated, each of key=value "
                     "pairs joined by ',': upload=write_buffer (engine.upload_via), copy_threads=N (engine.COPY_THREADS), "
-                    "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce)")
+                    "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce), first_submit=N "
+                    "(engine.BUCKET_FIRST_SUBMIT; 0: the first bucket's dispatches in one submit)")
     ap.add_argument("--local", action="store_true", help="also one-process rows through a reducer that moves "
                     "nothing (bench's LocalBuckets): the readbacks and uploads alone, with and without the uploads, "
                     "and each --variants")
@@ -464,7 +468,7 @@ def main():
             runs.append([str(projects[mib]), name, name, [
                 {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": mib}
             ]])
-        results = launch(dict(common, project=str(first), runs=runs), args.world)
+        results = launch(dict(common, project=str(first), runs=runs), args.world) if "ddp" not in skip else []
         r["ddp"] = _by_rank(results)
         single = r["single"]
         r["summary"] = {
@@ -474,7 +478,7 @@ def main():
             "concurrent_scaling_efficiency": (
                 sum(x["sequences_per_s"] for x in r["concurrent"]) / (args.world * single["sequences_per_s"]) if "concurrent" in r else None
             ),
-            "distinct_adapters": len({json.dumps(x["adapter"]) for x in r["ddp"][0]}) == args.world,
+            "distinct_adapters": bool(r["ddp"]) and len({json.dumps(x["adapter"]) for x in r["ddp"][0]}) == args.world,
             "ddp": {
                 f"{rows[0]['backend']} {'bucketed ' + format(rows[0]['bucket_mib'], 'g') + ' MiB' if rows[0]['bucketed'] else 'unbucketed'}"
                 f"{' ' + rows[0]['dtype'] if rows[0]['dtype'] != 'f32' else ''}"
@@ -488,7 +492,7 @@ def main():
         }
         if args.local:
             r["summary"]["local"] = {
-                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads")) or "map": {
+                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads", "first_submit")) or "map": {
                     "steps_per_s": row["steps_per_s"],
                     "ms_per_step_over_one_gpu": 1e3 / row["steps_per_s"] - 1e3 / single["steps_per_s"],
                     "host_ms_per_step": row.get("host_ms_per_step"),

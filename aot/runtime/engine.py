@@ -50,6 +50,11 @@ MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only wh
 # costs less to record than a second submit
 SPLIT_SUBMIT_MIN = 128
 FIRST_SUBMIT = 16
+# run_buckets submits its first BUCKET_FIRST_SUBMIT dispatches on their own where the first bucket
+# is final later (0: not): the host records the rest while the GPU starts; without it the GPU
+# waited for the whole first bucket's recording after each update (a bucketed step does not
+# wait for its update, so the host's next step starts early enough to keep the GPU busy)
+BUCKET_FIRST_SUBMIT = FIRST_SUBMIT
 # threads making an entry point's pipelines, at most one per core: transformer_large's cold first
 # step on an H100 host of 16 cores takes 31-40 s on one, 5.1-5.4 s on 8, 2.5-2.7 s on 16
 # (scripts/bench_startup.py --compile-workers, scripts/results/startup_large_h100_w*.json)
@@ -834,6 +839,11 @@ class Engine:
             enc = self.device.create_command_encoder()
             self._backup_grads(enc, key, total, offset)
             done = 0
+            first = BUCKET_FIRST_SUBMIT
+            if 0 < first < min(r for _, _, r in buckets):
+                self._record(enc, key, (0, first))
+                self._submit(enc.finish(), maps)
+                enc, done = self.device.create_command_encoder(), first
             for ready in sorted({r for _, _, r in buckets}):
                 self._record(enc, key, (done, ready))
                 done = ready
