@@ -22,6 +22,7 @@ from .schedule import KernelSchedule
 
 DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's bucket_cap_mb
 TAIL_SHARE = 8  # the bucket final last, and a whole vector that is one bucket, at most 1/TAIL_SHARE of bucket_mib
+TAIL_WINDOW = 6  # buckets final in the last 1/TAIL_WINDOW of the dispatches shrink toward the end (late_cap)
 
 
 def kernel_grad_writes(s: KernelSchedule, p: Plan, bindings: list) -> list[list[tuple[int, int]] | None]:
@@ -71,8 +72,8 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
     least: the partition minimizing the sum over buckets of elements x ready, by dynamic
     programming over the cut points (gradients final late in a bucket with early ones make them
     wait; PyTorch DDP's buckets follow the parameters' order, which a layout that puts biases
-    and norms after the weights breaks). A bucket final with the last gradient holds at most
-    cap_elems // TAIL_SHARE (unless one gradient is larger): nothing overlaps its trip."""
+    and norms after the weights breaks). A bucket final late holds at most late_cap (unless
+    one gradient is larger): what remains of the backward pass is all its trip overlaps."""
     n = len(segments)
     if not n:
         return []
@@ -94,9 +95,6 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
         out.append((segments[j][0], segments[i - 1][1]))
         i, k = j, k - 1
     return out[::-1]
-
-
-TAIL_WINDOW = 8  # buckets final in the last 1/TAIL_WINDOW of the dispatches shrink toward the end
 
 
 def late_cap(cap_elems: int, ready: int, last: int) -> int:

@@ -658,6 +658,25 @@ def test_bucketed_steps_are_bit_identical_and_bad_results_change_nothing():
         x.close()
 
 
+def test_bucketed_step_with_its_first_dispatches_submitted_alone_is_bit_identical(monkeypatch):
+    """run_buckets submits dispatches [0, BUCKET_FIRST_SUBMIT) on their own where the first
+    bucket is final later (the GPU starts while the host records the rest): the same step."""
+    from aot.runtime import engine
+
+    a = aot.compile(DROP, bucket_mib=0)
+    first = min(r for *_, r in a.PROGRAM["entries"]["train"]["buckets"])
+    assert first > 1
+    monkeypatch.setattr(engine, "BUCKET_FIRST_SUBMIT", first - 1)
+    b = type(a)()
+    b._engine.trace = []
+    for i in range(3):
+        ra, rb = a.step(**data(i), captures=True), b.step(**data(i), captures=True, allreduce=Buckets())
+        assert ra.loss == rb.loss and np.array_equal(ra.captures["h"], rb.captures["h"])
+        assert_identical(snapshot(a), snapshot(b))
+    events = [e for e, _, _ in b._engine.trace]
+    assert events.count("joined") == 3 and events.index("joined") < events.index("update")
+
+
 def test_bad_bucket_and_backend_options_are_refused(packages):
     with pytest.raises(ValueError, match="bucket_mib must be a number of MiB >= 0"):
         aot.build(DROP, "unused", bucket_mib=-1)
@@ -699,3 +718,28 @@ def test_bucket_partition_cuts_where_gradients_wait_least():
     assert all(hi - lo <= 250 or (lo, hi) in segs for lo, hi in cuts)
     late = [(lo, hi) for lo, hi in cuts if max(r for s, r in zip(segs, ready) if lo <= s[0] < hi) == 9]
     assert all(hi - lo <= 250 // 8 or (lo, hi) in segs for lo, hi in late)  # the last trip is short
+
+
+def test_buckets_final_late_are_small(monkeypatch):
+    """late_cap: a bucket final in the last 1/TAIL_WINDOW of the dispatches holds less the later
+    it is final (its trip overlaps only what is left of the backward pass). A layout like
+    transformer_large's (16 gradients final one after the other, ready 10..160): every bucket
+    within late_cap (or one gradient alone), where the rule without it (only the last bucket
+    small) put 300 elements in a bucket final 10 dispatches before the end."""
+    from aot import buckets
+    from aot.buckets import TAIL_SHARE, late_cap, partition
+
+    assert late_cap(1000, 10, 90) == 1000 and late_cap(1000, 90, 90) == 1000 // TAIL_SHARE
+    assert late_cap(1000, 85, 90) < late_cap(1000, 80, 90) < 1000 == late_cap(1000, 75, 90)
+    segs = [(100 * k, 100 * (k + 1)) for k in range(16)]
+    ready = [10 * (k + 1) for k in range(16)]
+
+    def rows(cuts):
+        assert cuts[0][0] == 0 and cuts[-1][1] == 1600 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+        return [(max(r for s, r in zip(segs, ready) if lo <= s[0] < hi), hi - lo) for lo, hi in cuts]
+
+    new = rows(partition(segs, ready, 400))
+    assert all(n <= late_cap(400, r, 160) or n == 100 for r, n in new)
+    assert max(n for _, n in new) == 400  # early gradients share full buckets
+    monkeypatch.setattr(buckets, "TAIL_WINDOW", 10**9)  # no window: only the last bucket is capped
+    assert (150, 300) in rows(partition(segs, ready, 400))
