@@ -68,7 +68,9 @@ def _inputs(prog: dict, rank: int) -> dict:
 
 class LocalBuckets:
     """A bucketed reducer that moves nothing between processes (bench only): a step through it
-    makes the same readbacks, maps and uploads as a data-parallel one, and uploads zeros."""
+    makes the same readbacks, maps and uploads as a data-parallel one, and uploads zeros (or,
+    where the model lets a result stay in the mapped bucket, the bucket itself: the GPU copies
+    it back from there, as after NCCL's in-place mean)."""
 
     def __init__(self):
         self.out = None
@@ -81,10 +83,11 @@ class LocalBuckets:
     def start(self, values, lo, hi):
         return (lo, hi)
 
-    start_mapped = start
+    def start_mapped(self, values, lo, hi):
+        return ("in_place", values) if values.flags.writeable else (lo, hi)
 
     def finish(self, handle):
-        return self.out[handle[0] : handle[1]]
+        return handle[1] if handle[0] == "in_place" else self.out[handle[0] : handle[1]]
 
 
 class ShmBuckets:
@@ -240,9 +243,12 @@ def worker(job: dict) -> dict:
                     reducer.direct = False
                 if v.get("graphs"):
                     reducer.graphs = True
+                if v.get("in_place") is not None:  # "0": the mean into pinned memory, then a host copy up
+                    reducer.in_place = bool(int(v["in_place"]))
                 if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
                     reducer._reduce = lambda dev: dev
-            eng.upload_via = v.get("upload", "map")
+            default_upload = job.setdefault("default_upload", eng.upload_via)
+            eng.upload_via = v.get("upload", default_upload)
             engine_module = sys.modules[type(eng).__module__]
             default_threads = job.setdefault("default_copy_threads", engine_module.COPY_THREADS)
             engine_module.COPY_THREADS = int(v.get("copy_threads", default_threads))
@@ -339,12 +345,16 @@ def launch(job: dict, world: int) -> list[dict]:
     return results
 
 
-def build(name: str, outdir: Path, bucket_mib: float) -> Path:
+def build(name: str, outdir: Path, bucket_mib: float, tail_window: float | None = None) -> Path:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "examples"))
     import aot
 
-    folder = outdir / f"{name}_b{bucket_mib:g}"
+    folder = outdir / f"{name}_b{bucket_mib:g}" if tail_window is None else outdir / f"{name}_b{bucket_mib:g}_w{tail_window:g}"
+    if tail_window is not None:  # the bucket rule's window (aot.buckets.TAIL_WINDOW; 1e9: only the last bucket small)
+        import aot.buckets
+
+        aot.buckets.TAIL_WINDOW = tail_window
     if (folder / name / name / "__init__.py").exists():
         return folder / name
     program = runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["program"]
@@ -393,7 +403,8 @@ def main():
     ap.add_argument("--variants", default="", help="more NCCL bucketed rows, ';'-separated, each of key=value "
                     "pairs joined by ',': upload=write_buffer (engine.upload_via), copy_threads=N (engine.COPY_THREADS), "
                     "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce), first_submit=N "
-                    "(engine.BUCKET_FIRST_SUBMIT; 0: the first bucket's dispatches in one submit)")
+                    "(engine.BUCKET_FIRST_SUBMIT; 0: the first bucket's dispatches in one submit), upload=map (no uploads from "
+                    "the readback buffers), in_place=0 (NCCL's mean into pinned memory, then a host copy)")
     ap.add_argument("--local", action="store_true", help="also one-process rows through a reducer that moves "
                     "nothing (bench's LocalBuckets): the readbacks and uploads alone, with and without the uploads, "
                     "and each --variants")
@@ -401,6 +412,8 @@ def main():
                     "bucketed step's events timed (engine.trace), free-running and then each waited for")
     ap.add_argument("--shm", action="store_true", help="also a row through ShmBuckets (an experiment: the mean "
                     "in shared memory by the CPUs, no CUDA; one host)")
+    ap.add_argument("--tail-window", type=float, help="build with aot.buckets.TAIL_WINDOW set to this (1e9: the "
+                    "rule before late_cap, only the last bucket small)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -424,6 +437,7 @@ def main():
         "world": args.world,
         "steps": args.steps,
         "bucket_mib": sizes,
+        "tail_window": args.tail_window,
         "models": {},
     }
     tmp = tempfile.TemporaryDirectory(prefix="bench-ddp-")
@@ -433,7 +447,7 @@ def main():
     variants = [dict(kv.split("=", 1) for kv in v.split(",")) for v in args.variants.split(";") if v]
     for name in args.models.split(","):
         t0 = time.perf_counter()
-        projects = {mib: build(name, where, mib) for mib in sizes}
+        projects = {mib: build(name, where, mib, args.tail_window) for mib in sizes}
         first = projects[sizes[0]]
         r = {}
         one = [{"mode": "single"}] + ([] if "identity" in skip else [{"mode": "identity"}])
@@ -486,13 +500,15 @@ def main():
                 f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
                 f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}"
                 f"{' graphs' if rows[0].get('graphs') else ''}"
-                f"{' no_collective' if rows[0].get('no_collective') else ''}": summarize(single, rows, args.world)
+                f"{' no_collective' if rows[0].get('no_collective') else ''}"
+                f"{' in_place ' + rows[0]['in_place'] if 'in_place' in rows[0] else ''}"
+                f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }
         if args.local:
             r["summary"]["local"] = {
-                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads", "first_submit")) or "map": {
+                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads", "first_submit", "in_place")) or "map": {
                     "steps_per_s": row["steps_per_s"],
                     "ms_per_step_over_one_gpu": 1e3 / row["steps_per_s"] - 1e3 / single["steps_per_s"],
                     "host_ms_per_step": row.get("host_ms_per_step"),

@@ -677,6 +677,52 @@ def test_bucketed_step_with_its_first_dispatches_submitted_alone_is_bit_identica
     assert events.count("joined") == 3 and events.index("joined") < events.index("update")
 
 
+class InPlaceBuckets:
+    """A bucketed reducer that doubles each bucket inside the mapped readback memory itself where
+    the model allows it (values writable) and returns that memory from finish, as the NCCL
+    reducer's in-place mean does; where not allowed, declines (start gets a copy)."""
+
+    def __init__(self):
+        self.in_place = self.declined = 0
+
+    def start_mapped(self, values, lo, hi):
+        if not values.flags.writeable:
+            self.declined += 1
+            return None
+        values *= np.float32(2)
+        self.in_place += 1
+        return values
+
+    def start(self, values, lo, hi):
+        return values * np.float32(2)
+
+    def finish(self, handle):
+        return handle
+
+
+def test_results_left_in_the_mapped_buckets_are_uploaded_from_there():
+    """upload_via "readback" (wgpu-native's mappable-primary-buffers: the readback buffers are
+    copy sources too): a reducer's result lying in the bucket's mapped memory goes back to the
+    gradients by a GPU copy from that buffer, no host copy; the same step, bit for bit, as the
+    doubled gradients uploaded from the stage (Buckets(identity=False)), for every bucket
+    including the last (copied by the update's command buffer). With upload_via "map" the mapped
+    buckets are read-only and the reducer declines."""
+    a = aot.compile(DROP, bucket_mib=0)
+    b, c = type(a)(), type(a)()
+    assert b._engine.readback_uploads and b._engine.upload_via == "readback"
+    c._engine.upload_via = "map"
+    rb, rc = InPlaceBuckets(), InPlaceBuckets()
+    n = len(a.PROGRAM["entries"]["train"]["buckets"])
+    for i in range(4):
+        ra = a.step(**data(i), captures=True, allreduce=Buckets(identity=False))
+        rbb = b.step(**data(i), captures=True, allreduce=rb)
+        rcc = c.step(**data(i), captures=True, allreduce=rc)
+        assert ra.loss == rbb.loss == rcc.loss
+        assert_identical(snapshot(a), snapshot(b))
+        assert_identical(snapshot(a), snapshot(c))
+    assert (rb.in_place, rb.declined) == (4 * n, 0) and (rc.in_place, rc.declined) == (0, 4 * n)
+
+
 def test_bad_bucket_and_backend_options_are_refused(packages):
     with pytest.raises(ValueError, match="bucket_mib must be a number of MiB >= 0"):
         aot.build(DROP, "unused", bucket_mib=-1)
