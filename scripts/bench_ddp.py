@@ -75,6 +75,7 @@ class LocalBuckets:
     def __init__(self):
         self.out = None
         self.stats = {}
+        self.in_place = False  # set where the engine uploads from the readback buffers
 
     def stage(self, n: int) -> np.ndarray:
         self.out = np.zeros(n, np.float32)
@@ -84,7 +85,7 @@ class LocalBuckets:
         return (lo, hi)
 
     def start_mapped(self, values, lo, hi):
-        return ("in_place", values) if values.flags.writeable else (lo, hi)
+        return ("in_place", values) if self.in_place and values.flags.writeable else (lo, hi)
 
     def finish(self, handle):
         return handle[1] if handle[0] == "in_place" else self.out[handle[0] : handle[1]]
@@ -249,6 +250,8 @@ def worker(job: dict) -> dict:
                     reducer._reduce = lambda dev: dev
             default_upload = job.setdefault("default_upload", eng.upload_via)
             eng.upload_via = v.get("upload", default_upload)
+            if isinstance(fn, LocalBuckets):
+                fn.in_place = eng.upload_via == "readback"
             engine_module = sys.modules[type(eng).__module__]
             default_threads = job.setdefault("default_copy_threads", engine_module.COPY_THREADS)
             engine_module.COPY_THREADS = int(v.get("copy_threads", default_threads))
