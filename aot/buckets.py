@@ -22,7 +22,11 @@ from .schedule import KernelSchedule
 
 DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's bucket_cap_mb
 TAIL_SHARE = 8  # the bucket final last, and a whole vector that is one bucket, at most 1/TAIL_SHARE of bucket_mib
-TAIL_WINDOW = 6  # buckets final in the last 1/TAIL_WINDOW of the dispatches shrink toward the end (late_cap)
+# late_cap's window: buckets final in the last 1/TAIL_WINDOW of the dispatches shrink toward the end;
+# 0: only the bucket final last is small. Off: on 2 H200s (bench_ddp --tail-window, r5) a window of 6
+# made transformer_large's 5 buckets 7, one process without communication gained 0.3 ms a step, but
+# two ranks lost 0.9 ms (each late NCCL mean costs ~1 ms however small: 1.72x one GPU -> 1.64x)
+TAIL_WINDOW = 0
 
 
 def kernel_grad_writes(s: KernelSchedule, p: Plan, bindings: list) -> list[list[tuple[int, int]] | None]:
@@ -99,11 +103,12 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
 
 def late_cap(cap_elems: int, ready: int, last: int) -> int:
     """The most elements a bucket final after `ready` dispatches may hold, where the last
-    gradient is final after `last`: cap_elems, shrinking linearly over the last
-    last // TAIL_WINDOW dispatches to cap_elems // TAIL_SHARE for a bucket final with the last.
-    What is final late must be small: its trip (readback, reduction, upload) overlaps only
-    what remains of the backward pass, and the update waits for the last trip (on 2 H200s a
-    25 MiB bucket final 12 dispatches before the end delayed the update 1.6 ms)."""
+    gradient is final after `last`: cap_elems, and cap_elems // TAIL_SHARE for a bucket final
+    with the last (nothing overlaps its trip); with a TAIL_WINDOW, shrinking linearly over the
+    last last // TAIL_WINDOW dispatches down to that (a late bucket's trip overlaps only what
+    remains of the backward pass, but every bucket costs a collective of its own)."""
+    if TAIL_WINDOW <= 0:
+        return cap_elems // TAIL_SHARE if ready == last else cap_elems
     window = max(1, last // TAIL_WINDOW)
     share = min(1.0, (last - ready) / window)
     return max(cap_elems // TAIL_SHARE, int(cap_elems * share))

@@ -354,7 +354,7 @@ def build(name: str, outdir: Path, bucket_mib: float, tail_window: float | None 
     import aot
 
     folder = outdir / f"{name}_b{bucket_mib:g}" if tail_window is None else outdir / f"{name}_b{bucket_mib:g}_w{tail_window:g}"
-    if tail_window is not None:  # the bucket rule's window (aot.buckets.TAIL_WINDOW; 1e9: only the last bucket small)
+    if tail_window is not None:  # the bucket rule's window (aot.buckets.TAIL_WINDOW; 0: only the last bucket small)
         import aot.buckets
 
         aot.buckets.TAIL_WINDOW = tail_window
@@ -415,8 +415,8 @@ def main():
                     "bucketed step's events timed (engine.trace), free-running and then each waited for")
     ap.add_argument("--shm", action="store_true", help="also a row through ShmBuckets (an experiment: the mean "
                     "in shared memory by the CPUs, no CUDA; one host)")
-    ap.add_argument("--tail-window", type=float, help="build with aot.buckets.TAIL_WINDOW set to this (1e9: the "
-                    "rule before late_cap, only the last bucket small)")
+    ap.add_argument("--tail-window", type=float, help="build with aot.buckets.TAIL_WINDOW set to this (0: the "
+                    "default, only the last bucket small)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:

@@ -767,14 +767,16 @@ def test_bucket_partition_cuts_where_gradients_wait_least():
 
 
 def test_buckets_final_late_are_small(monkeypatch):
-    """late_cap: a bucket final in the last 1/TAIL_WINDOW of the dispatches holds less the later
-    it is final (its trip overlaps only what is left of the backward pass). A layout like
-    transformer_large's (16 gradients final one after the other, ready 10..160): every bucket
-    within late_cap (or one gradient alone), where the rule without it (only the last bucket
-    small) put 300 elements in a bucket final 10 dispatches before the end."""
+    """late_cap with a TAIL_WINDOW (off by default): a bucket final in the last 1/TAIL_WINDOW of
+    the dispatches holds less the later it is final. A layout like transformer_large's (16
+    gradients final one after the other, ready 10..160): every bucket within late_cap (or one
+    gradient alone), where the default (only the last bucket small) puts 300 elements in a
+    bucket final 10 dispatches before the end."""
     from aot import buckets
     from aot.buckets import TAIL_SHARE, late_cap, partition
 
+    assert buckets.TAIL_WINDOW == 0 and late_cap(1000, 89, 90) == 1000 and late_cap(1000, 90, 90) == 1000 // TAIL_SHARE
+    monkeypatch.setattr(buckets, "TAIL_WINDOW", 6)
     assert late_cap(1000, 10, 90) == 1000 and late_cap(1000, 90, 90) == 1000 // TAIL_SHARE
     assert late_cap(1000, 85, 90) < late_cap(1000, 80, 90) < 1000 == late_cap(1000, 75, 90)
     segs = [(100 * k, 100 * (k + 1)) for k in range(16)]
@@ -787,5 +789,5 @@ def test_buckets_final_late_are_small(monkeypatch):
     new = rows(partition(segs, ready, 400))
     assert all(n <= late_cap(400, r, 160) or n == 100 for r, n in new)
     assert max(n for _, n in new) == 400  # early gradients share full buckets
-    monkeypatch.setattr(buckets, "TAIL_WINDOW", 10**9)  # no window: only the last bucket is capped
+    monkeypatch.setattr(buckets, "TAIL_WINDOW", 0)  # the default: only the last bucket is capped
     assert (150, 300) in rows(partition(segs, ready, 400))
