@@ -300,8 +300,11 @@ class AllReduce:
         (cudaHostRegister: wgpu maps a buffer at the same address every time) and copies from
         it to the GPU, and this returns once that copy is done (on an H100, transformer_large's
         5 buckets wait 0.15 ms a step for it, where the host copy into stage()'s array took
-        5.6 ms); the mean then comes back into stage()'s array as start()'s does. None where the memory cannot be pinned (the
-        caller copies into stage() and calls start)."""
+        5.6 ms); the mean then comes back into stage()'s array as start()'s does, or, where
+        `values` is writable (the model uploads from the mapped bucket itself) and in_place is
+        set, into that pinned memory: finish then returns `values`, and no host copy is left to
+        do. None where the memory cannot be pinned (the caller copies into stage() and calls start).
+        """
         if self.backend != "nccl" or self._pinned is None or not self._register(values):
             return None
         t = time.perf_counter()
@@ -322,7 +325,13 @@ class AllReduce:
         with torch.cuda.stream(self._h2d):
             plan.dev.copy_(plan.src, non_blocking=True)
             plan.copied.record(self._h2d)
-        if self.graphs and self.dtype is None:
+        if (
+            self.in_place and values.flags.writeable
+        ):  # the mean back where it came from (plan.src)
+            handle = self._reduce_staged(
+                plan.dev, lo, hi, after=plan.copied, into=(plan.src, values)
+            )
+        elif self.graphs and self.dtype is None:
             handle = self._replay(plan)
         else:
             handle = self._reduce_staged(plan.dev, lo, hi, after=plan.copied)
@@ -333,6 +342,9 @@ class AllReduce:
         return handle
 
     graphs = False  # True: each bucket's all-reduce, division and copy back replayed as one CUDA graph (_replay)
+    # start_mapped leaves the mean in the mapped bucket where the model allows it (writable values):
+    # the model's GPU copies it into the gradients from there, no host copy into an upload buffer
+    in_place = True
     GRAPH_AFTER = (
         3  # eager calls of a bucket before its graph is captured (NCCL's setup done)
     )
@@ -439,9 +451,10 @@ class AllReduce:
         self.stats["start_s"] += time.perf_counter() - t
         return handle
 
-    def _reduce_staged(self, dev, lo: int, hi: int, after=None):
+    def _reduce_staged(self, dev, lo: int, hi: int, after=None, into=None):
         """On the NCCL stream (after event `after`): the mean of dev (bucket [lo, hi) on the GPU)
-        into the pinned stage; the handle _finish waits on."""
+        into the pinned stage, or into `into` = (pinned tensor, the NumPy array over the same
+        memory); the handle _finish waits on."""
         with torch.cuda.stream(self._stream):
             if after is not None:
                 self._stream.wait_event(after)
@@ -450,10 +463,12 @@ class AllReduce:
             self.stats["collective_s"] += time.perf_counter() - t
             if mean is not dev:
                 dev.copy_(mean)
-            self._pinned[lo:hi].copy_(dev, non_blocking=True)
+            (self._pinned[lo:hi] if into is None else into[0]).copy_(
+                dev, non_blocking=True
+            )
             done = self._event((lo, hi))
             done.record(self._stream)
-        return ("nccl", done, self._pinned[lo:hi].numpy())
+        return ("nccl", done, self._pinned[lo:hi].numpy() if into is None else into[1])
 
     def _reduce(self, dev):
         """The mean of a CUDA tensor over the ranks, enqueued on the current stream."""
