@@ -23,9 +23,11 @@ from .schedule import KernelSchedule
 DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's bucket_cap_mb
 TAIL_SHARE = 8  # the bucket final last, and a whole vector that is one bucket, at most 1/TAIL_SHARE of bucket_mib
 # late_cap's window: buckets final in the last 1/TAIL_WINDOW of the dispatches shrink toward the end;
-# 0: only the bucket final last is small. Off: on 2 H200s (bench_ddp --tail-window, r5) a window of 6
-# made transformer_large's 5 buckets 7, one process without communication gained 0.3 ms a step, but
-# two ranks lost 0.9 ms (each late NCCL mean costs ~1 ms however small: 1.72x one GPU -> 1.64x)
+# 0: only the bucket final last is small. Off: on 2 H200s (bench_ddp --tail-window,
+# scripts/results/bench_ddp_h200x2_r5.json) a window of 6 made transformer_large's 5 buckets 7 and
+# cost two ranks 0.9 ms a step (each late NCCL mean takes ~1 ms however small: 1.72x one GPU ->
+# 1.64x); one process without communication gained 0.5 ms with write-mapped uploads, lost 0.3 with
+# uploads from the readback buffers
 TAIL_WINDOW = 0
 
 
