@@ -19,12 +19,14 @@ holding them already is reused). Random inputs of the declared shapes, `--warmup
               bucket size's package (bucketed only); --host-paths adds NCCL rows with the
               bucket copied on the host first (reducer.direct = False) and with the uploads by
               queue.write_buffer (engine.upload_via)
---variants adds NCCL rows (upload=write_buffer, copy_threads=N, graphs=1, no_collective=1), --local
-one-process rows through LocalBuckets (the same buckets mapped and uploaded, no communication; with
-and without the uploads), --shm a row through ShmBuckets (an experiment: the mean computed by the
-CPUs in shared memory, no CUDA), --timeline N per row the median time from a bucketed step's start
-to each of its events (engine.trace: each bucket mapped, handed over, finished, uploaded; the
-update submitted; the next step), free-running and with each step waited for.
+--variants adds NCCL rows (upload=write_buffer|map, copy_threads=N, graphs=1, no_collective=1,
+in_place=0, first_submit=N), --local one-process rows through LocalBuckets (the same buckets mapped
+and uploaded, no communication; with and without the uploads; and each variant), --shm a row through
+ShmBuckets (an experiment: the mean computed by the CPUs in shared memory, no CUDA), --timeline N per
+row the median time from a bucketed step's start to each of its events (engine.trace: each bucket
+mapped, handed over, finished, uploaded; every upload done, "joined"; the update submitted; the next
+step), free-running and with each step waited for. --skip ddp leaves out every multi-process row
+(one GPU's --local rows alone); --tail-window W builds with aot.buckets.TAIL_WINDOW = W.
 Each ddp row: steps/s per rank (the slowest rank), sequences/s over all ranks, scaling efficiency
 (against --world times single), bytes each rank sent per step, and per step the milliseconds
 the host spent waiting for the GPU (map waits: the backward pass and the readback), copying out

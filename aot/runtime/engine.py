@@ -937,9 +937,11 @@ class Engine:
         run_buckets, from any one thread at a time: into its mapped upload buffer, copied into
         grads by a submit of its own (queued after the backward pass, it runs while the host
         still reduces later buckets), or with last=True (the step's last upload) by the update's
-        command buffer (run_update: one submit fewer). Without wgpu-native's internals, or with
-        upload_via = "write_buffer", queue.write_buffer (wgpu's own staging, applied before the
-        next submit; every backward submit is already in)."""
+        command buffer (run_update: one submit fewer). With upload_via = "readback", `values`
+        lying in bucket i's mapped readback memory (the reducer left its result there) is copied
+        into grads from that buffer by the GPU (_upload_from_readback), no host copy. Without
+        wgpu-native's internals, or with upload_via = "write_buffer", queue.write_buffer (wgpu's
+        own staging, applied before the next submit; every backward submit is already in)."""
         up = self._uploads
         lo, hi, _ = self.entries[up["key"]]["buckets"][i]
         maps = up["maps"]

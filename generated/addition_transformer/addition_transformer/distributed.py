@@ -20,7 +20,9 @@ build is enough for gloo; NCCL needs a CUDA build and CUDA GPUs).
 The gradients leave the GPU in buckets (the package's table, built with aot.build(...,
 bucket_mib=25)) while the backward pass still runs: each is read back as soon as its last
 gradient is written, its mean started at once (NCCL: from the mapped bucket itself, which CUDA
-pins once, to this rank's CUDA device and back into pinned host memory, on streams of its own;
+pins once, to this rank's CUDA device and back into that pinned bucket, from which the model's
+GPU copies it into the gradients (where wgpu-native lets a mappable buffer be a copy source;
+elsewhere into pinned host memory, then a host copy up), on streams of its own;
 gloo: an asynchronous all-reduce of a host copy),
 and uploaded as it arrives; the update runs after the last. init(backend="auto") uses NCCL
 where torch has CUDA and NCCL (the group is "cpu:gloo,cuda:nccl": the small collectives of
@@ -197,7 +199,7 @@ def allreduce_mean(
     arrives. backend: "auto" (NCCL where the group has it and torch sees a CUDA device: each
     bucket goes to the GPU straight from the model's mapped readback buffer (start_mapped; where
     CUDA cannot pin that memory, through a host copy into pinned memory), through NCCL and back
-    into pinned host memory, copies overlapped on streams of its own; gloo otherwise), "gloo" or
+    into that bucket (in_place; or pinned host memory), copies overlapped on streams of its own; gloo otherwise), "gloo" or
     "nccl". dtype: "f32" (exact: two ranks give
     the one-process gradients to rounding), or "bf16"/"f16": each rank's gradients are rounded to
     that type for the trip (half the bytes), gathered, and summed in float32 on every rank in
