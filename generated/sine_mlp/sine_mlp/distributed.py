@@ -253,6 +253,9 @@ class AllReduce:
         self._registered: dict = (
             {}
         )  # (address, bytes) of mapped memory -> pinned by CUDA (start_mapped)
+        # the events after in_place copies back into mapped buckets: a step that failed may leave
+        # some unfinished, and the next step's readback must not be overwritten by them (begin)
+        self._in_place_done: list = []
 
     def __call__(self, grads: np.ndarray) -> np.ndarray:
         # gloo aborts the process (SIGABRT) when ranks reduce vectors of different lengths (other
@@ -399,12 +402,20 @@ class AllReduce:
 
     def release(self) -> None:
         """Unpin the mapped memory start_mapped pinned (Model.close calls it before the buffers go)."""
+        self._settle_in_place()
         for (address, _), ok in self._registered.items():
             if ok:
                 _cuda_call("cudaHostUnregister", address)
         self._registered.clear()
         if getattr(self, "_plans", None):  # views of the unpinned memory
             self._plans.clear()
+
+    def _settle_in_place(self) -> None:
+        """Wait for every in_place copy back into a mapped bucket (each finish() has, except
+        after a step that failed)."""
+        for done in self._in_place_done:
+            done.synchronize()
+        self._in_place_done.clear()
 
     def _event(self, key):
         """One CUDA event per key, recorded again every step."""
@@ -470,6 +481,8 @@ class AllReduce:
             )
             done = self._event((lo, hi))
             done.record(self._stream)
+            if into is not None:
+                self._in_place_done.append(done)
         return ("nccl", done, self._pinned[lo:hi].numpy() if into is None else into[1])
 
     def _reduce(self, dev):
@@ -539,6 +552,7 @@ class BucketedAllReduce(AllReduce):
         """Before a step's first bucket: the ranks must cut the gradients alike (the same build);
         checked once per layout (one small collective), as __call__ checks every vector's length.
         """
+        self._settle_in_place()  # a failed step's copies back must land before this step's readbacks
         layout = tuple(map(tuple, buckets))
         if layout not in self._checked:
             digest = (
