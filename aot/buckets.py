@@ -22,6 +22,13 @@ from .schedule import KernelSchedule
 
 DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's bucket_cap_mb
 TAIL_SHARE = 8  # the bucket final last, and a whole vector that is one bucket, at most 1/TAIL_SHARE of bucket_mib
+# late_cap's window: buckets final in the last 1/TAIL_WINDOW of the dispatches shrink toward the end;
+# 0: only the bucket final last is small. Off: on 2 H200s (bench_ddp --tail-window,
+# scripts/results/bench_ddp_h200x2_r5.json) a window of 6 made transformer_large's 5 buckets 7 and
+# cost two ranks 0.9 ms a step (each late NCCL mean takes ~1 ms however small: 1.72x one GPU ->
+# 1.64x); one process without communication gained 0.5 ms with write-mapped uploads, lost 0.3 with
+# uploads from the readback buffers
+TAIL_WINDOW = 0
 
 
 def kernel_grad_writes(s: KernelSchedule, p: Plan, bindings: list) -> list[list[tuple[int, int]] | None]:
@@ -71,8 +78,8 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
     least: the partition minimizing the sum over buckets of elements x ready, by dynamic
     programming over the cut points (gradients final late in a bucket with early ones make them
     wait; PyTorch DDP's buckets follow the parameters' order, which a layout that puts biases
-    and norms after the weights breaks). A bucket final with the last gradient holds at most
-    cap_elems // TAIL_SHARE (unless one gradient is larger): nothing overlaps its trip."""
+    and norms after the weights breaks). A bucket final late holds at most late_cap (unless
+    one gradient is larger): what remains of the backward pass is all its trip overlaps."""
     n = len(segments)
     if not n:
         return []
@@ -96,11 +103,24 @@ def partition(segments: list[tuple[int, int]], ready: list[int], cap_elems: int)
     return out[::-1]
 
 
+def late_cap(cap_elems: int, ready: int, last: int) -> int:
+    """The most elements a bucket final after `ready` dispatches may hold, where the last
+    gradient is final after `last`: cap_elems, and cap_elems // TAIL_SHARE for a bucket final
+    with the last (nothing overlaps its trip); with a TAIL_WINDOW, shrinking linearly over the
+    last last // TAIL_WINDOW dispatches down to that (a late bucket's trip overlaps only what
+    remains of the backward pass, but every bucket costs a collective of its own)."""
+    if TAIL_WINDOW <= 0:
+        return cap_elems // TAIL_SHARE if ready == last else cap_elems
+    window = max(1, last // TAIL_WINDOW)
+    share = min(1.0, (last - ready) / window)
+    return max(cap_elems // TAIL_SHARE, int(cap_elems * share))
+
+
 def _least_delay(size: list[int], ready: list[int], cap_elems: int, most: int):
     """partition's dynamic programme: best[k][i], the least sum of elements x ready of segments
     [0, i) in k buckets, and cut[k][i], where the last of them starts."""
     n, inf = len(size), float("inf")
-    last = max(ready)  # a bucket final this late holds at most cap_elems // TAIL_SHARE: nothing overlaps its trip
+    last = max(ready)
     best = [[inf] * (n + 1) for _ in range(most + 1)]
     cut = [[0] * (n + 1) for _ in range(most + 1)]
     best[0][0] = 0
@@ -110,7 +130,7 @@ def _least_delay(size: list[int], ready: list[int], cap_elems: int, most: int):
             for j in range(i - 1, -1, -1):  # the last bucket is segments [j, i)
                 elems += size[j]
                 late = max(late, ready[j])
-                if elems > (cap_elems // TAIL_SHARE if late == last else cap_elems) and j < i - 1:
+                if elems > late_cap(cap_elems, late, last) and j < i - 1:
                     break
                 c = best[k - 1][j] + elems * late
                 if c < best[k][i]:

@@ -19,12 +19,14 @@ holding them already is reused). Random inputs of the declared shapes, `--warmup
               bucket size's package (bucketed only); --host-paths adds NCCL rows with the
               bucket copied on the host first (reducer.direct = False) and with the uploads by
               queue.write_buffer (engine.upload_via)
---variants adds NCCL rows (upload=write_buffer, copy_threads=N, graphs=1, no_collective=1), --local
-one-process rows through LocalBuckets (the same buckets mapped and uploaded, no communication; with
-and without the uploads), --shm a row through ShmBuckets (an experiment: the mean computed by the
-CPUs in shared memory, no CUDA), --timeline N per row the median time from a bucketed step's start
-to each of its events (engine.trace: each bucket mapped, handed over, finished, uploaded; the
-update submitted; the next step), free-running and with each step waited for.
+--variants adds NCCL rows (upload=write_buffer|map, copy_threads=N, graphs=1, no_collective=1,
+in_place=0, first_submit=N), --local one-process rows through LocalBuckets (the same buckets mapped
+and uploaded, no communication; with and without the uploads; and each variant), --shm a row through
+ShmBuckets (an experiment: the mean computed by the CPUs in shared memory, no CUDA), --timeline N per
+row the median time from a bucketed step's start to each of its events (engine.trace: each bucket
+mapped, handed over, finished, uploaded; every upload done, "joined"; the update submitted; the next
+step), free-running and with each step waited for. --skip ddp leaves out every multi-process row
+(one GPU's --local rows alone); --tail-window W builds with aot.buckets.TAIL_WINDOW = W.
 Each ddp row: steps/s per rank (the slowest rank), sequences/s over all ranks, scaling efficiency
 (against --world times single), bytes each rank sent per step, and per step the milliseconds
 the host spent waiting for the GPU (map waits: the backward pass and the readback), copying out
@@ -68,11 +70,14 @@ def _inputs(prog: dict, rank: int) -> dict:
 
 class LocalBuckets:
     """A bucketed reducer that moves nothing between processes (bench only): a step through it
-    makes the same readbacks, maps and uploads as a data-parallel one, and uploads zeros."""
+    makes the same readbacks, maps and uploads as a data-parallel one, and uploads zeros (or,
+    where the model lets a result stay in the mapped bucket, the bucket itself: the GPU copies
+    it back from there, as after NCCL's in-place mean)."""
 
     def __init__(self):
         self.out = None
         self.stats = {}
+        self.in_place = False  # set where the engine uploads from the readback buffers
 
     def stage(self, n: int) -> np.ndarray:
         self.out = np.zeros(n, np.float32)
@@ -81,10 +86,11 @@ class LocalBuckets:
     def start(self, values, lo, hi):
         return (lo, hi)
 
-    start_mapped = start
+    def start_mapped(self, values, lo, hi):
+        return ("in_place", values) if self.in_place and values.flags.writeable else (lo, hi)
 
     def finish(self, handle):
-        return self.out[handle[0] : handle[1]]
+        return handle[1] if handle[0] == "in_place" else self.out[handle[0] : handle[1]]
 
 
 class ShmBuckets:
@@ -240,12 +246,19 @@ def worker(job: dict) -> dict:
                     reducer.direct = False
                 if v.get("graphs"):
                     reducer.graphs = True
+                if v.get("in_place") is not None:  # "0": the mean into pinned memory, then a host copy up
+                    reducer.in_place = bool(int(v["in_place"]))
                 if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
                     reducer._reduce = lambda dev: dev
-            eng.upload_via = v.get("upload", "map")
+            default_upload = job.setdefault("default_upload", eng.upload_via)
+            eng.upload_via = v.get("upload", default_upload)
+            if isinstance(fn, LocalBuckets):
+                fn.in_place = eng.upload_via == "readback"
             engine_module = sys.modules[type(eng).__module__]
             default_threads = job.setdefault("default_copy_threads", engine_module.COPY_THREADS)
             engine_module.COPY_THREADS = int(v.get("copy_threads", default_threads))
+            default_first = job.setdefault("default_first_submit", getattr(engine_module, "BUCKET_FIRST_SUBMIT", 0))
+            engine_module.BUCKET_FIRST_SUBMIT = int(v.get("first_submit", default_first))
             if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
                 eng.upload_via = "write_buffer"  # no upload buffer is asked to be mapped
                 eng.upload_bucket = lambda i, values, last=False: None
@@ -337,12 +350,16 @@ def launch(job: dict, world: int) -> list[dict]:
     return results
 
 
-def build(name: str, outdir: Path, bucket_mib: float) -> Path:
+def build(name: str, outdir: Path, bucket_mib: float, tail_window: float | None = None) -> Path:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "examples"))
     import aot
 
-    folder = outdir / f"{name}_b{bucket_mib:g}"
+    folder = outdir / f"{name}_b{bucket_mib:g}" if tail_window is None else outdir / f"{name}_b{bucket_mib:g}_w{tail_window:g}"
+    if tail_window is not None:  # the bucket rule's window (aot.buckets.TAIL_WINDOW; 0: only the last bucket small)
+        import aot.buckets
+
+        aot.buckets.TAIL_WINDOW = tail_window
     if (folder / name / name / "__init__.py").exists():
         return folder / name
     program = runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["program"]
@@ -384,12 +401,15 @@ def main():
     ap.add_argument("--backends", default="", help="ddp backends (default: gloo, and nccl where torch has CUDA)")
     ap.add_argument("--packages", help="build the packages here (reused when there already)")
     ap.add_argument("--adapters", default="", help="adapter index per rank (default: each rank's GPU, by local rank)")
-    ap.add_argument("--skip", default="", help="configurations to leave out: identity,concurrent,unbucketed,bf16")
+    ap.add_argument("--skip", default="", help="configurations to leave out: identity,concurrent,unbucketed,bf16, "
+                    "ddp (all the multi-process rows: one GPU's --local rows alone)")
     ap.add_argument("--host-paths", action="store_true", help="also NCCL rows with the host copy into stage() "
                     "(direct=False) and with uploads by queue.write_buffer")
     ap.add_argument("--variants", default="", help="more NCCL bucketed rows, ';'-separated, each of key=value "
                     "pairs joined by ',': upload=write_buffer (engine.upload_via), copy_threads=N (engine.COPY_THREADS), "
-                    "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce)")
+                    "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce), first_submit=N "
+                    "(engine.BUCKET_FIRST_SUBMIT; 0: the first bucket's dispatches in one submit), upload=map (no uploads from "
+                    "the readback buffers), in_place=0 (NCCL's mean into pinned memory, then a host copy)")
     ap.add_argument("--local", action="store_true", help="also one-process rows through a reducer that moves "
                     "nothing (bench's LocalBuckets): the readbacks and uploads alone, with and without the uploads, "
                     "and each --variants")
@@ -397,6 +417,8 @@ def main():
                     "bucketed step's events timed (engine.trace), free-running and then each waited for")
     ap.add_argument("--shm", action="store_true", help="also a row through ShmBuckets (an experiment: the mean "
                     "in shared memory by the CPUs, no CUDA; one host)")
+    ap.add_argument("--tail-window", type=float, help="build with aot.buckets.TAIL_WINDOW set to this (0: the "
+                    "default, only the last bucket small)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -420,6 +442,7 @@ def main():
         "world": args.world,
         "steps": args.steps,
         "bucket_mib": sizes,
+        "tail_window": args.tail_window,
         "models": {},
     }
     tmp = tempfile.TemporaryDirectory(prefix="bench-ddp-")
@@ -429,7 +452,7 @@ def main():
     variants = [dict(kv.split("=", 1) for kv in v.split(",")) for v in args.variants.split(";") if v]
     for name in args.models.split(","):
         t0 = time.perf_counter()
-        projects = {mib: build(name, where, mib) for mib in sizes}
+        projects = {mib: build(name, where, mib, args.tail_window) for mib in sizes}
         first = projects[sizes[0]]
         r = {}
         one = [{"mode": "single"}] + ([] if "identity" in skip else [{"mode": "identity"}])
@@ -464,7 +487,7 @@ def main():
             runs.append([str(projects[mib]), name, name, [
                 {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": mib}
             ]])
-        results = launch(dict(common, project=str(first), runs=runs), args.world)
+        results = launch(dict(common, project=str(first), runs=runs), args.world) if "ddp" not in skip else []
         r["ddp"] = _by_rank(results)
         single = r["single"]
         r["summary"] = {
@@ -474,7 +497,7 @@ def main():
             "concurrent_scaling_efficiency": (
                 sum(x["sequences_per_s"] for x in r["concurrent"]) / (args.world * single["sequences_per_s"]) if "concurrent" in r else None
             ),
-            "distinct_adapters": len({json.dumps(x["adapter"]) for x in r["ddp"][0]}) == args.world,
+            "distinct_adapters": bool(r["ddp"]) and len({json.dumps(x["adapter"]) for x in r["ddp"][0]}) == args.world,
             "ddp": {
                 f"{rows[0]['backend']} {'bucketed ' + format(rows[0]['bucket_mib'], 'g') + ' MiB' if rows[0]['bucketed'] else 'unbucketed'}"
                 f"{' ' + rows[0]['dtype'] if rows[0]['dtype'] != 'f32' else ''}"
@@ -482,13 +505,15 @@ def main():
                 f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
                 f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}"
                 f"{' graphs' if rows[0].get('graphs') else ''}"
-                f"{' no_collective' if rows[0].get('no_collective') else ''}": summarize(single, rows, args.world)
+                f"{' no_collective' if rows[0].get('no_collective') else ''}"
+                f"{' in_place ' + rows[0]['in_place'] if 'in_place' in rows[0] else ''}"
+                f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }
         if args.local:
             r["summary"]["local"] = {
-                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads")) or "map": {
+                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads", "first_submit", "in_place")) or "map": {
                     "steps_per_s": row["steps_per_s"],
                     "ms_per_step_over_one_gpu": 1e3 / row["steps_per_s"] - 1e3 / single["steps_per_s"],
                     "host_ms_per_step": row.get("host_ms_per_step"),

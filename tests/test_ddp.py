@@ -658,6 +658,71 @@ def test_bucketed_steps_are_bit_identical_and_bad_results_change_nothing():
         x.close()
 
 
+def test_bucketed_step_with_its_first_dispatches_submitted_alone_is_bit_identical(monkeypatch):
+    """run_buckets submits dispatches [0, BUCKET_FIRST_SUBMIT) on their own where the first
+    bucket is final later (the GPU starts while the host records the rest): the same step."""
+    from aot.runtime import engine
+
+    a = aot.compile(DROP, bucket_mib=0)
+    first = min(r for *_, r in a.PROGRAM["entries"]["train"]["buckets"])
+    assert first > 1
+    monkeypatch.setattr(engine, "BUCKET_FIRST_SUBMIT", first - 1)
+    b = type(a)()
+    b._engine.trace = []
+    for i in range(3):
+        ra, rb = a.step(**data(i), captures=True), b.step(**data(i), captures=True, allreduce=Buckets())
+        assert ra.loss == rb.loss and np.array_equal(ra.captures["h"], rb.captures["h"])
+        assert_identical(snapshot(a), snapshot(b))
+    events = [e for e, _, _ in b._engine.trace]
+    assert events.count("joined") == 3 and events.index("joined") < events.index("update")
+
+
+class InPlaceBuckets:
+    """A bucketed reducer that doubles each bucket inside the mapped readback memory itself where
+    the model allows it (values writable) and returns that memory from finish, as the NCCL
+    reducer's in-place mean does; where not allowed, declines (start gets a copy)."""
+
+    def __init__(self):
+        self.in_place = self.declined = 0
+
+    def start_mapped(self, values, lo, hi):
+        if not values.flags.writeable:
+            self.declined += 1
+            return None
+        values *= np.float32(2)
+        self.in_place += 1
+        return values
+
+    def start(self, values, lo, hi):
+        return values * np.float32(2)
+
+    def finish(self, handle):
+        return handle
+
+
+def test_results_left_in_the_mapped_buckets_are_uploaded_from_there():
+    """upload_via "readback" (wgpu-native's mappable-primary-buffers: the readback buffers are
+    copy sources too): a reducer's result lying in the bucket's mapped memory goes back to the
+    gradients by a GPU copy from that buffer, no host copy; the same step, bit for bit, as the
+    doubled gradients uploaded from the stage (Buckets(identity=False)), for every bucket
+    including the last (copied by the update's command buffer). With upload_via "map" the mapped
+    buckets are read-only and the reducer declines."""
+    a = aot.compile(DROP, bucket_mib=0)
+    b, c = type(a)(), type(a)()
+    assert b._engine.readback_uploads and b._engine.upload_via == "readback"
+    c._engine.upload_via = "map"
+    rb, rc = InPlaceBuckets(), InPlaceBuckets()
+    n = len(a.PROGRAM["entries"]["train"]["buckets"])
+    for i in range(4):
+        ra = a.step(**data(i), captures=True, allreduce=Buckets(identity=False))
+        rbb = b.step(**data(i), captures=True, allreduce=rb)
+        rcc = c.step(**data(i), captures=True, allreduce=rc)
+        assert ra.loss == rbb.loss == rcc.loss
+        assert_identical(snapshot(a), snapshot(b))
+        assert_identical(snapshot(a), snapshot(c))
+    assert (rb.in_place, rb.declined) == (4 * n, 0) and (rc.in_place, rc.declined) == (0, 4 * n)
+
+
 def test_bad_bucket_and_backend_options_are_refused(packages):
     with pytest.raises(ValueError, match="bucket_mib must be a number of MiB >= 0"):
         aot.build(DROP, "unused", bucket_mib=-1)
@@ -699,3 +764,30 @@ def test_bucket_partition_cuts_where_gradients_wait_least():
     assert all(hi - lo <= 250 or (lo, hi) in segs for lo, hi in cuts)
     late = [(lo, hi) for lo, hi in cuts if max(r for s, r in zip(segs, ready) if lo <= s[0] < hi) == 9]
     assert all(hi - lo <= 250 // 8 or (lo, hi) in segs for lo, hi in late)  # the last trip is short
+
+
+def test_buckets_final_late_are_small(monkeypatch):
+    """late_cap with a TAIL_WINDOW (off by default): a bucket final in the last 1/TAIL_WINDOW of
+    the dispatches holds less the later it is final. A layout like transformer_large's (16
+    gradients final one after the other, ready 10..160): every bucket within late_cap (or one
+    gradient alone), where the default (only the last bucket small) puts 300 elements in a
+    bucket final 10 dispatches before the end."""
+    from aot import buckets
+    from aot.buckets import TAIL_SHARE, late_cap, partition
+
+    assert buckets.TAIL_WINDOW == 0 and late_cap(1000, 89, 90) == 1000 and late_cap(1000, 90, 90) == 1000 // TAIL_SHARE
+    monkeypatch.setattr(buckets, "TAIL_WINDOW", 6)
+    assert late_cap(1000, 10, 90) == 1000 and late_cap(1000, 90, 90) == 1000 // TAIL_SHARE
+    assert late_cap(1000, 85, 90) < late_cap(1000, 80, 90) < 1000 == late_cap(1000, 75, 90)
+    segs = [(100 * k, 100 * (k + 1)) for k in range(16)]
+    ready = [10 * (k + 1) for k in range(16)]
+
+    def rows(cuts):
+        assert cuts[0][0] == 0 and cuts[-1][1] == 1600 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+        return [(max(r for s, r in zip(segs, ready) if lo <= s[0] < hi), hi - lo) for lo, hi in cuts]
+
+    new = rows(partition(segs, ready, 400))
+    assert all(n <= late_cap(400, r, 160) or n == 100 for r, n in new)
+    assert max(n for _, n in new) == 400  # early gradients share full buckets
+    monkeypatch.setattr(buckets, "TAIL_WINDOW", 0)  # the default: only the last bucket is capped
+    assert (150, 300) in rows(partition(segs, ready, 400))

@@ -20,7 +20,9 @@ build is enough for gloo; NCCL needs a CUDA build and CUDA GPUs).
 The gradients leave the GPU in buckets (the package's table, built with aot.build(...,
 bucket_mib=25)) while the backward pass still runs: each is read back as soon as its last
 gradient is written, its mean started at once (NCCL: from the mapped bucket itself, which CUDA
-pins once, to this rank's CUDA device and back into pinned host memory, on streams of its own;
+pins once, to this rank's CUDA device and back into that pinned bucket, from which the model's
+GPU copies it into the gradients (where wgpu-native lets a mappable buffer be a copy source;
+elsewhere into pinned host memory, then a host copy up), on streams of its own;
 gloo: an asynchronous all-reduce of a host copy),
 and uploaded as it arrives; the update runs after the last. init(backend="auto") uses NCCL
 where torch has CUDA and NCCL (the group is "cpu:gloo,cuda:nccl": the small collectives of
@@ -197,7 +199,7 @@ def allreduce_mean(
     arrives. backend: "auto" (NCCL where the group has it and torch sees a CUDA device: each
     bucket goes to the GPU straight from the model's mapped readback buffer (start_mapped; where
     CUDA cannot pin that memory, through a host copy into pinned memory), through NCCL and back
-    into pinned host memory, copies overlapped on streams of its own; gloo otherwise), "gloo" or
+    into that bucket (in_place; or pinned host memory), copies overlapped on streams of its own; gloo otherwise), "gloo" or
     "nccl". dtype: "f32" (exact: two ranks give
     the one-process gradients to rounding), or "bf16"/"f16": each rank's gradients are rounded to
     that type for the trip (half the bytes), gathered, and summed in float32 on every rank in
@@ -251,6 +253,9 @@ class AllReduce:
         self._registered: dict = (
             {}
         )  # (address, bytes) of mapped memory -> pinned by CUDA (start_mapped)
+        # the events after in_place copies back into mapped buckets: a step that failed may leave
+        # some unfinished, and the next step's readback must not be overwritten by them (begin)
+        self._in_place_done: list = []
 
     def __call__(self, grads: np.ndarray) -> np.ndarray:
         # gloo aborts the process (SIGABRT) when ranks reduce vectors of different lengths (other
@@ -300,8 +305,11 @@ class AllReduce:
         (cudaHostRegister: wgpu maps a buffer at the same address every time) and copies from
         it to the GPU, and this returns once that copy is done (on an H100, transformer_large's
         5 buckets wait 0.15 ms a step for it, where the host copy into stage()'s array took
-        5.6 ms); the mean then comes back into stage()'s array as start()'s does. None where the memory cannot be pinned (the
-        caller copies into stage() and calls start)."""
+        5.6 ms); the mean then comes back into stage()'s array as start()'s does, or, where
+        `values` is writable (the model uploads from the mapped bucket itself) and in_place is
+        set, into that pinned memory: finish then returns `values`, and no host copy is left to
+        do. None where the memory cannot be pinned (the caller copies into stage() and calls start).
+        """
         if self.backend != "nccl" or self._pinned is None or not self._register(values):
             return None
         t = time.perf_counter()
@@ -322,7 +330,13 @@ class AllReduce:
         with torch.cuda.stream(self._h2d):
             plan.dev.copy_(plan.src, non_blocking=True)
             plan.copied.record(self._h2d)
-        if self.graphs and self.dtype is None:
+        if (
+            self.in_place and values.flags.writeable
+        ):  # the mean back where it came from (plan.src)
+            handle = self._reduce_staged(
+                plan.dev, lo, hi, after=plan.copied, into=(plan.src, values)
+            )
+        elif self.graphs and self.dtype is None:
             handle = self._replay(plan)
         else:
             handle = self._reduce_staged(plan.dev, lo, hi, after=plan.copied)
@@ -333,6 +347,9 @@ class AllReduce:
         return handle
 
     graphs = False  # True: each bucket's all-reduce, division and copy back replayed as one CUDA graph (_replay)
+    # start_mapped leaves the mean in the mapped bucket where the model allows it (writable values):
+    # the model's GPU copies it into the gradients from there, no host copy into an upload buffer
+    in_place = True
     GRAPH_AFTER = (
         3  # eager calls of a bucket before its graph is captured (NCCL's setup done)
     )
@@ -385,12 +402,20 @@ class AllReduce:
 
     def release(self) -> None:
         """Unpin the mapped memory start_mapped pinned (Model.close calls it before the buffers go)."""
+        self._settle_in_place()
         for (address, _), ok in self._registered.items():
             if ok:
                 _cuda_call("cudaHostUnregister", address)
         self._registered.clear()
         if getattr(self, "_plans", None):  # views of the unpinned memory
             self._plans.clear()
+
+    def _settle_in_place(self) -> None:
+        """Wait for every in_place copy back into a mapped bucket (each finish() has, except
+        after a step that failed)."""
+        for done in self._in_place_done:
+            done.synchronize()
+        self._in_place_done.clear()
 
     def _event(self, key):
         """One CUDA event per key, recorded again every step."""
@@ -439,9 +464,10 @@ class AllReduce:
         self.stats["start_s"] += time.perf_counter() - t
         return handle
 
-    def _reduce_staged(self, dev, lo: int, hi: int, after=None):
+    def _reduce_staged(self, dev, lo: int, hi: int, after=None, into=None):
         """On the NCCL stream (after event `after`): the mean of dev (bucket [lo, hi) on the GPU)
-        into the pinned stage; the handle _finish waits on."""
+        into the pinned stage, or into `into` = (pinned tensor, the NumPy array over the same
+        memory); the handle _finish waits on."""
         with torch.cuda.stream(self._stream):
             if after is not None:
                 self._stream.wait_event(after)
@@ -450,10 +476,14 @@ class AllReduce:
             self.stats["collective_s"] += time.perf_counter() - t
             if mean is not dev:
                 dev.copy_(mean)
-            self._pinned[lo:hi].copy_(dev, non_blocking=True)
+            (self._pinned[lo:hi] if into is None else into[0]).copy_(
+                dev, non_blocking=True
+            )
             done = self._event((lo, hi))
             done.record(self._stream)
-        return ("nccl", done, self._pinned[lo:hi].numpy())
+            if into is not None:
+                self._in_place_done.append(done)
+        return ("nccl", done, self._pinned[lo:hi].numpy() if into is None else into[1])
 
     def _reduce(self, dev):
         """The mean of a CUDA tensor over the ranks, enqueued on the current stream."""
@@ -522,6 +552,7 @@ class BucketedAllReduce(AllReduce):
         """Before a step's first bucket: the ranks must cut the gradients alike (the same build);
         checked once per layout (one small collective), as __call__ checks every vector's length.
         """
+        self._settle_in_place()  # a failed step's copies back must land before this step's readbacks
         layout = tuple(map(tuple, buckets))
         if layout not in self._checked:
             digest = (

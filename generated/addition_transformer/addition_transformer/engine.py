@@ -57,6 +57,18 @@ MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only wh
 # costs less to record than a second submit
 SPLIT_SUBMIT_MIN = 128
 FIRST_SUBMIT = 16
+# run_buckets submits its first BUCKET_FIRST_SUBMIT dispatches on their own where the first bucket
+# is final later (0: not): the host records the rest while the GPU starts; without it the GPU
+# waited for the whole first bucket's recording after each update (a bucketed step does not
+# wait for its update, so the host's next step starts early enough to keep the GPU busy):
+# transformer_large through buckets without communication 0.34 ms a step faster on an H200
+BUCKET_FIRST_SUBMIT = FIRST_SUBMIT
+# wgpu-native's feature that lets a mappable buffer be a copy source too: a bucket's readback
+# buffer then takes its reduced values back (a reducer writing them into the mapped bucket) and
+# the GPU copies them into the gradients from there (upload_via "readback": no host copy; on 2
+# H200s transformer_large's NCCL step 0.9 ms shorter, 1.68x -> 1.72x one GPU: the host copies
+# into the write maps had slowed the main thread's starts and the backward)
+MAPPABLE_FEATURE = "mappable-primary-buffers"
 # threads making an entry point's pipelines, at most one per core: transformer_large's cold first
 # step on an H100 host of 16 cores takes 31-40 s on one, 5.1-5.4 s on 8, 2.5-2.7 s on 16
 # (scripts/bench_startup.py --compile-workers, scripts/results/startup_large_h100_w*.json)
@@ -409,10 +421,18 @@ class Engine:
         if forced == "auto" and kernel_set == "gpu" and wgsl_subgroup and has_subgroups:
             kernel_set, why = "subgroup", why + "; it offers subgroups"
         self.adapter_row = _adapter_row(index, adapter)
+        # uploads from the readback buffers: only for bucketed training, with wgpu-native's maps
+        self.readback_uploads = (
+            _MAPS is not None
+            and MAPPABLE_FEATURE in adapter.features
+            and any(e.get("buckets") for e in entries.values())
+        )
+        features = [SUBGROUP_FEATURE] if kernel_set == "subgroup" else []
         self.device = adapter.request_device_sync(
             label=name,
             required_limits=_required_limits(name, adapter, arenas, entries),
-            required_features=[SUBGROUP_FEATURE] if kernel_set == "subgroup" else [],
+            required_features=features
+            + ([MAPPABLE_FEATURE] if self.readback_uploads else []),
         )
         self.probe_times = None  # {"cpu": ms, "gpu": ms} where the kernel set was timed
         if known is None:
@@ -474,8 +494,10 @@ class Engine:
         self._last_update = (
             None  # the submission index of the last update after run_buckets
         )
-        # upload_bucket's way: "map" (the bucket's write-mapped buffer and a copy) or "write_buffer"
-        self.upload_via = "map"
+        # upload_bucket's way: "readback" (a result the reducer left in the bucket's mapped readback
+        # buffer is copied from there by the GPU; any other by "map"), "map" (the bucket's
+        # write-mapped buffer and a copy) or "write_buffer"
+        self.upload_via = "readback" if self.readback_uploads else "map"
         self.trace = None  # a list: (event, bucket, perf_counter()) of each bucketed step (bench_ddp --timeline)
         # Pipelines are made at an entry point's first call, not here: a deployed model that only
         # predicts never compiles its training kernels (and Model() returns in a fraction of the
@@ -925,6 +947,10 @@ class Engine:
         bufs = self._reduce_area.get(("buckets", key))
         if bufs is None:
             read = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+            if (
+                self.readback_uploads
+            ):  # also the source of upload_via "readback"'s copies
+                read |= wgpu.BufferUsage.COPY_SRC
             write = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
             e = self.entries[key]
             sizes = [max(4, 4 * (hi - lo)) for lo, hi, _ in e["buckets"]]
@@ -1035,19 +1061,31 @@ class Engine:
         )
         ride = maps is not None and self._outputs_ride(key)
         reads = e["outputs"] + (e["captures"] if want_captures else [])
+        # in_place: per bucket, the mapped readback memory (address, bytes) a result may lie in,
+        # and an event set once the bucket is unmapped (upload_bucket's copy from it waits for it)
+        in_place = maps is not None and self.upload_via == "readback"
         self._uploads = {
             "key": key,
             "offset": offset,
             "maps": maps,
             "pending": {},
             "copies": [],
+            "in_place": in_place,
         }
+        self._uploads.update(
+            mapped={}, unmapped={i: threading.Event() for i in range(len(buckets))}
+        )
         boundaries = []  # (submission index or None, the buckets final there)
         self._mark("step")
         with _sigint_deferred():  # a Ctrl-C must not leave part of the step unsubmitted
             enc = self.device.create_command_encoder()
             self._backup_grads(enc, key, total, offset)
             done = 0
+            first = BUCKET_FIRST_SUBMIT
+            if 0 < first < min(r for _, _, r in buckets):
+                self._record(enc, key, (0, first))
+                self._submit(enc.finish(), maps)
+                enc, done = self.device.create_command_encoder(), first
             for ready in sorted({r for _, _, r in buckets}):
                 self._record(enc, key, (done, ready))
                 done = ready
@@ -1095,12 +1133,18 @@ class Engine:
                 try:
                     if with_outputs:
                         out = self._unpack(key, reads, view, hi - lo)
-                    each(
-                        i, lo, hi, np.frombuffer(view, dtype=np.float32, count=hi - lo)
-                    )
+                    values = np.frombuffer(view, dtype=np.float32, count=hi - lo)
+                    if (
+                        in_place
+                    ):  # writable: the reducer may leave its result here (upload_bucket)
+                        self._uploads["mapped"][i] = (values.ctypes.data, values.nbytes)
+                    else:
+                        values.flags.writeable = False
+                    each(i, lo, hi, values)
                 finally:
                     if maps is not None:
                         maps.unmap(rbs[i])
+                    self._uploads["unmapped"][i].set()
                 self._mark("handed", i)
         if out is None:
             out = self._unpack(key, reads)
@@ -1125,12 +1169,21 @@ class Engine:
         run_buckets, from any one thread at a time: into its mapped upload buffer, copied into
         grads by a submit of its own (queued after the backward pass, it runs while the host
         still reduces later buckets), or with last=True (the step's last upload) by the update's
-        command buffer (run_update: one submit fewer). Without wgpu-native's internals, or with
-        upload_via = "write_buffer", queue.write_buffer (wgpu's own staging, applied before the
-        next submit; every backward submit is already in)."""
+        command buffer (run_update: one submit fewer). With upload_via = "readback", `values`
+        lying in bucket i's mapped readback memory (the reducer left its result there) is copied
+        into grads from that buffer by the GPU (_upload_from_readback), no host copy. Without
+        wgpu-native's internals, or with upload_via = "write_buffer", queue.write_buffer (wgpu's
+        own staging, applied before the next submit; every backward submit is already in).
+        """
         up = self._uploads
         lo, hi, _ = self.entries[up["key"]]["buckets"][i]
         maps = up["maps"]
+        if up["in_place"] and up["mapped"].get(i) == (
+            values.ctypes.data,
+            values.nbytes,
+        ):
+            self._upload_from_readback(i, lo, hi, last)
+            return
         if maps is None or self.upload_via == "write_buffer":
             self.device.queue.write_buffer(
                 self.entry_buffers[up["key"]]["grads"], 4 * (up["offset"] + lo), values
@@ -1143,7 +1196,14 @@ class Engine:
                 )
             return
         buf = self._bucket_buffers(up["key"])[1][i]
-        maps.wait(self.device, up["pending"].pop(i), self._last_update)
+        tag = up["pending"].pop(
+            i, None
+        )  # asked for at the step's start, except with upload_via "readback"
+        maps.wait(
+            self.device,
+            maps.request(buf, 4 * (hi - lo), write=True) if tag is None else tag,
+            self._last_update,
+        )
         try:
             self.copy(
                 np.frombuffer(
@@ -1165,6 +1225,26 @@ class Engine:
             4 * (hi - lo),
         )
         maps.submit(self.device.queue, enc.finish())
+
+    def _upload_from_readback(self, i: int, lo: int, hi: int, last: bool) -> None:
+        """upload_bucket of a result the reducer left in bucket i's readback buffer (upload_via
+        "readback"): a GPU copy from that buffer into the gradients, once run_buckets has
+        unmapped it; with last=True by the update's command buffer."""
+        up = self._uploads
+        up["unmapped"][i].wait()
+        buf = self._bucket_buffers(up["key"])[0][i]
+        if last:
+            up["copies"].append((buf, lo, hi))
+            return
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(
+            buf,
+            0,
+            self.entry_buffers[up["key"]]["grads"],
+            4 * (up["offset"] + lo),
+            4 * (hi - lo),
+        )
+        up["maps"].submit(self.device.queue, enc.finish())
 
     def _drop_uploads(self) -> None:
         """Unmap the upload buffers a failed step left mapped (or waiting to be), and forget its uploads."""

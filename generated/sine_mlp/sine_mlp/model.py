@@ -608,6 +608,9 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 upload(*started[-1], last=True)
             for f in uploads:
                 f.result()
+            eng._mark(
+                "joined"
+            )  # every bucket uploaded: the update is recorded and submitted next
         except BaseException:
             failed.set()
             for (
