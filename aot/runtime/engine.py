@@ -47,7 +47,7 @@ MANY_CHUNK = 32  # steps recorded per command buffer by run_many (one submit eac
 # chunk is recorded while the GPU runs the ones before. In one chunk the host recorded every step
 # before the GPU began: ResNet-20's step_many(20) (179 dispatches) on an H200 ran 332 steps/s;
 # a shorter entry records faster than the extra submits cost (scripts/bench_submit.py --many)
-MANY_RAMP_MIN = 64
+MANY_RAMP_MIN = 16
 MANY_UPLOAD_BYTES = 8 << 20  # at most this much input per chunk: fewer steps per chunk for big batches
 MANY_RING = 4096  # losses read back per map; run_many waits for the GPU only when this ring is full
 # run() of an entry with this many dispatches submits its first FIRST_SUBMIT on their own, so the
