@@ -138,9 +138,7 @@ def kernel_name(prefix: str, i: int, k: Kernel, s: KernelSchedule, digits: int =
         label = "_".join(["matmul"] + others[:3])
     elif k.kind == "attention":  # its sibling ops are the same kernel: named for the outputs it
         # writes but the logsumexp beside O (attention, attention_dk_dv)
-        label = "_".join(
-            [k.node.op] + [g.node.op.removeprefix("attention_") for g in k.group if g.node.op != "attention_lse"]
-        )
+        label = "_".join([k.node.op] + [g.node.op.removeprefix("attention_") for g in k.group if g.node.op != "attention_lse"])
     else:
         label = "_".join(["fused"] + others[:2] + [main]) if others else main
     return f"{prefix}_{i:0{digits}d}_{label}"
@@ -266,14 +264,8 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
         grid = _grid(groups)
         wgsl = render(
             "wgsl/elementwise.wgsl.j2",
-            header=header,
-            bindings=kc.binding_text(),
-            helpers=sorted(kc.helpers),
-            wg=WG,
-            n=n,
-            row=grid[0] * WG,
-            lines=body.lines,
-            stores=stores,
+            header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=WG,
+            n=n, row=grid[0] * WG, lines=body.lines, stores=stores,
         )
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     elif k.kind == "reduce":
@@ -341,13 +333,8 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     # max and argmax compare with NaN-propagating helpers (torch: a NaN is the maximum); a sum's
     # result goes through plus_zero_f32 (torch's sums start from +0, so a sum of -0s is +0)
     for m in members:
-        kc.helpers.update(
-            {
-                "max": ("max_nan", "is_nan_f32", "f32_bits"),
-                "argmax": ("gt_nan", "is_nan_f32", "f32_bits"),
-                "sum": ("plus_zero_f32",),
-            }.get(m.node.op, ())
-        )
+        kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits"),
+                           "sum": ("plus_zero_f32",)}.get(m.node.op, ()))
     per_wg = kernel_rows_per_workgroup(k) == 1
     # the results, then elementwise outputs of them at the same element o (the epilogue)
     epi = Body(kc, "    ")
@@ -373,21 +360,10 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         header = header[:-1] + [CPU_SEQUENTIAL_HEADER]
     wgsl = render(
         "wgsl/reduce.wgsl.j2",
-        header=header,
-        bindings=kc.binding_text(),
-        helpers=sorted(kc.helpers),
-        wg=wg,
-        accs=accs,
-        per_wg=per_wg,
-        n_out=n_out,
-        n_red=n_red,
-        row=grid[0] * (1 if per_wg else wg),
-        one_buf=kc.bindings()[0][0] if cpu else "",
-        chunk=CPU_SUM_CHUNK if cpu else 0,
-        outer=outer.lines,
-        inner=inner.lines,
-        epilogue=epi.lines,
-        stores=stores,
+        header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg,
+        accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else wg),
+        one_buf=kc.bindings()[0][0] if cpu else "", chunk=CPU_SUM_CHUNK if cpu else 0,
+        outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
     return KernelCode(name, wgsl, kc.bindings(), grid, ops, site), kc
 
@@ -446,9 +422,7 @@ def _merge(subdims) -> tuple:
     return tuple(merge_subdims(subdims)) or ((1, 0),)
 
 
-def _operand(
-    plan: Plan, s: KernelSchedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list
-) -> Operand:
+def _operand(plan: Plan, s: KernelSchedule, t: Tensor, kc: KernelContext, fold_batch: bool, fn: str, prologues: list) -> Operand:
     """t [..., rows, cols] as a matmul operand; with fold_batch the batch dims join the rows.
     A t that is not stored is computed by a WGSL function `fn` as the tiles load it."""
     if id(t) not in s.views:
@@ -471,9 +445,7 @@ def _prologue(s: KernelSchedule, t: Tensor, kc: KernelContext, fold_batch: bool,
     else:
         coords = Index(t.shape[:-2], flat="bi").get_coords(body) + ["row", "col"]
     value = body.value(t, Index(t.shape, coords))
-    prologues.append(
-        "\n".join([f"fn {fn}(bi: u32, row: u32, col: u32) -> f32 {{", *body.lines, f"    return {value};", "}"])
-    )
+    prologues.append("\n".join([f"fn {fn}(bi: u32, row: u32, col: u32) -> f32 {{", *body.lines, f"    return {value};", "}"]))
     chain, x = [], t
     while op_of(x).fusion == "view":
         chain.append(x.node)
@@ -572,25 +544,11 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         kc.computed[id(t)] = f"x{j}"
     out_start = kc.start(out_loc.arena, out_loc.offset) if cpu else ""
     spec = MatmulSpec(
-        batch,
-        M,
-        N,
-        K,
-        opa,
-        opb,
-        out_loc.arena,
-        out_loc.offset,
-        epilogue=epi,
-        extra_stores=tuple(extra),
-        out_start=out_start,
+        batch, M, N, K, opa, opb, out_loc.arena, out_loc.offset, epilogue=epi, extra_stores=tuple(extra), out_start=out_start
     )
     if k.large:
         spec = _with_vec_reads(spec, kc)
-    helpers = (
-        "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n"))
-        if kc.helpers
-        else ""
-    )
+    helpers = "\n".join(render("wgsl/_helpers.wgsl.j2", names=sorted(kc.helpers)).rstrip("\n").split("\n")) if kc.helpers else ""
     bindings = kc.binding_text() + ("\n" + helpers if helpers else "") + "".join("\n\n" + f for f in prologues)
     if cpu:
         # CPU adapters get a kernel without workgroup memory or barriers (matmul_codegen.CpuBlock)
