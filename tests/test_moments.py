@@ -45,7 +45,8 @@ def _moments_graph(shape, axes):
         ((64, 16, 32, 32), (0, 2, 3), "(32,2,16,32,32)"),  # ResNet-20's first stage: 32 chunks of 2 images
         ((2, 40000), (1,), "(2,10,4000)"),  # two long rows: 10 chunks of 4000 (a divisor, no padding)
         ((61, 16, 24, 24), (0, 2, 3), None),  # 61 images: no chunking divides them, two-pass (split as sums)
-        ((64, 32, 14, 14), (0, 2, 3), None),  # short enough for one stage
+        ((64, 32, 14, 14), (0, 2, 3), "(16,4,32,14,14)"),  # ResNet-20's second stage: 16 chunks of 4 images
+        ((64, 64, 7, 7), (0, 2, 3), None),  # its third: short enough for one stage
     ],
 )
 def test_moments_cuts_where_split_reductions_would_and_matches_float64(shape, axes, chunks):
