@@ -98,6 +98,9 @@ def test_batchnorm_forward_takes_three_dispatches():
     try:
         (entry,) = model._engine.entries.values()
         assert len(entry["dispatches"]) == 3, entry["dispatches"]
+        # the combination of 16 chunks runs a workgroup per channel (codegen.FEW_ROWS), not 4
+        # invocations walking their chunks alone
+        assert entry["dispatches"][1][1] == (4, 1, 1), entry["dispatches"]
         x = np.random.default_rng(0).normal(3.0, 2.0, BN_X).astype(np.float32)
         want = torch.nn.functional.batch_norm(torch.tensor(x, dtype=torch.float64), None, None, training=True)
         np.testing.assert_allclose(model.predict(x=x), want.numpy(), rtol=1e-5, atol=2e-6)
