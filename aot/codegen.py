@@ -384,6 +384,14 @@ def row_workgroup_size(n_out: int, n_red: int) -> int:
 OUTER_SEQUENTIAL_MIN = 1 << 16
 
 
+# At most this many outputs of at least FEW_ROWS_MIN_LEN each also get a workgroup per output: one
+# invocation per output would walk its row alone, a load and an add per element in turn, on as
+# many threads as outputs (BatchNorm's second stage, 16 channels of 32 chunk sums; see
+# scripts/bench_rules.py)
+FEW_ROWS = 64
+FEW_ROWS_MIN_LEN = 16
+
+
 def rows_per_workgroup(n_out: int, n_red: int, outer: bool = False) -> int:
     """A reduction's GPU kernel: one workgroup per output (a strided loop and a tree) when its rows
     are long, or when there are too few of them to fill the GPU; else one invocation per output.
@@ -391,7 +399,8 @@ def rows_per_workgroup(n_out: int, n_red: int, outer: bool = False) -> int:
     15 us on 2048 (H100, scripts/results/profile_large_h100_sum_rows.json)]"""
     if outer and n_out >= OUTER_SEQUENTIAL_MIN:
         return WG
-    return 1 if n_red >= 256 or (n_red >= 64 and n_out < 4096) else WG
+    few = n_out <= FEW_ROWS and n_red >= FEW_ROWS_MIN_LEN
+    return 1 if n_red >= 256 or (n_red >= 64 and n_out < 4096) or few else WG
 
 
 def kernel_rows_per_workgroup(k: Kernel) -> int:

@@ -111,6 +111,7 @@ def _split_plan(n):
 SPLIT_K_MIN = 8192  # K below this is walked fast enough by the in-workgroup split-K tiles
 SPLIT_K_MAX_OUTPUTS = 16384  # up to this many outputs: as many chunks as K allows
 SPLIT_K_CHUNK = 512  # shortest K each partial product walks
+SPLIT_K_MAX_CHUNKS = 64  # most partial products of one such matmul
 # Larger outputs (a transformer's [512, 8192] @ [8192, 512] weight gradients: 32 tiles of 64x128)
 # are split where the matmul cost model estimates it faster (matmul_codegen.split_count), from a
 # K of SPLIT_K_MIN_WIDE [a ResNet's last-stage conv weight gradients, [64, 3136] @ [3136, 576]:
@@ -151,7 +152,7 @@ def _split_k(n) -> int | None:
         return split_count(m, nn, k, SPLIT_K_CHUNK) if k >= SPLIT_K_MIN_WIDE else None
     if k < SPLIT_K_MIN:
         return None
-    s = next((d for d in range(min(64, k // SPLIT_K_CHUNK), 1, -1) if k % d == 0), None)
+    s = next((d for d in range(min(SPLIT_K_MAX_CHUNKS, k // SPLIT_K_CHUNK), 1, -1) if k % d == 0), None)
     return s
 
 

@@ -19,9 +19,11 @@ STRIDED_INVOCATIONS_LOG2 = 18  # a strided split's first stage aims at this many
 # channels), one workgroup per channel walks N*H*W elements on C of the GPU's SMs. From
 # SPLIT_SEPARATE_MIN elements per output the outermost reduced axis is cut into chunks so that
 # the first stage has about SPLIT_ROWS rows of at least SPLIT_ROW_MIN elements. [H100, ResNet-20's
-# gradient sums: 16 channels of 64x28x28, 100-105 us in one kernel, 24 + 19 us in two; each
-# dispatch costs 11-13 us there, so 32 channels of 64x14x14 (28-39 us) gain nothing from a split]
-SPLIT_SEPARATE_MIN = 1 << 15
+# gradient sums: 16 channels of 64x28x28, 100-105 us in one kernel, 24 + 19 us in two. 32
+# channels of 64x14x14 (24-36 us each on 32 workgroups, 13 kernels) split too from 1 << 13: its
+# step_many 394-396 -> 416-420 steps/s on an H200, 192 dispatches instead of 179; from 1 << 11,
+# 64 channels of 64x7x7 as well, 414 (scripts/bench_rules.py, results/rules_resnet20_h200.json)]
+SPLIT_SEPARATE_MIN = 1 << 13
 SPLIT_ROWS = 512
 SPLIT_ROW_MIN = 512
 

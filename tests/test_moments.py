@@ -45,7 +45,8 @@ def _moments_graph(shape, axes):
         ((64, 16, 32, 32), (0, 2, 3), "(32,2,16,32,32)"),  # ResNet-20's first stage: 32 chunks of 2 images
         ((2, 40000), (1,), "(2,10,4000)"),  # two long rows: 10 chunks of 4000 (a divisor, no padding)
         ((61, 16, 24, 24), (0, 2, 3), None),  # 61 images: no chunking divides them, two-pass (split as sums)
-        ((64, 32, 14, 14), (0, 2, 3), None),  # short enough for one stage
+        ((64, 32, 14, 14), (0, 2, 3), "(16,4,32,14,14)"),  # ResNet-20's second stage: 16 chunks of 4 images
+        ((64, 64, 7, 7), (0, 2, 3), None),  # its third: short enough for one stage
     ],
 )
 def test_moments_cuts_where_split_reductions_would_and_matches_float64(shape, axes, chunks):
@@ -97,6 +98,9 @@ def test_batchnorm_forward_takes_three_dispatches():
     try:
         (entry,) = model._engine.entries.values()
         assert len(entry["dispatches"]) == 3, entry["dispatches"]
+        # the combination of 16 chunks runs a workgroup per channel (codegen.FEW_ROWS), not 4
+        # invocations walking their chunks alone
+        assert entry["dispatches"][1][1] == (4, 1, 1), entry["dispatches"]
         x = np.random.default_rng(0).normal(3.0, 2.0, BN_X).astype(np.float32)
         want = torch.nn.functional.batch_norm(torch.tensor(x, dtype=torch.float64), None, None, training=True)
         np.testing.assert_allclose(model.predict(x=x), want.numpy(), rtol=1e-5, atol=2e-6)

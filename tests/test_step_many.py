@@ -85,12 +85,15 @@ def models():
     b.close()
 
 
-def test_bit_identical_across_schedule_restore_and_chunks(models, tmp_path, monkeypatch):
+@pytest.mark.parametrize("ramp", [True, False])
+def test_bit_identical_across_schedule_restore_and_chunks(models, tmp_path, monkeypatch, ramp):
     a, b = models
     engine = sys.modules[type(a._engine).__module__]  # the package's engine.py
 
     monkeypatch.setattr(engine, "MANY_CHUNK", 3)  # several submits per call ...
     monkeypatch.setattr(engine, "MANY_RING", 4)  # ... and the loss ring read back mid-call
+    # chunks of 1, 2, 3, 3, ... steps per call (the ramp), or 3, 3, ...
+    monkeypatch.setattr(engine, "MANY_RAMP_MIN", 0 if ramp else 10**9)
     for m in (a, b):
         m.reset()
         m._engine._many.clear()
@@ -112,6 +115,13 @@ def test_bit_identical_across_schedule_restore_and_chunks(models, tmp_path, monk
     assert np.array_equal(again.captures["hidden"], last.captures["hidden"])
     assert_same(a, c)
     c.close()
+
+
+def test_many_chunks_ramp_up_to_the_slots(models):
+    engine = sys.modules[type(models[0]._engine).__module__]
+    assert [engine.many_chunk(i, 5, True) for i in range(5)] == [1, 2, 4, 5, 5]
+    assert [engine.many_chunk(i, 5, False) for i in range(3)] == [5, 5, 5]
+    assert engine.many_chunk(100, 32, True) == 32
 
 
 def test_buffers_do_not_grow_with_k(models, monkeypatch):

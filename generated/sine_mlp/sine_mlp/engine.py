@@ -47,6 +47,12 @@ wgpu = _LazyWgpu()
 _NP = {"f32": np.float32, "i32": np.int32}
 
 MANY_CHUNK = 32  # steps recorded per command buffer by run_many (one submit each)
+# run_many of an entry with this many dispatches submits the first chunk of a call as 1 step, the
+# next as 2, 4, ... up to its chunk size: the GPU starts after one step's recording, and each later
+# chunk is recorded while the GPU runs the ones before. In one chunk the host recorded every step
+# before the GPU began: ResNet-20's step_many(20) (179 dispatches) on an H200 ran 332 steps/s;
+# a shorter entry records faster than the extra submits cost (scripts/bench_submit.py --many)
+MANY_RAMP_MIN = 16
 MANY_UPLOAD_BYTES = (
     8 << 20
 )  # at most this much input per chunk: fewer steps per chunk for big batches
@@ -1376,9 +1382,11 @@ class Engine:
             raw_loss, raw_ring = loss_buf._internal, ring._internal
         in_ring = 0  # losses in the ring not yet read back
         reads = None
-        start = 0
+        start = chunk = 0
+        ramp = len(self.recipes[key]) >= MANY_RAMP_MIN
         while start < k:
-            n = min(slots, k - start, ring_slots - in_ring)
+            n = min(many_chunk(chunk, slots, ramp), k - start, ring_slots - in_ring)
+            chunk += 1
             packed = fill(start, n)
             for arena, rows in packed.items():
                 if arena in stage:
@@ -1427,6 +1435,12 @@ class Engine:
         out = None if reads is None else self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return losses, out
+
+
+def many_chunk(i: int, slots: int, ramp: bool) -> int:
+    """Most steps in the i-th chunk (from 0) of a run_many call: `slots`, or with the ramp
+    (MANY_RAMP_MIN) 1, 2, 4, ... up to `slots`."""
+    return min(slots, 1 << min(i, 30)) if ramp else slots
 
 
 @contextlib.contextmanager

@@ -8,17 +8,29 @@ fn plus_zero_f32(x: f32) -> f32 {
     return select(x, 0.0, x == 0.0);
 }
 
+var<workgroup> part0: array<f32, 256>;
+
 @compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x + gid.y * 256u;
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let o = wid.x + wid.y * 1u;
     if (o >= 1u) {
         return;
     }
     var acc0: f32 = 0.0;
-    for (var r: u32 = 0u; r < 37u; r = r + 1u) {
+    for (var r: u32 = lid.x; r < 37u; r = r + 256u) {
         let v0: f32 = work[150656u + r];
         acc0 = acc0 + v0;
     }
-    let res0 = plus_zero_f32(acc0);
-    work[150720u + o] = res0;
+    part0[lid.x] = acc0;
+    workgroupBarrier();
+    for (var s: u32 = 128u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            part0[lid.x] = part0[lid.x] + part0[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) {
+        let res0 = plus_zero_f32(part0[0]);
+        work[150720u + o] = res0;
+    }
 }
