@@ -2078,8 +2078,16 @@ def feeds(batch: Batch, step: int, with_cts: bool = True) -> dict[str, np.ndarra
     return out
 
 
+def needs_anchor(batch: Batch) -> bool:
+    """A Program needs a parameter: batch_source gives a batch without any an `anchor` of zeros."""
+    return not any(l.kind == "param" for c in batch.cases for l in c.leaves.values()) and not any(c.modules for c in batch.cases)
+
+
 def param_values(batch: Batch, kinds=("param",)) -> dict[str, np.ndarray]:
-    return {batch.prefix(k) + n: l.values[0] for k, c in enumerate(batch.cases) for n, l in c.leaves.items() if l.kind in kinds}
+    out = {batch.prefix(k) + n: l.values[0] for k, c in enumerate(batch.cases) for n, l in c.leaves.items() if l.kind in kinds}
+    if kinds == ("param",) and needs_anchor(batch):
+        out["anchor"] = np.zeros((1,), np.float32)  # the interpreter takes every parameter by name
+    return out
 
 
 def predict_parts(batch: Batch) -> list[tuple[int, str]]:
@@ -2113,7 +2121,7 @@ def batch_source(batch: Batch, name: str = "fuzz_prog", inline: bool = False) ->
         for m, (cls, ctor) in c.modules.items():
             L.append(f"        self.{p}{m} = {fuzz_nn.ctor_src(cls, ctor)}")
             body += 1
-    if not body:
+    if needs_anchor(batch):
         L.append("        self.anchor = self.param((1,), init=aot.init.zeros())")
     ins = [n for n, _, _ in input_names(batch, with_cts=False)]
     cts = [n for n, _, _ in input_names(batch)][len(ins):]
@@ -2360,7 +2368,10 @@ def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
 
 def step_params(batch: Batch, runs: list, s: int) -> dict[str, np.ndarray]:
     """Every parameter's value at step s (they change only in SGD batches)."""
-    return {batch.prefix(k) + n: v for k, r in enumerate(runs) for n, v in r.params[s].items()}
+    out = {batch.prefix(k) + n: v for k, r in enumerate(runs) for n, v in r.params[s].items()}
+    if needs_anchor(batch):
+        out["anchor"] = np.zeros((1,), np.float32)  # batch_source's parameter of a batch without any
+    return out
 
 
 def reference_runs(batch: Batch, check: bool = False) -> list | None:

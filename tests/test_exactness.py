@@ -500,6 +500,24 @@ def test_logsigmoid_tail_gradient_times_a_huge_cotangent(kernels):
 
 
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_negative_half_power_keeps_its_sign_for_its_readers(kernels):
+    """x ** -0.5 is 1 / sqrt(x), -inf at -0 as torch's rsqrt gives; Mesa rewrote it as inverseSqrt,
+    which it takes for >= 0, and folded the sign tests of a fused reader: 0.5 ** (x ** -0.5) was
+    NaN at x = -0 where torch's is inf (special seed 5330238)."""
+    x = np.array([-0.0, 0.0, -1e-30, 4.0, -np.inf, 1e-30], np.float32)
+    body = lambda m, f: {"y": ops.power(0.5, m.x ** -0.5), "z": ops.where(m.x ** -0.5 < 0.0, 1.0, 2.0)}  # noqa: E731
+    prog, inputs, _ = make_program(f"neg_half_power_{kernels}", {"x": x}, {}, body)
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+    finally:
+        model.close()
+    t = torch.tensor(x)
+    np.testing.assert_array_equal(caps["y"], torch.pow(0.5, t ** -0.5).numpy())
+    np.testing.assert_array_equal(caps["z"], torch.where(t ** -0.5 < 0, 1.0, 2.0).numpy())
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
 def test_signed_zero_through_relu_maximum_minimum(kernels):
     """torch.relu(-0.0) is -0.0, and torch.maximum/minimum return the first operand where the two
     compare equal (-0 and +0): 1 / relu(-0.0) is -inf in torch (hour-run special seed 5280100:

@@ -137,8 +137,13 @@ def _power_expr(attrs):
     if float(p).is_integer() and 1 <= abs(p) <= 4:
         prod = " * ".join(["{0}"] * int(abs(p)))
         return prod if p > 0 else f"1.0 / ({prod})"
-    if abs(p) == 0.5:  # correctly rounded, and sqrt(-0) = -0 as torch's x ** 0.5 gives
-        return "sqrt({0})" if p > 0 else "1.0 / sqrt({0})"
+    if p == 0.5:  # correctly rounded, and sqrt(-0) = -0 as torch's x ** 0.5 gives
+        return "sqrt({0})"
+    if p == -0.5:
+        # Mesa rewrites 1 / sqrt(x) as inverseSqrt(x) and takes that for >= 0, folding the
+        # readers' sign tests: (-0) ** -0.5 = -inf then read as +inf (0.5 ** (x ** -0.5) was NaN
+        # where torch's is inf, special seed 5330238). The select (sqrt(+-0) is itself) hides it.
+        return "1.0 / select(sqrt({0}), {0}, {0} == 0.0)"
     if float(p).is_integer():
         return "pow_int_f32({0}, %s, %s)" % (_lit(p), "true" if int(p) % 2 else "false")
     # the exponent's f32 and the rest: torch raises to the double p (1e30 ** 0.3 = 1e9)
