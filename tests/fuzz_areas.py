@@ -253,6 +253,8 @@ class _SpecialGen:
         else:
             yshape = shape if self.rng.random() < 0.7 or not shape else (1,) * (len(shape) - 1) + (shape[-1],)
             y = self.operand(yshape)
+            if op == "div" and y == x:  # x / x: a static zero gradient (KNOWN_DIFFERENCES)
+                y = self.leaf(yshape)
             args = (x, y) if self.rng.random() < 0.5 else (y, x)
         return self.emit(op, args, {"infix": True} if op in fg.INFIX and self.rng.random() < 0.4 else {}, shape)
 
@@ -488,7 +490,9 @@ KNOWN_DIFFERENCES = {
                  "element makes the whole slice's gradient NaN there, and partial products that over- or "
                  "underflow differ",
     "static_zero": "a gradient that is zero by construction (x ** 0, the branch where(x < x, ...) never takes) "
-                   "is not propagated; torch multiplies the zeros through the ops before it (0 * inf = NaN)",
+                   "is not propagated; torch multiplies the zeros through the ops before it (0 * inf = NaN); "
+                   "x / x's, ct / x - ct * ((x / x) / x) in torch's order, is a rounding-sized remainder in "
+                   "float32 (1 ulp of ct / x; torch's float32 happens to round both terms alike more often)",
 }
 # ops whose gradient factor is computed from a bounded output (tanh: 1 - y^2, sigmoid: y (1 - y)):
 # y's few ulps are an absolute error of ~1e-7 in the factor, relative ones where the factor is small
