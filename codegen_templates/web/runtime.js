@@ -949,6 +949,131 @@ class Engine {
   }
 }
 
+// ---- the "wasm" kernel set: the whole step in WebAssembly, no WebGPU (aot/wasm_build.py) ----
+// One linear memory holds every arena at the build's addresses (WASM.layout); one exported
+// function per entry point runs its dispatch list and copies. Inputs go in and outputs come out
+// through typed-array views of that memory.
+const WASM_MATH = {
+  exp: Math.exp, log: Math.log, sin: Math.sin, cos: Math.cos, tan: Math.tan, tanh: Math.tanh, pow: Math.pow,
+  exp2: (x) => 2 ** x, log2: Math.log2, atan: Math.atan, atan2: Math.atan2, asin: Math.asin, acos: Math.acos,
+  sinh: Math.sinh, cosh: Math.cosh,
+};
+function fromBase64(text) {
+  const bin = atob(text);
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  return bytes;
+}
+/** Why the wasm set cannot run here, or null: the build left it out, or this engine lacks wasm SIMD. */
+function wasmUnavailable(wasmSet) {
+  if (!wasmSet) return "this module was built without the wasm kernel set";
+  if (wasmSet.error) return `the build left the wasm kernel set out: ${wasmSet.error}`;
+  if (typeof WebAssembly === "undefined") return "this JavaScript engine has no WebAssembly";
+  if (!wasmSet.bytes) wasmSet.bytes = fromBase64(wasmSet.wasm);
+  if (!WebAssembly.validate(wasmSet.bytes)) return "this JavaScript engine's WebAssembly lacks 128-bit SIMD";
+  return null;
+}
+
+class WasmEngine {
+  static async create(name, program, wasmSet, why) {
+    const e = new WasmEngine();
+    e.timings = { create: {}, prepare: {}, last: null };
+    const t0 = now();
+    e.name = name;
+    e.program = program;
+    e.kernelSet = "wasm";
+    e.kernelSetReason = why;
+    e.adapterInfo = { vendor: "", architecture: "", device: "", description: "WebAssembly (no WebGPU)", isFallbackAdapter: false };
+    e.requiredLimits = {};
+    e.device = null;
+    e.layout = wasmSet.layout;
+    e.memory = new WebAssembly.Memory({ initial: wasmSet.pages });
+    const math = Object.fromEntries(wasmSet.math.map((n) => [n, WASM_MATH[n]]));
+    const { instance } = await WebAssembly.instantiate(wasmSet.bytes, { env: { memory: e.memory }, m: math });
+    e.exports = instance.exports;
+    e.timings.create.instantiate = now() - t0;
+    return e;
+  }
+  _bytes(arena, offset, nbytes) {
+    return new Uint8Array(this.memory.buffer, this.layout[arena][0] + 4 * offset, nbytes);
+  }
+  write(arena, offset, data) {
+    if (data.length) this._bytes(arena, offset, data.byteLength).set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+  }
+  async read(arena, offset, count, Type = Float32Array) {
+    return new Type(this.memory.buffer, this.layout[arena][0] + 4 * offset, count).slice();
+  }
+  _call(key) {
+    const f = this.exports["run:" + key];
+    if (!f) throw new Error(`${this.name}: the wasm module has no entry ${key}`);
+    f();
+  }
+  _unpack(key, wantCaptures) {
+    const en = this.program.entries[key];
+    const out = {};
+    for (const [name, dtype, shape, arena, off] of wantCaptures ? [...en.outputs, ...en.captures] : en.outputs) {
+      const Type = dtype === "i32" ? Int32Array : Float32Array;
+      out[name] = { data: new Type(this.memory.buffer, this.layout[arena][0] + 4 * off, sizeOf(shape)).slice(), shape: [...shape], dtype };
+    }
+    return out;
+  }
+  async run(key, packed, wantCaptures) {
+    const t0 = now();
+    for (const [arena, data] of Object.entries(packed)) this.write(arena, 0, data);
+    this._call(key);
+    const out = this._unpack(key, wantCaptures);
+    this.timings.last = [now() - t0, 0];
+    return out;
+  }
+  manySlots(key) {
+    return Engine.prototype.manySlots.call(this, key);
+  }
+  async runMany(key, k, fill, wantCaptures) {
+    const t0 = now();
+    const en = this.program.entries[key];
+    const sizes = en.input_sizes;
+    const [, , , lossArena, lossOff] = en.outputs.find((o) => o[0] === "loss");
+    const loss = new Float32Array(this.memory.buffer, this.layout[lossArena][0] + 4 * lossOff, 1);
+    const losses = new Float32Array(k);
+    const slots = this.manySlots(key);
+    for (let start = 0; start < k; start += slots) {
+      const n = Math.min(slots, k - start);
+      const rows = fill(start, n);
+      for (let i = 0; i < n; i++) {
+        for (const [a, m] of Object.entries(sizes)) if (m) this.write(a, 0, rows[a].subarray(i * m, (i + 1) * m));
+        this._call(key);
+        losses[start + i] = loss[0];
+      }
+    }
+    const out = wantCaptures ? this._unpack(key, true) : null;
+    this.timings.last = [now() - t0, 0];
+    return [losses, out];
+  }
+  destroy() {
+    this.destroyed = true;
+    this.exports = {};
+  }
+}
+
+/** The engine Model.create asked for: the wasm set where asked, or ("auto") where WebGPU is
+ * missing or its adapter is a software one and the build has the set; else WebGPU's Engine. */
+async function createEngine(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapterOption, wasmSet) {
+  if (kernels === "wasm") {
+    const why = wasmUnavailable(wasmSet);
+    if (why) throw new Error(`${name}: Model.create({kernels: "wasm"}) cannot run: ${why}; use "auto" or "cpu"`);
+    return WasmEngine.create(name, program, wasmSet, `asked for (kernels: "wasm")`);
+  }
+  if (kernels !== "auto" || wasmUnavailable(wasmSet)) return Engine.create(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapterOption);
+  const gpu = globalThis.navigator && navigator.gpu;
+  if (!gpu) return WasmEngine.create(name, program, wasmSet, "this JavaScript engine has no WebGPU (navigator.gpu is missing)");
+  const options = adapterOption ?? { powerPreference: "high-performance" };
+  const adapter = typeof GPUAdapter !== "undefined" && options instanceof GPUAdapter ? options : await gpu.requestAdapter(options);
+  if (!adapter) return WasmEngine.create(name, program, wasmSet, `no WebGPU adapter (requestAdapter(${JSON.stringify(options)}) returned null)`);
+  const [set, why] = recognise(adapter.info || {}, adapter.isFallbackAdapter);
+  if (set === "cpu") return WasmEngine.create(name, program, wasmSet, `${why}: WebAssembly runs the step faster than its WGSL`);
+  return Engine.create(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapter);
+}
+
 function wgslContext(source, line) {
   if (!line) return "";
   const lines = source.split("\n");
@@ -1084,8 +1209,8 @@ function rintEven(x) {
 export class ModelBase {
   /** const model = await Model.create({seed}): acquires a device and uploads the initial parameters. */
   static async create({ seed, kernels = "auto", adapter = null } = {}) {
-    if (!["auto", "gpu", "subgroup", "cpu"].includes(kernels))
-      throw new Error(`Model.create({kernels}) must be "auto", "gpu", "subgroup" or "cpu", got ${JSON.stringify(kernels)}`);
+    if (!["auto", "gpu", "subgroup", "cpu", "wasm"].includes(kernels))
+      throw new Error(`Model.create({kernels}) must be "auto", "gpu", "subgroup", "cpu" or "wasm", got ${JSON.stringify(kernels)}`);
     const m = new this();
     const p = this.PROGRAM;
     m._program = p;
@@ -1093,7 +1218,7 @@ export class ModelBase {
     m._params = p.params; // [name, shape, init, decay, offset]
     m._buffers = p.buffers || []; // [name, shape, dtype, init, offset in buffers / buffers_i32, PyTorch name]
     m._total = m._params.reduce((s, q) => s + sizeOf(q[1]), 0);
-    m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {}, adapter);
+    m._engine = await createEngine(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {}, adapter, this.WASM);
     m._opt = p.optimizer; // the single training entry's (null with several: _trains)
     m._trains = trainEntries(p, m._total);
     m._staging = {};

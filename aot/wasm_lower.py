@@ -1,0 +1,782 @@
+"""wasm_wgsl's AST -> WebAssembly function bodies (the wasm set's second stage).
+
+One kernel's `main` becomes a function of its grid (gx, gy, gz) that walks every workgroup and
+every invocation in order, the body inside a block that `return` leaves; its other functions
+become wasm functions, shared between kernels where their bytes are the same. Storage bindings
+are arenas at fixed addresses of the one linear memory (a read of `buf[i]` is a load at
+base + 4 i), the offset table `at` and arrayLength are the build's constants.
+
+WGSL's meanings kept: u32 and i32 pick unsigned and signed ops; f32 -> int conversions
+saturate; integer division by 0 gives the dividend and remainder by 0 gives 0 (wasm would trap);
+select evaluates both operands. Vectors (vecN<f32>, vecN<u32/i32>) are v128 with N lanes used.
+fma is a product and a sum (wasm has no scalar fma; the CPU adapters' LLVM forms it or not as it
+likes, so results already differ by that rounding between adapters). Builtin transcendentals
+(exp, log, pow, ...) call JS's float64 Math and round once: at least as accurate as a driver's;
+aot's own helpers (exp_f32, erf_f32, ...) are WGSL and compile as written.
+"""
+
+from __future__ import annotations
+
+from .wasm_encode import F32, F64, I32, V128, Code, Module
+from .wasm_wgsl import Func, Shader, WasmUnsupported
+
+SCALAR = ("f32", "i32", "u32", "bool")
+WASM_TYPE = {"f32": F32, "i32": I32, "u32": I32, "bool": I32}
+# JS Math functions a kernel may call (float64 in, float64 out), by WGSL name
+MATH = {"exp": ("exp", 1), "log": ("log", 1), "sin": ("sin", 1), "cos": ("cos", 1), "tan": ("tan", 1),
+        "tanh": ("tanh", 1), "pow": ("pow", 2), "exp2": ("exp2", 1), "log2": ("log2", 1), "atan": ("atan", 1),
+        "atan2": ("atan2", 2), "asin": ("asin", 1), "acos": ("acos", 1), "sinh": ("sinh", 1), "cosh": ("cosh", 1)}
+LANES = {"x": 0, "y": 1, "z": 2, "w": 3, "r": 0, "g": 1, "b": 2, "a": 3}
+BUILTIN_VEC = ("global_invocation_id", "workgroup_id", "local_invocation_id", "num_workgroups")
+FLOAT_FNS = {"abs": "f32.abs", "floor": "f32.floor", "ceil": "f32.ceil", "trunc": "f32.trunc", "round": "f32.nearest",
+             "sqrt": "f32.sqrt"}
+
+
+def wtype(t) -> int:
+    if isinstance(t, str) and t.startswith("vec"):
+        return V128
+    if t in WASM_TYPE:
+        return WASM_TYPE[t]
+    raise WasmUnsupported(f"a value of type {t}")
+
+
+def elem(t: str) -> str:
+    """vec4<f32> -> f32."""
+    return t[5:-1]
+
+
+def width(t: str) -> int:
+    return int(t[3])
+
+
+def concrete(t):
+    return {"aint": "i32", "afloat": "f32"}.get(t, t) if isinstance(t, str) else t
+
+
+def unify(a, b):
+    """The type two operands of an arithmetic op share (abstract literals take the other's)."""
+    if a == b:
+        return a
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, str) and x.startswith("vec"):
+            return x
+        if x in ("aint", "afloat") and y not in ("aint", "afloat"):
+            return y
+    if {a, b} == {"aint", "afloat"}:
+        return "afloat"
+    raise WasmUnsupported(f"operands of types {a} and {b}")
+
+
+class Binding:
+    """Where a storage binding lives: its byte address and element type."""
+
+    def __init__(self, address: int, elem_type: str, length: int):
+        self.address, self.elem, self.length = address, elem_type, length
+
+
+class ShaderContext:
+    """What the functions of one kernel resolve names against (built by wasm_build)."""
+
+    def __init__(self, shader: Shader, bindings: dict, offsets: list, library: "Library"):
+        self.shader, self.bindings, self.offsets, self.library = shader, bindings, offsets, library
+        self.func_index: dict[str, int] = {}  # this kernel's functions, compiled on first call
+
+
+class Library:
+    """The module's functions: imports of JS Math, and function bodies shared by their bytes."""
+
+    def __init__(self, module: Module, math_names: list[str], scratch):
+        self.module = module
+        self.math = {n: module.import_func(n, [F64] * MATH[n][1], [F64]) for n in math_names}
+        self.by_bytes: dict[tuple, int] = {}
+        self.scratch = scratch  # bytes -> address (local arrays live in memory)
+
+    def function(self, params: list[int], results: list[int], code: Code) -> int:
+        key = (tuple(params), tuple(results), code.body())
+        if key not in self.by_bytes:
+            self.by_bytes[key] = self.module.add_func(params, results, code)
+        return self.by_bytes[key]
+
+
+def math_calls(shader: Shader) -> set[str]:
+    """The JS Math functions a kernel's text calls (the builder imports them before any function)."""
+    found = set()
+
+    def walk(node):
+        if isinstance(node, tuple):
+            if node and node[0] == "call" and node[1] in MATH and node[1] not in shader.funcs:
+                found.add(node[1])
+            for x in node:
+                walk(x)
+        elif isinstance(node, list):
+            for x in node:
+                walk(x)
+
+    for f in shader.funcs.values():
+        walk(f.body)
+    return found
+
+
+def function_index(ctx: ShaderContext, name: str) -> int:
+    if name not in ctx.func_index:
+        f = ctx.shader.funcs[name]
+        low = Lower(ctx, f)
+        low.function()
+        ctx.func_index[name] = ctx.library.function(low.param_types, low.results, low.code)
+    return ctx.func_index[name]
+
+
+def kernel_function(ctx: ShaderContext) -> int:
+    """The kernel's `main` as a function of the grid (gx, gy, gz)."""
+    main = ctx.shader.funcs.get("main")
+    if main is None:
+        raise WasmUnsupported("no fn main")
+    low = Lower(ctx, main)
+    low.kernel()
+    return ctx.library.function([I32, I32, I32], [], low.code)
+
+
+class Lower:
+    """One function's body: expressions typed and emitted, statements and control flow."""
+
+    def __init__(self, ctx: ShaderContext, f: Func):
+        self.ctx, self.f = ctx, f
+        self.scopes: list[dict] = [{}]
+        self.labels: list[str] = []  # the kind of each enclosing block: "brk", "cont", "inv", ""
+        self.tmp: dict[int, list[int]] = {}
+
+    # ---- entry points ----
+    def function(self) -> None:
+        self.param_types = [wtype(t) for _, t in self.f.params]
+        self.results = [wtype(self.f.ret)] if self.f.ret else []
+        self.code = Code(self.param_types)
+        for i, (name, t) in enumerate(self.f.params):
+            self.scopes[0][name] = ("local", i, t)
+        self.stmts(self.f.body)
+        if self.f.ret:
+            self.code.op("unreachable")
+
+    def kernel(self) -> None:
+        c = self.code = Code([I32, I32, I32])
+        X, Y, Z = self.f.attrs.get("workgroup_size") or (1, 1, 1)
+        grid = [0, 1, 2]
+        w = [c.local(I32) for _ in range(3)]
+        lid = [c.local(I32) if n > 1 else None for n in (X, Y, Z)]
+        names = {}
+        for pname, builtin in self.f.attrs["builtins"].items():
+            names[pname] = builtin
+        vals: dict[str, list] = {}
+        # builtins, each (x, y, z) locals or one local, set per invocation
+        for pname, b in names.items():
+            if b in BUILTIN_VEC:
+                vals[pname] = [c.local(I32) for _ in range(3)]
+                self.scopes[0][pname] = ("vec3", vals[pname])
+            elif b == "local_invocation_index":
+                vals[pname] = [c.local(I32)]
+                self.scopes[0][pname] = ("local", vals[pname][0], "u32")
+            else:
+                raise WasmUnsupported(f"the builtin {b}")
+
+        def counted(local, bound_get, body):
+            c.op("i32.const", 0).op("local.set", local)
+            c.op("block").op("loop")
+            c.op("local.get", local)
+            bound_get()
+            c.op("i32.ge_u").op("br_if", 1)
+            self.labels += ["", ""]
+            body()
+            self.labels = self.labels[:-2]
+            c.op("local.get", local).op("i32.const", 1).op("i32.add").op("local.set", local)
+            c.op("br", 0).op("end").op("end")
+
+        def invocation():
+            for pname, b in names.items():
+                v = vals[pname]
+                for d in range(3 if b in BUILTIN_VEC else 1):
+                    size = (X, Y, Z)[d]
+                    if b == "workgroup_id":
+                        c.op("local.get", w[d])
+                    elif b == "num_workgroups":
+                        c.op("local.get", grid[d])
+                    elif b == "local_invocation_id":
+                        _get_or_zero(c, lid[d])
+                    elif b == "global_invocation_id":
+                        c.op("local.get", w[d])
+                        if size > 1:
+                            c.op("i32.const", size).op("i32.mul")
+                            c.op("local.get", lid[d]).op("i32.add")
+                    else:  # local_invocation_index
+                        _get_or_zero(c, lid[2])
+                        c.op("i32.const", Y).op("i32.mul")
+                        _get_or_zero(c, lid[1])
+                        c.op("i32.add").op("i32.const", X).op("i32.mul")
+                        _get_or_zero(c, lid[0])
+                        c.op("i32.add")
+                    c.op("local.set", v[d])
+            c.op("block")
+            self.labels.append("inv")
+            self.stmts(self.f.body)
+            self.labels.pop()
+            c.op("end")
+
+        def nest(dims):
+            if not dims:
+                return invocation()
+            kind, d = dims[0]
+            if kind == "w":
+                counted(w[d], lambda: c.op("local.get", grid[d]), lambda: nest(dims[1:]))
+            elif lid[d] is None:
+                nest(dims[1:])
+            else:
+                n = (X, Y, Z)[d]
+                counted(lid[d], lambda: c.op("i32.const", n), lambda: nest(dims[1:]))
+
+        nest([("w", 2), ("w", 1), ("w", 0), ("l", 2), ("l", 1), ("l", 0)])
+
+    # ---- names ----
+    def lookup(self, name: str):
+        for s in reversed(self.scopes):
+            if name in s:
+                return s[name]
+        if name in self.ctx.shader.consts:
+            return ("const", self.ctx.shader.consts[name])
+        if name in self.ctx.bindings:
+            return ("binding", self.ctx.bindings[name])
+        raise WasmUnsupported(f"the name {name!r}")
+
+    def temp(self, t: int) -> int:
+        return self.code.local(t)
+
+    # ---- types ----
+    def type_of(self, e):
+        k = e[0]
+        if k == "lit":
+            return e[1]
+        if k == "name":
+            v = self.lookup(e[1])
+            if v[0] == "local":
+                return v[2]
+            if v[0] == "const":
+                return self.type_of(v[1])
+            if v[0] == "arr":
+                return v[2]
+            raise WasmUnsupported(f"{e[1]} as a value")
+        if k == "bin":
+            op = e[1]
+            if op in ("==", "!=", "<", ">", "<=", ">=", "&&", "||"):
+                return "bool"
+            if op in ("<<", ">>"):
+                return self.type_of(e[2])
+            return unify(self.type_of(e[2]), self.type_of(e[3]))
+        if k == "un":
+            return "bool" if e[1] == "!" else self.type_of(e[2])
+        if k == "index":
+            base = e[1]
+            if base[0] == "name":
+                v = self.lookup(base[1])
+                if v[0] == "binding":
+                    return v[1].elem
+                if v[0] == "arr":
+                    return v[2][1]
+            t = self.type_of(base)
+            if isinstance(t, str) and t.startswith("vec"):
+                return elem(t)
+            raise WasmUnsupported("indexing a value")
+        if k == "member":
+            base = e[1]
+            if base[0] == "name" and base[1] in self.ctx.shader.uniforms:
+                return "u32"
+            if base[0] == "name" and self.lookup(base[1])[0] == "vec3":
+                return "u32"
+            t = self.type_of(base)
+            if len(e[2]) != 1:
+                raise WasmUnsupported(f"the swizzle .{e[2]}")
+            return elem(t)
+        if k == "call":
+            return self.call_type(e)
+        if k == "addr":
+            return "ptr"
+        raise WasmUnsupported(f"expression {k}")
+
+    def call_type(self, e):
+        _, name, targs, args = e
+        if name in ("vec2", "vec3", "vec4"):
+            inner = targs[0] if targs else concrete(self.type_of(args[0])) if args else "f32"
+            return f"{name}<{inner}>"
+        if name == "bitcast":
+            return targs[0]
+        if name in ("f32", "i32", "u32", "bool"):
+            return name
+        if name == "array":
+            return ("arr", targs[0], int(str(targs[1]).rstrip("iu")))
+        if name in ("arrayLength", "countLeadingZeros", "countOneBits"):
+            return "u32" if name == "arrayLength" else self.type_of(args[0])
+        if name == "dot":
+            return elem(self.type_of(args[0]))
+        if name in self.ctx.shader.funcs:
+            return self.ctx.shader.funcs[name].ret
+        if name == "select":
+            return unify(self.type_of(args[0]), self.type_of(args[1]))
+        t = self.type_of(args[0])
+        for a in args[1:]:
+            t = unify(t, self.type_of(a))
+        if name in MATH or name in ("inverseSqrt", "sqrt", "fma", "floor", "ceil", "round", "trunc", "fract", "sign"):
+            return "f32" if t in ("aint", "afloat") else t
+        return t
+
+    # ---- expressions ----
+    def emit(self, e, want=None):
+        """Emit e's value; as `want` where it is a literal or a scalar that a vector wants splatted.
+        Returns the type left on the stack."""
+        t = self.type_of(e)
+        if isinstance(want, str) and want.startswith("vec") and isinstance(t, str) and not t.startswith("vec"):
+            self.emit(e, elem(want))
+            self.code.op("f32x4.splat" if elem(want) == "f32" else "i32x4.splat")
+            return want
+        if t in ("aint", "afloat"):
+            t = want if want in SCALAR and want != "bool" else concrete(t)
+        c = self.code
+        k = e[0]
+        if k == "lit":
+            self.const(t, e[2])
+        elif k == "name":
+            v = self.lookup(e[1])
+            if v[0] == "local":
+                c.op("local.get", v[1])
+            else:  # a module-scope const
+                self.emit(v[1], t)
+        elif k == "bin":
+            self.binary(e, t)
+        elif k == "un":
+            self.unary(e, t)
+        elif k == "index":
+            self.load(e)
+        elif k == "member":
+            self.member(e)
+        elif k == "call":
+            self.call(e, t)
+        else:
+            raise WasmUnsupported(f"expression {k}")
+        return t
+
+    def const(self, t, value) -> None:
+        if t == "f32":
+            self.code.op("f32.const", float(value))
+        elif t in ("i32", "u32", "bool"):
+            self.code.op("i32.const", int(value))
+        else:
+            raise WasmUnsupported(f"a literal of type {t}")
+
+    def binary(self, e, t) -> None:
+        _, op, a, b = e
+        c = self.code
+        if op in ("&&", "||"):
+            self.emit(a, "bool")
+            c.op("if", I32)
+            if op == "&&":
+                self.emit(b, "bool")
+                c.op("else").op("i32.const", 0)
+            else:
+                c.op("i32.const", 1).op("else")
+                self.emit(b, "bool")
+            c.op("end")
+            return
+        if op in ("==", "!=", "<", ">", "<=", ">="):
+            ot = concrete(unify(self.type_of(a), self.type_of(b)))
+            self.emit(a, ot)
+            self.emit(b, ot)
+            if ot == "f32":
+                c.op({"==": "f32.eq", "!=": "f32.ne", "<": "f32.lt", ">": "f32.gt", "<=": "f32.le", ">=": "f32.ge"}[op])
+            elif ot in ("i32", "u32", "bool"):
+                s = "_s" if ot == "i32" else "_u"
+                c.op({"==": "i32.eq", "!=": "i32.ne"}.get(op) or "i32." + {"<": "lt", ">": "gt", "<=": "le", ">=": "ge"}[op] + s)
+            else:
+                raise WasmUnsupported(f"comparing {ot} values")
+            return
+        if op in ("<<", ">>"):
+            self.emit(a, t)
+            self.emit(b, "u32")
+            c.op("i32.shl" if op == "<<" else "i32.shr_s" if t == "i32" else "i32.shr_u")
+            return
+        self.emit(a, t)
+        if op in ("/", "%") and t in ("i32", "u32") and not (b[0] == "lit" and b[2] != 0):
+            # WGSL: x / 0 is x, x % 0 is 0 (wasm traps): divide by 1 instead
+            self.emit(b, t)
+            tmp = self.temp(I32)
+            c.op("local.tee", tmp).op("i32.const", 1).op("local.get", tmp).op("i32.eqz").op("select")
+        elif op == "%" and t == "f32":  # a - b trunc(a / b)
+            ta, tb = self.temp(F32), self.temp(F32)
+            c.op("local.set", ta)
+            self.emit(b, t)
+            c.op("local.set", tb)
+            c.op("local.get", ta).op("local.get", ta).op("local.get", tb).op("f32.div").op("f32.trunc")
+            c.op("local.get", tb).op("f32.mul").op("f32.sub")
+            return
+        else:
+            self.emit(b, t)
+        if t == "f32":
+            c.op({"+": "f32.add", "-": "f32.sub", "*": "f32.mul", "/": "f32.div"}[op])
+        elif t in ("i32", "u32", "bool"):
+            s = "_s" if t == "i32" else "_u"
+            c.op({"+": "i32.add", "-": "i32.sub", "*": "i32.mul", "&": "i32.and", "|": "i32.or", "^": "i32.xor",
+                  "/": "i32.div" + s, "%": "i32.rem" + s}[op])
+        elif t.startswith("vec"):
+            pre = "f32x4." if elem(t) == "f32" else "i32x4."
+            if pre == "i32x4." and op not in "+-*":
+                raise WasmUnsupported(f"{op} on {t}")
+            c.op(pre + {"+": "add", "-": "sub", "*": "mul", "/": "div"}[op])
+        else:
+            raise WasmUnsupported(f"{op} on {t}")
+
+    def unary(self, e, t) -> None:
+        _, op, a = e
+        c = self.code
+        if op == "!":
+            self.emit(a, "bool")
+            c.op("i32.eqz")
+        elif op == "~":
+            self.emit(a, t)
+            c.op("i32.const", -1).op("i32.xor")
+        elif a[0] == "lit" and t in ("f32", "i32", "u32"):
+            self.const(t, -a[2])
+        elif t == "f32":
+            self.emit(a, t)
+            c.op("f32.neg")
+        elif t in ("i32", "u32"):
+            c.op("i32.const", 0)
+            self.emit(a, t)
+            c.op("i32.sub")
+        elif t.startswith("vec") and elem(t) == "f32":
+            self.emit(a, t)
+            c.op("f32x4.neg")
+        else:
+            raise WasmUnsupported(f"-{t}")
+
+    def address(self, e) -> tuple[str, int, str]:
+        """Push a binding element's byte offset; returns (load op, memarg offset, element type)."""
+        base, index = e[1], e[2]
+        v = self.lookup(base[1]) if base[0] == "name" else None
+        if v is None or v[0] not in ("binding", "arr"):
+            raise WasmUnsupported("indexing something other than a storage buffer or a local array")
+        if v[0] == "binding":
+            address, et = v[1].address, v[1].elem
+        else:
+            address, et = v[1], v[2][1]
+        self.emit(index, "u32")
+        vec4 = isinstance(et, str) and et.startswith("vec")
+        self.code.op("i32.const", 4 if vec4 else 2).op("i32.shl")
+        load = "v128.load" if vec4 else "f32.load" if et == "f32" else "i32.load"
+        return load, address, et
+
+    def load(self, e) -> None:
+        base = e[1]
+        if base[0] == "name" and self.lookup(base[1])[0] in ("binding", "arr"):
+            load, address, _ = self.address(e)
+            self.code.op(load, address)
+            return
+        t = self.type_of(base)
+        if e[2][0] != "lit":
+            raise WasmUnsupported("a vector indexed by a run-time value")
+        self.emit(base)
+        self.code.op("f32x4.extract_lane" if elem(t) == "f32" else "i32x4.extract_lane", int(e[2][2]))
+
+    def member(self, e) -> None:
+        base, fld = e[1], e[2]
+        c = self.code
+        if base[0] == "name":
+            v = self.lookup(base[1]) if base[1] not in self.ctx.shader.uniforms else ("uniform",)
+            if v[0] == "vec3":
+                c.op("local.get", v[1][LANES[fld]])
+                return
+            if v[0] == "uniform":
+                struct = self.ctx.shader.structs[self.ctx.shader.uniforms[base[1]]]
+                c.op("i32.const", self.ctx.offsets[struct.index(fld)])
+                return
+        t = self.type_of(base)
+        self.emit(base)
+        c.op("f32x4.extract_lane" if elem(t) == "f32" else "i32x4.extract_lane", LANES[fld])
+
+    def call(self, e, t) -> None:
+        _, name, targs, args = e
+        c = self.code
+        if name in self.ctx.shader.funcs:
+            f = self.ctx.shader.funcs[name]
+            for a, (_, pt) in zip(args, f.params):
+                self.emit(a, pt)
+            c.op("call", function_index(self.ctx, name))
+            return
+        if name in ("vec2", "vec3", "vec4"):
+            et = elem(t)
+            if not args:
+                c.op("v128.const", bytes(16))
+            elif len(args) == 1 and not str(self.type_of(args[0])).startswith("vec"):
+                self.emit(args[0], et)
+                c.op("f32x4.splat" if et == "f32" else "i32x4.splat")
+            elif len(args) == 1:
+                self.emit(args[0])
+            else:
+                self.emit(args[0], et)
+                c.op("f32x4.splat" if et == "f32" else "i32x4.splat")
+                for lane, a in enumerate(args[1:], 1):
+                    self.emit(a, et)
+                    c.op("f32x4.replace_lane" if et == "f32" else "i32x4.replace_lane", lane)
+            return
+        if name in ("f32", "i32", "u32", "bool"):
+            at = self.type_of(args[0])
+            if at in ("aint", "afloat"):
+                self.const(name, args[0][2] if args[0][0] == "lit" else 0) if args[0][0] == "lit" else self.emit(args[0], name)
+                return
+            self.emit(args[0])
+            conv = {("f32", "i32"): "f32.convert_i32_s", ("f32", "u32"): "f32.convert_i32_u",
+                    ("f32", "bool"): "f32.convert_i32_u", ("i32", "f32"): "i32.trunc_sat_f32_s",
+                    ("u32", "f32"): "i32.trunc_sat_f32_u"}.get((name, at))
+            if conv:
+                c.op(conv)
+            elif name == "bool" and at != "bool":
+                c.op("i32.const", 0).op("i32.ne") if at != "f32" else c.op("f32.const", 0.0).op("f32.ne")
+            return
+        if name == "bitcast":
+            at = self.emit(args[0])
+            if at == "f32" and t in ("u32", "i32"):
+                c.op("i32.reinterpret_f32")
+            elif at in ("u32", "i32", "aint") and t == "f32":
+                c.op("f32.reinterpret_i32")
+            return
+        if name == "select":
+            if t.startswith("vec"):
+                self.emit(args[1], t)
+                self.emit(args[0], t)
+                self.emit(args[2], "bool")
+                c.op("select.v128")
+            else:
+                self.emit(args[1], t)
+                self.emit(args[0], t)
+                self.emit(args[2], "bool")
+                c.op("select")
+            return
+        if name == "arrayLength":
+            c.op("i32.const", self.lookup(args[0][1][1])[1].length)
+            return
+        if name == "dot":
+            vt = self.type_of(args[0])
+            self.emit(args[0], vt)
+            self.emit(args[1], vt)
+            c.op("f32x4.mul")
+            tmp = self.temp(V128)
+            c.op("local.set", tmp)
+            for lane in range(width(vt)):
+                c.op("local.get", tmp).op("f32x4.extract_lane", lane)
+                if lane:
+                    c.op("f32.add")
+            return
+        if name == "fma":
+            for a in args[:2]:
+                self.emit(a, t)
+            c.op("f32x4.mul" if t.startswith("vec") else "f32.mul")
+            self.emit(args[2], t)
+            c.op("f32x4.add" if t.startswith("vec") else "f32.add")
+            return
+        if name in ("min", "max", "clamp"):
+            return self.minmax(name, args, t)
+        if name == "countLeadingZeros":
+            self.emit(args[0], t)
+            c.op("i32.clz")
+            return
+        if name == "abs" and t in ("i32", "u32"):
+            if t == "u32":
+                self.emit(args[0], t)
+                return
+            tmp = self.temp(I32)
+            self.emit(args[0], t)
+            c.op("local.tee", tmp).op("i32.const", 0).op("local.get", tmp).op("i32.sub").op("local.get", tmp)
+            c.op("i32.const", 0).op("i32.ge_s").op("select")
+            return
+        if t != "f32":
+            raise WasmUnsupported(f"{name}() on {t}")
+        if name in FLOAT_FNS:
+            self.emit(args[0], "f32")
+            c.op(FLOAT_FNS[name])
+        elif name == "inverseSqrt":
+            c.op("f32.const", 1.0)
+            self.emit(args[0], "f32")
+            c.op("f32.sqrt").op("f32.div")
+        elif name == "fract":
+            tmp = self.temp(F32)
+            self.emit(args[0], "f32")
+            c.op("local.tee", tmp).op("local.get", tmp).op("f32.floor").op("f32.sub")
+        elif name == "sign":
+            tmp = self.temp(F32)
+            self.emit(args[0], "f32")
+            c.op("local.set", tmp)
+            c.op("f32.const", 1.0).op("local.get", tmp).op("f32.copysign")
+            c.op("f32.const", 0.0).op("local.get", tmp).op("f32.const", 0.0).op("f32.eq").op("select")
+        elif name in MATH:
+            for a in args:
+                self.emit(a, "f32")
+                c.op("f64.promote_f32")
+            c.op("call", self.ctx.library.math[name])
+            c.op("f32.demote_f64")
+        else:
+            raise WasmUnsupported(f"the builtin {name}()")
+
+    def minmax(self, name, args, t) -> None:
+        c = self.code
+        if t.startswith("vec"):
+            if name == "clamp" or elem(t) != "f32":
+                raise WasmUnsupported(f"{name} on {t}")
+            for a in args:
+                self.emit(a, t)
+            c.op("f32x4." + name)
+            return
+        if t == "f32":
+            self.emit(args[0], t)
+            self.emit(args[1], t)
+            c.op("f32.max" if name == "clamp" else "f32." + name)
+            if name == "clamp":
+                self.emit(args[2], t)
+                c.op("f32.min")
+            return
+        s = "_s" if t == "i32" else "_u"
+
+        def pick(op):  # stack: a b -> min or max by `op`
+            x, y = self.temp(I32), self.temp(I32)
+            c.op("local.set", y).op("local.tee", x).op("local.get", y)
+            c.op("local.get", x).op("local.get", y).op("i32." + op + s).op("select")
+
+        self.emit(args[0], t)
+        self.emit(args[1], t)
+        pick("gt" if name in ("max", "clamp") else "lt")
+        if name == "clamp":
+            self.emit(args[2], t)
+            pick("lt")
+
+    # ---- statements ----
+    def stmts(self, body: list) -> None:
+        self.scopes.append({})
+        for s in body:
+            self.stmt(s)
+        self.scopes.pop()
+
+    def depth(self, kind: str) -> int:
+        for i, k in enumerate(reversed(self.labels)):
+            if k == kind:
+                return i
+        raise WasmUnsupported(f"{kind} outside a loop")
+
+    def stmt(self, s) -> None:
+        c = self.code
+        k = s[0]
+        if k in ("let", "var"):
+            _, name, ty, value = s
+            if isinstance(ty, tuple) or (value is not None and self.type_of(value).__class__ is tuple):
+                return self.local_array(name, ty, value)
+            t = concrete(ty or self.type_of(value))
+            local = c.local(wtype(t))
+            if value is not None:
+                self.emit(value, t)
+                c.op("local.set", local)
+            self.scopes[-1][name] = ("local", local, t)
+        elif k == "assign":
+            self.assign(s)
+        elif k == "if":
+            self.emit(s[1], "bool")
+            c.op("if")
+            self.labels.append("")
+            self.stmts(s[2])
+            if s[3]:
+                c.op("else")
+                self.stmts(s[3])
+            self.labels.pop()
+            c.op("end")
+        elif k == "for":
+            _, init, cond, update, body = s
+            self.scopes.append({})
+            if init:
+                self.stmt(init)
+            c.op("block").op("loop")
+            self.labels += ["brk", ""]
+            if cond:
+                self.emit(cond, "bool")
+                c.op("i32.eqz").op("br_if", 1)
+            c.op("block")
+            self.labels.append("cont")
+            self.stmts(body)
+            self.labels.pop()
+            c.op("end")
+            if update:
+                self.stmt(update)
+            c.op("br", 0).op("end").op("end")
+            self.labels = self.labels[:-2]
+            self.scopes.pop()
+        elif k == "return":
+            if "inv" in self.labels:
+                c.op("br", self.depth("inv"))
+            else:
+                if s[1] is not None:
+                    self.emit(s[1], self.f.ret)
+                c.op("return")
+        elif k == "break":
+            c.op("br", self.depth("brk"))
+        elif k == "continue":
+            c.op("br", self.depth("cont"))
+        elif k == "expr":
+            t = self.emit(s[1])
+            if t is not None:
+                c.op("drop")
+        elif k == "block":
+            self.stmts(s[1])
+        else:
+            raise WasmUnsupported(f"the statement {k}")
+
+    def local_array(self, name, ty, value) -> None:
+        ty = ty or self.type_of(value)
+        _, et, n = ty
+        address = self.ctx.library.scratch(4 * n)
+        self.scopes[-1][name] = ("arr", address, ty)
+        if value is not None:
+            for i, a in enumerate(value[3]):
+                self.code.op("i32.const", 0)
+                self.emit(a, et)
+                self.code.op("f32.store" if et == "f32" else "i32.store", address + 4 * i)
+
+    def assign(self, s) -> None:
+        _, lhs, op, rhs = s
+        c = self.code
+        value = rhs if op == "=" else ("bin", op[:-1], lhs, rhs)
+        if lhs[0] == "name":
+            v = self.lookup(lhs[1])
+            if v[0] != "local":
+                raise WasmUnsupported(f"assigning to {lhs[1]}")
+            self.emit(value, v[2])
+            c.op("local.set", v[1])
+        elif lhs[0] == "index":
+            load, address, et = self.address(lhs)
+            if op != "=":  # read-modify-write: the address once
+                tmp = self.temp(I32)
+                c.op("local.tee", tmp).op("local.get", tmp).op(load, address)
+                holder = self.temp(wtype(et))
+                c.op("local.set", holder)
+                self.scopes.append({"__old": ("local", holder, et)})
+                self.emit(("bin", op[:-1], ("name", "__old"), rhs), et)
+                self.scopes.pop()
+            else:
+                self.emit(rhs, et)
+            c.op({"f32.load": "f32.store", "i32.load": "i32.store", "v128.load": "v128.store"}[load], address)
+        elif lhs[0] == "member" and lhs[1][0] == "name":
+            v = self.lookup(lhs[1][1])
+            if v[0] != "local" or not str(v[2]).startswith("vec"):
+                raise WasmUnsupported("assigning to a member")
+            et = elem(v[2])
+            c.op("local.get", v[1])
+            self.emit(value, et)
+            c.op("f32x4.replace_lane" if et == "f32" else "i32x4.replace_lane", LANES[lhs[2]])
+            c.op("local.set", v[1])
+        else:
+            raise WasmUnsupported("this assignment")
+
+
+def _get_or_zero(c: Code, local) -> None:
+    if local is None:
+        c.op("i32.const", 0)
+    else:
+        c.op("local.get", local)
