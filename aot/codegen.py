@@ -80,6 +80,9 @@ class KernelCode:
     # the GPU kernel with subgroup operations, for adapters that offer them (the "subgroup" set:
     # attention, attention_codegen.LANES), same bindings and grid; None where it has none
     wgsl_subgroup: str | None = None
+    # the CPU variant's matmul (a matmul kernel's MatmulSpec with its offset-table starts): the
+    # wasm kernel set writes its own SIMD matmul from it (wasm_matmul.py); None for other kernels
+    mm_spec: MatmulSpec | None = None
     parts: list["KernelCode"] = field(default_factory=list)  # the kernels it runs (merge.py, chain.py)
     kind: str = "kernel"  # "kernel"; "merged": parts side by side (merge.py); "chain": parts as stages (chain.py)
 
@@ -219,6 +222,7 @@ def _kernel_sets(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers)
     if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce", "recurrent")):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
+    code.mm_spec = None if long_k else cpu.mm_spec
     if cpu.grid != code.grid:
         code.grid_cpu = cpu.grid
     if k.kind == "attention":
@@ -546,5 +550,5 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         wgsl, grid = render_matmul_cpu(spec, name, "\n".join(header), bindings)
     else:
         wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
-    code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site)
+    code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site, mm_spec=spec if cpu else None)
     return code, kc

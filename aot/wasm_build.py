@@ -72,6 +72,8 @@ def build_wasm(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs
         return at
 
     lib = Library(module, math, scratch)
+    mm = [specs[k] for k in used if k in specs]
+    mm_base = scratch(4 * max(map(wasm_matmul.scratch_floats, mm))) // 4 if mm else 0  # one region, reused
     funcs = {}
     for k in used:
         sh = shaders[k]
@@ -84,7 +86,7 @@ def build_wasm(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs
         ctx = ShaderContext(sh, bindings, list(prog["kernels"][k][2]), lib)
         try:
             if k in specs:
-                funcs[k] = wasm_matmul.matmul_function(ctx, specs[k], addresses, order)
+                funcs[k] = wasm_matmul.matmul_function(ctx, specs[k], mm_base)
             else:
                 funcs[k] = kernel_function(ctx)
         except WasmUnsupported as e:
