@@ -91,6 +91,8 @@ def build_wasm(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs
                 funcs[k] = kernel_function(ctx)
         except WasmUnsupported as e:
             return {"error": f"kernel {k} (from {prog['kernels'][k][1]}): {e}"}
+    for k, index in funcs.items():  # each kernel on its own too: bench_web.py --profile times them
+        module.exports.append(("kernel:" + k, index))
     for key, en in prog["entries"].items():
         c = Code([])
         for k, grid in dispatches(en):

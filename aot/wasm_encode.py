@@ -98,7 +98,7 @@ class Code:
         if name in OPS:
             b.append(OPS[name])
         elif name in ("block", "loop", "if"):
-            b += bytes([{"block": 0x02, "loop": 0x03, "if": 0x04}[name], imm[0] if imm else VOID])
+            b += bytes([{"block": 0x02, "loop": 0x03, "if": 0x04}[name], imm[0] if imm and imm[0] is not None else VOID])
         elif name in ("br", "br_if", "call"):
             b += bytes([{"br": 0x0C, "br_if": 0x0D, "call": 0x10}[name]]) + uleb(imm[0])
         elif name in ("local.get", "local.set", "local.tee"):

@@ -85,8 +85,9 @@ class ShaderContext:
 class Library:
     """The module's functions: imports of JS Math, and function bodies shared by their bytes."""
 
-    def __init__(self, module: Module, math_names: list[str], scratch):
+    def __init__(self, module: Module, math_names: list[str], scratch, relaxed: bool = False):
         self.module = module
+        self.relaxed = relaxed  # vector fma as relaxed-simd's f32x4.relaxed_madd
         self.math = {n: module.import_func(n, [F64] * MATH[n][1], [F64]) for n in math_names}
         self.by_bytes: dict[tuple, int] = {}
         self.scratch = scratch  # bytes -> address (local arrays live in memory)
@@ -143,7 +144,7 @@ class Lower:
         self.ctx, self.f = ctx, f
         self.scopes: list[dict] = [{}]
         self.labels: list[str] = []  # the kind of each enclosing block: "brk", "cont", "inv", ""
-        self.tmp: dict[int, list[int]] = {}
+        self.inlining: list[str] = []  # the functions being written out in place (inline)
 
     # ---- entry points ----
     def function(self) -> None:
@@ -468,6 +469,13 @@ class Lower:
         load = "v128.load" if vec4 else "f32.load" if et == "f32" else "i32.load"
         return load, address, et
 
+    def stored_f32(self, e) -> bool:
+        """e reads one f32 of a storage buffer or a local array."""
+        if e[0] != "index" or e[1][0] != "name":
+            return False
+        v = self.lookup(e[1][1])
+        return (v[0] == "binding" and v[1].elem == "f32") or (v[0] == "arr" and v[2][1] == "f32")
+
     def load(self, e) -> None:
         base = e[1]
         if base[0] == "name" and self.lookup(base[1])[0] in ("binding", "arr"):
@@ -500,15 +508,14 @@ class Lower:
         _, name, targs, args = e
         c = self.code
         if name in self.ctx.shader.funcs:
-            f = self.ctx.shader.funcs[name]
-            for a, (_, pt) in zip(args, f.params):
-                self.emit(a, pt)
-            c.op("call", function_index(self.ctx, name))
-            return
+            return self.inline(self.ctx.shader.funcs[name], args)
         if name in ("vec2", "vec3", "vec4"):
             et = elem(t)
             if not args:
                 c.op("v128.const", bytes(16))
+            elif len(args) == 1 and et == "f32" and self.stored_f32(args[0]):
+                _, address, _ = self.address(args[0])  # one broadcasting load
+                c.op("v128.load32_splat", address)
             elif len(args) == 1 and not str(self.type_of(args[0])).startswith("vec"):
                 self.emit(args[0], et)
                 c.op("f32x4.splat" if et == "f32" else "i32x4.splat")
@@ -569,6 +576,11 @@ class Lower:
                 if lane:
                     c.op("f32.add")
             return
+        if name == "fma" and t.startswith("vec") and self.ctx.library.relaxed:
+            for a in args:  # relaxed_madd's a * b + c: fused or not, as the CPU does it fastest
+                self.emit(a, t)
+            c.op("f32x4.relaxed_madd")
+            return
         if name == "fma":
             for a in args[:2]:
                 self.emit(a, t)
@@ -618,6 +630,30 @@ class Lower:
             c.op("f32.demote_f64")
         else:
             raise WasmUnsupported(f"the builtin {name}()")
+
+    def inline(self, f: Func, args) -> None:
+        """A call written out in place: V8 does not inline wasm calls, and a matmul's store_c ->
+        epilogue -> max_nan -> is_nan_f32 chain per output cost more than its products."""
+        c = self.code
+        if len(self.inlining) > 16 or f.name in self.inlining:
+            raise WasmUnsupported(f"recursion through {f.name}")
+        params = {}
+        for a, (pname, pt) in zip(args, f.params):
+            self.emit(a, pt)
+            params[pname] = ("local", c.local(wtype(pt)), pt)
+        for _, local, _t in reversed(params.values()):
+            c.op("local.set", local)
+        saved, self.scopes = self.scopes, [params]
+        self.inlining.append(f.name)
+        c.op("block", wtype(f.ret) if f.ret else None)
+        self.labels.append(("ret", f.ret))
+        self.stmts(f.body)
+        if f.ret:
+            c.op("unreachable")
+        self.labels.pop()
+        c.op("end")
+        self.inlining.pop()
+        self.scopes = saved
 
     def minmax(self, name, args, t) -> None:
         c = self.code
@@ -709,12 +745,15 @@ class Lower:
             self.labels = self.labels[:-2]
             self.scopes.pop()
         elif k == "return":
-            if "inv" in self.labels:
-                c.op("br", self.depth("inv"))
-            else:
+            target = next((x for x in reversed(self.labels) if x == "inv" or isinstance(x, tuple)), None)
+            if target is None:
                 if s[1] is not None:
                     self.emit(s[1], self.f.ret)
                 c.op("return")
+            else:
+                if s[1] is not None:
+                    self.emit(s[1], target[1])
+                c.op("br", self.depth(target))
         elif k == "break":
             c.op("br", self.depth("brk"))
         elif k == "continue":

@@ -19,13 +19,14 @@ from .matmul_codegen import MatmulSpec, Operand, _address, _batch_expr
 from .wasm_lower import Binding, function_index
 from .wasm_wgsl import parse
 
-MR, NR = 4, 8  # a block of C: MR rows x NR columns (NR / 4 vectors)
+import os
+MR, NR = int(os.environ.get("MR", 4)), int(os.environ.get("NR", 8))  # a block of C: MR rows x NR columns (NR / 4 vectors)
 
 
 def scratch_floats(spec: MatmulSpec) -> int:
     """Floats of scratch one product needs: A's and B's panels and a block of C."""
     mp, np_ = -(-spec.M // MR) * MR, -(-spec.N // NR) * NR
-    return mp * spec.K + spec.K * np_ + MR * NR
+    return mp * spec.K + 4 + spec.K * np_ + MR * NR
 
 
 def _read(op: Operand, batch: int, p: str, k: str, p_len: int, K: int, a_side: bool) -> str:
@@ -41,7 +42,9 @@ def matmul_wgsl(spec: MatmulSpec, base: int) -> str:
     """The functions of one product; scratch floats start at float index `base` of memory."""
     M, N, K = spec.M, spec.N, spec.K
     mp, np_ = -(-M // MR) * MR, -(-N // NR) * NR
-    pa, pb, ct = base, base + mp * K, base + mp * K + K * np_
+    pa = base
+    pb = pa + -(-mp * K // 4) * 4  # B's panels are read as vec4s: 16-byte aligned
+    ct = pb + K * np_
     a = _read(spec.a, spec.batch, "m", "k", M, K, True)
     b = _read(spec.b, spec.batch, "n", "k", N, K, False)
     acc = [f"c{i}_{j}" for i in range(MR) for j in range(NR // 4)]
