@@ -49,10 +49,17 @@ def dispatches(en: dict) -> list:
 
 
 def build_wasm(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: dict | None = None) -> dict:
-    """The wasm set of a program: {"wasm": base64 bytes, "layout", "pages", "math", "entries"}, or
-    {"error": why} where a kernel cannot run in it. `specs`: kernel name -> the MatmulSpec of its
-    CPU matmul (codegen.KernelCode.mm_spec), for the SIMD matmuls."""
-    specs = specs or {}
+    """The wasm set of a program: {"wasm": base64 bytes, "wasm_relaxed": the same with the matmuls'
+    multiply-adds as relaxed-simd's f32x4.relaxed_madd (fused where the CPU has FMA; absent
+    without matmuls), "layout", "pages", "math"}, or {"error": why} where a kernel cannot run in
+    it. `specs`: kernel name -> the MatmulSpec of its CPU matmul (codegen.KernelCode.mm_spec)."""
+    out = _build(prog, wgsl, wgsl_cpu, specs or {}, relaxed=False)
+    if "error" not in out and specs:
+        out["wasm_relaxed"] = _build(prog, wgsl, wgsl_cpu, specs, relaxed=True)["wasm"]
+    return out
+
+
+def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: dict, relaxed: bool) -> dict:
     addresses, top = layout(prog)
     order = list(prog["arenas"])
     used = list(dict.fromkeys(k for en in prog["entries"].values() for k, _ in dispatches(en)))
@@ -71,7 +78,7 @@ def build_wasm(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs
         free[0] += -(-nbytes // ALIGN) * ALIGN
         return at
 
-    lib = Library(module, math, scratch)
+    lib = Library(module, math, scratch, relaxed=relaxed)
     mm = [specs[k] for k in used if k in specs]
     mm_base = scratch(4 * max(map(wasm_matmul.scratch_floats, mm))) // 4 if mm else 0  # one region, reused
     funcs = {}

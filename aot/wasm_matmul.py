@@ -38,6 +38,36 @@ def _read(op: Operand, batch: int, p: str, k: str, p_len: int, K: int, a_side: b
     return f"{op.buf}[{terms.rstrip(' +') or '0u'}]"
 
 
+def _walks_p(op: Operand, a_side: bool) -> bool:
+    """Whether the operand is contiguous along its row (A) / column (B) index rather than K:
+    then the copy's inner loop walks that index."""
+    if op.fn or op.row_dims or op.col_dims:
+        return False
+    p_stride, k_stride = (op.row_stride, op.col_stride) if a_side else (op.col_stride, op.row_stride)
+    return abs(p_stride) < abs(k_stride)
+
+
+def _pack(p: str, n: int, padded: int, width: int, at: int, K: int, read: str, p_inner: bool) -> list[str]:
+    """WGSL lines copying an operand's `n` rows (A) or columns (B) into panels of `width`, k-major,
+    zeros past `n`; the inner loop walks k, or p where the operand is contiguous along p."""
+    slot = f"{at}u + ({p} / {width}u) * {width * K}u + {p} % {width}u + k * {width}u"
+    if p_inner:
+        return [
+            f"    for (var k = 0u; k < {K}u; k++) {{",
+            f"        for (var {p} = 0u; {p} < {n}u; {p}++) {{ __mem[{slot}] = {read}; }}",
+            f"        for (var {p} = {n}u; {p} < {padded}u; {p}++) {{ __mem[{slot}] = 0.0; }}",
+            "    }",
+        ]
+    return [
+        f"    for (var {p} = 0u; {p} < {n}u; {p}++) {{",
+        f"        for (var k = 0u; k < {K}u; k++) {{ __mem[{slot}] = {read}; }}",
+        "    }",
+        f"    for (var {p} = {n}u; {p} < {padded}u; {p}++) {{",
+        f"        for (var k = 0u; k < {K}u; k++) {{ __mem[{slot}] = 0.0; }}",
+        "    }",
+    ]
+
+
 def matmul_wgsl(spec: MatmulSpec, base: int) -> str:
     """The functions of one product; scratch floats start at float index `base` of memory."""
     M, N, K = spec.M, spec.N, spec.K
@@ -50,22 +80,8 @@ def matmul_wgsl(spec: MatmulSpec, base: int) -> str:
     acc = [f"c{i}_{j}" for i in range(MR) for j in range(NR // 4)]
     lines = [
         "fn __mm_pack(bi: u32) {",
-        f"    for (var m = 0u; m < {mp}u; m++) {{",
-        f"        let p = {pa}u + (m / {MR}u) * {MR * K}u + m % {MR}u;",
-        f"        if (m < {M}u) {{",
-        f"            for (var k = 0u; k < {K}u; k++) {{ __mem[p + k * {MR}u] = {a}; }}",
-        "        } else {",
-        f"            for (var k = 0u; k < {K}u; k++) {{ __mem[p + k * {MR}u] = 0.0; }}",
-        "        }",
-        "    }",
-        f"    for (var n = 0u; n < {np_}u; n++) {{",
-        f"        let p = {pb}u + (n / {NR}u) * {NR * K}u + n % {NR}u;",
-        f"        if (n < {N}u) {{",
-        f"            for (var k = 0u; k < {K}u; k++) {{ __mem[p + k * {NR}u] = {b}; }}",
-        "        } else {",
-        f"            for (var k = 0u; k < {K}u; k++) {{ __mem[p + k * {NR}u] = 0.0; }}",
-        "        }",
-        "    }",
+        *_pack("m", M, mp, MR, pa, K, a, _walks_p(spec.a, True)),
+        *_pack("n", N, np_, NR, pb, K, b, _walks_p(spec.b, False)),
         "}",
         "",
         "fn __mm_block(bi: u32, m0: u32, n0: u32) {",

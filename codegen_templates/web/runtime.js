@@ -969,7 +969,12 @@ function wasmUnavailable(wasmSet) {
   if (!wasmSet) return "this module was built without the wasm kernel set";
   if (wasmSet.error) return `the build left the wasm kernel set out: ${wasmSet.error}`;
   if (typeof WebAssembly === "undefined") return "this JavaScript engine has no WebAssembly";
-  if (!wasmSet.bytes) wasmSet.bytes = fromBase64(wasmSet.wasm);
+  if (!wasmSet.bytes) {
+    // the matmuls' multiply-adds fused where the engine has relaxed SIMD (FMA on x86-64 and ARM64)
+    const relaxed = wasmSet.wasm_relaxed && fromBase64(wasmSet.wasm_relaxed);
+    wasmSet.relaxed = Boolean(relaxed && WebAssembly.validate(relaxed));
+    wasmSet.bytes = wasmSet.relaxed ? relaxed : fromBase64(wasmSet.wasm);
+  }
   if (!WebAssembly.validate(wasmSet.bytes)) return "this JavaScript engine's WebAssembly lacks 128-bit SIMD";
   return null;
 }
