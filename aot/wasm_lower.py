@@ -99,13 +99,26 @@ class Library:
         return self.by_bytes[key]
 
 
+# Builtins computed by aot's own WGSL helpers (_helpers.wgsl.j2, about 1 ulp) rather than a call
+# out to JS's Math: a call from wasm to JS costs ~20 ns, more than the attention's row of math
+HELPER_FOR = {"exp": "exp_f32", "log": "log_f32"}
+HELPER_DEPS = ["exp_f32", "log_f32", "is_nan_f32", "f32_bits"]
+
+
+def helper_funcs() -> dict:
+    from .templates import render
+    from .wasm_wgsl import parse
+
+    return parse(render("wgsl/_helpers.wgsl.j2", names=HELPER_DEPS)).funcs
+
+
 def math_calls(shader: Shader) -> set[str]:
     """The JS Math functions a kernel's text calls (the builder imports them before any function)."""
     found = set()
 
     def walk(node):
         if isinstance(node, tuple):
-            if node and node[0] == "call" and node[1] in MATH and node[1] not in shader.funcs:
+            if node and node[0] == "call" and node[1] in MATH and node[1] not in shader.funcs and node[1] not in HELPER_FOR:
                 found.add(node[1])
             for x in node:
                 walk(x)
@@ -371,6 +384,9 @@ class Lower:
     def binary(self, e, t) -> None:
         _, op, a, b = e
         c = self.code
+        folded = _fold(e)
+        if folded is not None and t in ("f32", "i32", "u32"):  # WGSL evaluates these at build time
+            return self.const(t, folded)
         if op in ("&&", "||"):
             self.emit(a, "bool")
             c.op("if", I32)
@@ -469,6 +485,13 @@ class Lower:
         load = "v128.load" if vec4 else "f32.load" if et == "f32" else "i32.load"
         return load, address, et
 
+    def neighbours(self, args) -> bool:
+        """args are reads of one f32 buffer at i, i + 1, i + 2, i + 3 (as written)."""
+        if not all(self.stored_f32(a) for a in args) or len({a[1] for a in args}) != 1:
+            return False
+        parts = [_linear(a[2]) for a in args]
+        return all(p[0] == parts[0][0] and p[1] == parts[0][1] + i for i, p in enumerate(parts))
+
     def stored_f32(self, e) -> bool:
         """e reads one f32 of a storage buffer or a local array."""
         if e[0] != "index" or e[1][0] != "name":
@@ -507,12 +530,20 @@ class Lower:
     def call(self, e, t) -> None:
         _, name, targs, args = e
         c = self.code
+        if name in HELPER_FOR and name not in self.ctx.shader.funcs:
+            funcs = self.ctx.shader.funcs
+            for hname, f in helper_funcs().items():
+                funcs.setdefault(hname, f)
+            return self.inline(funcs[HELPER_FOR[name]], args)
         if name in self.ctx.shader.funcs:
             return self.inline(self.ctx.shader.funcs[name], args)
         if name in ("vec2", "vec3", "vec4"):
             et = elem(t)
             if not args:
                 c.op("v128.const", bytes(16))
+            elif len(args) == 4 and et == "f32" and self.neighbours(args):
+                _, address, _ = self.address(args[0])  # four neighbouring floats: one load
+                c.op("v128.load", address)
             elif len(args) == 1 and et == "f32" and self.stored_f32(args[0]):
                 _, address, _ = self.address(args[0])  # one broadcasting load
                 c.op("v128.load32_splat", address)
@@ -819,3 +850,33 @@ def _get_or_zero(c: Code, local) -> None:
         c.op("i32.const", 0)
     else:
         c.op("local.get", local)
+
+
+def _linear(e) -> tuple:
+    """(e less its constant term, that constant) for sums written as x + 1u, x + (y + 2u), ..."""
+    if e[0] == "lit" and e[1] in ("u32", "i32", "aint"):
+        return (None, e[2])
+    if e[0] == "bin" and e[1] == "+":
+        rest_b, k_b = _linear(e[3])
+        rest_a, k_a = _linear(e[2])
+        if rest_b is None:
+            return (rest_a, k_a + k_b)
+        if rest_a is None:
+            return (rest_b, k_a + k_b)
+        return (("bin", "+", rest_a, rest_b), k_a + k_b)
+    return (e, 0)
+
+
+def _fold(e):
+    """The value of an expression of abstract literals only (1.0 / 3.0), else None."""
+    if e[0] == "lit":
+        return e[2] if e[1] in ("afloat", "aint") else None
+    if e[0] == "un" and e[1] == "-":
+        v = _fold(e[2])
+        return None if v is None else -v
+    if e[0] != "bin" or e[1] not in ("+", "-", "*", "/"):
+        return None
+    a, b = _fold(e[2]), _fold(e[3])
+    if a is None or b is None or (e[1] == "/" and (b == 0 or isinstance(a, int) and isinstance(b, int))):
+        return None
+    return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[e[1]]
