@@ -651,8 +651,8 @@ class Lower:
             tmp = self.temp(F32)
             self.emit(args[0], "f32")
             c.op("local.set", tmp)
-            c.op("f32.const", 1.0).op("local.get", tmp).op("f32.copysign")
-            c.op("f32.const", 0.0).op("local.get", tmp).op("f32.const", 0.0).op("f32.eq").op("select")
+            c.op("f32.const", 0.0).op("f32.const", 1.0).op("local.get", tmp).op("f32.copysign")
+            c.op("local.get", tmp).op("f32.const", 0.0).op("f32.eq").op("select")  # x == 0 ? 0 : copysign(1, x)
         elif name in MATH:
             for a in args:
                 self.emit(a, "f32")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -148,6 +149,8 @@ def web_files(c, source_name: str) -> dict[str, str]:
             )
     source = printable(source_name)
     wasm = wasm_build.build_wasm(prog, wgsl, wgsl_cpu, matmul_specs(c))
+    if "error" in wasm:  # the page's "auto" keeps WebGPU's sets; kernels: "wasm" says this again
+        print(f"aot: {name}: the web module has no wasm kernel set: {wasm['error']}", file=sys.stderr)
     entries = {}
     for entry, sig in prog["signatures"].items():
         entries[entry] = {

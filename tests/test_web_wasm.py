@@ -1,0 +1,165 @@
+"""The web package's "wasm" kernel set (aot/wasm_build.py): the whole step as WebAssembly, run
+here by node 20 (SIMD, no WebGPU) against the float32 interpreter (aot.interp.Reference): the
+three example models' losses, first gradients and parameters after 10 optimizer steps, and every
+op case of tests/op_cases.py (outputs and gradients, as test_kernels_gpu.py checks the GPU sets);
+then the kernel-set choice, the build's refusal of a kernel it cannot compile, and one run in
+Chromium through the page."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aot
+from aot import interp, wasm_build
+from aot.frontend import trace_program
+from aot.wasm_wgsl import WasmUnsupported, parse
+
+from gpu_harness import assert_close, case_program
+from op_cases import CASES
+from web_node import node_or_skip, run_node
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build(program, tmp: Path) -> Path:
+    out = aot.build(program, tmp / "web", target="web", force=True)
+    return out / f"{program.name}.js"
+
+
+def _example(name: str):
+    return runpy.run_path(str(ROOT / "examples" / f"{name}.py"), run_name="__aot_test__")
+
+
+def _batches(name: str, n: int) -> list[dict]:
+    rng = np.random.default_rng(3)
+    if name == "sine_mlp":
+        out = []
+        for _ in range(n):
+            x = rng.uniform(-np.pi, np.pi, (256, 1)).astype(np.float32)
+            out.append({"x": x, "y": np.sin(x)})
+        return out
+    ex = _example(name)
+    return [ex["batch"](rng) for _ in range(n)]
+
+
+# (steps, loss rtol, first gradients rtol / atol, parameters after the steps atol): float32
+# against float32 in another order; Adam's normalised steps carry a gradient's rounding into the
+# parameters at the scale of the learning rate (5e-3 here), so those compare to a fraction of it
+MODELS = {
+    "sine_mlp": (10, 1e-5, 1e-4, 1e-6, 1e-5),
+    "mnist_mlp": (10, 1e-5, 2e-4, 1e-6, 1e-5),
+    "addition_transformer": (10, 1e-4, 2e-3, 1e-5, 2e-4),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_models_train_like_the_interpreter(name, tmp_path):
+    node_or_skip()
+    steps, loss_rtol, g_rtol, g_atol, p_atol = MODELS[name]
+    prog = _example(name)["program"]
+    batches = _batches(name, steps)
+    got = run_node(_build(prog, tmp_path), batches, tmp_path, grads=True)
+    assert "error" not in got, got.get("error")
+    assert got["kernelSet"] == "wasm" and got["reason"] == 'asked for (kernels: "wasm")'
+    ref = interp.Reference(trace_program(prog), dtype=np.float32)
+    want = []
+    for i, b in enumerate(batches):
+        want.append(ref.step(**b))
+        if i == 0:
+            for k, g in ref.last_grads.items():
+                assert_close(got["grads"][k], g.ravel(), f"{name}: gradient of {k}", g_rtol, g_atol)
+    np.testing.assert_allclose(got["losses"], want, rtol=loss_rtol)
+    assert got["losses"][-1] < got["losses"][0]
+    for k, v in ref.params.items():
+        assert_close(got["params"][k], v.ravel(), f"{name}: {k} after {steps} steps", 0, p_atol)
+
+
+# ops whose kernels the wasm set cannot compile: their programs are built without it (and say so)
+NO_WASM = {"lstm_seq": "module-scope var<workgroup>"}  # the recurrence shares h between barriers
+# every other op case, in batches of 40 (one program, one build and one node run each)
+BATCH = 40
+WASM_CASES = [c for c in CASES if c.op not in NO_WASM]
+OP_BATCHES = [WASM_CASES[i : i + BATCH] for i in range(0, len(WASM_CASES), BATCH)]
+_SUMMING = {"sum", "mean", "matmul", "conv2d", "Conv2d", "Linear", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm2d",
+            "InstanceNorm1d", "cross_entropy", "softmax", "log_softmax", "softmax_causal", "fold", "embedding",
+            "Embedding", "take_along_axis"}
+
+
+@pytest.mark.parametrize("i", [pytest.param(i, id=f"{b[0].name}..{b[-1].name}") for i, b in enumerate(OP_BATCHES)])
+def test_op_cases_match_the_interpreter(i, tmp_path):
+    node_or_skip()
+    program, inputs, slots = case_program(f"wasmcases{i}", OP_BATCHES[i])
+    got = run_node(_build(program, tmp_path), [inputs], tmp_path, captures=True, grads=True)
+    assert "error" not in got, got.get("error")
+    traced = trace_program(program)
+    ref = interp.Reference(traced, seed=program.seed, dtype=np.float32)
+    leaves = dict(inputs, **ref.params)
+    ref.step(**inputs)
+    leaves["_rng"] = np.int32(aot.runtime.rng.step_seed(program.seed, 1))
+    leaves = {k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else np.asarray(v) for k, v in leaves.items()}
+    env = interp.run(traced.graphs["train"], leaves, np.float32)
+    for slot in slots:
+        rtol, atol = (2e-4, 5e-5) if slot.case.op in _SUMMING else (1e-4, 1e-5)
+        for o in slot.out_names:
+            want = env[id(traced.graphs["train"].captures[o])]
+            got_o = got["captures"][o]
+            if want.dtype.kind in "iu":
+                got_o = np.asarray(got_o).astype(np.int32)
+            assert_close(got_o.reshape(want.shape), want, f"{slot.case.name}: output {o}", rtol, atol)
+        for p in slot.param_names:
+            g = ref.last_grads[p]
+            assert_close(got["grads"][p].reshape(g.shape), g, f"{slot.case.name}: gradient of {p}", rtol, atol)
+
+
+def _wasm_set(program) -> dict:
+    from aot import web
+
+    c = aot.pipeline.compile_program(program)
+    prog, wgsl, wgsl_cpu, _ = web.web_tables(c)
+    return wasm_build.build_wasm(prog, wgsl, wgsl_cpu, web.matmul_specs(c))
+
+
+@pytest.mark.parametrize("op", sorted(NO_WASM))
+def test_ops_without_the_wasm_set_are_named(op):
+    cases = [c for c in CASES if c.op == op]
+    program, _, _ = case_program(f"nowasm_{op}", cases[:1])
+    out = _wasm_set(program)
+    assert NO_WASM[op] in out["error"] and out["error"].startswith("kernel train_")
+
+
+def test_unsupported_wgsl_is_named():
+    with pytest.raises(WasmUnsupported, match="workgroup"):
+        parse("var<workgroup> tile: array<f32, 64>;")
+    with pytest.raises(WasmUnsupported, match="'loop'"):
+        parse("fn f() { loop { break; } }")
+
+
+def test_build_without_the_wasm_set_says_why(tmp_path, monkeypatch, capsys):
+    """A kernel the subset cannot compile: the module carries {error} and "auto" keeps WebGPU's
+    sets; kernels: "wasm" is refused with the reason."""
+    node_or_skip()
+    real = wasm_build.parse
+
+    def refuse(src):
+        if "fn main" in src:
+            raise WasmUnsupported("the statement 'loop'")
+        return real(src)
+
+    monkeypatch.setattr(wasm_build, "parse", refuse)
+    module = _build(_example("sine_mlp")["program"], tmp_path)
+    assert "the statement 'loop'" in capsys.readouterr().err
+    got = run_node(module, _batches("sine_mlp", 1), tmp_path)
+    assert "cannot run: the build left the wasm kernel set out: kernel train_00" in got["error"]
+    assert "the statement 'loop'" in got["error"]
+
+
+def test_auto_without_webgpu_picks_wasm(tmp_path):
+    node_or_skip()
+    got = run_node(_build(_example("sine_mlp")["program"], tmp_path), _batches("sine_mlp", 2), tmp_path, kernels="auto")
+    assert got["kernelSet"] == "wasm"
+    assert got["reason"] == "this JavaScript engine has no WebGPU (navigator.gpu is missing)"
+
