@@ -1076,7 +1076,11 @@ async function createEngine(name, program, wgsl, wgslCpu, kernels, wgslSubgroup,
   if (!adapter) return WasmEngine.create(name, program, wasmSet, `no WebGPU adapter (requestAdapter(${JSON.stringify(options)}) returned null)`);
   const [set, why] = recognise(adapter.info || {}, adapter.isFallbackAdapter);
   if (set === "cpu") return WasmEngine.create(name, program, wasmSet, `${why}: WebAssembly runs the step faster than its WGSL`);
-  return Engine.create(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapter);
+  const e = await Engine.create(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapter);
+  if (e.kernelSet !== "cpu") return e;
+  // an adapter that says nothing, timed as a CPU: WebAssembly beats its WGSL too
+  e.destroy();
+  return WasmEngine.create(name, program, wasmSet, `${e.kernelSetReason}: WebAssembly runs the step faster than the CPU set's WGSL`);
 }
 
 function wgslContext(source, line) {
@@ -1280,8 +1284,9 @@ export class ModelBase {
   /** The device limits this model asked for beyond WebGPU's defaults ({} when none). */
   get requiredLimits() { return { ...this._engine.requiredLimits }; }
   get device() { return this._engine.device; }
-  /** "gpu"; "subgroup": the GPU set with variants that use subgroup operations; or "cpu": the
-   * kernels' variants for software adapters (Model.create({kernels})). */
+  /** "gpu"; "subgroup": the GPU set with variants that use subgroup operations; "cpu": the
+   * kernels' WGSL variants for software adapters; or "wasm": the step as WebAssembly, no WebGPU
+   * (what "auto" takes on a software adapter or without WebGPU; Model.create({kernels})). */
   get kernelSet() { return this._engine.kernelSet; }
   /** Why Model.create chose kernelSet: what the adapter said of itself, or the probe kernels'
    * times where it said nothing, or that the set was asked for. */
