@@ -70,8 +70,11 @@ def unify(a, b):
 class Binding:
     """Where a storage binding lives: its byte address and element type."""
 
-    def __init__(self, address: int, elem_type: str, length: int):
+    def __init__(self, address: int, elem_type: str, length: int, scale: int | None = None):
         self.address, self.elem, self.length = address, elem_type, length
+        # bytes between elements i and i + 1: the element's size, or 4 for a vec4 view indexed
+        # by floats (a matmul's unaligned row stores)
+        self.scale = scale or (16 if elem_type.startswith("vec") else 4)
 
 
 class ShaderContext:
@@ -476,13 +479,19 @@ class Lower:
         if v is None or v[0] not in ("binding", "arr"):
             raise WasmUnsupported("indexing something other than a storage buffer or a local array")
         if v[0] == "binding":
-            address, et = v[1].address, v[1].elem
+            address, et, scale = v[1].address, v[1].elem, v[1].scale
         else:
-            address, et = v[1], v[2][1]
-        self.emit(index, "u32")
+            address, et, scale = v[1], v[2][1], 4
         vec4 = isinstance(et, str) and et.startswith("vec")
-        self.code.op("i32.const", 4 if vec4 else 2).op("i32.shl")
         load = "v128.load" if vec4 else "f32.load" if et == "f32" else "i32.load"
+        rest, k = _linear(index)
+        if rest is None:
+            self.code.op("i32.const", 0)
+            return load, address + scale * k, et
+        if k > 0:  # x + 3u: the constant goes into the load's offset
+            index, address = rest, address + scale * k
+        self.emit(index, "u32")
+        self.code.op("i32.const", scale.bit_length() - 1).op("i32.shl")
         return load, address, et
 
     def neighbours(self, args) -> bool:

@@ -68,6 +68,38 @@ def _pack(p: str, n: int, padded: int, width: int, at: int, K: int, read: str, p
     ]
 
 
+def plain_store(spec: MatmulSpec) -> bool:
+    """C = A @ B as it is, nothing else: whole rows of a block are stored as vectors."""
+    return spec.epilogue == "acc" and not spec.extra_stores and not spec.accumulate
+
+
+def _stores(spec: MatmulSpec, ct: int, acc: list[str]) -> list[str]:
+    """A block's outputs: through the kernel's store_c one by one (epilogues, extra outputs,
+    edges), or, for a plain product, a whole block's rows as vector stores (`__c4`: C's buffer
+    as vec4s at float positions)."""
+    M, N = spec.M, spec.N
+    one_by_one = [
+        *[f"    __mem4[{ct // 4 + i * (NR // 4) + j}u] = c{i}_{j};" for i in range(MR) for j in range(NR // 4)],
+        f"    for (var i = 0u; i < {MR}u; i++) {{",
+        f"        for (var j = 0u; j < {NR}u; j++) {{",
+        f"            if (m0 + i < {M}u && n0 + j < {N}u) {{",
+        f"                store_c(__mem[{ct}u + i * {NR}u + j], bi, m0 + i, n0 + j);",
+        "            }",
+        "        }",
+        "    }",
+    ]
+    if not plain_store(spec):
+        return one_by_one
+    start = spec.out_start or f"{spec.out_offset}u"
+    rows = f"bi * {M}u + m0" if spec.batch > 1 else "m0"
+    whole = [f"        let c = {start} + ({rows}) * {N}u + n0;"]
+    whole += [f"        __c4[c + {i * N + 4 * j}u] = c{i}_{j};" for i in range(MR) for j in range(NR // 4)]
+    if M % MR == 0 and N % NR == 0:
+        return ["    {", *whole, "    }"]
+    return [f"    if (m0 + {MR}u <= {M}u && n0 + {NR}u <= {N}u) {{", *whole, "    } else {",
+            *["    " + line for line in one_by_one], "    }"]
+
+
 def matmul_wgsl(spec: MatmulSpec, base: int) -> str:
     """The functions of one product; scratch floats start at float index `base` of memory."""
     M, N, K = spec.M, spec.N, spec.K
@@ -95,14 +127,7 @@ def matmul_wgsl(spec: MatmulSpec, base: int) -> str:
         f"        a += {MR}u;",
         f"        b += {NR // 4}u;",
         "    }",
-        *[f"    __mem4[{ct // 4 + i * (NR // 4) + j}u] = c{i}_{j};" for i in range(MR) for j in range(NR // 4)],
-        f"    for (var i = 0u; i < {MR}u; i++) {{",
-        f"        for (var j = 0u; j < {NR}u; j++) {{",
-        f"            if (m0 + i < {M}u && n0 + j < {N}u) {{",
-        f"                store_c(__mem[{ct}u + i * {NR}u + j], bi, m0 + i, n0 + j);",
-        "            }",
-        "        }",
-        "    }",
+        *_stores(spec, ct, acc),
         "}",
         "",
         "fn __matmul() {",
@@ -128,6 +153,8 @@ def matmul_function(ctx, spec: MatmulSpec, base: int) -> int:
     ctx.shader.funcs.update(extra.funcs)
     ctx.bindings["__mem"] = Binding(0, "f32", 1 << 30)
     ctx.bindings["__mem4"] = Binding(0, "vec4<f32>", 1 << 28)
+    out = ctx.bindings[spec.out_buf]
+    ctx.bindings["__c4"] = Binding(out.address, "vec4<f32>", out.length, scale=4)
     code = Code([I32, I32, I32])
     code.op("call", function_index(ctx, "__matmul"))
     return ctx.library.function([I32, I32, I32], [], code)

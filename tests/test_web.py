@@ -832,7 +832,7 @@ def test_sine_demo_fits_sine(browser, site, tmp_path):
     assert metrics[0]["rms"] > 0.3 and metrics[-1]["rms"] < 0.1, metrics
     assert title == "sine_mlp: fitting sin(x)"
     assert status.startswith("step 150/150 · loss ") and status.endswith(" steps/s")
-    assert "adapter: google swiftshader (fallback)" in adapter and "kernel set: cpu, a software adapter" in adapter
+    assert "adapter: google swiftshader (fallback)" in adapter and "kernel set: wasm, a software adapter" in adapter
     px = _png_pixels(fit)[..., :3].astype(int)
     orange = (np.abs(px - [0xE8, 0x71, 0x0A]).sum(-1) < 120)  # the model's curve
     cols = np.nonzero(orange.any(0))[0]

@@ -615,6 +615,14 @@ async function timeKernelSets(device) {
   return out;
 }
 
+/** What an adapter says of itself (its GPUAdapterInfo's fields). */
+function adapterInfoOf(adapter) {
+  const info = adapter.info || {};
+  const out = Object.fromEntries(["vendor", "architecture", "device", "description", "isFallbackAdapter"].map((k) => [k, info[k] ?? ""]));
+  out.isFallbackAdapter = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter);
+  return out;
+}
+
 class Engine {
   static async create(name, program, wgsl, wgslCpu = {}, kernels = "auto", wgslSubgroup = {}, adapterOption = null) {
     const e = new Engine();
@@ -638,8 +646,7 @@ class Engine {
     // the program has such variants; else the GPU set. An adapter whose info says nothing (Chrome
     // masks it on some backends) gets the faster of two probe kernels, timed on its device.
     const info = adapter.info || {};
-    e.adapterInfo = Object.fromEntries(["vendor", "architecture", "device", "description", "isFallbackAdapter"].map((k) => [k, info[k] ?? ""]));
-    e.adapterInfo.isFallbackAdapter = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter);
+    e.adapterInfo = adapterInfoOf(adapter);
     const hasSubgroups = adapter.features.has("subgroups");
     const variants = Object.keys(wgslSubgroup).length > 0;
     const [known, why] = kernels === "auto" ? recognise(info, adapter.isFallbackAdapter) : [kernels, `asked for (kernels: "${kernels}")`];
@@ -980,7 +987,7 @@ function wasmUnavailable(wasmSet) {
 }
 
 class WasmEngine {
-  static async create(name, program, wasmSet, why) {
+  static async create(name, program, wasmSet, why, adapter = null) {
     const e = new WasmEngine();
     e.timings = { create: {}, prepare: {}, last: null };
     const t0 = now();
@@ -988,7 +995,8 @@ class WasmEngine {
     e.program = program;
     e.kernelSet = "wasm";
     e.kernelSetReason = why;
-    e.adapterInfo = { vendor: "", architecture: "", device: "", description: "WebAssembly (no WebGPU)", isFallbackAdapter: false };
+    // the software adapter it runs instead of, or none
+    e.adapterInfo = adapter ? adapterInfoOf(adapter) : { vendor: "", architecture: "", device: "", description: "WebAssembly (no WebGPU)", isFallbackAdapter: false };
     e.requiredLimits = {};
     e.device = null;
     e.layout = wasmSet.layout;
@@ -1075,12 +1083,12 @@ async function createEngine(name, program, wgsl, wgslCpu, kernels, wgslSubgroup,
   const adapter = typeof GPUAdapter !== "undefined" && options instanceof GPUAdapter ? options : await gpu.requestAdapter(options);
   if (!adapter) return WasmEngine.create(name, program, wasmSet, `no WebGPU adapter (requestAdapter(${JSON.stringify(options)}) returned null)`);
   const [set, why] = recognise(adapter.info || {}, adapter.isFallbackAdapter);
-  if (set === "cpu") return WasmEngine.create(name, program, wasmSet, `${why}: WebAssembly runs the step faster than its WGSL`);
+  if (set === "cpu") return WasmEngine.create(name, program, wasmSet, `${why}: WebAssembly runs the step faster than its WGSL`, adapter);
   const e = await Engine.create(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapter);
   if (e.kernelSet !== "cpu") return e;
   // an adapter that says nothing, timed as a CPU: WebAssembly beats its WGSL too
   e.destroy();
-  return WasmEngine.create(name, program, wasmSet, `${e.kernelSetReason}: WebAssembly runs the step faster than the CPU set's WGSL`);
+  return WasmEngine.create(name, program, wasmSet, `${e.kernelSetReason}: WebAssembly runs the step faster than the CPU set's WGSL`, adapter);
 }
 
 function wgslContext(source, line) {
