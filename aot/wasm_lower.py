@@ -26,6 +26,7 @@ WASM_TYPE = {"f32": F32, "i32": I32, "u32": I32, "bool": I32}
 MATH = {"exp": ("exp", 1), "log": ("log", 1), "sin": ("sin", 1), "cos": ("cos", 1), "tan": ("tan", 1),
         "tanh": ("tanh", 1), "pow": ("pow", 2), "exp2": ("exp2", 1), "log2": ("log2", 1), "atan": ("atan", 1),
         "atan2": ("atan2", 2), "asin": ("asin", 1), "acos": ("acos", 1), "sinh": ("sinh", 1), "cosh": ("cosh", 1)}
+UNROLL = 8  # counted loops of up to this many steps are written out (Lower.unrolled)
 LANES = {"x": 0, "y": 1, "z": 2, "w": 3, "r": 0, "g": 1, "b": 2, "a": 3}
 BUILTIN_VEC = ("global_invocation_id", "workgroup_id", "local_invocation_id", "num_workgroups")
 FLOAT_FNS = {"abs": "f32.abs", "floor": "f32.floor", "ceil": "f32.ceil", "trunc": "f32.trunc", "round": "f32.nearest",
@@ -264,6 +265,102 @@ class Lower:
     def temp(self, t: int) -> int:
         return self.code.local(t)
 
+    # ---- values known at build time ----
+    def fold(self, e):
+        """The value of an integer or bool expression known at build time (literals, the offset
+        table, arrayLength, lets and unrolled loop indices of such), else None."""
+        k = e[0]
+        if k == "lit":
+            return e[2] if e[1] in ("aint", "u32", "i32", "bool") else None
+        if k == "name":
+            v = self.lookup(e[1])
+            return v[1] if v[0] == "cval" else self.fold(v[1]) if v[0] == "const" else None
+        if k == "member" and e[1][0] == "name" and e[1][1] in self.ctx.shader.uniforms:
+            struct = self.ctx.shader.structs[self.ctx.shader.uniforms[e[1][1]]]
+            return self.ctx.offsets[struct.index(e[2])]
+        if k == "call" and e[1] == "arrayLength":
+            return self.lookup(e[3][0][1][1])[1].length
+        if k == "call" and e[1] == "select":
+            c = self.fold(e[3][2])
+            return None if c is None else self.fold(e[3][1] if c else e[3][0])
+        if k == "call" and e[1] in ("min", "max", "u32", "i32"):
+            vals = [self.fold(a) for a in e[3]]
+            if None in vals or self.type_of(e) not in ("u32", "i32", "aint"):
+                return None
+            return {"min": min, "max": max}[e[1]](vals) if e[1] in ("min", "max") else _wrap(vals[0], e[1])
+        if k == "un":
+            v = self.fold(e[2])
+            if v is None:
+                return None
+            t = self.type_of(e)
+            return (not v) if e[1] == "!" else _wrap(-v if e[1] == "-" else ~v, t)
+        if k != "bin":
+            return None
+        op = e[1]
+        if op in ("&&", "||"):
+            a = self.fold(e[2])
+            if a is None or (op == "&&" and a) or (op == "||" and not a):
+                b = self.fold(e[3])
+                return None if a is None or b is None else bool(b)
+            return bool(a)
+        t = self.type_of(e) if op not in ("==", "!=", "<", ">", "<=", ">=") else unify(self.type_of(e[2]), self.type_of(e[3]))
+        if t not in ("u32", "i32", "aint"):
+            return None
+        a, b = self.fold(e[2]), self.fold(e[3])
+        if a is None or b is None:
+            return None
+        if op in ("==", "!=", "<", ">", "<=", ">="):
+            return {"==": a == b, "!=": a != b, "<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]
+        if op in ("/", "%"):
+            if b == 0:
+                return _wrap(a if op == "/" else 0, t)
+            q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)  # toward zero
+            return _wrap(q if op == "/" else a - q * b, t)
+        if op in ("<<", ">>"):
+            return _wrap(a << (b & 31) if op == "<<" else a >> (b & 31), t)
+        return _wrap({"+": a + b, "-": a - b, "*": a * b, "&": a & b, "|": a | b, "^": a ^ b}[op], t)
+
+    def linear(self, e) -> tuple:
+        """(e less its constant term, that constant): x + 1u, x + (y + 2u), x + at.o3, ..."""
+        value = self.fold(e)
+        if value is not None and not isinstance(value, bool):
+            return (None, value)
+        if e[0] == "bin" and e[1] == "+" and self.type_of(e) in ("u32", "i32"):
+            rest_a, k_a = self.linear(e[2])
+            rest_b, k_b = self.linear(e[3])
+            rest = rest_a if rest_b is None else rest_b if rest_a is None else ("bin", "+", rest_a, rest_b)
+            return (rest, k_a + k_b)
+        return (e, 0)
+
+    def unrolled(self, s):
+        """(index name, its values, type) of a for loop worth writing out: a counted loop of at
+        most UNROLL steps known at build time, whose body neither breaks nor sets the index (the
+        kernels' `for (var c = 0u; c < 4u; c += one)` over vec4 registers, picked by select)."""
+        _, init, cond, update, body = s
+        if not (init and init[0] == "var" and init[3] is not None and cond and update) or _has(body, "break"):
+            return None
+        name = init[1]
+        start = self.fold(init[3])
+        if start is None or cond[0] != "bin" or cond[2] != ("name", name) or cond[1] not in ("<", "<="):
+            return None
+        self.scopes.append({name: ("cval", start, concrete(init[2] or self.type_of(init[3])))})
+        try:
+            end = self.fold(cond[3])
+            step = None
+            if update[0] == "assign" and update[1] == ("name", name):
+                if update[2] == "+=":
+                    step = self.fold(update[3])
+                elif update[2] == "=" and update[3][0] == "bin" and update[3][1] == "+" and update[3][2] == ("name", name):
+                    step = self.fold(update[3][3])
+        finally:
+            self.scopes.pop()
+        if end is None or not step or step <= 0 or _assigns(body, name):
+            return None
+        values = list(range(start, end + (1 if cond[1] == "<=" else 0), step))
+        if not values or len(values) > UNROLL:
+            return None
+        return name, values, concrete(init[2] or self.type_of(init[3]))
+
     # ---- types ----
     def type_of(self, e):
         k = e[0]
@@ -271,7 +368,7 @@ class Lower:
             return e[1]
         if k == "name":
             v = self.lookup(e[1])
-            if v[0] == "local":
+            if v[0] in ("local", "cval"):
                 return v[2]
             if v[0] == "const":
                 return self.type_of(v[1])
@@ -354,11 +451,16 @@ class Lower:
             t = want if want in SCALAR and want != "bool" else concrete(t)
         c = self.code
         k = e[0]
-        if k == "lit":
+        value = self.fold(e) if k != "lit" and t in ("i32", "u32", "bool") else None
+        if value is not None:  # known at build time: the offset table, `one`, unrolled loop indices
+            self.const(t, value)
+        elif k == "lit":
             self.const(t, e[2])
         elif k == "name":
             v = self.lookup(e[1])
-            if v[0] == "local":
+            if v[0] == "cval":
+                self.const(t, v[1])
+            elif v[0] == "local":
                 c.op("local.get", v[1])
             else:  # a module-scope const
                 self.emit(v[1], t)
@@ -484,7 +586,7 @@ class Lower:
             address, et, scale = v[1], v[2][1], 4
         vec4 = isinstance(et, str) and et.startswith("vec")
         load = "v128.load" if vec4 else "f32.load" if et == "f32" else "i32.load"
-        rest, k = _linear(index)
+        rest, k = self.linear(index)
         if rest is None:
             self.code.op("i32.const", 0)
             return load, address + scale * k, et
@@ -498,7 +600,7 @@ class Lower:
         """args are reads of one f32 buffer at i, i + 1, i + 2, i + 3 (as written)."""
         if not all(self.stored_f32(a) for a in args) or len({a[1] for a in args}) != 1:
             return False
-        parts = [_linear(a[2]) for a in args]
+        parts = [self.linear(a[2]) for a in args]
         return all(p[0] == parts[0][0] and p[1] == parts[0][1] + i for i, p in enumerate(parts))
 
     def stored_f32(self, e) -> bool:
@@ -589,6 +691,9 @@ class Lower:
             elif at in ("u32", "i32", "aint") and t == "f32":
                 c.op("f32.reinterpret_i32")
             return
+        if name == "select" and self.fold(args[2]) is not None:  # pick4(c, ...) with c known
+            self.emit(args[1] if self.fold(args[2]) else args[0], t)
+            return
         if name == "select":
             if t.startswith("vec"):
                 self.emit(args[1], t)
@@ -677,11 +782,16 @@ class Lower:
         c = self.code
         if len(self.inlining) > 16 or f.name in self.inlining:
             raise WasmUnsupported(f"recursion through {f.name}")
-        params = {}
+        params, given = {}, []
         for a, (pname, pt) in zip(args, f.params):
+            value = self.fold(a) if pt in ("i32", "u32", "bool") else None
+            if value is not None:
+                params[pname] = ("cval", value, pt)
+                continue
             self.emit(a, pt)
             params[pname] = ("local", c.local(wtype(pt)), pt)
-        for _, local, _t in reversed(params.values()):
+            given.append(params[pname][1])
+        for local in reversed(given):
             c.op("local.set", local)
         saved, self.scopes = self.scopes, [params]
         self.inlining.append(f.name)
@@ -747,6 +857,9 @@ class Lower:
             if isinstance(ty, tuple) or (value is not None and self.type_of(value).__class__ is tuple):
                 return self.local_array(name, ty, value)
             t = concrete(ty or self.type_of(value))
+            if k == "let" and t in ("i32", "u32", "bool") and self.fold(value) is not None:
+                self.scopes[-1][name] = ("cval", self.fold(value), t)
+                return
             local = c.local(wtype(t))
             if value is not None:
                 self.emit(value, t)
@@ -754,6 +867,10 @@ class Lower:
             self.scopes[-1][name] = ("local", local, t)
         elif k == "assign":
             self.assign(s)
+        elif k == "if" and self.fold(s[1]) is not None:
+            taken = s[2] if self.fold(s[1]) else s[3]
+            if taken:
+                self.stmts(taken)
         elif k == "if":
             self.emit(s[1], "bool")
             c.op("if")
@@ -764,6 +881,19 @@ class Lower:
                 self.stmts(s[3])
             self.labels.pop()
             c.op("end")
+        elif k == "for" and self.unrolled(s) is not None:
+            name, values, t = self.unrolled(s)
+            cont = _has(s[4], "continue")
+            for v in values:
+                self.scopes.append({name: ("cval", v, t)})
+                if cont:
+                    c.op("block")
+                    self.labels.append("cont")
+                self.stmts(s[4])
+                if cont:
+                    self.labels.pop()
+                    c.op("end")
+                self.scopes.pop()
         elif k == "for":
             _, init, cond, update, body = s
             self.scopes.append({})
@@ -889,3 +1019,32 @@ def _fold(e):
     if a is None or b is None or (e[1] == "/" and (b == 0 or isinstance(a, int) and isinstance(b, int))):
         return None
     return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[e[1]]
+
+
+def _wrap(v: int, t: str) -> int:
+    """v as a u32 or i32 holds it (abstract ints as they are)."""
+    if t == "u32":
+        return v & 0xFFFFFFFF
+    if t == "i32":
+        v &= 0xFFFFFFFF
+        return v - (1 << 32) if v >= 1 << 31 else v
+    return v
+
+
+def _has(node, kind: str) -> bool:
+    """A statement of `kind` anywhere in the statements (break, continue)."""
+    if isinstance(node, tuple):
+        return (len(node) == 1 and node[0] == kind) or any(_has(x, kind) for x in node)
+    if isinstance(node, list):
+        return any(_has(x, kind) for x in node)
+    return False
+
+
+def _assigns(node, name: str) -> bool:
+    if isinstance(node, tuple):
+        if node and node[0] == "assign" and node[1] == ("name", name):
+            return True
+        return any(_assigns(x, name) for x in node)
+    if isinstance(node, list):
+        return any(_assigns(x, name) for x in node)
+    return False
