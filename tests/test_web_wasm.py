@@ -163,3 +163,53 @@ def test_auto_without_webgpu_picks_wasm(tmp_path):
     assert got["kernelSet"] == "wasm"
     assert got["reason"] == "this JavaScript engine has no WebGPU (navigator.gpu is missing)"
 
+
+
+def test_wasm_set_in_chromium(tmp_path):
+    """The set through a page in headless Chromium (V8 with relaxed SIMD: the matmuls' fused
+    multiply-adds): 5 steps of the MNIST MLP against the interpreter, stepMany's losses equal to
+    step()'s, and the kernel set it says it runs."""
+    import functools
+    import http.server
+    import os
+    import threading
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    prog = _example("mnist_mlp")["program"]
+    module = _build(prog, tmp_path)
+    batches = _batches("mnist_mlp", 5)
+    ref = interp.Reference(trace_program(prog), dtype=np.float32)
+    want = [ref.step(**b) for b in batches]
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(module.parent)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    arg = [{k: [list(v.shape), v.ravel().tolist()] for k, v in b.items()} for b in batches]
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"], headless=True)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/README.md")
+            got = page.evaluate("""async (batches) => {
+                const M = await import("./mnist_mlp.js");
+                const typed = (b) => ({x: {data: Float32Array.from(b.x[1]), shape: b.x[0]},
+                                       labels: {data: Int32Array.from(b.labels[1]), shape: b.labels[0]}});
+                const m = await M.Model.create({kernels: "wasm"});
+                const losses = [];
+                for (const b of batches) losses.push(await m.step(typed(b)));
+                await m.reset();
+                const many = Array.from(await m.stepMany(batches.map(typed)));
+                return {set: m.kernelSet, reason: m.kernelSetReason, relaxed: M.WASM.relaxed, losses, many};
+            }""", arg)
+            browser.close()
+    finally:
+        server.shutdown()
+    assert got["set"] == "wasm" and got["reason"] == 'asked for (kernels: "wasm")'
+    assert got["relaxed"] is True  # Chromium validates the relaxed-simd module
+    np.testing.assert_allclose(got["losses"], want, rtol=1e-5)
+    assert got["many"] == got["losses"]

@@ -1088,7 +1088,9 @@ async function createEngine(name, program, wgsl, wgslCpu, kernels, wgslSubgroup,
   if (e.kernelSet !== "cpu") return e;
   // an adapter that says nothing, timed as a CPU: WebAssembly beats its WGSL too
   e.destroy();
-  return WasmEngine.create(name, program, wasmSet, `${e.kernelSetReason}: WebAssembly runs the step faster than the CPU set's WGSL`, adapter);
+  const w = await WasmEngine.create(name, program, wasmSet, `${e.kernelSetReason}: WebAssembly runs the step faster than the CPU set's WGSL`, adapter);
+  w.probe = e.probe;
+  return w;
 }
 
 function wgslContext(source, line) {
