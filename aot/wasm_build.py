@@ -18,6 +18,7 @@ import base64
 
 from . import wasm_matmul
 from .wasm_encode import I32, Code, Module
+from .wasm_lanes import lanes_kernel
 from .wasm_lower import Binding, Library, ShaderContext, kernel_function, math_calls
 from .wasm_wgsl import WasmUnsupported, parse
 
@@ -81,7 +82,7 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
     lib = Library(module, math, scratch, relaxed=relaxed)
     mm = [specs[k] for k in used if k in specs]
     mm_base = scratch(4 * max(map(wasm_matmul.scratch_floats, mm))) // 4 if mm else 0  # one region, reused
-    funcs = {}
+    funcs, lanes, why_not = {}, [], {}
     for k in used:
         sh = shaders[k]
         bindings = {}
@@ -96,6 +97,14 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
                 funcs[k] = wasm_matmul.matmul_function(ctx, specs[k], mm_base)
             else:
                 funcs[k] = kernel_function(ctx)
+                try:  # four invocations a step where the kernel's shape allows (wasm_lanes)
+                    import os
+                    four = lanes_kernel(ctx, funcs[k]) if (k not in os.environ.get("NOLANES", "") and os.environ.get("ONLYLANES", k) in k) else None
+                except WasmUnsupported as e:
+                    four, why_not[k] = None, str(e)
+                if four is not None:
+                    funcs[k] = four
+                    lanes.append(k)
         except WasmUnsupported as e:
             return {"error": f"kernel {k} (from {prog['kernels'][k][1]}): {e}"}
     for k, index in funcs.items():  # each kernel on its own too: bench_web.py --profile times them
@@ -116,6 +125,8 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
         "layout": addresses,
         "pages": pages,
         "math": math,
+        "lanes": lanes,  # kernels that run four invocations a step (wasm_lanes)
+        "one_at_a_time": why_not,  # kernels of the guarded shape that do not, and why
     }
 
 

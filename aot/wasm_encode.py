@@ -44,6 +44,14 @@ SIMD = {
     "f32x4.abs": 0xE0, "f32x4.neg": 0xE1, "f32x4.sqrt": 0xE3, "f32x4.add": 0xE4, "f32x4.sub": 0xE5,
     "f32x4.mul": 0xE6, "f32x4.div": 0xE7, "f32x4.min": 0xE8, "f32x4.max": 0xE9,
     "f32x4.relaxed_madd": 0x105,
+    "i32x4.eq": 0x37, "i32x4.ne": 0x38, "i32x4.lt_s": 0x39, "i32x4.lt_u": 0x3A, "i32x4.gt_s": 0x3B,
+    "i32x4.gt_u": 0x3C, "i32x4.le_s": 0x3D, "i32x4.le_u": 0x3E, "i32x4.ge_s": 0x3F, "i32x4.ge_u": 0x40,
+    "f32x4.ne": 0x42, "f32x4.le": 0x45, "f32x4.ge": 0x46, "v128.not": 0x4D,
+    "f32x4.ceil": 0x67, "f32x4.floor": 0x68, "f32x4.trunc": 0x69, "f32x4.nearest": 0x6A,
+    "i32x4.abs": 0xA0, "i32x4.neg": 0xA1, "i32x4.shl": 0xAB, "i32x4.shr_s": 0xAC, "i32x4.shr_u": 0xAD,
+    "i32x4.min_s": 0xB6, "i32x4.min_u": 0xB7, "i32x4.max_s": 0xB8, "i32x4.max_u": 0xB9,
+    "i32x4.trunc_sat_f32x4_s": 0xF8, "i32x4.trunc_sat_f32x4_u": 0xF9,
+    "f32x4.convert_i32x4_s": 0xFA, "f32x4.convert_i32x4_u": 0xFB,
 }
 MEM = {"i32.load": 0x28, "f32.load": 0x2A, "i32.store": 0x36, "f32.store": 0x38}
 ALIGN = {"i32.load": 2, "f32.load": 2, "i32.store": 2, "f32.store": 2, "v128.load": 4, "v128.store": 4, "v128.load32_splat": 2}

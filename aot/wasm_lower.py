@@ -368,7 +368,7 @@ class Lower:
             return e[1]
         if k == "name":
             v = self.lookup(e[1])
-            if v[0] in ("local", "cval"):
+            if v[0] in ("local", "cval", "vaff", "vvec"):
                 return v[2]
             if v[0] == "const":
                 return self.type_of(v[1])
@@ -460,8 +460,10 @@ class Lower:
             v = self.lookup(e[1])
             if v[0] == "cval":
                 self.const(t, v[1])
-            elif v[0] == "local":
+            elif v[0] in ("local", "vaff"):  # vaff: lane 0's value (wasm_lanes)
                 c.op("local.get", v[1])
+            elif v[0] == "vvec":
+                raise WasmUnsupported(f"{e[1]} differs between lanes here")
             else:  # a module-scope const
                 self.emit(v[1], t)
         elif k == "bin":
@@ -525,7 +527,7 @@ class Lower:
             # WGSL: x / 0 is x, x % 0 is 0 (wasm traps): divide by 1 instead
             self.emit(b, t)
             tmp = self.temp(I32)
-            c.op("local.tee", tmp).op("i32.const", 1).op("local.get", tmp).op("i32.eqz").op("select")
+            c.op("local.tee", tmp).op("i32.const", 1).op("local.get", tmp).op("select")  # b if b != 0 else 1
         elif op == "%" and t == "f32":  # a - b trunc(a / b)
             ta, tb = self.temp(F32), self.temp(F32)
             c.op("local.set", ta)
