@@ -354,7 +354,7 @@ class Lower:
                     step = self.fold(update[3][3])
         finally:
             self.scopes.pop()
-        if end is None or not step or step <= 0 or _assigns(body, name):
+        if end is None or not step or step <= 0 or _assigns(body, name) or not _picks(body, name):
             return None
         values = list(range(start, end + (1 if cond[1] == "<=" else 0), step))
         if not values or len(values) > UNROLL:
@@ -1039,6 +1039,21 @@ def _has(node, kind: str) -> bool:
         return (len(node) == 1 and node[0] == kind) or any(_has(x, kind) for x in node)
     if isinstance(node, list):
         return any(_has(x, kind) for x in node)
+    return False
+
+
+def _picks(node, name: str) -> bool:
+    """The loop index picks registers: compared with a constant (select(v, x, c == 1u)) or passed
+    to a pick function. Only such loops are written out: others would only grow the code V8
+    compiles before it runs fast (a matmul's 32 stores of an inlined epilogue)."""
+    if isinstance(node, tuple) and node:
+        if node[0] == "bin" and node[1] == "==" and ("name", name) in node[2:] and any(x[0] == "lit" for x in node[2:]):
+            return True
+        if node[0] == "call" and str(node[1]).startswith("pick") and node[3] and node[3][0] == ("name", name):
+            return True
+        return any(_picks(x, name) for x in node)
+    if isinstance(node, list):
+        return any(_picks(x, name) for x in node)
     return False
 
 
