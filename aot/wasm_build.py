@@ -98,8 +98,7 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
             else:
                 funcs[k] = kernel_function(ctx)
                 try:  # four invocations a step where the kernel's shape allows (wasm_lanes)
-                    import os
-                    four = lanes_kernel(ctx, funcs[k]) if (k not in os.environ.get("NOLANES", "") and os.environ.get("ONLYLANES", k) in k) else None
+                    four = lanes_kernel(ctx, funcs[k])
                 except WasmUnsupported as e:
                     four, why_not[k] = None, str(e)
                 if four is not None:

@@ -15,12 +15,12 @@ product and an add per step, as the CPU variant's loop does.
 
 from __future__ import annotations
 
-from .matmul_codegen import MatmulSpec, Operand, _address, _batch_expr
+from .matmul_codegen import MatmulSpec, Operand, _address, _batch_expr, _out_index
+from .templates import render
 from .wasm_lower import Binding, function_index
-from .wasm_wgsl import parse
+from .wasm_wgsl import WasmUnsupported, parse
 
-import os
-MR, NR = int(os.environ.get("MR", 4)), int(os.environ.get("NR", 8))  # a block of C: MR rows x NR columns (NR / 4 vectors)
+MR, NR = 4, 8  # a block of C: MR rows x NR columns (NR / 4 vectors): 8 f32x4 accumulators
 
 
 def scratch_floats(spec: MatmulSpec) -> int:
@@ -73,7 +73,7 @@ def plain_store(spec: MatmulSpec) -> bool:
     return spec.epilogue == "acc" and not spec.extra_stores and not spec.accumulate
 
 
-def _stores(spec: MatmulSpec, ct: int, acc: list[str]) -> list[str]:
+def _stores(spec: MatmulSpec, ct: int, acc: list[str], lanes: bool) -> list[str]:
     """A block's outputs: through the kernel's store_c one by one (epilogues, extra outputs,
     edges), or, for a plain product, a whole block's rows as vector stores (`__c4`: C's buffer
     as vec4s at float positions)."""
@@ -89,7 +89,14 @@ def _stores(spec: MatmulSpec, ct: int, acc: list[str]) -> list[str]:
         "    }",
     ]
     if not plain_store(spec):
-        return one_by_one
+        if not lanes:
+            return one_by_one
+        # a whole block: each row's vectors through store_c's epilogue four columns at a time
+        whole = [f"        __store_lanes(c{i}_{j}, bi, m0 + {i}u, n0 + {4 * j}u);" for i in range(MR) for j in range(NR // 4)]
+        if M % MR == 0 and N % NR == 0:
+            return ["    {", *whole, "    }"]
+        return [f"    if (m0 + {MR}u <= {M}u && n0 + {NR}u <= {N}u) {{", *whole, "    } else {",
+                *["    " + line for line in one_by_one], "    }"]
     start = spec.out_start or f"{spec.out_offset}u"
     rows = f"bi * {M}u + m0" if spec.batch > 1 else "m0"
     whole = [f"        let c = {start} + ({rows}) * {N}u + n0;"]
@@ -100,7 +107,16 @@ def _stores(spec: MatmulSpec, ct: int, acc: list[str]) -> list[str]:
             *["    " + line for line in one_by_one], "    }"]
 
 
-def matmul_wgsl(spec: MatmulSpec, base: int) -> str:
+def store_full_wgsl(spec: MatmulSpec) -> str:
+    """store_c and its epilogue without the edge guard, as __store_full / __epilogue_full: what
+    __store_lanes runs for four columns of a whole block (wasm_lanes)."""
+    out_index = (spec.out_start + " + " + _out_index(spec, with_offset=False)) if spec.out_start else _out_index(spec)
+    text = render("wgsl/_matmul_store.wgsl.j2", spec=spec, out_guard=False, out_index=out_index,
+                  local_index=_out_index(spec, with_offset=False))
+    return text.replace("store_c(", "__store_full(").replace("epilogue(", "__epilogue_full(")
+
+
+def matmul_wgsl(spec: MatmulSpec, base: int, lanes: bool = True) -> str:
     """The functions of one product; scratch floats start at float index `base` of memory."""
     M, N, K = spec.M, spec.N, spec.K
     mp, np_ = -(-M // MR) * MR, -(-N // NR) * NR
@@ -127,7 +143,7 @@ def matmul_wgsl(spec: MatmulSpec, base: int) -> str:
         f"        a += {MR}u;",
         f"        b += {NR // 4}u;",
         "    }",
-        *_stores(spec, ct, acc),
+        *_stores(spec, ct, acc, lanes),
         "}",
         "",
         "fn __matmul() {",
@@ -146,10 +162,19 @@ def matmul_wgsl(spec: MatmulSpec, base: int) -> str:
 
 def matmul_function(ctx, spec: MatmulSpec, base: int) -> int:
     """The kernel function (grid params unused) of the product; `base`: its scratch's float index."""
+    assert base % 4 == 0, "the panels are read as vec4s: 16-byte aligned"
+    try:
+        return _function(ctx, spec, base, lanes=True)
+    except WasmUnsupported:  # an epilogue the lanes cannot run: one output at a time
+        ctx.func_index.pop("__matmul", None)
+        return _function(ctx, spec, base, lanes=False)
+
+
+def _function(ctx, spec: MatmulSpec, base: int, lanes: bool) -> int:
     from .wasm_encode import I32, Code
 
-    assert base % 4 == 0, "the panels are read as vec4s: 16-byte aligned"
-    extra = parse(matmul_wgsl(spec, base))
+    text = matmul_wgsl(spec, base, lanes) + ("\n" + store_full_wgsl(spec) if lanes and not plain_store(spec) else "")
+    extra = parse(text)
     ctx.shader.funcs.update(extra.funcs)
     ctx.bindings["__mem"] = Binding(0, "f32", 1 << 30)
     ctx.bindings["__mem4"] = Binding(0, "vec4<f32>", 1 << 28)
