@@ -512,4 +512,23 @@ class Lanes(Lower):
         self.scopes.pop()
 
 
-__all__ = ["lanes_kernel", "BUILTIN_VEC", "wtype"]
+__all__ = ["lanes_kernel", "store_lanes", "BUILTIN_VEC", "wtype"]
+
+
+def store_lanes(low: Lower, args) -> None:
+    """__store_lanes(acc: vec4<f32>, bi, row, col) (wasm_matmul): __store_full for columns col ..
+    col + 3 of a whole block (col a multiple of 4), the epilogue in lanes."""
+    c = low.code
+    f = low.ctx.shader.funcs["__store_full"]
+    held = []
+    for a, t in zip(args, ("vec4<f32>", "u32", "u32", "u32")):
+        low.emit(a, t)
+        held.append(c.local(wtype(t)))
+    for local in reversed(held):
+        c.op("local.set", local)
+    names = [p for p, _ in f.params]
+    lanes = Lanes(low.ctx, f)
+    lanes.code, lanes.inlining = c, low.inlining
+    lanes.scopes = [{names[0]: ("vvec", held[0], "f32"), names[1]: ("local", held[1], "u32"),
+                     names[2]: ("local", held[2], "u32"), names[3]: ("vaff", held[3], "u32", 1, 4)}]
+    lanes.vstmts(f.body)

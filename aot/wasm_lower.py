@@ -84,6 +84,7 @@ class ShaderContext:
     def __init__(self, shader: Shader, bindings: dict, offsets: list, library: "Library"):
         self.shader, self.bindings, self.offsets, self.library = shader, bindings, offsets, library
         self.func_index: dict[str, int] = {}  # this kernel's functions, compiled on first call
+        self.special: dict = {}  # name -> fn(lower, args): calls written by a later stage, returning nothing
 
 
 class Library:
@@ -429,7 +430,7 @@ class Lower:
             return elem(self.type_of(args[0]))
         if name in self.ctx.shader.funcs:
             return self.ctx.shader.funcs[name].ret
-        if name == "__store_lanes":
+        if name in self.ctx.special:
             return None
         if name == "select":
             return unify(self.type_of(args[0]), self.type_of(args[1]))
@@ -645,8 +646,8 @@ class Lower:
     def call(self, e, t) -> None:
         _, name, targs, args = e
         c = self.code
-        if name == "__store_lanes":  # wasm_matmul: four columns of a whole block through its epilogue
-            return self.store_lanes(args)
+        if name in self.ctx.special:  # a call a later stage writes itself (wasm_matmul's __store_lanes)
+            return self.ctx.special[name](self, args)
         if name in HELPER_FOR and name not in self.ctx.shader.funcs:
             funcs = self.ctx.shader.funcs
             for hname, f in helper_funcs().items():
@@ -781,27 +782,6 @@ class Lower:
             c.op("f32.demote_f64")
         else:
             raise WasmUnsupported(f"the builtin {name}()")
-
-    def store_lanes(self, args) -> None:
-        """__store_lanes(acc: vec4<f32>, bi, row, col): __store_full for columns col .. col + 3
-        (col a multiple of 4), in wasm_lanes' four-lane code."""
-        from .wasm_lanes import Lanes
-
-        c = self.code
-        f = self.ctx.shader.funcs["__store_full"]
-        kinds = []
-        for a, t in zip(args, ("vec4<f32>", "u32", "u32", "u32")):
-            self.emit(a, t)
-            kinds.append(c.local(wtype(t)))
-        for local in reversed(kinds):
-            c.op("local.set", local)
-        (acc, _), (bi, _), (row, _), (col, _) = [(k, p) for k, p in zip(kinds, f.params)]
-        names = [p for p, _ in f.params]
-        lanes = Lanes(self.ctx, f)
-        lanes.code, lanes.inlining = c, self.inlining
-        lanes.scopes = [{names[0]: ("vvec", acc, "f32"), names[1]: ("local", bi, "u32"),
-                         names[2]: ("local", row, "u32"), names[3]: ("vaff", col, "u32", 1, 4)}]
-        lanes.vstmts(f.body)
 
     def inline(self, f: Func, args) -> None:
         """A call written out in place: V8 does not inline wasm calls, and a matmul's store_c ->

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .matmul_codegen import MatmulSpec, Operand, _address, _batch_expr, _out_index
 from .templates import render
+from .wasm_lanes import store_lanes
 from .wasm_lower import Binding, function_index
 from .wasm_wgsl import WasmUnsupported, parse
 
@@ -176,6 +177,7 @@ def _function(ctx, spec: MatmulSpec, base: int, lanes: bool) -> int:
     text = matmul_wgsl(spec, base, lanes) + ("\n" + store_full_wgsl(spec) if lanes and not plain_store(spec) else "")
     extra = parse(text)
     ctx.shader.funcs.update(extra.funcs)
+    ctx.special["__store_lanes"] = store_lanes
     ctx.bindings["__mem"] = Binding(0, "f32", 1 << 30)
     ctx.bindings["__mem4"] = Binding(0, "vec4<f32>", 1 << 28)
     out = ctx.bindings[spec.out_buf]
