@@ -17,9 +17,10 @@ from __future__ import annotations
 import base64
 
 from . import wasm_matmul
-from .wasm_encode import I32, Code, Module
+from .wasm_encode import Code, Module
 from .wasm_lanes import lanes_kernel
-from .wasm_lower import Binding, Library, ShaderContext, kernel_function, math_calls
+from .wasm_lower import Library, ShaderContext, kernel_function, math_calls
+from .wasm_values import Binding
 from .wasm_wgsl import WasmUnsupported, parse
 
 PAGE = 65536
@@ -129,4 +130,4 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
     }
 
 
-__all__ = ["build_wasm", "layout", "arena_sizes", "I32"]
+__all__ = ["build_wasm", "layout", "arena_sizes"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 from math import gcd
 
 from .wasm_encode import I32, V128, Code
-from .wasm_lower import (BUILTIN_VEC, FLOAT_FNS, HELPER_FOR, MATH, Lower, concrete, helper_funcs, unify, wtype,
-                         _has)
+from .wasm_lower import Lower, _has
+from .wasm_values import FLOAT_FNS, HELPER_FOR, MATH, concrete, helper_funcs, unify, wtype
 from .wasm_wgsl import WasmUnsupported
 
 U = ("u", 0, 0)  # uniform; ("aff", stride, mult): lane k = base + k * stride, base a multiple of mult; ("vec",)
@@ -512,7 +512,7 @@ class Lanes(Lower):
         self.scopes.pop()
 
 
-__all__ = ["lanes_kernel", "store_lanes", "BUILTIN_VEC", "wtype"]
+__all__ = ["lanes_kernel", "store_lanes"]
 
 
 def store_lanes(low: Lower, args) -> None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 from .matmul_codegen import MatmulSpec, Operand, _address, _batch_expr, _out_index
 from .templates import render
 from .wasm_lanes import store_lanes
-from .wasm_lower import Binding, function_index
+from .wasm_lower import function_index
+from .wasm_values import Binding
 from .wasm_wgsl import WasmUnsupported, parse
 
 MR, NR = 4, 8  # a block of C: MR rows x NR columns (NR / 4 vectors): 8 f32x4 accumulators
