@@ -123,6 +123,14 @@ def _wasm_set(program) -> dict:
     return wasm_build.build_wasm(prog, wgsl, wgsl_cpu, web.matmul_specs(c))
 
 
+@pytest.mark.parametrize("name", list(MODELS))
+def test_examples_run_their_elementwise_and_row_kernels_in_lanes(name):
+    """Every kernel of the examples' guarded-index shape (elementwise, one-invocation rows) runs
+    four invocations a step (wasm_lanes), none falls back to one at a time."""
+    out = _wasm_set(_example(name)["program"])
+    assert out["lanes"] and out["one_at_a_time"] == {}
+
+
 @pytest.mark.parametrize("op", sorted(NO_WASM))
 def test_ops_without_the_wasm_set_are_named(op):
     cases = [c for c in CASES if c.op == op]
