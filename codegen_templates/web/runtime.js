@@ -1507,8 +1507,10 @@ export class ModelBase {
       if (dtype === "i32") {
         for (const v of a.data) if (v < -(2 ** 31) || v > 2 ** 31 - 1) throw new ValueError(`${shown}(): input ${pyStr(name)} has values outside the i32 range`);
       }
-      // a copy, made now: the caller may refill its array before the queued call runs
-      arrays[name] = dtype === "i32" ? Int32Array.from(a.data) : Float32Array.from(a.data);
+      // a copy, made now: the caller may refill its array before the queued call runs (the
+      // constructor copies a typed array in one go; Float32Array.from walks an iterator, 1-2 ms
+      // for MNIST's batch of 100,352 pixels)
+      arrays[name] = dtype === "i32" ? new Int32Array(a.data) : new Float32Array(a.data);
     }
     if (stacked && k === 0) throw new ValueError(`${shown}(): no batches (the stacked inputs have K = 0)`);
     const key = this._variant(entry, sizes);
