@@ -40,6 +40,13 @@ def _read(op: Operand, batch: int, p: str, k: str, p_len: int, K: int, a_side: b
     return f"{op.buf}[{terms.rstrip(' +') or '0u'}]"
 
 
+def _quads(op: Operand, a_side: bool, n: int, width: int) -> bool:
+    """Whether the copy can move four neighbours at once: plain strides, 1 along p, whole panels."""
+    if op.fn or op.row_dims or op.col_dims or n % width:
+        return False
+    return (op.row_stride if a_side else op.col_stride) == 1
+
+
 def _walks_p(op: Operand, a_side: bool) -> bool:
     """Whether the operand is contiguous along its row (A) / column (B) index rather than K:
     then the copy's inner loop walks that index."""
@@ -49,10 +56,23 @@ def _walks_p(op: Operand, a_side: bool) -> bool:
     return abs(p_stride) < abs(k_stride)
 
 
-def _pack(p: str, n: int, padded: int, width: int, at: int, K: int, read: str, p_inner: bool) -> list[str]:
+def _pack(p: str, n: int, padded: int, width: int, at: int, K: int, read: str, p_inner: bool, vector: bool) -> list[str]:
     """WGSL lines copying an operand's `n` rows (A) or columns (B) into panels of `width`, k-major,
-    zeros past `n`; the inner loop walks k, or p where the operand is contiguous along p."""
+    zeros past `n`; the inner loop walks k, or p where the operand is contiguous along p, and
+    (`vector`: stride 1 along p, whole panels) copies four neighbours at once."""
     slot = f"{at}u + ({p} / {width}u) * {width * K}u + {p} % {width}u + k * {width}u"
+    if vector:
+        src = read[read.index("[") + 1 : -1]  # buf[index of (p, k)]: the index's four neighbours
+        buf = read[: read.index("[")]
+        quad = "vec4<f32>(" + ", ".join(f"{buf}[q + {j}u]" for j in range(4)) + ")"
+        return [
+            f"    for (var k = 0u; k < {K}u; k++) {{",
+            f"        for (var {p} = 0u; {p} < {n}u; {p} += 4u) {{",
+            f"            let q = {src};",
+            f"            __mem4[({slot}) / 4u] = {quad};",
+            "        }",
+            "    }",
+        ]
     if p_inner:
         return [
             f"    for (var k = 0u; k < {K}u; k++) {{",
@@ -130,8 +150,8 @@ def matmul_wgsl(spec: MatmulSpec, base: int, lanes: bool = True) -> str:
     acc = [f"c{i}_{j}" for i in range(MR) for j in range(NR // 4)]
     lines = [
         "fn __mm_pack(bi: u32) {",
-        *_pack("m", M, mp, MR, pa, K, a, _walks_p(spec.a, True)),
-        *_pack("n", N, np_, NR, pb, K, b, _walks_p(spec.b, False)),
+        *_pack("m", M, mp, MR, pa, K, a, _walks_p(spec.a, True), _quads(spec.a, True, M, MR)),
+        *_pack("n", N, np_, NR, pb, K, b, _walks_p(spec.b, False), _quads(spec.b, False, N, NR)),
         "}",
         "",
         "fn __mm_block(bi: u32, m0: u32, n0: u32) {",
