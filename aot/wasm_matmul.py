@@ -90,6 +90,15 @@ def _pack(p: str, n: int, padded: int, width: int, at: int, K: int, read: str, p
     ]
 
 
+def _k_row(r: int, indent: str) -> list[str]:
+    """One K row of a block: two vectors of B's panel, four of A's values, eight multiply-adds."""
+    return [
+        *[f"{indent}let b{r}_{j} = __mem4[b + {r * NR // 4 + j}u];" for j in range(NR // 4)],
+        *[f"{indent}let a{r}_{i} = vec4<f32>(__mem[a + {r * MR + i}u]);" for i in range(MR)],
+        *[f"{indent}c{i}_{j} = fma(a{r}_{i}, b{r}_{j}, c{i}_{j});" for i in range(MR) for j in range(NR // 4)],
+    ]
+
+
 def plain_store(spec: MatmulSpec) -> bool:
     """C = A @ B as it is, nothing else: whole rows of a block are stored as vectors."""
     return spec.epilogue == "acc" and not spec.extra_stores and not spec.accumulate
@@ -158,13 +167,14 @@ def matmul_wgsl(spec: MatmulSpec, base: int, lanes: bool = True) -> str:
         *[f"    var {c} = vec4<f32>();" for c in acc],
         f"    var a = {pa}u + m0 * {K}u;",
         f"    var b = {pb // 4}u + (n0 / 4u) * {K}u;",
-        f"    for (var k = 0u; k < {K}u; k++) {{",
-        *[f"        let b{j} = __mem4[b + {j}u];" for j in range(NR // 4)],
-        *[f"        let a{i} = vec4<f32>(__mem[a + {i}u]);" for i in range(MR)],
-        *[f"        c{i}_{j} = fma(a{i}, b{j}, c{i}_{j});" for i in range(MR) for j in range(NR // 4)],
-        f"        a += {MR}u;",
-        f"        b += {NR // 4}u;",
+        # two K rows a loop step (the loop's own work halved), then the odd one
+        f"    for (var k = 0u; k < {K - K % 2}u; k += 2u) {{",
+        *_k_row(0, "        "),
+        *_k_row(1, "        "),
+        f"        a += {2 * MR}u;",
+        f"        b += {2 * NR // 4}u;",
         "    }",
+        *(_k_row(0, "    ") if K % 2 else []),
         *_stores(spec, ct, acc, lanes),
         "}",
         "",
