@@ -50,25 +50,27 @@ def dispatches(en: dict) -> list:
     return en.get("dispatches_cpu") or en["dispatches"]
 
 
-def build_wasm(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: dict | None = None) -> dict:
+def build_wasm(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: dict | None = None,
+               variants: dict | None = None) -> dict:
     """The wasm set of a program: {"wasm": base64 bytes, "wasm_relaxed": the same with the matmuls'
     multiply-adds as relaxed-simd's f32x4.relaxed_madd (fused where the CPU has FMA; absent
     without matmuls), "layout", "pages", "math"}, or {"error": why} where a kernel cannot run in
-    it. `specs`: kernel name -> the MatmulSpec of its CPU matmul (codegen.KernelCode.mm_spec)."""
-    out = _build(prog, wgsl, wgsl_cpu, specs or {}, relaxed=False)
+    it. `specs`: kernel name -> the MatmulSpec of its CPU matmul (codegen.KernelCode.mm_spec);
+    `variants`: kernel name -> (WGSL, grid) run instead of the CPU variant (KernelCode.wasm_variant)."""
+    out = _build(prog, wgsl, wgsl_cpu, specs or {}, variants or {}, relaxed=False)
     if "error" not in out and specs:
-        out["wasm_relaxed"] = _build(prog, wgsl, wgsl_cpu, specs, relaxed=True)["wasm"]
+        out["wasm_relaxed"] = _build(prog, wgsl, wgsl_cpu, specs, variants or {}, relaxed=True)["wasm"]
     return out
 
 
-def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: dict, relaxed: bool) -> dict:
+def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: dict, variants: dict, relaxed: bool) -> dict:
     addresses, top = layout(prog)
     order = list(prog["arenas"])
     used = list(dict.fromkeys(k for en in prog["entries"].values() for k, _ in dispatches(en)))
     shaders = {}
     for k in used:
         try:
-            shaders[k] = parse(wgsl_cpu.get(k) or wgsl[k])
+            shaders[k] = parse(variants[k][0] if k in variants else wgsl_cpu.get(k) or wgsl[k])
         except WasmUnsupported as e:
             return {"error": f"kernel {k}: {e}"}
     math = sorted(set().union(*(math_calls(s) for s in shaders.values())) if shaders else set())
@@ -112,7 +114,7 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
     for key, en in prog["entries"].items():
         c = Code([])
         for k, grid in dispatches(en):
-            for g in grid:
+            for g in variants[k][1] if k in variants else grid:
                 c.op("i32.const", g)
             c.op("call", funcs[k])
         for src, so, dst, d, n in en.get("copies", []):

@@ -78,6 +78,8 @@ def kernel_function(ctx: ShaderContext) -> int:
     main = ctx.shader.funcs.get("main")
     if main is None:
         raise WasmUnsupported("no fn main")
+    if ctx.shader.workgroup:
+        raise WasmUnsupported(f"module-scope var<workgroup> {next(iter(ctx.shader.workgroup))} (workgroup memory between barriers)")
     low = Lower(ctx, main)
     low.kernel()
     return ctx.library.function([I32, I32, I32], [], low.code)

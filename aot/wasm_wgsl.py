@@ -64,6 +64,7 @@ class Shader:
     uniforms: dict  # name -> struct name
     funcs: dict  # name -> Func
     consts: dict  # name -> expr
+    workgroup: dict = field(default_factory=dict)  # module-scope var<workgroup> name -> type
 
 
 # C's precedence (the generated WGSL parenthesises wherever WGSL's grammar asks for it)
@@ -157,6 +158,8 @@ class Parser:
                     sh.bindings[name] = (int(at["binding"][0].rstrip("u")), access, ty)
                 elif space and space[0] == "uniform":
                     sh.uniforms[name] = ty
+                elif space == ["workgroup"]:  # only a main that runs a workgroup at a time uses it
+                    sh.workgroup[name] = ty
                 else:
                     raise WasmUnsupported(f"module-scope var<{', '.join(space)}> {name} (workgroup or private memory)")
             elif tok == "struct":

@@ -130,6 +130,11 @@ def matmul_specs(c) -> dict:
     return {k.name: k.mm_spec for ks in c.kernels.values() for k in ks if getattr(k, "mm_spec", None) is not None}
 
 
+def wasm_variants(c) -> dict:
+    """Kernel name -> (WGSL, grid) of the wasm set's own variant (codegen.KernelCode.wasm_variant)."""
+    return {k.name: k.wasm_variant for ks in c.kernels.values() for k in ks if getattr(k, "wasm_variant", None)}
+
+
 def web_files(c, source_name: str) -> dict[str, str]:
     """Relative path -> file content of the web project."""
     prog, wgsl, wgsl_cpu, wgsl_subgroup = web_tables(c)
@@ -148,7 +153,7 @@ def web_files(c, source_name: str) -> dict[str, str]:
                 f"{name}: infer entry {entry!r} would shadow the JS Model's {entry}; rename it for the web target"
             )
     source = printable(source_name)
-    wasm = wasm_build.build_wasm(prog, wgsl, wgsl_cpu, matmul_specs(c))
+    wasm = wasm_build.build_wasm(prog, wgsl, wgsl_cpu, matmul_specs(c), wasm_variants(c))
     if "error" in wasm:  # the page's "auto" keeps WebGPU's sets; kernels: "wasm" says this again
         print(f"aot: {name}: the web module has no wasm kernel set: {wasm['error']}", file=sys.stderr)
     entries = {}

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import aot
-from aot import interp, wasm_build
+from aot import interp, ops, wasm_build
 from aot.frontend import trace_program
+from aot.runtime.rng import step_seed
 from aot.wasm_wgsl import WasmUnsupported, parse
 
 from gpu_harness import assert_close, case_program
@@ -99,7 +100,7 @@ def test_op_cases_match_the_interpreter(i, tmp_path):
     ref = interp.Reference(traced, seed=program.seed, dtype=np.float32)
     leaves = dict(inputs, **ref.params)
     ref.step(**inputs)
-    leaves["_rng"] = np.int32(aot.runtime.rng.step_seed(program.seed, 1))
+    leaves["_rng"] = np.int32(step_seed(program.seed, 1))
     leaves = {k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else np.asarray(v) for k, v in leaves.items()}
     env = interp.run(traced.graphs["train"], leaves, np.float32)
     for slot in slots:
@@ -113,6 +114,37 @@ def test_op_cases_match_the_interpreter(i, tmp_path):
         for p in slot.param_names:
             g = ref.last_grads[p]
             assert_close(got["grads"][p].reshape(g.shape), g, f"{slot.case.name}: gradient of {p}", rtol, atol)
+
+
+class _Long(aot.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = self.param((20000,), init=aot.init.randn(1.0))
+        self.v = self.param((70000, 2), init=aot.init.randn(1.0))
+
+
+def _long_loss(m, x, y):
+    # a row of 20000 (the CPU set keeps the workgroup tree there) and a matmul with K = 70000
+    # (past the CPU set's barrier-free matmul): the wasm set runs both without barriers
+    return ops.mean(ops.square(m.w * x)) + ops.sum(ops.matmul(y, m.v)) * 1e-3
+
+
+def test_long_rows_and_long_k(tmp_path):
+    node_or_skip()
+    prog = aot.Program("long_wasm", model=_Long, seed=0, train=aot.Train(
+        _long_loss, inputs={"x": aot.f32(20000), "y": aot.f32(1, 70000)}, optimizer=aot.optim.Adam(lr=1e-2)))
+    assert _wasm_set(prog).get("error") is None
+    rng = np.random.default_rng(5)
+    batches = [{"x": rng.normal(size=20000).astype(np.float32), "y": rng.normal(size=(1, 70000)).astype(np.float32)}
+               for _ in range(3)]
+    got = run_node(_build(prog, tmp_path), batches, tmp_path, grads=True)
+    assert "error" not in got, got.get("error")
+    ref = interp.Reference(trace_program(prog), dtype=np.float32)
+    want = [ref.step(**batches[0])]
+    for k, g in ref.last_grads.items():
+        assert_close(got["grads"][k], g.ravel(), f"gradient of {k}", 2e-4, 5e-5)
+    want += [ref.step(**b) for b in batches[1:]]
+    np.testing.assert_allclose(got["losses"], want, rtol=1e-4)
 
 
 SAVE_RESTORE = r"""
@@ -161,10 +193,11 @@ def test_save_restore_and_predict_in_node(tmp_path):
 
 def _wasm_set(program) -> dict:
     from aot import web
+    from aot.pipeline import compile_program
 
-    c = aot.pipeline.compile_program(program)
+    c = compile_program(program)
     prog, wgsl, wgsl_cpu, _ = web.web_tables(c)
-    return wasm_build.build_wasm(prog, wgsl, wgsl_cpu, web.matmul_specs(c))
+    return wasm_build.build_wasm(prog, wgsl, wgsl_cpu, web.matmul_specs(c), web.wasm_variants(c))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
