@@ -19,6 +19,7 @@ import base64
 from . import wasm_matmul
 from .wasm_encode import Code, Module
 from .wasm_lanes import lanes_kernel
+from .wasm_phases import phased_kernel
 from .wasm_lower import Library, ShaderContext, kernel_function, math_calls
 from .wasm_values import Binding
 from .wasm_wgsl import WasmUnsupported, parse
@@ -98,6 +99,8 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
         try:
             if k in specs:
                 funcs[k] = wasm_matmul.matmul_function(ctx, specs[k], mm_base)
+            elif sh.workgroup:
+                funcs[k] = phased_kernel(ctx)
             else:
                 funcs[k] = kernel_function(ctx)
                 try:  # four invocations a step where the kernel's shape allows (wasm_lanes)

@@ -328,7 +328,12 @@ class Lower(Values):
         _, lhs, op, rhs = s
         c = self.code
         value = rhs if op == "=" else ("bin", op[:-1], lhs, rhs)
-        if lhs[0] == "name":
+        if lhs[0] == "name" and self.lookup(lhs[1])[0] == "pvar":
+            v = self.lookup(lhs[1])
+            self.pvar_address(v)
+            self.emit(value, v[2])
+            c.op("v128.store" if str(v[2]).startswith("vec") else "f32.store" if v[2] == "f32" else "i32.store", v[1])
+        elif lhs[0] == "name":
             v = self.lookup(lhs[1])
             if v[0] != "local":
                 raise WasmUnsupported(f"assigning to {lhs[1]}")

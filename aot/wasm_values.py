@@ -178,7 +178,7 @@ class Values:
             return e[1]
         if k == "name":
             v = self.lookup(e[1])
-            if v[0] in ("local", "cval", "vaff", "vvec"):
+            if v[0] in ("local", "cval", "vaff", "vvec", "pvar"):
                 return v[2]
             if v[0] == "const":
                 return self.type_of(v[1])
@@ -274,6 +274,9 @@ class Values:
                 self.const(t, v[1])
             elif v[0] in ("local", "vaff"):  # vaff: lane 0's value (wasm_lanes)
                 c.op("local.get", v[1])
+            elif v[0] == "pvar":  # an invocation's value kept across barriers (wasm_phases)
+                self.pvar_address(v)
+                c.op("v128.load" if str(v[2]).startswith("vec") else "f32.load" if v[2] == "f32" else "i32.load", v[1])
             elif v[0] == "vvec":
                 raise WasmUnsupported(f"{e[1]} differs between lanes here")
             else:  # a module-scope const

@@ -79,12 +79,10 @@ def test_models_train_like_the_interpreter(name, tmp_path):
         assert_close(got["params"][k], v.ravel(), f"{name}: {k} after {steps} steps", 0, p_atol)
 
 
-# ops whose kernels the wasm set cannot compile: their programs are built without it (and say so)
-NO_WASM = {"lstm_seq": "module-scope var<workgroup>"}  # the recurrence shares h between barriers
-# every other op case, in batches of 40 (one program, one build and one node run each)
+# every op case (lstm_seq's recurrence too: its barriers run phase by phase, wasm_phases), in
+# batches of 40: one program, one build and one node run each
 BATCH = 40
-WASM_CASES = [c for c in CASES if c.op not in NO_WASM]
-OP_BATCHES = [WASM_CASES[i : i + BATCH] for i in range(0, len(WASM_CASES), BATCH)]
+OP_BATCHES = [CASES[i : i + BATCH] for i in range(0, len(CASES), BATCH)]
 _SUMMING = {"sum", "mean", "matmul", "conv2d", "Conv2d", "Linear", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm2d",
             "InstanceNorm1d", "cross_entropy", "softmax", "log_softmax", "softmax_causal", "fold", "embedding",
             "Embedding", "take_along_axis"}
@@ -208,17 +206,9 @@ def test_examples_run_their_elementwise_and_row_kernels_in_lanes(name):
     assert out["lanes"] and out["one_at_a_time"] == {}
 
 
-@pytest.mark.parametrize("op", sorted(NO_WASM))
-def test_ops_without_the_wasm_set_are_named(op):
-    cases = [c for c in CASES if c.op == op]
-    program, _, _ = case_program(f"nowasm_{op}", cases[:1])
-    out = _wasm_set(program)
-    assert NO_WASM[op] in out["error"] and out["error"].startswith("kernel train_")
-
-
 def test_unsupported_wgsl_is_named():
-    with pytest.raises(WasmUnsupported, match="workgroup"):
-        parse("var<workgroup> tile: array<f32, 64>;")
+    with pytest.raises(WasmUnsupported, match="private"):
+        parse("var<private> tile: array<f32, 64>;")
     with pytest.raises(WasmUnsupported, match="'loop'"):
         parse("fn f() { loop { break; } }")
 
