@@ -73,7 +73,9 @@ const w: Float32Array = p["l1.W"].data;
 const bytes: Uint8Array = await model.save();
 await model.restore(bytes);
 model.setLr(["cosine", 5e-3, 1e-4, 100]);
-console.log(loss, losses, out.shape, w, model.kernelSet);
+const cpu: Model = await Model.create({ kernels: "wasm" });  // the WebAssembly set
+const isWasm: boolean = cpu.kernelSet === "wasm";
+console.log(loss, losses, out.shape, w, model.kernelSet, isWasm);
 """
 # an input name the entry does not take: must not type-check
 BAD_TS = """\
