@@ -135,7 +135,7 @@ class Lanes(Lower):
             c = cb if cb is not None else self.fold(e[2])
             s, m = (sa, ma) if cb is not None else (sb, mb)
             return ("aff", s * c, m * c)
-        if op in ("/", "%") and cb is not None and cb > 0 and sb == 0 and sa > 0:
+        if op in ("/", "%") and t == "u32" and cb is not None and cb > 0 and sb == 0 and sa > 0:  # (i32: signs)
             block = 4 * sa  # lanes base .. base + 3 sa stay in one block of cb when both divide
             if cb % block == 0 and ma % block == 0:
                 return U if op == "/" else ("aff", sa, gcd(ma, cb))
