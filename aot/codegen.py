@@ -80,6 +80,13 @@ class KernelCode:
     # the GPU kernel with subgroup operations, for adapters that offer them (the "subgroup" set:
     # attention, attention_codegen.LANES), same bindings and grid; None where it has none
     wgsl_subgroup: str | None = None
+    # the CPU variant's matmul (a matmul kernel's MatmulSpec with its offset-table starts): the
+    # wasm kernel set writes its own SIMD matmul from it (wasm_matmul.py); None for other kernels
+    mm_spec: MatmulSpec | None = None
+    # the wasm set's own (WGSL, grid) where the CPU variant keeps workgroup barriers: a reduction
+    # of rows over CPU_SEQUENTIAL_MAX summed by one invocation all the same (wasm has no loop
+    # limit); None elsewhere. Not in the package's tables: only the web module's wasm set reads it
+    wasm_variant: tuple[str, tuple[int, int, int]] | None = None
     parts: list["KernelCode"] = field(default_factory=list)  # the kernels it runs (merge.py, chain.py)
     kind: str = "kernel"  # "kernel"; "merged": parts side by side (merge.py); "chain": parts as stages (chain.py)
 
@@ -219,6 +226,13 @@ def _kernel_sets(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers)
     if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce", "recurrent")):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
+    # a K too long for the CPU matmul: the wasm set's SIMD matmul reads the GPU kernel's spec
+    code.mm_spec = code.mm_spec if long_k else cpu.mm_spec
+    if k.kind == "reduce" and "workgroupBarrier" in cpu.wgsl:
+        seq, kc = _reduce(name, _header(name, k, s, writers)[0] + [CPU_HEADER[k.kind]], k, s, plan, "", "", cpu=True,
+                          sequential_max=None)
+        if tuple(kc.table or ()) == tuple(cpu.offsets_cpu) and seq.bindings == cpu.bindings:
+            code.wasm_variant = (seq.wgsl, tuple(seq.grid))
     if cpu.grid != code.grid:
         code.grid_cpu = cpu.grid
     if k.kind == "attention":
@@ -313,7 +327,8 @@ def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) 
                 )
 
 
-def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, cpu: bool = False) -> KernelCode:
+def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, cpu: bool = False,
+            sequential_max: int | None = CPU_SEQUENTIAL_MAX) -> KernelCode:
     members = k.group + [k]
     n_out, n_red = k.reduce_space()
     kc = KernelContext(s, plan, None, table=cpu)
@@ -352,7 +367,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
             stores.append(_store(kc, plan, t, val, "o"))
     grid = _grid(n_out if per_wg else -(-n_out // WG))
     wg = row_workgroup_size(n_out, n_red) if per_wg else WG
-    if cpu and per_wg and n_red <= CPU_SEQUENTIAL_MAX:
+    if cpu and per_wg and (sequential_max is None or n_red <= sequential_max):
         # one invocation per workgroup sums the row in order, over the GPU kernel's grid (one
         # workgroup per row)
         per_wg, wg = False, CPU_ROW_WG
@@ -555,5 +570,5 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         wgsl, grid = render_matmul_cpu(spec, name, "\n".join(header), bindings)
     else:
         wgsl, grid = render_matmul(spec, name, "\n".join(header), bindings)
-    code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site)
+    code = KernelCode(name, wgsl, kc.bindings(), tuple(grid), ops, site, mm_spec=spec)
     return code, kc

@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import emit, web_npm
+from . import emit, wasm_build, web_npm
 from .errors import printable
 from .runtime import model as _model
 from .templates import TEMPLATE_DIR, render
@@ -124,6 +125,16 @@ def js_train_methods(name: str) -> tuple[str, str]:
     return "step" + cap, "stepMany" + cap
 
 
+def matmul_specs(c) -> dict:
+    """Kernel name -> the MatmulSpec of its CPU variant, for the wasm set's SIMD matmuls."""
+    return {k.name: k.mm_spec for ks in c.kernels.values() for k in ks if getattr(k, "mm_spec", None) is not None}
+
+
+def wasm_variants(c) -> dict:
+    """Kernel name -> (WGSL, grid) of the wasm set's own variant (codegen.KernelCode.wasm_variant)."""
+    return {k.name: k.wasm_variant for ks in c.kernels.values() for k in ks if getattr(k, "wasm_variant", None)}
+
+
 def web_files(c, source_name: str) -> dict[str, str]:
     """Relative path -> file content of the web project."""
     prog, wgsl, wgsl_cpu, wgsl_subgroup = web_tables(c)
@@ -142,6 +153,9 @@ def web_files(c, source_name: str) -> dict[str, str]:
                 f"{name}: infer entry {entry!r} would shadow the JS Model's {entry}; rename it for the web target"
             )
     source = printable(source_name)
+    wasm = wasm_build.build_wasm(prog, wgsl, wgsl_cpu, matmul_specs(c), wasm_variants(c))
+    if "error" in wasm:  # the page's "auto" keeps WebGPU's sets; kernels: "wasm" says this again
+        print(f"aot: {name}: the web module has no wasm kernel set: {wasm['error']}", file=sys.stderr)
     entries = {}
     for entry, sig in prog["signatures"].items():
         entries[entry] = {
@@ -163,6 +177,7 @@ def web_files(c, source_name: str) -> dict[str, str]:
         wgsl_js=_js(wgsl),
         wgsl_cpu_js=_js(wgsl_cpu),
         wgsl_subgroup_js=_js(wgsl_subgroup),
+        wasm_js=_js(wasm),
         runtime=runtime,
         infer=[e for e in entries if e != "train" and e not in trains],
         n_params=len(prog["params"]),

@@ -4,7 +4,8 @@
 
 Systems (each run a fresh Chromium, Debian's /usr/bin/chromium through Playwright, WebGPU on
 whatever adapter the browser has: SwiftShader on a machine without a GPU):
-  aot         the web package of aot.web.write_web ("auto" kernel set: "cpu" on a software adapter)
+  aot         the web package of aot.web.write_web ("auto" kernel set: "wasm" on a software adapter)
+  aot-cpu     the same package with its "cpu" kernel set (the WGSL variants for software adapters)
   tfjs-cpu, tfjs-webgl, tfjs-webgpu    TensorFlow.js (@tensorflow/tfjs, core ops, tf.train.adam)
   jax-wasm, jax-webgpu                  jax-js (@jax-js/jax, one jit-compiled step, Adam written out)
   tensorgrad                            tensorgrad built from --tensorgrad (a checkout of
@@ -61,6 +62,7 @@ CHROMIUM_ARGS = [  # as tests/test_web.py launches it
 NPM_PACKAGES = ("@tensorflow/tfjs@4.22.0", "@tensorflow/tfjs-backend-webgpu@4.22.0", "@jax-js/jax@0.1.25", "esbuild@0.28")
 SYSTEMS = {  # name -> (page, backend)
     "aot": ("aot", "auto"),
+    "aot-cpu": ("aot", "cpu"),
     "tfjs-cpu": ("tfjs", "cpu"),
     "tfjs-webgl": ("tfjs", "webgl"),
     "tfjs-webgpu": ("tfjs", "webgpu"),
@@ -241,7 +243,7 @@ def speedups(summ: dict, runs: dict, rounds: int) -> dict:
     """aot's speed over the best peer and over TensorFlow.js's best backend: the ratio of the
     medians, and the same ratio in each round (that round's aot against that round's best)."""
     out = {}
-    for key, among in (("best_peer", lambda s: s != "aot"), ("best_tfjs", lambda s: s.startswith("tfjs-"))):
+    for key, among in (("best_peer", lambda s: not s.startswith("aot")), ("best_tfjs", lambda s: s.startswith("tfjs-"))):
         peers = {s: v["step_ms"] for s, v in summ.items() if among(s) and "step_ms" in v}
         if not peers or "step_ms" not in summ.get("aot", {}):
             continue

@@ -223,12 +223,14 @@ DEMO_STEPS = 12
 
 @pytest.fixture(scope="module")
 def page(browser, site):
-    """sine_mlp's demo page after it trained DEMO_STEPS steps; the other tests reuse its model
+    """sine_mlp's demo page after it trained DEMO_STEPS steps with the CPU kernel set (the WGSL
+    variants; "auto" would take the wasm set, which test_sine_demo_fits_sine and
+    tests/test_web_wasm.py cover); the other tests reuse its model
     (`window.demo.model`, reset between tests): SwiftShader compiles a device's pipelines at their
     first dispatch, which takes longer than the steps themselves."""
     url, _ = site
     pg = browser.new_page()
-    pg.goto(f"{url}/sine_mlp/index.html?steps={DEMO_STEPS}")
+    pg.goto(f"{url}/sine_mlp/index.html?steps={DEMO_STEPS}&kernels=cpu")  # the WGSL set; "auto" takes wasm
     pg.wait_for_function("document.body.dataset.state", timeout=300000)
     if pg.evaluate("document.body.dataset.state") != "done":
         pytest.fail(f"the demo page failed: {pg.evaluate('window.demo.error')}")
@@ -814,8 +816,8 @@ def test_demo_page_plots_a_falling_loss(page):
 
 def test_sine_demo_fits_sine(browser, site, tmp_path):
     """examples/sine_mlp.demo.js: the page trains on sin(x) and plots the fit; its rms error on a
-    grid of [-pi, pi] falls below 0.1 within 150 steps. The page shows steps/s, the adapter and the
-    kernel set; the screenshot is kept under tmp_path."""
+    grid of [-pi, pi] falls below 0.1 within 150 steps ("auto": the wasm set on SwiftShader). The
+    page shows steps/s, the adapter and the kernel set; the screenshot is kept under tmp_path."""
     url, _ = site
     pg = browser.new_page(viewport={"width": 1200, "height": 900})
     try:
@@ -832,7 +834,7 @@ def test_sine_demo_fits_sine(browser, site, tmp_path):
     assert metrics[0]["rms"] > 0.3 and metrics[-1]["rms"] < 0.1, metrics
     assert title == "sine_mlp: fitting sin(x)"
     assert status.startswith("step 150/150 · loss ") and status.endswith(" steps/s")
-    assert "adapter: google swiftshader (fallback)" in adapter and "kernel set: cpu, a software adapter" in adapter
+    assert "adapter: google swiftshader (fallback)" in adapter and "kernel set: wasm, a software adapter" in adapter
     px = _png_pixels(fit)[..., :3].astype(int)
     orange = (np.abs(px - [0xE8, 0x71, 0x0A]).sum(-1) < 120)  # the model's curve
     cols = np.nonzero(orange.any(0))[0]
@@ -895,13 +897,19 @@ def test_addition_demo_learns_to_add(browser, site, tmp_path):
 
 
 def test_kernel_set_and_reason_on_swiftshader(page):
-    """SwiftShader is Chrome's fallback adapter: "auto" takes the CPU set and says why; a forced set
-    says it was asked for. recognise() reads the adapter info as the Python package does."""
+    """SwiftShader is Chrome's fallback adapter: "auto" takes the wasm set (the step in
+    WebAssembly) and says why; a forced set says it was asked for. recognise() reads the adapter
+    info as the Python package does."""
     got = _js(page, """
-        const out = {set: m.kernelSet, reason: m.kernelSetReason, info: m.adapterInfo};
+        const a = await M.Model.create();
+        const out = {set: a.kernelSet, reason: a.kernelSetReason, info: a.adapterInfo, device: a.device};
+        a.close();
         const g = await M.Model.create({kernels: "gpu"});
         out.forced = [g.kernelSet, g.kernelSetReason];
         g.close();
+        const c = await M.Model.create({kernels: "cpu"});
+        out.cpu = [c.kernelSet, c.kernelSetReason];
+        c.close();
         out.table = [
             {vendor: "google", architecture: "swiftshader", isFallbackAdapter: true},
             {vendor: "mesa", architecture: "", device: "", description: "llvmpipe (LLVM 15.0.6, 256 bits)"},
@@ -913,9 +921,11 @@ def test_kernel_set_and_reason_on_swiftshader(page):
             {vendor: "apple", architecture: "metal-3", device: "", description: ""},
         ].map((i) => M.recognise(i)[0]);
         return out;""")
-    assert got["set"] == "cpu" and got["info"]["isFallbackAdapter"] is True
-    assert got["reason"] == "a software adapter (the browser's fallback adapter: google, swiftshader)"
+    assert got["set"] == "wasm" and got["info"]["isFallbackAdapter"] is True and got["device"] is None
+    assert got["reason"] == ("a software adapter (the browser's fallback adapter: google, swiftshader): "
+                             "WebAssembly runs the step faster than its WGSL")
     assert got["forced"] == ["gpu", 'asked for (kernels: "gpu")']
+    assert got["cpu"] == ["cpu", 'asked for (kernels: "cpu")']
     assert got["table"] == ["cpu", "cpu", "cpu", "cpu", "cpu", None, "gpu", "gpu"]
 
 
@@ -931,8 +941,9 @@ LAVAPIPE_ARGS = ["--enable-gpu", "--use-angle=vulkan", "--use-webgpu-adapter=ope
 def test_kernel_set_on_chrome_over_lavapipe(browser, site, py_models, developer):
     """Chrome over lavapipe (Dawn's GL ES backend): with the adapter info masked (empty, not a
     fallback adapter) the probe kernels are timed and the CPU set's wins; with the developer
-    features' info, "llvmpipe" names it. Either way "auto" takes the CPU set, and the sine MLP
-    trains there as the Python package does."""
+    features' info, "llvmpipe" names it. Either way "auto" takes the wasm set (a software
+    adapter: WebAssembly beats the CPU set's WGSL), and the sine MLP trains there as the Python
+    package does."""
     if not os.path.exists(LVP_ICD):
         pytest.skip("needs Mesa's lavapipe (mesa-vulkan-drivers)")
     url, _ = site
@@ -963,13 +974,15 @@ def test_kernel_set_on_chrome_over_lavapipe(browser, site, py_models, developer)
         b.close()
     if "error" in got and "no WebGPU adapter" in got["error"]:
         pytest.skip(f"this Chrome offers no GL ES adapter over lavapipe: {got['error']}")
-    assert got["info"]["isFallbackAdapter"] is False and got["set"] == "cpu", got
+    assert got["info"]["isFallbackAdapter"] is False and got["set"] == "wasm", got
     if developer:
         assert "llvmpipe" in got["info"]["description"] and got["reason"].startswith("a software adapter (llvmpipe: ")
+        assert got["reason"].endswith(": WebAssembly runs the step faster than its WGSL")
         assert got["probe"] is None
     else:
         assert not any(got["info"][k] for k in ("vendor", "architecture", "description")), got["info"]
         assert got["reason"].startswith("the adapter does not say what it is; timed: the CPU set's probe kernel took ")
+        assert got["reason"].endswith(": WebAssembly runs the step faster than the CPU set's WGSL")
         assert 2 * got["probe"]["cpu"] < got["probe"]["gpu"], got["probe"]
     np.testing.assert_allclose(got["losses"], py_losses, rtol=1e-5)
 
@@ -1032,9 +1045,9 @@ def test_limits_asked_only_when_needed(page):
     got = _js(page, """
         const out = {plain: m.requiredLimits};
         const make = (extra) => class extends M.Model { static PROGRAM = {...M.PROGRAM, limits: {...M.PROGRAM.limits, ...extra}}; };
-        const more = await make({maxStorageBuffersPerShaderStage: 9}).create();
+        const more = await make({maxStorageBuffersPerShaderStage: 9}).create({kernels: "cpu"});
         out.more = more.requiredLimits; out.granted = more.device.limits.maxStorageBuffersPerShaderStage; more.close();
-        try { await make({maxComputeWorkgroupStorageSize: 2 ** 40}).create(); out.err = "none"; } catch (e) { out.err = e.message; }
+        try { await make({maxComputeWorkgroupStorageSize: 2 ** 40}).create({kernels: "cpu"}); out.err = "none"; } catch (e) { out.err = e.message; }
         return out;""")
     assert got["plain"] == {}  # sine_mlp fits WebGPU's defaults: nothing asked
     assert got["more"] == {"maxStorageBuffersPerShaderStage": 9} and got["granted"] >= 9

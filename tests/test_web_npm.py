@@ -73,7 +73,9 @@ const w: Float32Array = p["l1.W"].data;
 const bytes: Uint8Array = await model.save();
 await model.restore(bytes);
 model.setLr(["cosine", 5e-3, 1e-4, 100]);
-console.log(loss, losses, out.shape, w, model.kernelSet);
+const cpu: Model = await Model.create({ kernels: "wasm" });  // the WebAssembly set
+const isWasm: boolean = cpu.kernelSet === "wasm";
+console.log(loss, losses, out.shape, w, model.kernelSet, isWasm);
 """
 # an input name the entry does not take: must not type-check
 BAD_TS = """\
@@ -203,12 +205,14 @@ def test_tsc_types_of_other_programs(project):
 
 
 def test_without_webgpu_says_so(project):
-    """Node has no navigator.gpu: Model.create rejects with a message that names the cause."""
+    """Node has no navigator.gpu: "auto" takes the wasm kernel set and says why; a WebGPU set
+    asked for rejects with a message that names the cause."""
     _, proj = project
-    rc, log = _run(["node", "--input-type=module", "-e",
-                    'import { Model } from "sine_mlp"; Model.create().then(() => console.log("created"), (e) => console.log("ERR " + e.message));'],
-                   proj)
+    script = ('import { Model } from "sine_mlp"; const m = await Model.create(); console.log("created " + m.kernelSet + ": " + '
+              'm.kernelSetReason); await Model.create({kernels: "cpu"}).then(() => console.log("created"), (e) => console.log("ERR " + e.message));')
+    rc, log = _run(["node", "--input-type=module", "-e", script], proj)
     assert rc == 0, log
+    assert "created wasm: this JavaScript engine has no WebGPU (navigator.gpu is missing)" in log, log
     assert "ERR sine_mlp: this browser has no WebGPU (navigator.gpu is missing" in log, log
 
 

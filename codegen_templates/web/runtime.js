@@ -615,6 +615,14 @@ async function timeKernelSets(device) {
   return out;
 }
 
+/** What an adapter says of itself (its GPUAdapterInfo's fields). */
+function adapterInfoOf(adapter) {
+  const info = adapter.info || {};
+  const out = Object.fromEntries(["vendor", "architecture", "device", "description", "isFallbackAdapter"].map((k) => [k, info[k] ?? ""]));
+  out.isFallbackAdapter = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter);
+  return out;
+}
+
 class Engine {
   static async create(name, program, wgsl, wgslCpu = {}, kernels = "auto", wgslSubgroup = {}, adapterOption = null) {
     const e = new Engine();
@@ -638,8 +646,7 @@ class Engine {
     // the program has such variants; else the GPU set. An adapter whose info says nothing (Chrome
     // masks it on some backends) gets the faster of two probe kernels, timed on its device.
     const info = adapter.info || {};
-    e.adapterInfo = Object.fromEntries(["vendor", "architecture", "device", "description", "isFallbackAdapter"].map((k) => [k, info[k] ?? ""]));
-    e.adapterInfo.isFallbackAdapter = Boolean(info.isFallbackAdapter || adapter.isFallbackAdapter);
+    e.adapterInfo = adapterInfoOf(adapter);
     const hasSubgroups = adapter.features.has("subgroups");
     const variants = Object.keys(wgslSubgroup).length > 0;
     const [known, why] = kernels === "auto" ? recognise(info, adapter.isFallbackAdapter) : [kernels, `asked for (kernels: "${kernels}")`];
@@ -949,6 +956,143 @@ class Engine {
   }
 }
 
+// ---- the "wasm" kernel set: the whole step in WebAssembly, no WebGPU (aot/wasm_build.py) ----
+// One linear memory holds every arena at the build's addresses (WASM.layout); one exported
+// function per entry point runs its dispatch list and copies. Inputs go in and outputs come out
+// through typed-array views of that memory.
+const WASM_MATH = {
+  exp: Math.exp, log: Math.log, sin: Math.sin, cos: Math.cos, tan: Math.tan, tanh: Math.tanh, pow: Math.pow,
+  exp2: (x) => 2 ** x, log2: Math.log2, atan: Math.atan, atan2: Math.atan2, asin: Math.asin, acos: Math.acos,
+  sinh: Math.sinh, cosh: Math.cosh,
+};
+function fromBase64(text) {
+  const bin = atob(text);
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  return bytes;
+}
+/** Why the wasm set cannot run here, or null: the build left it out, or this engine lacks wasm SIMD. */
+function wasmUnavailable(wasmSet) {
+  if (!wasmSet) return "this module was built without the wasm kernel set";
+  if (wasmSet.error) return `the build left the wasm kernel set out: ${wasmSet.error}`;
+  if (typeof WebAssembly === "undefined") return "this JavaScript engine has no WebAssembly";
+  if (!wasmSet.bytes) {
+    // the matmuls' multiply-adds fused where the engine has relaxed SIMD (FMA on x86-64 and ARM64)
+    const relaxed = wasmSet.wasm_relaxed && fromBase64(wasmSet.wasm_relaxed);
+    wasmSet.relaxed = Boolean(relaxed && WebAssembly.validate(relaxed));
+    wasmSet.bytes = wasmSet.relaxed ? relaxed : fromBase64(wasmSet.wasm);
+  }
+  if (!WebAssembly.validate(wasmSet.bytes)) return "this JavaScript engine's WebAssembly lacks 128-bit SIMD";
+  return null;
+}
+
+class WasmEngine {
+  static async create(name, program, wasmSet, why, adapter = null) {
+    const e = new WasmEngine();
+    e.timings = { create: {}, prepare: {}, last: null };
+    const t0 = now();
+    e.name = name;
+    e.program = program;
+    e.kernelSet = "wasm";
+    e.kernelSetReason = why;
+    // the software adapter it runs instead of, or none
+    e.adapterInfo = adapter ? adapterInfoOf(adapter) : { vendor: "", architecture: "", device: "", description: "WebAssembly (no WebGPU)", isFallbackAdapter: false };
+    e.requiredLimits = {};
+    e.device = null;
+    e.layout = wasmSet.layout;
+    e.memory = new WebAssembly.Memory({ initial: wasmSet.pages });
+    const math = Object.fromEntries(wasmSet.math.map((n) => [n, WASM_MATH[n]]));
+    const { instance } = await WebAssembly.instantiate(wasmSet.bytes, { env: { memory: e.memory }, m: math });
+    e.exports = instance.exports;
+    e.timings.create.instantiate = now() - t0;
+    return e;
+  }
+  _bytes(arena, offset, nbytes) {
+    return new Uint8Array(this.memory.buffer, this.layout[arena][0] + 4 * offset, nbytes);
+  }
+  write(arena, offset, data) {
+    if (data.length) this._bytes(arena, offset, data.byteLength).set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+  }
+  async read(arena, offset, count, Type = Float32Array) {
+    return new Type(this.memory.buffer, this.layout[arena][0] + 4 * offset, count).slice();
+  }
+  _call(key) {
+    const f = this.exports["run:" + key];
+    if (!f) throw new Error(`${this.name}: the wasm module has no entry ${key}`);
+    f();
+  }
+  _unpack(key, wantCaptures) {
+    const en = this.program.entries[key];
+    const out = {};
+    for (const [name, dtype, shape, arena, off] of wantCaptures ? [...en.outputs, ...en.captures] : en.outputs) {
+      const Type = dtype === "i32" ? Int32Array : Float32Array;
+      out[name] = { data: new Type(this.memory.buffer, this.layout[arena][0] + 4 * off, sizeOf(shape)).slice(), shape: [...shape], dtype };
+    }
+    return out;
+  }
+  async run(key, packed, wantCaptures) {
+    const t0 = now();
+    for (const [arena, data] of Object.entries(packed)) this.write(arena, 0, data);
+    this._call(key);
+    const out = this._unpack(key, wantCaptures);
+    this.timings.last = [now() - t0, 0];
+    return out;
+  }
+  manySlots(key) {
+    return Engine.prototype.manySlots.call(this, key);
+  }
+  async runMany(key, k, fill, wantCaptures) {
+    const t0 = now();
+    const en = this.program.entries[key];
+    const sizes = en.input_sizes;
+    const [, , , lossArena, lossOff] = en.outputs.find((o) => o[0] === "loss");
+    const loss = new Float32Array(this.memory.buffer, this.layout[lossArena][0] + 4 * lossOff, 1);
+    const losses = new Float32Array(k);
+    const slots = this.manySlots(key);
+    for (let start = 0; start < k; start += slots) {
+      const n = Math.min(slots, k - start);
+      const rows = fill(start, n);
+      for (let i = 0; i < n; i++) {
+        for (const [a, m] of Object.entries(sizes)) if (m) this.write(a, 0, rows[a].subarray(i * m, (i + 1) * m));
+        this._call(key);
+        losses[start + i] = loss[0];
+      }
+    }
+    const out = wantCaptures ? this._unpack(key, true) : null;
+    this.timings.last = [now() - t0, 0];
+    return [losses, out];
+  }
+  destroy() {
+    this.destroyed = true;
+    this.exports = {};
+  }
+}
+
+/** The engine Model.create asked for: the wasm set where asked, or ("auto") where WebGPU is
+ * missing or its adapter is a software one and the build has the set; else WebGPU's Engine. */
+async function createEngine(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapterOption, wasmSet) {
+  if (kernels === "wasm") {
+    const why = wasmUnavailable(wasmSet);
+    if (why) throw new Error(`${name}: Model.create({kernels: "wasm"}) cannot run: ${why}; use "auto" or "cpu"`);
+    return WasmEngine.create(name, program, wasmSet, `asked for (kernels: "wasm")`);
+  }
+  if (kernels !== "auto" || wasmUnavailable(wasmSet)) return Engine.create(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapterOption);
+  const gpu = globalThis.navigator && navigator.gpu;
+  if (!gpu) return WasmEngine.create(name, program, wasmSet, "this JavaScript engine has no WebGPU (navigator.gpu is missing)");
+  const options = adapterOption ?? { powerPreference: "high-performance" };
+  const adapter = typeof GPUAdapter !== "undefined" && options instanceof GPUAdapter ? options : await gpu.requestAdapter(options);
+  if (!adapter) return WasmEngine.create(name, program, wasmSet, `no WebGPU adapter (requestAdapter(${JSON.stringify(options)}) returned null)`);
+  const [set, why] = recognise(adapter.info || {}, adapter.isFallbackAdapter);
+  if (set === "cpu") return WasmEngine.create(name, program, wasmSet, `${why}: WebAssembly runs the step faster than its WGSL`, adapter);
+  const e = await Engine.create(name, program, wgsl, wgslCpu, kernels, wgslSubgroup, adapter);
+  if (e.kernelSet !== "cpu") return e;
+  // an adapter that says nothing, timed as a CPU: WebAssembly beats its WGSL too
+  e.destroy();
+  const w = await WasmEngine.create(name, program, wasmSet, `${e.kernelSetReason}: WebAssembly runs the step faster than the CPU set's WGSL`, adapter);
+  w.probe = e.probe;
+  return w;
+}
+
 function wgslContext(source, line) {
   if (!line) return "";
   const lines = source.split("\n");
@@ -1084,8 +1228,8 @@ function rintEven(x) {
 export class ModelBase {
   /** const model = await Model.create({seed}): acquires a device and uploads the initial parameters. */
   static async create({ seed, kernels = "auto", adapter = null } = {}) {
-    if (!["auto", "gpu", "subgroup", "cpu"].includes(kernels))
-      throw new Error(`Model.create({kernels}) must be "auto", "gpu", "subgroup" or "cpu", got ${JSON.stringify(kernels)}`);
+    if (!["auto", "gpu", "subgroup", "cpu", "wasm"].includes(kernels))
+      throw new Error(`Model.create({kernels}) must be "auto", "gpu", "subgroup", "cpu" or "wasm", got ${JSON.stringify(kernels)}`);
     const m = new this();
     const p = this.PROGRAM;
     m._program = p;
@@ -1093,7 +1237,7 @@ export class ModelBase {
     m._params = p.params; // [name, shape, init, decay, offset]
     m._buffers = p.buffers || []; // [name, shape, dtype, init, offset in buffers / buffers_i32, PyTorch name]
     m._total = m._params.reduce((s, q) => s + sizeOf(q[1]), 0);
-    m._engine = await Engine.create(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {}, adapter);
+    m._engine = await createEngine(p.name, p, this.WGSL, this.WGSL_CPU || {}, kernels, this.WGSL_SUBGROUP || {}, adapter, this.WASM);
     m._opt = p.optimizer; // the single training entry's (null with several: _trains)
     m._trains = trainEntries(p, m._total);
     m._staging = {};
@@ -1150,8 +1294,9 @@ export class ModelBase {
   /** The device limits this model asked for beyond WebGPU's defaults ({} when none). */
   get requiredLimits() { return { ...this._engine.requiredLimits }; }
   get device() { return this._engine.device; }
-  /** "gpu"; "subgroup": the GPU set with variants that use subgroup operations; or "cpu": the
-   * kernels' variants for software adapters (Model.create({kernels})). */
+  /** "gpu"; "subgroup": the GPU set with variants that use subgroup operations; "cpu": the
+   * kernels' WGSL variants for software adapters; or "wasm": the step as WebAssembly, no WebGPU
+   * (what "auto" takes on a software adapter or without WebGPU; Model.create({kernels})). */
   get kernelSet() { return this._engine.kernelSet; }
   /** Why Model.create chose kernelSet: what the adapter said of itself, or the probe kernels'
    * times where it said nothing, or that the set was asked for. */
@@ -1362,8 +1507,10 @@ export class ModelBase {
       if (dtype === "i32") {
         for (const v of a.data) if (v < -(2 ** 31) || v > 2 ** 31 - 1) throw new ValueError(`${shown}(): input ${pyStr(name)} has values outside the i32 range`);
       }
-      // a copy, made now: the caller may refill its array before the queued call runs
-      arrays[name] = dtype === "i32" ? Int32Array.from(a.data) : Float32Array.from(a.data);
+      // a copy, made now: the caller may refill its array before the queued call runs (the
+      // constructor copies a typed array in one go; Float32Array.from walks an iterator, 1-2 ms
+      // for MNIST's batch of 100,352 pixels)
+      arrays[name] = dtype === "i32" ? new Int32Array(a.data) : new Float32Array(a.data);
     }
     if (stacked && k === 0) throw new ValueError(`${shown}(): no batches (the stacked inputs have K = 0)`);
     const key = this._variant(entry, sizes);

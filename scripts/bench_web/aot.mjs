@@ -10,7 +10,7 @@ main(async (data, q) => {
   for (const [n, shape, v] of data.params) params[n] = { data: Float32Array.from(v), shape };
   await m.loadParams(params);
   const batches = data.batches.map((b) => Object.fromEntries(Object.entries(typed(b)).map(([k, [, shape, a]]) => [k, { data: a, shape }])));
-  const info = m.device.adapterInfo || {};
+  const info = (m.device && m.device.adapterInfo) || m.adapterInfo || {};
   return {
     step: (i) => m.step(batches[i % batches.length]),
     info: { backend: m.kernelSet, adapter: `${info.vendor || ""} ${info.architecture || ""} ${info.description || ""}`.trim(),
@@ -24,6 +24,7 @@ main(async (data, q) => {
  * timestamp queries (SwiftShader). A dispatch repeated sees its own outputs: times, not values. */
 export async function profile(m, reps) {
   const e = m._engine;
+  if (m.kernelSet === "wasm") return profileWasm(e, reps);
   const recipe = e.recipes.train;
   const dispatches = e.program.entries.train.dispatches;
   const wait = async (fn) => {
@@ -52,4 +53,22 @@ export async function profile(m, reps) {
   }
   const whole = await wait((enc) => e._record(enc, "train"));
   return { emptySubmitMs: base, wholePassMs: whole, kernels: rows };
+}
+
+/** The wasm set's kernels, each called alone REPS times (the module exports every kernel): the
+ * best of 3 such runs per kernel, in ms per call. */
+function profileWasm(e, reps) {
+  const dispatches = e.program.entries.train.dispatches_cpu || e.program.entries.train.dispatches;
+  const rows = dispatches.map(([k, grid]) => {
+    let best = Infinity;
+    for (let t = 0; t < 3; t++) {
+      const t0 = performance.now();
+      for (let r = 0; r < reps; r++) e.exports["kernel:" + k](...grid);
+      best = Math.min(best, (performance.now() - t0) / reps);
+    }
+    return [k, grid, best];
+  });
+  const t0 = performance.now();
+  e._call("train");
+  return { emptySubmitMs: 0, wholePassMs: performance.now() - t0, kernels: rows };
 }
