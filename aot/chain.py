@@ -210,6 +210,9 @@ def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> li
         # a reduction stage has the chain's workgroup; an elementwise one is walked by it
         if sources[j].wg != (c.wg if k.kind == "reduce" else WG):
             return False
+        # an elementwise stage is called with flat element indices: not one that walks tiles
+        if k.kind == "elementwise" and [b for b, _, _ in sources[j].params] != ["global_invocation_id"]:
+            return False
         if (j < cut) != (c.members[0] < cut) or not prints[j].known:
             return False
         if k.kind == "elementwise" and c.per_wg * (k.out.size // c.rows) > MAX_PER_INVOCATION * c.wg:

@@ -216,7 +216,7 @@ def _kernel_sets(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers)
     long_k = k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K
     # a K too long for the CPU matmul: the CPU set runs the GPU kernel, whose invocations loop K / slab times
     cpu = code if long_k else _render(name, k, s, plan, names, writers, cpu=True)
-    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce", "recurrent")):
+    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce", "recurrent", "elementwise")):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
     if cpu.grid != code.grid:
@@ -260,12 +260,19 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
             val = body.value(t, Index(t.shape, flat="i"))
             kc.computed[id(t)] = val
             stores.append(_store(kc, plan, t, val, "i"))
-        groups = -(-n // WG)
-        grid = _grid(groups)
+        tile = None if cpu else transposed_tile(k, s)
+        if tile is not None:
+            outer, a_len, m_len = tile
+            n_c, n_m = -(-a_len // TILE_C), -(-m_len // TILE_M)
+            groups = outer * n_c * n_m
+            grid = _grid(groups)
+            tile = {"a": a_len, "m": m_len, "n_c": n_c, "n_m": n_m, "groups": groups, "tc": TILE_C}
+        else:
+            grid = _grid(-(-n // WG))
         wgsl = render(
             "wgsl/elementwise.wgsl.j2",
             header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=WG,
-            n=n, row=grid[0] * WG, lines=body.lines, stores=stores,
+            n=n, row=grid[0] * WG, gx=grid[0], lines=body.lines, stores=stores, tile=tile,
         )
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     elif k.kind == "reduce":
@@ -287,6 +294,39 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
             "scratch buffers: build with a larger --max-binding-mib"
         )
     return code
+
+
+# An elementwise kernel one of whose operands is stored with the stride-1 axis not the output's
+# last (a convolution's channels-last [N*H*W, C] product read as [N, C, H, W] by BatchNorm's
+# normalization and its backward, which store [N, C, H, W]): consecutive invocations of the
+# flat order read C elements apart, a 32-byte sector per invocation. Its invocations walk
+# tiles of TILE_C x TILE_M (channels x positions) instead: a 32-wide subgroup reads 4
+# positions of 8 contiguous channels (4 full sectors where it read 32) and writes 8 runs of 4
+# positions. TILE_C = 0 keeps the flat order (scripts/bench_rules.py compares them).
+TILE_C = 8
+TILE_M = WG // 8
+
+
+def transposed_tile(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None:
+    """(outer, A, M) where k's output [.., A, ...] (A at axis a, M the elements after it, outer
+    those before) has an operand of its shape whose stride-1 axis is a, not the last; else None."""
+    if not TILE_C or WG % TILE_C:
+        return None
+    out = k.out
+    if out.ndim < 2 or any(t.shape != out.shape for t in k.outs):
+        return None
+    for t in _walk(k, s)[1]:
+        v = s.views.get(id(t))
+        st = v.strides() if v is not None and t.shape == out.shape else None
+        if st is None or st[-1] == 1 and out.shape[-1] > 1:
+            continue
+        axes = [a for a in range(out.ndim - 1) if st[a] == 1 and out.shape[a] >= TILE_C]
+        if axes:
+            a = axes[0]
+            m_len = _size(out.shape[a + 1 :])
+            if m_len >= TILE_M // 2:
+                return _size(out.shape[:a]), out.shape[a], m_len
+    return None
 
 
 def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) -> None:
