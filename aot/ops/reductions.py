@@ -107,7 +107,7 @@ def moments(x, axes):
     divisors ("divide"); where the reduced length has none the sums are not cut here."""
 
     n = _count(x, axes)
-    plan = split_plan(x.shape, axes, "divide")
+    plan = split_plan(x.shape, axes, "divide", cells=False)
     if plan is not None and math.prod(x.shape[plan[0] : plan[1]]) == plan[2]:
         plan = None  # one chunk of the whole (a prime run whose only divisor near the cut is itself)
     if plan is None:
@@ -117,15 +117,18 @@ def moments(x, axes):
         return mu, sum(d * d, axes, keepdims=True)
     lo, hi, k, _ = plan
     run = math.prod(x.shape[lo:hi])
-    J, c = run // k, n // (run // k)
-    xs = reshape(x, x.shape[:lo] + (J, k) + x.shape[hi:])
+    before = tuple(a for a in axes if a < lo)  # reduced axes the first stage keeps (split_rules.SPLIT_CELLS)
+    J = run // k * math.prod(x.shape[a] for a in before)  # chunks
+    c = n // J
+    xs = reshape(x, x.shape[:lo] + (run // k, k) + x.shape[hi:])
     within = (lo + 1,) + tuple(a - (hi - lo) + 2 for a in axes if a >= hi)  # a chunk's axes
+    across = before + (lo,)  # the chunks'
     m = div(sum(xs, within, keepdims=True), float(c))  # [..., J, 1, ...]: chunk means
     d = xs - broadcast_to(m, xs.shape)
     s = sum(d * d, within, keepdims=True)
-    mu = div(sum(m, lo, keepdims=True), float(J))
+    mu = div(sum(m, across, keepdims=True), float(J))
     e = m - broadcast_to(mu, m.shape)
-    m2 = sum(s, lo, keepdims=True) + sum(e * e, lo, keepdims=True) * float(c)
+    m2 = sum(s, across, keepdims=True) + sum(e * e, across, keepdims=True) * float(c)
     kept = _kept(x, axes)
     return reshape(mu, kept), reshape(m2, kept)
 
