@@ -31,7 +31,7 @@ from .matmul_codegen import LOOP_MAX, MatmulSpec, Operand, choose_tile, render_m
 from .plan import Plan, vec_alias
 from .schedule import Kernel, KernelSchedule, op_of
 from .templates import render
-from .views import View, merge_subdims
+from .views import View, merge_subdims, regroup
 from .wgsl_expr import Body, Index, KernelContext, _size
 
 WG = 256
@@ -375,7 +375,8 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     for m in members:
         kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits"),
                            "sum": ("plus_zero_f32",)}.get(m.node.op, ()))
-    per_wg = kernel_rows_per_workgroup(k) == 1
+    lanes = None if cpu else reduce_lanes(k, s)
+    per_wg = lanes is not None or kernel_rows_per_workgroup(k) == 1
     # the results, then elementwise outputs of them at the same element o (the epilogue)
     epi = Body(kc, "    ")
     kc.self_flat = "o"
@@ -390,8 +391,11 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
             val = epi.value(t, Index(t.shape, flat="o"))
             kc.computed[id(t)] = val
             stores.append(_store(kc, plan, t, val, "o"))
-    grid = _grid(n_out if per_wg else -(-n_out // WG))
-    wg = row_workgroup_size(n_out, n_red) if per_wg else WG
+    grid = _grid((n_out // lanes[0] if lanes else n_out) if per_wg else -(-n_out // WG))
+    wg = WG if lanes else row_workgroup_size(n_out, n_red) if per_wg else WG
+    if lanes:
+        p_, a_, b_ = lanes
+        lanes = {"p": p_, "a": a_, "b": b_, "ncb": a_ // p_, "groups": n_out // p_}
     if cpu and per_wg and n_red <= CPU_SEQUENTIAL_MAX:
         # one invocation per workgroup sums the row in order, over the GPU kernel's grid (one
         # workgroup per row)
@@ -401,7 +405,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     wgsl = render(
         "wgsl/reduce.wgsl.j2",
         header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg,
-        accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else wg),
+        accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else wg), lanes=lanes,
         one_buf=kc.bindings()[0][0] if cpu else "", chunk=CPU_SUM_CHUNK if cpu else 0,
         outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
@@ -441,6 +445,67 @@ def rows_per_workgroup(n_out: int, n_red: int, outer: bool = False) -> int:
         return WG
     few = n_out <= FEW_ROWS and n_red >= FEW_ROWS_MIN_LEN
     return 1 if n_red >= 256 or (n_red >= 64 and n_out < 4096) or few else WG
+
+
+# A reduction whose input is stored with a kept axis contiguous (BatchNorm's backward sums over
+# cells of a channels-last convolution product, split_rules.SPLIT_CELLS) gives each workgroup P
+# outputs along that axis, P lanes (a power of two up to LANES_MAX dividing it) x WG / P row
+# walkers: neighbouring invocations read neighbouring addresses, where a workgroup per output read
+# one float of every 32-byte sector. Only where that leaves LANES_MIN_GROUPS workgroups or more.
+# LANES_MAX = 0: a workgroup per output, as before (scripts/bench_rules.py compares them).
+LANES_MAX = 64
+LANES_MIN = 4
+LANES_MIN_GROUPS = 128
+
+
+def reduce_lanes(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None:
+    """(P, A, B) for a reduction kernel that runs P outputs a workgroup: A the length of the kept
+    axis an operand of the input's shape reads at stride 1, B the outputs after it (the
+    workgroup's outputs are P consecutive along that axis); None for a workgroup per output."""
+    if not LANES_MAX or k.kind != "reduce":
+        return None
+    x = k.node.inputs[0]
+    axes = op_of(k.node).reduced_axes(k.node.attrs)
+    n_out, n_red = k.reduce_space()
+    if any(m.node.inputs[0].shape != x.shape or op_of(m.node).reduced_axes(m.node.attrs) != axes for m in k.group):
+        return None
+    for t in _walk(k, s)[1]:
+        st = _strides_as(s.views.get(id(t)), t, x.shape)
+        if st is None or any(st[a] == 1 and x.shape[a] > 1 for a in axes):
+            continue
+        for a in range(x.ndim):
+            if a in axes or st[a] != 1 or x.shape[a] < LANES_MIN:
+                continue
+            p = 1
+            while p * 2 <= min(LANES_MAX, WG // 4) and x.shape[a] % (p * 2) == 0:
+                p *= 2
+            if p < LANES_MIN or n_out // p < LANES_MIN_GROUPS or n_red < WG // p:
+                return None
+            return p, x.shape[a], _size([x.shape[i] for i in range(a + 1, x.ndim) if i not in axes])
+    return None
+
+
+def _strides_as(v: View | None, t: Tensor, shape) -> tuple[int, ...] | None:
+    """The strides of stored t's elements read as a reshape of it to `shape` (where its axes
+    regroup into those; a reduction reads BatchNorm's [N, C, H, W] as [N, C, H/k, k, W])."""
+    if v is None or t.size != _size(shape):
+        return None
+    axes = regroup([sd for axis in v.dims for sd in axis], shape)
+    if axes is None:
+        return None
+    out = []
+    for axis in axes:
+        real = [(n, st) for n, st in axis if n != 1]
+        if len(real) > 1:
+            return None
+        out.append(real[0][1] if real else 0)
+    return tuple(out)
+
+
+def lanes_workgroup(o, lanes: tuple[int, int, int]):
+    """The workgroup that computes output o (ints or a NumPy array) of a kernel with reduce_lanes."""
+    p, a, b = lanes
+    return o // (a * b) * (a // p * b) + (o // b) % a // p * b + o % b
 
 
 def kernel_rows_per_workgroup(k: Kernel) -> int:
