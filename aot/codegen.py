@@ -318,7 +318,8 @@ def transposed_tile(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None
     for t in _walk(k, s)[1]:
         v = s.views.get(id(t))
         st = v.strides() if v is not None and t.shape == out.shape else None
-        if st is None or st[-1] == 1 and out.shape[-1] > 1:
+        # not a broadcast (a stride 0: the same few values for every invocation, cached)
+        if st is None or st[-1] == 1 and out.shape[-1] > 1 or any(d > 1 and not x for d, x in zip(out.shape, st)):
             continue
         axes = [a for a in range(out.ndim - 1) if st[a] == 1 and out.shape[a] >= TILE_C]
         if axes:
@@ -451,7 +452,8 @@ def rows_per_workgroup(n_out: int, n_red: int, outer: bool = False) -> int:
 # cells of a channels-last convolution product, split_rules.SPLIT_CELLS) gives each workgroup P
 # outputs along that axis, P lanes (a power of two up to LANES_MAX dividing it) x WG / P row
 # walkers: neighbouring invocations read neighbouring addresses, where a workgroup per output read
-# one float of every 32-byte sector. Only where that leaves LANES_MIN_GROUPS workgroups or more.
+# one float of every 32-byte sector (or, with an invocation per output, each walked its row alone
+# with neighbours a row apart). Only where that leaves LANES_MIN_GROUPS workgroups or more.
 # LANES_MAX = 0: a workgroup per output, as before (scripts/bench_rules.py compares them).
 LANES_MAX = 64
 LANES_MIN = 4
@@ -471,7 +473,7 @@ def reduce_lanes(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None:
         return None
     for t in _walk(k, s)[1]:
         st = _strides_as(s.views.get(id(t)), t, x.shape)
-        if st is None or any(st[a] == 1 and x.shape[a] > 1 for a in axes):
+        if st is None or any(st[a] == 1 and x.shape[a] > 1 for a in axes) or any(d > 1 and not z for d, z in zip(x.shape, st)):
             continue
         for a in range(x.ndim):
             if a in axes or st[a] != 1 or x.shape[a] < LANES_MIN:
@@ -479,9 +481,14 @@ def reduce_lanes(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None:
             p = 1
             while p * 2 <= min(LANES_MAX, WG // 4) and x.shape[a] % (p * 2) == 0:
                 p *= 2
+            b = _size([x.shape[i] for i in range(a + 1, x.ndim) if i not in axes])
             if p < LANES_MIN or n_out // p < LANES_MIN_GROUPS or n_red < WG // p:
                 return None
-            return p, x.shape[a], _size([x.shape[i] for i in range(a + 1, x.ndim) if i not in axes])
+            # an invocation per output already reads neighbouring addresses where the axis is the
+            # outputs' last (a split-K matmul's second stage)
+            if b == 1 and kernel_rows_per_workgroup(k) != 1:
+                return None
+            return p, x.shape[a], b
     return None
 
 
