@@ -33,7 +33,7 @@ SPLIT_ROW_MIN = 512
 def split_plan(shape, axes, split: str, cells: bool = True):
     """_split_plan for a reduction of a tensor of `shape` over the sorted `axes` whose split
     is of kind `split` ("pad" or "divide", as OpDef.split). ops.reductions.moments cuts mean
-    and variance where this cuts their sums, but never in cells (cells=False: see SPLIT_CELLS)."""
+    and variance where this cuts their sums (not in cells without its pivot: cells=False)."""
     x = _Shape(tuple(shape))
     red = 1
     for a in axes:
@@ -76,9 +76,8 @@ class _Shape:
 # cell for all its channels (codegen.reduce_lanes), its invocations reading neighbouring
 # addresses: ResNet-20's 16 channels of 64x28x28 in 448 cells of 4x28 rather than 32 chunks
 # of 2 images whose workgroups each read every 16th float. 0: the outermost axis, as before.
-# Sums only: mean and variance (ops.reductions.moments) keep their chunks of whole images, as
-# Chan's combination of many short chunks of offset data (1e6 + N(0, 1), float32's spacing
-# 0.0625 there) adds twice the chunk means' rounding to the variance, 1e-3 of it, in every channel.
+# (Mean and variance, ops.reductions.moments, are cut there too: their squares are taken about a
+# pivot, so that Chan's combination of many short chunks keeps its precision on offset data.)
 SPLIT_CELLS = 1
 SPLIT_CELL_CHUNKS = 512
 SPLIT_CELL_MIN = 16

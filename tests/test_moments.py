@@ -384,3 +384,23 @@ def test_ten_adam_steps_of_a_split_batchnorm_model_match_torch(kernels):
         train_side_by_side(torch, model, randomize(torch, TorchBNNet(), seed=3).train(), torch_bn_loss, batches)
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("offset", [1e4, 1e6])
+def test_moments_in_cells_about_a_pivot_keep_offset_data_precise(offset, monkeypatch):
+    """ops.reductions.MOMENTS_PIVOT: mean and squares in cells of 2 rows (split_rules.SPLIT_CELLS,
+    384 chunks of 96), the squares about each channel's first element, in float32 (the
+    interpreter): the sum of squares within 1e-6 of float64's at offsets where float32's spacing
+    (0.0625 at 1e6) exceeds the spread of the chunk means (0.1); about the chunk means themselves
+    it was 1e-3 off."""
+    from aot.ops import reductions
+
+    monkeypatch.setattr(reductions, "MOMENTS_PIVOT", 1)
+    g = _moments_graph(BN_X, (0, 2, 3))
+    assert "reshape[shape=(16,4,24,2,48)]" in format_graph(g)
+    x = (offset + np.random.default_rng(5).standard_normal(BN_X)).astype(np.float32)
+    env = interp.run(g, {"x": x}, np.float32)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(axis=(0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(env[id(g.outputs["m2"])], ((x64 - mu) ** 2).sum(axis=(0, 2, 3), keepdims=True), rtol=1e-6)
+    np.testing.assert_allclose(env[id(g.outputs["mu"])], mu, rtol=1e-7)
