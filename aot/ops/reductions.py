@@ -94,10 +94,8 @@ def _sq_dev(x, axes):
 
 # 1: moments' squares about a pivot, and its chunks in cells of rows (split_rules.SPLIT_CELLS),
 # whose first stage then reads a channels-last input coalesced (codegen.reduce_lanes); 0: chunks
-# of the outermost axis, squares about each chunk's mean. Off: as it stands, the mean is not
-# stored by the second stage but recomputed by its readers, so BatchNorm's normalization also
-# stores x - mean for the backward pass (ResNet-20: 200 dispatches instead of 192).
-MOMENTS_PIVOT = 0
+# of the outermost axis, squares about each chunk's mean (scripts/bench_rules.py compares them).
+MOMENTS_PIVOT = 1
 
 
 def moments(x, axes):
@@ -154,15 +152,19 @@ def moments(x, axes):
     mp = div(sum(xp, within, keepdims=True), float(c))  # chunk means of x less the pivot
     d = xp - broadcast_to(mp, xs.shape)
     s = sum(d * d, within, keepdims=True)
-    ss = sum(xs, within, keepdims=True)  # chunk sums of x, in the pass of the squares
+    ss = div(sum(xs, within, keepdims=True), float(c))  # chunk means of x, in the pass of the squares
     mup = div(sum(mp, across, keepdims=True), float(J))
     e = mp - broadcast_to(mup, mp.shape)
     m2 = sum(s, across, keepdims=True) + sum(square(e), across, keepdims=True) * float(c)
-    # the mean over the chunks' sums, traced last: the second stage's kernel then stores it (the
-    # last of the sums it runs in one loop takes the division as its epilogue)
-    mu = div(sum(ss, across, keepdims=True), float(n))
+    # the mean of the chunks' means, in x's kept shape where the cut is of one axis: its readers
+    # (BatchNorm's normalization, the running mean) then read the stored quotient, where through
+    # a reshape each would divide again (a costly op with one consumer is recomputed)
     kept = _kept(x, axes)
-    return reshape(mu, kept), reshape(m2, kept)
+    if hi - lo == 1:
+        cut = x.shape[:lo] + (run // k,) + x.shape[hi:]
+        ss = reshape(ss, tuple(1 if a in axes and a > lo else d for a, d in enumerate(cut)))
+    mu = div(sum(ss, across, keepdims=True), float(J))
+    return (mu if mu.shape == kept else reshape(mu, kept)), reshape(m2, kept)
 
 
 def var(x, axis=None, keepdims: bool = False, *, correction=1, dim=None, keepdim=None):
