@@ -263,7 +263,7 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
         tile = None if cpu else transposed_tile(k, s)
         if tile is not None:
             outer, a_len, m_len = tile
-            n_c, n_m = -(-a_len // TILE_C), -(-m_len // TILE_M)
+            n_c, n_m = -(-a_len // TILE_C), -(-m_len // (WG // TILE_C))
             groups = outer * n_c * n_m
             grid = _grid(groups)
             tile = {"a": a_len, "m": m_len, "n_c": n_c, "n_m": n_m, "groups": groups, "tc": TILE_C}
@@ -300,11 +300,10 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
 # last (a convolution's channels-last [N*H*W, C] product read as [N, C, H, W] by BatchNorm's
 # normalization and its backward, which store [N, C, H, W]): consecutive invocations of the
 # flat order read C elements apart, a 32-byte sector per invocation. Its invocations walk
-# tiles of TILE_C x TILE_M (channels x positions) instead: a 32-wide subgroup reads 4
+# tiles of TILE_C x WG / TILE_C (channels x positions) instead: a 32-wide subgroup reads 4
 # positions of 8 contiguous channels (4 full sectors where it read 32) and writes 8 runs of 4
 # positions. TILE_C = 0 keeps the flat order (scripts/bench_rules.py compares them).
 TILE_C = 8
-TILE_M = WG // 8
 
 
 def transposed_tile(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None:
@@ -325,7 +324,7 @@ def transposed_tile(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None
         if axes:
             a = axes[0]
             m_len = _size(out.shape[a + 1 :])
-            if m_len >= TILE_M // 2:
+            if m_len >= WG // TILE_C // 2:
                 return _size(out.shape[:a]), out.shape[a], m_len
     return None
 
