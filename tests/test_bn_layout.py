@@ -60,16 +60,20 @@ def program(kernels):
     return aot.Program(
         f"bn_layout_{kernels}",
         model=Net,
-        train=aot.Train(loss, inputs={"x": aot.f32(N, CIN, H, H), "ct": aot.f32(N, C2, H, H)},
-                        optimizer=aot.optim.SGD(lr=1e-2, momentum=0.9)),  # fmt: skip
+        train=aot.Train(
+            loss, inputs={"x": aot.f32(N, CIN, H, H), "ct": aot.f32(N, C2, H, H)}, optimizer=aot.optim.SGD(lr=1e-2, momentum=0.9)
+        ),
         seed=3,
     )
 
 
 def batches(n):
     r = np.random.default_rng(1)
-    return [{"x": r.normal(0.3, 1.5, (N, CIN, H, H)).astype(np.float32),
-             "ct": (0.01 * r.normal(size=(N, C2, H, H))).astype(np.float32)} for _ in range(n)]  # fmt: skip
+    out = []
+    for _ in range(n):
+        x = r.normal(0.3, 1.5, (N, CIN, H, H)).astype(np.float32)
+        out.append({"x": x, "ct": (0.01 * r.normal(size=(N, C2, H, H))).astype(np.float32)})
+    return out
 
 
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
