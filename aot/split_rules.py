@@ -74,15 +74,16 @@ class _Shape:
 # of at least SPLIT_CELL_MIN elements, each summed for every channel. Where the kept axis is
 # stored contiguously (a convolution's channels-last product), a first-stage workgroup takes one
 # cell for all its channels (codegen.reduce_lanes), its invocations reading neighbouring
-# addresses: ResNet-20's 16 channels of 64x28x28 in 896 cells of 2x28 rather than 32 chunks
+# addresses: ResNet-20's 16 channels of 64x28x28 in 448 cells of 4x28 rather than 32 chunks
 # of 2 images whose workgroups each read every 16th float. 0: the outermost axis, as before.
 # (Mean and variance, ops.reductions.moments, are cut there too: their squares are taken about a
 # pivot, so that Chan's combination of many short chunks keeps its precision on offset data.)
 # [H200, ResNet-20's step_many, scripts/bench_rules.py side by side: 390-407 steps/s before, 421-428
 # with the cells (and codegen's tiles); 256, 512 or 1024 cells 443-448 alike:
-# results/rules_resnet20_h200_res30d*.json]
+# results/rules_resnet20_h200_res30d*.json. 1024 cells of a BatchNorm over [16, 4, 48, 48] at 1e6
+# (one row each) left its weight gradient 4.2x float32 torch's error on the CPU set: 512]
 SPLIT_CELLS = 1
-SPLIT_CELL_CHUNKS = 1024
+SPLIT_CELL_CHUNKS = 512
 SPLIT_CELL_MIN = 16
 
 

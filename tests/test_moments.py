@@ -42,9 +42,9 @@ def _moments_graph(shape, axes):
 @pytest.mark.parametrize(
     "shape, axes, chunks",
     [
-        ((64, 16, 32, 32), (0, 2, 3), "(64,16,16,2,32)"),  # ResNet-20's first stage: 1024 cells of 2 rows (split_rules.SPLIT_CELLS)
+        ((64, 16, 32, 32), (0, 2, 3), "(64,16,8,4,32)"),  # ResNet-20's first stage: 512 cells of 4 rows (split_rules.SPLIT_CELLS)
         ((2, 40000), (1,), "(2,10,4000)"),  # two long rows: 10 chunks of 4000 (a divisor, no padding)
-        ((61, 16, 24, 24), (0, 2, 3), "(61,16,12,2,24)"),  # 61 images (prime): their rows are cut instead
+        ((61, 16, 24, 24), (0, 2, 3), "(61,16,8,3,24)"),  # 61 images (prime): their rows are cut instead
         ((64, 32, 14, 14), (0, 2, 3), "(64,32,7,2,14)"),  # ResNet-20's second stage: 448 cells of 2 rows (of 14: 16 or more)
         ((64, 64, 7, 7), (0, 2, 3), None),  # its third: short enough for one stage
     ],
@@ -128,7 +128,7 @@ def test_batchnorm_backward_reduces_one_pair_of_sums():
         train=aot.Train(lambda m, ct: ops.sum(m.bn(m.h) * ct), inputs={"ct": aot.f32(*BN_X)}, optimizer=None),
     )  # fmt: skip
     g = compile_program(prog).graphs["train"]
-    # in cells of rows: [16, 4, 48, 1, 48] over (3, 4) (split_rules.SPLIT_CELLS); the forward's
+    # in cells of rows: [16, 4, 24, 2, 48] over (3, 4) (split_rules.SPLIT_CELLS); the forward's
     # three (x, x less its pivot, squares), the backward's pair
     chunked = [n for n in g.nodes if n.op == "sum" and n.attrs["axes"] == (3, 4)]
     assert len(chunked) == 5, format_graph(g)
@@ -391,8 +391,8 @@ def test_ten_adam_steps_of_a_split_batchnorm_model_match_torch(kernels):
 
 @pytest.mark.parametrize("offset", [1e4, 1e6])
 def test_moments_in_cells_about_a_pivot_keep_offset_data_precise(offset, monkeypatch):
-    """ops.reductions.MOMENTS_PIVOT: mean and squares in cells of a row (split_rules.SPLIT_CELLS,
-    768 chunks of 48), the squares about each channel's first element, in float32 (the
+    """ops.reductions.MOMENTS_PIVOT: mean and squares in cells of 2 rows (split_rules.SPLIT_CELLS,
+    384 chunks of 96), the squares about each channel's first element, in float32 (the
     interpreter): the sum of squares within 1e-6 of float64's at offsets where float32's spacing
     (0.0625 at 1e6) exceeds the spread of the chunk means (0.1); about the chunk means themselves
     it was 1e-3 off."""
@@ -400,7 +400,7 @@ def test_moments_in_cells_about_a_pivot_keep_offset_data_precise(offset, monkeyp
 
     monkeypatch.setattr(reductions, "MOMENTS_PIVOT", 1)  # the default
     g = _moments_graph(BN_X, (0, 2, 3))
-    assert "reshape[shape=(16,4,48,1,48)]" in format_graph(g)
+    assert "reshape[shape=(16,4,24,2,48)]" in format_graph(g)
     x = (offset + np.random.default_rng(5).standard_normal(BN_X)).astype(np.float32)
     env = interp.run(g, {"x": x}, np.float32)
     x64 = x.astype(np.float64)
