@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 
 from . import merge
-from .codegen import ROW_WG, WG, KernelCode, kernel_rows_per_workgroup
+from .codegen import ROW_WG, WG, KernelCode, kernel_rows_per_workgroup, lanes_workgroup, reduce_lanes
 from .ir import Tensor
 from .plan import Plan
 from .schedule import Kernel, KernelSchedule, op_of
@@ -55,6 +55,11 @@ class Chain:
     per_wg: int  # rows per workgroup
     wg: int  # invocations per workgroup: the first reduction's (WG, or ROW_WG for many short rows)
     row_of: dict  # id(output tensor) -> (kernel index, elements per row)
+    lanes: tuple | None = None  # codegen.reduce_lanes of its reductions: P outputs a workgroup along an axis
+
+    def workgroup(self, rows):
+        """The workgroup that owns each row (ints or a NumPy array)."""
+        return lanes_workgroup(rows, self.lanes) if self.lanes else rows // self.per_wg
 
 
 def view_offsets(v: View, shape) -> np.ndarray:
@@ -163,8 +168,10 @@ def _local(s: KernelSchedule, k: Kernel, chain: Chain) -> bool:
     pts = _points(k, chain.rows)
     if pts is None or sum(n for _, n, _ in pts) > MAX_POINTS:
         return False
-    if k.kind == "reduce" and kernel_rows_per_workgroup(k) != chain.per_wg:
-        return False
+    if k.kind == "reduce":
+        lanes = reduce_lanes(k, s)
+        if lanes != chain.lanes or (1 if lanes else kernel_rows_per_workgroup(k)) != chain.per_wg:
+            return False
     own = {id(t) for t in k.outs}
     memo: dict = {}  # id(tensor) -> whether it reads a chain output (only those are walked)
     try:
@@ -177,10 +184,10 @@ def _local(s: KernelSchedule, k: Kernel, chain: Chain) -> bool:
             continue
         reads: list = []
         _reads(s, own, t, None, reads, memo)
-        block = row_of_point() // chain.per_wg  # the workgroup that computes each point
+        block = chain.workgroup(row_of_point())  # the workgroup that computes each point
         for base, elems in reads:
             _, per_row = chain.row_of[id(base)]
-            if not np.array_equal(elems // (per_row * chain.per_wg), block):
+            if not np.array_equal(chain.workgroup(elems // per_row), block):
                 return False
     return True
 
@@ -201,7 +208,9 @@ def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> li
         n_out, n_red = k.reduce_space()
         if any(t.size != n_out for t in k.outs):
             return None
-        return Chain([i], n_out, kernel_rows_per_workgroup(k), sources[i].wg, {id(t): (i, 1) for t in k.outs})
+        lanes = reduce_lanes(k, s)
+        per_wg = 1 if lanes else kernel_rows_per_workgroup(k)
+        return Chain([i], n_out, per_wg, sources[i].wg, {id(t): (i, 1) for t in k.outs}, lanes)
 
     def joins(j: int, c: Chain) -> bool:
         k = s.kernels[j]
@@ -209,6 +218,10 @@ def fuse(s: KernelSchedule, p: Plan, codes: list[KernelCode], prefix: str) -> li
             return False
         # a reduction stage has the chain's workgroup; an elementwise one is walked by it
         if sources[j].wg != (c.wg if k.kind == "reduce" else WG):
+            return False
+        # an elementwise stage is called with flat element indices (not one that walks tiles), and
+        # walks a run of rows per workgroup (not the lanes of a reduce_lanes chain)
+        if k.kind == "elementwise" and ([b for b, _, _ in sources[j].params] != ["global_invocation_id"] or c.lanes):
             return False
         if (j < cut) != (c.members[0] < cut) or not prints[j].known:
             return False

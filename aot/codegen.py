@@ -31,7 +31,7 @@ from .matmul_codegen import LOOP_MAX, MatmulSpec, Operand, choose_tile, render_m
 from .plan import Plan, vec_alias
 from .schedule import Kernel, KernelSchedule, op_of
 from .templates import render
-from .views import View, merge_subdims
+from .views import View, merge_subdims, regroup
 from .wgsl_expr import Body, Index, KernelContext, _size
 
 WG = 256
@@ -223,7 +223,7 @@ def _kernel_sets(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers)
     long_k = k.kind == "matmul" and (k.mm if k.mm is not None else k.out).node.inputs[0].shape[-1] > CPU_MATMUL_MAX_K
     # a K too long for the CPU matmul: the CPU set runs the GPU kernel, whose invocations loop K / slab times
     cpu = code if long_k else _render(name, k, s, plan, names, writers, cpu=True)
-    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce", "recurrent")):
+    if cpu.bindings != code.bindings or (cpu.grid != code.grid and k.kind not in ("matmul", "reduce", "recurrent", "elementwise")):
         raise CodegenError(f"kernel {name}: its CPU variant dispatches differently ({cpu.grid} vs {code.grid})")
     code.wgsl_cpu, code.offsets_cpu = cpu.wgsl, cpu.offsets_cpu
     # a K too long for the CPU matmul: the wasm set's SIMD matmul reads the GPU kernel's spec
@@ -274,12 +274,19 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
             val = body.value(t, Index(t.shape, flat="i"))
             kc.computed[id(t)] = val
             stores.append(_store(kc, plan, t, val, "i"))
-        groups = -(-n // WG)
-        grid = _grid(groups)
+        tile = None if cpu else transposed_tile(k, s)
+        if tile is not None:
+            outer, a_len, m_len = tile
+            n_c, n_m = -(-a_len // TILE_C), -(-m_len // (WG // TILE_C))
+            groups = outer * n_c * n_m
+            grid = _grid(groups)
+            tile = {"a": a_len, "m": m_len, "n_c": n_c, "n_m": n_m, "groups": groups, "tc": TILE_C}
+        else:
+            grid = _grid(-(-n // WG))
         wgsl = render(
             "wgsl/elementwise.wgsl.j2",
             header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=WG,
-            n=n, row=grid[0] * WG, lines=body.lines, stores=stores,
+            n=n, row=grid[0] * WG, gx=grid[0], lines=body.lines, stores=stores, tile=tile,
         )
         code = KernelCode(name, wgsl, kc.bindings(), grid, ops, site)
     elif k.kind == "reduce":
@@ -301,6 +308,39 @@ def _render(name, k: Kernel, s: KernelSchedule, plan: Plan, names, writers, cpu:
             "scratch buffers: build with a larger --max-binding-mib"
         )
     return code
+
+
+# An elementwise kernel one of whose operands is stored with the stride-1 axis not the output's
+# last (a convolution's channels-last [N*H*W, C] product read as [N, C, H, W] by BatchNorm's
+# normalization and its backward, which store [N, C, H, W]): consecutive invocations of the
+# flat order read C elements apart, a 32-byte sector per invocation. Its invocations walk
+# tiles of TILE_C x WG / TILE_C (channels x positions) instead: a 32-wide subgroup reads 4
+# positions of 8 contiguous channels (4 full sectors where it read 32) and writes 8 runs of 4
+# positions. TILE_C = 0 keeps the flat order (scripts/bench_rules.py compares them).
+TILE_C = 8
+
+
+def transposed_tile(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None:
+    """(outer, A, M) where k's output [.., A, ...] (A at axis a, M the elements after it, outer
+    those before) has an operand of its shape whose stride-1 axis is a, not the last; else None."""
+    if not TILE_C or WG % TILE_C:
+        return None
+    out = k.out
+    if out.ndim < 2 or any(t.shape != out.shape for t in k.outs):
+        return None
+    for t in _walk(k, s)[1]:
+        v = s.views.get(id(t))
+        st = v.strides() if v is not None and t.shape == out.shape else None
+        # not a broadcast (a stride 0: the same few values for every invocation, cached)
+        if st is None or st[-1] == 1 and out.shape[-1] > 1 or any(d > 1 and not x for d, x in zip(out.shape, st)):
+            continue
+        axes = [a for a in range(out.ndim - 1) if st[a] == 1 and out.shape[a] >= TILE_C]
+        if axes:
+            a = axes[0]
+            m_len = _size(out.shape[a + 1 :])
+            if m_len >= WG // TILE_C // 2:
+                return _size(out.shape[:a]), out.shape[a], m_len
+    return None
 
 
 def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) -> None:
@@ -350,7 +390,8 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     for m in members:
         kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits"),
                            "sum": ("plus_zero_f32",)}.get(m.node.op, ()))
-    per_wg = kernel_rows_per_workgroup(k) == 1
+    lanes = None if cpu else reduce_lanes(k, s)
+    per_wg = lanes is not None or kernel_rows_per_workgroup(k) == 1
     # the results, then elementwise outputs of them at the same element o (the epilogue)
     epi = Body(kc, "    ")
     kc.self_flat = "o"
@@ -365,8 +406,11 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
             val = epi.value(t, Index(t.shape, flat="o"))
             kc.computed[id(t)] = val
             stores.append(_store(kc, plan, t, val, "o"))
-    grid = _grid(n_out if per_wg else -(-n_out // WG))
-    wg = row_workgroup_size(n_out, n_red) if per_wg else WG
+    grid = _grid((n_out // lanes[0] if lanes else n_out) if per_wg else -(-n_out // WG))
+    wg = WG if lanes else row_workgroup_size(n_out, n_red) if per_wg else WG
+    if lanes:
+        p_, a_, b_ = lanes
+        lanes = {"p": p_, "a": a_, "b": b_, "ncb": a_ // p_, "groups": n_out // p_}
     if cpu and per_wg and (sequential_max is None or n_red <= sequential_max):
         # one invocation per workgroup sums the row in order, over the GPU kernel's grid (one
         # workgroup per row)
@@ -376,7 +420,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     wgsl = render(
         "wgsl/reduce.wgsl.j2",
         header=header, bindings=kc.binding_text(), helpers=sorted(kc.helpers), wg=wg,
-        accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else wg),
+        accs=accs, per_wg=per_wg, n_out=n_out, n_red=n_red, row=grid[0] * (1 if per_wg else wg), lanes=lanes,
         one_buf=kc.bindings()[0][0] if cpu else "", chunk=CPU_SUM_CHUNK if cpu else 0,
         outer=outer.lines, inner=inner.lines, epilogue=epi.lines, stores=stores,
     )
@@ -416,6 +460,73 @@ def rows_per_workgroup(n_out: int, n_red: int, outer: bool = False) -> int:
         return WG
     few = n_out <= FEW_ROWS and n_red >= FEW_ROWS_MIN_LEN
     return 1 if n_red >= 256 or (n_red >= 64 and n_out < 4096) or few else WG
+
+
+# A reduction whose input is stored with a kept axis contiguous (BatchNorm's backward sums over
+# cells of a channels-last convolution product, split_rules.SPLIT_CELLS) gives each workgroup P
+# outputs along that axis, P lanes (a power of two up to LANES_MAX dividing it) x WG / P row
+# walkers: neighbouring invocations read neighbouring addresses, where a workgroup per output read
+# one float of every 32-byte sector (or, with an invocation per output, each walked its row alone
+# with neighbours a row apart). Only where that leaves LANES_MIN_GROUPS workgroups or more.
+# LANES_MAX = 0: a workgroup per output, as before (scripts/bench_rules.py compares them).
+LANES_MAX = 64
+LANES_MIN = 4
+LANES_MIN_GROUPS = 128
+
+
+def reduce_lanes(k: Kernel, s: KernelSchedule) -> tuple[int, int, int] | None:
+    """(P, A, B) for a reduction kernel that runs P outputs a workgroup: A the length of the kept
+    axis an operand of the input's shape reads at stride 1, B the outputs after it (the
+    workgroup's outputs are P consecutive along that axis); None for a workgroup per output."""
+    if not LANES_MAX or k.kind != "reduce":
+        return None
+    x = k.node.inputs[0]
+    axes = op_of(k.node).reduced_axes(k.node.attrs)
+    n_out, n_red = k.reduce_space()
+    if any(m.node.inputs[0].shape != x.shape or op_of(m.node).reduced_axes(m.node.attrs) != axes for m in k.group):
+        return None
+    for t in _walk(k, s)[1]:
+        st = _strides_as(s.views.get(id(t)), t, x.shape)
+        if st is None or any(st[a] == 1 and x.shape[a] > 1 for a in axes) or any(d > 1 and not z for d, z in zip(x.shape, st)):
+            continue
+        for a in range(x.ndim):
+            if a in axes or st[a] != 1 or x.shape[a] < LANES_MIN:
+                continue
+            p = 1
+            while p * 2 <= min(LANES_MAX, WG // 4) and x.shape[a] % (p * 2) == 0:
+                p *= 2
+            b = _size([x.shape[i] for i in range(a + 1, x.ndim) if i not in axes])
+            if p < LANES_MIN or n_out // p < LANES_MIN_GROUPS or n_red < WG // p:
+                return None
+            # an invocation per output already reads neighbouring addresses where the axis is the
+            # outputs' last (a split-K matmul's second stage)
+            if b == 1 and kernel_rows_per_workgroup(k) != 1:
+                return None
+            return p, x.shape[a], b
+    return None
+
+
+def _strides_as(v: View | None, t: Tensor, shape) -> tuple[int, ...] | None:
+    """The strides of stored t's elements read as a reshape of it to `shape` (where its axes
+    regroup into those; a reduction reads BatchNorm's [N, C, H, W] as [N, C, H/k, k, W])."""
+    if v is None or t.size != _size(shape):
+        return None
+    axes = regroup([sd for axis in v.dims for sd in axis], shape)
+    if axes is None:
+        return None
+    out = []
+    for axis in axes:
+        real = [(n, st) for n, st in axis if n != 1]
+        if len(real) > 1:
+            return None
+        out.append(real[0][1] if real else 0)
+    return tuple(out)
+
+
+def lanes_workgroup(o, lanes: tuple[int, int, int]):
+    """The workgroup that computes output o (ints or a NumPy array) of a kernel with reduce_lanes."""
+    p, a, b = lanes
+    return o // (a * b) * (a // p * b) + (o // b) % a // p * b + o % b
 
 
 def kernel_rows_per_workgroup(k: Kernel) -> int:

@@ -65,9 +65,10 @@ def _rebuild(g: Graph, nodes, f) -> Graph:
 def split_reductions(g: Graph) -> Graph:
     """sum/max over a long run of adjacent axes -> the same reduction in two stages:
     x[..., R, ...] -> [..., R/k, k, ...] reduced over k, then over R/k (sums pad R up to a
-    multiple of k with zeros). Over separate runs of axes (BatchNorm's (0, 2, 3)), the outermost
-    reduced axis A is cut the same way: x[..., A/k, k, ...] reduced over k and the other reduced
-    axes, then over A/k. Same result up to float rounding, fixed order, no atomics."""
+    multiple of k with zeros). Over separate runs of axes (BatchNorm's (0, 2, 3)), one reduced
+    axis A is cut the same way: x[..., A/k, k, ...] reduced over k and the reduced axes after A,
+    then over A/k and those before it (split_rules: the outermost axis, or with SPLIT_CELLS the
+    first of the second run). Same result up to float rounding, fixed order, no atomics."""
     nodes: list = []
     remap: dict[int, object] = {}
     for orig in g.nodes:
@@ -90,7 +91,8 @@ def split_reductions(g: Graph) -> Graph:
                 y = ops.pad(y, lo, 0, pad)
             y = ops.reshape(y, x.shape[:lo] + ((red + pad) // k, k) + x.shape[hi:])
             reduce = getattr(ops, n.op)  # sum or max: the public function of the same name
-            y = reduce(reduce(y, (lo + 1,) + rest), lo)
+            before = tuple(a for a in n.attrs["axes"] if a < lo)  # kept by the first stage (split_rules.SPLIT_CELLS)
+            y = reduce(reduce(y, (lo + 1,) + rest), before + (lo,))
             y = ops.reshape(y, n.out.shape)
         nodes.extend(tmp.nodes)
         remap[id(orig.out)] = y

@@ -4,6 +4,8 @@ variance where it cuts their sums; it imports nothing of aot (passes imports ops
 
 from __future__ import annotations
 
+import math
+
 # A reduction this long per output keeps too few GPU threads busy in one pass (one workgroup
 # summing 19M gradients for the global norm took 28 ms on an H200); two passes take <0.5 ms.
 SPLIT_CONTIGUOUS = 1 << 17  # reduced elements per output, reduced axes innermost
@@ -28,10 +30,10 @@ SPLIT_ROWS = 512
 SPLIT_ROW_MIN = 512
 
 
-def split_plan(shape, axes, split: str):
+def split_plan(shape, axes, split: str, cells: bool = True):
     """_split_plan for a reduction of a tensor of `shape` over the sorted `axes` whose split
     is of kind `split` ("pad" or "divide", as OpDef.split). ops.reductions.moments cuts mean
-    and variance where this cuts their sums."""
+    and variance where this cuts their sums (not in cells without its pivot: cells=False)."""
     x = _Shape(tuple(shape))
     red = 1
     for a in axes:
@@ -39,7 +41,7 @@ def split_plan(shape, axes, split: str):
     if not axes or red <= 1:
         return None
     if list(axes) != list(range(axes[0], axes[-1] + 1)):
-        return _split_outer_axis(x, axes, split, red)
+        return _split_outer_axis(x, axes, split, red, cells)
     lo, hi = axes[0], axes[-1] + 1
     inner = hi == x.ndim  # reduced elements are contiguous in memory
     few = x.size // red < SPLIT_FEW_ROWS and red >= SPLIT_CONTIGUOUS_FEW
@@ -66,12 +68,55 @@ class _Shape:
             self.size *= d
 
 
-def _split_outer_axis(x, axes, split, red):
-    """Reduced axes in separate runs: cut the outermost one (see SPLIT_ROWS)."""
+# Reduced axes in separate runs with kept axes between them (BatchNorm's (0, 2, 3) of [N, C, H,
+# W]): with SPLIT_CELLS the first axis of the second run (H) is cut instead of the outermost one,
+# and the first stage keeps the axes before the cut (N): about SPLIT_CELL_CHUNKS cells (n, h-chunk)
+# of at least SPLIT_CELL_MIN elements, each summed for every channel. Where the kept axis is
+# stored contiguously (a convolution's channels-last product), a first-stage workgroup takes one
+# cell for all its channels (codegen.reduce_lanes), its invocations reading neighbouring
+# addresses: ResNet-20's 16 channels of 64x28x28 in 448 cells of 4x28 rather than 32 chunks
+# of 2 images whose workgroups each read every 16th float. 0: the outermost axis, as before.
+# (Mean and variance, ops.reductions.moments, are cut there too: their squares are taken about a
+# pivot, so that Chan's combination of many short chunks keeps its precision on offset data.)
+# [H200, ResNet-20's step_many, scripts/bench_rules.py side by side: 390-407 steps/s before, 421-428
+# with the cells (and codegen's tiles); 256, 512 or 1024 cells 443-448 alike:
+# results/rules_resnet20_h200_res30d*.json. 1024 cells of a BatchNorm over [16, 4, 48, 48] at 1e6
+# (one row each) left its weight gradient 4.2x float32 torch's error on the CPU set: 512]
+SPLIT_CELLS = 1
+SPLIT_CELL_CHUNKS = 512
+SPLIT_CELL_MIN = 16
+
+
+def _split_inner_run(x, axes, split, red):
+    """(b, b + 1, k, 0): the first axis b of the second run of `axes` in chunks of k, a divisor,
+    so that the cells (the reduced axes before b, times b's chunks) number about
+    SPLIT_CELL_CHUNKS; None if no divisor gives cells of SPLIT_CELL_MIN elements or more."""
+    b = next(a for i, a in enumerate(axes) if i and a != axes[i - 1] + 1)
+    before = after = 1
+    for a in axes:
+        if a < b:
+            before *= x.shape[a]
+        elif a > b:
+            after *= x.shape[a]
+    size = x.shape[b]
+    fits = [k for k in range(1, size + 1) if size % k == 0 and k * after >= SPLIT_CELL_MIN]
+    if not fits or before * (size // fits[0]) < 2:
+        return None
+    k = min(fits, key=lambda k: (abs(math.log(before * (size // k) / SPLIT_CELL_CHUNKS)), k))
+    return b, b + 1, k, 0
+
+
+def _split_outer_axis(x, axes, split, red, cells=True):
+    """Reduced axes in separate runs: cut the first axis of the second run (SPLIT_CELLS), or else
+    the outermost one (see SPLIT_ROWS)."""
     lo = axes[0]
     n_out = x.size // red
     if red < SPLIT_SEPARATE_MIN or n_out >= SPLIT_ROWS:
         return None
+    if SPLIT_CELLS and cells:
+        plan = _split_inner_run(x, axes, split, red)
+        if plan is not None:
+            return plan
     chunks = min(x.shape[lo], -(-SPLIT_ROWS // n_out), red // SPLIT_ROW_MIN)
     if chunks < 2:
         return None

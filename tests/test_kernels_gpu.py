@@ -301,12 +301,12 @@ def test_reductions_of_every_size(adapter, kernels):
     assert_loss_close(gpu, ref, "reductions")
 
 
-def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int, cpu: bool = False):
+def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int, cpu: bool = False, lanes=None, inner=None):
     """The reduce template on its own, forced into one variant: x [n_out, n_red] in `inputs`
     (cpu: the CPU set's, one invocation a row, CPU_ROW_WG rows a workgroup (3 rows: the guard
     keeps the other invocations out), loops stepping by `one`, sums in chunks)."""
     wg = codegen.CPU_ROW_WG if cpu else codegen.WG
-    grid = codegen._grid(n_out if per_wg else -(-n_out // wg))
+    grid = codegen._grid((n_out // lanes["p"] if lanes else n_out) if per_wg else -(-n_out // wg))
     out_arena, out_type = ("work_i32", "i32") if op == "argmax" else ("work", "f32")
     wgsl = render(
         "wgsl/reduce.wgsl.j2",
@@ -317,9 +317,9 @@ def _reduce_kernel(op: str, per_wg: bool, n_out: int, n_red: int, cpu: bool = Fa
         ]),
         helpers={"max": ["f32_bits", "is_nan_f32", "max_nan"], "argmax": ["f32_bits", "gt_nan", "is_nan_f32"], "sum": ["plus_zero_f32"]}.get(op, []),
         wg=wg, accs=[{"op": op, "val": "v0"}], per_wg=per_wg, n_out=n_out, n_red=n_red,
-        row=grid[0] * (1 if per_wg else wg), outer=[], inner=["        let v0: f32 = inputs[o * %du + r];" % n_red],
+        row=grid[0] * (1 if per_wg else wg), outer=[], inner=[inner or "        let v0: f32 = inputs[o * %du + r];" % n_red],
         epilogue=[], stores=[f"{out_arena}[o] = res0;"], one_buf="inputs" if cpu else "",
-        chunk=codegen.CPU_SUM_CHUNK if cpu else 0,
+        chunk=codegen.CPU_SUM_CHUNK if cpu else 0, lanes=lanes,
     )
     return wgsl, grid, out_arena
 
@@ -341,6 +341,25 @@ def test_reduce_template_in_both_variants(device, op, per_wg, cpu):
         out = run_wgsl(device, wgsl, grid, {"inputs": x.ravel(), arena: np.full(3, -77, dtype)})[arena]
         want = {"sum": x.sum(-1), "max": x.max(-1), "argmax": np.argmax(x, -1).astype(np.int32)}[op]
         np.testing.assert_array_equal(out, want, err_msg=f"{op} over {n} elements")
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "argmax"])
+def test_reduce_template_with_lanes(device, op):
+    """codegen.reduce_lanes's variant: x [n_red, 24] reduced over its rows, 8 outputs a workgroup
+    (3 groups of lanes, 32 row walkers each), against NumPy bit for bit (small integers); the
+    maximum of output 1 repeated (argmax keeps the first), output 2 one long tie."""
+    for n in (32, 33, 300, 5000):
+        rng = np.random.default_rng(n)
+        x = rng.integers(-9, 9, (n, 24)).astype(np.float32)
+        x[n // 3, 1] = x[n - 1, 1] = 20.0
+        x[:, 2] = 1.0
+        lanes = {"p": 8, "a": 24, "b": 1, "ncb": 3, "groups": 3}
+        wgsl, grid, arena = _reduce_kernel(op, True, 24, n, lanes=lanes, inner="        let v0: f32 = inputs[r * 24u + o];")
+        assert grid == (3, 1, 1) and "codegen.reduce_lanes" in wgsl
+        dtype = np.int32 if op == "argmax" else np.float32
+        out = run_wgsl(device, wgsl, grid, {"inputs": x.ravel(), arena: np.full(24, -77, dtype)})[arena]
+        want = {"sum": x.sum(0), "max": x.max(0), "argmax": np.argmax(x, 0).astype(np.int32)}[op]
+        np.testing.assert_array_equal(out, want, err_msg=f"{op} over {n} rows")
 
 
 # ---- layout chains ----------------------------------------------------------------------------------

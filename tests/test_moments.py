@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import aot
-from aot import interp, nn, ops
+from aot import interp, nn, ops, split_rules
 from aot.frontend import trace_program
 from aot.ir import Graph, format_graph
 from aot.ops.reductions import moments
@@ -42,10 +42,10 @@ def _moments_graph(shape, axes):
 @pytest.mark.parametrize(
     "shape, axes, chunks",
     [
-        ((64, 16, 32, 32), (0, 2, 3), "(32,2,16,32,32)"),  # ResNet-20's first stage: 32 chunks of 2 images
+        ((64, 16, 32, 32), (0, 2, 3), "(64,16,8,4,32)"),  # ResNet-20's first stage: 512 cells of 4 rows (split_rules.SPLIT_CELLS)
         ((2, 40000), (1,), "(2,10,4000)"),  # two long rows: 10 chunks of 4000 (a divisor, no padding)
-        ((61, 16, 24, 24), (0, 2, 3), None),  # 61 images: no chunking divides them, two-pass (split as sums)
-        ((64, 32, 14, 14), (0, 2, 3), "(16,4,32,14,14)"),  # ResNet-20's second stage: 16 chunks of 4 images
+        ((61, 16, 24, 24), (0, 2, 3), "(61,16,8,3,24)"),  # 61 images (prime): their rows are cut instead
+        ((64, 32, 14, 14), (0, 2, 3), "(64,32,7,2,14)"),  # ResNet-20's second stage: 448 cells of 2 rows (of 14: 16 or more)
         ((64, 64, 7, 7), (0, 2, 3), None),  # its third: short enough for one stage
     ],
 )
@@ -56,7 +56,8 @@ def test_moments_cuts_where_split_reductions_would_and_matches_float64(shape, ax
     sums = [n for n in g.nodes if n.op == "sum"]
     if chunks:
         assert f"reshape[shape={chunks}]" in text, text
-        assert len(sums) == 5  # chunk means and squares; the combination: means, squares, spread of means
+        # chunk sums of x and of x less the pivot, squares; the combination: both, squares, spread of means
+        assert len(sums) == 7
         assert format_graph(split_reductions(g)) == text  # nothing left to split: the stages are the chunks
     else:
         assert len(sums) == 2
@@ -70,9 +71,11 @@ def test_moments_cuts_where_split_reductions_would_and_matches_float64(shape, ax
     np.testing.assert_allclose(env[id(g.outputs["m2"])], ((x64 - mu) ** 2).sum(axis=axes, keepdims=True), rtol=1e-9)
 
 
-def test_moments_does_not_cut_into_one_chunk():
-    """37 images in 2 chunks: the divisor rule's only choice near 19 is 37 itself, one chunk of
-    everything, which would add a stage and save nothing."""
+def test_moments_does_not_cut_into_one_chunk(monkeypatch):
+    """37 images in 2 chunks (the outermost axis cut, split_rules.SPLIT_CELLS off): the divisor
+    rule's only choice near 19 is 37 itself, one chunk of everything, which would add a stage and
+    save nothing."""
+    monkeypatch.setattr(split_rules, "SPLIT_CELLS", 0)
     g = _moments_graph((37, 256, 30, 30), (0, 2, 3))
     assert [n.inputs[0].shape for n in g.nodes if n.op == "sum"] == [(37, 256, 30, 30)] * 2
 
@@ -125,8 +128,10 @@ def test_batchnorm_backward_reduces_one_pair_of_sums():
         train=aot.Train(lambda m, ct: ops.sum(m.bn(m.h) * ct), inputs={"ct": aot.f32(*BN_X)}, optimizer=None),
     )  # fmt: skip
     g = compile_program(prog).graphs["train"]
-    chunked = [n for n in g.nodes if n.op == "sum" and n.attrs["axes"] == (1, 3, 4)]
-    assert len(chunked) == 4, format_graph(g)
+    # in cells of rows: [16, 4, 24, 2, 48] over (3, 4) (split_rules.SPLIT_CELLS); the forward's
+    # three (x, x less its pivot, squares), the backward's pair
+    chunked = [n for n in g.nodes if n.op == "sum" and n.attrs["axes"] == (3, 4)]
+    assert len(chunked) == 5, format_graph(g)
 
 
 # ---- accuracy against torch float64 ----------------------------------------------------------------
@@ -382,3 +387,23 @@ def test_ten_adam_steps_of_a_split_batchnorm_model_match_torch(kernels):
         train_side_by_side(torch, model, randomize(torch, TorchBNNet(), seed=3).train(), torch_bn_loss, batches)
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("offset", [1e4, 1e6])
+def test_moments_in_cells_about_a_pivot_keep_offset_data_precise(offset, monkeypatch):
+    """ops.reductions.MOMENTS_PIVOT: mean and squares in cells of 2 rows (split_rules.SPLIT_CELLS,
+    384 chunks of 96), the squares about each channel's first element, in float32 (the
+    interpreter): the sum of squares within 1e-6 of float64's at offsets where float32's spacing
+    (0.0625 at 1e6) exceeds the spread of the chunk means (0.1); about the chunk means themselves
+    it was 1e-3 off."""
+    from aot.ops import reductions
+
+    monkeypatch.setattr(reductions, "MOMENTS_PIVOT", 1)  # the default
+    g = _moments_graph(BN_X, (0, 2, 3))
+    assert "reshape[shape=(16,4,24,2,48)]" in format_graph(g)
+    x = (offset + np.random.default_rng(5).standard_normal(BN_X)).astype(np.float32)
+    env = interp.run(g, {"x": x}, np.float32)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(axis=(0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(env[id(g.outputs["m2"])], ((x64 - mu) ** 2).sum(axis=(0, 2, 3), keepdims=True), rtol=1e-6)
+    np.testing.assert_allclose(env[id(g.outputs["mu"])], mu, rtol=1e-7)

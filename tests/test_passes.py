@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aot import interp, ops
+from aot import interp, ops, split_rules
 from aot.pipeline import compile_program
 from aot.ir import Graph, format_graph
 from aot.passes import verify
@@ -238,7 +238,8 @@ def _bn_sum(shape, op="sum"):
         ((99, 16, 20, 20), "max", 9, 0),  # max has no padding value: a divisor of 99 (11 chunks of 9)
     ],
 )
-def test_separate_axes_reduction_is_cut_along_its_outer_axis(shape, op, chunk, pad):
+def test_separate_axes_reduction_is_cut_along_its_outer_axis(shape, op, chunk, pad, monkeypatch):
+    monkeypatch.setattr(split_rules, "SPLIT_CELLS", 0)  # the outermost axis (cells: the test below)
     g = _bn_sum(shape, op)
     s = split_reductions(g)
     verify(s)
@@ -253,13 +254,37 @@ def test_separate_axes_reduction_is_cut_along_its_outer_axis(shape, op, chunk, p
     np.testing.assert_allclose(b, a, rtol=1e-12)
 
 
-def test_separate_axes_reductions_with_many_outputs_or_short_rows_are_left_alone():
+def test_separate_axes_reductions_with_many_outputs_or_short_rows_are_left_alone(monkeypatch):
     # many outputs; short rows (ResNet-20's third stage, 3,136 per channel); max over 61 (prime)
-    # images, which no chunking divides
+    # images, which no chunking of the outermost axis divides
+    monkeypatch.setattr(split_rules, "SPLIT_CELLS", 0)
     for shape in ((64, 512, 8, 8), (64, 64, 7, 7), (61, 16, 24, 24)):
         op = "max" if shape[0] == 61 else "sum"
         g = _bn_sum(shape, op)
         assert format_graph(split_reductions(g)) == format_graph(g), shape
+
+
+@pytest.mark.parametrize(
+    "shape, op, cells",
+    [
+        ((64, 16, 28, 28), "sum", "(64,16,7,4,28)"),  # ResNet-20's first stage: 448 cells of 4 rows
+        ((64, 32, 14, 14), "sum", "(64,32,7,2,14)"),  # its second: 448 cells of 2 rows
+        ((61, 16, 24, 24), "max", "(61,16,8,3,24)"),  # 61 images (prime): their rows are cut
+    ],
+)
+def test_separate_axes_reduction_is_cut_in_cells_of_rows(shape, op, cells):
+    """split_rules.SPLIT_CELLS: the first axis of the second run (H) in chunks, the first stage
+    keeping N: about SPLIT_CELL_CHUNKS cells (n, rows) per channel."""
+    g = _bn_sum(shape, op)
+    s = split_reductions(g)
+    verify(s)
+    text = format_graph(s)
+    assert f"reshape[shape={cells}]" in text, text
+    assert f"= {op}[axes=(3,4)" in text and f"= {op}[axes=(0,2)" in text, text
+    x = np.random.default_rng(3).standard_normal(shape)
+    a = interp.run(g, {"x": x}, np.float64)[id(g.outputs["out"])]
+    b = interp.run(s, {"x": x}, np.float64)[id(s.outputs["out"])]
+    np.testing.assert_allclose(b, a, rtol=1e-12)
 
 
 def test_one_short_row_is_split_when_alone():
@@ -270,13 +295,16 @@ def test_one_short_row_is_split_when_alone():
     assert format_graph(split_reductions(g)) == format_graph(g)  # 64 rows fill a GPU as they are
 
 
+@pytest.mark.parametrize("cells", [0, 1])
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
-def test_split_batchnorm_statistics_on_the_gpu_match_the_unsplit_reference(kernels):
+def test_split_batchnorm_statistics_on_the_gpu_match_the_unsplit_reference(kernels, cells, monkeypatch):
     """Sums and maxima over (0, 2, 3) of [99, 16, 20, 20] (first stages of 25 chunks of 4 images,
     the last padded, and of 11 chunks of 9), with an inf in one channel and a NaN in another: the
     two-stage GPU kernels (both kernel sets) against the interpreter's one-stage reductions,
-    values and gradients."""
+    values and gradients; with split_rules.SPLIT_CELLS, cells of rows of [99, 16, 20, 20] instead."""
     from gpu_harness import make_program, run_both
+
+    monkeypatch.setattr(split_rules, "SPLIT_CELLS", cells)
 
     rng = np.random.default_rng(4)
     x = rng.normal(size=(99, 16, 20, 20))
@@ -293,9 +321,9 @@ def test_split_batchnorm_statistics_on_the_gpu_match_the_unsplit_reference(kerne
             "mz": ops.max(f["z"] * m.w, axis=(0, 2, 3)),
         }
 
-    program, feeds, _ = make_program(f"split_bn_{kernels}", params, inputs, body)
+    program, feeds, _ = make_program(f"split_bn_{kernels}_{cells}", params, inputs, body)
     c = compile_program(program)
-    sums = [n for n in c.graphs["train"].nodes if n.op in ("sum", "max") and n.attrs["axes"] == (1, 3, 4)]
+    sums = [n for n in c.graphs["train"].nodes if n.op in ("sum", "max") and n.attrs["axes"] == ((3, 4) if cells else (1, 3, 4))]
     assert len(sums) >= 4, "expected the statistics' first stages"
     [(gpu, ref)], _ = run_both(program, feeds, kernels=kernels)
     assert np.isinf(gpu.captures["s"][1]) and np.isnan(gpu.captures["s"][2]) and np.isnan(gpu.captures["m"][2])

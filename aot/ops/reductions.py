@@ -13,7 +13,7 @@ import math
 
 from .api import (
     Scalar, _check_f32, arange, broadcast_to, custom_vjp, div, equal, exp, greater, log, max as _max, narrow,
-    neg, normalize_axes, power, reshape, sign, sqrt, stop_gradient, sum, transpose, where,
+    neg, normalize_axes, power, reshape, sign, sqrt, square, stop_gradient, sum, transpose, where,
 )
 from .api import abs as _abs
 from ..split_rules import split_plan
@@ -92,6 +92,12 @@ def _sq_dev(x, axes):
     return (lambda: x - broadcast_to(mu, x.shape)), ss
 
 
+# 1: moments' squares about a pivot, and its chunks in cells of rows (split_rules.SPLIT_CELLS),
+# whose first stage then reads a channels-last input coalesced (codegen.reduce_lanes); 0: chunks
+# of the outermost axis, squares about each chunk's mean (scripts/bench_rules.py compares them).
+MOMENTS_PIVOT = 1
+
+
 def moments(x, axes):
     """(mean, sum of squared deviations) of x over the sorted, non-empty `axes`, both with the
     reduced axes kept (size 1): a variance is the second over N - correction.
@@ -102,12 +108,12 @@ def moments(x, axes):
     plan (a chunk of equal count c) gets its own two-pass mean m_j and sum of squares s_j in
     one kernel, and the second stage combines the J chunks with Chan et al.'s formula for equal
     counts: mean = sum(m_j) / J, M2 = sum(s_j) + c * sum((m_j - mean)^2), again two-pass over
-    the J partials. That is two dispatches where the split sums of mean and variance took four,
+    the J partials (m_j and s_j of x less a pivot in M2: see below). That is two dispatches where the split sums of mean and variance took four,
     and each sum is over fewer elements (the rounding grows with the length). Chunks are exact
     divisors ("divide"); where the reduced length has none the sums are not cut here."""
 
     n = _count(x, axes)
-    plan = split_plan(x.shape, axes, "divide")
+    plan = split_plan(x.shape, axes, "divide", cells=bool(MOMENTS_PIVOT))
     if plan is not None and math.prod(x.shape[plan[0] : plan[1]]) == plan[2]:
         plan = None  # one chunk of the whole (a prime run whose only divisor near the cut is itself)
     if plan is None:
@@ -117,17 +123,48 @@ def moments(x, axes):
         return mu, sum(d * d, axes, keepdims=True)
     lo, hi, k, _ = plan
     run = math.prod(x.shape[lo:hi])
-    J, c = run // k, n // (run // k)
-    xs = reshape(x, x.shape[:lo] + (J, k) + x.shape[hi:])
+    before = tuple(a for a in axes if a < lo)  # reduced axes the first stage keeps (split_rules.SPLIT_CELLS)
+    J = run // k * math.prod(x.shape[a] for a in before)  # chunks
+    c = n // J
+    shape = x.shape[:lo] + (run // k, k) + x.shape[hi:]
+    xs = reshape(x, shape)
     within = (lo + 1,) + tuple(a - (hi - lo) + 2 for a in axes if a >= hi)  # a chunk's axes
-    m = div(sum(xs, within, keepdims=True), float(c))  # [..., J, 1, ...]: chunk means
-    d = xs - broadcast_to(m, xs.shape)
+    across = before + (lo,)  # the chunks'
+    if not MOMENTS_PIVOT:
+        m = div(sum(xs, within, keepdims=True), float(c))  # [..., J, 1, ...]: chunk means
+        d = xs - broadcast_to(m, xs.shape)
+        s = sum(d * d, within, keepdims=True)
+        mu = div(sum(m, across, keepdims=True), float(J))
+        e = m - broadcast_to(mu, m.shape)
+        m2 = sum(s, across, keepdims=True) + sum(e * e, across, keepdims=True) * float(c)
+        kept = _kept(x, axes)
+        return reshape(mu, kept), reshape(m2, kept)
+    # The squares are of x less a pivot (each output's first element): Chan's spread of the chunk
+    # means then sees means of values near 0, not means rounded to float32's spacing at x's
+    # offset (0.0625 at 1e6: over chunks of a few rows that added 1e-3 of the variance). The mean
+    # itself is of x, as it was (a pivot added back would round a mean near 0 to the pivot's
+    # spacing). A non-finite pivot makes the variance NaN, as any non-finite x does.
+    pivot = x
+    for a in axes:
+        pivot = narrow(pivot, a, 0, 1)
+    pivot = stop_gradient(pivot)  # the variance does not depend on it
+    xp = xs - broadcast_to(reshape(pivot, pivot.shape[:lo] + (1, 1) + pivot.shape[hi:]), shape)
+    mp = div(sum(xp, within, keepdims=True), float(c))  # chunk means of x less the pivot
+    d = xp - broadcast_to(mp, xs.shape)
     s = sum(d * d, within, keepdims=True)
-    mu = div(sum(m, lo, keepdims=True), float(J))
-    e = m - broadcast_to(mu, m.shape)
-    m2 = sum(s, lo, keepdims=True) + sum(e * e, lo, keepdims=True) * float(c)
+    ss = div(sum(xs, within, keepdims=True), float(c))  # chunk means of x, in the pass of the squares
+    mup = div(sum(mp, across, keepdims=True), float(J))
+    e = mp - broadcast_to(mup, mp.shape)
+    m2 = sum(s, across, keepdims=True) + sum(square(e), across, keepdims=True) * float(c)
+    # the mean of the chunks' means, in x's kept shape where the cut is of one axis: its readers
+    # (BatchNorm's normalization, the running mean) then read the stored quotient, where through
+    # a reshape each would divide again (a costly op with one consumer is recomputed)
     kept = _kept(x, axes)
-    return reshape(mu, kept), reshape(m2, kept)
+    if hi - lo == 1:
+        cut = x.shape[:lo] + (run // k,) + x.shape[hi:]
+        ss = reshape(ss, tuple(1 if a in axes and a > lo else d for a, d in enumerate(cut)))
+    mu = div(sum(ss, across, keepdims=True), float(J))
+    return (mu if mu.shape == kept else reshape(mu, kept)), reshape(m2, kept)
 
 
 def var(x, axis=None, keepdims: bool = False, *, correction=1, dim=None, keepdim=None):
