@@ -89,6 +89,8 @@ WORKER = textwrap.dedent("""
             report[label] = {"mismatch": str(e)}
             continue
         fn = dist.allreduce_mean(**opts.get("allreduce", {}))
+        engine = sys.modules[name + ".engine"]
+        engine.BUCKET_MERGE_SHARE = opts.get("merge_share", job.get("merge_share", engine.BUCKET_MERGE_SHARE))
         half = job["batch"] // world
         losses = []
         for i in range(job["steps"]):
@@ -112,7 +114,8 @@ WORKER = textwrap.dedent("""
             sl = slice(rank * half, (rank + 1) * half)
             replay.append(dist.mean(model.step(x=x[sl], y=y[sl], allreduce=fn)))
         report[label] = {"losses": losses, "replay": replay, "params": params, "steps": model.step_count,
-                        "replay_params": {k: v.tolist() for k, v in model.params().items()}}
+                        "replay_params": {k: v.tolist() for k, v in model.params().items()},
+                        "collectives": fn.stats["calls"]}
     print("REPORT " + json.dumps(report), flush=True)
 """)
 
@@ -139,6 +142,9 @@ BUCKETS = {"per_gradient": 0, "small": 4e-4, "huge": 1e6}
 SAME_AS_DEFAULT = {
     "unbucketed": [None, {"allreduce": {"bucketed": False}}],  # one readback, allreduce_mean() as a function
     **{f"buckets {folder}": [folder, {}] for folder in BUCKETS},
+    # one collective for all 4 buckets (engine.bucket_groups with share 1), and one for each
+    "merged": ["per_gradient", {"merge_share": 1}],
+    "unmerged": ["per_gradient", {"merge_share": 0}],
 }
 
 
@@ -243,6 +249,8 @@ def test_two_ranks_with_half_batches_match_one_process(tmp_path, packages):
     for label in SAME_AS_DEFAULT:
         assert r0[label] == r1[label] and r0[label]["losses"] == r0[adam]["losses"], label
         assert r0[label]["params"] == r0[adam]["params"], label
+    steps = STEPS + STEPS // 2  # with the replay
+    assert r0["merged"]["collectives"] == steps and r0["unmerged"]["collectives"] == 4 * steps
     bf16 = r0["bf16"]
     np.testing.assert_allclose(bf16["losses"], r0[adam]["losses"], rtol=2e-2)
     assert bf16["losses"] != r0[adam]["losses"] and r1["bf16"] == bf16  # rounded, and alike on every rank

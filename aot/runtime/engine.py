@@ -62,6 +62,12 @@ FIRST_SUBMIT = 16
 # wait for its update, so the host's next step starts early enough to keep the GPU busy):
 # transformer_large through buckets without communication 0.34 ms a step faster on an H200
 BUCKET_FIRST_SUBMIT = FIRST_SUBMIT
+# buckets final in the last 1/BUCKET_MERGE_SHARE of the backward's dispatches are reduced by one
+# collective with the last bucket (bucket_groups; 0: every bucket its own, as before): on 2 H200s
+# each NCCL mean that starts after the backward pass cost ~0.8-1 ms however small its bucket
+# (transformer_large's last three, 0.1-26 MB: scripts/results/bench_ddp_h200x2_r5.json), and a
+# layout that puts the norms and biases after every weight makes one of them a bucket of their own
+BUCKET_MERGE_SHARE = 16
 # wgpu-native's feature that lets a mappable buffer be a copy source too: a bucket's readback
 # buffer then takes its reduced values back (a reducer writing them into the mapped bucket) and
 # the GPU copies them into the gradients from there (upload_via "readback": no host copy; on 2
@@ -308,6 +314,21 @@ def _raw_maps():
 
 class ShaderError(RuntimeError):
     """A generated kernel failed to compile on this adapter (please report it)."""
+
+
+def bucket_groups(buckets: list, cut: int, share: int) -> list[int]:
+    """Per bucket of a table (lo, hi, ready), in readback order: the index of the first bucket of
+    the collective it is reduced by. Buckets final at one boundary are read back together and
+    share one; so do the buckets final in the last cut // share dispatches (at least one) with
+    the last bucket: what remains of the backward pass after them is too short to hide a
+    collective of their own. share 0: one collective per bucket. Every rank computes the same
+    groups from the same table (begin() checks the ranks' buckets agree)."""
+    out: list[int] = []
+    tail = cut - max(1, cut // share) if share > 0 else None
+    for i, (_, _, ready) in enumerate(buckets):
+        same = i and share > 0 and (ready == buckets[i - 1][2] or buckets[i - 1][2] >= tail)  # sorted by ready
+        out.append(out[-1] if same else i)
+    return out
 
 
 def cpu_entry(entry: dict) -> dict:
@@ -924,6 +945,11 @@ class Engine:
             out = self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
+
+    def bucket_groups(self, key: str) -> list[int]:
+        """bucket_groups of the entry's table as this engine runs it (BUCKET_MERGE_SHARE)."""
+        e = self.entries[key]
+        return bucket_groups(e["buckets"], e["update_from"], BUCKET_MERGE_SHARE)
 
     def _mark(self, event: str, bucket: int = -1) -> None:
         """One event of a bucketed step's timeline, where self.trace is a list (bench_ddp --timeline)."""
