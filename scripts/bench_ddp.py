@@ -20,7 +20,8 @@ holding them already is reused). Random inputs of the declared shapes, `--warmup
               bucket copied on the host first (reducer.direct = False) and with the uploads by
               queue.write_buffer (engine.upload_via)
 --variants adds NCCL rows (upload=write_buffer|map, copy_threads=N, graphs=1, no_collective=1,
-in_place=0, first_submit=N, merge_share=N: engine.BUCKET_MERGE_SHARE, 0 a collective per bucket), --local one-process rows through LocalBuckets (the same buckets mapped
+in_place=0, first_submit=N, merge_share=N: engine.BUCKET_MERGE_SHARE, 0 a collective per bucket,
+avg=1: NCCL's ReduceOp.AVG), --local one-process rows through LocalBuckets (the same buckets mapped
 and uploaded, no communication; with and without the uploads; and each variant), --shm a row through
 ShmBuckets (an experiment: the mean computed by the CPUs in shared memory, no CUDA), --timeline N per
 row the median time from a bucketed step's start to each of its events (engine.trace: each bucket
@@ -248,6 +249,8 @@ def worker(job: dict) -> dict:
                     reducer.graphs = True
                 if v.get("in_place") is not None:  # "0": the mean into pinned memory, then a host copy up
                     reducer.in_place = bool(int(v["in_place"]))
+                if v.get("avg"):  # NCCL's ReduceOp.AVG instead of a sum and a division
+                    reducer.nccl_avg = True
                 if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
                     reducer._reduce = lambda dev: dev
             default_upload = job.setdefault("default_upload", eng.upload_via)
@@ -413,7 +416,7 @@ def main():
                     "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce), first_submit=N "
                     "(engine.BUCKET_FIRST_SUBMIT; 0: the first bucket's dispatches in one submit), upload=map (no uploads from "
                     "the readback buffers), in_place=0 (NCCL's mean into pinned memory, then a host copy), merge_share=N "
-                    "(engine.BUCKET_MERGE_SHARE; 0: a collective per bucket)")
+                    "(engine.BUCKET_MERGE_SHARE; 0: a collective per bucket), avg=1 (reducer.nccl_avg)")
     ap.add_argument("--local", action="store_true", help="also one-process rows through a reducer that moves "
                     "nothing (bench's LocalBuckets): the readbacks and uploads alone, with and without the uploads, "
                     "and each --variants")
@@ -512,7 +515,8 @@ def main():
                 f"{' no_collective' if rows[0].get('no_collective') else ''}"
                 f"{' in_place ' + rows[0]['in_place'] if 'in_place' in rows[0] else ''}"
                 f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}"
-                f"{' merge_share ' + rows[0]['merge_share'] if 'merge_share' in rows[0] else ''}": summarize(single, rows, args.world)
+                f"{' merge_share ' + rows[0]['merge_share'] if 'merge_share' in rows[0] else ''}"
+                f"{' avg' if rows[0].get('avg') else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }
