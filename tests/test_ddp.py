@@ -907,19 +907,23 @@ def test_norms_laid_out_last_are_reduced_with_their_layer():
             assert len(set(groups)) < len(table)
         a.close()
     a = aot.compile(NORMS, bucket_mib=0)
-    b, c = type(a)(), type(a)()
+    b, c, d = type(a)(), type(a)(), type(a)()
     assert c._engine.upload_via == "readback"
-    rb, rc = MergingBuckets(), MergingBuckets(mapped=True)
+    d._prepare_update = False  # the update recorded after the last upload (else while the last group is reduced)
+    prepared = []
+    b._engine.prepare_update = lambda key, f=b._engine.prepare_update: prepared.append(key) or f(key)
+    rb, rc, rd = MergingBuckets(), MergingBuckets(mapped=True), MergingBuckets()
     for i in range(4):
         la = a.step(**data(i), allreduce=Buckets(identity=False))
-        assert la == b.step(**data(i), allreduce=rb) == c.step(**data(i), allreduce=rc)
-        assert_identical(snapshot(a), snapshot(b))
-        assert_identical(snapshot(a), snapshot(c))
+        assert la == b.step(**data(i), allreduce=rb) == c.step(**data(i), allreduce=rc) == d.step(**data(i), allreduce=rd)
+        for m in (b, c, d):
+            assert_identical(snapshot(a), snapshot(m))
+    assert prepared == ["train"] * 4
     e = b._engine.entries["train"]
     groups = b._engine.bucket_groups("train")
     assert rb.groups == groups and len(groups) == len(e["buckets"]) == len(names)
     holds = [i + 1 < len(groups) and groups[i + 1] == groups[i] for i in range(len(groups))]
     assert any(holds) and [h for *_, h in rb.calls] == 4 * holds and [h for *_, h in rc.calls] == 4 * holds
     assert rb.collectives == rc.collectives == 4 * len(set(groups))
-    for m in (a, b, c):
+    for m in (a, b, c, d):
         m.close()

@@ -489,6 +489,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         try:
             out = eng.run_buckets(key, packed, captures, total, e.offset, each)
             if len(started) == len(buckets):
+                if self._prepare_update:  # recorded while the last group's collective runs
+                    eng.prepare_update(key)
                 for s in started[tail:]:
                     upload(*s, last=True)
             for f in uploads:
@@ -502,6 +504,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             raise
         eng.run_update(key, None, e.offset)
         return out
+
+    _prepare_update = True  # False: the update recorded once the last bucket is uploaded (bench_ddp prepare=0)
 
     def _bind_reducer(self, reducer) -> None:
         """The reducer's release() (its hold on the mapped buckets: CUDA's pinning) runs before
