@@ -303,6 +303,8 @@ CHECKED = textwrap.dedent("""
     rank, world = dist.init(timeout_s=job["timeout"])
     model = importlib.import_module(name).Model()
     fn = dist.allreduce_mean()
+    if "merge_share" in job:  # which buckets share a collective (engine.bucket_groups)
+        sys.modules[name + ".engine"].BUCKET_MERGE_SHARE = job["merge_share"]
     r = np.random.default_rng(rank)
     batch = lambda: {"x": r.normal(size=(4, 3)).astype(np.float32), "y": r.normal(size=(4, 2)).astype(np.float32)}
     report = {}
@@ -359,6 +361,11 @@ def test_ranks_with_builds_of_other_sizes_raise_instead_of_aborting(tmp_path, pa
     job = {"name": f"ddp_sgd_{FULL // 2}", "what": "sizes"}
     for r in _checked(tmp_path, packages, [job, dict(job, root=str(packages / "wide"))]):
         assert "gradient vectors differ in length" in r["error"], r
+    # the same build, but rank 0 reduces its 4 buckets by one collective and rank 1 by one each:
+    # NCCL would pair unlike collectives (a hang, or a wrong sum); every rank raises instead
+    job = {"name": f"ddp_adam_{FULL // 2}", "what": "sizes", "root": str(packages / "per_gradient")}
+    for r in _checked(tmp_path, packages, [dict(job, merge_share=1), dict(job, merge_share=0)]):
+        assert "in their buckets" in r["error"] and "4 buckets" in r["error"], r
 
 
 def test_distributed_restore_checks_every_copy_before_any_rank_restores(tmp_path, packages):
