@@ -810,14 +810,15 @@ def test_buckets_final_late_are_small(monkeypatch):
 
 def test_bucket_groups_merge_the_buckets_final_together_or_at_the_end():
     """engine.bucket_groups (pure): per bucket, the first bucket of its collective. transformer_large's
-    table (25 MiB, the H200 build): the three buckets final in the last 1/16 of the backward's
-    dispatches (one of them its norms and biases, laid out after every weight) share the last
-    one's collective; buckets final at one boundary share one anywhere; share 0: one each."""
-    from aot.runtime.engine import bucket_groups
+    table (25 MiB, the H200 build): with the default share (32: the last 6 dispatches) its norms
+    and biases' bucket (laid out after every weight, final 5 dispatches before the end) shares
+    the last bucket's collective; with 16 the 26 MB bucket final 12 before the end joins them;
+    buckets final at one boundary share one anywhere; share 0: one each."""
+    from aot.runtime.engine import BUCKET_MERGE_SHARE, bucket_groups
 
     table = [(13769216, 19012096, 96), (7215616, 13769216, 153), (662016, 7215616, 201), (19012096, 19040768, 208), (0, 662016, 213)]
+    assert BUCKET_MERGE_SHARE == 32 and bucket_groups(table, 213, BUCKET_MERGE_SHARE) == [0, 1, 2, 3, 3]
     assert bucket_groups(table, 213, 16) == [0, 1, 2, 2, 2]
-    assert bucket_groups(table, 213, 32) == [0, 1, 2, 3, 3]  # the last 6 dispatches
     assert bucket_groups(table, 213, 0) == [0, 1, 2, 3, 4]
     assert bucket_groups(table, 213, 1) == [0] * 5
     assert bucket_groups([(0, 4, 3), (4, 8, 3), (8, 9, 50), (9, 12, 100)], 100, 16) == [0, 0, 2, 3]

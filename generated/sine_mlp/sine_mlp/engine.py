@@ -73,8 +73,11 @@ BUCKET_FIRST_SUBMIT = FIRST_SUBMIT
 # collective with the last bucket (bucket_groups; 0: every bucket its own, as before): on 2 H200s
 # each NCCL mean that starts after the backward pass cost ~0.8-1 ms however small its bucket
 # (transformer_large's last three, 0.1-26 MB: scripts/results/bench_ddp_h200x2_r5.json), and a
-# layout that puts the norms and biases after every weight makes one of them a bucket of their own
-BUCKET_MERGE_SHARE = 16
+# layout that puts the norms and biases after every weight makes one of them a bucket of their own.
+# transformer_large on 2 H200s, one launch (bench_ddp_h200x2_r6.json): 32 (its norms' bucket and
+# the last, 3 MB, one collective; the 26 MB bucket final 12 dispatches before the end its own)
+# 1.754x one GPU; 16 (all three, 29 MB, one collective: it ends 0.5 ms later) 1.735x; 0 1.708x
+BUCKET_MERGE_SHARE = 32
 # wgpu-native's feature that lets a mappable buffer be a copy source too: a bucket's readback
 # buffer then takes its reduced values back (a reducer writing them into the mapped bucket) and
 # the GPU copies them into the gradients from there (upload_via "readback": no host copy; on 2
