@@ -20,7 +20,8 @@ holding them already is reused). Random inputs of the declared shapes, `--warmup
               bucket copied on the host first (reducer.direct = False) and with the uploads by
               queue.write_buffer (engine.upload_via)
 --variants adds NCCL rows (upload=write_buffer|map, copy_threads=N, graphs=1, no_collective=1,
-in_place=0, first_submit=N), --local one-process rows through LocalBuckets (the same buckets mapped
+in_place=0, first_submit=N, merge_share=N: engine.BUCKET_MERGE_SHARE, 0 a collective per bucket,
+avg=1: NCCL's ReduceOp.AVG, prepare=0: the update recorded after the last upload), --local one-process rows through LocalBuckets (the same buckets mapped
 and uploaded, no communication; with and without the uploads; and each variant), --shm a row through
 ShmBuckets (an experiment: the mean computed by the CPUs in shared memory, no CUDA), --timeline N per
 row the median time from a bucketed step's start to each of its events (engine.trace: each bucket
@@ -248,6 +249,8 @@ def worker(job: dict) -> dict:
                     reducer.graphs = True
                 if v.get("in_place") is not None:  # "0": the mean into pinned memory, then a host copy up
                     reducer.in_place = bool(int(v["in_place"]))
+                if v.get("avg"):  # NCCL's ReduceOp.AVG instead of a sum and a division
+                    reducer.nccl_avg = True
                 if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
                     reducer._reduce = lambda dev: dev
             default_upload = job.setdefault("default_upload", eng.upload_via)
@@ -259,6 +262,11 @@ def worker(job: dict) -> dict:
             engine_module.COPY_THREADS = int(v.get("copy_threads", default_threads))
             default_first = job.setdefault("default_first_submit", getattr(engine_module, "BUCKET_FIRST_SUBMIT", 0))
             engine_module.BUCKET_FIRST_SUBMIT = int(v.get("first_submit", default_first))
+            if hasattr(engine_module, "BUCKET_MERGE_SHARE"):  # 0: a collective per bucket (engine.bucket_groups)
+                default_share = job.setdefault("default_merge_share", engine_module.BUCKET_MERGE_SHARE)
+                engine_module.BUCKET_MERGE_SHARE = int(v.get("merge_share", default_share))
+            if hasattr(type(model), "_prepare_update"):  # prepare=0: the update recorded after the last upload
+                model._prepare_update = bool(int(v.get("prepare", 1)))
             if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
                 eng.upload_via = "write_buffer"  # no upload buffer is asked to be mapped
                 eng.upload_bucket = lambda i, values, last=False: None
@@ -409,7 +417,8 @@ def main():
                     "pairs joined by ',': upload=write_buffer (engine.upload_via), copy_threads=N (engine.COPY_THREADS), "
                     "graphs=1 (reducer.graphs), no_collective=1 (the CUDA copies without the all-reduce), first_submit=N "
                     "(engine.BUCKET_FIRST_SUBMIT; 0: the first bucket's dispatches in one submit), upload=map (no uploads from "
-                    "the readback buffers), in_place=0 (NCCL's mean into pinned memory, then a host copy)")
+                    "the readback buffers), in_place=0 (NCCL's mean into pinned memory, then a host copy), merge_share=N "
+                    "(engine.BUCKET_MERGE_SHARE; 0: a collective per bucket), avg=1 (reducer.nccl_avg), prepare=0 (model._prepare_update)")
     ap.add_argument("--local", action="store_true", help="also one-process rows through a reducer that moves "
                     "nothing (bench's LocalBuckets): the readbacks and uploads alone, with and without the uploads, "
                     "and each --variants")
@@ -507,13 +516,16 @@ def main():
                 f"{' graphs' if rows[0].get('graphs') else ''}"
                 f"{' no_collective' if rows[0].get('no_collective') else ''}"
                 f"{' in_place ' + rows[0]['in_place'] if 'in_place' in rows[0] else ''}"
-                f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}": summarize(single, rows, args.world)
+                f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}"
+                f"{' merge_share ' + rows[0]['merge_share'] if 'merge_share' in rows[0] else ''}"
+                f"{' avg' if rows[0].get('avg') else ''}"
+                f"{' prepare ' + rows[0]['prepare'] if 'prepare' in rows[0] else ''}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }
         if args.local:
             r["summary"]["local"] = {
-                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads", "first_submit", "in_place")) or "map": {
+                " ".join(f"{k} {x}" for k, x in row.items() if k in ("upload", "skip_uploads", "copy_threads", "first_submit", "in_place", "prepare")) or "map": {
                     "steps_per_s": row["steps_per_s"],
                     "ms_per_step_over_one_gpu": 1e3 / row["steps_per_s"] - 1e3 / single["steps_per_s"],
                     "host_ms_per_step": row.get("host_ms_per_step"),

@@ -89,6 +89,8 @@ WORKER = textwrap.dedent("""
             report[label] = {"mismatch": str(e)}
             continue
         fn = dist.allreduce_mean(**opts.get("allreduce", {}))
+        engine = sys.modules[name + ".engine"]
+        engine.BUCKET_MERGE_SHARE = opts.get("merge_share", job.get("merge_share", engine.BUCKET_MERGE_SHARE))
         half = job["batch"] // world
         losses = []
         for i in range(job["steps"]):
@@ -112,7 +114,8 @@ WORKER = textwrap.dedent("""
             sl = slice(rank * half, (rank + 1) * half)
             replay.append(dist.mean(model.step(x=x[sl], y=y[sl], allreduce=fn)))
         report[label] = {"losses": losses, "replay": replay, "params": params, "steps": model.step_count,
-                        "replay_params": {k: v.tolist() for k, v in model.params().items()}}
+                        "replay_params": {k: v.tolist() for k, v in model.params().items()},
+                        "collectives": fn.stats["calls"]}
     print("REPORT " + json.dumps(report), flush=True)
 """)
 
@@ -139,6 +142,9 @@ BUCKETS = {"per_gradient": 0, "small": 4e-4, "huge": 1e6}
 SAME_AS_DEFAULT = {
     "unbucketed": [None, {"allreduce": {"bucketed": False}}],  # one readback, allreduce_mean() as a function
     **{f"buckets {folder}": [folder, {}] for folder in BUCKETS},
+    # one collective for all 4 buckets (engine.bucket_groups with share 1), and one for each
+    "merged": ["per_gradient", {"merge_share": 1}],
+    "unmerged": ["per_gradient", {"merge_share": 0}],
 }
 
 
@@ -243,6 +249,8 @@ def test_two_ranks_with_half_batches_match_one_process(tmp_path, packages):
     for label in SAME_AS_DEFAULT:
         assert r0[label] == r1[label] and r0[label]["losses"] == r0[adam]["losses"], label
         assert r0[label]["params"] == r0[adam]["params"], label
+    steps = STEPS + STEPS // 2  # with the replay
+    assert r0["merged"]["collectives"] == steps and r0["unmerged"]["collectives"] == 4 * steps
     bf16 = r0["bf16"]
     np.testing.assert_allclose(bf16["losses"], r0[adam]["losses"], rtol=2e-2)
     assert bf16["losses"] != r0[adam]["losses"] and r1["bf16"] == bf16  # rounded, and alike on every rank
@@ -295,6 +303,8 @@ CHECKED = textwrap.dedent("""
     rank, world = dist.init(timeout_s=job["timeout"])
     model = importlib.import_module(name).Model()
     fn = dist.allreduce_mean()
+    if "merge_share" in job:  # which buckets share a collective (engine.bucket_groups)
+        sys.modules[name + ".engine"].BUCKET_MERGE_SHARE = job["merge_share"]
     r = np.random.default_rng(rank)
     batch = lambda: {"x": r.normal(size=(4, 3)).astype(np.float32), "y": r.normal(size=(4, 2)).astype(np.float32)}
     report = {}
@@ -351,6 +361,11 @@ def test_ranks_with_builds_of_other_sizes_raise_instead_of_aborting(tmp_path, pa
     job = {"name": f"ddp_sgd_{FULL // 2}", "what": "sizes"}
     for r in _checked(tmp_path, packages, [job, dict(job, root=str(packages / "wide"))]):
         assert "gradient vectors differ in length" in r["error"], r
+    # the same build, but rank 0 reduces its 4 buckets by one collective and rank 1 by one each:
+    # NCCL would pair unlike collectives (a hang, or a wrong sum); every rank raises instead
+    job = {"name": f"ddp_adam_{FULL // 2}", "what": "sizes", "root": str(packages / "per_gradient")}
+    for r in _checked(tmp_path, packages, [dict(job, merge_share=1), dict(job, merge_share=0)]):
+        assert "in their buckets" in r["error"] and "4 buckets" in r["error"], r
 
 
 def test_distributed_restore_checks_every_copy_before_any_rank_restores(tmp_path, packages):
@@ -791,3 +806,132 @@ def test_buckets_final_late_are_small(monkeypatch):
     assert max(n for _, n in new) == 400  # early gradients share full buckets
     monkeypatch.setattr(buckets, "TAIL_WINDOW", 0)  # the default: only the last bucket is capped
     assert (150, 300) in rows(partition(segs, ready, 400))
+
+
+def test_bucket_groups_merge_the_buckets_final_together_or_at_the_end():
+    """engine.bucket_groups (pure): per bucket, the first bucket of its collective. transformer_large's
+    table (25 MiB, the H200 build): with the default share (32: the last 6 dispatches) its norms
+    and biases' bucket (laid out after every weight, final 5 dispatches before the end) shares
+    the last bucket's collective; with 16 the 26 MB bucket final 12 before the end joins them;
+    buckets final at one boundary share one anywhere; share 0: one each."""
+    from aot.runtime.engine import BUCKET_MERGE_SHARE, bucket_groups
+
+    table = [(13769216, 19012096, 96), (7215616, 13769216, 153), (662016, 7215616, 201), (19012096, 19040768, 208), (0, 662016, 213)]
+    assert BUCKET_MERGE_SHARE == 32 and bucket_groups(table, 213, BUCKET_MERGE_SHARE) == [0, 1, 2, 3, 3]
+    assert bucket_groups(table, 213, 16) == [0, 1, 2, 2, 2]
+    assert bucket_groups(table, 213, 0) == [0, 1, 2, 3, 4]
+    assert bucket_groups(table, 213, 1) == [0] * 5
+    assert bucket_groups([(0, 4, 3), (4, 8, 3), (8, 9, 50), (9, 12, 100)], 100, 16) == [0, 0, 2, 3]
+    assert bucket_groups([(0, 4, 3)], 3, 16) == [0] and bucket_groups([], 3, 16) == []
+
+
+class NormsLast(aot.Module):
+    """LayerNorms and biases: no weight decay, so the layout puts them after every weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(IN, 16), nn.Linear(16, 16), nn.Linear(16, OUT)
+        self.n1, self.n2 = nn.LayerNorm(16), nn.LayerNorm(16)
+
+
+def norms_loss(m, x, y):
+    h = ops.tanh(m.n2(m.l2(ops.tanh(m.n1(m.l1(x))))))
+    return ops.mean(ops.square(m.l3(h) - y))
+
+
+NORMS = aot.Program(
+    "ddp_norms_last",
+    model=NormsLast,
+    train=aot.Train(norms_loss, {"x": aot.f32(FULL, IN), "y": aot.f32(FULL, OUT)}, aot.optim.AdamW(lr=1e-2, weight_decay=0.1)),
+)
+
+
+class MergingBuckets:
+    """A bucketed reducer that merges (merge = True): a bucket started with hold waits for the
+    group's last bucket, whose start doubles them all (one "collective"); with mapped, each
+    bucket is doubled inside the mapped readback memory during its start (the in-place upload).
+    finish asserts its group was started."""
+
+    merge = True
+
+    def __init__(self, mapped=False):
+        self.mapped, self.calls, self.held, self.collectives, self.groups = mapped, [], [], 0, None
+
+    def begin(self, buckets, groups=None):
+        self.buckets, self.groups, self.held = buckets, groups, []
+
+    def start_mapped(self, values, lo, hi, hold=False):
+        if not self.mapped or not values.flags.writeable:
+            return None
+        values *= np.float32(2)
+        return self._start(values, lo, hi, hold, doubled=True)
+
+    def start(self, values, lo, hi, hold=False):
+        return self._start(values.copy(), lo, hi, hold, doubled=False)
+
+    def _start(self, values, lo, hi, hold, doubled):
+        self.calls.append((lo, hi, hold))
+        box = {"values": values, "doubled": doubled, "done": False}
+        self.held.append(box)
+        if not hold:
+            for b in self.held:
+                if not b["doubled"]:
+                    b["values"] *= np.float32(2)
+                b["done"] = True
+            self.held, self.collectives = [], self.collectives + 1
+        return box
+
+    def finish(self, box):
+        assert box["done"], "finish() before its group's collective was started"
+        return box["values"]
+
+
+def test_norms_laid_out_last_are_reduced_with_their_layer():
+    """A model whose norms and biases sit after every weight in the gradient vector (AdamW's
+    layout: decayed parameters first): the bucket holding the first layer's norm gain (one per
+    gradient, or one for every norm and bias) is final with the first layer's weight, at the
+    end of the backward pass, and is reduced by the same collective (engine.bucket_groups), in
+    both kernel sets' tables. Through a merging reducer
+    the step is bit for bit the one with a collective per bucket, the held buckets' results
+    uploaded from the stage or from the mapped buckets themselves."""
+    from aot.runtime.engine import BUCKET_MERGE_SHARE, bucket_groups
+
+    names = None
+    for mib in (0, 4e-3):  # one bucket per gradient; one holding every norm and bias
+        a = aot.compile(NORMS, bucket_mib=mib)
+        t = a.PROGRAM["entries"]["train"]
+        names = {p[0]: (p[4], p[4] + int(np.prod(p[1]))) for p in a.PROGRAM["params"]}
+        assert names["n1.g"][0] > names["l3.W"][0]  # laid out after every weight
+        for label, cut in (("buckets", t["update_from"]), ("buckets_cpu", t["update_from_cpu"])):
+            table = t[label]
+            groups = bucket_groups(table, cut, BUCKET_MERGE_SHARE)
+
+            def group(param):
+                lo, hi = names[param]
+                (i,) = [i for i, (a_, b_, _) in enumerate(table) if a_ <= lo and hi <= b_]
+                return groups[i]
+
+            assert group("n1.g") == group("l1.W") == groups[-1], (label, table, groups)
+            assert len(set(groups)) < len(table)
+        a.close()
+    a = aot.compile(NORMS, bucket_mib=0)
+    b, c, d = type(a)(), type(a)(), type(a)()
+    assert c._engine.upload_via == "readback"
+    d._prepare_update = False  # the update recorded after the last upload (else while the last group is reduced)
+    prepared = []
+    b._engine.prepare_update = lambda key, f=b._engine.prepare_update: prepared.append(key) or f(key)
+    rb, rc, rd = MergingBuckets(), MergingBuckets(mapped=True), MergingBuckets()
+    for i in range(4):
+        la = a.step(**data(i), allreduce=Buckets(identity=False))
+        assert la == b.step(**data(i), allreduce=rb) == c.step(**data(i), allreduce=rc) == d.step(**data(i), allreduce=rd)
+        for m in (b, c, d):
+            assert_identical(snapshot(a), snapshot(m))
+    assert prepared == ["train"] * 4
+    e = b._engine.entries["train"]
+    groups = b._engine.bucket_groups("train")
+    assert rb.groups == groups and len(groups) == len(e["buckets"]) == len(names)
+    holds = [i + 1 < len(groups) and groups[i + 1] == groups[i] for i in range(len(groups))]
+    assert any(holds) and [h for *_, h in rb.calls] == 4 * holds and [h for *_, h in rc.calls] == 4 * holds
+    assert rb.collectives == rc.collectives == 4 * len(set(groups))
+    for m in (a, b, c, d):
+        m.close()

@@ -256,6 +256,12 @@ class AllReduce:
         # the events after in_place copies back into mapped buckets: a step that failed may leave
         # some unfinished, and the next step's readback must not be overwritten by them (begin)
         self._in_place_done: list = []
+        self._held: list = (
+            []
+        )  # _Member per bucket kept for its group's one collective (start(..., hold=True))
+        self._group_bufs: dict = (
+            {}
+        )  # the members' spans -> a CUDA vector holding them side by side
 
     def __call__(self, grads: np.ndarray) -> np.ndarray:
         # gloo aborts the process (SIGABRT) when ranks reduce vectors of different lengths (other
@@ -299,7 +305,7 @@ class AllReduce:
             self._events, self._plans = {}, {}
         return self._pinned.numpy()
 
-    def _start_mapped(self, values: np.ndarray, lo: int, hi: int):
+    def _start_mapped(self, values: np.ndarray, lo: int, hi: int, hold: bool = False):
         """NCCL: start the mean of gradients [lo, hi) straight from `values`, memory the model
         has mapped (a bucket's readback buffer, valid only during the call): CUDA pins it once
         (cudaHostRegister: wgpu maps a buffer at the same address every time) and copies from
@@ -309,12 +315,12 @@ class AllReduce:
         `values` is writable (the model uploads from the mapped bucket itself) and in_place is
         set, into that pinned memory: finish then returns `values`, and no host copy is left to
         do. None where the memory cannot be pinned (the caller copies into stage() and calls start).
-        """
+        hold: the bucket is copied to the GPU and kept for one collective with the next buckets
+        started (_launch: the first started without hold)."""
         if self.backend != "nccl" or self._pinned is None or not self._register(values):
             return None
         t = time.perf_counter()
         n = hi - lo
-        self.stats["calls"] += 1
         self.stats["bytes"] += n * (2 if self.dtype else 4)
         plan = self._plans.get((values.ctypes.data, lo, hi))
         if (
@@ -330,15 +336,21 @@ class AllReduce:
         with torch.cuda.stream(self._h2d):
             plan.dev.copy_(plan.src, non_blocking=True)
             plan.copied.record(self._h2d)
-        if (
-            self.in_place and values.flags.writeable
-        ):  # the mean back where it came from (plan.src)
-            handle = self._reduce_staged(
-                plan.dev, lo, hi, after=plan.copied, into=(plan.src, values)
+        into = (
+            (plan.src, values) if self.in_place and values.flags.writeable else None
+        )  # the mean back where it came from
+        if hold or self._held:
+            handle = self._group(
+                _Member(plan.dev, lo, hi, after=plan.copied, into=into), hold
             )
+        elif into is not None:
+            self.stats["calls"] += 1
+            handle = self._reduce_staged(plan.dev, lo, hi, after=plan.copied, into=into)
         elif self.graphs and self.dtype is None:
+            self.stats["calls"] += 1
             handle = self._replay(plan)
         else:
+            self.stats["calls"] += 1
             handle = self._reduce_staged(plan.dev, lo, hi, after=plan.copied)
         t1 = time.perf_counter()
         plan.copied.synchronize()  # the caller unmaps `values` when this returns
@@ -424,19 +436,35 @@ class AllReduce:
             done = self._events[key] = torch.cuda.Event()
         return done
 
-    def _start(self, values: np.ndarray, lo: int, hi: int):
+    def _start(self, values: np.ndarray, lo: int, hi: int, hold: bool = False):
         """Start the mean of one bucket (values: elements [lo, hi) of stage()'s array, or the whole
-        vector); _finish(handle) waits for it and returns the result."""
+        vector); _finish(handle) waits for it and returns the result. hold: keep it for one
+        collective with the next buckets started, up to the first without hold (_group).
+        """
         t = time.perf_counter()
         n = hi - lo
-        self.stats["calls"] += 1
         self.stats["bytes"] += n * (2 if self.dtype else 4)
         if self.backend == "nccl":
             dev = self._device[lo:hi]
             with torch.cuda.stream(self._stream):
                 dev.copy_(self._pinned[lo:hi], non_blocking=True)
-            handle = self._reduce_staged(dev, lo, hi)
-        elif self.dtype is None:
+            if hold or self._held:
+                handle = self._group(_Member(dev, lo, hi), hold)
+            else:
+                self.stats["calls"] += 1
+                handle = self._reduce_staged(dev, lo, hi)
+        elif hold or self._held:
+            handle = self._group(_Member(None, lo, hi, values=values), hold)
+        else:
+            self.stats["calls"] += 1
+            handle = self._start_gloo(values)
+        self.stats["start_s"] += time.perf_counter() - t
+        return handle
+
+    def _start_gloo(self, values: np.ndarray):
+        """gloo's asynchronous mean of a host array (summed in place; divided in _finish)."""
+        n = values.size
+        if self.dtype is None:
             handle = (
                 "gloo",
                 td.all_reduce(
@@ -461,8 +489,73 @@ class AllReduce:
                 values,
                 parts,
             )
-        self.stats["start_s"] += time.perf_counter() - t
         return handle
+
+    def _group(self, member, hold: bool):
+        """Keep `member` (hold), or start one collective for the buckets held so far and it: NCCL
+        over their GPU copies side by side (a view of the device vector where their spans are
+        adjacent, else gathered into a vector of the group's), gloo over a host copy of them
+        side by side; each member's mean goes where its own collective would have put it. The
+        handle of a held bucket finishes once the group's is started (model.step starts it
+        before waiting for any of them)."""
+        if hold:
+            self._held.append(member)
+            return ("held", member, member.values)
+        members, self._held = self._held + [member], []
+        self.stats["calls"] += 1
+        if self.backend == "nccl":
+            self._launch(members)
+        else:
+            group = _Gloo(
+                self._start_gloo(np.concatenate([m.values for m in members])), members
+            )
+            for m in members:
+                m.handle = ("gloo_group", group, m.values)
+        return member.handle
+
+    def _launch(self, members: list) -> None:
+        """_group's NCCL collective, on the NCCL stream after each member's copy to the GPU."""
+        spans = tuple((m.lo, m.hi) for m in members)
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        adjacent = (
+            sum(b - a for a, b in spans) == hi - lo
+        )  # the spans tile [lo, hi): the device vector's view
+        with torch.cuda.stream(self._stream):
+            for m in members:
+                if m.after is not None:
+                    self._stream.wait_event(m.after)
+            if adjacent:
+                vec, at = self._device[lo:hi], [a - lo for a, _ in spans]
+            else:
+                vec = self._group_bufs.get(spans)
+                if vec is None:
+                    n = sum(b - a for a, b in spans)
+                    vec = self._group_bufs[spans] = torch.empty(
+                        n, dtype=torch.float32, device=self._device.device
+                    )
+                at, o = [], 0
+                for m in members:
+                    at.append(o)
+                    vec[o : o + m.hi - m.lo].copy_(m.dev)
+                    o += m.hi - m.lo
+            t = time.perf_counter()
+            mean = self._reduce(vec)
+            self.stats["collective_s"] += time.perf_counter() - t
+            if mean is not vec:
+                vec.copy_(mean)
+            for m, o in zip(members, at):
+                dst = self._pinned[m.lo : m.hi] if m.into is None else m.into[0]
+                dst.copy_(vec[o : o + m.hi - m.lo], non_blocking=True)
+            done = self._event(spans)
+            done.record(self._stream)
+            if any(m.into is not None for m in members):
+                self._in_place_done.append(done)
+        for m in members:
+            m.handle = (
+                "nccl",
+                done,
+                self._pinned[m.lo : m.hi].numpy() if m.into is None else m.into[1],
+            )
 
     def _reduce_staged(self, dev, lo: int, hi: int, after=None, into=None):
         """On the NCCL stream (after event `after`): the mean of dev (bucket [lo, hi) on the GPU)
@@ -485,9 +578,16 @@ class AllReduce:
                 self._in_place_done.append(done)
         return ("nccl", done, self._pinned[lo:hi].numpy() if into is None else into[1])
 
+    # True (an experiment, bench_ddp's avg=1): NCCL's own average (ReduceOp.AVG), one kernel fewer
+    # after each collective; the same values for 2 ranks (each halved exactly), not beyond
+    nccl_avg = False
+
     def _reduce(self, dev):
         """The mean of a CUDA tensor over the ranks, enqueued on the current stream."""
         if self.dtype is None:
+            if self.nccl_avg:
+                td.all_reduce(dev, op=td.ReduceOp.AVG, group=self.group)
+                return dev
             td.all_reduce(dev, op=td.ReduceOp.SUM, group=self.group)
             return dev.div_(self.world)
         half = dev.to(getattr(torch, self.dtype))
@@ -498,8 +598,17 @@ class AllReduce:
         return _sum_rows(parts).div_(self.world)
 
     def _finish(self, handle) -> np.ndarray:
-        t = time.perf_counter()
         kind, work, values = handle[:3]
+        if kind == "held":  # a bucket of a group: its collective's handle, once started
+            if work.handle is None:
+                raise RuntimeError(
+                    f"finish() of gradients [{work.lo}, {work.hi}), held for one collective with later buckets that "
+                    "were never started: start the group's last bucket (without hold) first"
+                )
+            return self._finish(work.handle)
+        if kind == "gloo_group":
+            return work.wait(self._finish, values)
+        t = time.perf_counter()
         if kind == "nccl":
             work.synchronize()
         elif (
@@ -531,9 +640,15 @@ class BucketedAllReduce(AllReduce):
         """The host array step() reads the gradients into (pinned memory for NCCL)."""
         return self._stage(n)
 
-    def start(self, values: np.ndarray, lo: int, hi: int):
-        """Start the mean of gradients [lo, hi) (values: that part of stage()'s array)."""
-        return self._start(values, lo, hi)
+    # model.step may start a bucket with hold=True: kept for one collective with the next ones of
+    # its group (the model's engine.bucket_groups); False: one collective per bucket
+    merge = True
+
+    def start(self, values: np.ndarray, lo: int, hi: int, hold: bool = False):
+        """Start the mean of gradients [lo, hi) (values: that part of stage()'s array); hold: kept
+        for one collective with the buckets started next, up to the first without hold.
+        """
+        return self._start(values, lo, hi, hold)
 
     def finish(self, handle) -> np.ndarray:
         """Wait for a start()'s mean; the float32 result (stage()'s array, where it was)."""
@@ -541,29 +656,65 @@ class BucketedAllReduce(AllReduce):
 
     direct = True  # False: start_mapped declines, every bucket goes through a host copy into stage()
 
-    def start_mapped(self, values: np.ndarray, lo: int, hi: int):
+    def start_mapped(self, values: np.ndarray, lo: int, hi: int, hold: bool = False):
         """start() from the model's mapped bucket itself (valid only during the call): NCCL
         copies it to the GPU without a host copy where CUDA can pin that memory; None otherwise
         (and with gloo), when step() copies the bucket into stage() and calls start().
         """
-        return self._start_mapped(values, lo, hi) if self.direct else None
+        return self._start_mapped(values, lo, hi, hold) if self.direct else None
 
-    def begin(self, buckets: list) -> None:
-        """Before a step's first bucket: the ranks must cut the gradients alike (the same build);
-        checked once per layout (one small collective), as __call__ checks every vector's length.
-        """
+    def begin(self, buckets: list, groups: list | None = None) -> None:
+        """Before a step's first bucket: the ranks must cut the gradients alike (the same build)
+        and reduce the same buckets together (groups: per bucket, the first bucket of its
+        collective); checked once per layout (one small collective), as __call__ checks every
+        vector's length."""
         self._settle_in_place()  # a failed step's copies back must land before this step's readbacks
+        self._held = []  # a failed step's buckets held for a collective never started
         layout = tuple(map(tuple, buckets))
-        if layout not in self._checked:
-            digest = (
-                int(hashlib.sha256(repr(layout).encode()).hexdigest()[:15], 16) >> 2
-            )
+        key = (
+            layout,
+            tuple(groups) if groups is not None else tuple(range(len(layout))),
+        )
+        if key not in self._checked:
+            digest = int(hashlib.sha256(repr(key).encode()).hexdigest()[:15], 16) >> 2
             n = max((hi for _, hi in layout), default=0)
             self._same_everywhere(
                 [n, len(layout), digest],
-                f"gradient vectors differ in length or in their buckets (this rank's: {n} values in {len(layout)} buckets)",
+                f"gradient vectors differ in length or in their buckets (this rank's: {n} values in {len(layout)} buckets, "
+                f"{len(set(key[1]))} collectives)",
             )
-            self._checked.add(layout)
+            self._checked.add(key)
+
+
+class _Member:
+    """A bucket of a group (_group): its GPU copy (NCCL; `after`: the event after that copy),
+    where its mean goes (`into`: the pinned mapped bucket, else the pinned stage) or its host
+    values (gloo), and its handle once the group's collective is started."""
+
+    def __init__(self, dev, lo: int, hi: int, after=None, into=None, values=None):
+        self.dev, self.lo, self.hi, self.after, self.into = dev, lo, hi, after, into
+        self.values = (
+            values if values is not None else (into[1] if into is not None else None)
+        )
+        self.handle = None
+
+
+class _Gloo:
+    """gloo's collective of a group: one host vector of the members side by side; the first
+    finish of a member waits for it and puts each member's mean back into its own values.
+    """
+
+    def __init__(self, handle, members: list):
+        self.handle, self.members, self.done = handle, members, False
+
+    def wait(self, finish, values: np.ndarray) -> np.ndarray:
+        if not self.done:
+            mean, o = finish(self.handle), 0
+            for m in self.members:
+                m.values[...] = mean[o : o + m.hi - m.lo]
+                o += m.hi - m.lo
+            self.done = True
+        return values
 
 
 class _Plan:

@@ -530,9 +530,13 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         is waited for and uploaded by a thread of the model's, in bucket order, as soon as it
         arrives, while this thread reads and starts later buckets; the last is finished and
         uploaded here, and the update submitted after it. The same values reach the update as
-        with one readback: bucketing changes only when. bucket_timing: the host's seconds in
-        this step's copies out of the mapped buckets, in start(), in finish() and in the
-        uploads (the engine's last_timing has the map waits)."""
+        with one readback: bucketing changes only when. A reducer with `merge` set takes
+        start(..., hold=True) (and start_mapped's): it keeps that bucket for one collective with
+        the next ones of its group (engine.bucket_groups: buckets final together or at the end of
+        the backward pass), started by the group's last bucket, whose handles then all finish;
+        the last group's results are uploaded by the update's command buffer. bucket_timing: the
+        host's seconds in this step's copies out of the mapped buckets, in start(), in finish()
+        and in the uploads (the engine's last_timing has the map waits)."""
         total, eng = e.size, self._engine
         buckets = eng.entries[key]["buckets"]
         held = getattr(
@@ -552,8 +556,13 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             )
             stage = _checked_reduced(stage, (total,), "stage(n)'s array", writable=True)
             self._bucket_stage = (reducer, total, stage)
+        merge = bool(getattr(reducer, "merge", False))
+        groups = eng.bucket_groups(key) if merge else list(range(len(buckets)))
         if hasattr(reducer, "begin"):
-            reducer.begin([(lo, hi) for lo, hi, _ in buckets])
+            reducer.begin(
+                [(lo, hi) for lo, hi, _ in buckets],
+                **({"groups": groups} if merge else {}),
+            )
         started, uploads = (
             [],
             [],
@@ -584,28 +593,43 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 raise
 
         direct = getattr(reducer, "start_mapped", None)
+        tail = groups[
+            -1
+        ]  # the last group's buckets are uploaded here, without a thread's hand-over
+        handed = [0]  # buckets whose uploads went to the thread (started[:handed[0]])
 
         def each(i, lo, hi, values):
+            hold = (
+                i + 1 < len(buckets) and groups[i + 1] == groups[i]
+            )  # its collective starts with a later bucket's
+            kw = {"hold": True} if hold else {}
             t = t1 = clock()
             handle = (
-                direct(values, lo, hi) if direct is not None else None
+                direct(values, lo, hi, **kw) if direct is not None else None
             )  # from the mapped bucket itself
             if handle is None:
                 eng.copy(stage[lo:hi], values)
                 t1 = clock()
-                handle = reducer.start(stage[lo:hi], lo, hi)
+                handle = reducer.start(stage[lo:hi], lo, hi, **kw)
             started.append((i, lo, hi, handle))
             spent["copy_s"] += t1 - t
             spent["start_s"] += clock() - t1
-            if len(started) < len(
-                buckets
-            ):  # the last is uploaded here, without a thread's hand-over
-                uploads.append(self._uploader().submit(upload, *started[-1]))
+            if (
+                not hold and i < tail
+            ):  # this group's collective is under way: its uploads to the thread
+                for s in started[handed[0] :]:
+                    uploads.append(self._uploader().submit(upload, *s))
+                handed[0] = len(started)
 
         try:
             out = eng.run_buckets(key, packed, captures, total, e.offset, each)
             if len(started) == len(buckets):
-                upload(*started[-1], last=True)
+                if (
+                    self._prepare_update
+                ):  # recorded while the last group's collective runs
+                    eng.prepare_update(key)
+                for s in started[tail:]:
+                    upload(*s, last=True)
             for f in uploads:
                 f.result()
             eng._mark(
@@ -623,6 +647,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             raise
         eng.run_update(key, None, e.offset)
         return out
+
+    _prepare_update = True  # False: the update recorded once the last bucket is uploaded (bench_ddp prepare=0)
 
     def _bind_reducer(self, reducer) -> None:
         """The reducer's release() (its hold on the mapped buckets: CUDA's pinning) runs before
@@ -954,7 +980,8 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
 
 def _bucketed(allreduce) -> bool:
     """Whether step(allreduce=...) got a bucketed reducer: start(values, lo, hi) -> handle and
-    finish(handle) -> the reduced values (optional: stage(n), begin(buckets))."""
+    finish(handle) -> the reduced values (optional: stage(n), begin(buckets), start_mapped, and
+    merge: start(..., hold=True) keeps a bucket for its group's one collective)."""
     return callable(getattr(allreduce, "start", None)) and callable(
         getattr(allreduce, "finish", None)
     )

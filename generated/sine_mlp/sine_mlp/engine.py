@@ -69,6 +69,15 @@ FIRST_SUBMIT = 16
 # wait for its update, so the host's next step starts early enough to keep the GPU busy):
 # transformer_large through buckets without communication 0.34 ms a step faster on an H200
 BUCKET_FIRST_SUBMIT = FIRST_SUBMIT
+# buckets final in the last 1/BUCKET_MERGE_SHARE of the backward's dispatches are reduced by one
+# collective with the last bucket (bucket_groups; 0: every bucket its own, as before): on 2 H200s
+# each NCCL mean that starts after the backward pass cost ~0.8-1 ms however small its bucket
+# (transformer_large's last three, 0.1-26 MB: scripts/results/bench_ddp_h200x2_r5.json), and a
+# layout that puts the norms and biases after every weight makes one of them a bucket of their own.
+# transformer_large on 2 H200s, one launch (bench_ddp_h200x2_r6.json): 32 (its norms' bucket and
+# the last, 3 MB, one collective; the 26 MB bucket final 12 dispatches before the end its own)
+# 1.754x one GPU; 16 (all three, 29 MB, one collective: it ends 0.5 ms later) 1.735x; 0 1.708x
+BUCKET_MERGE_SHARE = 32
 # wgpu-native's feature that lets a mappable buffer be a copy source too: a bucket's readback
 # buffer then takes its reduced values back (a reducer writing them into the mapped bucket) and
 # the GPU copies them into the gradients from there (upload_via "readback": no host copy; on 2
@@ -301,11 +310,14 @@ class _RawMaps:
             lib.wgpuDevicePoll,
         )
 
-    def submit(self, queue, command_buffer) -> int:
+    def submit(self, queue, *command_buffers) -> int:
+        n = len(command_buffers)
         return self.submit_for_index(
             queue._internal,
-            1,
-            self.ffi.new("WGPUCommandBuffer[1]", [command_buffer._internal]),
+            n,
+            self.ffi.new(
+                f"WGPUCommandBuffer[{n}]", [b._internal for b in command_buffers]
+            ),
         )
 
     def request(self, buf, nbytes: int, write: bool = False) -> int:
@@ -362,6 +374,25 @@ def _raw_maps():
 
 class ShaderError(RuntimeError):
     """A generated kernel failed to compile on this adapter (please report it)."""
+
+
+def bucket_groups(buckets: list, cut: int, share: int) -> list[int]:
+    """Per bucket of a table (lo, hi, ready), in readback order: the index of the first bucket of
+    the collective it is reduced by. Buckets final at one boundary are read back together and
+    share one; so do the buckets final in the last cut // share dispatches (at least one) with
+    the last bucket: what remains of the backward pass after them is too short to hide a
+    collective of their own. share 0: one collective per bucket. Every rank computes the same
+    groups from the same table (begin() checks the ranks' buckets agree)."""
+    out: list[int] = []
+    tail = cut - max(1, cut // share) if share > 0 else None
+    for i, (_, _, ready) in enumerate(buckets):
+        same = (
+            i
+            and share > 0
+            and (ready == buckets[i - 1][2] or buckets[i - 1][2] >= tail)
+        )  # sorted by ready
+        out.append(out[-1] if same else i)
+    return out
 
 
 def cpu_entry(entry: dict) -> dict:
@@ -1157,6 +1188,11 @@ class Engine:
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
 
+    def bucket_groups(self, key: str) -> list[int]:
+        """bucket_groups of the entry's table as this engine runs it (BUCKET_MERGE_SHARE)."""
+        e = self.entries[key]
+        return bucket_groups(e["buckets"], e["update_from"], BUCKET_MERGE_SHARE)
+
     def _mark(self, event: str, bucket: int = -1) -> None:
         """One event of a bucketed step's timeline, where self.trace is a list (bench_ddp --timeline)."""
         trace = self.trace
@@ -1263,22 +1299,58 @@ class Engine:
             up["maps"].wait(self.device, tag, self._last_update)
             up["maps"].unmap(ups[i])
 
+    def prepare_update(self, key: str) -> None:
+        """During a bucketed step, once every bucket is read back: record run_update's dispatches
+        and writeback copies now, while the last reductions are under way, so that run_update
+        has only the last buckets' copies left to record before its submit (the host's
+        recording and finishing of the update's command buffer was on the path from the last
+        result to the update's submit: 0.2 ms a step on an H200, bench_ddp --timeline "joined"
+        to "update"). Where wgpu-native's maps are not used, run_update records it all.
+        """
+        up = getattr(self, "_uploads", None)
+        if up is None or up["maps"] is None or up["key"] != key:
+            return
+        up["prepared"] = self._update_commands(key)
+
+    def _update_commands(self, key: str):
+        """The update's command buffer: the dispatches from update_from on and the writeback copies."""
+        e, buffers = self.entries[key], self.entry_buffers[key]
+        enc = self.device.create_command_encoder()
+        self._record(enc, key, self._half(key, 1))
+        for src, so, dst, do, n in e["copies"]:
+            enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
+        return enc.finish()
+
     def run_update(self, key: str, grads: np.ndarray | None, offset: int = 0) -> None:
         """The second half: upload `grads` (float32 [total], contiguous) over the grads buffer (from
         element `offset` on: a training entry's gradient vector) and
-        record the dispatches from update_from on, and the writeback copies. Submitted without
-        waiting: whatever reads the device next is ordered after it."""
-        e = self.entries[key]
+        record the dispatches from update_from on, and the writeback copies (or take them as
+        prepare_update recorded them, after a command buffer of the last buckets' copies, in
+        one submit). Submitted without waiting: whatever reads the device next is ordered after it.
+        """
         buffers = self.entry_buffers[key]
         if (
             grads is not None and grads.size
         ):  # None: uploaded in buckets (run_buckets, upload_bucket)
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
-        enc = self.device.create_command_encoder()
         up, self._uploads = getattr(self, "_uploads", None), None
-        for buf, lo, hi in (
-            up["copies"] if up is not None else ()
-        ):  # upload_bucket(last=True)'s
+        prepared = up.get("prepared") if up is not None else None
+        copies = up["copies"] if up is not None else ()  # upload_bucket(last=True)'s
+        if prepared is not None:
+            parts = [prepared]
+            if copies:
+                enc = self.device.create_command_encoder()
+                for buf, lo, hi in copies:
+                    enc.copy_buffer_to_buffer(
+                        buf, 0, buffers["grads"], 4 * (offset + lo), 4 * (hi - lo)
+                    )
+                parts.insert(0, enc.finish())
+            self._last_update = up["maps"].submit(self.device.queue, *parts)
+            self._mark("update")
+            return
+        e = self.entries[key]
+        enc = self.device.create_command_encoder()
+        for buf, lo, hi in copies:
             enc.copy_buffer_to_buffer(
                 buf, 0, buffers["grads"], 4 * (offset + lo), 4 * (hi - lo)
             )
