@@ -112,7 +112,7 @@ def test_shrink_keeps_the_failure_and_writes_a_standalone_repro(monkeypatch, tmp
     has_matmul = lambda b: any(op.op == "matmul" for c in b.cases for op in c.ops)  # noqa: E731
     batch = next(b for b in map(fg.generate, range(100)) if has_matmul(b))
 
-    def fake_check(b, name="fuzz_prog"):  # pretend every graph with a matmul is miscompiled
+    def fake_check(b, name="fuzz_prog", sides=None):  # pretend every graph with a matmul is miscompiled
         for k, c in enumerate(b.cases):
             if any(op.op == "matmul" for op in c.ops):
                 return [fg.Failure("gpu", k, "step 1: gradient of p", "fake")]
