@@ -103,7 +103,7 @@ class Run:
     def area_one(self, area: str, seed: int):
         """One seed of a tests/fuzz_areas.py area; its failures written as reproducers."""
         try:
-            res, case = fa.check(area, seed)
+            res, case = fa.check(area, seed, sides=self.args.sides)
         except Exception:  # noqa: BLE001
             self.harness_errors += 1
             print(f"fuzz: {area} seed {seed}: harness error\n{traceback.format_exc()}", flush=True)
@@ -129,7 +129,7 @@ class Run:
         out = []
         if area == "special":
             for f in failures:
-                m = re.search(r"\[(gpu|interp|interp-error|compile|run)\] case (\d+): ", f.what)
+                m = re.search(r"\[(gpu|interp|interp-error|compile|run|wasm|wasm-compile|wasm-run)\] case (\d+): ", f.what)
                 if not m:
                     continue
                 k = int(m.group(2))

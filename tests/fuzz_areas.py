@@ -649,7 +649,7 @@ def special_failures(batch: fg.Batch, side, kind: str) -> list[tuple[int, str, s
         ok = pattern_ok(np.array(got), [(np.array(want64), np.array(want32))], ulps=64, extra=1e-5 * (fin + 1))
         if plain and not ok.all() and not (math.isnan(want64) or math.isnan(want32)):
             out.append((None, f"step {s + 1}: loss", f"got {got!r}, expected {want64!r} (torch float32 {want32!r})"))
-    if kind == "gpu" and side.replay is not None:
+    if kind in fg.SIDE_OF and side.replay is not None:  # a package side
         loss, caps, grads = side.replay
         diff = [] if loss == side.loss[0] or (math.isnan(loss) and math.isnan(side.loss[0])) else ["loss"]
         diff += [n for n, v in side.captures[0].items() if not np.array_equal(v, caps.get(n), equal_nan=True)]
@@ -674,8 +674,10 @@ def _runs_for_interp(batch: fg.Batch) -> list:
     return runs
 
 
-def check_special(seed: int, batch: fg.Batch | None = None) -> tuple[AreaResult, fg.Batch]:
+def check_special(seed: int, batch: fg.Batch | None = None, sides: tuple | None = None) -> tuple[AreaResult, fg.Batch]:
+    """`sides`: the package sides to run (fuzz_graphs.check's), default_sides() when None."""
     batch = batch or generate_special(seed)
+    sides = fg.default_sides() if sides is None else sides
     res = AreaResult(programs=1, graphs=len(batch.cases), ops=sum(len(c.ops) for c in batch.cases), steps=batch.steps)
     res.elements = batch.steps * sum(
         sum(int(np.prod(c.cts[o][0].shape)) for o in c.outputs)
@@ -686,13 +688,14 @@ def check_special(seed: int, batch: fg.Batch | None = None) -> tuple[AreaResult,
         found.append(("interp-error", None, interp.what, interp.detail))
     else:
         found += [("interp",) + f for f in special_failures(batch, interp, "interp")]
-    with np.errstate(all="ignore"):
-        gpu = fg.run_gpu(batch)
-    if isinstance(gpu, fg.Failure):
-        found.append((gpu.kind, None, gpu.what, gpu.detail))
-    else:
-        explained = {(k, w) for kind, k, w, _ in found}
-        found += [("gpu",) + f for f in special_failures(batch, gpu, "gpu") if (f[0], f[1]) not in explained]
+    for name in sides:  # the interpreter's finding explains a package side's there, the GPU set's a wasm one
+        with np.errstate(all="ignore"):
+            got = fg.PACKAGE_SIDES[name](batch)
+        if isinstance(got, fg.Failure):
+            found.append((got.kind, None, got.what, got.detail))
+        else:
+            explained = {(k, w) for kind, k, w, _ in found}
+            found += [(name,) + f for f in special_failures(batch, got, name) if (f[0], f[1]) not in explained]
     for kind, k, what, detail in found:
         src = fg.batch_source(replace(batch, cases=[batch.cases[k]]), inline=True) if k is not None else ""
         chain = "" if k is None else " [" + "; ".join(chain_text(batch.cases[k])) + "]"
@@ -1523,9 +1526,12 @@ def check_noinput(seed: int, case: NoInputCase | None = None) -> tuple[AreaResul
     return res, case
 
 
-def check(area: str, seed: int):
-    """(AreaResult, the case) of one seed of one area."""
-    return {"special": check_special, "optim": check_optim, "dims": check_dims, "noinput": check_noinput}[area](seed)
+def check(area: str, seed: int, sides: tuple | None = None):
+    """(AreaResult, the case) of one seed of one area; `sides`: the package sides of "special"
+    (fuzz_graphs.check's; the other areas run aot.compile on this adapter)."""
+    if area == "special":
+        return check_special(seed, sides=sides)
+    return {"optim": check_optim, "dims": check_dims, "noinput": check_noinput}[area](seed)
 
 
 # ---- reproducers of "special" failures ---------------------------------------------------------------
@@ -1533,7 +1539,22 @@ def check(area: str, seed: int):
 SPECIAL_REPRO = '''
 
 def _side(kind):
-    """Per step: (captures, gradients) of the package (kind "gpu") or of the interpreter."""
+    """Per step: (captures, gradients) of the package (kind "gpu"; "wasm": the web target's wasm
+    kernel set in node, tests/web_node.py) or of the interpreter."""
+    if kind == "wasm":
+        import sys
+        import tempfile
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from web_node import node_or_skip, run_steps
+
+        node_or_skip()
+        with tempfile.TemporaryDirectory() as tmp:
+            module = aot.build(program, tmp, target="web", force=True) / f"{{program.name}}.js"
+            got = run_steps(module, [dict(INPUTS[s], **COTANGENTS[s]) for s in range(len(EXPECTED))], kernels=KERNELS, relaxed=RELAXED)
+        assert "error" not in got, f"{{got.get('at')}}: {{got['error']}}"
+        return [(s["captures"], s["grads"]) for s in got["steps"]]
     if kind == "interp":
         from aot import interp
         from aot.frontend import trace_program
@@ -1609,14 +1630,15 @@ def special_repro_source(batch: fg.Batch, kind: str, what: str, detail: str, nam
         L.append(f"        'extra': {want['extra']!r},")
         L.append("    },")
     L.append("]")
-    L.append(f"KERNELS = {fg.kernel_set(batch.seed)!r}")
+    L.append(f"KERNELS = {'wasm' if kind == 'wasm' else fg.kernel_set(batch.seed)!r}")
+    L.append(f"RELAXED = {fg.wasm_relaxed(batch.seed)!r}  # the wasm side's relaxed-SIMD module (run_wasm)")
     L.append(f"TINY = {TINY!r}")
     L.append(f"REL = {REL!r}")
     L.append(f"SPREAD_SPECIAL = {SPREAD_SPECIAL!r}")
     for f in (classes, ulp32, pattern_ok):
         L += ["", "", inspect.getsource(f).rstrip()]
     reason = f"fuzz special: {what}: {detail}"[:160]
-    return "\n".join(L) + "\n" + SPECIAL_REPRO.format(name=name, kind="interp" if kind.startswith("interp") else "gpu",
+    return "\n".join(L) + "\n" + SPECIAL_REPRO.format(name=name, kind="interp" if kind.startswith("interp") else "wasm" if kind.startswith("wasm") else "gpu",
                                                      reason=reason, strict=True)
 
 
@@ -1633,14 +1655,15 @@ def write_special_repro(batch: fg.Batch, finding: Finding, kind: str, case: int,
 
     small = shrink_special(batch, kind, case, finding.what.split(": ", 1)[-1].split("case %d: " % case, 1)[-1])
     # does the failure survive alone?
-    res, _ = check_special(batch.seed, small)
+    sides = (fg.SIDE_OF[kind],) if kind in fg.SIDE_OF else ()
+    res, _ = check_special(batch.seed, small, sides)
     if not res.failures:
         small = replace(batch, cases=[batch.cases[case]])
-        res, _ = check_special(batch.seed, small)
+        res, _ = check_special(batch.seed, small, sides)
         if not res.failures:
             return None
     f = res.failures[0]
-    k = "interp" if "[interp" in f.what else "gpu"
+    k = "interp" if "[interp" in f.what else "wasm" if "[wasm" in f.what else "gpu"
     tag = f"{zlib.crc32(fg.batch_source(small, 'x', inline=True).encode()):08x}"
     name = f"fuzz_special_{k}_{tag}"
     path = Path(out_dir) / f"test_{name}.py"
