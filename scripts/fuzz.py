@@ -1,5 +1,5 @@
 """Differential fuzzer: random graphs over the public op set, built with aot.compile, run on the
-WebGPU adapter and checked against the reference interpreter and float64 PyTorch autograd
+WebGPU adapter (and through the web target's wasm kernel set in node) and checked against the reference interpreter and float64 PyTorch autograd
 (tests/fuzz_graphs.py). Each new failure is shrunk and written as a pytest reproducer.
 
     python scripts/fuzz.py --minutes 30 [--seed S] [--out tests/fuzz_repros] [--shrink-seconds 240]
@@ -10,6 +10,10 @@ WebGPU adapter and checked against the reference interpreter and float64 PyTorch
 matched), "optim" (optimizer trajectories against torch.optim, step_many, save/restore), "dims"
 (symbolic dims in infer and training entries), "noinput" (no inputs, no parameters); "all" is
 every area (tests/fuzz_areas.py). Each seed runs every selected area once, in turn.
+
+--sides picks the package sides of the graphs and special areas: "gpu" (aot.compile on this
+adapter) and "wasm" (the web target's wasm kernel set, in one node process); both by default,
+gpu alone where node is missing.
 
 Prints a progress line every --every seconds and, at the end, the number of programs and graphs
 checked and the failures. Seeds are consecutive from --seed (default: from the clock, printed),

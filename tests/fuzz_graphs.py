@@ -28,8 +28,15 @@ parameters are checked after every step as well. Finally step 1 runs again after
 `model.reset()` and must give bit-identical results (API.md §5's determinism, and no kernel may
 depend on what an earlier step left in scratch memory).
 
+The package runs on two sides (`check(batch, sides=...)`): "gpu", aot.compile on this adapter
+with the seed's kernel set, and "wasm", the web target's wasm kernel set (aot/wasm_build.py) run
+in node by one shared node process (tests/web_node.py's NodeWorker; the relaxed-SIMD module for
+odd seeds), held to the same oracle and tolerances; its failures are of kind "wasm",
+"wasm-compile" or "wasm-run".
+
 `generate(seed)` -> Batch, `check(batch)` -> [Failure], `shrink(batch, failure)` -> smaller Batch,
-`write_repro(batch, failure, dir)` -> a pytest file that needs only numpy and aot.
+`write_repro(batch, failure, dir)` -> a pytest file that needs only numpy and aot (a wasm
+failure's also node and tests/web_node.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ SGD updates, sometimes an Infer entry), then step 1 replayed after reset(); a fa
 carries each failing graph as standalone source (`python scripts/fuzz.py --seed S --minutes 0`
 shrinks seed S's failures into tests/fuzz_repros/).
 
+A handful of seeds (WASM_SEEDS, WASM_SPECIAL_SEEDS) also run through the web target's wasm
+kernel set in node (issue 34; skipped without node); scripts/fuzz.py runs it on every seed.
+
 The areas of issue 32 (tests/fuzz_areas.py: special values, optimizer trajectories with
 step_many and save/restore, symbolic dims, no inputs / no parameters) run a few seeds each
 (AREA_SEEDS, about 35 s); `scripts/fuzz.py --areas all --minutes N` runs them for longer.

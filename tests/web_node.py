@@ -236,11 +236,17 @@ class NodeWorker:
 _WORKERS: dict[bool, NodeWorker] = {}
 
 
+def _close_workers():
+    for w in _WORKERS.values():
+        w.close()
+        shutil.rmtree(w._dir, ignore_errors=True)
+
+
 def worker(relaxed: bool = False) -> NodeWorker:
     """The process's shared worker (one plain, one with relaxed SIMD), closed at exit."""
     if relaxed not in _WORKERS:
         if not _WORKERS:
-            atexit.register(lambda: [w.close() for w in _WORKERS.values()])
+            atexit.register(_close_workers)
         _WORKERS[relaxed] = NodeWorker(relaxed)
     return _WORKERS[relaxed]
 
