@@ -584,8 +584,10 @@ class Values:
             tmp = self.temp(F32)
             self.emit(args[0], "f32")
             c.op("local.set", tmp)
-            c.op("f32.const", 0.0).op("f32.const", 1.0).op("local.get", tmp).op("f32.copysign")
-            c.op("local.get", tmp).op("f32.const", 0.0).op("f32.eq").op("select")  # x == 0 ? 0 : copysign(1, x)
+            # |x| > 0 ? copysign(1, x) : 0: sign(NaN) = 0 as the op's (torch.sign's; abs's
+            # gradient at NaN), where copysign alone gives +-1 (special seed 5360015)
+            c.op("f32.const", 1.0).op("local.get", tmp).op("f32.copysign").op("f32.const", 0.0)
+            c.op("local.get", tmp).op("f32.abs").op("f32.const", 0.0).op("f32.gt").op("select")
         elif name in MATH:
             for a in args:
                 self.emit(a, "f32")

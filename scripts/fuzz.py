@@ -1,5 +1,5 @@
 """Differential fuzzer: random graphs over the public op set, built with aot.compile, run on the
-WebGPU adapter and checked against the reference interpreter and float64 PyTorch autograd
+WebGPU adapter (and through the web target's wasm kernel set in node) and checked against the reference interpreter and float64 PyTorch autograd
 (tests/fuzz_graphs.py). Each new failure is shrunk and written as a pytest reproducer.
 
     python scripts/fuzz.py --minutes 30 [--seed S] [--out tests/fuzz_repros] [--shrink-seconds 240]
@@ -10,6 +10,10 @@ WebGPU adapter and checked against the reference interpreter and float64 PyTorch
 matched), "optim" (optimizer trajectories against torch.optim, step_many, save/restore), "dims"
 (symbolic dims in infer and training entries), "noinput" (no inputs, no parameters); "all" is
 every area (tests/fuzz_areas.py). Each seed runs every selected area once, in turn.
+
+--sides picks the package sides of the graphs and special areas: "gpu" (aot.compile on this
+adapter) and "wasm" (the web target's wasm kernel set, in one node process); both by default,
+gpu alone where node is missing.
 
 Prints a progress line every --every seconds and, at the end, the number of programs and graphs
 checked and the failures. Seeds are consecutive from --seed (default: from the clock, printed),
@@ -42,7 +46,7 @@ import fuzz_graphs as fg  # noqa: E402
 AREAS = ("graphs",) + fa.AREAS
 
 # the order in which one program's failures are shrunk: an exception before a wrong value
-PRIORITY = {"compile": 0, "run": 1, "interp-error": 2, "interp": 3, "gpu": 4}
+PRIORITY = {"compile": 0, "run": 1, "wasm-compile": 0, "wasm-run": 1, "interp-error": 2, "interp": 3, "gpu": 4, "wasm": 4}
 
 
 def _interrupt(signum, frame):
@@ -61,12 +65,24 @@ def main(argv=None) -> int:
     ap.add_argument("--per-family", type=int, default=3, help="most reproducers per exception message (kernel and tensor numbers aside)")
     ap.add_argument("--every", type=float, default=30.0, help="seconds between progress lines")
     ap.add_argument("--black", action="store_true", help="format generated packages with black (slower; same code)")
+    ap.add_argument("--sides", default=None,
+                    help="package sides of the graphs and special areas, comma-separated, of gpu (aot.compile on this adapter) and "
+                         "wasm (the web target's wasm kernel set in node); default both, gpu alone without node")
     ap.add_argument("--areas", default="graphs", help=f"comma-separated areas to fuzz, of {', '.join(AREAS)}, or all (default graphs)")
     args = ap.parse_args(argv)
     args.areas = AREAS if args.areas == "all" else tuple(a.strip() for a in args.areas.split(",") if a.strip())
     bad = [a for a in args.areas if a not in AREAS]
     if bad or not args.areas:
         ap.error(f"--areas: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(AREAS)} or all")
+    if args.sides is None:
+        args.sides = fg.default_sides()
+        if "wasm" not in args.sides:
+            print("fuzz: node is not installed: no wasm side (scripts/setup_env.sh installs Debian's nodejs)", flush=True)
+    else:
+        args.sides = tuple(x.strip() for x in args.sides.split(",") if x.strip())
+        bad = [x for x in args.sides if x not in fg.PACKAGE_SIDES]
+        if bad or not args.sides:
+            ap.error(f"--sides: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(fg.PACKAGE_SIDES)}")
     signal.signal(signal.SIGTERM, _interrupt)
     if args.black:
         return run(args)
@@ -91,7 +107,7 @@ class Run:
     def area_one(self, area: str, seed: int):
         """One seed of a tests/fuzz_areas.py area; its failures written as reproducers."""
         try:
-            res, case = fa.check(area, seed)
+            res, case = fa.check(area, seed, sides=self.args.sides)
         except Exception:  # noqa: BLE001
             self.harness_errors += 1
             print(f"fuzz: {area} seed {seed}: harness error\n{traceback.format_exc()}", flush=True)
@@ -117,7 +133,7 @@ class Run:
         out = []
         if area == "special":
             for f in failures:
-                m = re.search(r"\[(gpu|interp|interp-error|compile|run)\] case (\d+): ", f.what)
+                m = re.search(r"\[(gpu|interp|interp-error|compile|run|wasm|wasm-compile|wasm-run)\] case (\d+): ", f.what)
                 if not m:
                     continue
                 k = int(m.group(2))
@@ -145,7 +161,7 @@ class Run:
         """Check one seed's batch; shrink its new failures into reproducers."""
         try:
             batch = fg.generate(seed, max_ops=self.args.max_ops)
-            fails = fg.check(batch)
+            fails = fg.check(batch, sides=self.args.sides)
         except Exception:  # noqa: BLE001 - a bug of the fuzzer itself: report it and go on
             self.harness_errors += 1
             print(f"fuzz: seed {seed}: harness error\n{traceback.format_exc()}", flush=True)
@@ -204,7 +220,7 @@ class Run:
 def run(args) -> int:
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000 * 1000
     first = seed
-    print(f"fuzz: seeds from {seed}, {args.minutes:g} minutes, reproducers to {args.out}", flush=True)
+    print(f"fuzz: seeds from {seed}, {args.minutes:g} minutes, sides {'+'.join(args.sides)}, reproducers to {args.out}", flush=True)
     t0 = last = time.monotonic()
     deadline = t0 + args.minutes * 60
     r = Run(args)

@@ -472,7 +472,8 @@ KNOWN_DIFFERENCES = {
                    "scalar ones (tensors of a few elements) the cotangent; aot gives one or the other",
     "gelu_cancel": "gelu below x = -3: torch's 0.5 x (1 + tanh(u)) (and 1 + erf) cancels to 0 in float32 and "
                    "float64 alike where aot's x sigmoid(2u) keeps the tiny value (API.md: an absolute bound there); "
-                   "so does its derivative, which times an inf cotangent is +-inf where torch's 0 * inf is NaN",
+                   "so does its derivative, which times an inf cotangent is +-inf where torch's 0 * inf is NaN; "
+                   "and a tiny negative value's ** -0.5 is NaN where torch's (-0) ** -0.5 is -inf",
     "bounded_derivative": "the gradient of tanh, sigmoid and their kin is 1 - y^2 or y (1 - y) of the forward "
                           "value y, whose few ulps are ~1e-7 absolute in that factor: where it is small (tanh at "
                           "x = -7: 1.2e-6) the gradient is that much off relatively (the 1e-4 bound widened to "
@@ -580,6 +581,9 @@ def _accept_flags(got, refs, flags, scale: float) -> np.ndarray:
             # the kept tiny derivative times an inf cotangent: inf where torch's cancelled 0 gives
             # NaN (gelu_tanh's gradient at x = -9.8 is -5e-34, a normal float32: hour-run seed 4160451)
             ok |= (classes(got) >= 2) & (c64 == 1) & (c32 == 1)
+            # and downstream, the tiny negative value where torch's is -0: its ** -0.5 is NaN
+            # where torch's is -inf (special seed 5361132), as under "flush"
+            ok |= np.isnan(got) & (c64 >= 2) & (c32 >= 2)
         if "flush" in flags:
             ok |= np.isnan(got) & (c64 >= 2) & (c32 >= 2)
         if "factorization" in flags:
@@ -649,7 +653,7 @@ def special_failures(batch: fg.Batch, side, kind: str) -> list[tuple[int, str, s
         ok = pattern_ok(np.array(got), [(np.array(want64), np.array(want32))], ulps=64, extra=1e-5 * (fin + 1))
         if plain and not ok.all() and not (math.isnan(want64) or math.isnan(want32)):
             out.append((None, f"step {s + 1}: loss", f"got {got!r}, expected {want64!r} (torch float32 {want32!r})"))
-    if kind == "gpu" and side.replay is not None:
+    if kind in fg.SIDE_OF and side.replay is not None:  # a package side
         loss, caps, grads = side.replay
         diff = [] if loss == side.loss[0] or (math.isnan(loss) and math.isnan(side.loss[0])) else ["loss"]
         diff += [n for n, v in side.captures[0].items() if not np.array_equal(v, caps.get(n), equal_nan=True)]
@@ -674,8 +678,10 @@ def _runs_for_interp(batch: fg.Batch) -> list:
     return runs
 
 
-def check_special(seed: int, batch: fg.Batch | None = None) -> tuple[AreaResult, fg.Batch]:
+def check_special(seed: int, batch: fg.Batch | None = None, sides: tuple | None = None) -> tuple[AreaResult, fg.Batch]:
+    """`sides`: the package sides to run (fuzz_graphs.check's), default_sides() when None."""
     batch = batch or generate_special(seed)
+    sides = fg.default_sides() if sides is None else sides
     res = AreaResult(programs=1, graphs=len(batch.cases), ops=sum(len(c.ops) for c in batch.cases), steps=batch.steps)
     res.elements = batch.steps * sum(
         sum(int(np.prod(c.cts[o][0].shape)) for o in c.outputs)
@@ -686,13 +692,14 @@ def check_special(seed: int, batch: fg.Batch | None = None) -> tuple[AreaResult,
         found.append(("interp-error", None, interp.what, interp.detail))
     else:
         found += [("interp",) + f for f in special_failures(batch, interp, "interp")]
-    with np.errstate(all="ignore"):
-        gpu = fg.run_gpu(batch)
-    if isinstance(gpu, fg.Failure):
-        found.append((gpu.kind, None, gpu.what, gpu.detail))
-    else:
-        explained = {(k, w) for kind, k, w, _ in found}
-        found += [("gpu",) + f for f in special_failures(batch, gpu, "gpu") if (f[0], f[1]) not in explained]
+    for name in sides:  # the interpreter's finding explains a package side's there, the GPU set's a wasm one
+        with np.errstate(all="ignore"):
+            got = fg.PACKAGE_SIDES[name](batch)
+        if isinstance(got, fg.Failure):
+            found.append((got.kind, None, got.what, got.detail))
+        else:
+            explained = {(k, w) for kind, k, w, _ in found}
+            found += [(name,) + f for f in special_failures(batch, got, name) if (f[0], f[1]) not in explained]
     for kind, k, what, detail in found:
         src = fg.batch_source(replace(batch, cases=[batch.cases[k]]), inline=True) if k is not None else ""
         chain = "" if k is None else " [" + "; ".join(chain_text(batch.cases[k])) + "]"
@@ -1523,9 +1530,12 @@ def check_noinput(seed: int, case: NoInputCase | None = None) -> tuple[AreaResul
     return res, case
 
 
-def check(area: str, seed: int):
-    """(AreaResult, the case) of one seed of one area."""
-    return {"special": check_special, "optim": check_optim, "dims": check_dims, "noinput": check_noinput}[area](seed)
+def check(area: str, seed: int, sides: tuple | None = None):
+    """(AreaResult, the case) of one seed of one area; `sides`: the package sides of "special"
+    (fuzz_graphs.check's; the other areas run aot.compile on this adapter)."""
+    if area == "special":
+        return check_special(seed, sides=sides)
+    return {"optim": check_optim, "dims": check_dims, "noinput": check_noinput}[area](seed)
 
 
 # ---- reproducers of "special" failures ---------------------------------------------------------------
@@ -1533,7 +1543,22 @@ def check(area: str, seed: int):
 SPECIAL_REPRO = '''
 
 def _side(kind):
-    """Per step: (captures, gradients) of the package (kind "gpu") or of the interpreter."""
+    """Per step: (captures, gradients) of the package (kind "gpu"; "wasm": the web target's wasm
+    kernel set in node, tests/web_node.py) or of the interpreter."""
+    if kind == "wasm":
+        import sys
+        import tempfile
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from web_node import node_or_skip, run_steps
+
+        node_or_skip()
+        with tempfile.TemporaryDirectory() as tmp:
+            module = aot.build(program, tmp, target="web", force=True) / f"{{program.name}}.js"
+            got = run_steps(module, [dict(INPUTS[s], **COTANGENTS[s]) for s in range(len(EXPECTED))], kernels=KERNELS, relaxed=RELAXED)
+        assert "error" not in got, f"{{got.get('at')}}: {{got['error']}}"
+        return [(s["captures"], s["grads"]) for s in got["steps"]]
     if kind == "interp":
         from aot import interp
         from aot.frontend import trace_program
@@ -1609,14 +1634,15 @@ def special_repro_source(batch: fg.Batch, kind: str, what: str, detail: str, nam
         L.append(f"        'extra': {want['extra']!r},")
         L.append("    },")
     L.append("]")
-    L.append(f"KERNELS = {fg.kernel_set(batch.seed)!r}")
+    L.append(f"KERNELS = {'wasm' if kind == 'wasm' else fg.kernel_set(batch.seed)!r}")
+    L.append(f"RELAXED = {fg.wasm_relaxed(batch.seed)!r}  # the wasm side's relaxed-SIMD module (run_wasm)")
     L.append(f"TINY = {TINY!r}")
     L.append(f"REL = {REL!r}")
     L.append(f"SPREAD_SPECIAL = {SPREAD_SPECIAL!r}")
     for f in (classes, ulp32, pattern_ok):
         L += ["", "", inspect.getsource(f).rstrip()]
     reason = f"fuzz special: {what}: {detail}"[:160]
-    return "\n".join(L) + "\n" + SPECIAL_REPRO.format(name=name, kind="interp" if kind.startswith("interp") else "gpu",
+    return "\n".join(L) + "\n" + SPECIAL_REPRO.format(name=name, kind="interp" if kind.startswith("interp") else "wasm" if kind.startswith("wasm") else "gpu",
                                                      reason=reason, strict=True)
 
 
@@ -1633,14 +1659,15 @@ def write_special_repro(batch: fg.Batch, finding: Finding, kind: str, case: int,
 
     small = shrink_special(batch, kind, case, finding.what.split(": ", 1)[-1].split("case %d: " % case, 1)[-1])
     # does the failure survive alone?
-    res, _ = check_special(batch.seed, small)
+    sides = (fg.SIDE_OF[kind],) if kind in fg.SIDE_OF else ()
+    res, _ = check_special(batch.seed, small, sides)
     if not res.failures:
         small = replace(batch, cases=[batch.cases[case]])
-        res, _ = check_special(batch.seed, small)
+        res, _ = check_special(batch.seed, small, sides)
         if not res.failures:
             return None
     f = res.failures[0]
-    k = "interp" if "[interp" in f.what else "gpu"
+    k = "interp" if "[interp" in f.what else "wasm" if "[wasm" in f.what else "gpu"
     tag = f"{zlib.crc32(fg.batch_source(small, 'x', inline=True).encode()):08x}"
     name = f"fuzz_special_{k}_{tag}"
     path = Path(out_dir) / f"test_{name}.py"

@@ -28,8 +28,15 @@ parameters are checked after every step as well. Finally step 1 runs again after
 `model.reset()` and must give bit-identical results (API.md §5's determinism, and no kernel may
 depend on what an earlier step left in scratch memory).
 
+The package runs on two sides (`check(batch, sides=...)`): "gpu", aot.compile on this adapter
+with the seed's kernel set, and "wasm", the web target's wasm kernel set (aot/wasm_build.py) run
+in node by one shared node process (tests/web_node.py's NodeWorker; the relaxed-SIMD module for
+odd seeds), held to the same oracle and tolerances; its failures are of kind "wasm",
+"wasm-compile" or "wasm-run".
+
 `generate(seed)` -> Batch, `check(batch)` -> [Failure], `shrink(batch, failure)` -> smaller Batch,
-`write_repro(batch, failure, dir)` -> a pytest file that needs only numpy and aot.
+`write_repro(batch, failure, dir)` -> a pytest file that needs only numpy and aot (a wasm
+failure's also node and tests/web_node.py).
 """
 
 from __future__ import annotations
@@ -2195,7 +2202,8 @@ def build_program(batch: Batch, name: str = "fuzz_prog"):
 class Failure:
     """kind: "compile" / "run" (an exception), "gpu" (the compiled package disagrees with float64
     PyTorch while the interpreter agrees), "interp" (the interpreter disagrees too: the graph is
-    wrong), "interp-error" (the interpreter raised)."""
+    wrong), "interp-error" (the interpreter raised); "wasm-compile" / "wasm-run" / "wasm": the
+    same three for the web target's wasm kernel set run in node (run_wasm)."""
 
     kind: str
     case: int | None  # index in the batch; None when the whole program failed
@@ -2216,7 +2224,7 @@ class Failure:
     def family(self) -> str:
         """Failures of one family are taken to be the same bug while shrinking: the kind, and for
         exceptions the type and the message without kernel, tensor and other numbers."""
-        if self.kind in ("compile", "run", "interp-error"):
+        if self.kind in ("compile", "run", "interp-error", "wasm-compile", "wasm-run"):
             msg = re.sub(r"\bk\d+_\w+", "K", self.detail)
             msg = re.sub(r"\d+", "N", msg)
             return self.kind + ":" + msg[:80]
@@ -2366,6 +2374,77 @@ def run_gpu(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
     return side
 
 
+def wasm_relaxed(seed: int) -> bool:
+    """The wasm side runs the relaxed-SIMD module (the matmuls' multiply-adds fused, as Chromium
+    runs them) for odd seeds, the plain SIMD module (node's and Firefox's) for even ones."""
+    return seed % 2 == 1
+
+
+def run_wasm(batch: Batch, name: str = "fuzz_prog") -> Sides | Failure:
+    """The batch through the web target's "wasm" kernel set (aot/wasm_build.py) in node, in the
+    shared node process of tests/web_node.py: the same steps, captures, gradients, updated
+    parameters, buffers, predict calls and replay after reset() as run_gpu."""
+    import contextlib
+    import io
+
+    import aot
+    import web_node
+
+    tmp = Path(tempfile.mkdtemp(prefix="aot-wasm-"))
+    try:
+        try:
+            program = build_program(batch, name)
+            # a kernel the wasm subset cannot compile is printed by the build, then refused by
+            # Model.create({kernels: "wasm"}) with the same reason: reported from there
+            with contextlib.redirect_stderr(io.StringIO()):
+                module = aot.build(program, tmp, target="web", force=True) / f"{name}.js"
+        except Exception as e:  # noqa: BLE001 - any exception is a finding
+            return Failure("wasm-compile", None, "aot.build(target='web')", _exc(e))
+        has_buffers = any(stateful(c) for c in batch.cases)
+        got = web_node.run_steps(
+            module, [feeds(batch, s) for s in range(batch.steps)],
+            [feeds(batch, s, with_cts=False) for s in range(batch.steps)] if batch.infer else None,
+            load=param_values(batch, ("modparam",)), predict_first=batch.sgd is not None, params=batch.sgd is not None,
+            buffers=has_buffers, replay=True, relaxed=wasm_relaxed(batch.seed))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if "error" in got:
+        first = got["error"].strip().splitlines()[0][:300] if got["error"].strip() else "(no message)"
+        if "the build left the wasm kernel set out" in first:
+            return Failure("wasm-compile", None, "the wasm kernel set", first)
+        return Failure("wasm-run", None, got.get("at") or "node", first)
+    side = Sides()
+    for st in got["steps"]:
+        side.loss.append(st["loss"])
+        side.captures.append(st["captures"])
+        side.grads.append(st["grads"])
+        if batch.sgd is not None:
+            side.params.append(st["params"])
+        if has_buffers:
+            side.buffers.append(st["buffers"])
+        if batch.infer:
+            side.predict.append(st["predict"])
+    r = got["replay"]
+    side.replay = (r["loss"], r["captures"], r["grads"])
+    return side
+
+
+def node_available() -> bool:
+    return shutil.which("node") is not None
+
+
+# the package's sides: how each runs a batch, and the failure kinds it reports (an exception
+# while building, one while running, wrong values)
+PACKAGE_SIDES = {"gpu": run_gpu, "wasm": run_wasm}
+SIDE_KINDS = {"gpu": ("compile", "run", "gpu"), "wasm": ("wasm-compile", "wasm-run", "wasm")}
+SIDE_OF = {kind: side for side, kinds in SIDE_KINDS.items() for kind in kinds}
+
+
+def default_sides() -> tuple:
+    """Every package side this machine can run: the wasm set needs node (20+)."""
+    return ("gpu", "wasm") if node_available() else ("gpu",)
+
+
 def step_params(batch: Batch, runs: list, s: int) -> dict[str, np.ndarray]:
     """Every parameter's value at step s (they change only in SGD batches)."""
     out = {batch.prefix(k) + n: v for k, r in enumerate(runs) for n, v in r.params[s].items()}
@@ -2412,9 +2491,10 @@ def run_interp(batch: Batch, runs: list) -> Sides | Failure:
 
 def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: bool, predict: bool) -> list[Failure]:
     out = []
+    package = kind in SIDE_OF  # a package side (its own trajectory, replay), not the interpreter
     # the package follows its own SGD trajectory (the interpreter is run at float64's parameters):
     # its values may be as far off as 1-ulp noise moves that trajectory (trajectory_spread)
-    extra = (lambda k, s, name: noise_extra(batch, runs[k], batch.cases[k], s, name)) if kind == "gpu" else (lambda k, s, name: 0.0)
+    extra = (lambda k, s, name: noise_extra(batch, runs[k], batch.cases[k], s, name)) if package else (lambda k, s, name: 0.0)
     for s in range(batch.steps):
         for k, (c, run) in enumerate(zip(batch.cases, runs)):
             p = batch.prefix(k)
@@ -2428,7 +2508,7 @@ def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: b
                 msg = "missing" if got is None else compare(got, run.grads[s][n], run.err[n], run.zero_tol.get(n, 0.0), extra(k, s, n))
                 if msg:
                     out.append(Failure(kind, k, f"step {s + 1}: gradient of {p + n}", msg, (s + 1, "gradient of", n)))
-        if kind == "gpu" and s == 0 and side.replay is not None:
+        if package and s == 0 and side.replay is not None:
             loss, caps, grads = side.replay
             diff = [] if loss == side.loss[0] or (math.isnan(loss) and math.isnan(side.loss[0])) else ["loss"]
             diff += [n for n, v in side.captures[0].items() if not np.array_equal(v, caps.get(n), equal_nan=True)]
@@ -2436,7 +2516,7 @@ def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: b
             if diff:
                 out.append(Failure(kind, None if len(batch.cases) > 1 else 0, "step 1 again after reset()",
                                    "not bit-identical to the first step 1: " + ", ".join(diff[:6]), (1, "replay", "")))
-        if kind == "gpu" and batch.sgd is not None:
+        if package and batch.sgd is not None:
             lr = batch.sgd[0]
             for k, (c, run) in enumerate(zip(batch.cases, runs)):
                 p = batch.prefix(k)
@@ -2447,7 +2527,7 @@ def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: b
                     msg = "missing" if got is None else compare(got, want.astype(np.float64), err, extra=extra(k, s, "param:" + n))
                     if msg:
                         out.append(Failure(kind, k, f"step {s + 1}: parameter {p + n} after the update", msg, (s + 1, "parameter", n)))
-        if kind == "gpu" and side.buffers:
+        if package and side.buffers:
             for k, (c, run) in enumerate(zip(batch.cases, runs)):
                 p = batch.prefix(k)
                 for n, want in run.buffers[s + 1].items():
@@ -2470,10 +2550,13 @@ def _side_failures(kind: str, batch: Batch, runs: list, side: Sides, captures: b
     return out
 
 
-def check(batch: Batch, name: str = "fuzz_prog") -> list[Failure]:
+def check(batch: Batch, name: str = "fuzz_prog", sides: tuple | None = None) -> list[Failure]:
     """Every disagreement of the compiled package and of the interpreter with float64 PyTorch.
-    When the batch does not compile or run, its halves are checked (down to single cases), so
-    one failing graph does not hide the others."""
+    `sides`: the package sides to run ("gpu": aot.compile on this adapter with the seed's kernel
+    set; "wasm": the web target's wasm set in node), default_sides() when None. When the batch
+    does not compile or run, its halves are checked (down to single cases), so one failing graph
+    does not hide the others."""
+    sides = default_sides() if sides is None else sides
     runs = reference_runs(batch)
     fails: list[Failure] = []
     interp_side = run_interp(batch, runs)
@@ -2482,25 +2565,28 @@ def check(batch: Batch, name: str = "fuzz_prog") -> list[Failure]:
     else:
         fails += _side_failures("interp", batch, runs, interp_side, True, True)
     explained = {(f.case, f.key) for f in fails if f.key is not None}
-    for f in _gpu_failures(batch, runs, name):
-        if (f.case, f.key) not in explained:  # the interpreter's failure explains it
-            fails.append(f)
+    for side in sides:
+        found = [f for f in _package_failures(side, batch, runs, name) if (f.case, f.key) not in explained]
+        fails += found  # the interpreter's failure explains a package side's at the same place
+        # and the GPU set's a wasm one (the two share the graph, schedule and codegen up to the
+        # WGSL): one reproducer says it, and a bug of the wasm set's own shows once that is fixed
+        explained |= {(f.case, f.key) for f in found if f.key is not None}
     return fails
 
 
-def _gpu_failures(batch: Batch, runs: list, name: str) -> list[Failure]:
-    gpu = run_gpu(batch, name)
-    if not isinstance(gpu, Failure):
-        return _side_failures("gpu", batch, runs, gpu, batch.capture, batch.infer)
+def _package_failures(side: str, batch: Batch, runs: list, name: str) -> list[Failure]:
+    got = PACKAGE_SIDES[side](batch, name)
+    if not isinstance(got, Failure):
+        return _side_failures(side, batch, runs, got, batch.capture, batch.infer)
     if len(batch.cases) == 1:
-        return [replace(gpu, case=0)]
+        return [replace(got, case=0)]
     out = []
     half = len(batch.cases) // 2
     for lo, hi in ((0, half), (half, len(batch.cases))):
         sub = replace(batch, cases=batch.cases[lo:hi])
-        out += [f.moved(batch, lo) for f in _gpu_failures(sub, runs[lo:hi], name)]
+        out += [f.moved(batch, lo) for f in _package_failures(side, sub, runs[lo:hi], name)]
     # a failure only the whole batch shows (an interaction of its graphs)
-    return out or [gpu]
+    return out or [got]
 
 
 # ---- shrinking ----------------------------------------------------------------------------------
@@ -2613,13 +2699,14 @@ def shrink(batch: Batch, failure: Failure, budget_s: float = 240.0, log=None) ->
     log = log or (lambda msg: None)
     deadline = time.monotonic() + budget_s
     family = failure.family()
+    sides = (SIDE_OF[failure.kind],) if failure.kind in SIDE_OF else ()  # interpreter failures need no package
 
     def fails(b: Batch) -> Failure | None:
         if time.monotonic() > deadline:
             return None
         if any(not c.ops or not c.cts for c in b.cases) or reference_runs(b, check=True) is None:
             return None
-        return next((f for f in check(b) if f.family() == family), None)
+        return next((f for f in check(b, sides=sides) if f.family() == family), None)
 
     # one case if possible
     order = [failure.case] if failure.case is not None else []
@@ -2715,6 +2802,49 @@ def test_{name}():
         model.close()
 '''
 
+# a wasm-set failure: the same steps through the web target's wasm set in node (tests/web_node.py)
+REPRO_WASM_TEST = '''
+
+def _check(got, want, atol, what):
+    got = np.asarray(got)
+    if want.dtype.kind in "iu":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=atol, err_msg=what)
+
+
+@pytest.mark.xfail(strict=True, reason={reason!r})
+def test_{name}(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from web_node import node_or_skip, run_steps  # tests/web_node.py: the web module in node 20+
+
+    node_or_skip()
+    module = aot.build(program, tmp_path, target="web", force=True) / f"{{program.name}}.js"
+    n = len(EXPECTED)
+    got = run_steps(module, [dict(INPUTS[s], **COTANGENTS[s]) for s in range(n)],
+                    INPUTS if "predict" in EXPECTED[0] else None, load=MODULE_PARAMS, predict_first=PREDICT_FIRST,
+                    params="params" in EXPECTED[0], replay=True, kernels=KERNELS, relaxed=RELAXED)
+    assert "error" not in got, f"{{got.get('at')}}: {{got['error']}}"
+    for step, (want, res) in enumerate(zip(EXPECTED, got["steps"])):
+        if "predict" in want:
+            _check(res["predict"], want["predict"], ATOL["predict"], f"step {{step + 1}}: predict")
+        assert abs(res["loss"] - want["loss"]) <= LOSS_TOL[step], f"step {{step + 1}}: loss {{res['loss']}}, expected {{want['loss']}}"
+        for name, value in want["outputs"].items():
+            _check(res["captures"][name], value, ATOL[name], f"step {{step + 1}}: output {{name}}")
+        for name, value in want["grads"].items():
+            _check(res["grads"][name], value, ATOL[name], f"step {{step + 1}}: gradient of {{name}}")
+        for name, value in want.get("params", {{}}).items():
+            _check(res["params"][name], value, ATOL[name + " after the update"], f"step {{step + 1}}: {{name}} after the update")
+    first, again = got["steps"][0], got["replay"]  # step 1 after reset(): bit for bit
+    assert np.array_equal(first["loss"], again["loss"], equal_nan=True), "step 1 again after reset(): loss"
+    for part in ("captures", "grads"):
+        for name, value in first[part].items():
+            assert np.array_equal(value, again[part][name], equal_nan=True), f"step 1 again after reset(): {{name}}"
+'''
+
 REPRO_INTERP_TEST = '''
 
 @pytest.mark.xfail(strict=True, reason={reason!r})
@@ -2807,8 +2937,13 @@ def repro_source(batch: Batch, failure: Failure, name: str, note: str = "") -> s
     L.append(f"ATOL = {{{', '.join(f'{k!r}: {v:.3g}' for k, v in atol.items())}}}")
     L.append(f"LOSS_TOL = [{', '.join(f'{v:.3g}' for v in loss_tol)}]")
     L.append(f"PREDICT_FIRST = {batch.sgd is not None}")
-    L.append(f"KERNELS = {kernel_set(batch.seed)!r}  # the kernel set it failed with (run_gpu)")
-    text = "\n".join(L) + "\n" + REPRO_TEST.format(reason=reason, name=name)
+    if SIDE_OF.get(failure.kind) == "wasm":
+        L.append("KERNELS = 'wasm'  # the web target's wasm kernel set, run in node (run_wasm)")
+        L.append(f"RELAXED = {wasm_relaxed(batch.seed)!r}  # the relaxed-SIMD module (fused matmul multiply-adds), as Chromium runs it")
+        text = "\n".join(L) + "\n" + REPRO_WASM_TEST.format(reason=reason, name=name)
+    else:
+        L.append(f"KERNELS = {kernel_set(batch.seed)!r}  # the kernel set it failed with (run_gpu)")
+        text = "\n".join(L) + "\n" + REPRO_TEST.format(reason=reason, name=name)
     if failure.kind == "interp-error":  # the package may well be right: a plain regression test
         text = text.replace(f"@pytest.mark.xfail(strict=True, reason={reason!r})\n", "")
     elif failure.kind == "interp":  # the package usually inherits the graph's error, but may not

@@ -8,6 +8,9 @@ SGD updates, sometimes an Infer entry), then step 1 replayed after reset(); a fa
 carries each failing graph as standalone source (`python scripts/fuzz.py --seed S --minutes 0`
 shrinks seed S's failures into tests/fuzz_repros/).
 
+A handful of seeds (WASM_SEEDS, WASM_SPECIAL_SEEDS) also run through the web target's wasm
+kernel set in node (issue 34; skipped without node); scripts/fuzz.py runs it on every seed.
+
 The areas of issue 32 (tests/fuzz_areas.py: special values, optimizer trajectories with
 step_many and save/restore, symbolic dims, no inputs / no parameters) run a few seeds each
 (AREA_SEEDS, about 35 s); `scripts/fuzz.py --areas all --minutes N` runs them for longer.
@@ -24,6 +27,7 @@ pytest.importorskip("torch")
 
 import fuzz_areas as fa  # noqa: E402
 import fuzz_graphs as fg  # noqa: E402
+from web_node import node_or_skip  # noqa: E402
 
 # about 1-2 minutes on 2 CPU cores with lavapipe. Measured on a machine shared with other jobs:
 # 40 seeds 45 s at load 2.5, 100 seeds 5.7 min at load 5, 50 seeds 4 min at load 8
@@ -52,8 +56,30 @@ def _report(batch: fg.Batch, failures: list) -> str:
 )
 def test_fuzz_seed(seed, fast_builds):
     batch = fg.generate(seed)
-    failures = fg.check(batch)
+    failures = fg.check(batch, sides=("gpu",))
     assert not failures, _report(batch, failures)
+
+
+# The web target's wasm kernel set (run in node) on a handful of the same seeds, and special
+# values through it: about 10 s; `scripts/fuzz.py` runs it beside the GPU side on every seed
+WASM_SEEDS = range(4)
+WASM_SPECIAL_SEEDS = range(2)
+
+
+@pytest.mark.parametrize("seed", WASM_SEEDS)
+def test_fuzz_seed_wasm(seed, fast_builds):
+    node_or_skip()
+    batch = fg.generate(seed)
+    failures = fg.check(batch, sides=("wasm",))
+    assert not failures, _report(batch, failures)
+
+
+@pytest.mark.parametrize("seed", WASM_SPECIAL_SEEDS)
+def test_fuzz_special_seed_wasm(seed, fast_builds):
+    node_or_skip()
+    res, _case = fa.check("special", seed, sides=("wasm",))
+    assert res.programs == 1 and res.steps > 0
+    assert not res.failures, "\n".join(f"{f}\n{f.source}" for f in res.failures[:4])
 
 
 # The areas of tests/fuzz_areas.py (issue 32) on a fixed budget of seeds each: about 35 s on
@@ -67,7 +93,7 @@ AREA_KNOWN: dict[tuple[str, int], str] = {}  # (area, seed) -> reason, for a bug
     pytest.param(a, s, marks=pytest.mark.xfail(reason=AREA_KNOWN[(a, s)])) if (a, s) in AREA_KNOWN else (a, s)
     for a, seeds in AREA_SEEDS.items() for s in seeds])
 def test_fuzz_area_seed(area, seed, fast_builds):
-    res, _case = fa.check(area, seed)
+    res, _case = fa.check(area, seed, sides=("gpu",))
     assert res.programs == 1 and res.steps > 0
     assert not res.failures, "\n".join(f"{f}\n{f.source}" for f in res.failures[:4])
 
@@ -112,7 +138,7 @@ def test_shrink_keeps_the_failure_and_writes_a_standalone_repro(monkeypatch, tmp
     has_matmul = lambda b: any(op.op == "matmul" for c in b.cases for op in c.ops)  # noqa: E731
     batch = next(b for b in map(fg.generate, range(100)) if has_matmul(b))
 
-    def fake_check(b, name="fuzz_prog"):  # pretend every graph with a matmul is miscompiled
+    def fake_check(b, name="fuzz_prog", sides=None):  # pretend every graph with a matmul is miscompiled
         for k, c in enumerate(b.cases):
             if any(op.op == "matmul" for op in c.ops):
                 return [fg.Failure("gpu", k, "step 1: gradient of p", "fake")]
@@ -227,3 +253,38 @@ def test_noinput_oracle_accepts_only_a_float32_overflow():
         bad = good.copy()
         bad[i] = v
         assert fa.compare_range(bad, w64, w32, fa.spread32(w32, w64)) is not None, (i, v)
+
+
+def test_wasm_side_flags_a_miscompiled_wasm_set_and_its_repro_fails(monkeypatch, tmp_path, fast_builds):
+    """A wasm set that skips the train entry's last kernel (a gradient never written): the
+    fuzzer reports it on the wasm side only, as "wasm" failures; the reproducer it writes names
+    the wasm set and fails under the bug, passes without it. A kernel the wasm subset refuses is
+    a "wasm-compile" failure naming the reason."""
+    node_or_skip()
+    from aot import wasm_build
+    from aot.wasm_wgsl import WasmUnsupported
+
+    batch = fg.Batch([_where_case()], seed=2)
+    assert fg.check(batch, sides=("gpu", "wasm")) == []
+    real = wasm_build.dispatches
+    monkeypatch.setattr(wasm_build, "dispatches", lambda en: real(en)[:-1])
+    found = fg.check(batch, sides=("gpu", "wasm"))
+    assert found and {f.kind for f in found} == {"wasm"}, [str(f) for f in found]
+    f = next(f for f in found if f.key is not None and f.key[1] == "gradient of")
+    path = fg.write_repro(batch, f, tmp_path)
+    text = path.read_text()
+    assert path.name.startswith("test_fuzz_wasm_") and "KERNELS = 'wasm'" in text and "run_steps" in text
+    ns = {"__file__": str(fg.Path(fg.__file__).parent / "fuzz_repros" / path.name), "__name__": "repro"}
+    exec(compile(text, str(path), "exec"), ns)
+    test = ns["test_" + path.stem[len("test_"):]]
+    with pytest.raises(AssertionError):
+        test(tmp_path / "bug")
+    monkeypatch.setattr(wasm_build, "dispatches", real)
+    test(tmp_path / "fixed")
+
+    def refuse(src):
+        raise WasmUnsupported("the statement 'loop'")
+
+    monkeypatch.setattr(wasm_build, "parse", refuse)
+    (f,) = fg.check(batch, sides=("wasm",))
+    assert f.kind == "wasm-compile" and "the statement 'loop'" in f.detail

@@ -288,3 +288,34 @@ def test_wasm_set_in_chromium(tmp_path):
     assert got["relaxed"] is True  # Chromium validates the relaxed-simd module
     np.testing.assert_allclose(got["losses"], want, rtol=1e-5)
     assert got["many"] == got["losses"]
+
+
+class _Signs(aot.Module):
+    def __init__(self):
+        super().__init__()
+        vals = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -2.0, 3.0, np.nan, -1e-45]
+        self.p = self.param((11,), init=aot.init.literal(np.array(vals, np.float32)))
+
+
+def _signs_loss(m, ct):
+    aot.capture("sign", ops.sign(m.p))
+    aot.capture("sign4", ops.sign(ops.reshape(m.p[:8], (2, 4))))  # a kernel of 8: four lanes a step (wasm_lanes)
+    return ops.sum(ops.abs(m.p) * ct)
+
+
+def test_sign_of_nan_is_zero(tmp_path):
+    """sign(NaN) = 0 as the op says (torch.sign), and so abs's gradient at NaN is 0 (special
+    seed 5360015: the wasm set's copysign(1, x) gave +-1, a gradient of ct where torch's is 0),
+    in the one-at-a-time and the four-lane code alike; +-0 -> 0, +-inf and subnormals -> +-1."""
+    node_or_skip()
+    prog = aot.Program("signs_wasm", model=_Signs, seed=0, train=aot.Train(_signs_loss, inputs={"ct": aot.f32(11)}))
+    ct = np.linspace(-2.0, 3.0, 11).astype(np.float32)
+    got = run_node(_build(prog, tmp_path), [{"ct": ct}], tmp_path, captures=True, grads=True)
+    assert "error" not in got, got.get("error")
+    ref = interp.Reference(trace_program(prog), dtype=np.float32)
+    ref.step(ct=ct)
+    want = np.array([0, 0, 1, -1, 0, 0, 1, -1, 1, 0, -1], np.float32)
+    np.testing.assert_array_equal(got["captures"]["sign"], want)
+    np.testing.assert_array_equal(got["captures"]["sign4"], want[:8])
+    np.testing.assert_array_equal(got["grads"]["p"], ref.last_grads["p"])
+    np.testing.assert_array_equal(got["grads"]["p"], want * ct)

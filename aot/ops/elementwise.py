@@ -25,6 +25,8 @@ def produced_by(t, ops) -> bool:
     """Whether tensor t is the output of one of these ops (x ** +-0.5 counts as a root: it is
     rendered with sqrt)."""
     node = getattr(t, "node", None)
+    while node is not None and node.op == "stop_gradient":  # the same value: sqrt(a) through it
+        node = getattr(node.inputs[0], "node", None)  # squares to |a| as well (special seed 5360124)
     if node is not None and node.op == "power" and "sqrt" in ops:
         return abs(node.attrs.get("p", 0)) == 0.5
     return node is not None and node.op in ops
