@@ -177,9 +177,10 @@ register(
         "power",
         _f32_only("power"),
         _power_ref,
-        # torch's pow_backward: zeros for p = 0 (not 0 * x ** -1, NaN at x = 0, nor ct * 0, NaN
-        # for an inf cotangent)
-        lambda ct, n: (_zeros_like(ct) if n.attrs["p"] == 0 else ct * n.attrs["p"] * F.power(n.inputs[0], n.attrs["p"] - 1.0),),
+        # torch's pow_backward, in its order: ct * (p * x ** (p - 1)) (ct * p first overflowed where
+        # the product is finite: special seed 5350272), zeros for p = 0 (not 0 * x ** -1, NaN at
+        # x = 0, nor ct * 0, NaN for an inf cotangent)
+        lambda ct, n: (_zeros_like(ct) if n.attrs["p"] == 0 else ct * (F.power(n.inputs[0], n.attrs["p"] - 1.0) * n.attrs["p"]),),
         "pointwise",
         expr=_power_expr,
         cost=COSTLY,
