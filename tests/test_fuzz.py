@@ -201,6 +201,58 @@ def test_special_oracle_flags_a_wrong_nan_pattern():
         assert not fa.pattern_ok(bad, refs)[i], (i, v)
 
 
+def _selecting_case(op, rows):
+    """op(sigmoid(p0) ...) ** 3 over the rows of p0, a cotangent of ones: min along the last
+    axis (special seed 5350470's chain), or maximum with a second parameter p1 = 0.6."""
+    p0 = np.array(rows, np.float32)
+    leaves = {"p0": fg.Leaf("p0", "param", "f32", p0.shape, [p0])}
+    ops = [fg.Op(("v1",), "sigmoid", ("p0",))]
+    if op == "min":
+        ops.append(fg.Op(("v2",), "min", ("v1",), {"axis": -1}))
+    else:
+        leaves["p1"] = fg.Leaf("p1", "param", "f32", p0.shape, [np.full(p0.shape, 0.6, np.float32)])
+        ops.append(fg.Op(("v2",), "maximum", ("v1", "p1")))
+    ops.append(fg.Op(("v3",), "power", ("v2", 3)))
+    shape = p0.shape[:-1] if op == "min" else p0.shape
+    return fg.Case(leaves, {}, ops, ["v3"], {"v3": [np.ones(shape, np.float32)]}, 1)
+
+
+def _torch_side(case):
+    """A side that gives torch float32's outputs and gradients (what a correct aot gives)."""
+    outs, grads, loss = fa.torch_case(case, 0, fg._torch().float32)
+    return fg.Sides(loss=[loss], captures=[{o: v.copy() for o, v in outs.items()}], grads=[{n: g.copy() for n, g in grads.items()}])
+
+
+def test_special_oracle_skips_near_ties_only():
+    """A selecting op (min, maximum) whose runner-up is within rounding of the selected element
+    (special seed 5350470: sigmoid(1e-7) and sigmoid(-2^-126) round to 0.5 alike in aot, one ulp
+    apart in torch's float32) leaves the gradients upstream of it uncompared, its values compared;
+    without a near-tie, a gradient sent to the wrong element is still caught."""
+    clean = [[0.5, -1.0, 2.0], [3.0, -0.25, 1.0]]
+    for op in ("min", "maximum"):
+        case = _selecting_case(op, clean)
+        batch = fg.Batch([case], steps=1)
+        assert fa.near_ties(case, 0) == (set(), False)
+        side = _torch_side(case)
+        assert fa.special_failures(batch, side, "interp") == []
+        g = side.grads[0]["p0"]
+        if op == "min":  # row 0's gradient moved from its smallest element (-1.0) to another (0.5)
+            g[0, 0], g[0, 1] = g[0, 1], g[0, 0]
+        else:  # maximum(sigmoid(0.5) = 0.62, 0.6) sent to p1 instead
+            side.grads[0]["p1"][0, 0], g[0, 0] = g[0, 0], 0.0
+        want = ["step 1: gradient of p0"] + (["step 1: gradient of p1"] if op == "maximum" else [])
+        assert [w for _k, w, _d in fa.special_failures(batch, side, "interp")] == want
+    tied = _selecting_case("min", [[1e-7, -(2.0**-126), 1e4], [3.0, -0.25, 1.0]])
+    assert fa.near_ties(tied, 0) == ({"p0"}, False)
+    side = _torch_side(tied)
+    g = side.grads[0]["p0"]
+    g[0, 0], g[0, 1] = g[0, 1], g[0, 0]  # aot's choice: the first of the tie
+    batch = fg.Batch([tied], steps=1)
+    assert fa.special_failures(batch, side, "interp") == []
+    side.captures[0]["v3"][0] *= 1.01  # values are still compared
+    assert [w for _k, w, _d in fa.special_failures(batch, side, "interp")] == ["step 1: output v3"]
+
+
 def test_optim_oracle_flags_a_wrong_update():
     """The optim area's tolerance is rounding-sized: a trajectory with 1% more lr, or Adam's
     bias correction left out of one step, falls outside it."""
