@@ -752,8 +752,8 @@ def special_failures(batch: fg.Batch, side, kind: str) -> list[tuple[int, str, s
         terms = [np.abs(np.asarray(r[0][0][o], np.float64) * np.asarray(c.cts[o][s], np.float64))
                  for c in batch.cases for r in [_special_refs(c, s)[0]] for o in c.outputs if o in c.cts]
         fin = sum(float(np.sum(t[np.isfinite(t)])) for t in terms)
-        plain = fin < 1e37 and not any(any(_known(c, s, _env64(c, s))[:1]) or _known(c, s, _env64(c, s))[1] or near_ties(c, s)[1]
-                                       for c in batch.cases)
+        plain = fin < 1e37 and not any(any(_known(c, s, _env64(c, s))[:1]) or _known(c, s, _env64(c, s))[1]
+                                       or near_ties(c, s)[1] for c in batch.cases)
         ok = pattern_ok(np.array(got), [(np.array(want64), np.array(want32))], ulps=64, extra=1e-5 * (fin + 1))
         if plain and not ok.all() and not (math.isnan(want64) or math.isnan(want32)):
             out.append((None, f"step {s + 1}: loss", f"got {got!r}, expected {want64!r} (torch float32 {want32!r})"))

@@ -220,7 +220,8 @@ def _selecting_case(op, rows):
 def _torch_side(case):
     """A side that gives torch float32's outputs and gradients (what a correct aot gives)."""
     outs, grads, loss = fa.torch_case(case, 0, fg._torch().float32)
-    return fg.Sides(loss=[loss], captures=[{o: v.copy() for o, v in outs.items()}], grads=[{n: g.copy() for n, g in grads.items()}])
+    return fg.Sides(loss=[loss], captures=[{o: v.copy() for o, v in outs.items()}],
+                    grads=[{n: g.copy() for n, g in grads.items()}])
 
 
 def test_special_oracle_skips_near_ties_only():
