@@ -16,14 +16,30 @@ from .ir import Tensor
 from .matmul_codegen import split_index
 from .ops.elementwise import ROOTS, produced_by
 from .ops.registry import lookup
-from .plan import OFFSETS_BINDING, OFFSETS_SLOT_WORDS, Plan, arena_binding, arena_dtype, same_access
+from .plan import OFFSETS_BINDING, OFFSETS_SLOT_WORDS, VEC_SUFFIX, Plan, arena_binding, arena_dtype, same_access
 from .schedule import KernelSchedule
 from .views import contiguous_strides
 
 # helpers a pointwise `expr` may call, and the helpers each of them calls in turn
-EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32", "pow_abs_f32",
-                "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_exp_f32", "mul_self_f32",
-                "rsqrt_f32")
+EXPR_HELPERS = (
+    "tanh_f32",
+    "sigmoid_f32",
+    "erf_f32",
+    "max_nan",
+    "min_nan",
+    "pow_int_f32",
+    "pow_frac_f32",
+    "pow_abs_f32",
+    "log1p_f32",
+    "expm1_f32",
+    "sin_f32",
+    "cos_f32",
+    "exp_f32",
+    "log_f32",
+    "mul_exp_f32",
+    "mul_self_f32",
+    "rsqrt_f32",
+)
 HELPER_DEPS = {
     "tanh_f32": ("is_nan_f32", "expm1_f32"),
     "erf_f32": ("is_nan_f32", "exp_f32"),
@@ -75,7 +91,11 @@ class Index:
     def get_flat(self, body) -> str:
         if self.flat is None:
             _check_u32(self.shape)
-            terms = [f"{c} * {st}u" if st != 1 else c for c, st, d in zip(self.coords, contiguous_strides(self.shape), self.shape) if d != 1]
+            terms = [
+                f"{c} * {st}u" if st != 1 else c
+                for c, st, d in zip(self.coords, contiguous_strides(self.shape), self.shape)
+                if d != 1
+            ]
             expr = " + ".join(terms) if terms else "0u"
             # one plain coordinate (size-1 dims added or dropped) is the flat index itself: keeping
             # its name lets a kernel see that it reads its own output at its own element
@@ -178,6 +198,15 @@ class Body:
         self.lines.append(f"{self.indent}let {name}: {ty} = {expr};")
         self.cache[key] = name
         return name
+
+    def opaque_f32(self, lit: str) -> str:
+        """The f32 literal as a value the shader compiler cannot fold or reassociate: selected by
+        a buffer's length, known only at dispatch (wasm_values folds it back at build time). The
+        literal itself where the kernel has bound no buffer yet."""
+        bufs = [a for a in self.kc.access if not a.endswith(VEC_SUFFIX)]
+        if not bufs:
+            return lit
+        return self.let(f"select({lit}, 0.0, arrayLength(&{bufs[0]}) == 0u)", "f32")
 
     def value(self, t: Tensor, idx: Index) -> str:
         # Rendering follows the expression tree by recursion (op renders call value() on their

@@ -613,3 +613,30 @@ def test_powers_exact_where_torch_is_and_sin_of_them(kernels):
         ulps = np.abs(got[n].view(np.int32).astype(np.int64) - w.view(np.int32).astype(np.int64))
         at = same.get(n, np.ones(w.shape, bool))
         assert np.all(ulps[at] <= 1), f"{kernels}: {n}: aot {got[n]}, torch {w}, ulps {ulps}"
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_literals_keep_their_place_in_product_and_sum_chains(kernels):
+    """Mesa reassociates arithmetic chains that hold a literal: (x * y) * 2.0 as (x * 2.0) * y
+    (inf for x = 3.4e38, y = -0.22, where the product is -1.5e38: the gradient of (x * y) ** 2,
+    special seed 5370296) and (x + y) + 1e38 as (x + 1e38) + y (inf for x = 3e38, y = -3e38,
+    where the sum is 1e38). torch computes in the order written."""
+    x = np.array([3.4e38, 3e38, 2.0, -1e38], np.float32)
+    y = np.array([-0.22, -3e38, 0.5, 1e38], np.float32)
+    body = lambda m, f: {"p": (m.x * m.y) * 2.0, "s": (m.x + m.y) + 1e38, "q": (m.x * m.y) ** 2}  # noqa: E731
+    cts = {"p": np.ones(4), "s": np.ones(4), "q": np.full(4, 1.4)}
+    prog, inputs, _ = make_program(f"literal_chains_{kernels}", {"x": x, "y": y}, {}, body, cts=cts)
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+        grads = model.grads()
+    finally:
+        model.close()
+    tx, ty = (torch.tensor(v, requires_grad=True) for v in (x, y))
+    want = {"p": (tx * ty) * 2.0, "s": (tx + ty) + 1e38, "q": (tx * ty) ** 2}
+    for k, w in want.items():
+        np.testing.assert_array_equal(caps[k], w.detach().numpy(), err_msg=k)
+    assert np.isfinite(want["p"][0].item()) and np.isfinite(want["s"][1].item())
+    (want["q"] * torch.tensor(cts["q"], dtype=torch.float32)).sum().backward()
+    assert np.isfinite(tx.grad[0].item())  # 4.7e37: every intermediate finite in torch's order
+    np.testing.assert_allclose(grads["x"], (tx.grad + 2 * ty + 1).detach().numpy(), rtol=1e-6)

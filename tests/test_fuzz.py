@@ -254,6 +254,25 @@ def test_special_oracle_skips_near_ties_only():
     assert [w for _k, w, _d in fa.special_failures(batch, side, "interp")] == ["step 1: output v3"]
 
 
+def test_special_oracle_accepts_either_zero_of_a_signed_zero_tie_only():
+    """maximum(+0, -0) is torch's own coin (vectorized kernel: the second operand, scalar tail:
+    the first; special seeds 5370011, 5370392): where maximum's operands are zeros of opposite
+    signs, the case is not compared (1 / x downstream is +-inf by that sign); zeros of one sign,
+    and a flipped sign elsewhere, still are."""
+    def case(b):
+        leaves = {"p0": fg.Leaf("p0", "param", "f32", (2,), [np.array([0.0, 2.0], np.float32)]),
+                  "p1": fg.Leaf("p1", "param", "f32", (2,), [np.array([b, 1.0], np.float32)])}
+        ops = [fg.Op(("v1",), "maximum", ("p0", "p1")), fg.Op(("v2",), "power", ("v1", -1))]
+        return fg.Case(leaves, {}, ops, ["v2"], {"v2": [np.ones(2, np.float32)]}, 1)
+    tied, plain = case(-0.0), case(0.0)
+    assert fa.near_ties(tied, 0) == ({"p0", "p1"}, True)
+    assert fa.near_ties(plain, 0) == (set(), False)
+    for c, caught in ((tied, []), (plain, ["step 1: output v2"])):
+        side = _torch_side(c)
+        side.captures[0]["v2"][0] = -side.captures[0]["v2"][0]  # the other zero's 1 / x
+        assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
+
+
 def test_optim_oracle_flags_a_wrong_update():
     """The optim area's tolerance is rounding-sized: a trajectory with 1% more lr, or Adam's
     bias correction left out of one step, falls outside it."""

@@ -71,13 +71,28 @@ _unary("neg", lambda x: -x, lambda ct, n: (F.neg(ct),), "-{0}")
 # sign(0) = 0, so d|x|/dx at 0 is 0 (PyTorch's choice).
 _unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
 # sign(NaN) = 0 as torch.sign (and so abs's gradient at NaN); NumPy's is NaN
-register(OpDef("sign", _f32_only("sign"), lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)), None, "pointwise",
-               expr="sign({0})", nondiff=True))
+register(
+    OpDef(
+        "sign",
+        _f32_only("sign"),
+        lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)),
+        None,
+        "pointwise",
+        expr="sign({0})",
+        nondiff=True,
+    )
+)
 _unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})", COSTLY)
 # rsqrt(-0) = -inf as IEEE's and torch's; written by the bits in rsqrt_f32, as Mesa takes
 # inverseSqrt's result for non-negative and folds what reads it on that assumption (expm1 of it:
 # -inf, not -1)
-_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "rsqrt_f32({0})", COSTLY)
+_unary(
+    "rsqrt",
+    lambda x: (1.0 / np.sqrt(x)).astype(x.dtype),
+    lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,),
+    "rsqrt_f32({0})",
+    COSTLY,
+)
 _unary("exp", np.exp, lambda ct, n: (ct * n.out,), "exp_f32({0})", COSTLY)
 _unary("log", np.log, lambda ct, n: (ct / n.inputs[0],), "log_f32({0})", COSTLY)
 # exp, log, sin, cos and erf are aot's own (_helpers.wgsl.j2), as tanh: WGSL bounds its builtins' error only
@@ -180,7 +195,9 @@ register(
         # torch's pow_backward, in its order: ct * (p * x ** (p - 1)) (ct * p first overflowed where
         # the product is finite: special seed 5350272), zeros for p = 0 (not 0 * x ** -1, NaN at
         # x = 0, nor ct * 0, NaN for an inf cotangent)
-        lambda ct, n: (_zeros_like(ct) if n.attrs["p"] == 0 else ct * (F.power(n.inputs[0], n.attrs["p"] - 1.0) * n.attrs["p"]),),
+        lambda ct, n: (
+            _zeros_like(ct) if n.attrs["p"] == 0 else ct * (F.power(n.inputs[0], n.attrs["p"] - 1.0) * n.attrs["p"]),
+        ),
         "pointwise",
         expr=_power_expr,
         cost=COSTLY,
@@ -210,8 +227,15 @@ def _identity_wgsl(body, n, idx):
 # stop_gradient is the identity in every kernel; grad.py sees nondiff and sends nothing back.
 register(
     OpDef(
-        "stop_gradient", lambda x: x, lambda x: x.copy(), None, "pointwise", expr="{0}", nondiff=True,
-        index_bound=follow, render=_identity_wgsl,
+        "stop_gradient",
+        lambda x: x,
+        lambda x: x.copy(),
+        None,
+        "pointwise",
+        expr="{0}",
+        nondiff=True,
+        index_bound=follow,
+        render=_identity_wgsl,
     )
 )
 
@@ -230,9 +254,36 @@ def _is_neg_of(body, b: str, a: str) -> bool:
     return b == f"(-{a})" or body.cache.get(("let", f"-{a}")) == b
 
 
+def _literal(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+# Mesa reassociates a chain of one kind of arithmetic with a literal in it, (x * y) * 2.0 as
+# (x * 2.0) * y and (x + y) + c as (x + c) + y: inf where x * y * 2 is finite (x = 3.4e38,
+# y = -0.22: the gradient of (x * y) ** 2, special seed 5370296), where torch computes in the
+# order written. A literal the compiler cannot see as a constant keeps the order.
+_CHAINS = {"mul": ("mul", "div", "power"), "add": ("add", "sub"), "sub": ("add", "sub")}
+
+
+def _unchained(body, n, a: str, b: str) -> tuple[str, str]:
+    """a, b with a literal made opaque where the other operand continues a chain of its kind."""
+    for k, (lit, other) in enumerate(((a, b), (b, a))):
+        if _literal(lit) and not _literal(other) and lit not in _ZERO + ("1.0", "-1.0"):
+            if produced_by(n.inputs[1 - k], _CHAINS[n.op]):
+                lit = body.opaque_f32(lit)
+                return (lit, b) if k == 0 else (a, lit)
+    return a, b
+
+
 def _opaque_arith(op):
     def render(body, n, idx):
         a, b = (body.value(x, idx) for x in n.inputs)
+        if op in _CHAINS:
+            a, b = _unchained(body, n, a, b)
         call = None
         if op == "mul" and (a in _ZERO) != (b in _ZERO):
             call = "times_zero_f32(%s, %s)" % ((b, a) if a in _ZERO else (a, b))
@@ -264,7 +315,11 @@ def _opaque_arith(op):
 _binary("add", lambda a, b: a + b, lambda ct, n: (ct, ct), "{0} + {1}", render=_opaque_arith("add"))
 _binary("sub", lambda a, b: a - b, lambda ct, n: (ct, F.neg(ct)), "{0} - {1}", render=_opaque_arith("sub"))
 _binary(
-    "mul", lambda a, b: a * b, lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]), "{0} * {1}", render=_opaque_arith("mul")
+    "mul",
+    lambda a, b: a * b,
+    lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]),
+    "{0} * {1}",
+    render=_opaque_arith("mul"),
 )
 _binary(
     "div",
@@ -384,8 +439,14 @@ def _cast_wgsl(body, n, idx):
 
 register(
     OpDef(
-        "cast", _cast_shape, _cast_ref, _cast_vjp, "pointwise", expr=lambda a: "%s({0})" % a["dtype"],
-        index_bound=lambda n, x: FOLLOW if n.out.dtype == "i32" else None, render=_cast_wgsl,
+        "cast",
+        _cast_shape,
+        _cast_ref,
+        _cast_vjp,
+        "pointwise",
+        expr=lambda a: "%s({0})" % a["dtype"],
+        index_bound=lambda n, x: FOLLOW if n.out.dtype == "i32" else None,
+        render=_cast_wgsl,
     )
 )
 

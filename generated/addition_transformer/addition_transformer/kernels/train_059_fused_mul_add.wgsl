@@ -26,10 +26,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
-    let v15: f32 = v14 * 0.015625;
-    let v16: f32 = work[851968u + i];
-    let v17: f32 = v15 * v16;
-    let v18: f32 = v7 + v17;
-    let v19: f32 = v18 + v17;
-    work[2621440u + i] = v19;
+    let v15: f32 = select(0.015625, 0.0, arrayLength(&work) == 0u);
+    let v16: f32 = v14 * v15;
+    let v17: f32 = work[851968u + i];
+    let v18: f32 = v16 * v17;
+    let v19: f32 = v7 + v18;
+    let v20: f32 = v19 + v18;
+    work[2621440u + i] = v20;
 }

@@ -26,13 +26,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
-    let v15: f32 = v14 * 0.015625;
-    let v16: f32 = work[1441792u + i];
-    let v17: f32 = work[2770944u + v8];
-    let v18: f32 = v17 * 0.015625;
-    let v19: f32 = v16 - v18;
-    let v20: f32 = v15 * v19;
-    let v21: f32 = v7 + v20;
-    let v22: f32 = v21 + v20;
-    work[i] = v22;
+    let v15: f32 = select(0.015625, 0.0, arrayLength(&work) == 0u);
+    let v16: f32 = v14 * v15;
+    let v17: f32 = work[1441792u + i];
+    let v18: f32 = work[2770944u + v8];
+    let v19: f32 = v18 * 0.015625;
+    let v20: f32 = v17 - v19;
+    let v21: f32 = v16 * v20;
+    let v22: f32 = v7 + v21;
+    let v23: f32 = v22 + v21;
+    work[i] = v23;
 }
