@@ -640,3 +640,33 @@ def test_literals_keep_their_place_in_product_and_sum_chains(kernels):
     (want["q"] * torch.tensor(cts["q"], dtype=torch.float32)).sum().backward()
     assert np.isfinite(tx.grad[0].item())  # 4.7e37: every intermediate finite in torch's order
     np.testing.assert_allclose(grads["x"], (tx.grad + 2 * ty + 1).detach().numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_norm_gradient_at_a_zero_norm_follows_torch(kernels):
+    """torch's norm backward is ct * (x / norm) with x / norm masked to 0 where the norm is 0
+    (p = 2; p > 1 alike with |x|^(p-1)): a finite cotangent gives 0 there, an inf or NaN one NaN
+    (special seeds 5370009, 5350680: the interpreter gave 0); for p < 1 it is ct * norm^(1 - p)."""
+    x = np.array([[0.0, -0.0, 0.0], [0.0, 0.0, -0.0], [3.0, -4.0, 0.0], [1e-20, 0.0, -1e-20], [0.0, 0.0, 0.0]], np.float32)
+    ct = np.array([1.0, np.inf, 1e30, 2.0, np.nan], np.float32)
+    ps = (2.0, 3.0, 1.5, 0.5)
+    body = lambda m, f: {f"n{k}": ops.norm(m.x, p=p, axis=1) for k, p in enumerate(ps)}  # noqa: E731
+    prog, inputs, _ = make_program(f"norm_zero_{kernels}", {"x": x}, {}, body, cts={f"n{k}": ct for k in range(len(ps))})
+    model = compile_checked(prog, kernels)
+    try:
+        model.step(**inputs)
+        grads = model.grads()
+    finally:
+        model.close()
+    for k, p in enumerate(ps):
+        t = torch.tensor(x, requires_grad=True)
+        torch.linalg.vector_norm(t, p, dim=1).backward(torch.tensor(ct))
+        want = t.grad.numpy()
+        one = make_program(f"norm_zero_one_{kernels}", {"x": x}, {}, lambda m, f: {"n": ops.norm(m.x, p=p, axis=1)}, cts={"n": ct})
+        got = _interp_grads(one[0], one[1])["x"]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"interp p={p}")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30, err_msg=f"interp p={p}")
+    t = torch.tensor(x, requires_grad=True)
+    sum(torch.linalg.vector_norm(t, p, dim=1) * torch.tensor(ct) for p in ps).sum().backward()
+    np.testing.assert_array_equal(np.isnan(grads["x"]), np.isnan(t.grad.numpy()), err_msg=kernels)
+    np.testing.assert_allclose(grads["x"], t.grad.numpy(), rtol=1e-5, atol=1e-30, err_msg=kernels)

@@ -274,9 +274,11 @@ def norm(x, p=2, axis=None, keepdims: bool = False, *, dim=None, keepdim=None):
         out = sqrt(sum(x * x, axes, keep))
 
         def rule2(ct, out, ins):
-            # x / |x| * ct, with 0 for a zero vector (torch masks norm == 0)
-            scale = where(equal(out, 0.0), 0.0, div(ct, out))
-            return (_back(scale, ins[0], axes) * ins[0],)
+            # ct * (x / |x|), with x / |x| 0 for a zero vector: torch's order and mask, so an inf
+            # or NaN cotangent at a zero norm gives NaN as torch's (special seeds 5370009,
+            # 5350680), and a huge ct over a tiny norm does not overflow where x / |x| <= 1
+            norm = _back(out, ins[0], axes)
+            return (_back(ct, ins[0], axes) * where(equal(norm, 0.0), 0.0, div(ins[0], norm)),)
 
         return custom_vjp(out, (x,), rule2)
     p = float(p)
@@ -288,6 +290,8 @@ def norm(x, p=2, axis=None, keepdims: bool = False, *, dim=None, keepdim=None):
         zero = equal(xi, 0.0)
         # sign(x) |x|^(p-1), with |x| replaced where x is 0 (0^(p-1) is inf for p < 1)
         g = where(zero, 0.0, sign(xi) * power(where(zero, 1.0, ax), p - 1.0))
+        if p < 1.0:  # torch's g * ct * norm^(1 - p): 0 at a zero norm, NaN for an inf or NaN cotangent there
+            return (g * _back(ct * power(out, 1.0 - p), xi, axes),)
         z = equal(out, 0.0)
         scale = where(z, 0.0, div(ct, power(where(z, 1.0, out), p - 1.0)))
         return (_back(scale, xi, axes) * g,)

@@ -1,4 +1,4 @@
-"""Fuzz reproducer (special values, interp): case 0: step 1: gradient of p0.
+"""Fuzz reproducer (special values, interp): case 0: step 1: gradient of p0 (fixed: norm's gradient is ct * (x / norm) masked, torch's order).
 
 1/4 elements off; at (1, 1): got 0.0, expected nan (torch float32 nan); inputs
     p0=-3.4028234663852886e+38, i1=..., v5_ct=... [v2 = ops.take_along_axis(p0, i1, 1); v3 =
@@ -146,7 +146,6 @@ def _side(kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason='fuzz special: case 0: step 1: gradient of p0: 1/4 elements off; at (1, 1): got 0.0, expected nan (torch float32 nan); inputs p0=-3.4028234663852886e+38, i1=...,')
 def test_fuzz_special_interp_d5d51471():
     for step, ((caps, grads), want) in enumerate(zip(_side('interp'), EXPECTED)):
         for what, got, refs, extra in [(f"output {n}", caps[n], r, 0.0) for n, r in want["outputs"].items()] + [
