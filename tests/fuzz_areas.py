@@ -676,6 +676,22 @@ def _tied(c64, c32) -> bool:
     return bool(((near | on64 | on32) & ~(on64 & on32)).any())
 
 
+# sin and cos of a computed argument: where the argument's rounding (float32's correctly rounded
+# value, torch float32's) moves it by a good part of the distance to a root of the derivative, the
+# derivative's sign is decided by rounding (special seed 5390459: cos(3 ** 50), 3 ** 50 = 7.2e23 in
+# float32 and in double 7e16 apart, so an inf cotangent's gradient is +inf or -inf by that bit).
+PERIODIC = ("sin", "cos")
+
+
+def _slope_by_rounding(op: str, x64, x32) -> bool:
+    x64, x32 = (np.asarray(t, np.float64) for t in (x64, x32))
+    with np.errstate(invalid="ignore", over="ignore"):
+        dev = np.maximum(np.abs(x64.astype(np.float32).astype(np.float64) - x64), np.abs(x32 - x64))
+        slope = np.abs(np.cos(x64) if op == "sin" else np.sin(x64))
+        near = (dev > 0) & (TIE_ULPS * np.minimum(ulp32(x64), 2.0**104) + SPREAD_SPECIAL * dev >= slope)
+    return bool((near & np.isfinite(x64)).any())
+
+
 def _signed_zero_tie(c) -> bool:
     """Whether a candidate and its rival are zeros of opposite signs: which one maximum(+0, -0)
     returns is torch's own coin (its vectorized kernel gives the second operand, its scalar tail
@@ -700,7 +716,7 @@ def _upstream(case: fg.Case, names) -> set:
 def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     """({leaf: gradient not compared}, whether outputs are not compared either) for the near-ties
     of the case's selecting and comparing ops at a step, in the inputs as given or flushed."""
-    ops = [op for op in case.ops if op.op in SELECTING + COMPARING]
+    ops = [op for op in case.ops if op.op in SELECTING + COMPARING + PERIODIC]
     if not ops:
         return set(), False
     T = fg._torch()
@@ -708,6 +724,11 @@ def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     leaves, values = set(), False
     for op in ops:
         for e64, e32 in envs:
+            if op.op in PERIODIC:
+                if _slope_by_rounding(op.op, e64[op.args[0]], e32[op.args[0]]):
+                    leaves |= _upstream(case, op.args)
+                    break
+                continue
             c64, c32 = _candidates(op, e64), _candidates(op, e32)
             if c64 is not None and (_signed_zero_tie(c64) or _signed_zero_tie(c32)):
                 leaves, values = set(case.leaves), True  # the zero's sign flows into values downstream
