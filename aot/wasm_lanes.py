@@ -116,6 +116,8 @@ class Lanes(Lower):
             return U if self.kind(e[2]) == U else VEC
         if k == "un":
             return U if self.kind(e[2]) == U else VEC
+        if k == "call" and e[1] == "arrayLength":  # a build-time constant (fold)
+            return U
         if k == "call":
             kinds = [self.kind(a) for a in e[3]]
             return U if all(x == U for x in kinds) else VEC

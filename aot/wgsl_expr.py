@@ -206,7 +206,8 @@ class Body:
         bufs = [a for a in self.kc.access if not a.endswith(VEC_SUFFIX)]
         if not bufs:
             return lit
-        return self.let(f"select({lit}, 0.0, arrayLength(&{bufs[0]}) == 0u)", "f32")
+        self.helper("opaque_f32")
+        return self.let(f"opaque_f32({lit}, arrayLength(&{bufs[0]}))", "f32")
 
     def value(self, t: Tensor, idx: Index) -> str:
         # Rendering follows the expression tree by recursion (op renders call value() on their

@@ -114,6 +114,12 @@ fn k1_k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
 }
 
+// the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
+// dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
+fn k1_k1_opaque_f32(x: f32, n: u32) -> f32 {
+    return select(x, 0.0, n == 0u);
+}
+
 fn k1_k1_main(gid: vec3<u32>) {
     // flat output index; grids wider than 65535 workgroups continue on gid.y
     let i = gid.x + gid.y * 65536u;
@@ -135,7 +141,7 @@ fn k1_k1_main(gid: vec3<u32>) {
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
-    let v15: f32 = select(0.015625, 0.0, arrayLength(&work) == 0u);
+    let v15: f32 = k1_k1_opaque_f32(0.015625, arrayLength(&work));
     let v16: f32 = v14 * v15;
     let v17: f32 = work[1966080u + i];
     let v18: f32 = work[2774016u + v8];

@@ -3,6 +3,11 @@
 // writes f32[128,8,64]; reads train_001_sum, train_000_fused_gather_add, train_002_fused_mul_sub_sum, train_134_fused_mul_sub_sum, blocks.0.ln1.g, train_131_matmul_add
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
+// dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
+fn opaque_f32(x: f32, n: u32) -> f32 {
+    return select(x, 0.0, n == 0u);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -26,7 +31,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
-    let v15: f32 = select(0.015625, 0.0, arrayLength(&work) == 0u);
+    let v15: f32 = opaque_f32(0.015625, arrayLength(&work));
     let v16: f32 = v14 * v15;
     let v17: f32 = work[1048576u + i];
     let v18: f32 = work[2768896u + v8];

@@ -14,6 +14,11 @@ fn is_nan_f32(x: f32) -> bool {
 fn min_nan(a: f32, b: f32) -> f32 {
     return select(select(b, a, a <= b), a + b, is_nan_f32(a) || is_nan_f32(b));
 }
+// the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
+// dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
+fn opaque_f32(x: f32, n: u32) -> f32 {
+    return select(x, 0.0, n == 0u);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -31,13 +36,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v6: f32 = v0 * v5;
     let v7: f32 = state[i];
     let v8: f32 = v7 * 0.9;
-    let v9: f32 = select(0.1, 0.0, arrayLength(&grads) == 0u);
+    let v9: f32 = opaque_f32(0.1, arrayLength(&grads));
     let v10: f32 = v6 * v9;
     let v11: f32 = v8 + v10;
     let v12: f32 = state_1[i];
     let v13: f32 = v12 * 0.999;
     let v14: f32 = v6 * v6;
-    let v15: f32 = select(0.001, 0.0, arrayLength(&grads) == 0u);
+    let v15: f32 = opaque_f32(0.001, arrayLength(&grads));
     let v16: f32 = v14 * v15;
     let v17: f32 = v13 + v16;
     let v18: f32 = select(0.0, 1.0, i32(i) < 148800i);

@@ -6,6 +6,11 @@
 @group(0) @binding(2) var<storage, read_write> state: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(7) var<storage, read_write> state_1: array<f32>;
+// the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
+// dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
+fn opaque_f32(x: f32, n: u32) -> f32 {
+    return select(x, 0.0, n == 0u);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -18,7 +23,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: f32 = v0 * 0.999;
     let v2: f32 = grads[i];
     let v3: f32 = v2 * v2;
-    let v4: f32 = select(0.001, 0.0, arrayLength(&state_1) == 0u);
+    let v4: f32 = opaque_f32(0.001, arrayLength(&state_1));
     let v5: f32 = v3 * v4;
     let v6: f32 = v1 + v5;
     let v7: f32 = state[i];

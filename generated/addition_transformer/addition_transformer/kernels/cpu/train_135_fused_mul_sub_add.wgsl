@@ -16,6 +16,11 @@ struct Offsets {
     o6: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
+// dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
+fn opaque_f32(x: f32, n: u32) -> f32 {
+    return select(x, 0.0, n == 0u);
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -39,7 +44,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v12: f32 = v10 * v11;
     let v13: f32 = v12 * v11;
     let v14: f32 = v13 * v11;
-    let v15: f32 = select(0.015625, 0.0, arrayLength(&work) == 0u);
+    let v15: f32 = opaque_f32(0.015625, arrayLength(&work));
     let v16: f32 = v14 * v15;
     let v17: f32 = work[at.o4 + i];
     let v18: f32 = work[at.o5 + v8];
