@@ -256,7 +256,8 @@ def cumsum(x, axis=None, *, dim=None):
 
 def norm(x, p=2, axis=None, keepdims: bool = False, *, dim=None, keepdim=None):
     """Vector p-norm over `axis` (torch.linalg.vector_norm; axis=None: all elements): p = 2, 1,
-    inf, -inf, 0 (the count of nonzeros) or any p > 0. The gradient at a zero vector is 0, as torch's."""
+    inf, -inf, 0 (the count of nonzeros) or any p > 0. The gradient at a zero vector is 0,
+    as torch's; for p = 2 and p < 1 an inf or NaN cotangent gives NaN there (torch's ct times a masked 0)."""
     axes, keep = _axes("norm", x, axis, keepdims, dim, keepdim)
     if not isinstance(p, Scalar) or isinstance(p, bool) or math.isnan(p) or (p < 0 and p != -math.inf):
         fail("norm", f"p must be 0, a positive number, inf or -inf, got {p!r}")
