@@ -245,12 +245,14 @@ def worker(job: dict) -> dict:
                 fn = reducer = dist.allreduce_mean(backend=v["backend"], dtype=v["dtype"], bucketed=v["bucketed"])
                 if v.get("direct") is False:
                     reducer.direct = False
-                if v.get("graphs"):
-                    reducer.graphs = True
+                if "graphs" in v:  # reducer.graphs (on by default since round 8)
+                    reducer.graphs = bool(int(v["graphs"]))
                 if v.get("in_place") is not None:  # "0": the mean into pinned memory, then a host copy up
                     reducer.in_place = bool(int(v["in_place"]))
-                if v.get("avg"):  # NCCL's ReduceOp.AVG instead of a sum and a division
-                    reducer.nccl_avg = True
+                if "avg" in v:  # NCCL's ReduceOp.AVG instead of a sum and a division (auto by default since round 8)
+                    reducer.nccl_avg = bool(int(v["avg"]))
+                if "spin_us" in v:  # finish() of a replayed graph: yielding polls for this long (reducer.SPIN_S)
+                    reducer.SPIN_S = float(v["spin_us"]) * 1e-6
                 if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
                     reducer._reduce = lambda dev: dev
             default_upload = job.setdefault("default_upload", eng.upload_via)
@@ -265,6 +267,9 @@ def worker(job: dict) -> dict:
             if hasattr(engine_module, "BUCKET_MERGE_SHARE"):  # 0: a collective per bucket (engine.bucket_groups)
                 default_share = job.setdefault("default_merge_share", engine_module.BUCKET_MERGE_SHARE)
                 engine_module.BUCKET_MERGE_SHARE = int(v.get("merge_share", default_share))
+            if hasattr(engine_module, "MAP_SPIN_S"):  # mapspin_us=N: a map's polls yield for N us (engine.MAP_SPIN_S)
+                default_spin = job.setdefault("default_map_spin", engine_module.MAP_SPIN_S)
+                engine_module.MAP_SPIN_S = float(v["mapspin_us"]) * 1e-6 if "mapspin_us" in v else default_spin
             if hasattr(type(model), "_prepare_update"):  # prepare=0: the update recorded after the last upload
                 model._prepare_update = bool(int(v.get("prepare", 1)))
             if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
@@ -358,20 +363,26 @@ def launch(job: dict, world: int) -> list[dict]:
     return results
 
 
-def build(name: str, outdir: Path, bucket_mib: float, tail_window: float | None = None) -> Path:
+def build(name: str, outdir: Path, bucket_mib: float, tail_window: float | None = None, tail_share: int | None = None) -> Path:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "examples"))
     import aot
+    import aot.buckets
 
     folder = outdir / f"{name}_b{bucket_mib:g}" if tail_window is None else outdir / f"{name}_b{bucket_mib:g}_w{tail_window:g}"
     if tail_window is not None:  # the bucket rule's window (aot.buckets.TAIL_WINDOW; 0: only the last bucket small)
-        import aot.buckets
-
         aot.buckets.TAIL_WINDOW = tail_window
+    if tail_share is not None:  # the cap on the bucket final last (aot.buckets.TAIL_SHARE), for this build only
+        folder = folder.with_name(folder.name + f"_s{tail_share}")
     if (folder / name / name / "__init__.py").exists():
         return folder / name
     program = runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["program"]
-    return aot.build(program, folder, bucket_mib=bucket_mib)
+    old = aot.buckets.TAIL_SHARE
+    aot.buckets.TAIL_SHARE = old if tail_share is None else tail_share
+    try:
+        return aot.build(program, folder, bucket_mib=bucket_mib)
+    finally:
+        aot.buckets.TAIL_SHARE = old
 
 
 def _by_rank(results: list[dict]) -> list[list[dict]]:
@@ -428,6 +439,8 @@ def main():
                     "in shared memory by the CPUs, no CUDA; one host)")
     ap.add_argument("--tail-window", type=float, help="build with aot.buckets.TAIL_WINDOW set to this (0: the "
                     "default, only the last bucket small)")
+    ap.add_argument("--tail-share", default="", help="also NCCL rows of builds with aot.buckets.TAIL_SHARE set to "
+                    "each of these (','-separated; the cap on the bucket final last: 1/TAIL_SHARE of --bucket-mib)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -496,6 +509,11 @@ def main():
             runs.append([str(projects[mib]), name, name, [
                 {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": mib}
             ]])
+        for share in [int(x) for x in args.tail_share.split(",") if x]:
+            folder = build(name, where, sizes[0], args.tail_window, share)
+            runs.append([str(folder), name, name, [
+                {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0], "tail_share": share}
+            ]])
         results = launch(dict(common, project=str(first), runs=runs), args.world) if "ddp" not in skip else []
         r["ddp"] = _by_rank(results)
         single = r["single"]
@@ -513,13 +531,12 @@ def main():
                 f"{' host copy' if rows[0].get('direct') is False else ''}"
                 f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
                 f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}"
-                f"{' graphs' if rows[0].get('graphs') else ''}"
                 f"{' no_collective' if rows[0].get('no_collective') else ''}"
                 f"{' in_place ' + rows[0]['in_place'] if 'in_place' in rows[0] else ''}"
                 f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}"
                 f"{' merge_share ' + rows[0]['merge_share'] if 'merge_share' in rows[0] else ''}"
-                f"{' avg' if rows[0].get('avg') else ''}"
-                f"{' prepare ' + rows[0]['prepare'] if 'prepare' in rows[0] else ''}": summarize(single, rows, args.world)
+                f"{' prepare ' + rows[0]['prepare'] if 'prepare' in rows[0] else ''}"
+                f"{''.join(f' {k} {rows[0][k]}' for k in ('graphs', 'avg', 'spin_us', 'mapspin_us', 'tail_share') if k in rows[0])}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }

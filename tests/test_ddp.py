@@ -89,6 +89,8 @@ WORKER = textwrap.dedent("""
             report[label] = {"mismatch": str(e)}
             continue
         fn = dist.allreduce_mean(**opts.get("allreduce", {}))
+        for attr, value in opts.get("attrs", {}).items():  # the reducer's switches (graphs, nccl_avg)
+            setattr(fn, attr, value)
         engine = sys.modules[name + ".engine"]
         engine.BUCKET_MERGE_SHARE = opts.get("merge_share", job.get("merge_share", engine.BUCKET_MERGE_SHARE))
         half = job["batch"] // world
@@ -145,6 +147,9 @@ SAME_AS_DEFAULT = {
     # one collective for all 4 buckets (engine.bucket_groups with share 1), and one for each
     "merged": ["per_gradient", {"merge_share": 1}],
     "unmerged": ["per_gradient", {"merge_share": 0}],
+    # NCCL (on a CUDA host): each collective enqueued eagerly, a sum and a division, against the
+    # default CUDA graphs replayed from the 4th step on and NCCL's own average (2 ranks: exact)
+    "eager sum": [None, {"attrs": {"graphs": False, "nccl_avg": False}}],
 }
 
 
