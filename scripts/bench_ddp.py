@@ -272,6 +272,8 @@ def worker(job: dict) -> dict:
                 engine_module.MAP_SPIN_S = float(v["mapspin_us"]) * 1e-6 if "mapspin_us" in v else default_spin
             if hasattr(type(model), "_prepare_update"):  # prepare=0: the update recorded after the last upload
                 model._prepare_update = bool(int(v.get("prepare", 1)))
+            if hasattr(type(model), "_prerecord"):  # prerecord=0: each step records its backward when it starts
+                model._prerecord = bool(int(v.get("prerecord", 1)))
             if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
                 eng.upload_via = "write_buffer"  # no upload buffer is asked to be mapped
                 eng.upload_bucket = lambda i, values, last=False: None
@@ -536,7 +538,7 @@ def main():
                 f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}"
                 f"{' merge_share ' + rows[0]['merge_share'] if 'merge_share' in rows[0] else ''}"
                 f"{' prepare ' + rows[0]['prepare'] if 'prepare' in rows[0] else ''}"
-                f"{''.join(f' {k} {rows[0][k]}' for k in ('graphs', 'avg', 'spin_us', 'mapspin_us', 'tail_share') if k in rows[0])}": summarize(single, rows, args.world)
+                f"{''.join(f' {k} {rows[0][k]}' for k in ('graphs', 'avg', 'spin_us', 'mapspin_us', 'prerecord', 'tail_share') if k in rows[0])}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }

@@ -697,6 +697,32 @@ def test_bucketed_step_with_its_first_dispatches_submitted_alone_is_bit_identica
     assert events.count("joined") == 3 and events.index("joined") < events.index("update")
 
 
+def test_the_next_backward_recorded_during_the_last_collective_is_used_and_bit_identical():
+    """A bucketed step records the next step's backward (engine.prerecord) once its last
+    collective is started; the next step of the same entry and captures submits those command
+    buffers instead of recording its own (one recording a step, not two), one with other
+    captures records its own: every step bit-identical to a model that never prerecords, and to
+    step() without a reducer."""
+    a = aot.compile(DROP, bucket_mib=0)
+    b, c = type(a)(), type(a)()
+    c._prerecord = False
+    calls = []
+    parts = b._engine._bucket_parts
+    b._engine._bucket_parts = lambda *args: calls.append(args[1]) or parts(*args)
+    for i, captures in enumerate([True, True, False, False, True]):
+        ra = a.step(**data(i), captures=True)
+        rb = b.step(**data(i), captures=captures, allreduce=Buckets())
+        rc = c.step(**data(i), captures=captures, allreduce=Buckets())
+        assert ra.loss == float(rb if not captures else rb.loss) == float(rc if not captures else rc.loss)
+        assert_identical(snapshot(a), snapshot(b))
+        assert_identical(snapshot(a), snapshot(c))
+        assert b._engine._prerecorded[0][1] is captures and c._engine.__dict__.get("_prerecorded") is None
+    # step 1 records its own and the next; 2 only the next; 3 (other captures) both; 4 the next; 5 both
+    assert calls == [True, True, True, False, False, False, True, True]
+    for x in (a, b, c):
+        x.close()
+
+
 class InPlaceBuckets:
     """A bucketed reducer that doubles each bucket inside the mapped readback memory itself where
     the model allows it (values writable) and returns that memory from finish, as the NCCL
