@@ -21,7 +21,8 @@ gradient is written, its mean started at once (NCCL: from the mapped bucket itse
 pins once, to this rank's CUDA device and back into that pinned bucket, from which the model's
 GPU copies it into the gradients (where wgpu-native lets a mappable buffer be a copy source;
 elsewhere into pinned host memory, then a host copy up), on streams of its own;
-gloo: an asynchronous all-reduce of a host copy),
+gloo: an asynchronous all-reduce of a host copy; NCCL's work replayed as a CUDA graph from a
+bucket's fourth step on, reducer.graphs),
 and uploaded as it arrives; the update runs after the last. init(backend="auto") uses NCCL
 where torch has CUDA and NCCL (the group is "cpu:gloo,cuda:nccl": the small collectives of
 this module stay on gloo), gloo otherwise; init(backend="gloo"|"nccl") and
@@ -288,15 +289,18 @@ class AllReduce:
 
     # each bucket's (or group's) all-reduce, division and copies back enqueued as one CUDA graph,
     # captured at its GRAPH_AFTER + 1-th call (_enqueue): one host call instead of c10d's
-    # all_reduce, a division and a copy per member (~0.2-0.3 ms of host a collective on 2 H200s,
-    # bench_ddp --timeline "handed"); where a capture fails, eager calls for good (graph_error says why)
+    # all_reduce, a division and a copy per member (start_mapped 0.29-0.33 -> 0.13-0.15 ms of
+    # host a bucket on 2 H200s; the addition transformer 1.74-1.76 -> 1.45-1.51 ms a step with
+    # NCCL's AVG, scripts/results/bench_ddp_h200x2_r8.json); where a capture fails, eager calls
+    # for good (graph_error says why). Until round 8 the in-place path bypassed it
     graphs = True
     # start_mapped leaves the mean in the mapped bucket where the model allows it (writable values):
     # the model's GPU copies it into the gradients from there, no host copy into an upload buffer
     in_place = True
     GRAPH_AFTER = 3  # eager calls of a bucket before its graph is captured (NCCL's setup done)
     # finish() of a replayed graph polls its event: yielding (time.sleep(0)) for the first
-    # SPIN_S seconds, then sleeping 20 us between polls (a sleep lasts ~70 us on Linux)
+    # SPIN_S seconds, then sleeping 20 us between polls (a sleep lasts ~70 us on Linux). 0: no
+    # gain measured on 2 H200s (bench_ddp spin_us=1000: within the ranks' noise)
     SPIN_S = 0.0
 
     def _enqueue(self, key, work) -> bool:

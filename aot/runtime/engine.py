@@ -88,7 +88,9 @@ COMPILE_WORKERS = 64
 COPY_THREADS = 8
 MAP_POLL_S = 50e-6  # between the polls of a bucket's map (_RawMaps.wait)
 # for the first MAP_SPIN_S of a map's wait the polls only yield (time.sleep(0)): a sleep of 50 us
-# lasts ~100 us on Linux, time the GPU idles where the host's next move waits for that map
+# lasts ~100 us on Linux, time the GPU idles where the host's next move waits for that map.
+# 0: 1 ms measured 1.34-1.92 ms a step of the addition transformer on 2 H200s against 1.42-1.44
+# (bench_ddp mapspin_us, scripts/results/bench_ddp_h200x2_r8.json: the ranks' noise, no gain)
 MAP_SPIN_S = 0.0
 COPY_SPLIT = 1 << 20
 
@@ -974,8 +976,10 @@ class Engine:
         """Record the command buffers of the next run_buckets of `key` now (a data-parallel step
         calls it while its last collective runs and the host would only wait): that step then
         only writes its inputs and submits them, and the GPU starts its forward pass at once
-        instead of after the host's recording (0.2-0.3 ms of a 1.2 ms step of the addition
-        transformer on an H200). A recording never submitted is dropped; it changes nothing."""
+        instead of after the host's recording: on 2 H200s the addition transformer's backward
+        submitted 0.05 ms into a step instead of 0.28-0.36, its bucket mapped 0.1 ms sooner
+        (1.45-1.51 -> 1.42-1.44 ms a step, scripts/results/bench_ddp_h200x2_r8.json). A
+        recording never submitted is dropped; it changes nothing."""
         if _MAPS is None or getattr(self, "serial_buckets", False) or not self.entries[key].get("buckets"):
             return
         if key not in self.recipes:
