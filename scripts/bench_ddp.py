@@ -21,7 +21,10 @@ holding them already is reused). Random inputs of the declared shapes, `--warmup
               queue.write_buffer (engine.upload_via)
 --variants adds NCCL rows (upload=write_buffer|map, copy_threads=N, graphs=1, no_collective=1,
 in_place=0, first_submit=N, merge_share=N: engine.BUCKET_MERGE_SHARE, 0 a collective per bucket,
-avg=1: NCCL's ReduceOp.AVG, prepare=0: the update recorded after the last upload), --local one-process rows through LocalBuckets (the same buckets mapped
+avg=0|1: reducer.nccl_avg (NCCL's ReduceOp.AVG; auto by default), graphs=0|1: reducer.graphs (on by default),
+spin_us=N: reducer.SPIN_S, mapspin_us=N: engine.MAP_SPIN_S, prerecord=0: model._prerecord off,
+prerecord_max=N: engine.PRERECORD_MAX, prepare=0: the update recorded after the last upload), --tail-share S,...
+rows of builds with aot.buckets.TAIL_SHARE = S, --local one-process rows through LocalBuckets (the same buckets mapped
 and uploaded, no communication; with and without the uploads; and each variant), --shm a row through
 ShmBuckets (an experiment: the mean computed by the CPUs in shared memory, no CUDA), --timeline N per
 row the median time from a bucketed step's start to each of its events (engine.trace: each bucket
@@ -274,6 +277,9 @@ def worker(job: dict) -> dict:
                 model._prepare_update = bool(int(v.get("prepare", 1)))
             if hasattr(type(model), "_prerecord"):  # prerecord=0: each step records its backward when it starts
                 model._prerecord = bool(int(v.get("prerecord", 1)))
+                default_most = job.setdefault("default_prerecord_max", engine_module.PRERECORD_MAX)
+                # prerecord_max=N: engine.PRERECORD_MAX (the longest entry that prerecords)
+                engine_module.PRERECORD_MAX = int(v.get("prerecord_max", default_most))
             if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
                 eng.upload_via = "write_buffer"  # no upload buffer is asked to be mapped
                 eng.upload_bucket = lambda i, values, last=False: None
@@ -538,7 +544,7 @@ def main():
                 f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}"
                 f"{' merge_share ' + rows[0]['merge_share'] if 'merge_share' in rows[0] else ''}"
                 f"{' prepare ' + rows[0]['prepare'] if 'prepare' in rows[0] else ''}"
-                f"{''.join(f' {k} {rows[0][k]}' for k in ('graphs', 'avg', 'spin_us', 'mapspin_us', 'prerecord', 'tail_share') if k in rows[0])}": summarize(single, rows, args.world)
+                f"{''.join(f' {k} {rows[0][k]}' for k in ('graphs', 'avg', 'spin_us', 'mapspin_us', 'prerecord', 'prerecord_max', 'tail_share') if k in rows[0])}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }

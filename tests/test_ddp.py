@@ -697,7 +697,7 @@ def test_bucketed_step_with_its_first_dispatches_submitted_alone_is_bit_identica
     assert events.count("joined") == 3 and events.index("joined") < events.index("update")
 
 
-def test_the_next_backward_recorded_during_the_last_collective_is_used_and_bit_identical():
+def test_the_next_backward_recorded_during_the_last_collective_is_used_and_bit_identical(monkeypatch):
     """A bucketed step records the next step's backward (engine.prerecord) once its last
     collective is started; the next step of the same entry and captures submits those command
     buffers instead of recording its own (one recording a step, not two), one with other
@@ -705,6 +705,7 @@ def test_the_next_backward_recorded_during_the_last_collective_is_used_and_bit_i
     step() without a reducer."""
     a = aot.compile(DROP, bucket_mib=0)
     b, c = type(a)(), type(a)()
+    engine = sys.modules[type(b._engine).__module__]  # the package's copy of aot/runtime/engine.py
     c._prerecord = False
     calls = []
     parts = b._engine._bucket_parts
@@ -719,6 +720,11 @@ def test_the_next_backward_recorded_during_the_last_collective_is_used_and_bit_i
         assert b._engine._prerecorded[0][1] is captures and c._engine.__dict__.get("_prerecorded") is None
     # step 1 records its own and the next; 2 only the next; 3 (other captures) both; 4 the next; 5 both
     assert calls == [True, True, True, False, False, False, True, True]
+    # an entry longer than PRERECORD_MAX dispatches records each step's backward when it starts
+    monkeypatch.setattr(engine, "PRERECORD_MAX", len(b.PROGRAM["entries"]["train"]["dispatches"]) - 1)
+    rb = b.step(**data(5), allreduce=Buckets())
+    assert a.step(**data(5)) == rb and b._engine._prerecorded is None
+    assert_identical(snapshot(a), snapshot(b))
     for x in (a, b, c):
         x.close()
 

@@ -93,6 +93,12 @@ COMPILE_WORKERS = 64
 # 6-10 GB/s on an H100 host, which made the copies of transformer_large's 76 MB the bulk of a
 # data-parallel step's host time (scripts/bench_ddp.py)
 COPY_THREADS = 8
+# a data-parallel step of an entry of at most PRERECORD_MAX dispatches records the next step's
+# backward while its last collective runs (prerecord): the addition transformer (64) on 2 H200s
+# 1.45-1.51 -> 1.42-1.44 ms a step; transformer_large (216) records for ~1.5 ms, as long as its
+# last collective takes, and lost 0.2-1.4 ms a step (37.6 -> 37.8-39.2 ms,
+# scripts/results/bench_ddp_h200x2_r8.json)
+PRERECORD_MAX = 128
 MAP_POLL_S = 50e-6  # between the polls of a bucket's map (_RawMaps.wait)
 # for the first MAP_SPIN_S of a map's wait the polls only yield (time.sleep(0)): a sleep of 50 us
 # lasts ~100 us on Linux, time the GPU idles where the host's next move waits for that map.
@@ -1228,11 +1234,15 @@ class Engine:
         instead of after the host's recording: on 2 H200s the addition transformer's backward
         submitted 0.05 ms into a step instead of 0.28-0.36, its bucket mapped 0.1 ms sooner
         (1.45-1.51 -> 1.42-1.44 ms a step, scripts/results/bench_ddp_h200x2_r8.json). A
-        recording never submitted is dropped; it changes nothing."""
+        recording never submitted is dropped; it changes nothing. Only for entries of at most
+        PRERECORD_MAX dispatches: a longer recording delays the last collective's finish.
+        """
+        e = self.entries[key]
         if (
             _MAPS is None
             or getattr(self, "serial_buckets", False)
-            or not self.entries[key].get("buckets")
+            or not e.get("buckets")
+            or len(e["dispatches"]) > PRERECORD_MAX
         ):
             return
         if key not in self.recipes:
