@@ -214,10 +214,45 @@ def _timeline(model, step, steps: int, sync: bool) -> dict:
     return {e: round(1e3 * float(np.median(ts)), 3) for e, ts in sorted(rows.items(), key=lambda kv: np.median(kv[1]))}
 
 
+def _cpu_list(text: str) -> list[int]:
+    """The CPUs of a sysfs cpulist ("0-15,32-47")."""
+    out = []
+    for part in text.strip().split(","):
+        if part:
+            a, _, b = part.partition("-")
+            out += range(int(a), int(b or a) + 1)
+    return out
+
+
+def pin_cpus(local_rank: int) -> list[int] | None:
+    """Pin this process to CPUs next to its GPU (--pin-cpus): the CPUs sysfs lists as local to the
+    LOCAL_RANK-th CUDA device's PCI address, shared in equal slices among the local GPUs that
+    list the same ones. Round 8's rows varied 15-35% from launch to launch (one GPU 1.15-1.34 ms
+    a step of the addition transformer): the processes' CPUs. None (nothing pinned) where torch,
+    CUDA or sysfs does not say."""
+    try:
+        import torch
+
+        lists = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            address = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            lists.append(_cpu_list(Path(f"/sys/bus/pci/devices/{address}/local_cpulist").read_text()))
+        gpu = local_rank % len(lists)
+        alike = [i for i, cpus in enumerate(lists) if cpus == lists[gpu]]
+        k, n, cpus = alike.index(gpu), len(alike), lists[gpu]
+        mine = cpus[k * len(cpus) // n : (k + 1) * len(cpus) // n] or cpus
+        os.sched_setaffinity(0, mine)
+        return mine
+    except Exception:  # noqa: BLE001 - a measurement aid: unpinned where it cannot be done
+        return None
+
+
 def worker(job: dict) -> dict:
     import importlib
 
     sys.path.insert(0, job["project"])
+    pinned = pin_cpus(int(os.environ.get("LOCAL_RANK", "0"))) if job.get("pin_cpus") else None
     results = []
     dist = None
     rank, world = 0, 1
@@ -311,7 +346,7 @@ def worker(job: dict) -> dict:
             n = job["steps"]
             row = dict(
                 v, model=label, rank=rank, adapter=model.adapter, steps_per_s=n / dt, sequences_per_s=n * batch / dt,
-                batch_per_rank=batch, params=model._total, ms_per_step=1e3 * dt / n,
+                batch_per_rank=batch, params=model._total, ms_per_step=1e3 * dt / n, pinned_cpus=pinned,
             )
             if fn is not None:
                 row["host_ms_per_step"] = {k[:-2] + "_ms": 1e3 * x / n for k, x in timing.items()}
@@ -449,6 +484,8 @@ def main():
                     "default, only the last bucket small)")
     ap.add_argument("--tail-share", default="", help="also NCCL rows of builds with aot.buckets.TAIL_SHARE set to "
                     "each of these (','-separated; the cap on the bucket final last: 1/TAIL_SHARE of --bucket-mib)")
+    ap.add_argument("--pin-cpus", action="store_true", help="pin each process (the one-GPU rows' too) to the CPUs "
+                    "local to its GPU (sysfs), split among GPUs that share them: less noise between launches")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -478,7 +515,7 @@ def main():
     tmp = tempfile.TemporaryDirectory(prefix="bench-ddp-")
     where = Path(args.packages) if args.packages else Path(tmp.name)
     common = dict(steps=args.steps, warmup=args.warmup, adapters=adapters, init_backend="nccl" if "nccl" in backends else "gloo",
-                  timeline=args.timeline)
+                  timeline=args.timeline, pin_cpus=args.pin_cpus)
     variants = [dict(kv.split("=", 1) for kv in v.split(",")) for v in args.variants.split(";") if v]
     for name in args.models.split(","):
         t0 = time.perf_counter()
