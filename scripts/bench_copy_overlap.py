@@ -14,6 +14,12 @@ copies never touch, a barrier between each, as the backward's) with copies place
   copy_dependent:    K x N/2 writing the copied buffer, the copy, K x N/2 writing it again
                      (the backward's case: the next dispatch writes the buffer being read)
   copy_alone:        the copy by itself
+  shader_down_alone: where wgpu-native's mappable-primary-buffers is there, a compute kernel
+                     copying the storage buffer into a MAP_READ | STORAGE buffer (vec4 loads
+                     and stores over PCIe) instead of copy_buffer_to_buffer; copy_down_alone
+                     the copy command into that same buffer
+  shader_up_alone:   the kernel copying back (host memory -> the storage buffer: what an
+                     upload from a readback buffer does); copy_up_alone the copy command
 
 Each: the median over --iters of the time from submit to the queue being idle (a map of a
 small buffer written last). Writes JSON (ms). An "overhead" of a placement near copy_alone
@@ -44,6 +50,19 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 """
 
 
+COPY_KERNEL = """
+@group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {
+    let n = arrayLength(&src);
+    for (var i = g.x; i < n; i = i + w.x * 256u) {
+        dst[i] = src[i];
+    }
+}
+"""
+
+
 def run(iters: int, n: int, loops: int, elems: int, mib: float) -> dict:
     import wgpu
 
@@ -51,7 +70,8 @@ def run(iters: int, n: int, loops: int, elems: int, mib: float) -> dict:
     from aot.runtime import engine
 
     adapter, _ = engine.choose_adapter(None)
-    device = adapter.request_device_sync()
+    mappable = engine.MAPPABLE_FEATURE in adapter.features  # MAP_READ buffers usable as storage too
+    device = adapter.request_device_sync(required_features=[engine.MAPPABLE_FEATURE] if mappable else [])
     u = wgpu.BufferUsage
     nbytes = int(mib * 2**20) // 4 * 4
     work = device.create_buffer(size=4 * elems, usage=u.STORAGE | u.COPY_SRC | u.COPY_DST)
@@ -80,6 +100,27 @@ def run(iters: int, n: int, loops: int, elems: int, mib: float) -> dict:
     def copy(enc, src=grads, dst=rb):
         enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
 
+    if mappable:
+        host = device.create_buffer(size=nbytes, usage=u.MAP_READ | u.COPY_DST | u.COPY_SRC | u.STORAGE)
+        cmod = device.create_shader_module(code=COPY_KERNEL)
+        cpipe = device.create_compute_pipeline(layout="auto", compute={"module": cmod, "entry_point": "main"})
+        clayout = cpipe.get_bind_group_layout(0)
+
+        def copy_group(src, dst):
+            return device.create_bind_group(layout=clayout, entries=[
+                {"binding": 0, "resource": {"buffer": src, "offset": 0, "size": nbytes}},
+                {"binding": 1, "resource": {"buffer": dst, "offset": 0, "size": nbytes}},
+            ])
+
+        cgroups = {"down": copy_group(grads, host), "up": copy_group(host, grads)}
+
+    def shader_copy(enc, way):
+        p = enc.begin_compute_pass()
+        p.set_pipeline(cpipe)
+        p.set_bind_group(0, cgroups[way])
+        p.dispatch_workgroups(min(65535, -(-nbytes // 16 // 256)))
+        p.end()
+
     half = n // 2
     plans = {
         "compute": [[("k", n)]],
@@ -90,6 +131,12 @@ def run(iters: int, n: int, loops: int, elems: int, mib: float) -> dict:
         "copy_dependent": [[("kg", half), ("copy",), ("kg", n - half)]],
         "copy_alone": [[("copy",)]],
     }
+    if mappable:
+        plans.update(
+            shader_down_alone=[[("sdown",)]], copy_down_alone=[[("cdown",)]],
+            shader_up_alone=[[("sup",)]], copy_up_alone=[[("cup",)]],
+            shader_down_middle=[[("k", half), ("sdown",), ("k", n - half)]],
+        )
     out = {"adapter": adapter.info["device"], "n": n, "loops": loops, "elems": elems, "copy_mib": mib}
     times = {name: [] for name in plans}
     for it in range(iters + 2):
@@ -108,6 +155,12 @@ def run(iters: int, n: int, loops: int, elems: int, mib: float) -> dict:
                         copy(enc, grads, stage)
                     elif op[0] == "trip":
                         copy(enc, stage, rb)
+                    elif op[0] in ("sdown", "sup"):
+                        shader_copy(enc, op[0][1:])
+                    elif op[0] == "cdown":
+                        copy(enc, grads, host)
+                    elif op[0] == "cup":
+                        copy(enc, host, grads)
                 if i == len(subs) - 1:
                     enc.copy_buffer_to_buffer(work, 0, tiny, 0, 4)
                 bufs.append(enc.finish())
@@ -121,8 +174,10 @@ def run(iters: int, n: int, loops: int, elems: int, mib: float) -> dict:
                 times[name].append(dt)
     med = {name: 1e3 * float(np.median(ts)) for name, ts in times.items()}
     out["ms"] = med
-    out["overhead_ms"] = {name: med[name] - med["compute"] for name in plans if name not in ("compute", "copy_alone")}
+    alone = [name for name in plans if name.endswith("_alone")]
+    out["overhead_ms"] = {name: med[name] - med["compute"] for name in plans if name != "compute" and name not in alone}
     out["copy_alone_gb_s"] = nbytes / 1e6 / med["copy_alone"]
+    out["gb_s"] = {name: nbytes / 1e6 / med[name] for name in alone}
     return out
 
 

@@ -21,7 +21,10 @@ holding them already is reused). Random inputs of the declared shapes, `--warmup
               queue.write_buffer (engine.upload_via)
 --variants adds NCCL rows (upload=write_buffer|map, copy_threads=N, graphs=1, no_collective=1,
 in_place=0, first_submit=N, merge_share=N: engine.BUCKET_MERGE_SHARE, 0 a collective per bucket,
-avg=1: NCCL's ReduceOp.AVG, prepare=0: the update recorded after the last upload), --local one-process rows through LocalBuckets (the same buckets mapped
+avg=0|1: reducer.nccl_avg (NCCL's ReduceOp.AVG; auto by default), graphs=0|1: reducer.graphs (on by default),
+spin_us=N: reducer.SPIN_S, mapspin_us=N: engine.MAP_SPIN_S, prerecord=0: model._prerecord off,
+prerecord_max=N: engine.PRERECORD_MAX, prepare=0: the update recorded after the last upload), --tail-share S,...
+rows of builds with aot.buckets.TAIL_SHARE = S, --local one-process rows through LocalBuckets (the same buckets mapped
 and uploaded, no communication; with and without the uploads; and each variant), --shm a row through
 ShmBuckets (an experiment: the mean computed by the CPUs in shared memory, no CUDA), --timeline N per
 row the median time from a bucketed step's start to each of its events (engine.trace: each bucket
@@ -211,10 +214,45 @@ def _timeline(model, step, steps: int, sync: bool) -> dict:
     return {e: round(1e3 * float(np.median(ts)), 3) for e, ts in sorted(rows.items(), key=lambda kv: np.median(kv[1]))}
 
 
+def _cpu_list(text: str) -> list[int]:
+    """The CPUs of a sysfs cpulist ("0-15,32-47")."""
+    out = []
+    for part in text.strip().split(","):
+        if part:
+            a, _, b = part.partition("-")
+            out += range(int(a), int(b or a) + 1)
+    return out
+
+
+def pin_cpus(local_rank: int) -> list[int] | None:
+    """Pin this process to CPUs next to its GPU (--pin-cpus): the CPUs sysfs lists as local to the
+    LOCAL_RANK-th CUDA device's PCI address, shared in equal slices among the local GPUs that
+    list the same ones. Round 8's rows varied 15-35% from launch to launch (one GPU 1.15-1.34 ms
+    a step of the addition transformer): the processes' CPUs. None (nothing pinned) where torch,
+    CUDA or sysfs does not say."""
+    try:
+        import torch
+
+        lists = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            address = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            lists.append(_cpu_list(Path(f"/sys/bus/pci/devices/{address}/local_cpulist").read_text()))
+        gpu = local_rank % len(lists)
+        alike = [i for i, cpus in enumerate(lists) if cpus == lists[gpu]]
+        k, n, cpus = alike.index(gpu), len(alike), lists[gpu]
+        mine = cpus[k * len(cpus) // n : (k + 1) * len(cpus) // n] or cpus
+        os.sched_setaffinity(0, mine)
+        return mine
+    except Exception:  # noqa: BLE001 - a measurement aid: unpinned where it cannot be done
+        return None
+
+
 def worker(job: dict) -> dict:
     import importlib
 
     sys.path.insert(0, job["project"])
+    pinned = pin_cpus(int(os.environ.get("LOCAL_RANK", "0"))) if job.get("pin_cpus") else None
     results = []
     dist = None
     rank, world = 0, 1
@@ -245,12 +283,14 @@ def worker(job: dict) -> dict:
                 fn = reducer = dist.allreduce_mean(backend=v["backend"], dtype=v["dtype"], bucketed=v["bucketed"])
                 if v.get("direct") is False:
                     reducer.direct = False
-                if v.get("graphs"):
-                    reducer.graphs = True
+                if "graphs" in v:  # reducer.graphs (on by default since round 8)
+                    reducer.graphs = bool(int(v["graphs"]))
                 if v.get("in_place") is not None:  # "0": the mean into pinned memory, then a host copy up
                     reducer.in_place = bool(int(v["in_place"]))
-                if v.get("avg"):  # NCCL's ReduceOp.AVG instead of a sum and a division
-                    reducer.nccl_avg = True
+                if "avg" in v:  # NCCL's ReduceOp.AVG instead of a sum and a division (auto by default since round 8)
+                    reducer.nccl_avg = bool(int(v["avg"]))
+                if "spin_us" in v:  # finish() of a replayed graph: yielding polls for this long (reducer.SPIN_S)
+                    reducer.SPIN_S = float(v["spin_us"]) * 1e-6
                 if v.get("no_collective"):  # the copies to and from CUDA alone (each rank keeps its own gradients)
                     reducer._reduce = lambda dev: dev
             default_upload = job.setdefault("default_upload", eng.upload_via)
@@ -265,8 +305,16 @@ def worker(job: dict) -> dict:
             if hasattr(engine_module, "BUCKET_MERGE_SHARE"):  # 0: a collective per bucket (engine.bucket_groups)
                 default_share = job.setdefault("default_merge_share", engine_module.BUCKET_MERGE_SHARE)
                 engine_module.BUCKET_MERGE_SHARE = int(v.get("merge_share", default_share))
+            if hasattr(engine_module, "MAP_SPIN_S"):  # mapspin_us=N: a map's polls yield for N us (engine.MAP_SPIN_S)
+                default_spin = job.setdefault("default_map_spin", engine_module.MAP_SPIN_S)
+                engine_module.MAP_SPIN_S = float(v["mapspin_us"]) * 1e-6 if "mapspin_us" in v else default_spin
             if hasattr(type(model), "_prepare_update"):  # prepare=0: the update recorded after the last upload
                 model._prepare_update = bool(int(v.get("prepare", 1)))
+            if hasattr(type(model), "_prerecord"):  # prerecord=0: each step records its backward when it starts
+                model._prerecord = bool(int(v.get("prerecord", 1)))
+                default_most = job.setdefault("default_prerecord_max", engine_module.PRERECORD_MAX)
+                # prerecord_max=N: engine.PRERECORD_MAX (the longest entry that prerecords)
+                engine_module.PRERECORD_MAX = int(v.get("prerecord_max", default_most))
             if v.get("skip_uploads"):  # the readbacks alone: the update uses this rank's own gradients
                 eng.upload_via = "write_buffer"  # no upload buffer is asked to be mapped
                 eng.upload_bucket = lambda i, values, last=False: None
@@ -298,7 +346,7 @@ def worker(job: dict) -> dict:
             n = job["steps"]
             row = dict(
                 v, model=label, rank=rank, adapter=model.adapter, steps_per_s=n / dt, sequences_per_s=n * batch / dt,
-                batch_per_rank=batch, params=model._total, ms_per_step=1e3 * dt / n,
+                batch_per_rank=batch, params=model._total, ms_per_step=1e3 * dt / n, pinned_cpus=pinned,
             )
             if fn is not None:
                 row["host_ms_per_step"] = {k[:-2] + "_ms": 1e3 * x / n for k, x in timing.items()}
@@ -358,20 +406,26 @@ def launch(job: dict, world: int) -> list[dict]:
     return results
 
 
-def build(name: str, outdir: Path, bucket_mib: float, tail_window: float | None = None) -> Path:
+def build(name: str, outdir: Path, bucket_mib: float, tail_window: float | None = None, tail_share: int | None = None) -> Path:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "examples"))
     import aot
+    import aot.buckets
 
     folder = outdir / f"{name}_b{bucket_mib:g}" if tail_window is None else outdir / f"{name}_b{bucket_mib:g}_w{tail_window:g}"
     if tail_window is not None:  # the bucket rule's window (aot.buckets.TAIL_WINDOW; 0: only the last bucket small)
-        import aot.buckets
-
         aot.buckets.TAIL_WINDOW = tail_window
+    if tail_share is not None:  # the cap on the bucket final last (aot.buckets.TAIL_SHARE), for this build only
+        folder = folder.with_name(folder.name + f"_s{tail_share}")
     if (folder / name / name / "__init__.py").exists():
         return folder / name
     program = runpy.run_path(str(ROOT / "examples" / f"{name}.py"))["program"]
-    return aot.build(program, folder, bucket_mib=bucket_mib)
+    old = aot.buckets.TAIL_SHARE
+    aot.buckets.TAIL_SHARE = old if tail_share is None else tail_share
+    try:
+        return aot.build(program, folder, bucket_mib=bucket_mib)
+    finally:
+        aot.buckets.TAIL_SHARE = old
 
 
 def _by_rank(results: list[dict]) -> list[list[dict]]:
@@ -428,6 +482,10 @@ def main():
                     "in shared memory by the CPUs, no CUDA; one host)")
     ap.add_argument("--tail-window", type=float, help="build with aot.buckets.TAIL_WINDOW set to this (0: the "
                     "default, only the last bucket small)")
+    ap.add_argument("--tail-share", default="", help="also NCCL rows of builds with aot.buckets.TAIL_SHARE set to "
+                    "each of these (','-separated; the cap on the bucket final last: 1/TAIL_SHARE of --bucket-mib)")
+    ap.add_argument("--pin-cpus", action="store_true", help="pin each process (the one-GPU rows' too) to the CPUs "
+                    "local to its GPU (sysfs), split among GPUs that share them: less noise between launches")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -457,7 +515,7 @@ def main():
     tmp = tempfile.TemporaryDirectory(prefix="bench-ddp-")
     where = Path(args.packages) if args.packages else Path(tmp.name)
     common = dict(steps=args.steps, warmup=args.warmup, adapters=adapters, init_backend="nccl" if "nccl" in backends else "gloo",
-                  timeline=args.timeline)
+                  timeline=args.timeline, pin_cpus=args.pin_cpus)
     variants = [dict(kv.split("=", 1) for kv in v.split(",")) for v in args.variants.split(";") if v]
     for name in args.models.split(","):
         t0 = time.perf_counter()
@@ -496,6 +554,11 @@ def main():
             runs.append([str(projects[mib]), name, name, [
                 {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": mib}
             ]])
+        for share in [int(x) for x in args.tail_share.split(",") if x]:
+            folder = build(name, where, sizes[0], args.tail_window, share)
+            runs.append([str(folder), name, name, [
+                {"mode": "ddp", "backend": backends[-1], "bucketed": True, "dtype": "f32", "bucket_mib": sizes[0], "tail_share": share}
+            ]])
         results = launch(dict(common, project=str(first), runs=runs), args.world) if "ddp" not in skip else []
         r["ddp"] = _by_rank(results)
         single = r["single"]
@@ -513,13 +576,12 @@ def main():
                 f"{' host copy' if rows[0].get('direct') is False else ''}"
                 f"{' upload ' + rows[0]['upload'] if 'upload' in rows[0] else ''}"
                 f"{' copy_threads ' + rows[0]['copy_threads'] if 'copy_threads' in rows[0] else ''}"
-                f"{' graphs' if rows[0].get('graphs') else ''}"
                 f"{' no_collective' if rows[0].get('no_collective') else ''}"
                 f"{' in_place ' + rows[0]['in_place'] if 'in_place' in rows[0] else ''}"
                 f"{' first_submit ' + rows[0]['first_submit'] if 'first_submit' in rows[0] else ''}"
                 f"{' merge_share ' + rows[0]['merge_share'] if 'merge_share' in rows[0] else ''}"
-                f"{' avg' if rows[0].get('avg') else ''}"
-                f"{' prepare ' + rows[0]['prepare'] if 'prepare' in rows[0] else ''}": summarize(single, rows, args.world)
+                f"{' prepare ' + rows[0]['prepare'] if 'prepare' in rows[0] else ''}"
+                f"{''.join(f' {k} {rows[0][k]}' for k in ('graphs', 'avg', 'spin_us', 'mapspin_us', 'prerecord', 'prerecord_max', 'tail_share') if k in rows[0])}": summarize(single, rows, args.world)
                 for rows in r["ddp"]
             },
         }

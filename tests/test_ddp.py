@@ -89,6 +89,8 @@ WORKER = textwrap.dedent("""
             report[label] = {"mismatch": str(e)}
             continue
         fn = dist.allreduce_mean(**opts.get("allreduce", {}))
+        for attr, value in opts.get("attrs", {}).items():  # the reducer's switches (graphs, nccl_avg)
+            setattr(fn, attr, value)
         engine = sys.modules[name + ".engine"]
         engine.BUCKET_MERGE_SHARE = opts.get("merge_share", job.get("merge_share", engine.BUCKET_MERGE_SHARE))
         half = job["batch"] // world
@@ -145,6 +147,9 @@ SAME_AS_DEFAULT = {
     # one collective for all 4 buckets (engine.bucket_groups with share 1), and one for each
     "merged": ["per_gradient", {"merge_share": 1}],
     "unmerged": ["per_gradient", {"merge_share": 0}],
+    # NCCL (on a CUDA host): each collective enqueued eagerly, a sum and a division, against the
+    # default CUDA graphs replayed from the 4th step on and NCCL's own average (2 ranks: exact)
+    "eager sum": [None, {"attrs": {"graphs": False, "nccl_avg": False}}],
 }
 
 
@@ -690,6 +695,38 @@ def test_bucketed_step_with_its_first_dispatches_submitted_alone_is_bit_identica
         assert_identical(snapshot(a), snapshot(b))
     events = [e for e, _, _ in b._engine.trace]
     assert events.count("joined") == 3 and events.index("joined") < events.index("update")
+
+
+def test_the_next_backward_recorded_during_the_last_collective_is_used_and_bit_identical(monkeypatch):
+    """A bucketed step records the next step's backward (engine.prerecord) once its last
+    collective is started; the next step of the same entry and captures submits those command
+    buffers instead of recording its own (one recording a step, not two), one with other
+    captures records its own: every step bit-identical to a model that never prerecords, and to
+    step() without a reducer."""
+    a = aot.compile(DROP, bucket_mib=0)
+    b, c = type(a)(), type(a)()
+    engine = sys.modules[type(b._engine).__module__]  # the package's copy of aot/runtime/engine.py
+    c._prerecord = False
+    calls = []
+    parts = b._engine._bucket_parts
+    b._engine._bucket_parts = lambda *args: calls.append(args[1]) or parts(*args)
+    for i, captures in enumerate([True, True, False, False, True]):
+        ra = a.step(**data(i), captures=True)
+        rb = b.step(**data(i), captures=captures, allreduce=Buckets())
+        rc = c.step(**data(i), captures=captures, allreduce=Buckets())
+        assert ra.loss == float(rb if not captures else rb.loss) == float(rc if not captures else rc.loss)
+        assert_identical(snapshot(a), snapshot(b))
+        assert_identical(snapshot(a), snapshot(c))
+        assert b._engine._prerecorded[0][1] is captures and c._engine.__dict__.get("_prerecorded") is None
+    # step 1 records its own and the next; 2 only the next; 3 (other captures) both; 4 the next; 5 both
+    assert calls == [True, True, True, False, False, False, True, True]
+    # an entry longer than PRERECORD_MAX dispatches records each step's backward when it starts
+    monkeypatch.setattr(engine, "PRERECORD_MAX", len(b.PROGRAM["entries"]["train"]["dispatches"]) - 1)
+    rb = b.step(**data(5), allreduce=Buckets())
+    assert a.step(**data(5)) == rb and b._engine._prerecorded is None
+    assert_identical(snapshot(a), snapshot(b))
+    for x in (a, b, c):
+        x.close()
 
 
 class InPlaceBuckets:

@@ -21,7 +21,8 @@ gradient is written, its mean started at once (NCCL: from the mapped bucket itse
 pins once, to this rank's CUDA device and back into that pinned bucket, from which the model's
 GPU copies it into the gradients (where wgpu-native lets a mappable buffer be a copy source;
 elsewhere into pinned host memory, then a host copy up), on streams of its own;
-gloo: an asynchronous all-reduce of a host copy),
+gloo: an asynchronous all-reduce of a host copy; NCCL's work replayed as a CUDA graph from a
+bucket's fourth step on, reducer.graphs),
 and uploaded as it arrives; the update runs after the last. init(backend="auto") uses NCCL
 where torch has CUDA and NCCL (the group is "cpu:gloo,cuda:nccl": the small collectives of
 this module stay on gloo), gloo otherwise; init(backend="gloo"|"nccl") and
@@ -247,7 +248,7 @@ class AllReduce:
             self._device = torch.empty(n, dtype=torch.float32, device="cuda")
             self._stream = torch.cuda.Stream()
             self._h2d = torch.cuda.Stream()  # start_mapped's copies: not behind an earlier bucket's collective
-            self._events, self._plans = {}, {}
+            self._events, self._plans, self._graphs = {}, {}, {}
         return self._pinned.numpy()
 
     def _start_mapped(self, values: np.ndarray, lo: int, hi: int, hold: bool = False):
@@ -277,59 +278,57 @@ class AllReduce:
         into = (plan.src, values) if self.in_place and values.flags.writeable else None  # the mean back where it came from
         if hold or self._held:
             handle = self._group(_Member(plan.dev, lo, hi, after=plan.copied, into=into), hold)
-        elif into is not None:
-            self.stats["calls"] += 1
-            handle = self._reduce_staged(plan.dev, lo, hi, after=plan.copied, into=into)
-        elif self.graphs and self.dtype is None:
-            self.stats["calls"] += 1
-            handle = self._replay(plan)
         else:
             self.stats["calls"] += 1
-            handle = self._reduce_staged(plan.dev, lo, hi, after=plan.copied)
+            handle = self._reduce_staged(plan.dev, lo, hi, after=plan.copied, into=into)
         t1 = time.perf_counter()
         plan.copied.synchronize()  # the caller unmaps `values` when this returns
         self.stats["copy_wait_s"] += time.perf_counter() - t1
         self.stats["start_s"] += t1 - t
         return handle
 
-    graphs = False  # True: each bucket's all-reduce, division and copy back replayed as one CUDA graph (_replay)
+    # each bucket's (or group's) all-reduce, division and copies back enqueued as one CUDA graph,
+    # captured at its GRAPH_AFTER + 1-th call (_enqueue): one host call instead of c10d's
+    # all_reduce, a division and a copy per member (start_mapped 0.29-0.33 -> 0.13-0.15 ms of
+    # host a bucket on 2 H200s; the addition transformer 1.74-1.76 -> 1.45-1.51 ms a step with
+    # NCCL's AVG, scripts/results/bench_ddp_h200x2_r8.json); where a capture fails, eager calls
+    # for good (graph_error says why). Until round 8 the in-place path bypassed it
+    graphs = True
     # start_mapped leaves the mean in the mapped bucket where the model allows it (writable values):
     # the model's GPU copies it into the gradients from there, no host copy into an upload buffer
     in_place = True
     GRAPH_AFTER = 3  # eager calls of a bucket before its graph is captured (NCCL's setup done)
+    # finish() of a replayed graph polls its event: yielding (time.sleep(0)) for the first
+    # SPIN_S seconds, then sleeping 20 us between polls (a sleep lasts ~70 us on Linux). 0: no
+    # gain measured on 2 H200s (bench_ddp spin_us=1000: within the ranks' noise)
+    SPIN_S = 0.0
 
-    def _replay(self, plan):
-        """The mean of plan's bucket as start_mapped's eager path makes it, replayed as one CUDA
-        graph captured at the bucket's GRAPH_AFTER-th call on every rank (the same step: the
-        ranks run the same buckets): one host call instead of c10d's all_reduce, a division and
-        a copy (0.9 ms of host a bucket on 2 H200s, bench_ddp --timeline). Where the capture
-        fails, this reducer goes back to the eager calls for good. finish() waits for a replay
-        at most init's timeout_s (c10d's watchdog does not see it), then raises.
-        Measured (scripts/results/bench_ddp_h200x2_r4.json, bench_ddp_h200x4.json): the
-        addition transformer 2.23x -> 2.56x one GPU on 4 H200s, 1.26x -> 1.30x on 2;
-        transformer_large no faster (its starts get shorter, their copy waits as long)."""
-        plan.calls += 1
-        if plan.graph is None and plan.calls > self.GRAPH_AFTER:
+    def _enqueue(self, key, work) -> bool:
+        """Run work() (CUDA work on the current stream, the NCCL stream, over tensors that stay
+        where they are) eagerly, or, with graphs, from its GRAPH_AFTER + 1-th call with this key
+        on, as a CUDA graph captured then (every rank at the same step: the ranks run the same
+        buckets, begin() checks) and replayed. True where it was replayed: c10d's watchdog does
+        not see a replayed collective, so finish() waits for it at most init's timeout_s."""
+        graph = self._graphs.get(key)
+        if isinstance(graph, int) or graph is None:
+            calls = (graph or 0) + 1
+            self._graphs[key] = calls
+            if not (self.graphs and self.dtype is None and calls > self.GRAPH_AFTER):
+                work()
+                return False
             try:
                 graph = torch.cuda.CUDAGraph()
-                self._stream.synchronize()
                 # thread_local: the model's upload thread keeps waiting on events meanwhile
                 with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
-                    td.all_reduce(plan.dev, op=td.ReduceOp.SUM, group=self.group)
-                    plan.dev.div_(self.world)
-                    self._pinned[plan.lo : plan.hi].copy_(plan.dev, non_blocking=True)
-                plan.graph = graph
+                    work()
+                self._graphs[key] = graph
             except Exception as e:  # noqa: BLE001 - eager from here on; said once
                 self.graphs = False
                 self.graph_error = f"{type(e).__name__}: {e}"
-        if plan.graph is None:
-            return self._reduce_staged(plan.dev, plan.lo, plan.hi, after=plan.copied)
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(plan.copied)
-            plan.graph.replay()
-            done = self._event((plan.lo, plan.hi))
-            done.record(self._stream)
-        return ("nccl_graph", done, self._pinned[plan.lo : plan.hi].numpy())
+                work()
+                return False
+        graph.replay()
+        return True
 
     def _register(self, values: np.ndarray) -> bool:
         """Whether CUDA has pinned `values`'s memory (registering it at the first sight)."""
@@ -346,8 +345,9 @@ class AllReduce:
             if ok:
                 _cuda_call("cudaHostUnregister", address)
         self._registered.clear()
-        if getattr(self, "_plans", None):  # views of the unpinned memory
+        if getattr(self, "_plans", None):  # views of the unpinned memory, and graphs copying into it
             self._plans.clear()
+            self._graphs.clear()
 
     def _settle_in_place(self) -> None:
         """Wait for every in_place copy back into a mapped bucket (each finish() has, except
@@ -435,53 +435,69 @@ class AllReduce:
                 if vec is None:
                     n = sum(b - a for a, b in spans)
                     vec = self._group_bufs[spans] = torch.empty(n, dtype=torch.float32, device=self._device.device)
-                at, o = [], 0
-                for m in members:
-                    at.append(o)
-                    vec[o : o + m.hi - m.lo].copy_(m.dev)
-                    o += m.hi - m.lo
+                at = [sum(m.hi - m.lo for m in members[:k]) for k in range(len(members))]
+            dsts = [self._pinned[m.lo : m.hi] if m.into is None else m.into[0] for m in members]
+
+            def work():
+                if not adjacent:
+                    for m, o in zip(members, at):
+                        vec[o : o + m.hi - m.lo].copy_(m.dev)
+                mean = self._reduce(vec)
+                if mean is not vec:
+                    vec.copy_(mean)
+                for m, o, dst in zip(members, at, dsts):
+                    dst.copy_(vec[o : o + m.hi - m.lo], non_blocking=True)
+
             t = time.perf_counter()
-            mean = self._reduce(vec)
+            replayed = self._enqueue(("group", spans, tuple(d.data_ptr() for d in dsts)), work)
             self.stats["collective_s"] += time.perf_counter() - t
-            if mean is not vec:
-                vec.copy_(mean)
-            for m, o in zip(members, at):
-                dst = self._pinned[m.lo : m.hi] if m.into is None else m.into[0]
-                dst.copy_(vec[o : o + m.hi - m.lo], non_blocking=True)
             done = self._event(spans)
             done.record(self._stream)
             if any(m.into is not None for m in members):
                 self._in_place_done.append(done)
+        kind = "nccl_graph" if replayed else "nccl"
         for m in members:
-            m.handle = ("nccl", done, self._pinned[m.lo : m.hi].numpy() if m.into is None else m.into[1])
+            m.handle = (kind, done, self._pinned[m.lo : m.hi].numpy() if m.into is None else m.into[1])
 
     def _reduce_staged(self, dev, lo: int, hi: int, after=None, into=None):
         """On the NCCL stream (after event `after`): the mean of dev (bucket [lo, hi) on the GPU)
         into the pinned stage, or into `into` = (pinned tensor, the NumPy array over the same
         memory); the handle _finish waits on."""
+        dst = self._pinned[lo:hi] if into is None else into[0]
+
+        def work():
+            mean = self._reduce(dev)
+            if mean is not dev:
+                dev.copy_(mean)
+            dst.copy_(dev, non_blocking=True)
+
         with torch.cuda.stream(self._stream):
             if after is not None:
                 self._stream.wait_event(after)
             t = time.perf_counter()
-            mean = self._reduce(dev)
+            replayed = self._enqueue(("one", dev.data_ptr(), hi - lo, dst.data_ptr()), work)
             self.stats["collective_s"] += time.perf_counter() - t
-            if mean is not dev:
-                dev.copy_(mean)
-            (self._pinned[lo:hi] if into is None else into[0]).copy_(dev, non_blocking=True)
             done = self._event((lo, hi))
             done.record(self._stream)
             if into is not None:
                 self._in_place_done.append(done)
-        return ("nccl", done, self._pinned[lo:hi].numpy() if into is None else into[1])
+        return ("nccl_graph" if replayed else "nccl", done, self._pinned[lo:hi].numpy() if into is None else into[1])
 
-    # True (an experiment, bench_ddp's avg=1): NCCL's own average (ReduceOp.AVG), one kernel fewer
-    # after each collective; the same values for 2 ranks (each halved exactly), not beyond
-    nccl_avg = False
+    # NCCL's own average (ReduceOp.AVG: each rank's values scaled by 1/world, then summed), one
+    # kernel fewer after each collective. Where world is a power of two the scaling is exact, so
+    # the mean has the bits of the sum divided by world (barring subnormal scaled values); None:
+    # AVG for such worlds, the sum and a division for others; True/False to choose
+    nccl_avg = None
+
+    def _use_avg(self) -> bool:
+        if self.nccl_avg is None:
+            return self.world & (self.world - 1) == 0
+        return bool(self.nccl_avg)
 
     def _reduce(self, dev):
         """The mean of a CUDA tensor over the ranks, enqueued on the current stream."""
         if self.dtype is None:
-            if self.nccl_avg:
+            if self._use_avg():
                 td.all_reduce(dev, op=td.ReduceOp.AVG, group=self.group)
                 return dev
             td.all_reduce(dev, op=td.ReduceOp.SUM, group=self.group)
@@ -506,9 +522,13 @@ class AllReduce:
         if kind == "nccl":
             work.synchronize()
         elif kind == "nccl_graph":  # c10d's watchdog does not see a replayed collective: a timeout of ours
-            deadline = t + _TIMEOUT_S
+            deadline, spin = t + _TIMEOUT_S, t + self.SPIN_S
             while not work.query():
-                if time.perf_counter() > deadline:
+                now = time.perf_counter()
+                if now < spin:
+                    time.sleep(0)  # yields the GIL; a sleep(20e-6) lasts ~70 us
+                    continue
+                if now > deadline:
                     raise RuntimeError(
                         f"rank {td.get_rank(self.group)} of {self.world}: a bucket's all-reduce (a CUDA graph) did not "
                         f"finish within {_TIMEOUT_S:g} s: another rank died or stopped answering"
@@ -603,11 +623,10 @@ class _Gloo:
 
 class _Plan:
     """start_mapped's tensors for one bucket: the pinned mapped memory, the bucket's part of the
-    GPU vector, the event after the copy between them, and the bucket's CUDA graph once captured."""
+    GPU vector, and the event after the copy between them."""
 
     def __init__(self, src, dev, copied, lo: int, hi: int):
         self.src, self.dev, self.copied, self.lo, self.hi = src, dev, copied, lo, hi
-        self.calls, self.graph = 0, None
 
 
 def _cuda_call(name: str, *args) -> int:

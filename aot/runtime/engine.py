@@ -86,7 +86,18 @@ COMPILE_WORKERS = 64
 # 6-10 GB/s on an H100 host, which made the copies of transformer_large's 76 MB the bulk of a
 # data-parallel step's host time (scripts/bench_ddp.py)
 COPY_THREADS = 8
+# a data-parallel step of an entry of at most PRERECORD_MAX dispatches records the next step's
+# backward while its last collective runs (prerecord): the addition transformer (64) on 2 H200s
+# 1.45-1.51 -> 1.42-1.44 ms a step; transformer_large (216) records for ~1.5 ms, as long as its
+# last collective takes, and lost 0.2-1.4 ms a step (37.6 -> 37.8-39.2 ms,
+# scripts/results/bench_ddp_h200x2_r8.json)
+PRERECORD_MAX = 128
 MAP_POLL_S = 50e-6  # between the polls of a bucket's map (_RawMaps.wait)
+# for the first MAP_SPIN_S of a map's wait the polls only yield (time.sleep(0)): a sleep of 50 us
+# lasts ~100 us on Linux, time the GPU idles where the host's next move waits for that map.
+# 0: 1 ms measured 1.34-1.92 ms a step of the addition transformer on 2 H200s against 1.42-1.44
+# (bench_ddp mapspin_us, scripts/results/bench_ddp_h200x2_r8.json: the ranks' noise, no gain)
+MAP_SPIN_S = 0.0
 COPY_SPLIT = 1 << 20
 
 
@@ -291,10 +302,11 @@ class _RawMaps:
         next bucket's backward to end (bench_ddp --timeline: each upload ended just after the
         next bucket's map)."""
         null = self.ffi.NULL
+        spin = time.perf_counter() + MAP_SPIN_S
         while tag not in self.done:
             self.poll(device._internal, False, null)
             if tag not in self.done:  # not yet, or another thread's poll took the callback
-                time.sleep(MAP_POLL_S)
+                time.sleep(0 if time.perf_counter() < spin else MAP_POLL_S)
         if self.done.pop(tag) != self.success:
             raise RuntimeError("could not map a gradient bucket's buffer (the device was lost?)")
 
@@ -835,6 +847,7 @@ class Engine:
             backup = self._reduce_area["backup"] = self.device.create_buffer(
                 label="grads_backup", size=max(4, 4 * total), usage=usage
             )
+            self._prerecorded = None  # it copies into the old one
         if total:
             enc.copy_buffer_to_buffer(buffers["grads"], 4 * offset, backup, 0, 4 * total)
         for arena, saved in self._buffer_backups().items():  # the first half may update them in place
@@ -870,8 +883,7 @@ class Engine:
         if key not in self.recipes:
             self._prepare(key)
         self._drop_uploads()
-        buffers = self.entry_buffers[key]
-        buckets, cut = e["buckets"], e["update_from"]
+        buckets = e["buckets"]
         rbs, ups = self._bucket_buffers(key)
         for arena, data in packed.items():
             if data.size:
@@ -886,31 +898,13 @@ class Engine:
         self._uploads.update(mapped={}, unmapped={i: threading.Event() for i in range(len(buckets))})
         boundaries = []  # (submission index or None, the buckets final there)
         self._mark("step")
+        pre, self._prerecorded = getattr(self, "_prerecorded", None), None
+        parts = pre[1] if pre is not None and pre[0] == (key, want_captures, total, offset, ride) else None
         with _sigint_deferred():  # a Ctrl-C must not leave part of the step unsubmitted
-            enc = self.device.create_command_encoder()
-            self._backup_grads(enc, key, total, offset)
-            done = 0
-            first = BUCKET_FIRST_SUBMIT
-            if 0 < first < min(r for _, _, r in buckets):
-                self._record(enc, key, (0, first))
-                self._submit(enc.finish(), maps)
-                enc, done = self.device.create_command_encoder(), first
-            for ready in sorted({r for _, _, r in buckets}):
-                self._record(enc, key, (done, ready))
-                done = ready
-                final = [i for i, (_, _, r) in enumerate(buckets) if r == ready]
-                for i in final:
-                    lo, hi, _ = buckets[i]
-                    enc.copy_buffer_to_buffer(buffers["grads"], 4 * (offset + lo), rbs[i], 0, 4 * (hi - lo))
-                if ride and ready == cut:
-                    lo, hi, _ = buckets[-1]
-                    self._reads(enc, key, want_captures, rbs[-1], hi - lo)
-                boundaries.append((self._submit(enc.finish(), maps), final))
-                enc = self.device.create_command_encoder()
-            if not ride:
-                self._record(enc, key, (done, cut))
-                self._reads(enc, key, want_captures)
-                self._submit(enc.finish(), maps)
+            for command_buffer, final in parts or self._bucket_parts(key, want_captures, total, offset, ride):
+                index = self._submit(command_buffer, maps)  # each as soon as it is recorded: the GPU starts
+                if final is not None:
+                    boundaries.append((index, final))
         self._mark("submitted")
         if maps is not None and self.upload_via == "map":  # the upload buffers, free once the last update that read them is done
             for i, (lo, hi, _) in enumerate(buckets):
@@ -949,6 +943,58 @@ class Engine:
             out = self._unpack(key, reads)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
         return out
+
+    def _bucket_parts(self, key: str, want_captures: bool, total: int, offset: int, ride: bool):
+        """run_buckets's command buffers, each yielded as soon as it is recorded, with the
+        buckets final at its end (None for a part that ends at no boundary): the gradients'
+        backup and the first BUCKET_FIRST_SUBMIT dispatches, then the dispatches up to each
+        boundary with the copies of the buckets final there into their readback buffers (the
+        outputs with the last where they ride), then what is left up to the cut with the outputs."""
+        e, buffers = self.entries[key], self.entry_buffers[key]
+        buckets, cut = e["buckets"], e["update_from"]
+        rbs = self._bucket_buffers(key)[0]
+        enc = self.device.create_command_encoder()
+        self._backup_grads(enc, key, total, offset)
+        done = 0
+        first = BUCKET_FIRST_SUBMIT
+        if 0 < first < min(r for _, _, r in buckets):
+            self._record(enc, key, (0, first))
+            yield enc.finish(), None
+            enc, done = self.device.create_command_encoder(), first
+        for ready in sorted({r for _, _, r in buckets}):
+            self._record(enc, key, (done, ready))
+            done = ready
+            final = [i for i, (_, _, r) in enumerate(buckets) if r == ready]
+            for i in final:
+                lo, hi, _ = buckets[i]
+                enc.copy_buffer_to_buffer(buffers["grads"], 4 * (offset + lo), rbs[i], 0, 4 * (hi - lo))
+            if ride and ready == cut:
+                lo, hi, _ = buckets[-1]
+                self._reads(enc, key, want_captures, rbs[-1], hi - lo)
+            yield enc.finish(), final
+            enc = self.device.create_command_encoder()
+        if not ride:
+            self._record(enc, key, (done, cut))
+            self._reads(enc, key, want_captures)
+            yield enc.finish(), None
+
+    def prerecord(self, key: str, want_captures: bool, total: int, offset: int) -> None:
+        """Record the command buffers of the next run_buckets of `key` now (a data-parallel step
+        calls it while its last collective runs and the host would only wait): that step then
+        only writes its inputs and submits them, and the GPU starts its forward pass at once
+        instead of after the host's recording: on 2 H200s the addition transformer's backward
+        submitted 0.05 ms into a step instead of 0.28-0.36, its bucket mapped 0.1 ms sooner
+        (1.45-1.51 -> 1.42-1.44 ms a step, scripts/results/bench_ddp_h200x2_r8.json). A
+        recording never submitted is dropped; it changes nothing. Only for entries of at most
+        PRERECORD_MAX dispatches: a longer recording delays the last collective's finish."""
+        e = self.entries[key]
+        if _MAPS is None or getattr(self, "serial_buckets", False) or not e.get("buckets") or len(e["dispatches"]) > PRERECORD_MAX:
+            return
+        if key not in self.recipes:
+            self._prepare(key)
+        ride = self._outputs_ride(key)
+        parts = list(self._bucket_parts(key, want_captures, total, offset, ride))
+        self._prerecorded = ((key, want_captures, total, offset, ride), parts)
 
     def bucket_groups(self, key: str) -> list[int]:
         """bucket_groups of the entry's table as this engine runs it (BUCKET_MERGE_SHARE)."""

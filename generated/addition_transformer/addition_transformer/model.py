@@ -628,6 +628,10 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                     self._prepare_update
                 ):  # recorded while the last group's collective runs
                     eng.prepare_update(key)
+                if (
+                    self._prerecord
+                ):  # the next step's backward too: it then starts on the GPU at once
+                    eng.prerecord(key, captures, total, e.offset)
                 for s in started[tail:]:
                     upload(*s, last=True)
             for f in uploads:
@@ -649,6 +653,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         return out
 
     _prepare_update = True  # False: the update recorded once the last bucket is uploaded (bench_ddp prepare=0)
+    _prerecord = True  # False: each bucketed step records its backward when it starts (bench_ddp prerecord=0)
 
     def _bind_reducer(self, reducer) -> None:
         """The reducer's release() (its hold on the mapped buckets: CUDA's pinning) runs before
