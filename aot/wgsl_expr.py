@@ -209,6 +209,11 @@ class Body:
         self.helper("opaque_f32")
         return self.let(f"opaque_f32({lit}, arrayLength(&{bufs[0]}))", "f32")
 
+    def opaque_true(self) -> str:
+        """A bool true at run time that the shader compiler cannot fold (opaque_f32)."""
+        bufs = [a for a in self.kc.access if not a.endswith(VEC_SUFFIX)]
+        return self.let(f"arrayLength(&{bufs[0]}) != 0u", "bool") if bufs else "true"
+
     def value(self, t: Tensor, idx: Index) -> str:
         # Rendering follows the expression tree by recursion (op renders call value() on their
         # inputs), one Python frame or more per op: a chain of 600 fused ops would exceed the

@@ -304,6 +304,11 @@ def _opaque_arith(op):
             # a*b + a*c into a*(b + c), which for a gradient (ct*y)*x + (ct*y)*x of x * x gives
             # ct*y*(x + x): inf where x + x overflows, and NaN for ct*y = 0 where torch gives 0
             return body.let(f"{a} * 2.0", "f32")
+        if call is None and op == "div" and not _literal(b):
+            # GPUs divide as a * (1 / b), and 1 / b is subnormal for |b| > 2^126, flushed to 0
+            # on NVIDIA (x / 3.4e38 was 0, inf / 3.4e38 NaN; torch: 2.6e-37, inf), and a fast-math
+            # compiler folds (ct / y) * y to ct (log(exp(x))'s gradient at exp(x) = 0: NaN in torch)
+            call = f"div_f32({a}, {b})"
         if call is None:
             return body.let(lookup(op).expr.format(a, b), "f32")
         body.helper(call.split("(")[0])
@@ -400,6 +405,17 @@ def _where_shape(c, a, b):
     return a[0], a[1]
 
 
+def _where_render(body, n, idx):
+    c, t, f = (body.value(x, idx) for x in n.inputs)
+    cond = f"{c} != 0.0"
+    if produced_by(n.inputs[0], ("less", "greater")):
+        # NVIDIA's compiler turns select(b, a, a < b) into fmin/fmax, which return the other
+        # operand for a NaN (clamp(NaN, min=0.0) was 0, torch: NaN); a condition with a term it
+        # cannot see through (true at run time) is no longer that pattern
+        cond = f"{cond} && {body.opaque_true()}"
+    return body.let(f"select({f}, {t}, {cond})", n.out.dtype)
+
+
 register(
     OpDef(
         "where",
@@ -408,6 +424,7 @@ register(
         lambda ct, n: (None, F.where(n.inputs[0], ct, 0.0), F.where(n.inputs[0], 0.0, ct)),
         "pointwise",
         expr="select({2}, {1}, {0} != 0.0)",
+        render=_where_render,
     )
 )
 

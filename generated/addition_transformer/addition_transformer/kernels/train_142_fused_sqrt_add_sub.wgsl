@@ -7,6 +7,12 @@
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
 @group(0) @binding(7) var<storage, read_write> state_1: array<f32>;
+// a / b, also for |b| > 2^126: GPUs divide as a * (1 / b), and 1 / b is then subnormal, flushed
+// to 0 (x / 3.4e38 gave 0, inf / 3.4e38 NaN on NVIDIA); a and b scaled by 1/4 keep it normal
+fn div_f32(a: f32, b: f32) -> f32 {
+    let big = abs(b) > 8.507059e37;
+    return select(a, a * 0.25, big) / select(b, b * 0.25, big);
+}
 // NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
 fn is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -31,7 +37,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v1: f32 = work[150720u];
     let v2: f32 = sqrt(v1);
     let v3: f32 = v2 + 0.000001;
-    let v4: f32 = 1.0 / v3;
+    let v4: f32 = div_f32(1.0, v3);
     let v5: f32 = min_nan(v4, 1.0);
     let v6: f32 = v0 * v5;
     let v7: f32 = state[i];
@@ -49,17 +55,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v19: f32 = params[i];
     let v20: f32 = inputs[1026u];
     let v21: f32 = v19 * v20;
-    let v22: f32 = select(v19, v21, v18 != 0.0);
-    let v23: f32 = inputs[1024u];
-    let v24: f32 = sqrt(v17);
-    let v25: f32 = inputs[1025u];
-    let v26: f32 = v24 / v25;
-    let v27: f32 = v26 + 0.00000001;
-    let v28: f32 = v11 / v27;
-    let v29: f32 = v23 * v28;
-    let v30: f32 = v22 - v29;
+    let v22: bool = arrayLength(&grads) != 0u;
+    let v23: f32 = select(v19, v21, v18 != 0.0 && v22);
+    let v24: f32 = inputs[1024u];
+    let v25: f32 = sqrt(v17);
+    let v26: f32 = inputs[1025u];
+    let v27: f32 = div_f32(v25, v26);
+    let v28: f32 = v27 + 0.00000001;
+    let v29: f32 = div_f32(v11, v28);
+    let v30: f32 = v24 * v29;
+    let v31: f32 = v23 - v30;
     work[i] = v6;
     state[i] = v11;
     state_1[i] = v17;
-    params[i] = v30;
+    params[i] = v31;
 }

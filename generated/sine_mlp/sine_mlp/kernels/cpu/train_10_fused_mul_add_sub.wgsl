@@ -18,6 +18,12 @@ struct Offsets {
     o5: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// a / b, also for |b| > 2^126: GPUs divide as a * (1 / b), and 1 / b is then subnormal, flushed
+// to 0 (x / 3.4e38 gave 0, inf / 3.4e38 NaN on NVIDIA); a and b scaled by 1/4 keep it normal
+fn div_f32(a: f32, b: f32) -> f32 {
+    let big = abs(b) > 8.507059e37;
+    return select(a, a * 0.25, big) / select(b, b * 0.25, big);
+}
 // the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
 // dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
 fn opaque_f32(x: f32, n: u32) -> f32 {
@@ -46,9 +52,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v12: f32 = inputs[at.o4];
     let v13: f32 = sqrt(v6);
     let v14: f32 = inputs[at.o5];
-    let v15: f32 = v13 / v14;
+    let v15: f32 = div_f32(v13, v14);
     let v16: f32 = v15 + 0.00000001;
-    let v17: f32 = v10 / v16;
+    let v17: f32 = div_f32(v10, v16);
     let v18: f32 = v12 * v17;
     let v19: f32 = v11 - v18;
     state_1[at.o0 + i] = v6;
