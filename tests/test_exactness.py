@@ -670,3 +670,37 @@ def test_norm_gradient_at_a_zero_norm_follows_torch(kernels):
     sum(torch.linalg.vector_norm(t, p, dim=1) * torch.tensor(ct) for p in ps).sum().backward()
     np.testing.assert_array_equal(np.isnan(grads["x"]), np.isnan(t.grad.numpy()), err_msg=kernels)
     np.testing.assert_allclose(grads["x"], t.grad.numpy(), rtol=1e-5, atol=1e-30, err_msg=kernels)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_nan_through_where_clamp_equal_and_squares(kernels, tmp_path):
+    """NaN where torch gives NaN: clamp and where over comparisons (NVIDIA's compiler turned
+    select(b, a, a < b) into fmin/fmax, which drop a NaN: the kernels' where now carries a
+    run-time-true term), minimum(x, x)'s gradient at a NaN (x == x folded to true there: equal asks
+    the bits), square(-sqrt(x)) at x < 0 (lavapipe folded it to |x|: hour run 8, special seed
+    5421717); the WGSL says so, since lavapipe does not fold the first two."""
+    x = np.array([np.nan, -0.25, 0.25, 3.0, -np.inf, -1.1754944e-38], np.float32)
+    y = np.array([0.5, np.nan, -1.0, 0.5, 0.5, 0.5], np.float32)
+    body = lambda m, f: {  # noqa: E731
+        "c": ops.clamp(m.x, min=0.0, max=0.5), "w": ops.where(ops.less(m.x, m.y), m.y, m.x),
+        "m": ops.minimum(m.x, m.x), "s": ops.square(ops.neg(ops.sqrt(m.x))),
+    }
+    prog, inputs, _ = make_program(f"nan_where_{kernels}", {"x": x, "y": y}, {}, body, cts={k: np.ones(6) for k in "cwms"})
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+        grads = model.grads()
+    finally:
+        model.close()
+    tx, ty = (torch.tensor(v, requires_grad=True) for v in (x, y))
+    want = {"c": tx.clamp(0.0, 0.5), "w": torch.where(tx < ty, ty, tx), "m": torch.minimum(tx, tx),
+            "s": torch.square(-torch.sqrt(tx))}
+    for k, w in want.items():
+        np.testing.assert_array_equal(caps[k], w.detach().numpy(), err_msg=k)
+    sum(w.sum() for w in want.values()).backward()
+    np.testing.assert_array_equal(np.isnan(grads["x"]), np.isnan(tx.grad.numpy()))
+    np.testing.assert_allclose(grads["x"], tx.grad.numpy(), rtol=1e-6)
+    out = Path(tmp_path) / "pkg"
+    aot.build(prog, str(out))
+    wgsl = "\n".join(f.read_text() for f in out.rglob("*.wgsl"))
+    assert "!= 0.0 && v" in wgsl and "arrayLength(&" in wgsl and "!is_nan_f32(" in wgsl

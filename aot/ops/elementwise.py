@@ -25,8 +25,11 @@ def produced_by(t, ops) -> bool:
     """Whether tensor t is the output of one of these ops (x ** +-0.5 counts as a root: it is
     rendered with sqrt)."""
     node = getattr(t, "node", None)
-    while node is not None and node.op == "stop_gradient":  # the same value: sqrt(a) through it
-        node = getattr(node.inputs[0], "node", None)  # squares to |a| as well (special seed 5360124)
+    # through stop_gradient (the same value: sqrt(a) through it squares to |a| as well, special
+    # seed 5360124), neg and abs (compilers fold them into the square: (-sqrt(a))^2 was |a| on
+    # lavapipe, hour run 8's special seed 5421717)
+    while node is not None and node.op in ("stop_gradient", "neg", "abs"):
+        node = getattr(node.inputs[0], "node", None)
     if node is not None and node.op == "power" and "sqrt" in ops:
         return abs(node.attrs.get("p", 0)) == 0.5
     return node is not None and node.op in ops
@@ -392,7 +395,28 @@ def _cmp(name, ref, op):
 
 _cmp("less", np.less, "<")
 _cmp("greater", np.greater, ">")
-_cmp("equal", np.equal, "==")
+def _equal_render(body, n, idx):
+    a, b = (body.value(x, idx) for x in n.inputs)
+    if n.inputs[0].dtype != "f32":
+        return body.let(f"select(0.0, 1.0, {a} == {b})", "f32")
+    body.helper("is_nan_f32")
+    return body.let(f"select(0.0, 1.0, {a} == {b} && !is_nan_f32({a}))", "f32")
+
+
+# a == a is true for every a to a compiler that assumes no NaN (NVIDIA's: minimum(x, x) at a NaN
+# split its gradient as a tie, torch passes it to both), so equality also asks the bits
+register(
+    OpDef(
+        "equal",
+        _same_shape_any_dtype("f32"),
+        lambda a, b: np.equal(a, b).astype(np.float32 if a.dtype != np.float64 else np.float64),
+        None,
+        "pointwise",
+        expr="select(0.0, 1.0, {0} == {1})",
+        nondiff=True,
+        render=_equal_render,
+    )
+)
 
 
 def _where_shape(c, a, b):
@@ -407,13 +431,11 @@ def _where_shape(c, a, b):
 
 def _where_render(body, n, idx):
     c, t, f = (body.value(x, idx) for x in n.inputs)
-    cond = f"{c} != 0.0"
-    if produced_by(n.inputs[0], ("less", "greater")):
-        # NVIDIA's compiler turns select(b, a, a < b) into fmin/fmax, which return the other
-        # operand for a NaN (clamp(NaN, min=0.0) was 0, torch: NaN); a condition with a term it
-        # cannot see through (true at run time) is no longer that pattern
-        cond = f"{cond} && {body.opaque_true()}"
-    return body.let(f"select({f}, {t}, {cond})", n.out.dtype)
+    # NVIDIA's compiler turns select(b, a, a < b) into fmin/fmax, which return the other operand
+    # for a NaN (clamp(NaN, min=0.0) was 0, torch: NaN), also through masks combined with
+    # maximum or products; a condition with a term it cannot see through (true at run time) is
+    # no longer that pattern
+    return body.let(f"select({f}, {t}, {c} != 0.0 && {body.opaque_true()})", n.out.dtype)
 
 
 register(

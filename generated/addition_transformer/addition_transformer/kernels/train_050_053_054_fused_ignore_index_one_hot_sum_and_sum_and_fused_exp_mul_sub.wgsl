@@ -36,8 +36,9 @@ fn k0_main(gid: vec3<u32>) {
         let v5: f32 = select(0.0, 1.0, v4 == i32(r));
         let v6: u32 = v0 * 96u + v1 * 12u + r;
         let v7: f32 = work[983040u + v6];
-        let v8: f32 = select(0.0, v7, v5 != 0.0);
-        acc0 = acc0 + v8;
+        let v8: bool = arrayLength(&inputs_i32) != 0u;
+        let v9: f32 = select(0.0, v7, v5 != 0.0 && v8);
+        acc0 = acc0 + v9;
     }
     let res0 = k0_plus_zero_f32(acc0);
     work[800768u + o] = res0;

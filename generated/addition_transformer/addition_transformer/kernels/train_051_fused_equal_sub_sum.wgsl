@@ -28,10 +28,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v5: f32 = 1.0 - v4;
         let v6: f32 = work[800768u + v2];
         let v7: f32 = -v6;
-        let v8: f32 = select(0.0, v7, v5 != 0.0);
-        let v9: f32 = inputs[v2];
-        let v10: f32 = v8 * v9;
-        acc0 = acc0 + v10;
+        let v8: bool = arrayLength(&inputs_i32) != 0u;
+        let v9: f32 = select(0.0, v7, v5 != 0.0 && v8);
+        let v10: f32 = inputs[v2];
+        let v11: f32 = v9 * v10;
+        acc0 = acc0 + v11;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -43,7 +44,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = plus_zero_f32(part0[0]);
-        let v11: f32 = res0 * 0.0026041667;
-        work[2779904u + o] = v11;
+        let v12: f32 = res0 * 0.0026041667;
+        work[2779904u + o] = v12;
     }
 }

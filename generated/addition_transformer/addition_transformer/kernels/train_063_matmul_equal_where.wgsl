@@ -12,6 +12,10 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 36 and 36 floats (13312 bytes in all).
 var<workgroup> tile_a: array<vec4<f32>, 288>;
@@ -20,7 +24,7 @@ var<workgroup> tile_b: array<vec4<f32>, 288>;
 var<workgroup> partial: array<f32, 1024>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select(acc, 0.0, (select(0.0, 1.0, (work[524288u + (row * 256u + col)]) == 0.0)) != 0.0));
+    return (select(acc, 0.0, (select(0.0, 1.0, (work[524288u + (row * 256u + col)]) == 0.0 && !is_nan_f32((work[524288u + (row * 256u + col)])))) != 0.0 && (arrayLength(&work) != 0u)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {

@@ -34,8 +34,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v11: f32 = work[132096u + v10];
         let v12: f32 = v11 * 0.015625;
         let v13: f32 = v9 + v12;
-        let v14: f32 = select(0.0, v13, v3 != 0.0);
-        acc0 = acc0 + v14;
+        let v14: bool = arrayLength(&inputs_i32) != 0u;
+        let v15: f32 = select(0.0, v13, v3 != 0.0 && v14);
+        acc0 = acc0 + v15;
     }
     part0[lid.x] = acc0;
     workgroupBarrier();
@@ -47,10 +48,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     if (lid.x == 0u) {
         let res0 = plus_zero_f32(part0[0]);
-        let v15: u32 = o / 64u;
-        let v16: u32 = o % 64u;
-        let v17: f32 = work[2779136u + v15 + v16 * 12u];
-        let v18: f32 = v17 + res0;
-        grads[576u + o] = v18;
+        let v16: u32 = o / 64u;
+        let v17: u32 = o % 64u;
+        let v18: f32 = work[2779136u + v16 + v17 * 12u];
+        let v19: f32 = v18 + res0;
+        grads[576u + o] = v19;
     }
 }

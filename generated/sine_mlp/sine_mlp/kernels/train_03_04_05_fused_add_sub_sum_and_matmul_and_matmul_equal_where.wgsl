@@ -287,8 +287,13 @@ fn k1_main(wg: vec3<u32>, tid: u32) {
     k1_store_c(c1_1, bi, row0 + 1u, col0 + 1u);
 }
 
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn k2_is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 fn k2_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select(acc, 0.0, (select(0.0, 1.0, (work[16384u + (row * 64u + col)]) == 0.0)) != 0.0));
+    return (select(acc, 0.0, (select(0.0, 1.0, (work[16384u + (row * 64u + col)]) == 0.0 && !k2_is_nan_f32((work[16384u + (row * 64u + col)])))) != 0.0 && (arrayLength(&work) != 0u)));
 }
 
 fn k2_store_c(acc: f32, bi: u32, row: u32, col: u32) {

@@ -12,13 +12,17 @@
 
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 20 floats (2560 bytes in all).
 var<workgroup> tile_a: array<f32, 320>;
 var<workgroup> tile_b: array<f32, 320>;
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select(acc, 0.0, (select(0.0, 1.0, (work[16384u + (row * 64u + col)]) == 0.0)) != 0.0));
+    return (select(acc, 0.0, (select(0.0, 1.0, (work[16384u + (row * 64u + col)]) == 0.0 && !is_nan_f32((work[16384u + (row * 64u + col)])))) != 0.0 && (arrayLength(&work) != 0u)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {

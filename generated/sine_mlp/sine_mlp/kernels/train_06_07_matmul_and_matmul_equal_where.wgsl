@@ -237,8 +237,13 @@ fn k0_main(wg: vec3<u32>, tid: u32) {
     k0_store_c(c1_1, bi, row0 + 1u, col0 + 1u);
 }
 
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn k1_is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 fn k1_epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select(acc, 0.0, (select(0.0, 1.0, (work[(row * 64u + col)]) == 0.0)) != 0.0));
+    return (select(acc, 0.0, (select(0.0, 1.0, (work[(row * 64u + col)]) == 0.0 && !k1_is_nan_f32((work[(row * 64u + col)])))) != 0.0 && (arrayLength(&work) != 0u)));
 }
 
 fn k1_store_c(acc: f32, bi: u32, row: u32, col: u32) {

@@ -44,14 +44,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             let v5: f32 = 1.0 - v4;
             let v6: f32 = work[at.o1 + v2];
             let v7: f32 = -v6;
-            let v8: f32 = select(0.0, v7, v5 != 0.0);
-            let v9: f32 = inputs[at.o2 + v2];
-            let v10: f32 = v8 * v9;
-            part0 = part0 + v10;
+            let v8: bool = arrayLength(&inputs_i32) != 0u;
+            let v9: f32 = select(0.0, v7, v5 != 0.0 && v8);
+            let v10: f32 = inputs[at.o2 + v2];
+            let v11: f32 = v9 * v10;
+            part0 = part0 + v11;
         }
         acc0 = acc0 + part0;
     }
     let res0 = plus_zero_f32(acc0);
-    let v11: f32 = res0 * 0.0026041667;
-    work[at.o3 + o] = v11;
+    let v12: f32 = res0 * 0.0026041667;
+    work[at.o3 + o] = v12;
 }

@@ -33,8 +33,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v9: f32 = 1.0 * 0.0026041667;
     let v10: f32 = inputs[at.o1 + v3];
     let v11: f32 = v9 * v10;
-    let v12: f32 = select(0.0, v11, v8 != 0.0);
-    let v13: f32 = -v12;
-    let v14: f32 = select(0.0, v13, v6 != 0.0);
-    work[at.o2 + i] = v14;
+    let v12: bool = arrayLength(&inputs_i32) != 0u;
+    let v13: f32 = select(0.0, v11, v8 != 0.0 && v12);
+    let v14: f32 = -v13;
+    let v15: f32 = select(0.0, v14, v6 != 0.0 && v12);
+    work[at.o2 + i] = v15;
 }

@@ -23,9 +23,13 @@ struct Offsets {
     o3: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// NaN by its bits: WGSL lets compilers assume float math never sees a NaN, so x != x may fold
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
-    return (select(acc, 0.0, (select(0.0, 1.0, (work[at.o2 + (row * 256u + col)]) == 0.0)) != 0.0));
+    return (select(acc, 0.0, (select(0.0, 1.0, (work[at.o2 + (row * 256u + col)]) == 0.0 && !is_nan_f32((work[at.o2 + (row * 256u + col)])))) != 0.0 && (arrayLength(&work) != 0u)));
 }
 
 fn store_c(acc: f32, bi: u32, row: u32, col: u32) {

@@ -52,15 +52,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             let v11: f32 = work[at.o3 + v10];
             let v12: f32 = v11 * 0.015625;
             let v13: f32 = v9 + v12;
-            let v14: f32 = select(0.0, v13, v3 != 0.0);
-            part0 = part0 + v14;
+            let v14: bool = arrayLength(&inputs_i32) != 0u;
+            let v15: f32 = select(0.0, v13, v3 != 0.0 && v14);
+            part0 = part0 + v15;
         }
         acc0 = acc0 + part0;
     }
     let res0 = plus_zero_f32(acc0);
-    let v15: u32 = o / 64u;
-    let v16: u32 = o % 64u;
-    let v17: f32 = work[at.o4 + v15 + v16 * 12u];
-    let v18: f32 = v17 + res0;
-    grads[at.o5 + o] = v18;
+    let v16: u32 = o / 64u;
+    let v17: u32 = o % 64u;
+    let v18: f32 = work[at.o4 + v16 + v17 * 12u];
+    let v19: f32 = v18 + res0;
+    grads[at.o5 + o] = v19;
 }
