@@ -153,7 +153,11 @@ def gelu(x, approximate: str = "none"):
             # subnormal, the factor is (1 + x du) exp(inner) in one rounding
             du = math.sqrt(8.0 / math.pi) * (1.0 + (3 * 0.044715) * ins[0] * ins[0])
             near = s + ins[0] * (s * (1.0 - s)) * du
-            far = _mul_exp(1.0 + ins[0] * du, minimum(inner, SILU_TAIL))
+            # (1 + x du) exp(inner) as exp(inner) + x (du exp(inner)): for x = -1.4e18, x du
+            # overflows where exp(inner) is 0 (NaN; torch's (x / 2 * 0) * du is 0: hour run 8,
+            # special seed 5422105), and du = inf (x < -1.8e19) is NaN in both
+            y = minimum(inner, SILU_TAIL)
+            far = exp(y) + ins[0] * _mul_exp(du, y)
             return (ct * where(less(inner, SILU_TAIL), far, near),)
 
         return custom_vjp(_times_sigmoid(x, inner), (x,), rule_tanh)
