@@ -64,6 +64,8 @@ HELPER_DEPS = {
     "mul_self_f32": ("is_nan_f32",),
     "div_zero_f32": ("f32_bits",),
     "zero_sub_f32": ("f32_bits",),
+    "div_f32": ("f32_bits",),
+    "rsqrt_f32": ("f32_bits",),
 }
 
 

@@ -678,14 +678,16 @@ def test_nan_through_where_clamp_equal_and_squares(kernels, tmp_path):
     select(b, a, a < b) into fmin/fmax, which drop a NaN: the kernels' where now carries a
     run-time-true term), minimum(x, x)'s gradient at a NaN (x == x folded to true there: equal asks
     the bits), square(-sqrt(x)) at x < 0 (lavapipe folded it to |x|: hour run 8, special seed
-    5421717); the WGSL says so, since lavapipe does not fold the first two."""
+    5421717), rsqrt below 0 (NVIDIA's inverseSqrt(-inf) is -0), x / inf decided by the bits (NVIDIA:
+    inf / inf = 0); the WGSL says so, since lavapipe folds none but the squares."""
     x = np.array([np.nan, -0.25, 0.25, 3.0, -np.inf, -1.1754944e-38], np.float32)
     y = np.array([0.5, np.nan, -1.0, 0.5, 0.5, 0.5], np.float32)
     body = lambda m, f: {  # noqa: E731
         "c": ops.clamp(m.x, min=0.0, max=0.5), "w": ops.where(ops.less(m.x, m.y), m.y, m.x),
         "m": ops.minimum(m.x, m.x), "s": ops.square(ops.neg(ops.sqrt(m.x))),
+        "r": ops.rsqrt(m.x), "d": m.x / ops.exp(ops.abs(m.y) * 1000.0),
     }
-    prog, inputs, _ = make_program(f"nan_where_{kernels}", {"x": x, "y": y}, {}, body, cts={k: np.ones(6) for k in "cwms"})
+    prog, inputs, _ = make_program(f"nan_where_{kernels}", {"x": x, "y": y}, {}, body, cts={k: np.ones(6) for k in "cwmsrd"})
     model = compile_checked(prog, kernels)
     try:
         caps = model.step(**inputs, captures=True).captures
@@ -694,7 +696,7 @@ def test_nan_through_where_clamp_equal_and_squares(kernels, tmp_path):
         model.close()
     tx, ty = (torch.tensor(v, requires_grad=True) for v in (x, y))
     want = {"c": tx.clamp(0.0, 0.5), "w": torch.where(tx < ty, ty, tx), "m": torch.minimum(tx, tx),
-            "s": torch.square(-torch.sqrt(tx))}
+            "s": torch.square(-torch.sqrt(tx)), "r": torch.rsqrt(tx), "d": tx / torch.exp(ty.abs() * 1000.0)}
     for k, w in want.items():
         np.testing.assert_array_equal(caps[k], w.detach().numpy(), err_msg=k)
     sum(w.sum() for w in want.values()).backward()

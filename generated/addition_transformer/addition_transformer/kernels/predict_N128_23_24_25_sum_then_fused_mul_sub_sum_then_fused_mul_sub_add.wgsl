@@ -87,9 +87,15 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
 }
 
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn k2_f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+// (and NaN below 0: NVIDIA's inverseSqrt(-inf) is -0)
 fn k2_rsqrt_f32(x: f32) -> f32 {
-    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+    return select(select(inverseSqrt(x), 1.0 / x, x == 0.0), k2_f32_bits(0x7fc00000u), x < 0.0);
 }
 
 fn k2_main(gid: vec3<u32>) {

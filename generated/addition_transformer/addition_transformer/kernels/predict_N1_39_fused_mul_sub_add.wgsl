@@ -3,9 +3,15 @@
 // writes f32[1,8,64]; reads blocks.2.ln2.b, blocks.2.ln2.g, predict_N1_38_fused_mul_sub_sum, predict_N1_37_sum, predict_N1_36_matmul_add
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+// (and NaN below 0: NVIDIA's inverseSqrt(-inf) is -0)
 fn rsqrt_f32(x: f32) -> f32 {
-    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+    return select(select(inverseSqrt(x), 1.0 / x, x == 0.0), f32_bits(0x7fc00000u), x < 0.0);
 }
 
 @compute @workgroup_size(256)

@@ -2,14 +2,20 @@
 // train_044_fused_mul_add_sum: mul -> sum -> mul -> add -> rsqrt   (addition_transformer.py:53)
 // writes f32[128,8,1]; reads train_043_fused_add_mul_sub
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
 // shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
 fn plus_zero_f32(x: f32) -> f32 {
     return select(x, 0.0, x == 0.0);
 }
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+// (and NaN below 0: NVIDIA's inverseSqrt(-inf) is -0)
 fn rsqrt_f32(x: f32) -> f32 {
-    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+    return select(select(inverseSqrt(x), 1.0 / x, x == 0.0), f32_bits(0x7fc00000u), x < 0.0);
 }
 
 var<workgroup> part0: array<f32, 256>;

@@ -14,9 +14,15 @@ struct Offsets {
     o4: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+// (and NaN below 0: NVIDIA's inverseSqrt(-inf) is -0)
 fn rsqrt_f32(x: f32) -> f32 {
-    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+    return select(select(inverseSqrt(x), 1.0 / x, x == 0.0), f32_bits(0x7fc00000u), x < 0.0);
 }
 
 @compute @workgroup_size(256)

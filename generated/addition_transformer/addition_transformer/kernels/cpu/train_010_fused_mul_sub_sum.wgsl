@@ -11,14 +11,20 @@ struct Offsets {
     o2: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
 // shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
 fn plus_zero_f32(x: f32) -> f32 {
     return select(x, 0.0, x == 0.0);
 }
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
+// (and NaN below 0: NVIDIA's inverseSqrt(-inf) is -0)
 fn rsqrt_f32(x: f32) -> f32 {
-    return select(inverseSqrt(x), 1.0 / x, x == 0.0);
+    return select(select(inverseSqrt(x), 1.0 / x, x == 0.0), f32_bits(0x7fc00000u), x < 0.0);
 }
 
 @compute @workgroup_size(16)

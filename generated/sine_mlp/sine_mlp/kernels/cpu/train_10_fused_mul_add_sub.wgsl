@@ -19,10 +19,21 @@ struct Offsets {
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
 // a / b, also for |b| > 2^126: GPUs divide as a * (1 / b), and 1 / b is then subnormal, flushed
-// to 0 (x / 3.4e38 gave 0, inf / 3.4e38 NaN on NVIDIA); a and b scaled by 1/4 keep it normal
+// to 0 (x / 3.4e38 gave 0, inf / 3.4e38 NaN on NVIDIA); a and b scaled by 1/4 keep it normal.
+// An infinite b is decided by the bits (NVIDIA gave inf / inf = 0): NaN for an inf or NaN a,
+// else the zero of the quotient's sign
 fn div_f32(a: f32, b: f32) -> f32 {
     let big = abs(b) > 8.507059e37;
-    return select(a, a * 0.25, big) / select(b, b * 0.25, big);
+    let q = select(a, a * 0.25, big) / select(b, b * 0.25, big);
+    let inf_b = (bitcast<u32>(b) & 0x7fffffffu) == 0x7f800000u;
+    let zero = bitcast<f32>((bitcast<u32>(a) ^ bitcast<u32>(b)) & 0x80000000u);
+    let a_bad = (bitcast<u32>(a) & 0x7fffffffu) >= 0x7f800000u;
+    return select(q, select(zero, f32_bits(0x7fc00000u), a_bad), inf_b);
+}
+// a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
+// expression that evaluates to one is a shader-creation error in Chrome's Tint)
+fn f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
 }
 // the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
 // dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
