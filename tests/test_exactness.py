@@ -728,3 +728,4 @@ def test_gelu_tanh_gradient_far_below_zero(kernels):
     for who, got in ((kernels, grads["x"]), ("interp", _interp_grads(prog, inputs)["x"])):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=who)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-30, err_msg=who)
+

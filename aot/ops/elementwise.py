@@ -305,8 +305,11 @@ def _opaque_arith(op):
         if call is None and op == "add" and a == b and a not in _ZERO:
             # x + x as x * 2.0 (equal for every x, inf, NaN and -0 included): Mesa factors
             # a*b + a*c into a*(b + c), which for a gradient (ct*y)*x + (ct*y)*x of x * x gives
-            # ct*y*(x + x): inf where x + x overflows, and NaN for ct*y = 0 where torch gives 0
-            return body.let(f"{a} * 2.0", "f32")
+            # ct*y*(x + x): inf where x + x overflows, and NaN for ct*y = 0 where torch gives 0;
+            # the 2.0 opaque where x is a product, which Mesa would reassociate as (ct * 2.0) * y
+            # (the gradient of min(x) * min(x) at 3.4e38 was inf: hour run 9, special seed 5470020)
+            two = body.opaque_f32("2.0") if produced_by(n.inputs[0], _CHAINS["mul"]) else "2.0"
+            return body.let(f"{a} * {two}", "f32")
         if call is None and op == "div" and not _literal(b):
             # GPUs divide as a * (1 / b), and 1 / b is subnormal for |b| > 2^126, flushed to 0
             # on NVIDIA (x / 3.4e38 was 0, inf / 3.4e38 NaN; torch: 2.6e-37, inf), and a fast-math

@@ -13,6 +13,11 @@
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(3) var<storage, read> inputs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
+// dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
+fn opaque_f32(x: f32, n: u32) -> f32 {
+    return select(x, 0.0, n == 0u);
+}
 
 // Slabs of A and B, stored [k][m] and [k][n] with rows of 20 and 16 floats (10240 bytes in all).
 var<workgroup> tile_a: array<vec2<f32>, 640>;
@@ -30,7 +35,7 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
         let v = epilogue(acc, bi, row, col);
         work[i] = v;
         let e = row;
-        let x0 = (((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + row]))) * 2.0);
+        let x0 = (((1.0 * 0.00390625) * ((acc + (params[4352u])) - (inputs[256u + row]))) * (opaque_f32(2.0, arrayLength(&work))));
         work[65536u + e] = x0;
     }
 }

@@ -26,6 +26,11 @@ struct Offsets {
     o5: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// the literal x, but not a constant to the shader compiler (n, a buffer's length, is known only at
+// dispatch): Mesa reassociates (a * b) * 2.0 as (a * 2.0) * b, inf where torch's order is finite
+fn opaque_f32(x: f32, n: u32) -> f32 {
+    return select(x, 0.0, n == 0u);
+}
 
 fn epilogue(acc: f32, bi: u32, row: u32, col: u32) -> f32 {
     return acc;
@@ -36,7 +41,7 @@ fn store_c(acc: f32, bi: u32, row: u32, col: u32) {
     let v = epilogue(acc, bi, row, col);
     work[i] = v;
     let e = row;
-    let x0 = (((1.0 * 0.00390625) * ((acc + (params[at.o2])) - (inputs[at.o3 + row]))) * 2.0);
+    let x0 = (((1.0 * 0.00390625) * ((acc + (params[at.o2])) - (inputs[at.o3 + row]))) * (opaque_f32(2.0, arrayLength(&work))));
     work[at.o4 + e] = x0;
 }
 
