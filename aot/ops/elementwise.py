@@ -296,6 +296,10 @@ def _opaque_arith(op):
             call = f"div_zero_f32({a}, {b})"  # x / 0.0: drivers return 0 for it (IEEE: +-inf, NaN)
         elif op == "sub" and a in _ZERO and b not in _ZERO:
             call = f"zero_sub_f32({a}, {b})"  # 0.0 - x: Mesa folds it to -x, -0 for x = 0 (IEEE: +0)
+        elif op == "add" and (a == "0.0") != (b == "0.0"):
+            # x + 0.0 is +0 for x = -0 (IEEE), but compilers fold it to x (1e-30 / (-0 + 0.0) was
+            # -inf where torch's is inf: hour run 10's special seed 5490363)
+            call = "plus_zero_f32(%s)" % (b if a == "0.0" else a)
         elif op == "sub" and a == b and a not in _ZERO:
             call = f"self_sub_f32({a})"
         elif op == "add" and (_is_neg_of(body, b, a) or _is_neg_of(body, a, b)):

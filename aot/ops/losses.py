@@ -260,8 +260,15 @@ def kl_div(input, target, reduction: str = "mean", log_target: bool = False):
         loss = exp(t) * (t - x)
     else:
         zero = equal(t, 0.0)
-        # t log t with log's argument replaced at t = 0 (a select: log(0) * 0 would be NaN)
-        loss = t * log(where(zero, 1.0, t)) - t * x
+        # t log t with log's argument replaced at t = 0 (a select: log(0) * 0 would be NaN); its
+        # gradient log(t) + 1 times ct as torch's xlogy(ct, t) + ct: 0 where ct is 0, also for a
+        # t < 0 whose log is NaN (special seed 5490249, hour run 10)
+        lt = log(where(zero, 1.0, t))
+
+        def tlogt_rule(ct, out, ins):
+            return (where(equal(ct, 0.0), 0.0, ct * lt) + where(zero, 0.0, ct),)
+
+        loss = custom_vjp(t * lt, (t,), tlogt_rule) - t * x
     if reduction == "batchmean":
         if x.ndim == 0:
             fail("kl_div", "reduction='batchmean' needs an input with a batch axis")
