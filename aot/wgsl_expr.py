@@ -21,25 +21,9 @@ from .schedule import KernelSchedule
 from .views import contiguous_strides
 
 # helpers a pointwise `expr` may call, and the helpers each of them calls in turn
-EXPR_HELPERS = (
-    "tanh_f32",
-    "sigmoid_f32",
-    "erf_f32",
-    "max_nan",
-    "min_nan",
-    "pow_int_f32",
-    "pow_frac_f32",
-    "pow_abs_f32",
-    "log1p_f32",
-    "expm1_f32",
-    "sin_f32",
-    "cos_f32",
-    "exp_f32",
-    "log_f32",
-    "mul_exp_f32",
-    "mul_self_f32",
-    "rsqrt_f32",
-)
+EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow_int_f32", "pow_frac_f32", "pow_abs_f32",
+                "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_exp_f32", "mul_self_f32",
+                "rsqrt_f32")
 HELPER_DEPS = {
     "tanh_f32": ("is_nan_f32", "expm1_f32"),
     "erf_f32": ("is_nan_f32", "exp_f32"),
@@ -93,11 +77,7 @@ class Index:
     def get_flat(self, body) -> str:
         if self.flat is None:
             _check_u32(self.shape)
-            terms = [
-                f"{c} * {st}u" if st != 1 else c
-                for c, st, d in zip(self.coords, contiguous_strides(self.shape), self.shape)
-                if d != 1
-            ]
+            terms = [f"{c} * {st}u" if st != 1 else c for c, st, d in zip(self.coords, contiguous_strides(self.shape), self.shape) if d != 1]
             expr = " + ".join(terms) if terms else "0u"
             # one plain coordinate (size-1 dims added or dropped) is the flat index itself: keeping
             # its name lets a kernel see that it reads its own output at its own element
@@ -201,20 +181,25 @@ class Body:
         self.cache[key] = name
         return name
 
+    def _length_source(self) -> str | None:
+        """A buffer this kernel binds as a runtime-sized array, whose length the shader compiler
+        cannot know (None before the kernel has bound one)."""
+        return next((a for a in self.kc.access if not a.endswith(VEC_SUFFIX)), None)
+
     def opaque_f32(self, lit: str) -> str:
         """The f32 literal as a value the shader compiler cannot fold or reassociate: selected by
         a buffer's length, known only at dispatch (wasm_values folds it back at build time). The
         literal itself where the kernel has bound no buffer yet."""
-        bufs = [a for a in self.kc.access if not a.endswith(VEC_SUFFIX)]
-        if not bufs:
+        buf = self._length_source()
+        if buf is None:
             return lit
         self.helper("opaque_f32")
-        return self.let(f"opaque_f32({lit}, arrayLength(&{bufs[0]}))", "f32")
+        return self.let(f"opaque_f32({lit}, arrayLength(&{buf}))", "f32")
 
     def opaque_true(self) -> str:
         """A bool true at run time that the shader compiler cannot fold (opaque_f32)."""
-        bufs = [a for a in self.kc.access if not a.endswith(VEC_SUFFIX)]
-        return self.let(f"arrayLength(&{bufs[0]}) != 0u", "bool") if bufs else "true"
+        buf = self._length_source()
+        return self.let(f"arrayLength(&{buf}) != 0u", "bool") if buf else "true"
 
     def value(self, t: Tensor, idx: Index) -> str:
         # Rendering follows the expression tree by recursion (op renders call value() on their

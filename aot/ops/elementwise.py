@@ -74,28 +74,13 @@ _unary("neg", lambda x: -x, lambda ct, n: (F.neg(ct),), "-{0}")
 # sign(0) = 0, so d|x|/dx at 0 is 0 (PyTorch's choice).
 _unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
 # sign(NaN) = 0 as torch.sign (and so abs's gradient at NaN); NumPy's is NaN
-register(
-    OpDef(
-        "sign",
-        _f32_only("sign"),
-        lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)),
-        None,
-        "pointwise",
-        expr="sign({0})",
-        nondiff=True,
-    )
-)
+register(OpDef("sign", _f32_only("sign"), lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)), None, "pointwise",
+               expr="sign({0})", nondiff=True))
 _unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})", COSTLY)
 # rsqrt(-0) = -inf as IEEE's and torch's; written by the bits in rsqrt_f32, as Mesa takes
 # inverseSqrt's result for non-negative and folds what reads it on that assumption (expm1 of it:
 # -inf, not -1)
-_unary(
-    "rsqrt",
-    lambda x: (1.0 / np.sqrt(x)).astype(x.dtype),
-    lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,),
-    "rsqrt_f32({0})",
-    COSTLY,
-)
+_unary("rsqrt", lambda x: (1.0 / np.sqrt(x)).astype(x.dtype), lambda ct, n: (ct * -0.5 * n.out * n.out * n.out,), "rsqrt_f32({0})", COSTLY)
 _unary("exp", np.exp, lambda ct, n: (ct * n.out,), "exp_f32({0})", COSTLY)
 _unary("log", np.log, lambda ct, n: (ct / n.inputs[0],), "log_f32({0})", COSTLY)
 # exp, log, sin, cos and erf are aot's own (_helpers.wgsl.j2), as tanh: WGSL bounds its builtins' error only
@@ -198,9 +183,7 @@ register(
         # torch's pow_backward, in its order: ct * (p * x ** (p - 1)) (ct * p first overflowed where
         # the product is finite: special seed 5350272), zeros for p = 0 (not 0 * x ** -1, NaN at
         # x = 0, nor ct * 0, NaN for an inf cotangent)
-        lambda ct, n: (
-            _zeros_like(ct) if n.attrs["p"] == 0 else ct * (F.power(n.inputs[0], n.attrs["p"] - 1.0) * n.attrs["p"]),
-        ),
+        lambda ct, n: (_zeros_like(ct) if n.attrs["p"] == 0 else ct * (F.power(n.inputs[0], n.attrs["p"] - 1.0) * n.attrs["p"]),),
         "pointwise",
         expr=_power_expr,
         cost=COSTLY,
@@ -230,15 +213,8 @@ def _identity_wgsl(body, n, idx):
 # stop_gradient is the identity in every kernel; grad.py sees nondiff and sends nothing back.
 register(
     OpDef(
-        "stop_gradient",
-        lambda x: x,
-        lambda x: x.copy(),
-        None,
-        "pointwise",
-        expr="{0}",
-        nondiff=True,
-        index_bound=follow,
-        render=_identity_wgsl,
+        "stop_gradient", lambda x: x, lambda x: x.copy(), None, "pointwise", expr="{0}", nondiff=True,
+        index_bound=follow, render=_identity_wgsl,
     )
 )
 
@@ -330,11 +306,7 @@ def _opaque_arith(op):
 _binary("add", lambda a, b: a + b, lambda ct, n: (ct, ct), "{0} + {1}", render=_opaque_arith("add"))
 _binary("sub", lambda a, b: a - b, lambda ct, n: (ct, F.neg(ct)), "{0} - {1}", render=_opaque_arith("sub"))
 _binary(
-    "mul",
-    lambda a, b: a * b,
-    lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]),
-    "{0} * {1}",
-    render=_opaque_arith("mul"),
+    "mul", lambda a, b: a * b, lambda ct, n: (ct * n.inputs[1], ct * n.inputs[0]), "{0} * {1}", render=_opaque_arith("mul")
 )
 _binary(
     "div",
@@ -386,7 +358,7 @@ _binary("maximum", _torch_minmax(np.greater_equal), _minmax_vjp(lambda a, b: F.l
 _binary("minimum", _torch_minmax(np.less_equal), _minmax_vjp(lambda a, b: F.greater(a, b)), "min_nan({0}, {1})")
 
 
-def _cmp(name, ref, op):
+def _cmp(name, ref, op, render=None):
     register(
         OpDef(
             name,
@@ -396,34 +368,24 @@ def _cmp(name, ref, op):
             "pointwise",
             expr="select(0.0, 1.0, {0} %s {1})" % op,
             nondiff=True,
+            render=render,
         )
     )
 
 
-_cmp("less", np.less, "<")
-_cmp("greater", np.greater, ">")
 def _equal_render(body, n, idx):
-    a, b = (body.value(x, idx) for x in n.inputs)
+    # a == a is true for every a to a compiler that assumes no NaN (NVIDIA's: minimum(x, x) at a
+    # NaN split its gradient as a tie, torch passes it to both), so f32 equality also asks the bits
     if n.inputs[0].dtype != "f32":
-        return body.let(f"select(0.0, 1.0, {a} == {b})", "f32")
+        return body.pointwise(n, idx)
+    a, b = (body.value(x, idx) for x in n.inputs)
     body.helper("is_nan_f32")
     return body.let(f"select(0.0, 1.0, {a} == {b} && !is_nan_f32({a}))", "f32")
 
 
-# a == a is true for every a to a compiler that assumes no NaN (NVIDIA's: minimum(x, x) at a NaN
-# split its gradient as a tie, torch passes it to both), so equality also asks the bits
-register(
-    OpDef(
-        "equal",
-        _same_shape_any_dtype("f32"),
-        lambda a, b: np.equal(a, b).astype(np.float32 if a.dtype != np.float64 else np.float64),
-        None,
-        "pointwise",
-        expr="select(0.0, 1.0, {0} == {1})",
-        nondiff=True,
-        render=_equal_render,
-    )
-)
+_cmp("less", np.less, "<")
+_cmp("greater", np.greater, ">")
+_cmp("equal", np.equal, "==", render=_equal_render)
 
 
 def _where_shape(c, a, b):
@@ -485,14 +447,8 @@ def _cast_wgsl(body, n, idx):
 
 register(
     OpDef(
-        "cast",
-        _cast_shape,
-        _cast_ref,
-        _cast_vjp,
-        "pointwise",
-        expr=lambda a: "%s({0})" % a["dtype"],
-        index_bound=lambda n, x: FOLLOW if n.out.dtype == "i32" else None,
-        render=_cast_wgsl,
+        "cast", _cast_shape, _cast_ref, _cast_vjp, "pointwise", expr=lambda a: "%s({0})" % a["dtype"],
+        index_bound=lambda n, x: FOLLOW if n.out.dtype == "i32" else None, render=_cast_wgsl,
     )
 )
 

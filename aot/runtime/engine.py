@@ -442,6 +442,7 @@ class Engine:
         self._reduce_area: dict = {}  # key -> readback buffer of run_backward; "backup" -> saved grads
         self._waited = 0.0  # seconds spent in maps (waiting for the GPU) during the current call
         self._uploads = None  # run_buckets's step: the buckets uploaded so far and the maps pending
+        self._prerecorded = None  # prerecord's (what it was recorded for, the command buffers)
         self._last_update = None  # the submission index of the last update after run_buckets
         # upload_bucket's way: "readback" (a result the reducer left in the bucket's mapped readback
         # buffer is copied from there by the GPU; any other by "map"), "map" (the bucket's
@@ -898,7 +899,7 @@ class Engine:
         self._uploads.update(mapped={}, unmapped={i: threading.Event() for i in range(len(buckets))})
         boundaries = []  # (submission index or None, the buckets final there)
         self._mark("step")
-        pre, self._prerecorded = getattr(self, "_prerecorded", None), None
+        pre, self._prerecorded = self._prerecorded, None
         parts = pre[1] if pre is not None and pre[0] == (key, want_captures, total, offset, ride) else None
         with _sigint_deferred():  # a Ctrl-C must not leave part of the step unsubmitted
             for command_buffer, final in parts or self._bucket_parts(key, want_captures, total, offset, ride):
@@ -1104,7 +1105,7 @@ class Engine:
         buffers = self.entry_buffers[key]
         if grads is not None and grads.size:  # None: uploaded in buckets (run_buckets, upload_bucket)
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
-        up, self._uploads = getattr(self, "_uploads", None), None
+        up, self._uploads = self._uploads, None
         prepared = up.get("prepared") if up is not None else None
         copies = up["copies"] if up is not None else ()  # upload_bucket(last=True)'s
         if prepared is not None:

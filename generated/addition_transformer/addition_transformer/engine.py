@@ -540,6 +540,9 @@ class Engine:
         self._uploads = (
             None  # run_buckets's step: the buckets uploaded so far and the maps pending
         )
+        self._prerecorded = (
+            None  # prerecord's (what it was recorded for, the command buffers)
+        )
         self._last_update = (
             None  # the submission index of the last update after run_buckets
         )
@@ -1126,7 +1129,7 @@ class Engine:
         )
         boundaries = []  # (submission index or None, the buckets final there)
         self._mark("step")
-        pre, self._prerecorded = getattr(self, "_prerecorded", None), None
+        pre, self._prerecorded = self._prerecorded, None
         parts = (
             pre[1]
             if pre is not None and pre[0] == (key, want_captures, total, offset, ride)
@@ -1396,7 +1399,7 @@ class Engine:
             grads is not None and grads.size
         ):  # None: uploaded in buckets (run_buckets, upload_bucket)
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
-        up, self._uploads = getattr(self, "_uploads", None), None
+        up, self._uploads = self._uploads, None
         prepared = up.get("prepared") if up is not None else None
         copies = up["copies"] if up is not None else ()  # upload_bucket(last=True)'s
         if prepared is not None:
