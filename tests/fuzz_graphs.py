@@ -2974,9 +2974,11 @@ def unformatted_builds():
     half or more of a small program's build time: while active, builds skip formatting."""
     import aot.emit
 
-    original = aot.emit._py
-    aot.emit._py = lambda src: src
+    # _py_cached too: it keeps _py's output on disk by the source's hash, and an unformatted
+    # runtime file kept there was what later builds (regen_goldens included) copied
+    original = aot.emit._py, aot.emit._py_cached
+    aot.emit._py = aot.emit._py_cached = lambda src: src
     try:
         yield
     finally:
-        aot.emit._py = original
+        aot.emit._py, aot.emit._py_cached = original
