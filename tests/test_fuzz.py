@@ -379,30 +379,3 @@ def test_wasm_side_flags_a_miscompiled_wasm_set_and_its_repro_fails(monkeypatch,
     (f,) = fg.check(batch, sides=("wasm",))
     assert f.kind == "wasm-compile" and "the statement 'loop'" in f.detail
 
-
-def test_unformatted_builds_leave_the_format_cache_alone(tmp_path, monkeypatch):
-    """The fuzzer's builds skip black; they must not leave unformatted runtime files in the disk
-    cache of black's output, which later builds copy (a 5-minute fuzz run once did, and the
-    goldens came out unformatted)."""
-    import aot
-    import aot.emit
-    from aot import ops
-
-    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path / "cache"))
-    aot.emit._py_cached.cache_clear()
-
-    class M(aot.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = self.param((3,))
-
-    prog = aot.Program("cache_probe", model=M, train=aot.Train(lambda m, x: ops.sum(m.w * x), inputs={"x": aot.f32(3)}))
-    with fg.unformatted_builds():
-        aot.build(prog, str(tmp_path / "raw"))
-    assert not list((tmp_path / "cache").rglob("*.py"))
-    aot.build(prog, str(tmp_path / "formatted"))
-    engine = next((tmp_path / "formatted").rglob("engine.py")).read_text()
-    import black
-
-    assert black.format_str(engine, mode=aot.emit.BLACK_MODE) == engine
-    aot.emit._py_cached.cache_clear()

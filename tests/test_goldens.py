@@ -57,3 +57,33 @@ def test_generated_python_is_black_formatted():
         for p in (ROOT / "generated" / name).rglob("*.py"):
             text = p.read_text(encoding="utf-8")
             assert black.format_str(text, mode=BLACK_MODE) == text, f"{p} is not black-formatted"
+
+
+def test_unformatted_builds_leave_the_format_cache_alone(tmp_path, monkeypatch):
+    """The fuzzer's builds skip black; they must not leave unformatted runtime files in the disk
+    cache of black's output, which later builds copy (a 5-minute fuzz run once did, and the
+    goldens came out unformatted). Not in test_fuzz.py: its module fixture keeps the fuzzer's
+    unformatted builds on."""
+    import aot
+    import aot.emit
+    from aot import ops
+    from fuzz_graphs import unformatted_builds
+
+    monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path / "cache"))
+    aot.emit._py_cached.cache_clear()
+
+    class M(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param((3,))
+
+    prog = aot.Program("cache_probe", model=M, train=aot.Train(lambda m, x: ops.sum(m.w * x), inputs={"x": aot.f32(3)}))
+    with unformatted_builds():
+        aot.build(prog, str(tmp_path / "raw"))
+    assert not list((tmp_path / "cache").rglob("*.py"))
+    aot.build(prog, str(tmp_path / "formatted"))
+    engine = next((tmp_path / "formatted").rglob("engine.py")).read_text()
+    import black
+
+    assert black.format_str(engine, mode=aot.emit.BLACK_MODE) == engine
+    aot.emit._py_cached.cache_clear()
