@@ -196,6 +196,16 @@ class Body:
         self.helper("opaque_f32")
         return self.let(f"opaque_f32({lit}, arrayLength(&{buf}))", "f32")
 
+    def barrier_f32(self, value: str) -> str:
+        """The f32 value through barrier_f32: the same number, which the shader compiler cannot
+        reassociate with the arithmetic that made it (the value itself where the kernel has bound
+        no buffer yet)."""
+        buf = self._length_source()
+        if buf is None:
+            return value
+        self.helper("barrier_f32")
+        return self.let(f"barrier_f32({value}, arrayLength(&{buf}))", "f32")
+
     def opaque_true(self) -> str:
         """A bool true at run time that the shader compiler cannot fold (opaque_f32)."""
         buf = self._length_source()

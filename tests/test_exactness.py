@@ -729,3 +729,62 @@ def test_gelu_tanh_gradient_far_below_zero(kernels):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=who)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-30, err_msg=who)
 
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_nvidia_fast_math_and_sum_reassociation_second_round(kernels, tmp_path):
+    """The H200's second special-area run (seeds 5450000..5450336) and hour run 11 on lavapipe:
+    - a gradient summing +inf and -inf (inf / x over a repeated index) is NaN: NVIDIA's compiler
+      read `x == 0.0` as true for a NaN x in plus_zero_f32 (seeds 5450067, 5450160, 5450163);
+      zero is now asked of the bits;
+    - x ** -0.5 at -inf is NaN (NVIDIA turned 1 / sqrt(x) into its rsqrt, -0 there: 5450138);
+    - log(clamp(x, min=0)) at a negative subnormal is -inf: a flushing device's comparison passes
+      x itself through, and log reads its sign bit (5450284);
+    - x - hardswish(x) is 0 at 89 (NVIDIA divided by 6 as a product fused into the subtraction:
+      5450126);
+    - log1p(x - 1.0) at x = -3e-39 is -inf and its gradient inf: lavapipe reassociated log1p's
+      1 + y with y's own sum into log(x) (NaN; hour run 11, seed 5512083)."""
+    x = np.array([89.0, -np.inf, -1e-45, -3e-39, 0.25, 1e-8], np.float32)
+    q = np.array([[-110.0, 2.0], [3.0, 4.0]], np.float32)
+    idx = np.array([[0, 0], [1, 1]], np.int32)
+    fns = {
+        "h": lambda v: ops.hardswish(v) - v if not isinstance(v, torch.Tensor) else torch.nn.functional.hardswish(v) - v,
+        "r": lambda v: v**-0.5,
+        "l": lambda v: ops.log(ops.clamp(v, min=0.0)) if not isinstance(v, torch.Tensor) else torch.log(torch.clamp(v, min=0.0)),
+        "p": lambda v: ops.log1p(v - 1.0) if not isinstance(v, torch.Tensor) else torch.log1p(v - 1.0),
+    }
+    params = {f"x{k}": x for k in fns}
+    params["q"] = q
+
+    def body(m, f):
+        out = {k: fn(getattr(m, f"x{k}")) for k, fn in fns.items()}
+        out["t"] = float("inf") / ops.take_along_axis(m.q, f["idx"], 1)
+        return out
+
+    cts = {k: np.ones(6) for k in fns}
+    cts["t"] = np.array([[1.0, -1.0], [1.0, 2.0]])
+    prog, inputs, _ = make_program(f"fast_math2_{kernels}", params, {"idx": idx}, body, cts=cts)
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+        grads = model.grads()
+    finally:
+        model.close()
+    for k, fn in fns.items():
+        t = torch.tensor(x, requires_grad=True)
+        w = fn(t)
+        w.sum().backward()
+        for what, got, want in (("value", caps[k], w.detach().numpy()), ("gradient", grads[f"x{k}"], t.grad.numpy())):
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{kernels}: {k} {what}")
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-44, err_msg=f"{kernels}: {k} {what}")
+    assert caps["h"][0] == 0.0 and caps["p"][3] == -np.inf and grads["xp"][3] == np.inf
+    tq = torch.tensor(q, requires_grad=True)
+    (float("inf") / torch.take_along_dim(tq, torch.tensor(idx, dtype=torch.int64), 1) * torch.tensor(cts["t"])).sum().backward()
+    assert np.isnan(tq.grad[0, 0].item())
+    np.testing.assert_array_equal(np.isnan(grads["q"]), np.isnan(tq.grad.numpy()))
+    np.testing.assert_allclose(grads["q"], tq.grad.numpy(), rtol=1e-6)
+    out = Path(tmp_path) / "pkg"
+    aot.build(prog, str(out))
+    wgsl = "\n".join(f.read_text() for f in out.rglob("*.wgsl"))
+    assert "select(x, 0.0, x == 0.0)" not in wgsl and "(bitcast<u32>(x) & 0x7fffffffu) == 0u" in wgsl
+    assert "barrier_f32(" in wgsl

@@ -17,9 +17,10 @@ var<workgroup> k0_part0: array<f32, 256>;
 var<workgroup> k1_part0: array<f32, 256>;
 
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
-// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
+// asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
 fn k0_plus_zero_f32(x: f32) -> f32 {
-    return select(x, 0.0, x == 0.0);
+    return select(x, 0.0, (bitcast<u32>(x) & 0x7fffffffu) == 0u);
 }
 
 fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
@@ -55,9 +56,10 @@ fn k1_f32_bits(b: u32) -> f32 {
     return bitcast<f32>(b);
 }
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
-// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
+// asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
 fn k1_plus_zero_f32(x: f32) -> f32 {
-    return select(x, 0.0, x == 0.0);
+    return select(x, 0.0, (bitcast<u32>(x) & 0x7fffffffu) == 0u);
 }
 // inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
 // (and NaN below 0: NVIDIA's inverseSqrt(-inf) is -0)

@@ -66,9 +66,10 @@ fn k1_is_nan_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
-// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
+// asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
 fn k1_plus_zero_f32(x: f32) -> f32 {
-    return select(x, 0.0, x == 0.0);
+    return select(x, 0.0, (bitcast<u32>(x) & 0x7fffffffu) == 0u);
 }
 
 fn k1_main(gid: vec3<u32>) {
@@ -117,8 +118,12 @@ fn k2_log_f32(x: f32) -> f32 {
     let p = q * (1.0 / 3.0 + q * (1.0 / 5.0 + q * (1.0 / 7.0 + q * (1.0 / 9.0 + q * (1.0 / 11.0 + q * (1.0 / 13.0 + q * (1.0 / 15.0)))))));
     let two_s = f - s * f;  // 2s, as f minus a term ~f^2/2 (s (2 + f) = f)
     let v = e * 0.693145751953125 + (e * 1.4286067653e-6 + (f - (s * f - two_s * p)));
-    let edge = select(select(x, k2_f32_bits(0xff800000u), (bits & 0x7fffffffu) == 0u), k2_f32_bits(0x7fc00000u), bits > 0x80000000u);
-    return select(v, edge, (bits & 0x7fffffffu) == 0u || bits > 0x80000000u || ex == 255u);
+    // a negative subnormal that the device flushes (x < 0.0 false; NVIDIA) is -0 here: -inf, not
+    // NaN (clamp(x, min=0) passes such an x through where its comparison read it as 0)
+    let zero = (bits & 0x7fffffffu) == 0u || (bits < 0x80800000u && bits > 0x80000000u && !(x < 0.0));
+    let nan_in = bits > 0x80000000u && !zero;
+    let edge = select(select(x, k2_f32_bits(0xff800000u), zero), k2_f32_bits(0x7fc00000u), nan_in);
+    return select(v, edge, zero || nan_in || ex == 255u);
 }
 
 fn k2_main(gid: vec3<u32>) {

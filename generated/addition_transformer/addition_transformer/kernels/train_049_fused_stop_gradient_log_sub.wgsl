@@ -27,8 +27,12 @@ fn log_f32(x: f32) -> f32 {
     let p = q * (1.0 / 3.0 + q * (1.0 / 5.0 + q * (1.0 / 7.0 + q * (1.0 / 9.0 + q * (1.0 / 11.0 + q * (1.0 / 13.0 + q * (1.0 / 15.0)))))));
     let two_s = f - s * f;  // 2s, as f minus a term ~f^2/2 (s (2 + f) = f)
     let v = e * 0.693145751953125 + (e * 1.4286067653e-6 + (f - (s * f - two_s * p)));
-    let edge = select(select(x, f32_bits(0xff800000u), (bits & 0x7fffffffu) == 0u), f32_bits(0x7fc00000u), bits > 0x80000000u);
-    return select(v, edge, (bits & 0x7fffffffu) == 0u || bits > 0x80000000u || ex == 255u);
+    // a negative subnormal that the device flushes (x < 0.0 false; NVIDIA) is -0 here: -inf, not
+    // NaN (clamp(x, min=0) passes such an x through where its comparison read it as 0)
+    let zero = (bits & 0x7fffffffu) == 0u || (bits < 0x80800000u && bits > 0x80000000u && !(x < 0.0));
+    let nan_in = bits > 0x80000000u && !zero;
+    let edge = select(select(x, f32_bits(0xff800000u), zero), f32_bits(0x7fc00000u), nan_in);
+    return select(v, edge, zero || nan_in || ex == 255u);
 }
 
 @compute @workgroup_size(256)

@@ -11,9 +11,10 @@ struct Offsets {
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
-// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch)
+// shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
+// asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
 fn plus_zero_f32(x: f32) -> f32 {
-    return select(x, 0.0, x == 0.0);
+    return select(x, 0.0, (bitcast<u32>(x) & 0x7fffffffu) == 0u);
 }
 
 @compute @workgroup_size(16)
