@@ -309,6 +309,24 @@ def test_special_oracle_flushes_the_value_exp_s_gradient_is_taken_from():
     assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == ["step 1: gradient of p0"]
 
 
+def test_special_oracle_flushes_y_over_b_in_division_s_gradient():
+    """b's gradient of a / b is -(ct * (y / b)) in aot, (a / b) / b in torch: y / b subnormal is 0 on
+    a device that flushes (H200, seed 5460110: rsqrt(a / 1e20)'s cotangent 2.8e33 times 3.5e-43);
+    the flushed reference computes it so, and a wrong a-gradient is still caught."""
+    a = np.array([0.0035471581, 2.0], np.float32)
+    b = np.array([1e20, 4.0], np.float32)
+    leaves = {"p0": fg.Leaf("p0", "param", "f32", (2,), [a]), "p1": fg.Leaf("p1", "param", "f32", (2,), [b])}
+    ops = [fg.Op(("v1",), "div", ("p0", "p1")), fg.Op(("v2",), "rsqrt", ("v1",))]
+    c = fg.Case(leaves, {}, ops, ["v2"], {"v2": [np.array([-1.1888348, 1.0], np.float32)]}, 1)
+    refs = fa._special_refs(c, 0)
+    assert refs[0][1][1]["p1"][0] < -1e-10 and refs[1][1][1]["p1"][0] == 0  # as is; flushed
+    side = _torch_side(c)
+    side.grads[0]["p1"][0] = -0.0  # what the H200 gave
+    assert fa.special_failures(fg.Batch([c], steps=1), side, "interp") == []
+    side.grads[0]["p0"][1] *= 1.01
+    assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == ["step 1: gradient of p0"]
+
+
 def test_optim_oracle_flags_a_wrong_update():
     """The optim area's tolerance is rounding-sized: a trajectory with 1% more lr, or Adam's
     bias correction left out of one step, falls outside it."""

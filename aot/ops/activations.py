@@ -52,7 +52,9 @@ def elu(x, alpha: float = 1.0):
 
     def rule(ct, y, ins):
         le0 = _le(ins[0], 0.0)
-        return (where(le0, ct * exp(where(le0, ins[0], 0.0)) * a, ct),)
+        # ct alpha exp(x) in one rounding: exp(x) alone is subnormal below -87.3, 0 on a GPU that
+        # flushes, and an inf cotangent then gave NaN where torch's is inf (H200, seed 5460264)
+        return (where(le0, _mul_exp(ct * a if a != 1.0 else ct, where(le0, ins[0], 0.0)), ct),)
 
     return custom_vjp(y, (x,), rule)
 
