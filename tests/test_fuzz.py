@@ -309,6 +309,26 @@ def test_special_oracle_flushes_the_value_exp_s_gradient_is_taken_from():
     assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == ["step 1: gradient of p0"]
 
 
+def test_special_oracle_takes_a_finite_slope_through_gelu_s_cancelled_tail_only():
+    """log(gelu_tanh(x)) at x = -8.27: torch's 0.5 x (1 + tanh(u)) cancels to 0, so its gradient is
+    0 / 0 = NaN, where aot's x sigmoid(2u) keeps the true slope (hour run 12, seed 5610050): accepted
+    with gelu in the chain; a finite gradient where torch's is NaN without gelu is still caught."""
+    def case(op, kw, then):
+        p0 = np.array([-8.266138, 1.0], np.float32)
+        leaves = {"p0": fg.Leaf("p0", "param", "f32", (2,), [p0])}
+        ops = [fg.Op(("v1",), op, ("p0",), kw), fg.Op(("v2",), then, ("v1",))]
+        return fg.Case(leaves, {}, ops, ["v2"], {"v2": [np.array([0.1140487, 1.0], np.float32)]}, 1)
+    gelu, plain = case("gelu", {"approximate": "tanh"}, "log"), case("neg", {}, "sqrt")
+    side = _torch_side(gelu)
+    assert np.isnan(side.grads[0]["p0"][0])
+    side.grads[0]["p0"][0] = 1.8363681
+    assert fa.special_failures(fg.Batch([gelu], steps=1), side, "interp") == []
+    side = _torch_side(plain)
+    assert np.isnan(side.grads[0]["p0"][1])  # sqrt(-1)'s
+    side.grads[0]["p0"][1] = 1.0
+    assert [w for _k, w, _d in fa.special_failures(fg.Batch([plain], steps=1), side, "interp")] == ["step 1: gradient of p0"]
+
+
 def test_special_oracle_flushes_y_over_b_in_division_s_gradient():
     """b's gradient of a / b is -(ct * (y / b)) in aot, (a / b) / b in torch: y / b subnormal is 0 on
     a device that flushes (H200, seed 5460110: rsqrt(a / 1e20)'s cotangent 2.8e33 times 3.5e-43);
