@@ -673,6 +673,10 @@ def _accept_flags(got, refs, flags, scale: float) -> np.ndarray:
             ok |= (classes(got) == 0) & (c64 >= 2) & (c32 >= 2)
         if "flush" in flags:
             ok |= np.isnan(got) & (c64 >= 2) & (c32 >= 2)
+            # and the other infinity where a flushed zero's sign decides it: logsigmoid(89) is
+            # -2.2e-39 in torch (its flushed reference -0, rsqrt of it -inf), 0 - log1p(0) = +0 on
+            # a GPU that flushes exp(-89) (+inf; H200, special seed 5480275)
+            ok |= (classes(got) >= 2) & (c64 >= 2) & (c32 >= 2)
         if "factorization" in flags:
             ok |= (classes(got) >= 2) & (c64 == 1) & (c32 == 1)
         if "bounded_derivative" in flags:  # 1 - y^2 with y a few ulps off: absolute 1e-6 * |ct|

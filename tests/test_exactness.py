@@ -788,3 +788,42 @@ def test_nvidia_fast_math_and_sum_reassociation_second_round(kernels, tmp_path):
     wgsl = "\n".join(f.read_text() for f in out.rglob("*.wgsl"))
     assert "select(x, 0.0, x == 0.0)" not in wgsl and "(bitcast<u32>(x) & 0x7fffffffu) == 0u" in wgsl
     assert "barrier_f32(" in wgsl
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_gradients_through_subnormal_exp_factors_under_an_inf_cotangent(kernels, tmp_path):
+    """elu, erf, log_softmax and logsumexp take their gradient's exp factor and the cotangent in one
+    rounding (mul_exp_f32): exp(-87.5) or exp(-100) alone is subnormal, 0 on a GPU that flushes
+    (NVIDIA), and an inf cotangent then gave NaN where torch's is inf (H200 special seeds 5460264,
+    5480295, 5480305, 5480038). lavapipe keeps subnormals, so here the values are compared with
+    torch and the kernels are checked to take the product in one rounding."""
+    x = np.array([-87.5, 10.0, 0.0, -95.0, 1.0], np.float32)
+    ct = np.array([np.inf, np.inf, 1.0, np.inf, 0.5], np.float32)
+    fns = {
+        "e": (lambda v: ops.elu(v, alpha=0.5), lambda t: torch.nn.functional.elu(t, alpha=0.5)),
+        "f": (ops.erf, torch.erf),
+        "s": (lambda v: ops.log_softmax(v), lambda t: torch.log_softmax(t, -1)),
+        "l": (lambda v: ops.reshape(ops.logsumexp(v), (1,)), lambda t: torch.logsumexp(t, 0, keepdim=True)),
+    }
+    params = {f"x{k}": x for k in fns}
+    cts = {k: ct for k in "efs"}
+    cts["l"] = np.array([np.inf], np.float32)
+    prog, inputs, _ = make_program(f"subnormal_exp_{kernels}", params, {}, lambda m, f: {k: fn(getattr(m, f"x{k}")) for k, (fn, _) in fns.items()}, cts=cts)
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+        grads = model.grads()
+    finally:
+        model.close()
+    for k, (_, tfn) in fns.items():
+        t = torch.tensor(x, requires_grad=True)
+        w = tfn(t)
+        w.backward(torch.tensor(cts[k]))
+        np.testing.assert_allclose(caps[k], w.detach().numpy(), rtol=2e-6, err_msg=k)
+        want = t.grad.numpy()
+        np.testing.assert_array_equal(np.isnan(grads[f"x{k}"]), np.isnan(want), err_msg=f"{kernels}: {k}")
+        np.testing.assert_allclose(grads[f"x{k}"], want, rtol=2e-6, atol=1e-44, err_msg=f"{kernels}: {k}")
+    out = Path(tmp_path) / "pkg"
+    aot.build(prog, str(out))
+    wgsl = "\n".join(f.read_text() for f in out.rglob("*.wgsl") if "mul_exp" in f.name)
+    assert wgsl.count("fn mul_exp_f32") >= 3, "elu, erf, log_softmax and logsumexp gradients take mul_exp"

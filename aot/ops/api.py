@@ -437,7 +437,9 @@ def log_softmax(x, axis: int = -1):
     z = x - m
     y = z - log(sum(exp(z), axis, keepdims=True))
     # d/dx log_softmax: ct - softmax * sum(ct), with softmax = exp(y)
-    return custom_vjp(y, (x,), lambda ct, y, ins: (ct - exp(y) * sum(ct, axis, keepdims=True),))
+    # exp(y) * sum(ct) in one rounding (mul_exp): exp(y) alone is subnormal below -87.3, 0 on a GPU
+    # that flushes, and an inf sum then gave NaN where torch's is inf (H200, special seed 5480305)
+    return custom_vjp(y, (x,), lambda ct, y, ins: (ct - _mul_exp(sum(ct, axis, keepdims=True), y),))
 
 
 def causal_mask(t: int):

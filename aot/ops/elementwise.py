@@ -121,7 +121,9 @@ _unary(
 _unary(
     "erf",
     lambda x: np.asarray(_erf(x)).astype(x.dtype),  # frompyfunc gives a Python float for 0-d x
-    lambda ct, n: (ct * (2.0 / math.sqrt(math.pi)) * F.exp(F.neg(F.square(n.inputs[0]))),),
+    # (ct 2/sqrt(pi)) exp(-x^2) in one rounding (mul_exp): exp(-x^2) is subnormal from |x| = 9.4 on,
+    # 0 on a GPU that flushes, and an inf cotangent then gave NaN where torch's is inf (5480295)
+    lambda ct, n: (F._mul_exp(ct * (2.0 / math.sqrt(math.pi)), F.neg(F.square(n.inputs[0]))),),
     "erf_f32({0})",
     COSTLY,
 )

@@ -12,7 +12,7 @@ import builtins as _b
 import math
 
 from .api import (
-    Scalar, _check_f32, arange, broadcast_to, custom_vjp, div, equal, exp, greater, log, max as _max, narrow,
+    Scalar, _check_f32, _mul_exp, arange, broadcast_to, custom_vjp, div, equal, exp, greater, log, max as _max, narrow,
     neg, normalize_axes, power, reshape, sign, sqrt, square, stop_gradient, sum, transpose, where,
 )
 from .api import abs as _abs
@@ -63,7 +63,9 @@ def logsumexp(x, axis=None, keepdims: bool = False, *, dim=None, keepdim=None):
     m = where(greater(_abs(m), F32_MAX), 0.0, m)  # infinite maxima shift by 0, as torch
     y = log(sum(exp(x - broadcast_to(m, x.shape)), axes, keepdims=True)) + m
     y = y if keep else reshape(y, _out_shape(x, axes, False))
-    return custom_vjp(y, (x,), lambda ct, y, ins: (_back(ct, ins[0], axes) * exp(ins[0] - _back(y, ins[0], axes)),))
+    # ct exp(x - out) in one rounding (mul_exp; x - out <= 0): exp alone goes subnormal, 0 on a GPU
+    # that flushes, where an inf cotangent times it is inf in torch (H200, special seed 5480038)
+    return custom_vjp(y, (x,), lambda ct, y, ins: (_mul_exp(_back(ct, ins[0], axes), ins[0] - _back(y, ins[0], axes)),))
 
 
 def _count(x, axes):

@@ -271,7 +271,7 @@ PROGRAM = {
             "addition_transformer.py:61",
             (),
         ),
-        "train_050_053_054_fused_ignore_index_one_hot_sum_and_sum_and_fused_exp_mul_sub": (
+        "train_050_053_054_fused_ignore_index_one_hot_sum_and_sum_and_fused_mul_exp_sub": (
             (("inputs_i32", "read"), ("work", "read_write")),
             "addition_transformer.py:61",
             (),
@@ -674,10 +674,10 @@ PROGRAM = {
             "addition_transformer.py:61",
             (995328, 1020928),
         ),
-        "train_054_fused_exp_mul_sub": (
+        "train_054_fused_mul_exp_sub": (
             (("work", "read_write"),),
             "addition_transformer.py:61",
-            (995328, 983040, 1020928, 1007616),
+            (995328, 1020928, 983040, 1007616),
         ),
         "train_056_matmul": (
             (("work", "read_write"),),
@@ -1642,7 +1642,7 @@ PROGRAM = {
                     (4, 1, 1),
                 ),
                 (
-                    "train_050_053_054_fused_ignore_index_one_hot_sum_and_sum_and_fused_exp_mul_sub",
+                    "train_050_053_054_fused_ignore_index_one_hot_sum_and_sum_and_fused_mul_exp_sub",
                     (8, 1, 1),
                 ),
                 ("train_051_056_fused_equal_sub_sum_and_matmul", (5, 1, 1)),
@@ -1760,7 +1760,7 @@ PROGRAM = {
                 ("train_051_fused_equal_sub_sum", (1, 1, 1)),
                 ("train_052_fused_equal_sub_where", (48, 1, 1)),
                 ("train_053_sum", (4, 1, 1)),
-                ("train_054_fused_exp_mul_sub", (48, 1, 1)),
+                ("train_054_fused_mul_exp_sub", (48, 1, 1)),
                 ("train_055_matmul", (2, 32, 1)),
                 ("train_056_matmul", (1, 4, 1)),
                 ("train_057_fused_mul_sum", (4, 1, 1)),

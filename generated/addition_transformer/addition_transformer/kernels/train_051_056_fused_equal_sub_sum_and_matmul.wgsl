@@ -5,7 +5,7 @@
 // writes f32[]; reads mask, train_050_fused_ignore_index_one_hot_sum, targets
 //
 // train_056_matmul: matmul   (addition_transformer.py:53)
-// writes f32[64,12]; reads train_054_fused_exp_mul_sub, train_045_fused_mul_add
+// writes f32[64,12]; reads train_054_fused_mul_exp_sub, train_045_fused_mul_add
 //
 // [64x1024] @ [1024x12]
 //   A[m, k] = work[917504 + m + k * 64]
