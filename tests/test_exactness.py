@@ -827,3 +827,38 @@ def test_gradients_through_subnormal_exp_factors_under_an_inf_cotangent(kernels,
     aot.build(prog, str(out))
     wgsl = "\n".join(f.read_text() for f in out.rglob("*.wgsl") if "mul_exp" in f.name)
     assert wgsl.count("fn mul_exp_f32") >= 3, "elu, erf, log_softmax and logsumexp gradients take mul_exp"
+
+
+def test_mul_exp_reference_stops_where_the_kernel_does():
+    """The interpreter's mul_exp is the kernel's: a * 0 below y = -104 (NaN for an inf a, as torch's
+    inf * sigmoid(-123) = inf * 0), a exp(y) rounded once above (special seed 5520319: the gradient
+    of sqrt(logsigmoid(123)) under a tiny cotangent was inf in the interpreter, NaN in torch)."""
+    from aot.ops.registry import lookup
+
+    a = np.array([np.inf, 2.0, -3.0, 1e30, np.nan], np.float32)
+    y = np.array([-123.0, -123.0, -200.0, -80.0, -1.0], np.float32)
+    got = lookup("mul_exp").ref(a, y)
+    assert np.isnan(got[0]) and got[1] == 0.0 and got[2] == 0.0 and np.signbit(got[2]) and np.isnan(got[4])
+    assert got[3] == np.float32(float(a[3]) * math.exp(-80.0))
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_square_roots_of_signed_zeros(kernels, tmp_path):
+    """sqrt(-0) and (-0) ** 0.5 are -0 (torch's): NVIDIA computes sqrt(x) as x * rsqrt(x), NaN at -0
+    ((1 / -inf) ** 0.5, H200 special seed 5490228), so the kernels select x itself at +-0."""
+    x = np.array([-np.inf, np.inf, 4.0, -4.0], np.float32)
+    body = lambda m, f: {"s": ops.sqrt(1.0 / m.x), "p": (1.0 / m.x) ** 0.5}  # noqa: E731
+    prog, inputs, _ = make_program(f"sqrt_zeros_{kernels}", {"x": x}, {}, body, cts={"s": np.ones(4), "p": np.ones(4)})
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+    finally:
+        model.close()
+    for k in "sp":
+        want = torch.sqrt(1.0 / torch.tensor(x)).numpy()
+        np.testing.assert_array_equal(caps[k], want, err_msg=k)
+        fin = ~np.isnan(want)
+        np.testing.assert_array_equal(np.signbit(caps[k][fin]), np.signbit(want[fin]), err_msg=k)
+    out = Path(tmp_path) / "pkg"
+    aot.build(prog, str(out))
+    assert "select(sqrt(" in "\n".join(f.read_text() for f in out.rglob("*.wgsl"))

@@ -329,6 +329,25 @@ def test_special_oracle_takes_a_finite_slope_through_gelu_s_cancelled_tail_only(
     assert [w for _k, w, _d in fa.special_failures(fg.Batch([plain], steps=1), side, "interp")] == ["step 1: gradient of p0"]
 
 
+def test_special_oracle_takes_an_infinity_for_a_huge_gradient_only_under_flush():
+    """log's ct / x at a subnormal x: torch -1e33, a device that flushes x divides by 0 (-inf; H200,
+    seed 5490301: log -> minimum -> ** -3, whose flushed reference is NaN there). With a subnormal in the case, an infinity of the same sign is accepted where
+    torch's exceeds 2^100; the other sign, or a smaller value, is still caught."""
+    p0 = np.array([9.999946e-41, 2.0], np.float32)
+    leaves = {"p0": fg.Leaf("p0", "param", "f32", (2,), [p0])}
+    ops = [fg.Op(("v1",), "log", ("p0",)), fg.Op(("v2",), "minimum", ("v1", 0.5)), fg.Op(("v3",), "power", ("v2", -3))]
+    c = fg.Case(leaves, {}, ops, ["v3"], {"v3": [np.array([2.4117882, 1.0], np.float32)]}, 1)
+    side = _torch_side(c)
+    assert side.grads[0]["p0"][0] < -1e32
+    side.grads[0]["p0"][0] = -np.inf
+    assert fa.special_failures(fg.Batch([c], steps=1), side, "interp") == []
+    side.grads[0]["p0"][0] = np.inf
+    assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == ["step 1: gradient of p0"]
+    side = _torch_side(c)
+    side.grads[0]["p0"][1] = -np.inf
+    assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == ["step 1: gradient of p0"]
+
+
 def test_special_oracle_flushes_y_over_b_in_division_s_gradient():
     """b's gradient of a / b is -(ct * (y / b)) in aot, (a / b) / b in torch: y / b subnormal is 0 on
     a device that flushes (H200, seed 5460110: rsqrt(a / 1e20)'s cotangent 2.8e33 times 3.5e-43);

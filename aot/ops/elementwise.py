@@ -76,7 +76,10 @@ _unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
 # sign(NaN) = 0 as torch.sign (and so abs's gradient at NaN); NumPy's is NaN
 register(OpDef("sign", _f32_only("sign"), lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)), None, "pointwise",
                expr="sign({0})", nondiff=True))
-_unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), "sqrt({0})", COSTLY)
+# sqrt(+-0) is x itself by a select: NVIDIA computes sqrt(x) as x * rsqrt(x), NaN at -0 (torch -0;
+# H200, special seed 5490228: (1 / -inf) ** 0.5)
+SQRT = "select(sqrt({0}), {0}, {0} == 0.0)"
+_unary("sqrt", np.sqrt, lambda ct, n: (ct * 0.5 / n.out,), SQRT, COSTLY)
 # rsqrt(-0) = -inf as IEEE's and torch's; written by the bits in rsqrt_f32, as Mesa takes
 # inverseSqrt's result for non-negative and folds what reads it on that assumption (expm1 of it:
 # -inf, not -1)
@@ -155,7 +158,7 @@ def _power_expr(attrs):
         prod = " * ".join(["{0}"] * int(abs(p)))
         return prod if p > 0 else f"1.0 / ({prod})"
     if p == 0.5:  # correctly rounded, and sqrt(-0) = -0 as torch's x ** 0.5 gives
-        return "sqrt({0})"
+        return SQRT
     if p == -0.5:
         # Mesa rewrites 1 / sqrt(x) as inverseSqrt(x) and takes that for >= 0, folding the
         # readers' sign tests: (-0) ** -0.5 = -inf then read as +inf (0.5 ** (x ** -0.5) was NaN
@@ -352,11 +355,19 @@ def _minmax_vjp(loses):
     return vjp
 
 
+def _mul_exp_ref(a, y):
+    """mul_exp_f32's values: a exp(y) in double, and a * 0 below y = -104, where the kernel stops
+    (NaN for an inf a, as torch's inf * sigmoid(-123) = inf * 0; special seed 5520319)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = a.astype(np.float64) * np.exp(np.minimum(y, 0.0).astype(np.float64))
+        return np.where(y < -104.0, a * a.dtype.type(0), v).astype(a.dtype)
+
+
 # a * exp(y) for y <= 0 (silu's and mish's tails: x exp(x) for x < -20), rounded once, so that a
 # normal product never goes through a subnormal exp(y) that a GPU flushes to 0 (_helpers.wgsl.j2)
 _binary(
     "mul_exp",
-    lambda a, y: (a.astype(np.float64) * np.exp(np.minimum(y, 0.0).astype(np.float64))).astype(a.dtype),
+    _mul_exp_ref,
     lambda ct, n: (F._mul_exp(ct, n.inputs[1]), ct * n.out),
     "mul_exp_f32({0}, {1})",
     COSTLY,
