@@ -619,6 +619,10 @@ def _with_vec_reads(spec: MatmulSpec, kc: KernelContext) -> MatmulSpec:
     return replace(spec, a=keep["a"], b=keep["b"])
 
 
+# the longest WGSL expression a matmul's merged output is written as (longer: as lets)
+EPILOGUE_INLINE_MAX = 4000
+
+
 def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, cpu: bool) -> KernelCode:
     mm = k.mm if k.mm is not None else k.out
     a, b = mm.node.inputs
@@ -663,10 +667,17 @@ def _matmul(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     extra = []
     for j, t in enumerate(k.after):
         kc.computing = t
-        expr = body.value(t, at_c(t.shape))
+        expr, lets = body.value(t, at_c(t.shape)), ()
+        if len(expr) > EPILOGUE_INLINE_MAX:
+            # one expression repeats its shared parts (a max-pool window's index math per use):
+            # 17 kB of them were 50,000 WebAssembly locals, more than engines compile (graphs
+            # seed 5660036). Large ones are written as lets, each shared part once.
+            lb = Body(kc, "")
+            expr = lb.value(t, at_c(t.shape))
+            lets = tuple(line.strip() for line in lb.lines)
         loc = plan.loc[id(t)]
         kc.use(loc.arena, write=True)
-        extra.append((f"x{j}", expr, loc.arena, kc.start(loc.arena, loc.offset) if cpu else loc.offset))
+        extra.append((f"x{j}", expr, loc.arena, kc.start(loc.arena, loc.offset) if cpu else loc.offset, lets))
         kc.computed[id(t)] = f"x{j}"
     out_start = kc.start(out_loc.arena, out_loc.offset) if cpu else ""
     spec = MatmulSpec(

@@ -83,7 +83,8 @@ class MatmulSpec:
     epilogue: str = "acc"
     accumulate: bool = False  # C = C + epilogue(acc)
     # more outputs of C's shape, computed after C's value `v` at the same element:
-    # (name, WGSL f32 expression of v / acc / bi / row / col / earlier names, buffer, element offset)
+    # (name, WGSL f32 expression of v / acc / bi / row / col / earlier names, buffer, element offset,
+    # the let statements the expression reads, written before it)
     extra_stores: tuple = ()
     # render_matmul_cpu: a WGSL expression of out_offset written in its place (the element
     # offsets of extra_stores may be such expressions too), or ""

@@ -982,7 +982,9 @@ function wasmUnavailable(wasmSet) {
     wasmSet.relaxed = Boolean(relaxed && WebAssembly.validate(relaxed));
     wasmSet.bytes = wasmSet.relaxed ? relaxed : fromBase64(wasmSet.wasm);
   }
-  if (!WebAssembly.validate(wasmSet.bytes)) return "this JavaScript engine's WebAssembly lacks 128-bit SIMD";
+  if (!WebAssembly.validate(wasmSet.bytes)) {
+    return "this JavaScript engine does not compile the wasm kernel set (it needs 128-bit SIMD; a module over an engine's limits fails too)";
+  }
   return null;
 }
 
