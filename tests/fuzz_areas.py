@@ -382,6 +382,12 @@ def _flush(a: np.ndarray) -> np.ndarray:
     return np.where(sub, np.copysign(np.float32(0), a), a).astype(a.dtype)
 
 
+def _flush_t(x):
+    """A torch tensor with its float32 subnormals flushed to signed zeros."""
+    T = fg._torch()
+    return T.where((x != 0) & (x.abs() < TINY), x * 0, x)
+
+
 _FTZ = None
 
 
@@ -391,17 +397,14 @@ def _ftz():
     if _FTZ is None:
         T = fg._torch()
 
-        def f(x):
-            return T.where((x != 0) & (x.abs() < TINY), x * 0, x)
-
         class FTZ(T.autograd.Function):
             @staticmethod
             def forward(ctx, x):
-                return f(x)
+                return _flush_t(x)
 
             @staticmethod
             def backward(ctx, g):
-                return f(g)
+                return _flush_t(g)
 
         _FTZ = FTZ
     return _FTZ
@@ -426,13 +429,10 @@ def _flushed_out():
     if _FLUSHED_OUT is None:
         T = fg._torch()
 
-        def f(x):
-            return T.where((x != 0) & (x.abs() < TINY), x * 0, x)
-
         class FlushedOut(T.autograd.Function):
             @staticmethod
             def forward(ctx, x, y, name):  # y: the op's value at x, computed without autograd
-                y = f(y)
+                y = _flush_t(y)
                 ctx.save_for_backward(y)
                 ctx.name = name
                 return y
@@ -440,7 +440,7 @@ def _flushed_out():
             @staticmethod
             def backward(ctx, g):
                 (y,) = ctx.saved_tensors
-                return f(_FROM_OUTPUT[ctx.name](f(g), y)), None, None
+                return _flush_t(_FROM_OUTPUT[ctx.name](_flush_t(g), y)), None, None
 
         _FLUSHED_OUT = FlushedOut
     return _FLUSHED_OUT
@@ -457,21 +457,18 @@ def _flushed_div():
     if _FLUSHED_DIV is None:
         T = fg._torch()
 
-        def f(x):
-            return T.where((x != 0) & (x.abs() < TINY), x * 0, x)
-
         class FlushedDiv(T.autograd.Function):
             @staticmethod
             def forward(ctx, a, b):
-                y = f(a / b)
+                y = _flush_t(a / b)
                 ctx.save_for_backward(a, b, y)
                 return y
 
             @staticmethod
             def backward(ctx, g):
                 a, b, y = ctx.saved_tensors
-                g = f(g)
-                ga, gb = f(g / b), f(-(g * f(y / b)))
+                g = _flush_t(g)
+                ga, gb = _flush_t(g / b), _flush_t(-(g * _flush_t(y / b)))
                 return ga.sum_to_size(a.shape), gb.sum_to_size(b.shape)
 
         _FLUSHED_DIV = FlushedDiv
