@@ -348,6 +348,24 @@ def test_special_oracle_takes_an_infinity_for_a_huge_gradient_only_under_flush()
     assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == ["step 1: gradient of p0"]
 
 
+def test_special_oracle_leaves_a_cancelling_broadcast_gradient_to_the_summation_order_only():
+    """p (1, 3) + x (4, 3): p's gradient sums the cotangent over 4 rows. With 1e30 and -1e30 among
+    them the order decides the small terms (hour run 15, seed 5670039: torch -0.74, the exact 1.14);
+    without them a wrong gradient is caught."""
+    def case(ct):
+        p1 = np.array([[1e10, 2.0, 3.0]], np.float32)
+        x0 = np.ones((4, 3), np.float32)
+        leaves = {"p1": fg.Leaf("p1", "param", "f32", (1, 3), [p1]), "x0": fg.Leaf("x0", "input", "f32", (4, 3), [x0])}
+        return fg.Case(leaves, {}, [fg.Op(("v2",), "add", ("p1", "x0"))], ["v2"], {"v2": [np.asarray(ct, np.float32)]}, 1)
+    ct = np.ones((4, 3), np.float32)
+    ct[:, 0] = [1e30, 1e-30, -1e30, -0.7426673]
+    cancels, plain = case(ct), case(np.ones((4, 3)))
+    for c, caught in ((cancels, []), (plain, ["step 1: gradient of p1"])):
+        side = _torch_side(c)
+        side.grads[0]["p1"][0, 0] = 1.1356747
+        assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
+
+
 def test_special_oracle_flushes_y_over_b_in_division_s_gradient():
     """b's gradient of a / b is -(ct * (y / b)) in aot, (a / b) / b in torch: y / b subnormal is 0 on
     a device that flushes (H200, seed 5460110: rsqrt(a / 1e20)'s cotangent 2.8e33 times 3.5e-43);
