@@ -47,6 +47,11 @@ def layout(prog: dict) -> tuple[dict[str, list[int]], int]:
     return out, at
 
 
+# the most locals a function may declare in V8 and SpiderMonkey (kMaxFunctionLocals): a module
+# with one function over it fails WebAssembly.validate as a whole
+MAX_LOCALS = 50000
+
+
 def dispatches(en: dict) -> list:
     return en.get("dispatches_cpu") or en["dispatches"]
 
@@ -87,7 +92,9 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
     mm = [specs[k] for k in used if k in specs]
     mm_base = scratch(4 * max(map(wasm_matmul.scratch_floats, mm))) // 4 if mm else 0  # one region, reused
     funcs, lanes, why_not = {}, [], {}
+    made = {}  # kernel -> the functions it added to the module (its own, its matmul's parts, both lane forms)
     for k in used:
+        first = len(module.funcs)
         sh = shaders[k]
         bindings = {}
         for name, (number, _access, ty) in sh.bindings.items():
@@ -112,6 +119,12 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
                     lanes.append(k)
         except WasmUnsupported as e:
             return {"error": f"kernel {k} (from {prog['kernels'][k][1]}): {e}"}
+        made[k] = module.funcs[first:]
+    for k, added in made.items():
+        n = max((len(code.locals) for _, code in added), default=0)
+        if n > MAX_LOCALS:  # engines refuse the whole module: say which kernel, at build time
+            return {"error": f"kernel {k} (from {prog['kernels'][k][1]}) needs {n} WebAssembly locals, more than "
+                             f"engines compile ({MAX_LOCALS})"}
     for k, index in funcs.items():  # each kernel on its own too: bench_web.py --profile times them
         module.exports.append(("kernel:" + k, index))
     for key, en in prog["entries"].items():

@@ -331,3 +331,32 @@ def test_sign_of_nan_is_zero(tmp_path):
     np.testing.assert_array_equal(got["captures"]["sign4"], want[:8])
     np.testing.assert_array_equal(got["grads"]["p"], ref.last_grads["p"])
     np.testing.assert_array_equal(got["grads"]["p"], want * ct)
+
+
+def test_a_kernel_over_the_engines_local_limit_is_refused_at_build_time(tmp_path, monkeypatch):
+    """conv2d next to max_pool2d's gradient fused into a matmul's epilogue was one 17 kB expression,
+    over 50,000 WebAssembly locals, and the browser refused the whole module (hour run 14's graphs
+    seed 5660036): merged outputs that long are written as lets (the module compiles), and a kernel
+    still over the limit leaves the wasm set out at build time with its name, not at run time."""
+    from aot import codegen
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.normal(size=(2, 4, 4, 3)).astype(np.float32), rng.normal(size=(2, 4, 3, 2)).astype(np.float32)
+
+    class Net(aot.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = self.param(w1.shape, init=aot.init.literal(w1))
+            self.b = self.param(w2.shape, init=aot.init.literal(w2))
+
+    def loss(m, ct1, ct2):
+        return ops.sum(ops.conv2d(m.a, m.b) * ct1) + ops.sum(ops.max_pool2d(m.b, k=3, stride=1, padding=1) * ct2)
+
+    prog = aot.Program("pool_epilogue", model=Net, train=aot.Train(loss, inputs={"ct1": aot.f32(2, 2, 2, 2), "ct2": aot.f32(2, 4, 3, 2)},
+                                                                   optimizer=aot.optim.SGD(lr=0.01)))
+    js = aot.build(prog, tmp_path / "lets", target="web", force=True) / "pool_epilogue.js"
+    assert "WebAssembly locals" not in js.read_text()
+    monkeypatch.setattr(codegen, "EPILOGUE_INLINE_MAX", 10**9)
+    js = aot.build(prog, tmp_path / "inline", target="web", force=True) / "pool_epilogue.js"
+    text = js.read_text()
+    assert "WebAssembly locals, more than engines compile (50000)" in text and "train_" in text
