@@ -839,10 +839,27 @@ def _upstream(case: fg.Case, names) -> set:
     return seen & set(case.leaves)
 
 
+# ops whose derivative jumps at these arguments: an argument computed within rounding of one takes
+# the slope of the side its rounding puts it on (hardswish(3 ** exp(-1e-7)): 3 ** 0.9999999 is
+# 2.9999998 in torch float32, slope 1.5, and 3.0 in the interpreter, slope 1; hour run 16's special
+# seed 5691007), so the gradients upstream are not compared there
+KINKS = {"hardswish": (-3.0, 3.0), "hardsigmoid": (-3.0, 3.0)}
+
+
+def _near_kink(kinks, x64, x32) -> bool:
+    """Whether an argument is within TIE_ULPS ulps (of float32) of a kink, in float64 or float32."""
+    for x in (x64, x32):
+        x = np.asarray(x.detach().numpy() if hasattr(x, "detach") else x, np.float64)
+        for k in kinks:
+            if np.any(np.abs(x - k) <= TIE_ULPS * float(np.spacing(np.float32(k)))):
+                return True
+    return False
+
+
 def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     """({leaf: gradient not compared}, whether outputs are not compared either) for the near-ties
     of the case's selecting and comparing ops at a step, in the inputs as given or flushed."""
-    ops = [op for op in case.ops if op.op in SELECTING + COMPARING + PERIODIC]
+    ops = [op for op in case.ops if op.op in SELECTING + COMPARING + PERIODIC + tuple(KINKS)]
     if not ops:
         return set(), False
     T = fg._torch()
@@ -850,6 +867,11 @@ def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     leaves, values = set(), False
     for op in ops:
         for e64, e32 in envs:
+            if op.op in KINKS:
+                if _near_kink(KINKS[op.op], e64[op.args[0]], e32[op.args[0]]):
+                    leaves |= _upstream(case, op.args)
+                    break
+                continue
             if op.op in PERIODIC:
                 slope, value = _periodic_by_rounding(op.op, e64[op.args[0]], e32[op.args[0]])
                 if value:  # the value's own sign is rounding's (special seed 5450318: rsqrt of it)

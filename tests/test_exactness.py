@@ -862,3 +862,30 @@ def test_square_roots_of_signed_zeros(kernels, tmp_path):
     out = Path(tmp_path) / "pkg"
     aot.build(prog, str(out))
     assert "select(sqrt(" in "\n".join(f.read_text() for f in out.rglob("*.wgsl"))
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_negative_integer_powers_where_the_product_overflows(kernels):
+    """x ** -3 and x ** -4 follow torch's pow where x ** 3 or x ** 4 overflows (1e10 ** -4 = 1e-40,
+    not 1 / inf = 0), so x ** -3's gradient under an inf cotangent is -inf, not 0 * inf (hour run
+    16's special seed 5691100); x ** -1 and -2 stay 1 / x and 1 / (x * x), torch's own forms."""
+    x = np.array([1e10, -1e10, 3e12, 2.0, -0.5, 1e-20], np.float32)
+    ct = np.array([np.inf, 1.0, 1.0, 1.0, -np.inf, 1.0], np.float32)
+    pows = (-1, -2, -3, -4)
+    params = {f"x{k}": x for k in range(len(pows))}
+    body = lambda m, f: {f"p{k}": getattr(m, f"x{k}") ** p for k, p in enumerate(pows)}  # noqa: E731
+    prog, inputs, _ = make_program(f"neg_int_pow_{kernels}", params, {}, body, cts={f"p{k}": ct for k in range(len(pows))})
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+        grads = model.grads()
+    finally:
+        model.close()
+    for k, p in enumerate(pows):
+        t = torch.tensor(x, requires_grad=True)
+        w = t**p
+        w.backward(torch.tensor(ct))
+        np.testing.assert_allclose(caps[f"p{k}"], w.detach().numpy(), rtol=3e-7, atol=1e-45, err_msg=f"x ** {p}")
+        np.testing.assert_array_equal(np.isnan(grads[f"x{k}"]), np.isnan(t.grad.numpy()), err_msg=f"x ** {p}")
+        np.testing.assert_allclose(grads[f"x{k}"], t.grad.numpy(), rtol=3e-7, atol=1e-45, err_msg=f"x ** {p}")
+    assert grads["x2"][0] == -np.inf and caps["p3"][0] > 0

@@ -366,6 +366,22 @@ def test_special_oracle_leaves_a_cancelling_broadcast_gradient_to_the_summation_
         assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
 
 
+def test_special_oracle_skips_gradients_through_a_kink_decided_by_rounding_only():
+    """hardswish(3 ** exp(p)) at p = -1e-7: 3 ** 0.9999999 rounds to 3 or just below, so the slope
+    (1 or 1.5) is rounding's (hour run 16, seed 5691007); away from the kink a wrong gradient is caught."""
+    def case(p):
+        p0 = np.array(p, np.float32)
+        leaves = {"p0": fg.Leaf("p0", "param", "f32", p0.shape, [p0])}
+        ops = [fg.Op(("v1",), "exp", ("p0",)), fg.Op(("v2",), "power", (3, "v1")), fg.Op(("v3",), "hardswish", ("v2",))]
+        return fg.Case(leaves, {}, ops, ["v3"], {"v3": [np.ones(p0.shape, np.float32)]}, 1)
+    assert fa.near_ties(case([-1e-7, 0.5]), 0) == ({"p0"}, False)
+    plain = case([0.5, -1.0])
+    assert fa.near_ties(plain, 0) == (set(), False)
+    side = _torch_side(plain)
+    side.grads[0]["p0"][0] *= 1.5
+    assert [w for _k, w, _d in fa.special_failures(fg.Batch([plain], steps=1), side, "interp")] == ["step 1: gradient of p0"]
+
+
 def test_special_oracle_flushes_y_over_b_in_division_s_gradient():
     """b's gradient of a / b is -(ct * (y / b)) in aot, (a / b) / b in torch: y / b subnormal is 0 on
     a device that flushes (H200, seed 5460110: rsqrt(a / 1e20)'s cotangent 2.8e33 times 3.5e-43);

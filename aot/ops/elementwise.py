@@ -154,7 +154,10 @@ def _power_expr(attrs):
     p = attrs["p"]
     if p == 0:
         return "1.0"  # torch: x ** 0 = 1 for every x, NaN included
-    if float(p).is_integer() and 1 <= abs(p) <= 4:
+    # products as torch's own special cases (x ** -2 is 1 / (x * x) there too); x ** -3 and -4 by
+    # pow_int_f32 as torch's pow: 1 / (x * x * x * x) overflowed to 0 at x = 1e10 where the power
+    # is 1e-40, and an inf cotangent then gave NaN for -inf (hour run 16's special seed 5691100)
+    if float(p).is_integer() and (1 <= p <= 4 or p in (-1, -2)):
         prod = " * ".join(["{0}"] * int(abs(p)))
         return prod if p > 0 else f"1.0 / ({prod})"
     if p == 0.5:  # correctly rounded, and sqrt(-0) = -0 as torch's x ** 0.5 gives
