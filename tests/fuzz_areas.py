@@ -599,13 +599,13 @@ def _broadcast_gradient_cancels(case: fg.Case, step: int, env64: dict) -> bool:
             v = env64.get(a) if isinstance(a, str) else None
             if v is None or v.numel() == ct.size:
                 continue
-            terms = ct
-            if op.op == "mul":
-                other = op.args[1 - k]
-                terms = ct * (env64[other].numpy() if isinstance(other, str) else float(other))
-            axes = tuple(range(terms.ndim - v.dim())) + tuple(
-                terms.ndim - v.dim() + d for d, n in enumerate(v.shape) if n == 1 and terms.shape[terms.ndim - v.dim() + d] != 1)
             with np.errstate(all="ignore"):
+                terms = ct
+                if op.op == "mul":
+                    other = op.args[1 - k]
+                    terms = ct * (env64[other].numpy() if isinstance(other, str) else float(other))
+                axes = tuple(range(terms.ndim - v.dim())) + tuple(
+                    terms.ndim - v.dim() + d for d, n in enumerate(v.shape) if n == 1 and terms.shape[terms.ndim - v.dim() + d] != 1)
                 fin = np.where(np.isfinite(terms), terms, 0.0)
                 noise = terms.size / max(v.numel(), 1) * 2.0**-24 * np.abs(fin).sum(axis=axes)
                 if np.any(noise > REL * np.abs(fin.sum(axis=axes))):
