@@ -699,7 +699,7 @@ OPS: dict[str, OpSpec] = {
     "rsqrt": OpSpec(_unary_src("rsqrt"), _unary_torch(lambda x: x.rsqrt()), _g_min(0.05)),
     "exp": OpSpec(_unary_src("exp"), _unary_torch(lambda x: x.exp()), _g_absmax(8.0)),
     "log": OpSpec(_unary_src("log"), _unary_torch(lambda x: x.log()), _g_min(0.05)),
-    "square": OpSpec(_unary_src("square"), _unary_torch(lambda x: x * x)),
+    "square": OpSpec(_unary_src("square"), _unary_torch(lambda x: x.square())),
     "sin": OpSpec(_unary_src("sin"), _unary_torch(lambda x: x.sin()), _g_absmax(30.0)),
     "cos": OpSpec(_unary_src("cos"), _unary_torch(lambda x: x.cos()), _g_absmax(30.0)),
     "tanh": OpSpec(_unary_src("tanh"), _unary_torch(lambda x: x.tanh())),

@@ -889,3 +889,27 @@ def test_negative_integer_powers_where_the_product_overflows(kernels):
         np.testing.assert_array_equal(np.isnan(grads[f"x{k}"]), np.isnan(t.grad.numpy()), err_msg=f"x ** {p}")
         np.testing.assert_allclose(grads[f"x{k}"], t.grad.numpy(), rtol=3e-7, atol=1e-45, err_msg=f"x ** {p}")
     assert grads["x2"][0] == -np.inf and caps["p3"][0] > 0
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_square_gradient_in_torch_s_order(kernels):
+    """square's gradient is ct * (2 x), torch.square's order: (ct * 2) * x overflowed at ct = -1.9e38,
+    x = 1e-40 (torch: -0.038; hour run 17's special seed 5710823), and a 0 cotangent at x = 3.4e38
+    is NaN there (2 x = inf), as torch's."""
+    x = np.array([1e-20, 3.4028235e38, 2.0, -3.0], np.float32)
+    y = np.array([-1.9e38, 0.0, 1.0, 1e30], np.float32)
+    body = lambda m, f: {"s": m.y * ops.square(m.x)}  # noqa: E731
+    prog, inputs, _ = make_program(f"square_order_{kernels}", {"x": x, "y": y}, {}, body, cts={"s": np.ones(4)})
+    model = compile_checked(prog, kernels)
+    try:
+        model.step(**inputs)
+        grads = model.grads()
+    finally:
+        model.close()
+    tx, ty = torch.tensor(x, requires_grad=True), torch.tensor(y, requires_grad=True)
+    (ty * torch.square(tx)).sum().backward()
+    want = tx.grad.numpy()
+    assert np.isfinite(want[0]) and np.isnan(want[1])
+    for who, got in ((kernels, grads["x"]), ("interp", _interp_grads(prog, inputs)["x"])):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=who)
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=who)
