@@ -738,10 +738,12 @@ def test_predict_while_training_in_threads(model):
     model.reset()
 
     errors, seen, losses = [], [], []
-    done = threading.Event()
+    done, started = threading.Event(), threading.Event()
 
     def trainer():
         try:
+            # the readers first: on a loaded machine the 8 steps had ended before any read began
+            started.wait(timeout=60)
             for b in batches:
                 losses.append(model.step(**b))
         except BaseException as e:  # noqa: BLE001
@@ -751,8 +753,11 @@ def test_predict_while_training_in_threads(model):
 
     def reader():
         try:
-            while not done.is_set() and len(seen) < 60:
+            started.set()
+            while True:  # one read at least, then until training ends
                 seen.append(model.predict(tokens=Q))
+                if done.is_set() or len(seen) >= 60:
+                    break
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
