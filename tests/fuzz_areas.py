@@ -859,7 +859,7 @@ def _near_kink(kinks, x64, x32) -> bool:
 def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     """({leaf: gradient not compared}, whether outputs are not compared either) for the near-ties
     of the case's selecting and comparing ops at a step, in the inputs as given or flushed."""
-    ops = [op for op in case.ops if op.op in SELECTING + COMPARING + PERIODIC + tuple(KINKS)]
+    ops = [op for op in case.ops if op.op in SELECTING + COMPARING + PERIODIC + tuple(KINKS) + ("clamp",)]
     if not ops:
         return set(), False
     T = fg._torch()
@@ -867,8 +867,12 @@ def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     leaves, values = set(), False
     for op in ops:
         for e64, e32 in envs:
-            if op.op in KINKS:
-                if _near_kink(KINKS[op.op], e64[op.args[0]], e32[op.args[0]]):
+            if op.op in KINKS or op.op == "clamp":
+                # clamp's bounds are kinks too: its gradient passes at a bound (torch's <=), so an
+                # argument rounded onto it or just past it decides (sigmoid(1e-7) is 0.5 correctly
+                # rounded, just above in torch; hour run 18's special seed 5730808)
+                kinks = KINKS.get(op.op) or tuple(float(op.kw[b]) for b in ("min", "max") if isinstance(op.kw.get(b), (int, float)))
+                if _near_kink(kinks, e64[op.args[0]], e32[op.args[0]]):
                     leaves |= _upstream(case, op.args)
                     break
                 continue
