@@ -92,7 +92,6 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
     mm = [specs[k] for k in used if k in specs]
     mm_base = scratch(4 * max(map(wasm_matmul.scratch_floats, mm))) // 4 if mm else 0  # one region, reused
     funcs, lanes, why_not = {}, [], {}
-    made = {}  # kernel -> the functions it added to the module (its own, its matmul's parts, both lane forms)
     for k in used:
         first = len(module.funcs)
         sh = shaders[k]
@@ -119,10 +118,10 @@ def _build(prog: dict, wgsl: dict[str, str], wgsl_cpu: dict[str, str], specs: di
                     lanes.append(k)
         except WasmUnsupported as e:
             return {"error": f"kernel {k} (from {prog['kernels'][k][1]}): {e}"}
-        made[k] = module.funcs[first:]
-    for k, added in made.items():
-        n = max((len(code.locals) for _, code in added), default=0)
-        if n > MAX_LOCALS:  # engines refuse the whole module: say which kernel, at build time
+        # every function the kernel added (its own, its matmul's parts, both lane forms): engines
+        # refuse the whole module for one over the limit, so say which kernel, at build time
+        n = max((len(code.locals) for _, code in module.funcs[first:]), default=0)
+        if n > MAX_LOCALS:
             return {"error": f"kernel {k} (from {prog['kernels'][k][1]}) needs {n} WebAssembly locals, more than "
                              f"engines compile ({MAX_LOCALS})"}
     for k, index in funcs.items():  # each kernel on its own too: bench_web.py --profile times them

@@ -133,6 +133,8 @@ _unary(
 # d/dx x^2 in torch.square's order, ct * (2 x): (ct * 2) * x overflowed at ct = -1.9e38 where the
 # gradient is -0.038 (x = 1e-40; hour run 17's special seed 5710823)
 _unary("square", np.square, lambda ct, n: (ct * (n.inputs[0] * 2.0),), "{0} * {0}")
+
+
 def _log1p_render(body, n, idx):
     # log1p_f32 adds 1.0 to its argument: a sum's result goes through barrier_f32 first (_unchained)
     x = body.value(n.inputs[0], idx)
