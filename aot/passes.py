@@ -145,6 +145,29 @@ def split_long_matmuls(g: Graph) -> Graph:
     return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
 
 
+def outer_products(g: Graph) -> Graph:
+    """[..., M, 1] @ [1, N] is a broadcast product: computed as one, each element is its product
+    exactly, -0.0 included, as torch's mm gives it, where a sum over one term from a +0.0
+    accumulator turned -0.0 into +0.0 (1 / matmul(-0.0, 5.0): torch -inf, aot had +inf; hour
+    run 18's special seed 5731847). Batched weights stay a sum: torch's bmm sums from +0.0 (and
+    its mm does too where M or N is 1, a matrix-vector product; tests/fuzz_areas.py takes the
+    sign of a zero a matmul sums as torch's coin)."""
+    nodes: list = []
+    remap: dict[int, object] = {}
+    for orig in g.nodes:
+        n = _with_inputs(orig, remap)
+        if lookup(n.op).fusion != "matmul" or n.inputs[0].shape[-1] != 1 or n.inputs[1].ndim != 2:
+            nodes.append(n)
+            continue
+        a, b = n.inputs
+        tmp = Graph(g.name)
+        with tracing(tmp), at_site(n.site):
+            y = ops.mul(a, b)
+        nodes.extend(tmp.nodes)
+        remap[id(orig.out)] = y
+    return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
+
+
 def _split_k(n) -> int | None:
     """The number of K chunks for a matmul worth splitting (a divisor of K), else None."""
     if lookup(n.op).fusion != "matmul" or any(x.ndim != 2 for x in n.inputs):
@@ -194,7 +217,7 @@ def snapshot_captured_leaves(g: Graph) -> Graph:
     return out
 
 
-PIPELINE = [dce, cse_consts, split_long_matmuls, split_reductions, snapshot_captured_leaves]
+PIPELINE = [dce, cse_consts, outer_products, split_long_matmuls, split_reductions, snapshot_captured_leaves]
 
 
 def run_pipeline(g: Graph, verify: bool = False) -> Graph:

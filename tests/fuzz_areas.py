@@ -827,6 +827,19 @@ def _signed_zero_tie(c) -> bool:
     return bool(((x == 0) & (m == 0) & (np.signbit(x) != np.signbit(m))).any())
 
 
+def _matmul_zero_sign(op: fg.Op, env: dict) -> bool:
+    """Whether some element of a matmul is a sum of -0.0 products only: its sign is the sum's
+    start, torch's coin by shape (its mm gives the product, -0.0, for [M, 1] @ [1, N] with M and N
+    above 1, its matrix-vector path and bmm +0.0; hour run 18's special seed 5731847), and a
+    1 / x downstream turns it into +-inf."""
+    a, b = env[op.args[0]], env[op.args[1]]
+    if not a.dtype.is_floating_point:
+        return False
+    with np.errstate(invalid="ignore"):
+        prod = a.unsqueeze(-1) * b.unsqueeze(-3)  # [..., M, K, N]
+    return bool(((prod == 0) & prod.signbit()).all(dim=-2).any())
+
+
 def _upstream(case: fg.Case, names) -> set:
     """The leaves that the values `names` are computed from."""
     made = {o: op for op in case.ops for o in op.outs}
@@ -859,7 +872,7 @@ def _near_kink(kinks, x64, x32) -> bool:
 def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     """({leaf: gradient not compared}, whether outputs are not compared either) for the near-ties
     of the case's selecting and comparing ops at a step, in the inputs as given or flushed."""
-    ops = [op for op in case.ops if op.op in SELECTING + COMPARING + PERIODIC + tuple(KINKS) + ("clamp",)]
+    ops = [op for op in case.ops if op.op in SELECTING + COMPARING + PERIODIC + tuple(KINKS) + ("clamp", "matmul")]
     if not ops:
         return set(), False
     T = fg._torch()
@@ -867,6 +880,11 @@ def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     leaves, values = set(), False
     for op in ops:
         for e64, e32 in envs:
+            if op.op == "matmul":
+                if _matmul_zero_sign(op, e64) or _matmul_zero_sign(op, e32):
+                    leaves, values = set(case.leaves), True  # the zero's sign flows into values downstream
+                    break
+                continue
             if op.op in KINKS or op.op == "clamp":
                 # clamp's bounds are kinks too: its gradient passes at a bound (torch's <=), so an
                 # argument rounded onto it or just past it decides (sigmoid(1e-7) is 0.5 correctly

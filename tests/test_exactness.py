@@ -913,3 +913,43 @@ def test_square_gradient_in_torch_s_order(kernels):
     for who, got in ((kernels, grads["x"]), ("interp", _interp_grads(prog, inputs)["x"])):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=who)
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=who)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_matmul_over_one_term_keeps_the_product_s_zero_sign(kernels):
+    """[..., M, 1] @ [1, N] is an outer product: torch's mm gives each element as the product
+    itself, so (-0.0) * 5 is -0.0 and 1 / it is -inf, where a sum from a +0.0 accumulator gave
+    +0.0 and +inf (hour run 18's special seed 5731847). Batched weights (torch's bmm) and K = 2
+    sum from +0.0 in both (+inf). Values and gradients."""
+    a = np.array([-0.0, 2.0, -0.0, 0.0, -3.0, -0.0], np.float32).reshape(2, 3, 1)
+    b = np.array([5.0, -4.0, 0.5, -0.0], np.float32).reshape(1, 4)
+    bb = np.array([5.0, -4.0, 0.5, -0.0, 1.0, -2.0, 3.0, 0.0], np.float32).reshape(2, 1, 4)
+    c = np.full((3, 2), -0.0, np.float32)
+    d = np.full((2, 4), 5.0, np.float32)
+    body = lambda m, f: {  # noqa: E731
+        "shared": 1.0 / ops.matmul(m.a, m.b),
+        "batched": 1.0 / ops.matmul(m.a, m.bb),
+        "two": 1.0 / ops.matmul(m.c, m.d),
+    }
+    params = {"a": a, "b": b, "bb": bb, "c": c, "d": d}
+    cts = {"shared": np.ones((2, 3, 4)), "batched": np.ones((2, 3, 4)), "two": np.ones((3, 4))}
+    prog, inputs, _ = make_program(f"outer_zero_sign_{kernels}", params, {}, body, cts=cts)
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+        grads = model.grads()
+    finally:
+        model.close()
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    want = {"shared": 1.0 / (t["a"] @ t["b"]), "batched": 1.0 / (t["a"] @ t["bb"]), "two": 1.0 / (t["c"] @ t["d"])}
+    sum(w.sum() for w in want.values()).backward()
+    assert np.isneginf(want["shared"].detach().numpy()).any() and np.isposinf(want["two"].detach().numpy()).all()
+    assert np.isposinf(want["batched"].detach().numpy()[[0, 1, 1], [0, 0, 2]]).all()
+    for k, w in want.items():
+        np.testing.assert_array_equal(caps[k], w.detach().numpy(), err_msg=k)
+    interp = _interp_grads(prog, inputs)
+    for who, got in ((kernels, grads), ("interp", interp)):
+        for k in params:
+            g = t[k].grad.numpy()
+            np.testing.assert_array_equal(np.isnan(got[k]), np.isnan(g), err_msg=f"{who} {k}")
+            np.testing.assert_allclose(got[k], g, rtol=1e-6, err_msg=f"{who} {k}")

@@ -128,6 +128,9 @@ def _fold_tap(body, coord, shift, stride, n_out):
     return body.let(f"min({q} / {stride}u, {n_out - 1}u)", "u32"), ok
 
 
+FOLD_TERMS = 64  # window taps summed in one expression (_fold_wgsl)
+
+
 def _fold_wgsl(body, n, idx):
     cols = n.inputs[0]
     a = n.attrs
@@ -141,4 +144,10 @@ def _fold_wgsl(body, n, idx):
         for j, (ow, cok) in enumerate(cols_):
             v = body.value(cols, body.index(cols.shape, [nn_, c, f"{i}u", f"{j}u", oh, ow]))
             terms.append(body.let(f"select(0.0, {v}, {rok} && {cok})", "f32"))
-    return body.let(" + ".join(terms), "f32")
+    # the sum left to right in lets of FOLD_TERMS terms: the same order and value as one
+    # expression, whose 520 terms (adaptive_avg_pool2d over 4 x 130) nested too deep for the
+    # wasm set's compiler (fuzz seed 5750138)
+    total = body.let(" + ".join(terms[:FOLD_TERMS]), "f32")
+    for k in range(FOLD_TERMS, len(terms), FOLD_TERMS - 1):
+        total = body.let(" + ".join([total] + terms[k : k + FOLD_TERMS - 1]), "f32")
+    return total

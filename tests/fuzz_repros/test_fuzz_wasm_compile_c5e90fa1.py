@@ -303,7 +303,6 @@ def _check(got, want, atol, what):
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=atol, err_msg=what)
 
 
-@pytest.mark.xfail(strict=True, reason="fuzz: aot.build(target='web'): RecursionError: maximum recursion depth exceeded while calling a Python object")
 def test_fuzz_wasm_compile_c5e90fa1(tmp_path):
     import sys
     from pathlib import Path

@@ -69,7 +69,7 @@ PROGRAM = {
         "state_1": 4353,
     },
     "kernels": {
-        "train_00_matmul_add_relu": (
+        "train_00_fused_mul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
             (0, 0, 4224, 0),
@@ -84,7 +84,7 @@ PROGRAM = {
             "sine_mlp.py:15",
             (16384, 4160, 4352, 256, 65536, 49152),
         ),
-        "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_where": (
+        "train_03_04_05_fused_add_sub_sum_and_matmul_and_fused_mul_equal_where": (
             (
                 ("params", "read"),
                 ("grads", "read_write"),
@@ -130,10 +130,10 @@ PROGRAM = {
             "sine_mlp.py:15",
             (16384, 65536, 4160),
         ),
-        "train_05_matmul_equal_where": (
+        "train_05_fused_mul_equal_where": (
             (("params", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
-            (65536, 4160, 16384, 32768),
+            (16384, 65536, 4160, 32768),
         ),
         "train_06_matmul": (
             (("grads", "read_write"), ("work", "read_write")),
@@ -155,7 +155,7 @@ PROGRAM = {
             "sine_mlp.py:15",
             (0, 49152, 0),
         ),
-        "predict_B1_00_matmul_add_relu": (
+        "predict_B1_00_fused_mul_add_relu": (
             (("params", "read"), ("inputs", "read"), ("work", "read_write")),
             "sine_mlp.py:15",
             (0, 0, 4224, 0),
@@ -188,11 +188,11 @@ PROGRAM = {
             "outputs": [("loss", "f32", (), "work", 65792)],
             "captures": [],
             "dispatches": [
-                ("train_00_matmul_add_relu", (4, 16, 1)),
+                ("train_00_fused_mul_add_relu", (64, 1, 1)),
                 ("train_01_matmul_add_relu", (4, 16, 1)),
                 ("train_02_matmul_add_sub_mul", (1, 16, 1)),
                 (
-                    "train_03_04_05_fused_add_sub_sum_and_matmul_and_matmul_equal_where",
+                    "train_03_04_05_fused_add_sub_sum_and_matmul_and_fused_mul_equal_where",
                     (69, 1, 1),
                 ),
                 ("train_06_07_matmul_and_matmul_equal_where", (80, 1, 1)),
@@ -200,12 +200,12 @@ PROGRAM = {
                 ("train_10_fused_mul_add_sub", (18, 1, 1)),
             ],
             "dispatches_cpu": [
-                ("train_00_matmul_add_relu", (4, 16, 1)),
+                ("train_00_fused_mul_add_relu", (64, 1, 1)),
                 ("train_01_matmul_add_relu", (2, 8, 1)),
                 ("train_02_matmul_add_sub_mul", (1, 1, 1)),
                 ("train_03_fused_add_sub_sum", (1, 1, 1)),
                 ("train_04_matmul", (1, 4, 1)),
-                ("train_05_matmul_equal_where", (4, 16, 1)),
+                ("train_05_fused_mul_equal_where", (64, 1, 1)),
                 ("train_06_matmul", (2, 2, 1)),
                 ("train_07_matmul_equal_where", (2, 8, 1)),
                 ("train_08_sum", (4, 1, 1)),
@@ -233,7 +233,7 @@ PROGRAM = {
             "outputs": [("out", "f32", (1, 1), "work", 128)],
             "captures": [],
             "dispatches": [
-                ("predict_B1_00_matmul_add_relu", (4, 1, 1)),
+                ("predict_B1_00_fused_mul_add_relu", (1, 1, 1)),
                 ("predict_B1_01_matmul_add_relu", (4, 1, 1)),
                 ("predict_B1_02_matmul_add", (1, 1, 1)),
             ],
@@ -247,12 +247,12 @@ PROGRAM = {
             "outputs": [("out", "f32", (256, 1), "work", 32768)],
             "captures": [],
             "dispatches": [
-                ("train_00_matmul_add_relu", (4, 16, 1)),
+                ("train_00_fused_mul_add_relu", (64, 1, 1)),
                 ("train_01_matmul_add_relu", (4, 16, 1)),
                 ("predict_B256_02_matmul_add", (1, 16, 1)),
             ],
             "dispatches_cpu": [
-                ("train_00_matmul_add_relu", (4, 16, 1)),
+                ("train_00_fused_mul_add_relu", (64, 1, 1)),
                 ("train_01_matmul_add_relu", (2, 8, 1)),
                 ("predict_B256_02_matmul_add", (1, 1, 1)),
             ],

@@ -2,7 +2,7 @@
 // train_06_07_matmul_and_matmul_equal_where: 2 independent kernels in one dispatch, each over its own workgroups
 //
 // train_06_matmul: matmul   (sine_mlp.py:15)
-// writes f32[64,64]; reads train_05_matmul_equal_where, train_00_matmul_add_relu
+// writes f32[64,64]; reads train_05_fused_mul_equal_where, train_00_fused_mul_add_relu
 //
 // [64x256] @ [256x64]
 //   A[m, k] = work[m + k * 64]
@@ -13,7 +13,7 @@
 // workgroup walks K 64 rows at a time through shared memory (split in 4 groups of 16 rows, summed in group order).
 //
 // train_07_matmul_equal_where: matmul -> equal -> where   (sine_mlp.py:15)
-// writes f32[256,64]; reads l2.W, train_05_matmul_equal_where, train_00_matmul_add_relu
+// writes f32[256,64]; reads l2.W, train_05_fused_mul_equal_where, train_00_fused_mul_add_relu
 //
 // [256x64] @ [64x64]
 //   A[m, k] = work[32768 + m * 64 + k]

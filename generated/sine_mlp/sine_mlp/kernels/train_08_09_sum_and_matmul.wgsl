@@ -2,7 +2,7 @@
 // train_08_09_sum_and_matmul: 2 independent kernels in one dispatch, each over its own workgroups
 //
 // train_08_sum: sum -> sum   (sine_mlp.py:15)
-// writes f32[64], f32[64]; reads train_07_matmul_equal_where, train_05_matmul_equal_where
+// writes f32[64], f32[64]; reads train_07_matmul_equal_where, train_05_fused_mul_equal_where
 //
 // train_09_matmul: matmul   (sine_mlp.py:15)
 // writes f32[1,64]; reads train_07_matmul_equal_where, x
