@@ -367,6 +367,9 @@ def check_hazards(name: str, k: Kernel, plan: Plan, reads: list[Tensor], names) 
                 )
 
 
+FACTOR_UNROLL = 64  # an invocation adding up at most this many products puts them through barrier_f32 (_reduce)
+
+
 def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, cpu: bool = False,
             sequential_max: int | None = CPU_SEQUENTIAL_MAX) -> KernelCode:
     members = k.group + [k]
@@ -374,6 +377,11 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     kc = KernelContext(s, plan, None, table=cpu)
     outer = Body(kc, "    ")
     inner = Body(kc, "        ")
+    lanes = None if cpu else reduce_lanes(k, s)
+    per_wg = lanes is not None or kernel_rows_per_workgroup(k) == 1
+    sequential = cpu and per_wg and (sequential_max is None or n_red <= sequential_max)
+    # the terms one invocation adds up in its loop
+    terms = n_red if sequential or not per_wg else -(-n_red // (WG if lanes else row_workgroup_size(n_out, n_red)))
     accs = []
     for m in members:
         n = m.node
@@ -384,14 +392,18 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
         rc = Index(tuple(x.shape[i] for i in axes), flat="r").get_coords(inner)
         it_o, it_r = iter(oc), iter(rc)
         coords = [next(it_r) if i in axes else next(it_o) for i in range(x.ndim)]
-        accs.append({"op": n.op, "val": inner.value(x, Index(x.shape, coords))})
+        val = inner.value(x, Index(x.shape, coords))
+        if n.op == "sum" and 2 <= terms <= FACTOR_UNROLL and getattr(x.node, "op", None) in ("mul", "div"):
+            # a short loop is unrolled, and Mesa then factors a*c + b*c into (a + b)*c for the
+            # common factor of a product over the reduced axis: sum(inf * x) over (-1e30, 88.5)
+            # was inf * (-1e30 + 88.5) = -inf, not NaN (hour run 20's special seed 5821320)
+            val = inner.barrier_f32(val)
+        accs.append({"op": n.op, "val": val})
     # max and argmax compare with NaN-propagating helpers (torch: a NaN is the maximum); a sum's
     # result goes through plus_zero_f32 (torch's sums start from +0, so a sum of -0s is +0)
     for m in members:
         kc.helpers.update({"max": ("max_nan", "is_nan_f32", "f32_bits"), "argmax": ("gt_nan", "is_nan_f32", "f32_bits"),
                            "sum": ("plus_zero_f32",)}.get(m.node.op, ()))
-    lanes = None if cpu else reduce_lanes(k, s)
-    per_wg = lanes is not None or kernel_rows_per_workgroup(k) == 1
     # the results, then elementwise outputs of them at the same element o (the epilogue)
     epi = Body(kc, "    ")
     kc.self_flat = "o"
@@ -411,7 +423,7 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     if lanes:
         p_, a_, b_ = lanes
         lanes = {"p": p_, "a": a_, "b": b_, "ncb": a_ // p_, "groups": n_out // p_}
-    if cpu and per_wg and (sequential_max is None or n_red <= sequential_max):
+    if sequential:
         # one invocation per workgroup sums the row in order, over the GPU kernel's grid (one
         # workgroup per row)
         per_wg, wg = False, CPU_ROW_WG

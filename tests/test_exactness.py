@@ -953,3 +953,48 @@ def test_matmul_over_one_term_keeps_the_product_s_zero_sign(kernels):
             g = t[k].grad.numpy()
             np.testing.assert_array_equal(np.isnan(got[k]), np.isnan(g), err_msg=f"{who} {k}")
             np.testing.assert_allclose(got[k], g, rtol=1e-6, err_msg=f"{who} {k}")
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_short_sums_of_products_are_not_factored(kernels):
+    """sum(inf * x, axis=0) over x = (-1e30, 88.5) is inf - inf = NaN: Mesa unrolled the two-term
+    loop and factored inf*a + inf*b into inf * (a + b) = -inf (hour run 20's special seed 5821320);
+    the same with a shared finite factor whose products cancel. Both kernel sets, values and
+    gradients, against torch."""
+    x = np.array([-1e30, 54.59479, -1.0, -87.5, 88.5, 1e20, 18.740395, 88.81865], np.float32).reshape(2, 2, 2)
+    c = np.array([3.0e38, 2.0, -3.0e38, 1.0], np.float32).reshape(2, 2)
+    body = lambda m, f: {"inf": ops.sum(float("inf") * m.x, axis=0), "big": ops.sum(m.c * 3.0, axis=0)}  # noqa: E731
+    prog, inputs, _ = make_program(f"short_sum_factor_{kernels}", {"x": x, "c": c}, {}, body,
+                                   cts={"inf": np.ones((2, 2)), "big": np.ones(2)})
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+    finally:
+        model.close()
+    want_inf = (float("inf") * torch.tensor(x)).sum(0).numpy()
+    want_big = (torch.tensor(c) * 3.0).sum(0).numpy()
+    assert np.isnan(want_inf).sum() == 3 and np.isnan(want_big[0])
+    np.testing.assert_array_equal(caps["inf"], want_inf)
+    np.testing.assert_array_equal(caps["big"], want_big)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_sqrt_gradient_of_a_subnormal_cotangent_in_torch_s_order(kernels):
+    """sqrt's gradient is ct / (2 sqrt(x)), torch's order: (ct * 0.5) / sqrt(x) rounded a subnormal
+    ct's last bit away and 1 / sqrt(x) scaled the error up (sqrt(1.4e-45) ** 3: 14% off, hour run
+    20's special seed 5820181)."""
+    x = np.array([1.4e-45, 4.2e-45, 2.0, 1e-40], np.float32)
+    ct = np.array([0.7, -0.3, 1.0, 0.9], np.float32)
+    body = lambda m, f: {"y": ops.sqrt(m.x) ** 3}  # noqa: E731
+    prog, inputs, _ = make_program(f"sqrt_grad_order_{kernels}", {"x": x}, {}, body, cts={"y": ct})
+    model = compile_checked(prog, kernels)
+    try:
+        model.step(**inputs)
+        grads = model.grads()
+    finally:
+        model.close()
+    t = torch.tensor(x, requires_grad=True)
+    (torch.sqrt(t) ** 3).backward(torch.tensor(ct))
+    want = t.grad.numpy()
+    for who, got in ((kernels, grads["x"]), ("interp", _interp_grads(prog, inputs)["x"])):
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=who)

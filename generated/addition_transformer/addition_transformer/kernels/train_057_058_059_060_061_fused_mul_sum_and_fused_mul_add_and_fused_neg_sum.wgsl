@@ -26,6 +26,12 @@
 var<workgroup> wg_f32_0: array<f32, 256>;
 var<workgroup> wg_f32_1: array<f32, 256>;
 
+// x itself, through an integer add of a run-time 0 (n, a buffer's length, is never 0): a value the
+// shader compiler cannot see through, so it does not reassociate the sum that reads x with the sum
+// that made x (Mesa computed log1p(x - 1.0) as log(x + (1.0 - 1.0)): NaN at x = -3e-39, torch -inf)
+fn k0_barrier_f32(x: f32, n: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) + select(0u, 1u, n == 0u));
+}
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
 // shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
 // asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
@@ -49,8 +55,9 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v5: f32 = work[1019904u + v0 * 8u + v1];
         let v6: f32 = v4 * v5;
         let v7: f32 = v3 * v6;
+        let v8: f32 = k0_barrier_f32(v7, arrayLength(&work));
         acc0 = acc0 + v3;
-        acc1 = acc1 + v7;
+        acc1 = acc1 + v8;
     }
     wg_f32_0[lid.x] = acc0;
     wg_f32_1[lid.x] = acc1;

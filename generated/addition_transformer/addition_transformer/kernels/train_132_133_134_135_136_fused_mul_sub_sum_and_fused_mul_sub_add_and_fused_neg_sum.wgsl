@@ -26,6 +26,12 @@
 var<workgroup> wg_f32_0: array<f32, 256>;
 var<workgroup> wg_f32_1: array<f32, 256>;
 
+// x itself, through an integer add of a run-time 0 (n, a buffer's length, is never 0): a value the
+// shader compiler cannot see through, so it does not reassociate the sum that reads x with the sum
+// that made x (Mesa computed log1p(x - 1.0) as log(x + (1.0 - 1.0)): NaN at x = -3e-39, torch -inf)
+fn k0_barrier_f32(x: f32, n: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) + select(0u, 1u, n == 0u));
+}
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
 // shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
 // asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
@@ -53,9 +59,10 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v9: f32 = work[2771968u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
-        let v12: f32 = work[196608u + v2];
-        acc0 = acc0 + v11;
-        acc1 = acc1 + v12;
+        let v12: f32 = k0_barrier_f32(v11, arrayLength(&work));
+        let v13: f32 = work[196608u + v2];
+        acc0 = acc0 + v12;
+        acc1 = acc1 + v13;
     }
     wg_f32_0[lid.x] = acc0;
     wg_f32_1[lid.x] = acc1;
@@ -75,6 +82,12 @@ fn k0_main(wid: vec3<u32>, lid: vec3<u32>) {
     }
 }
 
+// x itself, through an integer add of a run-time 0 (n, a buffer's length, is never 0): a value the
+// shader compiler cannot see through, so it does not reassociate the sum that reads x with the sum
+// that made x (Mesa computed log1p(x - 1.0) as log(x + (1.0 - 1.0)): NaN at x = -3e-39, torch -inf)
+fn k1_barrier_f32(x: f32, n: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) + select(0u, 1u, n == 0u));
+}
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
 // shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
 // asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
@@ -101,7 +114,8 @@ fn k1_main(wid: vec3<u32>, lid: vec3<u32>) {
         let v9: f32 = work[2769920u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
-        acc0 = acc0 + v11;
+        let v12: f32 = k1_barrier_f32(v11, arrayLength(&work));
+        acc0 = acc0 + v12;
     }
     wg_f32_0[lid.x] = acc0;
     workgroupBarrier();

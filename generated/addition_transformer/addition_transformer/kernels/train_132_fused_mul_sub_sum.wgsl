@@ -3,6 +3,12 @@
 // writes f32[64], f32[64]; reads train_131_matmul_add, train_010_fused_mul_sub_sum, train_009_sum, train_008_matmul_add, train_115_matmul
 @group(0) @binding(1) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(5) var<storage, read_write> work: array<f32>;
+// x itself, through an integer add of a run-time 0 (n, a buffer's length, is never 0): a value the
+// shader compiler cannot see through, so it does not reassociate the sum that reads x with the sum
+// that made x (Mesa computed log1p(x - 1.0) as log(x + (1.0 - 1.0)): NaN at x = -3e-39, torch -inf)
+fn barrier_f32(x: f32, n: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) + select(0u, 1u, n == 0u));
+}
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
 // shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
 // asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
@@ -34,9 +40,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let v9: f32 = work[2771968u + v0 * 8u + v1];
         let v10: f32 = v8 * v9;
         let v11: f32 = v3 * v10;
-        let v12: f32 = work[196608u + v2];
-        acc0 = acc0 + v11;
-        acc1 = acc1 + v12;
+        let v12: f32 = barrier_f32(v11, arrayLength(&work));
+        let v13: f32 = work[196608u + v2];
+        acc0 = acc0 + v12;
+        acc1 = acc1 + v13;
     }
     part0[lid.x] = acc0;
     part1[lid.x] = acc1;

@@ -11,6 +11,12 @@ struct Offsets {
     o2: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// x itself, through an integer add of a run-time 0 (n, a buffer's length, is never 0): a value the
+// shader compiler cannot see through, so it does not reassociate the sum that reads x with the sum
+// that made x (Mesa computed log1p(x - 1.0) as log(x + (1.0 - 1.0)): NaN at x = -3e-39, torch -inf)
+fn barrier_f32(x: f32, n: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) + select(0u, 1u, n == 0u));
+}
 // x + 0.0 as IEEE rounds it, +0 for -0: a sum that starts from +0 (torch's) is never -0, but the
 // shader compilers fold acc = 0.0; acc + x to x (rsqrt of a sum of -0s: +inf in torch). Zero is
 // asked of the bits: NVIDIA's compiler took x == 0.0 as true for a NaN x (inf - inf summed to 0)
@@ -40,7 +46,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
-        acc0 = acc0 + v8;
+        let v9: f32 = barrier_f32(v8, arrayLength(&work));
+        acc0 = acc0 + v9;
     }
     let res0 = plus_zero_f32(acc0);
     work[at.o2 + o] = res0;

@@ -11,6 +11,12 @@ struct Offsets {
     o2: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// x itself, through an integer add of a run-time 0 (n, a buffer's length, is never 0): a value the
+// shader compiler cannot see through, so it does not reassociate the sum that reads x with the sum
+// that made x (Mesa computed log1p(x - 1.0) as log(x + (1.0 - 1.0)): NaN at x = -3e-39, torch -inf)
+fn barrier_f32(x: f32, n: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) + select(0u, 1u, n == 0u));
+}
 // a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
 // expression that evaluates to one is a shader-creation error in Chrome's Tint)
 fn f32_bits(b: u32) -> f32 {
@@ -50,13 +56,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v6: f32 = v5 * 0.015625;
         let v7: f32 = v3 - v6;
         let v8: f32 = v7 * v7;
-        acc0 = acc0 + v8;
+        let v9: f32 = barrier_f32(v8, arrayLength(&work));
+        acc0 = acc0 + v9;
     }
     let res0 = plus_zero_f32(acc0);
-    let v9: u32 = o / 8u;
-    let v10: u32 = o % 8u;
-    let v11: f32 = res0 * 0.015625;
-    let v12: f32 = v11 + 0.00001;
-    let v13: f32 = rsqrt_f32(v12);
-    work[at.o2 + o] = v13;
+    let v10: u32 = o / 8u;
+    let v11: u32 = o % 8u;
+    let v12: f32 = res0 * 0.015625;
+    let v13: f32 = v12 + 0.00001;
+    let v14: f32 = rsqrt_f32(v13);
+    work[at.o2 + o] = v14;
 }

@@ -10,6 +10,12 @@ struct Offsets {
     o1: u32,
 }
 @group(0) @binding(400) var<uniform> at: Offsets;
+// x itself, through an integer add of a run-time 0 (n, a buffer's length, is never 0): a value the
+// shader compiler cannot see through, so it does not reassociate the sum that reads x with the sum
+// that made x (Mesa computed log1p(x - 1.0) as log(x + (1.0 - 1.0)): NaN at x = -3e-39, torch -inf)
+fn barrier_f32(x: f32, n: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) + select(0u, 1u, n == 0u));
+}
 // a float from its bits at run time: inf and NaN cannot be WGSL constants (a constant
 // expression that evaluates to one is a shader-creation error in Chrome's Tint)
 fn f32_bits(b: u32) -> f32 {
@@ -45,13 +51,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v2: u32 = v0 * 512u + v1 * 64u + r;
         let v3: f32 = work[at.o0 + v2];
         let v4: f32 = v3 * v3;
-        acc0 = acc0 + v4;
+        let v5: f32 = barrier_f32(v4, arrayLength(&work));
+        acc0 = acc0 + v5;
     }
     let res0 = plus_zero_f32(acc0);
-    let v5: u32 = o / 8u;
-    let v6: u32 = o % 8u;
-    let v7: f32 = res0 * 0.015625;
-    let v8: f32 = v7 + 0.00001;
-    let v9: f32 = rsqrt_f32(v8);
-    work[at.o1 + o] = v9;
+    let v6: u32 = o / 8u;
+    let v7: u32 = o % 8u;
+    let v8: f32 = res0 * 0.015625;
+    let v9: f32 = v8 + 0.00001;
+    let v10: f32 = rsqrt_f32(v9);
+    work[at.o1 + o] = v10;
 }
