@@ -25,7 +25,7 @@ EXPR_HELPERS = ("tanh_f32", "sigmoid_f32", "erf_f32", "max_nan", "min_nan", "pow
                 "log1p_f32", "expm1_f32", "sin_f32", "cos_f32", "exp_f32", "log_f32", "mul_exp_f32", "mul_self_f32",
                 "rsqrt_f32")
 HELPER_DEPS = {
-    "tanh_f32": ("is_nan_f32", "expm1_f32"),
+    "tanh_f32": ("is_nan_f32", "expm1_f32", "exp_f32"),
     "erf_f32": ("is_nan_f32", "exp_f32"),
     "exp_f32": ("is_nan_f32",),
     "mul_exp_f32": ("is_nan_f32", "times_zero_f32"),

@@ -590,9 +590,12 @@ def _broadcast_gradient_cancels(case: fg.Case, step: int, env64: dict) -> bool:
     """Whether the gradient of an argument that an add, sub or mul broadcasts over a case output
     is a sum whose terms cancel beyond n ulps of their magnitudes: that sum's order decides it
     (ct 1e30, -1e30, -0.74, 1.82 over the broadcast axis: torch's order gave -0.74 in float64 and
-    float32, the interpreter's 1.14, the exact value; hour run 15's special seed 5670039)."""
+    float32, the interpreter's 1.14, the exact value; hour run 15's special seed 5670039). maximum
+    and minimum send each term to one operand (or both, for a NaN): all of them are taken as
+    terms (hour run 21's special seed 5870880: ct +-1e30 over minimum(x, p) with p = NaN, torch's
+    order -2.55, the interpreter's 0)."""
     for op in case.ops:
-        if op.op not in ("add", "sub", "mul") or op.outs[0] not in case.cts:
+        if op.op not in ("add", "sub", "mul", "maximum", "minimum") or op.outs[0] not in case.cts:
             continue
         ct = np.asarray(case.cts[op.outs[0]][step], np.float64)
         for k, a in enumerate(op.args):
@@ -875,6 +878,15 @@ def _matmul_zero_sign(op: fg.Op, env: dict) -> bool:
     return bool(((prod == 0) & prod.signbit()).all(dim=-2).any())
 
 
+def _flush_tie(c) -> bool:
+    """Whether a candidate and its rival differ but are both zero or subnormal: a device that
+    flushes compares them equal, a tie that maximum splits (the H200's maximum(-0, 1e-40) gave each
+    half the gradient where torch gives 1e-40 all of it: special seed 5890468)."""
+    x, m = (np.asarray(t, np.float64) for t in c)
+    with np.errstate(invalid="ignore"):
+        return bool(((x != m) & (np.abs(x) < TINY) & (np.abs(m) < TINY)).any())
+
+
 def _upstream(case: fg.Case, names) -> set:
     """The leaves that the values `names` are computed from."""
     made = {o: op for op in case.ops for o in op.outs}
@@ -941,7 +953,7 @@ def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
             if c64 is not None and (_signed_zero_tie(c64) or _signed_zero_tie(c32)):
                 leaves, values = set(case.leaves), True  # the zero's sign flows into values downstream
                 break
-            if c64 is not None and _tied(c64, c32):
+            if c64 is not None and (_tied(c64, c32) or _flush_tie(c64) or _flush_tie(c32)):
                 leaves |= _upstream(case, op.args)
                 if op.op in COMPARING:  # where's other branch: values, and every gradient
                     leaves, values = set(case.leaves), True

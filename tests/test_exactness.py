@@ -998,3 +998,33 @@ def test_sqrt_gradient_of_a_subnormal_cotangent_in_torch_s_order(kernels):
     want = t.grad.numpy()
     for who, got in ((kernels, grads["x"]), ("interp", _interp_grads(prog, inputs)["x"])):
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=who)
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_tanh_rounds_as_torch_s_near_one(kernels):
+    """From |x| = 1 on tanh is 1 - 2u / (1 + u), u = exp(-2|x|): expm1(-17.8) rounded to -1 made
+    tanh(8.92) 1.0 where torch's is 0.99999994, so its gradient 1 - t^2 was 0 and under an inf
+    cotangent NaN for inf (special seed 5890419, both kernel sets). Values over [1, 10] within
+    2 ulps of torch's, equal from 7 on, and the gradient at 8.92 under inf is inf."""
+    x = np.concatenate([np.linspace(1.0, 10.0, 2001, dtype=np.float32), -np.linspace(1.0, 10.0, 7, dtype=np.float32),
+                        np.array([8.919668], np.float32)])
+    ct = np.ones_like(x)
+    ct[-1] = np.inf
+    body = lambda m, f: {"t": ops.tanh(m.x)}  # noqa: E731
+    prog, inputs, _ = make_program(f"tanh_near_one_{kernels}", {"x": x}, {}, body, cts={"t": ct})
+    model = compile_checked(prog, kernels)
+    try:
+        caps = model.step(**inputs, captures=True).captures
+        grads = model.grads()
+    finally:
+        model.close()
+    t = torch.tensor(x, requires_grad=True)
+    want = torch.tanh(t)
+    want.backward(torch.tensor(ct))
+    want = want.detach().numpy()
+    ulps = np.abs(caps["t"].astype(np.float64) - want) / np.spacing(np.abs(want))
+    assert ulps.max() <= 2, (x[np.argmax(ulps)], ulps.max())
+    far = np.abs(x) >= 7.0
+    np.testing.assert_array_equal(caps["t"][far], want[far])
+    assert want[-1] < 1.0 and t.grad[-1] == np.inf
+    assert grads["x"][-1] == np.inf

@@ -310,6 +310,41 @@ def test_special_oracle_leaves_cancelling_cumsum_gradients_to_the_order_only():
         assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
 
 
+def test_special_oracle_takes_a_subnormal_against_zero_as_a_tie_only():
+    """maximum(-0, 1e-40): a device that flushes subnormals compares them equal and splits the
+    gradient (the H200, seed 5890468), torch gives it to 1e-40: the gradients upstream are not
+    compared; against a normal rival a split gradient is caught."""
+    def case(b):
+        leaves = {"p0": fg.Leaf("p0", "param", "f32", (2,), [np.array([-0.0, 2.0], np.float32)]),
+                  "p1": fg.Leaf("p1", "param", "f32", (2,), [np.array([b, 1.0], np.float32)])}
+        ops = [fg.Op(("v1",), "maximum", ("p0", "p1"))]
+        return fg.Case(leaves, {}, ops, ["v1"], {"v1": [np.array([1.0955, 1.0], np.float32)]}, 1)
+    tied, plain = case(1e-40), case(1e-30)
+    assert fa.near_ties(tied, 0) == ({"p0", "p1"}, False)
+    assert fa.near_ties(plain, 0) == (set(), False)
+    for c, caught in ((tied, []), (plain, ["step 1: gradient of p0", "step 1: gradient of p1"])):
+        side = _torch_side(c)
+        side.grads[0]["p0"][0] = side.grads[0]["p1"][0] = 0.54775  # each half of the cotangent
+        assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
+
+
+def test_special_oracle_leaves_cancelling_broadcast_minimum_gradients_to_the_order_only():
+    """minimum(x, p) with p broadcast over x's rows: p's gradient sums the cotangent over them, and
+    with 1e30 and -1e30 among the terms the order decides it (hour run 21, seed 5870880: torch's
+    -2.55, the interpreter's 0): not compared; with ordinary cotangents a wrong one is caught."""
+    def case(big):
+        leaves = {"p0": fg.Leaf("p0", "param", "f32", (3, 2), [np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)]),
+                  "p1": fg.Leaf("p1", "param", "f32", (1, 2), [np.array([[0.5, np.nan]], np.float32)])}
+        ct = np.array([[0.3, 0.34], [0.2, -big], [0.1, big - 2.5]], np.float32)
+        ops = [fg.Op(("v1",), "minimum", ("p0", "p1"))]
+        return fg.Case(leaves, {}, ops, ["v1"], {"v1": [ct]}, 1)
+    cancels, plain = case(1e30), case(1.5)
+    for c, caught in ((cancels, []), (plain, ["step 1: gradient of p1"])):
+        side = _torch_side(c)
+        side.grads[0]["p1"][0, 1] = 0.0  # the sum in another order
+        assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
+
+
 def test_special_oracle_skips_slopes_decided_by_rounding_only():
     """sin of a computed argument whose rounding moves it across a root of cos (special seed
     5390459: sin(3 ** 50), 3 ** 50 in float32 7e16 from the double) leaves the gradients upstream

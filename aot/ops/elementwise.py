@@ -173,8 +173,10 @@ def _power_expr(attrs):
         # Mesa rewrites 1 / sqrt(x) as inverseSqrt(x) and takes that for >= 0, folding the
         # readers' sign tests: (-0) ** -0.5 = -inf then read as +inf (0.5 ** (x ** -0.5) was NaN
         # where torch's is inf, special seed 5330238). The select (sqrt(+-0) is itself) hides it.
-        # NVIDIA's compiler makes 1 / sqrt(x) its rsqrt, which is -0 at -inf: NaN below 0 by hand
-        return "select(1.0 / select(sqrt({0}), {0}, {0} == 0.0), bitcast<f32>(0x7fc00000u), {0} < 0.0)"
+        # NVIDIA's compiler makes 1 / sqrt(x) its rsqrt, which is -0 at -inf: NaN below 0 by hand;
+        # and +-inf at zero from x's sign bit, as rsqrt_f32 (NVIDIA took 1e-38 == 0.0, then 1 / x)
+        return ("select(select(1.0 / select(sqrt({0}), {0}, {0} == 0.0), bitcast<f32>(0x7f800000u | (bitcast<u32>({0})"
+                " & 0x80000000u)), {0} == 0.0), bitcast<f32>(0x7fc00000u), {0} < 0.0)")
     if float(p).is_integer():
         return "pow_int_f32({0}, %s, %s)" % (_lit(p), "true" if int(p) % 2 else "false")
     # the exponent's f32 and the rest: torch raises to the double p (1e30 ** 0.3 = 1e9)

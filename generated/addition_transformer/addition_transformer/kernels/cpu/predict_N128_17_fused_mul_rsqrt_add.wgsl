@@ -19,10 +19,13 @@ struct Offsets {
 fn f32_bits(b: u32) -> f32 {
     return bitcast<f32>(b);
 }
-// inverseSqrt, but 1 / x at +-0 (+-inf): Mesa takes inverseSqrt(x) >= 0 and folds its readers so
-// (and NaN below 0: NVIDIA's inverseSqrt(-inf) is -0)
+// inverseSqrt, but +-inf at +-0: Mesa takes inverseSqrt(x) >= 0 and folds its readers so (and
+// NaN below 0: NVIDIA's inverseSqrt(-inf) is -0). The infinity is made from x's sign bit, not as
+// 1 / x: NVIDIA compares a subnormal x equal to 0 but divides by it unflushed (rsqrt(1e-38) was
+// 1e38: special seed 5890020)
 fn rsqrt_f32(x: f32) -> f32 {
-    return select(select(inverseSqrt(x), 1.0 / x, x == 0.0), f32_bits(0x7fc00000u), x < 0.0);
+    let inf = bitcast<f32>(0x7f800000u | (bitcast<u32>(x) & 0x80000000u));
+    return select(select(inverseSqrt(x), inf, x == 0.0), f32_bits(0x7fc00000u), x < 0.0);
 }
 
 @compute @workgroup_size(256)
