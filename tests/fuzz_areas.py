@@ -536,6 +536,45 @@ def _ct_bound(case: fg.Case, step: int) -> float:
     return 4 * TINY * m
 
 
+def _path_magnitudes(case: fg.Case, step: int) -> dict:
+    """{parameter read by more than one op: TIE_ULPS float32 ulps of the sum, over its uses, of
+    |its gradient through that use|} (elementwise, float64): its gradient adds up the paths, and
+    where they cancel the residue is the order's (p / minimum(x, p) at p = -1: the paths give
+    ct0 + ct1 and -(ct0 + ct1), aot's order left 1.2e-7 where torch's gives 0; hour run 22's
+    special seed 5903221)."""
+    uses: dict = {}
+    for op in case.ops:
+        for a in op.args:
+            if isinstance(a, str) and a in case.leaves:
+                uses[a] = uses.get(a, 0) + 1
+    shared = [n for n, k in uses.items() if k > 1 and case.leaves[n].kind != "input" and case.leaves[n].dtype == "f32"]
+    if not shared:
+        return {}
+    T = fg._torch()
+    env = {n: fg._leaf_tensor(l, step, T.float64) for n, l in case.leaves.items()}
+    clones: dict = {n: [] for n in shared}
+    with np.errstate(all="ignore"):
+        for op in case.ops:
+            local = dict(env)
+            for a in op.args:
+                if a in clones:
+                    local[a] = env[a].detach().clone().requires_grad_(True)
+                    clones[a].append(local[a])
+            env.update(zip(op.outs, fg.eval_op(op, local, T.float64)[1]))
+        terms = [(env[o] * T.from_numpy(np.asarray(case.cts[o][step], np.float64))).sum()
+                 for o in case.outputs if o in case.cts and env[o].requires_grad]
+        if not terms:
+            return {}
+        sum(terms).backward()
+    out = {}
+    for n, cs in clones.items():
+        g = [c.grad.abs() for c in cs if c.grad is not None]
+        if g:
+            m = sum(T.where(T.isfinite(x), x, T.zeros_like(x)) for x in g).numpy()
+            out[n] = TIE_ULPS * 2.0**-24 * m
+    return out
+
+
 # Where aot differs from PyTorch by design (documented in tests/fuzz_repros/README.md); the special
 # area accepts aot's result there, and keeps the generator off the two graph-level ones:
 KNOWN_DIFFERENCES = {
@@ -971,6 +1010,7 @@ def special_failures(batch: fg.Batch, side, kind: str) -> list[tuple[int, str, s
             leaves = {n: l.value(s) for n, l in c.leaves.items()}
             overflow, flags = _known(c, s, _env64(c, s))
             untied, values_off = near_ties(c, s)  # decided by rounding: not compared
+            paths = _path_magnitudes(c, s)  # a gradient's paths cancelling: their rounding allowed
             ct_scale = 1.0 + max([float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0)) for a in (v[s] for v in c.cts.values())])
             for o in c.outputs:
                 got = side.captures[s].get(p + o)
@@ -995,7 +1035,8 @@ def special_failures(batch: fg.Batch, side, kind: str) -> list[tuple[int, str, s
                 if n in untied:
                     continue
                 rs = [(r64[1][n], r32[1][n]) for r64, r32 in refs]
-                ok = pattern_ok(got, rs, extra=_ct_bound(c, s)) | (_accept_overflow(got, rs, overflow) if overflow else False)
+                extra = _ct_bound(c, s) + paths.get(n, 0.0)
+                ok = pattern_ok(got, rs, extra=extra) | (_accept_overflow(got, rs, overflow) if overflow else False)
                 ok |= _accept_flags(got, rs, flags, ct_scale)
                 if not ok.all():
                     cts = {f"{o}_ct": v[s] for o, v in c.cts.items()}
