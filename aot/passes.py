@@ -125,21 +125,38 @@ def split_long_matmuls(g: Graph) -> Graph:
     """[M, K] @ [K, N] with small M*N and long K -> sum over s of [S, M, K/S] @ [S, K/S, N]: a
     batched matmul of S partial products (views of the same operands), then a short reduction.
     Same result up to float rounding, fixed order, no atomics."""
+
+    def split(n):
+        s = _split_k(n)
+        if s is None:
+            return None
+        a, b = n.inputs
+        (m, k), nn = a.shape, b.shape[1]
+
+        def trace():
+            a3 = ops.transpose(ops.reshape(a, (m, s, k // s)), (1, 0, 2))  # [S, M, K/S]
+            b3 = ops.reshape(b, (s, k // s, nn))  # [S, K/S, N]
+            return ops.sum(ops.matmul(a3, b3), 0)
+
+        return trace
+
+    return _replace(g, split)
+
+
+def _replace(g: Graph, rule) -> Graph:
+    """g with each node n for which rule(n) gives a function replaced by what that function
+    traces (at n's call site); rule(n) None keeps n."""
     nodes: list = []
     remap: dict[int, object] = {}
     for orig in g.nodes:
         n = _with_inputs(orig, remap)
-        s = _split_k(n)
-        if s is None:
+        trace = rule(n)
+        if trace is None:
             nodes.append(n)
             continue
-        a, b = n.inputs
-        (m, k), nn = a.shape, b.shape[1]
         tmp = Graph(g.name)
         with tracing(tmp), at_site(n.site):
-            a3 = ops.transpose(ops.reshape(a, (m, s, k // s)), (1, 0, 2))  # [S, M, K/S]
-            b3 = ops.reshape(b, (s, k // s, nn))  # [S, K/S, N]
-            y = ops.sum(ops.matmul(a3, b3), 0)
+            y = trace()
         nodes.extend(tmp.nodes)
         remap[id(orig.out)] = y
     return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
@@ -152,20 +169,13 @@ def outer_products(g: Graph) -> Graph:
     run 18's special seed 5731847). Batched weights stay a sum: torch's bmm sums from +0.0 (and
     its mm does too where M or N is 1, a matrix-vector product; tests/fuzz_areas.py takes the
     sign of a zero a matmul sums as torch's coin)."""
-    nodes: list = []
-    remap: dict[int, object] = {}
-    for orig in g.nodes:
-        n = _with_inputs(orig, remap)
+
+    def product(n):
         if lookup(n.op).fusion != "matmul" or n.inputs[0].shape[-1] != 1 or n.inputs[1].ndim != 2:
-            nodes.append(n)
-            continue
-        a, b = n.inputs
-        tmp = Graph(g.name)
-        with tracing(tmp), at_site(n.site):
-            y = ops.mul(a, b)
-        nodes.extend(tmp.nodes)
-        remap[id(orig.out)] = y
-    return _rebuild(g, nodes, lambda t: remap.get(id(t), t))
+            return None
+        return lambda: ops.mul(*n.inputs)
+
+    return _replace(g, product)
 
 
 def _split_k(n) -> int | None:
