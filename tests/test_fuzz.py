@@ -364,6 +364,22 @@ def test_special_oracle_allows_the_rounding_of_cancelling_paths_only():
         assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
 
 
+def test_special_oracle_judges_gelu_s_tail_by_the_cotangent_that_reaches_it():
+    """2 ** (88.5 - gelu_tanh(p)) at p = -9.2: torch's gelu slope cancels to 0 where aot's is 5e-29,
+    and 2 ** 88.5 sends 1.2e25 to gelu, so aot's gradient is 6e-4 for torch's -0 (hour run 23,
+    seed 5921151): accepted; a gradient beyond what a slope 1e-6 off would give (1.5e19) is caught."""
+    leaves = {"p0": fg.Leaf("p0", "param", "f32", (2,), [np.array([-9.203306, 0.5], np.float32)]),
+              "x2": fg.Leaf("x2", "input", "f32", (2,), [np.array([88.5, 1.0], np.float32)])}
+    ops = [fg.Op(("v1",), "gelu", ("p0",), {"approximate": "tanh"}), fg.Op(("v3",), "sub", ("x2", "v1")),
+           fg.Op(("v4",), "power", (2.0, "v3"))]
+    c = fg.Case(leaves, {}, ops, ["v4"], {"v4": [np.array([0.04934234, 1.0], np.float32)]}, 1)
+    assert fa._gelu_ct_scale(c, 0) > 1e24
+    for got, caught in ((7.885e-4, []), (1e21, ["step 1: gradient of p0"])):
+        side = _torch_side(c)
+        side.grads[0]["p0"][0] = got
+        assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
+
+
 def test_special_oracle_skips_slopes_decided_by_rounding_only():
     """sin of a computed argument whose rounding moves it across a root of cos (special seed
     5390459: sin(3 ** 50), 3 ** 50 in float32 7e16 from the double) leaves the gradients upstream
