@@ -380,8 +380,9 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
     lanes = None if cpu else reduce_lanes(k, s)
     per_wg = lanes is not None or kernel_rows_per_workgroup(k) == 1
     sequential = cpu and per_wg and (sequential_max is None or n_red <= sequential_max)
+    wg = WG if lanes else row_workgroup_size(n_out, n_red) if per_wg else WG
     # the terms one invocation adds up in its loop
-    terms = n_red if sequential or not per_wg else -(-n_red // (WG if lanes else row_workgroup_size(n_out, n_red)))
+    terms = n_red if sequential or not per_wg else -(-n_red // wg)
     accs = []
     for m in members:
         n = m.node
@@ -419,7 +420,6 @@ def _reduce(name, header, k: Kernel, s: KernelSchedule, plan: Plan, ops, site, c
             kc.computed[id(t)] = val
             stores.append(_store(kc, plan, t, val, "o"))
     grid = _grid((n_out // lanes[0] if lanes else n_out) if per_wg else -(-n_out // WG))
-    wg = WG if lanes else row_workgroup_size(n_out, n_red) if per_wg else WG
     if lanes:
         p_, a_, b_ = lanes
         lanes = {"p": p_, "a": a_, "b": b_, "ncb": a_ // p_, "groups": n_out // p_}

@@ -8,6 +8,7 @@ from .buffers import UPDATE_PREFIX
 from .errors import IRError
 from .ir import DTYPES, Graph, Node, Tensor, format_node, tensor_names
 from .matmul_codegen import split_count
+from .ops.linalg import outer_product
 from .ops.registry import lookup
 from .ops.trace import at_site, tracing
 from .split_rules import split_plan
@@ -171,7 +172,7 @@ def outer_products(g: Graph) -> Graph:
     sign of a zero a matmul sums as torch's coin)."""
 
     def product(n):
-        if lookup(n.op).fusion != "matmul" or n.inputs[0].shape[-1] != 1 or n.inputs[1].ndim != 2:
+        if lookup(n.op).fusion != "matmul" or not outer_product(n.inputs[0].shape, n.inputs[1].shape):
             return None
         return lambda: ops.mul(*n.inputs)
 

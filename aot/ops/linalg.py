@@ -43,9 +43,14 @@ def _matmul_vjp(ct, n):
     return da, db
 
 
+def outer_product(a_shape, b_shape) -> bool:
+    """[..., M, 1] @ [1, N]: computed as the broadcast product (passes.outer_products), each element
+    its product exactly, -0.0 kept, where np.matmul and a kernel's sum start from +0.0."""
+    return a_shape[-1] == 1 and len(b_shape) == 2
+
+
 def _matmul_ref(a, b):
-    # [..., M, 1] @ [1, N]: the product itself, -0.0 kept (passes.outer_products; np.matmul sums from +0.0)
-    return a * b if a.shape[-1] == 1 and b.ndim == 2 else np.matmul(a, b)
+    return a * b if outer_product(a.shape, b.shape) else np.matmul(a, b)
 
 
 register(OpDef("matmul", _matmul_shape, _matmul_ref, _matmul_vjp, "matmul"))
