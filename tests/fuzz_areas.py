@@ -595,7 +595,9 @@ KNOWN_DIFFERENCES = {
                           "1e-6 times the largest cotangent there); so are gradients that cancel (softmax's at a "
                           "one-hot row, var's, norm's)",
     "flush": "a subnormal intermediate (sigmoid(-89) in the kernels, say) may be 0 in aot (API.md: "
-             "subnormal results may be flushed): times an infinite cotangent that is NaN where torch's is inf",
+             "subnormal results may be flushed): times an infinite cotangent that is NaN where torch's is inf; "
+             "and a subnormal leaf's own gradient an infinity where some of its ops read its bits and others a "
+             "flushed 0 (log(1e-45) finite, ct / 1e-45 inf)",
     "factorization": "Mesa rewrites a*b + a*c as a*(b + c): where one leaf feeds two arguments of an op and its "
                      "cotangent is inf, the two gradient terms inf*b + inf*c (NaN for b, c of opposite signs, "
                      "as torch) become inf*(b + c), an inf",
@@ -1017,6 +1019,24 @@ def near_ties(case: fg.Case, step: int) -> tuple[set, bool]:
     return leaves, values
 
 
+def _subnormal_leaf_gradient(got, refs, leaf) -> np.ndarray:
+    """Elements of a leaf's gradient where the leaf is a subnormal and aot's is an infinity that a
+    device flushing some reads of it gives: its ops mix its bits (log_f32 reads them: log(1e-45) is
+    -103.3) with a flushed 0 (ct / x is then inf; a negative subnormal compared as 0 makes log -inf),
+    so the gradient is an infinity of torch's sign where torch's is finite (log -> 2 ** . at 1e-45:
+    -3.6e13 in torch, -inf on the H200, special seed 5980159), or any infinity where torch's is not
+    finite (log -> var with -3e-39 beside 1e-45: NaN, -inf on the H200; seed 5980098)."""
+    got = np.asarray(got, np.float64)
+    x = np.broadcast_to(np.asarray(leaf, np.float64), got.shape)
+    ok = (x != 0) & (np.abs(x) < TINY) & np.isinf(got)
+    if not ok.any():
+        return ok
+    w, w32 = (np.asarray(r, np.float64) for r in refs[0])  # torch's for the leaves as given
+    nonfinite = ~np.isfinite(w) | ~np.isfinite(w32)
+    with np.errstate(invalid="ignore"):
+        return ok & (nonfinite | (np.sign(got) == np.sign(w)))
+
+
 def special_failures(batch: fg.Batch, side, kind: str) -> list[tuple[int, str, str]]:
     """(case, what, detail) per disagreement of a side (fuzz_graphs.Sides) with PyTorch."""
     out = []
@@ -1057,6 +1077,8 @@ def special_failures(batch: fg.Batch, side, kind: str) -> list[tuple[int, str, s
                 extra = _ct_bound(c, s) + paths.get(n, 0.0)
                 ok = pattern_ok(got, rs, extra=extra) | (_accept_overflow(got, rs, overflow) if overflow else False)
                 ok |= _accept_flags(got, rs, flags, ct_scale)
+                if "flush" in flags and n in leaves:
+                    ok |= _subnormal_leaf_gradient(got, rs, leaves[n])
                 if not ok.all():
                     cts = {f"{o}_ct": v[s] for o, v in c.cts.items()}
                     out.append((k, f"step {s + 1}: gradient of {p + n}", describe(got, rs, ~ok, dict(leaves, **cts))))

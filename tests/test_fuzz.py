@@ -455,6 +455,31 @@ def test_special_oracle_takes_an_infinity_for_a_huge_gradient_only_under_flush()
     assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == ["step 1: gradient of p0"]
 
 
+def test_special_oracle_takes_an_infinity_for_a_subnormal_leaf_s_own_gradient_only():
+    """A device that flushes some reads of a subnormal leaf and not others (the H200: log_f32 reads
+    1e-45's bits, ct / 1e-45 divides by 0; -3e-39 compares as 0, its log -inf) gives that leaf's
+    gradient an infinity: of torch's sign where torch's is finite (seed 5980159: log -> 2 ** .,
+    -3.6e13 in torch) or any where torch's is NaN (seed 5980098: log -> var). The other sign, or an
+    infinity at a normal leaf, is still caught."""
+    def case(x, ops, ct):
+        leaves = {"p0": fg.Leaf("p0", "param", "f32", (len(x),), [np.array(x, np.float32)])}
+        return fg.Case(leaves, {}, ops, [ops[-1].outs[0]], {ops[-1].outs[0]: [np.array(ct, np.float32)]}, 1)
+
+    def caught(c, i, v):
+        side = _torch_side(c)
+        side.grads[0]["p0"][i] = v
+        return [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")]
+
+    power = case([1e-45, 2.0], [fg.Op(("v1",), "log", ("p0",)), fg.Op(("v2",), "power", (2.0, "v1"))], [-0.8842676, 1.0])
+    assert -1e14 < _torch_side(power).grads[0]["p0"][0] < -1e13
+    assert caught(power, 0, -np.inf) == []
+    assert caught(power, 0, np.inf) == caught(power, 1, -np.inf) == ["step 1: gradient of p0"]
+    var = case([1e-45, -3e-39, -2.0, 2.0], [fg.Op(("v1",), "log", ("p0",)), fg.Op(("v2",), "var", ("v1",), {"axis": -1})], -1.3211136)
+    assert np.isnan(_torch_side(var).grads[0]["p0"]).all()
+    assert caught(var, 0, -np.inf) == caught(var, 1, np.inf) == []
+    assert caught(var, 3, -np.inf) == ["step 1: gradient of p0"]
+
+
 def test_special_oracle_leaves_a_cancelling_broadcast_gradient_to_the_summation_order_only():
     """p (1, 3) + x (4, 3): p's gradient sums the cotangent over 4 rows. With 1e30 and -1e30 among
     them the order decides the small terms (hour run 15, seed 5670039: torch -0.74, the exact 1.14);
