@@ -43,6 +43,7 @@ HELPER_DEPS = {
     "pow_int_f32": ("pow_abs_f32",),
     "pow_frac_f32": ("pow_abs_f32", "f32_bits"),
     "times_zero_f32": ("f32_bits",),
+    "times_sign_f32": ("times_zero_f32",),
     "zero_div_f32": ("f32_bits",),
     "self_sub_f32": ("f32_bits",),
     "mul_self_f32": ("is_nan_f32",),

@@ -1028,3 +1028,27 @@ def test_tanh_rounds_as_torch_s_near_one(kernels):
     np.testing.assert_array_equal(caps["t"][far], want[far])
     assert want[-1] < 1.0 and t.grad[-1] == np.inf
     assert grads["x"][-1] == np.inf
+
+
+@pytest.mark.parametrize("kernels", ["gpu", "cpu"])
+def test_abs_gradient_keeps_nan_where_sign_is_zero(kernels):
+    """abs's gradient is ct * sign(x), and sign is 0 at +-0 and NaN (torch.sign's): an inf or NaN
+    cotangent there gives NaN, as torch's. NVIDIA folded x * sign(y) into selects of x, -x and 0,
+    0 for a NaN x (l1_loss(p, p) at p = -inf under cross_entropy's NaN cotangent: H200, special
+    seed 6010163)."""
+    x = np.array([np.nan, 0.0, -0.0, 2.0, -np.inf, np.nan, -3.0], np.float32)
+    ct = np.array([np.nan, np.inf, np.nan, np.inf, np.nan, 1.5, -np.inf], np.float32)
+    body = lambda m, f: {"a": ops.abs(m.x)}  # noqa: E731
+    prog, inputs, _ = make_program(f"abs_sign_{kernels}", {"x": x}, {}, body, cts={"a": ct})
+    model = compile_checked(prog, kernels)
+    try:
+        model.step(**inputs)
+        got = model.grads()["x"]
+    finally:
+        model.close()
+    tx = torch.tensor(x, requires_grad=True)
+    tx.abs().backward(torch.tensor(ct))
+    want = tx.grad.numpy()
+    assert np.isnan(want[:5]).sum() == 4 and want[5] == 0.0 and want[6] == np.inf
+    for who, g in ((kernels, got), ("interp", _interp_grads(prog, inputs)["x"])):
+        np.testing.assert_array_equal(g, want, err_msg=who)

@@ -317,6 +317,11 @@ def _opaque_arith(op):
             call = "self_sub_f32(%s)" % (a if _is_neg_of(body, b, a) else b)
         elif op == "mul" and a == b and produced_by(n.inputs[0], ROOTS):
             call = f"mul_self_f32({a})"  # sqrt(a) * sqrt(a): Mesa folds it to |a| (ROOTS)
+        elif op == "mul" and (produced_by(n.inputs[0], ("sign",)) or produced_by(n.inputs[1], ("sign",))):
+            # x * sign(y): NVIDIA folds it into selects of x, -x and 0, so 0 also for an inf or NaN
+            # x where IEEE (and torch) give NaN (abs's gradient at a NaN y under a NaN cotangent:
+            # H200, special seed 6010163)
+            call = "times_sign_f32(%s, %s)" % ((a, b) if produced_by(n.inputs[1], ("sign",)) else (b, a))
         if call is None and op == "add" and a == b and a not in _ZERO:
             # x + x as x * 2.0 (equal for every x, inf, NaN and -0 included): Mesa factors
             # a*b + a*c into a*(b + c), which for a gradient (ct*y)*x + (ct*y)*x of x * x gives
