@@ -1105,8 +1105,7 @@ def special_failures(batch: fg.Batch, side, kind: str) -> list[tuple[int, str, s
                 rs = [(r64[1][n], r32[1][n]) for r64, r32 in refs]
                 extra = _ct_bound(c, s) + paths.get(n, 0.0)
                 ok = pattern_ok(got, rs, extra=extra) | (_accept_overflow(got, rs, overflow) if overflow else False)
-                gain = gains.get(n, 1.0) if flags & {"bounded_derivative", "gelu_cancel"} else 1.0
-                ok |= _accept_flags(got, rs, flags, ct_scale * gain)
+                ok |= _accept_flags(got, rs, flags, ct_scale * gains.get(n, 1.0))
                 if "flush" in flags and n in leaves:
                     ok |= _subnormal_leaf_gradient(got, rs, leaves[n])
                 if not ok.all():
