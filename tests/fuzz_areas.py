@@ -603,7 +603,8 @@ KNOWN_DIFFERENCES = {
                      "cotangent is inf, the two gradient terms inf*b + inf*c (NaN for b, c of opposite signs, "
                      "as torch) become inf*(b + c), an inf",
     "kl_div_zero": "kl_div's gradient with respect to a target of 0 (log_target=False): torch's is NaN "
-                   "(log(0) inside), aot's 0, the limit of its xlogy form; accepted as nan_kernels are",
+                   "(log(0) inside), aot's 0, the limit of its xlogy form; at a target of inf torch's is NaN "
+                   "(its t / t), aot's inf, the limit of log(t) + 1 - x; accepted as nan_kernels are",
     "prod_grad": "prod's gradient is the product of the other elements (pairwise, exact where the slice holds "
                  "zeros); where it holds none, torch divides the product by the element, so one NaN or inf "
                  "element makes the whole slice's gradient NaN there, and partial products that over- or "
@@ -779,8 +780,8 @@ def _known(case: fg.Case, step: int, env64: dict) -> tuple:
         if op.op in ("elu", "hardswish") and v is not None and bool(T.isnan(v).any()):
             flags.add("nan_kernels")
         t = env64.get(op.args[1]) if op.op == "kl_div" and isinstance(op.args[1], str) else None
-        if t is not None and not op.kw.get("log_target") and bool((t == 0).any()):
-            flags.add("nan_kernels")  # kl_div_zero: torch's target gradient is NaN at target 0
+        if t is not None and not op.kw.get("log_target") and bool(((t == 0) | T.isinf(t)).any()):
+            flags.add("nan_kernels")  # kl_div_zero: torch's target gradient is NaN at target 0 and inf
         if op.op == "gelu":
             flags.add("gelu_cancel")
         if op.op in BOUNDED_DERIVATIVE:

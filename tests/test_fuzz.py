@@ -504,6 +504,23 @@ def test_special_oracle_scales_a_cancelling_gradient_s_bound_by_the_chain_to_the
     assert caught(plain, 0.047) == ["step 1: gradient of p0"]
 
 
+def test_special_oracle_takes_kl_div_s_target_gradient_at_inf_as_at_zero_only():
+    """kl_div(x, t) with t = inf (log_target=False): torch's target gradient is NaN (its t / t),
+    aot's the limit inf (hour run 25's special seed 6041678), as at t = 0 (kl_div_zero). At a finite
+    target a wrong gradient is still caught."""
+    def case(t):
+        leaves = {"p0": fg.Leaf("p0", "param", "f32", (2,), [np.array([1.0, 0.5], np.float32)]),
+                  "p1": fg.Leaf("p1", "param", "f32", (2,), [np.array([t, 2.0], np.float32)])}
+        ops = [fg.Op(("v2",), "kl_div", ("p0", "p1"), {"reduction": "none", "log_target": False})]
+        return fg.Case(leaves, {}, ops, ["v2"], {"v2": [np.array([0.0988, 1.0], np.float32)]}, 1)
+    for t, caught in ((np.inf, []), (3.0, ["step 1: gradient of p1"])):
+        c = case(t)
+        side = _torch_side(c)
+        assert np.isnan(side.grads[0]["p1"][0]) == (t == np.inf)
+        side.grads[0]["p1"][0] = np.inf
+        assert [w for _k, w, _d in fa.special_failures(fg.Batch([c], steps=1), side, "interp")] == caught
+
+
 def test_special_oracle_leaves_a_cancelling_broadcast_gradient_to_the_summation_order_only():
     """p (1, 3) + x (4, 3): p's gradient sums the cotangent over 4 rows. With 1e30 and -1e30 among
     them the order decides the small terms (hour run 15, seed 5670039: torch -0.74, the exact 1.14);
