@@ -1060,7 +1060,9 @@ def test_abs_gradient_keeps_nan_where_sign_is_zero(kernels):
 def test_attention_gradient_at_saturated_huge_scores(kernels):
     """attention(x, x, x, causal) with scores of 6e4 to 4e5: every softmax row is one-hot, so x's
     gradient is its cotangents' sum through the value path (torch float32 and float64 agree to 1e-7;
-    so does aot's interpreter). The kernels gave row 1 [1.7523, -1.1725] for [1.7617, -1.1520]."""
+    so does aot's interpreter). On lavapipe the gpu set gave row 0 [1.1922, 1.4900] for [1.2, 1.5]
+    and row 1 [-0.0094, -2.0205] for [0, -2]: the backward kernels' p = exp(s - lse) is 0.9935, their
+    score's products contracted into FMAs unlike the forward kernel's."""
     x = np.array([[-181.1979, -231.28905], [35.778479, -765.27966], [-179.71861, -227.85669]], np.float32)
     cts = {"o": np.array([[1.2, 1.5], [0.6, -0.7], [-0.6, -1.3]], np.float32)}
     body = lambda m, f: {"o": ops.attention(m.x, m.x, m.x, causal=True)}  # noqa: E731
