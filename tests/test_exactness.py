@@ -1061,8 +1061,9 @@ def test_attention_gradient_at_saturated_huge_scores(kernels):
     """attention(x, x, x, causal) with scores of 6e4 to 4e5: every softmax row is one-hot, so x's
     gradient is its cotangents' sum through the value path (torch float32 and float64 agree to 1e-7;
     so does aot's interpreter). On lavapipe the gpu set gave row 0 [1.1922, 1.4900] for [1.2, 1.5]
-    and row 1 [-0.0094, -2.0205] for [0, -2], as if the backward kernels' p = exp(s - lse) were 0.9935
-    where it is 1; the cause is not established yet (the wasm set without relaxed SIMD is off too)."""
+    and row 1 [-0.0094, -2.0205] for [0, -2]: the backward kernels' p = exp(s - lse) is 0.9935 and
+    1.0158 where it is 1, their scores ulps off the forward's (the gpu set's dk/dv kernel scores
+    (k * scale) . q, the forward (q * scale) . k), which exp turns into percent at s ~ 1e5."""
     x = np.array([[-181.1979, -231.28905], [35.778479, -765.27966], [-179.71861, -227.85669]], np.float32)
     cts = {"o": np.array([[1.2, 1.5], [0.6, -0.7], [-0.6, -1.3]], np.float32)}
     body = lambda m, f: {"o": ops.attention(m.x, m.x, m.x, causal=True)}  # noqa: E731
