@@ -659,18 +659,29 @@ def _broadcast_gradient_cancels(case: fg.Case, step: int, env64: dict) -> bool:
     return False
 
 
+def _autograd_run(case: fg.Case, step: int) -> tuple[dict, list]:
+    """The case in float64 torch with autograd on its leaves: (env by name, [(op, its outputs)])."""
+    T = fg._torch()
+    env = {n: fg._leaf_tensor(l, step, T.float64) for n, l in case.leaves.items()}
+    traced = []
+    with np.errstate(all="ignore"):
+        for op in case.ops:
+            outs = fg.eval_op(op, env, T.float64)[1]
+            env.update(zip(op.outs, outs))
+            traced.append((op, outs))
+    return env, traced
+
+
 def _grads_at(case: fg.Case, step: int, names: tuple) -> list:
     """[(op, float64 gradient of the case's loss at op's first output)] for its ops named in
     `names` (torch autograd over the case as given)."""
     if not any(op.op in names for op in case.ops):
         return []
     T = fg._torch()
-    env = {n: fg._leaf_tensor(l, step, T.float64) for n, l in case.leaves.items()}
+    env, traced = _autograd_run(case, step)
     kept = []
     with np.errstate(all="ignore"):
-        for op in case.ops:
-            outs = fg.eval_op(op, env, T.float64)[1]
-            env.update(zip(op.outs, outs))
+        for op, outs in traced:
             if op.op in names and outs[0].requires_grad:
                 outs[0].retain_grad()
                 kept.append((op, outs[0]))
@@ -718,13 +729,10 @@ def _chain_gains(case: fg.Case, step: int, names: tuple) -> dict:
     log(1e-5) in log(p) -> var, torch float32 0, float64 -3e-4, times log's 1 / p = 1e5: the H200
     gave 0.047, special seed 6010007)."""
     T = fg._torch()
-    env = {n: fg._leaf_tensor(l, step, T.float64) for n, l in case.leaves.items()}
-    args = []
+    env, traced = _autograd_run(case, step)
+    args = [env[op.args[0]] for op, _ in traced
+            if op.op in names and op.args and isinstance(op.args[0], str) and env[op.args[0]].requires_grad]
     with np.errstate(all="ignore"):
-        for op in case.ops:
-            if op.op in names and op.args and isinstance(op.args[0], str) and env[op.args[0]].requires_grad:
-                args.append(env[op.args[0]])
-            env.update(zip(op.outs, fg.eval_op(op, env, T.float64)[1]))
         leaves = [n for n, l in case.leaves.items() if env[n].requires_grad]
         if not args or not leaves:
             return {}
