@@ -22,6 +22,11 @@ read nothing out of bounds.
   and dk, leaving P in workgroup memory, the other sums dv from it.
 Causal masks skip whole tiles that no row of the workgroup sees. Sums run in a fixed order
 (tiles ascending, rows ascending within a tile, no atomics), so results are reproducible.
+The backward recomputes P as exp(s - lse) and dS as P (dO . v - delta): where a row is one-hot
+at a huge score, an ulp between the forward's s and the backward's, or between dO . v and
+delta = dO . O, is a percent of the gradient. So every kernel of an attention scores
+(q * scale) . k and sums dO . v and dO . O in one order (render_attention, the templates'
+dotacc and rowsums), each sum rounded where the shader compiler cannot reassociate it.
 
 Adapters with subgroup operations (the package's "subgroup" kernel set) run a variant on the same
 grid and bindings (attention_lanes.wgsl.j2): a group of LANES neighbouring invocations owns
@@ -202,6 +207,10 @@ def render_attention(
         raise CodegenError(f"attention kernel mixes {sorted({n.op for n in members})}")
     n0 = k.node  # the group's widest inputs (dk's beside dv)
     causal, scale = bool(n0.attrs["causal"]), float(n0.attrs["scale"])
+
+    def times(scaled: bool) -> str:
+        return f" * {wgsl_f32(scale)}" if scaled else ""
+
     kc = KernelContext(s, plan, None, table=cpu)
     ins = n0.inputs
     q, kk = ins[0], ins[1]
@@ -235,19 +244,26 @@ def render_attention(
 
     # own rows (registers) and tiles (workgroup memory) per kind
     own_t, oth_t = (tq, tk) if kind in ("fwd", "dq", "delta") else (tk, tq)
+    # Every kernel of an attention computes a score as (q * scale) . k with the same sums, bit for
+    # bit: the backward's exp(s - lse) turns an ulp of a huge score into a percent of P. So the
+    # query side is scaled wherever it sits: the own rows of fwd and dq, the tiles of dk and dv
+    # (their dk accumulates dS (q * scale) and is stored unscaled).
     if kind == "delta":  # its own rows only
         tiles, scalar_tiles = [], []
     elif kind in ("fwd", "dq"):
-        tiles = [("kt", "k", d4)] + ([("vt", "v", dv4)] if "v" in ops else [])
+        tiles = [("kt", "k", d4, False)] + ([("vt", "v", dv4, False)] if "v" in ops else [])
         scalar_tiles = []
     else:
-        tiles = [("qt", "q", d4), ("ot", "dout", dv4)]
+        tiles = [("qt", "q", d4, True), ("ot", "dout", dv4, False)]
         scalar_tiles = [("lt", "lse")] + ([("dt", "delta")] if kind in ("dk", "dkv") else [])
-    vecs = sum(n for _, _, n in tiles)
+    vecs = sum(n for _, _, n, _ in tiles)
     br, g, bt, wg_bytes = _tile_shape(nb, own_t, oth_t, vecs, len(scalar_tiles), kind == "fwd")
-    lanes, group_rows = (LANES, LANE_ROWS) if subgroup and kind != "delta" else (1, 1)
-    if cpu or br % group_rows or d4 % lanes or dv4 % lanes or g * br * lanes // group_rows > MAX_INVOCATIONS:
-        lanes = group_rows = 1  # a group's rows must share a batch entry, its lanes equal shares of a row
+    lanes, group_rows = (LANES, LANE_ROWS) if subgroup else (1, 1)
+    # a group's rows must share a batch entry (on both sides: the lanes' sums are the scores'
+    # order, which the forward and backward kernels share), its lanes equal shares of a row
+    short = min(WG, _pow2(min(tq, tk))) % group_rows
+    if cpu or short or d4 % lanes or dv4 % lanes or g * br * lanes // group_rows > MAX_INVOCATIONS:
+        lanes = group_rows = 1
     # the GPU kernel of dk and dv: where k, v, dk and dv would outgrow an invocation's registers,
     # one half of the invocations each, dv's reading P from the other's scratch (attention.wgsl.j2
     # `split`); rows per workgroup (the grid) as in every set
@@ -272,8 +288,8 @@ def render_attention(
         "fwd": [("q", "q", d4, True)],
         "dq": [("q", "q", d4, True), ("g", "dout", dv4, False), ("orow", "o", dv4, False)],
         "delta": [("g", "dout", dv4, False), ("orow", "o", dv4, False)],
-        "dk": [("k", "k", d4, True), ("v", "v", dv4, False)],
-        "dv": [("k", "k", d4, True)],
+        "dk": [("k", "k", d4, False), ("v", "v", dv4, False)],
+        "dv": [("k", "k", d4, False)],
     }
     own_src["dkv"] = own_src["dk"]  # k and v, for dk's scores and dS
     own_src = own_src[kind]
@@ -299,17 +315,13 @@ def render_attention(
         else:
             bases["lse"] = ops["lse"].row_base("bc", "rc")
             own_scalars.append(("lse_i", f"{ops['lse'].buf}[{bases['lse']}]"))
-    # delta = rowsum(dO * O) of the own row (a group's lanes sum their shares: `group_sums`)
-    group_sums = []
-    if kind in ("dq", "delta"):
-        if lanes > 1:
-            parts = [" + ".join(f"dot(g{rr}_{c}, orow{rr}_{c})" for c in range(dv4 // lanes)) for rr in range(group_rows)]
-            group_sums.append(("delta_i", parts))
-        else:
-            own_scalars.append(("delta_i", " + ".join(f"dot(g{c}, orow{c})" for c in range(dv4))))
+    # delta = rowsum(dO * O) of the own row, which the template sums exactly as it sums dO . v
+    # (dP): where a softmax row is one-hot, O is that key's v bit for bit, and dP - delta must
+    # then be 0, not an ulp of |dO| |v| that dS carries into dq and dk times a huge score's q or k
+    delta = kind in ("dq", "delta")
 
     tile_loads = []
-    for arr, src, n in tiles:
+    for arr, src, n, scaled in tiles:
         op = ops[src]
         c0 = 0 if n == 1 else "c0"
         tile_loads.append(
@@ -318,7 +330,7 @@ def render_attention(
                 "n": n,
                 "total": g * bt * n,
                 "base": op.row_base("bb", "rr"),
-                "val": _vec(op, "src", c0),
+                "val": _vec(op, "src", c0) + times(scaled),
             }
         )
     scalar_loads = [
@@ -327,14 +339,17 @@ def render_attention(
     ]
     # the CPU variant: row rr of this invocation's batch entry, its vec4 c (named like the tiles)
     rows = [
-        {"arr": arr, "base": ops[src].row_base("bc", "rr"), "vals": [_vec(ops[src], f"{arr}_row", 4 * i) for i in range(n)],
-         "chunk": _vec(ops[src], f"{arr}_row", "4u * c")}
-        for arr, src, n in tiles
+        {"arr": arr, "base": ops[src].row_base("bc", "rr"),
+         "vals": [_vec(ops[src], f"{arr}_row", 4 * i) + times(scaled) for i in range(n)],
+         "chunk": _vec(ops[src], f"{arr}_row", "4u * c") + times(scaled)}
+        for arr, src, n, scaled in tiles
     ]
     # Each step of the CPU walk reads the other side's rows a vec4 an inner-loop step (a copy of
     # each access instead of one per vec4: lavapipe compiles each copy), unless the walk's loop
     # steps would pass LOOP_MAX (at most three inner loops a step, over the rows' vec4s).
-    chunk_walk = oth_t * (1 + 2 * d4 + dv4) + 4 * max(d4, dv4) < LOOP_MAX
+    # (One choice for all kernels of the attention, the longer side's: the two walks sum a score
+    # in different orders.)
+    chunk_walk = max(tq, tk) * (1 + 2 * d4 + dv4) + 4 * max(d4, dv4) < LOOP_MAX
     scalar_rows = [(arr, f"{ops[src].buf}[{ops[src].row_base('bc', 'rr')}]") for arr, src in scalar_tiles]
 
     # accumulators (name, vec4s) and outputs: contiguous [batch, rows, cols] (lse: [batch, rows]),
@@ -342,7 +357,7 @@ def render_attention(
     accs = {"fwd": [("o", dv4)], "dq": [("dq", d4)], "delta": [], "dk": [("dk", d4)], "dv": [("dv", dv4)]}
     accs["dkv"] = [("a", max(d4, dv4))] if split else accs["dk"] + accs["dv"]
     store_of = {"attention": ("o", " * inv"), "attention_dq": ("dq", " * " + wgsl_f32(scale)),
-                "attention_dk": ("dk", " * " + wgsl_f32(scale)), "attention_dv": ("dv", "")}
+                "attention_dk": ("dk", ""), "attention_dv": ("dv", "")}
     stores = []
     for n in members:
         loc = plan.loc[id(n.out)]
@@ -359,11 +374,11 @@ def render_attention(
                 st["cols_lane"] = 4 * vec4s[st["acc"]] // lanes  # the columns a lane stores of each row
         wgsl = render(
             "wgsl/attention_lanes.wgsl.j2",
-            header=header, bindings=kc.binding_text(), kind=kind, causal=causal, scale=wgsl_f32(scale),
+            header=header, bindings=kc.binding_text(), one_buf=kc.bindings()[0][0], kind=kind, causal=causal, scale=wgsl_f32(scale),
             nb=nb, tq=tq, tk=tk, d=d, dv=dv, d4=d4, dv4=dv4, n_d=d4 // lanes, n_dv=dv4 // lanes,
             own_t=own_t, oth_t=oth_t, br=br, g=g, bt=bt, threads=g * br * lanes // group_rows, nrows=g * br,
             row_blocks=row_blocks,
-            n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, group_sums=group_sums, tiles=tile_loads,
+            n_wg=n_wg, gx=gx, own=own, own_scalars=own_scalars, delta=delta, tiles=tile_loads,
             scalar_tiles=scalar_loads, stores=stores, write_o=write_o, accs=accs[kind], wg_bytes=wg_bytes,
             ku=ku, lanes=lanes, rows=group_rows, shifts=[1 << i for i in range(lanes.bit_length() - 1)], comps="xyzw",
         )
@@ -375,7 +390,7 @@ def render_attention(
         one_buf=kc.bindings()[0][0],
         chunk_walk=chunk_walk,
         # the CPU variant's pick functions: vec4 c of a row of so many
-        pick_sizes=sorted({n for n in (d4, dv4) if n > 1}) if kind != "delta" else [],
+        pick_sizes=sorted({n for n in (d4, dv4) if n > 1}),
         kind=kind,
         causal=causal,
         scale=wgsl_f32(scale),
@@ -399,6 +414,7 @@ def render_attention(
         gx=gx,
         own=own,
         own_scalars=own_scalars,
+        delta=delta,
         bases=bases,
         tiles=tile_loads,
         scalar_tiles=scalar_loads,

@@ -1055,15 +1055,14 @@ def test_abs_gradient_keeps_nan_where_sign_is_zero(kernels):
 
 
 @pytest.mark.parametrize("kernels", ["gpu", "cpu"])
-@pytest.mark.xfail(strict=True, reason="open (issue 32): the attention kernels' gradient at one-hot rows of scores ~4e5 "
-                   "is 1-2% off where torch's and the interpreter's are exact (hour run 25's graphs seed 6050469)")
 def test_attention_gradient_at_saturated_huge_scores(kernels):
     """attention(x, x, x, causal) with scores of 6e4 to 4e5: every softmax row is one-hot, so x's
     gradient is its cotangents' sum through the value path (torch float32 and float64 agree to 1e-7;
     so does aot's interpreter). On lavapipe the gpu set gave row 0 [1.1922, 1.4900] for [1.2, 1.5]
-    and row 1 [-0.0094, -2.0205] for [0, -2]: the backward kernels' p = exp(s - lse) is 0.9935 and
-    1.0158 where it is 1, their scores ulps off the forward's (the gpu set's dk/dv kernel scores
-    (k * scale) . q, the forward (q * scale) . k), which exp turns into percent at s ~ 1e5."""
+    and row 1 [-0.0094, -2.0205] for [0, -2] (hour run 25's graphs seed 6050469): the backward
+    kernels' p = exp(s - lse) was 1.0158 where it is 1, the dk/dv kernel scoring (k * scale) . q
+    where the forward scores (q * scale) . k, and dP - delta an ulp of 564 where it is 0, lavapipe
+    contracting dO . v's last product into the subtraction (attention.wgsl.j2 `kept`)."""
     x = np.array([[-181.1979, -231.28905], [35.778479, -765.27966], [-179.71861, -227.85669]], np.float32)
     cts = {"o": np.array([[1.2, 1.5], [0.6, -0.7], [-0.6, -1.3]], np.float32)}
     body = lambda m, f: {"o": ops.attention(m.x, m.x, m.x, causal=True)}  # noqa: E731
@@ -1080,3 +1079,54 @@ def test_attention_gradient_at_saturated_huge_scores(kernels):
     want = tx.grad.numpy()
     np.testing.assert_allclose(_interp_grads(prog, inputs)["x"], want, rtol=1e-5, atol=1e-5, err_msg="interp")
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kernels)
+
+
+def _one_hot_attention_case(case: str):
+    """(params, body, torch function of float64 tensors, cotangent shape) of one attention whose
+    every softmax row is one-hot at scores ~1e5, where an ulp of a recomputed score or of dO . v
+    is visible: q, k and v gradients are then exactly torch's (0 for q and k)."""
+    rng = np.random.default_rng(7)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if case.startswith("self"):  # attention(x, x, x, causal): each query's own key wins
+        shape = {"self_d16": (2, 3, 24, 16), "self_d64": (1, 2, 33, 64)}[case]
+        x = rng.normal(size=shape) * (300.0 if shape[-1] == 16 else 120.0)
+        body = lambda m, f: {"o": ops.attention(m.x, m.x, m.x, causal=True)}  # noqa: E731
+        return {"x": x}, body, lambda t: sdpa(t["x"], t["x"], t["x"], is_causal=True), shape
+    # cross attention: query i is twice a key of its own choosing plus noise, the keys all of
+    # norm 300, so that key wins by a gap of 2 * 300^2 * (1 - cos) * scale: one-hot in float64 too
+    (b, tq, tk, d, dv) = {"cross_q1": (4, 1, 37, 8, 8), "cross_d5": (3, 40, 9, 5, 3)}[case]
+    k = rng.normal(size=(b, tk, d))
+    k *= 300.0 / np.linalg.norm(k, axis=-1, keepdims=True)
+    pick = rng.integers(0, tk, size=(b, tq))
+    q = 2.0 * np.take_along_axis(k, pick[..., None], axis=1) + rng.normal(size=(b, tq, d))
+    v = rng.normal(size=(b, tk, dv)) * 50.0
+    body = lambda m, f: {"o": ops.attention(m.q, m.k, m.v)}  # noqa: E731
+    return {"q": q, "k": k, "v": v}, body, lambda t: sdpa(t["q"], t["k"], t["v"]), (b, tq, dv)
+
+
+@pytest.mark.parametrize("case", ["self_d16", "self_d64", "cross_q1", "cross_d5"])
+@pytest.mark.parametrize("kernels", ["gpu", "subgroup", "cpu"])
+def test_attention_gradient_exact_at_one_hot_rows(kernels, case):
+    """Every kernel of an attention scores (q * scale) . k and sums dO . v and delta = dO . O the
+    same way, bit for bit, on each kernel set (head sizes padded or not, split over a subgroup's
+    lanes or not, queries and keys of different lengths): at one-hot rows of huge scores the
+    gradients are exactly torch's, where an ulp apart is a percent of P or of dS."""
+    import wgpu
+
+    if kernels == "subgroup" and "subgroup" not in wgpu.gpu.request_adapter_sync().features:
+        pytest.skip("this adapter has no subgroup operations")
+    params, body, fn, ct_shape = _one_hot_attention_case(case)
+    ct = np.random.default_rng(8).normal(size=ct_shape).astype(np.float32)
+    prog, inputs, _ = make_program(f"attention_one_hot_{case}_{kernels}", params, {}, body, cts={"o": ct})
+    model = compile_checked(prog, kernels)
+    try:
+        model.step(**inputs)
+        got = model.grads()
+    finally:
+        model.close()
+    t = {n: torch.tensor(np.float32(v).astype(np.float64), requires_grad=True) for n, v in params.items()}
+    fn(t).backward(torch.tensor(ct, dtype=torch.float64))
+    for n, tt in t.items():
+        want = tt.grad.numpy()
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{kernels} {case} {n}")

@@ -25,6 +25,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 0, from a buffer's length: the run-time zero of `kept`
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     let q_row = 1024u + bc * 16u + rc * 64u;
     let q0 = vec4<f32>(work[q_row], work[q_row + 1u], work[q_row + 2u], work[q_row + 3u]) * 0.25;
     let q1 = vec4<f32>(work[q_row + 4u], work[q_row + 5u], work[q_row + 6u], work[q_row + 7u]) * 0.25;
@@ -64,7 +66,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             s0_0 = fma(q1, kt[kb0 + 1u], s0_0);
             s0_0 = fma(q2, kt[kb0 + 2u], s0_0);
             s0_0 = fma(q3, kt[kb0 + 3u], s0_0);
-            let s0 = s0_0.x + s0_0.y + s0_0.z + s0_0.w;
+            let s0 = bitcast<f32>(bitcast<u32>(s0_0.x + s0_0.y + s0_0.z + s0_0.w) + zero_u);
             st[j * 32u + tid] = s0;
             mt = select(mt, max(mt, s0), j0 + j < 8u && r < 8u && j0 + j <= r);
             let kb1 = (grow + j + 1u) * 4u;
@@ -72,7 +74,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             s1_0 = fma(q1, kt[kb1 + 1u], s1_0);
             s1_0 = fma(q2, kt[kb1 + 2u], s1_0);
             s1_0 = fma(q3, kt[kb1 + 3u], s1_0);
-            let s1 = s1_0.x + s1_0.y + s1_0.z + s1_0.w;
+            let s1 = bitcast<f32>(bitcast<u32>(s1_0.x + s1_0.y + s1_0.z + s1_0.w) + zero_u);
             st[(j + 1u) * 32u + tid] = s1;
             mt = select(mt, max(mt, s1), j0 + j + 1u < 8u && r < 8u && j0 + j + 1u <= r);
         }

@@ -23,6 +23,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 0, from a buffer's length: the run-time zero of `kept`
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     let q_row = 2228224u + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     let q0 = vec4<f32>(work[q_row], work[q_row + 1u], work[q_row + 2u], work[q_row + 3u]) * 0.25;
     let q1 = vec4<f32>(work[q_row + 4u], work[q_row + 5u], work[q_row + 6u], work[q_row + 7u]) * 0.25;
@@ -39,7 +41,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let orow2 = vec4<f32>(work[o_row + 8u], work[o_row + 9u], work[o_row + 10u], work[o_row + 11u]);
     let orow3 = vec4<f32>(work[o_row + 12u], work[o_row + 13u], work[o_row + 14u], work[o_row + 15u]);
     let lse_i = work[2760704u + bc * 8u + rc];
-    let delta_i = dot(g0, orow0) + dot(g1, orow1) + dot(g2, orow2) + dot(g3, orow3);
+    var delta_i_0 = g0 * orow0;
+    delta_i_0 = fma(g1, orow1, delta_i_0);
+    delta_i_0 = fma(g2, orow2, delta_i_0);
+    delta_i_0 = fma(g3, orow3, delta_i_0);
+    let delta_i = bitcast<f32>(bitcast<u32>(delta_i_0.x + delta_i_0.y + delta_i_0.z + delta_i_0.w) + zero_u);
     var dq0 = vec4<f32>(0.0);
     var dq1 = vec4<f32>(0.0);
     var dq2 = vec4<f32>(0.0);
@@ -71,12 +77,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             qk0_0 = fma(q1, kt[kb0 + 1u], qk0_0);
             qk0_0 = fma(q2, kt[kb0 + 2u], qk0_0);
             qk0_0 = fma(q3, kt[kb0 + 3u], qk0_0);
-            let qk0 = qk0_0.x + qk0_0.y + qk0_0.z + qk0_0.w;
+            let qk0 = bitcast<f32>(bitcast<u32>(qk0_0.x + qk0_0.y + qk0_0.z + qk0_0.w) + zero_u);
             var gv0_0 = g0 * vt[vb0];
             gv0_0 = fma(g1, vt[vb0 + 1u], gv0_0);
             gv0_0 = fma(g2, vt[vb0 + 2u], gv0_0);
             gv0_0 = fma(g3, vt[vb0 + 3u], gv0_0);
-            let gv0 = gv0_0.x + gv0_0.y + gv0_0.z + gv0_0.w;
+            let gv0 = bitcast<f32>(bitcast<u32>(gv0_0.x + gv0_0.y + gv0_0.z + gv0_0.w) + zero_u);
             let p0 = select(0.0, exp(qk0 - lse_i), j0 + j < 8u && r < 8u && j0 + j <= r);
             let ds0 = p0 * (gv0 - delta_i);
             dq0 = fma(vec4<f32>(ds0), kt[kb0], dq0);
@@ -89,12 +95,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             qk1_0 = fma(q1, kt[kb1 + 1u], qk1_0);
             qk1_0 = fma(q2, kt[kb1 + 2u], qk1_0);
             qk1_0 = fma(q3, kt[kb1 + 3u], qk1_0);
-            let qk1 = qk1_0.x + qk1_0.y + qk1_0.z + qk1_0.w;
+            let qk1 = bitcast<f32>(bitcast<u32>(qk1_0.x + qk1_0.y + qk1_0.z + qk1_0.w) + zero_u);
             var gv1_0 = g0 * vt[vb1];
             gv1_0 = fma(g1, vt[vb1 + 1u], gv1_0);
             gv1_0 = fma(g2, vt[vb1 + 2u], gv1_0);
             gv1_0 = fma(g3, vt[vb1 + 3u], gv1_0);
-            let gv1 = gv1_0.x + gv1_0.y + gv1_0.z + gv1_0.w;
+            let gv1 = bitcast<f32>(bitcast<u32>(gv1_0.x + gv1_0.y + gv1_0.z + gv1_0.w) + zero_u);
             let p1 = select(0.0, exp(qk1 - lse_i), j0 + j + 1u < 8u && r < 8u && j0 + j + 1u <= r);
             let ds1 = p1 * (gv1 - delta_i);
             dq0 = fma(vec4<f32>(ds1), kt[kb1], dq0);

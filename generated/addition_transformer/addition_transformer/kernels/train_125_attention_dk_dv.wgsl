@@ -25,11 +25,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 0, from a buffer's length: the run-time zero of `kept`
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     let k_row = 1245184u + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
-    let k0 = vec4<f32>(work[k_row], work[k_row + 1u], work[k_row + 2u], work[k_row + 3u]) * 0.25;
-    let k1 = vec4<f32>(work[k_row + 4u], work[k_row + 5u], work[k_row + 6u], work[k_row + 7u]) * 0.25;
-    let k2 = vec4<f32>(work[k_row + 8u], work[k_row + 9u], work[k_row + 10u], work[k_row + 11u]) * 0.25;
-    let k3 = vec4<f32>(work[k_row + 12u], work[k_row + 13u], work[k_row + 14u], work[k_row + 15u]) * 0.25;
+    let k0 = vec4<f32>(work[k_row], work[k_row + 1u], work[k_row + 2u], work[k_row + 3u]);
+    let k1 = vec4<f32>(work[k_row + 4u], work[k_row + 5u], work[k_row + 6u], work[k_row + 7u]);
+    let k2 = vec4<f32>(work[k_row + 8u], work[k_row + 9u], work[k_row + 10u], work[k_row + 11u]);
+    let k3 = vec4<f32>(work[k_row + 12u], work[k_row + 13u], work[k_row + 14u], work[k_row + 15u]);
     let v_row = 1310720u + (bc / 4u) * 512u + (bc % 4u) * 16u + rc * 64u;
     let v0 = vec4<f32>(work[v_row], work[v_row + 1u], work[v_row + 2u], work[v_row + 3u]);
     let v1 = vec4<f32>(work[v_row + 4u], work[v_row + 5u], work[v_row + 6u], work[v_row + 7u]);
@@ -53,7 +55,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 1179648u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
-            qt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
+            qt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]) * 0.25;
         }
         for (var e: u32 = tid; e < 256u; e = e + 64u) {
             let bb = min(b0 + e / 32u, 511u);
@@ -80,13 +82,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             kq0_0 = fma(k1, qt[qb0 + 1u], kq0_0);
             kq0_0 = fma(k2, qt[qb0 + 2u], kq0_0);
             kq0_0 = fma(k3, qt[qb0 + 3u], kq0_0);
-            let kq0 = kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w;
+            let kq0 = bitcast<f32>(bitcast<u32>(kq0_0.x + kq0_0.y + kq0_0.z + kq0_0.w) + zero_u);
             let p0 = select(0.0, exp(kq0 - lt[grow + i]), r < 8u && j0 + i < 8u && r <= j0 + i);
             var vo0_0 = v0 * ot[ob0];
             vo0_0 = fma(v1, ot[ob0 + 1u], vo0_0);
             vo0_0 = fma(v2, ot[ob0 + 2u], vo0_0);
             vo0_0 = fma(v3, ot[ob0 + 3u], vo0_0);
-            let vo0 = vo0_0.x + vo0_0.y + vo0_0.z + vo0_0.w;
+            let vo0 = bitcast<f32>(bitcast<u32>(vo0_0.x + vo0_0.y + vo0_0.z + vo0_0.w) + zero_u);
             let ds0 = p0 * (vo0 - dt[grow + i]);
             dk0 = fma(vec4<f32>(ds0), qt[qb0], dk0);
             dk1 = fma(vec4<f32>(ds0), qt[qb0 + 1u], dk1);
@@ -102,13 +104,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             kq1_0 = fma(k1, qt[qb1 + 1u], kq1_0);
             kq1_0 = fma(k2, qt[qb1 + 2u], kq1_0);
             kq1_0 = fma(k3, qt[qb1 + 3u], kq1_0);
-            let kq1 = kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w;
+            let kq1 = bitcast<f32>(bitcast<u32>(kq1_0.x + kq1_0.y + kq1_0.z + kq1_0.w) + zero_u);
             let p1 = select(0.0, exp(kq1 - lt[grow + i + 1u]), r < 8u && j0 + i + 1u < 8u && r <= j0 + i + 1u);
             var vo1_0 = v0 * ot[ob1];
             vo1_0 = fma(v1, ot[ob1 + 1u], vo1_0);
             vo1_0 = fma(v2, ot[ob1 + 2u], vo1_0);
             vo1_0 = fma(v3, ot[ob1 + 3u], vo1_0);
-            let vo1 = vo1_0.x + vo1_0.y + vo1_0.z + vo1_0.w;
+            let vo1 = bitcast<f32>(bitcast<u32>(vo1_0.x + vo1_0.y + vo1_0.z + vo1_0.w) + zero_u);
             let ds1 = p1 * (vo1 - dt[grow + i + 1u]);
             dk0 = fma(vec4<f32>(ds1), qt[qb1], dk0);
             dk1 = fma(vec4<f32>(ds1), qt[qb1 + 1u], dk1);
@@ -139,21 +141,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         work[out0 + 14u] = dv3.z;
         work[out0 + 15u] = dv3.w;
         let out1 = 262144u + (b * 8u + r) * 16u;
-        work[out1] = dk0.x * 0.25;
-        work[out1 + 1u] = dk0.y * 0.25;
-        work[out1 + 2u] = dk0.z * 0.25;
-        work[out1 + 3u] = dk0.w * 0.25;
-        work[out1 + 4u] = dk1.x * 0.25;
-        work[out1 + 5u] = dk1.y * 0.25;
-        work[out1 + 6u] = dk1.z * 0.25;
-        work[out1 + 7u] = dk1.w * 0.25;
-        work[out1 + 8u] = dk2.x * 0.25;
-        work[out1 + 9u] = dk2.y * 0.25;
-        work[out1 + 10u] = dk2.z * 0.25;
-        work[out1 + 11u] = dk2.w * 0.25;
-        work[out1 + 12u] = dk3.x * 0.25;
-        work[out1 + 13u] = dk3.y * 0.25;
-        work[out1 + 14u] = dk3.z * 0.25;
-        work[out1 + 15u] = dk3.w * 0.25;
+        work[out1] = dk0.x;
+        work[out1 + 1u] = dk0.y;
+        work[out1 + 2u] = dk0.z;
+        work[out1 + 3u] = dk0.w;
+        work[out1 + 4u] = dk1.x;
+        work[out1 + 5u] = dk1.y;
+        work[out1 + 6u] = dk1.z;
+        work[out1 + 7u] = dk1.w;
+        work[out1 + 8u] = dk2.x;
+        work[out1 + 9u] = dk2.y;
+        work[out1 + 10u] = dk2.z;
+        work[out1 + 11u] = dk2.w;
+        work[out1 + 12u] = dk3.x;
+        work[out1 + 13u] = dk3.y;
+        work[out1 + 14u] = dk3.z;
+        work[out1 + 15u] = dk3.w;
     }
 }

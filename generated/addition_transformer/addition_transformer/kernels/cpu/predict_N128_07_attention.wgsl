@@ -40,6 +40,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 0, from a buffer's length: the run-time zero of `kept`
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
     // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
     // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
@@ -75,6 +77,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var c = 0u; c < 4u; c += one) {
             s += dot(pick4(c, q0, q1, q2, q3), vec4<f32>(work[kt_row + (4u * c)], work[kt_row + (4u * c + 1u)], work[kt_row + (4u * c + 2u)], work[kt_row + (4u * c + 3u)]));
         }
+        s = bitcast<f32>(bitcast<u32>(s) + zero_u);
         if (j < 8u && r < 8u && j <= r) {
             let mn = max(m, s);
             let alpha = exp(m - mn);

@@ -44,6 +44,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 0, from a buffer's length: the run-time zero of `kept`
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
     // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
     // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
@@ -87,7 +89,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         orow3 = select(orow3, orow_c, c == 3u);
     }
     let lse_i = work[at.o4 + bc * 8u + rc];
-    let delta_i = dot(g0, orow0) + dot(g1, orow1) + dot(g2, orow2) + dot(g3, orow3);
+    // summed as the walk sums dO . v, a vec4 a loop step
+    var delta_i = 0.0;
+    for (var c = 0u; c < 4u; c += one) {
+        delta_i += dot(pick4(c, g0, g1, g2, g3), pick4(c, orow0, orow1, orow2, orow3));
+    }
+    delta_i = bitcast<f32>(bitcast<u32>(delta_i) + zero_u);
     var dq0 = vec4<f32>(0.0);
     var dq1 = vec4<f32>(0.0);
     var dq2 = vec4<f32>(0.0);
@@ -110,11 +117,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             krow3 = select(krow3, krow_c, c == 3u);
             qk += dot(pick4(c, q0, q1, q2, q3), krow_c);
         }
+        qk = bitcast<f32>(bitcast<u32>(qk) + zero_u);
         let p = select(0.0, exp(qk - lse_i), j < 8u && r < 8u && j <= r);
         var gv = 0.0;
         for (var c = 0u; c < 4u; c += one) {
             gv += dot(pick4(c, g0, g1, g2, g3), vec4<f32>(work[vt_row + (4u * c)], work[vt_row + (4u * c + 1u)], work[vt_row + (4u * c + 2u)], work[vt_row + (4u * c + 3u)]));
         }
+        gv = bitcast<f32>(bitcast<u32>(gv) + zero_u);
         let ds = p * (gv - delta_i);
         for (var c = 0u; c < 4u; c += one) {
             let dq_c = fma(vec4<f32>(ds), pick4(c, krow0, krow1, krow2, krow3), pick4(c, dq0, dq1, dq2, dq3));

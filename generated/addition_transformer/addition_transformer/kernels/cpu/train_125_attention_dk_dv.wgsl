@@ -44,6 +44,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rc = min(r, 7u);
     // this invocation's batch entry's rows in the tiles start here
     let grow = tid / 8u * 8u;
+    // 0, from a buffer's length: the run-time zero of `kept`
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     // 1, from a buffer's length: Mesa's shader compiler fully unrolls a loop of up to 32 steps
     // that it can count, and lavapipe then compiles every copy of each buffer access in it (one
     // branch per SIMD lane; about 5 ms of LLVM time each on Mesa 25). A loop stepping by `one`
@@ -56,7 +58,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var k2 = vec4<f32>(0.0);
     var k3 = vec4<f32>(0.0);
     for (var c = 0u; c < 4u; c += one) {
-        let k_c = vec4<f32>(work[k_row + (4u * c)], work[k_row + (4u * c + 1u)], work[k_row + (4u * c + 2u)], work[k_row + (4u * c + 3u)]) * 0.25;
+        let k_c = vec4<f32>(work[k_row + (4u * c)], work[k_row + (4u * c + 1u)], work[k_row + (4u * c + 2u)], work[k_row + (4u * c + 3u)]);
         k0 = select(k0, k_c, c == 0u);
         k1 = select(k1, k_c, c == 1u);
         k2 = select(k2, k_c, c == 2u);
@@ -95,13 +97,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var qrow2 = vec4<f32>(0.0);
         var qrow3 = vec4<f32>(0.0);
         for (var c = 0u; c < 4u; c += one) {
-            let qrow_c = vec4<f32>(work[qt_row + (4u * c)], work[qt_row + (4u * c + 1u)], work[qt_row + (4u * c + 2u)], work[qt_row + (4u * c + 3u)]);
+            let qrow_c = vec4<f32>(work[qt_row + (4u * c)], work[qt_row + (4u * c + 1u)], work[qt_row + (4u * c + 2u)], work[qt_row + (4u * c + 3u)]) * 0.25;
             qrow0 = select(qrow0, qrow_c, c == 0u);
             qrow1 = select(qrow1, qrow_c, c == 1u);
             qrow2 = select(qrow2, qrow_c, c == 2u);
             qrow3 = select(qrow3, qrow_c, c == 3u);
             kq += dot(pick4(c, k0, k1, k2, k3), qrow_c);
         }
+        kq = bitcast<f32>(bitcast<u32>(kq) + zero_u);
         let p = select(0.0, exp(kq - lt), r < 8u && j < 8u && r <= j);
         var vo = 0.0;
         for (var c = 0u; c < 4u; c += one) {
@@ -113,6 +116,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             dv2 = select(dv2, dv_c, c == 2u);
             dv3 = select(dv3, dv_c, c == 3u);
         }
+        vo = bitcast<f32>(bitcast<u32>(vo) + zero_u);
         let ds = p * (vo - dt);
         for (var c = 0u; c < 4u; c += one) {
             let dk_c = fma(vec4<f32>(ds), pick4(c, qrow0, qrow1, qrow2, qrow3), pick4(c, dk0, dk1, dk2, dk3));
@@ -133,7 +137,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let out1 = at.o7 + (b * 8u + r) * 16u;
         for (var c = 0u; c < 4u; c += one) {
-            let v = pick4(c, dk0, dk1, dk2, dk3) * 0.25;
+            let v = pick4(c, dk0, dk1, dk2, dk3);
             work[out1 + 4u * c] = v.x;
             work[out1 + 4u * c + 1u] = v.y;
             work[out1 + 4u * c + 2u] = v.z;

@@ -35,6 +35,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // this group's batch entry's rows in the tiles start here
     let grow = x0 / 8u * 8u;
     let lc = ln * 4u;
+    // 0, from a buffer's length: the run-time zero of rowsums
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     let q_row0 = 512u + bc * 16u + rci0 * 64u;
     let q0_0 = vec4<f32>(work[q_row0 + lc], work[q_row0 + (lc + 1u)], work[q_row0 + (lc + 2u)], work[q_row0 + (lc + 3u)]) * 0.25;
     let q_row1 = 512u + bc * 16u + rci1 * 64u;
@@ -75,10 +77,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var s0_0 = s0_0v.x + s0_0v.y + s0_0v.z + s0_0v.w;
             s0_0 = s0_0 + subgroupShuffleXor(s0_0, 1u);
             s0_0 = s0_0 + subgroupShuffleXor(s0_0, 2u);
+            s0_0 = bitcast<f32>(bitcast<u32>(s0_0) + zero_u);
             var s0_1v = q1_0 * s0__t0;
             var s0_1 = s0_1v.x + s0_1v.y + s0_1v.z + s0_1v.w;
             s0_1 = s0_1 + subgroupShuffleXor(s0_1, 1u);
             s0_1 = s0_1 + subgroupShuffleXor(s0_1, 2u);
+            s0_1 = bitcast<f32>(bitcast<u32>(s0_1) + zero_u);
             if (ln < 2u) {
                 st[j * 32u + x0 + ln] = select(s0_0, s0_1, ln == 1u);
             }
@@ -90,10 +94,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var s1_0 = s1_0v.x + s1_0v.y + s1_0v.z + s1_0v.w;
             s1_0 = s1_0 + subgroupShuffleXor(s1_0, 1u);
             s1_0 = s1_0 + subgroupShuffleXor(s1_0, 2u);
+            s1_0 = bitcast<f32>(bitcast<u32>(s1_0) + zero_u);
             var s1_1v = q1_0 * s1__t0;
             var s1_1 = s1_1v.x + s1_1v.y + s1_1v.z + s1_1v.w;
             s1_1 = s1_1 + subgroupShuffleXor(s1_1, 1u);
             s1_1 = s1_1 + subgroupShuffleXor(s1_1, 2u);
+            s1_1 = bitcast<f32>(bitcast<u32>(s1_1) + zero_u);
             if (ln < 2u) {
                 st[(j + 1u) * 32u + x0 + ln] = select(s1_0, s1_1, ln == 1u);
             }

@@ -33,6 +33,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // this group's batch entry's rows in the tiles start here
     let grow = x0 / 8u * 8u;
     let lc = ln * 4u;
+    // 0, from a buffer's length: the run-time zero of rowsums
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     let q_row0 = 2228224u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let q0_0 = vec4<f32>(work[q_row0 + lc], work[q_row0 + (lc + 1u)], work[q_row0 + (lc + 2u)], work[q_row0 + (lc + 3u)]) * 0.25;
     let q_row1 = 2228224u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
@@ -47,12 +49,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let orow1_0 = vec4<f32>(work[o_row1 + lc], work[o_row1 + (lc + 1u)], work[o_row1 + (lc + 2u)], work[o_row1 + (lc + 3u)]);
     let lse_i0 = work[2760704u + bc * 8u + rci0];
     let lse_i1 = work[2760704u + bc * 8u + rci1];
-    var delta_i0 = dot(g0_0, orow0_0);
+    var delta_i0v = g0_0 * orow0_0;
+    var delta_i0 = delta_i0v.x + delta_i0v.y + delta_i0v.z + delta_i0v.w;
     delta_i0 = delta_i0 + subgroupShuffleXor(delta_i0, 1u);
     delta_i0 = delta_i0 + subgroupShuffleXor(delta_i0, 2u);
-    var delta_i1 = dot(g1_0, orow1_0);
+    delta_i0 = bitcast<f32>(bitcast<u32>(delta_i0) + zero_u);
+    var delta_i1v = g1_0 * orow1_0;
+    var delta_i1 = delta_i1v.x + delta_i1v.y + delta_i1v.z + delta_i1v.w;
     delta_i1 = delta_i1 + subgroupShuffleXor(delta_i1, 1u);
     delta_i1 = delta_i1 + subgroupShuffleXor(delta_i1, 2u);
+    delta_i1 = bitcast<f32>(bitcast<u32>(delta_i1) + zero_u);
     var dq0_0 = vec4<f32>(0.0);
     var dq1_0 = vec4<f32>(0.0);
     // keys after the workgroup's last query are masked for all of its rows
@@ -83,19 +89,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var qk0_0 = qk0_0v.x + qk0_0v.y + qk0_0v.z + qk0_0v.w;
             qk0_0 = qk0_0 + subgroupShuffleXor(qk0_0, 1u);
             qk0_0 = qk0_0 + subgroupShuffleXor(qk0_0, 2u);
+            qk0_0 = bitcast<f32>(bitcast<u32>(qk0_0) + zero_u);
             var qk0_1v = q1_0 * qk0__t0;
             var qk0_1 = qk0_1v.x + qk0_1v.y + qk0_1v.z + qk0_1v.w;
             qk0_1 = qk0_1 + subgroupShuffleXor(qk0_1, 1u);
             qk0_1 = qk0_1 + subgroupShuffleXor(qk0_1, 2u);
+            qk0_1 = bitcast<f32>(bitcast<u32>(qk0_1) + zero_u);
             let gv0__t0 = vt[vb0 + ln];
             var gv0_0v = g0_0 * gv0__t0;
             var gv0_0 = gv0_0v.x + gv0_0v.y + gv0_0v.z + gv0_0v.w;
             gv0_0 = gv0_0 + subgroupShuffleXor(gv0_0, 1u);
             gv0_0 = gv0_0 + subgroupShuffleXor(gv0_0, 2u);
+            gv0_0 = bitcast<f32>(bitcast<u32>(gv0_0) + zero_u);
             var gv0_1v = g1_0 * gv0__t0;
             var gv0_1 = gv0_1v.x + gv0_1v.y + gv0_1v.z + gv0_1v.w;
             gv0_1 = gv0_1 + subgroupShuffleXor(gv0_1, 1u);
             gv0_1 = gv0_1 + subgroupShuffleXor(gv0_1, 2u);
+            gv0_1 = bitcast<f32>(bitcast<u32>(gv0_1) + zero_u);
             let ds0_0 = select(0.0, exp(qk0_0 - lse_i0), j0 + j < 8u && ri0 < 8u && j0 + j <= ri0) * (gv0_0 - delta_i0);
             let ds0_1 = select(0.0, exp(qk0_1 - lse_i1), j0 + j < 8u && ri1 < 8u && j0 + j <= ri1) * (gv0_1 - delta_i1);
             dq0_0 = fma(vec4<f32>(ds0_0), qk0__t0, dq0_0);
@@ -107,19 +117,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var qk1_0 = qk1_0v.x + qk1_0v.y + qk1_0v.z + qk1_0v.w;
             qk1_0 = qk1_0 + subgroupShuffleXor(qk1_0, 1u);
             qk1_0 = qk1_0 + subgroupShuffleXor(qk1_0, 2u);
+            qk1_0 = bitcast<f32>(bitcast<u32>(qk1_0) + zero_u);
             var qk1_1v = q1_0 * qk1__t0;
             var qk1_1 = qk1_1v.x + qk1_1v.y + qk1_1v.z + qk1_1v.w;
             qk1_1 = qk1_1 + subgroupShuffleXor(qk1_1, 1u);
             qk1_1 = qk1_1 + subgroupShuffleXor(qk1_1, 2u);
+            qk1_1 = bitcast<f32>(bitcast<u32>(qk1_1) + zero_u);
             let gv1__t0 = vt[vb1 + ln];
             var gv1_0v = g0_0 * gv1__t0;
             var gv1_0 = gv1_0v.x + gv1_0v.y + gv1_0v.z + gv1_0v.w;
             gv1_0 = gv1_0 + subgroupShuffleXor(gv1_0, 1u);
             gv1_0 = gv1_0 + subgroupShuffleXor(gv1_0, 2u);
+            gv1_0 = bitcast<f32>(bitcast<u32>(gv1_0) + zero_u);
             var gv1_1v = g1_0 * gv1__t0;
             var gv1_1 = gv1_1v.x + gv1_1v.y + gv1_1v.z + gv1_1v.w;
             gv1_1 = gv1_1 + subgroupShuffleXor(gv1_1, 1u);
             gv1_1 = gv1_1 + subgroupShuffleXor(gv1_1, 2u);
+            gv1_1 = bitcast<f32>(bitcast<u32>(gv1_1) + zero_u);
             let ds1_0 = select(0.0, exp(qk1_0 - lse_i0), j0 + j + 1u < 8u && ri0 < 8u && j0 + j + 1u <= ri0) * (gv1_0 - delta_i0);
             let ds1_1 = select(0.0, exp(qk1_1 - lse_i1), j0 + j + 1u < 8u && ri1 < 8u && j0 + j + 1u <= ri1) * (gv1_1 - delta_i1);
             dq0_0 = fma(vec4<f32>(ds1_0), qk1__t0, dq0_0);

@@ -35,10 +35,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // this group's batch entry's rows in the tiles start here
     let grow = x0 / 8u * 8u;
     let lc = ln * 4u;
+    // 0, from a buffer's length: the run-time zero of rowsums
+    let zero_u = select(0u, 1u, arrayLength(&work) == 0u);
     let k_row0 = 1245184u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
-    let k0_0 = vec4<f32>(work[k_row0 + lc], work[k_row0 + (lc + 1u)], work[k_row0 + (lc + 2u)], work[k_row0 + (lc + 3u)]) * 0.25;
+    let k0_0 = vec4<f32>(work[k_row0 + lc], work[k_row0 + (lc + 1u)], work[k_row0 + (lc + 2u)], work[k_row0 + (lc + 3u)]);
     let k_row1 = 1245184u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
-    let k1_0 = vec4<f32>(work[k_row1 + lc], work[k_row1 + (lc + 1u)], work[k_row1 + (lc + 2u)], work[k_row1 + (lc + 3u)]) * 0.25;
+    let k1_0 = vec4<f32>(work[k_row1 + lc], work[k_row1 + (lc + 1u)], work[k_row1 + (lc + 2u)], work[k_row1 + (lc + 3u)]);
     let v_row0 = 1310720u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci0 * 64u;
     let v0_0 = vec4<f32>(work[v_row0 + lc], work[v_row0 + (lc + 1u)], work[v_row0 + (lc + 2u)], work[v_row0 + (lc + 3u)]);
     let v_row1 = 1310720u + (bc / 4u) * 512u + (bc % 4u) * 16u + rci1 * 64u;
@@ -57,7 +59,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let rr = min(j0 + e / 4u % 8u, 7u);
             let c0 = e % 4u * 4u;
             let src = 1179648u + (bb / 4u) * 512u + (bb % 4u) * 16u + rr * 64u;
-            qt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]);
+            qt[e] = vec4<f32>(work[src + c0], work[src + (c0 + 1u)], work[src + (c0 + 2u)], work[src + (c0 + 3u)]) * 0.25;
         }
         for (var e: u32 = tid; e < 256u; e = e + 128u) {
             let bb = min(b0 + e / 32u, 511u);
@@ -85,10 +87,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var kq0_0 = kq0_0v.x + kq0_0v.y + kq0_0v.z + kq0_0v.w;
             kq0_0 = kq0_0 + subgroupShuffleXor(kq0_0, 1u);
             kq0_0 = kq0_0 + subgroupShuffleXor(kq0_0, 2u);
+            kq0_0 = bitcast<f32>(bitcast<u32>(kq0_0) + zero_u);
             var kq0_1v = k1_0 * kq0__t0;
             var kq0_1 = kq0_1v.x + kq0_1v.y + kq0_1v.z + kq0_1v.w;
             kq0_1 = kq0_1 + subgroupShuffleXor(kq0_1, 1u);
             kq0_1 = kq0_1 + subgroupShuffleXor(kq0_1, 2u);
+            kq0_1 = bitcast<f32>(bitcast<u32>(kq0_1) + zero_u);
             let p0_0 = select(0.0, exp(kq0_0 - lt[grow + i]), ri0 < 8u && j0 + i < 8u && ri0 <= j0 + i);
             let p0_1 = select(0.0, exp(kq0_1 - lt[grow + i]), ri1 < 8u && j0 + i < 8u && ri1 <= j0 + i);
             let vo0__t0 = ot[ob0 + ln];
@@ -96,10 +100,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var vo0_0 = vo0_0v.x + vo0_0v.y + vo0_0v.z + vo0_0v.w;
             vo0_0 = vo0_0 + subgroupShuffleXor(vo0_0, 1u);
             vo0_0 = vo0_0 + subgroupShuffleXor(vo0_0, 2u);
+            vo0_0 = bitcast<f32>(bitcast<u32>(vo0_0) + zero_u);
             var vo0_1v = v1_0 * vo0__t0;
             var vo0_1 = vo0_1v.x + vo0_1v.y + vo0_1v.z + vo0_1v.w;
             vo0_1 = vo0_1 + subgroupShuffleXor(vo0_1, 1u);
             vo0_1 = vo0_1 + subgroupShuffleXor(vo0_1, 2u);
+            vo0_1 = bitcast<f32>(bitcast<u32>(vo0_1) + zero_u);
             let ds0_0 = p0_0 * (vo0_0 - dt[grow + i]);
             let ds0_1 = p0_1 * (vo0_1 - dt[grow + i]);
             dk0_0 = fma(vec4<f32>(ds0_0), kq0__t0, dk0_0);
@@ -113,10 +119,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var kq1_0 = kq1_0v.x + kq1_0v.y + kq1_0v.z + kq1_0v.w;
             kq1_0 = kq1_0 + subgroupShuffleXor(kq1_0, 1u);
             kq1_0 = kq1_0 + subgroupShuffleXor(kq1_0, 2u);
+            kq1_0 = bitcast<f32>(bitcast<u32>(kq1_0) + zero_u);
             var kq1_1v = k1_0 * kq1__t0;
             var kq1_1 = kq1_1v.x + kq1_1v.y + kq1_1v.z + kq1_1v.w;
             kq1_1 = kq1_1 + subgroupShuffleXor(kq1_1, 1u);
             kq1_1 = kq1_1 + subgroupShuffleXor(kq1_1, 2u);
+            kq1_1 = bitcast<f32>(bitcast<u32>(kq1_1) + zero_u);
             let p1_0 = select(0.0, exp(kq1_0 - lt[grow + i + 1u]), ri0 < 8u && j0 + i + 1u < 8u && ri0 <= j0 + i + 1u);
             let p1_1 = select(0.0, exp(kq1_1 - lt[grow + i + 1u]), ri1 < 8u && j0 + i + 1u < 8u && ri1 <= j0 + i + 1u);
             let vo1__t0 = ot[ob1 + ln];
@@ -124,10 +132,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var vo1_0 = vo1_0v.x + vo1_0v.y + vo1_0v.z + vo1_0v.w;
             vo1_0 = vo1_0 + subgroupShuffleXor(vo1_0, 1u);
             vo1_0 = vo1_0 + subgroupShuffleXor(vo1_0, 2u);
+            vo1_0 = bitcast<f32>(bitcast<u32>(vo1_0) + zero_u);
             var vo1_1v = v1_0 * vo1__t0;
             var vo1_1 = vo1_1v.x + vo1_1v.y + vo1_1v.z + vo1_1v.w;
             vo1_1 = vo1_1 + subgroupShuffleXor(vo1_1, 1u);
             vo1_1 = vo1_1 + subgroupShuffleXor(vo1_1, 2u);
+            vo1_1 = bitcast<f32>(bitcast<u32>(vo1_1) + zero_u);
             let ds1_0 = p1_0 * (vo1_0 - dt[grow + i + 1u]);
             let ds1_1 = p1_1 * (vo1_1 - dt[grow + i + 1u]);
             dk0_0 = fma(vec4<f32>(ds1_0), kq1__t0, dk0_0);
@@ -144,10 +154,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out0_0 + 2u] = dv0_0.z;
             work[out0_0 + 3u] = dv0_0.w;
             let out1_0 = 262144u + (b * 8u + ri0) * 16u + lc;
-            work[out1_0] = dk0_0.x * 0.25;
-            work[out1_0 + 1u] = dk0_0.y * 0.25;
-            work[out1_0 + 2u] = dk0_0.z * 0.25;
-            work[out1_0 + 3u] = dk0_0.w * 0.25;
+            work[out1_0] = dk0_0.x;
+            work[out1_0 + 1u] = dk0_0.y;
+            work[out1_0 + 2u] = dk0_0.z;
+            work[out1_0 + 3u] = dk0_0.w;
         }
         if (ri1 < 8u) {
             let out0_1 = 196608u + (b * 8u + ri1) * 16u + lc;
@@ -156,10 +166,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             work[out0_1 + 2u] = dv1_0.z;
             work[out0_1 + 3u] = dv1_0.w;
             let out1_1 = 262144u + (b * 8u + ri1) * 16u + lc;
-            work[out1_1] = dk1_0.x * 0.25;
-            work[out1_1 + 1u] = dk1_0.y * 0.25;
-            work[out1_1 + 2u] = dk1_0.z * 0.25;
-            work[out1_1 + 3u] = dk1_0.w * 0.25;
+            work[out1_1] = dk1_0.x;
+            work[out1_1 + 1u] = dk1_0.y;
+            work[out1_1 + 2u] = dk1_0.z;
+            work[out1_1 + 3u] = dk1_0.w;
         }
     }
 }
