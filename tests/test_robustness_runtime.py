@@ -93,11 +93,11 @@ def test_interrupt_in_step_many_stops_at_a_step_boundary(models, tmp_path):
     taken = []
     real = a._step_scalars
 
-    def interrupting(t, e=None, i=1):
+    def interrupting(t, e, count):
         taken.append(t)
         if len(taken) > slots:  # while filling the second chunk
             raise KeyboardInterrupt
-        return real(t, e, i)
+        return real(t, e, count)
 
     a._step_scalars = interrupting
     try:

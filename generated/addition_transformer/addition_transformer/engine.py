@@ -906,9 +906,11 @@ class Engine:
                 pos += n
         return out
 
-    def run(self, key: str, packed: dict, want_captures: bool):
-        """One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures)."""
-        self.run_submitted = False
+    def run(self, key: str, packed: dict, want_captures: bool, on_submit=None):
+        """One call of an entry point: upload, one pass, writebacks, readback of outputs (+captures).
+        on_submit(): called right after the submit, where a Ctrl-C cannot separate the two (the
+        model counts its step there: from the submit on, the GPU runs the whole call).
+        """
         t0 = time.perf_counter()
         self._waited = 0.0
         e = self.entries[key]
@@ -936,9 +938,8 @@ class Engine:
             _sigint_deferred()
         ):  # a Ctrl-C here must not separate the submit from its record
             self.device.queue.submit([enc.finish()])
-            # from here the GPU runs the whole call: an interrupt while waiting for its outputs
-            # still leaves the model after it (the caller counts the step)
-            self.run_submitted = True
+            if on_submit is not None:
+                on_submit()
         out = self._unpack(key, reads)
         # host time (upload, encoding, submit, unpacking) and time spent waiting for the GPU (the map)
         self.last_timing = (time.perf_counter() - t0 - self._waited, self._waited)
@@ -1490,16 +1491,16 @@ class Engine:
             area = self._many[key] = (slots, stage, ring, MANY_RING)
         return area
 
-    def run_many(self, key: str, k: int, fill, want_captures: bool):
+    def run_many(self, key: str, k: int, fill, want_captures: bool, on_submit=None):
         """k training steps of `key`. fill(start, n) -> {arena: array [n, input size]} gives the
         packed inputs of steps start .. start + n - 1 (one row per step, laid out as run's).
         Chunks of many_slots(key) steps: one upload, one command buffer and one submit each,
         and no wait; every step's loss goes to a slot of a ring read back when it is full and
         at the end. Returns (losses [k] float32, outputs/captures of the last step or None).
-        """
+        on_submit(steps submitted so far): after each submit, where a Ctrl-C cannot separate the
+        two (the model keeps its step count there)."""
         t0 = time.perf_counter()
         self._waited = 0.0
-        self.many_done = 0  # steps submitted so far: what the model has run if this call is interrupted
         e = self.entries[key]
         if key not in self.recipes:
             self._prepare(key)
@@ -1561,7 +1562,8 @@ class Engine:
                 _sigint_deferred()
             ):  # a Ctrl-C here must not separate the submit from its count
                 self.device.queue.submit([enc.finish()])
-                self.many_done = start + n
+                if on_submit is not None:
+                    on_submit(start + n)
             start += n
             in_ring += n
             if in_ring == ring_slots or last:

@@ -442,12 +442,11 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             block = self._seed_block = (self._seed, t, _step_seeds(self._seed, t, 256))
         return int(block[2][t - block[1]])
 
-    def _step_scalars(self, t: int, e=None, i: int = 1) -> dict:
-        """The per-step inputs of training step t (1, 2, ... over every entry), the i-th step of
-        entry e from now: its random seed, and the lr and bias corrections of the entry's
-        optimizer (see schedules.optimizer_scalars) at the entry's own step count."""
-        e = e or self._train_entry()
-        return {"_rng": self._train_seed(t), **self._opt_scalars(e, e.count + i)}
+    def _step_scalars(self, t: int, e, count: int) -> dict:
+        """The per-step inputs of training step t (1, 2, ... over every entry), entry e's step
+        `count` (1, 2, ... of its own): its random seed, and the lr and bias corrections of the
+        entry's optimizer (see schedules.optimizer_scalars) at that step."""
+        return {"_rng": self._train_seed(t), **self._opt_scalars(e, count)}
 
     def _check_train(self, entry: str = "train"):
         self._check_open()
@@ -461,22 +460,19 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 self._check_allreduce(allreduce)
             key, arrays = self._pick(entry, inputs)
             e = self._trains[entry]
-            t = self.step_count + 1
-            packed = self._pack(key, arrays, self._step_scalars(t, e))
+            t, c = self.step_count + 1, e.count + 1
+            packed = self._pack(key, arrays, self._step_scalars(t, e, c))
+
+            def submitted():
+                # with the submit, where a Ctrl-C cannot come between them: from there the GPU
+                # runs the whole step, and save/restore must resume after it
+                self.step_count, e.count = t, c
+
             if allreduce is None:
-                try:
-                    out = self._engine.run(key, packed, captures)
-                except BaseException:
-                    if getattr(
-                        self._engine, "run_submitted", False
-                    ):  # interrupted after the step was submitted
-                        self.step_count = t
-                        e.count += 1
-                    raise
+                out = self._engine.run(key, packed, captures, on_submit=submitted)
             else:
                 out = self._step_reduced(key, packed, captures, allreduce, e)
-            self.step_count = t
-            e.count += 1
+                submitted()
             loss = float(out["loss"])
             if captures:
                 return StepResult(
@@ -711,7 +707,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                     )
                 key, arrays, k = self._pick_batches(batches, entry)
             tr = self._trains[entry]
-            t0 = self.step_count
+            t0, c0 = self.step_count, tr.count
             e = self._program["entries"][key]
             sizes = e["input_sizes"]
 
@@ -720,7 +716,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                     a: np.zeros((n, m), dtype=_input_dtype(a)) for a, m in sizes.items()
                 }
                 extras = [
-                    self._step_scalars(t0 + j, tr, j)
+                    self._step_scalars(t0 + j, tr, c0 + j)
                     for j in range(start + 1, start + n + 1)
                 ]
                 for name, dtype, shape, arena, off in e["inputs"]:
@@ -734,17 +730,15 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                     rows[arena][:, off : off + width] = v
                 return rows
 
-            try:
-                losses, out = self._engine.run_many(key, k, fill, captures)
-            except BaseException:
-                # interrupted (Ctrl-C, say) after some chunks were submitted: the GPU runs those, so
-                # the model is at that step boundary, and step_count says so (save/restore resume exactly)
-                done = getattr(self._engine, "many_done", 0)
-                self.step_count = t0 + done
-                tr.count += done
-                raise
-            self.step_count = t0 + k
-            tr.count += k
+            def submitted(done: int):
+                # with each submit, where a Ctrl-C cannot come between them: interrupted after some
+                # chunks were submitted, the GPU runs those, so the model is at that step boundary,
+                # and step_count says so (save/restore resume exactly)
+                self.step_count, tr.count = t0 + done, c0 + done
+
+            losses, out = self._engine.run_many(
+                key, k, fill, captures, on_submit=submitted
+            )
             if captures:
                 return StepResult(losses, {n: out[n] for n, *_ in e["captures"]})
             return losses
