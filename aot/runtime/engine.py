@@ -1096,12 +1096,13 @@ class Engine:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
         return enc.finish()
 
-    def run_update(self, key: str, grads: np.ndarray | None, offset: int = 0) -> None:
+    def run_update(self, key: str, grads: np.ndarray | None, offset: int = 0, on_submit=None) -> None:
         """The second half: upload `grads` (float32 [total], contiguous) over the grads buffer (from
         element `offset` on: a training entry's gradient vector) and
         record the dispatches from update_from on, and the writeback copies (or take them as
         prepare_update recorded them, after a command buffer of the last buckets' copies, in
-        one submit). Submitted without waiting: whatever reads the device next is ordered after it."""
+        one submit). Submitted without waiting: whatever reads the device next is ordered after it.
+        on_submit(): right after the submit, where a Ctrl-C cannot separate the two (run's)."""
         buffers = self.entry_buffers[key]
         if grads is not None and grads.size:  # None: uploaded in buckets (run_buckets, upload_bucket)
             self.device.queue.write_buffer(buffers["grads"], 4 * offset, grads)
@@ -1115,7 +1116,10 @@ class Engine:
                 for buf, lo, hi in copies:
                     enc.copy_buffer_to_buffer(buf, 0, buffers["grads"], 4 * (offset + lo), 4 * (hi - lo))
                 parts.insert(0, enc.finish())
-            self._last_update = up["maps"].submit(self.device.queue, *parts)
+            with _sigint_deferred():
+                self._last_update = up["maps"].submit(self.device.queue, *parts)
+                if on_submit is not None:
+                    on_submit()
             self._mark("update")
             return
         e = self.entries[key]
@@ -1125,10 +1129,13 @@ class Engine:
         self._record(enc, key, self._half(key, 1))
         for src, so, dst, do, n in e["copies"]:
             enc.copy_buffer_to_buffer(buffers[src], 4 * so, buffers[dst], 4 * do, 4 * n)
-        if up is not None and up["maps"] is not None:
-            self._last_update = up["maps"].submit(self.device.queue, enc.finish())
-        else:
-            self.device.queue.submit([enc.finish()])
+        with _sigint_deferred():
+            if up is not None and up["maps"] is not None:
+                self._last_update = up["maps"].submit(self.device.queue, enc.finish())
+            else:
+                self.device.queue.submit([enc.finish()])
+            if on_submit is not None:
+                on_submit()
         self._mark("update")
 
     def restore_grads(self, key: str, total: int, offset: int = 0) -> None:

@@ -377,8 +377,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             if allreduce is None:
                 out = self._engine.run(key, packed, captures, on_submit=submitted)
             else:
-                out = self._step_reduced(key, packed, captures, allreduce, e)
-                submitted()
+                out = self._step_reduced(key, packed, captures, allreduce, e, submitted)
             loss = float(out["loss"])
             if captures:
                 return StepResult(loss, {n: out[n] for n, *_ in self._program["entries"][key]["captures"]})
@@ -391,7 +390,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 f"start(values, lo, hi) and finish(handle) methods), got {type(allreduce).__name__}"
             )
 
-    def _step_reduced(self, key: str, packed: dict, captures: bool, allreduce, e) -> dict:
+    def _step_reduced(self, key: str, packed: dict, captures: bool, allreduce, e, on_submit) -> dict:
         """One step whose gradients pass through allreduce between backward and update: the
         dispatches before the entry's update_from, one readback of the flat gradient vector
         (and the loss), allreduce, one upload of its result over the gradients, the rest of the
@@ -402,17 +401,17 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         bucket by bucket while the backward pass still runs."""
         total = e.size  # the entry's gradient vector: grads[e.offset : e.offset + e.size]
         if _bucketed(allreduce) and self._engine.entries[key].get("buckets") and total:
-            return self._step_bucketed(key, packed, captures, allreduce, e)
+            return self._step_bucketed(key, packed, captures, allreduce, e, on_submit)
         grads, out = self._engine.run_backward(key, packed, captures, total, e.offset)
         try:
             reduced = _checked_reduced(allreduce(grads), (total,), "the reduced gradients")
         except BaseException:
             self._engine.restore_grads(key, total, e.offset)
             raise
-        self._engine.run_update(key, np.ascontiguousarray(reduced), e.offset)
+        self._engine.run_update(key, np.ascontiguousarray(reduced), e.offset, on_submit)
         return out
 
-    def _step_bucketed(self, key: str, packed: dict, captures: bool, reducer, e) -> dict:
+    def _step_bucketed(self, key: str, packed: dict, captures: bool, reducer, e, on_submit) -> dict:
         """_step_reduced through a bucketed allreduce: the package's gradient buckets (its
         "buckets" table, built by aot/buckets.py) are read back as soon as each is final
         (engine.run_buckets) into reducer.stage(n) (or an array of the model's), and handed to
@@ -502,7 +501,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 f.exception()
             eng.restore_grads(key, total, e.offset)
             raise
-        eng.run_update(key, None, e.offset)
+        eng.run_update(key, None, e.offset, on_submit)
         return out
 
     _prepare_update = True  # False: the update recorded once the last bucket is uploaded (bench_ddp prepare=0)

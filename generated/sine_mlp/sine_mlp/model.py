@@ -471,8 +471,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             if allreduce is None:
                 out = self._engine.run(key, packed, captures, on_submit=submitted)
             else:
-                out = self._step_reduced(key, packed, captures, allreduce, e)
-                submitted()
+                out = self._step_reduced(key, packed, captures, allreduce, e, submitted)
             loss = float(out["loss"])
             if captures:
                 return StepResult(
@@ -489,7 +488,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             )
 
     def _step_reduced(
-        self, key: str, packed: dict, captures: bool, allreduce, e
+        self, key: str, packed: dict, captures: bool, allreduce, e, on_submit
     ) -> dict:
         """One step whose gradients pass through allreduce between backward and update: the
         dispatches before the entry's update_from, one readback of the flat gradient vector
@@ -503,7 +502,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
             e.size
         )  # the entry's gradient vector: grads[e.offset : e.offset + e.size]
         if _bucketed(allreduce) and self._engine.entries[key].get("buckets") and total:
-            return self._step_bucketed(key, packed, captures, allreduce, e)
+            return self._step_bucketed(key, packed, captures, allreduce, e, on_submit)
         grads, out = self._engine.run_backward(key, packed, captures, total, e.offset)
         try:
             reduced = _checked_reduced(
@@ -512,11 +511,11 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
         except BaseException:
             self._engine.restore_grads(key, total, e.offset)
             raise
-        self._engine.run_update(key, np.ascontiguousarray(reduced), e.offset)
+        self._engine.run_update(key, np.ascontiguousarray(reduced), e.offset, on_submit)
         return out
 
     def _step_bucketed(
-        self, key: str, packed: dict, captures: bool, reducer, e
+        self, key: str, packed: dict, captures: bool, reducer, e, on_submit
     ) -> dict:
         """_step_reduced through a bucketed allreduce: the package's gradient buckets (its
         "buckets" table, built by aot/buckets.py) are read back as soon as each is final
@@ -645,7 +644,7 @@ class ModelBase(InteropMixin, BuffersMixin, TrainsMixin):
                 f.exception()
             eng.restore_grads(key, total, e.offset)
             raise
-        eng.run_update(key, None, e.offset)
+        eng.run_update(key, None, e.offset, on_submit)
         return out
 
     _prepare_update = True  # False: the update recorded once the last bucket is uploaded (bench_ddp prepare=0)
