@@ -398,14 +398,16 @@ def test_special_oracle_skips_slopes_decided_by_rounding_only():
     assert [w for _k, w, _d in fa.special_failures(fg.Batch([plain], steps=1), side, "interp")] == ["step 1: gradient of p0"]
 
 
-def test_special_oracle_flushes_the_value_exp_s_gradient_is_taken_from():
-    """A device that flushes subnormals keeps exp(-87.5) as 0 and takes exp's gradient from it
-    (ct * y): the flushed reference does too (the H200's special seed 5450113: ct * exp(-87.5) / 1e-3
-    is a normal -9e-36 in torch, 0 there), and a gradient that is wrong elsewhere is still caught."""
+@pytest.mark.parametrize("op", ["exp", "sigmoid"])
+def test_special_oracle_flushes_the_value_a_gradient_is_taken_from(op):
+    """A device that flushes subnormals keeps exp(-87.5) (sigmoid(-87.5)) as 0 and takes the op's
+    gradient from it (ct * y, ct * y * (1 - y)): the flushed reference does too (the H200's special
+    seeds 5450113 and 6110025: ct * exp(-87.5) / 1e-3 is a normal -9e-36 in torch, 0 there), and a
+    gradient that is wrong elsewhere is still caught."""
     p0 = np.array([-87.5, 1.0], np.float32)
     p1 = np.array([-1e-3, 2.0], np.float32)
     leaves = {"p0": fg.Leaf("p0", "param", "f32", (2,), [p0]), "p1": fg.Leaf("p1", "param", "f32", (2,), [p1])}
-    ops = [fg.Op(("v1",), "exp", ("p0",)), fg.Op(("v2",), "div", ("v1", "p1"))]
+    ops = [fg.Op(("v1",), op, ("p0",)), fg.Op(("v2",), "div", ("v1", "p1"))]
     c = fg.Case(leaves, {}, ops, ["v2"], {"v2": [np.ones(2, np.float32)]}, 1)
     refs = fa._special_refs(c, 0)
     assert refs[0][1][1]["p0"][0] < -1e-36 and refs[1][1][1]["p0"][0] == 0  # as is; flushed
