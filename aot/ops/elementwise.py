@@ -76,9 +76,11 @@ _unary("abs", np.abs, lambda ct, n: (ct * F.sign(n.inputs[0]),), "abs({0})")
 # sign(NaN) = 0 as torch.sign (and so abs's gradient at NaN); NumPy's is NaN
 register(OpDef("sign", _f32_only("sign"), lambda x: np.where(np.isnan(x), x.dtype.type(0), np.sign(x)), None, "pointwise",
                expr="sign({0})", nondiff=True))
-# sqrt(+-0) is x itself by a select: NVIDIA computes sqrt(x) as x * rsqrt(x), NaN at -0 (torch -0;
-# H200, special seed 5490228: (1 / -inf) ** 0.5)
-SQRT = "select(sqrt({0}), {0}, {0} == 0.0)"
+# sqrt(+-0) is +-0 by a select: NVIDIA computes sqrt(x) as x * rsqrt(x), NaN at -0 (torch -0;
+# H200, special seed 5490228: (1 / -inf) ** 0.5). The zero is x's sign bit alone, not x: NVIDIA
+# also compares a subnormal x equal to 0, and x itself was then sqrt(1e-40) = 1e-40, whose log
+# (log_f32 reads the bits) was -92.1 where torch's is -46.1 (H200, special seed 6120143)
+SQRT = "select(sqrt({0}), bitcast<f32>(bitcast<u32>({0}) & 0x80000000u), {0} == 0.0)"
 # the gradient ct / (2 sqrt(x)) in torch's order: (ct * 0.5) / sqrt(x) halved a subnormal ct first,
 # losing its last bit, which 1 / sqrt(x) then scaled up (14% off at x = 1.4e-45: hour run 20's
 # special seed 5820181)

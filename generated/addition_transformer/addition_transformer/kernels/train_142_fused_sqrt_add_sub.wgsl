@@ -46,7 +46,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let v0: f32 = grads[i];
     let v1: f32 = work[150720u];
-    let v2: f32 = select(sqrt(v1), v1, v1 == 0.0);
+    let v2: f32 = select(sqrt(v1), bitcast<f32>(bitcast<u32>(v1) & 0x80000000u), v1 == 0.0);
     let v3: f32 = v2 + 0.000001;
     let v4: f32 = div_f32(1.0, v3);
     let v5: f32 = min_nan(v4, 1.0);
@@ -69,7 +69,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v22: bool = arrayLength(&grads) != 0u;
     let v23: f32 = select(v19, v21, v18 != 0.0 && v22);
     let v24: f32 = inputs[1024u];
-    let v25: f32 = select(sqrt(v17), v17, v17 == 0.0);
+    let v25: f32 = select(sqrt(v17), bitcast<f32>(bitcast<u32>(v17) & 0x80000000u), v17 == 0.0);
     let v26: f32 = inputs[1025u];
     let v27: f32 = div_f32(v25, v26);
     let v28: f32 = v27 + 0.00000001;

@@ -49,7 +49,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v10: f32 = v8 + v9;
     let v11: f32 = params[i];
     let v12: f32 = inputs[512u];
-    let v13: f32 = select(sqrt(v6), v6, v6 == 0.0);
+    let v13: f32 = select(sqrt(v6), bitcast<f32>(bitcast<u32>(v6) & 0x80000000u), v6 == 0.0);
     let v14: f32 = inputs[513u];
     let v15: f32 = div_f32(v13, v14);
     let v16: f32 = v15 + 0.00000001;
