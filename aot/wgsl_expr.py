@@ -283,6 +283,10 @@ class Body:
         expr = od.expr(n.attrs) if callable(od.expr) else od.expr
         if "{0} * {0}" in expr and produced_by(n.inputs[0], ROOTS):
             expr = expr.replace("{0} * {0}", "mul_self_f32({0})", 1)
+        if "sqrt({0})" in expr and produced_by(n.inputs[0], ("div", "power")):
+            # sqrt and x ** 0.5 of a quotient: NVIDIA rewrites sqrt(1 / x) as rsqrt(x), -inf at
+            # x = -0 where sqrt(-inf) is NaN (x ** -1 then sqrt: H200, special seed 6120064)
+            args[0] = self.barrier_f32(args[0])
         for h in EXPR_HELPERS:
             if h + "(" in expr:
                 self.helper(h)

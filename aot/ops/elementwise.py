@@ -84,18 +84,7 @@ SQRT = "select(sqrt({0}), bitcast<f32>(bitcast<u32>({0}) & 0x80000000u), {0} == 
 # the gradient ct / (2 sqrt(x)) in torch's order: (ct * 0.5) / sqrt(x) halved a subnormal ct first,
 # losing its last bit, which 1 / sqrt(x) then scaled up (14% off at x = 1.4e-45: hour run 20's
 # special seed 5820181)
-def _render_sqrt(body, n, idx):
-    """SQRT, its argument through a barrier where a division or power made it: NVIDIA rewrites
-    sqrt(1 / x) as rsqrt(x), -inf at x = -0 where sqrt(-inf) is NaN (x ** -1 then sqrt: H200,
-    special seed 6120064)."""
-    x = body.value(n.inputs[0], idx)
-    if produced_by(n.inputs[0], ("div", "power")):
-        x = body.barrier_f32(x)
-    return body.let(SQRT.format(x), "f32")
-
-
-register(OpDef("sqrt", _f32_only("sqrt"), np.sqrt, lambda ct, n: (ct / (n.out * 2.0),), "pointwise", expr=SQRT, cost=COSTLY,
-               render=_render_sqrt))
+_unary("sqrt", np.sqrt, lambda ct, n: (ct / (n.out * 2.0),), SQRT, COSTLY)
 # rsqrt(-0) = -inf as IEEE's and torch's; written by the bits in rsqrt_f32, as Mesa takes
 # inverseSqrt's result for non-negative and folds what reads it on that assumption (expm1 of it:
 # -inf, not -1)
